@@ -1,0 +1,121 @@
+// CallbackSender: delivers a job's result to its callback URL, retrying on timers under a policy.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "rebound/backoff.hpp"
+#include "rebound/callback_transport.hpp"
+
+namespace rebound {
+
+/// What to do after one attempt.
+enum class AttemptVerdict { delivered, retry, give_up };
+
+/// Decides an attempt's verdict from what the transport reported. Must be thread-safe.
+using ResponseClassifier = std::function<AttemptVerdict(const CallbackResponse&)>;
+
+/// rebound's default: any 2xx is delivered; `410 Gone` and a refused or unusable address give up
+/// at once; everything else (transport errors, timeouts, redirects, other statuses) is retried.
+inline AttemptVerdict default_classifier(const CallbackResponse& r) {
+  if (r.error == TransportError::invalid_url || r.error == TransportError::refused_address) {
+    return AttemptVerdict::give_up;
+  }
+  if (r.error != TransportError::none) return AttemptVerdict::retry;
+  if (r.status >= 200 && r.status < 300) return AttemptVerdict::delivered;
+  if (r.status == 410) return AttemptVerdict::give_up;
+  return AttemptVerdict::retry;
+}
+
+struct CallbackSenderOptions {
+  BackoffPolicyPtr backoff = backoff::default_policy();
+  ResponseClassifier classifier = default_classifier;
+  std::chrono::milliseconds timeout{10000};  ///< per attempt
+  /// "whsec_..." to sign every callback (Standard Webhooks); empty sends unsigned callbacks.
+  std::string signing_secret;
+  /// Clock for `webhook-timestamp`; inject a fixed one in tests.
+  std::function<std::chrono::system_clock::time_point()> now = [] {
+    return std::chrono::system_clock::now();
+  };
+};
+
+/// One result to deliver.
+struct CallbackMessage {
+  std::string job_id;
+  std::string url;
+  std::string body;        ///< JSON, sent as is
+  std::string webhook_id;  ///< the `webhook-id` header: the same on every attempt
+  int previous_attempts = 0;  ///< attempts already made before this delivery (shown in reports)
+};
+
+/// Reported after every attempt.
+struct AttemptReport {
+  int attempt = 0;  ///< 1-based, counting `previous_attempts`
+  CallbackResponse response;
+  AttemptVerdict verdict = AttemptVerdict::retry;  ///< give_up also when the policy stops retrying
+  std::chrono::milliseconds next_delay{0};          ///< when `verdict` is retry
+  std::string error;  ///< a one-line description of a failed attempt, e.g. "HTTP 503"
+};
+
+/// Reported once, when a delivery ends.
+struct DeliveryReport {
+  bool delivered = false;
+  int attempts = 0;
+  std::string last_error;
+};
+
+using AttemptObserver = std::function<void(const AttemptReport&)>;
+using DeliveryHandler = std::function<void(const DeliveryReport&)>;
+
+/// Delivers callbacks with retries.
+///
+/// Each `deliver` call runs on its own: an attempt goes to the transport; a failed attempt asks the
+/// backoff policy for a delay and waits on a `boost::asio::steady_timer` on the executor you pass
+/// in (no thread sleeps); a delivered or abandoned message ends with one DeliveryReport.
+///
+/// Headers on every attempt: `Content-Type: application/json`, `User-Agent: rebound/<version>`,
+/// `webhook-id`, `webhook-timestamp`, and `webhook-signature` when a signing secret is set.
+///
+/// Example:
+///   boost::asio::io_context io;
+///   rebound::CallbackSender sender(io.get_executor(), std::make_unique<rebound::HttpTransport>());
+///   sender.deliver({"job-1", "https://example.com/hook", R"({"id":"job-1"})", "msg_job-1"},
+///                  nullptr, [](const rebound::DeliveryReport& r) { ... });
+///
+/// Observers and handlers run on the executor or a transport thread, never under a lock; an
+/// exception they throw is swallowed. Thread-safety: every method is thread-safe.
+/// Lifetime: the executor must outlive deliveries in flight. The sender may be destroyed first:
+/// deliveries in flight keep the transport and the options alive until they end.
+class CallbackSender final {
+ public:
+  CallbackSender(boost::asio::any_io_executor executor,
+                 std::unique_ptr<CallbackTransport> transport,
+                 CallbackSenderOptions options = {});
+  ~CallbackSender();
+  CallbackSender(const CallbackSender&) = delete;
+  CallbackSender& operator=(const CallbackSender&) = delete;
+
+  /// Starts delivering `message`. `on_attempt` (may be null) hears every attempt; `on_done` (may be
+  /// null) hears the end. Returns at once.
+  void deliver(CallbackMessage message, AttemptObserver on_attempt, DeliveryHandler on_done);
+
+  /// Deliveries started and not yet ended.
+  std::size_t in_flight() const;
+
+  /// Waits until no delivery is in flight, or until `timeout`. True when none is.
+  bool wait_idle(std::chrono::steady_clock::duration timeout) const;
+
+  boost::asio::any_io_executor get_executor() const;
+
+  struct State;  // shared with deliveries in flight
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace rebound

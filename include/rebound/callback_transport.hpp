@@ -1,0 +1,84 @@
+// The transport interface under CallbackSender: sends one HTTP POST and reports what came back.
+#pragma once
+
+#include <chrono>
+#include <ctime>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace rebound {
+
+/// One callback attempt as the transport sends it.
+struct CallbackRequest {
+  std::string url;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::chrono::milliseconds timeout{10000};  ///< for connecting, and for each read and write
+};
+
+/// Why a request got no HTTP answer.
+enum class TransportError {
+  none,             ///< an HTTP answer arrived (any status)
+  invalid_url,      ///< the URL cannot be used
+  refused_address,  ///< the SSRF guard refused the host or its addresses
+  resolve_failed,   ///< the host name did not resolve
+  connect_failed,   ///< the connection was refused or could not be opened in time
+  timeout,          ///< no (complete) answer in time
+  tls,              ///< the TLS handshake or the certificate check failed
+  io,               ///< the connection broke
+};
+
+/// What one attempt produced: an HTTP status, or a transport error.
+struct CallbackResponse {
+  TransportError error = TransportError::none;
+  int status = 0;            ///< the HTTP status when `error` is `none`
+  std::string retry_after;   ///< the raw `Retry-After` header, if any
+  std::string message;       ///< a human sentence for transport errors
+};
+
+/// Called exactly once per `send`, on a transport thread. Must not block for long.
+using CallbackResponseHandler = std::function<void(CallbackResponse)>;
+
+/// Sends callback requests. Implement it to fake delivery in tests or to use another HTTP stack.
+///
+/// Contract: `send` returns quickly (it may queue), and calls `on_done` exactly once, from any
+/// thread, also when the request fails. Redirects are reported as their 3xx status and never
+/// followed. Implementations must be thread-safe and must not throw from `send`.
+class CallbackTransport {
+ public:
+  virtual ~CallbackTransport() = default;
+  virtual void send(CallbackRequest request, CallbackResponseHandler on_done) = 0;
+};
+
+/// Parses a `Retry-After` value, either delay-seconds ("120") or an HTTP-date
+/// ("Wed, 21 Oct 2015 07:28:00 GMT"), into a delay from `now`. A date in the past gives 0.
+/// Returns nullopt for anything else. Never throws.
+inline std::optional<std::chrono::milliseconds> parse_retry_after(
+    std::string_view value, std::chrono::system_clock::time_point now) {
+  while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+  while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
+  if (value.empty() || value.size() > 64) return std::nullopt;
+  bool digits = true;
+  for (char c : value) digits = digits && c >= '0' && c <= '9';
+  if (digits) {
+    if (value.size() > 9) return std::chrono::milliseconds(999999999LL * 1000);
+    long long seconds = 0;
+    for (char c : value) seconds = seconds * 10 + (c - '0');
+    return std::chrono::milliseconds(seconds * 1000);
+  }
+  std::tm tm{};
+  const std::string text(value);
+  const char* end = strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (end == nullptr || *end != '\0') return std::nullopt;
+  const std::time_t when = timegm(&tm);
+  if (when == static_cast<std::time_t>(-1)) return std::nullopt;
+  const auto delay = std::chrono::system_clock::from_time_t(when) - now;
+  if (delay.count() <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(delay);
+}
+
+}  // namespace rebound

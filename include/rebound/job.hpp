@@ -1,0 +1,135 @@
+// A job, the states it moves through, and its stored record as the HTTP API shows it.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace rebound {
+
+/// Where a job is in its life. `succeeded`, `failed` and `expired` are final.
+enum class JobStatus { queued, running, succeeded, failed, expired };
+
+/// Where the delivery of a job's result to its `callback_url` is.
+/// `none`: the job has no callback (poll only) or its result is not ready yet.
+enum class CallbackState { none, pending, delivered, failed };
+
+inline std::string_view to_string(JobStatus status) {
+  switch (status) {
+    case JobStatus::queued: return "queued";
+    case JobStatus::running: return "running";
+    case JobStatus::succeeded: return "succeeded";
+    case JobStatus::failed: return "failed";
+    case JobStatus::expired: return "expired";
+  }
+  return "unknown";
+}
+
+inline std::string_view to_string(CallbackState state) {
+  switch (state) {
+    case CallbackState::none: return "none";
+    case CallbackState::pending: return "pending";
+    case CallbackState::delivered: return "delivered";
+    case CallbackState::failed: return "failed";
+  }
+  return "unknown";
+}
+
+/// True for the statuses a job never leaves.
+inline bool is_final(JobStatus status) {
+  return status == JobStatus::succeeded || status == JobStatus::failed ||
+         status == JobStatus::expired;
+}
+
+/// A machine-readable code and a human sentence, for a failed job or a failed request.
+struct ErrorInfo {
+  std::string code;
+  std::string message;
+};
+
+/// What a caller submitted: the unit of work that flows from the HTTP route to the model.
+struct Job {
+  std::string id;                 ///< The caller's id, unique within a store.
+  std::string callback_url;       ///< Empty: the result is kept for polling only.
+  nlohmann::json input;           ///< Handed to the model as is; `null` when absent.
+  std::chrono::system_clock::time_point created_at{};
+
+  /// True when `other` is the same request (used for idempotent resubmission).
+  bool same_request_as(const Job& other) const {
+    return id == other.id && callback_url == other.callback_url && input == other.input;
+  }
+};
+
+/// The state of a job's callback delivery.
+struct CallbackInfo {
+  CallbackState state = CallbackState::none;
+  int attempts = 0;        ///< Attempts made so far, over all deliveries of this job.
+  std::string last_error;  ///< Why the last attempt failed; empty when none has.
+};
+
+/// How a job ended: its final status and either its result or its error.
+struct JobOutcome {
+  JobStatus status = JobStatus::failed;
+  nlohmann::json result;             ///< The model's output when `status` is `succeeded`.
+  std::optional<ErrorInfo> error;    ///< Set when `status` is `failed` or `expired`.
+};
+
+/// A job as a JobStore keeps it: the request, where it is, and how it ended.
+struct JobRecord {
+  Job job;
+  JobStatus status = JobStatus::queued;
+  JobOutcome outcome;  ///< Meaningful once `status` is final.
+  CallbackInfo callback;
+};
+
+/// Formats a time point as RFC 3339 in UTC with milliseconds, e.g. "2026-11-22T04:06:00.123Z".
+inline std::string format_rfc3339(std::chrono::system_clock::time_point tp) {
+  using namespace std::chrono;
+  const auto ms = duration_cast<milliseconds>(tp.time_since_epoch()).count() % 1000;
+  const std::time_t secs = system_clock::to_time_t(tp);
+  std::tm utc{};
+  gmtime_r(&secs, &utc);
+  char buf[40];
+  const std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms < 0 ? ms + 1000 : ms));
+  return buf;
+}
+
+/// The body of `GET /v1/inferences/{id}` for a record (see docs/http-api.md).
+inline nlohmann::json to_status_json(const JobRecord& record) {
+  nlohmann::json out = {{"id", record.job.id},
+                        {"status", to_string(record.status)},
+                        {"created_at", format_rfc3339(record.job.created_at)}};
+  if (record.status == JobStatus::succeeded) out["result"] = record.outcome.result;
+  if (record.outcome.error && is_final(record.status)) {
+    out["error"] = {{"code", record.outcome.error->code},
+                    {"message", record.outcome.error->message}};
+  }
+  nlohmann::json callback = {
+      {"url", record.job.callback_url.empty() ? nlohmann::json(nullptr)
+                                              : nlohmann::json(record.job.callback_url)},
+      {"state", to_string(record.callback.state)},
+      {"attempts", record.callback.attempts}};
+  if (!record.callback.last_error.empty()) callback["last_error"] = record.callback.last_error;
+  out["callback"] = std::move(callback);
+  return out;
+}
+
+/// The body POSTed to the callback URL once a job is final (see docs/delivery.md).
+inline nlohmann::json to_callback_json(const JobRecord& record) {
+  nlohmann::json out = {{"id", record.job.id}, {"status", to_string(record.status)}};
+  if (record.status == JobStatus::succeeded) {
+    out["result"] = record.outcome.result;
+  } else if (record.outcome.error) {
+    out["error"] = {{"code", record.outcome.error->code},
+                    {"message", record.outcome.error->message}};
+  }
+  return out;
+}
+
+}  // namespace rebound

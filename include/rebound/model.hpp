@@ -1,0 +1,131 @@
+// The model backend interface, and the two built-in models (echo and sleep) for demos and benches.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rebound/error.hpp"
+#include "rebound/job.hpp"
+
+namespace rebound {
+
+/// The result of one inference: the model's output, or an error that says why there is none.
+///
+/// A model returns `Prediction::failure` for input it cannot use (`code` such as "invalid_input");
+/// the job then ends `failed` with that code and message, and the caller sees them.
+class Prediction {
+ public:
+  static Prediction success(nlohmann::json output) {
+    Prediction p;
+    p.output_ = std::move(output);
+    return p;
+  }
+  static Prediction failure(std::string code, std::string message) {
+    Prediction p;
+    p.error_ = ErrorInfo{std::move(code), std::move(message)};
+    return p;
+  }
+
+  bool ok() const { return !error_.has_value(); }
+  const nlohmann::json& output() const { return output_; }
+  nlohmann::json& output() { return output_; }
+  /// Precondition: `!ok()`.
+  const ErrorInfo& error() const { return *error_; }
+
+ private:
+  Prediction() = default;
+  nlohmann::json output_;
+  std::optional<ErrorInfo> error_;
+};
+
+/// An inference backend. Derive from it to serve your own model.
+///
+/// Contract:
+/// - `predict` and `predict_batch` are called from JobQueue worker threads, concurrently, up to
+///   the worker count at once: implementations must be thread-safe (or serialise internally).
+/// - The model never owns its inputs: they stay owned by the caller for the duration of the call.
+///   The returned Prediction is owned by the caller.
+/// - Bad input is reported as `Prediction::failure`, not by throwing. Anything a model does throw
+///   is caught at this boundary and the job ends `failed` with code "model_error"; the worker
+///   carries on.
+/// - `ready()` is polled by `GET /ping` and by every submission; it must be cheap and never block.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  /// A short name for logs and metrics, e.g. "echo".
+  virtual std::string name() const = 0;
+
+  /// True once the model can take work. Submissions are refused with 503 `not_ready` until then.
+  virtual bool ready() const { return true; }
+
+  /// Runs one inference.
+  virtual Prediction predict(const nlohmann::json& input) = 0;
+
+  /// Runs several inferences at once; returns exactly one Prediction per input, in order.
+  /// The default calls `predict` for each input; batching backends override it.
+  virtual std::vector<Prediction> predict_batch(const std::vector<nlohmann::json>& inputs) {
+    std::vector<Prediction> out;
+    out.reserve(inputs.size());
+    for (const auto& input : inputs) out.push_back(predict(input));
+    return out;
+  }
+};
+
+/// Returns its input unchanged. Thread-safe.
+class EchoModel final : public Model {
+ public:
+  std::string name() const override { return "echo"; }
+  Prediction predict(const nlohmann::json& input) override { return Prediction::success(input); }
+};
+
+/// The seed's "heavy work": waits a fixed time, then answers "OK". Thread-safe.
+/// The wait occupies the worker thread, as a real model's computation would.
+class SleepModel final : public Model {
+ public:
+  explicit SleepModel(std::chrono::microseconds duration) : duration_(duration) {
+    if (duration.count() < 0) throw Error("sleep model: duration must not be negative");
+  }
+  std::string name() const override { return "sleep"; }
+  Prediction predict(const nlohmann::json&) override {
+    if (duration_.count() > 0) std::this_thread::sleep_for(duration_);
+    return Prediction::success("OK");
+  }
+  std::chrono::microseconds duration() const { return duration_; }
+
+ private:
+  std::chrono::microseconds duration_;
+};
+
+/// Makes a built-in model from a spec: "echo", or "sleep:<seconds>" (e.g. "sleep:5", "sleep:0.25").
+/// Throws rebound::Error for any other spec, with a message that lists the accepted ones.
+inline std::unique_ptr<Model> make_builtin_model(std::string_view spec) {
+  if (spec == "echo") return std::make_unique<EchoModel>();
+  constexpr std::string_view sleep_prefix = "sleep:";
+  if (spec.substr(0, sleep_prefix.size()) == sleep_prefix) {
+    const std::string seconds(spec.substr(sleep_prefix.size()));
+    std::size_t used = 0;
+    double value = -1;
+    try {
+      value = std::stod(seconds, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != seconds.size() || seconds.empty() || !(value >= 0) || value > 86400) {
+      throw Error("model spec '" + std::string(spec) +
+                  "': sleep needs seconds between 0 and 86400, e.g. sleep:5");
+    }
+    return std::make_unique<SleepModel>(
+        std::chrono::microseconds(static_cast<long long>(value * 1e6)));
+  }
+  throw Error("unknown model spec '" + std::string(spec) + "': expected echo or sleep:<seconds>");
+}
+
+}  // namespace rebound

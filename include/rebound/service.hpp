@@ -1,0 +1,95 @@
+// Service: the whole pipeline without HTTP. Accepts jobs, runs them through the model on a
+// JobQueue, records results in a JobStore and delivers callbacks with a CallbackSender.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "rebound/callback_sender.hpp"
+#include "rebound/job.hpp"
+#include "rebound/job_store.hpp"
+#include "rebound/model.hpp"
+
+namespace rebound {
+
+class JobQueue;
+
+struct ServiceOptions {
+  std::size_t workers = 4;  ///< inferences at once
+  /// Jobs in flight at once, at most: accepted and not yet finished, where finished means final
+  /// and, for jobs with a callback, delivered or given up. Submissions beyond it are refused with
+  /// `queue_full`, so memory stays bounded however slow the model or the receivers are.
+  std::size_t queue_capacity = 10000;
+  CallbackSenderOptions delivery;
+};
+
+/// What `Service::submit` did.
+enum class SubmitStatus {
+  accepted,       ///< stored and queued; it will reach a final state
+  duplicate,      ///< the same request was submitted before: nothing new was queued
+  conflict,       ///< the id is taken by a different request
+  queue_full,     ///< `queue_capacity` jobs are in flight; try again later
+  not_ready,      ///< the model is not ready
+  shutting_down,  ///< `shutdown` has begun
+  store_error,    ///< the JobStore failed; nothing was accepted
+};
+
+/// The pipeline of DESIGN.md, ready to put behind any front end (rebound::Server is one).
+///
+/// Example:
+///   boost::asio::thread_pool inference(4);
+///   boost::asio::io_context io;  // run it on a thread of its own
+///   rebound::Service service(inference.get_executor(), io.get_executor(),
+///                            std::make_unique<rebound::EchoModel>(),
+///                            std::make_unique<rebound::MemoryJobStore>(),
+///                            std::make_unique<rebound::HttpTransport>());
+///   service.submit({"job-1", "https://example.com/hook", {{"x", 1}}});
+///
+/// Executors: model inference runs on `inference_executor` (size its pool to `workers`); callback
+/// timers and delivery bookkeeping run on `io_executor`. Both must outlive the Service and any
+/// delivery still in flight.
+/// Thread-safety: every method is thread-safe.
+class Service final {
+ public:
+  Service(boost::asio::any_io_executor inference_executor, boost::asio::any_io_executor io_executor,
+          std::unique_ptr<Model> model, std::unique_ptr<JobStore> store,
+          std::unique_ptr<CallbackTransport> transport, ServiceOptions options = {});
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
+  /// Accepts a job: checks readiness and capacity, stores it, queues it. `job.created_at` is set
+  /// here when it is left at its default.
+  SubmitStatus submit(Job job);
+
+  /// The job's record, or nullopt for an unknown id.
+  std::optional<JobRecord> find(const std::string& id) const;
+
+  /// True while the model is ready and the service accepts work.
+  bool ready() const;
+
+  /// Jobs in flight now (see ServiceOptions::queue_capacity).
+  std::size_t in_flight() const;
+
+  /// Jobs waiting for a worker now.
+  std::size_t queue_depth() const;
+
+  const Model& model() const;
+
+  /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
+  /// included. True when nothing was left in flight.
+  bool shutdown(std::chrono::steady_clock::duration timeout);
+
+  struct Core;  // shared with deliveries in flight
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::unique_ptr<JobQueue> queue_;  // destroyed first: its workers use the core
+};
+
+}  // namespace rebound

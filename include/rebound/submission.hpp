@@ -1,0 +1,92 @@
+// Validation of a job submission (the body of POST /v1/inferences) and the API's error shape.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "rebound/address_guard.hpp"
+#include "rebound/callback_url.hpp"
+#include "rebound/job.hpp"
+
+namespace rebound {
+
+/// An error answer of the HTTP API: status, machine code, human message, and the field at fault.
+struct ApiError {
+  int status = 400;
+  std::string code;
+  std::string message;
+  std::string field;  ///< empty when no single field is at fault
+
+  /// `{"error": {"code", "message", "field"?}}`
+  nlohmann::json to_json() const {
+    nlohmann::json error = {{"code", code}, {"message", message}};
+    if (!field.empty()) error["field"] = field;
+    return {{"error", std::move(error)}};
+  }
+};
+
+/// Longest job id accepted.
+inline constexpr std::size_t max_job_id_length = 128;
+
+/// A job id is 1 to 128 characters from `A-Z a-z 0-9 . _ : -`.
+inline bool is_valid_job_id(std::string_view id) {
+  if (id.empty() || id.size() > max_job_id_length) return false;
+  for (char c : id) {
+    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/// The result of parse_submission: a job ready to store, or the error to answer with.
+struct SubmissionParse {
+  std::optional<Job> job;
+  std::optional<ApiError> error;
+};
+
+/// Validates a submission body: `{"id": string, "callback_url"?: string, "input"?: any}`.
+/// Unknown fields are ignored; `callback_url: null` means no callback. The job's `created_at` is
+/// left for the caller to set. Never throws on bad input.
+inline SubmissionParse parse_submission(std::string_view body, const AddressGuard& guard) {
+  auto invalid = [](std::string field, std::string message) {
+    return SubmissionParse{std::nullopt, ApiError{422, "invalid_field", std::move(message),
+                                                  std::move(field)}};
+  };
+  nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return {std::nullopt, ApiError{400, "invalid_json", "The request body is not valid JSON.", {}}};
+  }
+  if (!doc.is_object()) {
+    return {std::nullopt,
+            ApiError{400, "invalid_json", "The request body must be a JSON object.", {}}};
+  }
+  Job job;
+  auto id = doc.find("id");
+  if (id == doc.end() || id->is_null()) return invalid("id", "The field 'id' is required.");
+  if (!id->is_string()) return invalid("id", "The field 'id' must be a string.");
+  job.id = id->get<std::string>();
+  if (!is_valid_job_id(job.id)) {
+    return invalid("id",
+                   "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -.");
+  }
+  auto url = doc.find("callback_url");
+  if (url != doc.end() && !url->is_null()) {
+    if (!url->is_string()) return invalid("callback_url", "The field 'callback_url' must be a string.");
+    job.callback_url = url->get<std::string>();
+    const CallbackUrlParse parsed = parse_callback_url(job.callback_url);
+    if (!parsed.url) return invalid("callback_url", "The field 'callback_url' " + parsed.error + ".");
+    if (auto refused = guard.check_host(parsed.url->host)) {
+      return invalid("callback_url", "The field 'callback_url' " + *refused + ".");
+    }
+  }
+  auto input = doc.find("input");
+  if (input != doc.end()) job.input = std::move(*input);
+  return {std::move(job), std::nullopt};
+}
+
+}  // namespace rebound

@@ -1,0 +1,193 @@
+// CallbackSender: one Delivery object per message, driven by transport answers and Asio timers.
+#include "rebound/callback_sender.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <utility>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "rebound/version.hpp"
+#include "rebound/webhook_signature.hpp"
+
+namespace rebound {
+
+struct CallbackSender::State {
+  boost::asio::any_io_executor executor;
+  std::unique_ptr<CallbackTransport> transport;
+  CallbackSenderOptions options;
+
+  mutable std::mutex mutex;
+  mutable std::condition_variable idle;
+  std::size_t in_flight = 0;
+
+  void finished_one() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (--in_flight == 0) idle.notify_all();
+  }
+};
+
+namespace {
+
+std::string describe(const CallbackResponse& r) {
+  if (r.error == TransportError::none) return "HTTP " + std::to_string(r.status);
+  return r.message.empty() ? std::string("transport error") : r.message;
+}
+
+template <typename F, typename... Args>
+void call_quietly(const F& f, Args&&... args) noexcept {
+  if (!f) return;
+  try {
+    f(std::forward<Args>(args)...);
+  } catch (...) {
+    // A user callback must not take down a delivery or a worker thread.
+  }
+}
+
+class Delivery final : public std::enable_shared_from_this<Delivery> {
+ public:
+  Delivery(std::shared_ptr<CallbackSender::State> state, CallbackMessage message,
+           AttemptObserver on_attempt, DeliveryHandler on_done)
+      : state_(std::move(state)),
+        message_(std::move(message)),
+        on_attempt_(std::move(on_attempt)),
+        on_done_(std::move(on_done)),
+        timer_(state_->executor),
+        started_(std::chrono::steady_clock::now()) {}
+
+  void attempt() {
+    const auto& options = state_->options;
+    CallbackRequest request;
+    request.url = message_.url;
+    request.body = message_.body;
+    request.timeout = options.timeout;
+    const auto timestamp = std::chrono::duration_cast<std::chrono::seconds>(
+                               options.now().time_since_epoch())
+                               .count();
+    request.headers = {{"Content-Type", "application/json"},
+                       {"User-Agent", std::string("rebound/") + version},
+                       {"webhook-id", message_.webhook_id},
+                       {"webhook-timestamp", std::to_string(timestamp)}};
+    if (!options.signing_secret.empty()) {
+      request.headers.emplace_back(
+          "webhook-signature",
+          sign_webhook(options.signing_secret, message_.webhook_id, timestamp, message_.body));
+    }
+    // The transport calls back on its own thread; hop to the executor, and hand the only
+    // reference over so that the transport thread never releases the last one.
+    auto self = shared_from_this();
+    state_->transport->send(std::move(request), [self](CallbackResponse response) mutable {
+      auto executor = self->state_->executor;
+      boost::asio::post(executor, [self = std::move(self), response = std::move(response)] {
+        self->on_response(response);
+      });
+    });
+  }
+
+ private:
+  void on_response(const CallbackResponse& response) {
+    const auto& options = state_->options;
+    ++attempts_;
+    AttemptReport report;
+    report.attempt = message_.previous_attempts + attempts_;
+    report.response = response;
+    report.verdict = options.classifier ? options.classifier(response) : default_classifier(response);
+    if (report.verdict != AttemptVerdict::delivered) report.error = describe(response);
+
+    if (report.verdict == AttemptVerdict::retry) {
+      RetryContext ctx;
+      ctx.attempts = attempts_;
+      ctx.previous_delay = previous_delay_;
+      ctx.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - started_);
+      if (!response.retry_after.empty()) {
+        ctx.retry_after = parse_retry_after(response.retry_after, options.now());
+      }
+      std::optional<std::chrono::milliseconds> delay;
+      try {
+        delay = options.backoff->next_delay(ctx);
+      } catch (...) {
+        delay.reset();  // a user policy that throws gives up rather than losing the delivery
+      }
+      if (delay) {
+        report.next_delay = *delay;
+        previous_delay_ = *delay;
+      } else {
+        report.verdict = AttemptVerdict::give_up;
+      }
+    }
+    call_quietly(on_attempt_, report);
+
+    if (report.verdict == AttemptVerdict::retry) {
+      timer_.expires_after(report.next_delay);
+      timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+        if (!ec) self->attempt();
+        else self->finish(false, "delivery cancelled");
+      });
+      return;
+    }
+    finish(report.verdict == AttemptVerdict::delivered, report.error);
+  }
+
+  void finish(bool delivered, const std::string& last_error) {
+    DeliveryReport done{delivered, message_.previous_attempts + attempts_, last_error};
+    call_quietly(on_done_, done);
+    state_->finished_one();
+  }
+
+  std::shared_ptr<CallbackSender::State> state_;
+  CallbackMessage message_;
+  AttemptObserver on_attempt_;
+  DeliveryHandler on_done_;
+  boost::asio::steady_timer timer_;
+  std::chrono::steady_clock::time_point started_;
+  int attempts_ = 0;
+  std::chrono::milliseconds previous_delay_{0};
+};
+
+}  // namespace
+
+CallbackSender::CallbackSender(boost::asio::any_io_executor executor,
+                               std::unique_ptr<CallbackTransport> transport,
+                               CallbackSenderOptions options)
+    : state_(std::make_shared<State>()) {
+  if (!transport) throw Error("CallbackSender: a transport is required");
+  if (!options.backoff) throw Error("CallbackSender: a backoff policy is required");
+  if (options.timeout.count() <= 0) throw Error("CallbackSender: the timeout must be positive");
+  if (!options.signing_secret.empty() && !is_valid_webhook_secret(options.signing_secret)) {
+    throw Error("CallbackSender: the signing secret must look like whsec_<base64>");
+  }
+  if (!options.now) throw Error("CallbackSender: a clock is required");
+  state_->executor = std::move(executor);
+  state_->transport = std::move(transport);
+  state_->options = std::move(options);
+}
+
+CallbackSender::~CallbackSender() = default;
+
+void CallbackSender::deliver(CallbackMessage message, AttemptObserver on_attempt,
+                             DeliveryHandler on_done) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    ++state_->in_flight;
+  }
+  auto delivery = std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
+                                             std::move(on_done));
+  boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
+}
+
+std::size_t CallbackSender::in_flight() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->in_flight;
+}
+
+bool CallbackSender::wait_idle(std::chrono::steady_clock::duration timeout) const {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  return state_->idle.wait_for(lock, timeout, [this] { return state_->in_flight == 0; });
+}
+
+boost::asio::any_io_executor CallbackSender::get_executor() const { return state_->executor; }
+
+}  // namespace rebound

@@ -1,0 +1,168 @@
+// Server: the HTTP routes of DESIGN.md on cpp-httplib, translating to and from a Service.
+#include "rebound/server.hpp"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "rebound/error.hpp"
+#include "rebound/submission.hpp"
+#include "rebound/version.hpp"
+
+namespace rebound {
+namespace {
+
+constexpr const char* json_type = "application/json";
+
+const std::string& openapi_document() {
+  static const std::string doc = [] {
+    std::string text =
+#include "openapi.json.inc"
+        ;
+    const std::string placeholder = "VERSION";
+    text.replace(text.find(placeholder), placeholder.size(), version);
+    return text;
+  }();
+  return doc;
+}
+
+void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
+  res.status = status;
+  res.set_content(body.dump(), json_type);
+}
+
+void send_error(httplib::Response& res, const ApiError& error) {
+  send_json(res, error.status, error.to_json());
+}
+
+// The error body for statuses that cpp-httplib produces itself, before any route runs.
+ApiError error_for_status(int status, const httplib::Request& req) {
+  switch (status) {
+    case 404:
+      return {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}};
+    case 405:
+      return {405, "method_not_allowed", "Method " + req.method + " is not allowed here.", {}};
+    case 413:
+      return {413, "payload_too_large", "The request body is over the size limit.", {}};
+    case 414:
+      return {414, "uri_too_long", "The request URI is too long.", {}};
+    default:
+      return {status, "bad_request", "The request could not be read.", {}};
+  }
+}
+
+}  // namespace
+
+struct Server::Impl {
+  Impl(Service& s, ServerOptions o) : service(s), options(std::move(o)) {
+    const std::size_t threads = options.http_threads;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_tcp_nodelay(true);
+    http.set_keep_alive_max_count(100000);
+    http.set_payload_max_length(options.max_body_bytes);
+    http.set_error_handler(httplib::Server::HandlerWithResponse(
+        [](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          send_error(res, error_for_status(res.status, req));
+          return httplib::Server::HandlerResponse::Handled;
+        }));
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+          send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
+        });
+
+    http.Post("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
+      submit(req, res);
+    });
+    http.Get(R"(/v1/inferences/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      poll(req.matches[1].str(), res);
+    });
+    http.Get("/ping", [this](const httplib::Request&, httplib::Response& res) {
+      if (service.ready()) {
+        res.status = 200;
+        res.set_content("", "text/plain");
+      } else {
+        send_error(res, {503, "not_ready", "The model is not ready or the server is stopping.", {}});
+      }
+    });
+    http.Get("/openapi.json", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(openapi_document(), json_type);
+    });
+  }
+
+  void submit(const httplib::Request& req, httplib::Response& res) {
+    SubmissionParse parsed = parse_submission(req.body, options.guard);
+    if (parsed.error) return send_error(res, *parsed.error);
+    Job& job = *parsed.job;
+    const std::string id = job.id;
+    switch (service.submit(std::move(job))) {
+      case SubmitStatus::accepted:
+      case SubmitStatus::duplicate: {
+        const std::string status_url = "/v1/inferences/" + id;
+        res.set_header("Location", status_url);
+        return send_json(res, 202, {{"message", "Received"}, {"id", id}, {"status_url", status_url}});
+      }
+      case SubmitStatus::conflict:
+        return send_error(res, {409, "id_conflict",
+                                "A different job with id '" + id + "' was already submitted.", "id"});
+      case SubmitStatus::queue_full:
+        res.set_header("Retry-After", "1");
+        return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+      case SubmitStatus::not_ready:
+        res.set_header("Retry-After", "5");
+        return send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
+      case SubmitStatus::shutting_down:
+        return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+      case SubmitStatus::store_error:
+        return send_error(res, {500, "store_error", "The job could not be stored.", {}});
+    }
+  }
+
+  void poll(const std::string& id, httplib::Response& res) {
+    std::optional<JobRecord> record;
+    if (is_valid_job_id(id)) record = service.find(id);
+    if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
+    send_json(res, 200, to_status_json(*record));
+  }
+
+  Service& service;
+  ServerOptions options;
+  httplib::Server http;
+  std::atomic<int> bound_port{0};
+};
+
+Server::Server(Service& service, ServerOptions options) {
+  if (options.http_threads == 0) throw Error("Server: http_threads must be at least 1");
+  if (options.port < 0 || options.port > 65535) throw Error("Server: port must be 0..65535");
+  impl_ = std::make_unique<Impl>(service, std::move(options));
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  const auto& o = impl_->options;
+  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
+                               : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port <= 0) {
+    throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
+                " (address in use, or not an address of this machine)");
+  }
+  impl_->bound_port = port;
+  return port;
+}
+
+void Server::run() {
+  if (impl_->bound_port == 0) bind();
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  if (impl_) impl_->http.stop();
+}
+
+int Server::port() const { return impl_->bound_port; }
+
+}  // namespace rebound

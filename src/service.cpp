@@ -1,0 +1,182 @@
+// Service: admission, the worker step (model, store, callback) and shutdown.
+#include "rebound/service.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <shared_mutex>
+#include <utility>
+
+#include "rebound/error.hpp"
+#include "rebound/job_queue.hpp"
+
+namespace rebound {
+
+struct Service::Core {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<JobStore> store;
+  std::unique_ptr<CallbackSender> sender;
+  std::size_t capacity = 0;
+
+  std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
+  bool accepting = true;
+
+  std::mutex mutex;
+  std::condition_variable idle;
+  std::size_t in_flight = 0;
+
+  bool try_admit() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (in_flight >= capacity) return false;
+    ++in_flight;
+    return true;
+  }
+
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (--in_flight == 0) idle.notify_all();
+  }
+
+  // Called exactly once for a job whose status is final: delivers its callback, then frees the
+  // job's slot. Keeps the core alive for as long as the delivery runs.
+  static void deliver(const std::shared_ptr<Core>& core, const JobRecord& record) {
+    if (record.job.callback_url.empty()) {
+      core->release();
+      return;
+    }
+    const std::string id = record.job.id;
+    core->store->update_callback(id, {CallbackState::pending, record.callback.attempts, {}});
+    CallbackMessage message{id, record.job.callback_url, to_callback_json(record).dump(),
+                            "msg_" + id, record.callback.attempts};
+    core->sender->deliver(
+        std::move(message),
+        [core, id](const AttemptReport& report) {
+          if (report.verdict == AttemptVerdict::retry) {
+            core->store->update_callback(id, {CallbackState::pending, report.attempt, report.error});
+          }
+        },
+        [core, id](const DeliveryReport& report) {
+          try {
+            core->store->update_callback(
+                id, {report.delivered ? CallbackState::delivered : CallbackState::failed,
+                     report.attempts, report.last_error});
+          } catch (...) {
+            // The delivery is over either way; the slot must be freed.
+          }
+          core->release();
+        });
+  }
+
+  // The worker step: runs on the inference executor, never under a lock.
+  static void run(const std::shared_ptr<Core>& core, Job job) {
+    JobRecord record;
+    record.job = std::move(job);
+    try {
+      core->store->mark_running(record.job.id);
+      Prediction prediction = Prediction::failure("model_error", "the model failed");
+      try {
+        prediction = core->model->predict(record.job.input);
+      } catch (const std::exception& e) {
+        prediction = Prediction::failure("model_error", std::string("the model failed: ") + e.what());
+      } catch (...) {
+      }
+      if (prediction.ok()) {
+        record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
+      } else {
+        record.outcome = {JobStatus::failed, nullptr, prediction.error()};
+      }
+      record.status = record.outcome.status;
+      core->store->complete(record.job.id, record.outcome);
+    } catch (...) {
+      // The store failed: the job cannot be recorded, but its slot must not leak.
+      core->release();
+      return;
+    }
+    deliver(core, record);
+  }
+};
+
+Service::Service(boost::asio::any_io_executor inference_executor,
+                 boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+                 std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+                 ServiceOptions options)
+    : core_(std::make_shared<Core>()) {
+  if (!model) throw Error("Service: a model is required");
+  if (!store) throw Error("Service: a job store is required");
+  if (options.queue_capacity == 0) throw Error("Service: queue_capacity must be at least 1");
+  core_->model = std::move(model);
+  core_->store = std::move(store);
+  core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
+                                                   std::move(options.delivery));
+  core_->capacity = options.queue_capacity;
+  // The queue's own bound equals the admission bound, so a job that was admitted always fits.
+  queue_ = std::make_unique<JobQueue>(
+      std::move(inference_executor), JobQueueOptions{options.queue_capacity, options.workers},
+      [core = core_](Job job) { Core::run(core, std::move(job)); });
+}
+
+Service::~Service() {
+  {
+    std::unique_lock<std::shared_mutex> lock(core_->accepting_mutex);
+    core_->accepting = false;
+  }
+  queue_.reset();  // drops jobs not yet started and waits for running ones
+}
+
+SubmitStatus Service::submit(Job job) {
+  std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
+  if (!core_->accepting) return SubmitStatus::shutting_down;
+  if (!core_->model->ready()) return SubmitStatus::not_ready;
+  if (!core_->try_admit()) {
+    // A resubmission of a stored job is still answered as a duplicate when the queue is full.
+    if (auto existing = core_->store->get(job.id)) {
+      return existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
+    }
+    return SubmitStatus::queue_full;
+  }
+  if (job.created_at == std::chrono::system_clock::time_point{}) {
+    job.created_at = std::chrono::system_clock::now();
+  }
+  PutOutcome outcome;
+  try {
+    outcome = core_->store->put(job);
+  } catch (...) {
+    core_->release();
+    return SubmitStatus::store_error;
+  }
+  if (outcome != PutOutcome::created) {
+    core_->release();
+    return outcome == PutOutcome::duplicate ? SubmitStatus::duplicate : SubmitStatus::conflict;
+  }
+  // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
+  queue_->try_push(std::move(job));
+  return SubmitStatus::accepted;
+}
+
+std::optional<JobRecord> Service::find(const std::string& id) const { return core_->store->get(id); }
+
+bool Service::ready() const {
+  std::shared_lock<std::shared_mutex> lock(core_->accepting_mutex);
+  return core_->accepting && core_->model->ready();
+}
+
+std::size_t Service::in_flight() const {
+  std::lock_guard<std::mutex> lock(core_->mutex);
+  return core_->in_flight;
+}
+
+std::size_t Service::queue_depth() const { return queue_->depth(); }
+
+const Model& Service::model() const { return *core_->model; }
+
+bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
+  {
+    std::unique_lock<std::shared_mutex> lock(core_->accepting_mutex);
+    core_->accepting = false;
+  }
+  queue_->close();
+  std::unique_lock<std::mutex> lock(core_->mutex);
+  return core_->idle.wait_for(lock, timeout, [this] { return core_->in_flight == 0; });
+}
+
+}  // namespace rebound
