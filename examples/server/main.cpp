@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
   bool allow_private = false;
   std::size_t http_threads = 64;
 
-  app.add_subcommand("serve", "Run the server (how SageMaker starts a container); the default");
+  // `serve` is what SageMaker passes (docker run image serve); options may follow it.
+  app.add_subcommand("serve", "Run the server (how SageMaker starts a container); the default")
+      ->fallthrough();
   app.require_subcommand(0, 1);
   app.add_option("--host", host, "Address to listen on")->capture_default_str();
   app.add_option("--port", port, "Port to listen on (default: $SAGEMAKER_BIND_TO_PORT, else 8080)")

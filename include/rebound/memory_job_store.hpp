@@ -75,12 +75,12 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<JobRecord> out;
     for (const auto& [id, record] : jobs_) {
-      if (out.size() >= limit) break;
       if (!is_finished(record)) out.push_back(record);
     }
     std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
       return a.job.created_at < b.job.created_at;
     });
+    if (out.size() > limit) out.resize(limit);
     return out;
   }
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The demo client's round trip against a real rebound-server: plain, signed, and with a wrong
+# secret (which must fail). Usage: demo_round_trip.sh REBOUND_SERVER REBOUND_DEMO_CLIENT
+set -euo pipefail
+server_bin=$1 client_bin=$2
+secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+log=$(mktemp)
+trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
+
+"$server_bin" serve --host 127.0.0.1 --port 0 --allow-private-callbacks --signing-secret "$secret" >"$log" 2>&1 &
+pid=$!
+port=""
+for _ in $(seq 1 100); do
+  port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$log")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] || { echo "server did not start:"; cat "$log"; exit 1; }
+
+out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-1 --input '{"features":[1,2]}' --timeout 20)
+echo "$out"
+grep -q 'server answered 202' <<<"$out"
+grep -q '"result":{"features":\[1,2\]}' <<<"$out"
+
+out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-2 --signing-secret "$secret" --timeout 20)
+echo "$out"
+grep -q 'signature verified' <<<"$out"
+
+set +e
+"$client_bin" --server "http://127.0.0.1:$port" --id demo-3 --signing-secret whsec_b3RoZXJzZWNyZXQ= --timeout 20
+rc=$?
+set -e
+[ "$rc" -eq 3 ] || { echo "a wrong secret must exit 3, got $rc"; exit 1; }
+
+# SIGTERM: the server stops cleanly and exits 0.
+kill -TERM $pid
+wait $pid
+echo "demo round trip: ok"

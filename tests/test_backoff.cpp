@@ -1,0 +1,110 @@
+// Backoff policies: exact schedules with an injected random source, composition, Retry-After.
+#include <doctest/doctest.h>
+
+#include "rebound/backoff.hpp"
+#include "rebound/callback_transport.hpp"
+
+using namespace std::chrono_literals;
+using rebound::RetryContext;
+namespace backoff = rebound::backoff;
+
+namespace {
+std::optional<std::chrono::milliseconds> after(const rebound::BackoffPolicyPtr& p, int attempts) {
+  RetryContext ctx;
+  ctx.attempts = attempts;
+  return p->next_delay(ctx);
+}
+}  // namespace
+
+TEST_CASE("exponential doubles from the base and stops growing at the cap") {
+  auto p = backoff::exponential(100ms, 2.0, 1000ms);
+  CHECK(after(p, 1) == 100ms);
+  CHECK(after(p, 2) == 200ms);
+  CHECK(after(p, 3) == 400ms);
+  CHECK(after(p, 4) == 800ms);
+  CHECK(after(p, 5) == 1000ms);
+  CHECK(after(p, 60) == 1000ms);  // no overflow far past the cap
+}
+
+TEST_CASE("exponential refuses a factor below 1 and negative delays") {
+  CHECK_THROWS_AS(backoff::exponential(100ms, 0.5), rebound::Error);
+  CHECK_THROWS_AS(backoff::exponential(-1ms), rebound::Error);
+}
+
+TEST_CASE("full jitter scales the inner delay by the random draw") {
+  double draw = 0.25;
+  auto p = backoff::full_jitter(backoff::exponential(1000ms, 2.0, 60s), [&] { return draw; });
+  CHECK(after(p, 1) == 250ms);
+  CHECK(after(p, 3) == 1000ms);
+  draw = 0.0;
+  CHECK(after(p, 3) == 0ms);
+  draw = 0.999;
+  CHECK(after(p, 2) == 1998ms);
+}
+
+TEST_CASE("full jitter with the default random source stays within [0, inner]") {
+  auto p = backoff::full_jitter(backoff::exponential(1000ms));
+  for (int i = 0; i < 200; ++i) {
+    auto d = after(p, 3);
+    REQUIRE(d.has_value());
+    CHECK(*d >= 0ms);
+    CHECK(*d <= 4000ms);
+  }
+}
+
+TEST_CASE("max_tries gives up once that many attempts were made") {
+  auto p = backoff::max_tries(backoff::exponential(10ms), 3);
+  CHECK(after(p, 1) == 10ms);
+  CHECK(after(p, 2) == 20ms);
+  CHECK_FALSE(after(p, 3).has_value());
+  CHECK_FALSE(after(p, 4).has_value());
+  CHECK_THROWS_AS(backoff::max_tries(backoff::exponential(), 0), rebound::Error);
+}
+
+TEST_CASE("respect_retry_after waits at least Retry-After, up to its cap") {
+  auto p = backoff::respect_retry_after(backoff::exponential(100ms), 5s);
+  RetryContext ctx;
+  ctx.attempts = 1;
+  ctx.retry_after = 2s;
+  CHECK(p->next_delay(ctx) == 2000ms);
+  ctx.retry_after = 1h;
+  CHECK(p->next_delay(ctx) == 5000ms);
+  ctx.retry_after = 10ms;  // shorter than the policy's own delay: the policy wins
+  CHECK(p->next_delay(ctx) == 100ms);
+  auto stopped = backoff::max_tries(backoff::respect_retry_after(backoff::exponential(100ms)), 1);
+  CHECK_FALSE(stopped->next_delay(ctx).has_value());
+}
+
+TEST_CASE("the default policy is the seed's: expo from 1 s with full jitter, 5 tries") {
+  auto p = backoff::default_policy(5, [] { return 1.0; });
+  CHECK(after(p, 1) == 1000ms);
+  CHECK(after(p, 2) == 2000ms);
+  CHECK(after(p, 3) == 4000ms);
+  CHECK(after(p, 4) == 8000ms);
+  CHECK_FALSE(after(p, 5).has_value());
+}
+
+TEST_CASE("a user-defined policy plugs in like the built-in ones") {
+  struct EveryOtherSecond final : rebound::BackoffPolicy {
+    std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
+      return ctx.attempts % 2 ? 0ms : 1000ms;
+    }
+  };
+  auto p = backoff::max_tries(std::make_shared<EveryOtherSecond>(), 4);
+  CHECK(after(p, 1) == 0ms);
+  CHECK(after(p, 2) == 1000ms);
+  CHECK_FALSE(after(p, 4).has_value());
+}
+
+TEST_CASE("Retry-After parses as seconds and as an HTTP-date") {
+  using std::chrono::system_clock;
+  const auto now = system_clock::from_time_t(1445412450);  // Wed, 21 Oct 2015 07:27:30 GMT
+  CHECK(rebound::parse_retry_after("120", now) == 120000ms);
+  CHECK(rebound::parse_retry_after(" 0 ", now) == 0ms);
+  CHECK(rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now) == 30000ms);
+  CHECK(rebound::parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now) == 0ms);
+  CHECK_FALSE(rebound::parse_retry_after("soon", now).has_value());
+  CHECK_FALSE(rebound::parse_retry_after("-5", now).has_value());
+  CHECK_FALSE(rebound::parse_retry_after("", now).has_value());
+  CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
+}

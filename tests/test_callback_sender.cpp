@@ -1,0 +1,384 @@
+// CallbackSender over a fake transport (verdicts, schedules, headers) and over the real
+// HttpTransport against a real receiver on loopback (5xx, refused connections, timeouts, reuse).
+#include <doctest/doctest.h>
+
+#include <future>
+#include <mutex>
+#include <set>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include "rebound/callback_sender.hpp"
+#include "rebound/http_transport.hpp"
+#include "rebound/version.hpp"
+#include "rebound/webhook_signature.hpp"
+#include "support/receiver.hpp"
+
+using namespace std::chrono_literals;
+using rebound::AttemptReport;
+using rebound::AttemptVerdict;
+using rebound::CallbackResponse;
+using rebound::CallbackSender;
+using rebound::DeliveryReport;
+using rebound::TransportError;
+
+namespace {
+
+// Runs an io_context on a thread of its own for the duration of a test.
+struct IoThread {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::thread thread{[this] { io.run(); }};
+  ~IoThread() {
+    work.reset();
+    io.stop();
+    thread.join();
+  }
+};
+
+// Answers from a script and records every request.
+class FakeTransport final : public rebound::CallbackTransport {
+ public:
+  explicit FakeTransport(std::vector<CallbackResponse> script) : script_(std::move(script)) {}
+  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler done) override {
+    CallbackResponse response;
+    {
+      std::lock_guard<std::mutex> lock(*mutex_);
+      requests_->push_back(request);
+      response = next_ < script_.size() ? script_[next_++] : CallbackResponse{TransportError::none, 200, {}, {}};
+    }
+    done(response);
+  }
+  // Shared so the test can read them after the transport moved into the sender.
+  std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
+  std::shared_ptr<std::vector<rebound::CallbackRequest>> requests_ =
+      std::make_shared<std::vector<rebound::CallbackRequest>>();
+
+ private:
+  std::vector<CallbackResponse> script_;
+  std::size_t next_ = 0;
+};
+
+CallbackResponse status(int code, std::string retry_after = {}) {
+  return {TransportError::none, code, std::move(retry_after), {}};
+}
+CallbackResponse refused() { return {TransportError::connect_failed, 0, {}, "connection refused"}; }
+
+// Records what the policy was asked and answers with fixed delays.
+struct RecordingPolicy final : rebound::BackoffPolicy {
+  explicit RecordingPolicy(std::vector<std::chrono::milliseconds> delays) : delays(std::move(delays)) {}
+  std::optional<std::chrono::milliseconds> next_delay(const rebound::RetryContext& ctx) const override {
+    std::lock_guard<std::mutex> lock(m);
+    seen.push_back(ctx);
+    if (ctx.attempts > static_cast<int>(delays.size())) return std::nullopt;
+    return delays[ctx.attempts - 1];
+  }
+  std::vector<std::chrono::milliseconds> delays;
+  mutable std::mutex m;
+  mutable std::vector<rebound::RetryContext> seen;
+};
+
+struct Outcome {
+  std::vector<AttemptReport> attempts;
+  DeliveryReport report;
+};
+
+Outcome deliver(CallbackSender& sender, rebound::CallbackMessage message) {
+  auto attempts = std::make_shared<std::vector<AttemptReport>>();
+  std::promise<DeliveryReport> done;
+  auto result = done.get_future();
+  sender.deliver(
+      std::move(message), [attempts](const AttemptReport& a) { attempts->push_back(a); },
+      [&done](const DeliveryReport& r) { done.set_value(r); });
+  REQUIRE(result.wait_for(30s) == std::future_status::ready);
+  return {*attempts, result.get()};
+}
+
+rebound::CallbackMessage message(const std::string& url = "http://receiver.test/hook") {
+  return {"job-1", url, R"({"id":"job-1","status":"succeeded","result":"OK"})", "msg_job-1", 0};
+}
+
+rebound::CallbackSenderOptions fast_options(int tries = 5) {
+  rebound::CallbackSenderOptions o;
+  o.backoff = rebound::backoff::max_tries(rebound::backoff::exponential(5ms, 2.0, 50ms), tries);
+  o.timeout = 2s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a 2xx on the first attempt is delivered at once") {
+  IoThread io;
+  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(204)});
+  auto requests = transport->requests_;
+  CallbackSender sender(io.io.get_executor(), std::move(transport), fast_options());
+  auto out = deliver(sender, message());
+  CHECK(out.report.delivered);
+  CHECK(out.report.attempts == 1);
+  CHECK(requests->size() == 1);
+  CHECK(sender.wait_idle(5s));
+  CHECK(sender.in_flight() == 0);
+}
+
+TEST_CASE("failed attempts are retried after the policy's delays until one succeeds") {
+  IoThread io;
+  auto transport = std::make_unique<FakeTransport>(
+      std::vector<CallbackResponse>{status(500), refused(), status(429, "1"), status(200)});
+  auto requests = transport->requests_;
+  auto policy = std::make_shared<RecordingPolicy>(std::vector{20ms, 40ms, 10ms, 10ms});
+  auto options = fast_options();
+  options.backoff = policy;
+  CallbackSender sender(io.io.get_executor(), std::move(transport), options);
+  const auto start = std::chrono::steady_clock::now();
+  auto out = deliver(sender, message());
+  CHECK(std::chrono::steady_clock::now() - start >= 70ms);  // 20 + 40 + 10: timers really wait
+  CHECK(out.report.delivered);
+  CHECK(out.report.attempts == 4);
+  REQUIRE(out.attempts.size() == 4);
+  CHECK(out.attempts[0].error == "HTTP 500");
+  CHECK(out.attempts[0].next_delay == 20ms);
+  CHECK(out.attempts[1].error == "connection refused");
+  CHECK(out.attempts[2].error == "HTTP 429");
+  CHECK(out.attempts[3].verdict == AttemptVerdict::delivered);
+  REQUIRE(policy->seen.size() == 3);
+  CHECK(policy->seen[0].attempts == 1);
+  CHECK(policy->seen[1].previous_delay == 20ms);
+  CHECK(policy->seen[2].retry_after == std::optional<std::chrono::milliseconds>(1000ms));
+  CHECK(requests->size() == 4);
+}
+
+TEST_CASE("delivery gives up after max tries and reports the last error") {
+  IoThread io;
+  CallbackSender sender(io.io.get_executor(),
+                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(503))),
+                        fast_options(3));
+  auto out = deliver(sender, message());
+  CHECK_FALSE(out.report.delivered);
+  CHECK(out.report.attempts == 3);
+  CHECK(out.report.last_error == "HTTP 503");
+  CHECK(out.attempts.back().verdict == AttemptVerdict::give_up);
+}
+
+TEST_CASE("410 Gone and refused addresses stop at once; redirects are retried, not followed") {
+  IoThread io;
+  SUBCASE("410") {
+    CallbackSender sender(io.io.get_executor(),
+                          std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(410)}),
+                          fast_options());
+    auto out = deliver(sender, message());
+    CHECK_FALSE(out.report.delivered);
+    CHECK(out.report.attempts == 1);
+  }
+  SUBCASE("refused address") {
+    CallbackSender sender(
+        io.io.get_executor(),
+        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{
+            {TransportError::refused_address, 0, {}, "10.0.0.1 is a private address"}}),
+        fast_options());
+    auto out = deliver(sender, message());
+    CHECK_FALSE(out.report.delivered);
+    CHECK(out.report.attempts == 1);
+    CHECK(out.report.last_error == "10.0.0.1 is a private address");
+  }
+  SUBCASE("302") {
+    CallbackSender sender(io.io.get_executor(),
+                          std::make_unique<FakeTransport>(
+                              std::vector<CallbackResponse>{status(302), status(301), status(200)}),
+                          fast_options());
+    auto out = deliver(sender, message());
+    CHECK(out.report.delivered);
+    CHECK(out.report.attempts == 3);
+  }
+}
+
+TEST_CASE("the classifier is a policy the user can replace") {
+  IoThread io;
+  auto options = fast_options();
+  options.classifier = [](const CallbackResponse& r) {
+    return r.status == 404 ? AttemptVerdict::give_up : rebound::default_classifier(r);
+  };
+  CallbackSender sender(io.io.get_executor(),
+                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(404)}),
+                        options);
+  auto out = deliver(sender, message());
+  CHECK_FALSE(out.report.delivered);
+  CHECK(out.report.attempts == 1);
+}
+
+TEST_CASE("every attempt carries the callback headers; webhook-id stays, the signature verifies") {
+  IoThread io;
+  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)});
+  auto requests = transport->requests_;
+  auto options = fast_options();
+  options.signing_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  std::atomic<long> clock{1700000000};
+  options.now = [&] { return std::chrono::system_clock::from_time_t(clock++); };
+  CallbackSender sender(io.io.get_executor(), std::move(transport), options);
+  auto msg = message();
+  auto out = deliver(sender, msg);
+  REQUIRE(out.report.delivered);
+  REQUIRE(requests->size() == 2);
+  std::set<std::string> timestamps;
+  for (const auto& req : *requests) {
+    std::map<std::string, std::string> h(req.headers.begin(), req.headers.end());
+    CHECK(h["Content-Type"] == "application/json");
+    CHECK(h["User-Agent"] == std::string("rebound/") + rebound::version);
+    CHECK(h["webhook-id"] == "msg_job-1");
+    timestamps.insert(h["webhook-timestamp"]);
+    CHECK(req.body == msg.body);
+    CHECK(rebound::verify_webhook(options.signing_secret, h["webhook-id"], h["webhook-timestamp"],
+                                  req.body, h["webhook-signature"],
+                                  std::stoll(h["webhook-timestamp"])));
+  }
+  CHECK(timestamps.size() == 2);  // set per attempt
+}
+
+TEST_CASE("observers and handlers that throw do not stop a delivery") {
+  IoThread io;
+  CallbackSender sender(io.io.get_executor(),
+                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)}),
+                        fast_options());
+  std::promise<int> done;
+  sender.deliver(
+      message(), [](const AttemptReport&) { throw std::runtime_error("observer"); },
+      [&](const DeliveryReport& r) {
+        done.set_value(r.attempts);
+        throw std::runtime_error("handler");
+      });
+  auto f = done.get_future();
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  CHECK(f.get() == 2);
+  CHECK(sender.wait_idle(5s));
+}
+
+TEST_CASE("bad sender options are refused") {
+  IoThread io;
+  auto make = [&](rebound::CallbackSenderOptions o) {
+    CallbackSender s(io.io.get_executor(), std::make_unique<FakeTransport>(std::vector<CallbackResponse>{}),
+                     std::move(o));
+  };
+  auto o = fast_options();
+  o.signing_secret = "not-a-secret";
+  CHECK_THROWS_AS(make(o), rebound::Error);
+  o = fast_options();
+  o.backoff = nullptr;
+  CHECK_THROWS_AS(make(o), rebound::Error);
+  o = fast_options();
+  o.timeout = 0ms;
+  CHECK_THROWS_AS(make(o), rebound::Error);
+  CHECK_THROWS_AS(CallbackSender(io.io.get_executor(), nullptr), rebound::Error);
+}
+
+// ---- The real transport against a real receiver on loopback ----
+
+namespace {
+std::unique_ptr<rebound::HttpTransport> loopback_transport(std::size_t connections = 4) {
+  rebound::HttpTransportOptions o;
+  o.connections = connections;
+  o.guard = rebound::AddressGuard(true);
+  return std::make_unique<rebound::HttpTransport>(o);
+}
+}  // namespace
+
+TEST_CASE("over HTTP: 5xx answers are retried, then the callback is delivered") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  receiver.script_statuses({500, 503});
+  CallbackSender sender(io.io.get_executor(), loopback_transport(), fast_options());
+  auto out = deliver(sender, message(receiver.url("/results")));
+  CHECK(out.report.delivered);
+  CHECK(out.report.attempts == 3);
+  auto got = receiver.received();
+  REQUIRE(got.size() == 3);
+  for (const auto& r : got) {
+    CHECK(r.path == "/results");
+    CHECK(r.body == message().body);
+    CHECK(r.header("webhook-id") == "msg_job-1");
+    CHECK(r.header("Content-Type") == "application/json");
+  }
+}
+
+TEST_CASE("over HTTP: a refused connection is retried until the receiver comes up") {
+  IoThread io;
+  const int port = rebound::test::unused_port();
+  auto options = fast_options(50);
+  options.backoff = rebound::backoff::max_tries(rebound::backoff::exponential(20ms, 1.0), 200);
+  CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
+  auto attempts = std::make_shared<std::atomic<int>>(0);
+  std::promise<DeliveryReport> done;
+  sender.deliver(message("http://127.0.0.1:" + std::to_string(port) + "/hook"),
+                 [attempts](const AttemptReport& a) {
+                   if (a.response.error == TransportError::connect_failed) ++*attempts;
+                 },
+                 [&](const DeliveryReport& r) { done.set_value(r); });
+  REQUIRE(rebound::test::eventually([&] { return *attempts >= 2; }));
+  rebound::test::Receiver receiver(port);
+  auto f = done.get_future();
+  REQUIRE(f.wait_for(20s) == std::future_status::ready);
+  auto report = f.get();
+  CHECK(report.delivered);
+  CHECK(report.attempts >= 3);
+  CHECK(receiver.count() == 1);
+}
+
+TEST_CASE("over HTTP: an answer slower than the timeout is a failed attempt") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  receiver.script([](const auto&, httplib::Response&) { std::this_thread::sleep_for(1500ms); });
+  auto options = fast_options();
+  options.timeout = 300ms;
+  CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
+  auto out = deliver(sender, message(receiver.url()));
+  CHECK(out.report.delivered);
+  REQUIRE(out.attempts.size() == 2);
+  CHECK(out.attempts[0].response.error == TransportError::timeout);
+}
+
+TEST_CASE("over HTTP: redirects are not followed") {
+  IoThread io;
+  rebound::test::Receiver target;
+  rebound::test::Receiver receiver;
+  receiver.set_fallback([&](const auto&, httplib::Response& res) {
+    res.status = 307;
+    res.set_header("Location", target.url());
+  });
+  CallbackSender sender(io.io.get_executor(), loopback_transport(), fast_options(2));
+  auto out = deliver(sender, message(receiver.url()));
+  CHECK_FALSE(out.report.delivered);
+  CHECK(out.report.last_error == "HTTP 307");
+  CHECK(receiver.count() == 2);
+  CHECK(target.count() == 0);
+}
+
+TEST_CASE("over HTTP: the SSRF guard refuses loopback unless private callbacks are allowed") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  CallbackSender sender(io.io.get_executor(), std::make_unique<rebound::HttpTransport>(),
+                        fast_options());
+  auto out = deliver(sender, message(receiver.url()));
+  CHECK_FALSE(out.report.delivered);
+  CHECK(out.report.attempts == 1);
+  CHECK(out.attempts[0].response.error == TransportError::refused_address);
+  auto by_name = deliver(sender, message("http://localhost:" + std::to_string(receiver.port()) + "/x"));
+  CHECK_FALSE(by_name.report.delivered);
+  CHECK(by_name.attempts[0].response.error == TransportError::refused_address);
+  CHECK(receiver.count() == 0);
+}
+
+TEST_CASE("over HTTP: connections to a receiver are kept alive and reused") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  CallbackSender sender(io.io.get_executor(), loopback_transport(2), fast_options());
+  std::atomic<int> delivered{0};
+  for (int i = 0; i < 100; ++i) {
+    auto msg = message(receiver.url());
+    msg.job_id = "job-" + std::to_string(i);
+    sender.deliver(msg, nullptr, [&](const DeliveryReport& r) { delivered += r.delivered; });
+  }
+  REQUIRE(sender.wait_idle(20s));
+  CHECK(delivered == 100);
+  std::set<int> connections;
+  for (const auto& r : receiver.received()) connections.insert(r.remote_port);
+  CHECK(connections.size() <= 2);  // 100 requests over at most 2 sender connections
+}

@@ -1,0 +1,137 @@
+// Submission validation, callback URL parsing and the SSRF address classification.
+#include <doctest/doctest.h>
+
+#include "rebound/submission.hpp"
+
+using rebound::AddressClass;
+using rebound::AddressGuard;
+using rebound::parse_submission;
+
+namespace {
+const AddressGuard strict{};
+const AddressGuard permissive{true};
+
+void check_invalid(const std::string& body, int status, const std::string& code,
+                   const std::string& field, const AddressGuard& guard = strict) {
+  CAPTURE(body);
+  auto r = parse_submission(body, guard);
+  REQUIRE_FALSE(r.job.has_value());
+  REQUIRE(r.error.has_value());
+  CHECK(r.error->status == status);
+  CHECK(r.error->code == code);
+  CHECK(r.error->field == field);
+  CHECK_FALSE(r.error->message.empty());
+}
+}  // namespace
+
+TEST_CASE("the seed's request, id and callback_url only, is accepted as is") {
+  auto r = parse_submission(R"({"id": "1234", "callback_url": "http://example.com/callback"})", strict);
+  REQUIRE(r.job.has_value());
+  CHECK(r.job->id == "1234");
+  CHECK(r.job->callback_url == "http://example.com/callback");
+  CHECK(r.job->input.is_null());
+}
+
+TEST_CASE("input of any JSON type is kept; unknown fields and a null callback are ignored") {
+  auto r = parse_submission(R"({"id":"a.b_c:d-1","input":[[1,2],[3,4]],"extra":true,"callback_url":null})",
+                            strict);
+  REQUIRE(r.job.has_value());
+  CHECK(r.job->input == nlohmann::json::parse("[[1,2],[3,4]]"));
+  CHECK(r.job->callback_url.empty());
+}
+
+TEST_CASE("a body that is not a JSON object is a 400 invalid_json") {
+  check_invalid("", 400, "invalid_json", "");
+  check_invalid("{\"id\":", 400, "invalid_json", "");
+  check_invalid("[1,2]", 400, "invalid_json", "");
+  check_invalid("\"id\"", 400, "invalid_json", "");
+}
+
+TEST_CASE("a missing or bad id is a 422 naming the field") {
+  check_invalid("{}", 422, "invalid_field", "id");
+  check_invalid(R"({"id":null})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":1234})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":""})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":"has space"})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":"slash/"})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":"caf\u00e9"})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":")" + std::string(129, 'a') + R"("})", 422, "invalid_field", "id");
+  CHECK(parse_submission(R"({"id":")" + std::string(128, 'a') + R"("})", strict).job.has_value());
+}
+
+TEST_CASE("a bad callback_url is a 422 naming the field") {
+  for (const char* url : {"\"\"", "42", "\"example.com/cb\"", "\"ftp://example.com/x\"",
+                          "\"http://\"", "\"http://user:pw@example.com/\"", "\"http://example.com:0/\"",
+                          "\"http://example.com:70000/\"", "\"http://example.com:80a/\"",
+                          "\"http://exa mple.com/\"", "\"http://example.com/#frag\"",
+                          "\"http://[::1/\"", "\"javascript:alert(1)\""}) {
+    check_invalid(std::string(R"({"id":"a","callback_url":)") + url + "}", 422, "invalid_field",
+                  "callback_url");
+  }
+}
+
+TEST_CASE("callback URLs to internal addresses are refused unless private callbacks are allowed") {
+  for (const char* host :
+       {"127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
+        "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "[::1]", "[::]", "[fe80::1]",
+        "[fd00::1]", "[::ffff:127.0.0.1]", "[::ffff:169.254.169.254]", "[64:ff9b::10.0.0.1]",
+        "localhost", "api.localhost"}) {
+    const std::string body =
+        std::string(R"({"id":"a","callback_url":"http://)") + host + R"(:8080/cb"})";
+    check_invalid(body, 422, "invalid_field", "callback_url");
+    CAPTURE(host);
+    CHECK(parse_submission(body, permissive).job.has_value());
+  }
+  CHECK(parse_submission(R"({"id":"a","callback_url":"https://93.184.216.34/cb"})", strict).job);
+  CHECK(parse_submission(R"({"id":"a","callback_url":"https://[2606:4700::1]/cb"})", strict).job);
+}
+
+TEST_CASE("callback URLs are taken apart for the transport") {
+  auto u = rebound::parse_callback_url("HTTPS://Example.COM/a/b?x=1");
+  REQUIRE(u.url);
+  CHECK(u.url->scheme == "https");
+  CHECK(u.url->host == "example.com");
+  CHECK(u.url->port == 443);
+  CHECK(u.url->target == "/a/b?x=1");
+  CHECK(u.url->origin() == "https://example.com:443");
+  u = rebound::parse_callback_url("http://[2001:db8::1]:9000");
+  REQUIRE(u.url);
+  CHECK(u.url->host == "2001:db8::1");
+  CHECK(u.url->port == 9000);
+  CHECK(u.url->target == "/");
+  CHECK(u.url->origin() == "http://[2001:db8::1]:9000");
+  u = rebound::parse_callback_url("http://example.com?q=1");
+  REQUIRE(u.url);
+  CHECK(u.url->target == "/?q=1");
+  CHECK(u.url->port == 80);
+}
+
+TEST_CASE("addresses are classified in IPv4, IPv6 and IPv4-mapped forms") {
+  auto c = [](const char* s) { return rebound::classify_ip_literal(s); };
+  CHECK(c("8.8.8.8") == AddressClass::global);
+  CHECK(c("127.0.0.1") == AddressClass::loopback);
+  CHECK(c("172.31.255.255") == AddressClass::private_use);
+  CHECK(c("172.32.0.1") == AddressClass::global);
+  CHECK(c("100.127.255.255") == AddressClass::shared_cgnat);
+  CHECK(c("100.128.0.1") == AddressClass::global);
+  CHECK(c("169.254.169.254") == AddressClass::link_local);
+  CHECK(c("::1") == AddressClass::loopback);
+  CHECK(c("::ffff:10.1.2.3") == AddressClass::private_use);
+  CHECK(c("::ffff:8.8.8.8") == AddressClass::global);
+  CHECK(c("ff02::1") == AddressClass::multicast);
+  CHECK(c("fe80::1%eth0") == AddressClass::link_local);
+  CHECK(c("2606:4700::1111") == AddressClass::global);
+  CHECK_FALSE(c("example.com").has_value());
+}
+
+TEST_CASE("resolving a name that points inside the network is refused") {
+  auto r = strict.resolve("localhost");
+  CHECK(r.address.empty());
+  CHECK(r.refused);
+  CHECK(r.error.find("loopback") != std::string::npos);
+  auto ok = permissive.resolve("localhost");
+  CHECK_FALSE(ok.address.empty());
+  auto missing = strict.resolve("no-such-host.invalid");
+  CHECK(missing.address.empty());
+  CHECK_FALSE(missing.refused);
+}
