@@ -42,7 +42,7 @@ TEST_CASE("full jitter scales the inner delay by the random draw") {
   CHECK(after(p, 2) == 1998ms);
 }
 
-TEST_CASE("full jitter with the default random source stays within [0, inner]") {
+TEST_CASE("full jitter with the default random source stays within [0 - inner]") {
   auto p = backoff::full_jitter(backoff::exponential(1000ms));
   for (int i = 0; i < 200; ++i) {
     auto d = after(p, 3);
@@ -61,7 +61,7 @@ TEST_CASE("max_tries gives up once that many attempts were made") {
   CHECK_THROWS_AS(backoff::max_tries(backoff::exponential(), 0), rebound::Error);
 }
 
-TEST_CASE("respect_retry_after waits at least Retry-After, up to its cap") {
+TEST_CASE("respect_retry_after waits at least Retry-After - up to its cap") {
   auto p = backoff::respect_retry_after(backoff::exponential(100ms), 5s);
   RetryContext ctx;
   ctx.attempts = 1;
@@ -75,7 +75,7 @@ TEST_CASE("respect_retry_after waits at least Retry-After, up to its cap") {
   CHECK_FALSE(stopped->next_delay(ctx).has_value());
 }
 
-TEST_CASE("the default policy is the seed's: expo from 1 s with full jitter, 5 tries") {
+TEST_CASE("the default policy is the seed's: expo from 1 s with full jitter - 5 tries") {
   auto p = backoff::default_policy(5, [] { return 1.0; });
   CHECK(after(p, 1) == 1000ms);
   CHECK(after(p, 2) == 2000ms);

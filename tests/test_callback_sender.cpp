@@ -160,7 +160,7 @@ TEST_CASE("delivery gives up after max tries and reports the last error") {
   CHECK(out.attempts.back().verdict == AttemptVerdict::give_up);
 }
 
-TEST_CASE("410 Gone and refused addresses stop at once; redirects are retried, not followed") {
+TEST_CASE("410 Gone and refused addresses stop at once - redirects are retried - not followed") {
   IoThread io;
   SUBCASE("410") {
     CallbackSender sender(io.io.get_executor(),
@@ -206,7 +206,7 @@ TEST_CASE("the classifier is a policy the user can replace") {
   CHECK(out.report.attempts == 1);
 }
 
-TEST_CASE("every attempt carries the callback headers; webhook-id stays, the signature verifies") {
+TEST_CASE("every attempt carries the callback headers - webhook-id stays - the signature verifies") {
   IoThread io;
   auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)});
   auto requests = transport->requests_;
@@ -281,7 +281,7 @@ std::unique_ptr<rebound::HttpTransport> loopback_transport(std::size_t connectio
 }
 }  // namespace
 
-TEST_CASE("over HTTP: 5xx answers are retried, then the callback is delivered") {
+TEST_CASE("over HTTP: 5xx answers are retried - then the callback is delivered") {
   IoThread io;
   rebound::test::Receiver receiver;
   receiver.script_statuses({500, 503});
@@ -381,4 +381,17 @@ TEST_CASE("over HTTP: connections to a receiver are kept alive and reused") {
   std::set<int> connections;
   for (const auto& r : receiver.received()) connections.insert(r.remote_port);
   CHECK(connections.size() <= 2);  // 100 requests over at most 2 sender connections
+}
+
+TEST_CASE("over HTTP: a kept-alive connection the receiver closed does not cost an attempt") {
+  IoThread io;
+  rebound::test::Receiver receiver;  // closes idle connections after 1 s
+  CallbackSender sender(io.io.get_executor(), loopback_transport(1), fast_options());
+  auto first = deliver(sender, message(receiver.url()));
+  CHECK(first.report.attempts == 1);
+  std::this_thread::sleep_for(1500ms);  // the receiver drops the idle connection meanwhile
+  auto second = deliver(sender, message(receiver.url()));
+  CHECK(second.report.delivered);
+  CHECK(second.report.attempts == 1);
+  CHECK(receiver.count() == 2);
 }

@@ -42,7 +42,7 @@ Job job(int n) { return Job{"job-" + std::to_string(n), {}, n, {}}; }
 
 }  // namespace
 
-TEST_CASE("every accepted job is handled exactly once, with at most `workers` at a time") {
+TEST_CASE("every accepted job is handled exactly once - with at most `workers` at a time") {
   for (std::size_t workers : {1u, 2u, 8u}) {
     CAPTURE(workers);
     boost::asio::thread_pool pool(8);
@@ -75,7 +75,7 @@ TEST_CASE("every accepted job is handled exactly once, with at most `workers` at
   }
 }
 
-TEST_CASE("a full queue answers `full`, and takes jobs again once it drains") {
+TEST_CASE("a full queue answers `full` - and takes jobs again once it drains") {
   boost::asio::thread_pool pool(2);
   Gate gate;
   std::atomic<int> handled{0};

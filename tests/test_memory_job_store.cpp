@@ -14,7 +14,7 @@ Job make(const std::string& id, const std::string& url = "http://example.com/cb"
 }
 }  // namespace
 
-TEST_CASE("put creates once; the same request is a duplicate; a different one a conflict") {
+TEST_CASE("put creates once - the same request is a duplicate - a different one a conflict") {
   rebound::MemoryJobStore store;
   CHECK(store.put(make("a")) == PutOutcome::created);
   CHECK(store.put(make("a")) == PutOutcome::duplicate);
@@ -43,7 +43,7 @@ TEST_CASE("a job's record follows it from queued to delivered") {
   store.complete("missing", {JobStatus::failed, nullptr, std::nullopt});  // ignored, no throw
 }
 
-TEST_CASE("only finished jobs are forgotten, oldest first, beyond max_finished") {
+TEST_CASE("only finished jobs are forgotten - oldest first - beyond max_finished") {
   rebound::MemoryJobStore store(2);
   for (const char* id : {"a", "b", "c", "pending"}) store.put(make(id));
   store.put(make("poll-only", ""));
@@ -63,7 +63,7 @@ TEST_CASE("only finished jobs are forgotten, oldest first, beyond max_finished")
   CHECK(store.size() == 3);
 }
 
-TEST_CASE("list_unfinished returns queued, running and undelivered jobs, oldest first") {
+TEST_CASE("list_unfinished returns queued - running and undelivered jobs - oldest first") {
   rebound::MemoryJobStore store;
   auto t0 = std::chrono::system_clock::now();
   auto job = [&](const char* id, int offset_ms) {

@@ -17,7 +17,7 @@ TEST_CASE("the echo model returns its input unchanged") {
   CHECK(model.ready());
 }
 
-TEST_CASE("predict_batch defaults to one predict per input, in order") {
+TEST_CASE("predict_batch defaults to one predict per input - in order") {
   rebound::EchoModel model;
   auto out = model.predict_batch({json(1), json("two"), json(nullptr)});
   REQUIRE(out.size() == 3);
@@ -26,7 +26,7 @@ TEST_CASE("predict_batch defaults to one predict per input, in order") {
   CHECK(out[2].output().is_null());
 }
 
-TEST_CASE("the sleep model waits its time and answers OK, like the seed") {
+TEST_CASE("the sleep model waits its time and answers OK - like the seed") {
   auto model = rebound::make_builtin_model("sleep:0.05");
   CHECK(model->name() == "sleep");
   const auto start = std::chrono::steady_clock::now();

@@ -201,7 +201,7 @@ TEST_CASE("polling shows queued and running jobs before they finish") {
   REQUIRE(rebound::test::eventually([&] { return h.poll("second")["status"] == "succeeded"; }));
 }
 
-TEST_CASE("a failing model ends the job failed, and the callback says why") {
+TEST_CASE("a failing model ends the job failed - and the callback says why") {
   Harness h;
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "bad"}, {"callback_url", receiver.url()}, {"input", "bad"}})->status == 202);
@@ -223,7 +223,7 @@ TEST_CASE("a failing model ends the job failed, and the callback says why") {
   CHECK(receiver.wait_for(3));
 }
 
-TEST_CASE("resubmitting the same request is idempotent; a different one is a 409") {
+TEST_CASE("resubmitting the same request is idempotent - a different one is a 409") {
   Harness h;
   rebound::test::Receiver receiver;
   const json job = {{"id", "same"}, {"callback_url", receiver.url()}, {"input", {{"x", 1}}}};
@@ -296,7 +296,7 @@ TEST_CASE("the server refuses internal callback addresses by default") {
   pool.join();
 }
 
-TEST_CASE("callbacks are retried after 5xx and after connection refused, then delivered") {
+TEST_CASE("callbacks are retried after 5xx and after connection refused - then delivered") {
   Harness h;
   SUBCASE("5xx") {
     rebound::test::Receiver receiver;
@@ -374,7 +374,7 @@ TEST_CASE("500 concurrent jobs are all called back") {
   CHECK(ids.size() == jobs);
 }
 
-TEST_CASE("a full queue answers 503 queue_full with Retry-After, and recovers") {
+TEST_CASE("a full queue answers 503 queue_full with Retry-After - and recovers") {
   Harness h({1, 3, 5, false});
   for (int i = 0; i < 3; ++i) REQUIRE(h.submit({{"id", "q" + std::to_string(i)}})->status == 202);
   auto full = h.submit({{"id", "q3"}});
@@ -408,7 +408,7 @@ TEST_CASE("/ping answers while every worker is busy") {
   CHECK(ping->status == 200);
 }
 
-TEST_CASE("after shutdown begins, submissions get 503 and accepted jobs still finish") {
+TEST_CASE("after shutdown begins - submissions get 503 and accepted jobs still finish") {
   Harness h({1, 100, 5, false});
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "inflight"}, {"callback_url", receiver.url()}})->status == 202);

@@ -24,7 +24,7 @@ void check_invalid(const std::string& body, int status, const std::string& code,
 }
 }  // namespace
 
-TEST_CASE("the seed's request, id and callback_url only, is accepted as is") {
+TEST_CASE("the seed's request - id and callback_url only - is accepted as is") {
   auto r = parse_submission(R"({"id": "1234", "callback_url": "http://example.com/callback"})", strict);
   REQUIRE(r.job.has_value());
   CHECK(r.job->id == "1234");
@@ -32,7 +32,7 @@ TEST_CASE("the seed's request, id and callback_url only, is accepted as is") {
   CHECK(r.job->input.is_null());
 }
 
-TEST_CASE("input of any JSON type is kept; unknown fields and a null callback are ignored") {
+TEST_CASE("input of any JSON type is kept - unknown fields and a null callback are ignored") {
   auto r = parse_submission(R"({"id":"a.b_c:d-1","input":[[1,2],[3,4]],"extra":true,"callback_url":null})",
                             strict);
   REQUIRE(r.job.has_value());
@@ -106,7 +106,7 @@ TEST_CASE("callback URLs are taken apart for the transport") {
   CHECK(u.url->port == 80);
 }
 
-TEST_CASE("addresses are classified in IPv4, IPv6 and IPv4-mapped forms") {
+TEST_CASE("addresses are classified in IPv4 - IPv6 and IPv4-mapped forms") {
   auto c = [](const char* s) { return rebound::classify_ip_literal(s); };
   CHECK(c("8.8.8.8") == AddressClass::global);
   CHECK(c("127.0.0.1") == AddressClass::loopback);

@@ -42,6 +42,8 @@ class Receiver {
     // and no forced reconnects, so that tests see the sender's own connection behaviour.
     server_.new_task_queue = [] { return new httplib::ThreadPool(64); };
     server_.set_keep_alive_max_count(100000);
+    // Idle connections close after a second: stop() waits for them, and senders must cope.
+    server_.set_keep_alive_timeout(1);
     server_.Post(R"(/.*)", [this](const httplib::Request& req, httplib::Response& res) {
       Request r{req.path, req.body, req.headers, req.remote_port, std::chrono::steady_clock::now()};
       Responder responder;
