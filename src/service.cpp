@@ -176,7 +176,12 @@ bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
   }
   queue_->close();
   std::unique_lock<std::mutex> lock(core_->mutex);
-  return core_->idle.wait_for(lock, timeout, [this] { return core_->in_flight == 0; });
+  if (core_->idle.wait_for(lock, timeout, [this] { return core_->in_flight == 0; })) return true;
+  lock.unlock();
+  // The deadline passed: jobs that never started stay as they are in the store (queued), and
+  // their slots are freed so that the running ones can end the process promptly.
+  for (std::size_t n = queue_->take_pending().size(); n > 0; --n) core_->release();
+  return false;
 }
 
 }  // namespace rebound

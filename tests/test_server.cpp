@@ -439,3 +439,18 @@ TEST_CASE("/openapi.json documents every route") {
     CHECK(doc["paths"]["/v1/inferences"]["post"]["responses"].contains(status));
   }
 }
+
+TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running one goes on") {
+  Harness h({1, 100, 5, false});
+  for (int i = 0; i < 3; ++i) REQUIRE(h.submit({{"id", "late" + std::to_string(i)}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  CHECK_FALSE(h.service->shutdown(100ms));
+  CHECK(h.service->queue_depth() == 0);
+  CHECK(h.service->in_flight() == 1);  // only the running job still holds a slot
+  CHECK(h.poll("late0")["status"] == "running");
+  CHECK(h.poll("late1")["status"] == "queued");  // kept as it was: a durable store resumes it
+  h.model->open();
+  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  CHECK(h.poll("late0")["status"] == "succeeded");
+  CHECK(h.poll("late2")["status"] == "queued");
+}

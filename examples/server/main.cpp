@@ -1,5 +1,6 @@
 // rebound-server: the library wired into a runnable server (DESIGN.md's command line).
 #include <csignal>
+#include <future>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -119,27 +120,31 @@ int main(int argc, char** argv) {
     rebound::Server server(service, server_options);
     const int bound = server.bind();
 
+    // SIGTERM/SIGINT: stop taking work (submissions and /ping get 503) while still answering
+    // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
+    std::promise<void> stop_requested;
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&server](const boost::system::error_code& ec, int) {
-      if (!ec) server.stop();
+    signals.async_wait([&stop_requested](const boost::system::error_code& ec, int) {
+      if (!ec) stop_requested.set_value();
     });
 
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
               << " (model " << model_name << ", store " << store_uri << ", workers " << workers
               << ")" << std::endl;
-    server.run();
+    std::thread http_thread([&server] { server.run(); });
+    stop_requested.get_future().wait();
 
     std::cout << "rebound-server: stopping, finishing jobs in flight" << std::endl;
-    const bool drained = service.shutdown(std::chrono::seconds(25));
-    if (!drained) {
-      std::cerr << "rebound-server: " << service.in_flight()
-                << " jobs still in flight at the deadline; the memory store loses them\n";
+    if (!service.shutdown(std::chrono::seconds(25))) {
+      std::cerr << "rebound-server: jobs still in flight at the deadline; with the memory store "
+                   "they are lost\n";
     }
-    signals.cancel();
+    server.stop();
+    http_thread.join();
+    inference.join();  // only inferences already running remain
     io_work.reset();
     io.stop();
     io_thread.join();
-    inference.join();
     return 0;
   } catch (const rebound::Error& e) {
     std::cerr << "rebound-server: " << e.what() << "\n";

@@ -8,7 +8,9 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <iterator>
 #include <utility>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/post.hpp>
@@ -81,6 +83,16 @@ class JobQueue final {
   void close() {
     std::lock_guard<std::mutex> lock(mutex_);
     closed_ = true;
+  }
+
+  /// Removes and returns the jobs still waiting (not those running). For a shutdown deadline: the
+  /// caller decides what becomes of them (a durable store keeps them for the next start).
+  std::vector<Job> take_pending() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Job> out(std::make_move_iterator(pending_.begin()),
+                         std::make_move_iterator(pending_.end()));
+    pending_.clear();
+    return out;
   }
 
   /// Waits until no job is waiting or running, or until `timeout`. True when idle.

@@ -82,7 +82,9 @@ class Service final {
   const Model& model() const;
 
   /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
-  /// included. True when nothing was left in flight.
+  /// included. True when nothing was left in flight. At the deadline, jobs that have not started
+  /// are taken off the queue and stay `queued` in the store (a durable store runs them on the
+  /// next start; the memory store loses them); running inferences and deliveries go on.
   bool shutdown(std::chrono::steady_clock::duration timeout);
 
   struct Core;  // shared with deliveries in flight
