@@ -70,10 +70,13 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
                        {"User-Agent", std::string("rebound/") + version},
                        {"webhook-id", message_.webhook_id},
                        {"webhook-timestamp", std::to_string(timestamp)}};
-    if (!options.signing_secret.empty()) {
-      request.headers.emplace_back(
-          "webhook-signature",
-          sign_webhook(options.signing_secret, message_.webhook_id, timestamp, message_.body));
+    if (!options.signing_secrets.empty()) {
+      std::string signatures;
+      for (const auto& secret : options.signing_secrets) {
+        if (!signatures.empty()) signatures += ' ';
+        signatures += sign_webhook(secret, message_.webhook_id, timestamp, message_.body);
+      }
+      request.headers.emplace_back("webhook-signature", std::move(signatures));
     }
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.
@@ -156,8 +159,10 @@ CallbackSender::CallbackSender(boost::asio::any_io_executor executor,
   if (!transport) throw Error("CallbackSender: a transport is required");
   if (!options.backoff) throw Error("CallbackSender: a backoff policy is required");
   if (options.timeout.count() <= 0) throw Error("CallbackSender: the timeout must be positive");
-  if (!options.signing_secret.empty() && !is_valid_webhook_secret(options.signing_secret)) {
-    throw Error("CallbackSender: the signing secret must look like whsec_<base64>");
+  for (const auto& secret : options.signing_secrets) {
+    if (!is_valid_webhook_secret(secret)) {
+      throw Error("CallbackSender: a signing secret must look like whsec_<base64>");
+    }
   }
   if (!options.now) throw Error("CallbackSender: a clock is required");
   state_->executor = std::move(executor);

@@ -102,11 +102,9 @@ struct HttpTransport::Impl {
     if (found != clients.end()) return found->second.get();
 
     std::string address;
-    if (auto literal = classify_ip_literal(url.host)) {
-      if (!options.guard.permits(*literal)) {
-        refusal = transport_failure(TransportError::refused_address,
-                                    url.host + " is a " + to_string(*literal) +
-                                        " address, which callbacks may not use");
+    if (classify_ip_literal(url.host)) {
+      if (auto refused = options.guard.check_host(url.host)) {
+        refusal = transport_failure(TransportError::refused_address, url.host + " " + *refused);
         return nullptr;
       }
     } else if (!options.guard.allow_private()) {

@@ -2,6 +2,7 @@
 #include "rebound/server.hpp"
 
 #include <httplib.h>
+#include <openssl/crypto.h>
 
 #include <atomic>
 #include <utility>
@@ -49,6 +50,8 @@ ApiError error_for_status(int status, const httplib::Request& req) {
       return {413, "payload_too_large", "The request body is over the size limit.", {}};
     case 414:
       return {414, "uri_too_long", "The request URI is too long.", {}};
+    case 400:
+      return {400, "bad_request", "The request could not be read.", {}};
     default:
       return {status, "bad_request", "The request could not be read.", {}};
   }
@@ -61,6 +64,12 @@ struct Server::Impl {
     const std::size_t threads = options.http_threads;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_tcp_nodelay(true);
+    // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
+    // and silently take half the traffic. Reuse the address only.
+    http.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     http.set_keep_alive_max_count(100000);
     http.set_payload_max_length(options.max_body_bytes);
     http.set_error_handler(httplib::Server::HandlerWithResponse(
@@ -74,11 +83,26 @@ struct Server::Impl {
           send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
         });
 
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      res.set_header("WWW-Authenticate", "Bearer");
+      send_error(res, {401, "unauthorized",
+                       "This server requires an API key: Authorization: Bearer <key>.", {}});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+
     http.Post("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
       submit(req, res);
     });
     http.Get(R"(/v1/inferences/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
       poll(req.matches[1].str(), res);
+    });
+    http.Post(R"(/v1/inferences/([^/]+)/redeliver)",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                redeliver(req.matches[1].str(), res);
+              });
+    http.Get("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
+      list_failed(req, res);
     });
     http.Get("/ping", [this](const httplib::Request&, httplib::Response& res) {
       if (service.ready()) {
@@ -119,6 +143,60 @@ struct Server::Impl {
       case SubmitStatus::store_error:
         return send_error(res, {500, "store_error", "The job could not be stored.", {}});
     }
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (options.api_keys.empty() || req.path == "/ping" || req.path == "/openapi.json") return true;
+    const std::string header = req.get_header_value("Authorization");
+    constexpr std::string_view scheme = "Bearer ";
+    if (header.size() <= scheme.size() || header.compare(0, scheme.size(), scheme) != 0) return false;
+    const std::string_view given = std::string_view(header).substr(scheme.size());
+    bool match = false;
+    for (const auto& key : options.api_keys) {
+      // Constant time for a given length, so a wrong key reveals nothing but its length.
+      match |= key.size() == given.size() && CRYPTO_memcmp(key.data(), given.data(), key.size()) == 0;
+    }
+    return match;
+  }
+
+  void redeliver(const std::string& id, httplib::Response& res) {
+    switch (is_valid_job_id(id) ? service.redeliver(id) : RedeliverStatus::not_found) {
+      case RedeliverStatus::accepted:
+        return send_json(res, 202, {{"message", "Redelivering"}, {"id", id},
+                                    {"status_url", "/v1/inferences/" + id}});
+      case RedeliverStatus::not_found:
+        return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
+      case RedeliverStatus::not_failed:
+        return send_error(res, {409, "callback_not_failed",
+                                "Only a callback that was given up can be redelivered.", {}});
+      case RedeliverStatus::queue_full:
+        res.set_header("Retry-After", "1");
+        return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+      case RedeliverStatus::shutting_down:
+        return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+    }
+  }
+
+  void list_failed(const httplib::Request& req, httplib::Response& res) {
+    const std::string state = req.get_param_value("callback_state");
+    if (state != "failed") {
+      return send_error(res, {422, "invalid_field",
+                              "List jobs with callback_state=failed (the only listing offered).",
+                              "callback_state"});
+    }
+    std::size_t limit = 100;
+    if (req.has_param("limit")) {
+      const std::string text = req.get_param_value("limit");
+      const bool digits = !text.empty() && text.size() <= 4 &&
+                          text.find_first_not_of("0123456789") == std::string::npos;
+      limit = digits ? std::stoul(text) : 0;
+      if (limit < 1 || limit > 1000) {
+        return send_error(res, {422, "invalid_field", "limit must be 1 to 1000.", "limit"});
+      }
+    }
+    nlohmann::json jobs = nlohmann::json::array();
+    for (const auto& record : service.failed_callbacks(limit)) jobs.push_back(to_status_json(record));
+    send_json(res, 200, {{"jobs", std::move(jobs)}});
   }
 
   void poll(const std::string& id, httplib::Response& res) {

@@ -21,6 +21,8 @@ struct Service::Core {
   std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
   bool accepting = true;
 
+  std::mutex redeliver_mutex;  // serialises failed -> pending, the only move out of `failed`
+
   std::mutex mutex;
   std::condition_variable idle;
   std::size_t in_flight = 0;
@@ -151,6 +153,24 @@ SubmitStatus Service::submit(Job job) {
   // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
   queue_->try_push(std::move(job));
   return SubmitStatus::accepted;
+}
+
+RedeliverStatus Service::redeliver(const std::string& id) {
+  std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
+  if (!core_->accepting) return RedeliverStatus::shutting_down;
+  std::lock_guard<std::mutex> lock(core_->redeliver_mutex);
+  auto record = core_->store->get(id);
+  if (!record) return RedeliverStatus::not_found;
+  if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
+  if (!core_->try_admit()) return RedeliverStatus::queue_full;
+  // Core::deliver marks the callback pending before it returns, so a second redeliver waiting on
+  // the mutex sees `pending` and answers not_failed.
+  Core::deliver(core_, *record);
+  return RedeliverStatus::accepted;
+}
+
+std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
+  return core_->store->list_failed_callbacks(limit);
 }
 
 std::optional<JobRecord> Service::find(const std::string& id) const { return core_->store->get(id); }

@@ -108,3 +108,101 @@ TEST_CASE("Retry-After parses as seconds and as an HTTP-date") {
   CHECK_FALSE(rebound::parse_retry_after("", now).has_value());
   CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
 }
+
+TEST_CASE("constant waits the same every time") {
+  auto p = backoff::constant(250ms);
+  CHECK(after(p, 1) == 250ms);
+  CHECK(after(p, 9) == 250ms);
+}
+
+TEST_CASE("fibonacci grows 1 1 2 3 5 8 times the base up to the cap") {
+  auto p = backoff::fibonacci(100ms, 700ms);
+  std::vector<std::chrono::milliseconds> got;
+  for (int a = 1; a <= 8; ++a) got.push_back(*after(p, a));
+  CHECK(got == std::vector<std::chrono::milliseconds>{100ms, 100ms, 200ms, 300ms, 500ms, 700ms, 700ms, 700ms});
+  CHECK(after(backoff::fibonacci(1ms, 1h), 1000) == 3600000ms);  // capped, no overflow
+}
+
+TEST_CASE("equal jitter waits half the inner delay plus a random share of the other half") {
+  double draw = 0.0;
+  auto p = backoff::equal_jitter(backoff::exponential(1000ms), [&] { return draw; });
+  CHECK(after(p, 1) == 500ms);
+  CHECK(after(p, 2) == 1000ms);
+  draw = 0.5;
+  CHECK(after(p, 2) == 1500ms);
+  draw = 1.0;
+  CHECK(after(p, 3) == 4000ms);
+}
+
+TEST_CASE("decorrelated jitter draws between the base and three times the previous delay") {
+  double draw = 1.0;
+  auto p = backoff::decorrelated_jitter(100ms, 1000ms, [&] { return draw; });
+  RetryContext ctx;
+  ctx.attempts = 1;
+  CHECK(p->next_delay(ctx) == 300ms);  // uniform(100, 3 * 100) at the top
+  ctx.attempts = 2;
+  ctx.previous_delay = 300ms;
+  CHECK(p->next_delay(ctx) == 900ms);
+  ctx.previous_delay = 900ms;
+  CHECK(p->next_delay(ctx) == 1000ms);  // capped
+  draw = 0.0;
+  CHECK(p->next_delay(ctx) == 100ms);  // never below the base
+  draw = 0.5;
+  ctx.previous_delay = 200ms;
+  CHECK(p->next_delay(ctx) == 350ms);  // 100 + (600 - 100) / 2
+}
+
+TEST_CASE("max_elapsed gives up when the next attempt would start past the limit") {
+  auto p = backoff::max_elapsed(backoff::constant(1000ms), 10s);
+  RetryContext ctx;
+  ctx.attempts = 3;
+  ctx.elapsed = 8s;
+  CHECK(p->next_delay(ctx) == 1000ms);
+  ctx.elapsed = 9s;
+  CHECK(p->next_delay(ctx) == 1000ms);  // starts exactly at the limit
+  ctx.elapsed = 9001ms;
+  CHECK_FALSE(p->next_delay(ctx).has_value());
+}
+
+TEST_CASE("from_function turns a user function into a policy") {
+  auto p = backoff::max_tries(backoff::from_function([](const RetryContext& ctx) {
+                                return std::optional<std::chrono::milliseconds>(ctx.attempts * 7ms);
+                              }),
+                              3);
+  CHECK(after(p, 1) == 7ms);
+  CHECK(after(p, 2) == 14ms);
+  CHECK_FALSE(after(p, 3).has_value());
+  CHECK_THROWS_AS(backoff::from_function(nullptr), rebound::Error);
+}
+
+TEST_CASE("make_policy composes a schedule from a Config") {
+  backoff::Config c;
+  c.schedule = backoff::Schedule::fibonacci;
+  c.base = 10ms;
+  c.cap = 1s;
+  c.jitter = backoff::Jitter::none;
+  c.max_tries = 4;
+  auto p = backoff::make_policy(c);
+  CHECK(after(p, 1) == 10ms);
+  CHECK(after(p, 3) == 20ms);
+  CHECK_FALSE(after(p, 4).has_value());
+
+  c.schedule = backoff::Schedule::exponential;
+  c.jitter = backoff::Jitter::equal;
+  auto half = backoff::make_policy(c, [] { return 0.0; });
+  CHECK(after(half, 3) == 20ms);  // 40 ms halved
+
+  c.max_elapsed = 100ms;
+  c.jitter = backoff::Jitter::none;
+  auto bounded = backoff::make_policy(c);
+  RetryContext ctx;
+  ctx.attempts = 2;
+  ctx.elapsed = 95ms;
+  CHECK_FALSE(bounded->next_delay(ctx).has_value());
+
+  c.max_elapsed = 0ms;
+  c.retry_after_cap = 0ms;  // Retry-After ignored
+  ctx.elapsed = 0ms;
+  ctx.retry_after = 30s;
+  CHECK(backoff::make_policy(c)->next_delay(ctx) == 20ms);
+}

@@ -211,7 +211,7 @@ TEST_CASE("every attempt carries the callback headers - webhook-id stays - the s
   auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)});
   auto requests = transport->requests_;
   auto options = fast_options();
-  options.signing_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  options.signing_secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_bmV3LXNlY3JldC1rZXk="};
   std::atomic<long> clock{1700000000};
   options.now = [&] { return std::chrono::system_clock::from_time_t(clock++); };
   CallbackSender sender(io.io.get_executor(), std::move(transport), options);
@@ -227,9 +227,15 @@ TEST_CASE("every attempt carries the callback headers - webhook-id stays - the s
     CHECK(h["webhook-id"] == "msg_job-1");
     timestamps.insert(h["webhook-timestamp"]);
     CHECK(req.body == msg.body);
-    CHECK(rebound::verify_webhook(options.signing_secret, h["webhook-id"], h["webhook-timestamp"],
-                                  req.body, h["webhook-signature"],
-                                  std::stoll(h["webhook-timestamp"])));
+    // Two secrets, two signatures: a receiver holding either one verifies (key rotation).
+    CHECK(std::count(h["webhook-signature"].begin(), h["webhook-signature"].end(), ' ') == 1);
+    for (const auto& secret : options.signing_secrets) {
+      CHECK(rebound::verify_webhook(secret, h["webhook-id"], h["webhook-timestamp"], req.body,
+                                    h["webhook-signature"], std::stoll(h["webhook-timestamp"])));
+    }
+    CHECK_FALSE(rebound::verify_webhook("whsec_b3RoZXI=", h["webhook-id"], h["webhook-timestamp"],
+                                        req.body, h["webhook-signature"],
+                                        std::stoll(h["webhook-timestamp"])));
   }
   CHECK(timestamps.size() == 2);  // set per attempt
 }
@@ -259,7 +265,7 @@ TEST_CASE("bad sender options are refused") {
                      std::move(o));
   };
   auto o = fast_options();
-  o.signing_secret = "not-a-secret";
+  o.signing_secrets = {"not-a-secret"};
   CHECK_THROWS_AS(make(o), rebound::Error);
   o = fast_options();
   o.backoff = nullptr;

@@ -454,3 +454,16 @@ TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running o
   CHECK(h.poll("late0")["status"] == "succeeded");
   CHECK(h.poll("late2")["status"] == "queued");
 }
+
+TEST_CASE("a second server cannot bind a port that is in use") {
+  Harness h;
+  boost::asio::thread_pool pool(1);
+  boost::asio::io_context io;
+  rebound::Service service(pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
+                           std::make_unique<rebound::MemoryJobStore>(),
+                           std::make_unique<rebound::HttpTransport>());
+  rebound::Server second(service, {"127.0.0.1", h.port});
+  CHECK_THROWS_AS(second.bind(), rebound::Error);
+  service.shutdown(1s);
+  pool.join();
+}

@@ -3,6 +3,7 @@
 #include <future>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,6 +37,19 @@ int default_port() {
   return 8080;
 }
 
+// An io_context on a thread of its own, stopped and joined on every way out of main.
+struct IoThread {
+  boost::asio::io_context context;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{
+      context.get_executor()};
+  std::thread thread{[this] { context.run(); }};
+  ~IoThread() {
+    work.reset();
+    context.stop();
+    thread.join();
+  }
+};
+
 std::unique_ptr<rebound::JobStore> make_store(const std::string& uri) {
   if (uri == "memory") return std::make_unique<rebound::MemoryJobStore>();
   throw rebound::Error("unsupported --store '" + uri + "': this build supports memory");
@@ -52,10 +66,16 @@ int main(int argc, char** argv) {
   std::string store_uri = "memory";
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
-  int max_tries = 5;
-  std::string signing_secret;
+  std::vector<std::string> signing_secrets;
   bool allow_private = false;
+  std::vector<std::string> callback_allow;
+  std::vector<std::string> api_keys;
   std::size_t http_threads = 64;
+  double callback_timeout_s = 10;
+  std::size_t callback_connections = 16;
+  std::string callback_ca_file;
+  rebound::backoff::Config backoff;
+  double backoff_base_s = 1, backoff_cap_s = 60, max_elapsed_s = 0, retry_after_cap_s = 300;
 
   // `serve` is what SageMaker passes (docker run image serve); options may follow it.
   app.add_subcommand("serve", "Run the server (how SageMaker starts a container); the default")
@@ -75,55 +95,140 @@ int main(int argc, char** argv) {
                  "Jobs in flight at once (accepted, not yet delivered); beyond it 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100000000}))
       ->capture_default_str();
-  app.add_option("--max-tries", max_tries, "Callback attempts per job before giving up")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  app.add_option("--signing-secret", signing_secret,
-                 "Sign callbacks (Standard Webhooks) with this whsec_... secret");
-  app.add_flag("--allow-private-callbacks", allow_private,
-               "Allow callbacks to loopback and private addresses (development and tests)");
   app.add_option("--http-threads", http_threads, "HTTP connections served at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
       ->capture_default_str();
+  app.add_option("--api-key", api_keys,
+                 "Require Authorization: Bearer <key> on every route but /ping and /openapi.json "
+                 "(repeat for rotation; env REBOUND_API_KEY)")
+      ->envname("REBOUND_API_KEY");
+
+  auto* delivery = "Callback delivery";
+  app.add_option("--signing-secret", signing_secrets,
+                 "Sign callbacks (Standard Webhooks) with this whsec_... secret; repeat to sign with "
+                 "several during a rotation (env REBOUND_SIGNING_SECRET)")
+      ->envname("REBOUND_SIGNING_SECRET")
+      ->group(delivery);
+  app.add_option("--callback-timeout", callback_timeout_s, "Seconds per attempt")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--max-tries", backoff.max_tries, "Attempts per callback before giving up")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str()
+      ->group(delivery);
+  const std::map<std::string, rebound::backoff::Schedule> schedules{
+      {"exponential", rebound::backoff::Schedule::exponential},
+      {"constant", rebound::backoff::Schedule::constant},
+      {"fibonacci", rebound::backoff::Schedule::fibonacci},
+      {"decorrelated", rebound::backoff::Schedule::decorrelated}};
+  std::string schedule_name = "exponential";
+  app.add_option("--backoff", schedule_name,
+                 "Schedule between attempts: exponential, constant, fibonacci or decorrelated")
+      ->check(CLI::IsMember(schedules))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--backoff-base", backoff_base_s, "First delay, in seconds")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--backoff-factor", backoff.factor, "Growth per attempt (exponential)")
+      ->check(CLI::Range(1.0, 100.0))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--backoff-cap", backoff_cap_s, "Longest delay, in seconds")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str()
+      ->group(delivery);
+  const std::map<std::string, rebound::backoff::Jitter> jitters{
+      {"full", rebound::backoff::Jitter::full},
+      {"equal", rebound::backoff::Jitter::equal},
+      {"none", rebound::backoff::Jitter::none}};
+  std::string jitter_name = "full";
+  app.add_option("--jitter", jitter_name,
+                 "Randomisation of each delay: full, equal or none (decorrelated is its own)")
+      ->check(CLI::IsMember(jitters))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--max-elapsed", max_elapsed_s,
+                 "Give up when the next attempt would start this many seconds after the first "
+                 "(0: no limit)")
+      ->check(CLI::Range(0.0, 30.0 * 86400))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--retry-after-cap", retry_after_cap_s,
+                 "Honour a receiver's Retry-After up to this many seconds (0: ignore it)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_flag("--allow-private-callbacks", allow_private,
+               "Allow callbacks to loopback and private addresses (development and tests)")
+      ->group(delivery);
+  app.add_option("--callback-allow", callback_allow,
+                 "Allow callbacks to this host, *.domain, address or CIDR range even if private "
+                 "(repeatable)")
+      ->group(delivery);
+  app.add_option("--callback-connections", callback_connections,
+                 "Callback requests sent at once (each keeps its connections alive)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--callback-ca-file", callback_ca_file,
+                 "PEM file of certificate authorities for https callbacks (default: the system's)")
+      ->check(CLI::ExistingFile)
+      ->group(delivery);
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (!signing_secret.empty() && !rebound::is_valid_webhook_secret(signing_secret)) {
-      throw rebound::Error("--signing-secret must look like whsec_<base64>");
+    for (const auto& secret : signing_secrets) {
+      if (!rebound::is_valid_webhook_secret(secret)) {
+        throw rebound::Error("--signing-secret must look like whsec_<base64>");
+      }
     }
+    auto ms = [](double seconds) {
+      return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+    };
+    backoff.schedule = schedules.at(schedule_name);
+    backoff.jitter = jitters.at(jitter_name);
+    backoff.base = ms(backoff_base_s);
+    backoff.cap = ms(backoff_cap_s);
+    backoff.max_elapsed = ms(max_elapsed_s);
+    backoff.retry_after_cap = ms(retry_after_cap_s);
+    // Everything that can refuse the configuration is built before any thread starts.
     auto model = rebound::make_builtin_model(model_spec);
     const std::string model_name = model->name();
-
-    boost::asio::thread_pool inference(workers);
-    boost::asio::io_context io;
-    auto io_work = boost::asio::make_work_guard(io);
-    std::thread io_thread([&io] { io.run(); });
-
-    rebound::AddressGuard guard(allow_private);
+    auto store = make_store(store_uri);
+    rebound::AddressGuard guard(allow_private, callback_allow);
     rebound::ServiceOptions service_options;
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;
-    service_options.delivery.backoff = rebound::backoff::default_policy(max_tries);
-    service_options.delivery.signing_secret = signing_secret;
+    service_options.delivery.backoff = rebound::backoff::make_policy(backoff);
+    service_options.delivery.timeout = ms(callback_timeout_s);
+    service_options.delivery.signing_secrets = signing_secrets;
     rebound::HttpTransportOptions transport_options;
     transport_options.guard = guard;
-    rebound::Service service(inference.get_executor(), io.get_executor(), std::move(model),
-                             make_store(store_uri),
-                             std::make_unique<rebound::HttpTransport>(transport_options),
-                             service_options);
-
+    transport_options.connections = callback_connections;
+    transport_options.ca_cert_file = callback_ca_file;
     rebound::ServerOptions server_options;
     server_options.host = host;
     server_options.port = port;
     server_options.http_threads = http_threads;
     server_options.guard = guard;
+    server_options.api_keys = api_keys;
+
+    boost::asio::thread_pool inference(workers);
+    IoThread io;  // callback timers; outlives the service below
+    rebound::Service service(inference.get_executor(), io.context.get_executor(), std::move(model),
+                             std::move(store),
+                             std::make_unique<rebound::HttpTransport>(transport_options),
+                             service_options);
     rebound::Server server(service, server_options);
     const int bound = server.bind();
 
     // SIGTERM/SIGINT: stop taking work (submissions and /ping get 503) while still answering
     // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
     std::promise<void> stop_requested;
-    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    boost::asio::signal_set signals(io.context, SIGINT, SIGTERM);
     signals.async_wait([&stop_requested](const boost::system::error_code& ec, int) {
       if (!ec) stop_requested.set_value();
     });
@@ -142,9 +247,6 @@ int main(int argc, char** argv) {
     server.stop();
     http_thread.join();
     inference.join();  // only inferences already running remain
-    io_work.reset();
-    io.stop();
-    io_thread.join();
     return 0;
   } catch (const rebound::Error& e) {
     std::cerr << "rebound-server: " << e.what() << "\n";

@@ -7,12 +7,15 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "rebound/error.hpp"
 
 namespace rebound {
 
@@ -98,27 +101,69 @@ inline std::optional<AddressClass> classify_ip_literal(const std::string& host) 
 /// Decides which callback hosts and addresses may be contacted.
 ///
 /// By default only global addresses pass. `allow_private` lifts the address check (local
-/// development and tests). Thread-safety: immutable after construction, safe to share.
+/// development and tests). The allowlist names what may be called back even inside the network:
+///   "hooks.internal"       that host name exactly (any address it resolves to)
+///   "*.corp.example"       any host name under corp.example
+///   "10.1.2.3", "fd00::7"  that address
+///   "10.20.0.0/16"         any address in that range (IPv4 or IPv6 CIDR)
+/// Thread-safety: immutable after construction, safe to share.
 class AddressGuard {
  public:
-  explicit AddressGuard(bool allow_private = false) : allow_private_(allow_private) {}
+  explicit AddressGuard(bool allow_private = false, std::vector<std::string> allowlist = {})
+      : allow_private_(allow_private) {
+    for (auto& entry : allowlist) {
+      for (auto& c : entry) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (entry.empty()) throw Error("callback allowlist: empty entry");
+      if (auto range = parse_range(entry)) {
+        ranges_.push_back(*range);
+      } else if (entry.rfind("*.", 0) == 0 && entry.size() > 2) {
+        suffixes_.push_back(entry.substr(1));  // ".corp.example"
+      } else if (entry.find('/') == std::string::npos && entry.find('*') == std::string::npos) {
+        hosts_.push_back(entry);
+      } else {
+        throw Error("callback allowlist: '" + entry +
+                    "' is not a host, *.domain, address or CIDR range");
+      }
+    }
+  }
 
   bool allow_private() const { return allow_private_; }
 
-  /// Whether an address of this class may be contacted.
+  /// Whether an address of this class may be contacted (before the allowlist).
   bool permits(AddressClass c) const { return allow_private_ || c == AddressClass::global; }
 
+  /// Whether an address (4 or 16 bytes) may be contacted: global, allowed by the flag, or listed.
+  bool permits_address(const std::uint8_t* bytes, std::size_t size) const {
+    const AddressClass c = size == 4 ? classify_ipv4({bytes[0], bytes[1], bytes[2], bytes[3]})
+                                     : classify_ipv6(to_v6(bytes, size));
+    return permits(c) || in_ranges(to_v6(bytes, size));
+  }
+
+  /// Whether the host name itself is on the allowlist (exactly or by a *.domain entry).
+  bool host_listed(const std::string& host) const {
+    for (const auto& h : hosts_)
+      if (h == host) return true;
+    for (const auto& suffix : suffixes_) {
+      if (host.size() > suffix.size() &&
+          host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   /// Checks a host as written in a URL, without resolving it: refuses IP literals outside the
-  /// global range and the name "localhost". Returns the reason for a refusal, or nullopt.
+  /// global range and the name "localhost", unless allowed. Returns the reason, or nullopt.
   std::optional<std::string> check_host(const std::string& host) const {
-    if (allow_private_) return std::nullopt;
+    if (allow_private_ || host_listed(host)) return std::nullopt;
+    if (auto bytes = literal_bytes(host)) {
+      if (permits_address(bytes->data(), bytes->size() == 4 ? 4 : 16)) return std::nullopt;
+      return std::string("points to a ") + to_string(*classify_ip_literal(host)) +
+             " address, which callbacks may not use";
+    }
     if (host == "localhost" || (host.size() > 10 && host.compare(host.size() - 10, 10,
                                                                  ".localhost") == 0)) {
       return "points to a loopback address, which callbacks may not use";
-    }
-    if (auto c = classify_ip_literal(host); c && !permits(*c)) {
-      return std::string("points to a ") + to_string(*c) +
-             " address, which callbacks may not use";
     }
     return std::nullopt;
   }
@@ -133,6 +178,7 @@ class AddressGuard {
   /// Resolves `host` once and returns the first address this guard permits. A host name whose
   /// addresses are all refused (a DNS name pointing inside the network) is refused. Blocking.
   Resolution resolve(const std::string& host) const {
+    const bool listed = host_listed(host);
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -144,27 +190,25 @@ class AddressGuard {
     std::string refused_class;
     for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
       char text[INET6_ADDRSTRLEN] = {};
-      AddressClass c = AddressClass::reserved;
+      std::array<std::uint8_t, 16> bytes{};
+      std::size_t size = 0;
       if (ai->ai_family == AF_INET) {
         auto* sin = reinterpret_cast<sockaddr_in*>(ai->ai_addr);
-        std::array<std::uint8_t, 4> bytes{};
-        std::memcpy(bytes.data(), &sin->sin_addr, 4);
-        c = classify_ipv4(bytes);
+        std::memcpy(bytes.data(), &sin->sin_addr, size = 4);
         inet_ntop(AF_INET, &sin->sin_addr, text, sizeof text);
       } else if (ai->ai_family == AF_INET6) {
         auto* sin6 = reinterpret_cast<sockaddr_in6*>(ai->ai_addr);
-        std::array<std::uint8_t, 16> bytes{};
-        std::memcpy(bytes.data(), &sin6->sin6_addr, 16);
-        c = classify_ipv6(bytes);
+        std::memcpy(bytes.data(), &sin6->sin6_addr, size = 16);
         inet_ntop(AF_INET6, &sin6->sin6_addr, text, sizeof text);
       } else {
         continue;
       }
-      if (permits(c)) {
+      if (listed || permits_address(bytes.data(), size)) {
         result.address = text;
         break;
       }
-      refused_class = to_string(c);
+      refused_class = size == 4 ? to_string(classify_ipv4({bytes[0], bytes[1], bytes[2], bytes[3]}))
+                                : to_string(classify_ipv6(bytes));
     }
     freeaddrinfo(found);
     if (result.address.empty()) {
@@ -178,7 +222,68 @@ class AddressGuard {
   }
 
  private:
+  struct Range {
+    std::array<std::uint8_t, 16> prefix{};
+    int bits = 0;
+  };
+
+  static std::array<std::uint8_t, 16> to_v6(const std::uint8_t* bytes, std::size_t size) {
+    std::array<std::uint8_t, 16> v6{};
+    if (size == 4) {
+      v6[10] = v6[11] = 0xff;  // IPv4-mapped, so one range type serves both families
+      std::memcpy(v6.data() + 12, bytes, 4);
+    } else {
+      std::memcpy(v6.data(), bytes, 16);
+    }
+    return v6;
+  }
+
+  // 4 bytes for an IPv4 literal, 16 for IPv6; nullopt for a name.
+  static std::optional<std::vector<std::uint8_t>> literal_bytes(const std::string& host) {
+    std::vector<std::uint8_t> v4(4), v6(16);
+    if (inet_pton(AF_INET, host.c_str(), v4.data()) == 1) return v4;
+    const std::string bare = host.substr(0, host.find('%'));
+    if (inet_pton(AF_INET6, bare.c_str(), v6.data()) == 1) return v6;
+    return std::nullopt;
+  }
+
+  static std::optional<Range> parse_range(const std::string& entry) {
+    const auto slash = entry.find('/');
+    const std::string addr = entry.substr(0, slash);
+    auto bytes = literal_bytes(addr);
+    if (!bytes) return std::nullopt;
+    const int family_bits = bytes->size() == 4 ? 32 : 128;
+    int bits = family_bits;
+    if (slash != std::string::npos) {
+      const std::string n = entry.substr(slash + 1);
+      if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos) {
+        throw Error("callback allowlist: bad prefix length in '" + entry + "'");
+      }
+      bits = std::stoi(n);
+      if (bits > family_bits) throw Error("callback allowlist: prefix too long in '" + entry + "'");
+    }
+    Range r;
+    r.prefix = to_v6(bytes->data(), bytes->size());
+    r.bits = bytes->size() == 4 ? 96 + bits : bits;
+    return r;
+  }
+
+  bool in_ranges(const std::array<std::uint8_t, 16>& a) const {
+    for (const auto& r : ranges_) {
+      bool match = true;
+      for (int bit = 0; bit < r.bits && match; ++bit) {
+        const int byte = bit / 8, mask = 0x80 >> (bit % 8);
+        match = (a[byte] & mask) == (r.prefix[byte] & mask);
+      }
+      if (match) return true;
+    }
+    return false;
+  }
+
   bool allow_private_;
+  std::vector<std::string> hosts_;
+  std::vector<std::string> suffixes_;
+  std::vector<Range> ranges_;
 };
 
 }  // namespace rebound

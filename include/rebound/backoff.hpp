@@ -71,6 +71,117 @@ class Exponential final : public BackoffPolicy {
   std::chrono::milliseconds cap_;
 };
 
+class Constant final : public BackoffPolicy {
+ public:
+  explicit Constant(std::chrono::milliseconds delay) : delay_(delay) {
+    if (delay.count() < 0) throw Error("backoff: delays must not be negative");
+  }
+  std::optional<std::chrono::milliseconds> next_delay(const RetryContext&) const override {
+    return delay_;
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
+class Fibonacci final : public BackoffPolicy {
+ public:
+  Fibonacci(std::chrono::milliseconds base, std::chrono::milliseconds cap) : base_(base), cap_(cap) {
+    if (base.count() < 0 || cap.count() < 0) throw Error("backoff: delays must not be negative");
+  }
+  std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
+    // base * F(attempts) with F(1) = F(2) = 1; stop adding once past the cap (no overflow).
+    double a = 1, b = 1;
+    for (int i = 2; i < ctx.attempts && a * base_.count() < cap_.count(); ++i) {
+      const double next = a + b;
+      b = a;
+      a = next;
+    }
+    const double ms = std::min(a * static_cast<double>(base_.count()), static_cast<double>(cap_.count()));
+    return std::chrono::milliseconds(static_cast<long long>(ms));
+  }
+
+ private:
+  std::chrono::milliseconds base_;
+  std::chrono::milliseconds cap_;
+};
+
+class EqualJitter final : public BackoffPolicy {
+ public:
+  EqualJitter(BackoffPolicyPtr inner, RandomSource random)
+      : inner_(std::move(inner)), random_(std::move(random)) {
+    if (!inner_ || !random_) throw Error("backoff: equal_jitter needs a policy and a random source");
+  }
+  std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
+    const auto delay = inner_->next_delay(ctx);
+    if (!delay) return std::nullopt;
+    const double half = static_cast<double>(delay->count()) / 2.0;
+    const double r = std::clamp(random_(), 0.0, 1.0);
+    return std::chrono::milliseconds(static_cast<long long>(half + half * r));
+  }
+
+ private:
+  BackoffPolicyPtr inner_;
+  RandomSource random_;
+};
+
+class DecorrelatedJitter final : public BackoffPolicy {
+ public:
+  DecorrelatedJitter(std::chrono::milliseconds base, std::chrono::milliseconds cap, RandomSource random)
+      : base_(base), cap_(cap), random_(std::move(random)) {
+    if (base.count() < 0 || cap.count() < 0) throw Error("backoff: delays must not be negative");
+    if (!random_) throw Error("backoff: decorrelated_jitter needs a random source");
+  }
+  std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
+    // AWS: sleep = min(cap, random_between(base, previous_sleep * 3)), starting from base.
+    const double prev = ctx.attempts <= 1 || ctx.previous_delay < base_
+                            ? static_cast<double>(base_.count())
+                            : static_cast<double>(ctx.previous_delay.count());
+    const double lo = static_cast<double>(base_.count());
+    const double hi = prev * 3.0;
+    const double r = std::clamp(random_(), 0.0, 1.0);
+    const double ms = std::min(static_cast<double>(cap_.count()), lo + (hi - lo) * r);
+    return std::chrono::milliseconds(static_cast<long long>(ms));
+  }
+
+ private:
+  std::chrono::milliseconds base_;
+  std::chrono::milliseconds cap_;
+  RandomSource random_;
+};
+
+class MaxElapsed final : public BackoffPolicy {
+ public:
+  MaxElapsed(BackoffPolicyPtr inner, std::chrono::milliseconds limit)
+      : inner_(std::move(inner)), limit_(limit) {
+    if (!inner_) throw Error("backoff: max_elapsed needs a policy");
+    if (limit.count() < 0) throw Error("backoff: max_elapsed must not be negative");
+  }
+  std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
+    const auto delay = inner_->next_delay(ctx);
+    if (!delay || ctx.elapsed + *delay > limit_) return std::nullopt;
+    return delay;
+  }
+
+ private:
+  BackoffPolicyPtr inner_;
+  std::chrono::milliseconds limit_;
+};
+
+class FromFunction final : public BackoffPolicy {
+ public:
+  using Function = std::function<std::optional<std::chrono::milliseconds>(const RetryContext&)>;
+  explicit FromFunction(Function f) : f_(std::move(f)) {
+    if (!f_) throw Error("backoff: from_function needs a function");
+  }
+  std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
+    return f_(ctx);
+  }
+
+ private:
+  Function f_;
+};
+
 class FullJitter final : public BackoffPolicy {
  public:
   FullJitter(BackoffPolicyPtr inner, RandomSource random)
@@ -125,6 +236,17 @@ class RespectRetryAfter final : public BackoffPolicy {
 
 }  // namespace detail
 
+/// The same delay every time.
+inline BackoffPolicyPtr constant(std::chrono::milliseconds delay) {
+  return std::make_shared<detail::Constant>(delay);
+}
+
+/// `base * F(attempts)` over the Fibonacci numbers 1, 1, 2, 3, 5, 8, ..., capped at `cap`.
+inline BackoffPolicyPtr fibonacci(std::chrono::milliseconds base = std::chrono::seconds(1),
+                                  std::chrono::milliseconds cap = std::chrono::seconds(60)) {
+  return std::make_shared<detail::Fibonacci>(base, cap);
+}
+
 /// `base * factor^(attempts-1)`, capped at `cap`: with the defaults 1 s, 2 s, 4 s, ... 60 s.
 inline BackoffPolicyPtr exponential(
     std::chrono::milliseconds base = std::chrono::seconds(1), double factor = 2.0,
@@ -136,6 +258,31 @@ inline BackoffPolicyPtr exponential(
 inline BackoffPolicyPtr full_jitter(BackoffPolicyPtr inner,
                                     RandomSource random = default_random()) {
   return std::make_shared<detail::FullJitter>(std::move(inner), std::move(random));
+}
+
+/// AWS "equal jitter": half of what `inner` would wait, plus a uniform random part of the other half.
+inline BackoffPolicyPtr equal_jitter(BackoffPolicyPtr inner,
+                                     RandomSource random = default_random()) {
+  return std::make_shared<detail::EqualJitter>(std::move(inner), std::move(random));
+}
+
+/// AWS "decorrelated jitter": `min(cap, uniform(base, previous_delay * 3))`, starting from `base`.
+/// A complete schedule on its own (it needs no inner policy).
+inline BackoffPolicyPtr decorrelated_jitter(std::chrono::milliseconds base = std::chrono::seconds(1),
+                                            std::chrono::milliseconds cap = std::chrono::seconds(60),
+                                            RandomSource random = default_random()) {
+  return std::make_shared<detail::DecorrelatedJitter>(base, cap, std::move(random));
+}
+
+/// Gives up when the next attempt would start more than `limit` after the first one began.
+inline BackoffPolicyPtr max_elapsed(BackoffPolicyPtr inner, std::chrono::milliseconds limit) {
+  return std::make_shared<detail::MaxElapsed>(std::move(inner), limit);
+}
+
+/// A policy from a function (thread-safe, as every policy): return a delay, or nullopt to give up.
+inline BackoffPolicyPtr from_function(
+    std::function<std::optional<std::chrono::milliseconds>(const RetryContext&)> f) {
+  return std::make_shared<detail::FromFunction>(std::move(f));
 }
 
 /// Gives up once `max_tries` attempts have been made (so `max_tries(p, 5)` makes 5 attempts).
@@ -150,10 +297,48 @@ inline BackoffPolicyPtr respect_retry_after(BackoffPolicyPtr inner,
   return std::make_shared<detail::RespectRetryAfter>(std::move(inner), cap);
 }
 
+/// The shape of a schedule, for configuration files and command lines.
+enum class Schedule { exponential, constant, fibonacci, decorrelated };
+/// The jitter applied to exponential, constant and fibonacci schedules.
+enum class Jitter { none, full, equal };
+
+/// A complete delivery policy described by values; `make_policy` turns it into a BackoffPolicy.
+struct Config {
+  Schedule schedule = Schedule::exponential;
+  std::chrono::milliseconds base = std::chrono::seconds(1);
+  double factor = 2.0;  ///< exponential only
+  std::chrono::milliseconds cap = std::chrono::seconds(60);
+  Jitter jitter = Jitter::full;  ///< ignored by decorrelated, which is a jitter itself
+  int max_tries = 5;
+  std::chrono::milliseconds max_elapsed{0};  ///< 0: no limit
+  std::chrono::milliseconds retry_after_cap = std::chrono::minutes(5);  ///< 0: ignore Retry-After
+};
+
+/// Builds max_tries(max_elapsed(respect_retry_after(jitter(schedule)))) from a Config.
+/// Throws rebound::Error for values no policy accepts.
+inline BackoffPolicyPtr make_policy(const Config& c, RandomSource random = default_random()) {
+  BackoffPolicyPtr p;
+  switch (c.schedule) {
+    case Schedule::exponential: p = exponential(c.base, c.factor, c.cap); break;
+    case Schedule::constant: p = constant(std::min(c.base, c.cap)); break;
+    case Schedule::fibonacci: p = fibonacci(c.base, c.cap); break;
+    case Schedule::decorrelated: p = decorrelated_jitter(c.base, c.cap, random); break;
+  }
+  if (c.schedule != Schedule::decorrelated) {
+    if (c.jitter == Jitter::full) p = full_jitter(std::move(p), random);
+    if (c.jitter == Jitter::equal) p = equal_jitter(std::move(p), random);
+  }
+  if (c.retry_after_cap.count() > 0) p = respect_retry_after(std::move(p), c.retry_after_cap);
+  if (c.max_elapsed.count() > 0) p = max_elapsed(std::move(p), c.max_elapsed);
+  return max_tries(std::move(p), c.max_tries);
+}
+
 /// rebound's default, the seed's `backoff.expo` with `max_tries=5`: exponential from 1 s, doubling,
 /// capped at 60 s, with full jitter, `Retry-After` honoured up to 5 minutes, 5 attempts in all.
 inline BackoffPolicyPtr default_policy(int tries = 5, RandomSource random = default_random()) {
-  return max_tries(respect_retry_after(full_jitter(exponential(), std::move(random))), tries);
+  Config c;
+  c.max_tries = tries;
+  return make_policy(c, std::move(random));
 }
 
 }  // namespace backoff

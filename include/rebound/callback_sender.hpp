@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 
@@ -36,8 +37,9 @@ struct CallbackSenderOptions {
   BackoffPolicyPtr backoff = backoff::default_policy();
   ResponseClassifier classifier = default_classifier;
   std::chrono::milliseconds timeout{10000};  ///< per attempt
-  /// "whsec_..." to sign every callback (Standard Webhooks); empty sends unsigned callbacks.
-  std::string signing_secret;
+  /// "whsec_..." secrets to sign every callback with (Standard Webhooks); each adds one signature
+  /// to `webhook-signature`, so receivers can rotate keys. Empty: callbacks are not signed.
+  std::vector<std::string> signing_secrets;
   /// Clock for `webhook-timestamp`; inject a fixed one in tests.
   std::function<std::chrono::system_clock::time_point()> now = [] {
     return std::chrono::system_clock::now();

@@ -46,6 +46,10 @@ class JobStore {
   /// Records the state of the job's callback delivery. Unknown ids are ignored.
   virtual void update_callback(const std::string& id, const CallbackInfo& callback) = 0;
 
+  /// Jobs whose callback was given up (`CallbackState::failed`), most recently created first, at
+  /// most `limit`: the dead letters an operator redelivers.
+  virtual std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const = 0;
+
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;

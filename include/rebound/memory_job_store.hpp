@@ -84,6 +84,19 @@ class MemoryJobStore final : public JobStore {
     return out;
   }
 
+  std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<JobRecord> out;
+    for (const auto& [id, record] : jobs_) {
+      if (record.callback.state == CallbackState::failed) out.push_back(record);
+    }
+    std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
+      return a.job.created_at > b.job.created_at;
+    });
+    if (out.size() > limit) out.resize(limit);
+    return out;
+  }
+
   /// Jobs held now, finished or not.
   std::size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);

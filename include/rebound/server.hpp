@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rebound/address_guard.hpp"
 #include "rebound/service.hpp"
@@ -19,10 +20,14 @@ struct ServerOptions {
   std::size_t http_threads = 64;
   /// Checks callback URLs at submission. Must agree with the transport's guard.
   AddressGuard guard{};
+  /// When not empty, every route but `/ping` and `/openapi.json` requires
+  /// `Authorization: Bearer <one of these keys>` (several keys allow rotation); else 401.
+  std::vector<std::string> api_keys;
 };
 
 /// Serves a Service over HTTP:
-///   POST /v1/inferences, GET /v1/inferences/{id}, GET /ping, GET /openapi.json
+///   POST /v1/inferences, GET /v1/inferences/{id}, POST /v1/inferences/{id}/redeliver,
+///   GET /v1/inferences?callback_state=failed, GET /ping, GET /openapi.json
 /// Errors have the shape {"error": {"code", "message", "field"?}} (see docs/http-api.md).
 ///
 /// Example:

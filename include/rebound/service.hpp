@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 
@@ -39,6 +40,15 @@ enum class SubmitStatus {
   store_error,    ///< the JobStore failed; nothing was accepted
 };
 
+/// What `Service::redeliver` did.
+enum class RedeliverStatus {
+  accepted,       ///< the callback is being delivered again, with a fresh attempt budget
+  not_found,      ///< no job with that id
+  not_failed,     ///< the job's callback is not `failed` (none, pending or delivered)
+  queue_full,     ///< `queue_capacity` jobs are in flight; try again later
+  shutting_down,  ///< `shutdown` has begun
+};
+
 /// The pipeline of DESIGN.md, ready to put behind any front end (rebound::Server is one).
 ///
 /// Example:
@@ -69,6 +79,13 @@ class Service final {
 
   /// The job's record, or nullopt for an unknown id.
   std::optional<JobRecord> find(const std::string& id) const;
+
+  /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
+  /// the same `webhook-id`. Attempt counts keep adding up in the job's record.
+  RedeliverStatus redeliver(const std::string& id);
+
+  /// Jobs whose callback was given up, most recent first, at most `limit`.
+  std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
   /// True while the model is ready and the service accepts work.
   bool ready() const;
