@@ -401,3 +401,45 @@ TEST_CASE("over HTTP: a kept-alive connection the receiver closed does not cost 
   CHECK(second.report.attempts == 1);
   CHECK(receiver.count() == 2);
 }
+
+TEST_CASE("over HTTP: the receiver's Retry-After lengthens the wait up to the cap") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  receiver.script([](const auto&, httplib::Response& res) {
+    res.status = 503;
+    res.set_header("Retry-After", "1");
+  });
+  auto options = fast_options();
+  options.backoff = rebound::backoff::max_tries(
+      rebound::backoff::respect_retry_after(rebound::backoff::constant(10ms), 5s), 3);
+  CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
+  auto out = deliver(sender, message(receiver.url()));
+  CHECK(out.report.delivered);
+  REQUIRE(out.attempts.size() == 2);
+  CHECK(out.attempts[0].next_delay == 1000ms);
+  auto got = receiver.received();
+  REQUIRE(got.size() == 2);
+  CHECK(got[1].at - got[0].at >= 1000ms);
+}
+
+TEST_CASE("the policy sees the time elapsed since the first attempt") {
+  IoThread io;
+  std::mutex m;
+  std::vector<std::chrono::milliseconds> elapsed;
+  auto options = fast_options();
+  options.backoff = rebound::backoff::max_elapsed(
+      rebound::backoff::from_function([&](const rebound::RetryContext& ctx) {
+        std::lock_guard<std::mutex> lock(m);
+        elapsed.push_back(ctx.elapsed);
+        return std::optional<std::chrono::milliseconds>(60ms);
+      }),
+      100ms);
+  CallbackSender sender(io.io.get_executor(),
+                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(500))),
+                        options);
+  auto out = deliver(sender, message());
+  CHECK_FALSE(out.report.delivered);
+  CHECK(out.report.attempts == 2);  // the third would start past 100 ms
+  REQUIRE(elapsed.size() == 2);
+  CHECK(elapsed[1] >= 60ms);
+}

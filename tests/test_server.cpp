@@ -56,6 +56,7 @@ struct HarnessOptions {
   std::size_t capacity = 10000;
   int max_tries = 5;
   bool open_model = true;
+  std::vector<std::string> api_keys = {};
 };
 
 struct Harness {
@@ -79,6 +80,7 @@ struct Harness {
     sv.port = 0;
     sv.http_threads = 16;
     sv.guard = rebound::AddressGuard(true);
+    sv.api_keys = o.api_keys;
     server = std::make_unique<rebound::Server>(*service, sv);
     port = server->bind();
     server_thread = std::thread([this] { server->run(); });
@@ -100,8 +102,10 @@ struct Harness {
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(10, 0);
+    if (!bearer.empty()) c.set_bearer_token_auth(bearer.c_str());
     return c;
   }
+  std::string bearer;  // sent by client() when set
   httplib::Result submit(const json& body) const { return client().Post("/v1/inferences", body.dump(), "application/json"); }
   json poll(const std::string& id) const {
     auto res = client().Get(("/v1/inferences/" + id).c_str());
@@ -466,4 +470,80 @@ TEST_CASE("a second server cannot bind a port that is in use") {
   CHECK_THROWS_AS(second.bind(), rebound::Error);
   service.shutdown(1s);
   pool.join();
+}
+
+TEST_CASE("a given-up callback is listed and can be redelivered with a fresh budget") {
+  Harness h({4, 10000, 2, true});
+  rebound::test::Receiver receiver;
+  receiver.script_statuses({500, 500});  // both attempts of the first delivery fail
+  REQUIRE(h.submit({{"id", "dead"}, {"callback_url", receiver.url()}, {"input", 42}})->status == 202);
+  REQUIRE(h.submit({{"id", "fine"}})->status == 202);
+  json state = h.wait_callback_final("dead");
+  REQUIRE(state["callback"]["state"] == "failed");
+  CHECK(state["callback"]["attempts"] == 2);
+
+  auto list = h.client().Get("/v1/inferences?callback_state=failed");
+  REQUIRE(list);
+  CHECK(list->status == 200);
+  const json jobs = json::parse(list->body)["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["id"] == "dead");
+  CHECK(jobs[0]["callback"]["last_error"] == "HTTP 500");
+
+  auto again = h.client().Post("/v1/inferences/dead/redeliver", "", "application/json");
+  REQUIRE(again);
+  CHECK(again->status == 202);
+  state = h.wait_callback_final("dead");
+  CHECK(state["callback"]["state"] == "delivered");
+  CHECK(state["callback"]["attempts"] == 3);  // counts add up over deliveries
+  REQUIRE(receiver.count() == 3);
+  const auto last = receiver.received().back();
+  CHECK(last.header("webhook-id") == "msg_dead");  // the same message, so receivers deduplicate
+  CHECK(json::parse(last.body) == json({{"id", "dead"}, {"status", "succeeded"}, {"result", {{"echo", 42}}}}));
+  CHECK(json::parse(h.client().Get("/v1/inferences?callback_state=failed")->body)["jobs"].empty());
+}
+
+TEST_CASE("redeliver answers 404 for unknown jobs and 409 unless the callback failed") {
+  Harness h;
+  rebound::test::Receiver receiver;
+  check_error(h.client().Post("/v1/inferences/nobody/redeliver", "", "application/json"), 404, "not_found");
+  REQUIRE(h.submit({{"id", "ok"}, {"callback_url", receiver.url()}})->status == 202);
+  REQUIRE(h.submit({{"id", "no-callback"}})->status == 202);
+  h.wait_callback_final("ok");
+  check_error(h.client().Post("/v1/inferences/ok/redeliver", "", "application/json"), 409,
+              "callback_not_failed");
+  check_error(h.client().Post("/v1/inferences/no-callback/redeliver", "", "application/json"), 409,
+              "callback_not_failed");
+  CHECK(receiver.count() == 1);
+}
+
+TEST_CASE("the failed-callback listing validates its query") {
+  Harness h;
+  check_error(h.client().Get("/v1/inferences"), 422, "invalid_field", "callback_state");
+  check_error(h.client().Get("/v1/inferences?callback_state=pending"), 422, "invalid_field",
+              "callback_state");
+  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=0"), 422, "invalid_field", "limit");
+  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=abc"), 422, "invalid_field",
+              "limit");
+  CHECK(h.client().Get("/v1/inferences?callback_state=failed&limit=1000")->status == 200);
+}
+
+TEST_CASE("with API keys every route but /ping and /openapi.json needs a bearer token") {
+  HarnessOptions o;
+  o.api_keys = {"old-key", "new-key"};
+  Harness h(o);
+  auto unauthorized = h.submit({{"id", "a"}});
+  check_error(unauthorized, 401, "unauthorized");
+  CHECK(unauthorized->get_header_value("WWW-Authenticate") == "Bearer");
+  check_error(h.client().Get("/v1/inferences/a"), 401, "unauthorized");
+  check_error(h.client().Post("/v1/inferences/a/redeliver", "", "application/json"), 401, "unauthorized");
+  CHECK(h.client().Get("/ping")->status == 200);
+  CHECK(h.client().Get("/openapi.json")->status == 200);
+
+  h.bearer = "wrong-key";
+  check_error(h.submit({{"id", "a"}}), 401, "unauthorized");
+  h.bearer = "new-key";
+  CHECK(h.submit({{"id", "a"}})->status == 202);
+  h.bearer = "old-key";  // both keys work during a rotation
+  CHECK(h.client().Get("/v1/inferences/a")->status == 200);
 }

@@ -135,3 +135,29 @@ TEST_CASE("resolving a name that points inside the network is refused") {
   CHECK(missing.address.empty());
   CHECK_FALSE(missing.refused);
 }
+
+TEST_CASE("the allowlist admits named hosts - domains - addresses and ranges inside the network") {
+  const AddressGuard guard(false, {"hooks.internal", "*.corp.example", "10.1.2.3", "192.168.0.0/16",
+                                   "fd00::/8", "LocalHost"});
+  CHECK_FALSE(guard.check_host("hooks.internal"));
+  CHECK_FALSE(guard.check_host("api.corp.example"));
+  CHECK_FALSE(guard.check_host("10.1.2.3"));
+  CHECK_FALSE(guard.check_host("192.168.77.1"));
+  CHECK_FALSE(guard.check_host("fd12::1"));
+  CHECK_FALSE(guard.check_host("localhost"));  // entries are case-insensitive
+  CHECK(guard.check_host("10.1.2.4"));
+  CHECK(guard.check_host("127.0.0.1"));
+  CHECK(guard.check_host("fe80::1"));
+  CHECK(guard.check_host("corp.example") == std::nullopt);  // a public name: resolved later
+  CHECK_FALSE(guard.host_listed("corp.example"));             // *.corp.example is subdomains only
+  CHECK(guard.resolve("localhost").refused == false);
+  CHECK_FALSE(guard.resolve("localhost").address.empty());
+
+  const AddressGuard range_only(false, {"127.0.0.0/8"});
+  CHECK_FALSE(range_only.resolve("localhost").address.empty());  // resolved into a listed range
+
+  for (const char* bad : {"10.0.0.0/33", "::/129", "10.0.0.0/x", "*", "a*b", "host/8", ""}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(AddressGuard(false, {bad}), rebound::Error);
+  }
+}

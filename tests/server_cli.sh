@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# rebound-server's command line: --help lists every option with its default, bad values exit
+# non-zero with a message, and the flags take effect (API key, SAGEMAKER_BIND_TO_PORT, allowlist).
+# Usage: server_cli.sh REBOUND_SERVER
+set -euo pipefail
+server_bin=$1
+fail() { echo "FAIL: $*"; exit 1; }
+
+help=$("$server_bin" --help)
+for opt in --host --port --model --store --workers --queue-capacity --http-threads --api-key \
+           --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
+           --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
+           --callback-allow --callback-connections --callback-ca-file serve; do
+  grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
+done
+grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"
+grep -q -- '--backoff TEXT:{constant,decorrelated,exponential,fibonacci}=exponential' <<<"$help" || fail "--backoff default"
+
+expect_refusal() {  # expect_refusal "message part" args...
+  local want=$1; shift
+  set +e
+  out=$("$server_bin" "$@" 2>&1)
+  rc=$?
+  set -e
+  [ "$rc" -ne 0 ] || fail "'$*' was accepted"
+  grep -qi -- "$want" <<<"$out" || fail "'$*' said: $out"
+}
+expect_refusal "not in range" --workers 0
+expect_refusal "not in" --backoff wobbly
+expect_refusal "not in" --jitter sometimes
+expect_refusal "whsec_" --signing-secret not-a-secret
+expect_refusal "allowlist" --callback-allow 10.0.0.0/99
+expect_refusal "unknown model spec" --model resnet
+expect_refusal "unsupported --store" --store postgres://db
+expect_refusal "not in range" --port 70000
+expect_refusal "callback-timeout" --callback-timeout soon
+expect_refusal "not expected" --no-such-flag
+
+log=$(mktemp)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log"; }
+trap cleanup EXIT
+wait_port() {
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$log")
+    [ -n "$port" ] && return 0
+    sleep 0.1
+  done
+  cat "$log"; fail "server did not start"
+}
+
+# SAGEMAKER_BIND_TO_PORT picks the port; --api-key guards the API but not /ping.
+free_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+SAGEMAKER_BIND_TO_PORT=$free_port "$server_bin" serve --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
+pids+=($!)
+wait_port
+[ "$port" = "$free_port" ] || fail "SAGEMAKER_BIND_TO_PORT ignored: $port"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ping")" = 200 ] || fail "/ping"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
+[ "$code" = 401 ] || fail "no key: $code"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
+[ "$code" = 202 ] || fail "with key: $code"
+# Without --allow-private-callbacks a loopback callback is refused; --callback-allow lets one in.
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -X POST \
+  -d '{"id":"b","callback_url":"http://127.0.0.1:9/x"}' "http://127.0.0.1:$port/v1/inferences")
+[ "$code" = 422 ] || fail "loopback callback: $code"
+kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "SIGTERM exit status"
+
+: >"$log"
+"$server_bin" --host 127.0.0.1 --port 0 --callback-allow 127.0.0.0/8 >"$log" 2>&1 &
+pids+=($!)
+wait_port
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST \
+  -d '{"id":"b","callback_url":"http://127.0.0.1:9/x"}' "http://127.0.0.1:$port/v1/inferences")
+[ "$code" = 202 ] || fail "allowlisted callback: $code"
+echo "server command line: ok"
