@@ -63,9 +63,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     request.url = message_.url;
     request.body = message_.body;
     request.timeout = options.timeout;
-    const auto timestamp = std::chrono::duration_cast<std::chrono::seconds>(
-                               options.now().time_since_epoch())
-                               .count();
+    const auto timestamp =
+        std::chrono::duration_cast<std::chrono::seconds>(options.now().time_since_epoch()).count();
     request.headers = {{"Content-Type", "application/json"},
                        {"User-Agent", std::string("rebound/") + version},
                        {"webhook-id", message_.webhook_id},
@@ -96,7 +95,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     AttemptReport report;
     report.attempt = message_.previous_attempts + attempts_;
     report.response = response;
-    report.verdict = options.classifier ? options.classifier(response) : default_classifier(response);
+    report.verdict =
+        options.classifier ? options.classifier(response) : default_classifier(response);
     if (report.verdict != AttemptVerdict::delivered) report.error = describe(response);
 
     if (report.verdict == AttemptVerdict::retry) {
@@ -126,8 +126,10 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     if (report.verdict == AttemptVerdict::retry) {
       timer_.expires_after(report.next_delay);
       timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-        if (!ec) self->attempt();
-        else self->finish(false, "delivery cancelled");
+        if (!ec)
+          self->attempt();
+        else
+          self->finish(false, "delivery cancelled");
       });
       return;
     }
@@ -193,6 +195,8 @@ bool CallbackSender::wait_idle(std::chrono::steady_clock::duration timeout) cons
   return state_->idle.wait_for(lock, timeout, [this] { return state_->in_flight == 0; });
 }
 
-boost::asio::any_io_executor CallbackSender::get_executor() const { return state_->executor; }
+boost::asio::any_io_executor CallbackSender::get_executor() const {
+  return state_->executor;
+}
 
 }  // namespace rebound

@@ -64,7 +64,8 @@ struct HttpTransport::Impl {
       queue.clear();
     }
     wake.notify_all();
-    for (auto& t : threads) t.join();
+    for (auto& t : threads)
+      t.join();
   }
 
   void run() {
@@ -83,7 +84,8 @@ struct HttpTransport::Impl {
       try {
         response = perform(item.request, clients);
       } catch (const std::exception& e) {
-        response = transport_failure(TransportError::io, std::string("request failed: ") + e.what());
+        response =
+            transport_failure(TransportError::io, std::string("request failed: ") + e.what());
       } catch (...) {
         response = transport_failure(TransportError::io, "request failed");
       }
@@ -95,9 +97,10 @@ struct HttpTransport::Impl {
     }
   }
 
-  httplib::Client* client_for(const CallbackUrl& url, const std::string& origin,
-                              std::unordered_map<std::string, std::unique_ptr<httplib::Client>>& clients,
-                              CallbackResponse& refusal) {
+  httplib::Client* client_for(
+      const CallbackUrl& url, const std::string& origin,
+      std::unordered_map<std::string, std::unique_ptr<httplib::Client>>& clients,
+      CallbackResponse& refusal) {
     auto found = clients.find(origin);
     if (found != clients.end()) return found->second.get();
 
@@ -132,10 +135,12 @@ struct HttpTransport::Impl {
     return raw;
   }
 
-  CallbackResponse perform(const CallbackRequest& request,
-                           std::unordered_map<std::string, std::unique_ptr<httplib::Client>>& clients) {
+  CallbackResponse perform(
+      const CallbackRequest& request,
+      std::unordered_map<std::string, std::unique_ptr<httplib::Client>>& clients) {
     const CallbackUrlParse parsed = parse_callback_url(request.url);
-    if (!parsed.url) return transport_failure(TransportError::invalid_url, "callback_url " + parsed.error);
+    if (!parsed.url)
+      return transport_failure(TransportError::invalid_url, "callback_url " + parsed.error);
     const CallbackUrl& url = *parsed.url;
     const std::string origin = url.origin();
 
@@ -151,8 +156,10 @@ struct HttpTransport::Impl {
     httplib::Headers headers;
     std::string content_type = "application/json";
     for (const auto& [name, value] : request.headers) {
-      if (name == "Content-Type") content_type = value;
-      else headers.emplace(name, value);
+      if (name == "Content-Type")
+        content_type = value;
+      else
+        headers.emplace(name, value);
     }
     auto result = client->Post(url.target.c_str(), headers, request.body, content_type.c_str());
     if (!result) {

@@ -86,17 +86,19 @@ struct Server::Impl {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       res.set_header("WWW-Authenticate", "Bearer");
-      send_error(res, {401, "unauthorized",
-                       "This server requires an API key: Authorization: Bearer <key>.", {}});
+      send_error(res, {401,
+                       "unauthorized",
+                       "This server requires an API key: Authorization: Bearer <key>.",
+                       {}});
       return httplib::Server::HandlerResponse::Handled;
     });
 
-    http.Post("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
-      submit(req, res);
-    });
-    http.Get(R"(/v1/inferences/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      poll(req.matches[1].str(), res);
-    });
+    http.Post("/v1/inferences",
+              [this](const httplib::Request& req, httplib::Response& res) { submit(req, res); });
+    http.Get(R"(/v1/inferences/([^/]+))",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               poll(req.matches[1].str(), res);
+             });
     http.Post(R"(/v1/inferences/([^/]+)/redeliver)",
               [this](const httplib::Request& req, httplib::Response& res) {
                 redeliver(req.matches[1].str(), res);
@@ -109,7 +111,8 @@ struct Server::Impl {
         res.status = 200;
         res.set_content("", "text/plain");
       } else {
-        send_error(res, {503, "not_ready", "The model is not ready or the server is stopping.", {}});
+        send_error(res,
+                   {503, "not_ready", "The model is not ready or the server is stopping.", {}});
       }
     });
     http.Get("/openapi.json", [](const httplib::Request&, httplib::Response& res) {
@@ -127,11 +130,13 @@ struct Server::Impl {
       case SubmitStatus::duplicate: {
         const std::string status_url = "/v1/inferences/" + id;
         res.set_header("Location", status_url);
-        return send_json(res, 202, {{"message", "Received"}, {"id", id}, {"status_url", status_url}});
+        return send_json(res, 202,
+                         {{"message", "Received"}, {"id", id}, {"status_url", status_url}});
       }
       case SubmitStatus::conflict:
-        return send_error(res, {409, "id_conflict",
-                                "A different job with id '" + id + "' was already submitted.", "id"});
+        return send_error(
+            res, {409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
+                  "id"});
       case SubmitStatus::queue_full:
         res.set_header("Retry-After", "1");
         return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
@@ -149,12 +154,14 @@ struct Server::Impl {
     if (options.api_keys.empty() || req.path == "/ping" || req.path == "/openapi.json") return true;
     const std::string header = req.get_header_value("Authorization");
     constexpr std::string_view scheme = "Bearer ";
-    if (header.size() <= scheme.size() || header.compare(0, scheme.size(), scheme) != 0) return false;
+    if (header.size() <= scheme.size() || header.compare(0, scheme.size(), scheme) != 0)
+      return false;
     const std::string_view given = std::string_view(header).substr(scheme.size());
     bool match = false;
     for (const auto& key : options.api_keys) {
       // Constant time for a given length, so a wrong key reveals nothing but its length.
-      match |= key.size() == given.size() && CRYPTO_memcmp(key.data(), given.data(), key.size()) == 0;
+      match |=
+          key.size() == given.size() && CRYPTO_memcmp(key.data(), given.data(), key.size()) == 0;
     }
     return match;
   }
@@ -162,13 +169,16 @@ struct Server::Impl {
   void redeliver(const std::string& id, httplib::Response& res) {
     switch (is_valid_job_id(id) ? service.redeliver(id) : RedeliverStatus::not_found) {
       case RedeliverStatus::accepted:
-        return send_json(res, 202, {{"message", "Redelivering"}, {"id", id},
-                                    {"status_url", "/v1/inferences/" + id}});
+        return send_json(
+            res, 202,
+            {{"message", "Redelivering"}, {"id", id}, {"status_url", "/v1/inferences/" + id}});
       case RedeliverStatus::not_found:
         return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
       case RedeliverStatus::not_failed:
-        return send_error(res, {409, "callback_not_failed",
-                                "Only a callback that was given up can be redelivered.", {}});
+        return send_error(res, {409,
+                                "callback_not_failed",
+                                "Only a callback that was given up can be redelivered.",
+                                {}});
       case RedeliverStatus::queue_full:
         res.set_header("Retry-After", "1");
         return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
@@ -195,7 +205,8 @@ struct Server::Impl {
       }
     }
     nlohmann::json jobs = nlohmann::json::array();
-    for (const auto& record : service.failed_callbacks(limit)) jobs.push_back(to_status_json(record));
+    for (const auto& record : service.failed_callbacks(limit))
+      jobs.push_back(to_status_json(record));
     send_json(res, 200, {{"jobs", std::move(jobs)}});
   }
 
@@ -218,7 +229,9 @@ Server::Server(Service& service, ServerOptions options) {
   impl_ = std::make_unique<Impl>(service, std::move(options));
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 int Server::bind() {
   const auto& o = impl_->options;
@@ -241,6 +254,8 @@ void Server::stop() {
   if (impl_) impl_->http.stop();
 }
 
-int Server::port() const { return impl_->bound_port; }
+int Server::port() const {
+  return impl_->bound_port;
+}
 
 }  // namespace rebound

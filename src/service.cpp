@@ -54,7 +54,8 @@ struct Service::Core {
         std::move(message),
         [core, id](const AttemptReport& report) {
           if (report.verdict == AttemptVerdict::retry) {
-            core->store->update_callback(id, {CallbackState::pending, report.attempt, report.error});
+            core->store->update_callback(id,
+                                         {CallbackState::pending, report.attempt, report.error});
           }
         },
         [core, id](const DeliveryReport& report) {
@@ -79,7 +80,8 @@ struct Service::Core {
       try {
         prediction = core->model->predict(record.job.input);
       } catch (const std::exception& e) {
-        prediction = Prediction::failure("model_error", std::string("the model failed: ") + e.what());
+        prediction =
+            Prediction::failure("model_error", std::string("the model failed: ") + e.what());
       } catch (...) {
       }
       if (prediction.ok()) {
@@ -112,9 +114,9 @@ Service::Service(boost::asio::any_io_executor inference_executor,
                                                    std::move(options.delivery));
   core_->capacity = options.queue_capacity;
   // The queue's own bound equals the admission bound, so a job that was admitted always fits.
-  queue_ = std::make_unique<JobQueue>(
-      std::move(inference_executor), JobQueueOptions{options.queue_capacity, options.workers},
-      [core = core_](Job job) { Core::run(core, std::move(job)); });
+  queue_ = std::make_unique<JobQueue>(std::move(inference_executor),
+                                      JobQueueOptions{options.queue_capacity, options.workers},
+                                      [core = core_](Job job) { Core::run(core, std::move(job)); });
 }
 
 Service::~Service() {
@@ -173,7 +175,9 @@ std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
   return core_->store->list_failed_callbacks(limit);
 }
 
-std::optional<JobRecord> Service::find(const std::string& id) const { return core_->store->get(id); }
+std::optional<JobRecord> Service::find(const std::string& id) const {
+  return core_->store->get(id);
+}
 
 bool Service::ready() const {
   std::shared_lock<std::shared_mutex> lock(core_->accepting_mutex);
@@ -185,9 +189,13 @@ std::size_t Service::in_flight() const {
   return core_->in_flight;
 }
 
-std::size_t Service::queue_depth() const { return queue_->depth(); }
+std::size_t Service::queue_depth() const {
+  return queue_->depth();
+}
 
-const Model& Service::model() const { return *core_->model; }
+const Model& Service::model() const {
+  return *core_->model;
+}
 
 bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
   {
@@ -200,7 +208,8 @@ bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
   lock.unlock();
   // The deadline passed: jobs that never started stay as they are in the store (queued), and
   // their slots are freed so that the running ones can end the process promptly.
-  for (std::size_t n = queue_->take_pending().size(); n > 0; --n) core_->release();
+  for (std::size_t n = queue_->take_pending().size(); n > 0; --n)
+    core_->release();
   return false;
 }
 

@@ -32,8 +32,8 @@ bool decode_base64(std::string_view text, std::vector<unsigned char>& out) {
 
 std::string encode_base64(const unsigned char* data, std::size_t size) {
   std::string out(4 * ((size + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), data,
-                                static_cast<int>(size));
+  const int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), data, static_cast<int>(size));
   out.resize(static_cast<std::size_t>(n));
   return out;
 }

@@ -106,7 +106,8 @@ TEST_CASE("Retry-After parses as seconds and as an HTTP-date") {
   CHECK_FALSE(rebound::parse_retry_after("soon", now).has_value());
   CHECK_FALSE(rebound::parse_retry_after("-5", now).has_value());
   CHECK_FALSE(rebound::parse_retry_after("", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
+  CHECK_FALSE(
+      rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
 }
 
 TEST_CASE("constant waits the same every time") {
@@ -118,8 +119,10 @@ TEST_CASE("constant waits the same every time") {
 TEST_CASE("fibonacci grows 1 1 2 3 5 8 times the base up to the cap") {
   auto p = backoff::fibonacci(100ms, 700ms);
   std::vector<std::chrono::milliseconds> got;
-  for (int a = 1; a <= 8; ++a) got.push_back(*after(p, a));
-  CHECK(got == std::vector<std::chrono::milliseconds>{100ms, 100ms, 200ms, 300ms, 500ms, 700ms, 700ms, 700ms});
+  for (int a = 1; a <= 8; ++a)
+    got.push_back(*after(p, a));
+  CHECK(got == std::vector<std::chrono::milliseconds>{100ms, 100ms, 200ms, 300ms, 500ms, 700ms,
+                                                      700ms, 700ms});
   CHECK(after(backoff::fibonacci(1ms, 1h), 1000) == 3600000ms);  // capped, no overflow
 }
 

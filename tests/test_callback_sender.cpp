@@ -46,7 +46,8 @@ class FakeTransport final : public rebound::CallbackTransport {
     {
       std::lock_guard<std::mutex> lock(*mutex_);
       requests_->push_back(request);
-      response = next_ < script_.size() ? script_[next_++] : CallbackResponse{TransportError::none, 200, {}, {}};
+      response = next_ < script_.size() ? script_[next_++]
+                                        : CallbackResponse{TransportError::none, 200, {}, {}};
     }
     done(response);
   }
@@ -63,12 +64,16 @@ class FakeTransport final : public rebound::CallbackTransport {
 CallbackResponse status(int code, std::string retry_after = {}) {
   return {TransportError::none, code, std::move(retry_after), {}};
 }
-CallbackResponse refused() { return {TransportError::connect_failed, 0, {}, "connection refused"}; }
+CallbackResponse refused() {
+  return {TransportError::connect_failed, 0, {}, "connection refused"};
+}
 
 // Records what the policy was asked and answers with fixed delays.
 struct RecordingPolicy final : rebound::BackoffPolicy {
-  explicit RecordingPolicy(std::vector<std::chrono::milliseconds> delays) : delays(std::move(delays)) {}
-  std::optional<std::chrono::milliseconds> next_delay(const rebound::RetryContext& ctx) const override {
+  explicit RecordingPolicy(std::vector<std::chrono::milliseconds> delays)
+      : delays(std::move(delays)) {}
+  std::optional<std::chrono::milliseconds> next_delay(
+      const rebound::RetryContext& ctx) const override {
     std::lock_guard<std::mutex> lock(m);
     seen.push_back(ctx);
     if (ctx.attempts > static_cast<int>(delays.size())) return std::nullopt;
@@ -150,9 +155,10 @@ TEST_CASE("failed attempts are retried after the policy's delays until one succe
 
 TEST_CASE("delivery gives up after max tries and reports the last error") {
   IoThread io;
-  CallbackSender sender(io.io.get_executor(),
-                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(503))),
-                        fast_options(3));
+  CallbackSender sender(
+      io.io.get_executor(),
+      std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(503))),
+      fast_options(3));
   auto out = deliver(sender, message());
   CHECK_FALSE(out.report.delivered);
   CHECK(out.report.attempts == 3);
@@ -163,9 +169,10 @@ TEST_CASE("delivery gives up after max tries and reports the last error") {
 TEST_CASE("410 Gone and refused addresses stop at once - redirects are retried - not followed") {
   IoThread io;
   SUBCASE("410") {
-    CallbackSender sender(io.io.get_executor(),
-                          std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(410)}),
-                          fast_options());
+    CallbackSender sender(
+        io.io.get_executor(),
+        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(410)}),
+        fast_options());
     auto out = deliver(sender, message());
     CHECK_FALSE(out.report.delivered);
     CHECK(out.report.attempts == 1);
@@ -206,12 +213,15 @@ TEST_CASE("the classifier is a policy the user can replace") {
   CHECK(out.report.attempts == 1);
 }
 
-TEST_CASE("every attempt carries the callback headers - webhook-id stays - the signature verifies") {
+TEST_CASE(
+    "every attempt carries the callback headers - webhook-id stays - the signature verifies") {
   IoThread io;
-  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)});
+  auto transport =
+      std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)});
   auto requests = transport->requests_;
   auto options = fast_options();
-  options.signing_secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_bmV3LXNlY3JldC1rZXk="};
+  options.signing_secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                             "whsec_bmV3LXNlY3JldC1rZXk="};
   std::atomic<long> clock{1700000000};
   options.now = [&] { return std::chrono::system_clock::from_time_t(clock++); };
   CallbackSender sender(io.io.get_executor(), std::move(transport), options);
@@ -242,9 +252,10 @@ TEST_CASE("every attempt carries the callback headers - webhook-id stays - the s
 
 TEST_CASE("observers and handlers that throw do not stop a delivery") {
   IoThread io;
-  CallbackSender sender(io.io.get_executor(),
-                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)}),
-                        fast_options());
+  CallbackSender sender(
+      io.io.get_executor(),
+      std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)}),
+      fast_options());
   std::promise<int> done;
   sender.deliver(
       message(), [](const AttemptReport&) { throw std::runtime_error("observer"); },
@@ -261,7 +272,8 @@ TEST_CASE("observers and handlers that throw do not stop a delivery") {
 TEST_CASE("bad sender options are refused") {
   IoThread io;
   auto make = [&](rebound::CallbackSenderOptions o) {
-    CallbackSender s(io.io.get_executor(), std::make_unique<FakeTransport>(std::vector<CallbackResponse>{}),
+    CallbackSender s(io.io.get_executor(),
+                     std::make_unique<FakeTransport>(std::vector<CallbackResponse>{}),
                      std::move(o));
   };
   auto o = fast_options();
@@ -313,11 +325,12 @@ TEST_CASE("over HTTP: a refused connection is retried until the receiver comes u
   CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
   auto attempts = std::make_shared<std::atomic<int>>(0);
   std::promise<DeliveryReport> done;
-  sender.deliver(message("http://127.0.0.1:" + std::to_string(port) + "/hook"),
-                 [attempts](const AttemptReport& a) {
-                   if (a.response.error == TransportError::connect_failed) ++*attempts;
-                 },
-                 [&](const DeliveryReport& r) { done.set_value(r); });
+  sender.deliver(
+      message("http://127.0.0.1:" + std::to_string(port) + "/hook"),
+      [attempts](const AttemptReport& a) {
+        if (a.response.error == TransportError::connect_failed) ++*attempts;
+      },
+      [&](const DeliveryReport& r) { done.set_value(r); });
   REQUIRE(rebound::test::eventually([&] { return *attempts >= 2; }));
   rebound::test::Receiver receiver(port);
   auto f = done.get_future();
@@ -366,7 +379,8 @@ TEST_CASE("over HTTP: the SSRF guard refuses loopback unless private callbacks a
   CHECK_FALSE(out.report.delivered);
   CHECK(out.report.attempts == 1);
   CHECK(out.attempts[0].response.error == TransportError::refused_address);
-  auto by_name = deliver(sender, message("http://localhost:" + std::to_string(receiver.port()) + "/x"));
+  auto by_name =
+      deliver(sender, message("http://localhost:" + std::to_string(receiver.port()) + "/x"));
   CHECK_FALSE(by_name.report.delivered);
   CHECK(by_name.attempts[0].response.error == TransportError::refused_address);
   CHECK(receiver.count() == 0);
@@ -385,7 +399,8 @@ TEST_CASE("over HTTP: connections to a receiver are kept alive and reused") {
   REQUIRE(sender.wait_idle(20s));
   CHECK(delivered == 100);
   std::set<int> connections;
-  for (const auto& r : receiver.received()) connections.insert(r.remote_port);
+  for (const auto& r : receiver.received())
+    connections.insert(r.remote_port);
   CHECK(connections.size() <= 2);  // 100 requests over at most 2 sender connections
 }
 
@@ -434,9 +449,9 @@ TEST_CASE("the policy sees the time elapsed since the first attempt") {
         return std::optional<std::chrono::milliseconds>(60ms);
       }),
       100ms);
-  CallbackSender sender(io.io.get_executor(),
-                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(500))),
-                        options);
+  CallbackSender sender(
+      io.io.get_executor(),
+      std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(500))), options);
   auto out = deliver(sender, message());
   CHECK_FALSE(out.report.delivered);
   CHECK(out.report.attempts == 2);  // the third would start past 100 ms

@@ -64,12 +64,14 @@ Result deliver_to(const std::string& url, const std::string& ca_file) {
   so.timeout = 5s;
   Result result;
   {
-    rebound::CallbackSender sender(io.get_executor(), std::make_unique<rebound::HttpTransport>(to), so);
+    rebound::CallbackSender sender(io.get_executor(), std::make_unique<rebound::HttpTransport>(to),
+                                   so);
     std::promise<rebound::DeliveryReport> done;
     auto attempts = std::make_shared<std::vector<rebound::AttemptReport>>();
-    sender.deliver({"tls-1", url, R"({"id":"tls-1","status":"succeeded","result":1})", "msg_tls-1", 0},
-                   [attempts](const rebound::AttemptReport& a) { attempts->push_back(a); },
-                   [&](const rebound::DeliveryReport& r) { done.set_value(r); });
+    sender.deliver(
+        {"tls-1", url, R"({"id":"tls-1","status":"succeeded","result":1})", "msg_tls-1", 0},
+        [attempts](const rebound::AttemptReport& a) { attempts->push_back(a); },
+        [&](const rebound::DeliveryReport& r) { done.set_value(r); });
     auto f = done.get_future();
     REQUIRE(f.wait_for(30s) == std::future_status::ready);
     result.report = f.get();
@@ -82,10 +84,12 @@ Result deliver_to(const std::string& url, const std::string& ca_file) {
 
 }  // namespace
 
-TEST_CASE("https callbacks are delivered to a receiver whose certificate the configured CA signed") {
+TEST_CASE(
+    "https callbacks are delivered to a receiver whose certificate the configured CA signed") {
   rebound::test::TestPki pki;
   TlsReceiver receiver(pki);
-  auto r = deliver_to("https://127.0.0.1:" + std::to_string(receiver.port()) + "/hook", pki.ca_cert());
+  auto r =
+      deliver_to("https://127.0.0.1:" + std::to_string(receiver.port()) + "/hook", pki.ca_cert());
   CHECK(r.report.delivered);
   CHECK(r.report.attempts == 1);
   REQUIRE(receiver.bodies().size() == 1);
@@ -96,7 +100,8 @@ TEST_CASE("https callbacks to a certificate no trusted CA signed fail as TLS err
   rebound::test::TestPki pki;
   rebound::test::TestPki other;  // a different CA
   TlsReceiver receiver(pki);
-  auto r = deliver_to("https://127.0.0.1:" + std::to_string(receiver.port()) + "/hook", other.ca_cert());
+  auto r =
+      deliver_to("https://127.0.0.1:" + std::to_string(receiver.port()) + "/hook", other.ca_cert());
   CHECK_FALSE(r.report.delivered);
   CHECK(r.report.attempts == 2);
   REQUIRE_FALSE(r.attempts.empty());
@@ -107,7 +112,8 @@ TEST_CASE("https callbacks to a certificate no trusted CA signed fail as TLS err
 TEST_CASE("https callbacks check the host name against the certificate") {
   rebound::test::TestPki pki("IP:127.0.0.1");  // valid for the address, not for "localhost"
   TlsReceiver receiver(pki);
-  auto r = deliver_to("https://localhost:" + std::to_string(receiver.port()) + "/hook", pki.ca_cert());
+  auto r =
+      deliver_to("https://localhost:" + std::to_string(receiver.port()) + "/hook", pki.ca_cert());
   CHECK_FALSE(r.report.delivered);
   CHECK(r.attempts[0].response.error == rebound::TransportError::tls);
   CHECK(receiver.bodies().empty());

@@ -38,7 +38,9 @@ class Gate {
   bool open_ = false;
 };
 
-Job job(int n) { return Job{"job-" + std::to_string(n), {}, n, {}}; }
+Job job(int n) {
+  return Job{"job-" + std::to_string(n), {}, n, {}};
+}
 
 }  // namespace
 
@@ -62,13 +64,15 @@ TEST_CASE("every accepted job is handled exactly once - with at most `workers` a
         }
         --running;
       });
-      for (int i = 0; i < 1000; ++i) REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+      for (int i = 0; i < 1000; ++i)
+        REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
       REQUIRE(queue.wait_idle(30s));
       CHECK(queue.depth() == 0);
       CHECK(queue.running() == 0);
     }
     CHECK(seen.size() == 1000);
-    for (int i = 0; i < 1000; ++i) CHECK(seen.count("job-" + std::to_string(i)) == 1);
+    for (int i = 0; i < 1000; ++i)
+      CHECK(seen.count("job-" + std::to_string(i)) == 1);
     CHECK(peak.load() <= static_cast<int>(workers));
     if (workers > 1) CHECK(peak.load() >= 2);  // workers really run side by side
     pool.join();
@@ -85,7 +89,8 @@ TEST_CASE("a full queue answers `full` - and takes jobs again once it drains") {
   });
   REQUIRE(queue.try_push(job(0)) == JobQueue::PushResult::accepted);
   REQUIRE(rebound::test::eventually([&] { return queue.running() == 1; }));
-  for (int i = 1; i <= 3; ++i) CHECK(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+  for (int i = 1; i <= 3; ++i)
+    CHECK(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
   CHECK(queue.depth() == 3);
   CHECK(queue.try_push(job(4)) == JobQueue::PushResult::full);
   gate.open();
@@ -106,7 +111,8 @@ TEST_CASE("close refuses new jobs but drains the accepted ones") {
       gate.wait();
       ++handled;
     });
-    for (int i = 0; i < 20; ++i) REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+    for (int i = 0; i < 20; ++i)
+      REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
     queue.close();
     CHECK(queue.try_push(job(99)) == JobQueue::PushResult::closed);
     gate.open();
@@ -122,7 +128,8 @@ TEST_CASE("a handler that throws is counted and the workers carry on") {
     ++handled;
     if (j.input.get<int>() % 2 == 0) throw std::runtime_error("boom");
   });
-  for (int i = 0; i < 10; ++i) REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+  for (int i = 0; i < 10; ++i)
+    REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
   REQUIRE(queue.wait_idle(10s));
   CHECK(handled == 10);
   CHECK(queue.handler_failures() == 5);

@@ -45,7 +45,8 @@ TEST_CASE("a job's record follows it from queued to delivered") {
 
 TEST_CASE("only finished jobs are forgotten - oldest first - beyond max_finished") {
   rebound::MemoryJobStore store(2);
-  for (const char* id : {"a", "b", "c", "pending"}) store.put(make(id));
+  for (const char* id : {"a", "b", "c", "pending"})
+    store.put(make(id));
   store.put(make("poll-only", ""));
   for (const char* id : {"a", "b", "c"}) {
     store.complete(id, {JobStatus::succeeded, 1, std::nullopt});

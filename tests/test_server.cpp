@@ -30,7 +30,8 @@ class GatedModel final : public rebound::Model {
     ++waiting_;
     cv_.wait(lock, [this] { return open_; });
     if (input == "throw") throw std::runtime_error("weights missing");
-    if (input == "bad") return rebound::Prediction::failure("invalid_input", "input must not be bad");
+    if (input == "bad")
+      return rebound::Prediction::failure("invalid_input", "input must not be bad");
     return rebound::Prediction::success({{"echo", input}});
   }
   void open() {
@@ -72,9 +73,10 @@ struct Harness {
     so.delivery.timeout = 2s;
     rebound::HttpTransportOptions to;
     to.guard = rebound::AddressGuard(true);
-    service = std::make_unique<rebound::Service>(
-        inference.get_executor(), io.get_executor(), std::move(m),
-        std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>(to), so);
+    service = std::make_unique<rebound::Service>(inference.get_executor(), io.get_executor(),
+                                                 std::move(m),
+                                                 std::make_unique<rebound::MemoryJobStore>(),
+                                                 std::make_unique<rebound::HttpTransport>(to), so);
     rebound::ServerOptions sv;
     sv.host = "127.0.0.1";
     sv.port = 0;
@@ -106,7 +108,9 @@ struct Harness {
     return c;
   }
   std::string bearer;  // sent by client() when set
-  httplib::Result submit(const json& body) const { return client().Post("/v1/inferences", body.dump(), "application/json"); }
+  httplib::Result submit(const json& body) const {
+    return client().Post("/v1/inferences", body.dump(), "application/json");
+  }
   json poll(const std::string& id) const {
     auto res = client().Get(("/v1/inferences/" + id).c_str());
     REQUIRE(res);
@@ -145,8 +149,10 @@ void check_error(const httplib::Result& res, int status, const std::string& code
   CHECK(body["error"]["code"] == code);
   CHECK(body["error"]["message"].is_string());
   CHECK_FALSE(body["error"]["message"].get<std::string>().empty());
-  if (field.empty()) CHECK_FALSE(body["error"].contains("field"));
-  else CHECK(body["error"]["field"] == field);
+  if (field.empty())
+    CHECK_FALSE(body["error"].contains("field"));
+  else
+    CHECK(body["error"]["field"] == field);
 }
 
 }  // namespace
@@ -188,7 +194,8 @@ TEST_CASE("a job without a callback is kept for polling") {
   REQUIRE(res);
   CHECK(res->status == 202);
   json state;
-  REQUIRE(rebound::test::eventually([&] { return (state = h.poll("poll-me"))["status"] == "succeeded"; }));
+  REQUIRE(rebound::test::eventually(
+      [&] { return (state = h.poll("poll-me"))["status"] == "succeeded"; }));
   CHECK(state["result"] == json({{"echo", {1, 2, 3}}}));
   CHECK(state["callback"] == json({{"url", nullptr}, {"state", "none"}, {"attempts", 0}}));
 }
@@ -208,19 +215,25 @@ TEST_CASE("polling shows queued and running jobs before they finish") {
 TEST_CASE("a failing model ends the job failed - and the callback says why") {
   Harness h;
   rebound::test::Receiver receiver;
-  REQUIRE(h.submit({{"id", "bad"}, {"callback_url", receiver.url()}, {"input", "bad"}})->status == 202);
-  REQUIRE(h.submit({{"id", "throws"}, {"callback_url", receiver.url()}, {"input", "throw"}})->status == 202);
+  REQUIRE(h.submit({{"id", "bad"}, {"callback_url", receiver.url()}, {"input", "bad"}})->status ==
+          202);
+  REQUIRE(
+      h.submit({{"id", "throws"}, {"callback_url", receiver.url()}, {"input", "throw"}})->status ==
+      202);
   REQUIRE(receiver.wait_for(2));
   std::map<std::string, json> bodies;
   for (const auto& r : receiver.received()) {
     auto b = json::parse(r.body);
     bodies[b["id"]] = b;
   }
-  CHECK(bodies["bad"] == json({{"id", "bad"}, {"status", "failed"},
-                               {"error", {{"code", "invalid_input"}, {"message", "input must not be bad"}}}}));
+  CHECK(bodies["bad"] ==
+        json({{"id", "bad"},
+              {"status", "failed"},
+              {"error", {{"code", "invalid_input"}, {"message", "input must not be bad"}}}}));
   CHECK(bodies["throws"]["status"] == "failed");
   CHECK(bodies["throws"]["error"]["code"] == "model_error");
-  CHECK(bodies["throws"]["error"]["message"].get<std::string>().find("weights missing") != std::string::npos);
+  CHECK(bodies["throws"]["error"]["message"].get<std::string>().find("weights missing") !=
+        std::string::npos);
   CHECK(h.poll("throws")["error"]["code"] == "model_error");
   // The worker survived: the next job still runs.
   REQUIRE(h.submit({{"id", "after"}, {"callback_url", receiver.url()}})->status == 202);
@@ -251,7 +264,8 @@ TEST_CASE("resubmitting the same request is idempotent - a different one is a 40
   h.wait_callback_final("barrier");
   REQUIRE(h.service->shutdown(10s));
   int same = 0;
-  for (const auto& r : receiver.received()) same += json::parse(r.body)["id"] == "same";
+  for (const auto& r : receiver.received())
+    same += json::parse(r.body)["id"] == "same";
   CHECK(same == 1);
   CHECK(h.poll("same")["callback"]["attempts"] == 1);
 }
@@ -281,19 +295,21 @@ TEST_CASE("every bad request gets its status and error body") {
 TEST_CASE("the server refuses internal callback addresses by default") {
   boost::asio::thread_pool pool(1);
   boost::asio::io_context io;
-  rebound::Service service(pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::HttpTransport>());
+  rebound::Service service(
+      pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
+      std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
   rebound::Server server(service, {"127.0.0.1", 0});
   const int port = server.bind();
   std::thread t([&] { server.run(); });
   httplib::Client c("127.0.0.1", port);
-  check_error(c.Post("/v1/inferences", R"({"id":"a","callback_url":"http://169.254.169.254/latest"})",
-                     "application/json"),
-              422, "invalid_field", "callback_url");
-  check_error(c.Post("/v1/inferences", R"({"id":"a","callback_url":"http://[::ffff:127.0.0.1]:80/"})",
-                     "application/json"),
-              422, "invalid_field", "callback_url");
+  check_error(
+      c.Post("/v1/inferences", R"({"id":"a","callback_url":"http://169.254.169.254/latest"})",
+             "application/json"),
+      422, "invalid_field", "callback_url");
+  check_error(
+      c.Post("/v1/inferences", R"({"id":"a","callback_url":"http://[::ffff:127.0.0.1]:80/"})",
+             "application/json"),
+      422, "invalid_field", "callback_url");
   server.stop();
   t.join();
   service.shutdown(5s);
@@ -321,7 +337,8 @@ TEST_CASE("callbacks are retried after 5xx and after connection refused - then d
       return state["callback"]["attempts"] >= 1;
     }));
     CHECK(state["callback"]["state"] == "pending");
-    CHECK(state["callback"]["last_error"].get<std::string>().find("onnection") != std::string::npos);
+    CHECK(state["callback"]["last_error"].get<std::string>().find("onnection") !=
+          std::string::npos);
     rebound::test::Receiver receiver(port);
     state = h.wait_callback_final("retry-refused");
     if (state["callback"]["state"] == "delivered") {
@@ -366,7 +383,8 @@ TEST_CASE("500 concurrent jobs are all called back") {
       }
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   CHECK(accepted == jobs);
   REQUIRE(receiver.wait_for(jobs, 60s));
   std::set<std::string> ids;
@@ -380,7 +398,8 @@ TEST_CASE("500 concurrent jobs are all called back") {
 
 TEST_CASE("a full queue answers 503 queue_full with Retry-After - and recovers") {
   Harness h({1, 3, 5, false});
-  for (int i = 0; i < 3; ++i) REQUIRE(h.submit({{"id", "q" + std::to_string(i)}})->status == 202);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(h.submit({{"id", "q" + std::to_string(i)}})->status == 202);
   auto full = h.submit({{"id", "q3"}});
   check_error(full, 503, "queue_full");
   CHECK(full->get_header_value("Retry-After") == "1");
@@ -405,7 +424,8 @@ TEST_CASE("/ping and submissions follow the model's readiness") {
 
 TEST_CASE("/ping answers while every worker is busy") {
   Harness h({2, 100, 5, false});
-  for (int i = 0; i < 5; ++i) REQUIRE(h.submit({{"id", "busy" + std::to_string(i)}})->status == 202);
+  for (int i = 0; i < 5; ++i)
+    REQUIRE(h.submit({{"id", "busy" + std::to_string(i)}})->status == 202);
   REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 2; }));
   auto ping = h.client().Get("/ping");
   REQUIRE(ping);
@@ -446,7 +466,8 @@ TEST_CASE("/openapi.json documents every route") {
 
 TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running one goes on") {
   Harness h({1, 100, 5, false});
-  for (int i = 0; i < 3; ++i) REQUIRE(h.submit({{"id", "late" + std::to_string(i)}})->status == 202);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(h.submit({{"id", "late" + std::to_string(i)}})->status == 202);
   REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
   CHECK_FALSE(h.service->shutdown(100ms));
   CHECK(h.service->queue_depth() == 0);
@@ -463,9 +484,9 @@ TEST_CASE("a second server cannot bind a port that is in use") {
   Harness h;
   boost::asio::thread_pool pool(1);
   boost::asio::io_context io;
-  rebound::Service service(pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::HttpTransport>());
+  rebound::Service service(
+      pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
+      std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
   rebound::Server second(service, {"127.0.0.1", h.port});
   CHECK_THROWS_AS(second.bind(), rebound::Error);
   service.shutdown(1s);
@@ -476,7 +497,8 @@ TEST_CASE("a given-up callback is listed and can be redelivered with a fresh bud
   Harness h({4, 10000, 2, true});
   rebound::test::Receiver receiver;
   receiver.script_statuses({500, 500});  // both attempts of the first delivery fail
-  REQUIRE(h.submit({{"id", "dead"}, {"callback_url", receiver.url()}, {"input", 42}})->status == 202);
+  REQUIRE(h.submit({{"id", "dead"}, {"callback_url", receiver.url()}, {"input", 42}})->status ==
+          202);
   REQUIRE(h.submit({{"id", "fine"}})->status == 202);
   json state = h.wait_callback_final("dead");
   REQUIRE(state["callback"]["state"] == "failed");
@@ -499,14 +521,16 @@ TEST_CASE("a given-up callback is listed and can be redelivered with a fresh bud
   REQUIRE(receiver.count() == 3);
   const auto last = receiver.received().back();
   CHECK(last.header("webhook-id") == "msg_dead");  // the same message, so receivers deduplicate
-  CHECK(json::parse(last.body) == json({{"id", "dead"}, {"status", "succeeded"}, {"result", {{"echo", 42}}}}));
+  CHECK(json::parse(last.body) ==
+        json({{"id", "dead"}, {"status", "succeeded"}, {"result", {{"echo", 42}}}}));
   CHECK(json::parse(h.client().Get("/v1/inferences?callback_state=failed")->body)["jobs"].empty());
 }
 
 TEST_CASE("redeliver answers 404 for unknown jobs and 409 unless the callback failed") {
   Harness h;
   rebound::test::Receiver receiver;
-  check_error(h.client().Post("/v1/inferences/nobody/redeliver", "", "application/json"), 404, "not_found");
+  check_error(h.client().Post("/v1/inferences/nobody/redeliver", "", "application/json"), 404,
+              "not_found");
   REQUIRE(h.submit({{"id", "ok"}, {"callback_url", receiver.url()}})->status == 202);
   REQUIRE(h.submit({{"id", "no-callback"}})->status == 202);
   h.wait_callback_final("ok");
@@ -522,9 +546,10 @@ TEST_CASE("the failed-callback listing validates its query") {
   check_error(h.client().Get("/v1/inferences"), 422, "invalid_field", "callback_state");
   check_error(h.client().Get("/v1/inferences?callback_state=pending"), 422, "invalid_field",
               "callback_state");
-  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=0"), 422, "invalid_field", "limit");
-  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=abc"), 422, "invalid_field",
+  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=0"), 422, "invalid_field",
               "limit");
+  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=abc"), 422,
+              "invalid_field", "limit");
   CHECK(h.client().Get("/v1/inferences?callback_state=failed&limit=1000")->status == 200);
 }
 
@@ -536,7 +561,8 @@ TEST_CASE("with API keys every route but /ping and /openapi.json needs a bearer 
   check_error(unauthorized, 401, "unauthorized");
   CHECK(unauthorized->get_header_value("WWW-Authenticate") == "Bearer");
   check_error(h.client().Get("/v1/inferences/a"), 401, "unauthorized");
-  check_error(h.client().Post("/v1/inferences/a/redeliver", "", "application/json"), 401, "unauthorized");
+  check_error(h.client().Post("/v1/inferences/a/redeliver", "", "application/json"), 401,
+              "unauthorized");
   CHECK(h.client().Get("/ping")->status == 200);
   CHECK(h.client().Get("/openapi.json")->status == 200);
 

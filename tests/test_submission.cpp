@@ -25,7 +25,8 @@ void check_invalid(const std::string& body, int status, const std::string& code,
 }  // namespace
 
 TEST_CASE("the seed's request - id and callback_url only - is accepted as is") {
-  auto r = parse_submission(R"({"id": "1234", "callback_url": "http://example.com/callback"})", strict);
+  auto r =
+      parse_submission(R"({"id": "1234", "callback_url": "http://example.com/callback"})", strict);
   REQUIRE(r.job.has_value());
   CHECK(r.job->id == "1234");
   CHECK(r.job->callback_url == "http://example.com/callback");
@@ -33,8 +34,8 @@ TEST_CASE("the seed's request - id and callback_url only - is accepted as is") {
 }
 
 TEST_CASE("input of any JSON type is kept - unknown fields and a null callback are ignored") {
-  auto r = parse_submission(R"({"id":"a.b_c:d-1","input":[[1,2],[3,4]],"extra":true,"callback_url":null})",
-                            strict);
+  auto r = parse_submission(
+      R"({"id":"a.b_c:d-1","input":[[1,2],[3,4]],"extra":true,"callback_url":null})", strict);
   REQUIRE(r.job.has_value());
   CHECK(r.job->input == nlohmann::json::parse("[[1,2],[3,4]]"));
   CHECK(r.job->callback_url.empty());
@@ -60,11 +61,11 @@ TEST_CASE("a missing or bad id is a 422 naming the field") {
 }
 
 TEST_CASE("a bad callback_url is a 422 naming the field") {
-  for (const char* url : {"\"\"", "42", "\"example.com/cb\"", "\"ftp://example.com/x\"",
-                          "\"http://\"", "\"http://user:pw@example.com/\"", "\"http://example.com:0/\"",
-                          "\"http://example.com:70000/\"", "\"http://example.com:80a/\"",
-                          "\"http://exa mple.com/\"", "\"http://example.com/#frag\"",
-                          "\"http://[::1/\"", "\"javascript:alert(1)\""}) {
+  for (const char* url :
+       {"\"\"", "42", "\"example.com/cb\"", "\"ftp://example.com/x\"", "\"http://\"",
+        "\"http://user:pw@example.com/\"", "\"http://example.com:0/\"",
+        "\"http://example.com:70000/\"", "\"http://example.com:80a/\"", "\"http://exa mple.com/\"",
+        "\"http://example.com/#frag\"", "\"http://[::1/\"", "\"javascript:alert(1)\""}) {
     check_invalid(std::string(R"({"id":"a","callback_url":)") + url + "}", 422, "invalid_field",
                   "callback_url");
   }
@@ -149,7 +150,7 @@ TEST_CASE("the allowlist admits named hosts - domains - addresses and ranges ins
   CHECK(guard.check_host("127.0.0.1"));
   CHECK(guard.check_host("fe80::1"));
   CHECK(guard.check_host("corp.example") == std::nullopt);  // a public name: resolved later
-  CHECK_FALSE(guard.host_listed("corp.example"));             // *.corp.example is subdomains only
+  CHECK_FALSE(guard.host_listed("corp.example"));           // *.corp.example is subdomains only
   CHECK(guard.resolve("localhost").refused == false);
   CHECK_FALSE(guard.resolve("localhost").address.empty());
 

@@ -18,14 +18,17 @@ TEST_CASE("signing reproduces the Standard Webhooks test vector") {
 TEST_CASE("verification accepts the right signature within the tolerance only") {
   CHECK(rebound::verify_webhook(secret, msg_id, "1614265330", body, expected, 1614265330));
   CHECK(rebound::verify_webhook(secret, msg_id, "1614265330", body, expected, 1614265330 + 299));
-  CHECK_FALSE(rebound::verify_webhook(secret, msg_id, "1614265330", body, expected, 1614265330 + 301));
-  CHECK_FALSE(rebound::verify_webhook(secret, msg_id, "1614265330", body, expected, 1614265330 - 301));
+  CHECK_FALSE(
+      rebound::verify_webhook(secret, msg_id, "1614265330", body, expected, 1614265330 + 301));
+  CHECK_FALSE(
+      rebound::verify_webhook(secret, msg_id, "1614265330", body, expected, 1614265330 - 301));
   CHECK_FALSE(rebound::verify_webhook(secret, msg_id, "1614265330", R"({"test": 1})", expected,
                                       1614265330));
-  CHECK_FALSE(rebound::verify_webhook(secret, "msg_other", "1614265330", body, expected, 1614265330));
+  CHECK_FALSE(
+      rebound::verify_webhook(secret, "msg_other", "1614265330", body, expected, 1614265330));
   CHECK_FALSE(rebound::verify_webhook(secret, msg_id, "16142653x0", body, expected, 1614265330));
-  CHECK_FALSE(rebound::verify_webhook("whsec_b3RoZXI=", msg_id, "1614265330", body, expected,
-                                      1614265330));
+  CHECK_FALSE(
+      rebound::verify_webhook("whsec_b3RoZXI=", msg_id, "1614265330", body, expected, 1614265330));
 }
 
 TEST_CASE("any one of several space-separated signatures verifies (key rotation)") {

@@ -9,8 +9,8 @@
 #include <string>
 #include <thread>
 
-#include <CLI/CLI.hpp>
 #include <httplib.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "rebound/version.hpp"
@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
     arrived.notify_all();
     res.set_content("{}", "application/json");
   });
-  const int port = listen_port == 0 ? receiver.bind_to_any_port(listen_host)
-                                    : (receiver.bind_to_port(listen_host, listen_port) ? listen_port : -1);
+  const int port = listen_port == 0
+                       ? receiver.bind_to_any_port(listen_host)
+                       : (receiver.bind_to_port(listen_host, listen_port) ? listen_port : -1);
   if (port <= 0) {
     std::cerr << "rebound-demo-client: cannot listen on " << listen << "\n";
     return 2;
@@ -131,9 +132,9 @@ int main(int argc, char** argv) {
   std::cout << "callback received (webhook-id " << callback->webhook_id << "): " << callback->body
             << std::endl;
   if (!secret.empty()) {
-    const bool valid = rebound::verify_webhook(secret, callback->webhook_id, callback->timestamp,
-                                               callback->body, callback->signature,
-                                               static_cast<std::int64_t>(std::time(nullptr)));
+    const bool valid =
+        rebound::verify_webhook(secret, callback->webhook_id, callback->timestamp, callback->body,
+                                callback->signature, static_cast<std::int64_t>(std::time(nullptr)));
     if (!valid) {
       std::cerr << "rebound-demo-client: the callback's signature does not verify\n";
       return 3;

@@ -23,7 +23,8 @@ class WordCountModel final : public rebound::Model {
     }
     std::istringstream words(input["text"].get<std::string>());
     std::size_t count = 0;
-    for (std::string word; words >> word;) ++count;
+    for (std::string word; words >> word;)
+      ++count;
     return rebound::Prediction::success({{"words", count}});
   }
 };
@@ -35,10 +36,9 @@ int main(int argc, char** argv) {
   auto work = boost::asio::make_work_guard(io);
   std::thread io_thread([&io] { io.run(); });
 
-  rebound::Service service(inference.get_executor(), io.get_executor(),
-                           std::make_unique<WordCountModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::HttpTransport>());
+  rebound::Service service(
+      inference.get_executor(), io.get_executor(), std::make_unique<WordCountModel>(),
+      std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
   rebound::Server server(service, {"127.0.0.1", port});
   std::cout << "word-count model on 127.0.0.1:" << server.bind() << std::endl;
   server.run();  // until the process is stopped

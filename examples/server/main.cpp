@@ -1,7 +1,7 @@
 // rebound-server: the library wired into a runnable server (DESIGN.md's command line).
 #include <csignal>
-#include <future>
 #include <cstdlib>
+#include <future>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -104,9 +104,10 @@ int main(int argc, char** argv) {
       ->envname("REBOUND_API_KEY");
 
   auto* delivery = "Callback delivery";
-  app.add_option("--signing-secret", signing_secrets,
-                 "Sign callbacks (Standard Webhooks) with this whsec_... secret; repeat to sign with "
-                 "several during a rotation (env REBOUND_SIGNING_SECRET)")
+  app.add_option(
+         "--signing-secret", signing_secrets,
+         "Sign callbacks (Standard Webhooks) with this whsec_... secret; repeat to sign with "
+         "several during a rotation (env REBOUND_SIGNING_SECRET)")
       ->envname("REBOUND_SIGNING_SECRET")
       ->group(delivery);
   app.add_option("--callback-timeout", callback_timeout_s, "Seconds per attempt")
@@ -218,10 +219,9 @@ int main(int argc, char** argv) {
 
     boost::asio::thread_pool inference(workers);
     IoThread io;  // callback timers; outlives the service below
-    rebound::Service service(inference.get_executor(), io.context.get_executor(), std::move(model),
-                             std::move(store),
-                             std::make_unique<rebound::HttpTransport>(transport_options),
-                             service_options);
+    rebound::Service service(
+        inference.get_executor(), io.context.get_executor(), std::move(model), std::move(store),
+        std::make_unique<rebound::HttpTransport>(transport_options), service_options);
     rebound::Server server(service, server_options);
     const int bound = server.bind();
 

@@ -21,27 +21,35 @@ namespace rebound {
 
 /// The kind of an IP address, as far as callback delivery cares.
 enum class AddressClass {
-  global,       ///< an ordinary public address
-  loopback,     ///< 127.0.0.0/8, ::1
-  private_use,  ///< 10/8, 172.16/12, 192.168/16, fc00::/7, and other non-global ranges
-  link_local,   ///< 169.254/16 (cloud metadata lives here), fe80::/10
-  shared_cgnat, ///< 100.64/10
-  unspecified,  ///< 0.0.0.0/8, ::
-  multicast,    ///< 224/4, ff00::/8
-  reserved,     ///< 240/4, 255.255.255.255, documentation and benchmarking ranges
+  global,        ///< an ordinary public address
+  loopback,      ///< 127.0.0.0/8, ::1
+  private_use,   ///< 10/8, 172.16/12, 192.168/16, fc00::/7, and other non-global ranges
+  link_local,    ///< 169.254/16 (cloud metadata lives here), fe80::/10
+  shared_cgnat,  ///< 100.64/10
+  unspecified,   ///< 0.0.0.0/8, ::
+  multicast,     ///< 224/4, ff00::/8
+  reserved,      ///< 240/4, 255.255.255.255, documentation and benchmarking ranges
 };
 
 /// The name of an address class for error messages, e.g. "loopback".
 inline const char* to_string(AddressClass c) {
   switch (c) {
-    case AddressClass::global: return "global";
-    case AddressClass::loopback: return "loopback";
-    case AddressClass::private_use: return "private";
-    case AddressClass::link_local: return "link-local";
-    case AddressClass::shared_cgnat: return "shared (CGNAT)";
-    case AddressClass::unspecified: return "unspecified";
-    case AddressClass::multicast: return "multicast";
-    case AddressClass::reserved: return "reserved";
+    case AddressClass::global:
+      return "global";
+    case AddressClass::loopback:
+      return "loopback";
+    case AddressClass::private_use:
+      return "private";
+    case AddressClass::link_local:
+      return "link-local";
+    case AddressClass::shared_cgnat:
+      return "shared (CGNAT)";
+    case AddressClass::unspecified:
+      return "unspecified";
+    case AddressClass::multicast:
+      return "multicast";
+    case AddressClass::reserved:
+      return "reserved";
   }
   return "unknown";
 }
@@ -112,7 +120,8 @@ class AddressGuard {
   explicit AddressGuard(bool allow_private = false, std::vector<std::string> allowlist = {})
       : allow_private_(allow_private) {
     for (auto& entry : allowlist) {
-      for (auto& c : entry) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      for (auto& c : entry)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (entry.empty()) throw Error("callback allowlist: empty entry");
       if (auto range = parse_range(entry)) {
         ranges_.push_back(*range);
@@ -161,8 +170,8 @@ class AddressGuard {
       return std::string("points to a ") + to_string(*classify_ip_literal(host)) +
              " address, which callbacks may not use";
     }
-    if (host == "localhost" || (host.size() > 10 && host.compare(host.size() - 10, 10,
-                                                                 ".localhost") == 0)) {
+    if (host == "localhost" ||
+        (host.size() > 10 && host.compare(host.size() - 10, 10, ".localhost") == 0)) {
       return "points to a loopback address, which callbacks may not use";
     }
     return std::nullopt;
@@ -170,9 +179,9 @@ class AddressGuard {
 
   /// The result of `resolve`: a numeric address that passed the check, or why there is none.
   struct Resolution {
-    std::string address;  ///< numeric, e.g. "93.184.216.34" or "2001:db8::1"
-    std::string error;    ///< set when `address` is empty
-    bool refused = false; ///< true when the name resolved, but only to refused addresses
+    std::string address;   ///< numeric, e.g. "93.184.216.34" or "2001:db8::1"
+    std::string error;     ///< set when `address` is empty
+    bool refused = false;  ///< true when the name resolved, but only to refused addresses
   };
 
   /// Resolves `host` once and returns the first address this guard permits. A host name whose
@@ -213,10 +222,9 @@ class AddressGuard {
     freeaddrinfo(found);
     if (result.address.empty()) {
       result.refused = !refused_class.empty();
-      result.error = refused_class.empty()
-                         ? "no usable address for " + host
-                         : host + " resolves to a " + refused_class +
-                               " address, which callbacks may not use";
+      result.error = refused_class.empty() ? "no usable address for " + host
+                                           : host + " resolves to a " + refused_class +
+                                                 " address, which callbacks may not use";
     }
     return result;
   }

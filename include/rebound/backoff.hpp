@@ -18,7 +18,7 @@ namespace rebound {
 struct RetryContext {
   int attempts = 1;  ///< Attempts made so far, including the one that just failed (>= 1).
   std::chrono::milliseconds previous_delay{0};  ///< The delay chosen before the failed attempt.
-  std::chrono::milliseconds elapsed{0};          ///< Time since the first attempt started.
+  std::chrono::milliseconds elapsed{0};         ///< Time since the first attempt started.
   /// The receiver's `Retry-After`, when its answer carried one that could be parsed.
   std::optional<std::chrono::milliseconds> retry_after;
 };
@@ -86,7 +86,8 @@ class Constant final : public BackoffPolicy {
 
 class Fibonacci final : public BackoffPolicy {
  public:
-  Fibonacci(std::chrono::milliseconds base, std::chrono::milliseconds cap) : base_(base), cap_(cap) {
+  Fibonacci(std::chrono::milliseconds base, std::chrono::milliseconds cap)
+      : base_(base), cap_(cap) {
     if (base.count() < 0 || cap.count() < 0) throw Error("backoff: delays must not be negative");
   }
   std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
@@ -97,7 +98,8 @@ class Fibonacci final : public BackoffPolicy {
       b = a;
       a = next;
     }
-    const double ms = std::min(a * static_cast<double>(base_.count()), static_cast<double>(cap_.count()));
+    const double ms =
+        std::min(a * static_cast<double>(base_.count()), static_cast<double>(cap_.count()));
     return std::chrono::milliseconds(static_cast<long long>(ms));
   }
 
@@ -110,7 +112,8 @@ class EqualJitter final : public BackoffPolicy {
  public:
   EqualJitter(BackoffPolicyPtr inner, RandomSource random)
       : inner_(std::move(inner)), random_(std::move(random)) {
-    if (!inner_ || !random_) throw Error("backoff: equal_jitter needs a policy and a random source");
+    if (!inner_ || !random_)
+      throw Error("backoff: equal_jitter needs a policy and a random source");
   }
   std::optional<std::chrono::milliseconds> next_delay(const RetryContext& ctx) const override {
     const auto delay = inner_->next_delay(ctx);
@@ -127,7 +130,8 @@ class EqualJitter final : public BackoffPolicy {
 
 class DecorrelatedJitter final : public BackoffPolicy {
  public:
-  DecorrelatedJitter(std::chrono::milliseconds base, std::chrono::milliseconds cap, RandomSource random)
+  DecorrelatedJitter(std::chrono::milliseconds base, std::chrono::milliseconds cap,
+                     RandomSource random)
       : base_(base), cap_(cap), random_(std::move(random)) {
     if (base.count() < 0 || cap.count() < 0) throw Error("backoff: delays must not be negative");
     if (!random_) throw Error("backoff: decorrelated_jitter needs a random source");
@@ -192,7 +196,8 @@ class FullJitter final : public BackoffPolicy {
     const auto delay = inner_->next_delay(ctx);
     if (!delay) return std::nullopt;
     const double r = std::clamp(random_(), 0.0, 1.0);
-    return std::chrono::milliseconds(static_cast<long long>(static_cast<double>(delay->count()) * r));
+    return std::chrono::milliseconds(
+        static_cast<long long>(static_cast<double>(delay->count()) * r));
   }
 
  private:
@@ -248,9 +253,9 @@ inline BackoffPolicyPtr fibonacci(std::chrono::milliseconds base = std::chrono::
 }
 
 /// `base * factor^(attempts-1)`, capped at `cap`: with the defaults 1 s, 2 s, 4 s, ... 60 s.
-inline BackoffPolicyPtr exponential(
-    std::chrono::milliseconds base = std::chrono::seconds(1), double factor = 2.0,
-    std::chrono::milliseconds cap = std::chrono::seconds(60)) {
+inline BackoffPolicyPtr exponential(std::chrono::milliseconds base = std::chrono::seconds(1),
+                                    double factor = 2.0,
+                                    std::chrono::milliseconds cap = std::chrono::seconds(60)) {
   return std::make_shared<detail::Exponential>(base, factor, cap);
 }
 
@@ -260,7 +265,8 @@ inline BackoffPolicyPtr full_jitter(BackoffPolicyPtr inner,
   return std::make_shared<detail::FullJitter>(std::move(inner), std::move(random));
 }
 
-/// AWS "equal jitter": half of what `inner` would wait, plus a uniform random part of the other half.
+/// AWS "equal jitter": half of what `inner` would wait, plus a uniform random part of the other
+/// half.
 inline BackoffPolicyPtr equal_jitter(BackoffPolicyPtr inner,
                                      RandomSource random = default_random()) {
   return std::make_shared<detail::EqualJitter>(std::move(inner), std::move(random));
@@ -268,9 +274,10 @@ inline BackoffPolicyPtr equal_jitter(BackoffPolicyPtr inner,
 
 /// AWS "decorrelated jitter": `min(cap, uniform(base, previous_delay * 3))`, starting from `base`.
 /// A complete schedule on its own (it needs no inner policy).
-inline BackoffPolicyPtr decorrelated_jitter(std::chrono::milliseconds base = std::chrono::seconds(1),
-                                            std::chrono::milliseconds cap = std::chrono::seconds(60),
-                                            RandomSource random = default_random()) {
+inline BackoffPolicyPtr decorrelated_jitter(
+    std::chrono::milliseconds base = std::chrono::seconds(1),
+    std::chrono::milliseconds cap = std::chrono::seconds(60),
+    RandomSource random = default_random()) {
   return std::make_shared<detail::DecorrelatedJitter>(base, cap, std::move(random));
 }
 
@@ -292,8 +299,8 @@ inline BackoffPolicyPtr max_tries(BackoffPolicyPtr inner, int max_tries) {
 
 /// Waits at least as long as the receiver's `Retry-After` asks, but never longer than `cap`;
 /// when `inner` gives up, so does this.
-inline BackoffPolicyPtr respect_retry_after(BackoffPolicyPtr inner,
-                                            std::chrono::milliseconds cap = std::chrono::minutes(5)) {
+inline BackoffPolicyPtr respect_retry_after(
+    BackoffPolicyPtr inner, std::chrono::milliseconds cap = std::chrono::minutes(5)) {
   return std::make_shared<detail::RespectRetryAfter>(std::move(inner), cap);
 }
 
@@ -310,7 +317,7 @@ struct Config {
   std::chrono::milliseconds cap = std::chrono::seconds(60);
   Jitter jitter = Jitter::full;  ///< ignored by decorrelated, which is a jitter itself
   int max_tries = 5;
-  std::chrono::milliseconds max_elapsed{0};  ///< 0: no limit
+  std::chrono::milliseconds max_elapsed{0};                             ///< 0: no limit
   std::chrono::milliseconds retry_after_cap = std::chrono::minutes(5);  ///< 0: ignore Retry-After
 };
 
@@ -319,10 +326,18 @@ struct Config {
 inline BackoffPolicyPtr make_policy(const Config& c, RandomSource random = default_random()) {
   BackoffPolicyPtr p;
   switch (c.schedule) {
-    case Schedule::exponential: p = exponential(c.base, c.factor, c.cap); break;
-    case Schedule::constant: p = constant(std::min(c.base, c.cap)); break;
-    case Schedule::fibonacci: p = fibonacci(c.base, c.cap); break;
-    case Schedule::decorrelated: p = decorrelated_jitter(c.base, c.cap, random); break;
+    case Schedule::exponential:
+      p = exponential(c.base, c.factor, c.cap);
+      break;
+    case Schedule::constant:
+      p = constant(std::min(c.base, c.cap));
+      break;
+    case Schedule::fibonacci:
+      p = fibonacci(c.base, c.cap);
+      break;
+    case Schedule::decorrelated:
+      p = decorrelated_jitter(c.base, c.cap, random);
+      break;
   }
   if (c.schedule != Schedule::decorrelated) {
     if (c.jitter == Jitter::full) p = full_jitter(std::move(p), random);

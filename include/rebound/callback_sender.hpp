@@ -50,8 +50,8 @@ struct CallbackSenderOptions {
 struct CallbackMessage {
   std::string job_id;
   std::string url;
-  std::string body;        ///< JSON, sent as is
-  std::string webhook_id;  ///< the `webhook-id` header: the same on every attempt
+  std::string body;           ///< JSON, sent as is
+  std::string webhook_id;     ///< the `webhook-id` header: the same on every attempt
   int previous_attempts = 0;  ///< attempts already made before this delivery (shown in reports)
 };
 
@@ -60,7 +60,7 @@ struct AttemptReport {
   int attempt = 0;  ///< 1-based, counting `previous_attempts`
   CallbackResponse response;
   AttemptVerdict verdict = AttemptVerdict::retry;  ///< give_up also when the policy stops retrying
-  std::chrono::milliseconds next_delay{0};          ///< when `verdict` is retry
+  std::chrono::milliseconds next_delay{0};         ///< when `verdict` is retry
   std::string error;  ///< a one-line description of a failed attempt, e.g. "HTTP 503"
 };
 
@@ -96,8 +96,7 @@ using DeliveryHandler = std::function<void(const DeliveryReport&)>;
 class CallbackSender final {
  public:
   CallbackSender(boost::asio::any_io_executor executor,
-                 std::unique_ptr<CallbackTransport> transport,
-                 CallbackSenderOptions options = {});
+                 std::unique_ptr<CallbackTransport> transport, CallbackSenderOptions options = {});
   ~CallbackSender();
   CallbackSender(const CallbackSender&) = delete;
   CallbackSender& operator=(const CallbackSender&) = delete;

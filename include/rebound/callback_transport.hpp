@@ -35,9 +35,9 @@ enum class TransportError {
 /// What one attempt produced: an HTTP status, or a transport error.
 struct CallbackResponse {
   TransportError error = TransportError::none;
-  int status = 0;            ///< the HTTP status when `error` is `none`
-  std::string retry_after;   ///< the raw `Retry-After` header, if any
-  std::string message;       ///< a human sentence for transport errors
+  int status = 0;           ///< the HTTP status when `error` is `none`
+  std::string retry_after;  ///< the raw `Retry-After` header, if any
+  std::string message;      ///< a human sentence for transport errors
 };
 
 /// Called exactly once per `send`, on a transport thread. Must not block for long.
@@ -59,15 +59,19 @@ class CallbackTransport {
 /// Returns nullopt for anything else. Never throws.
 inline std::optional<std::chrono::milliseconds> parse_retry_after(
     std::string_view value, std::chrono::system_clock::time_point now) {
-  while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
-  while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
+  while (!value.empty() && value.front() == ' ')
+    value.remove_prefix(1);
+  while (!value.empty() && value.back() == ' ')
+    value.remove_suffix(1);
   if (value.empty() || value.size() > 64) return std::nullopt;
   bool digits = true;
-  for (char c : value) digits = digits && c >= '0' && c <= '9';
+  for (char c : value)
+    digits = digits && c >= '0' && c <= '9';
   if (digits) {
     if (value.size() > 9) return std::chrono::milliseconds(999999999LL * 1000);
     long long seconds = 0;
-    for (char c : value) seconds = seconds * 10 + (c - '0');
+    for (char c : value)
+      seconds = seconds * 10 + (c - '0');
     return std::chrono::milliseconds(seconds * 1000);
   }
   std::tm tm{};

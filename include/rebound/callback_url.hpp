@@ -18,8 +18,7 @@ struct CallbackUrl {
   bool host_is_ipv6() const { return host.find(':') != std::string::npos; }
   /// "scheme://host:port", with brackets around an IPv6 host: the key for connection reuse.
   std::string origin() const {
-    return scheme + "://" + (host_is_ipv6() ? "[" + host + "]" : host) + ":" +
-           std::to_string(port);
+    return scheme + "://" + (host_is_ipv6() ? "[" + host + "]" : host) + ":" + std::to_string(port);
   }
 };
 
@@ -44,8 +43,10 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
   }
   CallbackUrl url;
   const auto scheme_end = text.find("://");
-  if (scheme_end == std::string_view::npos) return fail("must be an absolute http:// or https:// URL");
-  for (char c : text.substr(0, scheme_end)) url.scheme += static_cast<char>(std::tolower(c));
+  if (scheme_end == std::string_view::npos)
+    return fail("must be an absolute http:// or https:// URL");
+  for (char c : text.substr(0, scheme_end))
+    url.scheme += static_cast<char>(std::tolower(c));
   if (url.scheme != "http" && url.scheme != "https") {
     return fail("must use http or https, not '" + url.scheme + "'");
   }
@@ -53,7 +54,8 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
   if (rest.find('#') != std::string_view::npos) return fail("must not contain a fragment (#)");
   const auto authority_end = rest.find_first_of("/?");
   std::string_view authority = rest.substr(0, authority_end);
-  url.target = authority_end == std::string_view::npos ? "/" : std::string(rest.substr(authority_end));
+  url.target =
+      authority_end == std::string_view::npos ? "/" : std::string(rest.substr(authority_end));
   if (url.target[0] == '?') url.target = "/" + url.target;
   if (authority.find('@') != std::string_view::npos) {
     return fail("must not contain credentials (user@host)");
@@ -85,7 +87,8 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
                     c == '_' || c == ':' || c == '%';
     if (!ok) return fail("has a bad character in its host");
   }
-  for (char c : host) url.host += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char c : host)
+    url.host += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (!port.empty()) {
     if (port.size() > 5) return fail("has a port outside 1..65535");
     int value = 0;

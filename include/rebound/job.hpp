@@ -21,21 +21,30 @@ enum class CallbackState { none, pending, delivered, failed };
 
 inline std::string_view to_string(JobStatus status) {
   switch (status) {
-    case JobStatus::queued: return "queued";
-    case JobStatus::running: return "running";
-    case JobStatus::succeeded: return "succeeded";
-    case JobStatus::failed: return "failed";
-    case JobStatus::expired: return "expired";
+    case JobStatus::queued:
+      return "queued";
+    case JobStatus::running:
+      return "running";
+    case JobStatus::succeeded:
+      return "succeeded";
+    case JobStatus::failed:
+      return "failed";
+    case JobStatus::expired:
+      return "expired";
   }
   return "unknown";
 }
 
 inline std::string_view to_string(CallbackState state) {
   switch (state) {
-    case CallbackState::none: return "none";
-    case CallbackState::pending: return "pending";
-    case CallbackState::delivered: return "delivered";
-    case CallbackState::failed: return "failed";
+    case CallbackState::none:
+      return "none";
+    case CallbackState::pending:
+      return "pending";
+    case CallbackState::delivered:
+      return "delivered";
+    case CallbackState::failed:
+      return "failed";
   }
   return "unknown";
 }
@@ -54,9 +63,9 @@ struct ErrorInfo {
 
 /// What a caller submitted: the unit of work that flows from the HTTP route to the model.
 struct Job {
-  std::string id;                 ///< The caller's id, unique within a store.
-  std::string callback_url;       ///< Empty: the result is kept for polling only.
-  nlohmann::json input;           ///< Handed to the model as is; `null` when absent.
+  std::string id;            ///< The caller's id, unique within a store.
+  std::string callback_url;  ///< Empty: the result is kept for polling only.
+  nlohmann::json input;      ///< Handed to the model as is; `null` when absent.
   std::chrono::system_clock::time_point created_at{};
 
   /// True when `other` is the same request (used for idempotent resubmission).
@@ -75,8 +84,8 @@ struct CallbackInfo {
 /// How a job ended: its final status and either its result or its error.
 struct JobOutcome {
   JobStatus status = JobStatus::failed;
-  nlohmann::json result;             ///< The model's output when `status` is `succeeded`.
-  std::optional<ErrorInfo> error;    ///< Set when `status` is `failed` or `expired`.
+  nlohmann::json result;           ///< The model's output when `status` is `succeeded`.
+  std::optional<ErrorInfo> error;  ///< Set when `status` is `failed` or `expired`.
 };
 
 /// A job as a JobStore keeps it: the request, where it is, and how it ended.

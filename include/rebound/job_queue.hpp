@@ -7,8 +7,8 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <mutex>
 #include <iterator>
+#include <mutex>
 #include <utility>
 #include <vector>
 

@@ -74,7 +74,8 @@ class Model {
   virtual std::vector<Prediction> predict_batch(const std::vector<nlohmann::json>& inputs) {
     std::vector<Prediction> out;
     out.reserve(inputs.size());
-    for (const auto& input : inputs) out.push_back(predict(input));
+    for (const auto& input : inputs)
+      out.push_back(predict(input));
     return out;
   }
 };

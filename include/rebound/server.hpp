@@ -13,8 +13,8 @@ namespace rebound {
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  int port = 8080;                        ///< 0 picks a free port; `bind()` returns it
-  std::size_t max_body_bytes = 6291456;   ///< larger bodies get 413 (SageMaker's limit)
+  int port = 8080;                       ///< 0 picks a free port; `bind()` returns it
+  std::size_t max_body_bytes = 6291456;  ///< larger bodies get 413 (SageMaker's limit)
   /// HTTP connections served at once. cpp-httplib gives each kept-alive connection a thread, so
   /// this is also the most concurrent clients served without queueing.
   std::size_t http_threads = 64;

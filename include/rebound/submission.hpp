@@ -54,8 +54,8 @@ struct SubmissionParse {
 /// left for the caller to set. Never throws on bad input.
 inline SubmissionParse parse_submission(std::string_view body, const AddressGuard& guard) {
   auto invalid = [](std::string field, std::string message) {
-    return SubmissionParse{std::nullopt, ApiError{422, "invalid_field", std::move(message),
-                                                  std::move(field)}};
+    return SubmissionParse{std::nullopt,
+                           ApiError{422, "invalid_field", std::move(message), std::move(field)}};
   };
   nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
@@ -71,15 +71,16 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
   if (!id->is_string()) return invalid("id", "The field 'id' must be a string.");
   job.id = id->get<std::string>();
   if (!is_valid_job_id(job.id)) {
-    return invalid("id",
-                   "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -.");
+    return invalid("id", "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -.");
   }
   auto url = doc.find("callback_url");
   if (url != doc.end() && !url->is_null()) {
-    if (!url->is_string()) return invalid("callback_url", "The field 'callback_url' must be a string.");
+    if (!url->is_string())
+      return invalid("callback_url", "The field 'callback_url' must be a string.");
     job.callback_url = url->get<std::string>();
     const CallbackUrlParse parsed = parse_callback_url(job.callback_url);
-    if (!parsed.url) return invalid("callback_url", "The field 'callback_url' " + parsed.error + ".");
+    if (!parsed.url)
+      return invalid("callback_url", "The field 'callback_url' " + parsed.error + ".");
     if (auto refused = guard.check_host(parsed.url->host)) {
       return invalid("callback_url", "The field 'callback_url' " + *refused + ".");
     }
