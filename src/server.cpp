@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 
 #include <atomic>
+#include <future>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -106,6 +107,9 @@ struct Server::Impl {
     http.Get("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
       list_failed(req, res);
     });
+    http.Post("/invocations", [this](const httplib::Request& req, httplib::Response& res) {
+      invoke(req, res);
+    });
     http.Get("/ping", [this](const httplib::Request&, httplib::Response& res) {
       if (service.ready()) {
         res.status = 200;
@@ -124,6 +128,9 @@ struct Server::Impl {
     SubmissionParse parsed = parse_submission(req.body, options.guard);
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
+    if (auto invalid = service.model().validate(job.input)) {
+      return send_error(res, {422, invalid->code, "The field 'input' " + invalid->message, "input"});
+    }
     const std::string id = job.id;
     switch (service.submit(std::move(job))) {
       case SubmitStatus::accepted:
@@ -148,6 +155,46 @@ struct Server::Impl {
       case SubmitStatus::store_error:
         return send_error(res, {500, "store_error", "The job could not be stored.", {}});
     }
+  }
+
+  // SageMaker's synchronous inference: the body is the model input, the answer its output.
+  void invoke(const httplib::Request& req, httplib::Response& res) {
+    const std::string attributes = req.get_header_value("X-Amzn-SageMaker-Custom-Attributes");
+    if (!attributes.empty()) res.set_header("X-Amzn-SageMaker-Custom-Attributes", attributes);
+    nlohmann::json input = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (input.is_discarded()) {
+      return send_error(res, {400, "invalid_json", "The request body is not valid JSON.", {}});
+    }
+    if (auto invalid = service.model().validate(input)) {
+      return send_error(res, {422, invalid->code, "The input " + invalid->message, {}});
+    }
+    // The HTTP thread waits for the batch its request joins; the promise outlives a timeout.
+    auto result = std::make_shared<std::promise<Prediction>>();
+    auto future = result->get_future();
+    const SubmitStatus status = service.invoke(
+        std::move(input), [result](const Prediction& p) { result->set_value(p); });
+    switch (status) {
+      case SubmitStatus::accepted:
+        break;
+      case SubmitStatus::queue_full:
+        res.set_header("Retry-After", "1");
+        return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+      case SubmitStatus::not_ready:
+        return send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
+      default:
+        return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+    }
+    if (future.wait_for(options.invocation_timeout) != std::future_status::ready) {
+      return send_error(res, {504, "inference_timeout",
+                              "The model did not answer within the invocation timeout.", {}});
+    }
+    const Prediction prediction = future.get();
+    if (prediction.ok()) return send_json(res, 200, prediction.output());
+    const ErrorInfo& error = prediction.error();
+    const int http_status = error.code == "invalid_input"    ? 422
+                            : error.code == "shutting_down" ? 503
+                                                            : 500;
+    send_error(res, {http_status, error.code, error.message, {}});
   }
 
   bool authorized(const httplib::Request& req) const {

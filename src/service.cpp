@@ -1,6 +1,7 @@
 // Service: admission, the worker step (model, store, callback) and shutdown.
 #include "rebound/service.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -26,6 +27,7 @@ struct Service::Core {
   std::mutex mutex;
   std::condition_variable idle;
   std::size_t in_flight = 0;
+  BatchStats stats;
 
   bool try_admit() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -70,35 +72,90 @@ struct Service::Core {
         });
   }
 
-  // The worker step: runs on the inference executor, never under a lock.
-  static void run(const std::shared_ptr<Core>& core, Job job) {
-    JobRecord record;
-    record.job = std::move(job);
+  // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
+  // predictions, fails every item of the batch with model_error.
+  std::vector<Prediction> predict(std::vector<nlohmann::json>& inputs) {
     try {
-      core->store->mark_running(record.job.id);
-      Prediction prediction = Prediction::failure("model_error", "the model failed");
+      std::vector<Prediction> out = inputs.size() == 1
+                                        ? std::vector<Prediction>{model->predict(inputs.front())}
+                                        : model->predict_batch(inputs);
+      if (out.size() == inputs.size()) return out;
+      return std::vector<Prediction>(
+          inputs.size(), Prediction::failure("model_error", "the model returned " +
+                                                                std::to_string(out.size()) +
+                                                                " predictions for " +
+                                                                std::to_string(inputs.size()) +
+                                                                " inputs"));
+    } catch (const std::exception& e) {
+      return std::vector<Prediction>(
+          inputs.size(), Prediction::failure("model_error", std::string("the model failed: ") + e.what()));
+    } catch (...) {
+      return std::vector<Prediction>(inputs.size(),
+                                     Prediction::failure("model_error", "the model failed"));
+    }
+  }
+
+  void count_batch(std::size_t size) {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++stats.batches;
+    stats.items += size;
+    stats.largest_batch = std::max(stats.largest_batch, size);
+  }
+
+  // The worker step: runs on the inference executor, never under a lock.
+  static void run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch);
+};
+
+struct Service::WorkItem {
+  Job job;
+  InvocationHandler reply;  // set for an invocation: no store, no callback
+};
+
+void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch) {
+  std::vector<nlohmann::json> inputs;
+  inputs.reserve(batch.size());
+  for (auto& item : batch) {
+    if (!item.reply) {
       try {
-        prediction = core->model->predict(record.job.input);
-      } catch (const std::exception& e) {
-        prediction =
-            Prediction::failure("model_error", std::string("the model failed: ") + e.what());
+        core->store->mark_running(item.job.id);
       } catch (...) {
+        // Only the displayed status lags; the job still runs and completes.
       }
-      if (prediction.ok()) {
-        record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
-      } else {
-        record.outcome = {JobStatus::failed, nullptr, prediction.error()};
+    }
+    inputs.push_back(std::move(item.job.input));  // the record does not need it any more
+  }
+  core->count_batch(batch.size());
+  std::vector<Prediction> predictions = core->predict(inputs);
+
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    WorkItem& item = batch[i];
+    Prediction& prediction = predictions[i];
+    if (item.reply) {
+      try {
+        item.reply(prediction);
+      } catch (...) {
+        // The invocation's owner failed to take its answer; nothing else to do.
       }
-      record.status = record.outcome.status;
+      core->release();
+      continue;
+    }
+    JobRecord record;
+    record.job = std::move(item.job);
+    if (prediction.ok()) {
+      record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
+    } else {
+      record.outcome = {JobStatus::failed, nullptr, prediction.error()};
+    }
+    record.status = record.outcome.status;
+    try {
       core->store->complete(record.job.id, record.outcome);
     } catch (...) {
-      // The store failed: the job cannot be recorded, but its slot must not leak.
-      core->release();
-      return;
+      core->release();  // the store failed: the job cannot be recorded, but its slot must not leak
+      continue;
     }
     deliver(core, record);
   }
-};
+}
 
 Service::Service(boost::asio::any_io_executor inference_executor,
                  boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
@@ -113,10 +170,16 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                    std::move(options.delivery));
   core_->capacity = options.queue_capacity;
-  // The queue's own bound equals the admission bound, so a job that was admitted always fits.
-  queue_ = std::make_unique<JobQueue>(std::move(inference_executor),
-                                      JobQueueOptions{options.queue_capacity, options.workers},
-                                      [core = core_](Job job) { Core::run(core, std::move(job)); });
+  const BatchingPreference preferred = core_->model->batching();
+  JobQueueOptions queue_options;
+  // The queue's own bound equals the admission bound, so an admitted item always fits.
+  queue_options.capacity = options.queue_capacity;
+  queue_options.workers = options.workers;
+  queue_options.max_batch_size = options.max_batch_size.value_or(preferred.max_batch_size);
+  queue_options.max_queue_delay = options.max_queue_delay.value_or(preferred.max_queue_delay);
+  queue_ = std::make_unique<BasicJobQueue<WorkItem>>(
+      std::move(inference_executor), queue_options,
+      [core = core_](std::vector<WorkItem> batch) { Core::run_batch(core, std::move(batch)); });
 }
 
 Service::~Service() {
@@ -153,8 +216,31 @@ SubmitStatus Service::submit(Job job) {
     return outcome == PutOutcome::duplicate ? SubmitStatus::duplicate : SubmitStatus::conflict;
   }
   // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
-  queue_->try_push(std::move(job));
+  queue_->try_push(WorkItem{std::move(job), nullptr});
   return SubmitStatus::accepted;
+}
+
+SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) {
+  if (!on_result) throw Error("Service::invoke: a result handler is required");
+  std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
+  if (!core_->accepting) return SubmitStatus::shutting_down;
+  if (!core_->model->ready()) return SubmitStatus::not_ready;
+  if (!core_->try_admit()) return SubmitStatus::queue_full;
+  Job job;
+  job.input = std::move(input);
+  queue_->try_push(WorkItem{std::move(job), std::move(on_result)});
+  return SubmitStatus::accepted;
+}
+
+std::size_t Service::max_batch_size() const { return queue_->options().max_batch_size; }
+
+std::chrono::microseconds Service::max_queue_delay() const {
+  return queue_->options().max_queue_delay;
+}
+
+BatchStats Service::batch_stats() const {
+  std::lock_guard<std::mutex> lock(core_->mutex);
+  return core_->stats;
 }
 
 RedeliverStatus Service::redeliver(const std::string& id) {
@@ -207,9 +293,17 @@ bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
   if (core_->idle.wait_for(lock, timeout, [this] { return core_->in_flight == 0; })) return true;
   lock.unlock();
   // The deadline passed: jobs that never started stay as they are in the store (queued), and
-  // their slots are freed so that the running ones can end the process promptly.
-  for (std::size_t n = queue_->take_pending().size(); n > 0; --n)
+  // their slots are freed so that the running ones can end the process promptly. Invocations
+  // still waiting are answered that the server is stopping.
+  for (auto& item : queue_->take_pending()) {
+    if (item.reply) {
+      try {
+        item.reply(Prediction::failure("shutting_down", "the server is shutting down"));
+      } catch (...) {
+      }
+    }
     core_->release();
+  }
   return false;
 }
 

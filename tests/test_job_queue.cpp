@@ -1,9 +1,11 @@
-// JobQueue: every accepted job is handled once, the worker bound holds, full and closed answers,
-// and a throwing handler does not stop the workers. Run for several worker counts.
+// JobQueue: every accepted item is handled once, the worker bound holds, full and closed answers,
+// a throwing handler does not stop the workers, and dynamic batches form by size and by delay.
+// Run for several worker counts.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -16,6 +18,7 @@
 using namespace std::chrono_literals;
 using rebound::Job;
 using rebound::JobQueue;
+using rebound::PushResult;
 
 namespace {
 
@@ -38,13 +41,16 @@ class Gate {
   bool open_ = false;
 };
 
-Job job(int n) {
-  return Job{"job-" + std::to_string(n), {}, n, {}};
+Job job(int n) { return Job{"job-" + std::to_string(n), {}, n, {}}; }
+
+rebound::JobQueueOptions opts(std::size_t capacity, std::size_t workers, std::size_t batch = 1,
+                              std::chrono::microseconds delay = 0us) {
+  return {capacity, workers, batch, delay};
 }
 
 }  // namespace
 
-TEST_CASE("every accepted job is handled exactly once - with at most `workers` at a time") {
+TEST_CASE("every accepted job is handled exactly once with at most `workers` at a time") {
   for (std::size_t workers : {1u, 2u, 8u}) {
     CAPTURE(workers);
     boost::asio::thread_pool pool(8);
@@ -52,7 +58,8 @@ TEST_CASE("every accepted job is handled exactly once - with at most `workers` a
     std::multiset<std::string> seen;
     std::atomic<int> running{0}, peak{0};
     {
-      JobQueue queue(pool.get_executor(), {2000, workers}, [&](Job j) {
+      JobQueue queue(pool.get_executor(), opts(2000, workers), [&](std::vector<Job> batch) {
+        REQUIRE(batch.size() == 1);  // batching is off by default
         const int now = ++running;
         int prev = peak.load();
         while (now > prev && !peak.compare_exchange_weak(prev, now)) {
@@ -60,43 +67,40 @@ TEST_CASE("every accepted job is handled exactly once - with at most `workers` a
         std::this_thread::sleep_for(50us);
         {
           std::lock_guard<std::mutex> lock(m);
-          seen.insert(j.id);
+          seen.insert(batch[0].id);
         }
         --running;
       });
-      for (int i = 0; i < 1000; ++i)
-        REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+      for (int i = 0; i < 1000; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
       REQUIRE(queue.wait_idle(30s));
       CHECK(queue.depth() == 0);
       CHECK(queue.running() == 0);
     }
     CHECK(seen.size() == 1000);
-    for (int i = 0; i < 1000; ++i)
-      CHECK(seen.count("job-" + std::to_string(i)) == 1);
+    for (int i = 0; i < 1000; ++i) CHECK(seen.count("job-" + std::to_string(i)) == 1);
     CHECK(peak.load() <= static_cast<int>(workers));
     if (workers > 1) CHECK(peak.load() >= 2);  // workers really run side by side
     pool.join();
   }
 }
 
-TEST_CASE("a full queue answers `full` - and takes jobs again once it drains") {
+TEST_CASE("a full queue answers `full` and takes jobs again once it drains") {
   boost::asio::thread_pool pool(2);
   Gate gate;
   std::atomic<int> handled{0};
-  JobQueue queue(pool.get_executor(), {3, 1}, [&](Job) {
+  JobQueue queue(pool.get_executor(), opts(3, 1), [&](std::vector<Job> batch) {
     gate.wait();
-    ++handled;
+    handled += static_cast<int>(batch.size());
   });
-  REQUIRE(queue.try_push(job(0)) == JobQueue::PushResult::accepted);
+  REQUIRE(queue.try_push(job(0)) == PushResult::accepted);
   REQUIRE(rebound::test::eventually([&] { return queue.running() == 1; }));
-  for (int i = 1; i <= 3; ++i)
-    CHECK(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+  for (int i = 1; i <= 3; ++i) CHECK(queue.try_push(job(i)) == PushResult::accepted);
   CHECK(queue.depth() == 3);
-  CHECK(queue.try_push(job(4)) == JobQueue::PushResult::full);
+  CHECK(queue.try_push(job(4)) == PushResult::full);
   gate.open();
   REQUIRE(queue.wait_idle(10s));
   CHECK(handled == 4);
-  CHECK(queue.try_push(job(5)) == JobQueue::PushResult::accepted);
+  CHECK(queue.try_push(job(5)) == PushResult::accepted);
   REQUIRE(queue.wait_idle(10s));
   CHECK(handled == 5);
 }
@@ -107,14 +111,13 @@ TEST_CASE("close refuses new jobs but drains the accepted ones") {
     boost::asio::thread_pool pool(4);
     Gate gate;
     std::atomic<int> handled{0};
-    JobQueue queue(pool.get_executor(), {100, workers}, [&](Job) {
+    JobQueue queue(pool.get_executor(), opts(100, workers), [&](std::vector<Job> batch) {
       gate.wait();
-      ++handled;
+      handled += static_cast<int>(batch.size());
     });
-    for (int i = 0; i < 20; ++i)
-      REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+    for (int i = 0; i < 20; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
     queue.close();
-    CHECK(queue.try_push(job(99)) == JobQueue::PushResult::closed);
+    CHECK(queue.try_push(job(99)) == PushResult::closed);
     gate.open();
     REQUIRE(queue.wait_idle(10s));
     CHECK(handled == 20);
@@ -124,21 +127,101 @@ TEST_CASE("close refuses new jobs but drains the accepted ones") {
 TEST_CASE("a handler that throws is counted and the workers carry on") {
   boost::asio::thread_pool pool(2);
   std::atomic<int> handled{0};
-  JobQueue queue(pool.get_executor(), {100, 2}, [&](Job j) {
+  JobQueue queue(pool.get_executor(), opts(100, 2), [&](std::vector<Job> batch) {
     ++handled;
-    if (j.input.get<int>() % 2 == 0) throw std::runtime_error("boom");
+    if (batch[0].input.get<int>() % 2 == 0) throw std::runtime_error("boom");
   });
-  for (int i = 0; i < 10; ++i)
-    REQUIRE(queue.try_push(job(i)) == JobQueue::PushResult::accepted);
+  for (int i = 0; i < 10; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
   REQUIRE(queue.wait_idle(10s));
   CHECK(handled == 10);
   CHECK(queue.handler_failures() == 5);
 }
 
+TEST_CASE("batches fill up to max_batch_size from what is waiting - in order") {
+  for (std::size_t workers : {1u, 3u}) {
+    CAPTURE(workers);
+    boost::asio::thread_pool pool(4);
+    Gate gate;
+    std::mutex m;
+    std::vector<std::vector<int>> batches;
+    JobQueue queue(pool.get_executor(), opts(1000, workers, 8), [&](std::vector<Job> batch) {
+      gate.wait();
+      std::vector<int> ids;
+      for (auto& j : batch) ids.push_back(j.input.get<int>());
+      std::lock_guard<std::mutex> lock(m);
+      batches.push_back(ids);
+    });
+    // The first `workers` jobs start alone; the rest pile up behind the closed gate.
+    for (int i = 0; i < 100; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+    gate.open();
+    REQUIRE(queue.wait_idle(10s));
+    std::size_t total = 0, largest = 0;
+    std::set<int> seen;
+    for (const auto& b : batches) {
+      CHECK(b.size() <= 8);
+      total += b.size();
+      largest = std::max(largest, b.size());
+      for (std::size_t k = 1; k < b.size(); ++k) CHECK(b[k] == b[k - 1] + 1);  // FIFO within a batch
+      seen.insert(b.begin(), b.end());
+    }
+    CHECK(total == 100);
+    CHECK(seen.size() == 100);
+    CHECK(largest == 8);
+    CHECK(batches.size() < 100);
+  }
+}
+
+TEST_CASE("a partial batch waits for max_queue_delay - then goes without filling up") {
+  boost::asio::thread_pool pool(2);
+  std::mutex m;
+  std::vector<std::size_t> sizes;
+  std::vector<std::chrono::steady_clock::time_point> when;
+  JobQueue queue(pool.get_executor(), opts(100, 1, 16, 100ms), [&](std::vector<Job> batch) {
+    std::lock_guard<std::mutex> lock(m);
+    sizes.push_back(batch.size());
+    when.push_back(std::chrono::steady_clock::now());
+  });
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  REQUIRE(rebound::test::eventually([&] {
+    std::lock_guard<std::mutex> lock(m);
+    return !sizes.empty();
+  }));
+  std::lock_guard<std::mutex> lock(m);
+  REQUIRE(sizes.size() == 1);
+  CHECK(sizes[0] == 3);                 // the three waited together...
+  CHECK(when[0] - start >= 100ms);      // ...for the delay, since 16 never came
+}
+
+TEST_CASE("a full batch goes at once without waiting for the delay") {
+  boost::asio::thread_pool pool(2);
+  std::promise<std::size_t> first;
+  std::atomic<bool> done{false};
+  JobQueue queue(pool.get_executor(), opts(100, 1, 4, 10s), [&](std::vector<Job> batch) {
+    if (!done.exchange(true)) first.set_value(batch.size());
+  });
+  for (int i = 0; i < 4; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  auto f = first.get_future();
+  REQUIRE(f.wait_for(5s) == std::future_status::ready);  // far less than the 10 s delay
+  CHECK(f.get() == 4);
+}
+
+TEST_CASE("closing the queue sends a waiting partial batch at once") {
+  boost::asio::thread_pool pool(2);
+  std::atomic<int> handled{0};
+  JobQueue queue(pool.get_executor(), opts(100, 1, 16, 10s),
+                 [&](std::vector<Job> batch) { handled += static_cast<int>(batch.size()); });
+  for (int i = 0; i < 5; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  queue.close();
+  REQUIRE(queue.wait_idle(5s));
+  CHECK(handled == 5);
+}
+
 TEST_CASE("bad options are refused") {
   boost::asio::thread_pool pool(1);
-  auto noop = [](Job) {};
-  CHECK_THROWS_AS(JobQueue(pool.get_executor(), {0, 1}, noop), rebound::Error);
-  CHECK_THROWS_AS(JobQueue(pool.get_executor(), {1, 0}, noop), rebound::Error);
-  CHECK_THROWS_AS(JobQueue(pool.get_executor(), {1, 1}, nullptr), rebound::Error);
+  auto noop = [](std::vector<Job>) {};
+  CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(0, 1), noop), rebound::Error);
+  CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(1, 0), noop), rebound::Error);
+  CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(1, 1, 0), noop), rebound::Error);
+  CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(1, 1), nullptr), rebound::Error);
 }

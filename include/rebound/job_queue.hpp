@@ -1,19 +1,22 @@
-// JobQueue: a bounded queue of jobs drained by a fixed number of workers on an Asio executor.
+// JobQueue: a bounded queue drained by a fixed number of workers on an Asio executor, handing
+// them dynamic batches (up to a size, waiting at most a delay for one to fill).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <functional>
-#include <iterator>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "rebound/error.hpp"
 #include "rebound/job.hpp"
@@ -21,81 +24,99 @@
 namespace rebound {
 
 struct JobQueueOptions {
-  std::size_t capacity = 10000;  ///< Jobs waiting, at most. `try_push` answers `full` beyond it.
-  std::size_t workers = 2;       ///< Jobs handled at once, at most.
+  std::size_t capacity = 10000;  ///< Items waiting, at most. `try_push` answers `full` beyond it.
+  std::size_t workers = 2;       ///< Batches handled at once, at most.
+  /// Items handed to the handler at once, at most. 1 turns batching off.
+  std::size_t max_batch_size = 1;
+  /// How long the oldest waiting item may wait for a batch to fill before a smaller batch goes.
+  /// 0: never wait; batches form only from what is already queued.
+  std::chrono::microseconds max_queue_delay{0};
 };
 
-/// A bounded FIFO of jobs with a worker pool.
+/// A bounded FIFO with a worker pool and dynamic batching (as Triton's dynamic batcher).
 ///
 /// Workers are not threads of their own: each is a drain loop posted to the executor you pass in
 /// (typically a `boost::asio::thread_pool` sized to `workers`), started when work arrives and
-/// returned to the executor when the queue is empty. At most `workers` run at once.
+/// returned to the executor when there is nothing to do. At most `workers` run at once. A worker
+/// takes up to `max_batch_size` items; when fewer are waiting and the oldest has waited less than
+/// `max_queue_delay`, it leaves them for a `steady_timer` to dispatch (no thread waits).
 ///
-/// Every job accepted by `try_push` is handed to the handler exactly once, also after `close()`
-/// (the queue drains). The handler runs without any queue lock held; an exception it throws is
-/// caught and counted (`handler_failures()`), and the worker carries on.
+/// Every item accepted by `try_push` is handed to the handler exactly once, also after `close()`
+/// (the queue drains), unless `take_pending` removes it first. The handler runs without any queue
+/// lock held; an exception it throws is caught and counted (`handler_failures()`).
 ///
 /// Example:
 ///   boost::asio::thread_pool pool(4);
-///   rebound::JobQueue queue(pool.get_executor(), {1000, 4}, [](rebound::Job job) { ... });
-///   if (queue.try_push(std::move(job)) == rebound::JobQueue::PushResult::full) { ... 503 ... }
+///   rebound::JobQueue queue(pool.get_executor(), {1000, 4, 32, std::chrono::milliseconds(2)},
+///                           [](std::vector<rebound::Job> batch) { ... });
+///   if (queue.try_push(std::move(job)) == rebound::PushResult::full) { ... 503 ... }
 ///
 /// Lifetime: destroy the queue while its executor still runs handlers; the destructor closes the
-/// queue, drops jobs not yet started and waits for running handlers to return.
+/// queue, drops items not yet started and waits for running handlers to return.
 /// Thread-safety: every method is thread-safe.
-class JobQueue final {
- public:
-  using Handler = std::function<void(Job)>;
-  enum class PushResult { accepted, full, closed };
+enum class PushResult { accepted, full, closed };
 
-  JobQueue(boost::asio::any_io_executor executor, JobQueueOptions options, Handler handler)
-      : executor_(std::move(executor)), options_(options), handler_(std::move(handler)) {
+template <typename Item>
+class BasicJobQueue final {
+ public:
+  using Handler = std::function<void(std::vector<Item>)>;
+
+  BasicJobQueue(boost::asio::any_io_executor executor, JobQueueOptions options, Handler handler)
+      : executor_(std::move(executor)),
+        options_(options),
+        handler_(std::move(handler)),
+        timer_(executor_) {
     if (options_.capacity == 0) throw Error("JobQueue: capacity must be at least 1");
     if (options_.workers == 0) throw Error("JobQueue: workers must be at least 1");
+    if (options_.max_batch_size == 0) throw Error("JobQueue: max_batch_size must be at least 1");
+    if (options_.max_queue_delay.count() < 0) throw Error("JobQueue: max_queue_delay must be >= 0");
     if (!handler_) throw Error("JobQueue: a handler is required");
   }
 
-  JobQueue(const JobQueue&) = delete;
-  JobQueue& operator=(const JobQueue&) = delete;
+  BasicJobQueue(const BasicJobQueue&) = delete;
+  BasicJobQueue& operator=(const BasicJobQueue&) = delete;
 
-  ~JobQueue() {
+  ~BasicJobQueue() {
     std::unique_lock<std::mutex> lock(mutex_);
     closed_ = true;
     pending_.clear();
-    idle_.wait(lock, [this] { return active_workers_ == 0; });
+    timer_.cancel();
+    idle_.wait(lock, [this] { return active_workers_ == 0 && !timer_armed_; });
   }
 
-  /// Adds a job at the back. `full` when `capacity` jobs are waiting; `closed` after `close()`.
-  PushResult try_push(Job job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (closed_) return PushResult::closed;
-      if (pending_.size() >= options_.capacity) return PushResult::full;
-      pending_.push_back(std::move(job));
-      if (active_workers_ >= options_.workers) return PushResult::accepted;
-      ++active_workers_;
-    }
-    boost::asio::post(executor_, [this] { drain(); });
+  /// Adds an item at the back. `full` when `capacity` items wait; `closed` after `close()`.
+  PushResult try_push(Item item) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (closed_) return PushResult::closed;
+    if (pending_.size() >= options_.capacity) return PushResult::full;
+    pending_.push_back({std::move(item), std::chrono::steady_clock::now()});
+    const bool start = schedule_locked();
+    lock.unlock();
+    if (start) boost::asio::post(executor_, [this] { drain(); });
     return PushResult::accepted;
   }
 
-  /// Stops accepting jobs. Jobs already accepted still run.
+  /// Stops accepting items. Items already accepted still run, without waiting for batches to fill.
   void close() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     closed_ = true;
+    const bool start = schedule_locked();
+    lock.unlock();
+    if (start) boost::asio::post(executor_, [this] { drain(); });
   }
 
-  /// Removes and returns the jobs still waiting (not those running). For a shutdown deadline: the
-  /// caller decides what becomes of them (a durable store keeps them for the next start).
-  std::vector<Job> take_pending() {
+  /// Removes and returns the items still waiting (not those running). For a shutdown deadline:
+  /// the caller decides what becomes of them (a durable store keeps them for the next start).
+  std::vector<Item> take_pending() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<Job> out(std::make_move_iterator(pending_.begin()),
-                         std::make_move_iterator(pending_.end()));
+    std::vector<Item> out;
+    out.reserve(pending_.size());
+    for (auto& p : pending_) out.push_back(std::move(p.item));
     pending_.clear();
     return out;
   }
 
-  /// Waits until no job is waiting or running, or until `timeout`. True when idle.
+  /// Waits until nothing waits or runs, or until `timeout`. True when idle.
   bool wait_idle(std::chrono::steady_clock::duration timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     return idle_.wait_for(lock, timeout,
@@ -106,6 +127,7 @@ class JobQueue final {
     std::lock_guard<std::mutex> lock(mutex_);
     return pending_.size();
   }
+  /// Items being handled now.
   std::size_t running() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return running_;
@@ -115,34 +137,82 @@ class JobQueue final {
     return handler_failures_;
   }
   std::size_t capacity() const { return options_.capacity; }
+  const JobQueueOptions& options() const { return options_; }
   boost::asio::any_io_executor get_executor() const { return executor_; }
 
  private:
-  // One worker: takes jobs until the queue is empty. After a batch it re-posts itself instead of
-  // looping forever, so a busy queue still lets other work on the executor run.
+  struct Pending {
+    Item item;
+    std::chrono::steady_clock::time_point enqueued;
+  };
+
+  // Under mutex_: whether a batch may be taken now: full, the oldest item's delay is over, or
+  // the queue is closed (no more arrivals to wait for).
+  bool batch_due_locked(std::chrono::steady_clock::time_point now) const {
+    if (pending_.empty()) return false;
+    if (closed_ || pending_.size() >= options_.max_batch_size ||
+        options_.max_queue_delay.count() == 0) {
+      return true;
+    }
+    return now - pending_.front().enqueued >= options_.max_queue_delay;
+  }
+
+  // Under mutex_: claims a worker when a batch is due and one is free (the caller posts it), or
+  // arms the timer for when the oldest item's delay runs out.
+  bool schedule_locked() {
+    if (pending_.empty() || active_workers_ >= options_.workers) return false;
+    if (batch_due_locked(std::chrono::steady_clock::now())) {
+      ++active_workers_;
+      return true;
+    }
+    if (!timer_armed_) {
+      timer_armed_ = true;
+      timer_.expires_at(pending_.front().enqueued + options_.max_queue_delay);
+      timer_.async_wait([this](const boost::system::error_code&) { on_timer(); });
+    }
+    return false;
+  }
+
+  void on_timer() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    timer_armed_ = false;
+    const bool start = schedule_locked();
+    if (active_workers_ == 0 && !timer_armed_) idle_.notify_all();
+    lock.unlock();
+    if (start) boost::asio::post(executor_, [this] { drain(); });
+  }
+
+  // One worker: takes due batches until none is due. After a few batches it re-posts itself
+  // instead of looping on, so a busy queue still lets other work on the executor run.
   void drain() {
-    constexpr int jobs_per_turn = 64;
-    for (int n = 0; n < jobs_per_turn; ++n) {
-      Job job;
+    constexpr int batches_per_turn = 16;
+    for (int n = 0; n < batches_per_turn; ++n) {
+      std::vector<Item> batch;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (pending_.empty()) {
+        if (!batch_due_locked(std::chrono::steady_clock::now())) {
           --active_workers_;
-          if (active_workers_ == 0) idle_.notify_all();
+          schedule_locked();  // arms the timer for a partial batch, if any waits
+          if (active_workers_ == 0 && pending_.empty()) idle_.notify_all();
           return;
         }
-        job = std::move(pending_.front());
-        pending_.pop_front();
-        ++running_;
+        const std::size_t take = std::min(options_.max_batch_size, pending_.size());
+        batch.reserve(take);
+        for (std::size_t i = 0; i < take; ++i) {
+          batch.push_back(std::move(pending_.front().item));
+          pending_.pop_front();
+        }
+        running_ += take;
       }
+      const std::size_t size = batch.size();
       bool failed = false;
       try {
-        handler_(std::move(job));
+        handler_(std::move(batch));
       } catch (...) {
         failed = true;
       }
       std::lock_guard<std::mutex> lock(mutex_);
-      --running_;
+      running_ -= size;
       if (failed) ++handler_failures_;
     }
     boost::asio::post(executor_, [this] { drain(); });
@@ -154,11 +224,16 @@ class JobQueue final {
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;
-  std::deque<Job> pending_;
+  std::deque<Pending> pending_;
+  boost::asio::steady_timer timer_;
+  bool timer_armed_ = false;
   std::size_t active_workers_ = 0;
   std::size_t running_ = 0;
   std::size_t handler_failures_ = 0;
   bool closed_ = false;
 };
+
+/// The queue of jobs.
+using JobQueue = BasicJobQueue<Job>;
 
 }  // namespace rebound

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -45,6 +46,13 @@ class Prediction {
   std::optional<ErrorInfo> error_;
 };
 
+/// How a model would like concurrent requests grouped (see JobQueueOptions). A server's own
+/// settings (flags) override it.
+struct BatchingPreference {
+  std::size_t max_batch_size = 1;               ///< 1: no batching
+  std::chrono::microseconds max_queue_delay{0};  ///< longest wait for a batch to fill
+};
+
 /// An inference backend. Derive from it to serve your own model.
 ///
 /// Contract:
@@ -56,6 +64,8 @@ class Prediction {
 ///   is caught at this boundary and the job ends `failed` with code "model_error"; the worker
 ///   carries on.
 /// - `ready()` is polled by `GET /ping` and by every submission; it must be cheap and never block.
+/// - `validate()` runs on the HTTP thread before a request is queued, so that bad input gets a 422
+///   at once; `predict` must still cope with any input (library users may skip validation).
 class Model {
  public:
   virtual ~Model() = default;
@@ -65,6 +75,15 @@ class Model {
 
   /// True once the model can take work. Submissions are refused with 503 `not_ready` until then.
   virtual bool ready() const { return true; }
+
+  /// Checks an input without running the model: nullopt when usable, else why not
+  /// (code "invalid_input" and a sentence). Cheap and thread-safe. The default accepts anything.
+  virtual std::optional<ErrorInfo> validate(const nlohmann::json& /*input*/) const {
+    return std::nullopt;
+  }
+
+  /// How this model would like to be batched; the default is no batching.
+  virtual BatchingPreference batching() const { return {}; }
 
   /// Runs one inference.
   virtual Prediction predict(const nlohmann::json& input) = 0;

@@ -1,6 +1,7 @@
 // Server: the HTTP front of a Service (routes of DESIGN.md), on cpp-httplib.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -23,11 +24,13 @@ struct ServerOptions {
   /// When not empty, every route but `/ping` and `/openapi.json` requires
   /// `Authorization: Bearer <one of these keys>` (several keys allow rotation); else 401.
   std::vector<std::string> api_keys;
+  /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60 s).
+  std::chrono::milliseconds invocation_timeout{60000};
 };
 
 /// Serves a Service over HTTP:
 ///   POST /v1/inferences, GET /v1/inferences/{id}, POST /v1/inferences/{id}/redeliver,
-///   GET /v1/inferences?callback_state=failed, GET /ping, GET /openapi.json
+///   GET /v1/inferences?callback_state=failed, POST /invocations, GET /ping, GET /openapi.json
 /// Errors have the shape {"error": {"code", "message", "field"?}} (see docs/http-api.md).
 ///
 /// Example:

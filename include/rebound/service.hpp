@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,10 +20,16 @@
 
 namespace rebound {
 
-class JobQueue;
+template <typename Item>
+class BasicJobQueue;
 
 struct ServiceOptions {
-  std::size_t workers = 4;  ///< inferences at once
+  std::size_t workers = 4;  ///< batches run at once
+  /// Jobs and invocations handed to `Model::predict_batch` at once; unset: the model's preference
+  /// (`Model::batching()`), which defaults to 1 (no batching).
+  std::optional<std::size_t> max_batch_size;
+  /// Longest wait for a batch to fill; unset: the model's preference.
+  std::optional<std::chrono::microseconds> max_queue_delay;
   /// Jobs in flight at once, at most: accepted and not yet finished, where finished means final
   /// and, for jobs with a callback, delivered or given up. Submissions beyond it are refused with
   /// `queue_full`, so memory stays bounded however slow the model or the receivers are.
@@ -38,6 +46,16 @@ enum class SubmitStatus {
   not_ready,      ///< the model is not ready
   shutting_down,  ///< `shutdown` has begun
   store_error,    ///< the JobStore failed; nothing was accepted
+};
+
+/// Called once with the result of a synchronous invocation, on an inference thread.
+using InvocationHandler = std::function<void(const Prediction&)>;
+
+/// Counters of the batches run so far.
+struct BatchStats {
+  std::uint64_t batches = 0;        ///< predict_batch calls
+  std::uint64_t items = 0;          ///< jobs and invocations in them
+  std::size_t largest_batch = 0;
 };
 
 /// What `Service::redeliver` did.
@@ -77,6 +95,11 @@ class Service final {
   /// here when it is left at its default.
   SubmitStatus submit(Job job);
 
+  /// Runs one input through the model without storing it (SageMaker's `/invocations`): it joins
+  /// the same queue and batches as jobs. `on_result` is called exactly once when the status is
+  /// `accepted`, and never otherwise. Statuses as for `submit` (never duplicate or conflict).
+  SubmitStatus invoke(nlohmann::json input, InvocationHandler on_result);
+
   /// The job's record, or nullopt for an unknown id.
   std::optional<JobRecord> find(const std::string& id) const;
 
@@ -98,17 +121,24 @@ class Service final {
 
   const Model& model() const;
 
+  /// The batch size and delay in force (from the options, else the model's preference).
+  std::size_t max_batch_size() const;
+  std::chrono::microseconds max_queue_delay() const;
+
+  BatchStats batch_stats() const;
+
   /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
   /// included. True when nothing was left in flight. At the deadline, jobs that have not started
   /// are taken off the queue and stay `queued` in the store (a durable store runs them on the
   /// next start; the memory store loses them); running inferences and deliveries go on.
   bool shutdown(std::chrono::steady_clock::duration timeout);
 
-  struct Core;  // shared with deliveries in flight
+  struct Core;      // shared with deliveries in flight
+  struct WorkItem;  // a job, or an invocation waiting for its result
 
  private:
   std::shared_ptr<Core> core_;
-  std::unique_ptr<JobQueue> queue_;  // destroyed first: its workers use the core
+  std::unique_ptr<BasicJobQueue<WorkItem>> queue_;  // destroyed first: its workers use the core
 };
 
 }  // namespace rebound
