@@ -26,11 +26,12 @@ expect_refusal() {  # expect_refusal "message part" args...
   grep -qi -- "$want" <<<"$out" || fail "'$*' said: $out"
 }
 expect_refusal "not in range" --workers 0
+SM_MODEL_DIR=/nonexistent/model expect_refusal "/nonexistent/model" serve
 expect_refusal "not in" --backoff wobbly
 expect_refusal "not in" --jitter sometimes
 expect_refusal "whsec_" --signing-secret not-a-secret
 expect_refusal "allowlist" --callback-allow 10.0.0.0/99
-expect_refusal "unknown model spec" --model resnet
+expect_refusal "resnet" --model resnet
 expect_refusal "unsupported --store" --store postgres://db
 expect_refusal "not in range" --port 70000
 expect_refusal "callback-timeout" --callback-timeout soon
@@ -51,7 +52,7 @@ wait_port() {
 
 # SAGEMAKER_BIND_TO_PORT picks the port; --api-key guards the API but not /ping.
 free_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-SAGEMAKER_BIND_TO_PORT=$free_port "$server_bin" serve --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
+SAGEMAKER_BIND_TO_PORT=$free_port "$server_bin" serve --model echo --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
 pids+=($!)
 wait_port
 [ "$port" = "$free_port" ] || fail "SAGEMAKER_BIND_TO_PORT ignored: $port"
@@ -67,7 +68,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' 
 kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "SIGTERM exit status"
 
 : >"$log"
-"$server_bin" --host 127.0.0.1 --port 0 --callback-allow 127.0.0.0/8 >"$log" 2>&1 &
+"$server_bin" --model echo --host 127.0.0.1 --port 0 --callback-allow 127.0.0.0/8 >"$log" 2>&1 &
 pids+=($!)
 wait_port
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST \

@@ -14,9 +14,12 @@
 #include "rebound/server.hpp"
 #include "rebound/version.hpp"
 #include "support/receiver.hpp"
+#include "support/server_harness.hpp"
 
 using namespace std::chrono_literals;
 using nlohmann::json;
+using rebound::test::check_error;
+using rebound::test::HarnessOptions;
 
 namespace {
 
@@ -52,108 +55,15 @@ class GatedModel final : public rebound::Model {
   int waiting_ = 0;
 };
 
-struct HarnessOptions {
-  std::size_t workers = 4;
-  std::size_t capacity = 10000;
-  int max_tries = 5;
-  bool open_model = true;
-  std::vector<std::string> api_keys = {};
-};
-
-struct Harness {
-  explicit Harness(HarnessOptions o = HarnessOptions()) : inference(o.workers) {
-    auto m = std::make_unique<GatedModel>();
-    model = m.get();
+// The shared harness, around a GatedModel that tests open and close.
+struct Harness : rebound::test::ServerHarness {
+  explicit Harness(HarnessOptions o = HarnessOptions())
+      : ServerHarness(std::make_unique<GatedModel>(), o) {
     if (o.open_model) model->open();
-    rebound::ServiceOptions so;
-    so.workers = o.workers;
-    so.queue_capacity = o.capacity;
-    so.delivery.backoff =
-        rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
-    so.delivery.timeout = 2s;
-    rebound::HttpTransportOptions to;
-    to.guard = rebound::AddressGuard(true);
-    service = std::make_unique<rebound::Service>(inference.get_executor(), io.get_executor(),
-                                                 std::move(m),
-                                                 std::make_unique<rebound::MemoryJobStore>(),
-                                                 std::make_unique<rebound::HttpTransport>(to), so);
-    rebound::ServerOptions sv;
-    sv.host = "127.0.0.1";
-    sv.port = 0;
-    sv.http_threads = 16;
-    sv.guard = rebound::AddressGuard(true);
-    sv.api_keys = o.api_keys;
-    server = std::make_unique<rebound::Server>(*service, sv);
-    port = server->bind();
-    server_thread = std::thread([this] { server->run(); });
   }
-
-  ~Harness() {
-    model->open();
-    server->stop();
-    server_thread.join();
-    service->shutdown(10s);
-    server.reset();
-    service.reset();
-    work.reset();
-    io.stop();
-    io_thread.join();
-    inference.join();
-  }
-
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(10, 0);
-    if (!bearer.empty()) c.set_bearer_token_auth(bearer.c_str());
-    return c;
-  }
-  std::string bearer;  // sent by client() when set
-  httplib::Result submit(const json& body) const {
-    return client().Post("/v1/inferences", body.dump(), "application/json");
-  }
-  json poll(const std::string& id) const {
-    auto res = client().Get(("/v1/inferences/" + id).c_str());
-    REQUIRE(res);
-    return json::parse(res->body);
-  }
-  // Waits until the job's callback is final (delivered or failed) and returns its record.
-  json wait_callback_final(const std::string& id) const {
-    json last;
-    const bool done = rebound::test::eventually([&] {
-      last = poll(id);
-      const auto state = last["callback"]["state"];
-      return state == "delivered" || state == "failed";
-    });
-    REQUIRE_MESSAGE(done, last.dump());
-    return last;
-  }
-
-  boost::asio::thread_pool inference;
-  boost::asio::io_context io;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
-  std::thread io_thread{[this] { io.run(); }};
-  GatedModel* model = nullptr;
-  std::unique_ptr<rebound::Service> service;
-  std::unique_ptr<rebound::Server> server;
-  int port = 0;
-  std::thread server_thread;
+  ~Harness() { model->open(); }  // nothing may stay blocked while the server stops
+  GatedModel* model = static_cast<GatedModel*>(model_ptr);
 };
-
-void check_error(const httplib::Result& res, int status, const std::string& code,
-                 const std::string& field = {}) {
-  REQUIRE(res);
-  CHECK(res->status == status);
-  CHECK(res->get_header_value("Content-Type") == "application/json");
-  const json body = json::parse(res->body, nullptr, false);
-  REQUIRE_MESSAGE(body.is_object(), res->body);
-  CHECK(body["error"]["code"] == code);
-  CHECK(body["error"]["message"].is_string());
-  CHECK_FALSE(body["error"]["message"].get<std::string>().empty());
-  if (field.empty())
-    CHECK_FALSE(body["error"].contains("field"));
-  else
-    CHECK(body["error"]["field"] == field);
-}
 
 }  // namespace
 

@@ -19,6 +19,9 @@
 #include "rebound/memory_job_store.hpp"
 #include "rebound/model.hpp"
 #include "rebound/server.hpp"
+#ifdef REBOUND_HAVE_TORCH
+#include "rebound/torchscript_model.hpp"
+#endif
 #include "rebound/service.hpp"
 #include "rebound/version.hpp"
 #include "rebound/webhook_signature.hpp"
@@ -50,6 +53,23 @@ struct IoThread {
   }
 };
 
+// SageMaker puts the model artefacts here (SM_MODEL_DIR overrides it).
+std::string default_model_dir() {
+  const char* env = std::getenv("SM_MODEL_DIR");
+  return env && *env ? env : "/opt/ml/model";
+}
+
+std::unique_ptr<rebound::Model> make_model(const std::string& spec) {
+  if (spec == "echo" || spec.rfind("sleep:", 0) == 0) return rebound::make_builtin_model(spec);
+#ifdef REBOUND_HAVE_TORCH
+  return std::make_unique<rebound::TorchScriptModel>(spec);
+#else
+  throw rebound::Error("model '" + spec +
+                       "': this build has no TorchScript support (rebound::torch); use echo or "
+                       "sleep:<seconds>");
+#endif
+}
+
 std::unique_ptr<rebound::JobStore> make_store(const std::string& uri) {
   if (uri == "memory") return std::make_unique<rebound::MemoryJobStore>();
   throw rebound::Error("unsupported --store '" + uri + "': this build supports memory");
@@ -62,7 +82,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("rebound ") + rebound::version);
   std::string host = "0.0.0.0";
   int port = default_port();
-  std::string model_spec = "echo";
+  std::string model_spec = default_model_dir();
+  std::size_t max_batch_size = 0;
+  double max_batch_delay_ms = -1;
   std::string store_uri = "memory";
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
@@ -85,8 +107,16 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "Port to listen on (default: $SAGEMAKER_BIND_TO_PORT, else 8080)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  app.add_option("--model", model_spec, "Model: echo, or sleep:<seconds> (answers \"OK\")")
+  app.add_option("--model", model_spec,
+                 "Model: a directory with a TorchScript model.pt and optional config.json, echo, "
+                 "or sleep:<seconds> (answers \"OK\"). Default: $SM_MODEL_DIR, else /opt/ml/model")
       ->capture_default_str();
+  app.add_option("--max-batch-size", max_batch_size,
+                 "Jobs and invocations per model call (default: the model's config.json, else 1)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{65536}));
+  app.add_option("--max-batch-delay-ms", max_batch_delay_ms,
+                 "Longest wait for a batch to fill, in ms (default: the model's config.json, else 0)")
+      ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--store", store_uri, "Job store: memory")->capture_default_str();
   app.add_option("--workers", workers, "Inferences run at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
@@ -196,14 +226,20 @@ int main(int argc, char** argv) {
     backoff.max_elapsed = ms(max_elapsed_s);
     backoff.retry_after_cap = ms(retry_after_cap_s);
     // Everything that can refuse the configuration is built before any thread starts.
-    auto model = rebound::make_builtin_model(model_spec);
-    const std::string model_name = model->name();
-    auto store = make_store(store_uri);
+    // The model loads last: a mistake in a cheap flag is reported without waiting for it.
     rebound::AddressGuard guard(allow_private, callback_allow);
+    auto store = make_store(store_uri);
     rebound::ServiceOptions service_options;
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;
+    if (max_batch_size > 0) service_options.max_batch_size = max_batch_size;
+    if (max_batch_delay_ms >= 0) {
+      service_options.max_queue_delay =
+          std::chrono::microseconds(static_cast<long long>(max_batch_delay_ms * 1000));
+    }
     service_options.delivery.backoff = rebound::backoff::make_policy(backoff);
+    auto model = make_model(model_spec);
+    const std::string model_name = model->name();
     service_options.delivery.timeout = ms(callback_timeout_s);
     service_options.delivery.signing_secrets = signing_secrets;
     rebound::HttpTransportOptions transport_options;
@@ -235,7 +271,8 @@ int main(int argc, char** argv) {
 
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
               << " (model " << model_name << ", store " << store_uri << ", workers " << workers
-              << ")" << std::endl;
+              << ", batches up to " << service.max_batch_size() << " within "
+              << service.max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
     std::thread http_thread([&server] { server.run(); });
     stop_requested.get_future().wait();
 

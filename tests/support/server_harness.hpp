@@ -1,0 +1,133 @@
+// A real rebound::Server around any Model on loopback, for the HTTP tests.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <nlohmann/json.hpp>
+
+#include "rebound/http_transport.hpp"
+#include "rebound/memory_job_store.hpp"
+#include "rebound/server.hpp"
+#include "support/receiver.hpp"
+
+namespace rebound::test {
+
+struct HarnessOptions {
+  std::size_t workers = 4;
+  std::size_t capacity = 10000;
+  int max_tries = 5;
+  bool open_model = true;  ///< used by harnesses whose model can be held closed
+  std::vector<std::string> api_keys = {};
+  std::optional<std::size_t> max_batch_size = std::nullopt;
+  std::optional<std::chrono::microseconds> max_queue_delay = std::nullopt;
+};
+
+class ServerHarness {
+ public:
+  ServerHarness(std::unique_ptr<rebound::Model> m, const HarnessOptions& o)
+      : inference(o.workers), model_ptr(m.get()) {
+    using namespace std::chrono_literals;
+    rebound::ServiceOptions so;
+    so.workers = o.workers;
+    so.queue_capacity = o.capacity;
+    so.max_batch_size = o.max_batch_size;
+    so.max_queue_delay = o.max_queue_delay;
+    so.delivery.backoff =
+        rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
+    so.delivery.timeout = 2s;
+    rebound::HttpTransportOptions to;
+    to.guard = rebound::AddressGuard(true);
+    service = std::make_unique<rebound::Service>(inference.get_executor(), io.get_executor(),
+                                                 std::move(m),
+                                                 std::make_unique<rebound::MemoryJobStore>(),
+                                                 std::make_unique<rebound::HttpTransport>(to), so);
+    rebound::ServerOptions sv;
+    sv.host = "127.0.0.1";
+    sv.port = 0;
+    sv.http_threads = 80;
+    sv.guard = rebound::AddressGuard(true);
+    sv.api_keys = o.api_keys;
+    server = std::make_unique<rebound::Server>(*service, sv);
+    port = server->bind();
+    server_thread = std::thread([this] { server->run(); });
+  }
+
+  ~ServerHarness() {
+    server->stop();
+    server_thread.join();
+    service->shutdown(std::chrono::seconds(10));
+    server.reset();
+    service.reset();
+    work.reset();
+    io.stop();
+    io_thread.join();
+    inference.join();
+  }
+
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(10, 0);
+    if (!bearer.empty()) c.set_bearer_token_auth(bearer.c_str());
+    return c;
+  }
+  httplib::Result submit(const nlohmann::json& body) const {
+    return client().Post("/v1/inferences", body.dump(), "application/json");
+  }
+  nlohmann::json poll(const std::string& id) const {
+    auto res = client().Get(("/v1/inferences/" + id).c_str());
+    REQUIRE(res);
+    return nlohmann::json::parse(res->body);
+  }
+  // Waits until the job's callback is final (delivered or failed) and returns its record.
+  nlohmann::json wait_callback_final(const std::string& id) const {
+    nlohmann::json last;
+    const bool done = eventually([&] {
+      last = poll(id);
+      const auto state = last["callback"]["state"];
+      return state == "delivered" || state == "failed";
+    });
+    REQUIRE_MESSAGE(done, last.dump());
+    return last;
+  }
+
+  std::string bearer;  // sent by client() when set
+  boost::asio::thread_pool inference;
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::thread io_thread{[this] { io.run(); }};
+  rebound::Model* model_ptr = nullptr;  // owned by the service
+  std::unique_ptr<rebound::Service> service;
+  std::unique_ptr<rebound::Server> server;
+  int port = 0;
+  std::thread server_thread;
+};
+
+/// Checks an error answer: status, JSON content type, code, a message, and the field if any.
+inline void check_error(const httplib::Result& res, int status, const std::string& code,
+                        const std::string& field = {}) {
+  REQUIRE(res);
+  CHECK(res->status == status);
+  CHECK(res->get_header_value("Content-Type") == "application/json");
+  const nlohmann::json body = nlohmann::json::parse(res->body, nullptr, false);
+  REQUIRE_MESSAGE(body.is_object(), res->body);
+  CHECK(body["error"]["code"] == code);
+  CHECK(body["error"]["message"].is_string());
+  CHECK_FALSE(body["error"]["message"].get<std::string>().empty());
+  if (field.empty()) {
+    CHECK_FALSE(body["error"].contains("field"));
+  } else {
+    CHECK(body["error"]["field"] == field);
+  }
+}
+
+}  // namespace rebound::test
