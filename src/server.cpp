@@ -67,9 +67,11 @@ struct Server::Impl {
     http.set_tcp_nodelay(true);
     // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the traffic. Reuse the address only.
-    http.set_socket_options([](socket_t sock) {
+    // The listening socket is remembered so that bind() can raise its backlog (see there).
+    http.set_socket_options([this](socket_t sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket = sock;
     });
     http.set_keep_alive_max_count(100000);
     http.set_payload_max_length(options.max_body_bytes);
@@ -268,6 +270,7 @@ struct Server::Impl {
   ServerOptions options;
   httplib::Server http;
   std::atomic<int> bound_port{0};
+  std::atomic<socket_t> listen_socket{INVALID_SOCKET};
 };
 
 Server::Server(Service& service, ServerOptions options) {
@@ -288,6 +291,9 @@ int Server::bind() {
     throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
                 " (address in use, or not an address of this machine)");
   }
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of new connections overflows it and
+  // clients see resets. Listening again on the bound socket raises the backlog.
+  if (impl_->listen_socket != INVALID_SOCKET) ::listen(impl_->listen_socket, SOMAXCONN);
   impl_->bound_port = port;
   return port;
 }

@@ -65,9 +65,16 @@ class Receiver {
       }
       changed_.notify_all();
     });
+    // As rebound::Server does: remember the listening socket to raise cpp-httplib's backlog of 5.
+    server_.set_socket_options([this](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;
+    });
     port_ = port == 0 ? server_.bind_to_any_port("127.0.0.1")
                       : (server_.bind_to_port("127.0.0.1", port) ? port : -1);
     if (port_ <= 0) throw std::runtime_error("test receiver: cannot bind");
+    ::listen(listen_socket_, SOMAXCONN);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
 
@@ -119,6 +126,7 @@ class Receiver {
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
+  socket_t listen_socket_ = INVALID_SOCKET;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Responder> script_;
