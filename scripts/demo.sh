@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The seed's flow end to end: installs, builds, starts rebound-server, runs rebound-demo-client
-# (which opens a callback receiver, submits one job and prints the result it is called back with),
-# then stops the server.
+# The seed's flow end to end on a real model: installs, builds, starts rebound-server with the
+# Iris classifier (TorchScript), runs rebound-demo-client (which opens a callback receiver, submits
+# one flower's measurements and prints the signed prediction it is called back with), then stops
+# the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
@@ -9,7 +10,7 @@ bin=${BUILD_DIR:-build}/examples
 port=${PORT:-8080}
 secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw  # a demo secret; never use a published one for real
 
-"$bin/rebound-server" serve --host 127.0.0.1 --port "$port" --model echo \
+"$bin/rebound-server" serve --host 127.0.0.1 --port "$port" --model examples/models/iris \
   --allow-private-callbacks --signing-secret "$secret" &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
@@ -19,4 +20,4 @@ for _ in $(seq 1 50); do
 done
 
 "$bin/rebound-demo-client" --server "http://127.0.0.1:$port" \
-  --input '{"text": "hello from the demo"}' --signing-secret "$secret" --timeout 30
+  --input '[6.3, 3.3, 6.0, 2.5]' --signing-secret "$secret" --timeout 30

@@ -8,6 +8,12 @@ packages=(
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
   curl python3
 )
+# libtorch-dev is for rebound::torch (TorchScriptModel); the core builds without it, and
+# REBOUND_SKIP_TORCH=1 leaves it out. Retraining the Iris model needs python3-torch and
+# python3-sklearn too, which the build does not.
+if [ "${REBOUND_SKIP_TORCH:-0}" != 1 ]; then
+  packages+=(libtorch-dev)
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then
