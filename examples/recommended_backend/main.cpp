@@ -1,0 +1,119 @@
+// The recommended shape of a model backend: loads in the background (ready() gates /ping and
+// submissions), validates input before it is queued, prefers a batch size, and does real work
+// per batch in predict_batch. Serves it with rebound until SIGINT or SIGTERM.
+// Run: rebound-recommended-backend [port]
+//      curl -d '{"text": "good service, great food"}' http://127.0.0.1:8080/invocations
+#include <atomic>
+#include <cctype>
+#include <csignal>
+#include <future>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "rebound/http_transport.hpp"
+#include "rebound/memory_job_store.hpp"
+#include "rebound/server.hpp"
+#include "rebound/service.hpp"
+
+// Scores text by a word list. The list is loaded once, then only read: predictions are
+// thread-safe without a lock, as the Model contract asks.
+class LexiconSentimentModel final : public rebound::Model {
+ public:
+  LexiconSentimentModel() {
+    // A real backend reads its weights here; the server answers /ping 503 until this is done.
+    loader_ = std::thread([this] {
+      lexicon_ = {{"good", 1}, {"great", 2}, {"excellent", 3}, {"bad", -1}, {"awful", -3}};
+      loaded_ = true;
+    });
+  }
+  ~LexiconSentimentModel() override { loader_.join(); }
+
+  std::string name() const override { return "lexicon-sentiment"; }
+  bool ready() const override { return loaded_; }
+
+  // Runs on the HTTP thread: a bad request gets its 422 before it takes a queue slot.
+  std::optional<rebound::ErrorInfo> validate(const nlohmann::json& input) const override {
+    if (!input.is_object() || !input.contains("text") || !input["text"].is_string()) {
+      return rebound::ErrorInfo{"invalid_input", "must be {\"text\": string}"};
+    }
+    if (input["text"].get_ref<const std::string&>().size() > 100000) {
+      return rebound::ErrorInfo{"invalid_input", "text is longer than 100,000 characters"};
+    }
+    return std::nullopt;
+  }
+
+  // Ask for batches of up to 64, waiting at most 2 ms for one to fill.
+  rebound::BatchingPreference batching() const override {
+    return {64, std::chrono::milliseconds(2)};
+  }
+
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    return std::move(predict_batch({input}).front());
+  }
+
+  // One prediction per input, in order; bad inputs fail alone, the rest of the batch goes on.
+  std::vector<rebound::Prediction> predict_batch(const std::vector<nlohmann::json>& inputs) override {
+    std::vector<rebound::Prediction> out;
+    out.reserve(inputs.size());
+    for (const auto& input : inputs) {
+      if (auto invalid = validate(input)) {
+        out.push_back(rebound::Prediction::failure(invalid->code, invalid->message));
+        continue;
+      }
+      std::istringstream words(input["text"].get<std::string>());
+      int score = 0;
+      for (std::string word; words >> word;) {
+        while (!word.empty() && std::ispunct(static_cast<unsigned char>(word.back()))) word.pop_back();
+        for (auto& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (auto it = lexicon_.find(word); it != lexicon_.end()) score += it->second;
+      }
+      const char* label = score > 0 ? "positive" : score < 0 ? "negative" : "neutral";
+      out.push_back(rebound::Prediction::success({{"label", label}, {"score", score}}));
+    }
+    return out;
+  }
+
+ private:
+  std::unordered_map<std::string, int> lexicon_;
+  std::atomic<bool> loaded_{false};
+  std::thread loader_;
+};
+
+int main(int argc, char** argv) {
+  const int port = argc > 1 ? std::atoi(argv[1]) : 8080;
+  boost::asio::thread_pool inference(2);
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  std::thread io_thread([&io] { io.run(); });
+  {
+    rebound::Service service(inference.get_executor(), io.get_executor(),
+                             std::make_unique<LexiconSentimentModel>(),
+                             std::make_unique<rebound::MemoryJobStore>(),
+                             std::make_unique<rebound::HttpTransport>());
+    rebound::Server server(service, {"127.0.0.1", port});
+    std::cout << "lexicon-sentiment on 127.0.0.1:" << server.bind() << std::endl;
+
+    std::promise<void> stop;
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&stop](const boost::system::error_code& ec, int) {
+      if (!ec) stop.set_value();
+    });
+    std::thread http([&server] { server.run(); });
+    stop.get_future().wait();
+    service.shutdown(std::chrono::seconds(25));  // stop taking work, finish what is in flight
+    server.stop();
+    http.join();
+  }
+  work.reset();
+  io_thread.join();
+  inference.join();
+  return 0;
+}
