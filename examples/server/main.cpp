@@ -284,6 +284,13 @@ int main(int argc, char** argv) {
     server.stop();
     http_thread.join();
     inference.join();  // only inferences already running remain
+    const rebound::BatchStats stats = service.batch_stats();
+    if (stats.batches > 0) {
+      std::cout << "rebound-server: " << stats.items << " inferences in " << stats.batches
+                << " batches, mean batch "
+                << static_cast<double>(stats.items) / static_cast<double>(stats.batches)
+                << ", largest " << stats.largest_batch << std::endl;
+    }
     return 0;
   } catch (const rebound::Error& e) {
     std::cerr << "rebound-server: " << e.what() << "\n";
