@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
       latencies_ms.insert(latencies_ms.end(), mine.begin(), mine.end());
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
   std::sort(latencies_ms.begin(), latencies_ms.end());
   auto pct = [&](double p) {
@@ -58,8 +59,7 @@ int main(int argc, char** argv) {
     return latencies_ms[std::min(latencies_ms.size() - 1,
                                  static_cast<std::size_t>(p * latencies_ms.size()))];
   };
-  std::printf("rps=%.0f p50_ms=%.2f p99_ms=%.2f ok=%zu errors=%ld\n",
-              latencies_ms.size() / elapsed, pct(0.50), pct(0.99), latencies_ms.size(),
-              errors.load());
+  std::printf("rps=%.0f p50_ms=%.2f p99_ms=%.2f ok=%zu errors=%ld\n", latencies_ms.size() / elapsed,
+              pct(0.50), pct(0.99), latencies_ms.size(), errors.load());
   return errors.load() == 0 ? 0 : 1;
 }

@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -45,6 +46,16 @@ CallbackResponse from_httplib_error(httplib::Error error, const std::string& ori
 }  // namespace
 
 struct HttpTransport::Impl {
+  // One sender thread's kept-alive clients, by origin, with when each was last used.
+  struct Clients {
+    struct Entry {
+      std::unique_ptr<httplib::Client> client;
+      std::uint64_t last_used = 0;
+    };
+    std::unordered_map<std::string, Entry> by_origin;
+    std::uint64_t tick = 0;
+  };
+
   struct Pending {
     CallbackRequest request;
     CallbackResponseHandler on_done;
@@ -70,7 +81,7 @@ struct HttpTransport::Impl {
 
   void run() {
     // Clients are per thread, so no client is ever shared between two requests in flight.
-    std::unordered_map<std::string, std::unique_ptr<httplib::Client>> clients;
+    Clients clients;
     for (;;) {
       Pending item;
       {
@@ -97,12 +108,13 @@ struct HttpTransport::Impl {
     }
   }
 
-  httplib::Client* client_for(
-      const CallbackUrl& url, const std::string& origin,
-      std::unordered_map<std::string, std::unique_ptr<httplib::Client>>& clients,
-      CallbackResponse& refusal) {
-    auto found = clients.find(origin);
-    if (found != clients.end()) return found->second.get();
+  httplib::Client* client_for(const CallbackUrl& url, const std::string& origin, Clients& clients,
+                              CallbackResponse& refusal) {
+    auto found = clients.by_origin.find(origin);
+    if (found != clients.by_origin.end()) {
+      found->second.last_used = ++clients.tick;
+      return found->second.client.get();
+    }
 
     std::string address;
     if (classify_ip_literal(url.host)) {
@@ -130,14 +142,20 @@ struct HttpTransport::Impl {
       client->enable_server_certificate_verification(true);
       if (!options.ca_cert_file.empty()) client->set_ca_cert_path(options.ca_cert_file);
     }
+    if (clients.by_origin.size() >= options.origins_per_connection) {
+      // Close the least recently used connection (a linear scan: the map is small).
+      auto oldest = clients.by_origin.begin();
+      for (auto it = clients.by_origin.begin(); it != clients.by_origin.end(); ++it) {
+        if (it->second.last_used < oldest->second.last_used) oldest = it;
+      }
+      clients.by_origin.erase(oldest);
+    }
     auto* raw = client.get();
-    clients.emplace(origin, std::move(client));
+    clients.by_origin.emplace(origin, Clients::Entry{std::move(client), ++clients.tick});
     return raw;
   }
 
-  CallbackResponse perform(
-      const CallbackRequest& request,
-      std::unordered_map<std::string, std::unique_ptr<httplib::Client>>& clients) {
+  CallbackResponse perform(const CallbackRequest& request, Clients& clients) {
     const CallbackUrlParse parsed = parse_callback_url(request.url);
     if (!parsed.url)
       return transport_failure(TransportError::invalid_url, "callback_url " + parsed.error);
@@ -165,7 +183,7 @@ struct HttpTransport::Impl {
     if (!result) {
       // Forget the client: its connection is in an unknown state, and a new one re-resolves.
       const auto error = result.error();
-      clients.erase(origin);
+      clients.by_origin.erase(origin);
       return from_httplib_error(error, origin);
     }
     CallbackResponse response;
@@ -184,6 +202,9 @@ struct HttpTransport::Impl {
 
 HttpTransport::HttpTransport(HttpTransportOptions options) {
   if (options.connections == 0) throw Error("HttpTransport: connections must be at least 1");
+  if (options.origins_per_connection == 0) {
+    throw Error("HttpTransport: origins_per_connection must be at least 1");
+  }
   impl_ = std::make_unique<Impl>(std::move(options));
 }
 

@@ -109,9 +109,8 @@ struct Server::Impl {
     http.Get("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
       list_failed(req, res);
     });
-    http.Post("/invocations", [this](const httplib::Request& req, httplib::Response& res) {
-      invoke(req, res);
-    });
+    http.Post("/invocations",
+              [this](const httplib::Request& req, httplib::Response& res) { invoke(req, res); });
     http.Get("/ping", [this](const httplib::Request&, httplib::Response& res) {
       if (service.ready()) {
         res.status = 200;
@@ -131,7 +130,8 @@ struct Server::Impl {
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
     if (auto invalid = service.model().validate(job.input)) {
-      return send_error(res, {422, invalid->code, "The field 'input' " + invalid->message, "input"});
+      return send_error(res,
+                        {422, invalid->code, "The field 'input' " + invalid->message, "input"});
     }
     const std::string id = job.id;
     switch (service.submit(std::move(job))) {
@@ -173,8 +173,8 @@ struct Server::Impl {
     // The HTTP thread waits for the batch its request joins; the promise outlives a timeout.
     auto result = std::make_shared<std::promise<Prediction>>();
     auto future = result->get_future();
-    const SubmitStatus status = service.invoke(
-        std::move(input), [result](const Prediction& p) { result->set_value(p); });
+    const SubmitStatus status =
+        service.invoke(std::move(input), [result](const Prediction& p) { result->set_value(p); });
     switch (status) {
       case SubmitStatus::accepted:
         break;
@@ -187,13 +187,15 @@ struct Server::Impl {
         return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
     }
     if (future.wait_for(options.invocation_timeout) != std::future_status::ready) {
-      return send_error(res, {504, "inference_timeout",
-                              "The model did not answer within the invocation timeout.", {}});
+      return send_error(res, {504,
+                              "inference_timeout",
+                              "The model did not answer within the invocation timeout.",
+                              {}});
     }
     const Prediction prediction = future.get();
     if (prediction.ok()) return send_json(res, 200, prediction.output());
     const ErrorInfo& error = prediction.error();
-    const int http_status = error.code == "invalid_input"    ? 422
+    const int http_status = error.code == "invalid_input"   ? 422
                             : error.code == "shutting_down" ? 503
                                                             : 500;
     send_error(res, {http_status, error.code, error.message, {}});

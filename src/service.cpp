@@ -81,14 +81,14 @@ struct Service::Core {
                                         : model->predict_batch(inputs);
       if (out.size() == inputs.size()) return out;
       return std::vector<Prediction>(
-          inputs.size(), Prediction::failure("model_error", "the model returned " +
-                                                                std::to_string(out.size()) +
-                                                                " predictions for " +
-                                                                std::to_string(inputs.size()) +
-                                                                " inputs"));
+          inputs.size(),
+          Prediction::failure("model_error", "the model returned " + std::to_string(out.size()) +
+                                                 " predictions for " +
+                                                 std::to_string(inputs.size()) + " inputs"));
     } catch (const std::exception& e) {
       return std::vector<Prediction>(
-          inputs.size(), Prediction::failure("model_error", std::string("the model failed: ") + e.what()));
+          inputs.size(),
+          Prediction::failure("model_error", std::string("the model failed: ") + e.what()));
     } catch (...) {
       return std::vector<Prediction>(inputs.size(),
                                      Prediction::failure("model_error", "the model failed"));
@@ -232,7 +232,9 @@ SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) 
   return SubmitStatus::accepted;
 }
 
-std::size_t Service::max_batch_size() const { return queue_->options().max_batch_size; }
+std::size_t Service::max_batch_size() const {
+  return queue_->options().max_batch_size;
+}
 
 std::chrono::microseconds Service::max_queue_delay() const {
   return queue_->options().max_queue_delay;

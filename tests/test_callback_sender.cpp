@@ -458,3 +458,27 @@ TEST_CASE("the policy sees the time elapsed since the first attempt") {
   REQUIRE(elapsed.size() == 2);
   CHECK(elapsed[1] >= 60ms);
 }
+
+TEST_CASE(
+    "over HTTP: kept-alive connections are bounded per sender thread - least recently used go") {
+  for (std::size_t keep : {2u, 3u}) {
+    CAPTURE(keep);
+    IoThread io;
+    rebound::HttpTransportOptions o;
+    o.connections = 1;
+    o.origins_per_connection = keep;
+    o.guard = rebound::AddressGuard(true);
+    CallbackSender sender(io.io.get_executor(), std::make_unique<rebound::HttpTransport>(o),
+                          fast_options());
+    rebound::test::Receiver a, b, c;
+    for (auto* r : {&a, &b, &c, &a})
+      REQUIRE(deliver(sender, message(r->url())).report.delivered);
+    auto got = a.received();
+    REQUIRE(got.size() == 2);
+    if (keep == 2) {
+      CHECK(got[0].remote_port != got[1].remote_port);  // a's connection was closed for c's
+    } else {
+      CHECK(got[0].remote_port == got[1].remote_port);  // room for all three: reused
+    }
+  }
+}

@@ -41,7 +41,9 @@ class Gate {
   bool open_ = false;
 };
 
-Job job(int n) { return Job{"job-" + std::to_string(n), {}, n, {}}; }
+Job job(int n) {
+  return Job{"job-" + std::to_string(n), {}, n, {}};
+}
 
 rebound::JobQueueOptions opts(std::size_t capacity, std::size_t workers, std::size_t batch = 1,
                               std::chrono::microseconds delay = 0us) {
@@ -71,13 +73,15 @@ TEST_CASE("every accepted job is handled exactly once with at most `workers` at 
         }
         --running;
       });
-      for (int i = 0; i < 1000; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+      for (int i = 0; i < 1000; ++i)
+        REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
       REQUIRE(queue.wait_idle(30s));
       CHECK(queue.depth() == 0);
       CHECK(queue.running() == 0);
     }
     CHECK(seen.size() == 1000);
-    for (int i = 0; i < 1000; ++i) CHECK(seen.count("job-" + std::to_string(i)) == 1);
+    for (int i = 0; i < 1000; ++i)
+      CHECK(seen.count("job-" + std::to_string(i)) == 1);
     CHECK(peak.load() <= static_cast<int>(workers));
     if (workers > 1) CHECK(peak.load() >= 2);  // workers really run side by side
     pool.join();
@@ -94,7 +98,8 @@ TEST_CASE("a full queue answers `full` and takes jobs again once it drains") {
   });
   REQUIRE(queue.try_push(job(0)) == PushResult::accepted);
   REQUIRE(rebound::test::eventually([&] { return queue.running() == 1; }));
-  for (int i = 1; i <= 3; ++i) CHECK(queue.try_push(job(i)) == PushResult::accepted);
+  for (int i = 1; i <= 3; ++i)
+    CHECK(queue.try_push(job(i)) == PushResult::accepted);
   CHECK(queue.depth() == 3);
   CHECK(queue.try_push(job(4)) == PushResult::full);
   gate.open();
@@ -115,7 +120,8 @@ TEST_CASE("close refuses new jobs but drains the accepted ones") {
       gate.wait();
       handled += static_cast<int>(batch.size());
     });
-    for (int i = 0; i < 20; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+    for (int i = 0; i < 20; ++i)
+      REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
     queue.close();
     CHECK(queue.try_push(job(99)) == PushResult::closed);
     gate.open();
@@ -131,7 +137,8 @@ TEST_CASE("a handler that throws is counted and the workers carry on") {
     ++handled;
     if (batch[0].input.get<int>() % 2 == 0) throw std::runtime_error("boom");
   });
-  for (int i = 0; i < 10; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  for (int i = 0; i < 10; ++i)
+    REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
   REQUIRE(queue.wait_idle(10s));
   CHECK(handled == 10);
   CHECK(queue.handler_failures() == 5);
@@ -147,12 +154,14 @@ TEST_CASE("batches fill up to max_batch_size from what is waiting - in order") {
     JobQueue queue(pool.get_executor(), opts(1000, workers, 8), [&](std::vector<Job> batch) {
       gate.wait();
       std::vector<int> ids;
-      for (auto& j : batch) ids.push_back(j.input.get<int>());
+      for (auto& j : batch)
+        ids.push_back(j.input.get<int>());
       std::lock_guard<std::mutex> lock(m);
       batches.push_back(ids);
     });
     // The first `workers` jobs start alone; the rest pile up behind the closed gate.
-    for (int i = 0; i < 100; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+    for (int i = 0; i < 100; ++i)
+      REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
     gate.open();
     REQUIRE(queue.wait_idle(10s));
     std::size_t total = 0, largest = 0;
@@ -161,7 +170,8 @@ TEST_CASE("batches fill up to max_batch_size from what is waiting - in order") {
       CHECK(b.size() <= 8);
       total += b.size();
       largest = std::max(largest, b.size());
-      for (std::size_t k = 1; k < b.size(); ++k) CHECK(b[k] == b[k - 1] + 1);  // FIFO within a batch
+      for (std::size_t k = 1; k < b.size(); ++k)
+        CHECK(b[k] == b[k - 1] + 1);  // FIFO within a batch
       seen.insert(b.begin(), b.end());
     }
     CHECK(total == 100);
@@ -182,15 +192,16 @@ TEST_CASE("a partial batch waits for max_queue_delay - then goes without filling
     when.push_back(std::chrono::steady_clock::now());
   });
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 3; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
   REQUIRE(rebound::test::eventually([&] {
     std::lock_guard<std::mutex> lock(m);
     return !sizes.empty();
   }));
   std::lock_guard<std::mutex> lock(m);
   REQUIRE(sizes.size() == 1);
-  CHECK(sizes[0] == 3);                 // the three waited together...
-  CHECK(when[0] - start >= 100ms);      // ...for the delay, since 16 never came
+  CHECK(sizes[0] == 3);             // the three waited together...
+  CHECK(when[0] - start >= 100ms);  // ...for the delay, since 16 never came
 }
 
 TEST_CASE("a full batch goes at once without waiting for the delay") {
@@ -200,7 +211,8 @@ TEST_CASE("a full batch goes at once without waiting for the delay") {
   JobQueue queue(pool.get_executor(), opts(100, 1, 4, 10s), [&](std::vector<Job> batch) {
     if (!done.exchange(true)) first.set_value(batch.size());
   });
-  for (int i = 0; i < 4; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
   auto f = first.get_future();
   REQUIRE(f.wait_for(5s) == std::future_status::ready);  // far less than the 10 s delay
   CHECK(f.get() == 4);
@@ -211,7 +223,8 @@ TEST_CASE("closing the queue sends a waiting partial batch at once") {
   std::atomic<int> handled{0};
   JobQueue queue(pool.get_executor(), opts(100, 1, 16, 10s),
                  [&](std::vector<Job> batch) { handled += static_cast<int>(batch.size()); });
-  for (int i = 0; i < 5; ++i) REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  for (int i = 0; i < 5; ++i)
+    REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
   queue.close();
   REQUIRE(queue.wait_idle(5s));
   CHECK(handled == 5);

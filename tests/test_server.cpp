@@ -497,6 +497,7 @@ TEST_CASE("a burst of simultaneous connections is served without resets") {
       ok += res && res->status == 202;
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   CHECK(ok == clients);
 }

@@ -43,7 +43,8 @@ std::vector<Row> iris_rows() {
     std::stringstream ss(line);
     std::string cell;
     json features = json::array();
-    for (int i = 0; i < 4 && std::getline(ss, cell, ','); ++i) features.push_back(std::stod(cell));
+    for (int i = 0; i < 4 && std::getline(ss, cell, ','); ++i)
+      features.push_back(std::stod(cell));
     std::getline(ss, cell, ',');
     rows.push_back({features, names.at(std::stoul(cell))});
   }
@@ -82,7 +83,8 @@ TEST_CASE("one sample gets scores and a label - several get one prediction each"
   CHECK(p.output()["label"] == "setosa");
   REQUIRE(p.output()["scores"].size() == 3);
   double sum = 0;
-  for (const auto& s : p.output()["scores"]) sum += s.get<double>();
+  for (const auto& s : p.output()["scores"])
+    sum += s.get<double>();
   CHECK(sum == doctest::Approx(1.0).epsilon(1e-4));
 
   auto several = model.predict({{5.1, 3.5, 1.4, 0.2}, {6.3, 3.3, 6.0, 2.5}});
@@ -94,9 +96,9 @@ TEST_CASE("one sample gets scores and a label - several get one prediction each"
 
 TEST_CASE("bad inputs are refused with a reason and never reach libtorch") {
   TorchScriptModel model(iris_dir);
-  for (const char* text : {R"("abc")", "null", "{}", "[]", "[1, 2, 3]", "[1, 2, 3, 4, 5]",
-                           R"([1, "x", 3, 4])", "[[1, 2, 3, 4], [1, 2]]", "[[[1, 2, 3, 4]]]",
-                           "[1, [2], 3, 4]", "[true, 1, 2, 3]"}) {
+  for (const char* text :
+       {R"("abc")", "null", "{}", "[]", "[1, 2, 3]", "[1, 2, 3, 4, 5]", R"([1, "x", 3, 4])",
+        "[[1, 2, 3, 4], [1, 2]]", "[[[1, 2, 3, 4]]]", "[1, [2], 3, 4]", "[true, 1, 2, 3]"}) {
     CAPTURE(text);
     const json input = json::parse(text);
     auto why = model.validate(input);
@@ -108,8 +110,9 @@ TEST_CASE("bad inputs are refused with a reason and never reach libtorch") {
   }
   CHECK(model.validate(json::parse("[1, 2, 3, 4]")) == std::nullopt);
   CHECK(model.validate(json::parse("[[1, 2, 3, 4]]")) == std::nullopt);
-  CHECK(model.validate(json::parse("[1, 2, 3, 4]"))  == std::nullopt);
-  CHECK(model.validate({1, 2, 3}).value().message.find("expected [4] or [n, 4]") != std::string::npos);
+  CHECK(model.validate(json::parse("[1, 2, 3, 4]")) == std::nullopt);
+  CHECK(model.validate({1, 2, 3}).value().message.find("expected [4] or [n, 4]") !=
+        std::string::npos);
 }
 
 TEST_CASE("a batch mixing good and bad inputs answers each in its place") {
@@ -193,7 +196,8 @@ TEST_CASE("/invocations classifies the 150 Iris rows with at least 90% accuracy"
       }
     });
   }
-  for (auto& t : clients) t.join();
+  for (auto& t : clients)
+    t.join();
   CHECK(answered == 150);
   MESSAGE("accuracy: " << correct.load() << "/150");
   CHECK(correct >= 135);
@@ -258,11 +262,15 @@ TEST_CASE("concurrent requests are grouped into batches") {
   for (int c = 0; c < requests; ++c) {
     clients.emplace_back([&] {
       auto res = s.client().Post("/invocations", "[5.9, 3.0, 4.2, 1.5]", "application/json");
-      if (!res) MESSAGE("error " << httplib::to_string(res.error())); else if (res->status != 200) MESSAGE(res->status << res->body);
+      if (!res)
+        MESSAGE("error " << httplib::to_string(res.error()));
+      else if (res->status != 200)
+        MESSAGE(res->status << res->body);
       ok += res && res->status == 200 && json::parse(res->body)["label"] == "versicolor";
     });
   }
-  for (auto& t : clients) t.join();
+  for (auto& t : clients)
+    t.join();
   CHECK(ok == requests);
   MESSAGE("depth " << s.service->queue_depth() << " in flight " << s.service->in_flight());
   const auto stats = s.service->batch_stats();

@@ -60,7 +60,8 @@ class LexiconSentimentModel final : public rebound::Model {
   }
 
   // One prediction per input, in order; bad inputs fail alone, the rest of the batch goes on.
-  std::vector<rebound::Prediction> predict_batch(const std::vector<nlohmann::json>& inputs) override {
+  std::vector<rebound::Prediction> predict_batch(
+      const std::vector<nlohmann::json>& inputs) override {
     std::vector<rebound::Prediction> out;
     out.reserve(inputs.size());
     for (const auto& input : inputs) {
@@ -71,8 +72,10 @@ class LexiconSentimentModel final : public rebound::Model {
       std::istringstream words(input["text"].get<std::string>());
       int score = 0;
       for (std::string word; words >> word;) {
-        while (!word.empty() && std::ispunct(static_cast<unsigned char>(word.back()))) word.pop_back();
-        for (auto& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        while (!word.empty() && std::ispunct(static_cast<unsigned char>(word.back())))
+          word.pop_back();
+        for (auto& c : word)
+          c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         if (auto it = lexicon_.find(word); it != lexicon_.end()) score += it->second;
       }
       const char* label = score > 0 ? "positive" : score < 0 ? "negative" : "neutral";
@@ -94,10 +97,9 @@ int main(int argc, char** argv) {
   auto work = boost::asio::make_work_guard(io);
   std::thread io_thread([&io] { io.run(); });
   {
-    rebound::Service service(inference.get_executor(), io.get_executor(),
-                             std::make_unique<LexiconSentimentModel>(),
-                             std::make_unique<rebound::MemoryJobStore>(),
-                             std::make_unique<rebound::HttpTransport>());
+    rebound::Service service(
+        inference.get_executor(), io.get_executor(), std::make_unique<LexiconSentimentModel>(),
+        std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
     rebound::Server server(service, {"127.0.0.1", port});
     std::cout << "lexicon-sentiment on 127.0.0.1:" << server.bind() << std::endl;
 

@@ -114,8 +114,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch-size", max_batch_size,
                  "Jobs and invocations per model call (default: the model's config.json, else 1)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{65536}));
-  app.add_option("--max-batch-delay-ms", max_batch_delay_ms,
-                 "Longest wait for a batch to fill, in ms (default: the model's config.json, else 0)")
+  app.add_option(
+         "--max-batch-delay-ms", max_batch_delay_ms,
+         "Longest wait for a batch to fill, in ms (default: the model's config.json, else 0)")
       ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--store", store_uri, "Job store: memory")->capture_default_str();
   app.add_option("--workers", workers, "Inferences run at once")

@@ -14,6 +14,10 @@ struct HttpTransportOptions {
   /// Requests sent at once, at most. Each sender thread keeps one open connection per receiver
   /// origin, so this is also the most connections kept open to one receiver.
   std::size_t connections = 16;
+  /// Receivers each sender thread keeps a connection open to, at most; beyond it the least
+  /// recently used connection is closed. Bounds sockets and memory however many receivers there
+  /// are.
+  std::size_t origins_per_connection = 32;
   /// Which addresses may be contacted. Host names are resolved once per connection and the
   /// connection goes to the address that passed the check.
   AddressGuard guard{};

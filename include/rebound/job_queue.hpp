@@ -2,10 +2,10 @@
 // them dynamic batches (up to a size, waiting at most a delay for one to fill).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <algorithm>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -111,7 +111,8 @@ class BasicJobQueue final {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<Item> out;
     out.reserve(pending_.size());
-    for (auto& p : pending_) out.push_back(std::move(p.item));
+    for (auto& p : pending_)
+      out.push_back(std::move(p.item));
     pending_.clear();
     return out;
   }

@@ -49,7 +49,7 @@ class Prediction {
 /// How a model would like concurrent requests grouped (see JobQueueOptions). A server's own
 /// settings (flags) override it.
 struct BatchingPreference {
-  std::size_t max_batch_size = 1;               ///< 1: no batching
+  std::size_t max_batch_size = 1;                ///< 1: no batching
   std::chrono::microseconds max_queue_delay{0};  ///< longest wait for a batch to fill
 };
 

@@ -24,7 +24,8 @@ struct ServerOptions {
   /// When not empty, every route but `/ping` and `/openapi.json` requires
   /// `Authorization: Bearer <one of these keys>` (several keys allow rotation); else 401.
   std::vector<std::string> api_keys;
-  /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60 s).
+  /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60
+  /// s).
   std::chrono::milliseconds invocation_timeout{60000};
 };
 

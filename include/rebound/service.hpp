@@ -53,8 +53,8 @@ using InvocationHandler = std::function<void(const Prediction&)>;
 
 /// Counters of the batches run so far.
 struct BatchStats {
-  std::uint64_t batches = 0;        ///< predict_batch calls
-  std::uint64_t items = 0;          ///< jobs and invocations in them
+  std::uint64_t batches = 0;  ///< predict_batch calls
+  std::uint64_t items = 0;    ///< jobs and invocations in them
   std::size_t largest_batch = 0;
 };
 

@@ -24,7 +24,8 @@ struct Parsed {
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
 }
 
@@ -54,7 +55,8 @@ std::optional<std::string> parse_numbers(const nlohmann::json& j, std::size_t de
 nlohmann::json tensor_to_json(const torch::Tensor& t) {
   if (t.dim() == 0) return t.item<float>();
   nlohmann::json out = nlohmann::json::array();
-  for (std::int64_t i = 0; i < t.size(0); ++i) out.push_back(tensor_to_json(t[i]));
+  for (std::int64_t i = 0; i < t.size(0); ++i)
+    out.push_back(tensor_to_json(t[i]));
   return out;
 }
 
@@ -80,7 +82,8 @@ TorchScriptModelConfig load_torchscript_config(const std::string& path) {
       const auto size = b.value("max_batch_size", 1);
       const auto delay_ms = b.value("max_queue_delay_ms", 0.0);
       if (size < 1 || size > 65536) throw Error(path + ": max_batch_size must be 1..65536");
-      if (delay_ms < 0 || delay_ms > 60000) throw Error(path + ": max_queue_delay_ms must be 0..60000");
+      if (delay_ms < 0 || delay_ms > 60000)
+        throw Error(path + ": max_queue_delay_ms must be 0..60000");
       config.batching.max_batch_size = static_cast<std::size_t>(size);
       config.batching.max_queue_delay =
           std::chrono::microseconds(static_cast<long long>(delay_ms * 1000));
@@ -106,7 +109,8 @@ struct TorchScriptModel::Impl {
       samples = 1;
       return std::nullopt;
     }
-    if (p.shape.size() == want.size() + 1 && std::equal(want.begin(), want.end(), p.shape.begin() + 1)) {
+    if (p.shape.size() == want.size() + 1 &&
+        std::equal(want.begin(), want.end(), p.shape.begin() + 1)) {
       samples = p.shape[0];
       return std::nullopt;
     }
@@ -132,7 +136,8 @@ TorchScriptModel::TorchScriptModel(const std::string& directory) : impl_(std::ma
   if (!fs::is_regular_file(model_path)) {
     throw Error("no model.pt in " + directory + " (a TorchScript file made by torch.jit.save)");
   }
-  if (fs::exists(dir / "config.json")) impl_->config = load_torchscript_config((dir / "config.json").string());
+  if (fs::exists(dir / "config.json"))
+    impl_->config = load_torchscript_config((dir / "config.json").string());
   try {
     impl_->module = torch::jit::load(model_path.string(), torch::kCPU);
     impl_->module.eval();
@@ -144,11 +149,17 @@ TorchScriptModel::TorchScriptModel(const std::string& directory) : impl_(std::ma
 
 TorchScriptModel::~TorchScriptModel() = default;
 
-std::string TorchScriptModel::name() const { return impl_->config.name; }
+std::string TorchScriptModel::name() const {
+  return impl_->config.name;
+}
 
-BatchingPreference TorchScriptModel::batching() const { return impl_->config.batching; }
+BatchingPreference TorchScriptModel::batching() const {
+  return impl_->config.batching;
+}
 
-const TorchScriptModelConfig& TorchScriptModel::config() const { return impl_->config; }
+const TorchScriptModelConfig& TorchScriptModel::config() const {
+  return impl_->config;
+}
 
 std::optional<ErrorInfo> TorchScriptModel::validate(const nlohmann::json& input) const {
   Parsed parsed;
@@ -189,7 +200,8 @@ std::vector<Prediction> TorchScriptModel::predict_batch(const std::vector<nlohma
     const bool several = !impl_->config.input_shape.empty() &&
                          parsed.shape.size() == impl_->config.input_shape.size() + 1;
     std::vector<std::int64_t> sample_shape =
-        several ? std::vector<std::int64_t>(parsed.shape.begin() + 1, parsed.shape.end()) : parsed.shape;
+        several ? std::vector<std::int64_t>(parsed.shape.begin() + 1, parsed.shape.end())
+                : parsed.shape;
     Group& group = groups[sample_shape];
     group.members.push_back({i, group.rows, samples, several});
     group.rows += samples;
@@ -204,11 +216,13 @@ std::vector<Prediction> TorchScriptModel::predict_batch(const std::vector<nlohma
       torch::Tensor result;
       {
         c10::InferenceMode guard;
-        result = impl_->module.forward({batch}).toTensor().to(torch::kCPU, torch::kFloat32).contiguous();
+        result =
+            impl_->module.forward({batch}).toTensor().to(torch::kCPU, torch::kFloat32).contiguous();
       }
       if (result.dim() == 0 || result.size(0) != group.rows) {
-        throw std::runtime_error("the model returned " + std::to_string(result.dim() ? result.size(0) : 0) +
-                                 " rows for " + std::to_string(group.rows) + " samples");
+        throw std::runtime_error("the model returned " +
+                                 std::to_string(result.dim() ? result.size(0) : 0) + " rows for " +
+                                 std::to_string(group.rows) + " samples");
       }
       for (const Member& m : group.members) {
         if (!m.several) {
@@ -216,14 +230,17 @@ std::vector<Prediction> TorchScriptModel::predict_batch(const std::vector<nlohma
           continue;
         }
         nlohmann::json predictions = nlohmann::json::array();
-        for (std::int64_t r = 0; r < m.samples; ++r) predictions.push_back(impl_->answer_for(result[m.first + r]));
+        for (std::int64_t r = 0; r < m.samples; ++r)
+          predictions.push_back(impl_->answer_for(result[m.first + r]));
         out[m.index] = Prediction::success({{"predictions", std::move(predictions)}});
       }
     } catch (const std::exception& e) {
       // libtorch's errors (c10::Error) stop at this boundary.
       std::string what = e.what();
-      const auto failure = Prediction::failure("model_error", "inference failed: " + what.substr(0, what.find('\n')));
-      for (const Member& m : group.members) out[m.index] = failure;
+      const auto failure = Prediction::failure(
+          "model_error", "inference failed: " + what.substr(0, what.find('\n')));
+      for (const Member& m : group.members)
+        out[m.index] = failure;
     }
   }
   return out;
