@@ -11,7 +11,7 @@ port=${PORT:-8080}
 secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw  # a demo secret; never use a published one for real
 
 "$bin/rebound-server" serve --host 127.0.0.1 --port "$port" --model examples/models/iris \
-  --allow-private-callbacks --signing-secret "$secret" &
+  --store "sqlite:${BUILD_DIR:-build}/demo-jobs.db" --allow-private-callbacks --signing-secret "$secret" &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 50); do

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
+  libsqlite3-dev
   curl python3
 )
 # libtorch-dev is for rebound::torch (TorchScriptModel); the core builds without it, and

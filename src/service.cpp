@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <utility>
@@ -170,16 +171,36 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                    std::move(options.delivery));
   core_->capacity = options.queue_capacity;
+  // What a durable store holds from an earlier run: accepted, not finished. All of it resumes,
+  // even beyond the capacity (new submissions wait until the backlog is below it again).
+  std::vector<JobRecord> unfinished =
+      core_->store->list_unfinished(std::numeric_limits<std::size_t>::max());
   const BatchingPreference preferred = core_->model->batching();
   JobQueueOptions queue_options;
   // The queue's own bound equals the admission bound, so an admitted item always fits.
-  queue_options.capacity = options.queue_capacity;
+  queue_options.capacity = std::max(options.queue_capacity, unfinished.size());
   queue_options.workers = options.workers;
   queue_options.max_batch_size = options.max_batch_size.value_or(preferred.max_batch_size);
   queue_options.max_queue_delay = options.max_queue_delay.value_or(preferred.max_queue_delay);
   queue_ = std::make_unique<BasicJobQueue<WorkItem>>(
       std::move(inference_executor), queue_options,
       [core = core_](std::vector<WorkItem> batch) { Core::run_batch(core, std::move(batch)); });
+  resume(std::move(unfinished));
+}
+
+void Service::resume(std::vector<JobRecord> unfinished) {
+  {
+    std::lock_guard<std::mutex> lock(core_->mutex);
+    core_->in_flight += unfinished.size();
+    core_->stats.resumed += unfinished.size();
+  }
+  for (auto& record : unfinished) {
+    if (is_final(record.status)) {
+      Core::deliver(core_, record);  // the result is stored; only the callback is owed
+    } else {
+      queue_->try_push(WorkItem{std::move(record.job), nullptr});  // runs again: at least once
+    }
+  }
 }
 
 Service::~Service() {

@@ -7,7 +7,7 @@ secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 log=$(mktemp)
 trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
 
-"$server_bin" serve --model echo --host 127.0.0.1 --port 0 --allow-private-callbacks --signing-secret "$secret" >"$log" 2>&1 &
+"$server_bin" serve --model echo --store memory --host 127.0.0.1 --port 0 --allow-private-callbacks --signing-secret "$secret" >"$log" 2>&1 &
 pid=$!
 port=""
 for _ in $(seq 1 100); do

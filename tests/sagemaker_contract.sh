@@ -4,11 +4,13 @@
 # environment; GET /ping, POST /invocations, SIGTERM handled well inside 30 s.
 # Usage: sagemaker_contract.sh REBOUND_SERVER MODEL_DIR
 set -euo pipefail
-server_bin=$1 model_dir=$2
+server_bin=$(realpath "$1") model_dir=$(realpath "$2")
 fail() { echo "FAIL: $*"; cat "$log"; exit 1; }
 log=$(mktemp)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
+workdir=$(mktemp -d)
+trap 'kill $pid 2>/dev/null || true; rm -rf "$log" "$workdir"' EXIT
+cd "$workdir"  # the default store, sqlite:rebound.db, is created in the working directory
 
 SM_MODEL_DIR=$model_dir SAGEMAKER_BIND_TO_PORT=$port "$server_bin" serve >"$log" 2>&1 &
 pid=$!

@@ -10,7 +10,7 @@ help=$("$server_bin" --help)
 for opt in --host --port --model --store --workers --queue-capacity --http-threads --api-key \
            --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
-           --callback-allow --callback-connections --callback-ca-file serve; do
+           --callback-allow --callback-connections --callback-ca-file --retention serve; do
   grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
 done
 grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"
@@ -33,6 +33,7 @@ expect_refusal "whsec_" --signing-secret not-a-secret
 expect_refusal "allowlist" --callback-allow 10.0.0.0/99
 expect_refusal "resnet" --model resnet
 expect_refusal "unsupported --store" --store postgres://db
+expect_refusal "cannot open the job store" --store sqlite:/nonexistent/dir/jobs.db
 expect_refusal "not in range" --port 70000
 expect_refusal "callback-timeout" --callback-timeout soon
 expect_refusal "not expected" --no-such-flag
@@ -52,7 +53,7 @@ wait_port() {
 
 # SAGEMAKER_BIND_TO_PORT picks the port; --api-key guards the API but not /ping.
 free_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-SAGEMAKER_BIND_TO_PORT=$free_port "$server_bin" serve --model echo --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
+SAGEMAKER_BIND_TO_PORT=$free_port "$server_bin" serve --model echo --store memory --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
 pids+=($!)
 wait_port
 [ "$port" = "$free_port" ] || fail "SAGEMAKER_BIND_TO_PORT ignored: $port"
@@ -68,7 +69,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' 
 kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "SIGTERM exit status"
 
 : >"$log"
-"$server_bin" --model echo --host 127.0.0.1 --port 0 --callback-allow 127.0.0.0/8 >"$log" 2>&1 &
+"$server_bin" --model echo --store memory --host 127.0.0.1 --port 0 --callback-allow 127.0.0.0/8 >"$log" 2>&1 &
 pids+=($!)
 wait_port
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST \

@@ -23,6 +23,7 @@
 #include "rebound/torchscript_model.hpp"
 #endif
 #include "rebound/service.hpp"
+#include "rebound/sqlite_job_store.hpp"
 #include "rebound/version.hpp"
 #include "rebound/webhook_signature.hpp"
 
@@ -70,9 +71,16 @@ std::unique_ptr<rebound::Model> make_model(const std::string& spec) {
 #endif
 }
 
-std::unique_ptr<rebound::JobStore> make_store(const std::string& uri) {
+std::unique_ptr<rebound::JobStore> make_store(const std::string& uri,
+                                              std::chrono::seconds retention) {
   if (uri == "memory") return std::make_unique<rebound::MemoryJobStore>();
-  throw rebound::Error("unsupported --store '" + uri + "': this build supports memory");
+  constexpr std::string_view sqlite = "sqlite:";
+  if (uri.rfind(sqlite, 0) == 0 && uri.size() > sqlite.size()) {
+    rebound::SqliteJobStoreOptions options;
+    options.retention = retention;
+    return std::make_unique<rebound::SqliteJobStore>(uri.substr(sqlite.size()), options);
+  }
+  throw rebound::Error("unsupported --store '" + uri + "': use memory or sqlite:<path>");
 }
 
 }  // namespace
@@ -85,7 +93,8 @@ int main(int argc, char** argv) {
   std::string model_spec = default_model_dir();
   std::size_t max_batch_size = 0;
   double max_batch_delay_ms = -1;
-  std::string store_uri = "memory";
+  std::string store_uri = "sqlite:rebound.db";
+  double retention_s = 86400;
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
   std::vector<std::string> signing_secrets;
@@ -118,7 +127,13 @@ int main(int argc, char** argv) {
          "--max-batch-delay-ms", max_batch_delay_ms,
          "Longest wait for a batch to fill, in ms (default: the model's config.json, else 0)")
       ->check(CLI::Range(0.0, 60000.0));
-  app.add_option("--store", store_uri, "Job store: memory")->capture_default_str();
+  app.add_option("--store", store_uri,
+                 "Job store: sqlite:<path> (durable: accepted jobs survive a crash) or memory")
+      ->capture_default_str();
+  app.add_option("--retention", retention_s,
+                 "Seconds a finished job stays in a sqlite store before it is pruned (0: forever)")
+      ->check(CLI::Range(0.0, 10.0 * 365 * 86400))
+      ->capture_default_str();
   app.add_option("--workers", workers, "Inferences run at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
       ->capture_default_str();
@@ -229,7 +244,7 @@ int main(int argc, char** argv) {
     // Everything that can refuse the configuration is built before any thread starts.
     // The model loads last: a mistake in a cheap flag is reported without waiting for it.
     rebound::AddressGuard guard(allow_private, callback_allow);
-    auto store = make_store(store_uri);
+    auto store = make_store(store_uri, std::chrono::seconds(static_cast<long long>(retention_s)));
     rebound::ServiceOptions service_options;
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;
@@ -270,6 +285,10 @@ int main(int argc, char** argv) {
       if (!ec) stop_requested.set_value();
     });
 
+    if (const auto resumed = service.batch_stats().resumed) {
+      std::cout << "rebound-server: resumed " << resumed << " unfinished jobs from " << store_uri
+                << std::endl;
+    }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
               << " (model " << model_name << ", store " << store_uri << ", workers " << workers
               << ", batches up to " << service.max_batch_size() << " within "

@@ -56,6 +56,7 @@ struct BatchStats {
   std::uint64_t batches = 0;  ///< predict_batch calls
   std::uint64_t items = 0;    ///< jobs and invocations in them
   std::size_t largest_batch = 0;
+  std::uint64_t resumed = 0;  ///< unfinished jobs taken over from the store at construction
 };
 
 /// What `Service::redeliver` did.
@@ -77,6 +78,11 @@ enum class RedeliverStatus {
 ///                            std::make_unique<rebound::MemoryJobStore>(),
 ///                            std::make_unique<rebound::HttpTransport>());
 ///   service.submit({"job-1", "https://example.com/hook", {{"x", 1}}});
+///
+/// Recovery: on construction the Service takes over every job the store lists as unfinished (a
+/// durable store after a crash or a restart): jobs not final run again, final ones whose callback
+/// is still owed are delivered. Delivery is at least once, so a job can run or be called back
+/// twice across a crash, never zero times.
 ///
 /// Executors: model inference runs on `inference_executor` (size its pool to `workers`); callback
 /// timers and delivery bookkeeping run on `io_executor`. Both must outlive the Service and any
@@ -137,6 +143,8 @@ class Service final {
   struct WorkItem;  // a job, or an invocation waiting for its result
 
  private:
+  void resume(std::vector<JobRecord> unfinished);
+
   std::shared_ptr<Core> core_;
   std::unique_ptr<BasicJobQueue<WorkItem>> queue_;  // destroyed first: its workers use the core
 };

@@ -1,0 +1,60 @@
+// SqliteJobStore: the durable, embedded JobStore (one SQLite file in WAL mode, group commit).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "rebound/job_store.hpp"
+
+namespace rebound {
+
+struct SqliteJobStoreOptions {
+  /// Finished jobs (final, callback delivered, given up or not wanted) are deleted this long after
+  /// they finished. 0 keeps them forever.
+  std::chrono::seconds retention{std::chrono::hours(24)};
+  /// How often the pruning runs.
+  std::chrono::seconds prune_interval{std::chrono::minutes(1)};
+};
+
+/// A JobStore in one SQLite file, for a single server process.
+///
+/// Durability: `put` returns only after the job is committed to disk (WAL, `synchronous=FULL`), so
+/// a 202 means the job survives a crash. Writes from all threads are grouped into one transaction
+/// by a writer thread (group commit): concurrent submissions share one fsync. State changes
+/// (`mark_running`, `complete`, `update_callback`) are queued to the same writer without waiting;
+/// every read waits until the writes issued before it are committed, so reads see them.
+///
+/// After a crash, `list_unfinished` returns every job that was accepted and not finished; the
+/// Service runs them again and resumes their callbacks (at least once).
+///
+/// The file is opened in exclusive locking mode: a second process that opens it fails at once
+/// rather than sharing it. Thread-safety: every method is thread-safe.
+class SqliteJobStore final : public JobStore {
+ public:
+  /// Opens or creates the database at `path`. Throws rebound::Error when it cannot.
+  explicit SqliteJobStore(const std::string& path, SqliteJobStoreOptions options = {});
+  ~SqliteJobStore() override;
+  SqliteJobStore(const SqliteJobStore&) = delete;
+  SqliteJobStore& operator=(const SqliteJobStore&) = delete;
+
+  PutOutcome put(const Job& job) override;
+  std::optional<JobRecord> get(const std::string& id) const override;
+  void mark_running(const std::string& id) override;
+  void complete(const std::string& id, const JobOutcome& outcome) override;
+  void update_callback(const std::string& id, const CallbackInfo& callback) override;
+  std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
+  std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
+
+  /// Transactions committed so far (each may hold many writes).
+  std::size_t commits() const;
+  /// Deletes finished jobs older than the retention now; returns how many. Also runs by itself.
+  std::size_t prune();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rebound

@@ -1,0 +1,437 @@
+// SqliteJobStore: one connection, a writer thread that groups writes into transactions, and
+// reads that wait for the writes issued before them.
+#include "rebound/sqlite_job_store.hpp"
+
+#include <sqlite3.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "rebound/error.hpp"
+
+namespace rebound {
+namespace {
+
+constexpr const char* schema = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  id             TEXT PRIMARY KEY,
+  callback_url   TEXT    NOT NULL,
+  input          TEXT    NOT NULL,
+  created_at_ms  INTEGER NOT NULL,
+  status         INTEGER NOT NULL,
+  result         TEXT,
+  error_code     TEXT,
+  error_message  TEXT,
+  cb_state       INTEGER NOT NULL DEFAULT 0,
+  cb_attempts    INTEGER NOT NULL DEFAULT 0,
+  cb_last_error  TEXT,
+  finished_at_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs (created_at_ms) WHERE finished_at_ms IS NULL;
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at_ms) WHERE finished_at_ms IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_failed_callbacks ON jobs (created_at_ms) WHERE cb_state = 3;
+)sql";
+
+// A job is finished when final (status 2..4) and its callback is not owed any more (none wanted,
+// or state 2 delivered / 3 failed): the SQL form of MemoryJobStore::is_finished, used by both
+// updates below to keep finished_at_ms.
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A prepared statement, reset and cleared after each use.
+class Statement {
+ public:
+  Statement(sqlite3* db, const std::string& sql) {
+    if (sqlite3_prepare_v3(db, sql.c_str(), -1, SQLITE_PREPARE_PERSISTENT, &stmt_, nullptr) !=
+        SQLITE_OK) {
+      throw Error(std::string("sqlite: cannot prepare statement: ") + sqlite3_errmsg(db));
+    }
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& bind(int i, std::int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Statement& bind_null(int i) {
+    sqlite3_bind_null(stmt_, i);
+    return *this;
+  }
+  int param(const char* name) const { return sqlite3_bind_parameter_index(stmt_, name); }
+  // Steps once; true while a row is available.
+  bool step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw Error(std::string("sqlite: ") + sqlite3_errmsg(sqlite3_db_handle(stmt_)));
+  }
+  void reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+  std::string text(int col) const {
+    const auto* p = sqlite3_column_text(stmt_, col);
+    return p ? std::string(reinterpret_cast<const char*>(p),
+                           static_cast<std::size_t>(sqlite3_column_bytes(stmt_, col)))
+             : std::string();
+  }
+  std::int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+  bool is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+constexpr const char* record_columns =
+    "id, callback_url, input, created_at_ms, status, result, error_code, error_message, cb_state, "
+    "cb_attempts, cb_last_error";
+
+JobRecord read_record(const Statement& s) {
+  JobRecord r;
+  r.job.id = s.text(0);
+  r.job.callback_url = s.text(1);
+  r.job.input = nlohmann::json::parse(s.text(2), nullptr, false);
+  r.job.created_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(s.integer(3)));
+  r.status = static_cast<JobStatus>(s.integer(4));
+  r.outcome.status = r.status;
+  if (!s.is_null(5)) r.outcome.result = nlohmann::json::parse(s.text(5), nullptr, false);
+  if (!s.is_null(6)) r.outcome.error = ErrorInfo{s.text(6), s.text(7)};
+  r.callback.state = static_cast<CallbackState>(s.integer(8));
+  r.callback.attempts = static_cast<int>(s.integer(9));
+  r.callback.last_error = s.text(10);
+  return r;
+}
+
+}  // namespace
+
+struct SqliteJobStore::Impl {
+  struct Write {
+    std::function<void()> apply;                     // runs inside the transaction
+    std::function<void()> committed;                 // after COMMIT (may be empty)
+    std::function<void(std::exception_ptr)> failed;  // after ROLLBACK (may be empty)
+  };
+
+  SqliteJobStoreOptions options;
+  sqlite3* db = nullptr;
+  mutable std::mutex db_mutex;  // the connection and its statements
+  std::unique_ptr<Statement> insert, select_one, set_running, set_outcome, set_callback,
+      select_failed, select_unfinished, delete_finished;
+
+  mutable std::mutex queue_mutex;
+  mutable std::condition_variable queue_changed;  // writes queued, or committed
+  std::deque<Write> queue;
+  std::uint64_t enqueued = 0;   // writes handed to the writer so far
+  std::uint64_t committed = 0;  // writes whose transaction ended (committed or rolled back)
+  std::size_t commit_count = 0;
+  bool stopping = false;
+  std::thread writer;
+
+  void exec(const char* sql) {
+    char* message = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+      std::string what = message ? message : "unknown error";
+      sqlite3_free(message);
+      throw Error(std::string("sqlite: ") + what);
+    }
+  }
+
+  void open(const std::string& path) {
+    if (sqlite3_open_v2(path.c_str(), &db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                        nullptr) != SQLITE_OK) {
+      const std::string what = db ? sqlite3_errmsg(db) : "out of memory";
+      sqlite3_close(db);
+      db = nullptr;
+      throw Error("cannot open the job store " + path + ": " + what);
+    }
+    try {
+      exec("PRAGMA locking_mode = EXCLUSIVE");
+      exec("PRAGMA journal_mode = WAL");
+      exec("PRAGMA synchronous = FULL");
+      // Takes the exclusive lock now, so a second server on the same file fails at start.
+      exec("BEGIN IMMEDIATE; COMMIT");
+      exec(schema);
+      insert = std::make_unique<Statement>(
+          db,
+          "INSERT INTO jobs (id, callback_url, input, created_at_ms, status) VALUES (?, ?, ?, ?, 0)"
+          " ON CONFLICT (id) DO NOTHING");
+      select_one = std::make_unique<Statement>(
+          db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
+      set_running =
+          std::make_unique<Statement>(db, "UPDATE jobs SET status = 1 WHERE id = ? AND status = 0");
+      set_outcome = std::make_unique<Statement>(
+          db,
+          "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
+          "finished_at_ms = CASE WHEN :s >= 2 AND (callback_url = '' OR cb_state >= 2) "
+          "THEN :now ELSE NULL END WHERE id = :id");
+      set_callback = std::make_unique<Statement>(
+          db,
+          "UPDATE jobs SET cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, "
+          "finished_at_ms = CASE WHEN status >= 2 AND (callback_url = '' OR :cs >= 2) "
+          "THEN :now ELSE NULL END WHERE id = :id");
+      select_failed = std::make_unique<Statement>(
+          db, std::string("SELECT ") + record_columns +
+                  " FROM jobs WHERE cb_state = 3 ORDER BY created_at_ms DESC LIMIT ?");
+      select_unfinished = std::make_unique<Statement>(
+          db, std::string("SELECT ") + record_columns +
+                  " FROM jobs WHERE finished_at_ms IS NULL ORDER BY created_at_ms LIMIT ?");
+      delete_finished = std::make_unique<Statement>(
+          db, "DELETE FROM jobs WHERE finished_at_ms IS NOT NULL AND finished_at_ms < ?");
+    } catch (const Error& e) {
+      close();
+      throw Error("cannot use the job store " + path + ": " + e.what() +
+                  (std::string(e.what()).find("locked") != std::string::npos
+                       ? " (is another rebound-server using it?)"
+                       : ""));
+    }
+  }
+
+  void close() {
+    insert.reset();
+    select_one.reset();
+    set_running.reset();
+    set_outcome.reset();
+    set_callback.reset();
+    select_failed.reset();
+    select_unfinished.reset();
+    delete_finished.reset();
+    if (db) sqlite3_close(db);
+    db = nullptr;
+  }
+
+  // Queues a write; returns its sequence number.
+  std::uint64_t enqueue(Write w) {
+    std::lock_guard<std::mutex> lock(queue_mutex);
+    if (stopping) throw Error("the job store is closed");
+    queue.push_back(std::move(w));
+    queue_changed.notify_all();
+    return ++enqueued;
+  }
+
+  // Waits until every write queued before now has been through a transaction.
+  void wait_for_writes() const {
+    std::unique_lock<std::mutex> lock(queue_mutex);
+    const std::uint64_t target = enqueued;
+    queue_changed.wait(lock, [&] { return committed >= target; });
+  }
+
+  void run_writer() {
+    auto last_prune = std::chrono::steady_clock::now();
+    for (;;) {
+      std::deque<Write> batch;
+      {
+        std::unique_lock<std::mutex> lock(queue_mutex);
+        queue_changed.wait_for(lock, options.prune_interval,
+                               [this] { return stopping || !queue.empty(); });
+        if (queue.empty() && stopping) return;
+        batch.swap(queue);
+      }
+      if (!batch.empty()) commit(batch);
+      if (options.retention.count() > 0 &&
+          std::chrono::steady_clock::now() - last_prune >= options.prune_interval) {
+        last_prune = std::chrono::steady_clock::now();
+        try {
+          prune_now();
+        } catch (...) {
+          // Pruning is housekeeping: it retries at the next interval.
+        }
+      }
+    }
+  }
+
+  void commit(std::deque<Write>& batch) {
+    std::exception_ptr failure;
+    {
+      std::lock_guard<std::mutex> lock(db_mutex);
+      try {
+        exec("BEGIN IMMEDIATE");
+        for (auto& w : batch)
+          w.apply();
+        exec("COMMIT");
+      } catch (...) {
+        failure = std::current_exception();
+        sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      }
+    }
+    for (auto& w : batch) {
+      if (!failure && w.committed) w.committed();
+      if (failure && w.failed) w.failed(failure);
+    }
+    std::lock_guard<std::mutex> lock(queue_mutex);
+    committed += batch.size();
+    ++commit_count;
+    queue_changed.notify_all();
+  }
+
+  std::size_t prune_now() {
+    std::lock_guard<std::mutex> lock(db_mutex);
+    delete_finished->bind(1,
+                          now_ms() - static_cast<std::int64_t>(options.retention.count()) * 1000);
+    delete_finished->step();
+    delete_finished->reset();
+    return static_cast<std::size_t>(sqlite3_changes(db));
+  }
+
+  std::vector<JobRecord> select_list(Statement& s, std::size_t limit) const {
+    wait_for_writes();
+    std::lock_guard<std::mutex> lock(db_mutex);
+    std::vector<JobRecord> out;
+    s.bind(1, static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
+    try {
+      while (s.step())
+        out.push_back(read_record(s));
+    } catch (...) {
+      s.reset();
+      throw;
+    }
+    s.reset();
+    return out;
+  }
+};
+
+SqliteJobStore::SqliteJobStore(const std::string& path, SqliteJobStoreOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (options.prune_interval.count() <= 0)
+    throw Error("SqliteJobStore: prune_interval must be > 0");
+  impl_->options = options;
+  impl_->open(path);
+  impl_->writer = std::thread([impl = impl_.get()] { impl->run_writer(); });
+}
+
+SqliteJobStore::~SqliteJobStore() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->queue_mutex);
+    impl_->stopping = true;
+    impl_->queue_changed.notify_all();
+  }
+  impl_->writer.join();  // commits what is queued first
+  impl_->close();
+}
+
+PutOutcome SqliteJobStore::put(const Job& job) {
+  auto outcome = std::make_shared<PutOutcome>(PutOutcome::created);
+  auto done = std::make_shared<std::promise<PutOutcome>>();
+  auto result = done->get_future();
+  Impl* impl = impl_.get();
+  impl_->enqueue(
+      Impl::Write{[impl, job, outcome] {
+                    Statement& s = *impl->insert;
+                    s.bind(1, job.id).bind(2, job.callback_url).bind(3, job.input.dump());
+                    s.bind(4, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  job.created_at.time_since_epoch())
+                                  .count());
+                    s.step();
+                    s.reset();
+                    if (sqlite3_changes(impl->db) == 1) return;
+                    Statement& q = *impl->select_one;
+                    q.bind(1, job.id);
+                    const bool found = q.step();
+                    const JobRecord existing = found ? read_record(q) : JobRecord{};
+                    q.reset();
+                    *outcome = found && existing.job.same_request_as(job) ? PutOutcome::duplicate
+                                                                          : PutOutcome::conflict;
+                  },
+                  [done, outcome] { done->set_value(*outcome); },
+                  [done](std::exception_ptr e) { done->set_exception(e); }});
+  return result.get();  // durable once this returns created
+}
+
+std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
+  impl_->wait_for_writes();
+  std::lock_guard<std::mutex> lock(impl_->db_mutex);
+  Statement& s = *impl_->select_one;
+  s.bind(1, id);
+  std::optional<JobRecord> out;
+  try {
+    if (s.step()) out = read_record(s);
+  } catch (...) {
+    s.reset();
+    throw;
+  }
+  s.reset();
+  return out;
+}
+
+void SqliteJobStore::mark_running(const std::string& id) {
+  Impl* impl = impl_.get();
+  impl_->enqueue({[impl, id] {
+                    impl->set_running->bind(1, id).step();
+                    impl->set_running->reset();
+                  },
+                  {},
+                  {}});
+}
+
+void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) {
+  Impl* impl = impl_.get();
+  const std::string result = outcome.status == JobStatus::succeeded ? outcome.result.dump() : "";
+  impl_->enqueue({[impl, id, outcome, result] {
+                    Statement& s = *impl->set_outcome;
+                    s.bind(s.param(":s"), static_cast<std::int64_t>(outcome.status));
+                    if (outcome.status == JobStatus::succeeded) {
+                      s.bind(s.param(":r"), result);
+                    } else {
+                      s.bind_null(s.param(":r"));
+                    }
+                    if (outcome.error) {
+                      s.bind(s.param(":c"), outcome.error->code);
+                      s.bind(s.param(":m"), outcome.error->message);
+                    }
+                    s.bind(s.param(":now"), now_ms());
+                    s.bind(s.param(":id"), id);
+                    s.step();
+                    s.reset();
+                  },
+                  {},
+                  {}});
+}
+
+void SqliteJobStore::update_callback(const std::string& id, const CallbackInfo& callback) {
+  Impl* impl = impl_.get();
+  impl_->enqueue({[impl, id, callback] {
+                    Statement& s = *impl->set_callback;
+                    s.bind(s.param(":cs"), static_cast<std::int64_t>(callback.state));
+                    s.bind(s.param(":ca"), static_cast<std::int64_t>(callback.attempts));
+                    s.bind(s.param(":ce"), callback.last_error);
+                    s.bind(s.param(":now"), now_ms());
+                    s.bind(s.param(":id"), id);
+                    s.step();
+                    s.reset();
+                  },
+                  {},
+                  {}});
+}
+
+std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) const {
+  return impl_->select_list(*impl_->select_failed, limit);
+}
+
+std::vector<JobRecord> SqliteJobStore::list_unfinished(std::size_t limit) const {
+  return impl_->select_list(*impl_->select_unfinished, limit);
+}
+
+std::size_t SqliteJobStore::commits() const {
+  std::lock_guard<std::mutex> lock(impl_->queue_mutex);
+  return impl_->commit_count;
+}
+
+std::size_t SqliteJobStore::prune() {
+  impl_->wait_for_writes();
+  return impl_->prune_now();
+}
+
+}  // namespace rebound

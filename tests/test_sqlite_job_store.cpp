@@ -1,0 +1,241 @@
+// SqliteJobStore: the JobStore contract on a real SQLite file, durability across reopening,
+// group commit, the single-process lock, pruning, and a Service resuming a store's unfinished jobs.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "rebound/http_transport.hpp"
+#include "rebound/service.hpp"
+#include "rebound/sqlite_job_store.hpp"
+#include "support/receiver.hpp"
+
+using namespace std::chrono_literals;
+using rebound::CallbackState;
+using rebound::Job;
+using rebound::JobStatus;
+using rebound::PutOutcome;
+using rebound::SqliteJobStore;
+
+namespace {
+
+struct TempDb {
+  std::filesystem::path dir;
+  TempDb() {
+    char tmpl[] = "/tmp/rebound-sqlite-XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    dir = tmpl;
+  }
+  ~TempDb() { std::filesystem::remove_all(dir); }
+  std::string path() const { return (dir / "jobs.db").string(); }
+};
+
+Job make(const std::string& id, const std::string& url = "http://example.com/cb",
+         nlohmann::json input = {{"x", 1}}) {
+  return Job{id, url, std::move(input), std::chrono::system_clock::now()};
+}
+
+}  // namespace
+
+TEST_CASE("sqlite: put creates once - a duplicate and a conflict are told apart") {
+  TempDb db;
+  SqliteJobStore store(db.path());
+  CHECK(store.put(make("a")) == PutOutcome::created);
+  CHECK(store.put(make("a")) == PutOutcome::duplicate);
+  CHECK(store.put(make("a", "http://example.com/cb", {{"x", 2}})) == PutOutcome::conflict);
+  CHECK(store.put(make("a", "http://example.com/other")) == PutOutcome::conflict);
+  auto rec = store.get("a");
+  REQUIRE(rec);
+  CHECK(rec->job.input == nlohmann::json({{"x", 1}}));
+  CHECK(rec->status == JobStatus::queued);
+  CHECK_FALSE(store.get("missing"));
+}
+
+TEST_CASE("sqlite: a record follows its job - and reads see the writes before them") {
+  TempDb db;
+  SqliteJobStore store(db.path());
+  store.put(make("a"));
+  store.mark_running("a");
+  CHECK(store.get("a")->status == JobStatus::running);
+  store.complete("a", {JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt});
+  auto rec = store.get("a");
+  CHECK(rec->status == JobStatus::succeeded);
+  CHECK(rec->outcome.result == nlohmann::json({{"label", "setosa"}}));
+  store.update_callback("a", {CallbackState::pending, 2, "HTTP 503"});
+  rec = store.get("a");
+  CHECK(rec->callback.state == CallbackState::pending);
+  CHECK(rec->callback.attempts == 2);
+  CHECK(rec->callback.last_error == "HTTP 503");
+
+  store.put(make("b"));
+  store.complete("b", {JobStatus::failed, nullptr, rebound::ErrorInfo{"invalid_input", "no"}});
+  rec = store.get("b");
+  CHECK(rec->status == JobStatus::failed);
+  REQUIRE(rec->outcome.error);
+  CHECK(rec->outcome.error->code == "invalid_input");
+  CHECK(rec->outcome.error->message == "no");
+}
+
+TEST_CASE("sqlite: everything survives closing and reopening the file") {
+  TempDb db;
+  const auto created = std::chrono::system_clock::now();
+  {
+    SqliteJobStore store(db.path());
+    store.put(Job{"queued", "http://example.com/cb", {1, 2}, created});
+    store.put(make("running"));
+    store.mark_running("running");
+    store.put(make("undelivered"));
+    store.complete("undelivered", {JobStatus::succeeded, "OK", std::nullopt});
+    store.update_callback("undelivered", {CallbackState::pending, 1, "HTTP 500"});
+    store.put(make("done"));
+    store.complete("done", {JobStatus::succeeded, "OK", std::nullopt});
+    store.update_callback("done", {CallbackState::delivered, 1, {}});
+    store.put(make("dead"));
+    store.complete("dead", {JobStatus::succeeded, "OK", std::nullopt});
+    store.update_callback("dead", {CallbackState::failed, 5, "HTTP 500"});
+  }
+  SqliteJobStore store(db.path());
+  auto q = store.get("queued");
+  REQUIRE(q);
+  CHECK(q->job.input == nlohmann::json({1, 2}));
+  CHECK(
+      std::chrono::duration_cast<std::chrono::milliseconds>(q->job.created_at - created).count() ==
+      0);
+  std::set<std::string> unfinished;
+  for (const auto& r : store.list_unfinished(100))
+    unfinished.insert(r.job.id);
+  CHECK(unfinished == std::set<std::string>{"queued", "running", "undelivered"});
+  auto failed = store.list_failed_callbacks(10);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].job.id == "dead");
+  CHECK(store.get("done")->callback.state == CallbackState::delivered);
+}
+
+TEST_CASE("sqlite: concurrent submissions share commits (group commit)") {
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const std::size_t before = store.commits();
+  constexpr int threads = 8, per_thread = 50;
+  std::vector<std::thread> ts;
+  std::atomic<int> created{0};
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) {
+        created += store.put(make("g-" + std::to_string(t) + "-" + std::to_string(i))) ==
+                   PutOutcome::created;
+      }
+    });
+  }
+  for (auto& t : ts)
+    t.join();
+  CHECK(created == threads * per_thread);
+  const std::size_t commits = store.commits() - before;
+  MESSAGE((threads * per_thread) << " durable puts in " << commits << " commits");
+  CHECK(commits < static_cast<std::size_t>(threads * per_thread));
+  CHECK(store.list_unfinished(1000).size() == threads * per_thread);
+}
+
+TEST_CASE("sqlite: a second store on the same file is refused") {
+  TempDb db;
+  SqliteJobStore first(db.path());
+  try {
+    SqliteJobStore second(db.path());
+    FAIL("the second store opened");
+  } catch (const rebound::Error& e) {
+    CHECK(std::string(e.what()).find("another rebound-server") != std::string::npos);
+  }
+  CHECK_THROWS_AS(SqliteJobStore("/nonexistent/dir/jobs.db"), rebound::Error);
+}
+
+TEST_CASE("sqlite: finished jobs are pruned after the retention - unfinished ones never") {
+  TempDb db;
+  rebound::SqliteJobStoreOptions o;
+  o.retention = 1s;
+  o.prune_interval = 1h;  // only the explicit prune() below runs
+  SqliteJobStore store(db.path(), o);
+  store.put(make("finished"));
+  store.complete("finished", {JobStatus::succeeded, 1, std::nullopt});
+  store.update_callback("finished", {CallbackState::delivered, 1, {}});
+  store.put(make("poll-only", ""));
+  store.complete("poll-only", {JobStatus::succeeded, 1, std::nullopt});
+  store.put(make("waiting"));
+  CHECK(store.prune() == 0);  // not old enough yet
+  std::this_thread::sleep_for(1100ms);
+  CHECK(store.prune() == 2);
+  CHECK_FALSE(store.get("finished"));
+  CHECK_FALSE(store.get("poll-only"));
+  CHECK(store.get("waiting"));
+}
+
+namespace {
+// Counts predictions, to see which recovered jobs ran again.
+class CountingModel final : public rebound::Model {
+ public:
+  explicit CountingModel(std::atomic<int>& calls) : calls_(calls) {}
+  std::string name() const override { return "counting"; }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    ++calls_;
+    return rebound::Prediction::success(input);
+  }
+
+ private:
+  std::atomic<int>& calls_;
+};
+}  // namespace
+
+TEST_CASE("a Service on a store with unfinished jobs runs them again and delivers what is owed") {
+  TempDb db;
+  rebound::test::Receiver receiver;
+  {
+    SqliteJobStore store(db.path());
+    store.put(make("was-queued", receiver.url(), 1));
+    store.put(make("was-running", receiver.url(), 2));
+    store.mark_running("was-running");
+    store.put(make("was-delivering", receiver.url(), 3));
+    store.complete("was-delivering", {JobStatus::succeeded, 30, std::nullopt});
+    store.update_callback("was-delivering", {CallbackState::pending, 2, "HTTP 503"});
+    store.put(make("was-done", receiver.url(), 4));
+    store.complete("was-done", {JobStatus::succeeded, 40, std::nullopt});
+    store.update_callback("was-done", {CallbackState::delivered, 1, {}});
+  }
+  std::atomic<int> calls{0};
+  boost::asio::thread_pool pool(2);
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  std::thread io_thread([&] { io.run(); });
+  {
+    rebound::HttpTransportOptions to;
+    to.guard = rebound::AddressGuard(true);
+    rebound::ServiceOptions so;
+    so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(10ms), 3);
+    rebound::Service service(pool.get_executor(), io.get_executor(),
+                             std::make_unique<CountingModel>(calls),
+                             std::make_unique<SqliteJobStore>(db.path()),
+                             std::make_unique<rebound::HttpTransport>(to), so);
+    CHECK(service.batch_stats().resumed == 3);
+    REQUIRE(receiver.wait_for(3));
+    REQUIRE(service.shutdown(10s));
+    CHECK(calls == 2);  // the queued and the running job ran again; the finished one did not
+    std::map<std::string, nlohmann::json> results;
+    for (const auto& r : receiver.received()) {
+      auto body = nlohmann::json::parse(r.body);
+      results[body["id"]] = body["result"];
+    }
+    CHECK(results.size() == 3);
+    CHECK(results["was-queued"] == 1);
+    CHECK(results["was-running"] == 2);
+    CHECK(results["was-delivering"] == 30);
+    CHECK(service.find("was-delivering")->callback.attempts == 3);  // counts carry on
+    CHECK(service.find("was-queued")->callback.state == CallbackState::delivered);
+  }
+  work.reset();
+  io_thread.join();
+  pool.join();
+}
