@@ -111,6 +111,9 @@ struct Server::Impl {
     });
     http.Post("/invocations",
               [this](const httplib::Request& req, httplib::Response& res) { invoke(req, res); });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
+    });
     http.Get("/ping", [this](const httplib::Request&, httplib::Response& res) {
       if (service.ready()) {
         res.status = 200;

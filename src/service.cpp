@@ -29,6 +29,7 @@ struct Service::Core {
   std::condition_variable idle;
   std::size_t in_flight = 0;
   BatchStats stats;
+  Metrics metrics;
 
   bool try_admit() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -56,12 +57,23 @@ struct Service::Core {
     core->sender->deliver(
         std::move(message),
         [core, id](const AttemptReport& report) {
-          if (report.verdict == AttemptVerdict::retry) {
-            core->store->update_callback(id,
-                                         {CallbackState::pending, report.attempt, report.error});
+          switch (report.verdict) {
+            case AttemptVerdict::delivered:
+              ++core->metrics.callback_attempts_delivered;
+              break;
+            case AttemptVerdict::give_up:
+              ++core->metrics.callback_attempts_given_up;
+              break;
+            case AttemptVerdict::retry:
+              ++core->metrics.callback_attempts_retried;
+              core->store->update_callback(id,
+                                           {CallbackState::pending, report.attempt, report.error});
+              break;
           }
         },
         [core, id](const DeliveryReport& report) {
+          ++(report.delivered ? core->metrics.callbacks_delivered
+                              : core->metrics.callbacks_given_up);
           try {
             core->store->update_callback(
                 id, {report.delivered ? CallbackState::delivered : CallbackState::failed,
@@ -110,6 +122,7 @@ struct Service::Core {
 struct Service::WorkItem {
   Job job;
   InvocationHandler reply;  // set for an invocation: no store, no callback
+  std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
 };
 
 void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch) {
@@ -126,12 +139,21 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
     inputs.push_back(std::move(item.job.input));  // the record does not need it any more
   }
   core->count_batch(batch.size());
+  const auto started = std::chrono::steady_clock::now();
+  for (const auto& item : batch) {
+    core->metrics.queue_wait_seconds.observe(
+        std::chrono::duration<double>(started - item.enqueued).count());
+  }
   std::vector<Prediction> predictions = core->predict(inputs);
+  core->metrics.inference_seconds.observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  core->metrics.batch_size.observe(static_cast<double>(batch.size()));
 
   for (std::size_t i = 0; i < batch.size(); ++i) {
     WorkItem& item = batch[i];
     Prediction& prediction = predictions[i];
     if (item.reply) {
+      ++(prediction.ok() ? core->metrics.invocations_succeeded : core->metrics.invocations_failed);
       try {
         item.reply(prediction);
       } catch (...) {
@@ -148,6 +170,8 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
       record.outcome = {JobStatus::failed, nullptr, prediction.error()};
     }
     record.status = record.outcome.status;
+    ++(record.status == JobStatus::succeeded ? core->metrics.jobs_succeeded
+                                             : core->metrics.jobs_failed);
     try {
       core->store->complete(record.job.id, record.outcome);
     } catch (...) {
@@ -194,6 +218,7 @@ void Service::resume(std::vector<JobRecord> unfinished) {
     core_->in_flight += unfinished.size();
     core_->stats.resumed += unfinished.size();
   }
+  core_->metrics.jobs_resumed += unfinished.size();
   for (auto& record : unfinished) {
     if (is_final(record.status)) {
       Core::deliver(core_, record);  // the result is stored; only the callback is owed
@@ -214,12 +239,16 @@ Service::~Service() {
 SubmitStatus Service::submit(Job job) {
   std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
   if (!core_->accepting) return SubmitStatus::shutting_down;
-  if (!core_->model->ready()) return SubmitStatus::not_ready;
+  if (!core_->model->ready()) {
+    ++core_->metrics.submissions_refused_not_ready;
+    return SubmitStatus::not_ready;
+  }
   if (!core_->try_admit()) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     if (auto existing = core_->store->get(job.id)) {
       return existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
     }
+    ++core_->metrics.submissions_refused_queue_full;
     return SubmitStatus::queue_full;
   }
   if (job.created_at == std::chrono::system_clock::time_point{}) {
@@ -238,6 +267,7 @@ SubmitStatus Service::submit(Job job) {
   }
   // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
   queue_->try_push(WorkItem{std::move(job), nullptr});
+  ++core_->metrics.jobs_accepted;
   return SubmitStatus::accepted;
 }
 
@@ -245,8 +275,14 @@ SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) 
   if (!on_result) throw Error("Service::invoke: a result handler is required");
   std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
   if (!core_->accepting) return SubmitStatus::shutting_down;
-  if (!core_->model->ready()) return SubmitStatus::not_ready;
-  if (!core_->try_admit()) return SubmitStatus::queue_full;
+  if (!core_->model->ready()) {
+    ++core_->metrics.submissions_refused_not_ready;
+    return SubmitStatus::not_ready;
+  }
+  if (!core_->try_admit()) {
+    ++core_->metrics.submissions_refused_queue_full;
+    return SubmitStatus::queue_full;
+  }
   Job job;
   job.input = std::move(input);
   queue_->try_push(WorkItem{std::move(job), std::move(on_result)});
@@ -259,6 +295,19 @@ std::size_t Service::max_batch_size() const {
 
 std::chrono::microseconds Service::max_queue_delay() const {
   return queue_->options().max_queue_delay;
+}
+
+std::string Service::render_metrics() const {
+  std::size_t in_flight;
+  {
+    std::lock_guard<std::mutex> lock(core_->mutex);
+    in_flight = core_->in_flight;
+  }
+  return core_->metrics.render(queue_->depth(), in_flight, core_->sender->in_flight());
+}
+
+const Metrics& Service::metrics() const {
+  return core_->metrics;
 }
 
 BatchStats Service::batch_stats() const {

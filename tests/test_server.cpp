@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <set>
+#include <sstream>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -500,4 +502,67 @@ TEST_CASE("a burst of simultaneous connections is served without resets") {
   for (auto& t : threads)
     t.join();
   CHECK(ok == clients);
+}
+
+namespace {
+// "name{labels} value" lines of a Prometheus text exposition, by "name{labels}".
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto space = line.rfind(' ');
+    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("/metrics counts jobs - callbacks - invocations - batches and shows the queue") {
+  Harness h;
+  rebound::test::Receiver receiver;
+  receiver.script_statuses({500});  // the first callback attempt fails once
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(h.submit({{"id", "m" + std::to_string(i)}, {"callback_url", receiver.url()}})->status ==
+            202);
+  }
+  for (int i = 0; i < 3; ++i)
+    h.wait_callback_final("m" + std::to_string(i));
+  REQUIRE(h.client().Post("/invocations", "[1]", "application/json")->status == 200);
+  h.model->ready_ = false;
+  REQUIRE(h.submit({{"id", "refused"}})->status == 503);
+  h.model->ready_ = true;
+
+  auto res = h.client().Get("/metrics");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Content-Type").rfind("text/plain; version=0.0.4", 0) == 0);
+  auto m = parse_metrics(res->body);
+  CHECK(m["rebound_jobs_accepted_total"] == 3);
+  CHECK(m["rebound_jobs_completed_total{status=\"succeeded\"}"] == 3);
+  CHECK(m["rebound_jobs_completed_total{status=\"failed\"}"] == 0);
+  CHECK(m["rebound_callbacks_delivered_total"] == 3);
+  CHECK(m["rebound_callbacks_given_up_total"] == 0);
+  CHECK(m["rebound_callback_attempts_total{outcome=\"retry\"}"] == 1);
+  CHECK(m["rebound_callback_attempts_total{outcome=\"delivered\"}"] == 3);
+  CHECK(m["rebound_invocations_total{outcome=\"succeeded\"}"] == 1);
+  CHECK(m["rebound_submissions_refused_total{reason=\"not_ready\"}"] == 1);
+  CHECK(m["rebound_queue_depth"] == 0);
+  CHECK(m["rebound_jobs_in_flight"] == 0);
+  CHECK(m["rebound_batch_size_count"] == 4);
+  CHECK(m["rebound_batch_size_bucket{le=\"+Inf\"}"] == 4);
+  CHECK(m["rebound_queue_wait_seconds_count"] == 4);
+  CHECK(m["rebound_inference_seconds_count"] == 4);
+  CHECK(m["rebound_inference_seconds_bucket{le=\"0.0001\"}"] <=
+        m["rebound_inference_seconds_bucket{le=\"30\"}"]);  // cumulative buckets
+}
+
+TEST_CASE("/metrics shows the queue depth while work waits") {
+  Harness h({1, 100, 5, false});
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(h.submit({{"id", "w" + std::to_string(i)}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  auto m = parse_metrics(h.client().Get("/metrics")->body);
+  CHECK(m["rebound_queue_depth"] == 3);
+  CHECK(m["rebound_jobs_in_flight"] == 4);
 }

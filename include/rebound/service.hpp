@@ -16,6 +16,7 @@
 #include "rebound/callback_sender.hpp"
 #include "rebound/job.hpp"
 #include "rebound/job_store.hpp"
+#include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
 
 namespace rebound {
@@ -132,6 +133,12 @@ class Service final {
   std::chrono::microseconds max_queue_delay() const;
 
   BatchStats batch_stats() const;
+
+  /// The counters and histograms of this Service (see docs/operations.md).
+  const Metrics& metrics() const;
+
+  /// All metrics in the Prometheus text format, gauges included (what `GET /metrics` serves).
+  std::string render_metrics() const;
 
   /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
   /// included. True when nothing was left in flight. At the deadline, jobs that have not started
