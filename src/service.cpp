@@ -14,11 +14,12 @@
 
 namespace rebound {
 
-struct Service::Core {
+struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::unique_ptr<Model> model;
   std::unique_ptr<JobStore> store;
   std::unique_ptr<CallbackSender> sender;
   std::size_t capacity = 0;
+  std::chrono::milliseconds job_ttl{0};
 
   std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
   bool accepting = true;
@@ -115,6 +116,9 @@ struct Service::Core {
     stats.largest_batch = std::max(stats.largest_batch, size);
   }
 
+  // Records a final outcome and delivers its callback (or frees the slot when none is wanted).
+  void finish(const JobRecord& record);
+
   // The worker step: runs on the inference executor, never under a lock.
   static void run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch);
 };
@@ -126,6 +130,26 @@ struct Service::WorkItem {
 };
 
 void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch) {
+  // Jobs that waited past their time-to-live end here, without running.
+  if (core->job_ttl.count() > 0) {
+    const auto now = std::chrono::system_clock::now();
+    auto expired = std::stable_partition(batch.begin(), batch.end(), [&](const WorkItem& item) {
+      return item.reply || now - item.job.created_at <= core->job_ttl;
+    });
+    for (auto it = expired; it != batch.end(); ++it) {
+      JobRecord record;
+      record.job = std::move(it->job);
+      record.status = JobStatus::expired;
+      record.outcome = {JobStatus::expired, nullptr,
+                        ErrorInfo{"expired", "The job waited longer than its time-to-live of " +
+                                                 std::to_string(core->job_ttl.count() / 1000.0) +
+                                                 " s and was not run."}};
+      ++core->metrics.jobs_expired;
+      core->finish(record);
+    }
+    batch.erase(expired, batch.end());
+    if (batch.empty()) return;
+  }
   std::vector<nlohmann::json> inputs;
   inputs.reserve(batch.size());
   for (auto& item : batch) {
@@ -172,14 +196,18 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
     record.status = record.outcome.status;
     ++(record.status == JobStatus::succeeded ? core->metrics.jobs_succeeded
                                              : core->metrics.jobs_failed);
-    try {
-      core->store->complete(record.job.id, record.outcome);
-    } catch (...) {
-      core->release();  // the store failed: the job cannot be recorded, but its slot must not leak
-      continue;
-    }
-    deliver(core, record);
+    core->finish(record);
   }
+}
+
+void Service::Core::finish(const JobRecord& record) {
+  try {
+    store->complete(record.job.id, record.outcome);
+  } catch (...) {
+    release();  // the store failed: the job cannot be recorded, but its slot must not leak
+    return;
+  }
+  deliver(shared_from_this(), record);
 }
 
 Service::Service(boost::asio::any_io_executor inference_executor,
@@ -195,6 +223,8 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                    std::move(options.delivery));
   core_->capacity = options.queue_capacity;
+  if (options.job_ttl.count() < 0) throw Error("Service: job_ttl must not be negative");
+  core_->job_ttl = options.job_ttl;
   // What a durable store holds from an earlier run: accepted, not finished. All of it resumes,
   // even beyond the capacity (new submissions wait until the backlog is below it again).
   std::vector<JobRecord> unfinished =

@@ -566,3 +566,33 @@ TEST_CASE("/metrics shows the queue depth while work waits") {
   CHECK(m["rebound_queue_depth"] == 3);
   CHECK(m["rebound_jobs_in_flight"] == 4);
 }
+
+TEST_CASE("a job that waited past its time-to-live ends expired and is not run") {
+  HarnessOptions o;
+  o.workers = 1;
+  o.open_model = false;
+  o.job_ttl = 150ms;
+  Harness h(o);
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "first"}, {"callback_url", receiver.url()}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  REQUIRE(h.submit({{"id", "late"}, {"callback_url", receiver.url()}})->status == 202);
+  std::this_thread::sleep_for(300ms);  // "late" waits behind "first" past its TTL
+  h.model->open();
+  REQUIRE(receiver.wait_for(2));
+  std::map<std::string, json> bodies;
+  for (const auto& r : receiver.received()) {
+    auto b = json::parse(r.body);
+    bodies[b["id"]] = b;
+  }
+  CHECK(bodies["first"]["status"] == "succeeded");  // it started in time
+  CHECK(bodies["late"]["status"] == "expired");
+  CHECK(bodies["late"]["error"]["code"] == "expired");
+  CHECK_FALSE(bodies["late"].contains("result"));
+  CHECK(h.model->waiting() == 1);  // the model saw only "first"
+  const json state = h.poll("late");
+  CHECK(state["status"] == "expired");
+  CHECK(state["error"]["code"] == "expired");
+  auto m = parse_metrics(h.client().Get("/metrics")->body);
+  CHECK(m["rebound_jobs_completed_total{status=\"expired\"}"] == 1);
+}

@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   double max_batch_delay_ms = -1;
   std::string store_uri = "sqlite:rebound.db";
   double retention_s = 86400;
+  double job_ttl_s = 0;
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
   std::vector<std::string> signing_secrets;
@@ -140,6 +141,10 @@ int main(int argc, char** argv) {
   app.add_option("--queue-capacity", queue_capacity,
                  "Jobs in flight at once (accepted, not yet delivered); beyond it 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100000000}))
+      ->capture_default_str();
+  app.add_option("--job-ttl", job_ttl_s,
+                 "Seconds a job may wait before it runs; older jobs end expired (0: no limit)")
+      ->check(CLI::Range(0.0, 30.0 * 86400))
       ->capture_default_str();
   app.add_option("--http-threads", http_threads, "HTTP connections served at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
@@ -248,6 +253,7 @@ int main(int argc, char** argv) {
     rebound::ServiceOptions service_options;
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;
+    service_options.job_ttl = ms(job_ttl_s);
     if (max_batch_size > 0) service_options.max_batch_size = max_batch_size;
     if (max_batch_delay_ms >= 0) {
       service_options.max_queue_delay =

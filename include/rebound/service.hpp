@@ -31,6 +31,10 @@ struct ServiceOptions {
   std::optional<std::size_t> max_batch_size;
   /// Longest wait for a batch to fill; unset: the model's preference.
   std::optional<std::chrono::microseconds> max_queue_delay;
+  /// A job still waiting this long after it was accepted is not run: it ends `expired` (error
+  /// code "expired") and its callback says so, as SageMaker's RequestTTLSeconds. 0: no limit.
+  /// Measured from `created_at`, so it holds across restarts with a durable store.
+  std::chrono::milliseconds job_ttl{0};
   /// Jobs in flight at once, at most: accepted and not yet finished, where finished means final
   /// and, for jobs with a callback, delivered or given up. Submissions beyond it are refused with
   /// `queue_full`, so memory stays bounded however slow the model or the receivers are.
