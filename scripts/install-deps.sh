@@ -8,6 +8,7 @@ packages=(
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
   libsqlite3-dev
   curl python3
+  clang-14 libclang-rt-14-dev
 )
 # libtorch-dev is for rebound::torch (TorchScriptModel); the core builds without it, and
 # REBOUND_SKIP_TORCH=1 leaves it out. Retraining the Iris model needs python3-torch and

@@ -20,6 +20,7 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::unique_ptr<CallbackSender> sender;
   std::size_t capacity = 0;
   std::chrono::milliseconds job_ttl{0};
+  Logger log;
 
   std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
   bool accepting = true;
@@ -67,6 +68,10 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
               break;
             case AttemptVerdict::retry:
               ++core->metrics.callback_attempts_retried;
+              core->log.job(LogLevel::warn, "callback_attempt_failed", id,
+                            {{"attempt", report.attempt},
+                             {"error", report.error},
+                             {"retry_in_ms", report.next_delay.count()}});
               core->store->update_callback(id,
                                            {CallbackState::pending, report.attempt, report.error});
               break;
@@ -75,6 +80,13 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
         [core, id](const DeliveryReport& report) {
           ++(report.delivered ? core->metrics.callbacks_delivered
                               : core->metrics.callbacks_given_up);
+          if (report.delivered) {
+            core->log.job(LogLevel::info, "callback_delivered", id,
+                          {{"attempts", report.attempts}});
+          } else {
+            core->log.job(LogLevel::warn, "callback_given_up", id,
+                          {{"attempts", report.attempts}, {"error", report.last_error}});
+          }
           try {
             core->store->update_callback(
                 id, {report.delivered ? CallbackState::delivered : CallbackState::failed,
@@ -145,6 +157,8 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
                                                  std::to_string(core->job_ttl.count() / 1000.0) +
                                                  " s and was not run."}};
       ++core->metrics.jobs_expired;
+      core->log.job(LogLevel::warn, "job_expired", record.job.id,
+                    {{"ttl_ms", core->job_ttl.count()}});
       core->finish(record);
     }
     batch.erase(expired, batch.end());
@@ -169,8 +183,10 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
         std::chrono::duration<double>(started - item.enqueued).count());
   }
   std::vector<Prediction> predictions = core->predict(inputs);
-  core->metrics.inference_seconds.observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const double inference_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double inference_ms = inference_s * 1000.0;
+  core->metrics.inference_seconds.observe(inference_s);
   core->metrics.batch_size.observe(static_cast<double>(batch.size()));
 
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -196,6 +212,14 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
     record.status = record.outcome.status;
     ++(record.status == JobStatus::succeeded ? core->metrics.jobs_succeeded
                                              : core->metrics.jobs_failed);
+    if (core->log.enabled(LogLevel::info)) {
+      nlohmann::json fields = {{"status", to_string(record.status)},
+                               {"batch_size", batch.size()},
+                               {"inference_ms", inference_ms}};
+      if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
+      core->log.job(record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn,
+                    "job_completed", record.job.id, fields);
+    }
     core->finish(record);
   }
 }
@@ -203,8 +227,12 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
 void Service::Core::finish(const JobRecord& record) {
   try {
     store->complete(record.job.id, record.outcome);
-  } catch (...) {
+  } catch (const std::exception& e) {
+    log.job(LogLevel::error, "store_error", record.job.id, {{"error", e.what()}});
     release();  // the store failed: the job cannot be recorded, but its slot must not leak
+    return;
+  } catch (...) {
+    release();
     return;
   }
   deliver(shared_from_this(), record);
@@ -225,6 +253,7 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   core_->capacity = options.queue_capacity;
   if (options.job_ttl.count() < 0) throw Error("Service: job_ttl must not be negative");
   core_->job_ttl = options.job_ttl;
+  core_->log = options.logger;
   // What a durable store holds from an earlier run: accepted, not finished. All of it resumes,
   // even beyond the capacity (new submissions wait until the backlog is below it again).
   std::vector<JobRecord> unfinished =
@@ -249,6 +278,9 @@ void Service::resume(std::vector<JobRecord> unfinished) {
     core_->stats.resumed += unfinished.size();
   }
   core_->metrics.jobs_resumed += unfinished.size();
+  if (!unfinished.empty()) {
+    core_->log.log(LogLevel::info, "jobs_resumed", {{"count", unfinished.size()}});
+  }
   for (auto& record : unfinished) {
     if (is_final(record.status)) {
       Core::deliver(core_, record);  // the result is stored; only the callback is owed
@@ -296,6 +328,8 @@ SubmitStatus Service::submit(Job job) {
     return outcome == PutOutcome::duplicate ? SubmitStatus::duplicate : SubmitStatus::conflict;
   }
   // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
+  core_->log.job(LogLevel::debug, "job_accepted", job.id,
+                 {{"callback", !job.callback_url.empty()}});
   queue_->try_push(WorkItem{std::move(job), nullptr});
   ++core_->metrics.jobs_accepted;
   return SubmitStatus::accepted;
@@ -353,6 +387,8 @@ RedeliverStatus Service::redeliver(const std::string& id) {
   if (!record) return RedeliverStatus::not_found;
   if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
   if (!core_->try_admit()) return RedeliverStatus::queue_full;
+  core_->log.job(LogLevel::info, "callback_redelivery", id,
+                 {{"previous_attempts", record->callback.attempts}});
   // Core::deliver marks the callback pending before it returns, so a second redeliver waiting on
   // the mutex sees `pending` and answers not_failed.
   Core::deliver(core_, *record);

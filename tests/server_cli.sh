@@ -10,7 +10,7 @@ help=$("$server_bin" --help)
 for opt in --host --port --model --store --workers --queue-capacity --http-threads --api-key \
            --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
-           --callback-allow --callback-connections --callback-ca-file --retention --job-ttl serve; do
+           --callback-allow --callback-connections --callback-ca-file --retention --job-ttl --log-level serve; do
   grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
 done
 grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"
@@ -29,6 +29,7 @@ expect_refusal "not in range" --workers 0
 SM_MODEL_DIR=/nonexistent/model expect_refusal "/nonexistent/model" serve
 expect_refusal "not in" --backoff wobbly
 expect_refusal "not in" --jitter sometimes
+expect_refusal "not in" --log-level verbose
 expect_refusal "whsec_" --signing-secret not-a-secret
 expect_refusal "allowlist" --callback-allow 10.0.0.0/99
 expect_refusal "resnet" --model resnet

@@ -596,3 +596,59 @@ TEST_CASE("a job that waited past its time-to-live ends expired and is not run")
   auto m = parse_metrics(h.client().Get("/metrics")->body);
   CHECK(m["rebound_jobs_completed_total{status=\"expired\"}"] == 1);
 }
+
+TEST_CASE("job events are logged as JSON lines with the job id") {
+  std::mutex m;
+  std::vector<json> lines;
+  HarnessOptions o;
+  o.max_tries = 2;
+  o.logger =
+      rebound::Logger(rebound::LogLevel::debug, [&](rebound::LogLevel, const std::string& line) {
+        std::lock_guard<std::mutex> lock(m);
+        lines.push_back(json::parse(line));
+      });
+  {
+    Harness h(o);
+    rebound::test::Receiver receiver;
+    receiver.set_fallback([](const auto&, httplib::Response& res) { res.status = 503; });
+    REQUIRE(
+        h.submit({{"id", "logged"}, {"callback_url", receiver.url()}, {"input", "bad"}})->status ==
+        202);
+    h.wait_callback_final("logged");
+  }
+  std::lock_guard<std::mutex> lock(m);
+  std::map<std::string, json> by_event;
+  for (const auto& l : lines) {
+    CHECK(l["ts"].is_string());
+    CHECK(l["level"].is_string());
+    if (l.contains("job_id")) by_event[l["event"]] = l;
+  }
+  REQUIRE(by_event.count("job_accepted"));
+  CHECK(by_event["job_accepted"]["job_id"] == "logged");
+  REQUIRE(by_event.count("job_completed"));
+  CHECK(by_event["job_completed"]["status"] == "failed");
+  CHECK(by_event["job_completed"]["error_code"] == "invalid_input");
+  CHECK(by_event["job_completed"]["level"] == "warn");
+  REQUIRE(by_event.count("callback_attempt_failed"));
+  CHECK(by_event["callback_attempt_failed"]["error"] == "HTTP 503");
+  CHECK(by_event["callback_attempt_failed"]["attempt"] == 1);
+  REQUIRE(by_event.count("callback_given_up"));
+  CHECK(by_event["callback_given_up"]["attempts"] == 2);
+}
+
+TEST_CASE("the log level filters lines and a throwing sink is harmless") {
+  int written = 0;
+  rebound::Logger warn_only(rebound::LogLevel::warn,
+                            [&](rebound::LogLevel, const std::string&) { ++written; });
+  warn_only.job(rebound::LogLevel::info, "job_completed", "a");
+  warn_only.job(rebound::LogLevel::warn, "job_expired", "a");
+  warn_only.log(rebound::LogLevel::error, "store_error");
+  CHECK(written == 2);
+  rebound::Logger throwing(rebound::LogLevel::debug, [](rebound::LogLevel, const std::string&) {
+    throw std::runtime_error("disk full");
+  });
+  throwing.job(rebound::LogLevel::info, "job_completed", "a");  // must not throw
+  CHECK(rebound::parse_log_level("warn") == rebound::LogLevel::warn);
+  CHECK_FALSE(rebound::parse_log_level("verbose"));
+  CHECK_FALSE(rebound::Logger().enabled(rebound::LogLevel::error));
+}

@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   std::string store_uri = "sqlite:rebound.db";
   double retention_s = 86400;
   double job_ttl_s = 0;
+  std::string log_level = "info";
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
   std::vector<std::string> signing_secrets;
@@ -141,6 +142,10 @@ int main(int argc, char** argv) {
   app.add_option("--queue-capacity", queue_capacity,
                  "Jobs in flight at once (accepted, not yet delivered); beyond it 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100000000}))
+      ->capture_default_str();
+  app.add_option("--log-level", log_level,
+                 "Structured (JSON lines) job logs on stderr: debug, info, warn, error or off")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
   app.add_option("--job-ttl", job_ttl_s,
                  "Seconds a job may wait before it runs; older jobs end expired (0: no limit)")
@@ -254,6 +259,8 @@ int main(int argc, char** argv) {
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;
     service_options.job_ttl = ms(job_ttl_s);
+    service_options.logger =
+        rebound::Logger::to_stream(*rebound::parse_log_level(log_level), std::cerr);
     if (max_batch_size > 0) service_options.max_batch_size = max_batch_size;
     if (max_batch_delay_ms >= 0) {
       service_options.max_queue_delay =

@@ -1,6 +1,7 @@
 // The transport interface under CallbackSender: sends one HTTP POST and reports what came back.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <functional>
@@ -78,11 +79,14 @@ inline std::optional<std::chrono::milliseconds> parse_retry_after(
   const std::string text(value);
   const char* end = strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
   if (end == nullptr || *end != '\0') return std::nullopt;
+  // A year far from now would overflow std::chrono's nanoseconds: work in seconds, clamped.
+  if (tm.tm_year < 70 || tm.tm_year > 8000) return std::nullopt;
   const std::time_t when = timegm(&tm);
   if (when == static_cast<std::time_t>(-1)) return std::nullopt;
-  const auto delay = std::chrono::system_clock::from_time_t(when) - now;
-  if (delay.count() <= 0) return std::chrono::milliseconds(0);
-  return std::chrono::duration_cast<std::chrono::milliseconds>(delay);
+  const long long delta = static_cast<long long>(when) -
+                          static_cast<long long>(std::chrono::system_clock::to_time_t(now));
+  if (delta <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::min(delta, 999999999LL) * 1000);
 }
 
 }  // namespace rebound

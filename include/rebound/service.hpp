@@ -16,6 +16,7 @@
 #include "rebound/callback_sender.hpp"
 #include "rebound/job.hpp"
 #include "rebound/job_store.hpp"
+#include "rebound/log.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
 
@@ -40,6 +41,9 @@ struct ServiceOptions {
   /// `queue_full`, so memory stays bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
   CallbackSenderOptions delivery;
+  /// Where job events go (accepted, completed, expired, callback attempts, deliveries, give-ups,
+  /// resumed jobs, store errors). The default logs nothing.
+  Logger logger;
 };
 
 /// What `Service::submit` did.
