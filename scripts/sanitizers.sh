@@ -5,6 +5,7 @@
 # Usage: scripts/sanitizers.sh [FUZZ_SECONDS=30]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 fuzz_seconds=${1:-30}
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
@@ -25,7 +26,7 @@ echo "== ThreadSanitizer"
 cmake -S . -B build-tsan "${common[@]}" "-DCMAKE_CXX_FLAGS=-fsanitize=thread -O1 -g" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread"
 cmake --build build-tsan --parallel "$(nproc)"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --parallel "$(nproc)" --timeout 600 -E "$skip")
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" ctest --output-on-failure --parallel "$(nproc)" --timeout 600 -E "$skip")
 
 echo "== libFuzzer (${fuzz_seconds}s per target)"
 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DREBOUND_BUILD_FUZZERS=ON -DREBOUND_BUILD_TESTS=OFF \

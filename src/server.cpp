@@ -198,9 +198,10 @@ struct Server::Impl {
     const Prediction prediction = future.get();
     if (prediction.ok()) return send_json(res, 200, prediction.output());
     const ErrorInfo& error = prediction.error();
-    const int http_status = error.code == "invalid_input"   ? 422
-                            : error.code == "shutting_down" ? 503
-                                                            : 500;
+    const int http_status = error.code == "invalid_input"       ? 422
+                            : error.code == "shutting_down"     ? 503
+                            : error.code == "inference_timeout" ? 504
+                                                                : 500;
     send_error(res, {http_status, error.code, error.message, {}});
   }
 

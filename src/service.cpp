@@ -9,6 +9,8 @@
 #include <shared_mutex>
 #include <utility>
 
+#include <boost/asio/steady_timer.hpp>
+
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 
@@ -20,6 +22,7 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::unique_ptr<CallbackSender> sender;
   std::size_t capacity = 0;
   std::chrono::milliseconds job_ttl{0};
+  std::chrono::milliseconds inference_timeout{0};
   Logger log;
 
   std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
@@ -131,6 +134,10 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   // Records a final outcome and delivers its callback (or frees the slot when none is wanted).
   void finish(const JobRecord& record);
 
+  // Answers one item of a batch with its prediction: an invocation's handler, or a job's record
+  // and callback. inference_ms < 0: the model never answered (a timeout).
+  void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size, double inference_ms);
+
   // The worker step: runs on the inference executor, never under a lock.
   static void run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch);
 };
@@ -182,46 +189,70 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
     core->metrics.queue_wait_seconds.observe(
         std::chrono::duration<double>(started - item.enqueued).count());
   }
+  core->metrics.batch_size.observe(static_cast<double>(batch.size()));
+
+  // With an inference timeout, a watchdog on the io executor answers the batch when the model
+  // overruns; whoever settles the batch first (the watchdog or the model) answers it, once.
+  auto items = std::make_shared<std::vector<WorkItem>>(std::move(batch));
+  auto settled = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<boost::asio::steady_timer> watchdog;
+  if (core->inference_timeout.count() > 0) {
+    watchdog = std::make_shared<boost::asio::steady_timer>(core->sender->get_executor(),
+                                                           core->inference_timeout);
+    watchdog->async_wait([core, items, settled](const boost::system::error_code& ec) {
+      if (ec || settled->exchange(true)) return;
+      const std::string message = "The model did not answer within the inference timeout of " +
+                                  std::to_string(core->inference_timeout.count() / 1000.0) + " s.";
+      for (auto& item : *items) {
+        Prediction timeout = Prediction::failure("inference_timeout", message);
+        core->settle(item, timeout, items->size(), -1);
+      }
+    });
+  }
   std::vector<Prediction> predictions = core->predict(inputs);
   const double inference_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const double inference_ms = inference_s * 1000.0;
   core->metrics.inference_seconds.observe(inference_s);
-  core->metrics.batch_size.observe(static_cast<double>(batch.size()));
-
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    WorkItem& item = batch[i];
-    Prediction& prediction = predictions[i];
-    if (item.reply) {
-      ++(prediction.ok() ? core->metrics.invocations_succeeded : core->metrics.invocations_failed);
-      try {
-        item.reply(prediction);
-      } catch (...) {
-        // The invocation's owner failed to take its answer; nothing else to do.
-      }
-      core->release();
-      continue;
-    }
-    JobRecord record;
-    record.job = std::move(item.job);
-    if (prediction.ok()) {
-      record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
-    } else {
-      record.outcome = {JobStatus::failed, nullptr, prediction.error()};
-    }
-    record.status = record.outcome.status;
-    ++(record.status == JobStatus::succeeded ? core->metrics.jobs_succeeded
-                                             : core->metrics.jobs_failed);
-    if (core->log.enabled(LogLevel::info)) {
-      nlohmann::json fields = {{"status", to_string(record.status)},
-                               {"batch_size", batch.size()},
-                               {"inference_ms", inference_ms}};
-      if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
-      core->log.job(record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn,
-                    "job_completed", record.job.id, fields);
-    }
-    core->finish(record);
+  if (settled->exchange(true)) {
+    core->log.log(LogLevel::warn, "late_result_discarded",
+                  {{"batch_size", items->size()}, {"inference_ms", inference_s * 1000.0}});
+    return;
   }
+  if (watchdog) watchdog->cancel();
+  for (std::size_t i = 0; i < items->size(); ++i) {
+    core->settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0);
+  }
+}
+
+void Service::Core::settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
+                           double inference_ms) {
+  if (item.reply) {
+    ++(prediction.ok() ? metrics.invocations_succeeded : metrics.invocations_failed);
+    try {
+      item.reply(prediction);
+    } catch (...) {
+      // The invocation's owner failed to take its answer; nothing else to do.
+    }
+    release();
+    return;
+  }
+  JobRecord record;
+  record.job = std::move(item.job);
+  if (prediction.ok()) {
+    record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
+  } else {
+    record.outcome = {JobStatus::failed, nullptr, prediction.error()};
+  }
+  record.status = record.outcome.status;
+  ++(record.status == JobStatus::succeeded ? metrics.jobs_succeeded : metrics.jobs_failed);
+  if (log.enabled(LogLevel::info)) {
+    nlohmann::json fields = {{"status", to_string(record.status)}, {"batch_size", batch_size}};
+    if (inference_ms >= 0) fields["inference_ms"] = inference_ms;
+    if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
+    log.job(record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn,
+            "job_completed", record.job.id, fields);
+  }
+  finish(record);
 }
 
 void Service::Core::finish(const JobRecord& record) {
@@ -253,6 +284,10 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   core_->capacity = options.queue_capacity;
   if (options.job_ttl.count() < 0) throw Error("Service: job_ttl must not be negative");
   core_->job_ttl = options.job_ttl;
+  if (options.inference_timeout.count() < 0) {
+    throw Error("Service: inference_timeout must not be negative");
+  }
+  core_->inference_timeout = options.inference_timeout;
   core_->log = options.logger;
   // What a durable store holds from an earlier run: accepted, not finished. All of it resumes,
   // even beyond the capacity (new submissions wait until the backlog is below it again).

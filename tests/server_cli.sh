@@ -10,7 +10,7 @@ help=$("$server_bin" --help)
 for opt in --host --port --model --store --workers --queue-capacity --http-threads --api-key \
            --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
-           --callback-allow --callback-connections --callback-ca-file --retention --job-ttl --log-level serve; do
+           --callback-allow --callback-connections --callback-ca-file --retention --job-ttl --log-level --inference-timeout serve; do
   grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
 done
 grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"

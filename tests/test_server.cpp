@@ -652,3 +652,28 @@ TEST_CASE("the log level filters lines and a throwing sink is harmless") {
   CHECK_FALSE(rebound::parse_log_level("verbose"));
   CHECK_FALSE(rebound::Logger().enabled(rebound::LogLevel::error));
 }
+
+TEST_CASE(
+    "a model call past the inference timeout fails its jobs on time - the late result is dropped") {
+  HarnessOptions o;
+  o.workers = 2;  // the invocation below runs beside the stuck job, and overruns too
+  o.open_model = false;
+  o.inference_timeout = 150ms;
+  Harness h(o);
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "slow"}, {"callback_url", receiver.url()}})->status == 202);
+  REQUIRE(receiver.wait_for(1));  // answered while the model is still blocked
+  REQUIRE(h.model->waiting() == 1);
+  auto body = json::parse(receiver.received().at(0).body);
+  CHECK(body["status"] == "failed");
+  CHECK(body["error"]["code"] == "inference_timeout");
+  check_error(h.client().Post("/invocations", "[1]", "application/json"), 504, "inference_timeout");
+  h.model->open();  // the late results arrive and are discarded
+  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  CHECK(h.poll("slow")["status"] == "failed");
+  CHECK(h.poll("slow")["error"]["code"] == "inference_timeout");
+  CHECK(receiver.count() == 1);
+  auto m = parse_metrics(h.client().Get("/metrics")->body);
+  CHECK(m["rebound_jobs_completed_total{status=\"failed\"}"] == 1);
+  CHECK(m["rebound_jobs_completed_total{status=\"succeeded\"}"] == 0);
+}

@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   std::string store_uri = "sqlite:rebound.db";
   double retention_s = 86400;
   double job_ttl_s = 0;
+  double inference_timeout_s = 0;
   std::string log_level = "info";
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
@@ -150,6 +151,11 @@ int main(int argc, char** argv) {
   app.add_option("--job-ttl", job_ttl_s,
                  "Seconds a job may wait before it runs; older jobs end expired (0: no limit)")
       ->check(CLI::Range(0.0, 30.0 * 86400))
+      ->capture_default_str();
+  app.add_option("--inference-timeout", inference_timeout_s,
+                 "Seconds a model call may take before its jobs fail with inference_timeout "
+                 "(0: no limit)")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   app.add_option("--http-threads", http_threads, "HTTP connections served at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
@@ -259,6 +265,7 @@ int main(int argc, char** argv) {
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;
     service_options.job_ttl = ms(job_ttl_s);
+    service_options.inference_timeout = ms(inference_timeout_s);
     service_options.logger =
         rebound::Logger::to_stream(*rebound::parse_log_level(log_level), std::cerr);
     if (max_batch_size > 0) service_options.max_batch_size = max_batch_size;

@@ -36,6 +36,11 @@ struct ServiceOptions {
   /// code "expired") and its callback says so, as SageMaker's RequestTTLSeconds. 0: no limit.
   /// Measured from `created_at`, so it holds across restarts with a durable store.
   std::chrono::milliseconds job_ttl{0};
+  /// A batch whose model call has not returned after this long is answered at once: its jobs end
+  /// `failed` with code "inference_timeout" (invocations get it too) and the late result is
+  /// discarded. The model call itself cannot be interrupted, so its worker stays busy until it
+  /// returns. 0: no limit.
+  std::chrono::milliseconds inference_timeout{0};
   /// Jobs in flight at once, at most: accepted and not yet finished, where finished means final
   /// and, for jobs with a callback, delivered or given up. Submissions beyond it are refused with
   /// `queue_full`, so memory stays bounded however slow the model or the receivers are.

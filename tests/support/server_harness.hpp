@@ -31,6 +31,7 @@ struct HarnessOptions {
   std::optional<std::size_t> max_batch_size = std::nullopt;
   std::optional<std::chrono::microseconds> max_queue_delay = std::nullopt;
   std::chrono::milliseconds job_ttl{0};
+  std::chrono::milliseconds inference_timeout{0};
   rebound::Logger logger = {};
 };
 
@@ -45,6 +46,7 @@ class ServerHarness {
     so.max_batch_size = o.max_batch_size;
     so.max_queue_delay = o.max_queue_delay;
     so.job_ttl = o.job_ttl;
+    so.inference_timeout = o.inference_timeout;
     so.logger = o.logger;
     so.delivery.backoff =
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
