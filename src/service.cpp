@@ -43,6 +43,17 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     return true;
   }
 
+  // The admission shared by submissions and invocations; the caller holds accepting_mutex
+  // (shared). `accepted` means a slot was taken, to be released when the work is finished.
+  SubmitStatus admit() {
+    if (!accepting) return SubmitStatus::shutting_down;
+    if (!model->ready()) {
+      ++metrics.submissions_refused_not_ready;
+      return SubmitStatus::not_ready;
+    }
+    return try_admit() ? SubmitStatus::accepted : SubmitStatus::queue_full;
+  }
+
   void release() {
     std::lock_guard<std::mutex> lock(mutex);
     if (--in_flight == 0) idle.notify_all();
@@ -335,19 +346,15 @@ Service::~Service() {
 
 SubmitStatus Service::submit(Job job) {
   std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
-  if (!core_->accepting) return SubmitStatus::shutting_down;
-  if (!core_->model->ready()) {
-    ++core_->metrics.submissions_refused_not_ready;
-    return SubmitStatus::not_ready;
-  }
-  if (!core_->try_admit()) {
+  const SubmitStatus admitted = core_->admit();
+  if (admitted == SubmitStatus::queue_full) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     if (auto existing = core_->store->get(job.id)) {
       return existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
     }
     ++core_->metrics.submissions_refused_queue_full;
-    return SubmitStatus::queue_full;
   }
+  if (admitted != SubmitStatus::accepted) return admitted;
   if (job.created_at == std::chrono::system_clock::time_point{}) {
     job.created_at = std::chrono::system_clock::now();
   }
@@ -373,15 +380,9 @@ SubmitStatus Service::submit(Job job) {
 SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) {
   if (!on_result) throw Error("Service::invoke: a result handler is required");
   std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
-  if (!core_->accepting) return SubmitStatus::shutting_down;
-  if (!core_->model->ready()) {
-    ++core_->metrics.submissions_refused_not_ready;
-    return SubmitStatus::not_ready;
-  }
-  if (!core_->try_admit()) {
-    ++core_->metrics.submissions_refused_queue_full;
-    return SubmitStatus::queue_full;
-  }
+  const SubmitStatus admitted = core_->admit();
+  if (admitted == SubmitStatus::queue_full) ++core_->metrics.submissions_refused_queue_full;
+  if (admitted != SubmitStatus::accepted) return admitted;
   Job job;
   job.input = std::move(input);
   queue_->try_push(WorkItem{std::move(job), std::move(on_result)});

@@ -16,6 +16,7 @@
 #include "rebound/service.hpp"
 #include "rebound/sqlite_job_store.hpp"
 #include "support/receiver.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
 using rebound::CallbackState;
@@ -26,15 +27,10 @@ using rebound::SqliteJobStore;
 
 namespace {
 
+// The store's file in a fresh folder.
 struct TempDb {
-  std::filesystem::path dir;
-  TempDb() {
-    char tmpl[] = "/tmp/rebound-sqlite-XXXXXX";
-    REQUIRE(mkdtemp(tmpl));
-    dir = tmpl;
-  }
-  ~TempDb() { std::filesystem::remove_all(dir); }
-  std::string path() const { return (dir / "jobs.db").string(); }
+  rebound::test::TempDir dir;
+  std::string path() const { return dir.file("jobs.db"); }
 };
 
 Job make(const std::string& id, const std::string& url = "http://example.com/cb",

@@ -9,11 +9,13 @@
 #include "rebound/torchscript_model.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
 using nlohmann::json;
 using rebound::TorchScriptModel;
 using rebound::test::check_error;
+using rebound::test::TempDir;
 
 namespace {
 
@@ -50,19 +52,6 @@ std::vector<Row> iris_rows() {
   }
   return rows;
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/rebound-model-XXXXXX";
-    REQUIRE(mkdtemp(tmpl));
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-  }
-};
 
 }  // namespace
 
