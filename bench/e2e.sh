@@ -44,7 +44,7 @@ one_run() {  # NAME PORT -- COMMAND...: prints "rps p50 p99 accepted delivered e
   e2e=$(echo "scale=1; $del / ($DUR + $t1 - $t0)" | bc)
   kill $srv 2>/dev/null; wait $srv 2>/dev/null
   kill $ngx 2>/dev/null; wait $ngx 2>/dev/null
-  rm -rf "$run"
+  if [ -n "${KEEP:-}" ]; then echo "kept $run" >&2; else rm -rf "$run"; fi
   echo "$rps $p50 $p99 $ok $del $e2e $rss"
 }
 
@@ -65,11 +65,10 @@ echo "End to end (accept to callback received), echo model, $CONNS connections, 
 echo
 echo "| server | e2e jobs/s | accepted req/s | accept p50 | accept p99 | accepted per run | lost (all runs) | peak RSS KiB |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-store_dir=$(mktemp -d)
-row "fastapi-seed (shared client)" 8000 -- env PEER_SLEEP_S=0 /usr/bin/python3 -m uvicorn \
+[ -n "${ONLY_SQLITE:-}" ] || row "fastapi-seed (shared client)" 8000 -- env PEER_SLEEP_S=0 /usr/bin/python3 -m uvicorn \
   --app-dir "$(cd "$PEER_DIR" && pwd)" main_tuned:app --port 8000 --log-level warning
-row "rebound, memory store" 8080 -- "$(pwd)/$BIN" serve --host 127.0.0.1 --port 8080 --model echo \
+[ -n "${ONLY_SQLITE:-}" ] || row "rebound, memory store" 8080 -- "$(pwd)/$BIN" serve --host 127.0.0.1 --port 8080 --model echo \
   --store memory --allow-private-callbacks --log-level warn --queue-capacity 1000000
+# A relative path: each run's server starts in its own fresh folder, so each run has a new store.
 row "rebound, SQLite store" 8080 -- "$(pwd)/$BIN" serve --host 127.0.0.1 --port 8080 --model echo \
-  --store "sqlite:$store_dir/jobs.db" --allow-private-callbacks --log-level warn --queue-capacity 1000000
-rm -rf "$store_dir"
+  --store sqlite:jobs.db --allow-private-callbacks --log-level warn --queue-capacity 1000000
