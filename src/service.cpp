@@ -95,8 +95,11 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
           ++(report.delivered ? core->metrics.callbacks_delivered
                               : core->metrics.callbacks_given_up);
           if (report.delivered) {
-            core->log.job(LogLevel::info, "callback_delivered", id,
-                          {{"attempts", report.attempts}});
+            // Once per job: build the fields only when the line is wanted.
+            if (core->log.enabled(LogLevel::info)) {
+              core->log.job(LogLevel::info, "callback_delivered", id,
+                            {{"attempts", report.attempts}});
+            }
           } else {
             core->log.job(LogLevel::warn, "callback_given_up", id,
                           {{"attempts", report.attempts}, {"error", report.last_error}});
@@ -256,12 +259,12 @@ void Service::Core::settle(WorkItem& item, Prediction& prediction, std::size_t b
   }
   record.status = record.outcome.status;
   ++(record.status == JobStatus::succeeded ? metrics.jobs_succeeded : metrics.jobs_failed);
-  if (log.enabled(LogLevel::info)) {
+  const LogLevel level = record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn;
+  if (log.enabled(level)) {
     nlohmann::json fields = {{"status", to_string(record.status)}, {"batch_size", batch_size}};
     if (inference_ms >= 0) fields["inference_ms"] = inference_ms;
     if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
-    log.job(record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn,
-            "job_completed", record.job.id, fields);
+    log.job(level, "job_completed", record.job.id, fields);
   }
   finish(record);
 }
@@ -370,8 +373,10 @@ SubmitStatus Service::submit(Job job) {
     return outcome == PutOutcome::duplicate ? SubmitStatus::duplicate : SubmitStatus::conflict;
   }
   // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
-  core_->log.job(LogLevel::debug, "job_accepted", job.id,
-                 {{"callback", !job.callback_url.empty()}});
+  if (core_->log.enabled(LogLevel::debug)) {  // the submit path: no JSON unless wanted
+    core_->log.job(LogLevel::debug, "job_accepted", job.id,
+                   {{"callback", !job.callback_url.empty()}});
+  }
   queue_->try_push(WorkItem{std::move(job), nullptr});
   ++core_->metrics.jobs_accepted;
   return SubmitStatus::accepted;

@@ -677,3 +677,27 @@ TEST_CASE(
   CHECK(m["rebound_jobs_completed_total{status=\"failed\"}"] == 1);
   CHECK(m["rebound_jobs_completed_total{status=\"succeeded\"}"] == 0);
 }
+
+TEST_CASE("at log level warn a failed job is still logged - a succeeded one is not") {
+  std::mutex m;
+  std::vector<json> lines;
+  HarnessOptions o;
+  o.logger =
+      rebound::Logger(rebound::LogLevel::warn, [&](rebound::LogLevel, const std::string& line) {
+        std::lock_guard<std::mutex> lock(m);
+        lines.push_back(json::parse(line));
+      });
+  {
+    Harness h(o);
+    REQUIRE(h.submit({{"id", "fails"}, {"input", "bad"}})->status == 202);
+    REQUIRE(h.submit({{"id", "works"}, {"input", 1}})->status == 202);
+    REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  }
+  std::lock_guard<std::mutex> lock(m);
+  std::set<std::string> completed;
+  for (const auto& l : lines) {
+    CHECK(l["level"] != "info");
+    if (l["event"] == "job_completed") completed.insert(l["job_id"]);
+  }
+  CHECK(completed == std::set<std::string>{"fails"});
+}
