@@ -58,6 +58,16 @@ ApiError error_for_status(int status, const httplib::Request& req) {
   }
 }
 
+// The 503 answers shared by submissions, invocations and redeliveries.
+void send_queue_full(httplib::Response& res) {
+  res.set_header("Retry-After", "1");
+  send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+}
+
+void send_shutting_down(httplib::Response& res) {
+  send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -150,13 +160,12 @@ struct Server::Impl {
             res, {409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
                   "id"});
       case SubmitStatus::queue_full:
-        res.set_header("Retry-After", "1");
-        return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+        return send_queue_full(res);
       case SubmitStatus::not_ready:
         res.set_header("Retry-After", "5");
         return send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
       case SubmitStatus::shutting_down:
-        return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+        return send_shutting_down(res);
       case SubmitStatus::store_error:
         return send_error(res, {500, "store_error", "The job could not be stored.", {}});
     }
@@ -182,12 +191,11 @@ struct Server::Impl {
       case SubmitStatus::accepted:
         break;
       case SubmitStatus::queue_full:
-        res.set_header("Retry-After", "1");
-        return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+        return send_queue_full(res);
       case SubmitStatus::not_ready:
         return send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
       default:
-        return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+        return send_shutting_down(res);
     }
     if (future.wait_for(options.invocation_timeout) != std::future_status::ready) {
       return send_error(res, {504,
@@ -235,10 +243,9 @@ struct Server::Impl {
                                 "Only a callback that was given up can be redelivered.",
                                 {}});
       case RedeliverStatus::queue_full:
-        res.set_header("Retry-After", "1");
-        return send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+        return send_queue_full(res);
       case RedeliverStatus::shutting_down:
-        return send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+        return send_shutting_down(res);
     }
   }
 
