@@ -429,6 +429,10 @@ std::size_t SqliteJobStore::commits() const {
   return impl_->commit_count;
 }
 
+bool disable_sqlite_memory_statistics() noexcept {
+  return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0) == SQLITE_OK;
+}
+
 std::size_t SqliteJobStore::prune() {
   impl_->wait_for_writes();
   return impl_->prune_now();

@@ -11,6 +11,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <sqlite3.h>
 
 #include "rebound/http_transport.hpp"
 #include "rebound/service.hpp"
@@ -234,4 +235,24 @@ TEST_CASE("a Service on a store with unfinished jobs runs them again and deliver
   work.reset();
   io_thread.join();
   pool.join();
+}
+
+TEST_CASE("sqlite: memory statistics can be turned off only before SQLite is first used") {
+  // CTest runs each case in a process of its own, where this is the first use of SQLite; run
+  // together with the other cases, SQLite may be in use already and the change is refused.
+  const bool turned_off = rebound::disable_sqlite_memory_statistics();
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    REQUIRE(store.put(make("a")) == PutOutcome::created);
+    REQUIRE(store.get("a").has_value());
+    // With statistics off SQLite counts nothing; with them on, an open store holds memory.
+    if (turned_off) {
+      CHECK(sqlite3_memory_used() == 0);
+    } else {
+      CHECK(sqlite3_memory_used() > 0);
+    }
+  }
+  // SQLite is initialised now: too late to change, and the function says so.
+  CHECK_FALSE(rebound::disable_sqlite_memory_statistics());
 }

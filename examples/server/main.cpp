@@ -86,6 +86,8 @@ std::unique_ptr<rebound::JobStore> make_store(const std::string& uri,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything touches SQLite: no global mutex on each of its allocations.
+  rebound::disable_sqlite_memory_statistics();
   CLI::App app{"rebound-server: asynchronous inference with callback delivery"};
   app.set_version_flag("--version", std::string("rebound ") + rebound::version);
   std::string host = "0.0.0.0";

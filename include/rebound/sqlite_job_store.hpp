@@ -57,4 +57,12 @@ class SqliteJobStore final : public JobStore {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Turns off SQLite's process-wide memory statistics (SQLITE_CONFIG_MEMSTATUS). They take one
+/// global mutex on every SQLite allocation; under a full write load the store's threads queued on
+/// it (docs/benchmarks.md). Call once at start, before anything in the process uses SQLite:
+/// afterwards SQLite refuses the change and this returns false. It affects every SQLite user in
+/// the process (sqlite3_memory_used() then reports 0), so the library never calls it by itself;
+/// rebound-server does.
+bool disable_sqlite_memory_statistics() noexcept;
+
 }  // namespace rebound
