@@ -30,8 +30,8 @@ for size in $sizes; do
   for _ in $(seq 1 "$runs"); do
     line=$("$load" 127.0.0.1 "$port" "$conns" "$seconds" "$body")
     rps+=("$(sed -n 's/.*rps=\([0-9.]*\).*/\1/p' <<<"$line")")
-    p50+=("$(sed -n 's/.*p50_ms=\([0-9.]*\).*/\1/p' <<<"$line")")
-    p99+=("$(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<<"$line")")
+    p50+=("$(sed -n 's/.*p50_us=\([0-9.]*\).*/\1/p' <<<"$line" | awk '{printf "%.2f", $1 / 1000}')")
+    p99+=("$(sed -n 's/.*p99_us=\([0-9.]*\).*/\1/p' <<<"$line" | awk '{printf "%.2f", $1 / 1000}')")
   done
   kill -TERM $pid; wait $pid || true
   mean_batch=$(sed -n 's/.*mean batch \([0-9.]*\).*/\1/p' "$log" | tail -1)

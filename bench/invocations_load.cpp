@@ -1,5 +1,5 @@
 // Load generator for POST /invocations: N concurrent kept-alive connections for D seconds.
-// Prints one line: requests/s, latency p50/p99 (ms), errors.
+// Prints one line: requests/s, latency p50/p99 (microseconds), errors.
 // Usage: invocations_load HOST PORT CONNECTIONS SECONDS BODY
 #include <httplib.h>
 
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
 
   std::mutex mutex;
-  std::vector<double> latencies_ms;
+  std::vector<double> latencies_us;
   std::atomic<long> errors{0};
   const auto start = clock::now();
   const auto end = start + std::chrono::duration_cast<clock::duration>(duration);
@@ -44,22 +44,22 @@ int main(int argc, char** argv) {
           ++errors;
           continue;
         }
-        mine.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        mine.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       }
       std::lock_guard<std::mutex> lock(mutex);
-      latencies_ms.insert(latencies_ms.end(), mine.begin(), mine.end());
+      latencies_us.insert(latencies_us.end(), mine.begin(), mine.end());
     });
   }
   for (auto& t : threads)
     t.join();
   const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
-  std::sort(latencies_ms.begin(), latencies_ms.end());
+  std::sort(latencies_us.begin(), latencies_us.end());
   auto pct = [&](double p) {
-    if (latencies_ms.empty()) return 0.0;
-    return latencies_ms[std::min(latencies_ms.size() - 1,
-                                 static_cast<std::size_t>(p * latencies_ms.size()))];
+    if (latencies_us.empty()) return 0.0;
+    return latencies_us[std::min(latencies_us.size() - 1,
+                                 static_cast<std::size_t>(p * latencies_us.size()))];
   };
-  std::printf("rps=%.0f p50_ms=%.2f p99_ms=%.2f ok=%zu errors=%ld\n", latencies_ms.size() / elapsed,
-              pct(0.50), pct(0.99), latencies_ms.size(), errors.load());
+  std::printf("rps=%.0f p50_us=%.1f p99_us=%.1f ok=%zu errors=%ld\n", latencies_us.size() / elapsed,
+              pct(0.50), pct(0.99), latencies_us.size(), errors.load());
   return errors.load() == 0 ? 0 : 1;
 }

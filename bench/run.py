@@ -1,0 +1,518 @@
+#!/usr/bin/env python3
+"""rebound's benchmark: one command, one table, with the seed's FastAPI server measured in the same run.
+
+    bench/run.py                    # what docs/benchmarks.md shows: 3 rounds, about 8 minutes
+
+Needs a build (scripts/build.sh) and, from Debian: wrk nginx-light python3-fastapi python3-uvicorn
+python3-httpx python3-backoff python3-uvloop python3-httptools (see docs/benchmarks.md).
+
+Three servers are measured side by side, round after round, so that the noise of a shared machine
+falls on all of them alike: the seed's FastAPI server with a shared HTTP client (the peer,
+../shared/peers/fastapi_seed/main_tuned.py), rebound-server with the memory store, and
+rebound-server with the SQLite store. Each round measures, for each server:
+
+  e2e          wrk submits {"id", "callback_url"} jobs over --connections connections for --duration
+               seconds (bench/submit.lua); an nginx receiver answers and logs every callback
+               (bench/receiver.nginx.conf); the round then waits (up to --drain-timeout s) until
+               every accepted job has been called back. End-to-end jobs/s is callbacks received /
+               (load time + drain time). Echo model (the peer sleeps 0 s).
+  queued       a server whose model never finishes is filled with jobs (bench/fill.lua): rebound to
+               --queued jobs (its --queue-capacity, so the first 503 marks the end), the peer for
+               --peer-fill-seconds (it takes jobs at a few thousand per second). Memory per queued
+               job is the growth of its resident memory / jobs queued.
+  invocations  POST /invocations with the echo model over one kept-alive connection for
+               --invocations-seconds (bench/invocations_load.cpp). The peer has no /invocations.
+
+The table on stdout gives the median of the rounds with the range in brackets; progress and each
+round's figures go to stderr, and --json keeps every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+PEER_PYTHON = "/usr/bin/python3"  # Debian's python, where python3-fastapi and friends live
+
+
+def log(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def http_post(port: int, path: str, body: dict) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def wait_http(port: int, proc: subprocess.Popen, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before answering")
+        try:
+            http_get(port, "/ping", timeout=1.0)
+            return
+        except (urllib.error.URLError, ConnectionError, socket.timeout):
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer on port {port} within {seconds} s")
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+class Server:
+    """A server process in its own fresh folder (so each SQLite run starts with a new store)."""
+
+    def __init__(self, name: str, argv: list[str], port: int, env: dict | None = None):
+        self.name, self.port = name, port
+        self.dir = Path(tempfile.mkdtemp(prefix="rebound-bench-"))
+        self.log = open(self.dir / "server.log", "w")
+        self.proc = subprocess.Popen(argv, cwd=self.dir, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        try:
+            wait_http(port, self.proc, name)
+        except Exception:
+            self.stop(signal.SIGKILL)
+            raise
+
+    def peak_rss_kib(self) -> int:
+        return proc_status_kib(self.proc.pid, "VmHWM")
+
+    def rss_kib(self) -> int:
+        return proc_status_kib(self.proc.pid, "VmRSS")
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Receiver:
+    """nginx answering 200 to every callback and logging one line per callback."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="rebound-receiver-"))
+        (self.dir / "body").mkdir()
+        conf = (BENCH / "receiver.nginx.conf").read_text()
+        conf = conf.replace("RUNDIR", str(self.dir)).replace("RPORT", str(self.port))
+        (self.dir / "nginx.conf").write_text(conf)
+        self.proc = subprocess.Popen(["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_http(self.port, self.proc, "nginx receiver")
+        self._offset, self._count = 0, 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/results"
+
+    def delivered(self) -> int:
+        """Callbacks answered 200 so far (read incrementally from nginx's access log)."""
+        path = self.dir / "callbacks.log"
+        if not path.exists():
+            return 0
+        with open(path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        self._count += chunk[:end].count(b"POST /v1/results 200")
+        self._offset += end
+        return self._count
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def wrk_ms(text: str) -> float:
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", text)
+    if not m:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    return float(m.group(1)) * UNITS[m.group(2)]
+
+
+def parse_wrk(out: str) -> dict:
+    m = re.search(r"(\d+) requests in ([0-9.]+)(us|ms|s|m)", out)
+    if not m:
+        raise RuntimeError("unexpected wrk output:\n" + out)
+    requests, seconds = int(m.group(1)), float(m.group(2)) * UNITS[m.group(3)] / 1000.0
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    latency = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    return {
+        "requests": requests,
+        "seconds": seconds,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": sum(int(x) for x in errors.groups()) if errors else 0,
+        "p50_ms": wrk_ms(latency["50"]) if "50" in latency else None,
+        "p99_ms": wrk_ms(latency["99"]) if "99" in latency else None,
+    }
+
+
+def wrk(port: int, script: str, connections: int, seconds: float, callback_url: str) -> dict:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s", "--latency", "-s", str(BENCH / script),
+         f"http://127.0.0.1:{port}"],
+        env={**os.environ, "CALLBACK_URL": callback_url}, capture_output=True, text=True,
+        timeout=seconds + 60).stdout
+    return parse_wrk(out)
+
+
+def metric(port: int, name: str) -> float:
+    _, text = http_get(port, "/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+class Systems:
+    """The servers to compare, as command lines for each measurement."""
+
+    def __init__(self, args):
+        self.args = args
+        self.server = str(Path(args.build_dir).resolve() / "examples" / "rebound-server")
+        self.peer_dir = str(Path(args.peer_dir).resolve())
+        self.rebound = {
+            "memory": {"title": "rebound, memory store", "store": "memory"},
+            "sqlite": {"title": "rebound, SQLite store", "store": "sqlite:jobs.db"},
+        }
+        for i, spec in enumerate(args.also or [], start=1):
+            self.rebound[f"also{i}"] = json.loads(spec)
+        self.names = ([] if args.skip_peer else ["peer"]) + list(self.rebound)
+
+    def title(self, name: str) -> str:
+        return "FastAPI seed (shared client)" if name == "peer" else self.rebound[name]["title"]
+
+    def start(self, name: str, model: str, queue_capacity: int, workers: int = 2) -> Server:
+        port = free_port()
+        if name == "peer":
+            sleep = "0" if model == "echo" else "100000"
+            argv = [PEER_PYTHON, "-m", "uvicorn", "--app-dir", self.peer_dir, "main_tuned:app",
+                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            return Server(name, argv, port, env={"PEER_SLEEP_S": sleep})
+        spec = self.rebound[name]
+        argv = [spec.get("binary", self.server), "serve", "--host", "127.0.0.1", "--port", str(port), "--model", model,
+                "--store", spec.get("store", "memory"), "--workers", str(workers),
+                "--queue-capacity", str(queue_capacity), "--allow-private-callbacks",
+                "--log-level", "warn", *spec.get("args", [])]
+        return Server(name, argv, port, env=spec.get("env"))
+
+
+def measure_e2e(systems: Systems, name: str) -> dict:
+    a = systems.args
+    receiver = Receiver()
+    server = systems.start(name, "echo", queue_capacity=1_000_000)
+    try:
+        time.sleep(0.5)
+        w = wrk(server.port, "submit.lua", a.connections, a.duration, receiver.url)
+        t0 = time.monotonic()
+        answered = w["requests"] - w["non2xx"]  # 2xx answers wrk saw
+
+        def accepted() -> int:
+            # rebound counts its 202s: exact, including requests in flight when wrk stopped, whose
+            # answers wrk never counted. The peer keeps no count; wrk's is the best there is.
+            if name == "peer":
+                return answered
+            return int(metric(server.port, "rebound_jobs_accepted_total"))
+
+        target, delivered = accepted(), receiver.delivered()
+        while delivered < target and time.monotonic() - t0 < a.drain_timeout:
+            time.sleep(0.02)
+            target, delivered = accepted(), receiver.delivered()
+        drain = time.monotonic() - t0
+        return {
+            "e2e_jobs_per_s": delivered / (w["seconds"] + drain),
+            "accepted_per_s": answered / w["seconds"],
+            "accept_p50_ms": w["p50_ms"],
+            "accept_p99_ms": w["p99_ms"],
+            "accepted": target,
+            "refused": w["non2xx"],
+            "socket_errors": w["socket_errors"],
+            "delivered": delivered,
+            "lost": max(0, target - delivered),
+            "drain_s": drain,
+            "peak_rss_kib": server.peak_rss_kib(),
+        }
+    finally:
+        server.stop()
+        receiver.stop()
+
+
+def measure_queued(systems: Systems, name: str) -> dict:
+    a = systems.args
+    # A model that never finishes within the run: every accepted job stays queued.
+    server = systems.start(name, "sleep:86400", queue_capacity=a.queued, workers=1)
+    try:
+        http_post(server.port, "/v1/inferences", {"id": "warm-up", "callback_url": "http://127.0.0.1:9/x"})
+        time.sleep(0.5)
+        before = server.rss_kib()
+        if name == "peer":
+            w = wrk(server.port, "fill.lua", a.connections, a.peer_fill_seconds, "http://127.0.0.1:9/x")
+            queued = w["requests"] - w["non2xx"] + 1
+        else:
+            filler = subprocess.Popen(
+                ["wrk", "-t1", f"-c{a.connections}", "-d600s", "-s", str(BENCH / "fill.lua"),
+                 f"http://127.0.0.1:{server.port}"],
+                env={**os.environ, "CALLBACK_URL": "http://127.0.0.1:9/x"},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and filler.poll() is None:
+                time.sleep(0.5)
+                if metric(server.port, 'rebound_submissions_refused_total{reason="queue_full"}') > 0:
+                    break
+            filler.terminate()
+            filler.wait()
+            queued = int(metric(server.port, "rebound_jobs_accepted_total"))
+        time.sleep(1.0)
+        after = server.rss_kib()
+        return {
+            "queued": queued,
+            "rss_before_kib": before,
+            "rss_after_kib": after,
+            "bytes_per_queued_job": (after - before) * 1024 / queued,
+        }
+    finally:
+        server.stop(signal.SIGKILL)  # a million jobs to abandon: no graceful shutdown to wait for
+
+
+def measure_invocations(systems: Systems, name: str) -> dict:
+    a = systems.args
+    load = str(Path(a.build_dir).resolve() / "bench" / "rebound-invocations-load")
+    server = systems.start(name, "echo", queue_capacity=10_000)
+    try:
+        body = '{"x": [1, 2, 3]}'
+        subprocess.run([load, "127.0.0.1", str(server.port), "1", "1", body], check=True,
+                       stdout=subprocess.DEVNULL)  # warm-up
+        out = subprocess.run([load, "127.0.0.1", str(server.port), "1", str(a.invocations_seconds), body],
+                             check=True, capture_output=True, text=True).stdout
+        fields = dict(kv.split("=") for kv in out.split())
+        return {"p50_us": float(fields["p50_us"]), "p99_us": float(fields["p99_us"]),
+                "requests_per_s": float(fields["rps"])}
+    finally:
+        server.stop()
+
+
+MEASUREMENTS = {"e2e": measure_e2e, "queued": measure_queued, "invocations": measure_invocations}
+
+
+def check_prerequisites(args) -> None:
+    missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
+    for path in (Path(args.build_dir) / "examples" / "rebound-server",
+                 Path(args.build_dir) / "bench" / "rebound-invocations-load"):
+        if not path.exists():
+            missing.append(f"{path} (run scripts/build.sh)")
+    if not args.skip_peer:
+        probe = subprocess.run([PEER_PYTHON, "-c", "import fastapi, uvicorn, httpx, backoff"],
+                               capture_output=True)
+        if probe.returncode != 0:
+            missing.append("the peer's Python packages (python3-fastapi python3-uvicorn python3-httpx "
+                           "python3-backoff python3-uvloop python3-httptools)")
+        if not (Path(args.peer_dir) / "main_tuned.py").exists():
+            missing.append(f"{args.peer_dir}/main_tuned.py (--peer-dir)")
+    if missing:
+        sys.exit("bench/run.py: missing: " + "; ".join(missing))
+
+
+def fmt_int(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def cell(values: list[float], fmt, spread: bool = True) -> str:
+    if not values:
+        return "-"
+    mid = fmt(statistics.median(values))
+    if spread and len(values) > 1 and fmt(min(values)) != fmt(max(values)):
+        return f"{mid} ({fmt(min(values))}-{fmt(max(values))})"
+    return mid
+
+
+def table(results: dict, systems: Systems, args) -> str:
+    def values(name, kind, key):
+        return [r[key] for r in results[name][kind]]
+
+    names = systems.names
+    head = "| | target | " + " | ".join(systems.title(n) for n in names) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(names)]
+
+    def row(label, target, kind, key, fmt, per=None, spread=True):
+        cells = []
+        for n in names:
+            if kind not in results[n] or not results[n][kind]:
+                cells.append("-")
+            else:
+                cells.append(per(n) if per else cell(values(n, kind, key), fmt, spread))
+        lines.append(f"| {label} | {target} | " + " | ".join(cells) + " |")
+
+    ms = lambda x: f"{x:.2f} ms"
+    us = lambda x: f"{x:.0f} µs"
+    mib = lambda x: f"{x / 1024:,.0f} MiB"
+    if "e2e" in results[names[0]]:
+        row("end-to-end jobs/s (submit to callback received)", "≥ 20,000 memory, ≥ 10,000 SQLite",
+            "e2e", "e2e_jobs_per_s", fmt_int)
+        row("jobs accepted (202) per second under load", "", "e2e", "accepted_per_s", fmt_int)
+        row("accept latency p50", "", "e2e", "accept_p50_ms", ms)
+        row("accept latency p99", "≤ 5 ms", "e2e", "accept_p99_ms", ms)
+        row("jobs lost (accepted, never called back; all rounds)", "0", "e2e", "lost", None,
+            per=lambda n: f"{sum(values(n, 'e2e', 'lost')):,} of {sum(values(n, 'e2e', 'accepted')):,}")
+        row("peak resident memory, end-to-end run", "", "e2e", "peak_rss_kib", mib)
+    if "queued" in results[names[0]] or "queued" in results[names[-1]]:
+        row("memory per queued job", "≤ 1 KB beyond a fixed base", "queued", "bytes_per_queued_job",
+            lambda x: f"{x:,.0f} B")
+        row("jobs queued for that figure", "1,000,000", "queued", "queued", fmt_int, spread=False)
+        row("resident memory: base, then queue full", "", "queued", None, None,
+            per=lambda n: f"{mib(statistics.median(values(n, 'queued', 'rss_before_kib')))}, then "
+                          f"{mib(statistics.median(values(n, 'queued', 'rss_after_kib')))}")
+    if "invocations" in results[names[-1]]:
+        row("/invocations latency p50, 1 connection", "≤ 200 µs", "invocations", "p50_us", us)
+        row("/invocations latency p99, 1 connection", "", "invocations", "p99_us", us)
+        row("/invocations requests/s, 1 connection", "", "invocations", "requests_per_s", fmt_int)
+    return "\n".join(lines)
+
+
+def targets(results: dict) -> list[tuple[str, bool]]:
+    """The issue's targets for rebound's two stores, judged on the medians."""
+    def median(name, kind, key):
+        runs = results.get(name, {}).get(kind) or []
+        return statistics.median(r[key] for r in runs) if runs else None
+
+    checks = []
+    for name, title, floor in (("memory", "memory store", 20_000), ("sqlite", "SQLite store", 10_000)):
+        def check(what, value, ok):
+            if value is not None:
+                checks.append((f"{title}: {what} ({value:,.4g})", ok(value)))
+        check("end-to-end jobs/s >= " + f"{floor:,}", median(name, "e2e", "e2e_jobs_per_s"),
+              lambda v: v >= floor)
+        check("accept p99 <= 5 ms", median(name, "e2e", "accept_p99_ms"), lambda v: v <= 5.0)
+        lost = results.get(name, {}).get("e2e")
+        if lost:
+            check("jobs lost = 0", sum(r["lost"] for r in lost), lambda v: v == 0)
+        check("bytes per queued job <= 1024", median(name, "queued", "bytes_per_queued_job"),
+              lambda v: v <= 1024)
+        check("/invocations p50 <= 200 us", median(name, "invocations", "p50_us"), lambda v: v <= 200)
+    return checks
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    total = 0
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) // (1024 * 1024)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    return (f"{os.cpu_count()} cores ({cpu}), {total} GiB, {platform.system()} {platform.release()}; "
+            f"rebound {commit}; server, wrk and nginx share the cores")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="rounds; each figure is their median (default 3)")
+    p.add_argument("--duration", type=float, default=5, help="seconds of load per e2e run (default 5)")
+    p.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    p.add_argument("--drain-timeout", type=float, default=120, help="longest wait for callbacks (s)")
+    p.add_argument("--queued", type=int, default=1_000_000, help="jobs to queue in rebound (default 1e6)")
+    p.add_argument("--peer-fill-seconds", type=float, default=10, help="seconds to fill the peer (default 10)")
+    p.add_argument("--invocations-seconds", type=float, default=5, help="seconds per /invocations run")
+    p.add_argument("--only", choices=sorted(MEASUREMENTS), action="append",
+                   help="run only this measurement (repeatable)")
+    p.add_argument("--skip-peer", action="store_true", help="measure rebound only")
+    p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", str(ROOT / "build")))
+    p.add_argument("--peer-dir", default=str(ROOT.parent / "shared" / "peers" / "fastapi_seed"))
+    p.add_argument("--json", help="write every round's figures to this file")
+    p.add_argument("--also", action="append", metavar="JSON",
+                   help='another rebound-server to compare, e.g. \'{"title": "memory, 4 callback '
+                        'connections", "store": "memory", "args": ["--callback-connections", "4"], '
+                        '"env": {...}, "binary": "/path/to/another/rebound-server"}\' (repeatable)')
+    args = p.parse_args()
+    check_prerequisites(args)
+
+    systems = Systems(args)
+    kinds = args.only or list(MEASUREMENTS)
+    results = {n: {k: [] for k in kinds} for n in systems.names}
+    started = time.monotonic()
+    for r in range(1, args.rounds + 1):
+        for kind in kinds:
+            for name in systems.names:
+                if kind == "invocations" and name == "peer":
+                    continue  # the seed has no /invocations
+                figures = MEASUREMENTS[kind](systems, name)
+                results[name][kind].append(figures)
+                log(f"round {r}/{args.rounds} {kind:11} {name:6} "
+                    + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in figures.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+    print(f"rebound benchmark, {time.strftime('%Y-%m-%d')}: median of {args.rounds} rounds "
+          f"(range in brackets); echo model; {args.connections} connections, {args.duration:g} s of load "
+          f"per end-to-end run; {time.monotonic() - started:.0f} s in all")
+    print(machine())
+    print()
+    print(table(results, systems, args))
+    verdicts = targets(results)
+    if verdicts:
+        print()
+        met = sum(ok for _, ok in verdicts)
+        print(f"Targets met: {met} of {len(verdicts)}" + ("" if met == len(verdicts) else " - NOT MET: " +
+              "; ".join(what for what, ok in verdicts if not ok)))
+
+
+if __name__ == "__main__":
+    main()
