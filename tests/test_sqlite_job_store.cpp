@@ -8,10 +8,10 @@
 #include <set>
 #include <thread>
 
+#include <sqlite3.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <sqlite3.h>
 
 #include "rebound/http_transport.hpp"
 #include "rebound/service.hpp"
