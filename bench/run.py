@@ -376,7 +376,7 @@ def cell(values: list[float], fmt, spread: bool = True) -> str:
     return mid
 
 
-def table(results: dict, systems: Systems, args) -> str:
+def table(results: dict, systems: Systems) -> str:
     def values(name, kind, key):
         return [r[key] for r in results[name][kind]]
 
@@ -505,7 +505,7 @@ def main() -> None:
           f"per end-to-end run; {time.monotonic() - started:.0f} s in all")
     print(machine())
     print()
-    print(table(results, systems, args))
+    print(table(results, systems))
     verdicts = targets(results)
     if verdicts:
         print()
