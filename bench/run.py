@@ -16,7 +16,7 @@ rebound-server with the SQLite store. Each round measures, for each server:
                (bench/receiver.nginx.conf); the round then waits (up to --drain-timeout s) until
                every accepted job has been called back. End-to-end jobs/s is callbacks received /
                (load time + drain time). Echo model (the peer sleeps 0 s).
-  queued       a server whose model never finishes is filled with jobs (bench/fill.lua): rebound to
+  queued       a server whose model never finishes is filled with jobs (bench/submit.lua, STOP_ON_REFUSAL=1): rebound to
                --queued jobs (its --queue-capacity, so the first 503 marks the end), the peer for
                --peer-fill-seconds (it takes jobs at a few thousand per second). Memory per queued
                job is the growth of its resident memory / jobs queued.
@@ -198,11 +198,16 @@ def parse_wrk(out: str) -> dict:
     }
 
 
-def wrk(port: int, script: str, connections: int, seconds: float, callback_url: str) -> dict:
+def wrk_env(callback_url: str, fill: bool) -> dict:
+    """bench/submit.lua's settings: where callbacks go, and whether to stop at the first refusal."""
+    return {**os.environ, "CALLBACK_URL": callback_url, "STOP_ON_REFUSAL": "1" if fill else "0"}
+
+
+def wrk(port: int, connections: int, seconds: float, callback_url: str, fill: bool = False) -> dict:
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s", "--latency", "-s", str(BENCH / script),
+        ["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s", "--latency", "-s", str(BENCH / "submit.lua"),
          f"http://127.0.0.1:{port}"],
-        env={**os.environ, "CALLBACK_URL": callback_url}, capture_output=True, text=True,
+        env=wrk_env(callback_url, fill), capture_output=True, text=True,
         timeout=seconds + 60).stdout
     return parse_wrk(out)
 
@@ -254,7 +259,7 @@ def measure_e2e(systems: Systems, name: str) -> dict:
     server = systems.start(name, "echo", queue_capacity=1_000_000)
     try:
         time.sleep(0.5)
-        w = wrk(server.port, "submit.lua", a.connections, a.duration, receiver.url)
+        w = wrk(server.port, a.connections, a.duration, receiver.url)
         t0 = time.monotonic()
         answered = w["requests"] - w["non2xx"]  # 2xx answers wrk saw
 
@@ -297,13 +302,13 @@ def measure_queued(systems: Systems, name: str) -> dict:
         time.sleep(0.5)
         before = server.rss_kib()
         if name == "peer":
-            w = wrk(server.port, "fill.lua", a.connections, a.peer_fill_seconds, "http://127.0.0.1:9/x")
+            w = wrk(server.port, a.connections, a.peer_fill_seconds, "http://127.0.0.1:9/x", fill=True)
             queued = w["requests"] - w["non2xx"] + 1
         else:
             filler = subprocess.Popen(
-                ["wrk", "-t1", f"-c{a.connections}", "-d600s", "-s", str(BENCH / "fill.lua"),
+                ["wrk", "-t1", f"-c{a.connections}", "-d600s", "-s", str(BENCH / "submit.lua"),
                  f"http://127.0.0.1:{server.port}"],
-                env={**os.environ, "CALLBACK_URL": "http://127.0.0.1:9/x"},
+                env=wrk_env("http://127.0.0.1:9/x", fill=True),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and filler.poll() is None:
