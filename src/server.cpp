@@ -4,12 +4,17 @@
 #include <httplib.h>
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <future>
+#include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "http_server.hpp"
+#include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 #include "rebound/submission.hpp"
 #include "rebound/version.hpp"
@@ -33,7 +38,7 @@ const std::string& openapi_document() {
 
 void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
   res.status = status;
-  res.set_content(body.dump(), json_type);
+  res.set_content(detail::dump_json(body), json_type);
 }
 
 void send_error(httplib::Response& res, const ApiError& error) {
@@ -41,18 +46,14 @@ void send_error(httplib::Response& res, const ApiError& error) {
 }
 
 // The error body for statuses that cpp-httplib produces itself, before any route runs.
-ApiError error_for_status(int status, const httplib::Request& req) {
+ApiError error_for_status(int status) {
   switch (status) {
-    case 404:
-      return {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}};
-    case 405:
-      return {405, "method_not_allowed", "Method " + req.method + " is not allowed here.", {}};
     case 413:
       return {413, "payload_too_large", "The request body is over the size limit.", {}};
     case 414:
       return {414, "uri_too_long", "The request URI is too long.", {}};
-    case 400:
-      return {400, "bad_request", "The request could not be read.", {}};
+    case 431:
+      return {431, "header_too_large", "The request line and headers are over the size limit.", {}};
     default:
       return {status, "bad_request", "The request could not be read.", {}};
   }
@@ -68,12 +69,107 @@ void send_shutting_down(httplib::Response& res) {
   send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
 }
 
+// What a request path names. The routing table of the server: every route is here once.
+enum class Resource {
+  unknown,
+  inferences,
+  inference,
+  redeliver,
+  invocations,
+  metrics,
+  ping,
+  openapi
+};
+
+struct Target {
+  Resource resource = Resource::unknown;
+  std::string id;  // for inference and redeliver
+};
+
+Target locate(const std::string& path) {
+  static const std::pair<std::string_view, Resource> fixed[] = {
+      {"/v1/inferences", Resource::inferences},
+      {"/invocations", Resource::invocations},
+      {"/ping", Resource::ping},
+      {"/metrics", Resource::metrics},
+      {"/openapi.json", Resource::openapi}};
+  for (const auto& [name, resource] : fixed) {
+    if (path == name) return {resource, {}};
+  }
+  constexpr std::string_view prefix = "/v1/inferences/";
+  constexpr std::string_view redeliver = "/redeliver";
+  if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) return {};
+  std::string rest = path.substr(prefix.size());
+  const auto slash = rest.find('/');
+  if (slash == std::string::npos) return {Resource::inference, std::move(rest)};
+  if (slash > 0 && rest.compare(slash, std::string::npos, redeliver) == 0) {
+    rest.resize(slash);
+    return {Resource::redeliver, std::move(rest)};
+  }
+  return {};
+}
+
+// The methods a resource answers, as an Allow header lists them.
+const char* allowed_methods(Resource resource) {
+  switch (resource) {
+    case Resource::inferences:
+      return "GET, HEAD, POST";
+    case Resource::redeliver:
+    case Resource::invocations:
+      return "POST";
+    case Resource::unknown:
+      return "";
+    default:
+      return "GET, HEAD";
+  }
+}
+
+bool has_body_method(Resource resource) {
+  return resource == Resource::inferences || resource == Resource::redeliver ||
+         resource == Resource::invocations;
+}
+
+bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
+  return text.size() >= prefix.size() &&
+         std::equal(prefix.begin(), prefix.end(), text.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) ==
+                  std::tolower(static_cast<unsigned char>(b));
+         });
+}
+
+// The answer to a body that read_body refused; nullopt when it was read.
+std::optional<ApiError> body_error(detail::BodyRead read, std::size_t limit) {
+  switch (read) {
+    case detail::BodyRead::ok:
+      return std::nullopt;
+    case detail::BodyRead::too_large:
+      return ApiError{413,
+                      "payload_too_large",
+                      "The request body is over the limit of " + std::to_string(limit) + " bytes.",
+                      {}};
+    case detail::BodyRead::unsupported:
+      return ApiError{415,
+                      "unsupported_encoding",
+                      "Send the body as is or chunked: no Content-Encoding, and no "
+                      "Transfer-Encoding but chunked.",
+                      {}};
+    case detail::BodyRead::timed_out:
+      return ApiError{408, "request_timeout", "The request body did not arrive in time.", {}};
+    case detail::BodyRead::malformed:
+      break;
+  }
+  return ApiError{400,
+                  "bad_request",
+                  "The request body could not be read (its Content-Length or chunked framing "
+                  "is not valid).",
+                  {}};
+}
+
 }  // namespace
 
 struct Server::Impl {
-  Impl(Service& s, ServerOptions o) : service(s), options(std::move(o)) {
-    const std::size_t threads = options.http_threads;
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  Impl(Service& s, ServerOptions o)
+      : service(s), options(std::move(o)), http(limits_of(options), options.http_threads) {
     http.set_tcp_nodelay(true);
     // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the traffic. Reuse the address only.
@@ -83,63 +179,149 @@ struct Server::Impl {
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
       listen_socket = sock;
     });
-    http.set_keep_alive_max_count(100000);
-    http.set_payload_max_length(options.max_body_bytes);
-    http.set_error_handler(httplib::Server::HandlerWithResponse(
-        [](const httplib::Request& req, httplib::Response& res) {
+    http.set_error_handler(
+        httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
           if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-          send_error(res, error_for_status(res.status, req));
+          const detail::ConnectionStream* connection = detail::current_connection();
+          if (res.status == 400 && connection && connection->over_limit()) res.status = 431;
+          send_error(res, error_for_status(res.status));
           return httplib::Server::HandlerResponse::Handled;
         }));
     http.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
           send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
         });
-
+    // A client that announces an oversized body and waits for 100 Continue is answered at once.
+    // (cpp-httplib writes `res` as it is for any status but 100: the status must be set there.)
+    http.set_expect_100_continue_handler(
+        [this](const httplib::Request& req, httplib::Response& res) {
+          const std::string length = req.get_header_value("Content-Length");
+          const bool too_large = !length.empty() && length.size() < 19 &&
+                                 length.find_first_not_of("0123456789") == std::string::npos &&
+                                 std::stoull(length) > options.max_body_bytes;
+          if (!too_large) return 100;
+          res.status = 413;
+          return 413;
+        });
+    // Every request is routed here, before cpp-httplib reads a body: answers that need none
+    // (GET, errors) are given at once; POSTs to a known route go on to `receive` below.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      return route(req, res) ? httplib::Server::HandlerResponse::Handled
+                             : httplib::Server::HandlerResponse::Unhandled;
+    });
+    http.Post(".*", [this](const httplib::Request& req, httplib::Response& res,
+                           const httplib::ContentReader& reader) { receive(req, res, reader); });
+  }
+
+  static detail::HttpLimits limits_of(const ServerOptions& o) {
+    detail::HttpLimits limits;
+    limits.max_head_bytes = o.max_header_bytes;
+    limits.max_body_bytes = o.max_body_bytes;
+    limits.keep_alive_timeout = o.keep_alive_timeout;
+    limits.header_timeout = o.header_timeout;
+    limits.body_timeout = o.body_timeout;
+    return limits;
+  }
+
+  // Answers everything but a POST to a known route; returns false to let that POST through.
+  bool route(const httplib::Request& req, httplib::Response& res) {
+    const Target target = locate(req.path);
+    if (!authorized(req, target.resource)) {
       res.set_header("WWW-Authenticate", "Bearer");
       send_error(res, {401,
                        "unauthorized",
                        "This server requires an API key: Authorization: Bearer <key>.",
                        {}});
-      return httplib::Server::HandlerResponse::Handled;
-    });
-
-    http.Post("/v1/inferences",
-              [this](const httplib::Request& req, httplib::Response& res) { submit(req, res); });
-    http.Get(R"(/v1/inferences/([^/]+))",
-             [this](const httplib::Request& req, httplib::Response& res) {
-               poll(req.matches[1].str(), res);
-             });
-    http.Post(R"(/v1/inferences/([^/]+)/redeliver)",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                redeliver(req.matches[1].str(), res);
-              });
-    http.Get("/v1/inferences", [this](const httplib::Request& req, httplib::Response& res) {
-      list_failed(req, res);
-    });
-    http.Post("/invocations",
-              [this](const httplib::Request& req, httplib::Response& res) { invoke(req, res); });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
-    });
-    http.Get("/ping", [this](const httplib::Request&, httplib::Response& res) {
-      if (service.ready()) {
-        res.status = 200;
-        res.set_content("", "text/plain");
-      } else {
-        send_error(res,
-                   {503, "not_ready", "The model is not ready or the server is stopping.", {}});
-      }
-    });
-    http.Get("/openapi.json", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(openapi_document(), json_type);
-    });
+      return true;
+    }
+    if (target.resource == Resource::unknown) {
+      send_error(res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
+      return true;
+    }
+    const std::string_view allow = allowed_methods(target.resource);
+    const bool is_get = req.method == "GET" || req.method == "HEAD";
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      res.set_header("Allow", std::string(allow));
+      return true;
+    }
+    if (req.method == "POST" && has_body_method(target.resource)) return false;
+    if (!is_get || allow.find("GET") == std::string_view::npos) {
+      res.set_header("Allow", std::string(allow));
+      send_error(res, {405,
+                       "method_not_allowed",
+                       "Method " + req.method + " is not allowed on " + req.path + "; use " +
+                           std::string(allow) + ".",
+                       {}});
+      return true;
+    }
+    switch (target.resource) {
+      case Resource::inferences:
+        list_failed(req, res);
+        break;
+      case Resource::inference:
+        poll(target.id, res);
+        break;
+      case Resource::metrics:
+        res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
+        break;
+      case Resource::ping:
+        ping(res);
+        break;
+      case Resource::openapi:
+        res.set_content(openapi_document(), json_type);
+        break;
+      default:
+        break;
+    }
+    return true;
   }
 
-  void submit(const httplib::Request& req, httplib::Response& res) {
-    SubmissionParse parsed = parse_submission(req.body, options.guard);
+  // A POST to a known route: its body, held to the limit, then the route.
+  void receive(const httplib::Request& req, httplib::Response& res,
+               const httplib::ContentReader& reader) {
+    const Target target = locate(req.path);
+    // A submission is JSON; a form-encoded one is almost always `curl -d` without -H. Multipart
+    // bodies cpp-httplib parses itself and cannot hand over as bytes, so no route takes them.
+    const std::string type = req.get_header_value("Content-Type");
+    const bool multipart = starts_with_ignoring_case(type, "multipart/");
+    const bool form = starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
+    if (multipart || (form && target.resource == Resource::inferences)) {
+      return send_error(res, {415,
+                              "unsupported_media_type",
+                              "Send the body as JSON with Content-Type: application/json (with "
+                              "curl -d, add -H 'Content-Type: application/json').",
+                              {}});
+    }
+    std::string body;
+    const detail::BodyRead read = detail::read_body(req, reader, options.max_body_bytes, body);
+    if (read != detail::BodyRead::ok && target.resource != Resource::redeliver) {
+      return send_error(res, *body_error(read, options.max_body_bytes));
+    }
+    switch (target.resource) {
+      case Resource::inferences:
+        return submit(body, res);
+      case Resource::invocations:
+        return invoke(req, body, res);
+      case Resource::redeliver:
+        // The body means nothing here; an unread one just ends the connection after the answer.
+        return redeliver(target.id, res);
+      default:
+        return send_error(res, {404, "not_found", "No route for POST " + req.path + ".", {}});
+    }
+  }
+
+  void ping(httplib::Response& res) {
+    if (service.ready()) {
+      res.status = 200;
+      res.set_content("", "text/plain");
+    } else {
+      send_error(res, {503, "not_ready", "The model is not ready or the server is stopping.", {}});
+    }
+  }
+
+  void submit(const std::string& body, httplib::Response& res) {
+    SubmissionParse parsed = parse_submission(body, options.guard);
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
     if (auto invalid = service.model().validate(job.input)) {
@@ -172,12 +354,12 @@ struct Server::Impl {
   }
 
   // SageMaker's synchronous inference: the body is the model input, the answer its output.
-  void invoke(const httplib::Request& req, httplib::Response& res) {
+  void invoke(const httplib::Request& req, const std::string& body, httplib::Response& res) {
     const std::string attributes = req.get_header_value("X-Amzn-SageMaker-Custom-Attributes");
     if (!attributes.empty()) res.set_header("X-Amzn-SageMaker-Custom-Attributes", attributes);
-    nlohmann::json input = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (input.is_discarded()) {
-      return send_error(res, {400, "invalid_json", "The request body is not valid JSON.", {}});
+    nlohmann::json input;
+    if (auto error = json_body_error(detail::parse_untrusted_json(body, input))) {
+      return send_error(res, *error);
     }
     if (auto invalid = service.model().validate(input)) {
       return send_error(res, {422, invalid->code, "The input " + invalid->message, {}});
@@ -213,13 +395,14 @@ struct Server::Impl {
     send_error(res, {http_status, error.code, error.message, {}});
   }
 
-  bool authorized(const httplib::Request& req) const {
-    if (options.api_keys.empty() || req.path == "/ping" || req.path == "/openapi.json") return true;
+  bool authorized(const httplib::Request& req, Resource resource) const {
+    if (options.api_keys.empty() || resource == Resource::ping || resource == Resource::openapi)
+      return true;
+    // The scheme is case-insensitive (RFC 9110 11.1); one or more spaces precede the key.
     const std::string header = req.get_header_value("Authorization");
-    constexpr std::string_view scheme = "Bearer ";
-    if (header.size() <= scheme.size() || header.compare(0, scheme.size(), scheme) != 0)
-      return false;
-    const std::string_view given = std::string_view(header).substr(scheme.size());
+    if (!starts_with_ignoring_case(header, "Bearer ")) return false;
+    std::string_view given = std::string_view(header).substr(std::string_view("Bearer").size());
+    given.remove_prefix(std::min(given.find_first_not_of(' '), given.size()));
     bool match = false;
     for (const auto& key : options.api_keys) {
       // Constant time for a given length, so a wrong key reveals nothing but its length.
@@ -281,7 +464,7 @@ struct Server::Impl {
 
   Service& service;
   ServerOptions options;
-  httplib::Server http;
+  detail::HttpServer http;
   std::atomic<int> bound_port{0};
   std::atomic<socket_t> listen_socket{INVALID_SOCKET};
 };
@@ -317,11 +500,15 @@ void Server::run() {
 }
 
 void Server::stop() {
-  if (impl_) impl_->http.stop();
+  if (impl_) impl_->http.shutdown();
 }
 
 int Server::port() const {
   return impl_->bound_port;
+}
+
+std::string Server::serve_connection_bytes(std::string bytes) {
+  return impl_->http.serve_bytes(std::move(bytes));
 }
 
 }  // namespace rebound

@@ -11,6 +11,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 
@@ -68,8 +69,9 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     }
     const std::string id = record.job.id;
     core->store->update_callback(id, {CallbackState::pending, record.callback.attempts, {}});
-    CallbackMessage message{id, record.job.callback_url, to_callback_json(record).dump(),
-                            "msg_" + id, record.callback.attempts};
+    CallbackMessage message{id, record.job.callback_url,
+                            detail::dump_json(to_callback_json(record)), "msg_" + id,
+                            record.callback.attempts};
     core->sender->deliver(
         std::move(message),
         [core, id](const AttemptReport& report) {
@@ -122,7 +124,18 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
       std::vector<Prediction> out = inputs.size() == 1
                                         ? std::vector<Prediction>{model->predict(inputs.front())}
                                         : model->predict_batch(inputs);
-      if (out.size() == inputs.size()) return out;
+      if (out.size() == inputs.size()) {
+        // Everything downstream (the store, the status body, the callback) serialises outputs
+        // recursively; a model cannot be allowed to build a tree deep enough to overflow a stack.
+        for (Prediction& p : out) {
+          if (p.ok() && detail::json_deeper_than(p.output(), max_json_depth)) {
+            p = Prediction::failure("model_error",
+                                    "the model's output nests arrays and objects deeper than " +
+                                        std::to_string(max_json_depth) + " levels");
+          }
+        }
+        return out;
+      }
       return std::vector<Prediction>(
           inputs.size(),
           Prediction::failure("model_error", "the model returned " + std::to_string(out.size()) +

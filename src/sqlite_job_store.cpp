@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 
 namespace rebound {
@@ -104,11 +105,16 @@ JobRecord read_record(const Statement& s) {
   JobRecord r;
   r.job.id = s.text(0);
   r.job.callback_url = s.text(1);
-  r.job.input = nlohmann::json::parse(s.text(2), nullptr, false);
+  // Stored by this store after validation; parsed with the same depth bound all the same, as the
+  // file may come from elsewhere. What is refused reads as null.
+  if (detail::parse_untrusted_json(s.text(2), r.job.input) != detail::JsonParseError::none)
+    r.job.input = nullptr;
   r.job.created_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(s.integer(3)));
   r.status = static_cast<JobStatus>(s.integer(4));
   r.outcome.status = r.status;
-  if (!s.is_null(5)) r.outcome.result = nlohmann::json::parse(s.text(5), nullptr, false);
+  if (!s.is_null(5) &&
+      detail::parse_untrusted_json(s.text(5), r.outcome.result) != detail::JsonParseError::none)
+    r.outcome.result = nullptr;
   if (!s.is_null(6)) r.outcome.error = ErrorInfo{s.text(6), s.text(7)};
   r.callback.state = static_cast<CallbackState>(s.integer(8));
   r.callback.attempts = static_cast<int>(s.integer(9));
@@ -327,26 +333,26 @@ PutOutcome SqliteJobStore::put(const Job& job) {
   auto done = std::make_shared<std::promise<PutOutcome>>();
   auto result = done->get_future();
   Impl* impl = impl_.get();
-  impl_->enqueue(
-      Impl::Write{[impl, job, outcome] {
-                    Statement& s = *impl->insert;
-                    s.bind(1, job.id).bind(2, job.callback_url).bind(3, job.input.dump());
-                    s.bind(4, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  job.created_at.time_since_epoch())
-                                  .count());
-                    s.step();
-                    s.reset();
-                    if (sqlite3_changes(impl->db) == 1) return;
-                    Statement& q = *impl->select_one;
-                    q.bind(1, job.id);
-                    const bool found = q.step();
-                    const JobRecord existing = found ? read_record(q) : JobRecord{};
-                    q.reset();
-                    *outcome = found && existing.job.same_request_as(job) ? PutOutcome::duplicate
-                                                                          : PutOutcome::conflict;
-                  },
-                  [done, outcome] { done->set_value(*outcome); },
-                  [done](std::exception_ptr e) { done->set_exception(e); }});
+  impl_->enqueue(Impl::Write{
+      [impl, job, outcome] {
+        Statement& s = *impl->insert;
+        s.bind(1, job.id).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
+        s.bind(4, std::chrono::duration_cast<std::chrono::milliseconds>(
+                      job.created_at.time_since_epoch())
+                      .count());
+        s.step();
+        s.reset();
+        if (sqlite3_changes(impl->db) == 1) return;
+        Statement& q = *impl->select_one;
+        q.bind(1, job.id);
+        const bool found = q.step();
+        const JobRecord existing = found ? read_record(q) : JobRecord{};
+        q.reset();
+        *outcome = found && existing.job.same_request_as(job) ? PutOutcome::duplicate
+                                                              : PutOutcome::conflict;
+      },
+      [done, outcome] { done->set_value(*outcome); },
+      [done](std::exception_ptr e) { done->set_exception(e); }});
   return result.get();  // durable once this returns created
 }
 
@@ -378,7 +384,8 @@ void SqliteJobStore::mark_running(const std::string& id) {
 
 void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) {
   Impl* impl = impl_.get();
-  const std::string result = outcome.status == JobStatus::succeeded ? outcome.result.dump() : "";
+  const std::string result =
+      outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
   impl_->enqueue({[impl, id, outcome, result] {
                     Statement& s = *impl->set_outcome;
                     s.bind(s.param(":s"), static_cast<std::int64_t>(outcome.status));

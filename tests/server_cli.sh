@@ -61,10 +61,10 @@ wait_port
 [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ping")" = 200 ] || fail "/ping"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 401 ] || fail "no key: $code"
-code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/json' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 202 ] || fail "with key: $code"
 # Without --allow-private-callbacks a loopback callback is refused; --callback-allow lets one in.
-code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -X POST \
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/json' -X POST \
   -d '{"id":"b","callback_url":"http://127.0.0.1:9/x"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 422 ] || fail "loopback callback: $code"
 kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "SIGTERM exit status"
@@ -73,7 +73,7 @@ kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "SIGTERM exit status"
 "$server_bin" --model echo --store memory --host 127.0.0.1 --port 0 --callback-allow 127.0.0.0/8 >"$log" 2>&1 &
 pids+=($!)
 wait_port
-code=$(curl -s -o /dev/null -w '%{http_code}' -X POST \
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -X POST \
   -d '{"id":"b","callback_url":"http://127.0.0.1:9/x"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 202 ] || fail "allowlisted callback: $code"
 echo "server command line: ok"

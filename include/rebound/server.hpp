@@ -14,11 +14,22 @@ namespace rebound {
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  int port = 8080;                       ///< 0 picks a free port; `bind()` returns it
-  std::size_t max_body_bytes = 6291456;  ///< larger bodies get 413 (SageMaker's limit)
-  /// HTTP connections served at once. cpp-httplib gives each kept-alive connection a thread, so
-  /// this is also the most concurrent clients served without queueing.
+  int port = 8080;  ///< 0 picks a free port; `bind()` returns it
+  /// Larger bodies get 413 (SageMaker's limit): a declared Content-Length at once, unread; a
+  /// chunked body as soon as it passes the limit. Either way the connection then closes.
+  std::size_t max_body_bytes = 6291456;
+  /// Request line and headers together; beyond it 431 (414 for a request line over 8 KiB).
+  std::size_t max_header_bytes = 65536;
+  /// HTTP connections served at once. cpp-httplib gives each connection a thread, so this is
+  /// also the most concurrent clients served without queueing. A kept-alive connection gives its
+  /// thread up at once (after 100 ms idle) while other connections wait for one.
   std::size_t http_threads = 64;
+  /// Idle time allowed before a request's first byte, on a new or a kept-alive connection.
+  std::chrono::milliseconds keep_alive_timeout{5000};
+  /// From a request's first byte: to the end of its headers (else the connection is closed) and
+  /// to the end of its body (else 408).
+  std::chrono::milliseconds header_timeout{10000};
+  std::chrono::milliseconds body_timeout{60000};
   /// Checks callback URLs at submission. Must agree with the transport's guard.
   AddressGuard guard{};
   /// When not empty, every route but `/ping` and `/openapi.json` requires
@@ -31,8 +42,12 @@ struct ServerOptions {
 
 /// Serves a Service over HTTP:
 ///   POST /v1/inferences, GET /v1/inferences/{id}, POST /v1/inferences/{id}/redeliver,
-///   GET /v1/inferences?callback_state=failed, POST /invocations, GET /ping, GET /openapi.json
-/// Errors have the shape {"error": {"code", "message", "field"?}} (see docs/http-api.md).
+///   GET /v1/inferences?callback_state=failed, POST /invocations, GET /ping, GET /metrics,
+///   GET /openapi.json
+/// Errors have the shape {"error": {"code", "message", "field"?}} (see docs/http-api.md); a known
+/// path with another method gets 405 with `Allow`. No request can crash it or make it hold
+/// memory beyond the limits of ServerOptions. One thread serves one connection (cpp-httplib):
+/// facing the internet, put a proxy in front (examples/sagemaker/serve, docs/operations.md).
 ///
 /// Example:
 ///   rebound::Server server(service, {"127.0.0.1", 8080});
@@ -61,6 +76,10 @@ class Server final {
 
   /// The bound port, or 0 before `bind()`.
   int port() const;
+
+  /// Serves `bytes` as the requests of one connection, without a socket, and returns what the
+  /// server wrote back. For tests and fuzzing. Not to be called concurrently with itself.
+  std::string serve_connection_bytes(std::string bytes);
 
  private:
   struct Impl;

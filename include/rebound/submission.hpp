@@ -10,6 +10,7 @@
 
 #include "rebound/address_guard.hpp"
 #include "rebound/callback_url.hpp"
+#include "rebound/detail/json.hpp"
 #include "rebound/job.hpp"
 
 namespace rebound {
@@ -28,6 +29,23 @@ struct ApiError {
     return {{"error", std::move(error)}};
   }
 };
+
+/// The 400 answer for a request body that parse_untrusted_json refused; nullopt when it parsed.
+inline std::optional<ApiError> json_body_error(detail::JsonParseError error) {
+  switch (error) {
+    case detail::JsonParseError::none:
+      break;
+    case detail::JsonParseError::invalid:
+      return ApiError{400, "invalid_json", "The request body is not valid JSON.", {}};
+    case detail::JsonParseError::too_deep:
+      return ApiError{400,
+                      "invalid_json",
+                      "The request body nests arrays and objects deeper than " +
+                          std::to_string(max_json_depth) + " levels.",
+                      {}};
+  }
+  return std::nullopt;
+}
 
 /// Longest job id accepted.
 inline constexpr std::size_t max_job_id_length = 128;
@@ -57,9 +75,9 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
     return SubmissionParse{std::nullopt,
                            ApiError{422, "invalid_field", std::move(message), std::move(field)}};
   };
-  nlohmann::json doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return {std::nullopt, ApiError{400, "invalid_json", "The request body is not valid JSON.", {}}};
+  nlohmann::json doc;
+  if (auto error = json_body_error(detail::parse_untrusted_json(body, doc))) {
+    return {std::nullopt, std::move(error)};
   }
   if (!doc.is_object()) {
     return {std::nullopt,

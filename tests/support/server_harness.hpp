@@ -33,6 +33,9 @@ struct HarnessOptions {
   std::chrono::milliseconds job_ttl{0};
   std::chrono::milliseconds inference_timeout{0};
   rebound::Logger logger = {};
+  std::size_t http_threads = 80;
+  std::size_t max_body_bytes = 6291456;
+  std::size_t max_header_bytes = 65536;
 };
 
 class ServerHarness {
@@ -60,7 +63,9 @@ class ServerHarness {
     rebound::ServerOptions sv;
     sv.host = "127.0.0.1";
     sv.port = 0;
-    sv.http_threads = 80;
+    sv.http_threads = o.http_threads;
+    sv.max_body_bytes = o.max_body_bytes;
+    sv.max_header_bytes = o.max_header_bytes;
     sv.guard = rebound::AddressGuard(true);
     sv.api_keys = o.api_keys;
     server = std::make_unique<rebound::Server>(*service, sv);

@@ -1,0 +1,412 @@
+// Internal: rebound's connection loop under cpp-httplib's request parser (see http_server.hpp).
+#include "http_server.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+namespace rebound::detail {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+thread_local ConnectionStream* this_threads_connection = nullptr;
+
+struct ServingConnection {
+  explicit ServingConnection(ConnectionStream* stream) { this_threads_connection = stream; }
+  ~ServingConnection() { this_threads_connection = nullptr; }
+};
+
+int poll_ms(milliseconds timeout) {
+  const auto count = std::clamp<milliseconds::rep>(timeout.count(), 0, 60 * 60 * 1000);
+  return static_cast<int>(count);
+}
+
+bool equals_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+bool has_body(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
+// A connection on an accepted socket.
+class SocketConnection final : public ConnectionStream {
+ public:
+  SocketConnection(socket_t fd, const HttpLimits& limits) : ConnectionStream(limits), fd_(fd) {}
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage address{};
+    socklen_t length = sizeof address;
+    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+      describe(address, length, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage address{};
+    socklen_t length = sizeof address;
+    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+      describe(address, length, ip, port);
+  }
+  // cpp-httplib (built without CPPHTTPLIB_USE_POLL) answers 500 to a socket at or above
+  // FD_SETSIZE because its own stream would select() on it. This stream polls, so it never does.
+  socket_t socket() const override { return fd_ < FD_SETSIZE ? fd_ : INVALID_SOCKET; }
+
+ protected:
+  ssize_t receive(char* buffer, std::size_t size, milliseconds timeout) override {
+    if (!wait(POLLIN, timeout)) return wait_ran_out;
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buffer, size, 0);
+      if (n >= 0) return n;
+      if (errno != EINTR) return -1;
+    }
+  }
+  ssize_t send(const char* data, std::size_t size, milliseconds timeout) override {
+    if (!wait(POLLOUT, timeout)) return wait_ran_out;
+    for (;;) {
+      const ssize_t n = ::send(fd_, data, size, MSG_NOSIGNAL);
+      if (n >= 0) return n;
+      if (errno != EINTR) return -1;
+    }
+  }
+
+ private:
+  bool wait(short events, milliseconds timeout) const {
+    pollfd p{fd_, events, 0};
+    const auto deadline = steady_clock::now() + timeout;
+    for (;;) {
+      const int ready = ::poll(
+          &p, 1, poll_ms(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())));
+      if (ready > 0) return true;  // readable, writable, or an error that recv/send will report
+      if (ready == 0 || errno != EINTR) return false;
+    }
+  }
+
+  static void describe(const sockaddr_storage& address, socklen_t length, std::string& ip,
+                       int& port) {
+    char host[NI_MAXHOST];
+    char service[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host, sizeof host,
+                      service, sizeof service, NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+      ip = host;
+      port = std::atoi(service);
+    }
+  }
+
+  socket_t fd_;
+};
+
+// A connection whose bytes come from memory (the fuzzer, tests).
+class MemoryConnection final : public ConnectionStream {
+ public:
+  MemoryConnection(std::string input, const HttpLimits& limits)
+      : ConnectionStream(limits), input_(std::move(input)) {}
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 40000;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 8080;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  std::string& output() { return output_; }
+
+ protected:
+  ssize_t receive(char* buffer, std::size_t size, milliseconds) override {
+    const std::size_t n = std::min(size, input_.size() - offset_);
+    std::memcpy(buffer, input_.data() + offset_, n);
+    offset_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t send(const char* data, std::size_t size, milliseconds) override {
+    output_.append(data, size);
+    return static_cast<ssize_t>(size);
+  }
+
+ private:
+  std::string input_;
+  std::size_t offset_ = 0;
+  std::string output_;
+};
+
+}  // namespace
+
+ConnectionStream* current_connection() {
+  return this_threads_connection;
+}
+
+// --- ConnectionStream
+
+bool ConnectionStream::fill() {
+  if (begin_ > 0) {
+    std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now());
+  if (left.count() <= 0) {
+    timed_out_ = true;
+    return false;
+  }
+  const ssize_t n = receive(buffer_.data() + end_, buffer_.size() - end_, left);
+  if (n > 0) {
+    end_ += static_cast<std::size_t>(n);
+    return true;
+  }
+  if (n == wait_ran_out) timed_out_ = true;
+  if (n == 0) peer_closed_ = true;
+  return false;
+}
+
+ssize_t ConnectionStream::read(char* ptr, std::size_t size) {
+  if (budget_ == 0) {
+    // Over the limit: an end of stream, so that cpp-httplib still answers (400, 414) and stops.
+    over_limit_ = true;
+    return 0;
+  }
+  if (begin_ == end_ && !fill()) return peer_closed_ ? 0 : -1;
+  const std::size_t n = std::min({size, end_ - begin_, budget_});
+  std::memcpy(ptr, buffer_.data() + begin_, n);
+  begin_ += n;
+  budget_ -= n;
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t ConnectionStream::write(const char* ptr, std::size_t size) {
+  if (write_failed_) return -1;
+  const ssize_t n = send(ptr, size, limits_.write_timeout);
+  if (n < 0) {
+    write_failed_ = true;
+    return -1;
+  }
+  return n;
+}
+
+bool ConnectionStream::wait_for_request(std::chrono::milliseconds timeout,
+                                        const std::function<bool()>& give_up) {
+  in_request_ = false;
+  if (begin_ < end_) return true;
+  begin_ = end_ = 0;
+  const auto deadline = steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+    if (left.count() <= 0) return false;
+    const ssize_t n = receive(buffer_.data(), buffer_.size(),
+                              std::min<milliseconds>(left, limits_.idle_under_pressure));
+    if (n > 0) {
+      end_ = static_cast<std::size_t>(n);
+      return true;
+    }
+    if (n != wait_ran_out) return false;
+    if (give_up && give_up()) return false;
+  }
+}
+
+void ConnectionStream::begin_request() {
+  in_request_ = true;
+  request_start_ = steady_clock::now();
+  deadline_ = request_start_ + limits_.header_timeout;
+  budget_ = limits_.max_head_bytes;
+  headers_parsed_ = has_body_ = body_consumed_ = close_ = over_limit_ = timed_out_ = false;
+}
+
+void ConnectionStream::begin_body(bool has_body) {
+  headers_parsed_ = true;
+  has_body_ = has_body;
+  deadline_ = request_start_ + limits_.body_timeout;
+  // Raw bytes: the decoded body plus room for chunk framing. The decoded size is held to
+  // max_body_bytes by read_body; this bound covers what httplib reads around it (chunk lines).
+  budget_ = limits_.max_body_bytes * 2 + 64 * 1024;
+}
+
+bool ConnectionStream::must_close() const {
+  return !headers_parsed_ || close_ || (has_body_ && !body_consumed_) || write_failed_;
+}
+
+// --- ConnectionPool
+
+ConnectionPool::ConnectionPool(std::size_t threads) {
+  threads_.reserve(threads);
+  for (std::size_t i = 0; i < threads; ++i)
+    threads_.emplace_back([this] { work(); });
+}
+
+ConnectionPool::~ConnectionPool() {
+  shutdown();
+}
+
+void ConnectionPool::enqueue(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.push_back(std::move(fn));
+    waiting_.store(jobs_.size(), std::memory_order_relaxed);
+  }
+  ready_.notify_one();
+}
+
+void ConnectionPool::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+  }
+  ready_.notify_all();
+  for (auto& t : threads_)
+    t.join();
+  threads_.clear();
+}
+
+void ConnectionPool::work() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, and every accepted connection was served
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      waiting_.store(jobs_.size(), std::memory_order_relaxed);
+    }
+    job();
+  }
+}
+
+// --- read_body
+
+BodyRead read_body(const httplib::Request& req, const httplib::ContentReader& reader,
+                   std::size_t limit, std::string& body) {
+  ConnectionStream* connection = current_connection();
+  auto consumed = [connection] {
+    if (connection) connection->body_consumed();
+    return BodyRead::ok;
+  };
+  const std::string encoding = req.get_header_value("Content-Encoding");
+  if (!encoding.empty() && !equals_ignoring_case(encoding, "identity"))
+    return BodyRead::unsupported;
+  if (req.has_header("Transfer-Encoding")) {
+    // Only plain chunked: anything else (gzip, a list) is refused rather than guessed at.
+    if (!equals_ignoring_case(req.get_header_value("Transfer-Encoding"), "chunked") ||
+        req.get_header_value_count("Transfer-Encoding") != 1) {
+      return BodyRead::unsupported;
+    }
+  } else if (req.has_header("Content-Length")) {
+    const std::string text = req.get_header_value("Content-Length");
+    if (req.get_header_value_count("Content-Length") != 1 || text.empty() || text.size() > 18 ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
+      return BodyRead::malformed;
+    }
+    const unsigned long long length = std::stoull(text);
+    if (length > limit) return BodyRead::too_large;  // refused unread
+    if (length == 0) return consumed();
+    body.reserve(static_cast<std::size_t>(length));
+  } else {
+    return consumed();  // HTTP/1.1: no Content-Length and no Transfer-Encoding is an empty body
+  }
+  bool too_large = false;
+  const bool ok = reader([&](const char* data, std::size_t size) {
+    if (body.size() + size > limit) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, size);
+    return true;
+  });
+  if (ok) return consumed();
+  if (too_large || (connection && connection->over_limit())) return BodyRead::too_large;
+  if (connection && connection->timed_out()) return BodyRead::timed_out;
+  return BodyRead::malformed;
+}
+
+// --- HttpServer
+
+HttpServer::HttpServer(HttpLimits limits, std::size_t threads) : limits_(limits) {
+  new_task_queue = [this, threads] {
+    auto* pool = new ConnectionPool(threads);
+    pool_ = pool;
+    return pool;
+  };
+  // The body limit is read_body's; httplib's own check would read and discard a declared body
+  // of any size before answering.
+  set_payload_max_length(std::numeric_limits<std::size_t>::max());
+  // A response that ends its connection says so, instead of the Keep-Alive httplib wrote.
+  set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
+    ConnectionStream* connection = current_connection();
+    if (connection && connection->must_close() && !res.has_header("Connection")) {
+      res.headers.erase("Keep-Alive");
+      res.set_header("Connection", "close");
+    }
+  });
+}
+
+void HttpServer::shutdown() {
+  stopping_ = true;
+  stop();
+}
+
+std::string HttpServer::serve_bytes(std::string input) {
+  MemoryConnection connection(std::move(input), limits_);
+  serve(connection);
+  return std::move(connection.output());
+}
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  {
+    SocketConnection connection(sock, limits_);
+    serve(connection);
+    if (connection.may_still_be_sending()) {
+      // Lingering close (as nginx does): stop sending, then read and discard for a while, so
+      // that a client which sends its whole body before reading (most do) sees the answer
+      // instead of a reset. Bounded: 2 s, and the body limit plus 1 MiB.
+      ::shutdown(sock, SHUT_WR);
+      char discard[16 * 1024];
+      std::size_t drained = 0;
+      const std::size_t drain_limit = limits_.max_body_bytes + (1u << 20);
+      const auto until = steady_clock::now() + milliseconds(2000);
+      pollfd p{sock, POLLIN, 0};
+      while (drained < drain_limit && steady_clock::now() < until &&
+             ::poll(&p, 1,
+                    poll_ms(std::chrono::duration_cast<milliseconds>(until -
+                                                                     steady_clock::now()))) > 0) {
+        const ssize_t n = ::recv(sock, discard, sizeof discard, 0);
+        if (n <= 0) break;
+        drained += static_cast<std::size_t>(n);
+      }
+    }
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return true;
+}
+
+void HttpServer::serve(ConnectionStream& stream) {
+  ServingConnection serving(&stream);
+  ConnectionPool* pool = pool_.load();
+  auto give_up = [this, pool] { return stopping_.load() || (pool && pool->waiting() > 0); };
+  for (std::size_t served = 0; !stopping_;) {
+    if (!stream.wait_for_request(limits_.keep_alive_timeout, give_up)) break;
+    stream.begin_request();
+    const bool last = ++served >= limits_.max_requests_per_connection;
+    bool client_closes = false;
+    const bool written =
+        process_request(stream, last, client_closes,
+                        [&stream](httplib::Request& req) { stream.begin_body(has_body(req)); });
+    if (!written || client_closes || last || stream.must_close()) break;
+  }
+}
+
+}  // namespace rebound::detail

@@ -1,0 +1,377 @@
+// The server at its edges: what a hostile or careless client sends, on a real loopback socket.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rebound/model.hpp"
+#include "support/raw_client.hpp"
+#include "support/server_harness.hpp"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using rebound::test::count_responses;
+using rebound::test::HarnessOptions;
+using rebound::test::RawConnection;
+using rebound::test::ServerHarness;
+
+namespace {
+
+struct RawResponse {
+  int status = 0;
+  std::string head;
+  std::string body;
+  bool has_header(const std::string& line) const { return head.find(line) != std::string::npos; }
+};
+
+// The first response in `text`.
+RawResponse first_response(const std::string& text) {
+  RawResponse r;
+  const auto end = text.find("\r\n\r\n");
+  if (text.compare(0, 9, "HTTP/1.1 ") != 0 || end == std::string::npos) return r;
+  r.status = std::stoi(text.substr(9, 3));
+  r.head = text.substr(0, end + 2);
+  const auto at = r.head.find("Content-Length: ");
+  const std::size_t length = at == std::string::npos ? 0 : std::stoul(r.head.substr(at + 16));
+  r.body = text.substr(end + 4, length);
+  return r;
+}
+
+// Sends one raw request on a fresh connection and reads the answer (until the server closes or
+// a whole response is there).
+RawResponse round_trip(int port, const std::string& request) {
+  RawConnection c(port);
+  REQUIRE(c.send(request));
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    text += c.read(100ms);
+    const RawResponse r = first_response(text);
+    if (r.status != 0 && text.size() >= r.head.size() + 2 + r.body.size() &&
+        (r.head.find("Content-Length: ") == std::string::npos ||
+         r.body.size() == std::stoul(r.head.substr(r.head.find("Content-Length: ") + 16))))
+      return r;
+    if (c.closed()) break;
+  }
+  return first_response(text);
+}
+
+// A valid error body of the API's shape with this code.
+void check_error_body(const RawResponse& r, int status, const std::string& code) {
+  CHECK(r.status == status);
+  const json body = json::parse(r.body, nullptr, false);
+  REQUIRE_MESSAGE(!body.is_discarded(), r.body);
+  CHECK(body["error"]["code"] == code);
+  CHECK(body["error"]["message"].is_string());
+}
+
+std::string nested_arrays(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+std::string post(const std::string& path, const std::string& body,
+                 const std::string& extra_headers = {}) {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+         extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Builds deeper and deeper output: a custom model gone wrong.
+class DeepOutputModel final : public rebound::Model {
+ public:
+  std::string name() const override { return "deep"; }
+  rebound::Prediction predict(const json& input) override {
+    json out = 1;
+    for (int i = 0; i < input.get<int>(); ++i)
+      out = json::array({std::move(out)});
+    return rebound::Prediction::success(std::move(out));
+  }
+};
+
+struct EchoServer : ServerHarness {
+  explicit EchoServer(HarnessOptions o = HarnessOptions())
+      : ServerHarness(rebound::make_builtin_model("echo"), o) {}
+  bool alive() const {
+    auto res = client().Get("/ping");
+    return res && res->status == 200;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("any bytes in a path or an id get a JSON error - and the server stays up") {
+  EchoServer server;
+  for (const std::string path :
+       {"/%FF", "/%FF%FE%00x", "/v1/inferences/%FF", "/%00", "/v1/%ED%A0%80"}) {
+    CAPTURE(path);
+    const RawResponse r = round_trip(server.port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    check_error_body(r, 404, "not_found");
+  }
+  const RawResponse r =
+      round_trip(server.port, "POST /v1/inferences/%FF/redeliver HTTP/1.1\r\nHost: x\r\n\r\n");
+  check_error_body(r, 404, "not_found");
+  CHECK(server.alive());
+}
+
+TEST_CASE("JSON nested deeper than 128 levels is refused before anything recurses") {
+  EchoServer server;
+  auto submission = [](const std::string& id, const std::string& input) {
+    return R"({"id":")" + id + R"(","input":)" + input + "}";
+  };
+  SUBCASE("submissions: 100,000 levels, and the boundary") {
+    const RawResponse deep =
+        round_trip(server.port, post("/v1/inferences", submission("deep", nested_arrays(100000))));
+    check_error_body(deep, 400, "invalid_json");
+    CHECK(json::parse(deep.body)["error"]["message"].get<std::string>().find("128") !=
+          std::string::npos);
+    // The body object is one level: an input of 127 is 128 in all, the most accepted.
+    CHECK(round_trip(server.port, post("/v1/inferences", submission("edge", nested_arrays(127))))
+              .status == 202);
+    check_error_body(
+        round_trip(server.port, post("/v1/inferences", submission("over", nested_arrays(128)))),
+        400, "invalid_json");
+    CHECK(server.poll("edge")["id"] == "edge");
+    CHECK(server.poll("deep").is_object());  // 404 body: never stored
+  }
+  SUBCASE("brackets inside strings do not count") {
+    const std::string input =
+        "\"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"";
+    CHECK(round_trip(server.port, post("/v1/inferences", submission("strings", input))).status ==
+          202);
+  }
+  SUBCASE("invocations") {
+    check_error_body(round_trip(server.port, post("/invocations", nested_arrays(100000))), 400,
+                     "invalid_json");
+    const RawResponse edge = round_trip(server.port, post("/invocations", nested_arrays(128)));
+    CHECK(edge.status == 200);
+    CHECK(edge.body == nested_arrays(128));
+  }
+  CHECK(server.alive());
+}
+
+TEST_CASE("a model's output nested too deep fails its job instead of the server") {
+  ServerHarness server(std::make_unique<DeepOutputModel>(), HarnessOptions());
+  REQUIRE(server.submit({{"id", "deep"}, {"input", 100000}})->status == 202);
+  REQUIRE(server.submit({{"id", "fine"}, {"input", 100}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] {
+    return server.poll("deep")["status"] == "failed" &&
+           server.poll("fine")["status"] == "succeeded";
+  }));
+  CHECK(server.poll("deep")["error"]["code"] == "model_error");
+  auto res = server.client().Post("/invocations", "100000", "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 500);
+}
+
+TEST_CASE("a chunked body over the limit gets 413 and is not read to its end") {
+  HarnessOptions options;
+  options.max_body_bytes = 1 << 20;
+  EchoServer server(options);
+  RawConnection c(server.port);
+  REQUIRE(
+      c.send("POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n"));
+  // Up to 300 MiB in 64 KiB chunks, until the server answers or stops reading.
+  const std::string chunk = "10000\r\n" + std::string(0x10000, ' ') + "\r\n";
+  std::size_t sent = 0;
+  std::string answer;
+  while (sent < (300u << 20) && c.send(chunk, 2000ms)) {
+    sent += 0x10000;
+    answer += c.read(0ms);
+    if (!answer.empty()) break;
+  }
+  answer += c.read(2000ms);
+  const RawResponse r = first_response(answer);
+  check_error_body(r, 413, "payload_too_large");
+  CHECK(r.has_header("Connection: close"));
+  CHECK(sent < (32u << 20));  // a few MiB of socket buffers at most, not the 300 MiB offered
+  CHECK(server.alive());
+}
+
+TEST_CASE("a declared body over the limit gets 413 at once - unread") {
+  HarnessOptions options;
+  options.max_body_bytes = 1 << 20;
+  EchoServer server(options);
+  for (const std::string path : {"/v1/inferences", "/invocations"}) {
+    CAPTURE(path);
+    RawConnection c(server.port);
+    REQUIRE(c.send("POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n\r\n"));
+    const RawResponse r = first_response(c.read(3000ms, "}}"));
+    check_error_body(r, 413, "payload_too_large");
+  }
+  SUBCASE("also to a client that waits for 100 Continue") {
+    RawConnection c(server.port);
+    REQUIRE(
+        c.send("POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Length: 300000000\r\n"
+               "Expect: 100-continue\r\n\r\n"));
+    check_error_body(first_response(c.read(3000ms, "}}")), 413, "payload_too_large");
+  }
+}
+
+TEST_CASE("bodies that cannot be read get a clear 4xx") {
+  EchoServer server;
+  check_error_body(round_trip(server.port,
+                              "POST /v1/inferences HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Length: 12abc\r\n\r\n{}"),
+                   400, "bad_request");
+  check_error_body(round_trip(server.port,
+                              "POST /v1/inferences HTTP/1.1\r\nHost: x\r\n"
+                              "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"),
+                   415, "unsupported_encoding");
+  check_error_body(round_trip(server.port,
+                              "POST /v1/inferences HTTP/1.1\r\nHost: x\r\n"
+                              "Transfer-Encoding: chunked\r\n\r\nzz\r\n"),
+                   400, "bad_request");
+  check_error_body(round_trip(server.port,
+                              "POST /v1/inferences HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Type: application/x-www-form-urlencoded\r\n"
+                              "Content-Length: 2\r\n\r\n{}"),
+                   415, "unsupported_media_type");
+  check_error_body(round_trip(server.port,
+                              "POST /invocations HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Type: multipart/form-data; boundary=b\r\n"
+                              "Content-Length: 2\r\n\r\n{}"),
+                   415, "unsupported_media_type");
+  CHECK(server.alive());
+}
+
+TEST_CASE("a chunked body within the limit is read whole") {
+  EchoServer server;
+  const RawResponse r =
+      round_trip(server.port,
+                 "POST /invocations HTTP/1.1\r\nHost: x\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n3\r\n[1,\r\n3\r\n2,3\r\n1\r\n]\r\n0\r\n\r\n");
+  CHECK(r.status == 200);
+  CHECK(r.body == "[1,2,3]");
+}
+
+TEST_CASE("request headers are bounded - too many bytes of them get 431") {
+  HarnessOptions options;
+  options.max_header_bytes = 16 * 1024;
+  EchoServer server(options);
+  std::string request = "GET /ping HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 2000; ++i)
+    request += "X-Filler-" + std::to_string(i) + ": 0123456789\r\n";
+  RawConnection c(server.port);
+  c.send(request + "\r\n", 2000ms);  // the server may stop reading, and close, before the end
+  const RawResponse r = first_response(c.read(3000ms, "}}"));
+  check_error_body(r, 431, "header_too_large");
+  CHECK(server.alive());
+}
+
+TEST_CASE("a known path with the wrong method gets 405 with Allow") {
+  EchoServer server;
+  struct Case {
+    std::string method, path, allow;
+  };
+  for (const Case& k : std::vector<Case>{{"GET", "/invocations", "POST"},
+                                         {"DELETE", "/ping", "GET, HEAD"},
+                                         {"PUT", "/v1/inferences", "GET, HEAD, POST"},
+                                         {"POST", "/v1/inferences/abc", "GET, HEAD"},
+                                         {"GET", "/v1/inferences/abc/redeliver", "POST"},
+                                         {"PATCH", "/metrics", "GET, HEAD"}}) {
+    CAPTURE(k.method);
+    CAPTURE(k.path);
+    const RawResponse r = round_trip(
+        server.port, k.method + " " + k.path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    check_error_body(r, 405, "method_not_allowed");
+    CHECK(r.has_header("Allow: " + k.allow + "\r\n"));
+  }
+  const RawResponse options_answer =
+      round_trip(server.port, "OPTIONS /v1/inferences HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(options_answer.status == 204);
+  CHECK(options_answer.has_header("Allow: GET, HEAD, POST\r\n"));
+  // HEAD is GET without the body.
+  const RawResponse head = round_trip(server.port, "HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(head.status == 200);
+}
+
+TEST_CASE("a POST without a body is answered at once") {
+  EchoServer server;
+  RawConnection c(server.port);
+  REQUIRE(c.send("POST /v1/inferences/nobody/redeliver HTTP/1.1\r\nHost: x\r\n\r\n"));
+  // cpp-httplib alone waited 5 s for a body that never comes; 2 s is far more than an answer needs.
+  const RawResponse r = first_response(c.read(2000ms, "}}"));
+  check_error_body(r, 404, "not_found");
+  REQUIRE(c.send("POST /v1/inferences HTTP/1.1\r\nHost: x\r\n\r\n"));
+  check_error_body(first_response(c.read(2000ms, "}}")), 400, "invalid_json");
+}
+
+TEST_CASE("the Bearer scheme is matched case-insensitively") {
+  HarnessOptions options;
+  options.api_keys = {"s3cret"};
+  EchoServer server(options);
+  for (const std::string header : {"Bearer s3cret", "bearer s3cret", "BEARER  s3cret"}) {
+    CAPTURE(header);
+    const RawResponse r = round_trip(
+        server.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: " + header + "\r\n\r\n");
+    CHECK(r.status == 200);
+  }
+  for (const std::string header : {"Bearer s3cre", "Basic s3cret", "Bearers3cret", "Bearer"}) {
+    CAPTURE(header);
+    check_error_body(round_trip(server.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: " +
+                                                 header + "\r\n\r\n"),
+                     401, "unauthorized");
+  }
+}
+
+TEST_CASE("pipelined requests are all answered in order") {
+  EchoServer server;
+  RawConnection c(server.port);
+  const std::string ping = "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(c.send(ping + post("/invocations", "[1]") + ping + post("/invocations", "[2]") +
+                 "GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  std::string all;
+  while (!c.closed() && count_responses(all) < 5)
+    all += c.read(3000ms);
+  CHECK(count_responses(all) == 5);
+  CHECK(all.find("[1]") < all.find("[2]"));
+  CHECK(all.find("[2]") < all.find("404 Not Found"));
+}
+
+TEST_CASE("kept-alive idle clients do not starve a new one") {
+  HarnessOptions options;
+  options.http_threads = 4;
+  EchoServer server(options);
+  // Four polite keep-alive clients, each served once and then idle: every thread is theirs.
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(std::make_unique<RawConnection>(server.port));
+    REQUIRE(idle.back()->send("GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"));
+    REQUIRE(first_response(idle.back()->read(2000ms, "\r\n\r\n")).status == 200);
+  }
+  // Four more that never send a byte.
+  for (int i = 0; i < 4; ++i)
+    idle.push_back(std::make_unique<RawConnection>(server.port));
+  // A fifth client is answered well before the 5 s keep-alive timeout frees a thread.
+  RawConnection c(server.port);
+  REQUIRE(c.send("GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"));
+  CHECK(first_response(c.read(2000ms, "\r\n\r\n")).status == 200);
+}
+
+TEST_CASE("a GET with a body ends its connection instead of reading the body as a request") {
+  EchoServer server;
+  RawConnection c(server.port);
+  REQUIRE(
+      c.send("GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n"
+             "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string all = c.read(2000ms);
+  while (!c.closed())
+    all += c.read(2000ms);
+  CHECK(count_responses(all) == 1);
+  CHECK(first_response(all).status == 200);
+  CHECK(first_response(all).has_header("Connection: close"));
+}
+
+TEST_CASE("serve_connection_bytes serves requests without a socket") {
+  EchoServer server;
+  const std::string out = server.server->serve_connection_bytes(
+      "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n" + post("/invocations", "{\"a\":1}") +
+      "GET /%FF HTTP/1.1\r\n\r\n");
+  CHECK(count_responses(out) == 3);
+  CHECK(out.find("{\"a\":1}") != std::string::npos);
+  // Garbage is answered or dropped, never a crash.
+  server.server->serve_connection_bytes(std::string("\0\xff\r\n\r\nPOST / HTTP/9\r\n", 20));
+  CHECK(server.alive());
+}
