@@ -9,7 +9,14 @@ packages=(
   libsqlite3-dev libjemalloc-dev
   curl python3
   clang-14 libclang-rt-14-dev
+  nginx-light
 )
+# The container image test (tests/container_image.sh) builds and runs the SageMaker image:
+# podman (rootful, runc) with a base image made by debootstrap. REBOUND_SKIP_CONTAINER=1 leaves
+# them out.
+if [ "${REBOUND_SKIP_CONTAINER:-0}" != 1 ]; then
+  packages+=(podman runc debootstrap)
+fi
 # libtorch-dev is for rebound::torch (TorchScriptModel); the core builds without it, and
 # REBOUND_SKIP_TORCH=1 leaves it out. Retraining the Iris model needs python3-torch and
 # python3-sklearn too, which the build does not.

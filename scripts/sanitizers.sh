@@ -31,8 +31,8 @@ cmake --build build-tsan --parallel "$(nproc)"
 echo "== libFuzzer (${fuzz_seconds}s per target)"
 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DREBOUND_BUILD_FUZZERS=ON -DREBOUND_BUILD_TESTS=OFF \
   -DREBOUND_BUILD_EXAMPLES=OFF -DREBOUND_BUILD_BENCH=OFF -DREBOUND_WITH_TORCH=OFF -DREBOUND_INSTALL=OFF
-cmake --build build-fuzz --parallel "$(nproc)" --target fuzz_submission fuzz_callback_url fuzz_retry_after
-for target in submission callback_url retry_after; do
+cmake --build build-fuzz --parallel "$(nproc)" --target fuzz_submission fuzz_callback_url fuzz_retry_after fuzz_http
+for target in submission callback_url retry_after http; do
   corpus=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$corpus/"
   build-fuzz/tests/fuzz/fuzz_$target -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus" \
