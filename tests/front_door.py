@@ -8,7 +8,6 @@ side; SIGTERM stops both and exits 0 within 30 s, leaving nothing behind.
 
 Usage: front_door.py SERVE REBOUND_SERVER
 """
-import json
 import os
 import resource
 import signal
@@ -19,6 +18,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from rawhttp import error_code, free_port, get, ping_within, post, request  # noqa: E402
+
 serve, server_bin = sys.argv[1], sys.argv[2]
 failures = []
 
@@ -27,63 +29,6 @@ def check(condition, message):
     if not condition:
         failures.append(message)
         print("FAIL:", message, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def request(port, raw, timeout=2.0):
-    """Sends raw bytes; returns (status, headers text, body) of the answer, or (0, '', '')."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(raw)
-            data = b""
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                s.settimeout(max(0.01, deadline - time.monotonic()))
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-                head, sep, body = data.partition(b"\r\n\r\n")
-                if sep:
-                    length = 0
-                    for line in head.split(b"\r\n")[1:]:
-                        name, _, value = line.partition(b":")
-                        if name.strip().lower() == b"content-length":
-                            length = int(value)
-                    if len(body) >= length:
-                        break
-        head, _, body = data.partition(b"\r\n\r\n")
-        status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.1 ") else 0
-        return status, head.decode("latin-1"), body
-    except OSError:
-        return 0, "", b""
-
-
-def get(port, path, timeout=2.0):
-    return request(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), timeout)
-
-
-def post(port, path, body, timeout=2.0, content_type="application/json"):
-    return request(port, (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body, timeout)
-
-
-def ping_within(port, seconds=2.0):
-    start = time.monotonic()
-    status, _, _ = get(port, "/ping", timeout=seconds)
-    return status == 200 and time.monotonic() - start < seconds
-
-
-def error_code(body):
-    try:
-        return json.loads(body)["error"]["code"]
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 class Serve:
