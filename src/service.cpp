@@ -121,9 +121,13 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   // predictions, fails every item of the batch with model_error.
   std::vector<Prediction> predict(std::vector<nlohmann::json>& inputs) {
     try {
-      std::vector<Prediction> out = inputs.size() == 1
-                                        ? std::vector<Prediction>{model->predict(inputs.front())}
-                                        : model->predict_batch(inputs);
+      // Moved, never copied, until its depth is checked: copying a json tree recurses.
+      std::vector<Prediction> out;
+      if (inputs.size() == 1) {
+        out.push_back(model->predict(inputs.front()));
+      } else {
+        out = model->predict_batch(inputs);
+      }
       if (out.size() == inputs.size()) {
         // Everything downstream (the store, the status body, the callback) serialises outputs
         // recursively; a model cannot be allowed to build a tree deep enough to overflow a stack.

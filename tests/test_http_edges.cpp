@@ -82,9 +82,13 @@ class DeepOutputModel final : public rebound::Model {
  public:
   std::string name() const override { return "deep"; }
   rebound::Prediction predict(const json& input) override {
-    json out = 1;
-    for (int i = 0; i < input.get<int>(); ++i)
-      out = json::array({std::move(out)});
+    // Built downwards, without copies: copying a deep tree recurses.
+    json out = json::array();
+    json* innermost = &out;
+    for (int i = 1; i < input.get<int>(); ++i) {
+      innermost->push_back(json::array());
+      innermost = &innermost->back();
+    }
     return rebound::Prediction::success(std::move(out));
   }
 };

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "rebound/detail/http_date.hpp"
+
 namespace rebound {
 
 /// One callback attempt as the transport sends it.
@@ -56,7 +58,9 @@ class CallbackTransport {
 };
 
 /// Parses a `Retry-After` value, either delay-seconds ("120") or an HTTP-date
-/// ("Wed, 21 Oct 2015 07:28:00 GMT"), into a delay from `now`. A date in the past gives 0.
+/// in any of RFC 9110's three forms ("Wed, 21 Oct 2015 07:28:00 GMT", "Wednesday, 21-Oct-15
+/// 07:28:00 GMT", "Wed Oct 21 07:28:00 2015"), into a delay from `now`, whatever the process
+/// locale. A date in the past gives 0.
 /// Returns nullopt for anything else. Never throws.
 inline std::optional<std::chrono::milliseconds> parse_retry_after(
     std::string_view value, std::chrono::system_clock::time_point now) {
@@ -75,16 +79,13 @@ inline std::optional<std::chrono::milliseconds> parse_retry_after(
       seconds = seconds * 10 + (c - '0');
     return std::chrono::milliseconds(seconds * 1000);
   }
-  std::tm tm{};
-  const std::string text(value);
-  const char* end = strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  if (end == nullptr || *end != '\0') return std::nullopt;
-  // A year far from now would overflow std::chrono's nanoseconds: work in seconds, clamped.
-  if (tm.tm_year < 70 || tm.tm_year > 8000) return std::nullopt;
-  const std::time_t when = timegm(&tm);
-  if (when == static_cast<std::time_t>(-1)) return std::nullopt;
-  const long long delta = static_cast<long long>(when) -
-                          static_cast<long long>(std::chrono::system_clock::to_time_t(now));
+  const std::time_t now_seconds = std::chrono::system_clock::to_time_t(now);
+  std::tm now_utc{};
+  gmtime_r(&now_seconds, &now_utc);
+  const std::optional<long long> when = detail::parse_http_date(value, 1900LL + now_utc.tm_year);
+  if (!when) return std::nullopt;
+  // Far-future dates would overflow std::chrono's nanoseconds: work in seconds, clamped.
+  const long long delta = *when - static_cast<long long>(now_seconds);
   if (delta <= 0) return std::chrono::milliseconds(0);
   return std::chrono::milliseconds(std::min(delta, 999999999LL) * 1000);
 }
