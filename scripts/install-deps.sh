@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
-  libsqlite3-dev libjemalloc-dev
+  libsqlite3-dev libjemalloc-dev libcurl4-openssl-dev
   curl python3
   clang-14 libclang-rt-14-dev
   nginx-light

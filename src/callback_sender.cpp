@@ -185,6 +185,10 @@ void CallbackSender::deliver(CallbackMessage message, AttemptObserver on_attempt
   boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
 }
 
+std::vector<EndpointStatus> CallbackSender::endpoints() const {
+  return state_->transport->endpoints();
+}
+
 std::size_t CallbackSender::in_flight() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->in_flight;

@@ -76,6 +76,7 @@ enum class Resource {
   inference,
   redeliver,
   invocations,
+  callback_endpoints,
   metrics,
   ping,
   openapi
@@ -92,7 +93,8 @@ Target locate(const std::string& path) {
       {"/invocations", Resource::invocations},
       {"/ping", Resource::ping},
       {"/metrics", Resource::metrics},
-      {"/openapi.json", Resource::openapi}};
+      {"/openapi.json", Resource::openapi},
+      {"/v1/callback-endpoints", Resource::callback_endpoints}};
   for (const auto& [name, resource] : fixed) {
     if (path == name) return {resource, {}};
   }
@@ -262,6 +264,9 @@ struct Server::Impl {
       case Resource::inference:
         poll(target.id, res);
         break;
+      case Resource::callback_endpoints:
+        list_endpoints(res);
+        break;
       case Resource::metrics:
         res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
         break;
@@ -309,6 +314,18 @@ struct Server::Impl {
       default:
         return send_error(res, {404, "not_found", "No route for POST " + req.path + ".", {}});
     }
+  }
+
+  void list_endpoints(httplib::Response& res) {
+    nlohmann::json endpoints = nlohmann::json::array();
+    for (const EndpointStatus& e : service.callback_endpoints()) {
+      endpoints.push_back({{"origin", e.origin},
+                           {"state", to_string(e.state)},
+                           {"consecutive_failures", e.consecutive_failures},
+                           {"in_flight", e.in_flight},
+                           {"waiting", e.waiting}});
+    }
+    send_json(res, 200, {{"endpoints", std::move(endpoints)}});
   }
 
   void ping(httplib::Response& res) {

@@ -425,7 +425,24 @@ std::string Service::render_metrics() const {
     std::lock_guard<std::mutex> lock(core_->mutex);
     in_flight = core_->in_flight;
   }
-  return core_->metrics.render(queue_->depth(), in_flight, core_->sender->in_flight());
+  std::string out = core_->metrics.render(queue_->depth(), in_flight, core_->sender->in_flight());
+  // The breakers, by state, from what the transport tracks now.
+  std::size_t by_state[3] = {0, 0, 0};
+  for (const EndpointStatus& e : core_->sender->endpoints())
+    ++by_state[static_cast<int>(e.state)];
+  out +=
+      "# HELP rebound_callback_endpoints Receiver origins tracked by the transport, by circuit "
+      "state.\n# TYPE rebound_callback_endpoints gauge\n";
+  for (const CircuitState state :
+       {CircuitState::closed, CircuitState::open, CircuitState::half_open}) {
+    out += std::string("rebound_callback_endpoints{state=\"") + to_string(state) + "\"} " +
+           std::to_string(by_state[static_cast<int>(state)]) + "\n";
+  }
+  return out;
+}
+
+std::vector<EndpointStatus> Service::callback_endpoints() const {
+  return core_->sender->endpoints();
 }
 
 const Metrics& Service::metrics() const {

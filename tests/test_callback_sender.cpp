@@ -1,5 +1,5 @@
 // CallbackSender over a fake transport (verdicts, schedules, headers) and over the real
-// HttpTransport against a real receiver on loopback (5xx, refused connections, timeouts, reuse).
+// CurlTransport against a real receiver on loopback (5xx, refused connections, timeouts, reuse).
 #include <doctest/doctest.h>
 
 #include <future>
@@ -10,7 +10,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "rebound/callback_sender.hpp"
-#include "rebound/http_transport.hpp"
+#include "rebound/curl_transport.hpp"
 #include "rebound/version.hpp"
 #include "rebound/webhook_signature.hpp"
 #include "support/receiver.hpp"
@@ -291,11 +291,12 @@ TEST_CASE("bad sender options are refused") {
 // ---- The real transport against a real receiver on loopback ----
 
 namespace {
-std::unique_ptr<rebound::HttpTransport> loopback_transport(std::size_t connections = 4) {
-  rebound::HttpTransportOptions o;
-  o.connections = connections;
+std::unique_ptr<rebound::CurlTransport> loopback_transport(boost::asio::io_context& io,
+                                                           std::size_t per_origin = 4) {
+  rebound::CurlTransportOptions o;
+  o.max_per_origin = per_origin;
   o.guard = rebound::AddressGuard(true);
-  return std::make_unique<rebound::HttpTransport>(o);
+  return std::make_unique<rebound::CurlTransport>(io.get_executor(), o);
 }
 }  // namespace
 
@@ -303,7 +304,7 @@ TEST_CASE("over HTTP: 5xx answers are retried - then the callback is delivered")
   IoThread io;
   rebound::test::Receiver receiver;
   receiver.script_statuses({500, 503});
-  CallbackSender sender(io.io.get_executor(), loopback_transport(), fast_options());
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io), fast_options());
   auto out = deliver(sender, message(receiver.url("/results")));
   CHECK(out.report.delivered);
   CHECK(out.report.attempts == 3);
@@ -322,7 +323,7 @@ TEST_CASE("over HTTP: a refused connection is retried until the receiver comes u
   const int port = rebound::test::unused_port();
   auto options = fast_options(50);
   options.backoff = rebound::backoff::max_tries(rebound::backoff::exponential(20ms, 1.0), 200);
-  CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io), options);
   auto attempts = std::make_shared<std::atomic<int>>(0);
   std::promise<DeliveryReport> done;
   sender.deliver(
@@ -347,7 +348,7 @@ TEST_CASE("over HTTP: an answer slower than the timeout is a failed attempt") {
   receiver.script([](const auto&, httplib::Response&) { std::this_thread::sleep_for(1500ms); });
   auto options = fast_options();
   options.timeout = 300ms;
-  CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io), options);
   auto out = deliver(sender, message(receiver.url()));
   CHECK(out.report.delivered);
   REQUIRE(out.attempts.size() == 2);
@@ -362,7 +363,7 @@ TEST_CASE("over HTTP: redirects are not followed") {
     res.status = 307;
     res.set_header("Location", target.url());
   });
-  CallbackSender sender(io.io.get_executor(), loopback_transport(), fast_options(2));
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io), fast_options(2));
   auto out = deliver(sender, message(receiver.url()));
   CHECK_FALSE(out.report.delivered);
   CHECK(out.report.last_error == "HTTP 307");
@@ -373,7 +374,8 @@ TEST_CASE("over HTTP: redirects are not followed") {
 TEST_CASE("over HTTP: the SSRF guard refuses loopback unless private callbacks are allowed") {
   IoThread io;
   rebound::test::Receiver receiver;
-  CallbackSender sender(io.io.get_executor(), std::make_unique<rebound::HttpTransport>(),
+  CallbackSender sender(io.io.get_executor(),
+                        std::make_unique<rebound::CurlTransport>(io.io.get_executor()),
                         fast_options());
   auto out = deliver(sender, message(receiver.url()));
   CHECK_FALSE(out.report.delivered);
@@ -389,7 +391,7 @@ TEST_CASE("over HTTP: the SSRF guard refuses loopback unless private callbacks a
 TEST_CASE("over HTTP: connections to a receiver are kept alive and reused") {
   IoThread io;
   rebound::test::Receiver receiver;
-  CallbackSender sender(io.io.get_executor(), loopback_transport(2), fast_options());
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io, 2), fast_options());
   std::atomic<int> delivered{0};
   for (int i = 0; i < 100; ++i) {
     auto msg = message(receiver.url());
@@ -407,7 +409,7 @@ TEST_CASE("over HTTP: connections to a receiver are kept alive and reused") {
 TEST_CASE("over HTTP: a kept-alive connection the receiver closed does not cost an attempt") {
   IoThread io;
   rebound::test::Receiver receiver;  // closes idle connections after 1 s
-  CallbackSender sender(io.io.get_executor(), loopback_transport(1), fast_options());
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io, 1), fast_options());
   auto first = deliver(sender, message(receiver.url()));
   CHECK(first.report.attempts == 1);
   std::this_thread::sleep_for(1500ms);  // the receiver drops the idle connection meanwhile
@@ -427,7 +429,7 @@ TEST_CASE("over HTTP: the receiver's Retry-After lengthens the wait up to the ca
   auto options = fast_options();
   options.backoff = rebound::backoff::max_tries(
       rebound::backoff::respect_retry_after(rebound::backoff::constant(10ms), 5s), 3);
-  CallbackSender sender(io.io.get_executor(), loopback_transport(), options);
+  CallbackSender sender(io.io.get_executor(), loopback_transport(io.io), options);
   auto out = deliver(sender, message(receiver.url()));
   CHECK(out.report.delivered);
   REQUIRE(out.attempts.size() == 2);
@@ -457,28 +459,4 @@ TEST_CASE("the policy sees the time elapsed since the first attempt") {
   CHECK(out.report.attempts == 2);  // the third would start past 100 ms
   REQUIRE(elapsed.size() == 2);
   CHECK(elapsed[1] >= 60ms);
-}
-
-TEST_CASE(
-    "over HTTP: kept-alive connections are bounded per sender thread - least recently used go") {
-  for (std::size_t keep : {2u, 3u}) {
-    CAPTURE(keep);
-    IoThread io;
-    rebound::HttpTransportOptions o;
-    o.connections = 1;
-    o.origins_per_connection = keep;
-    o.guard = rebound::AddressGuard(true);
-    CallbackSender sender(io.io.get_executor(), std::make_unique<rebound::HttpTransport>(o),
-                          fast_options());
-    rebound::test::Receiver a, b, c;
-    for (auto* r : {&a, &b, &c, &a})
-      REQUIRE(deliver(sender, message(r->url())).report.delivered);
-    auto got = a.received();
-    REQUIRE(got.size() == 2);
-    if (keep == 2) {
-      CHECK(got[0].remote_port != got[1].remote_port);  // a's connection was closed for c's
-    } else {
-      CHECK(got[0].remote_port == got[1].remote_port);  // room for all three: reused
-    }
-  }
 }

@@ -7,7 +7,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "rebound/callback_sender.hpp"
-#include "rebound/http_transport.hpp"
+#include "rebound/curl_transport.hpp"
 #include "support/receiver.hpp"
 #include "support/tls.hpp"
 
@@ -56,7 +56,7 @@ Result deliver_to(const std::string& url, const std::string& ca_file) {
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);
   std::thread t([&] { io.run(); });
-  rebound::HttpTransportOptions to;
+  rebound::CurlTransportOptions to;
   to.guard = rebound::AddressGuard(true);
   to.ca_cert_file = ca_file;
   rebound::CallbackSenderOptions so;
@@ -64,8 +64,8 @@ Result deliver_to(const std::string& url, const std::string& ca_file) {
   so.timeout = 5s;
   Result result;
   {
-    rebound::CallbackSender sender(io.get_executor(), std::make_unique<rebound::HttpTransport>(to),
-                                   so);
+    rebound::CallbackSender sender(
+        io.get_executor(), std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
     std::promise<rebound::DeliveryReport> done;
     auto attempts = std::make_shared<std::vector<rebound::AttemptReport>>();
     sender.deliver(

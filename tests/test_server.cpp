@@ -11,7 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/http_transport.hpp"
+#include "rebound/curl_transport.hpp"
 #include "rebound/memory_job_store.hpp"
 #include "rebound/server.hpp"
 #include "rebound/version.hpp"
@@ -207,9 +207,10 @@ TEST_CASE("every bad request gets its status and error body") {
 TEST_CASE("the server refuses internal callback addresses by default") {
   boost::asio::thread_pool pool(1);
   boost::asio::io_context io;
-  rebound::Service service(
-      pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
-      std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
+  rebound::Service service(pool.get_executor(), io.get_executor(),
+                           std::make_unique<rebound::EchoModel>(),
+                           std::make_unique<rebound::MemoryJobStore>(),
+                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
   rebound::Server server(service, {"127.0.0.1", 0});
   const int port = server.bind();
   std::thread t([&] { server.run(); });
@@ -396,9 +397,10 @@ TEST_CASE("a second server cannot bind a port that is in use") {
   Harness h;
   boost::asio::thread_pool pool(1);
   boost::asio::io_context io;
-  rebound::Service service(
-      pool.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
-      std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
+  rebound::Service service(pool.get_executor(), io.get_executor(),
+                           std::make_unique<rebound::EchoModel>(),
+                           std::make_unique<rebound::MemoryJobStore>(),
+                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
   rebound::Server second(service, {"127.0.0.1", h.port});
   CHECK_THROWS_AS(second.bind(), rebound::Error);
   service.shutdown(1s);
@@ -700,4 +702,28 @@ TEST_CASE("at log level warn a failed job is still logged - a succeeded one is n
     if (l["event"] == "job_completed") completed.insert(l["job_id"]);
   }
   CHECK(completed == std::set<std::string>{"fails"});
+}
+
+TEST_CASE("GET /v1/callback-endpoints and /metrics show a receiver whose circuit opened") {
+  Harness s;
+  rebound::test::Receiver receiver;
+  receiver.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
+  REQUIRE(s.submit({{"id", "sick"}, {"callback_url", receiver.url()}, {"input", 1}})->status ==
+          202);
+  CHECK(s.wait_callback_final("sick")["callback"]["state"] == "failed");
+  auto res = s.client().Get("/v1/callback-endpoints");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  const json body = json::parse(res->body);
+  REQUIRE(body["endpoints"].size() == 1);
+  const json& e = body["endpoints"][0];
+  CHECK(e["origin"] == "http://127.0.0.1:" + std::to_string(receiver.port()));
+  CHECK(e["state"] == "open");  // five failures in a row, the default threshold
+  CHECK(e["consecutive_failures"] == 5);
+  CHECK(e["in_flight"] == 0);
+  CHECK(e["waiting"] == 0);
+  auto metrics = s.client().Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("rebound_callback_endpoints{state=\"open\"} 1") != std::string::npos);
+  CHECK(metrics->body.find("rebound_callback_endpoints{state=\"closed\"} 0") != std::string::npos);
 }

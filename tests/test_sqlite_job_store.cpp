@@ -13,7 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/http_transport.hpp"
+#include "rebound/curl_transport.hpp"
 #include "rebound/service.hpp"
 #include "rebound/sqlite_job_store.hpp"
 #include "support/receiver.hpp"
@@ -208,14 +208,14 @@ TEST_CASE("a Service on a store with unfinished jobs runs them again and deliver
   auto work = boost::asio::make_work_guard(io);
   std::thread io_thread([&] { io.run(); });
   {
-    rebound::HttpTransportOptions to;
+    rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
     rebound::ServiceOptions so;
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(10ms), 3);
     rebound::Service service(pool.get_executor(), io.get_executor(),
                              std::make_unique<CountingModel>(calls),
                              std::make_unique<SqliteJobStore>(db.path()),
-                             std::make_unique<rebound::HttpTransport>(to), so);
+                             std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
     CHECK(service.batch_stats().resumed == 3);
     REQUIRE(receiver.wait_for(3));
     REQUIRE(service.shutdown(10s));

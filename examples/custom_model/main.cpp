@@ -8,7 +8,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/http_transport.hpp"
+#include "rebound/curl_transport.hpp"
 #include "rebound/memory_job_store.hpp"
 #include "rebound/server.hpp"
 #include "rebound/service.hpp"
@@ -36,9 +36,10 @@ int main(int argc, char** argv) {
   auto work = boost::asio::make_work_guard(io);
   std::thread io_thread([&io] { io.run(); });
 
-  rebound::Service service(
-      inference.get_executor(), io.get_executor(), std::make_unique<WordCountModel>(),
-      std::make_unique<rebound::MemoryJobStore>(), std::make_unique<rebound::HttpTransport>());
+  rebound::Service service(inference.get_executor(), io.get_executor(),
+                           std::make_unique<WordCountModel>(),
+                           std::make_unique<rebound::MemoryJobStore>(),
+                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
   rebound::Server server(service, {"127.0.0.1", port});
   std::cout << "word-count model on 127.0.0.1:" << server.bind() << std::endl;
   server.run();  // until the process is stopped

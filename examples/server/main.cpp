@@ -14,8 +14,8 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "rebound/curl_transport.hpp"
 #include "rebound/error.hpp"
-#include "rebound/http_transport.hpp"
 #include "rebound/memory_job_store.hpp"
 #include "rebound/model.hpp"
 #include "rebound/server.hpp"
@@ -108,7 +108,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> api_keys;
   std::size_t http_threads = 64;
   double callback_timeout_s = 10;
-  std::size_t callback_connections = 16;
+  std::size_t callback_connections = 1024;
+  std::size_t callback_per_origin = 64;
+  std::string callback_proxy;
+  std::size_t breaker_failures = 5;
+  double breaker_cooldown_s = 30;
   std::string callback_ca_file;
   rebound::backoff::Config backoff;
   double backoff_base_s = 1, backoff_cap_s = 60, max_elapsed_s = 0, retry_after_cap_s = 300;
@@ -234,9 +238,28 @@ int main(int argc, char** argv) {
                  "(repeatable)")
       ->group(delivery);
   app.add_option("--callback-connections", callback_connections,
-                 "Callback requests sent at once (each keeps its connections alive)")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
+                 "Callback requests in flight at once, in all; more wait their turn")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
       ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--callback-per-origin", callback_per_origin,
+                 "Callback requests in flight at once to one receiver origin (scheme://host:port)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--callback-breaker-failures", breaker_failures,
+                 "Consecutive failures that open a receiver origin's circuit (0: no breaker)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1000000}))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--callback-breaker-cooldown", breaker_cooldown_s,
+                 "Seconds an open circuit holds deliveries back before one probe")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str()
+      ->group(delivery);
+  app.add_option("--callback-proxy", callback_proxy,
+                 "Send callbacks through this proxy (http://host:port); the proxy then decides "
+                 "which addresses may be reached")
       ->group(delivery);
   app.add_option("--callback-ca-file", callback_ca_file,
                  "PEM file of certificate authorities for https callbacks (default: the system's)")
@@ -280,9 +303,13 @@ int main(int argc, char** argv) {
     const std::string model_name = model->name();
     service_options.delivery.timeout = ms(callback_timeout_s);
     service_options.delivery.signing_secrets = signing_secrets;
-    rebound::HttpTransportOptions transport_options;
+    rebound::CurlTransportOptions transport_options;
     transport_options.guard = guard;
-    transport_options.connections = callback_connections;
+    transport_options.max_total = callback_connections;
+    transport_options.max_per_origin = callback_per_origin;
+    transport_options.breaker_failures = breaker_failures;
+    transport_options.breaker_cooldown = ms(breaker_cooldown_s);
+    transport_options.proxy = callback_proxy;
     transport_options.ca_cert_file = callback_ca_file;
     rebound::ServerOptions server_options;
     server_options.host = host;
@@ -295,7 +322,8 @@ int main(int argc, char** argv) {
     IoThread io;  // callback timers; outlives the service below
     rebound::Service service(
         inference.get_executor(), io.context.get_executor(), std::move(model), std::move(store),
-        std::make_unique<rebound::HttpTransport>(transport_options), service_options);
+        std::make_unique<rebound::CurlTransport>(io.context.get_executor(), transport_options),
+        service_options);
     rebound::Server server(service, server_options);
     const int bound = server.bind();
 

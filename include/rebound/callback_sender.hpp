@@ -108,6 +108,9 @@ class CallbackSender final {
   /// Deliveries started and not yet ended.
   std::size_t in_flight() const;
 
+  /// The receiver origins the transport tracks (CallbackTransport::endpoints).
+  std::vector<EndpointStatus> endpoints() const;
+
   /// Waits until no delivery is in flight, or until `timeout`. True when none is.
   bool wait_idle(std::chrono::steady_clock::duration timeout) const;
 

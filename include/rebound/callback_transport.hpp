@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <ctime>
 #include <functional>
 #include <optional>
@@ -33,6 +34,7 @@ enum class TransportError {
   timeout,          ///< no (complete) answer in time
   tls,              ///< the TLS handshake or the certificate check failed
   io,               ///< the connection broke
+  cancelled,        ///< the transport shut down before an answer came
 };
 
 /// What one attempt produced: an HTTP status, or a transport error.
@@ -41,6 +43,31 @@ struct CallbackResponse {
   int status = 0;           ///< the HTTP status when `error` is `none`
   std::string retry_after;  ///< the raw `Retry-After` header, if any
   std::string message;      ///< a human sentence for transport errors
+};
+
+/// The circuit breaker of one receiver origin: `closed` sends, `open` holds deliveries back
+/// (without spending their attempts) until a cool-down ends, `half_open` lets one probe through.
+enum class CircuitState { closed, open, half_open };
+
+inline const char* to_string(CircuitState s) {
+  switch (s) {
+    case CircuitState::closed:
+      return "closed";
+    case CircuitState::open:
+      return "open";
+    case CircuitState::half_open:
+      return "half_open";
+  }
+  return "closed";
+}
+
+/// What a transport knows of one receiver origin (`scheme://host:port`).
+struct EndpointStatus {
+  std::string origin;
+  CircuitState state = CircuitState::closed;
+  std::size_t consecutive_failures = 0;
+  std::size_t in_flight = 0;  ///< requests sent and not yet answered
+  std::size_t waiting = 0;    ///< requests held back by a limit or an open circuit
 };
 
 /// Called exactly once per `send`, on a transport thread. Must not block for long.
@@ -55,6 +82,9 @@ class CallbackTransport {
  public:
   virtual ~CallbackTransport() = default;
   virtual void send(CallbackRequest request, CallbackResponseHandler on_done) = 0;
+  /// The receivers' origins this transport currently tracks (see EndpointStatus); a transport
+  /// without per-origin state returns none. Thread-safe.
+  virtual std::vector<EndpointStatus> endpoints() const { return {}; }
 };
 
 /// Parses a `Retry-After` value, either delay-seconds ("120") or an HTTP-date

@@ -130,6 +130,9 @@ class Service final {
   /// Jobs whose callback was given up, most recent first, at most `limit`.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
+  /// The callback receivers' origins the transport tracks: circuit state, failures, requests.
+  std::vector<EndpointStatus> callback_endpoints() const;
+
   /// True while the model is ready and the service accepts work.
   bool ready() const;
 

@@ -15,7 +15,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
-#include "rebound/http_transport.hpp"
+#include "rebound/curl_transport.hpp"
 #include "rebound/memory_job_store.hpp"
 #include "rebound/server.hpp"
 #include "support/receiver.hpp"
@@ -54,12 +54,12 @@ class ServerHarness {
     so.delivery.backoff =
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
     so.delivery.timeout = 2s;
-    rebound::HttpTransportOptions to;
+    rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
-    service = std::make_unique<rebound::Service>(inference.get_executor(), io.get_executor(),
-                                                 std::move(m),
-                                                 std::make_unique<rebound::MemoryJobStore>(),
-                                                 std::make_unique<rebound::HttpTransport>(to), so);
+    service = std::make_unique<rebound::Service>(
+        inference.get_executor(), io.get_executor(), std::move(m),
+        std::make_unique<rebound::MemoryJobStore>(),
+        std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
     rebound::ServerOptions sv;
     sv.host = "127.0.0.1";
     sv.port = 0;

@@ -1,0 +1,644 @@
+// CurlTransport: libcurl's multi interface on an Asio strand (curl's socket and timer callbacks
+// become async_wait calls), with rebound's per-origin queues and circuit breakers in front.
+#include "rebound/curl_transport.hpp"
+
+#include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include "rebound/callback_url.hpp"
+#include "rebound/error.hpp"
+
+namespace rebound {
+namespace {
+
+using Strand = boost::asio::strand<boost::asio::any_io_executor>;
+
+// libcurl wants one global initialisation before any handle, process-wide.
+void init_curl_once() {
+  static const bool done = [] {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) throw Error("libcurl failed to start");
+    return true;
+  }();
+  (void)done;
+}
+
+CallbackResponse failure(TransportError error, std::string message) {
+  CallbackResponse r;
+  r.error = error;
+  r.message = std::move(message);
+  return r;
+}
+
+bool starts_with_ignoring_case(const char* text, std::size_t size, std::string_view prefix) {
+  if (size < prefix.size()) return false;
+  for (std::size_t i = 0; i < prefix.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(text[i])) !=
+        std::tolower(static_cast<unsigned char>(prefix[i])))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
+  // Why an attempt was cut short by rebound rather than by curl.
+  enum class Cut { none, headers_too_large, body_too_large };
+
+  struct Transfer {
+    Impl* impl = nullptr;
+    CallbackRequest request;
+    CallbackResponseHandler on_done;
+    std::string origin;
+    std::string host;
+    CURL* easy = nullptr;
+    curl_slist* headers = nullptr;
+    std::size_t header_bytes = 0;
+    std::size_t body_bytes = 0;
+    bool headers_complete = false;
+    std::string retry_after;
+    std::size_t refused_addresses = 0;
+    Cut cut = Cut::none;
+    char error[CURL_ERROR_SIZE] = {};
+    ~Transfer() {
+      if (easy) curl_easy_cleanup(easy);
+      if (headers) curl_slist_free_all(headers);
+    }
+  };
+
+  struct Origin {
+    std::deque<std::shared_ptr<Transfer>> waiting;
+    std::size_t in_flight = 0;
+    std::size_t failures = 0;
+    CircuitState state = CircuitState::closed;
+    bool probe_out = false;
+    bool listed_ready = false;
+    std::unique_ptr<boost::asio::steady_timer> cooldown;
+  };
+
+  // A socket curl waits on: one it opened through open_socket (owned: closed by close_socket) or
+  // one of curl's own (its resolver's wake-up pipe), only watched.
+  struct Socket {
+    std::unique_ptr<boost::asio::posix::stream_descriptor> descriptor;
+    bool owned = false;
+    int want = 0;  // CURL_POLL_*
+    bool reading = false;
+    bool writing = false;
+    std::uint64_t id = 0;
+  };
+
+  Impl(boost::asio::any_io_executor executor, CurlTransportOptions o)
+      : strand(boost::asio::make_strand(std::move(executor))),
+        options(std::move(o)),
+        timer(strand) {
+    init_curl_once();
+    multi = curl_multi_init();
+    if (!multi) throw Error("CurlTransport: curl_multi_init failed");
+    curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, &Impl::on_socket);
+    curl_multi_setopt(multi, CURLMOPT_SOCKETDATA, this);
+    curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, &Impl::on_timer);
+    curl_multi_setopt(multi, CURLMOPT_TIMERDATA, this);
+    // Our queues keep within these; curl's own limits are a second line.
+    curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+                      static_cast<long>(options.max_per_origin));
+    curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(options.max_total));
+    curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, static_cast<long>(options.max_total));
+    for (const auto& entry : options.resolve)
+      resolve = curl_slist_append(resolve, entry.c_str());
+  }
+
+  ~Impl() {
+    // Only reached once every handler holding the Impl ran; shutdown() emptied everything.
+    if (multi) curl_multi_cleanup(multi);
+    if (resolve) curl_slist_free_all(resolve);
+  }
+
+  // --- on the strand
+
+  void enqueue(std::shared_ptr<Transfer> transfer) {
+    if (stopped) return finish_without_sending(std::move(transfer), "the transport is stopped");
+    const std::string key = transfer->origin;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      origins[key].waiting.push_back(std::move(transfer));
+    }
+    pump_origin(key);
+    pump_ready();
+  }
+
+  bool can_start(const Origin& o) const {
+    if (total_in_flight >= options.max_total || o.in_flight >= options.max_per_origin) return false;
+    if (o.state == CircuitState::open) return false;
+    if (o.state == CircuitState::half_open) return !o.probe_out;
+    return true;
+  }
+
+  // Starts what an origin may start now; lists it as ready when only the total limit holds it.
+  void pump_origin(const std::string& key) {
+    auto it = origins.find(key);
+    if (it == origins.end()) return;
+    Origin& o = it->second;
+    while (!o.waiting.empty() && can_start(o)) {
+      std::shared_ptr<Transfer> t;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        t = std::move(o.waiting.front());
+        o.waiting.pop_front();
+        ++o.in_flight;
+        if (o.state == CircuitState::half_open) o.probe_out = true;
+      }
+      ++total_in_flight;
+      start(std::move(t));
+    }
+    if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
+        o.in_flight < options.max_per_origin && o.state == CircuitState::closed) {
+      o.listed_ready = true;
+      ready.push_back(key);
+    }
+  }
+
+  // Total capacity freed: origins that waited only for it go first, in the order they queued.
+  void pump_ready() {
+    while (!ready.empty() && total_in_flight < options.max_total) {
+      const std::string key = std::move(ready.front());
+      ready.pop_front();
+      auto it = origins.find(key);
+      if (it == origins.end()) continue;
+      it->second.listed_ready = false;
+      pump_origin(key);
+    }
+  }
+
+  void start(std::shared_ptr<Transfer> t) {
+    CURL* easy = curl_easy_init();
+    if (!easy) return complete_later(std::move(t), "curl_easy_init failed");
+    t->easy = easy;
+    t->impl = this;
+    for (const auto& [name, value] : t->request.headers)
+      t->headers = curl_slist_append(t->headers, (name + ": " + value).c_str());
+    // curl would otherwise send "Expect: 100-continue" for larger bodies and wait a second.
+    t->headers = curl_slist_append(t->headers, "Expect:");
+    const long timeout_ms = static_cast<long>(std::max<long long>(1, t->request.timeout.count()));
+    curl_easy_setopt(easy, CURLOPT_URL, t->request.url.c_str());
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, t.get());
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->error);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+    curl_easy_setopt(easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, t->request.body.data());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(t->request.body.size()));
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, &Impl::on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, t.get());
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &Impl::on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, t.get());
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, &Impl::open_socket);
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, t.get());
+    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, &Impl::close_socket);
+    curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, this);
+    curl_easy_setopt(easy, CURLOPT_PROXY, options.proxy.c_str());  // "" also ignores the env
+    if (!options.ca_cert_file.empty())
+      curl_easy_setopt(easy, CURLOPT_CAINFO, options.ca_cert_file.c_str());
+    if (resolve) curl_easy_setopt(easy, CURLOPT_RESOLVE, resolve);
+    if (curl_multi_add_handle(multi, easy) != CURLM_OK)
+      return complete_later(std::move(t), "curl_multi_add_handle failed");
+    Transfer* raw = t.get();
+    in_curl.emplace(raw, std::move(t));
+  }
+
+  // Ends an attempt that never reached curl; posted, as the caller may be iterating its origin.
+  void complete_later(std::shared_ptr<Transfer> t, std::string why) {
+    boost::asio::post(strand, [self = shared_from_this(), t = std::move(t), why = std::move(why)] {
+      self->complete(t, failure(TransportError::io, why));
+    });
+  }
+
+  // Reads what curl finished.
+  void collect() {
+    int left = 0;
+    while (CURLMsg* msg = curl_multi_info_read(multi, &left)) {
+      if (msg->msg != CURLMSG_DONE) continue;
+      CURL* easy = msg->easy_handle;
+      const CURLcode code = msg->data.result;
+      Transfer* raw = nullptr;
+      curl_easy_getinfo(easy, CURLINFO_PRIVATE, &raw);
+      curl_multi_remove_handle(multi, easy);
+      auto found = in_curl.find(raw);
+      if (found == in_curl.end()) continue;
+      std::shared_ptr<Transfer> t = std::move(found->second);
+      in_curl.erase(found);
+      CallbackResponse response = outcome(*t, code);
+      complete(std::move(t), std::move(response));
+    }
+  }
+
+  CallbackResponse outcome(Transfer& t, CURLcode code) {
+    long status = 0;
+    curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &status);
+    if (code == CURLE_OK || (t.cut == Cut::body_too_large && t.headers_complete)) {
+      CallbackResponse r;
+      r.status = static_cast<int>(status);
+      r.retry_after = std::move(t.retry_after);
+      return r;
+    }
+    const std::string where = " (" + t.origin + ")";
+    if (t.cut == Cut::headers_too_large) {
+      return failure(TransportError::io, "response headers over " +
+                                             std::to_string(options.max_response_header_bytes) +
+                                             " bytes" + where);
+    }
+    const std::string detail =
+        (t.error[0] ? std::string(t.error) : curl_easy_strerror(code)) + where;
+    switch (code) {
+      case CURLE_COULDNT_CONNECT:
+        if (t.refused_addresses > 0) {
+          return failure(TransportError::refused_address,
+                         t.host + " has no address callbacks may use" + where);
+        }
+        return failure(TransportError::connect_failed, "connection failed: " + detail);
+      case CURLE_COULDNT_RESOLVE_HOST:
+      case CURLE_COULDNT_RESOLVE_PROXY:
+        return failure(TransportError::resolve_failed, "cannot resolve: " + detail);
+      case CURLE_OPERATION_TIMEDOUT:
+        return failure(TransportError::timeout, "no complete answer in time: " + detail);
+      case CURLE_UNSUPPORTED_PROTOCOL:
+      case CURLE_URL_MALFORMAT:
+        return failure(TransportError::invalid_url, "callback_url cannot be used: " + detail);
+      case CURLE_SSL_CONNECT_ERROR:
+      case CURLE_PEER_FAILED_VERIFICATION:
+      case CURLE_SSL_CERTPROBLEM:
+      case CURLE_SSL_CACERT_BADFILE:
+        return failure(TransportError::tls, "TLS failed: " + detail);
+      default:
+        return failure(TransportError::io, "request failed: " + detail);
+    }
+  }
+
+  static bool breaker_failure(const CallbackResponse& r) {
+    switch (r.error) {
+      case TransportError::none:
+        return r.status >= 500;
+      case TransportError::timeout:
+      case TransportError::connect_failed:
+      case TransportError::io:
+      case TransportError::tls:
+      case TransportError::resolve_failed:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // An attempt ended: the origin's books, its breaker, the handler, then whatever may start now.
+  void complete(std::shared_ptr<Transfer> t, CallbackResponse response) {
+    const std::string key = t->origin;
+    auto it = origins.find(key);
+    if (it != origins.end()) {
+      Origin& o = it->second;
+      bool open_now = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        --o.in_flight;
+        --total_in_flight;
+        const bool was_probe = o.state == CircuitState::half_open && o.probe_out;
+        if (was_probe) o.probe_out = false;
+        if (response.error == TransportError::cancelled) {
+          // Not the receiver's doing.
+        } else if (breaker_failure(response)) {
+          ++o.failures;
+          if (options.breaker_failures > 0 &&
+              (was_probe ||
+               (o.state == CircuitState::closed && o.failures >= options.breaker_failures))) {
+            o.state = CircuitState::open;
+            open_now = true;
+          }
+        } else {
+          o.failures = 0;
+          o.state = CircuitState::closed;
+        }
+      }
+      if (open_now) start_cooldown(key, o);
+    }
+    deliver(std::move(t), std::move(response));
+    if (it != origins.end()) {
+      pump_origin(key);
+      forget_if_idle(key);
+    }
+    pump_ready();
+  }
+
+  void start_cooldown(const std::string& key, Origin& o) {
+    if (!o.cooldown) o.cooldown = std::make_unique<boost::asio::steady_timer>(strand);
+    o.cooldown->expires_after(options.breaker_cooldown);
+    o.cooldown->async_wait([self = shared_from_this(), key](const boost::system::error_code& ec) {
+      if (ec || self->stopped) return;
+      auto it = self->origins.find(key);
+      if (it == self->origins.end() || it->second.state != CircuitState::open) return;
+      {
+        std::lock_guard<std::mutex> lock(self->mutex);
+        it->second.state = CircuitState::half_open;
+      }
+      self->pump_origin(key);
+      self->forget_if_idle(key);
+    });
+  }
+
+  // A healthy origin with nothing to do is forgotten: the map holds only what is in use or sick.
+  void forget_if_idle(const std::string& key) {
+    auto it = origins.find(key);
+    if (it == origins.end()) return;
+    const Origin& o = it->second;
+    if (o.in_flight == 0 && o.waiting.empty() && o.failures == 0 &&
+        o.state == CircuitState::closed && !o.listed_ready) {
+      std::lock_guard<std::mutex> lock(mutex);
+      origins.erase(it);
+    }
+  }
+
+  static void deliver(std::shared_ptr<Transfer> t, CallbackResponse response) {
+    CallbackResponseHandler handler = std::move(t->on_done);
+    t.reset();
+    try {
+      if (handler) handler(std::move(response));
+    } catch (...) {
+      // The handler's owner decides what its failures mean.
+    }
+  }
+
+  void finish_without_sending(std::shared_ptr<Transfer> t, const std::string& why) {
+    deliver(std::move(t), failure(TransportError::cancelled, why));
+  }
+
+  // Everything in flight or waiting ends `cancelled`; nothing starts again.
+  void shutdown() {
+    if (stopped) return;
+    stopped = true;
+    timer.cancel();
+    std::vector<std::shared_ptr<Transfer>> ended;
+    for (auto& [raw, t] : in_curl) {
+      curl_multi_remove_handle(multi, t->easy);
+      ended.push_back(std::move(t));
+    }
+    in_curl.clear();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto& [key, o] : origins) {
+        for (auto& t : o.waiting)
+          ended.push_back(std::move(t));
+        if (o.cooldown) o.cooldown->cancel();
+      }
+      origins.clear();
+      total_in_flight = 0;
+    }
+    ready.clear();
+    // curl closes its cached connections through close_socket; what is left is curl's own.
+    curl_multi_cleanup(multi);
+    multi = nullptr;
+    for (auto& [fd, socket] : sockets) {
+      if (!socket.owned) socket.descriptor->release();
+    }
+    sockets.clear();
+    for (auto& t : ended)
+      finish_without_sending(std::move(t), "the transport shut down");
+  }
+
+  // --- curl's callbacks (called from inside curl, on the strand)
+
+  static int on_socket(CURL*, curl_socket_t fd, int what, void* userp, void*) {
+    auto* self = static_cast<Impl*>(userp);
+    auto found = self->sockets.find(fd);
+    if (what == CURL_POLL_REMOVE) {
+      if (found == self->sockets.end()) return 0;
+      found->second.want = 0;
+      if (found->second.owned) {
+        found->second.descriptor->cancel();
+      } else {
+        found->second.descriptor->release();
+        self->sockets.erase(found);
+      }
+      return 0;
+    }
+    if (found == self->sockets.end()) {
+      Socket s;
+      s.descriptor = std::make_unique<boost::asio::posix::stream_descriptor>(self->strand, fd);
+      s.id = ++self->socket_ids;
+      found = self->sockets.emplace(fd, std::move(s)).first;
+    }
+    found->second.want = what;
+    self->arm(fd);
+    return 0;
+  }
+
+  void arm(curl_socket_t fd) {
+    auto found = sockets.find(fd);
+    if (found == sockets.end()) return;
+    Socket& s = found->second;
+    const std::uint64_t id = s.id;
+    if ((s.want & CURL_POLL_IN) && !s.reading) {
+      s.reading = true;
+      s.descriptor->async_wait(
+          boost::asio::posix::descriptor_base::wait_read,
+          [self = shared_from_this(), fd, id](const boost::system::error_code& ec) {
+            self->on_ready(fd, id, CURL_CSELECT_IN, ec);
+          });
+    }
+    if ((s.want & CURL_POLL_OUT) && !s.writing) {
+      s.writing = true;
+      s.descriptor->async_wait(
+          boost::asio::posix::descriptor_base::wait_write,
+          [self = shared_from_this(), fd, id](const boost::system::error_code& ec) {
+            self->on_ready(fd, id, CURL_CSELECT_OUT, ec);
+          });
+    }
+  }
+
+  void on_ready(curl_socket_t fd, std::uint64_t id, int direction,
+                const boost::system::error_code& ec) {
+    auto found = sockets.find(fd);
+    if (found == sockets.end() || found->second.id != id) return;  // closed, or another socket
+    (direction == CURL_CSELECT_IN ? found->second.reading : found->second.writing) = false;
+    // A wait cancelled because curl changed its interest is re-armed if curl wants it again.
+    if (stopped || (ec && ec != boost::asio::error::operation_aborted)) return;
+    if (!ec) {
+      int running = 0;
+      curl_multi_socket_action(multi, fd, direction, &running);
+      collect();
+    }
+    arm(fd);
+  }
+
+  static int on_timer(CURLM*, long timeout_ms, void* userp) {
+    auto* self = static_cast<Impl*>(userp);
+    if (timeout_ms < 0) {
+      self->timer.cancel();
+      return 0;
+    }
+    self->timer.expires_after(std::chrono::milliseconds(timeout_ms));
+    self->timer.async_wait([self = self->shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || self->stopped) return;
+      int running = 0;
+      curl_multi_socket_action(self->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+      self->collect();
+    });
+    return 0;
+  }
+
+  // Every connection curl opens comes here: the SSRF guard sees the address actually connected
+  // to, after DNS, so a name cannot be re-pointed at a private address between check and use.
+  static curl_socket_t open_socket(void* clientp, curlsocktype purpose, curl_sockaddr* address) {
+    auto* t = static_cast<Transfer*>(clientp);
+    Impl* self = t->impl;
+    if (purpose == CURLSOCKTYPE_IPCXN && self->options.proxy.empty() &&
+        !self->options.guard.host_listed(t->host)) {
+      const auto* sa = &address->addr;
+      bool permitted = false;
+      if (sa->sa_family == AF_INET) {
+        const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+        permitted = self->options.guard.permits_address(
+            reinterpret_cast<const std::uint8_t*>(&in->sin_addr), 4);
+      } else if (sa->sa_family == AF_INET6) {
+        const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+        permitted = self->options.guard.permits_address(
+            reinterpret_cast<const std::uint8_t*>(&in6->sin6_addr), 16);
+      }
+      if (!permitted) {
+        ++t->refused_addresses;
+        return CURL_SOCKET_BAD;  // curl tries the host's next address, if it has one
+      }
+    }
+    const int fd = ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+    if (fd < 0) return CURL_SOCKET_BAD;
+    Socket s;
+    s.descriptor = std::make_unique<boost::asio::posix::stream_descriptor>(self->strand, fd);
+    s.owned = true;
+    s.id = ++self->socket_ids;
+    self->sockets[fd] = std::move(s);
+    return fd;
+  }
+
+  static int close_socket(void* clientp, curl_socket_t fd) {
+    auto* self = static_cast<Impl*>(clientp);
+    auto found = self->sockets.find(fd);
+    if (found == self->sockets.end()) return ::close(fd);
+    self->sockets.erase(found);  // the descriptor closes the socket and cancels its waits
+    return 0;
+  }
+
+  static std::size_t on_header(char* data, std::size_t size, std::size_t count, void* userp) {
+    auto* t = static_cast<Transfer*>(userp);
+    const std::size_t n = size * count;
+    if (starts_with_ignoring_case(data, n, "HTTP/")) {
+      // A new response (after a 1xx, say): its headers start over.
+      t->headers_complete = false;
+      t->retry_after.clear();
+    }
+    t->header_bytes += n;
+    if (t->header_bytes > t->impl->options.max_response_header_bytes) {
+      t->cut = Cut::headers_too_large;
+      return 0;
+    }
+    if (n <= 2) {
+      t->headers_complete = true;
+    } else if (starts_with_ignoring_case(data, n, "retry-after:")) {
+      std::string value(data + 12, n - 12);
+      while (!value.empty() && (value.back() == '\r' || value.back() == '\n'))
+        value.pop_back();
+      t->retry_after = value;
+    }
+    return n;
+  }
+
+  static std::size_t on_body(char*, std::size_t size, std::size_t count, void* userp) {
+    auto* t = static_cast<Transfer*>(userp);
+    const std::size_t n = size * count;
+    t->body_bytes += n;
+    if (t->body_bytes > t->impl->options.max_response_body_bytes) {
+      t->cut = Cut::body_too_large;
+      return 0;  // read no more: the connection is dropped
+    }
+    return n;
+  }
+
+  Strand strand;
+  CurlTransportOptions options;
+  boost::asio::steady_timer timer;
+  CURLM* multi = nullptr;
+  curl_slist* resolve = nullptr;
+  bool stopped = false;
+  std::size_t total_in_flight = 0;
+  std::unordered_map<Transfer*, std::shared_ptr<Transfer>> in_curl;
+  std::unordered_map<curl_socket_t, Socket> sockets;
+  std::uint64_t socket_ids = 0;
+  std::deque<std::string> ready;
+  mutable std::mutex mutex;  // guards `origins` against endpoints() from other threads
+  std::unordered_map<std::string, Origin> origins;
+};
+
+CurlTransport::CurlTransport(boost::asio::any_io_executor executor, CurlTransportOptions options) {
+  if (options.max_per_origin == 0 || options.max_total == 0)
+    throw Error("CurlTransport: the connection limits must be at least 1");
+  impl_ = std::make_shared<Impl>(std::move(executor), std::move(options));
+}
+
+CurlTransport::~CurlTransport() {
+  // What is in flight or waiting ends `cancelled` on the strand; the Impl lives until then (or
+  // until the executor's context is destroyed without running it).
+  if (impl_->strand.running_in_this_thread()) {
+    impl_->shutdown();
+  } else {
+    boost::asio::post(impl_->strand, [impl = impl_] { impl->shutdown(); });
+  }
+}
+
+void CurlTransport::send(CallbackRequest request, CallbackResponseHandler on_done) {
+  auto t = std::make_shared<Impl::Transfer>();
+  const CallbackUrlParse parsed = parse_callback_url(request.url);
+  t->request = std::move(request);
+  t->on_done = std::move(on_done);
+  if (parsed.url) {
+    t->origin = parsed.url->origin();
+    t->host = parsed.url->host;
+  }
+  boost::asio::post(impl_->strand, [impl = impl_, t = std::move(t), valid = parsed.url.has_value(),
+                                    error = parsed.error]() mutable {
+    if (!valid) {
+      return Impl::deliver(std::move(t),
+                           failure(TransportError::invalid_url, "callback_url " + error));
+    }
+    impl->enqueue(std::move(t));
+  });
+}
+
+std::vector<EndpointStatus> CurlTransport::endpoints() const {
+  std::vector<EndpointStatus> out;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  out.reserve(impl_->origins.size());
+  for (const auto& [key, o] : impl_->origins) {
+    out.push_back({key, o.state, o.failures, o.in_flight, o.waiting.size()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const EndpointStatus& a, const EndpointStatus& b) { return a.origin < b.origin; });
+  return out;
+}
+
+}  // namespace rebound

@@ -1,0 +1,386 @@
+// CurlTransport against receivers as they are in the world: slow, hung, trickling, huge, failing,
+// all real sockets on loopback.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include "rebound/curl_transport.hpp"
+#include "support/raw_receiver.hpp"
+#include "support/receiver.hpp"
+
+using namespace std::chrono_literals;
+using rebound::CallbackRequest;
+using rebound::CallbackResponse;
+using rebound::CircuitState;
+using rebound::CurlTransport;
+using rebound::CurlTransportOptions;
+using rebound::TransportError;
+using rebound::test::RawReceiver;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct IoThread {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::thread thread{[this] { io.run(); }};
+  ~IoThread() {
+    work.reset();
+    io.stop();
+    thread.join();
+  }
+};
+
+CurlTransportOptions loopback(CurlTransportOptions o = {}) {
+  o.guard = rebound::AddressGuard(true);
+  return o;
+}
+
+CallbackRequest request(const std::string& url, std::chrono::milliseconds timeout = 5s) {
+  CallbackRequest r;
+  r.url = url;
+  r.headers = {{"Content-Type", "application/json"}};
+  r.body = R"({"id":"x","status":"succeeded"})";
+  r.timeout = timeout;
+  return r;
+}
+
+// One send's answer, and when it came.
+struct Answer {
+  CallbackResponse response;
+  Clock::time_point at;
+};
+
+std::shared_future<Answer> send(CurlTransport& transport, CallbackRequest r) {
+  auto promise = std::make_shared<std::promise<Answer>>();
+  std::shared_future<Answer> future = promise->get_future().share();
+  transport.send(std::move(r), [promise](CallbackResponse response) {
+    promise->set_value({std::move(response), Clock::now()});
+  });
+  return future;
+}
+
+Answer wait(const std::shared_future<Answer>& f) {
+  REQUIRE(f.wait_for(30s) == std::future_status::ready);
+  return f.get();
+}
+
+// Behaviours of raw receivers.
+void hang(int fd, const std::atomic<bool>& stopping) {
+  RawReceiver::hold(fd, stopping);
+}
+
+void trickle(int fd, const std::atomic<bool>& stopping) {
+  if (!RawReceiver::read_request(fd, stopping)) return;
+  RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n");
+  while (!stopping && RawReceiver::send_all(fd, "X"))
+    std::this_thread::sleep_for(200ms);
+}
+
+void answer_after(int fd, const std::atomic<bool>& stopping, std::chrono::milliseconds delay) {
+  while (RawReceiver::read_request(fd, stopping)) {
+    std::this_thread::sleep_for(delay);
+    if (!RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) return;
+  }
+}
+
+rebound::EndpointStatus endpoint(const CurlTransport& t, const std::string& origin) {
+  for (const auto& e : t.endpoints())
+    if (e.origin == origin) return e;
+  return {origin};
+}
+
+std::string origin_of(const RawReceiver& r) {
+  return "http://127.0.0.1:" + std::to_string(r.port());
+}
+
+}  // namespace
+
+TEST_CASE("curl: a hung endpoint and a trickling one do not delay another origin") {
+  IoThread io;
+  RawReceiver hung(hang);
+  RawReceiver slow(trickle);
+  rebound::test::Receiver healthy;
+  CurlTransportOptions o = loopback();
+  o.max_per_origin = 4;
+  CurlTransport transport(io.io.get_executor(), o);
+  std::vector<std::shared_future<Answer>> stuck;
+  for (int i = 0; i < 8; ++i) {
+    stuck.push_back(send(transport, request(hung.url(), 3s)));
+    stuck.push_back(send(transport, request(slow.url(), 3s)));
+  }
+  const auto start = Clock::now();
+  std::vector<std::shared_future<Answer>> good;
+  for (int i = 0; i < 50; ++i)
+    good.push_back(send(transport, request(healthy.url())));
+  Clock::time_point last_good{};
+  for (auto& f : good) {
+    const Answer a = wait(f);
+    CHECK(a.response.error == TransportError::none);
+    CHECK(a.response.status == 200);
+    last_good = std::max(last_good, a.at);
+  }
+  // The healthy origin was served while the others still held their requests: none of those
+  // had ended yet (they end by their 3 s timeout).
+  for (auto& f : stuck)
+    CHECK(f.wait_for(0s) == std::future_status::timeout);
+  CHECK(last_good - start < 3s);
+  // Each sick origin held at most its per-origin share of connections.
+  CHECK(hung.most_at_once() <= 4);
+  CHECK(slow.most_at_once() <= 4);
+  for (auto& f : stuck)
+    CHECK(wait(f).response.error == TransportError::timeout);
+}
+
+TEST_CASE("curl: the attempt timeout covers the whole attempt - a trickling answer ends on time") {
+  IoThread io;
+  RawReceiver slow(trickle);
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const auto start = Clock::now();
+  const Answer a = wait(send(transport, request(slow.url(), 1s)));
+  CHECK(a.response.error == TransportError::timeout);
+  CHECK(a.at - start >= 900ms);
+  CHECK(a.at - start < 5s);  // a per-read timeout would never end: a byte comes every 200 ms
+}
+
+TEST_CASE("curl: a huge answer is read up to the cap - and a 2xx with it is a delivery") {
+  IoThread io;
+  std::atomic<std::size_t> sent{0};
+  RawReceiver huge([&](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n");
+    const std::string block(64 * 1024, 'z');
+    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, block))
+      sent += block.size();
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a = wait(send(transport, request(huge.url())));
+  CHECK(a.response.error == TransportError::none);
+  CHECK(a.response.status == 200);
+  // 64 KiB read, plus what the kernel's socket buffers held: far from the gigabyte offered.
+  std::this_thread::sleep_for(200ms);
+  CHECK(sent < (32u << 20));
+}
+
+TEST_CASE("curl: endless response headers fail the attempt - bounded") {
+  IoThread io;
+  std::atomic<std::size_t> sent{0};
+  RawReceiver endless([&](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n");
+    const std::string line = "X-Filler: " + std::string(1000, 'a') + "\r\n";
+    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, line))
+      sent += line.size();
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a = wait(send(transport, request(endless.url())));
+  CHECK(a.response.error == TransportError::io);
+  CHECK(a.response.message.find("headers") != std::string::npos);
+  std::this_thread::sleep_for(200ms);
+  CHECK(sent < (32u << 20));
+}
+
+TEST_CASE("curl: the breaker opens - holds deliveries without attempts - probes - and closes") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  std::atomic<int> failing{3};
+  receiver.set_fallback([&](const auto&, httplib::Response& res) {
+    if (failing-- > 0) res.status = 503;
+  });
+  CurlTransportOptions o = loopback();
+  o.breaker_failures = 3;
+  o.breaker_cooldown = 500ms;
+  CurlTransport transport(io.io.get_executor(), o);
+  const std::string origin = "http://127.0.0.1:" + std::to_string(receiver.port());
+  for (int i = 0; i < 3; ++i)
+    CHECK(wait(send(transport, request(receiver.url()))).response.status == 503);
+  CHECK(endpoint(transport, origin).state == CircuitState::open);
+  CHECK(endpoint(transport, origin).consecutive_failures == 3);
+  // While open, deliveries wait: nothing reaches the receiver.
+  auto held1 = send(transport, request(receiver.url()));
+  auto held2 = send(transport, request(receiver.url()));
+  std::this_thread::sleep_for(200ms);
+  CHECK(receiver.count() == 3);
+  CHECK(endpoint(transport, origin).waiting == 2);
+  CHECK(held1.wait_for(0s) == std::future_status::timeout);
+  // After the cool-down one probe goes; it succeeds, the circuit closes, the other follows.
+  CHECK(wait(held1).response.status == 200);
+  CHECK(wait(held2).response.status == 200);
+  CHECK(receiver.count() == 5);
+  const auto closed = endpoint(transport, origin);
+  CHECK(closed.state == CircuitState::closed);
+  CHECK(closed.consecutive_failures == 0);
+}
+
+TEST_CASE("curl: a failed probe opens the circuit again") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  receiver.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
+  CurlTransportOptions o = loopback();
+  o.breaker_failures = 2;
+  o.breaker_cooldown = 300ms;
+  CurlTransport transport(io.io.get_executor(), o);
+  const std::string origin = "http://127.0.0.1:" + std::to_string(receiver.port());
+  for (int i = 0; i < 2; ++i)
+    wait(send(transport, request(receiver.url())));
+  CHECK(endpoint(transport, origin).state == CircuitState::open);
+  const Answer probe = wait(send(transport, request(receiver.url())));
+  CHECK(probe.response.status == 500);
+  CHECK(endpoint(transport, origin).state == CircuitState::open);
+  CHECK(receiver.count() == 3);
+}
+
+TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
+  IoThread io;
+  auto slow = [](int fd, const std::atomic<bool>& stopping) { answer_after(fd, stopping, 100ms); };
+  SUBCASE("per origin") {
+    RawReceiver receiver(slow);
+    CurlTransportOptions o = loopback();
+    o.max_per_origin = 3;
+    CurlTransport transport(io.io.get_executor(), o);
+    std::vector<std::shared_future<Answer>> all;
+    for (int i = 0; i < 30; ++i)
+      all.push_back(send(transport, request(receiver.url())));
+    for (auto& f : all)
+      CHECK(wait(f).response.status == 200);
+    CHECK(receiver.most_at_once() <= 3);
+    CHECK(receiver.most_at_once() >= 2);  // and the limit is used, not one at a time
+    CHECK(receiver.connections() <= 3);   // connections are kept alive and reused
+  }
+  SUBCASE("in total") {
+    RawReceiver a(slow), b(slow);
+    CurlTransportOptions o = loopback();
+    o.max_per_origin = 10;
+    o.max_total = 4;
+    CurlTransport transport(io.io.get_executor(), o);
+    std::vector<std::shared_future<Answer>> all;
+    for (int i = 0; i < 20; ++i) {
+      all.push_back(send(transport, request(a.url())));
+      all.push_back(send(transport, request(b.url())));
+    }
+    for (auto& f : all)
+      CHECK(wait(f).response.status == 200);
+    CHECK(a.most_at_once() + b.most_at_once() <= 4 + 2);  // each count may lag a close by a hair
+    CHECK(a.most_at_once() >= 1);
+    CHECK(b.most_at_once() >= 1);
+  }
+}
+
+TEST_CASE("curl: the SSRF guard checks every address connected to - after DNS") {
+  IoThread io;
+  auto ok = [](int fd, const std::atomic<bool>& stopping) { answer_after(fd, stopping, 0ms); };
+  // The same port on two loopback addresses: 127.0.0.1 stands for a private address, 127.0.0.2
+  // is the one address the allowlist lets through.
+  std::unique_ptr<RawReceiver> allowed, forbidden;
+  for (int tries = 0; tries < 20 && !forbidden; ++tries) {
+    allowed = std::make_unique<RawReceiver>(ok, "127.0.0.2");
+    try {
+      forbidden = std::make_unique<RawReceiver>(ok, "127.0.0.1", allowed->port());
+    } catch (const std::exception&) {
+    }
+  }
+  REQUIRE(forbidden);
+  const std::string port = std::to_string(allowed->port());
+  CurlTransportOptions o;
+  o.guard = rebound::AddressGuard(false, {"127.0.0.2"});
+  o.resolve = {"twofaced.test:" + port + ":127.0.0.1,127.0.0.2",
+               "inside.test:" + port + ":127.0.0.1"};
+  CurlTransport transport(io.io.get_executor(), o);
+  SUBCASE("a name with a refused and a permitted address reaches only the permitted one") {
+    const Answer a = wait(send(transport, request("http://twofaced.test:" + port + "/hook")));
+    CHECK(a.response.error == TransportError::none);
+    CHECK(a.response.status == 200);
+    CHECK(allowed->connections() == 1);
+    CHECK(forbidden->connections() == 0);
+  }
+  SUBCASE("a name with only refused addresses is refused - and never connected to") {
+    const Answer a = wait(send(transport, request("http://inside.test:" + port + "/hook")));
+    CHECK(a.response.error == TransportError::refused_address);
+    CHECK(forbidden->connections() == 0);
+  }
+  SUBCASE("a literal private address is refused") {
+    const Answer a = wait(send(transport, request(forbidden->url())));
+    CHECK(a.response.error == TransportError::refused_address);
+    CHECK(forbidden->connections() == 0);
+  }
+}
+
+TEST_CASE("curl: callbacks go through the egress proxy when one is set") {
+  IoThread io;
+  std::mutex m;
+  std::string first_line;
+  RawReceiver proxy([&](int fd, const std::atomic<bool>& stopping) {
+    char buffer[4096];
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 5000) > 0) {
+      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+      if (n > 0) {
+        std::lock_guard<std::mutex> lock(m);
+        first_line = std::string(buffer, static_cast<std::size_t>(n)).substr(0, 60);
+      }
+    }
+    RawReceiver::send_all(fd, "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
+    RawReceiver::hold(fd, stopping);
+  });
+  CurlTransportOptions o;  // the default guard: the proxy, not rebound, decides where to go
+  o.proxy = "http://127.0.0.1:" + std::to_string(proxy.port());
+  CurlTransport transport(io.io.get_executor(), o);
+  const Answer a = wait(send(transport, request("http://receiver.example/hook")));
+  CHECK(a.response.status == 204);
+  std::lock_guard<std::mutex> lock(m);
+  CHECK(first_line.rfind("POST http://receiver.example/hook HTTP/1.1", 0) == 0);
+}
+
+TEST_CASE("curl: redirects are answers - never followed") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  receiver.set_fallback([](const auto&, httplib::Response& res) {
+    res.status = 302;
+    res.set_header("Location", "http://169.254.169.254/latest/meta-data/");
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a = wait(send(transport, request(receiver.url())));
+  CHECK(a.response.error == TransportError::none);
+  CHECK(a.response.status == 302);
+  CHECK(receiver.count() == 1);
+}
+
+TEST_CASE("curl: destroying the transport ends every request once - cancelled") {
+  IoThread io;
+  RawReceiver hung(hang);
+  std::atomic<int> calls{0};
+  std::atomic<int> cancelled{0};
+  {
+    CurlTransportOptions o = loopback();
+    o.max_per_origin = 2;
+    CurlTransport transport(io.io.get_executor(), o);
+    for (int i = 0; i < 5; ++i) {  // 2 in flight, 3 waiting
+      transport.send(request(hung.url(), 30s), [&](CallbackResponse r) {
+        ++calls;
+        cancelled += r.error == TransportError::cancelled;
+      });
+    }
+    REQUIRE(rebound::test::eventually([&] { return hung.connections() == 2; }));
+  }
+  REQUIRE(rebound::test::eventually([&] { return calls == 5; }));
+  std::this_thread::sleep_for(100ms);
+  CHECK(calls == 5);
+  CHECK(cancelled == 5);
+}
+
+TEST_CASE("curl: a bad URL is answered without a request") {
+  IoThread io;
+  CurlTransport transport(io.io.get_executor(), loopback());
+  CHECK(wait(send(transport, request("ftp://example.com/x"))).response.error ==
+        TransportError::invalid_url);
+}
