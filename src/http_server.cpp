@@ -40,7 +40,7 @@ bool equals_ignoring_case(std::string_view a, std::string_view b) {
 }
 
 bool has_body(const httplib::Request& req) {
-  return req.has_header("Transfer-Encoding") ||
+  return req.has_header("Transfer-Encoding") || req.get_header_value_count("Content-Length") > 1 ||
          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
 }
 
@@ -67,26 +67,29 @@ class SocketConnection final : public ConnectionStream {
 
  protected:
   ssize_t receive(char* buffer, std::size_t size, milliseconds timeout) override {
-    if (!wait(POLLIN, timeout)) return wait_ran_out;
+    const auto deadline = steady_clock::now() + timeout;
     for (;;) {
-      const ssize_t n = ::recv(fd_, buffer, size, 0);
+      if (!wait(POLLIN, deadline)) return wait_ran_out;
+      const ssize_t n = ::recv(fd_, buffer, size, MSG_DONTWAIT);
       if (n >= 0) return n;
-      if (errno != EINTR) return -1;
+      if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     }
   }
   ssize_t send(const char* data, std::size_t size, milliseconds timeout) override {
-    if (!wait(POLLOUT, timeout)) return wait_ran_out;
+    const auto deadline = steady_clock::now() + timeout;
     for (;;) {
-      const ssize_t n = ::send(fd_, data, size, MSG_NOSIGNAL);
+      if (!wait(POLLOUT, deadline)) return wait_ran_out;
+      // Non-blocking: the wait above is the only one (a blocking send of a large buffer would
+      // wait for all of it, past every deadline).
+      const ssize_t n = ::send(fd_, data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n >= 0) return n;
-      if (errno != EINTR) return -1;
+      if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
     }
   }
 
  private:
-  bool wait(short events, milliseconds timeout) const {
+  bool wait(short events, steady_clock::time_point deadline) const {
     pollfd p{fd_, events, 0};
-    const auto deadline = steady_clock::now() + timeout;
     for (;;) {
       const int ready = ::poll(
           &p, 1, poll_ms(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())));
@@ -158,19 +161,22 @@ bool ConnectionStream::fill() {
     end_ -= begin_;
     begin_ = 0;
   }
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now());
-  if (left.count() <= 0) {
-    timed_out_ = true;
-    return false;
+  // Waits in slices, so that a server that stops does not wait out a stalled client.
+  for (;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline_ - steady_clock::now());
+    if (left.count() <= 0 || (stopping_ && *stopping_)) {
+      timed_out_ = true;
+      return false;
+    }
+    const ssize_t n = receive(buffer_.data() + end_, buffer_.size() - end_,
+                              std::min<milliseconds>(left, milliseconds(100)));
+    if (n > 0) {
+      end_ += static_cast<std::size_t>(n);
+      return true;
+    }
+    if (n == 0) peer_closed_ = true;
+    if (n != wait_ran_out) return false;
   }
-  const ssize_t n = receive(buffer_.data() + end_, buffer_.size() - end_, left);
-  if (n > 0) {
-    end_ += static_cast<std::size_t>(n);
-    return true;
-  }
-  if (n == wait_ran_out) timed_out_ = true;
-  if (n == 0) peer_closed_ = true;
-  return false;
 }
 
 ssize_t ConnectionStream::read(char* ptr, std::size_t size) {
@@ -189,7 +195,13 @@ ssize_t ConnectionStream::read(char* ptr, std::size_t size) {
 
 ssize_t ConnectionStream::write(const char* ptr, std::size_t size) {
   if (write_failed_) return -1;
-  const ssize_t n = send(ptr, size, limits_.write_timeout);
+  // Each write within write_timeout, and the whole response within response_timeout: a client
+  // that reads a few bytes now and then cannot hold the thread.
+  const auto now = steady_clock::now();
+  if (response_deadline_ == steady_clock::time_point{})
+    response_deadline_ = now + limits_.response_timeout;
+  const auto left = std::chrono::duration_cast<milliseconds>(response_deadline_ - now);
+  const ssize_t n = left.count() > 0 ? send(ptr, size, std::min(left, limits_.write_timeout)) : -1;
   if (n < 0) {
     write_failed_ = true;
     return -1;
@@ -223,6 +235,7 @@ void ConnectionStream::begin_request() {
   deadline_ = request_start_ + limits_.header_timeout;
   budget_ = limits_.max_head_bytes;
   headers_parsed_ = has_body_ = body_consumed_ = close_ = over_limit_ = timed_out_ = false;
+  response_deadline_ = {};
 }
 
 void ConnectionStream::begin_body(bool has_body) {
@@ -282,7 +295,11 @@ void ConnectionPool::work() {
       jobs_.pop_front();
       waiting_.store(jobs_.size(), std::memory_order_relaxed);
     }
-    job();
+    try {
+      job();
+    } catch (...) {
+      // One connection failed (out of memory, say); the server serves the others.
+    }
   }
 }
 
@@ -343,6 +360,10 @@ HttpServer::HttpServer(HttpLimits limits, std::size_t threads) : limits_(limits)
   // The body limit is read_body's; httplib's own check would read and discard a declared body
   // of any size before answering.
   set_payload_max_length(std::numeric_limits<std::size_t>::max());
+  // Only for the Keep-Alive header httplib writes: the connection loop is ours.
+  set_keep_alive_max_count(limits_.max_requests_per_connection);
+  set_keep_alive_timeout(
+      std::chrono::duration_cast<std::chrono::seconds>(limits_.keep_alive_timeout).count());
   // A response that ends its connection says so, instead of the Keep-Alive httplib wrote.
   set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
     ConnectionStream* connection = current_connection();
@@ -376,7 +397,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       char discard[16 * 1024];
       std::size_t drained = 0;
       const std::size_t drain_limit = limits_.max_body_bytes + (1u << 20);
-      const auto until = steady_clock::now() + milliseconds(2000);
+      // Shorter while other connections wait for a thread.
+      ConnectionPool* pool = pool_.load();
+      const auto until =
+          steady_clock::now() + milliseconds(pool && pool->waiting() > 0 ? 200 : 2000);
       pollfd p{sock, POLLIN, 0};
       while (drained < drain_limit && steady_clock::now() < until &&
              ::poll(&p, 1,
@@ -395,6 +419,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
 
 void HttpServer::serve(ConnectionStream& stream) {
   ServingConnection serving(&stream);
+  stream.watch_stopping(&stopping_);
   ConnectionPool* pool = pool_.load();
   auto give_up = [this, pool] { return stopping_.load() || (pool && pool->waiting() > 0); };
   for (std::size_t served = 0; !stopping_;) {
@@ -403,8 +428,18 @@ void HttpServer::serve(ConnectionStream& stream) {
     const bool last = ++served >= limits_.max_requests_per_connection;
     bool client_closes = false;
     const bool written =
-        process_request(stream, last, client_closes,
-                        [&stream](httplib::Request& req) { stream.begin_body(has_body(req)); });
+        process_request(stream, last, client_closes, [&stream](httplib::Request& req) {
+          stream.begin_body(has_body(req));
+          // Range requests would have httplib copy the body once per range (gigabytes from one
+          // 8 KiB header); no route serves ranges.
+          req.ranges.clear();
+          // Framing that another hop could read differently (request smuggling) gets one request
+          // per connection: a chunked body, or more than one Content-Length.
+          if (req.has_header("Transfer-Encoding") ||
+              req.get_header_value_count("Content-Length") > 1) {
+            stream.close_after_response();
+          }
+        });
     if (!written || client_closes || last || stream.must_close()) break;
   }
 }

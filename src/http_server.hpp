@@ -26,9 +26,10 @@ struct HttpLimits {
   /// other connections wait for a thread, an idle one is closed after `idle_under_pressure`.
   std::chrono::milliseconds keep_alive_timeout{5000};
   std::chrono::milliseconds idle_under_pressure{100};
-  std::chrono::milliseconds header_timeout{10000};  ///< first byte to end of headers
-  std::chrono::milliseconds body_timeout{60000};    ///< first byte to end of body
-  std::chrono::milliseconds write_timeout{5000};    ///< per write of the response
+  std::chrono::milliseconds header_timeout{10000};    ///< first byte to end of headers
+  std::chrono::milliseconds body_timeout{60000};      ///< first byte to end of body
+  std::chrono::milliseconds write_timeout{5000};      ///< per write of the response
+  std::chrono::milliseconds response_timeout{60000};  ///< first write to last of a response
   std::size_t max_requests_per_connection = 100000;
 };
 
@@ -48,6 +49,9 @@ class ConnectionStream : public httplib::Stream {
   /// `give_up` is asked between short waits whether to stop waiting early.
   bool wait_for_request(std::chrono::milliseconds timeout, const std::function<bool()>& give_up);
 
+  /// Reads and waits give up once `*stopping` turns true (the server stops).
+  void watch_stopping(const std::atomic<bool>* stopping) { stopping_ = stopping; }
+
   /// A new request starts: the head limit and deadline apply from here.
   void begin_request();
   /// The headers are parsed: the body limit and deadline apply from here.
@@ -62,7 +66,10 @@ class ConnectionStream : public httplib::Stream {
   bool must_close() const;
   /// True when the peer may still be sending the request just answered: closing at once could
   /// reset the connection before the peer reads the answer.
-  bool may_still_be_sending() const { return in_request_ && must_close() && !peer_closed_; }
+  bool may_still_be_sending() const {
+    return in_request_ && !peer_closed_ &&
+           (!headers_parsed_ || over_limit_ || (has_body_ && !body_consumed_));
+  }
 
   /// A limit of HttpLimits cut the request short.
   bool over_limit() const { return over_limit_; }
@@ -87,6 +94,8 @@ class ConnectionStream : public httplib::Stream {
   std::size_t budget_ = 0;  // bytes the current phase may still read
   std::chrono::steady_clock::time_point request_start_{};
   std::chrono::steady_clock::time_point deadline_{};
+  std::chrono::steady_clock::time_point response_deadline_{};
+  const std::atomic<bool>* stopping_ = nullptr;
   bool in_request_ = false;
   bool headers_parsed_ = false;
   bool has_body_ = false;

@@ -50,6 +50,8 @@ ApiError error_for_status(int status) {
   switch (status) {
     case 413:
       return {413, "payload_too_large", "The request body is over the size limit.", {}};
+    case 408:
+      return {408, "request_timeout", "The request did not arrive in time.", {}};
     case 414:
       return {414, "uri_too_long", "The request URI is too long.", {}};
     case 431:
@@ -186,6 +188,7 @@ struct Server::Impl {
           if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
           const detail::ConnectionStream* connection = detail::current_connection();
           if (res.status == 400 && connection && connection->over_limit()) res.status = 431;
+          if (res.status == 400 && connection && connection->timed_out()) res.status = 408;
           send_error(res, error_for_status(res.status));
           return httplib::Server::HandlerResponse::Handled;
         }));
@@ -222,6 +225,7 @@ struct Server::Impl {
     limits.keep_alive_timeout = o.keep_alive_timeout;
     limits.header_timeout = o.header_timeout;
     limits.body_timeout = o.body_timeout;
+    limits.response_timeout = o.response_timeout;
     return limits;
   }
 

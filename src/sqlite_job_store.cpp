@@ -106,14 +106,16 @@ JobRecord read_record(const Statement& s) {
   r.job.id = s.text(0);
   r.job.callback_url = s.text(1);
   // Stored by this store after validation; parsed with the same depth bound all the same, as the
-  // file may come from elsewhere. What is refused reads as null.
-  if (detail::parse_untrusted_json(s.text(2), r.job.input) != detail::JsonParseError::none)
+  // file may come from elsewhere (a model's output may be large: no cost bound). What is refused
+  // reads as null.
+  if (detail::parse_untrusted_json(s.text(2), r.job.input, SIZE_MAX) !=
+      detail::JsonParseError::none)
     r.job.input = nullptr;
   r.job.created_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(s.integer(3)));
   r.status = static_cast<JobStatus>(s.integer(4));
   r.outcome.status = r.status;
-  if (!s.is_null(5) &&
-      detail::parse_untrusted_json(s.text(5), r.outcome.result) != detail::JsonParseError::none)
+  if (!s.is_null(5) && detail::parse_untrusted_json(s.text(5), r.outcome.result, SIZE_MAX) !=
+                           detail::JsonParseError::none)
     r.outcome.result = nullptr;
   if (!s.is_null(6)) r.outcome.error = ErrorInfo{s.text(6), s.text(7)};
   r.callback.state = static_cast<CallbackState>(s.integer(8));

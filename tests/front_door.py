@@ -120,6 +120,17 @@ try:
     start = time.monotonic()
     status, _, body = request(s.port, b"POST /v1/inferences/x/redeliver HTTP/1.1\r\nHost: x\r\n\r\n")
     check(status == 404 and time.monotonic() - start < 1, f"body-less POST: {status} {body!r}")
+    for raw in [b"GARBAGE\r\n\r\n", b"GET /a%00 HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /../x HTTP/1.1\r\nHost: x\r\n\r\n"]:
+        status, _, body = request(s.port, raw)
+        check(status == 400 and error_code(body) == "bad_request", f"{raw!r}: {status} {body!r}")
+    status, _, body = request(s.port, b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    check(status in (414, 431) and error_code(body) in ("uri_too_long", "header_too_large"),
+          f"20 KB request line: {status} {body!r}")
+    ranges = b"bytes=0-" + b",0-" * 2700
+    status, head, body = request(s.port, b"POST /invocations HTTP/1.1\r\nHost: x\r\nRange: " + ranges +
+                                 b"\r\nContent-Length: 5\r\n\r\n[1,2]")
+    check(status == 200 and body == b"[1,2]", f"a Range header is not passed on: {status} {body[:80]!r}")
     status, _, body = post(s.port, "/v1/inferences", b'{"id":"a"}', content_type="application/x-www-form-urlencoded")
     check(status == 415, f"form-encoded submission: {status} {body!r}")
 

@@ -379,3 +379,72 @@ TEST_CASE("serve_connection_bytes serves requests without a socket") {
   server.server->serve_connection_bytes(std::string("\0\xff\r\n\r\nPOST / HTTP/9\r\n", 20));
   CHECK(server.alive());
 }
+
+TEST_CASE("a Range header is ignored - one request cannot multiply its answer") {
+  EchoServer server;
+  std::string ranges = "bytes=0-";
+  for (int i = 0; i < 2700; ++i)
+    ranges += ",0-";
+  const std::string body = "\"" + std::string(200000, 'a') + "\"";
+  const RawResponse r =
+      round_trip(server.port, post("/invocations", body, "Range: " + ranges + "\r\n"));
+  CHECK(r.status == 200);
+  CHECK(r.body == body);
+  CHECK_FALSE(r.has_header("multipart/byteranges"));
+}
+
+TEST_CASE("JSON that would cost far more memory than its size is refused") {
+  EchoServer server;
+  std::string objects = "[";
+  for (int i = 0; i < 300000; ++i)
+    objects += i ? ",{}" : "{}";
+  objects += "]";
+  const RawResponse r = round_trip(server.port, post("/invocations", objects));
+  check_error_body(r, 400, "invalid_json");
+  CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("too many values") !=
+        std::string::npos);
+  // A long array of numbers, as models take, is fine.
+  std::string numbers = "[";
+  for (int i = 0; i < 900000; ++i)
+    numbers += i ? ",1" : "1";
+  numbers += "]";
+  CHECK(round_trip(server.port, post("/invocations", numbers)).status == 200);
+}
+
+TEST_CASE("ambiguous framing ends the connection after one request") {
+  EchoServer server;
+  const std::string smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (const std::string head :
+       {std::string("POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"),
+        std::string("POST /invocations HTTP/1.1\r\nHost: x\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n2\r\n{}X\r\n"),
+        std::string("GET /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                    "Content-Length: 28\r\n\r\n")}) {
+    CAPTURE(head);
+    RawConnection c(server.port);
+    REQUIRE(c.send(head + smuggled));
+    std::string all;
+    while (!c.closed())
+      all += c.read(3000ms);
+    CHECK(count_responses(all) == 1);
+    CHECK(all.find("smuggled") == std::string::npos);
+  }
+}
+
+TEST_CASE("a client that does not read its answer gives its thread up at the response deadline") {
+  HarnessOptions options;
+  options.http_threads = 1;
+  options.response_timeout = 1000ms;
+  options.max_body_bytes = 16 << 20;
+  EchoServer server(options);
+  RawConnection reader_that_never_reads(server.port);
+  // 12 MiB back, more than the socket buffers between the two hold: the server's one thread
+  // blocks writing until the response deadline (1 s), not the 5 s write timeout.
+  REQUIRE(reader_that_never_reads.send(
+      post("/invocations", "\"" + std::string(12 << 20, 'a') + "\""), 10000ms));
+  std::this_thread::sleep_for(200ms);
+  RawConnection next(server.port);
+  REQUIRE(next.send("GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"));
+  CHECK(first_response(next.read(3000ms, "\r\n\r\n")).status == 200);
+}

@@ -30,6 +30,9 @@ struct ServerOptions {
   /// to the end of its body (else 408).
   std::chrono::milliseconds header_timeout{10000};
   std::chrono::milliseconds body_timeout{60000};
+  /// A response must be taken by the client within this, from its first byte written (each
+  /// write within 5 s): a client that reads a few bytes now and then cannot hold a thread.
+  std::chrono::milliseconds response_timeout{60000};
   /// Checks callback URLs at submission. Must agree with the transport's guard.
   AddressGuard guard{};
   /// When not empty, every route but `/ping` and `/openapi.json` requires

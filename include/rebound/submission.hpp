@@ -43,6 +43,13 @@ inline std::optional<ApiError> json_body_error(detail::JsonParseError error) {
                       "The request body nests arrays and objects deeper than " +
                           std::to_string(max_json_depth) + " levels.",
                       {}};
+    case detail::JsonParseError::too_complex:
+      return ApiError{400,
+                      "invalid_json",
+                      "The request body has too many values: at most " +
+                          std::to_string(json_cost_limit) +
+                          ", where each array, object and object member counts 5.",
+                      {}};
   }
   return std::nullopt;
 }

@@ -36,6 +36,7 @@ struct HarnessOptions {
   std::size_t http_threads = 80;
   std::size_t max_body_bytes = 6291456;
   std::size_t max_header_bytes = 65536;
+  std::chrono::milliseconds response_timeout{60000};
 };
 
 class ServerHarness {
@@ -66,6 +67,7 @@ class ServerHarness {
     sv.http_threads = o.http_threads;
     sv.max_body_bytes = o.max_body_bytes;
     sv.max_header_bytes = o.max_header_bytes;
+    sv.response_timeout = o.response_timeout;
     sv.guard = rebound::AddressGuard(true);
     sv.api_keys = o.api_keys;
     server = std::make_unique<rebound::Server>(*service, sv);

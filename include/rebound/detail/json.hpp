@@ -16,15 +16,30 @@ namespace rebound {
 /// keeps every later step's stack use small.
 inline constexpr std::size_t max_json_depth = 128;
 
+/// The most a parsed body may cost, counting each value 1 and each array, object and object
+/// member 4 more: the tree nlohmann::json builds takes 16 to 100 bytes a value, so this holds
+/// one body's tree near 32 MiB whatever its shape (`[{},{},...]` would take 40 times its size).
+inline constexpr std::size_t json_cost_limit = 1000000;
+
 namespace detail {
 
-/// True when `text` nests arrays and objects deeper than `max_depth`. A linear scan of the bytes
-/// (brackets outside strings), run before anything builds a tree; meaningful for valid JSON and
-/// harmless for anything else, which the parser then refuses.
-inline bool json_text_deeper_than(std::string_view text, std::size_t max_depth) {
+/// What a linear scan of JSON text finds before anything builds a tree.
+struct JsonTextShape {
+  std::size_t depth = 0;  ///< the deepest nesting of arrays and objects
+  std::size_t cost =
+      0;  ///< values, with arrays, objects and members weighted (see json_cost_limit)
+};
+
+/// Scans the bytes of `text` (brackets, commas and colons outside strings), stopping as soon as
+/// `max_depth` or `max_cost` is passed. Meaningful for valid JSON and harmless for anything
+/// else, which the parser then refuses.
+inline JsonTextShape scan_json_text(std::string_view text, std::size_t max_depth,
+                                    std::size_t max_cost) {
+  JsonTextShape shape;
   std::size_t depth = 0;
   bool in_string = false;
   bool escaped = false;
+  shape.cost = 1;
   for (const char c : text) {
     if (in_string) {
       if (escaped) {
@@ -42,17 +57,30 @@ inline bool json_text_deeper_than(std::string_view text, std::size_t max_depth) 
         break;
       case '[':
       case '{':
-        if (++depth > max_depth) return true;
+        shape.cost += 4;  // a vector or a map of its own
+        if (++depth > shape.depth) shape.depth = depth;
         break;
       case ']':
       case '}':
         if (depth > 0) --depth;
         break;
+      case ',':
+        shape.cost += 1;  // one more value
+        break;
+      case ':':
+        shape.cost += 3;  // a map node and its key
+        break;
       default:
         break;
     }
+    if (shape.depth > max_depth || shape.cost > max_cost) break;
   }
-  return false;
+  return shape;
+}
+
+/// True when `text` nests arrays and objects deeper than `max_depth`.
+inline bool json_text_deeper_than(std::string_view text, std::size_t max_depth) {
+  return scan_json_text(text, max_depth, static_cast<std::size_t>(-1)).depth > max_depth;
 }
 
 /// True when the tree `value` nests deeper than `max_depth`; iterative, for values a model built.
@@ -71,12 +99,15 @@ inline bool json_deeper_than(const nlohmann::json& value, std::size_t max_depth)
 }
 
 /// How parsing untrusted text ended.
-enum class JsonParseError { none, invalid, too_deep };
+enum class JsonParseError { none, invalid, too_deep, too_complex };
 
-/// Parses `text` into `out` unless it is not JSON or nests deeper than max_json_depth.
-/// Never throws.
-inline JsonParseError parse_untrusted_json(std::string_view text, nlohmann::json& out) {
-  if (json_text_deeper_than(text, max_json_depth)) return JsonParseError::too_deep;
+/// Parses `text` into `out` unless it is not JSON, nests deeper than max_json_depth or costs
+/// more than `max_cost`. Never throws.
+inline JsonParseError parse_untrusted_json(std::string_view text, nlohmann::json& out,
+                                           std::size_t max_cost = json_cost_limit) {
+  const JsonTextShape shape = scan_json_text(text, max_json_depth, max_cost);
+  if (shape.depth > max_json_depth) return JsonParseError::too_deep;
+  if (shape.cost > max_cost) return JsonParseError::too_complex;
   out = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   return out.is_discarded() ? JsonParseError::invalid : JsonParseError::none;
 }
