@@ -22,6 +22,11 @@ rebound-server with the SQLite store. Each round measures, for each server:
                job is the growth of its resident memory / jobs queued.
   invocations  POST /invocations with the echo model over one kept-alive connection for
                --invocations-seconds (bench/invocations_load.cpp). The peer has no /invocations.
+  slow         wrk submits jobs whose callbacks go, in turn, to 8 receivers (origins) that each
+               answer after 200 ms (bench/slow_receiver.cpp); callbacks answered per second over
+               --receivers-seconds, while jobs keep coming.
+  hung         the same, with 1 callback in 20 (5%) to a receiver that accepts and never answers;
+               healthy callbacks answered per second.
 
 The table on stdout gives the median of the rounds with the range in brackets; progress and each
 round's figures go to stderr, and --json keeps every figure.
@@ -198,9 +203,10 @@ def parse_wrk(out: str) -> dict:
     }
 
 
-def wrk_env(callback_url: str, fill: bool) -> dict:
+def wrk_env(callback_url: str, fill: bool, callback_urls: list[str] | None = None) -> dict:
     """bench/submit.lua's settings: where callbacks go, and whether to stop at the first refusal."""
-    return {**os.environ, "CALLBACK_URL": callback_url, "STOP_ON_REFUSAL": "1" if fill else "0"}
+    return {**os.environ, "CALLBACK_URL": callback_url, "STOP_ON_REFUSAL": "1" if fill else "0",
+            "CALLBACK_URLS": " ".join(callback_urls or [])}
 
 
 def wrk(port: int, connections: int, seconds: float, callback_url: str, fill: bool = False) -> dict:
@@ -347,13 +353,72 @@ def measure_invocations(systems: Systems, name: str) -> dict:
         server.stop()
 
 
-MEASUREMENTS = {"e2e": measure_e2e, "queued": measure_queued, "invocations": measure_invocations}
+class SlowReceivers:
+    """bench/slow_receiver: 8 origins answering after 200 ms, and optionally one that hangs."""
+
+    ORIGINS = 8
+
+    def __init__(self, build_dir: str, hung: bool):
+        self.ports = [free_port() for _ in range(self.ORIGINS)]
+        self.hung_port = free_port() if hung else None
+        self.admin = free_port()
+        argv = [str(Path(build_dir).resolve() / "bench" / "rebound-slow-receiver"),
+                "--ports", ",".join(map(str, self.ports)), "--admin-port", str(self.admin),
+                "--delay-ms", "200"]
+        if hung:
+            argv += ["--hung-port", str(self.hung_port)]
+        self.proc = subprocess.Popen(argv)
+        wait_http(self.admin, self.proc, "slow receivers")
+
+    def urls(self) -> list[str]:
+        """Callback URLs in turn: the 8 origins, and with a hung one, 1 job in 20 (5%) to it."""
+        healthy = [f"http://127.0.0.1:{p}/v1/results" for p in self.ports]
+        if self.hung_port is None:
+            return healthy
+        turn = [healthy[i % len(healthy)] for i in range(19)]
+        return turn + [f"http://127.0.0.1:{self.hung_port}/v1/results"]
+
+    def answered(self) -> int:
+        return int(http_get(self.admin, "/")[1].split()[0])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def measure_receivers(systems: Systems, name: str, hung: bool) -> dict:
+    """Callbacks delivered per second to receivers that take 200 ms, while jobs keep coming."""
+    a = systems.args
+    receivers = SlowReceivers(a.build_dir, hung)
+    server = systems.start(name, "echo", queue_capacity=1_000_000)
+    try:
+        load = subprocess.Popen(
+            ["wrk", "-t1", f"-c{a.connections}", f"-d{round(a.receivers_seconds + 2)}s", "-s",
+             str(BENCH / "submit.lua"), f"http://127.0.0.1:{server.port}"],
+            env=wrk_env(receivers.urls()[0], False, receivers.urls()),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2)  # past the start: connections open, the pipeline full
+        t0, n0 = time.monotonic(), receivers.answered()
+        time.sleep(a.receivers_seconds)
+        t1, n1 = time.monotonic(), receivers.answered()
+        load.terminate()
+        load.wait()
+        return {"delivered_per_s": (n1 - n0) / (t1 - t0), "peak_rss_kib": server.peak_rss_kib()}
+    finally:
+        server.stop(signal.SIGKILL)  # deliveries still waiting: no graceful drain to sit through
+        receivers.stop()
+
+
+MEASUREMENTS = {"e2e": measure_e2e, "queued": measure_queued, "invocations": measure_invocations,
+                "slow": lambda s, n: measure_receivers(s, n, hung=False),
+                "hung": lambda s, n: measure_receivers(s, n, hung=True)}
 
 
 def check_prerequisites(args) -> None:
     missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
     for path in (Path(args.build_dir) / "examples" / "rebound-server",
-                 Path(args.build_dir) / "bench" / "rebound-invocations-load"):
+                 Path(args.build_dir) / "bench" / "rebound-invocations-load",
+                 Path(args.build_dir) / "bench" / "rebound-slow-receiver"):
         if not path.exists():
             missing.append(f"{path} (run scripts/build.sh)")
     if not args.skip_peer:
@@ -417,6 +482,12 @@ def table(results: dict, systems: Systems) -> str:
         row("resident memory: base, then queue full", "", "queued", None, None,
             per=lambda n: f"{mib(statistics.median(values(n, 'queued', 'rss_before_kib')))}, then "
                           f"{mib(statistics.median(values(n, 'queued', 'rss_after_kib')))}")
+    if "slow" in results[names[0]]:
+        row("callbacks delivered/s, receivers answering in 200 ms on 8 origins",
+            "≥ 2,000 and ≥ 10x the peer", "slow", "delivered_per_s", fmt_int)
+    if "hung" in results[names[0]]:
+        row("healthy callbacks delivered/s, 5% of callbacks to a hung receiver",
+            "≥ half the row above", "hung", "delivered_per_s", fmt_int)
     if "invocations" in results[names[-1]]:
         row("/invocations latency p50, 1 connection", "≤ 200 µs", "invocations", "p50_us", us)
         row("/invocations latency p99, 1 connection", "", "invocations", "p99_us", us)
@@ -444,6 +515,14 @@ def targets(results: dict) -> list[tuple[str, bool]]:
         check("bytes per queued job <= 1024", median(name, "queued", "bytes_per_queued_job"),
               lambda v: v <= 1024)
         check("/invocations p50 <= 200 us", median(name, "invocations", "p50_us"), lambda v: v <= 200)
+        slow, hung = median(name, "slow", "delivered_per_s"), median(name, "hung", "delivered_per_s")
+        peer = median("peer", "slow", "delivered_per_s")
+        check("deliveries/s to 200 ms receivers >= 2,000", slow, lambda v: v >= 2000)
+        if slow is not None and peer:
+            check("deliveries/s to 200 ms receivers >= 10x the peer's", slow / peer, lambda v: v >= 10)
+        if slow and hung is not None:
+            check("healthy deliveries/s with 5% hung >= half of those without", hung / slow,
+                  lambda v: v >= 0.5)
     return checks
 
 
@@ -475,6 +554,8 @@ def main() -> None:
     p.add_argument("--queued", type=int, default=1_000_000, help="jobs to queue in rebound (default 1e6)")
     p.add_argument("--peer-fill-seconds", type=float, default=10, help="seconds to fill the peer (default 10)")
     p.add_argument("--invocations-seconds", type=float, default=5, help="seconds per /invocations run")
+    p.add_argument("--receivers-seconds", type=float, default=10,
+                   help="seconds measured per slow/hung receivers run (default 10)")
     p.add_argument("--only", choices=sorted(MEASUREMENTS), action="append",
                    help="run only this measurement (repeatable)")
     p.add_argument("--skip-peer", action="store_true", help="measure rebound only")

@@ -85,7 +85,8 @@ using DeliveryHandler = std::function<void(const DeliveryReport&)>;
 ///
 /// Example:
 ///   boost::asio::io_context io;
-///   rebound::CallbackSender sender(io.get_executor(), std::make_unique<rebound::HttpTransport>());
+///   rebound::CallbackSender sender(io.get_executor(),
+///                                  std::make_unique<rebound::CurlTransport>(io.get_executor()));
 ///   sender.deliver({"job-1", "https://example.com/hook", R"({"id":"job-1"})", "msg_job-1"},
 ///                  nullptr, [](const rebound::DeliveryReport& r) { ... });
 ///

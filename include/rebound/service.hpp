@@ -90,7 +90,7 @@ enum class RedeliverStatus {
 ///   rebound::Service service(inference.get_executor(), io.get_executor(),
 ///                            std::make_unique<rebound::EchoModel>(),
 ///                            std::make_unique<rebound::MemoryJobStore>(),
-///                            std::make_unique<rebound::HttpTransport>());
+///                            std::make_unique<rebound::CurlTransport>(io.get_executor()));
 ///   service.submit({"job-1", "https://example.com/hook", {{"x", 1}}});
 ///
 /// Recovery: on construction the Service takes over every job the store lists as unfinished (a
