@@ -166,7 +166,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       start(std::move(t));
     }
     if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
-        o.in_flight < options.max_per_origin && o.state == CircuitState::closed) {
+        o.in_flight < options.max_per_origin && o.state != CircuitState::open) {
       o.listed_ready = true;
       ready.push_back(key);
     }

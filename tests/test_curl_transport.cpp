@@ -384,3 +384,24 @@ TEST_CASE("curl: a bad URL is answered without a request") {
   CHECK(wait(send(transport, request("ftp://example.com/x"))).response.error ==
         TransportError::invalid_url);
 }
+
+TEST_CASE("curl: a probe waiting only for the total limit goes out when a slot frees") {
+  IoThread io;
+  rebound::test::Receiver recovering;
+  recovering.script_statuses({503});  // then 200
+  RawReceiver hung(hang);
+  CurlTransportOptions o = loopback();
+  o.max_total = 1;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 200ms;
+  CurlTransport transport(io.io.get_executor(), o);
+  CHECK(wait(send(transport, request(recovering.url()))).response.status == 503);  // opens
+  auto blocker = send(transport, request(hung.url(), 1500ms));  // takes the one slot
+  REQUIRE(rebound::test::eventually([&] { return hung.connections() == 1; }));
+  auto held = send(transport, request(recovering.url()));
+  // The cool-down ends while the slot is taken; when the blocker times out, the probe goes.
+  CHECK(wait(blocker).response.error == TransportError::timeout);
+  CHECK(wait(held).response.status == 200);
+  CHECK(endpoint(transport, "http://127.0.0.1:" + std::to_string(recovering.port())).state ==
+        CircuitState::closed);
+}

@@ -443,7 +443,9 @@ TEST_CASE("a client that does not read its answer gives its thread up at the res
   // blocks writing until the response deadline (1 s), not the 5 s write timeout.
   REQUIRE(reader_that_never_reads.send(
       post("/invocations", "\"" + std::string(12 << 20, 'a') + "\""), 10000ms));
-  std::this_thread::sleep_for(200ms);
+  // Once the answer has begun (a few KiB read of 12 MiB), the deadline runs.
+  REQUIRE(reader_that_never_reads.read(30000ms, "HTTP/1.1 200").find("HTTP/1.1 200") !=
+          std::string::npos);
   RawConnection next(server.port);
   REQUIRE(next.send("GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"));
   CHECK(first_response(next.read(3000ms, "\r\n\r\n")).status == 200);
