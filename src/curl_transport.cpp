@@ -73,6 +73,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     bool headers_complete = false;
     std::string retry_after;
     std::size_t refused_addresses = 0;
+    std::size_t addresses_tried = 0;
+    bool is_probe = false;
+    bool local_failure = false;  // rebound's own trouble (no socket, no handle): not the receiver's
+    std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
     Cut cut = Cut::none;
     char error[CURL_ERROR_SIZE] = {};
     ~Transfer() {
@@ -114,8 +118,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, &Impl::on_timer);
     curl_multi_setopt(multi, CURLMOPT_TIMERDATA, this);
     // Our queues keep within these; curl's own limits are a second line.
-    curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS,
-                      static_cast<long>(options.max_per_origin));
+    // Through a proxy curl counts connections per proxy, not per receiver: then only ours apply.
+    curl_multi_setopt(
+        multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+        static_cast<long>(options.proxy.empty() ? options.max_per_origin : options.max_total));
     curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(options.max_total));
     curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, static_cast<long>(options.max_total));
     for (const auto& entry : options.resolve)
@@ -135,6 +141,17 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     const std::string key = transfer->origin;
     {
       std::lock_guard<std::mutex> lock(mutex);
+      if (origins.size() >= max_tracked_origins && origins.find(key) == origins.end()) {
+        // Idle origins keep their failure counts (consecutive failures span a delivery's
+        // retries); a submitter naming endless failing origins must not grow the map, so past
+        // the bound the idle ones go.
+        for (auto i = origins.begin(); i != origins.end();) {
+          const Origin& o = i->second;
+          const bool idle = o.in_flight == 0 && o.waiting.empty() && !o.listed_ready &&
+                            o.state != CircuitState::open;
+          i = idle ? origins.erase(i) : std::next(i);
+        }
+      }
       origins[key].waiting.push_back(std::move(transfer));
     }
     pump_origin(key);
@@ -148,23 +165,26 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     return true;
   }
 
+  void start_next(Origin& o) {
+    std::shared_ptr<Transfer> t;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      t = std::move(o.waiting.front());
+      o.waiting.pop_front();
+      ++o.in_flight;
+      if (o.state == CircuitState::half_open) o.probe_out = t->is_probe = true;
+    }
+    ++total_in_flight;
+    start(std::move(t));
+  }
+
   // Starts what an origin may start now; lists it as ready when only the total limit holds it.
   void pump_origin(const std::string& key) {
     auto it = origins.find(key);
     if (it == origins.end()) return;
     Origin& o = it->second;
-    while (!o.waiting.empty() && can_start(o)) {
-      std::shared_ptr<Transfer> t;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        t = std::move(o.waiting.front());
-        o.waiting.pop_front();
-        ++o.in_flight;
-        if (o.state == CircuitState::half_open) o.probe_out = true;
-      }
-      ++total_in_flight;
-      start(std::move(t));
-    }
+    while (!o.waiting.empty() && can_start(o))
+      start_next(o);
     if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
         o.in_flight < options.max_per_origin && o.state != CircuitState::open) {
       o.listed_ready = true;
@@ -172,15 +192,22 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     }
   }
 
-  // Total capacity freed: origins that waited only for it go first, in the order they queued.
+  // Total capacity freed: origins that waited only for it take turns, one request each, in the
+  // order they were listed, so that one busy origin cannot keep the others waiting.
   void pump_ready() {
     while (!ready.empty() && total_in_flight < options.max_total) {
       const std::string key = std::move(ready.front());
       ready.pop_front();
       auto it = origins.find(key);
       if (it == origins.end()) continue;
-      it->second.listed_ready = false;
-      pump_origin(key);
+      Origin& o = it->second;
+      o.listed_ready = false;
+      if (!o.waiting.empty() && can_start(o)) start_next(o);
+      if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
+          o.in_flight < options.max_per_origin && o.state != CircuitState::open) {
+        o.listed_ready = true;
+        ready.push_back(key);
+      }
     }
   }
 
@@ -216,7 +243,13 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, t.get());
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, &Impl::close_socket);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, this);
-    curl_easy_setopt(easy, CURLOPT_PROXY, options.proxy.c_str());  // "" also ignores the env
+    // "" for both: no proxy from the environment, and no host exempted from the one configured
+    // (NO_PROXY would let a callback bypass the proxy, and with it the egress policy).
+    curl_easy_setopt(easy, CURLOPT_PROXY, options.proxy.c_str());
+    curl_easy_setopt(easy, CURLOPT_NOPROXY, "");
+    // A transfer that ends while its name is still resolving does not wait for the resolver
+    // thread: a nameserver that never answers cannot stall the event loop.
+    curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
     if (!options.ca_cert_file.empty())
       curl_easy_setopt(easy, CURLOPT_CAINFO, options.ca_cert_file.c_str());
     if (resolve) curl_easy_setopt(easy, CURLOPT_RESOLVE, resolve);
@@ -228,6 +261,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
 
   // Ends an attempt that never reached curl; posted, as the caller may be iterating its origin.
   void complete_later(std::shared_ptr<Transfer> t, std::string why) {
+    t->local_failure = true;
     boost::asio::post(strand, [self = shared_from_this(), t = std::move(t), why = std::move(why)] {
       self->complete(t, failure(TransportError::io, why));
     });
@@ -255,7 +289,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   CallbackResponse outcome(Transfer& t, CURLcode code) {
     long status = 0;
     curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &status);
-    if (code == CURLE_OK || (t.cut == Cut::body_too_large && t.headers_complete)) {
+    // Once the whole head of an answer is in, its status stands, whatever happens to the body
+    // (over the cap, cut by the timeout, dropped): the receiver has answered.
+    if (code == CURLE_OK ||
+        (t.headers_complete && status >= 200 && t.cut != Cut::headers_too_large)) {
       CallbackResponse r;
       r.status = static_cast<int>(status);
       r.retry_after = std::move(t.retry_after);
@@ -271,13 +308,15 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         (t.error[0] ? std::string(t.error) : curl_easy_strerror(code)) + where;
     switch (code) {
       case CURLE_COULDNT_CONNECT:
-        if (t.refused_addresses > 0) {
+        if (t.refused_addresses > 0 && t.refused_addresses == t.addresses_tried) {
           return failure(TransportError::refused_address,
                          t.host + " has no address callbacks may use" + where);
         }
         return failure(TransportError::connect_failed, "connection failed: " + detail);
-      case CURLE_COULDNT_RESOLVE_HOST:
       case CURLE_COULDNT_RESOLVE_PROXY:
+        t.local_failure = true;
+        return failure(TransportError::resolve_failed, "cannot resolve the proxy: " + detail);
+      case CURLE_COULDNT_RESOLVE_HOST:
         return failure(TransportError::resolve_failed, "cannot resolve: " + detail);
       case CURLE_OPERATION_TIMEDOUT:
         return failure(TransportError::timeout, "no complete answer in time: " + detail);
@@ -320,10 +359,13 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         std::lock_guard<std::mutex> lock(mutex);
         --o.in_flight;
         --total_in_flight;
-        const bool was_probe = o.state == CircuitState::half_open && o.probe_out;
+        const bool was_probe = t->is_probe;
         if (was_probe) o.probe_out = false;
-        if (response.error == TransportError::cancelled) {
-          // Not the receiver's doing.
+        if (t->local_failure || response.error == TransportError::cancelled ||
+            response.error == TransportError::refused_address ||
+            response.error == TransportError::invalid_url ||
+            response.error == TransportError::circuit_open) {
+          // Says nothing of the receiver's health.
         } else if (breaker_failure(response)) {
           ++o.failures;
           if (options.breaker_failures > 0 &&
@@ -352,15 +394,43 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     o.cooldown->expires_after(options.breaker_cooldown);
     o.cooldown->async_wait([self = shared_from_this(), key](const boost::system::error_code& ec) {
       if (ec || self->stopped) return;
-      auto it = self->origins.find(key);
-      if (it == self->origins.end() || it->second.state != CircuitState::open) return;
-      {
-        std::lock_guard<std::mutex> lock(self->mutex);
-        it->second.state = CircuitState::half_open;
-      }
-      self->pump_origin(key);
-      self->forget_if_idle(key);
+      self->end_cooldown(key);
     });
+  }
+
+  // A cool-down ended: deliveries that waited too long end, one of the others goes as the probe.
+  void end_cooldown(const std::string& key) {
+    auto it = origins.find(key);
+    if (it == origins.end() || it->second.state != CircuitState::open) return;
+    Origin& o = it->second;
+    expire_waiting(o);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (o.waiting.empty() && o.in_flight == 0) {
+        origins.erase(it);  // nothing to probe with: start afresh when deliveries come
+        return;
+      }
+      o.state = CircuitState::half_open;
+    }
+    pump_origin(key);
+  }
+
+  // Deliveries that waited behind an open circuit longer than breaker_max_wait end their attempt
+  // (circuit_open): their own schedule decides what next, so that none waits forever.
+  void expire_waiting(Origin& o) {
+    const auto oldest_allowed = std::chrono::steady_clock::now() - options.breaker_max_wait;
+    std::vector<std::shared_ptr<Transfer>> expired;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      while (!o.waiting.empty() && o.waiting.front()->queued_at < oldest_allowed) {
+        expired.push_back(std::move(o.waiting.front()));
+        o.waiting.pop_front();
+      }
+    }
+    for (auto& t : expired) {
+      deliver(std::move(t), failure(TransportError::circuit_open,
+                                    "the receiver's circuit stayed open (" + t->origin + ")"));
+    }
   }
 
   // A healthy origin with nothing to do is forgotten: the map holds only what is in use or sick.
@@ -439,10 +509,15 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       return 0;
     }
     if (found == self->sockets.end()) {
-      Socket s;
-      s.descriptor = std::make_unique<boost::asio::posix::stream_descriptor>(self->strand, fd);
-      s.id = ++self->socket_ids;
-      found = self->sockets.emplace(fd, std::move(s)).first;
+      // Nothing may throw through curl's C frames.
+      try {
+        Socket s;
+        s.descriptor = std::make_unique<boost::asio::posix::stream_descriptor>(self->strand, fd);
+        s.id = ++self->socket_ids;
+        found = self->sockets.emplace(fd, std::move(s)).first;
+      } catch (...) {
+        return -1;
+      }
     }
     found->second.want = what;
     self->arm(fd);
@@ -508,6 +583,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   static curl_socket_t open_socket(void* clientp, curlsocktype purpose, curl_sockaddr* address) {
     auto* t = static_cast<Transfer*>(clientp);
     Impl* self = t->impl;
+    if (purpose == CURLSOCKTYPE_IPCXN) ++t->addresses_tried;
     if (purpose == CURLSOCKTYPE_IPCXN && self->options.proxy.empty() &&
         !self->options.guard.host_listed(t->host)) {
       const auto* sa = &address->addr;
@@ -527,12 +603,22 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       }
     }
     const int fd = ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
-    if (fd < 0) return CURL_SOCKET_BAD;
-    Socket s;
-    s.descriptor = std::make_unique<boost::asio::posix::stream_descriptor>(self->strand, fd);
-    s.owned = true;
-    s.id = ++self->socket_ids;
-    self->sockets[fd] = std::move(s);
+    if (fd < 0) {
+      t->local_failure = true;  // out of descriptors: not the receiver's doing
+      return CURL_SOCKET_BAD;
+    }
+    try {  // nothing may throw through curl's C frames
+      Socket s;
+      s.descriptor = std::make_unique<boost::asio::posix::stream_descriptor>(self->strand, fd);
+      s.owned = true;
+      s.id = ++self->socket_ids;
+      self->sockets.erase(fd);
+      self->sockets.emplace(fd, std::move(s));
+    } catch (...) {
+      ::close(fd);
+      t->local_failure = true;
+      return CURL_SOCKET_BAD;
+    }
     return fd;
   }
 
@@ -547,10 +633,14 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   static std::size_t on_header(char* data, std::size_t size, std::size_t count, void* userp) {
     auto* t = static_cast<Transfer*>(userp);
     const std::size_t n = size * count;
-    if (starts_with_ignoring_case(data, n, "HTTP/")) {
+    const bool status_line = (t->header_bytes == 0 || t->headers_complete) &&
+                             starts_with_ignoring_case(data, n, "HTTP/");
+    if (status_line) {
       // A new response (after a 1xx, say): its headers start over.
       t->headers_complete = false;
       t->retry_after.clear();
+    } else if (t->headers_complete) {
+      return n;  // trailers after a chunked body: not part of the answer's head
     }
     t->header_bytes += n;
     if (t->header_bytes > t->impl->options.max_response_header_bytes) {
@@ -561,9 +651,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       t->headers_complete = true;
     } else if (starts_with_ignoring_case(data, n, "retry-after:")) {
       std::string value(data + 12, n - 12);
-      while (!value.empty() && (value.back() == '\r' || value.back() == '\n'))
+      while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back())))
         value.pop_back();
-      t->retry_after = value;
+      const auto first = value.find_first_not_of(" \t");
+      t->retry_after = first == std::string::npos ? std::string() : value.substr(first);
     }
     return n;
   }
@@ -590,6 +681,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   std::unordered_map<curl_socket_t, Socket> sockets;
   std::uint64_t socket_ids = 0;
   std::deque<std::string> ready;
+  static constexpr std::size_t max_tracked_origins = 10000;
   mutable std::mutex mutex;  // guards `origins` against endpoints() from other threads
   std::unordered_map<std::string, Origin> origins;
 };

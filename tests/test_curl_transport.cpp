@@ -308,6 +308,15 @@ TEST_CASE("curl: the SSRF guard checks every address connected to - after DNS") 
     CHECK(a.response.error == TransportError::refused_address);
     CHECK(forbidden->connections() == 0);
   }
+  SUBCASE("a name with a refused address and a permitted one that is down fails to connect") {
+    // Not refused_address, which would give the delivery up for good: the receiver may come back.
+    CurlTransportOptions down = o;
+    const std::string other = std::to_string(rebound::test::RawReceiver(ok, "127.0.0.2").port());
+    down.resolve = {"half.test:" + other + ":127.0.0.1,127.0.0.2"};
+    CurlTransport t2(io.io.get_executor(), down);
+    const Answer a = wait(send(t2, request("http://half.test:" + other + "/hook")));
+    CHECK(a.response.error == TransportError::connect_failed);
+  }
   SUBCASE("a literal private address is refused") {
     const Answer a = wait(send(transport, request(forbidden->url())));
     CHECK(a.response.error == TransportError::refused_address);
@@ -334,8 +343,11 @@ TEST_CASE("curl: callbacks go through the egress proxy when one is set") {
   });
   CurlTransportOptions o;  // the default guard: the proxy, not rebound, decides where to go
   o.proxy = "http://127.0.0.1:" + std::to_string(proxy.port());
+  // NO_PROXY in the environment must not let a callback around the proxy (and its policy).
+  ::setenv("NO_PROXY", "*", 1);
   CurlTransport transport(io.io.get_executor(), o);
   const Answer a = wait(send(transport, request("http://receiver.example/hook")));
+  ::unsetenv("NO_PROXY");
   CHECK(a.response.status == 204);
   std::lock_guard<std::mutex> lock(m);
   CHECK(first_line.rfind("POST http://receiver.example/hook HTTP/1.1", 0) == 0);
@@ -404,4 +416,40 @@ TEST_CASE("curl: a probe waiting only for the total limit goes out when a slot f
   CHECK(wait(held).response.status == 200);
   CHECK(endpoint(transport, "http://127.0.0.1:" + std::to_string(recovering.port())).state ==
         CircuitState::closed);
+}
+
+TEST_CASE("curl: deliveries wait behind an open circuit no longer than breaker_max_wait") {
+  IoThread io;
+  rebound::test::Receiver down;
+  down.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
+  CurlTransportOptions o = loopback();
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 100ms;
+  o.breaker_max_wait = 250ms;
+  CurlTransport transport(io.io.get_executor(), o);
+  CHECK(wait(send(transport, request(down.url()))).response.status == 500);  // opens
+  std::vector<std::shared_future<Answer>> held;
+  for (int i = 0; i < 5; ++i)
+    held.push_back(send(transport, request(down.url())));
+  int expired = 0;
+  for (auto& f : held)
+    expired += wait(f).response.error == TransportError::circuit_open;
+  CHECK(expired >= 1);  // some gave up waiting, with their own reason
+  CHECK(down.count() < 1 + static_cast<int>(held.size()));  // and were never sent
+}
+
+TEST_CASE("curl: origins are tracked while they matter - not forever") {
+  IoThread io;
+  rebound::test::Receiver flaky;
+  flaky.script_statuses({500});
+  CurlTransportOptions o = loopback();
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 100ms;
+  CurlTransport transport(io.io.get_executor(), o);
+  CHECK(wait(send(transport, request(flaky.url()))).response.status == 500);
+  CHECK(transport.endpoints().size() == 1);  // open
+  // The cool-down ends with nothing to probe with: the origin is dropped, and starts afresh.
+  REQUIRE(rebound::test::eventually([&] { return transport.endpoints().empty(); }));
+  CHECK(wait(send(transport, request(flaky.url()))).response.status == 200);
+  CHECK(transport.endpoints().empty());  // healthy and idle: not listed
 }

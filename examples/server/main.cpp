@@ -319,11 +319,15 @@ int main(int argc, char** argv) {
     server_options.api_keys = api_keys;
 
     boost::asio::thread_pool inference(workers);
-    IoThread io;  // callback timers; outlives the service below
-    rebound::Service service(
-        inference.get_executor(), io.context.get_executor(), std::move(model), std::move(store),
-        std::make_unique<rebound::CurlTransport>(io.context.get_executor(), transport_options),
-        service_options);
+    IoThread io;  // callback timers and delivery bookkeeping; outlives the service below
+    // Callback requests run on an event loop of their own: under load each loop keeps a core
+    // busy, and the two together deliver faster than one (docs/benchmarks.md).
+    IoThread delivery;
+    rebound::Service service(inference.get_executor(), io.context.get_executor(), std::move(model),
+                             std::move(store),
+                             std::make_unique<rebound::CurlTransport>(
+                                 delivery.context.get_executor(), transport_options),
+                             service_options);
     rebound::Server server(service, server_options);
     const int bound = server.bind();
 

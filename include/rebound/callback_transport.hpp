@@ -35,6 +35,7 @@ enum class TransportError {
   tls,              ///< the TLS handshake or the certificate check failed
   io,               ///< the connection broke
   cancelled,        ///< the transport shut down before an answer came
+  circuit_open,     ///< waited longer than allowed behind the receiver's open circuit breaker
 };
 
 /// What one attempt produced: an HTTP status, or a transport error.

@@ -33,14 +33,18 @@ struct CurlTransportOptions {
   std::size_t breaker_failures = 5;
   /// How long an open circuit holds deliveries back before one probe goes out.
   std::chrono::milliseconds breaker_cooldown{30000};
+  /// The longest a delivery waits behind an open circuit without spending an attempt; past it the
+  /// attempt ends `circuit_open` (a failure, retried on the delivery's schedule), so that none
+  /// waits forever for a receiver that stays down. Checked at each cool-down's end.
+  std::chrono::milliseconds breaker_max_wait{300000};
   /// Which addresses may be contacted: checked on every address a connection is opened to, after
   /// DNS (so a name that resolves to a private address is refused, whatever it resolved to
   /// before). Not applied to a proxy's address: with `proxy`, the proxy decides.
   AddressGuard guard{};
   /// A PEM file of certificate authorities for https callbacks; empty uses the system's.
   std::string ca_cert_file;
-  /// An egress proxy, e.g. "http://proxy.internal:3128"; empty: none (environment variables such
-  /// as https_proxy are ignored either way).
+  /// An egress proxy, e.g. "http://proxy.internal:3128"; empty: none. Environment variables
+  /// (https_proxy, no_proxy) are ignored either way: every callback goes through the proxy.
   std::string proxy;
   /// Fixed name resolutions, as curl's --resolve: "host:port:address[,address...]". For tests
   /// and for pinning; everything else goes to the system resolver.
