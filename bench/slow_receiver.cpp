@@ -36,10 +36,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void read_head() {
-    asio::async_read_until(socket_, buffer_, "\r\n\r\n",
-                           [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                             if (!ec) self->on_head(n);
-                           });
+    asio::async_read_until(
+        socket_, buffer_, "\r\n\r\n",
+        [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+          if (!ec) self->on_head(n);
+        });
   }
 
   void on_head(std::size_t head_size) {
@@ -47,7 +48,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                      asio::buffers_begin(buffer_.data()) + static_cast<long>(head_size));
     buffer_.consume(head_size);
     std::size_t length = 0;
-    for (auto& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (auto& c : head)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     const auto at = head.find("content-length:");
     if (at != std::string::npos) length = std::strtoul(head.c_str() + at + 15, nullptr, 10);
     const std::size_t have = std::min(length, buffer_.size());
@@ -57,12 +59,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void skip_body(std::size_t left) {
     if (left == 0) return on_request();
-    asio::async_read(socket_, buffer_, asio::transfer_exactly(left),
-                     [self = shared_from_this(), left](boost::system::error_code ec, std::size_t n) {
-                       if (ec) return;
-                       self->buffer_.consume(n);
-                       self->skip_body(left - n);
-                     });
+    asio::async_read(
+        socket_, buffer_, asio::transfer_exactly(left),
+        [self = shared_from_this(), left](boost::system::error_code ec, std::size_t n) {
+          if (ec) return;
+          self->buffer_.consume(n);
+          self->skip_body(left - n);
+        });
   }
 
   void on_request() {
@@ -87,7 +90,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void respond(const std::string& body) {
-    response_ = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    response_ =
+        "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
     asio::async_write(socket_, asio::buffer(response_),
                       [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
                         if (!ec) self->read_head();
@@ -128,17 +132,22 @@ int main(int argc, char** argv) {
   std::chrono::milliseconds delay{200};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--ports") ports = parse_ports(value);
-    else if (flag == "--hung-port") hung = static_cast<unsigned short>(std::stoi(value));
-    else if (flag == "--admin-port") admin = static_cast<unsigned short>(std::stoi(value));
-    else if (flag == "--delay-ms") delay = std::chrono::milliseconds(std::stoi(value));
+    if (flag == "--ports")
+      ports = parse_ports(value);
+    else if (flag == "--hung-port")
+      hung = static_cast<unsigned short>(std::stoi(value));
+    else if (flag == "--admin-port")
+      admin = static_cast<unsigned short>(std::stoi(value));
+    else if (flag == "--delay-ms")
+      delay = std::chrono::milliseconds(std::stoi(value));
     else {
       std::cerr << "slow_receiver: unknown option " << flag << "\n";
       return 2;
     }
   }
   if (ports.empty() || admin == 0) {
-    std::cerr << "usage: slow_receiver --ports P[,P...] --admin-port P [--hung-port P] [--delay-ms MS]\n";
+    std::cerr
+        << "usage: slow_receiver --ports P[,P...] --admin-port P [--hung-port P] [--delay-ms MS]\n";
     return 2;
   }
   asio::io_context io(1);
@@ -153,7 +162,8 @@ int main(int argc, char** argv) {
     accept(*a, mode, delay);
     acceptors.push_back(std::move(a));
   };
-  for (auto p : ports) listen(p, Mode::delayed);
+  for (auto p : ports)
+    listen(p, Mode::delayed);
   if (hung) listen(hung, Mode::hung);
   listen(admin, Mode::admin);
   asio::signal_set stop(io, SIGINT, SIGTERM);

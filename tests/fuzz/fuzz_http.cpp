@@ -41,8 +41,7 @@ struct World {
     options.workers = 2;
     service = std::make_unique<rebound::Service>(
         inference.get_executor(), io.get_executor(), rebound::make_builtin_model("echo"),
-        std::make_unique<rebound::MemoryJobStore>(), std::make_unique<DeliveredAtOnce>(),
-        options);
+        std::make_unique<rebound::MemoryJobStore>(), std::make_unique<DeliveredAtOnce>(), options);
     rebound::ServerOptions server_options;
     server_options.api_keys = {};
     server = std::make_unique<rebound::Server>(*service, server_options);
@@ -53,8 +52,8 @@ struct World {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static World* world = new World();  // lives for the whole run: threads must not be torn down
-  const std::string out = world->server->serve_connection_bytes(
-      std::string(reinterpret_cast<const char*>(data), size));
+  const std::string out =
+      world->server->serve_connection_bytes(std::string(reinterpret_cast<const char*>(data), size));
   if (!out.empty() && out.compare(0, 9, "HTTP/1.1 ") != 0) std::abort();
   if (out.find("HTTP/1.1 500") != std::string::npos) std::abort();
   return 0;
