@@ -78,11 +78,6 @@ inline JsonTextShape scan_json_text(std::string_view text, std::size_t max_depth
   return shape;
 }
 
-/// True when `text` nests arrays and objects deeper than `max_depth`.
-inline bool json_text_deeper_than(std::string_view text, std::size_t max_depth) {
-  return scan_json_text(text, max_depth, static_cast<std::size_t>(-1)).depth > max_depth;
-}
-
 /// True when the tree `value` nests deeper than `max_depth`; iterative, for values a model built.
 inline bool json_deeper_than(const nlohmann::json& value, std::size_t max_depth) {
   if (!value.is_structured()) return false;
