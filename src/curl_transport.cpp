@@ -21,6 +21,7 @@
 #include <boost/asio/strand.hpp>
 
 #include "rebound/callback_url.hpp"
+#include "rebound/detail/text.hpp"
 #include "rebound/error.hpp"
 
 namespace rebound {
@@ -42,16 +43,6 @@ CallbackResponse failure(TransportError error, std::string message) {
   r.error = error;
   r.message = std::move(message);
   return r;
-}
-
-bool starts_with_ignoring_case(const char* text, std::size_t size, std::string_view prefix) {
-  if (size < prefix.size()) return false;
-  for (std::size_t i = 0; i < prefix.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(text[i])) !=
-        std::tolower(static_cast<unsigned char>(prefix[i])))
-      return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -634,7 +625,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     auto* t = static_cast<Transfer*>(userp);
     const std::size_t n = size * count;
     const bool status_line = (t->header_bytes == 0 || t->headers_complete) &&
-                             starts_with_ignoring_case(data, n, "HTTP/");
+                             detail::starts_with_ignoring_case({data, n}, "HTTP/");
     if (status_line) {
       // A new response (after a 1xx, say): its headers start over.
       t->headers_complete = false;
@@ -649,7 +640,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     }
     if (n <= 2) {
       t->headers_complete = true;
-    } else if (starts_with_ignoring_case(data, n, "retry-after:")) {
+    } else if (detail::starts_with_ignoring_case({data, n}, "retry-after:")) {
       std::string value(data + 12, n - 12);
       while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back())))
         value.pop_back();

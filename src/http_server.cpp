@@ -1,6 +1,8 @@
 // Internal: rebound's connection loop under cpp-httplib's request parser (see http_server.hpp).
 #include "http_server.hpp"
 
+#include "rebound/detail/text.hpp"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
@@ -8,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -30,13 +31,6 @@ struct ServingConnection {
 int poll_ms(milliseconds timeout) {
   const auto count = std::clamp<milliseconds::rep>(timeout.count(), 0, 60 * 60 * 1000);
   return static_cast<int>(count);
-}
-
-bool equals_ignoring_case(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
 }
 
 bool has_body(const httplib::Request& req) {

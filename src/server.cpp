@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <future>
 #include <string_view>
 #include <utility>
@@ -15,6 +14,7 @@
 
 #include "http_server.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/text.hpp"
 #include "rebound/error.hpp"
 #include "rebound/submission.hpp"
 #include "rebound/version.hpp"
@@ -131,14 +131,6 @@ const char* allowed_methods(Resource resource) {
 bool has_body_method(Resource resource) {
   return resource == Resource::inferences || resource == Resource::redeliver ||
          resource == Resource::invocations;
-}
-
-bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
-  return text.size() >= prefix.size() &&
-         std::equal(prefix.begin(), prefix.end(), text.begin(), [](char a, char b) {
-           return std::tolower(static_cast<unsigned char>(a)) ==
-                  std::tolower(static_cast<unsigned char>(b));
-         });
 }
 
 // The answer to a body that read_body refused; nullopt when it was read.
@@ -293,8 +285,8 @@ struct Server::Impl {
     // A submission is JSON; a form-encoded one is almost always `curl -d` without -H. Multipart
     // bodies cpp-httplib parses itself and cannot hand over as bytes, so no route takes them.
     const std::string type = req.get_header_value("Content-Type");
-    const bool multipart = starts_with_ignoring_case(type, "multipart/");
-    const bool form = starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
+    const bool multipart = detail::starts_with_ignoring_case(type, "multipart/");
+    const bool form = detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
     if (multipart || (form && target.resource == Resource::inferences)) {
       return send_error(res, {415,
                               "unsupported_media_type",
@@ -421,7 +413,7 @@ struct Server::Impl {
       return true;
     // The scheme is case-insensitive (RFC 9110 11.1); one or more spaces precede the key.
     const std::string header = req.get_header_value("Authorization");
-    if (!starts_with_ignoring_case(header, "Bearer ")) return false;
+    if (!detail::starts_with_ignoring_case(header, "Bearer ")) return false;
     std::string_view given = std::string_view(header).substr(std::string_view("Bearer").size());
     given.remove_prefix(std::min(given.find_first_not_of(' '), given.size()));
     bool match = false;

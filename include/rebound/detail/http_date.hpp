@@ -3,10 +3,11 @@
 #pragma once
 
 #include <array>
-#include <cctype>
 #include <cstddef>
 #include <optional>
 #include <string_view>
+
+#include "rebound/detail/text.hpp"
 
 namespace rebound::detail {
 
@@ -51,13 +52,7 @@ class HttpDateReader {
   bool name(const std::array<std::string_view, N>& names, unsigned& index) {
     for (unsigned i = 0; i < N; ++i) {
       const std::string_view candidate = names[i];
-      if (text_.size() - at_ < candidate.size()) continue;
-      bool same = true;
-      for (std::size_t k = 0; k < candidate.size() && same; ++k) {
-        same = std::tolower(static_cast<unsigned char>(text_[at_ + k])) ==
-               std::tolower(static_cast<unsigned char>(candidate[k]));
-      }
-      if (same) {
+      if (starts_with_ignoring_case(text_.substr(at_), candidate)) {
         at_ += candidate.size();
         index = i;
         return true;
