@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -480,6 +482,12 @@ struct Server::Impl {
   detail::HttpServer http;
   std::atomic<int> bound_port{0};
   std::atomic<socket_t> listen_socket{INVALID_SOCKET};
+  // cpp-httplib's stop() does nothing until its accept loop has marked itself running, so a stop
+  // that comes between run() and that moment would be lost and run() would never return.
+  // The flags below close that gap: stop() waits (briefly) until the loop runs or has returned.
+  std::mutex run_mutex;
+  bool stop_requested = false;  // guarded by run_mutex
+  bool running = false;         // run() is inside listen_after_bind; guarded by run_mutex
 };
 
 Server::Server(Service& service, ServerOptions options) {
@@ -508,12 +516,29 @@ int Server::bind() {
 }
 
 void Server::run() {
-  if (impl_->bound_port == 0) bind();
+  {
+    std::lock_guard<std::mutex> lock(impl_->run_mutex);
+    if (impl_->stop_requested) return;
+    if (impl_->bound_port == 0) bind();
+    impl_->running = true;
+  }
   impl_->http.listen_after_bind();
+  std::lock_guard<std::mutex> lock(impl_->run_mutex);
+  impl_->running = false;
 }
 
 void Server::stop() {
-  if (impl_) impl_->http.shutdown();
+  if (!impl_) return;
+  std::unique_lock<std::mutex> lock(impl_->run_mutex);
+  impl_->stop_requested = true;
+  // Between `running = true` and httplib's own flag there are a few instructions; wait them out.
+  while (impl_->running && !impl_->http.is_running()) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.lock();
+  }
+  lock.unlock();
+  impl_->http.shutdown();
 }
 
 int Server::port() const {

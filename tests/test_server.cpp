@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <set>
 #include <sstream>
@@ -403,6 +404,37 @@ TEST_CASE("a second server cannot bind a port that is in use") {
                            std::make_unique<rebound::CurlTransport>(io.get_executor()));
   rebound::Server second(service, {"127.0.0.1", h.port});
   CHECK_THROWS_AS(second.bind(), rebound::Error);
+  service.shutdown(1s);
+  pool.join();
+}
+
+TEST_CASE("stop before run, or just as run starts, still makes run return") {
+  boost::asio::thread_pool pool(1);
+  boost::asio::io_context io;
+  rebound::Service service(pool.get_executor(), io.get_executor(),
+                           std::make_unique<rebound::EchoModel>(),
+                           std::make_unique<rebound::MemoryJobStore>(),
+                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
+  // A run that never returns would hang the test binary: each run gets 10 s, then a last stop().
+  auto run_returns = [](rebound::Server& server, bool stop_first) {
+    if (stop_first) server.stop();
+    auto done = std::async(std::launch::async, [&] { server.run(); });
+    if (!stop_first) server.stop();  // races with run() reaching httplib's accept loop
+    const bool returned = done.wait_for(10s) == std::future_status::ready;
+    if (!returned) server.stop();
+    return returned;
+  };
+  {
+    rebound::Server server(service, {"127.0.0.1", 0});
+    server.bind();
+    CHECK(run_returns(server, true));
+  }
+  for (int i = 0; i < 50; ++i) {
+    CAPTURE(i);
+    rebound::Server server(service, {"127.0.0.1", 0});
+    server.bind();
+    REQUIRE(run_returns(server, false));
+  }
   service.shutdown(1s);
   pool.join();
 }
