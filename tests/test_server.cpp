@@ -408,7 +408,7 @@ TEST_CASE("a second server cannot bind a port that is in use") {
   pool.join();
 }
 
-TEST_CASE("stop before run, or just as run starts, still makes run return") {
+TEST_CASE("a stop before run or just as run starts still makes run return") {
   boost::asio::thread_pool pool(1);
   boost::asio::io_context io;
   rebound::Service service(pool.get_executor(), io.get_executor(),
