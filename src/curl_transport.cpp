@@ -121,7 +121,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   }
 
   ~Impl() {
-    // Only reached once every handler holding the Impl ran; shutdown() emptied everything.
+    // Only reached once every handler holding the Impl ran; shutdown() emptied everything,
+    // unless the executor's context was destroyed without running it.
+    for (CURL* easy : idle_easies)
+      curl_easy_cleanup(easy);
     if (multi) curl_multi_cleanup(multi);
     if (resolve) curl_slist_free_all(resolve);
   }
@@ -203,36 +206,24 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     }
   }
 
-  void start(std::shared_ptr<Transfer> t) {
+  // An easy handle from the pool, or a new one with the options every transfer shares. Reusing
+  // handles saves curl's per-handle set-up, a good part of a callback's cost on a fast receiver.
+  CURL* take_easy() {
+    if (!idle_easies.empty()) {
+      CURL* easy = idle_easies.back();
+      idle_easies.pop_back();
+      return easy;
+    }
     CURL* easy = curl_easy_init();
-    if (!easy) return complete_later(std::move(t), "curl_easy_init failed");
-    t->easy = easy;
-    t->impl = this;
-    for (const auto& [name, value] : t->request.headers)
-      t->headers = curl_slist_append(t->headers, (name + ": " + value).c_str());
-    // curl would otherwise send "Expect: 100-continue" for larger bodies and wait a second.
-    t->headers = curl_slist_append(t->headers, "Expect:");
-    const long timeout_ms = static_cast<long>(std::max<long long>(1, t->request.timeout.count()));
-    curl_easy_setopt(easy, CURLOPT_URL, t->request.url.c_str());
-    curl_easy_setopt(easy, CURLOPT_PRIVATE, t.get());
-    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->error);
+    if (!easy) return nullptr;
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
     curl_easy_setopt(easy, CURLOPT_POST, 1L);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, t->request.body.data());
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
-                     static_cast<curl_off_t>(t->request.body.size()));
-    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
-    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, &Impl::on_header);
-    curl_easy_setopt(easy, CURLOPT_HEADERDATA, t.get());
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, &Impl::on_body);
-    curl_easy_setopt(easy, CURLOPT_WRITEDATA, t.get());
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, &Impl::open_socket);
-    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, t.get());
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, &Impl::close_socket);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, this);
     // "" for both: no proxy from the environment, and no host exempted from the one configured
@@ -245,6 +236,47 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     if (!options.ca_cert_file.empty())
       curl_easy_setopt(easy, CURLOPT_CAINFO, options.ca_cert_file.c_str());
     if (resolve) curl_easy_setopt(easy, CURLOPT_RESOLVE, resolve);
+    return easy;
+  }
+
+  // A finished transfer's handle goes back to the pool (bounded), its per-transfer pointers
+  // cleared so that nothing in it refers to the transfer any more.
+  void return_easy(Transfer& t) {
+    CURL* easy = std::exchange(t.easy, nullptr);
+    if (!easy) return;
+    if (idle_easies.size() >= max_idle_easies) return curl_easy_cleanup(easy);
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, nullptr);
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, nullptr);
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, nullptr);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, nullptr);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, nullptr);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, nullptr);
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, nullptr);
+    idle_easies.push_back(easy);
+  }
+
+  void start(std::shared_ptr<Transfer> t) {
+    CURL* easy = take_easy();
+    if (!easy) return complete_later(std::move(t), "curl_easy_init failed");
+    t->easy = easy;
+    t->impl = this;
+    for (const auto& [name, value] : t->request.headers)
+      t->headers = curl_slist_append(t->headers, (name + ": " + value).c_str());
+    // curl would otherwise send "Expect: 100-continue" for larger bodies and wait a second.
+    t->headers = curl_slist_append(t->headers, "Expect:");
+    const long timeout_ms = static_cast<long>(std::max<long long>(1, t->request.timeout.count()));
+    curl_easy_setopt(easy, CURLOPT_URL, t->request.url.c_str());
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, t.get());
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->error);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, t->request.body.data());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE,
+                     static_cast<curl_off_t>(t->request.body.size()));
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
+    curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, t.get());
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, t.get());
+    curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, t.get());
     if (curl_multi_add_handle(multi, easy) != CURLM_OK)
       return complete_later(std::move(t), "curl_multi_add_handle failed");
     Transfer* raw = t.get();
@@ -274,6 +306,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       std::shared_ptr<Transfer> t = std::move(found->second);
       in_curl.erase(found);
       CallbackResponse response = outcome(*t, code);
+      return_easy(*t);
       complete(std::move(t), std::move(response));
     }
   }
@@ -473,6 +506,9 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       total_in_flight = 0;
     }
     ready.clear();
+    for (CURL* easy : idle_easies)
+      curl_easy_cleanup(easy);
+    idle_easies.clear();
     // curl closes its cached connections through close_socket; what is left is curl's own.
     curl_multi_cleanup(multi);
     multi = nullptr;
@@ -708,6 +744,8 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   bool stopped = false;
   std::size_t total_in_flight = 0;
   std::unordered_map<Transfer*, std::shared_ptr<Transfer>> in_curl;
+  std::vector<CURL*> idle_easies;
+  static constexpr std::size_t max_idle_easies = 256;
   std::unordered_map<curl_socket_t, Socket> sockets;
   std::uint64_t socket_ids = 0;
   std::deque<std::string> ready;

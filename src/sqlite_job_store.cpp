@@ -131,6 +131,7 @@ struct SqliteJobStore::Impl {
     std::function<void()> apply;                     // runs inside the transaction
     std::function<void()> committed;                 // after COMMIT (may be empty)
     std::function<void(std::exception_ptr)> failed;  // after ROLLBACK (may be empty)
+    bool waited_for = false;  // a caller blocks until it commits (a submission)
   };
 
   SqliteJobStoreOptions options;
@@ -141,9 +142,16 @@ struct SqliteJobStore::Impl {
 
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
-  std::deque<Write> queue;
-  std::uint64_t enqueued = 0;   // writes handed to the writer so far
-  std::uint64_t committed = 0;  // writes whose transaction ended (committed or rolled back)
+  // Writes someone waits for (submissions) go ahead of bookkeeping nobody waits for (a job's
+  // state, its callback's progress), and a transaction takes at most
+  // max_background_per_transaction of the latter: under a burst of deliveries a submission waits
+  // for one short transaction, not for the whole backlog. Each queue keeps its own order; writes
+  // in different queues are about different jobs (a job's updates come after its insert
+  // committed), so the reordering is invisible.
+  static constexpr std::size_t max_background_per_transaction = 512;
+  std::deque<Write> waited_queue, background_queue;
+  std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
+  std::uint64_t committed[2] = {0, 0};  // writes whose transaction ended (committed or rolled back)
   std::size_t commit_count = 0;
   bool stopping = false;
   std::thread writer;
@@ -222,33 +230,40 @@ struct SqliteJobStore::Impl {
   }
 
   // Queues a write; returns its sequence number.
-  std::uint64_t enqueue(Write w) {
+  void enqueue(Write w) {
     std::lock_guard<std::mutex> lock(queue_mutex);
     if (stopping) throw Error("the job store is closed");
-    queue.push_back(std::move(w));
+    ++enqueued[w.waited_for ? 0 : 1];
+    (w.waited_for ? waited_queue : background_queue).push_back(std::move(w));
     queue_changed.notify_all();
-    return ++enqueued;
   }
 
   // Waits until every write queued before now has been through a transaction.
   void wait_for_writes() const {
     std::unique_lock<std::mutex> lock(queue_mutex);
-    const std::uint64_t target = enqueued;
-    queue_changed.wait(lock, [&] { return committed >= target; });
+    const std::uint64_t waited = enqueued[0], background = enqueued[1];
+    queue_changed.wait(lock, [&] { return committed[0] >= waited && committed[1] >= background; });
   }
 
   void run_writer() {
     auto last_prune = std::chrono::steady_clock::now();
     for (;;) {
       std::deque<Write> batch;
+      std::size_t waited = 0;
       {
         std::unique_lock<std::mutex> lock(queue_mutex);
-        queue_changed.wait_for(lock, options.prune_interval,
-                               [this] { return stopping || !queue.empty(); });
-        if (queue.empty() && stopping) return;
-        batch.swap(queue);
+        auto queued = [this] { return !waited_queue.empty() || !background_queue.empty(); };
+        queue_changed.wait_for(lock, options.prune_interval, [&] { return stopping || queued(); });
+        if (!queued() && stopping) return;
+        batch.swap(waited_queue);
+        waited = batch.size();
+        for (std::size_t i = 0; i < max_background_per_transaction && !background_queue.empty();
+             ++i) {
+          batch.push_back(std::move(background_queue.front()));
+          background_queue.pop_front();
+        }
       }
-      if (!batch.empty()) commit(batch);
+      if (!batch.empty()) commit(batch, waited);
       if (options.retention.count() > 0 &&
           std::chrono::steady_clock::now() - last_prune >= options.prune_interval) {
         last_prune = std::chrono::steady_clock::now();
@@ -261,7 +276,8 @@ struct SqliteJobStore::Impl {
     }
   }
 
-  void commit(std::deque<Write>& batch) {
+  // Commits `batch`, whose first `waited` writes are waited for.
+  void commit(std::deque<Write>& batch, std::size_t waited) {
     std::exception_ptr failure;
     {
       std::lock_guard<std::mutex> lock(db_mutex);
@@ -280,7 +296,8 @@ struct SqliteJobStore::Impl {
       if (failure && w.failed) w.failed(failure);
     }
     std::lock_guard<std::mutex> lock(queue_mutex);
-    committed += batch.size();
+    committed[0] += waited;
+    committed[1] += batch.size() - waited;
     ++commit_count;
     queue_changed.notify_all();
   }
@@ -354,7 +371,7 @@ PutOutcome SqliteJobStore::put(const Job& job) {
                                                               : PutOutcome::conflict;
       },
       [done, outcome] { done->set_value(*outcome); },
-      [done](std::exception_ptr e) { done->set_exception(e); }});
+      [done](std::exception_ptr e) { done->set_exception(e); }, true});
   return result.get();  // durable once this returns created
 }
 
