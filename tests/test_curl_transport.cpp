@@ -359,6 +359,50 @@ TEST_CASE("curl: redirects are answers - never followed") {
   CHECK(receiver.count() == 1);
 }
 
+TEST_CASE("curl: one attempt leaves nothing behind for the next - handles are reused") {
+  IoThread io;
+  rebound::test::Receiver receiver;
+  receiver.script([](const auto&, httplib::Response& res) {
+    res.status = 503;
+    res.set_header("Retry-After", "7");
+  });
+  std::atomic<std::size_t> sent{0};
+  RawReceiver endless([&](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n");
+    const std::string line = "X-Filler: " + std::string(1000, 'a') + "\r\n";
+    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, line))
+      sent += line.size();
+  });
+  RawReceiver slow(trickle);
+  CurlTransport transport(io.io.get_executor(), loopback());
+  // One at a time, so that each attempt takes the handle the one before gave back.
+  auto numbered = [&](const std::string& url, int n, std::chrono::milliseconds timeout = 5s) {
+    CallbackRequest r = request(url, timeout);
+    r.headers.emplace_back("X-Attempt", std::to_string(n));
+    r.body = "{\"attempt\":" + std::to_string(n) + "}";
+    return wait(send(transport, std::move(r)));
+  };
+  Answer a = numbered(endless.url(), 1);
+  CHECK(a.response.error == TransportError::io);  // cut by the header cap
+  a = numbered(receiver.url(), 2);
+  CHECK(a.response.error == TransportError::none);
+  CHECK(a.response.status == 503);
+  CHECK(a.response.retry_after == "7");
+  a = numbered(slow.url(), 3, 500ms);
+  CHECK(a.response.error == TransportError::timeout);
+  a = numbered(receiver.url(), 4);
+  CHECK(a.response.error == TransportError::none);
+  CHECK(a.response.status == 200);
+  CHECK(a.response.retry_after.empty());  // not the 7 of attempt 2
+  CHECK(a.response.message.empty());
+  REQUIRE(receiver.count() == 2);
+  const auto last = receiver.received().back();
+  CHECK(last.body == R"({"attempt":4})");
+  CHECK(last.header("X-Attempt") == "4");
+  CHECK(last.headers.count("X-Attempt") == 1);
+}
+
 TEST_CASE("curl: destroying the transport ends every request once - cancelled") {
   IoThread io;
   RawReceiver hung(hang);

@@ -21,7 +21,7 @@ struct CallbackRequest {
   std::string url;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
-  std::chrono::milliseconds timeout{10000};  ///< for connecting, and for each read and write
+  std::chrono::milliseconds timeout{10000};  ///< for the whole attempt, connecting included
 };
 
 /// Why a request got no HTTP answer.
