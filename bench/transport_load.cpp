@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
       ++done;
       if (response.error != rebound::TransportError::none || response.status != 200) ++failed;
       if (sent < count) send_one();
-      if (done == count) transport.reset();
+      // Not from inside the transport's own handler: it ends on the loop, after this returns.
+      if (done == count) boost::asio::post(io, [&] { transport.reset(); });
     });
   };
   const auto start = std::chrono::steady_clock::now();

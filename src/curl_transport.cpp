@@ -596,6 +596,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   // early, is set again; "now" is a post, not a timer.
   static int on_timer(CURLM*, long timeout_ms, void* userp) {
     auto* self = static_cast<Impl*>(userp);
+    if (self->stopped) return 0;  // shutdown() removes handles: nothing may be armed again
     if (timeout_ms < 0) {
       self->curl_deadline.reset();  // an armed timer fires and finds nothing to do
       return 0;

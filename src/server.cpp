@@ -488,6 +488,7 @@ struct Server::Impl {
   std::mutex run_mutex;
   bool stop_requested = false;  // guarded by run_mutex
   bool running = false;         // run() is inside listen_after_bind; guarded by run_mutex
+  bool ran = false;             // run() entered listen_after_bind once; guarded by run_mutex
 };
 
 Server::Server(Service& service, ServerOptions options) {
@@ -505,6 +506,7 @@ int Server::bind() {
   const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
                                : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port <= 0) {
+    impl_->listen_socket = INVALID_SOCKET;  // httplib closed what it opened
     throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
                 " (address in use, or not an address of this machine)");
   }
@@ -520,7 +522,7 @@ void Server::run() {
     std::lock_guard<std::mutex> lock(impl_->run_mutex);
     if (impl_->stop_requested) return;
     if (impl_->bound_port == 0) bind();
-    impl_->running = true;
+    impl_->running = impl_->ran = true;
   }
   impl_->http.listen_after_bind();
   std::lock_guard<std::mutex> lock(impl_->run_mutex);
@@ -536,6 +538,12 @@ void Server::stop() {
     lock.unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     lock.lock();
+  }
+  if (!impl_->ran) {
+    // Bound but never served: httplib would leave the socket open, and connections would queue
+    // in its backlog unanswered. Closed here, so that they are refused.
+    const socket_t sock = impl_->listen_socket.exchange(INVALID_SOCKET);
+    if (sock != INVALID_SOCKET) ::close(sock);
   }
   lock.unlock();
   impl_->http.shutdown();

@@ -143,9 +143,10 @@ struct SqliteJobStore::Impl {
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
   // Writes someone waits for (submissions) go ahead of bookkeeping nobody waits for (a job's
-  // state, its callback's progress), and a transaction takes at most
+  // state, its callback's progress), and a transaction with a submission in it takes at most
   // max_background_per_transaction of the latter: under a burst of deliveries a submission waits
-  // for one short transaction, not for the whole backlog. Each queue keeps its own order; writes
+  // for one short transaction, not for the whole backlog (which, when nobody waits, still goes in
+  // one transaction and one fsync). Each queue keeps its own order; writes
   // in different queues are about different jobs (a job's updates come after its insert
   // committed), so the reordering is invisible.
   static constexpr std::size_t max_background_per_transaction = 512;
@@ -257,10 +258,14 @@ struct SqliteJobStore::Impl {
         if (!queued() && stopping) return;
         batch.swap(waited_queue);
         waited = batch.size();
-        for (std::size_t i = 0; i < max_background_per_transaction && !background_queue.empty();
-             ++i) {
-          batch.push_back(std::move(background_queue.front()));
-          background_queue.pop_front();
+        if (waited == 0) {
+          batch.swap(background_queue);  // nobody waits: one transaction (one fsync) for all
+        } else {
+          for (std::size_t i = 0; i < max_background_per_transaction && !background_queue.empty();
+               ++i) {
+            batch.push_back(std::move(background_queue.front()));
+            background_queue.pop_front();
+          }
         }
       }
       if (!batch.empty()) commit(batch, waited);

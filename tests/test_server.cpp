@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -416,24 +417,36 @@ TEST_CASE("a stop before run or just as run starts still makes run return") {
                            std::make_unique<rebound::MemoryJobStore>(),
                            std::make_unique<rebound::CurlTransport>(io.get_executor()));
   // A run that never returns would hang the test binary: each run gets 10 s, then a last stop().
-  auto run_returns = [](rebound::Server& server, bool stop_first) {
+  auto run_returns = [](rebound::Server& server, bool stop_first,
+                        std::chrono::microseconds delay = 0us) {
     if (stop_first) server.stop();
     auto done = std::async(std::launch::async, [&] { server.run(); });
-    if (!stop_first) server.stop();  // races with run() reaching httplib's accept loop
+    if (!stop_first) {
+      std::this_thread::sleep_for(delay);
+      server.stop();  // races with run() reaching httplib's accept loop
+    }
     const bool returned = done.wait_for(10s) == std::future_status::ready;
     if (!returned) server.stop();
     return returned;
   };
   {
     rebound::Server server(service, {"127.0.0.1", 0});
-    server.bind();
+    const int port = server.bind();
     CHECK(run_returns(server, true));
+    // Stopped before it served: its port refuses connections instead of queueing them.
+    httplib::Client client("127.0.0.1", port);
+    client.set_connection_timeout(2, 0);
+    client.set_read_timeout(2, 0);
+    const auto res = client.Get("/ping");
+    REQUIRE_FALSE(res);
+    CHECK(res.error() == httplib::Error::Connection);
   }
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 60; ++i) {
     CAPTURE(i);
     rebound::Server server(service, {"127.0.0.1", 0});
     server.bind();
-    REQUIRE(run_returns(server, false));
+    // From "before the thread starts" to "well inside the accept loop", in 20 µs steps.
+    REQUIRE(run_returns(server, false, std::chrono::microseconds(20 * (i % 30))));
   }
   service.shutdown(1s);
   pool.join();
