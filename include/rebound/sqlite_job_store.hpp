@@ -25,6 +25,8 @@ struct SqliteJobStoreOptions {
 /// by a writer thread (group commit): concurrent submissions share one fsync. State changes
 /// (`mark_running`, `complete`, `update_callback`) are queued to the same writer without waiting;
 /// every read waits until the writes issued before it are committed, so reads see them.
+/// Submissions go ahead of queued state changes, and a transaction with a submission in it takes
+/// at most 512 of them: a burst of deliveries does not make a 202 wait for its whole backlog.
 ///
 /// After a crash, `list_unfinished` returns every job that was accepted and not finished; the
 /// Service runs them again and resumes their callbacks (at least once).
