@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Runs the README's tour (examples/tour/main.cpp) as a user would: it starts, takes a job, runs
+the model, answers polls, and stops cleanly on SIGTERM. Usage: tour.py REBOUND_TOUR_BINARY"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from rawhttp import free_port, get, post  # noqa: E402
+
+binary = sys.argv[1]
+port = free_port()
+with tempfile.TemporaryDirectory() as workdir:
+    proc = subprocess.Popen([binary, str(port)], cwd=workdir, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"listening on 127.0.0.1:{port}" in line, f"unexpected first line: {line!r}"
+        assert get(port, "/ping")[0] == 200, "/ping"
+        status, _, body = post(port, "/v1/inferences",
+                               json.dumps({"id": "t1", "input": "a good day"}).encode())
+        assert status == 202, (status, body)
+        deadline, state = time.monotonic() + 10, {}
+        while time.monotonic() < deadline and state.get("status") != "succeeded":
+            state = json.loads(get(port, "/v1/inferences/t1")[2] or b"{}")
+            time.sleep(0.05)
+        assert state.get("result") == {"label": "pos"}, state
+        status, _, body = post(port, "/v1/inferences", json.dumps({"id": "t2", "input": 7}).encode())
+        assert status == 202, (status, body)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and state.get("status") != "failed":
+            state = json.loads(get(port, "/v1/inferences/t2")[2] or b"{}")
+            time.sleep(0.05)
+        assert state.get("error", {}).get("code") == "invalid_input", state
+        assert os.path.exists(os.path.join(workdir, "tour.db")), "jobs are kept in tour.db"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, f"exit {proc.returncode}"
+        assert "stopped" in rest, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+print("the tour runs, serves, and stops on SIGTERM")
