@@ -1,20 +1,73 @@
-# Installs the rebound build into a scratch prefix, then configures, builds and runs the consumer.
+# Installs the rebound build into a scratch prefix, then configures, builds and runs a consumer
+# that finds it with find_package, and another built with pkg-config alone. Checks the install
+# components too: "dev" without the binaries, "server" without the headers, LICENSE in both.
 file(REMOVE_RECURSE ${WORK_DIR})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR} --prefix ${WORK_DIR}/prefix
-  RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "install failed")
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "${what} failed")
+  endif()
+endfunction()
+function(expect_exists path)
+  if(NOT EXISTS ${path})
+    message(FATAL_ERROR "not installed: ${path}")
+  endif()
+endfunction()
+function(expect_absent path)
+  if(EXISTS ${path})
+    message(FATAL_ERROR "installed where it should not be: ${path}")
+  endif()
+endfunction()
+
+set(prefix ${WORK_DIR}/prefix)
+run("install" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR} --prefix ${prefix})
+expect_exists(${prefix}/share/doc/rebound/LICENSE)
+
+# find_package(rebound)
+run("configuring the consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
+  -DCMAKE_PREFIX_PATH=${prefix})
+run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run("the consumer" ${WORK_DIR}/build/consumer)
+
+# find_package(rebound COMPONENTS core): with pkg-config, libcurl, SQLite and OpenSSL made
+# unfindable, as on a machine that has only what the header-only core needs.
+run("configuring the core-only consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR}/../cmake_consumer_core
+  -B ${WORK_DIR}/build_core -DCMAKE_PREFIX_PATH=${prefix}
+  -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=ON -DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=ON)
+run("building the core-only consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build_core)
+run("the core-only consumer" ${WORK_DIR}/build_core/core_consumer)
+
+# pkg-config --cflags --libs rebound, no CMake
+file(GLOB_RECURSE pc_files ${prefix}/rebound.pc)
+list(LENGTH pc_files n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "rebound.pc: expected one, found '${pc_files}'")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
-  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix RESULT_VARIABLE rc)
+get_filename_component(pc_dir ${pc_files} DIRECTORY)
+set(ENV{PKG_CONFIG_PATH} ${pc_dir})
+get_filename_component(lib_dir ${pc_dir} DIRECTORY)
+set(ENV{LD_LIBRARY_PATH} ${lib_dir})  # when rebound was built shared (BUILD_SHARED_LIBS)
+execute_process(COMMAND pkg-config --cflags --libs rebound OUTPUT_VARIABLE flags
+  RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(rc)
-  message(FATAL_ERROR "configuring the consumer failed")
+  message(FATAL_ERROR "pkg-config cannot use rebound.pc")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "building the consumer failed")
-endif()
-execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "the consumer failed")
+separate_arguments(flags UNIX_COMMAND "${flags}")
+run("building with pkg-config" ${CXX} -std=c++17 ${CONSUMER_SOURCE_DIR}/main.cpp ${flags}
+  -o ${WORK_DIR}/pc_consumer)
+run("the pkg-config consumer" ${WORK_DIR}/pc_consumer)
+
+# Components
+run("install --component dev" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR}
+  --prefix ${WORK_DIR}/dev --component dev)
+expect_exists(${WORK_DIR}/dev/include/rebound/service.hpp)
+expect_exists(${WORK_DIR}/dev/share/doc/rebound/LICENSE)
+expect_absent(${WORK_DIR}/dev/bin/rebound-server)
+if(EXISTS ${prefix}/bin/rebound-server)
+  run("install --component server" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR}
+    --prefix ${WORK_DIR}/server --component server)
+  expect_exists(${WORK_DIR}/server/bin/rebound-server)
+  expect_exists(${WORK_DIR}/server/share/doc/rebound/LICENSE)
+  expect_absent(${WORK_DIR}/server/include)
 endif()
