@@ -32,14 +32,28 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+# node and npm run the OpenAPI validator (below) and the Node snippet of docs/delivery.md; Debian's
+# packages unless a node is already installed.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps.sh: all packages present"
-  exit 0
+else
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The OpenAPI 3 validator for tests/openapi_valid.py, from npm, kept out of the source tree.
+tools=${REBOUND_NODE_TOOLS:-/opt/rebound-node-tools}
+if [ ! -x "$tools/node_modules/.bin/validate-api" ]; then
+  mkdir -p "$tools"
+  npm install --prefix "$tools" --no-audit --no-fund --loglevel=error \
+    @seriousme/openapi-schema-validator@2
+fi

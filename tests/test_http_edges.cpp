@@ -232,6 +232,17 @@ TEST_CASE("bodies that cannot be read get a clear 4xx") {
                               "Content-Type: application/x-www-form-urlencoded\r\n"
                               "Content-Length: 2\r\n\r\n{}"),
                    415, "unsupported_media_type");
+  {
+    // curl -d with a JSON body over 8 KiB (cpp-httplib's form limit): still 415, naming the type.
+    const std::string json_body = "{\"id\":\"f\",\"input\":\"" + std::string(9000, 'a') + "\"}";
+    const RawResponse a = round_trip(server.port,
+                                     "POST /v1/inferences HTTP/1.1\r\nHost: x\r\n"
+                                     "Content-Type: application/x-www-form-urlencoded\r\n"
+                                     "Content-Length: " +
+                                         std::to_string(json_body.size()) + "\r\n\r\n" + json_body);
+    check_error_body(a, 415, "unsupported_media_type");
+    CHECK(a.body.find("application/json") != std::string::npos);
+  }
   check_error_body(round_trip(server.port,
                               "POST /invocations HTTP/1.1\r\nHost: x\r\n"
                               "Content-Type: multipart/form-data; boundary=b\r\n"
