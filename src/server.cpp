@@ -1,4 +1,4 @@
-// Server: the HTTP routes of DESIGN.md on cpp-httplib, translating to and from a Service.
+// Server: the HTTP routes of docs/http-api.md on cpp-httplib, translating to and from a Service.
 #include "rebound/server.hpp"
 
 #include <httplib.h>

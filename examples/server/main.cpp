@@ -1,4 +1,4 @@
-// rebound-server: the library wired into a runnable server (DESIGN.md's command line).
+// rebound-server: the library wired into a runnable server (the README's command line).
 #include <csignal>
 #include <cstdlib>
 #include <future>

@@ -1,4 +1,4 @@
-// Server: the HTTP front of a Service (routes of DESIGN.md), on cpp-httplib.
+// Server: the HTTP front of a Service (the routes of docs/http-api.md), on cpp-httplib.
 #pragma once
 
 #include <chrono>

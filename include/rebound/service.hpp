@@ -82,7 +82,8 @@ enum class RedeliverStatus {
   shutting_down,  ///< `shutdown` has begun
 };
 
-/// The pipeline of DESIGN.md, ready to put behind any front end (rebound::Server is one).
+/// The pipeline of docs/architecture.md, ready to put behind any front end (rebound::Server is
+/// one).
 ///
 /// Example:
 ///   boost::asio::thread_pool inference(4);
