@@ -26,16 +26,20 @@ fi
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then
-    exec sudo --preserve-env=DEBIAN_FRONTEND "$0" "$@"
+    exec sudo --preserve-env=DEBIAN_FRONTEND,REBOUND_SKIP_CONTAINER,REBOUND_SKIP_TORCH,REBOUND_SKIP_NODE_TOOLS,REBOUND_NODE_TOOLS,http_proxy,https_proxy,no_proxy \
+      "$0" "$@"
   fi
   echo "install-deps.sh: run as root or install sudo" >&2
   exit 1
 fi
 
 # node and npm run the OpenAPI validator (below) and the Node snippet of docs/delivery.md; Debian's
-# packages unless a node is already installed.
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  packages+=(nodejs npm)
+# packages unless a node is already installed. REBOUND_SKIP_NODE_TOOLS=1 leaves them out (no npm
+# registry needed; the OpenAPI validity test is then not registered).
+if [ "${REBOUND_SKIP_NODE_TOOLS:-0}" != 1 ]; then
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    packages+=(nodejs npm)
+  fi
 fi
 
 missing=()
@@ -50,10 +54,16 @@ else
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The OpenAPI 3 validator for tests/openapi_valid.py, from npm, kept out of the source tree.
-tools=${REBOUND_NODE_TOOLS:-/opt/rebound-node-tools}
-if [ ! -x "$tools/node_modules/.bin/validate-api" ]; then
-  mkdir -p "$tools"
-  npm install --prefix "$tools" --no-audit --no-fund --loglevel=error \
-    @seriousme/openapi-schema-validator@2
+# The OpenAPI 3 validator for tests/openapi_valid.py, from npm at the versions locked in
+# scripts/node-tools, installed outside the source tree (REBOUND_NODE_TOOLS, default
+# /opt/rebound-node-tools; the tests look there).
+if [ "${REBOUND_SKIP_NODE_TOOLS:-0}" != 1 ]; then
+  tools=${REBOUND_NODE_TOOLS:-/opt/rebound-node-tools}
+  here=$(cd "$(dirname "$0")" && pwd)
+  if ! cmp -s "$here/node-tools/package-lock.json" "$tools/package-lock.json" ||
+     [ ! -x "$tools/node_modules/.bin/validate-api" ]; then
+    mkdir -p "$tools"
+    cp "$here/node-tools/package.json" "$here/node-tools/package-lock.json" "$tools/"
+    (cd "$tools" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 fi

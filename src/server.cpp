@@ -69,6 +69,11 @@ void send_queue_full(httplib::Response& res) {
   send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
 }
 
+void send_not_ready(httplib::Response& res) {
+  res.set_header("Retry-After", "5");
+  send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
+}
+
 void send_shutting_down(httplib::Response& res) {
   send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
 }
@@ -359,8 +364,7 @@ struct Server::Impl {
       case SubmitStatus::queue_full:
         return send_queue_full(res);
       case SubmitStatus::not_ready:
-        res.set_header("Retry-After", "5");
-        return send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
+        return send_not_ready(res);
       case SubmitStatus::shutting_down:
         return send_shutting_down(res);
       case SubmitStatus::store_error:
@@ -390,7 +394,7 @@ struct Server::Impl {
       case SubmitStatus::queue_full:
         return send_queue_full(res);
       case SubmitStatus::not_ready:
-        return send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
+        return send_not_ready(res);
       default:
         return send_shutting_down(res);
     }

@@ -4,6 +4,7 @@ the model, answers polls, and stops cleanly on SIGTERM. Usage: tour.py REBOUND_T
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -12,7 +13,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 from rawhttp import free_port, get, post  # noqa: E402
 
-binary = sys.argv[1]
+binary = os.path.abspath(sys.argv[1])
 port = free_port()
 with tempfile.TemporaryDirectory() as workdir:
     proc = subprocess.Popen([binary, str(port)], cwd=workdir, stdout=subprocess.PIPE, text=True)
@@ -44,4 +45,13 @@ with tempfile.TemporaryDirectory() as workdir:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-print("the tour runs, serves, and stops on SIGTERM")
+# A port already in use: a message and exit status 1, not an abort.
+with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    with tempfile.TemporaryDirectory() as workdir:
+        out = subprocess.run([binary, str(taken.getsockname()[1])], cwd=workdir,
+                             capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    assert out.stderr.startswith("rebound-tour: cannot listen"), out.stderr
+print("the tour runs, serves, stops on SIGTERM, and says why it cannot start")

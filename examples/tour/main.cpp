@@ -1,6 +1,6 @@
 // rebound in one file: your model behind the HTTP API, jobs kept in SQLite, signed callbacks
 // retried with the default policy, and a clean stop on Ctrl-C or SIGTERM.
-// Usage: rebound-tour [PORT]   (8080 by default; try it with docs/http-api.md's curl lines)
+// Usage: rebound-tour [PORT]   (8080 by default; the README shows two curl lines to try)
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
   rebound::ServerOptions http;
   http.host = "127.0.0.1";  // "0.0.0.0" to serve other machines
   http.port = argc > 1 ? std::atoi(argv[1]) : 8080;
-  {
+  int status = 0;
+  try {
     rebound::Service service(inference.get_executor(), io.get_executor(),
                              std::make_unique<Sentiment>(),
                              std::make_unique<rebound::SqliteJobStore>("tour.db"),  // durable
@@ -53,10 +54,15 @@ int main(int argc, char** argv) {
     std::cout << "rebound-tour listening on " << http.host << ":" << server.bind() << std::endl;
 
     // Ctrl-C or SIGTERM: stop taking jobs, finish those in flight (up to 25 s), then stop HTTP.
+    // A second one ends the program at once.
     std::promise<void> stop;
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&stop](const boost::system::error_code& ec, int) {
-      if (!ec) stop.set_value();
+    signals.async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      stop.set_value();
+      signals.async_wait([](const boost::system::error_code& again, int) {
+        if (!again) std::_Exit(130);
+      });
     });
     std::thread http_thread([&server] { server.run(); });
     stop.get_future().wait();
@@ -65,8 +71,12 @@ int main(int argc, char** argv) {
     http_thread.join();
     std::cout << (drained ? "stopped" : "stopped, with jobs left in tour.db for next time")
               << std::endl;
+  } catch (const rebound::Error& e) {  // a port in use, a store it cannot open, ...
+    std::cerr << "rebound-tour: " << e.what() << std::endl;
+    status = 1;
   }  // the service and its transport end here, while the io loop still runs
   inference.join();
   work.reset();
   io_thread.join();
+  return status;
 }

@@ -68,6 +68,9 @@ if(EXISTS ${prefix}/bin/rebound-server)
   run("install --component server" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR}
     --prefix ${WORK_DIR}/server --component server)
   expect_exists(${WORK_DIR}/server/bin/rebound-server)
+  # It runs from there alone (built shared, its library came with it).
+  set(ENV{LD_LIBRARY_PATH} "")
+  run("the installed rebound-server --help" ${WORK_DIR}/server/bin/rebound-server --help)
   expect_exists(${WORK_DIR}/server/share/doc/rebound/LICENSE)
   expect_absent(${WORK_DIR}/server/include)
 endif()
