@@ -79,6 +79,17 @@ void trickle(int fd, const std::atomic<bool>& stopping) {
     std::this_thread::sleep_for(200ms);
 }
 
+// Answers with header lines that never end (up to 1 GiB), counting the bytes it sent.
+auto endless_headers(std::atomic<std::size_t>& sent) {
+  return [&sent](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n");
+    const std::string line = "X-Filler: " + std::string(1000, 'a') + "\r\n";
+    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, line))
+      sent += line.size();
+  };
+}
+
 void answer_after(int fd, const std::atomic<bool>& stopping, std::chrono::milliseconds delay) {
   while (RawReceiver::read_request(fd, stopping)) {
     std::this_thread::sleep_for(delay);
@@ -167,13 +178,7 @@ TEST_CASE("curl: a huge answer is read up to the cap - and a 2xx with it is a de
 TEST_CASE("curl: endless response headers fail the attempt - bounded") {
   IoThread io;
   std::atomic<std::size_t> sent{0};
-  RawReceiver endless([&](int fd, const std::atomic<bool>& stopping) {
-    if (!RawReceiver::read_request(fd, stopping)) return;
-    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n");
-    const std::string line = "X-Filler: " + std::string(1000, 'a') + "\r\n";
-    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, line))
-      sent += line.size();
-  });
+  RawReceiver endless(endless_headers(sent));
   CurlTransport transport(io.io.get_executor(), loopback());
   const Answer a = wait(send(transport, request(endless.url())));
   CHECK(a.response.error == TransportError::io);
@@ -370,13 +375,7 @@ TEST_CASE("curl: one attempt leaves nothing behind for the next - handles are re
     res.set_header("Retry-After", "7");
   });
   std::atomic<std::size_t> sent{0};
-  RawReceiver endless([&](int fd, const std::atomic<bool>& stopping) {
-    if (!RawReceiver::read_request(fd, stopping)) return;
-    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n");
-    const std::string line = "X-Filler: " + std::string(1000, 'a') + "\r\n";
-    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, line))
-      sent += line.size();
-  });
+  RawReceiver endless(endless_headers(sent));
   RawReceiver slow(trickle);
   CurlTransport transport(io.io.get_executor(), loopback());
   // One at a time, so that each attempt takes the handle the one before gave back.

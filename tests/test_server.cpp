@@ -69,6 +69,21 @@ struct Harness : rebound::test::ServerHarness {
   GatedModel* model = static_cast<GatedModel*>(model_ptr);
 };
 
+// An echo Service with default options and an io_context nobody runs, for a Server of the test's
+// own making (its defaults, its port, its run and stop).
+struct BareService {
+  ~BareService() {
+    service.shutdown(std::chrono::seconds(5));
+    pool.join();
+  }
+  boost::asio::thread_pool pool{1};
+  boost::asio::io_context io;
+  rebound::Service service{pool.get_executor(), io.get_executor(),
+                           std::make_unique<rebound::EchoModel>(),
+                           std::make_unique<rebound::MemoryJobStore>(),
+                           std::make_unique<rebound::CurlTransport>(io.get_executor())};
+};
+
 }  // namespace
 
 TEST_CASE("the seed's request is answered Received and its result is called back") {
@@ -207,12 +222,8 @@ TEST_CASE("every bad request gets its status and error body") {
 }
 
 TEST_CASE("the server refuses internal callback addresses by default") {
-  boost::asio::thread_pool pool(1);
-  boost::asio::io_context io;
-  rebound::Service service(pool.get_executor(), io.get_executor(),
-                           std::make_unique<rebound::EchoModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
+  BareService bare;
+  rebound::Service& service = bare.service;
   rebound::Server server(service, {"127.0.0.1", 0});
   const int port = server.bind();
   std::thread t([&] { server.run(); });
@@ -227,8 +238,6 @@ TEST_CASE("the server refuses internal callback addresses by default") {
       422, "invalid_field", "callback_url");
   server.stop();
   t.join();
-  service.shutdown(5s);
-  pool.join();
 }
 
 TEST_CASE("callbacks are retried after 5xx and after connection refused - then delivered") {
@@ -397,25 +406,15 @@ TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running o
 
 TEST_CASE("a second server cannot bind a port that is in use") {
   Harness h;
-  boost::asio::thread_pool pool(1);
-  boost::asio::io_context io;
-  rebound::Service service(pool.get_executor(), io.get_executor(),
-                           std::make_unique<rebound::EchoModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
+  BareService bare;
+  rebound::Service& service = bare.service;
   rebound::Server second(service, {"127.0.0.1", h.port});
   CHECK_THROWS_AS(second.bind(), rebound::Error);
-  service.shutdown(1s);
-  pool.join();
 }
 
 TEST_CASE("a stop before run or just as run starts still makes run return") {
-  boost::asio::thread_pool pool(1);
-  boost::asio::io_context io;
-  rebound::Service service(pool.get_executor(), io.get_executor(),
-                           std::make_unique<rebound::EchoModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::CurlTransport>(io.get_executor()));
+  BareService bare;
+  rebound::Service& service = bare.service;
   // A run that never returns would hang the test binary: each run gets 10 s, then a last stop().
   auto run_returns = [](rebound::Server& server, bool stop_first,
                         std::chrono::microseconds delay = 0us) {
@@ -448,8 +447,6 @@ TEST_CASE("a stop before run or just as run starts still makes run return") {
     // From "before the thread starts" to "well inside the accept loop", in 20 µs steps.
     REQUIRE(run_returns(server, false, std::chrono::microseconds(20 * (i % 30))));
   }
-  service.shutdown(1s);
-  pool.join();
 }
 
 TEST_CASE("a given-up callback is listed and can be redelivered with a fresh budget") {
