@@ -146,9 +146,9 @@ struct SqliteJobStore::Impl {
   // state, its callback's progress), and a transaction with a submission in it takes at most
   // max_background_per_transaction of the latter: under a burst of deliveries a submission waits
   // for one short transaction, not for the whole backlog (which, when nobody waits, still goes in
-  // one transaction and one fsync). Each queue keeps its own order; writes
-  // in different queues are about different jobs (a job's updates come after its insert
-  // committed), so the reordering is invisible.
+  // one transaction and one fsync). Each queue keeps its own order; writes in different queues
+  // are about different jobs (a job's updates come after its insert committed), so the
+  // reordering is invisible.
   static constexpr std::size_t max_background_per_transaction = 512;
   std::deque<Write> waited_queue, background_queue;
   std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
@@ -230,7 +230,7 @@ struct SqliteJobStore::Impl {
     db = nullptr;
   }
 
-  // Queues a write; returns its sequence number.
+  // Queues a write, in its queue.
   void enqueue(Write w) {
     std::lock_guard<std::mutex> lock(queue_mutex);
     if (stopping) throw Error("the job store is closed");
