@@ -74,6 +74,11 @@ void send_not_ready(httplib::Response& res) {
   send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
 }
 
+void send_store_unavailable(httplib::Response& res) {
+  res.set_header("Retry-After", "5");
+  send_error(res, {503, "store_unavailable", "The job store is failing; retry later.", {}});
+}
+
 void send_shutting_down(httplib::Response& res) {
   send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
 }
@@ -192,7 +197,14 @@ struct Server::Impl {
           return httplib::Server::HandlerResponse::Handled;
         }));
     http.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const StoreUnavailable&) {
+            // A poll, a redelivery or a listing when the store fails: the failing-store answer.
+            return send_store_unavailable(res);
+          } catch (...) {
+          }
           send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
         });
     // A client that announces an oversized body and waits for 100 Continue is answered at once.
@@ -335,6 +347,8 @@ struct Server::Impl {
     if (service.ready()) {
       res.status = 200;
       res.set_content("", "text/plain");
+    } else if (auto why = service.store_failure()) {
+      send_error(res, {503, "store_unavailable", "The job store is failing: " + *why, {}});
     } else {
       send_error(res, {503, "not_ready", "The model is not ready or the server is stopping.", {}});
     }
@@ -367,8 +381,8 @@ struct Server::Impl {
         return send_not_ready(res);
       case SubmitStatus::shutting_down:
         return send_shutting_down(res);
-      case SubmitStatus::store_error:
-        return send_error(res, {500, "store_error", "The job could not be stored.", {}});
+      case SubmitStatus::store_unavailable:
+        return send_store_unavailable(res);
     }
   }
 

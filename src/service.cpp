@@ -24,7 +24,13 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::size_t capacity = 0;
   std::chrono::milliseconds job_ttl{0};
   std::chrono::milliseconds inference_timeout{0};
+  std::chrono::milliseconds store_retry_interval{1000};
   Logger log;
+
+  // The failing-store policy (JobStore's comment): one log line when the store starts failing and
+  // one when it works again; `stopped` ends the retries of writes when the Service goes away.
+  std::atomic<bool> store_failing{false};
+  std::atomic<bool> stopped{false};
 
   std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
   bool accepting = true;
@@ -36,6 +42,101 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::size_t in_flight = 0;
   BatchStats stats;
   Metrics metrics;
+
+  // Notes a store call that threw: counted always, logged once per failing spell.
+  void store_failed(std::string_view during, const std::string& job_id, const char* why,
+                    bool counted = true) {
+    if (counted) ++metrics.store_errors;
+    if (!store_failing.exchange(true)) {
+      const nlohmann::json fields = {{"during", during}, {"error", why}};
+      if (job_id.empty()) {
+        log.log(LogLevel::error, "store_failed", fields);
+      } else {
+        log.job(LogLevel::error, "store_failed", job_id, fields);
+      }
+    }
+  }
+
+  // Notes a store call that worked. A failing spell ends (one log line) only when the store says
+  // it works again: a store may answer reads while its writes fail.
+  void store_worked() {
+    if (!store_failing.load(std::memory_order_relaxed)) return;
+    std::optional<std::string> why;
+    try {
+      why = store->failure();
+    } catch (...) {
+      return;
+    }
+    if (!why && store_failing.exchange(false)) log.log(LogLevel::info, "store_recovered");
+  }
+
+  // Runs `call` against the store; a failure is noted and rethrown as StoreUnavailable (for the
+  // reads a front end answers from).
+  template <typename Call>
+  auto read_store(std::string_view during, const std::string& job_id, Call&& call) const
+      -> decltype(call(*store)) {
+    auto* self = const_cast<Core*>(this);
+    try {
+      auto out = call(*store);
+      self->store_worked();
+      return out;
+    } catch (const std::exception& e) {
+      self->store_failed(during, job_id, e.what());
+      throw StoreUnavailable(e.what());
+    } catch (...) {
+      self->store_failed(during, job_id, "unknown error");
+      throw StoreUnavailable("the job store failed");
+    }
+  }
+
+  // Runs a write that an accepted job needs (its outcome, its callback's end), then `then`. When
+  // the store fails the write is tried again every store_retry_interval on the io executor, and
+  // the job keeps its slot, until it is written or the Service is destroyed (a durable store then
+  // still holds the job as it was, and the next start takes it over).
+  static void write_until_stored(const std::shared_ptr<Core>& core, const char* during,
+                                 std::string job_id, std::function<void(JobStore&)> write,
+                                 std::function<void()> then) {
+    try {
+      write(*core->store);
+      core->store_worked();
+    } catch (const std::exception& e) {
+      core->store_failed(during, job_id, e.what());
+      retry_later(core, during, std::move(job_id), std::move(write), std::move(then));
+      return;
+    } catch (...) {
+      core->store_failed(during, job_id, "unknown error");
+      retry_later(core, during, std::move(job_id), std::move(write), std::move(then));
+      return;
+    }
+    then();
+  }
+
+  static void retry_later(const std::shared_ptr<Core>& core, const char* during, std::string job_id,
+                          std::function<void(JobStore&)> write, std::function<void()> then) {
+    if (core->stopped) {
+      core->release();
+      return;
+    }
+    auto timer = std::make_shared<boost::asio::steady_timer>(core->sender->get_executor(),
+                                                             core->store_retry_interval);
+    timer->async_wait([core, timer, during, job_id = std::move(job_id), write = std::move(write),
+                       then = std::move(then)](const boost::system::error_code&) mutable {
+      write_until_stored(core, during, std::move(job_id), std::move(write), std::move(then));
+    });
+  }
+
+  // A bookkeeping write whose loss costs only a lagging display (running, a retry's progress).
+  void write_or_note(const char* during, const std::string& job_id,
+                     const std::function<void(JobStore&)>& write) {
+    try {
+      write(*store);
+      store_worked();
+    } catch (const std::exception& e) {
+      store_failed(during, job_id, e.what());
+    } catch (...) {
+      store_failed(during, job_id, "unknown error");
+    }
+  }
 
   bool try_admit() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -68,7 +169,10 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
       return;
     }
     const std::string id = record.job.id;
-    core->store->update_callback(id, {CallbackState::pending, record.callback.attempts, {}});
+    const int attempts = record.callback.attempts;
+    core->write_or_note("update_callback", id, [&](JobStore& store) {
+      store.update_callback(id, {CallbackState::pending, attempts, {}});
+    });
     CallbackMessage message{id, record.job.callback_url,
                             detail::dump_json(to_callback_json(record)), "msg_" + id,
                             record.callback.attempts};
@@ -88,8 +192,9 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
                             {{"attempt", report.attempt},
                              {"error", report.error},
                              {"retry_in_ms", report.next_delay.count()}});
-              core->store->update_callback(id,
-                                           {CallbackState::pending, report.attempt, report.error});
+              core->write_or_note("update_callback", id, [&](JobStore& store) {
+                store.update_callback(id, {CallbackState::pending, report.attempt, report.error});
+              });
               break;
           }
         },
@@ -106,14 +211,13 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
             core->log.job(LogLevel::warn, "callback_given_up", id,
                           {{"attempts", report.attempts}, {"error", report.last_error}});
           }
-          try {
-            core->store->update_callback(
-                id, {report.delivered ? CallbackState::delivered : CallbackState::failed,
-                     report.attempts, report.last_error});
-          } catch (...) {
-            // The delivery is over either way; the slot must be freed.
-          }
-          core->release();
+          const CallbackInfo end{
+              report.delivered ? CallbackState::delivered : CallbackState::failed, report.attempts,
+              report.last_error};
+          write_until_stored(
+              core, "update_callback", id,
+              [id, end](JobStore& store) { store.update_callback(id, end); },
+              [core] { core->release(); });
         });
   }
 
@@ -206,11 +310,9 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
   inputs.reserve(batch.size());
   for (auto& item : batch) {
     if (!item.reply) {
-      try {
-        core->store->mark_running(item.job.id);
-      } catch (...) {
-        // Only the displayed status lags; the job still runs and completes.
-      }
+      // Only the displayed status lags when this fails; the job still runs and completes.
+      core->write_or_note("mark_running", item.job.id,
+                          [&](JobStore& store) { store.mark_running(item.job.id); });
     }
     inputs.push_back(std::move(item.job.input));  // the record does not need it any more
   }
@@ -287,17 +389,12 @@ void Service::Core::settle(WorkItem& item, Prediction& prediction, std::size_t b
 }
 
 void Service::Core::finish(const JobRecord& record) {
-  try {
-    store->complete(record.job.id, record.outcome);
-  } catch (const std::exception& e) {
-    log.job(LogLevel::error, "store_error", record.job.id, {{"error", e.what()}});
-    release();  // the store failed: the job cannot be recorded, but its slot must not leak
-    return;
-  } catch (...) {
-    release();
-    return;
-  }
-  deliver(shared_from_this(), record);
+  auto core = shared_from_this();
+  auto kept = std::make_shared<JobRecord>(record);
+  write_until_stored(
+      core, "complete", record.job.id,
+      [kept](JobStore& store) { store.complete(kept->job.id, kept->outcome); },
+      [core, kept] { deliver(core, *kept); });
 }
 
 Service::Service(boost::asio::any_io_executor inference_executor,
@@ -319,6 +416,10 @@ Service::Service(boost::asio::any_io_executor inference_executor,
     throw Error("Service: inference_timeout must not be negative");
   }
   core_->inference_timeout = options.inference_timeout;
+  if (options.store_retry_interval.count() <= 0) {
+    throw Error("Service: store_retry_interval must be positive");
+  }
+  core_->store_retry_interval = options.store_retry_interval;
   core_->log = options.logger;
   // What a durable store holds from an earlier run: accepted, not finished. All of it resumes,
   // even beyond the capacity (new submissions wait until the backlog is below it again).
@@ -361,6 +462,7 @@ Service::~Service() {
     std::unique_lock<std::shared_mutex> lock(core_->accepting_mutex);
     core_->accepting = false;
   }
+  core_->stopped = true;
   queue_.reset();  // drops jobs not yet started and waits for running ones
 }
 
@@ -369,7 +471,14 @@ SubmitStatus Service::submit(Job job) {
   const SubmitStatus admitted = core_->admit();
   if (admitted == SubmitStatus::queue_full) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
-    if (auto existing = core_->store->get(job.id)) {
+    std::optional<JobRecord> existing;
+    try {
+      existing = core_->read_store("get", job.id, [&](JobStore& s) { return s.get(job.id); });
+    } catch (const StoreUnavailable&) {
+      ++core_->metrics.submissions_refused_store_unavailable;
+      return SubmitStatus::store_unavailable;
+    }
+    if (existing) {
       return existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
     }
     ++core_->metrics.submissions_refused_queue_full;
@@ -380,14 +489,23 @@ SubmitStatus Service::submit(Job job) {
   }
   PutOutcome outcome;
   try {
-    outcome = core_->store->put(job);
-  } catch (...) {
+    outcome = core_->read_store("put", job.id, [&](JobStore& s) { return s.put(job); });
+  } catch (const StoreUnavailable&) {
     core_->release();
-    return SubmitStatus::store_error;
+    ++core_->metrics.submissions_refused_store_unavailable;
+    return SubmitStatus::store_unavailable;
   }
   if (outcome != PutOutcome::created) {
     core_->release();
-    return outcome == PutOutcome::duplicate ? SubmitStatus::duplicate : SubmitStatus::conflict;
+    switch (outcome) {
+      case PutOutcome::duplicate:
+        return SubmitStatus::duplicate;
+      case PutOutcome::full:
+        ++core_->metrics.submissions_refused_queue_full;
+        return SubmitStatus::queue_full;
+      default:
+        return SubmitStatus::conflict;
+    }
   }
   // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
   if (core_->log.enabled(LogLevel::debug)) {  // the submit path: no JSON unless wanted
@@ -458,7 +576,7 @@ RedeliverStatus Service::redeliver(const std::string& id) {
   std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
   if (!core_->accepting) return RedeliverStatus::shutting_down;
   std::lock_guard<std::mutex> lock(core_->redeliver_mutex);
-  auto record = core_->store->get(id);
+  auto record = core_->read_store("get", id, [&](JobStore& s) { return s.get(id); });
   if (!record) return RedeliverStatus::not_found;
   if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
   if (!core_->try_admit()) return RedeliverStatus::queue_full;
@@ -471,16 +589,37 @@ RedeliverStatus Service::redeliver(const std::string& id) {
 }
 
 std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
-  return core_->store->list_failed_callbacks(limit);
+  return core_->read_store("list_failed_callbacks", {},
+                           [&](JobStore& s) { return s.list_failed_callbacks(limit); });
 }
 
 std::optional<JobRecord> Service::find(const std::string& id) const {
-  return core_->store->get(id);
+  return core_->read_store("get", id, [&](JobStore& s) { return s.get(id); });
+}
+
+std::optional<std::string> Service::store_failure() const {
+  std::optional<std::string> why;
+  try {
+    why = core_->store->failure();
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+    why = "the job store failed";
+  }
+  if (why) {
+    core_->store_failed("failure", {}, why->c_str(), false);
+  } else if (core_->store_failing.exchange(false)) {
+    core_->log.log(LogLevel::info, "store_recovered");
+  }
+  return why;
 }
 
 bool Service::ready() const {
-  std::shared_lock<std::shared_mutex> lock(core_->accepting_mutex);
-  return core_->accepting && core_->model->ready();
+  {
+    std::shared_lock<std::shared_mutex> lock(core_->accepting_mutex);
+    if (!core_->accepting || !core_->model->ready()) return false;
+  }
+  return !store_failure();
 }
 
 std::size_t Service::in_flight() const {

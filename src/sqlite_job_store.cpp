@@ -3,6 +3,7 @@
 #include "rebound/sqlite_job_store.hpp"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include <condition_variable>
 #include <deque>
@@ -36,6 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs (created_at_ms) WHERE finished_at_ms IS NULL;
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at_ms) WHERE finished_at_ms IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_failed_callbacks ON jobs (created_at_ms) WHERE cb_state = 3;
+CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL);
 )sql";
 
 // A job is finished when final (status 2..4) and its callback is not owed any more (none wanted,
@@ -135,10 +137,13 @@ struct SqliteJobStore::Impl {
   };
 
   SqliteJobStoreOptions options;
+  std::string path;
+  dev_t file_device = 0;  // the file opened, to notice it deleted or replaced under us
+  ino_t file_inode = 0;
   sqlite3* db = nullptr;
   mutable std::mutex db_mutex;  // the connection and its statements
   std::unique_ptr<Statement> insert, select_one, set_running, set_outcome, set_callback,
-      select_failed, select_unfinished, delete_finished;
+      select_failed, select_unfinished, delete_finished, probe;
 
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
@@ -154,6 +159,10 @@ struct SqliteJobStore::Impl {
   std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
   std::uint64_t committed[2] = {0, 0};  // writes whose transaction ended (committed or rolled back)
   std::size_t commit_count = 0;
+  // Why the last transaction failed; empty while the store works. While it is set, the
+  // bookkeeping writes of that transaction wait at the head of their queue and are tried again
+  // every retry interval (a probe write when there are none), and reads stop waiting for them.
+  std::string failure;
   bool stopping = false;
   std::thread writer;
 
@@ -175,7 +184,9 @@ struct SqliteJobStore::Impl {
       db = nullptr;
       throw Error("cannot open the job store " + path + ": " + what);
     }
+    this->path = path;
     try {
+      remember_file();
       exec("PRAGMA locking_mode = EXCLUSIVE");
       exec("PRAGMA journal_mode = WAL");
       exec("PRAGMA synchronous = FULL");
@@ -208,6 +219,8 @@ struct SqliteJobStore::Impl {
                   " FROM jobs WHERE finished_at_ms IS NULL ORDER BY created_at_ms LIMIT ?");
       delete_finished = std::make_unique<Statement>(
           db, "DELETE FROM jobs WHERE finished_at_ms IS NOT NULL AND finished_at_ms < ?");
+      probe = std::make_unique<Statement>(
+          db, "INSERT OR REPLACE INTO store_probe (id, at_ms) VALUES (1, ?)");
     } catch (const Error& e) {
       close();
       throw Error("cannot use the job store " + path + ": " + e.what() +
@@ -226,24 +239,51 @@ struct SqliteJobStore::Impl {
     select_failed.reset();
     select_unfinished.reset();
     delete_finished.reset();
+    probe.reset();
     if (db) sqlite3_close(db);
     db = nullptr;
+  }
+
+  void remember_file() {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      file_device = st.st_dev;
+      file_inode = st.st_ino;
+    }
+  }
+
+  // Why the file under `path` is not the one this store has open (deleted, or replaced by a
+  // restore or a second deployment), or empty. SQLite goes on writing to an open file that was
+  // deleted, and everything written then is lost at the next start, so this is checked before
+  // every commit and by failure().
+  std::string file_problem() const {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      return "the database file " + path + " was deleted; restore it and restart";
+    }
+    if (st.st_dev != file_device || st.st_ino != file_inode) {
+      return "the database file " + path + " was replaced by another file; restart to use it";
+    }
+    return {};
   }
 
   // Queues a write, in its queue.
   void enqueue(Write w) {
     std::lock_guard<std::mutex> lock(queue_mutex);
-    if (stopping) throw Error("the job store is closed");
+    if (stopping) throw StoreUnavailable("the job store is closed");
     ++enqueued[w.waited_for ? 0 : 1];
     (w.waited_for ? waited_queue : background_queue).push_back(std::move(w));
     queue_changed.notify_all();
   }
 
-  // Waits until every write queued before now has been through a transaction.
+  // Waits until every write queued before now has been through a transaction, or the store
+  // fails (reads then see what is committed, not writes that wait for the store to recover).
   void wait_for_writes() const {
     std::unique_lock<std::mutex> lock(queue_mutex);
     const std::uint64_t waited = enqueued[0], background = enqueued[1];
-    queue_changed.wait(lock, [&] { return committed[0] >= waited && committed[1] >= background; });
+    queue_changed.wait(lock, [&] {
+      return !failure.empty() || (committed[0] >= waited && committed[1] >= background);
+    });
   }
 
   void run_writer() {
@@ -251,11 +291,26 @@ struct SqliteJobStore::Impl {
     for (;;) {
       std::deque<Write> batch;
       std::size_t waited = 0;
+      bool probing = false;
       {
         std::unique_lock<std::mutex> lock(queue_mutex);
         auto queued = [this] { return !waited_queue.empty() || !background_queue.empty(); };
-        queue_changed.wait_for(lock, options.prune_interval, [&] { return stopping || queued(); });
-        if (!queued() && stopping) return;
+        if (failure.empty()) {
+          queue_changed.wait_for(lock, options.prune_interval,
+                                 [&] { return stopping || queued(); });
+        } else {
+          // Failing: a submission is tried at once (it is answered either way); the rest waits
+          // for the retry interval.
+          queue_changed.wait_for(lock, options.retry_interval,
+                                 [&] { return stopping || !waited_queue.empty(); });
+        }
+        if (stopping && (!queued() || !failure.empty())) {
+          // Nothing left, or a store that fails: what is still queued is dropped (a submission is
+          // told so). Accepted jobs are still in the file as they were, and run again at the
+          // next start.
+          fail_all_queued(lock);
+          return;
+        }
         batch.swap(waited_queue);
         waited = batch.size();
         if (waited == 0) {
@@ -267,8 +322,9 @@ struct SqliteJobStore::Impl {
             background_queue.pop_front();
           }
         }
+        probing = batch.empty() && !failure.empty();
       }
-      if (!batch.empty()) commit(batch, waited);
+      if (!batch.empty() || probing) commit(batch, waited);
       if (options.retention.count() > 0 &&
           std::chrono::steady_clock::now() - last_prune >= options.prune_interval) {
         last_prune = std::chrono::steady_clock::now();
@@ -281,29 +337,73 @@ struct SqliteJobStore::Impl {
     }
   }
 
-  // Commits `batch`, whose first `waited` writes are waited for.
+  // Called with queue_mutex held, when the writer stops for good.
+  void fail_all_queued(std::unique_lock<std::mutex>& lock) {
+    std::deque<Write> dropped;
+    dropped.swap(waited_queue);
+    committed[0] += dropped.size();
+    committed[1] += background_queue.size();
+    background_queue.clear();
+    queue_changed.notify_all();
+    lock.unlock();
+    const auto closed =
+        std::make_exception_ptr(StoreUnavailable("the job store closed while it was failing"));
+    for (auto& w : dropped)
+      if (w.failed) w.failed(closed);
+  }
+
+  // Commits `batch`, whose first `waited` writes are waited for; an empty batch is a probe of a
+  // failing store. On failure the waited-for writes are told, and the others go back to the head
+  // of their queue, in order, to be tried again.
   void commit(std::deque<Write>& batch, std::size_t waited) {
-    std::exception_ptr failure;
+    std::exception_ptr error;
+    std::string why;
     {
       std::lock_guard<std::mutex> lock(db_mutex);
       try {
         exec("BEGIN IMMEDIATE");
         for (auto& w : batch)
           w.apply();
+        if (batch.empty()) {
+          probe->bind(1, now_ms()).step();
+          probe->reset();
+        }
+        why = file_problem();
+        if (!why.empty()) throw StoreUnavailable(why);
         exec("COMMIT");
+      } catch (const std::exception& e) {
+        error = std::current_exception();
+        if (why.empty()) why = e.what();
       } catch (...) {
-        failure = std::current_exception();
+        error = std::current_exception();
+        if (why.empty()) why = "unknown error";
         sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
       }
     }
-    for (auto& w : batch) {
-      if (!failure && w.committed) w.committed();
-      if (failure && w.failed) w.failed(failure);
+    if (error) error = std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why));
+    std::deque<Write> retry;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      Write& w = batch[i];
+      if (!error) {
+        if (w.committed) w.committed();
+      } else if (i < waited) {
+        if (w.failed) w.failed(error);
+      } else {
+        retry.push_back(std::move(w));
+      }
     }
     std::lock_guard<std::mutex> lock(queue_mutex);
     committed[0] += waited;
     committed[1] += batch.size() - waited;
-    ++commit_count;
+    if (error) {
+      failure = "sqlite job store: " + why;
+      enqueued[1] += retry.size();
+      background_queue.insert(background_queue.begin(), std::make_move_iterator(retry.begin()),
+                              std::make_move_iterator(retry.end()));
+    } else {
+      failure.clear();
+      ++commit_count;
+    }
     queue_changed.notify_all();
   }
 
@@ -324,9 +424,9 @@ struct SqliteJobStore::Impl {
     try {
       while (s.step())
         out.push_back(read_record(s));
-    } catch (...) {
+    } catch (const std::exception& e) {
       s.reset();
-      throw;
+      throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
     }
     s.reset();
     return out;
@@ -337,6 +437,8 @@ SqliteJobStore::SqliteJobStore(const std::string& path, SqliteJobStoreOptions op
     : impl_(std::make_unique<Impl>()) {
   if (options.prune_interval.count() <= 0)
     throw Error("SqliteJobStore: prune_interval must be > 0");
+  if (options.retry_interval.count() <= 0)
+    throw Error("SqliteJobStore: retry_interval must be > 0");
   impl_->options = options;
   impl_->open(path);
   impl_->writer = std::thread([impl = impl_.get()] { impl->run_writer(); });
@@ -388,9 +490,9 @@ std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
   std::optional<JobRecord> out;
   try {
     if (s.step()) out = read_record(s);
-  } catch (...) {
+  } catch (const std::exception& e) {
     s.reset();
-    throw;
+    throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
   }
   s.reset();
   return out;
@@ -453,6 +555,14 @@ std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) 
 
 std::vector<JobRecord> SqliteJobStore::list_unfinished(std::size_t limit) const {
   return impl_->select_list(*impl_->select_unfinished, limit);
+}
+
+std::optional<std::string> SqliteJobStore::failure() const {
+  std::string problem = impl_->file_problem();  // the file as it is now, before the last write
+  if (!problem.empty()) return "sqlite job store: " + problem;
+  std::lock_guard<std::mutex> lock(impl_->queue_mutex);
+  if (!impl_->failure.empty()) return impl_->failure;
+  return std::nullopt;
 }
 
 std::size_t SqliteJobStore::commits() const {

@@ -10,7 +10,8 @@ help=$("$server_bin" --help)
 for opt in --host --port --model --store --workers --queue-capacity --http-threads --api-key \
            --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
-           --callback-allow --callback-connections --callback-ca-file --retention --job-ttl --log-level --inference-timeout serve; do
+           --callback-allow --callback-connections --callback-ca-file --retention --memory-store-mib --job-ttl \
+           --log-level --inference-timeout serve; do
   grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
 done
 grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"
@@ -36,6 +37,7 @@ expect_refusal "resnet" --model resnet
 expect_refusal "unsupported --store" --store postgres://db
 expect_refusal "cannot open the job store" --store sqlite:/nonexistent/dir/jobs.db
 expect_refusal "not in range" --port 70000
+expect_refusal "not in range" --memory-store-mib 0
 expect_refusal "callback-timeout" --callback-timeout soon
 expect_refusal "not expected" --no-such-flag
 

@@ -1,4 +1,5 @@
-// MemoryJobStore: idempotent put, the job lifecycle, bounded memory, unfinished listing.
+// MemoryJobStore: what it adds to the store contract (test_job_store_contract.cpp): bounded
+// memory, in finished jobs kept and in bytes.
 #include <doctest/doctest.h>
 
 #include "rebound/memory_job_store.hpp"
@@ -13,35 +14,6 @@ Job make(const std::string& id, const std::string& url = "http://example.com/cb"
   return Job{id, url, input, std::chrono::system_clock::now()};
 }
 }  // namespace
-
-TEST_CASE("put creates once - the same request is a duplicate - a different one a conflict") {
-  rebound::MemoryJobStore store;
-  CHECK(store.put(make("a")) == PutOutcome::created);
-  CHECK(store.put(make("a")) == PutOutcome::duplicate);
-  CHECK(store.put(make("a", "http://example.com/cb", 2)) == PutOutcome::conflict);
-  CHECK(store.put(make("a", "http://example.com/other")) == PutOutcome::conflict);
-  CHECK(store.size() == 1);
-  CHECK(store.get("a")->job.input == 1);
-}
-
-TEST_CASE("a job's record follows it from queued to delivered") {
-  rebound::MemoryJobStore store;
-  store.put(make("a"));
-  CHECK(store.get("a")->status == JobStatus::queued);
-  store.mark_running("a");
-  CHECK(store.get("a")->status == JobStatus::running);
-  store.complete("a", {JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt});
-  auto rec = store.get("a");
-  CHECK(rec->status == JobStatus::succeeded);
-  CHECK(rec->outcome.result["label"] == "setosa");
-  store.update_callback("a", {CallbackState::pending, 2, "HTTP 503"});
-  CHECK(store.get("a")->callback.attempts == 2);
-  CHECK(store.get("a")->callback.last_error == "HTTP 503");
-  store.update_callback("a", {CallbackState::delivered, 3, {}});
-  CHECK(store.get("a")->callback.state == CallbackState::delivered);
-  CHECK_FALSE(store.get("missing").has_value());
-  store.complete("missing", {JobStatus::failed, nullptr, std::nullopt});  // ignored, no throw
-}
 
 TEST_CASE("only finished jobs are forgotten - oldest first - beyond max_finished") {
   rebound::MemoryJobStore store(2);
@@ -64,24 +36,80 @@ TEST_CASE("only finished jobs are forgotten - oldest first - beyond max_finished
   CHECK(store.size() == 3);
 }
 
-TEST_CASE("list_unfinished returns queued - running and undelivered jobs - oldest first") {
-  rebound::MemoryJobStore store;
-  auto t0 = std::chrono::system_clock::now();
-  auto job = [&](const char* id, int offset_ms) {
-    return Job{id, "http://example.com/cb", 1, t0 + std::chrono::milliseconds(offset_ms)};
-  };
-  store.put(job("running", 2));
-  store.put(job("queued", 1));
-  store.put(job("undelivered", 3));
-  store.put(job("done", 0));
-  store.mark_running("running");
-  store.complete("undelivered", {JobStatus::succeeded, 1, std::nullopt});
-  store.update_callback("undelivered", {CallbackState::pending, 1, {}});
-  store.complete("done", {JobStatus::succeeded, 1, std::nullopt});
-  store.update_callback("done", {CallbackState::delivered, 1, {}});
-  auto unfinished = store.list_unfinished(10);
-  REQUIRE(unfinished.size() == 3);
-  CHECK(unfinished[0].job.id == "queued");
-  CHECK(unfinished[1].job.id == "running");
-  CHECK(unfinished[2].job.id == "undelivered");
+namespace {
+// A job whose input is a string of `mib` MiB.
+Job big(const std::string& id, std::size_t mib) {
+  return Job{id, "http://example.com/cb", std::string(mib << 20, 'x'),
+             std::chrono::system_clock::now()};
+}
+void finish(rebound::MemoryJobStore& store, const std::string& id) {
+  store.complete(id, {JobStatus::succeeded, 1, std::nullopt});
+  store.update_callback(id, {CallbackState::delivered, 1, {}});
+}
+}  // namespace
+
+TEST_CASE(
+    "the memory store stays within its byte budget - finished jobs go first - then put is "
+    "refused") {
+  rebound::MemoryJobStoreOptions options;
+  options.max_bytes = 8u << 20;
+  rebound::MemoryJobStore store(options);
+  int created = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (store.put(big("job-" + std::to_string(i), 1)) == PutOutcome::created) ++created;
+  }
+  // Seven 1 MiB inputs and their bookkeeping fit in 8 MiB; the rest were refused, not stored.
+  CHECK(created == 7);
+  CHECK(store.size() == 7);
+  CHECK(store.bytes() <= options.max_bytes);
+  CHECK(store.bytes() > (7u << 20));  // it counts the inputs
+  CHECK(store.put(big("job-7", 1)) == PutOutcome::full);
+  CHECK(store.put(big("job-0", 1)) == PutOutcome::duplicate);  // a stored job still answers
+
+  // Finished jobs make room, oldest first; unfinished ones are never dropped.
+  finish(store, "job-2");
+  finish(store, "job-0");
+  CHECK(store.put(big("job-7", 1)) == PutOutcome::created);
+  CHECK_FALSE(store.get("job-2").has_value());  // finished first: forgotten first
+  CHECK(store.get("job-0").has_value());
+  CHECK(store.put(big("job-8", 1)) == PutOutcome::created);
+  CHECK_FALSE(store.get("job-0").has_value());
+  CHECK(store.put(big("job-9", 1)) == PutOutcome::full);
+  for (const char* id : {"job-1", "job-3", "job-4", "job-5", "job-6", "job-7", "job-8"})
+    CHECK(store.get(id).has_value());
+  CHECK(store.bytes() <= options.max_bytes);
+
+  // A result counts too: a finished job's large result makes room by evicting older ones.
+  store.complete("job-1", {JobStatus::succeeded, std::string(3u << 20, 'r'), std::nullopt});
+  CHECK(store.bytes() > options.max_bytes);  // unfinished (callback owed): kept, over budget
+  store.update_callback("job-1", {CallbackState::delivered, 1, {}});
+  CHECK(store.bytes() <= options.max_bytes);
+  CHECK_FALSE(store.get("job-1").has_value());  // the only finished job, and it had to go
+}
+
+TEST_CASE("a job finished - redelivered - and finished again is not evicted by its first finish") {
+  rebound::MemoryJobStore store(2);
+  for (const char* id : {"a", "b", "c"})
+    store.put(make(id));
+  finish(store, "a");
+  store.update_callback("a", {CallbackState::failed, 5, "HTTP 500"});  // given up
+  store.update_callback("a", {CallbackState::pending, 5, {}});         // redelivered
+  finish(store, "b");
+  store.update_callback("a", {CallbackState::delivered, 6, {}});  // finished again, after b
+  finish(store, "c");  // three finished, two kept: b (the oldest finish) goes, not a
+  CHECK(store.get("a").has_value());
+  CHECK_FALSE(store.get("b").has_value());
+  CHECK(store.get("c").has_value());
+  CHECK(store.size() == 2);
+}
+
+TEST_CASE("json_footprint grows with what a value holds") {
+  using rebound::detail::json_footprint;
+  CHECK(json_footprint(nullptr) < 64);
+  CHECK(json_footprint(std::string(1 << 20, 'x')) >= (1u << 20));
+  nlohmann::json many = nlohmann::json::array();
+  for (int i = 0; i < 1000; ++i)
+    many.push_back({{"key-that-is-long-enough-to-allocate", i}});
+  CHECK(json_footprint(many) > 1000 * 64);
+  CHECK(json_footprint(many) < 1000 * 512);
 }

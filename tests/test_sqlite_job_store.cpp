@@ -41,45 +41,6 @@ Job make(const std::string& id, const std::string& url = "http://example.com/cb"
 
 }  // namespace
 
-TEST_CASE("sqlite: put creates once - a duplicate and a conflict are told apart") {
-  TempDb db;
-  SqliteJobStore store(db.path());
-  CHECK(store.put(make("a")) == PutOutcome::created);
-  CHECK(store.put(make("a")) == PutOutcome::duplicate);
-  CHECK(store.put(make("a", "http://example.com/cb", {{"x", 2}})) == PutOutcome::conflict);
-  CHECK(store.put(make("a", "http://example.com/other")) == PutOutcome::conflict);
-  auto rec = store.get("a");
-  REQUIRE(rec);
-  CHECK(rec->job.input == nlohmann::json({{"x", 1}}));
-  CHECK(rec->status == JobStatus::queued);
-  CHECK_FALSE(store.get("missing"));
-}
-
-TEST_CASE("sqlite: a record follows its job - and reads see the writes before them") {
-  TempDb db;
-  SqliteJobStore store(db.path());
-  store.put(make("a"));
-  store.mark_running("a");
-  CHECK(store.get("a")->status == JobStatus::running);
-  store.complete("a", {JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt});
-  auto rec = store.get("a");
-  CHECK(rec->status == JobStatus::succeeded);
-  CHECK(rec->outcome.result == nlohmann::json({{"label", "setosa"}}));
-  store.update_callback("a", {CallbackState::pending, 2, "HTTP 503"});
-  rec = store.get("a");
-  CHECK(rec->callback.state == CallbackState::pending);
-  CHECK(rec->callback.attempts == 2);
-  CHECK(rec->callback.last_error == "HTTP 503");
-
-  store.put(make("b"));
-  store.complete("b", {JobStatus::failed, nullptr, rebound::ErrorInfo{"invalid_input", "no"}});
-  rec = store.get("b");
-  CHECK(rec->status == JobStatus::failed);
-  REQUIRE(rec->outcome.error);
-  CHECK(rec->outcome.error->code == "invalid_input");
-  CHECK(rec->outcome.error->message == "no");
-}
-
 TEST_CASE("sqlite: everything survives closing and reopening the file") {
   TempDb db;
   const auto created = std::chrono::system_clock::now();

@@ -72,8 +72,13 @@ std::unique_ptr<rebound::Model> make_model(const std::string& spec) {
 }
 
 std::unique_ptr<rebound::JobStore> make_store(const std::string& uri,
-                                              std::chrono::seconds retention) {
-  if (uri == "memory") return std::make_unique<rebound::MemoryJobStore>();
+                                              std::chrono::seconds retention,
+                                              std::size_t memory_budget_mib) {
+  if (uri == "memory") {
+    rebound::MemoryJobStoreOptions options;
+    options.max_bytes = memory_budget_mib << 20;
+    return std::make_unique<rebound::MemoryJobStore>(options);
+  }
   constexpr std::string_view sqlite = "sqlite:";
   if (uri.rfind(sqlite, 0) == 0 && uri.size() > sqlite.size()) {
     rebound::SqliteJobStoreOptions options;
@@ -97,6 +102,7 @@ int main(int argc, char** argv) {
   double max_batch_delay_ms = -1;
   std::string store_uri = "sqlite:rebound.db";
   double retention_s = 86400;
+  std::size_t memory_budget_mib = 1024;
   double job_ttl_s = 0;
   double inference_timeout_s = 0;
   std::string log_level = "info";
@@ -142,6 +148,11 @@ int main(int argc, char** argv) {
   app.add_option("--retention", retention_s,
                  "Seconds a finished job stays in a sqlite store before it is pruned (0: forever)")
       ->check(CLI::Range(0.0, 10.0 * 365 * 86400))
+      ->capture_default_str();
+  app.add_option("--memory-store-mib", memory_budget_mib,
+                 "Budget of the memory store in MiB: finished jobs are forgotten oldest first to "
+                 "stay within it; when unfinished ones fill it, 503 queue_full")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
       ->capture_default_str();
   app.add_option("--workers", workers, "Inferences run at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
@@ -285,7 +296,8 @@ int main(int argc, char** argv) {
     // Everything that can refuse the configuration is built before any thread starts.
     // The model loads last: a mistake in a cheap flag is reported without waiting for it.
     rebound::AddressGuard guard(allow_private, callback_allow);
-    auto store = make_store(store_uri, std::chrono::seconds(static_cast<long long>(retention_s)));
+    auto store = make_store(store_uri, std::chrono::seconds(static_cast<long long>(retention_s)),
+                            memory_budget_mib);
     rebound::ServiceOptions service_options;
     service_options.workers = workers;
     service_options.queue_capacity = queue_capacity;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,15 @@ enum class PutOutcome {
   created,    ///< A new job; stored (durably, for a durable store) before `put` returned.
   duplicate,  ///< The same id with the same request is already stored: nothing was written.
   conflict,   ///< The same id with a different request is already stored: nothing was written.
+  full,  ///< The store is at its size bound (MemoryJobStore's byte budget): nothing was written.
+};
+
+/// Thrown by a JobStore that cannot do its job now (disk full, file deleted or replaced,
+/// connection lost). The Service treats any exception from a store the same way; this type lets a
+/// front end tell the failure apart (rebound::Server answers 503 `store_unavailable`).
+class StoreUnavailable : public std::runtime_error {
+ public:
+  explicit StoreUnavailable(const std::string& why) : std::runtime_error(why) {}
 };
 
 /// Where jobs live from acceptance until they are pruned.
@@ -25,8 +35,11 @@ enum class PutOutcome {
 /// `list_unfinished` is what a durable store hands back on start so that nothing accepted is lost.
 ///
 /// Thread-safety: every method may be called concurrently from any thread.
-/// Errors: a store that cannot do its job (disk full, connection lost) throws; the caller turns
-/// that into a 5xx for a submission and keeps the job in memory for the rest.
+/// Errors: a store that cannot do its job (disk full, file deleted, connection lost) throws, and
+/// `failure()` says why until it works again. The Service has one policy for it, whichever call
+/// failed: submissions are refused (`store_unavailable`, nothing accepted), readiness is false
+/// (`/ping` 503), one log line gives the reason, and a write that failed for an accepted job is
+/// tried again until it succeeds, so nothing accepted is lost.
 class JobStore {
  public:
   virtual ~JobStore() = default;
@@ -53,6 +66,11 @@ class JobStore {
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;
+
+  /// Why the store cannot do its job now, or nullopt while it can. Called for every `/ping`, so
+  /// it must be cheap; a store that notices trouble only when it writes may answer from its last
+  /// write. The default never fails (a store in process memory).
+  virtual std::optional<std::string> failure() const { return std::nullopt; }
 };
 
 }  // namespace rebound

@@ -1,8 +1,9 @@
-// MemoryJobStore: a JobStore in process memory, bounded by the number of finished jobs it keeps.
+// MemoryJobStore: a JobStore in process memory, bounded in bytes and in finished jobs kept.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -10,32 +11,57 @@
 #include <utility>
 #include <vector>
 
+#include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 #include "rebound/job_store.hpp"
 
 namespace rebound {
 
+struct MemoryJobStoreOptions {
+  /// Finished jobs (final, and their callback delivered, given up or not wanted) kept for polling,
+  /// at most; beyond it the oldest finished ones are forgotten (polling them answers 404).
+  std::size_t max_finished = 100000;
+  /// The store's budget in bytes: its estimate of the heap its jobs hold (ids, URLs, inputs,
+  /// results, errors and the bookkeeping around them). Beyond it, finished jobs are forgotten,
+  /// oldest first; when unfinished jobs alone fill it, `put` answers `PutOutcome::full` (a
+  /// submission then gets 503 `queue_full`). Default 1 GiB.
+  std::size_t max_bytes = std::size_t{1} << 30;
+};
+
 /// A JobStore that keeps everything in memory: fast, and lost when the process ends.
 ///
-/// Memory stays bounded: once more than `max_finished` jobs are finished (final, and their callback
-/// delivered, given up or not wanted), the oldest finished ones are forgotten, and polling them
-/// answers 404. Unfinished jobs are never dropped; the JobQueue's capacity bounds them.
+/// Memory stays bounded twice over: in bytes (`max_bytes`, so 1,000 jobs of 1 MiB cannot take
+/// gigabytes) and in finished jobs kept (`max_finished`). Finished jobs are forgotten oldest
+/// first to stay within both; unfinished jobs are never dropped, and a `put` that would take the
+/// store over its byte budget with them is refused instead.
 ///
 /// Thread-safety: all methods are thread-safe (one mutex; no user code runs under it).
 class MemoryJobStore final : public JobStore {
  public:
-  explicit MemoryJobStore(std::size_t max_finished = 100000) : max_finished_(max_finished) {
-    if (max_finished == 0) throw Error("MemoryJobStore: max_finished must be at least 1");
+  explicit MemoryJobStore(MemoryJobStoreOptions options = {}) : options_(options) {
+    if (options_.max_finished == 0) throw Error("MemoryJobStore: max_finished must be at least 1");
+    if (options_.max_bytes == 0) throw Error("MemoryJobStore: max_bytes must be at least 1");
   }
+  /// A store that keeps at most `max_finished` finished jobs, within the default byte budget.
+  explicit MemoryJobStore(std::size_t max_finished)
+      : MemoryJobStore(MemoryJobStoreOptions{max_finished}) {}
 
   PutOutcome put(const Job& job) override {
+    // Measured outside the lock: the input may be large.
+    const std::size_t input_bytes = detail::json_footprint(job.input);
     std::lock_guard<std::mutex> lock(mutex_);
-    auto [it, inserted] = jobs_.try_emplace(job.id);
-    if (!inserted) {
-      return it->second.job.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
+    if (auto it = jobs_.find(job.id); it != jobs_.end()) {
+      return it->second.record.job.same_request_as(job) ? PutOutcome::duplicate
+                                                        : PutOutcome::conflict;
     }
-    it->second.job = job;
-    it->second.status = JobStatus::queued;
+    Entry entry;
+    entry.record.job = job;
+    entry.input_bytes = input_bytes;
+    entry.bytes = footprint(entry);
+    evict_finished_until(options_.max_bytes - std::min(options_.max_bytes, entry.bytes));
+    if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
+    bytes_ += entry.bytes;
+    jobs_.emplace(job.id, std::move(entry));
     return PutOutcome::created;
   }
 
@@ -43,39 +69,41 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return std::nullopt;
-    return it->second;
+    return it->second.record;
   }
 
   void mark_running(const std::string& id) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
-    if (it != jobs_.end() && it->second.status == JobStatus::queued) {
-      it->second.status = JobStatus::running;
+    if (it != jobs_.end() && it->second.record.status == JobStatus::queued) {
+      it->second.record.status = JobStatus::running;
     }
   }
 
   void complete(const std::string& id, const JobOutcome& outcome) override {
+    const std::size_t result_bytes = detail::json_footprint(outcome.result);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
-    it->second.status = outcome.status;
-    it->second.outcome = outcome;
-    note_if_finished(it->first, it->second);
+    it->second.record.status = outcome.status;
+    it->second.record.outcome = outcome;
+    it->second.result_bytes = result_bytes;
+    changed(it);
   }
 
   void update_callback(const std::string& id, const CallbackInfo& callback) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
-    it->second.callback = callback;
-    note_if_finished(it->first, it->second);
+    it->second.record.callback = callback;
+    changed(it);
   }
 
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<JobRecord> out;
-    for (const auto& [id, record] : jobs_) {
-      if (!is_finished(record)) out.push_back(record);
+    for (const auto& [id, entry] : jobs_) {
+      if (!is_finished(entry.record)) out.push_back(entry.record);
     }
     std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
       return a.job.created_at < b.job.created_at;
@@ -87,8 +115,8 @@ class MemoryJobStore final : public JobStore {
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<JobRecord> out;
-    for (const auto& [id, record] : jobs_) {
-      if (record.callback.state == CallbackState::failed) out.push_back(record);
+    for (const auto& [id, entry] : jobs_) {
+      if (entry.record.callback.state == CallbackState::failed) out.push_back(entry.record);
     }
     std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
       return a.job.created_at > b.job.created_at;
@@ -103,7 +131,22 @@ class MemoryJobStore final : public JobStore {
     return jobs_.size();
   }
 
+  /// The bytes the store counts against `max_bytes` now.
+  std::size_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_;
+  }
+
  private:
+  struct Entry {
+    JobRecord record;
+    std::size_t input_bytes = 0;
+    std::size_t result_bytes = 0;
+    std::size_t bytes = 0;          // what this entry counts in bytes_
+    std::uint64_t finished_as = 0;  // its latest entry in finished_order_, 0: none
+  };
+  using Map = std::unordered_map<std::string, Entry>;
+
   static bool is_finished(const JobRecord& record) {
     if (!is_final(record.status)) return false;
     if (record.job.callback_url.empty()) return true;
@@ -111,22 +154,58 @@ class MemoryJobStore final : public JobStore {
            record.callback.state == CallbackState::failed;
   }
 
-  // Called under mutex_. Entries can go stale (a job redelivered after it finished, or noted
-  // twice); eviction skips those, so the deque holds at most one entry per finish event.
-  void note_if_finished(const std::string& id, const JobRecord& record) {
-    if (!is_finished(record)) return;
-    finished_order_.push_back(id);
-    while (finished_order_.size() > max_finished_) {
-      auto victim = jobs_.find(finished_order_.front());
+  static std::size_t footprint(const Entry& e) {
+    constexpr std::size_t per_entry = sizeof(Map::value_type) + 4 * sizeof(void*) + 64;
+    const JobRecord& r = e.record;
+    std::size_t strings =
+        2 * r.job.id.size() + r.job.callback_url.size() + r.callback.last_error.size();
+    if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
+    return per_entry + strings + e.input_bytes + e.result_bytes;
+  }
+
+  // Called under mutex_ after an entry changed: recounts its bytes, and notes it finished (with
+  // a fresh sequence number, so that an older note of the same job, from before a redelivery,
+  // can never evict it).
+  void changed(Map::iterator it) {
+    Entry& e = it->second;
+    bytes_ -= e.bytes;
+    e.bytes = footprint(e);
+    bytes_ += e.bytes;
+    if (is_finished(e.record)) {
+      if (e.finished_as != 0) --finished_;  // its earlier note goes stale
+      e.finished_as = ++finished_sequence_;
+      finished_order_.emplace_back(it->first, e.finished_as);
+      ++finished_;
+    }
+    evict_finished_until(options_.max_bytes);
+  }
+
+  // Called under mutex_: forgets finished jobs, oldest first, until at most max_finished are kept
+  // and the store holds at most `bytes`.
+  void evict_finished_until(std::size_t bytes) {
+    while (!finished_order_.empty() && (finished_ > options_.max_finished || bytes_ > bytes)) {
+      auto [id, sequence] = std::move(finished_order_.front());
       finished_order_.pop_front();
-      if (victim != jobs_.end() && is_finished(victim->second)) jobs_.erase(victim);
+      auto victim = jobs_.find(id);
+      if (victim == jobs_.end() || victim->second.finished_as != sequence) continue;  // stale
+      --finished_;
+      victim->second.finished_as = 0;
+      if (is_finished(victim->second.record)) {  // not when redelivery made it pending again
+        bytes_ -= victim->second.bytes;
+        jobs_.erase(victim);
+      }
     }
   }
 
-  std::size_t max_finished_;
+  MemoryJobStoreOptions options_;
   mutable std::mutex mutex_;
-  std::unordered_map<std::string, JobRecord> jobs_;
-  std::deque<std::string> finished_order_;
+  Map jobs_;
+  std::size_t bytes_ = 0;
+  // Finished events, oldest first: (id, sequence). A note is live while its job's finished_as
+  // still equals its sequence; finished_ counts the live ones.
+  std::deque<std::pair<std::string, std::uint64_t>> finished_order_;
+  std::uint64_t finished_sequence_ = 0;
+  std::size_t finished_ = 0;
 };
 
 }  // namespace rebound

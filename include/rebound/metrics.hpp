@@ -72,6 +72,8 @@ struct Metrics {
   Counter jobs_expired{0};
   Counter submissions_refused_queue_full{0};
   Counter submissions_refused_not_ready{0};
+  Counter submissions_refused_store_unavailable{0};
+  Counter store_errors{0};
   Counter invocations_succeeded{0};
   Counter invocations_failed{0};
   Counter callback_attempts_delivered{0};
@@ -123,6 +125,11 @@ struct Metrics {
             "{reason=\"queue_full\"}", submissions_refused_queue_full);
     counter("rebound_submissions_refused_total", nullptr, "{reason=\"not_ready\"}",
             submissions_refused_not_ready);
+    counter("rebound_submissions_refused_total", nullptr, "{reason=\"store_unavailable\"}",
+            submissions_refused_store_unavailable);
+    counter("rebound_store_errors_total",
+            "Job store calls that failed (each is retried or refused; see the store_failed log).",
+            "", store_errors);
     counter("rebound_invocations_total", "Synchronous invocations answered, by outcome.",
             "{outcome=\"succeeded\"}", invocations_succeeded);
     counter("rebound_invocations_total", nullptr, "{outcome=\"failed\"}", invocations_failed);

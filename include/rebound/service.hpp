@@ -46,6 +46,9 @@ struct ServiceOptions {
   /// `queue_full`, so memory stays bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
   CallbackSenderOptions delivery;
+  /// While the store fails, how often a write for an accepted job (its outcome, its callback's
+  /// end) is tried again. The job keeps its slot meanwhile, so nothing accepted is lost.
+  std::chrono::milliseconds store_retry_interval{1000};
   /// Where job events go (accepted, completed, expired, callback attempts, deliveries, give-ups,
   /// resumed jobs, store errors). The default logs nothing.
   Logger logger;
@@ -53,13 +56,13 @@ struct ServiceOptions {
 
 /// What `Service::submit` did.
 enum class SubmitStatus {
-  accepted,       ///< stored and queued; it will reach a final state
-  duplicate,      ///< the same request was submitted before: nothing new was queued
-  conflict,       ///< the id is taken by a different request
-  queue_full,     ///< `queue_capacity` jobs are in flight; try again later
-  not_ready,      ///< the model is not ready
-  shutting_down,  ///< `shutdown` has begun
-  store_error,    ///< the JobStore failed; nothing was accepted
+  accepted,           ///< stored and queued; it will reach a final state
+  duplicate,          ///< the same request was submitted before: nothing new was queued
+  conflict,           ///< the id is taken by a different request
+  queue_full,         ///< `queue_capacity` jobs are in flight; try again later
+  not_ready,          ///< the model is not ready
+  shutting_down,      ///< `shutdown` has begun
+  store_unavailable,  ///< the JobStore failed (see Service::store_failure); nothing was accepted
 };
 
 /// Called once with the result of a synchronous invocation, on an inference thread.
@@ -121,21 +124,26 @@ class Service final {
   /// `accepted`, and never otherwise. Statuses as for `submit` (never duplicate or conflict).
   SubmitStatus invoke(nlohmann::json input, InvocationHandler on_result);
 
-  /// The job's record, or nullopt for an unknown id.
+  /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
   std::optional<JobRecord> find(const std::string& id) const;
 
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
-  /// the same `webhook-id`. Attempt counts keep adding up in the job's record.
+  /// the same `webhook-id`. Attempt counts keep adding up in the job's record. Throws
+  /// StoreUnavailable when the store fails.
   RedeliverStatus redeliver(const std::string& id);
 
-  /// Jobs whose callback was given up, most recent first, at most `limit`.
+  /// Jobs whose callback was given up, most recent first, at most `limit`. Throws
+  /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
   /// The callback receivers' origins the transport tracks: circuit state, failures, requests.
   std::vector<EndpointStatus> callback_endpoints() const;
 
-  /// True while the model is ready and the service accepts work.
+  /// True while the model is ready, the store works and the service accepts work.
   bool ready() const;
+
+  /// Why the job store cannot be used now (JobStore::failure), or nullopt while it works.
+  std::optional<std::string> store_failure() const;
 
   /// Jobs in flight now (see ServiceOptions::queue_capacity).
   std::size_t in_flight() const;

@@ -16,6 +16,9 @@ struct SqliteJobStoreOptions {
   std::chrono::seconds retention{std::chrono::hours(24)};
   /// How often the pruning runs.
   std::chrono::seconds prune_interval{std::chrono::minutes(1)};
+  /// While the store fails (disk full, a write error), how often the writes that failed are tried
+  /// again; with none waiting, a one-row probe write tells when the store works again.
+  std::chrono::milliseconds retry_interval{250};
 };
 
 /// A JobStore in one SQLite file, for a single server process.
@@ -30,6 +33,13 @@ struct SqliteJobStoreOptions {
 ///
 /// After a crash, `list_unfinished` returns every job that was accepted and not finished; the
 /// Service runs them again and resumes their callbacks (at least once).
+///
+/// Failures: a transaction that fails (disk full, an I/O error) fails the submissions in it
+/// (`put` throws StoreUnavailable) and sets `failure()`; the state changes in it are kept, in
+/// order, and tried again every `retry_interval` until they commit, so nothing accepted is lost
+/// while the process lives. The file is checked before every commit and by `failure()`: when it was
+/// deleted or replaced (SQLite would go on writing to the deleted file, and lose it all at the next
+/// start), every commit fails until the process restarts on a restored file.
 ///
 /// The file is opened in exclusive locking mode: a second process that opens it fails at once
 /// rather than sharing it. Thread-safety: every method is thread-safe.
@@ -48,6 +58,7 @@ class SqliteJobStore final : public JobStore {
   void update_callback(const std::string& id, const CallbackInfo& callback) override;
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
+  std::optional<std::string> failure() const override;
 
   /// Transactions committed so far (each may hold many writes).
   std::size_t commits() const;

@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +38,9 @@ struct HarnessOptions {
   std::size_t max_body_bytes = 6291456;
   std::size_t max_header_bytes = 65536;
   std::chrono::milliseconds response_timeout{60000};
+  /// The job store; unset: a MemoryJobStore.
+  std::function<std::unique_ptr<rebound::JobStore>()> make_store = {};
+  std::chrono::milliseconds store_retry_interval{1000};
 };
 
 class ServerHarness {
@@ -52,6 +56,7 @@ class ServerHarness {
     so.job_ttl = o.job_ttl;
     so.inference_timeout = o.inference_timeout;
     so.logger = o.logger;
+    so.store_retry_interval = o.store_retry_interval;
     so.delivery.backoff =
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
     so.delivery.timeout = 2s;
@@ -59,7 +64,7 @@ class ServerHarness {
     to.guard = rebound::AddressGuard(true);
     service = std::make_unique<rebound::Service>(
         inference.get_executor(), io.get_executor(), std::move(m),
-        std::make_unique<rebound::MemoryJobStore>(),
+        o.make_store ? o.make_store() : std::make_unique<rebound::MemoryJobStore>(),
         std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
     rebound::ServerOptions sv;
     sv.host = "127.0.0.1";

@@ -93,6 +93,40 @@ inline bool json_deeper_than(const nlohmann::json& value, std::size_t max_depth)
   return false;
 }
 
+/// About how many bytes of heap `value` holds: nodes, strings, object keys, and the allocator's
+/// overhead per block (an estimate: it bounds MemoryJobStore's budget, not a measurement).
+/// Iterative, like json_deeper_than.
+inline std::size_t json_footprint(const nlohmann::json& value) {
+  constexpr std::size_t per_block = 16;  // malloc's bookkeeping and rounding, roughly
+  auto text = [](const std::string& s) {
+    return s.capacity() > 15 ? s.capacity() + 1 + per_block : 0;  // past the small-string buffer
+  };
+  std::size_t bytes = sizeof(nlohmann::json);
+  std::vector<const nlohmann::json*> pending{&value};
+  while (!pending.empty()) {
+    const nlohmann::json* node = pending.back();
+    pending.pop_back();
+    if (node->is_string()) {
+      bytes += sizeof(std::string) + per_block + text(node->get_ref<const std::string&>());
+    } else if (node->is_array()) {
+      bytes += sizeof(nlohmann::json::array_t) + per_block + node->size() * sizeof(nlohmann::json);
+      for (const auto& child : *node)
+        pending.push_back(&child);
+    } else if (node->is_object()) {
+      bytes += sizeof(nlohmann::json::object_t) + per_block;
+      for (auto it = node->begin(); it != node->end(); ++it) {
+        // One red-black tree node per member: the key, the value, three pointers and a colour.
+        bytes += sizeof(std::string) + sizeof(nlohmann::json) + 4 * sizeof(void*) + per_block +
+                 text(it.key());
+        pending.push_back(&it.value());
+      }
+    } else if (node->is_binary()) {
+      bytes += sizeof(nlohmann::json::binary_t) + per_block + node->get_binary().size();
+    }
+  }
+  return bytes;
+}
+
 /// How parsing untrusted text ended.
 enum class JsonParseError { none, invalid, too_deep, too_complex };
 

@@ -1,0 +1,61 @@
+// FailingStore: a JobStore fake that works like the memory store until told to fail, then throws
+// StoreUnavailable from every call (and reports why through failure()) until told to work again.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rebound/memory_job_store.hpp"
+
+namespace rebound::test {
+
+class FailingStore final : public JobStore {
+ public:
+  /// Shared with the test: the store itself belongs to the Service.
+  struct Switch {
+    std::atomic<bool> failing{false};
+    std::atomic<int> calls_failed{0};
+    void fail() { failing = true; }
+    void heal() { failing = false; }
+  };
+
+  explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
+
+  PutOutcome put(const Job& job) override { return check(), inner_.put(job); }
+  std::optional<JobRecord> get(const std::string& id) const override {
+    return check(), inner_.get(id);
+  }
+  void mark_running(const std::string& id) override { check(), inner_.mark_running(id); }
+  void complete(const std::string& id, const JobOutcome& outcome) override {
+    check(), inner_.complete(id, outcome);
+  }
+  void update_callback(const std::string& id, const CallbackInfo& callback) override {
+    check(), inner_.update_callback(id, callback);
+  }
+  std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override {
+    return check(), inner_.list_failed_callbacks(limit);
+  }
+  std::vector<JobRecord> list_unfinished(std::size_t limit) const override {
+    return check(), inner_.list_unfinished(limit);
+  }
+  std::optional<std::string> failure() const override {
+    if (control_->failing) return std::string("the fake store was told to fail");
+    return std::nullopt;
+  }
+
+ private:
+  void check() const {
+    if (control_->failing) {
+      ++control_->calls_failed;
+      throw StoreUnavailable("the fake store was told to fail");
+    }
+  }
+
+  std::shared_ptr<Switch> control_;
+  MemoryJobStore inner_;
+};
+
+}  // namespace rebound::test

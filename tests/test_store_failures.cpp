@@ -1,0 +1,276 @@
+// One policy for a failing store, through a real server: submissions 503 store_unavailable, /ping
+// 503 while it fails, one log line with the reason, and nothing accepted lost. With the failing
+// fake at the JobStore interface, and with the real cases: the SQLite file deleted or replaced,
+// and a full disk (a small tmpfs).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "rebound/sqlite_job_store.hpp"
+#include "support/failing_store.hpp"
+#include "support/server_harness.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using rebound::test::check_error;
+using rebound::test::eventually;
+using rebound::test::HarnessOptions;
+
+namespace {
+
+// A model that holds its predictions until opened.
+class HeldModel final : public rebound::Model {
+ public:
+  std::string name() const override { return "held"; }
+  rebound::Prediction predict(const json& input) override {
+    std::unique_lock<std::mutex> lock(m_);
+    ++started_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return open_; });
+    return rebound::Prediction::success({{"echo", input}});
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(m_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  bool wait_started(int n) {
+    std::unique_lock<std::mutex> lock(m_);
+    return changed_.wait_for(lock, 10s, [&] { return started_ >= n; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  int started_ = 0;
+};
+
+// Log lines, by event name, from a Logger the test hands the server.
+struct LogLines {
+  std::mutex m;
+  std::vector<json> lines;
+  rebound::Logger logger() {
+    return rebound::Logger(rebound::LogLevel::info,
+                           [this](rebound::LogLevel, const std::string& l) {
+                             std::lock_guard<std::mutex> lock(m);
+                             lines.push_back(json::parse(l));
+                           });
+  }
+  std::vector<json> of(const std::string& event) {
+    std::lock_guard<std::mutex> lock(m);
+    std::vector<json> out;
+    for (const auto& l : lines)
+      if (l["event"] == event) out.push_back(l);
+    return out;
+  }
+};
+
+struct Server : rebound::test::ServerHarness {
+  Server(std::unique_ptr<HeldModel> m, const HarnessOptions& o)
+      : ServerHarness(std::move(m), o), model(static_cast<HeldModel*>(model_ptr)) {}
+  ~Server() { model->open(); }
+  int ping() const {
+    auto res = client().Get("/ping");
+    REQUIRE(res);
+    return res->status;
+  }
+  // Submits a job; an empty `url`: poll only.
+  httplib::Result job(const std::string& id, const std::string& url, json input = 1) const {
+    json body = {{"id", id}, {"input", std::move(input)}};
+    if (!url.empty()) body["callback_url"] = url;
+    return submit(body);
+  }
+  HeldModel* model;
+};
+
+}  // namespace
+
+TEST_CASE("a failing store: 503 store_unavailable - /ping 503 - one log line - then it recovers") {
+  auto control = std::make_shared<rebound::test::FailingStore::Switch>();
+  LogLines log;
+  HarnessOptions o;
+  o.logger = log.logger();
+  o.store_retry_interval = 20ms;
+  o.make_store = [control] { return std::make_unique<rebound::test::FailingStore>(control); };
+  Server h(std::make_unique<HeldModel>(), o);
+  rebound::test::Receiver receiver;
+  REQUIRE(h.job("before", receiver.url())->status == 202);
+  REQUIRE(h.model->wait_started(1));
+
+  control->fail();
+  auto refused = h.job("during", receiver.url());
+  check_error(refused, 503, "store_unavailable");
+  CHECK(refused->get_header_value("Retry-After") == "5");
+  check_error(h.client().Get("/v1/inferences/before"), 503, "store_unavailable");
+  check_error(h.client().Post("/v1/inferences/before/redeliver", "", "application/json"), 503,
+              "store_unavailable");
+  check_error(h.client().Get("/v1/inferences?callback_state=failed"), 503, "store_unavailable");
+  auto ping = h.client().Get("/ping");
+  check_error(ping, 503, "store_unavailable");
+  CHECK(json::parse(ping->body)["error"]["message"].get<std::string>().find("told to fail") !=
+        std::string::npos);
+
+  // The accepted job finishes while the store fails: its outcome is kept and written later.
+  h.model->open();
+  CHECK(eventually([&] { return control->calls_failed >= 8; }));  // retried, again and again
+  CHECK(h.job("still-during", receiver.url())->status == 503);
+  const auto failed_lines = log.of("store_failed");
+  REQUIRE(failed_lines.size() == 1);  // one line for the whole spell
+  CHECK(failed_lines[0]["level"] == "error");
+  CHECK(failed_lines[0]["error"] == "the fake store was told to fail");
+  CHECK(failed_lines[0]["during"].is_string());
+
+  control->heal();
+  CHECK(h.ping() == 200);
+  const json before = h.wait_callback_final("before");
+  CHECK(before["status"] == "succeeded");
+  CHECK(before["result"] == json{{"echo", 1}});
+  CHECK(before["callback"]["state"] == "delivered");
+  REQUIRE(h.job("after", receiver.url())->status == 202);
+  CHECK(h.wait_callback_final("after")["callback"]["state"] == "delivered");
+  CHECK(log.of("store_recovered").size() == 1);
+  CHECK(h.poll("during").contains("error"));  // never accepted: 404's error body
+  auto metrics = h.client().Get("/metrics")->body;
+  CHECK(metrics.find("rebound_submissions_refused_total{reason=\"store_unavailable\"} 2") !=
+        std::string::npos);
+}
+
+TEST_CASE("sqlite: a deleted or replaced database file is noticed - submissions and /ping 503") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("jobs.db");
+  LogLines log;
+  HarnessOptions o;
+  o.logger = log.logger();
+  o.make_store = [path] { return std::make_unique<rebound::SqliteJobStore>(path); };
+  Server h(std::make_unique<HeldModel>(), o);
+  h.model->open();
+  rebound::test::Receiver receiver;
+  REQUIRE(h.job("kept", receiver.url())->status == 202);
+  h.wait_callback_final("kept");
+  CHECK(h.ping() == 200);
+
+  std::filesystem::remove(path);
+  auto ping = h.client().Get("/ping");
+  check_error(ping, 503, "store_unavailable");
+  CHECK(json::parse(ping->body)["error"]["message"].get<std::string>().find("deleted") !=
+        std::string::npos);
+  check_error(h.job("lost-otherwise", receiver.url()), 503, "store_unavailable");
+  CHECK(h.poll("kept")["status"] == "succeeded");  // what the open file holds still answers
+
+  // A file put back at the path is another file: the store still refuses to write.
+  std::ofstream(path) << "";
+  ping = h.client().Get("/ping");
+  check_error(ping, 503, "store_unavailable");
+  CHECK(json::parse(ping->body)["error"]["message"].get<std::string>().find("replaced") !=
+        std::string::npos);
+  check_error(h.job("lost-otherwise-2", receiver.url()), 503, "store_unavailable");
+  CHECK(log.of("store_failed").size() == 1);
+}
+
+namespace {
+// A tmpfs of `size` mounted on a fresh folder, for the length of a test; empty when mounting is
+// not allowed here.
+struct SmallDisk {
+  rebound::test::TempDir dir;
+  bool mounted = false;
+  explicit SmallDisk(const char* size) {
+    const std::string options = std::string("size=") + size;
+    mounted = ::mount("tmpfs", dir.path.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    if (!mounted) MESSAGE("cannot mount a tmpfs here (" << std::strerror(errno) << ")");
+  }
+  ~SmallDisk() {
+    if (mounted) ::umount2(dir.path.c_str(), MNT_DETACH);
+  }
+  // Fills what is left of the disk with one file, to the last byte.
+  void fill(const std::string& name) const {
+    const int fd = ::open(dir.file(name).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    const std::string block(64 * 1024, 'f');
+    for (std::size_t size = block.size(); size > 0; size /= 2) {
+      while (::write(fd, block.data(), size) == static_cast<ssize_t>(size)) {
+      }
+    }
+    ::close(fd);
+  }
+};
+}  // namespace
+
+TEST_CASE("sqlite on a full disk: 503 until space returns - then the accepted job is recorded") {
+  SmallDisk disk("4m");
+  REQUIRE_MESSAGE(disk.mounted, "the full-disk test needs root to mount a tmpfs");
+  const std::string path = disk.dir.file("jobs.db");
+  LogLines log;
+  HarnessOptions o;
+  o.logger = log.logger();
+  o.store_retry_interval = 20ms;
+  o.make_store = [path] {
+    rebound::SqliteJobStoreOptions so;
+    so.retry_interval = 20ms;
+    return std::make_unique<rebound::SqliteJobStore>(path, so);
+  };
+  {
+    Server h(std::make_unique<HeldModel>(), o);
+    rebound::test::Receiver receiver;
+    REQUIRE(h.job("accepted", receiver.url())->status == 202);
+    REQUIRE(h.model->wait_started(1));
+
+    disk.fill("filler");
+    const std::string big(256 * 1024, 'x');
+    auto refused = h.job("refused", receiver.url(), big);
+    check_error(refused, 503, "store_unavailable");
+    auto ping = h.client().Get("/ping");
+    check_error(ping, 503, "store_unavailable");
+    CHECK(json::parse(ping->body)["error"]["message"].get<std::string>().find("full") !=
+          std::string::npos);
+
+    // The accepted job runs and is called back while its bookkeeping waits for the disk.
+    h.model->open();
+    REQUIRE(receiver.wait_for(1));
+    CHECK(h.ping() == 503);
+    CHECK(log.of("store_failed").size() == 1);
+
+    std::filesystem::remove(disk.dir.file("filler"));
+    CHECK(eventually([&] { return h.ping() == 200; }));
+    const json accepted = h.wait_callback_final("accepted");
+    CHECK(accepted["status"] == "succeeded");
+    CHECK(accepted["callback"]["state"] == "delivered");
+    REQUIRE(h.job("after", receiver.url(), big)->status == 202);
+    h.wait_callback_final("after");
+  }
+  // And it is on disk, not only in memory.
+  rebound::SqliteJobStore reopened(path);
+  auto record = reopened.get("accepted");
+  REQUIRE(record.has_value());
+  CHECK(record->status == rebound::JobStatus::succeeded);
+  CHECK(record->callback.state == rebound::CallbackState::delivered);
+  CHECK_FALSE(reopened.get("refused").has_value());
+}
+
+TEST_CASE("a memory store over its byte budget answers 503 queue_full") {
+  HarnessOptions o;
+  o.make_store = [] {
+    rebound::MemoryJobStoreOptions so;
+    so.max_bytes = 4u << 20;
+    return std::make_unique<rebound::MemoryJobStore>(so);
+  };
+  Server h(std::make_unique<HeldModel>(), o);
+  const std::string mib(1u << 20, 'x');
+  int accepted = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto res = h.job("big-" + std::to_string(i), "", mib);
+    REQUIRE(res);
+    if (res->status == 202) ++accepted;
+  }
+  CHECK(accepted == 3);
+  check_error(h.job("one-more", "", mib), 503, "queue_full");
+}
