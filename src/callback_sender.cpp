@@ -48,14 +48,19 @@ void call_quietly(const F& f, Args&&... args) noexcept {
 
 class Delivery final : public std::enable_shared_from_this<Delivery> {
  public:
+  // `single`: one attempt, reported to on_attempt, and no retry (CallbackSender::attempt).
   Delivery(std::shared_ptr<CallbackSender::State> state, CallbackMessage message,
-           AttemptObserver on_attempt, DeliveryHandler on_done)
+           AttemptObserver on_attempt, DeliveryHandler on_done, bool single = false,
+           RetryState before = {})
       : state_(std::move(state)),
         message_(std::move(message)),
         on_attempt_(std::move(on_attempt)),
         on_done_(std::move(on_done)),
         timer_(state_->executor),
-        started_(std::chrono::steady_clock::now()) {}
+        started_(std::chrono::steady_clock::now()),
+        single_(single),
+        before_(before),
+        previous_delay_(before.previous_delay) {}
 
   void attempt() {
     const auto& options = state_->options;
@@ -101,10 +106,10 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
 
     if (report.verdict == AttemptVerdict::retry) {
       RetryContext ctx;
-      ctx.attempts = attempts_;
+      ctx.attempts = before_.attempts + attempts_;
       ctx.previous_delay = previous_delay_;
-      ctx.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - started_);
+      ctx.elapsed = before_.elapsed + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - started_);
       if (!response.retry_after.empty()) {
         ctx.retry_after = parse_retry_after(response.retry_after, options.now());
       }
@@ -122,6 +127,10 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       }
     }
     call_quietly(on_attempt_, report);
+    if (single_) {
+      state_->finished_one();
+      return;
+    }
 
     if (report.verdict == AttemptVerdict::retry) {
       timer_.expires_after(report.next_delay);
@@ -148,8 +157,10 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
   DeliveryHandler on_done_;
   boost::asio::steady_timer timer_;
   std::chrono::steady_clock::time_point started_;
+  bool single_;
+  RetryState before_;
   int attempts_ = 0;
-  std::chrono::milliseconds previous_delay_{0};
+  std::chrono::milliseconds previous_delay_;
 };
 
 }  // namespace
@@ -182,6 +193,17 @@ void CallbackSender::deliver(CallbackMessage message, AttemptObserver on_attempt
   }
   auto delivery = std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
                                              std::move(on_done));
+  boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
+}
+
+void CallbackSender::attempt(CallbackMessage message, RetryState state,
+                             AttemptObserver on_attempt) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    ++state_->in_flight;
+  }
+  auto delivery = std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
+                                             nullptr, true, state);
   boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
 }
 

@@ -1,14 +1,20 @@
-// Service: admission, the worker step (model, store, callback) and shutdown.
+// Service: admission, the worker step (model, store, callback), the store pump (claims of due
+// work, leases) and shutdown.
 #include "rebound/service.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <limits>
 #include <mutex>
+#include <random>
 #include <shared_mutex>
+#include <thread>
+#include <unordered_map>
 #include <utility>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include "rebound/detail/json.hpp"
@@ -16,6 +22,28 @@
 #include "rebound/job_queue.hpp"
 
 namespace rebound {
+namespace {
+
+using TimePoint = std::chrono::system_clock::time_point;
+
+// A name for this server that no other server on the same store shares.
+std::string default_server_id() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::random_device random;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%08x", random());
+  return std::string(host[0] ? host : "rebound") + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+}  // namespace
+
+struct Service::WorkItem {
+  Job job;
+  InvocationHandler reply;  // set for an invocation: no store, no callback
+  std::string holder;       // the lease a job is run under
+  std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
+};
 
 struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::unique_ptr<Model> model;
@@ -25,7 +53,13 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::chrono::milliseconds job_ttl{0};
   std::chrono::milliseconds inference_timeout{0};
   std::chrono::milliseconds store_retry_interval{1000};
+  std::chrono::milliseconds lease{30000};
+  std::chrono::milliseconds poll_interval{1000};
+  std::function<TimePoint()> clock;
+  std::string server_id;
+  std::atomic<std::uint64_t> claims{0};
   Logger log;
+  BasicJobQueue<WorkItem>* queue = nullptr;  // owned by the Service, which outlives its use here
 
   // The failing-store policy (JobStore's comment): one log line when the store starts failing and
   // one when it works again; `stopped` ends the retries of writes when the Service goes away.
@@ -35,13 +69,35 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::shared_mutex accepting_mutex;  // submit holds it shared; shutdown flips `accepting`
   bool accepting = true;
 
-  std::mutex redeliver_mutex;  // serialises failed -> pending, the only move out of `failed`
-
   std::mutex mutex;
   std::condition_variable idle;
   std::size_t in_flight = 0;
   BatchStats stats;
   Metrics metrics;
+
+  // Jobs this server holds a lease on (waiting for a worker or running), by id: the holder, for
+  // renewals. Bounded by the capacity.
+  std::mutex held_mutex;
+  std::unordered_map<std::string, std::string> held;
+
+  // The pump runs on a thread of its own, so that a slow store never holds up the io executor
+  // (which also drives the callback transport). It wakes at the next due time it knows of (a
+  // retry this server scheduled, a freed slot), else every poll interval; it renews leases every
+  // third of a lease.
+  std::mutex pump_mutex;
+  std::condition_variable pump_wake;
+  std::chrono::steady_clock::time_point pump_due = std::chrono::steady_clock::time_point::max();
+  bool pump_stop = false;
+  std::thread pump_thread;
+
+  std::atomic<bool> starting{true};  // during the constructor's first claims
+
+  TimePoint now() const { return clock(); }
+
+  // A lease holder name that no other claim shares, on this server or another.
+  std::string next_holder() { return server_id + "/" + std::to_string(++claims); }
+
+  Lease lease_from_now(std::string holder) const { return Lease{std::move(holder), now() + lease}; }
 
   // Notes a store call that threw: counted always, logged once per failing spell.
   void store_failed(std::string_view during, const std::string& job_id, const char* why,
@@ -89,15 +145,17 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     }
   }
 
-  // Runs a write that an accepted job needs (its outcome, its callback's end), then `then`. When
-  // the store fails the write is tried again every store_retry_interval on the io executor, and
-  // the job keeps its slot, until it is written or the Service is destroyed (a durable store then
-  // still holds the job as it was, and the next start takes it over).
+  // Runs a write that an accepted job needs (its acknowledgement, an attempt's record), then
+  // `then` with what the write answered (false: the lease was lost). When the store fails the
+  // write is tried again every store_retry_interval on the io executor, and the work keeps its
+  // slot, until it is written or the Service is destroyed (the store then still holds the work as
+  // it was, and its lease runs out: another claim takes it over).
   static void write_until_stored(const std::shared_ptr<Core>& core, const char* during,
-                                 std::string job_id, std::function<void(JobStore&)> write,
-                                 std::function<void()> then) {
+                                 std::string job_id, std::function<bool(JobStore&)> write,
+                                 std::function<void(bool)> then) {
+    bool answer = false;
     try {
-      write(*core->store);
+      answer = write(*core->store);
       core->store_worked();
     } catch (const std::exception& e) {
       core->store_failed(during, job_id, e.what());
@@ -108,11 +166,11 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
       retry_later(core, during, std::move(job_id), std::move(write), std::move(then));
       return;
     }
-    then();
+    then(answer);
   }
 
   static void retry_later(const std::shared_ptr<Core>& core, const char* during, std::string job_id,
-                          std::function<void(JobStore&)> write, std::function<void()> then) {
+                          std::function<bool(JobStore&)> write, std::function<void(bool)> then) {
     if (core->stopped) {
       core->release();
       return;
@@ -156,69 +214,249 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     return try_admit() ? SubmitStatus::accepted : SubmitStatus::queue_full;
   }
 
-  void release() {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (--in_flight == 0) idle.notify_all();
+  void release(std::size_t n = 1) {
+    if (n == 0) return;
+    bool freed;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      freed = in_flight == capacity;
+      in_flight -= n;
+      if (in_flight == 0) idle.notify_all();
+    }
+    // Work may be waiting in the store for a free slot: look now rather than at the next poll.
+    if (freed && !stopped) wake_pump(now());
   }
 
-  // Called exactly once for a job whose status is final: delivers its callback, then frees the
-  // job's slot. Keeps the core alive for as long as the delivery runs.
-  static void deliver(const std::shared_ptr<Core>& core, const JobRecord& record) {
-    if (record.job.callback_url.empty()) {
-      core->release();
-      return;
-    }
+  void hold(const std::string& id, const std::string& holder) {
+    std::lock_guard<std::mutex> lock(held_mutex);
+    held[id] = holder;
+  }
+  void unhold(const std::string& id) {
+    std::lock_guard<std::mutex> lock(held_mutex);
+    held.erase(id);
+  }
+
+  // ---- Delivery: one attempt at a time; the schedule between attempts lives in the store.
+
+  // Sends the next attempt of a pending callback that `holder` has claimed; the caller holds a
+  // slot for it, which is freed once the attempt is recorded.
+  static void attempt(const std::shared_ptr<Core>& core, const JobRecord& record,
+                      std::string holder) {
     const std::string id = record.job.id;
-    const int attempts = record.callback.attempts;
-    core->write_or_note("update_callback", id, [&](JobStore& store) {
-      store.update_callback(id, {CallbackState::pending, attempts, {}});
-    });
+    const CallbackInfo before = record.callback;
     CallbackMessage message{id, record.job.callback_url,
                             detail::dump_json(to_callback_json(record)), "msg_" + id,
-                            record.callback.attempts};
-    core->sender->deliver(
-        std::move(message),
-        [core, id](const AttemptReport& report) {
-          switch (report.verdict) {
-            case AttemptVerdict::delivered:
-              ++core->metrics.callback_attempts_delivered;
-              break;
-            case AttemptVerdict::give_up:
-              ++core->metrics.callback_attempts_given_up;
-              break;
-            case AttemptVerdict::retry:
-              ++core->metrics.callback_attempts_retried;
-              core->log.job(LogLevel::warn, "callback_attempt_failed", id,
-                            {{"attempt", report.attempt},
-                             {"error", report.error},
-                             {"retry_in_ms", report.next_delay.count()}});
-              core->write_or_note("update_callback", id, [&](JobStore& store) {
-                store.update_callback(id, {CallbackState::pending, report.attempt, report.error});
-              });
-              break;
-          }
+                            before.attempts};
+    RetryState state;
+    state.attempts = before.delivery_attempts;
+    state.previous_delay = before.previous_delay;
+    if (before.delivery_started_at != TimePoint{}) {
+      state.elapsed = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   core->now() - before.delivery_started_at));
+    }
+    core->sender->attempt(std::move(message), state,
+                          [core, id, before, holder = std::move(holder)](const AttemptReport& r) {
+                            core->attempted(id, holder, before, r);
+                          });
+  }
+
+  // What follows an attempt: its record in the store (pending with the next time, delivered or
+  // failed), metrics and logs.
+  void attempted(const std::string& id, const std::string& holder, const CallbackInfo& before,
+                 const AttemptReport& report) {
+    CallbackInfo after = before;
+    after.attempts = report.attempt;
+    after.delivery_attempts = before.delivery_attempts + 1;
+    after.last_error = report.error;
+    switch (report.verdict) {
+      case AttemptVerdict::delivered:
+        ++metrics.callback_attempts_delivered;
+        ++metrics.callbacks_delivered;
+        after.state = CallbackState::delivered;
+        if (log.enabled(LogLevel::info)) {  // once per job: fields only when wanted
+          log.job(LogLevel::info, "callback_delivered", id, {{"attempts", report.attempt}});
+        }
+        break;
+      case AttemptVerdict::give_up:
+        ++metrics.callback_attempts_given_up;
+        ++metrics.callbacks_given_up;
+        after.state = CallbackState::failed;
+        log.job(LogLevel::warn, "callback_given_up", id,
+                {{"attempts", report.attempt}, {"error", report.error}});
+        break;
+      case AttemptVerdict::retry:
+        ++metrics.callback_attempts_retried;
+        after.state = CallbackState::pending;
+        after.next_attempt_at = now() + report.next_delay;
+        after.previous_delay = report.next_delay;
+        log.job(LogLevel::warn, "callback_attempt_failed", id,
+                {{"attempt", report.attempt},
+                 {"error", report.error},
+                 {"retry_in_ms", report.next_delay.count()}});
+        break;
+    }
+    auto core = shared_from_this();
+    write_until_stored(
+        core, "record_attempt", id,
+        [id, holder, after, core](JobStore& s) {
+          return s.record_attempt(id, holder, after, core->now());
         },
-        [core, id](const DeliveryReport& report) {
-          ++(report.delivered ? core->metrics.callbacks_delivered
-                              : core->metrics.callbacks_given_up);
-          if (report.delivered) {
-            // Once per job: build the fields only when the line is wanted.
-            if (core->log.enabled(LogLevel::info)) {
-              core->log.job(LogLevel::info, "callback_delivered", id,
-                            {{"attempts", report.attempts}});
-            }
-          } else {
-            core->log.job(LogLevel::warn, "callback_given_up", id,
-                          {{"attempts", report.attempts}, {"error", report.last_error}});
+        [core, id, after](bool recorded) {
+          if (!recorded) core->lease_lost(id, "record_attempt");
+          core->release();
+          if (recorded && after.state == CallbackState::pending) {
+            core->wake_pump(after.next_attempt_at);
           }
-          const CallbackInfo end{
-              report.delivered ? CallbackState::delivered : CallbackState::failed, report.attempts,
-              report.last_error};
-          write_until_stored(
-              core, "update_callback", id,
-              [id, end](JobStore& store) { store.update_callback(id, end); },
-              [core] { core->release(); });
         });
+  }
+
+  void lease_lost(const std::string& id, const char* during) {
+    ++metrics.leases_lost;
+    log.job(LogLevel::warn, "lease_lost", id, {{"during", during}});
+  }
+
+  // ---- The pump: claims due work from the store, as far as there are free slots.
+
+  // Runs the pump at `at` (at once when it has come), unless it runs earlier already.
+  void wake_pump(TimePoint at) {
+    const auto delay = std::chrono::duration_cast<std::chrono::steady_clock::duration>(at - now());
+    const auto when = std::chrono::steady_clock::now() +
+                      std::max(std::chrono::steady_clock::duration::zero(), delay);
+    std::lock_guard<std::mutex> lock(pump_mutex);
+    if (when >= pump_due) return;
+    pump_due = when;
+    pump_wake.notify_one();
+  }
+
+  // The pump thread's loop, until the Service stops it.
+  void run_pump() {
+    auto next_renewal = std::chrono::steady_clock::now() + lease / 3;
+    std::unique_lock<std::mutex> lock(pump_mutex);
+    for (;;) {
+      pump_wake.wait_until(lock, std::min(pump_due, next_renewal), [&] {
+        return pump_stop || std::chrono::steady_clock::now() >= pump_due ||
+               std::chrono::steady_clock::now() >= next_renewal;
+      });
+      if (pump_stop) return;
+      lock.unlock();
+      if (std::chrono::steady_clock::now() >= next_renewal) {
+        renew_leases();
+        next_renewal = std::chrono::steady_clock::now() + lease / 3;
+      }
+      if (std::chrono::steady_clock::now() >= pump_due) pump();
+      lock.lock();
+    }
+  }
+
+  // Claims what is due, as far as slots are free: callbacks first (results already paid for),
+  // then jobs. Runs on the pump thread (and once in the constructor).
+  std::size_t pump() {
+    {
+      std::lock_guard<std::mutex> lock(pump_mutex);
+      pump_due = std::chrono::steady_clock::time_point::max();
+    }
+    if (stopped) return 0;
+    std::size_t taken = 0;
+    bool more = false;
+    try {
+      // After shutdown begins nothing new is claimed: it stays in the store for the next start,
+      // or for the other servers.
+      if (accepting_work()) taken += claim_callbacks(more) + claim_jobs(more);
+      store_worked();
+    } catch (const std::exception& e) {
+      store_failed("claim", {}, e.what());
+    } catch (...) {
+      store_failed("claim", {}, "unknown error");
+    }
+    wake_pump(now() + (more ? std::chrono::milliseconds(0) : poll_interval));
+    return taken;
+  }
+
+  bool accepting_work() {
+    std::shared_lock<std::shared_mutex> lock(accepting_mutex);
+    return accepting;
+  }
+
+  static constexpr std::size_t max_claim = 256;
+
+  std::size_t free_slots() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return capacity > in_flight ? capacity - in_flight : 0;
+  }
+
+  // Claims with `claim` up to as many items as there are free slots, and keeps those it gets a
+  // slot for; a claim whose slot a submission took meanwhile is handed back at once (its lease
+  // ends now). Slots are not reserved beforehand, so a poll never makes a submission see a full
+  // queue.
+  template <typename Claim>
+  std::vector<JobRecord> claim_with_slots(const char* what, bool& more, std::string& holder,
+                                          Claim&& claim) {
+    const std::size_t slots = std::min(free_slots(), max_claim);
+    if (slots == 0) return {};
+    holder = next_holder();
+    std::vector<JobRecord> due = claim(slots, lease_from_now(holder), now());
+    if (due.size() == slots) more = true;
+    std::vector<JobRecord> kept;
+    for (auto& record : due) {
+      if (try_admit()) {
+        kept.push_back(std::move(record));
+      } else {
+        const TimePoint at = now();
+        write_or_note(what, record.job.id, [&](JobStore& s) {
+          s.renew(record.job.id, {holder, at}, at);
+        });
+      }
+    }
+    return kept;
+  }
+
+  std::size_t claim_callbacks(bool& more) {
+    std::string holder;
+    auto due = claim_with_slots("claim_callbacks", more, holder,
+                                [this](std::size_t n, const Lease& lease, TimePoint at) {
+                                  return store->claim_callbacks(n, lease, at);
+                                });
+    if (starting && !due.empty()) {  // callbacks owed from an earlier run count as taken over
+      std::lock_guard<std::mutex> lock(mutex);
+      stats.resumed += due.size();
+    }
+    if (starting) metrics.jobs_resumed += due.size();
+    auto core = shared_from_this();
+    for (auto& record : due)
+      attempt(core, record, holder);
+    return due.size();
+  }
+
+  std::size_t claim_jobs(bool& more) {
+    std::string holder;
+    auto due = claim_with_slots("claim_jobs", more, holder,
+                                [this](std::size_t n, const Lease& lease, TimePoint at) {
+                                  return store->claim_jobs(n, lease, at);
+                                });
+    if (!due.empty()) {
+      std::lock_guard<std::mutex> lock(mutex);
+      stats.resumed += due.size();
+    }
+    metrics.jobs_resumed += due.size();
+    for (auto& record : due) {
+      hold(record.job.id, holder);
+      queue->try_push(WorkItem{std::move(record.job), nullptr, holder});  // runs: at least once
+    }
+    return due.size();
+  }
+
+  // Extends the leases on the jobs this server holds (every third of a lease, on the pump thread).
+  void renew_leases() {
+    std::vector<std::pair<std::string, std::string>> jobs;
+    {
+      std::lock_guard<std::mutex> lock(held_mutex);
+      jobs.assign(held.begin(), held.end());
+    }
+    const TimePoint at = now();
+    for (const auto& [id, holder] : jobs) {
+      write_or_note("renew", id, [&](JobStore& s) { s.renew(id, {holder, at + lease}, at); });
+    }
   }
 
   // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
@@ -266,8 +504,9 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     stats.largest_batch = std::max(stats.largest_batch, size);
   }
 
-  // Records a final outcome and delivers its callback (or frees the slot when none is wanted).
-  void finish(const JobRecord& record);
+  // Acknowledges a final outcome to the store and sends the first callback attempt (or frees the
+  // slot when none is wanted, or when the lease was lost: another claim has the job).
+  void finish(const JobRecord& record, const std::string& holder);
 
   // Answers one item of a batch with its prediction: an invocation's handler, or a job's record
   // and callback. inference_ms < 0: the model never answered (a timeout).
@@ -277,16 +516,10 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   static void run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch);
 };
 
-struct Service::WorkItem {
-  Job job;
-  InvocationHandler reply;  // set for an invocation: no store, no callback
-  std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
-};
-
 void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<WorkItem> batch) {
   // Jobs that waited past their time-to-live end here, without running.
   if (core->job_ttl.count() > 0) {
-    const auto now = std::chrono::system_clock::now();
+    const auto now = core->now();
     auto expired = std::stable_partition(batch.begin(), batch.end(), [&](const WorkItem& item) {
       return item.reply || now - item.job.created_at <= core->job_ttl;
     });
@@ -301,7 +534,7 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
       ++core->metrics.jobs_expired;
       core->log.job(LogLevel::warn, "job_expired", record.job.id,
                     {{"ttl_ms", core->job_ttl.count()}});
-      core->finish(record);
+      core->finish(record, it->holder);
     }
     batch.erase(expired, batch.end());
     if (batch.empty()) return;
@@ -385,16 +618,41 @@ void Service::Core::settle(WorkItem& item, Prediction& prediction, std::size_t b
     if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
     log.job(level, "job_completed", record.job.id, fields);
   }
-  finish(record);
+  finish(record, item.holder);
 }
 
-void Service::Core::finish(const JobRecord& record) {
+void Service::Core::finish(const JobRecord& record, const std::string& holder) {
   auto core = shared_from_this();
   auto kept = std::make_shared<JobRecord>(record);
+  std::optional<Lease> deliver;
+  if (!record.job.callback_url.empty()) deliver = lease_from_now(next_holder());
   write_until_stored(
-      core, "complete", record.job.id,
-      [kept](JobStore& store) { store.complete(kept->job.id, kept->outcome); },
-      [core, kept] { deliver(core, *kept); });
+      core, "finish_job", record.job.id,
+      [core, kept, holder, deliver](JobStore& s) {
+        return s.finish_job(kept->job.id, holder, kept->outcome, deliver, core->now());
+      },
+      [core, kept, deliver](bool acknowledged) {
+        core->unhold(kept->job.id);
+        if (!acknowledged) {
+          // The lease ran out and another claim has the job: this result is not the one kept.
+          core->lease_lost(kept->job.id, "finish_job");
+          core->release();
+          return;
+        }
+        if (!deliver) {
+          core->release();
+          return;
+        }
+        // The callback is this server's at once: its first attempt goes out now, in the slot the
+        // job held.
+        const TimePoint at = core->now();
+        kept->callback.state = CallbackState::pending;
+        kept->callback.next_attempt_at = at;
+        kept->callback.delivery_attempts = 0;
+        kept->callback.delivery_started_at = at;
+        kept->callback.previous_delay = std::chrono::milliseconds(0);
+        attempt(core, *kept, deliver->holder);
+      });
 }
 
 Service::Service(boost::asio::any_io_executor inference_executor,
@@ -405,56 +663,47 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   if (!model) throw Error("Service: a model is required");
   if (!store) throw Error("Service: a job store is required");
   if (options.queue_capacity == 0) throw Error("Service: queue_capacity must be at least 1");
-  core_->model = std::move(model);
-  core_->store = std::move(store);
-  core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
-                                                   std::move(options.delivery));
-  core_->capacity = options.queue_capacity;
   if (options.job_ttl.count() < 0) throw Error("Service: job_ttl must not be negative");
-  core_->job_ttl = options.job_ttl;
   if (options.inference_timeout.count() < 0) {
     throw Error("Service: inference_timeout must not be negative");
   }
-  core_->inference_timeout = options.inference_timeout;
   if (options.store_retry_interval.count() <= 0) {
     throw Error("Service: store_retry_interval must be positive");
   }
+  if (options.lease.count() <= 0) throw Error("Service: lease must be positive");
+  if (options.poll_interval.count() <= 0) throw Error("Service: poll_interval must be positive");
+  if (!options.clock) throw Error("Service: a clock is required");
+  core_->model = std::move(model);
+  core_->store = std::move(store);
+  core_->capacity = options.queue_capacity;
+  core_->job_ttl = options.job_ttl;
+  core_->inference_timeout = options.inference_timeout;
   core_->store_retry_interval = options.store_retry_interval;
+  core_->lease = options.lease;
+  core_->poll_interval = options.poll_interval;
+  core_->clock = options.clock;
+  core_->server_id = options.server_id.empty() ? default_server_id() : options.server_id;
   core_->log = options.logger;
-  // What a durable store holds from an earlier run: accepted, not finished. All of it resumes,
-  // even beyond the capacity (new submissions wait until the backlog is below it again).
-  std::vector<JobRecord> unfinished =
-      core_->store->list_unfinished(std::numeric_limits<std::size_t>::max());
+  core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
+                                                   std::move(options.delivery));
   const BatchingPreference preferred = core_->model->batching();
   JobQueueOptions queue_options;
   // The queue's own bound equals the admission bound, so an admitted item always fits.
-  queue_options.capacity = std::max(options.queue_capacity, unfinished.size());
+  queue_options.capacity = options.queue_capacity;
   queue_options.workers = options.workers;
   queue_options.max_batch_size = options.max_batch_size.value_or(preferred.max_batch_size);
   queue_options.max_queue_delay = options.max_queue_delay.value_or(preferred.max_queue_delay);
   queue_ = std::make_unique<BasicJobQueue<WorkItem>>(
       std::move(inference_executor), queue_options,
       [core = core_](std::vector<WorkItem> batch) { Core::run_batch(core, std::move(batch)); });
-  resume(std::move(unfinished));
-}
-
-void Service::resume(std::vector<JobRecord> unfinished) {
-  {
-    std::lock_guard<std::mutex> lock(core_->mutex);
-    core_->in_flight += unfinished.size();
-    core_->stats.resumed += unfinished.size();
-  }
-  core_->metrics.jobs_resumed += unfinished.size();
-  if (!unfinished.empty()) {
-    core_->log.log(LogLevel::info, "jobs_resumed", {{"count", unfinished.size()}});
-  }
-  for (auto& record : unfinished) {
-    if (is_final(record.status)) {
-      Core::deliver(core_, record);  // the result is stored; only the callback is owed
-    } else {
-      queue_->try_push(WorkItem{std::move(record.job), nullptr});  // runs again: at least once
-    }
-  }
+  core_->queue = queue_.get();
+  // What the store holds from an earlier run (a durable store) or from servers gone: the first
+  // claims happen here, so that they are counted when the constructor returns. A store that fails
+  // now is retried by the pump.
+  const std::size_t taken = core_->pump();
+  core_->starting = false;
+  if (taken > 0) core_->log.log(LogLevel::info, "jobs_resumed", {{"count", taken}});
+  core_->pump_thread = std::thread([core = core_.get()] { core->run_pump(); });
 }
 
 Service::~Service() {
@@ -463,6 +712,12 @@ Service::~Service() {
     core_->accepting = false;
   }
   core_->stopped = true;
+  {
+    std::lock_guard<std::mutex> lock(core_->pump_mutex);
+    core_->pump_stop = true;
+    core_->pump_wake.notify_one();
+  }
+  core_->pump_thread.join();
   queue_.reset();  // drops jobs not yet started and waits for running ones
 }
 
@@ -484,12 +739,13 @@ SubmitStatus Service::submit(Job job) {
     ++core_->metrics.submissions_refused_queue_full;
   }
   if (admitted != SubmitStatus::accepted) return admitted;
-  if (job.created_at == std::chrono::system_clock::time_point{}) {
-    job.created_at = std::chrono::system_clock::now();
-  }
+  if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core_->now();
+  // The accepting server claims the job as it stores it: no claim round trip on the way in.
+  const std::string holder = core_->next_holder();
   PutOutcome outcome;
   try {
-    outcome = core_->read_store("put", job.id, [&](JobStore& s) { return s.put(job); });
+    outcome = core_->read_store(
+        "put", job.id, [&](JobStore& s) { return s.put(job, core_->lease_from_now(holder)); });
   } catch (const StoreUnavailable&) {
     core_->release();
     ++core_->metrics.submissions_refused_store_unavailable;
@@ -512,7 +768,8 @@ SubmitStatus Service::submit(Job job) {
     core_->log.job(LogLevel::debug, "job_accepted", job.id,
                    {{"callback", !job.callback_url.empty()}});
   }
-  queue_->try_push(WorkItem{std::move(job), nullptr});
+  core_->hold(job.id, holder);
+  queue_->try_push(WorkItem{std::move(job), nullptr, holder});
   ++core_->metrics.jobs_accepted;
   return SubmitStatus::accepted;
 }
@@ -575,16 +832,36 @@ BatchStats Service::batch_stats() const {
 RedeliverStatus Service::redeliver(const std::string& id) {
   std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
   if (!core_->accepting) return RedeliverStatus::shutting_down;
-  std::lock_guard<std::mutex> lock(core_->redeliver_mutex);
-  auto record = core_->read_store("get", id, [&](JobStore& s) { return s.get(id); });
-  if (!record) return RedeliverStatus::not_found;
-  if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
-  if (!core_->try_admit()) return RedeliverStatus::queue_full;
+  if (!core_->try_admit()) {
+    // Still tell an unknown id or a callback that is not failed apart from a full queue.
+    auto record = core_->read_store("get", id, [&](JobStore& s) { return s.get(id); });
+    if (!record) return RedeliverStatus::not_found;
+    if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
+    return RedeliverStatus::queue_full;
+  }
+  const Lease lease = core_->lease_from_now(core_->next_holder());
+  RedeliverOutcome outcome;
+  std::optional<JobRecord> record;
+  try {
+    // The store moves failed -> pending atomically: of two redeliveries at once (on this server
+    // or another), one wins and the other answers not_failed.
+    outcome = core_->read_store("redeliver", id,
+                                [&](JobStore& s) { return s.redeliver(id, lease, core_->now()); });
+    if (outcome == RedeliverOutcome::redelivered) {
+      record = core_->read_store("get", id, [&](JobStore& s) { return s.get(id); });
+    }
+  } catch (...) {
+    core_->release();
+    throw;
+  }
+  if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
+    core_->release();
+    return outcome == RedeliverOutcome::not_failed ? RedeliverStatus::not_failed
+                                                   : RedeliverStatus::not_found;
+  }
   core_->log.job(LogLevel::info, "callback_redelivery", id,
                  {{"previous_attempts", record->callback.attempts}});
-  // Core::deliver marks the callback pending before it returns, so a second redeliver waiting on
-  // the mutex sees `pending` and answers not_failed.
-  Core::deliver(core_, *record);
+  Core::attempt(core_, *record, lease.holder);
   return RedeliverStatus::accepted;
 }
 
@@ -653,6 +930,13 @@ bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
         item.reply(Prediction::failure("shutting_down", "the server is shutting down"));
       } catch (...) {
       }
+    } else {
+      // Its lease ends now, so that another server may take it at once.
+      core_->unhold(item.job.id);
+      const auto at = core_->now();
+      core_->write_or_note("renew", item.job.id, [&](JobStore& s) {
+        s.renew(item.job.id, {item.holder, at}, at);
+      });
     }
     core_->release();
   }

@@ -11,6 +11,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "rebound/detail/json.hpp"
@@ -38,6 +39,32 @@ CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs (created_at_ms) WHERE finishe
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at_ms) WHERE finished_at_ms IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_failed_callbacks ON jobs (created_at_ms) WHERE cb_state = 3;
 CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL);
+)sql";
+
+// Version 2: the store is the queue. job_due_ms: when a job that is not final can be claimed (its
+// creation, or the end of the lease that holds it); cb_due_ms: the same for a pending callback
+// (its next attempt, or the end of its lease); the callback's retry schedule. Files of version 1
+// gain the columns, and the work they hold becomes due.
+constexpr const char* schema_v2 = R"sql(
+ALTER TABLE jobs ADD COLUMN job_due_ms INTEGER;
+ALTER TABLE jobs ADD COLUMN cb_due_ms INTEGER;
+ALTER TABLE jobs ADD COLUMN cb_next_at_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN cb_delivery_attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN cb_delivery_started_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN cb_previous_delay_ms INTEGER NOT NULL DEFAULT 0;
+UPDATE jobs SET job_due_ms = created_at_ms WHERE status < 2;
+UPDATE jobs SET cb_state = 1 WHERE status >= 2 AND callback_url != '' AND cb_state = 0;
+UPDATE jobs SET cb_due_ms = 0 WHERE cb_state = 1;
+CREATE INDEX jobs_job_due ON jobs (job_due_ms) WHERE job_due_ms IS NOT NULL;
+CREATE INDEX jobs_cb_due ON jobs (cb_due_ms) WHERE cb_due_ms IS NOT NULL;
+PRAGMA user_version = 2;
+)sql";
+
+// Leases live in this process (the file is opened exclusively), so at open nothing holds any
+// work: what a crashed process held is due again at once, and retries keep their schedule.
+constexpr const char* release_leases = R"sql(
+UPDATE jobs SET job_due_ms = created_at_ms WHERE job_due_ms IS NOT NULL;
+UPDATE jobs SET cb_due_ms = cb_next_at_ms WHERE cb_due_ms IS NOT NULL;
 )sql";
 
 // A job is finished when final (status 2..4) and its callback is not owed any more (none wanted,
@@ -101,7 +128,18 @@ class Statement {
 
 constexpr const char* record_columns =
     "id, callback_url, input, created_at_ms, status, result, error_code, error_message, cb_state, "
-    "cb_attempts, cb_last_error";
+    "cb_attempts, cb_last_error, cb_next_at_ms, cb_delivery_attempts, cb_delivery_started_ms, "
+    "cb_previous_delay_ms";
+
+using TimePoint = std::chrono::system_clock::time_point;
+
+std::int64_t to_ms(TimePoint t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+TimePoint from_ms(std::int64_t ms) {
+  return TimePoint(std::chrono::milliseconds(ms));
+}
 
 JobRecord read_record(const Statement& s) {
   JobRecord r;
@@ -113,7 +151,7 @@ JobRecord read_record(const Statement& s) {
   if (detail::parse_untrusted_json(s.text(2), r.job.input, SIZE_MAX) !=
       detail::JsonParseError::none)
     r.job.input = nullptr;
-  r.job.created_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(s.integer(3)));
+  r.job.created_at = from_ms(s.integer(3));
   r.status = static_cast<JobStatus>(s.integer(4));
   r.outcome.status = r.status;
   if (!s.is_null(5) && detail::parse_untrusted_json(s.text(5), r.outcome.result, SIZE_MAX) !=
@@ -123,6 +161,10 @@ JobRecord read_record(const Statement& s) {
   r.callback.state = static_cast<CallbackState>(s.integer(8));
   r.callback.attempts = static_cast<int>(s.integer(9));
   r.callback.last_error = s.text(10);
+  r.callback.next_attempt_at = from_ms(s.integer(11));
+  r.callback.delivery_attempts = static_cast<int>(s.integer(12));
+  r.callback.delivery_started_at = from_ms(s.integer(13));
+  r.callback.previous_delay = std::chrono::milliseconds(s.integer(14));
   return r;
 }
 
@@ -133,7 +175,10 @@ struct SqliteJobStore::Impl {
     std::function<void()> apply;                     // runs inside the transaction
     std::function<void()> committed;                 // after COMMIT (may be empty)
     std::function<void(std::exception_ptr)> failed;  // after ROLLBACK (may be empty)
-    bool waited_for = false;  // a caller blocks until it commits (a submission)
+    bool waited_for = false;  // a caller blocks for its answer: on failure it is told, not retried
+    // Goes ahead of the bookkeeping (a submission: a new id, which no queued write is about).
+    // A waited-for write that must see the writes before it (a claim, a redelivery) stays in order.
+    bool ahead = false;
   };
 
   SqliteJobStoreOptions options;
@@ -142,8 +187,14 @@ struct SqliteJobStore::Impl {
   ino_t file_inode = 0;
   sqlite3* db = nullptr;
   mutable std::mutex db_mutex;  // the connection and its statements
-  std::unique_ptr<Statement> insert, select_one, set_running, set_outcome, set_callback,
+  std::unique_ptr<Statement> insert, select_one, set_running, set_outcome, finish, set_callback,
+      set_job_due, set_callback_due, select_due_jobs, select_due_callbacks, redeliver_failed,
       select_failed, select_unfinished, delete_finished, probe;
+
+  // Who holds which work. In memory: the file is this process's alone (exclusive lock), so when
+  // the process ends every lease ends with it, as a lease that runs out would.
+  mutable std::mutex lease_mutex;
+  std::unordered_map<std::string, Lease> job_leases, callback_leases;
 
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
@@ -165,6 +216,17 @@ struct SqliteJobStore::Impl {
   std::string failure;
   bool stopping = false;
   std::thread writer;
+
+  template <typename T>
+  T write_and_wait(std::function<T()> apply, std::function<void(T&)> committed, bool ahead = false);
+  std::vector<std::string> due_ids(Statement& select,
+                                   const std::unordered_map<std::string, Lease>& leases,
+                                   std::size_t max, TimePoint now);
+  std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
+  bool release(std::unordered_map<std::string, Lease>& leases, const std::string& id,
+               const std::string& holder, TimePoint now);
+  void write_callback(const std::string& id, const CallbackInfo& callback);
+  static void bind_outcome(Statement& s, const JobOutcome& outcome, const std::string& result);
 
   void exec(const char* sql) {
     char* message = nullptr;
@@ -193,10 +255,16 @@ struct SqliteJobStore::Impl {
       // Takes the exclusive lock now, so a second server on the same file fails at start.
       exec("BEGIN IMMEDIATE; COMMIT");
       exec(schema);
+      if (user_version() < 2) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v2);
+        exec("COMMIT");
+      }
+      exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
-          "INSERT INTO jobs (id, callback_url, input, created_at_ms, status) VALUES (?, ?, ?, ?, 0)"
-          " ON CONFLICT (id) DO NOTHING");
+          "INSERT INTO jobs (id, callback_url, input, created_at_ms, status, job_due_ms) "
+          "VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT (id) DO NOTHING");
       select_one = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
       set_running =
@@ -204,13 +272,39 @@ struct SqliteJobStore::Impl {
       set_outcome = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
+          "job_due_ms = NULL, "
           "finished_at_ms = CASE WHEN :s >= 2 AND (callback_url = '' OR cb_state >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
+      // The acknowledgement of a job: its outcome, and its callback pending (due at :due).
+      finish = std::make_unique<Statement>(
+          db,
+          "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
+          "job_due_ms = NULL, "
+          "cb_state = CASE WHEN callback_url = '' THEN cb_state ELSE 1 END, "
+          "cb_next_at_ms = :now, cb_delivery_attempts = 0, cb_delivery_started_ms = :now, "
+          "cb_previous_delay_ms = 0, "
+          "cb_due_ms = CASE WHEN callback_url = '' THEN NULL ELSE :due END, "
+          "finished_at_ms = CASE WHEN callback_url = '' THEN :now ELSE NULL END WHERE id = :id");
       set_callback = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, "
+          "cb_next_at_ms = :cn, cb_delivery_attempts = :cd, cb_delivery_started_ms = :cds, "
+          "cb_previous_delay_ms = :cp, cb_due_ms = :due, "
           "finished_at_ms = CASE WHEN status >= 2 AND (callback_url = '' OR :cs >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
+      set_job_due = std::make_unique<Statement>(
+          db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
+      set_callback_due = std::make_unique<Statement>(
+          db, "UPDATE jobs SET cb_due_ms = ? WHERE id = ? AND cb_due_ms IS NOT NULL");
+      select_due_jobs = std::make_unique<Statement>(
+          db, "SELECT id FROM jobs WHERE job_due_ms <= ? ORDER BY job_due_ms");
+      select_due_callbacks = std::make_unique<Statement>(
+          db, "SELECT id FROM jobs WHERE cb_due_ms <= ? ORDER BY cb_due_ms");
+      redeliver_failed = std::make_unique<Statement>(
+          db,
+          "UPDATE jobs SET cb_state = 1, cb_last_error = '', cb_next_at_ms = :now, "
+          "cb_delivery_attempts = 0, cb_delivery_started_ms = :now, cb_previous_delay_ms = 0, "
+          "cb_due_ms = :due, finished_at_ms = NULL WHERE id = :id AND cb_state = 3");
       select_failed = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE cb_state = 3 ORDER BY created_at_ms DESC LIMIT ?");
@@ -235,13 +329,24 @@ struct SqliteJobStore::Impl {
     select_one.reset();
     set_running.reset();
     set_outcome.reset();
+    finish.reset();
     set_callback.reset();
+    set_job_due.reset();
+    set_callback_due.reset();
+    select_due_jobs.reset();
+    select_due_callbacks.reset();
+    redeliver_failed.reset();
     select_failed.reset();
     select_unfinished.reset();
     delete_finished.reset();
     probe.reset();
     if (db) sqlite3_close(db);
     db = nullptr;
+  }
+
+  int user_version() {
+    Statement s(db, "PRAGMA user_version");
+    return s.step() ? static_cast<int>(s.integer(0)) : 0;
   }
 
   void remember_file() {
@@ -271,8 +376,8 @@ struct SqliteJobStore::Impl {
   void enqueue(Write w) {
     std::lock_guard<std::mutex> lock(queue_mutex);
     if (stopping) throw StoreUnavailable("the job store is closed");
-    ++enqueued[w.waited_for ? 0 : 1];
-    (w.waited_for ? waited_queue : background_queue).push_back(std::move(w));
+    ++enqueued[w.ahead ? 0 : 1];
+    (w.ahead ? waited_queue : background_queue).push_back(std::move(w));
     queue_changed.notify_all();
   }
 
@@ -343,6 +448,8 @@ struct SqliteJobStore::Impl {
     dropped.swap(waited_queue);
     committed[0] += dropped.size();
     committed[1] += background_queue.size();
+    for (auto& w : background_queue)
+      if (w.waited_for) dropped.push_back(std::move(w));
     background_queue.clear();
     queue_changed.notify_all();
     lock.unlock();
@@ -386,7 +493,7 @@ struct SqliteJobStore::Impl {
       Write& w = batch[i];
       if (!error) {
         if (w.committed) w.committed();
-      } else if (i < waited) {
+      } else if (w.waited_for) {
         if (w.failed) w.failed(error);
       } else {
         retry.push_back(std::move(w));
@@ -454,32 +561,147 @@ SqliteJobStore::~SqliteJobStore() {
   impl_->close();
 }
 
-PutOutcome SqliteJobStore::put(const Job& job) {
-  auto outcome = std::make_shared<PutOutcome>(PutOutcome::created);
-  auto done = std::make_shared<std::promise<PutOutcome>>();
+// Runs `apply` in the writer's next transaction and waits for it to commit; `committed` runs
+// after the commit, before the answer is returned. Throws StoreUnavailable when it fails.
+template <typename T>
+T SqliteJobStore::Impl::write_and_wait(std::function<T()> apply, std::function<void(T&)> committed,
+                                       bool ahead) {
+  auto out = std::make_shared<T>();
+  auto done = std::make_shared<std::promise<T>>();
   auto result = done->get_future();
+  enqueue(Write{[apply = std::move(apply), out] { *out = apply(); },
+                [committed = std::move(committed), done, out] {
+                  if (committed) committed(*out);
+                  done->set_value(std::move(*out));
+                },
+                [done](std::exception_ptr e) { done->set_exception(e); }, true, ahead});
+  return result.get();
+}
+
+// The ids among the due rows of `select` (bound to :now) that no live lease in `leases` holds,
+// at most `max`: the rows whose due time came but whose lease was renewed by a write still queued
+// are skipped, so the map decides.
+std::vector<std::string> SqliteJobStore::Impl::due_ids(
+    Statement& select, const std::unordered_map<std::string, Lease>& leases, std::size_t max,
+    TimePoint now) {
+  std::vector<std::string> ids;
+  select.bind(1, to_ms(now));
+  try {
+    std::lock_guard<std::mutex> lock(lease_mutex);
+    while (ids.size() < max && select.step()) {
+      std::string id = select.text(0);
+      auto held = leases.find(id);
+      if (held == leases.end() || held->second.until <= now) ids.push_back(std::move(id));
+    }
+  } catch (...) {
+    select.reset();
+    throw;
+  }
+  select.reset();
+  return ids;
+}
+
+std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t max,
+                                                   const Lease& lease, TimePoint now) {
+  if (max == 0) return {};
+  return write_and_wait<std::vector<JobRecord>>(
+      [this, callbacks, max, lease, now] {
+        std::vector<JobRecord> out;
+        const auto ids = due_ids(callbacks ? *select_due_callbacks : *select_due_jobs,
+                                 callbacks ? callback_leases : job_leases, max, now);
+        Statement& set_due = callbacks ? *set_callback_due : *set_job_due;
+        for (const auto& id : ids) {
+          set_due.bind(1, to_ms(lease.until)).bind(2, id).step();
+          set_due.reset();
+          Statement& q = *select_one;
+          q.bind(1, id);
+          if (q.step()) out.push_back(read_record(q));
+          q.reset();
+        }
+        return out;
+      },
+      [this, callbacks, lease](std::vector<JobRecord>& claimed) {
+        std::lock_guard<std::mutex> lock(lease_mutex);
+        auto& leases = callbacks ? callback_leases : job_leases;
+        for (const auto& r : claimed)
+          leases[r.job.id] = lease;
+      });
+}
+
+// Ends `holder`'s lease on `id` in `leases` when it is live: true. Called with lease_mutex held.
+bool SqliteJobStore::Impl::release(std::unordered_map<std::string, Lease>& leases,
+                                   const std::string& id, const std::string& holder,
+                                   TimePoint now) {
+  auto it = leases.find(id);
+  if (it == leases.end() || it->second.holder != holder || it->second.until <= now) return false;
+  leases.erase(it);
+  return true;
+}
+
+void SqliteJobStore::Impl::write_callback(const std::string& id, const CallbackInfo& callback) {
+  enqueue({[this, id, callback] {
+             Statement& s = *set_callback;
+             s.bind(s.param(":cs"), static_cast<std::int64_t>(callback.state));
+             s.bind(s.param(":ca"), static_cast<std::int64_t>(callback.attempts));
+             s.bind(s.param(":ce"), callback.last_error);
+             s.bind(s.param(":cn"), to_ms(callback.next_attempt_at));
+             s.bind(s.param(":cd"), static_cast<std::int64_t>(callback.delivery_attempts));
+             s.bind(s.param(":cds"), to_ms(callback.delivery_started_at));
+             s.bind(s.param(":cp"), static_cast<std::int64_t>(callback.previous_delay.count()));
+             if (callback.state == CallbackState::pending) {
+               s.bind(s.param(":due"), to_ms(callback.next_attempt_at));
+             } else {
+               s.bind_null(s.param(":due"));
+             }
+             s.bind(s.param(":now"), now_ms());
+             s.bind(s.param(":id"), id);
+             s.step();
+             s.reset();
+           },
+           {},
+           {}});
+}
+
+// Binds a job's outcome to set_outcome or finish (:s, :r, :c, :m).
+void SqliteJobStore::Impl::bind_outcome(Statement& s, const JobOutcome& outcome,
+                                        const std::string& result) {
+  s.bind(s.param(":s"), static_cast<std::int64_t>(outcome.status));
+  if (outcome.status == JobStatus::succeeded) {
+    s.bind(s.param(":r"), result);
+  } else {
+    s.bind_null(s.param(":r"));
+  }
+  if (outcome.error) {
+    s.bind(s.param(":c"), outcome.error->code);
+    s.bind(s.param(":m"), outcome.error->message);
+  }
+}
+
+PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim) {
   Impl* impl = impl_.get();
-  impl_->enqueue(Impl::Write{
-      [impl, job, outcome] {
+  return impl_->write_and_wait<PutOutcome>(
+      [impl, job, claim] {
         Statement& s = *impl->insert;
         s.bind(1, job.id).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
-        s.bind(4, std::chrono::duration_cast<std::chrono::milliseconds>(
-                      job.created_at.time_since_epoch())
-                      .count());
+        s.bind(4, to_ms(job.created_at));
+        s.bind(5, to_ms(claim ? claim->until : job.created_at));
         s.step();
         s.reset();
-        if (sqlite3_changes(impl->db) == 1) return;
+        if (sqlite3_changes(impl->db) == 1) return PutOutcome::created;
         Statement& q = *impl->select_one;
         q.bind(1, job.id);
         const bool found = q.step();
         const JobRecord existing = found ? read_record(q) : JobRecord{};
         q.reset();
-        *outcome = found && existing.job.same_request_as(job) ? PutOutcome::duplicate
-                                                              : PutOutcome::conflict;
+        return found && existing.job.same_request_as(job) ? PutOutcome::duplicate
+                                                          : PutOutcome::conflict;
       },
-      [done, outcome] { done->set_value(*outcome); },
-      [done](std::exception_ptr e) { done->set_exception(e); }, true});
-  return result.get();  // durable once this returns created
+      [impl, id = job.id, claim](PutOutcome& outcome) {
+        if (outcome != PutOutcome::created || !claim) return;
+        std::lock_guard<std::mutex> lock(impl->lease_mutex);
+        impl->job_leases[id] = *claim;
+      },
+      true);  // durable once this returns created
 }
 
 std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
@@ -498,6 +720,43 @@ std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
   return out;
 }
 
+std::vector<JobRecord> SqliteJobStore::claim_jobs(std::size_t max, const Lease& lease,
+                                                  TimePoint now) {
+  return impl_->claim(false, max, lease, now);
+}
+
+std::vector<JobRecord> SqliteJobStore::claim_callbacks(std::size_t max, const Lease& lease,
+                                                       TimePoint now) {
+  return impl_->claim(true, max, lease, now);
+}
+
+bool SqliteJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
+  bool callback = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+    auto holds = [&](std::unordered_map<std::string, Lease>& leases) {
+      auto it = leases.find(id);
+      if (it == leases.end() || it->second.holder != lease.holder || it->second.until <= now)
+        return false;
+      it->second.until = lease.until;
+      return true;
+    };
+    if (!holds(impl_->job_leases)) {
+      if (!holds(impl_->callback_leases)) return false;
+      callback = true;
+    }
+  }
+  Impl* impl = impl_.get();
+  impl_->enqueue({[impl, id, callback, until = to_ms(lease.until)] {
+                    Statement& s = callback ? *impl->set_callback_due : *impl->set_job_due;
+                    s.bind(1, until).bind(2, id).step();
+                    s.reset();
+                  },
+                  {},
+                  {}});
+  return true;
+}
+
 void SqliteJobStore::mark_running(const std::string& id) {
   Impl* impl = impl_.get();
   impl_->enqueue({[impl, id] {
@@ -508,22 +767,78 @@ void SqliteJobStore::mark_running(const std::string& id) {
                   {}});
 }
 
-void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) {
+bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder,
+                                const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                                TimePoint now) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+    if (!impl_->release(impl_->job_leases, id, holder, now)) return false;
+    if (deliver) impl_->callback_leases[id] = *deliver;
+  }
   Impl* impl = impl_.get();
-  const std::string result =
+  std::string result =
       outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
-  impl_->enqueue({[impl, id, outcome, result] {
+  impl_->enqueue({[impl, id, outcome, result = std::move(result),
+                   due = to_ms(deliver ? deliver->until : now), at = to_ms(now)] {
+                    Statement& s = *impl->finish;
+                    Impl::bind_outcome(s, outcome, result);
+                    s.bind(s.param(":now"), at);
+                    s.bind(s.param(":due"), due);
+                    s.bind(s.param(":id"), id);
+                    s.step();
+                    s.reset();
+                  },
+                  {},
+                  {}});
+  return true;
+}
+
+bool SqliteJobStore::record_attempt(const std::string& id, const std::string& holder,
+                                    const CallbackInfo& after, TimePoint now) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+    if (!impl_->release(impl_->callback_leases, id, holder, now)) return false;
+  }
+  impl_->write_callback(id, after);
+  return true;
+}
+
+RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& claim,
+                                           TimePoint now) {
+  Impl* impl = impl_.get();
+  return impl_->write_and_wait<RedeliverOutcome>(
+      [impl, id, claim, now] {
+        Statement& s = *impl->redeliver_failed;
+        s.bind(s.param(":now"), to_ms(now));
+        s.bind(s.param(":due"), to_ms(claim.until));
+        s.bind(s.param(":id"), id);
+        s.step();
+        s.reset();
+        if (sqlite3_changes(impl->db) == 1) return RedeliverOutcome::redelivered;
+        Statement& q = *impl->select_one;
+        q.bind(1, id);
+        const bool found = q.step();
+        q.reset();
+        return found ? RedeliverOutcome::not_failed : RedeliverOutcome::not_found;
+      },
+      [impl, id, claim](RedeliverOutcome& outcome) {
+        if (outcome != RedeliverOutcome::redelivered) return;
+        std::lock_guard<std::mutex> lock(impl->lease_mutex);
+        impl->callback_leases[id] = claim;
+      });
+}
+
+void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+    impl_->job_leases.erase(id);
+  }
+  Impl* impl = impl_.get();
+  std::string result =
+      outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
+  impl_->enqueue({[impl, id, outcome, result = std::move(result)] {
                     Statement& s = *impl->set_outcome;
-                    s.bind(s.param(":s"), static_cast<std::int64_t>(outcome.status));
-                    if (outcome.status == JobStatus::succeeded) {
-                      s.bind(s.param(":r"), result);
-                    } else {
-                      s.bind_null(s.param(":r"));
-                    }
-                    if (outcome.error) {
-                      s.bind(s.param(":c"), outcome.error->code);
-                      s.bind(s.param(":m"), outcome.error->message);
-                    }
+                    Impl::bind_outcome(s, outcome, result);
                     s.bind(s.param(":now"), now_ms());
                     s.bind(s.param(":id"), id);
                     s.step();
@@ -534,19 +849,11 @@ void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) 
 }
 
 void SqliteJobStore::update_callback(const std::string& id, const CallbackInfo& callback) {
-  Impl* impl = impl_.get();
-  impl_->enqueue({[impl, id, callback] {
-                    Statement& s = *impl->set_callback;
-                    s.bind(s.param(":cs"), static_cast<std::int64_t>(callback.state));
-                    s.bind(s.param(":ca"), static_cast<std::int64_t>(callback.attempts));
-                    s.bind(s.param(":ce"), callback.last_error);
-                    s.bind(s.param(":now"), now_ms());
-                    s.bind(s.param(":id"), id);
-                    s.step();
-                    s.reset();
-                  },
-                  {},
-                  {}});
+  {
+    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+    impl_->callback_leases.erase(id);
+  }
+  impl_->write_callback(id, callback);
 }
 
 std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) const {

@@ -170,3 +170,138 @@ TEST_CASE_TEMPLATE("store contract: given-up callbacks are listed newest first",
   store->update_callback("job-3", {CallbackState::pending, 5, {}});
   CHECK(store->list_failed_callbacks(100).size() == 2);
 }
+
+namespace {
+using namespace std::chrono_literals;
+const time_point t0 = at_ms(1764000000000);
+rebound::Lease lease(const std::string& holder, time_point until) {
+  return rebound::Lease{holder, until};
+}
+std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) {
+  std::vector<std::string> ids;
+  for (const auto& r : records)
+    ids.push_back(r.job.id);
+  return ids;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE(
+    "store contract: jobs are claimed once - oldest first - and again when the "
+    "lease runs out",
+    Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  store->put(make("b", 1764000000002));
+  store->put(make("a", 1764000000001));
+  store->put(make("held", 1764000000000), lease("server-1/1", t0 + 29s));
+  CHECK(ids_of(store->claim_jobs(10, lease("server-2/1", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"a", "b"});
+  CHECK(store->claim_jobs(10, lease("server-3/1", t0 + 40s), t0 + 2s).empty());  // all held
+
+  // The holder renews; a stranger cannot.
+  CHECK(store->renew("a", lease("server-2/1", t0 + 60s), t0 + 20s));
+  CHECK_FALSE(store->renew("a", lease("server-3/1", t0 + 90s), t0 + 20s));
+  CHECK_FALSE(store->renew("missing", lease("server-2/1", t0 + 60s), t0 + 20s));
+
+  // At t0 + 31 s the leases of "held" and "b" have run out (in that order); "a" was renewed.
+  auto taken = store->claim_jobs(10, lease("server-3/2", t0 + 61s), t0 + 31s);
+  CHECK(ids_of(taken) == std::vector<std::string>{"held", "b"});
+  CHECK(taken.front().job.input == make("held").input);
+
+  // A late acknowledgement is refused and writes nothing; the new holder's is taken.
+  CHECK_FALSE(store->finish_job("b", "server-2/1", succeeded, std::nullopt, t0 + 32s));
+  CHECK(store->get("b")->status == JobStatus::queued);
+  CHECK_FALSE(store->renew("b", lease("server-2/1", t0 + 90s), t0 + 32s));
+  CHECK(store->finish_job("b", "server-3/2", succeeded, std::nullopt, t0 + 32s));
+  CHECK(store->get("b")->status == JobStatus::succeeded);
+  CHECK_FALSE(store->finish_job("b", "server-3/2", succeeded, std::nullopt, t0 + 33s));  // once
+
+  // An acknowledgement after the lease ran out is refused even when nobody claimed it since.
+  CHECK_FALSE(store->finish_job("a", "server-2/1", succeeded, std::nullopt, t0 + 61s));
+  // And a final job is never claimed again.
+  CHECK(ids_of(store->claim_jobs(10, lease("server-4/1", t0 + 200s), t0 + 100s)) ==
+        std::vector<std::string>{"a", "held"});  // in the order their leases ran out
+}
+
+TEST_CASE_TEMPLATE("store contract: a callback waits in the store until its next attempt is due",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  store->put(make("job"), lease("s/1", t0 + 30s));
+  store->put(make("poll-only", 1764000000000, ""), lease("s/1", t0 + 30s));
+  // Finished with the callback claimed at once by the finishing server.
+  REQUIRE(store->finish_job("job", "s/1", succeeded, lease("s/2", t0 + 40s), t0 + 10s));
+  REQUIRE(store->finish_job("poll-only", "s/1", succeeded, lease("s/2", t0 + 40s), t0 + 10s));
+  auto record = store->get("job");
+  CHECK(record->callback.state == CallbackState::pending);
+  CHECK(record->callback.next_attempt_at == t0 + 10s);
+  CHECK(store->get("poll-only")->callback.state == CallbackState::none);
+  CHECK(store->list_unfinished(10).size() == 1);  // the callback is owed
+  CHECK(store->claim_callbacks(10, lease("t/1", t0 + 80s), t0 + 11s).empty());  // s/2 holds it
+
+  // The first attempt failed: the next is due in an hour.
+  rebound::CallbackInfo retry = record->callback;
+  retry.attempts = 1;
+  retry.delivery_attempts = 1;
+  retry.last_error = "HTTP 503";
+  retry.next_attempt_at = t0 + 1h;
+  retry.previous_delay = 3590s;
+  CHECK_FALSE(store->record_attempt("job", "t/1", retry, t0 + 12s));  // not the holder
+  REQUIRE(store->record_attempt("job", "s/2", retry, t0 + 12s));
+  CHECK_FALSE(store->record_attempt("job", "s/2", retry, t0 + 12s));  // its lease ended with it
+  CHECK(store->claim_callbacks(10, lease("t/2", t0 + 90s), t0 + 59min).empty());
+  auto due = store->claim_callbacks(10, lease("t/3", t0 + 1h + 30s), t0 + 1h);
+  REQUIRE(due.size() == 1);
+  CHECK(due[0].callback.attempts == 1);
+  CHECK(due[0].callback.delivery_attempts == 1);
+  CHECK(due[0].callback.last_error == "HTTP 503");
+  CHECK(due[0].callback.previous_delay == 3590s);
+  CHECK(due[0].outcome.result == succeeded.result);
+
+  // The holder of a claim that ran out cannot record; the next holder delivers.
+  auto again = store->claim_callbacks(10, lease("t/4", t0 + 2h), t0 + 1h + 31s);
+  REQUIRE(again.size() == 1);
+  rebound::CallbackInfo delivered = retry;
+  delivered.state = CallbackState::delivered;
+  delivered.attempts = 2;
+  delivered.last_error.clear();
+  CHECK_FALSE(store->record_attempt("job", "t/3", delivered, t0 + 1h + 32s));
+  REQUIRE(store->record_attempt("job", "t/4", delivered, t0 + 1h + 32s));
+  CHECK(store->get("job")->callback.state == CallbackState::delivered);
+  CHECK(store->list_unfinished(10).empty());
+  CHECK(store->claim_callbacks(10, lease("t/5", t0 + 5h), t0 + 4h).empty());
+}
+
+TEST_CASE_TEMPLATE("store contract: redelivery takes a failed callback back - once", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  store->put(make("job"), lease("s/1", t0 + 30s));
+  REQUIRE(store->finish_job("job", "s/1", succeeded, lease("s/2", t0 + 30s), t0));
+  CHECK(store->redeliver("job", lease("r/1", t0 + 30s), t0) ==
+        rebound::RedeliverOutcome::not_failed);
+  CHECK(store->redeliver("missing", lease("r/1", t0 + 30s), t0) ==
+        rebound::RedeliverOutcome::not_found);
+  rebound::CallbackInfo given_up;
+  given_up.state = CallbackState::failed;
+  given_up.attempts = 5;
+  given_up.delivery_attempts = 5;
+  given_up.last_error = "HTTP 500";
+  REQUIRE(store->record_attempt("job", "s/2", given_up, t0 + 1s));
+  CHECK(store->redeliver("job", lease("r/2", t0 + 60s), t0 + 2s) ==
+        rebound::RedeliverOutcome::redelivered);
+  CHECK(store->redeliver("job", lease("r/3", t0 + 60s), t0 + 2s) ==
+        rebound::RedeliverOutcome::not_failed);
+  auto record = store->get("job");
+  CHECK(record->callback.state == CallbackState::pending);
+  CHECK(record->callback.attempts == 5);           // counts keep adding up
+  CHECK(record->callback.delivery_attempts == 0);  // a fresh budget
+  CHECK(store->list_failed_callbacks(10).empty());
+  rebound::CallbackInfo delivered = record->callback;
+  delivered.state = CallbackState::delivered;
+  delivered.attempts = 6;
+  CHECK(store->record_attempt("job", "r/2", delivered, t0 + 3s));
+}

@@ -74,6 +74,14 @@ struct DeliveryReport {
 using AttemptObserver = std::function<void(const AttemptReport&)>;
 using DeliveryHandler = std::function<void(const DeliveryReport&)>;
 
+/// Where a delivery stands before an attempt, for a caller that keeps the retry schedule itself
+/// (`CallbackSender::attempt`): what the backoff policy needs to pick the delay after it.
+struct RetryState {
+  int attempts = 0;                             ///< attempts of this delivery already made
+  std::chrono::milliseconds previous_delay{0};  ///< the delay chosen after the last of them
+  std::chrono::milliseconds elapsed{0};         ///< since this delivery's first attempt
+};
+
 /// Delivers callbacks with retries.
 ///
 /// Each `deliver` call runs on its own: an attempt goes to the transport; a failed attempt asks the
@@ -105,6 +113,17 @@ class CallbackSender final {
   /// Starts delivering `message`. `on_attempt` (may be null) hears every attempt; `on_done` (may be
   /// null) hears the end. Returns at once.
   void deliver(CallbackMessage message, AttemptObserver on_attempt, DeliveryHandler on_done);
+
+  /// Makes one attempt at `message` and reports it to `on_attempt`, exactly once: delivered,
+  /// give_up, or retry with the delay the policy chose from `state`. Sets no timer: the caller
+  /// schedules the next attempt (rebound::Service keeps the schedule in its JobStore, so a retry
+  /// hours away costs no memory). Returns at once.
+  ///
+  /// Example:
+  ///   sender.attempt(message, {2, 400ms, 1200ms}, [](const rebound::AttemptReport& r) {
+  ///     if (r.verdict == rebound::AttemptVerdict::retry) schedule(r.next_delay);
+  ///   });
+  void attempt(CallbackMessage message, RetryState state, AttemptObserver on_attempt);
 
   /// Deliveries started and not yet ended.
   std::size_t in_flight() const;

@@ -74,11 +74,19 @@ struct Job {
   }
 };
 
-/// The state of a job's callback delivery.
+/// The state of a job's callback delivery, and its retry schedule while it is pending.
 struct CallbackInfo {
   CallbackState state = CallbackState::none;
   int attempts = 0;        ///< Attempts made so far, over all deliveries of this job.
   std::string last_error;  ///< Why the last attempt failed; empty when none has.
+  /// When the next attempt is due, while `pending` (the epoch: at once). The schedule lives in the
+  /// store, so a retry hours away costs no memory, and a restart keeps it.
+  std::chrono::system_clock::time_point next_attempt_at{};
+  /// What the backoff policy needs for the delay after the next attempt: the attempts of this
+  /// delivery (a redelivery starts again at 0), when it began, and the last delay it chose.
+  int delivery_attempts = 0;
+  std::chrono::system_clock::time_point delivery_started_at{};
+  std::chrono::milliseconds previous_delay{0};
 };
 
 /// How a job ended: its final status and either its result or its error.
@@ -125,6 +133,10 @@ inline nlohmann::json to_status_json(const JobRecord& record) {
       {"state", to_string(record.callback.state)},
       {"attempts", record.callback.attempts}};
   if (!record.callback.last_error.empty()) callback["last_error"] = record.callback.last_error;
+  if (record.callback.state == CallbackState::pending &&
+      record.callback.next_attempt_at != std::chrono::system_clock::time_point{}) {
+    callback["next_attempt_at"] = format_rfc3339(record.callback.next_attempt_at);
+  }
   out["callback"] = std::move(callback);
   return out;
 }

@@ -1,6 +1,7 @@
 // The JobStore interface: where jobs, their results and their delivery state live.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <optional>
 #include <stdexcept>
@@ -27,12 +28,40 @@ class StoreUnavailable : public std::runtime_error {
   explicit StoreUnavailable(const std::string& why) : std::runtime_error(why) {}
 };
 
-/// Where jobs live from acceptance until they are pruned.
+/// A claim on a piece of work (a job to run, a callback to send): who holds it and until when.
+/// `holder` is unique per claim (the Service makes "<server id>/<sequence>"), so an
+/// acknowledgement from a claim that was given up and claimed again is told apart even when both
+/// come from the same server.
+struct Lease {
+  std::string holder;
+  std::chrono::system_clock::time_point until;
+};
+
+/// What `JobStore::redeliver` did.
+enum class RedeliverOutcome {
+  redelivered,  ///< the callback was `failed`; it is pending again, claimed by the given lease
+  not_found,    ///< no job with that id
+  not_failed,   ///< its callback is not `failed` (none, pending or delivered)
+};
+
+/// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.
 ///
-/// The in-memory store ships now; SQLite (durable, embedded) and Redis Streams (shared by several
-/// servers) implement the same interface. A job's life through it:
-///   put -> mark_running -> complete -> update_callback (zero or more times).
-/// `list_unfinished` is what a durable store hands back on start so that nothing accepted is lost.
+/// Work is claimed with a lease, renewed while it lasts, and acknowledged; an acknowledgement
+/// from a holder whose lease ran out is refused (false, nothing written), and a lease that runs
+/// out makes the work claimable again: a crashed server's jobs and callbacks are taken over.
+/// A job's life through it:
+///   put (optionally claimed at once) | claim_jobs -> [renew] -> mark_running -> finish_job
+///   -> callback pending: claimed at once by finish_job, or later by claim_callbacks
+///   -> record_attempt (pending again with its next_attempt_at, or delivered / failed)
+///   -> redeliver (failed -> pending) ...
+/// A pending callback waits in the store, not in memory: claim_callbacks hands it out when its
+/// `next_attempt_at` has come. Order: jobs oldest first; callbacks earliest due first.
+///
+/// `complete` and `update_callback` write a record as given, without a lease (for tools,
+/// migrations and tests); the Service finishes work only through the leased calls.
+///
+/// Time comes in as `now` on every call that depends on it, so that tests and simulations can
+/// drive a store with their own clock.
 ///
 /// Thread-safety: every method may be called concurrently from any thread.
 /// Errors: a store that cannot do its job (disk full, file deleted, connection lost) throws, and
@@ -42,21 +71,58 @@ class StoreUnavailable : public std::runtime_error {
 /// tried again until it succeeds, so nothing accepted is lost.
 class JobStore {
  public:
+  using TimePoint = std::chrono::system_clock::time_point;
+
   virtual ~JobStore() = default;
 
-  /// Stores a new job in status `queued`, unless its id is already taken (see PutOutcome).
-  virtual PutOutcome put(const Job& job) = 0;
+  /// Stores a new job in status `queued`, unless its id is already taken (see PutOutcome). With a
+  /// `claim`, the new job is leased to it at once (the accepting server runs it); without, it waits
+  /// for claim_jobs.
+  virtual PutOutcome put(const Job& job, const std::optional<Lease>& claim) = 0;
+  PutOutcome put(const Job& job) { return put(job, std::nullopt); }
 
   /// The job's current record, or nullopt when the id is unknown (or was pruned).
   virtual std::optional<JobRecord> get(const std::string& id) const = 0;
 
-  /// Moves a queued job to `running`. Unknown ids are ignored.
+  /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
+  /// lease ran out before `now`), oldest first.
+  virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;
+
+  /// Extends the lease on a job or its callback to `lease.until`. False when `lease.holder` does
+  /// not hold it any more (it ran out, or another claim took it): stop working on it.
+  virtual bool renew(const std::string& id, const Lease& lease, TimePoint now) = 0;
+
+  /// Moves a queued job to `running` (what polling shows). Unknown ids are ignored.
   virtual void mark_running(const std::string& id) = 0;
 
-  /// Records how a job ended. `outcome.status` must be final. Unknown ids are ignored.
+  /// The acknowledgement of a job: records its final outcome and ends `holder`'s lease. A job
+  /// with a callback becomes `pending`, claimed by `deliver` when given (the caller sends it at
+  /// once), else due at once. False, and nothing written, when `holder` holds no live lease on it.
+  virtual bool finish_job(const std::string& id, const std::string& holder,
+                          const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                          TimePoint now) = 0;
+
+  /// Leases up to `max` pending callbacks whose `next_attempt_at` has come and that nobody holds,
+  /// earliest due first.
+  virtual std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
+                                                 TimePoint now) = 0;
+
+  /// The acknowledgement of one callback attempt: writes `after` (pending again, due at its
+  /// `next_attempt_at`; or delivered; or failed) and ends `holder`'s lease. False, and nothing
+  /// written, when `holder` holds no live lease on the callback.
+  virtual bool record_attempt(const std::string& id, const std::string& holder,
+                              const CallbackInfo& after, TimePoint now) = 0;
+
+  /// Puts a `failed` callback back into delivery with a fresh attempt budget, claimed by `claim`.
+  /// Atomic: of two redeliveries at once, one wins.
+  virtual RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) = 0;
+
+  /// Records how a job ended, without a lease. `outcome.status` must be final. Unknown ids are
+  /// ignored. A job with a callback is left for update_callback (its state is not changed).
   virtual void complete(const std::string& id, const JobOutcome& outcome) = 0;
 
-  /// Records the state of the job's callback delivery. Unknown ids are ignored.
+  /// Records the state of the job's callback delivery, without a lease; `pending` makes it due at
+  /// `callback.next_attempt_at`. Unknown ids are ignored.
   virtual void update_callback(const std::string& id, const CallbackInfo& callback) = 0;
 
   /// Jobs whose callback was given up (`CallbackState::failed`), most recently created first, at

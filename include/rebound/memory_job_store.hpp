@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -46,7 +48,8 @@ class MemoryJobStore final : public JobStore {
   explicit MemoryJobStore(std::size_t max_finished)
       : MemoryJobStore(MemoryJobStoreOptions{max_finished}) {}
 
-  PutOutcome put(const Job& job) override {
+  using JobStore::put;
+  PutOutcome put(const Job& job, const std::optional<Lease>& claim) override {
     // Measured outside the lock: the input may be large.
     const std::size_t input_bytes = detail::json_footprint(job.input);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -61,7 +64,13 @@ class MemoryJobStore final : public JobStore {
     evict_finished_until(options_.max_bytes - std::min(options_.max_bytes, entry.bytes));
     if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     bytes_ += entry.bytes;
-    jobs_.emplace(job.id, std::move(entry));
+    auto it = jobs_.emplace(job.id, std::move(entry)).first;
+    if (claim) {
+      it->second.job_lease = *claim;
+      schedule(job_queue_, it, claim->until);
+    } else {
+      schedule(job_queue_, it, job.created_at);
+    }
     return PutOutcome::created;
   }
 
@@ -72,6 +81,35 @@ class MemoryJobStore final : public JobStore {
     return it->second.record;
   }
 
+  std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<JobRecord> out;
+    for (Map::iterator it : due(job_queue_, max, now)) {
+      it->second.job_lease = lease;
+      schedule(job_queue_, it, lease.until);
+      out.push_back(it->second.record);
+    }
+    return out;
+  }
+
+  bool renew(const std::string& id, const Lease& lease, TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return false;
+    Entry& e = it->second;
+    if (holds(e.job_lease, lease.holder, now)) {
+      e.job_lease->until = lease.until;
+      schedule(job_queue_, it, lease.until);
+      return true;
+    }
+    if (holds(e.callback_lease, lease.holder, now)) {
+      e.callback_lease->until = lease.until;
+      schedule(callback_queue_, it, lease.until);
+      return true;
+    }
+    return false;
+  }
+
   void mark_running(const std::string& id) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
@@ -80,14 +118,79 @@ class MemoryJobStore final : public JobStore {
     }
   }
 
+  bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                  const std::optional<Lease>& deliver, TimePoint now) override {
+    const std::size_t result_bytes = detail::json_footprint(outcome.result);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || is_final(it->second.record.status) ||
+        !holds(it->second.job_lease, holder, now)) {
+      return false;
+    }
+    record_outcome(it, outcome, result_bytes);
+    Entry& e = it->second;
+    if (!e.record.job.callback_url.empty()) {
+      CallbackInfo& cb = e.record.callback;
+      cb.state = CallbackState::pending;
+      cb.next_attempt_at = now;
+      cb.delivery_attempts = 0;
+      cb.delivery_started_at = now;
+      cb.previous_delay = std::chrono::milliseconds(0);
+      e.callback_lease = deliver;
+      schedule(callback_queue_, it, deliver ? deliver->until : now);
+    }
+    changed(it);
+    return true;
+  }
+
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
+                                         TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<JobRecord> out;
+    for (Map::iterator it : due(callback_queue_, max, now)) {
+      it->second.callback_lease = lease;
+      schedule(callback_queue_, it, lease.until);
+      out.push_back(it->second.record);
+    }
+    return out;
+  }
+
+  bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                      TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.record.callback.state != CallbackState::pending ||
+        !holds(it->second.callback_lease, holder, now)) {
+      return false;
+    }
+    set_callback(it, after);
+    return true;
+  }
+
+  RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return RedeliverOutcome::not_found;
+    Entry& e = it->second;
+    if (e.record.callback.state != CallbackState::failed) return RedeliverOutcome::not_failed;
+    CallbackInfo& cb = e.record.callback;
+    cb.state = CallbackState::pending;
+    cb.next_attempt_at = now;
+    cb.delivery_attempts = 0;
+    cb.delivery_started_at = now;
+    cb.previous_delay = std::chrono::milliseconds(0);
+    e.callback_lease = claim;
+    schedule(callback_queue_, it, claim.until);
+    changed(it);
+    return RedeliverOutcome::redelivered;
+  }
+
   void complete(const std::string& id, const JobOutcome& outcome) override {
     const std::size_t result_bytes = detail::json_footprint(outcome.result);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
-    it->second.record.status = outcome.status;
-    it->second.record.outcome = outcome;
-    it->second.result_bytes = result_bytes;
+    record_outcome(it, outcome, result_bytes);
     changed(it);
   }
 
@@ -95,8 +198,7 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
-    it->second.record.callback = callback;
-    changed(it);
+    set_callback(it, callback);
   }
 
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override {
@@ -138,14 +240,71 @@ class MemoryJobStore final : public JobStore {
   }
 
  private:
+  using Queue = std::set<std::pair<TimePoint, std::string>>;
   struct Entry {
     JobRecord record;
     std::size_t input_bytes = 0;
     std::size_t result_bytes = 0;
     std::size_t bytes = 0;          // what this entry counts in bytes_
     std::uint64_t finished_as = 0;  // its latest entry in finished_order_, 0: none
+    // The queues: a job waiting or running is in job_queue_, a pending callback in
+    // callback_queue_, each under the time it is claimable from (its creation or next attempt,
+    // or the end of the lease that holds it).
+    std::optional<Lease> job_lease, callback_lease;
+    std::optional<TimePoint> job_key, callback_key;
   };
   using Map = std::unordered_map<std::string, Entry>;
+
+  static bool holds(const std::optional<Lease>& lease, const std::string& holder, TimePoint now) {
+    return lease && lease->holder == holder && lease->until > now;
+  }
+
+  // Called under mutex_: (re)files the entry in `queue` under `at`.
+  void schedule(Queue& queue, Map::iterator it, TimePoint at) {
+    unschedule(queue, it);
+    queue.emplace(at, it->first);
+    key_of(queue, it->second) = at;
+  }
+
+  void unschedule(Queue& queue, Map::iterator it) {
+    auto& key = key_of(queue, it->second);
+    if (key) queue.erase({*key, it->first});
+    key.reset();
+  }
+
+  std::optional<TimePoint>& key_of(const Queue& queue, Entry& e) {
+    return &queue == &job_queue_ ? e.job_key : e.callback_key;
+  }
+
+  // Called under mutex_: the entries of `queue` claimable at `now`, at most `max`, first first.
+  std::vector<Map::iterator> due(const Queue& queue, std::size_t max, TimePoint now) {
+    std::vector<Map::iterator> out;
+    for (auto q = queue.begin(); q != queue.end() && q->first <= now && out.size() < max; ++q) {
+      out.push_back(jobs_.find(q->second));
+    }
+    return out;
+  }
+
+  void record_outcome(Map::iterator it, const JobOutcome& outcome, std::size_t result_bytes) {
+    Entry& e = it->second;
+    e.record.status = outcome.status;
+    e.record.outcome = outcome;
+    e.result_bytes = result_bytes;
+    e.job_lease.reset();
+    unschedule(job_queue_, it);
+  }
+
+  void set_callback(Map::iterator it, const CallbackInfo& callback) {
+    Entry& e = it->second;
+    e.record.callback = callback;
+    e.callback_lease.reset();
+    if (callback.state == CallbackState::pending) {
+      schedule(callback_queue_, it, callback.next_attempt_at);
+    } else {
+      unschedule(callback_queue_, it);
+    }
+    changed(it);
+  }
 
   static bool is_finished(const JobRecord& record) {
     if (!is_final(record.status)) return false;
@@ -192,6 +351,8 @@ class MemoryJobStore final : public JobStore {
       victim->second.finished_as = 0;
       if (is_finished(victim->second.record)) {  // not when redelivery made it pending again
         bytes_ -= victim->second.bytes;
+        unschedule(job_queue_, victim);
+        unschedule(callback_queue_, victim);
         jobs_.erase(victim);
       }
     }
@@ -200,6 +361,7 @@ class MemoryJobStore final : public JobStore {
   MemoryJobStoreOptions options_;
   mutable std::mutex mutex_;
   Map jobs_;
+  Queue job_queue_, callback_queue_;
   std::size_t bytes_ = 0;
   // Finished events, oldest first: (id, sequence). A note is live while its job's finished_as
   // still equals its sequence; finished_ counts the live ones.

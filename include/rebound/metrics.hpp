@@ -74,6 +74,7 @@ struct Metrics {
   Counter submissions_refused_not_ready{0};
   Counter submissions_refused_store_unavailable{0};
   Counter store_errors{0};
+  Counter leases_lost{0};
   Counter invocations_succeeded{0};
   Counter invocations_failed{0};
   Counter callback_attempts_delivered{0};
@@ -115,8 +116,8 @@ struct Metrics {
     };
     counter("rebound_jobs_accepted_total", "Jobs accepted (202) by POST /v1/inferences.", "",
             jobs_accepted);
-    counter("rebound_jobs_resumed_total", "Unfinished jobs taken over from the store at start.", "",
-            jobs_resumed);
+    counter("rebound_jobs_resumed_total",
+            "Jobs claimed from the store (at start, or after a lease ran out).", "", jobs_resumed);
     counter("rebound_jobs_completed_total", "Jobs that reached a final status, by status.",
             "{status=\"succeeded\"}", jobs_succeeded);
     counter("rebound_jobs_completed_total", nullptr, "{status=\"failed\"}", jobs_failed);
@@ -130,6 +131,9 @@ struct Metrics {
     counter("rebound_store_errors_total",
             "Job store calls that failed (each is retried or refused; see the store_failed log).",
             "", store_errors);
+    counter("rebound_leases_lost_total",
+            "Acknowledgements refused because the lease had run out (another claim has the work).",
+            "", leases_lost);
     counter("rebound_invocations_total", "Synchronous invocations answered, by outcome.",
             "{outcome=\"succeeded\"}", invocations_succeeded);
     counter("rebound_invocations_total", nullptr, "{outcome=\"failed\"}", invocations_failed);
@@ -146,7 +150,8 @@ struct Metrics {
     gauge("rebound_queue_depth", "Jobs and invocations waiting for a worker.", queue_depth);
     gauge("rebound_jobs_in_flight",
           "Jobs and invocations accepted and not finished (delivery included).", jobs_in_flight);
-    gauge("rebound_callbacks_in_flight", "Callback deliveries under way (including backoff waits).",
+    gauge("rebound_callbacks_in_flight",
+          "Callback attempts under way (retries waiting for their time are in the store).",
           deliveries_in_flight);
     histogram("rebound_queue_wait_seconds", "Time from acceptance to the start of inference.",
               queue_wait_seconds);

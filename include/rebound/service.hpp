@@ -41,14 +41,32 @@ struct ServiceOptions {
   /// discarded. The model call itself cannot be interrupted, so its worker stays busy until it
   /// returns. 0: no limit.
   std::chrono::milliseconds inference_timeout{0};
-  /// Jobs in flight at once, at most: accepted and not yet finished, where finished means final
-  /// and, for jobs with a callback, delivered or given up. Submissions beyond it are refused with
-  /// `queue_full`, so memory stays bounded however slow the model or the receivers are.
+  /// Work in memory at once, at most: jobs waiting for a worker or running, and callback
+  /// attempts under way. A callback waiting for its next attempt is in the store, not in memory,
+  /// and holds no slot. Submissions beyond it are refused with `queue_full`, so memory stays
+  /// bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
   CallbackSenderOptions delivery;
   /// While the store fails, how often a write for an accepted job (its outcome, its callback's
   /// end) is tried again. The job keeps its slot meanwhile, so nothing accepted is lost.
   std::chrono::milliseconds store_retry_interval{1000};
+  /// How long a claim on work (a job to run, a callback attempt) lasts without renewal. Jobs are
+  /// renewed every third of it while they wait or run; work whose server died is claimed by
+  /// another (or by this one after a restart) once its lease runs out. Longer than the callback
+  /// timeout, so that an attempt never outlives its lease.
+  std::chrono::milliseconds lease{30000};
+  /// How often the store is asked for due work that this server did not schedule itself (other
+  /// servers' jobs, leases that ran out). Retries this server scheduled wake it on time.
+  std::chrono::milliseconds poll_interval{1000};
+  /// The name of this server in lease holders (logs, the store). Empty: host name, process id and
+  /// a random suffix.
+  std::string server_id;
+  /// The clock of every time the Service stores or compares (created_at, leases, next attempts,
+  /// time-to-live). Tests inject one to move time on without sleeping; timers still wait in real
+  /// time for the difference to the injected clock.
+  std::function<std::chrono::system_clock::time_point()> clock = [] {
+    return std::chrono::system_clock::now();
+  };
   /// Where job events go (accepted, completed, expired, callback attempts, deliveries, give-ups,
   /// resumed jobs, store errors). The default logs nothing.
   Logger logger;
@@ -73,7 +91,7 @@ struct BatchStats {
   std::uint64_t batches = 0;  ///< predict_batch calls
   std::uint64_t items = 0;    ///< jobs and invocations in them
   std::size_t largest_batch = 0;
-  std::uint64_t resumed = 0;  ///< unfinished jobs taken over from the store at construction
+  std::uint64_t resumed = 0;  ///< jobs claimed from the store (at construction, or later)
 };
 
 /// What `Service::redeliver` did.
@@ -97,10 +115,14 @@ enum class RedeliverStatus {
 ///                            std::make_unique<rebound::CurlTransport>(io.get_executor()));
 ///   service.submit({"job-1", "https://example.com/hook", {{"x", 1}}});
 ///
-/// Recovery: on construction the Service takes over every job the store lists as unfinished (a
-/// durable store after a crash or a restart): jobs not final run again, final ones whose callback
-/// is still owed are delivered. Delivery is at least once, so a job can run or be called back
-/// twice across a crash, never zero times.
+/// The store is the queue: a submission is stored and claimed with a lease by this server at
+/// once; a callback's retry waits in the store until its `next_attempt_at`; a pump on the io
+/// executor claims due work (callbacks, then jobs) as far as slots are free, at the times this
+/// server scheduled and every `poll_interval` for the rest. Recovery is the same mechanism: the
+/// first claims run in the constructor, so a durable store's unfinished work from an earlier run
+/// (or a dead server's, once its leases run out) is taken over. Jobs not final run again; a final
+/// job's callback goes on with its schedule. Delivery is at least once, so a job can run or be
+/// called back twice across a crash, never zero times.
 ///
 /// Executors: model inference runs on `inference_executor` (size its pool to `workers`); callback
 /// timers and delivery bookkeeping run on `io_executor`. Both must outlive the Service and any
@@ -145,7 +167,7 @@ class Service final {
   /// Why the job store cannot be used now (JobStore::failure), or nullopt while it works.
   std::optional<std::string> store_failure() const;
 
-  /// Jobs in flight now (see ServiceOptions::queue_capacity).
+  /// Work in memory now: jobs and callback attempts (see ServiceOptions::queue_capacity).
   std::size_t in_flight() const;
 
   /// Jobs waiting for a worker now.
@@ -175,8 +197,6 @@ class Service final {
   struct WorkItem;  // a job, or an invocation waiting for its result
 
  private:
-  void resume(std::vector<JobRecord> unfinished);
-
   std::shared_ptr<Core> core_;
   std::unique_ptr<BasicJobQueue<WorkItem>> queue_;  // destroyed first: its workers use the core
 };

@@ -51,9 +51,19 @@ class SqliteJobStore final : public JobStore {
   SqliteJobStore(const SqliteJobStore&) = delete;
   SqliteJobStore& operator=(const SqliteJobStore&) = delete;
 
-  PutOutcome put(const Job& job) override;
+  using JobStore::put;
+  PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
   std::optional<JobRecord> get(const std::string& id) const override;
+  std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
+  bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
   void mark_running(const std::string& id) override;
+  bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                  const std::optional<Lease>& deliver, TimePoint now) override;
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
+                                         TimePoint now) override;
+  bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                      TimePoint now) override;
+  RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override;
   void complete(const std::string& id, const JobOutcome& outcome) override;
   void update_callback(const std::string& id, const CallbackInfo& callback) override;
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;

@@ -24,11 +24,35 @@ class FailingStore final : public JobStore {
 
   explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
 
-  PutOutcome put(const Job& job) override { return check(), inner_.put(job); }
+  using JobStore::put;
+  PutOutcome put(const Job& job, const std::optional<Lease>& claim) override {
+    return check(), inner_.put(job, claim);
+  }
   std::optional<JobRecord> get(const std::string& id) const override {
     return check(), inner_.get(id);
   }
+  std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
+    return check(), inner_.claim_jobs(max, lease, now);
+  }
+  bool renew(const std::string& id, const Lease& lease, TimePoint now) override {
+    return check(), inner_.renew(id, lease, now);
+  }
   void mark_running(const std::string& id) override { check(), inner_.mark_running(id); }
+  bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                  const std::optional<Lease>& deliver, TimePoint now) override {
+    return check(), inner_.finish_job(id, holder, outcome, deliver, now);
+  }
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
+                                         TimePoint now) override {
+    return check(), inner_.claim_callbacks(max, lease, now);
+  }
+  bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                      TimePoint now) override {
+    return check(), inner_.record_attempt(id, holder, after, now);
+  }
+  RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override {
+    return check(), inner_.redeliver(id, claim, now);
+  }
   void complete(const std::string& id, const JobOutcome& outcome) override {
     check(), inner_.complete(id, outcome);
   }

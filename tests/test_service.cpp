@@ -1,0 +1,285 @@
+// Service without HTTP: the store is the queue. An injected clock moves time on (hours of retry
+// schedule, leases running out) without sleeping; a scripted transport at the CallbackTransport
+// interface answers at once.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "rebound/memory_job_store.hpp"
+#include "rebound/service.hpp"
+#include "rebound/sqlite_job_store.hpp"
+#include "support/receiver.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using rebound::CallbackState;
+using rebound::JobStatus;
+using rebound::test::eventually;
+using TimePoint = std::chrono::system_clock::time_point;
+
+namespace {
+
+// A clock the test moves by hand.
+struct FakeClock {
+  std::atomic<std::int64_t> ms{1764000000000};
+  TimePoint now() const { return TimePoint(std::chrono::milliseconds(ms.load())); }
+  void advance(std::chrono::milliseconds d) { ms += d.count(); }
+};
+
+// Answers every callback at once with the next scripted status (200 once the script is empty),
+// and keeps the requests.
+class ScriptedTransport final : public rebound::CallbackTransport {
+ public:
+  struct Shared {
+    std::mutex m;
+    std::deque<int> script;
+    std::vector<rebound::CallbackRequest> sent;
+    std::size_t count() {
+      std::lock_guard<std::mutex> lock(m);
+      return sent.size();
+    }
+  };
+  explicit ScriptedTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
+    rebound::CallbackResponse response;
+    {
+      std::lock_guard<std::mutex> lock(shared_->m);
+      response.status = shared_->script.empty() ? 200 : shared_->script.front();
+      if (!shared_->script.empty()) shared_->script.pop_front();
+      shared_->sent.push_back(std::move(request));
+    }
+    on_done(response);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+// A store shared by several Services, as several servers share one Redis.
+class SharedStore final : public rebound::JobStore {
+ public:
+  explicit SharedStore(std::shared_ptr<rebound::JobStore> inner) : inner_(std::move(inner)) {}
+  using JobStore::put;
+  rebound::PutOutcome put(const rebound::Job& job,
+                          const std::optional<rebound::Lease>& claim) override {
+    return inner_->put(job, claim);
+  }
+  std::optional<rebound::JobRecord> get(const std::string& id) const override {
+    return inner_->get(id);
+  }
+  std::vector<rebound::JobRecord> claim_jobs(std::size_t max, const rebound::Lease& lease,
+                                             TimePoint now) override {
+    return inner_->claim_jobs(max, lease, now);
+  }
+  bool renew(const std::string& id, const rebound::Lease& lease, TimePoint now) override {
+    return inner_->renew(id, lease, now);
+  }
+  void mark_running(const std::string& id) override { inner_->mark_running(id); }
+  bool finish_job(const std::string& id, const std::string& holder,
+                  const rebound::JobOutcome& outcome, const std::optional<rebound::Lease>& deliver,
+                  TimePoint now) override {
+    return inner_->finish_job(id, holder, outcome, deliver, now);
+  }
+  std::vector<rebound::JobRecord> claim_callbacks(std::size_t max, const rebound::Lease& lease,
+                                                  TimePoint now) override {
+    return inner_->claim_callbacks(max, lease, now);
+  }
+  bool record_attempt(const std::string& id, const std::string& holder,
+                      const rebound::CallbackInfo& after, TimePoint now) override {
+    return inner_->record_attempt(id, holder, after, now);
+  }
+  rebound::RedeliverOutcome redeliver(const std::string& id, const rebound::Lease& claim,
+                                      TimePoint now) override {
+    return inner_->redeliver(id, claim, now);
+  }
+  void complete(const std::string& id, const rebound::JobOutcome& outcome) override {
+    inner_->complete(id, outcome);
+  }
+  void update_callback(const std::string& id, const rebound::CallbackInfo& callback) override {
+    inner_->update_callback(id, callback);
+  }
+  std::vector<rebound::JobRecord> list_failed_callbacks(std::size_t limit) const override {
+    return inner_->list_failed_callbacks(limit);
+  }
+  std::vector<rebound::JobRecord> list_unfinished(std::size_t limit) const override {
+    return inner_->list_unfinished(limit);
+  }
+
+ private:
+  std::shared_ptr<rebound::JobStore> inner_;
+};
+
+// A model whose predictions wait until the test opens it, and say who ran them.
+class HeldModel final : public rebound::Model {
+ public:
+  explicit HeldModel(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  rebound::Prediction predict(const nlohmann::json&) override {
+    std::unique_lock<std::mutex> lock(m_);
+    ++started_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return open_; });
+    return rebound::Prediction::success(name_);
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(m_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  bool wait_started(int n) {
+    std::unique_lock<std::mutex> lock(m_);
+    return changed_.wait_for(lock, 10s, [&] { return started_ >= n; });
+  }
+
+ private:
+  std::string name_;
+  std::mutex m_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  int started_ = 0;
+};
+
+// One Service with its executors, a fake clock and a scripted transport.
+struct Node {
+  Node(std::unique_ptr<rebound::JobStore> store, std::shared_ptr<FakeClock> clock,
+       std::shared_ptr<ScriptedTransport::Shared> sent, rebound::ServiceOptions so = {},
+       std::unique_ptr<rebound::Model> model = std::make_unique<rebound::EchoModel>()) {
+    so.clock = [clock] { return clock->now(); };
+    so.poll_interval = 10ms;
+    so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(1h), 5);
+    service = std::make_unique<rebound::Service>(pool.get_executor(), io.get_executor(),
+                                                 std::move(model), std::move(store),
+                                                 std::make_unique<ScriptedTransport>(sent), so);
+  }
+  ~Node() {
+    service->shutdown(5s);
+    service.reset();
+    work.reset();
+    io_thread.join();
+    pool.join();
+  }
+  boost::asio::thread_pool pool{2};
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
+  std::thread io_thread{[this] { io.run(); }};
+  std::unique_ptr<rebound::Service> service;
+};
+
+rebound::Job job(const std::string& id, const std::string& url = "http://receiver.test/hook") {
+  return rebound::Job{id, url, 1, {}};
+}
+
+}  // namespace
+
+TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
+  auto clock = std::make_shared<FakeClock>();
+  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  sent->script.assign(20, 503);  // every first attempt fails; the next is an hour away
+  rebound::ServiceOptions so;
+  so.queue_capacity = 2;
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, sent, so);
+  for (int i = 0; i < 20; ++i) {
+    const std::string id = "job-" + std::to_string(i);
+    // Two in memory at most; a job whose callback waits is out of memory, so the next one fits.
+    REQUIRE(eventually([&] { return node.service->in_flight() < 2; }));
+    REQUIRE(node.service->submit(job(id)) == rebound::SubmitStatus::accepted);
+  }
+  REQUIRE(eventually([&] { return sent->count() == 20 && node.service->in_flight() == 0; }));
+  const auto record = node.service->find("job-7");
+  CHECK(record->callback.state == CallbackState::pending);
+  CHECK(record->callback.attempts == 1);
+  CHECK(record->callback.next_attempt_at == clock->now() + 1h);
+  CHECK(rebound::to_status_json(*record)["callback"]["next_attempt_at"] ==
+        rebound::format_rfc3339(clock->now() + 1h));
+
+  // An hour later they are due: the pump claims them two at a time, and all are delivered.
+  clock->advance(1h);
+  REQUIRE(eventually([&] {
+    auto r = node.service->find("job-19");
+    return sent->count() == 40 && r->callback.state == CallbackState::delivered;
+  }));
+  CHECK(node.service->find("job-0")->callback.attempts == 2);
+}
+
+TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
+  rebound::test::TempDir dir;
+  auto clock = std::make_shared<FakeClock>();
+  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  sent->script = {503};
+  {
+    Node node(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
+    REQUIRE(node.service->submit(job("slow-receiver")) == rebound::SubmitStatus::accepted);
+    REQUIRE(eventually([&] {
+      auto r = node.service->find("slow-receiver");
+      return r && r->callback.attempts == 1 && node.service->in_flight() == 0;
+    }));
+  }
+  clock->advance(10min);
+  Node restarted(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
+  CHECK(restarted.service->batch_stats().resumed == 0);  // nothing due yet
+  std::this_thread::sleep_for(100ms);                    // ten polls
+  CHECK(sent->count() == 1);
+  auto record = restarted.service->find("slow-receiver");
+  CHECK(record->callback.state == CallbackState::pending);
+  CHECK(record->callback.next_attempt_at == clock->now() + 50min);
+
+  clock->advance(50min);
+  REQUIRE(eventually([&] {
+    return restarted.service->find("slow-receiver")->callback.state == CallbackState::delivered;
+  }));
+  CHECK(sent->count() == 2);
+  CHECK(restarted.service->find("slow-receiver")->callback.attempts == 2);
+  // Same webhook-id on both attempts: receivers deduplicate across restarts.
+  std::lock_guard<std::mutex> lock(sent->m);
+  auto webhook_id = [](const rebound::CallbackRequest& r) {
+    for (const auto& [name, value] : r.headers)
+      if (name == "webhook-id") return value;
+    return std::string();
+  };
+  CHECK(webhook_id(sent->sent[0]) == "msg_slow-receiver");
+  CHECK(webhook_id(sent->sent[1]) == "msg_slow-receiver");
+}
+
+TEST_CASE("service: a job whose lease runs out is taken over - the late result is refused") {
+  auto clock = std::make_shared<FakeClock>();
+  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  auto store = std::make_shared<rebound::MemoryJobStore>();
+  rebound::ServiceOptions so;
+  so.lease = 1h;  // renewed every 20 real minutes: never during this test
+  auto stuck_model = std::make_unique<HeldModel>("first");
+  HeldModel* stuck = stuck_model.get();
+  so.server_id = "first";
+  so.queue_capacity = 1;  // its stuck job holds its only slot: it cannot claim the job back itself
+  Node first(std::make_unique<SharedStore>(store), clock, sent, so, std::move(stuck_model));
+  REQUIRE(first.service->submit(job("contested")) == rebound::SubmitStatus::accepted);
+  REQUIRE(stuck->wait_started(1));
+
+  so.server_id = "second";
+  so.queue_capacity = 100;
+  Node second(std::make_unique<SharedStore>(store), clock, sent, so,
+              std::make_unique<rebound::EchoModel>());
+  std::this_thread::sleep_for(50ms);  // polls: the job is held
+  CHECK(second.service->batch_stats().resumed == 0);
+
+  clock->advance(61min);  // the first server's lease ran out
+  REQUIRE(eventually([&] {
+    auto r = store->get("contested");
+    return r->status == JobStatus::succeeded && r->callback.state == CallbackState::delivered;
+  }));
+  CHECK(second.service->batch_stats().resumed == 1);
+  CHECK(store->get("contested")->outcome.result == 1);  // the echo model's answer
+
+  stuck->open();  // the first server's model answers at last: its acknowledgement is refused
+  REQUIRE(eventually([&] { return first.service->metrics().leases_lost.load() == 1; }));
+  CHECK(store->get("contested")->outcome.result == 1);
+  CHECK(sent->count() == 1);  // one callback, from the server whose result was kept
+  CHECK(first.service->in_flight() == 0);
+}
