@@ -38,6 +38,157 @@ std::string default_server_id() {
 
 }  // namespace
 
+// The counters and histograms of GET /metrics, kept by hearing the pipeline's events.
+class MetricsObserver final : public ServiceObserver {
+ public:
+  explicit MetricsObserver(Metrics& m) : m_(m) {}
+  void on_accepted(const std::string&, bool) override { ++m_.jobs_accepted; }
+  void on_refused(Refusal why) override {
+    switch (why) {
+      case Refusal::queue_full:
+        ++m_.submissions_refused_queue_full;
+        break;
+      case Refusal::not_ready:
+        ++m_.submissions_refused_not_ready;
+        break;
+      case Refusal::store_unavailable:
+        ++m_.submissions_refused_store_unavailable;
+        break;
+    }
+  }
+  void on_claimed(std::size_t jobs, std::size_t callbacks, bool at_start) override {
+    m_.jobs_resumed += jobs + (at_start ? callbacks : 0);
+  }
+  void on_batch_started(const std::vector<std::chrono::steady_clock::duration>& waits) override {
+    for (const auto& wait : waits)
+      m_.queue_wait_seconds.observe(std::chrono::duration<double>(wait).count());
+    m_.batch_size.observe(static_cast<double>(waits.size()));
+  }
+  void on_batch_finished(std::size_t, double inference_seconds) override {
+    m_.inference_seconds.observe(inference_seconds);
+  }
+  void on_late_result(std::size_t, double inference_seconds) override {
+    m_.inference_seconds.observe(inference_seconds);
+  }
+  void on_completed(const JobRecord& record, std::size_t, double) override {
+    ++(record.status == JobStatus::succeeded ? m_.jobs_succeeded : m_.jobs_failed);
+  }
+  void on_expired(const JobRecord&, std::chrono::milliseconds) override { ++m_.jobs_expired; }
+  void on_invocation(bool succeeded) override {
+    ++(succeeded ? m_.invocations_succeeded : m_.invocations_failed);
+  }
+  void on_attempt(const std::string&, const AttemptReport& report) override {
+    switch (report.verdict) {
+      case AttemptVerdict::delivered:
+        ++m_.callback_attempts_delivered;
+        ++m_.callbacks_delivered;
+        break;
+      case AttemptVerdict::give_up:
+        ++m_.callback_attempts_given_up;
+        ++m_.callbacks_given_up;
+        break;
+      case AttemptVerdict::retry:
+        ++m_.callback_attempts_retried;
+        break;
+    }
+  }
+  void on_lease_lost(const std::string&, std::string_view) override { ++m_.leases_lost; }
+  void on_store_error(std::string_view, const std::string&, std::string_view) override {
+    ++m_.store_errors;
+  }
+
+ private:
+  Metrics& m_;
+};
+
+// The JSON log lines of docs/operations.md. Fields are built only when the line is wanted.
+class LogObserver final : public ServiceObserver {
+ public:
+  explicit LogObserver(Logger log) : log_(std::move(log)) {}
+  void on_accepted(const std::string& id, bool has_callback) override {
+    if (log_.enabled(LogLevel::debug)) {  // the submit path: no JSON unless wanted
+      log_.job(LogLevel::debug, "job_accepted", id, {{"callback", has_callback}});
+    }
+  }
+  void on_claimed(std::size_t jobs, std::size_t callbacks, bool at_start) override {
+    if (at_start) log_.log(LogLevel::info, "jobs_resumed", {{"count", jobs + callbacks}});
+  }
+  void on_late_result(std::size_t size, double inference_seconds) override {
+    log_.log(LogLevel::warn, "late_result_discarded",
+             {{"batch_size", size}, {"inference_ms", inference_seconds * 1000.0}});
+  }
+  void on_completed(const JobRecord& record, std::size_t batch_size, double inference_ms) override {
+    const LogLevel level = record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn;
+    if (!log_.enabled(level)) return;
+    nlohmann::json fields = {{"status", to_string(record.status)}, {"batch_size", batch_size}};
+    if (inference_ms >= 0) fields["inference_ms"] = inference_ms;
+    if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
+    log_.job(level, "job_completed", record.job.id, fields);
+  }
+  void on_expired(const JobRecord& record, std::chrono::milliseconds ttl) override {
+    log_.job(LogLevel::warn, "job_expired", record.job.id, {{"ttl_ms", ttl.count()}});
+  }
+  void on_attempt(const std::string& id, const AttemptReport& report) override {
+    switch (report.verdict) {
+      case AttemptVerdict::delivered:
+        if (log_.enabled(LogLevel::info)) {  // once per job: fields only when wanted
+          log_.job(LogLevel::info, "callback_delivered", id, {{"attempts", report.attempt}});
+        }
+        break;
+      case AttemptVerdict::give_up:
+        log_.job(LogLevel::warn, "callback_given_up", id,
+                 {{"attempts", report.attempt}, {"error", report.error}});
+        break;
+      case AttemptVerdict::retry:
+        log_.job(LogLevel::warn, "callback_attempt_failed", id,
+                 {{"attempt", report.attempt},
+                  {"error", report.error},
+                  {"retry_in_ms", report.next_delay.count()}});
+        break;
+    }
+  }
+  void on_redelivery(const std::string& id, int previous_attempts) override {
+    log_.job(LogLevel::info, "callback_redelivery", id, {{"previous_attempts", previous_attempts}});
+  }
+  void on_lease_lost(const std::string& id, std::string_view during) override {
+    log_.job(LogLevel::warn, "lease_lost", id, {{"during", during}});
+  }
+  void on_store_failing(std::string_view during, const std::string& job_id,
+                        std::string_view why) override {
+    const nlohmann::json fields = {{"during", during}, {"error", why}};
+    if (job_id.empty()) {
+      log_.log(LogLevel::error, "store_failed", fields);
+    } else {
+      log_.job(LogLevel::error, "store_failed", job_id, fields);
+    }
+  }
+  void on_store_recovered() override { log_.log(LogLevel::info, "store_recovered"); }
+
+ private:
+  Logger log_;
+};
+
+// Who hears the events: the metrics and the log (called directly), then the user's observers
+// (through a catch-all: an observer cannot break the pipeline).
+struct Observers {
+  explicit Observers(Metrics& metrics) : metrics(metrics) {}
+  MetricsObserver metrics;
+  LogObserver log{Logger()};
+  std::vector<std::shared_ptr<ServiceObserver>> user;
+
+  template <typename Event>
+  void operator()(const Event& event) {
+    event(metrics);
+    event(log);
+    for (const auto& observer : user) {
+      try {
+        event(*observer);
+      } catch (...) {
+      }
+    }
+  }
+};
+
 struct Service::WorkItem {
   Job job;
   InvocationHandler reply;  // set for an invocation: no store, no callback
@@ -58,7 +209,6 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::function<TimePoint()> clock;
   std::string server_id;
   std::atomic<std::uint64_t> claims{0};
-  Logger log;
   BasicJobQueue<WorkItem>* queue = nullptr;  // owned by the Service, which outlives its use here
 
   // The failing-store policy (JobStore's comment): one log line when the store starts failing and
@@ -74,6 +224,7 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   std::size_t in_flight = 0;
   BatchStats stats;
   Metrics metrics;
+  Observers observe{metrics};
 
   // Jobs this server holds a lease on (waiting for a worker or running), by id: the holder, for
   // renewals. Bounded by the capacity.
@@ -99,17 +250,13 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
 
   Lease lease_from_now(std::string holder) const { return Lease{std::move(holder), now() + lease}; }
 
-  // Notes a store call that threw: counted always, logged once per failing spell.
+  // Notes a store call that threw (`counted`: a call, not a health check), and the start of a
+  // failing spell.
   void store_failed(std::string_view during, const std::string& job_id, const char* why,
                     bool counted = true) {
-    if (counted) ++metrics.store_errors;
+    if (counted) observe([&](auto& o) { o.on_store_error(during, job_id, why); });
     if (!store_failing.exchange(true)) {
-      const nlohmann::json fields = {{"during", during}, {"error", why}};
-      if (job_id.empty()) {
-        log.log(LogLevel::error, "store_failed", fields);
-      } else {
-        log.job(LogLevel::error, "store_failed", job_id, fields);
-      }
+      observe([&](auto& o) { o.on_store_failing(during, job_id, why); });
     }
   }
 
@@ -123,24 +270,52 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     } catch (...) {
       return;
     }
-    if (!why && store_failing.exchange(false)) log.log(LogLevel::info, "store_recovered");
+    if (!why && store_failing.exchange(false)) observe([](auto& o) { o.on_store_recovered(); });
+  }
+
+  // What store calls made under a lock have to tell the observers once it is let go.
+  struct StoreNews {
+    bool worked = false;
+    std::optional<std::pair<std::string, std::string>> failed;  // during, why
+    std::string job_id;
+  };
+
+  void tell(const StoreNews& news) {
+    if (news.failed) {
+      store_failed(news.failed->first, news.job_id, news.failed->second.c_str());
+    } else if (news.worked) {
+      store_worked();
+    }
   }
 
   // Runs `call` against the store; a failure is noted and rethrown as StoreUnavailable (for the
-  // reads a front end answers from).
+  // reads a front end answers from). With `news`, what happened is kept there for `tell`,
+  // because the caller holds a lock that observers must not run under.
   template <typename Call>
-  auto read_store(std::string_view during, const std::string& job_id, Call&& call) const
-      -> decltype(call(*store)) {
+  auto read_store(std::string_view during, const std::string& job_id, Call&& call,
+                  StoreNews* news = nullptr) const -> decltype(call(*store)) {
     auto* self = const_cast<Core*>(this);
+    auto failed = [&](const char* why) {
+      if (news) {
+        news->failed.emplace(std::string(during), why);
+        news->job_id = job_id;
+      } else {
+        self->store_failed(during, job_id, why);
+      }
+    };
     try {
       auto out = call(*store);
-      self->store_worked();
+      if (news) {
+        news->worked = true;
+      } else {
+        self->store_worked();
+      }
       return out;
     } catch (const std::exception& e) {
-      self->store_failed(during, job_id, e.what());
+      failed(e.what());
       throw StoreUnavailable(e.what());
     } catch (...) {
-      self->store_failed(during, job_id, "unknown error");
+      failed("unknown error");
       throw StoreUnavailable("the job store failed");
     }
   }
@@ -205,13 +380,32 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
 
   // The admission shared by submissions and invocations; the caller holds accepting_mutex
   // (shared). `accepted` means a slot was taken, to be released when the work is finished.
+  // The caller tells the observers, after it let go of the lock.
   SubmitStatus admit() {
     if (!accepting) return SubmitStatus::shutting_down;
-    if (!model->ready()) {
-      ++metrics.submissions_refused_not_ready;
-      return SubmitStatus::not_ready;
-    }
+    if (!model->ready()) return SubmitStatus::not_ready;
     return try_admit() ? SubmitStatus::accepted : SubmitStatus::queue_full;
+  }
+
+  // Tells the observers how a submission (or, without an id, an invocation) was answered; called
+  // outside every lock.
+  void observe_submission(SubmitStatus status, const std::string& id, bool has_callback) {
+    switch (status) {
+      case SubmitStatus::accepted:
+        if (!id.empty()) observe([&](auto& o) { o.on_accepted(id, has_callback); });
+        break;
+      case SubmitStatus::queue_full:
+        observe([](auto& o) { o.on_refused(Refusal::queue_full); });
+        break;
+      case SubmitStatus::not_ready:
+        observe([](auto& o) { o.on_refused(Refusal::not_ready); });
+        break;
+      case SubmitStatus::store_unavailable:
+        observe([](auto& o) { o.on_refused(Refusal::store_unavailable); });
+        break;
+      default:
+        break;
+    }
   }
 
   void release(std::size_t n = 1) {
@@ -271,31 +465,18 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     after.last_error = report.error;
     switch (report.verdict) {
       case AttemptVerdict::delivered:
-        ++metrics.callback_attempts_delivered;
-        ++metrics.callbacks_delivered;
         after.state = CallbackState::delivered;
-        if (log.enabled(LogLevel::info)) {  // once per job: fields only when wanted
-          log.job(LogLevel::info, "callback_delivered", id, {{"attempts", report.attempt}});
-        }
         break;
       case AttemptVerdict::give_up:
-        ++metrics.callback_attempts_given_up;
-        ++metrics.callbacks_given_up;
         after.state = CallbackState::failed;
-        log.job(LogLevel::warn, "callback_given_up", id,
-                {{"attempts", report.attempt}, {"error", report.error}});
         break;
       case AttemptVerdict::retry:
-        ++metrics.callback_attempts_retried;
         after.state = CallbackState::pending;
         after.next_attempt_at = now() + report.next_delay;
         after.previous_delay = report.next_delay;
-        log.job(LogLevel::warn, "callback_attempt_failed", id,
-                {{"attempt", report.attempt},
-                 {"error", report.error},
-                 {"retry_in_ms", report.next_delay.count()}});
         break;
     }
+    observe([&](auto& o) { o.on_attempt(id, report); });
     auto core = shared_from_this();
     write_until_stored(
         core, "record_attempt", id,
@@ -312,8 +493,7 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
   }
 
   void lease_lost(const std::string& id, const char* during) {
-    ++metrics.leases_lost;
-    log.job(LogLevel::warn, "lease_lost", id, {{"during", during}});
+    observe([&](auto& o) { o.on_lease_lost(id, during); });
   }
 
   // ---- The pump: claims due work from the store, as far as there are free slots.
@@ -357,20 +537,34 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
       pump_due = std::chrono::steady_clock::time_point::max();
     }
     if (stopped) return 0;
-    std::size_t taken = 0;
+    std::size_t jobs = 0, callbacks = 0;
     bool more = false;
     try {
       // After shutdown begins nothing new is claimed: it stays in the store for the next start,
       // or for the other servers.
-      if (accepting_work()) taken += claim_callbacks(more) + claim_jobs(more);
+      if (accepting_work()) {
+        callbacks = claim_callbacks(more);
+        jobs = claim_jobs(more);
+      }
       store_worked();
     } catch (const std::exception& e) {
       store_failed("claim", {}, e.what());
     } catch (...) {
       store_failed("claim", {}, "unknown error");
     }
+    // Taken over: jobs this server did not accept, and at start the callbacks an earlier run owed
+    // (later, claimed callbacks are the retries this server or another scheduled).
+    const bool at_start = starting;
+    if (!at_start) callbacks = 0;
+    if (jobs + callbacks > 0) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        stats.resumed += jobs + callbacks;
+      }
+      observe([&](auto& o) { o.on_claimed(jobs, callbacks, at_start); });
+    }
     wake_pump(now() + (more ? std::chrono::milliseconds(0) : poll_interval));
-    return taken;
+    return jobs + callbacks;
   }
 
   bool accepting_work() {
@@ -417,11 +611,6 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
                                 [this](std::size_t n, const Lease& lease, TimePoint at) {
                                   return store->claim_callbacks(n, lease, at);
                                 });
-    if (starting && !due.empty()) {  // callbacks owed from an earlier run count as taken over
-      std::lock_guard<std::mutex> lock(mutex);
-      stats.resumed += due.size();
-    }
-    if (starting) metrics.jobs_resumed += due.size();
     auto core = shared_from_this();
     for (auto& record : due)
       attempt(core, record, holder);
@@ -434,11 +623,6 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
                                 [this](std::size_t n, const Lease& lease, TimePoint at) {
                                   return store->claim_jobs(n, lease, at);
                                 });
-    if (!due.empty()) {
-      std::lock_guard<std::mutex> lock(mutex);
-      stats.resumed += due.size();
-    }
-    metrics.jobs_resumed += due.size();
     for (auto& record : due) {
       hold(record.job.id, holder);
       queue->try_push(WorkItem{std::move(record.job), nullptr, holder});  // runs: at least once
@@ -531,9 +715,7 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
                         ErrorInfo{"expired", "The job waited longer than its time-to-live of " +
                                                  std::to_string(core->job_ttl.count() / 1000.0) +
                                                  " s and was not run."}};
-      ++core->metrics.jobs_expired;
-      core->log.job(LogLevel::warn, "job_expired", record.job.id,
-                    {{"ttl_ms", core->job_ttl.count()}});
+      core->observe([&](auto& o) { o.on_expired(record, core->job_ttl); });
       core->finish(record, it->holder);
     }
     batch.erase(expired, batch.end());
@@ -551,11 +733,13 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
   }
   core->count_batch(batch.size());
   const auto started = std::chrono::steady_clock::now();
-  for (const auto& item : batch) {
-    core->metrics.queue_wait_seconds.observe(
-        std::chrono::duration<double>(started - item.enqueued).count());
+  {
+    std::vector<std::chrono::steady_clock::duration> waits;
+    waits.reserve(batch.size());
+    for (const auto& item : batch)
+      waits.push_back(started - item.enqueued);
+    core->observe([&](auto& o) { o.on_batch_started(waits); });
   }
-  core->metrics.batch_size.observe(static_cast<double>(batch.size()));
 
   // With an inference timeout, a watchdog on the io executor answers the batch when the model
   // overruns; whoever settles the batch first (the watchdog or the model) answers it, once.
@@ -578,12 +762,11 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
   std::vector<Prediction> predictions = core->predict(inputs);
   const double inference_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  core->metrics.inference_seconds.observe(inference_s);
   if (settled->exchange(true)) {
-    core->log.log(LogLevel::warn, "late_result_discarded",
-                  {{"batch_size", items->size()}, {"inference_ms", inference_s * 1000.0}});
+    core->observe([&](auto& o) { o.on_late_result(items->size(), inference_s); });
     return;
   }
+  core->observe([&](auto& o) { o.on_batch_finished(items->size(), inference_s); });
   if (watchdog) watchdog->cancel();
   for (std::size_t i = 0; i < items->size(); ++i) {
     core->settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0);
@@ -593,7 +776,7 @@ void Service::Core::run_batch(const std::shared_ptr<Core>& core, std::vector<Wor
 void Service::Core::settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
                            double inference_ms) {
   if (item.reply) {
-    ++(prediction.ok() ? metrics.invocations_succeeded : metrics.invocations_failed);
+    observe([&](auto& o) { o.on_invocation(prediction.ok()); });
     try {
       item.reply(prediction);
     } catch (...) {
@@ -610,14 +793,7 @@ void Service::Core::settle(WorkItem& item, Prediction& prediction, std::size_t b
     record.outcome = {JobStatus::failed, nullptr, prediction.error()};
   }
   record.status = record.outcome.status;
-  ++(record.status == JobStatus::succeeded ? metrics.jobs_succeeded : metrics.jobs_failed);
-  const LogLevel level = record.status == JobStatus::succeeded ? LogLevel::info : LogLevel::warn;
-  if (log.enabled(level)) {
-    nlohmann::json fields = {{"status", to_string(record.status)}, {"batch_size", batch_size}};
-    if (inference_ms >= 0) fields["inference_ms"] = inference_ms;
-    if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
-    log.job(level, "job_completed", record.job.id, fields);
-  }
+  observe([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
   finish(record, item.holder);
 }
 
@@ -683,7 +859,8 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   core_->poll_interval = options.poll_interval;
   core_->clock = options.clock;
   core_->server_id = options.server_id.empty() ? default_server_id() : options.server_id;
-  core_->log = options.logger;
+  core_->observe.log = LogObserver(options.logger);
+  core_->observe.user = std::move(options.observers);
   core_->sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                    std::move(options.delivery));
   const BatchingPreference preferred = core_->model->batching();
@@ -702,7 +879,7 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   // now is retried by the pump.
   const std::size_t taken = core_->pump();
   core_->starting = false;
-  if (taken > 0) core_->log.log(LogLevel::info, "jobs_resumed", {{"count", taken}});
+  (void)taken;
   core_->pump_thread = std::thread([core = core_.get()] { core->run_pump(); });
 }
 
@@ -722,68 +899,74 @@ Service::~Service() {
 }
 
 SubmitStatus Service::submit(Job job) {
-  std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
-  const SubmitStatus admitted = core_->admit();
-  if (admitted == SubmitStatus::queue_full) {
-    // A resubmission of a stored job is still answered as a duplicate when the queue is full.
-    std::optional<JobRecord> existing;
+  const std::string id = job.id;
+  const bool has_callback = !job.callback_url.empty();
+  Core::StoreNews news;
+  const SubmitStatus status = [&] {
+    std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
+    const SubmitStatus admitted = core_->admit();
+    if (admitted == SubmitStatus::queue_full) {
+      // A resubmission of a stored job is still answered as a duplicate when the queue is full.
+      std::optional<JobRecord> existing;
+      try {
+        existing = core_->read_store(
+            "get", id, [&](JobStore& s) { return s.get(id); }, &news);
+      } catch (const StoreUnavailable&) {
+        return SubmitStatus::store_unavailable;
+      }
+      if (existing) {
+        return existing->job.same_request_as(job) ? SubmitStatus::duplicate
+                                                  : SubmitStatus::conflict;
+      }
+    }
+    if (admitted != SubmitStatus::accepted) return admitted;
+    if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core_->now();
+    // The accepting server claims the job as it stores it: no claim round trip on the way in.
+    const std::string holder = core_->next_holder();
+    PutOutcome outcome;
     try {
-      existing = core_->read_store("get", job.id, [&](JobStore& s) { return s.get(job.id); });
+      outcome = core_->read_store(
+          "put", id, [&](JobStore& s) { return s.put(job, core_->lease_from_now(holder)); }, &news);
     } catch (const StoreUnavailable&) {
-      ++core_->metrics.submissions_refused_store_unavailable;
+      core_->release();
       return SubmitStatus::store_unavailable;
     }
-    if (existing) {
-      return existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
-    }
-    ++core_->metrics.submissions_refused_queue_full;
-  }
-  if (admitted != SubmitStatus::accepted) return admitted;
-  if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core_->now();
-  // The accepting server claims the job as it stores it: no claim round trip on the way in.
-  const std::string holder = core_->next_holder();
-  PutOutcome outcome;
-  try {
-    outcome = core_->read_store(
-        "put", job.id, [&](JobStore& s) { return s.put(job, core_->lease_from_now(holder)); });
-  } catch (const StoreUnavailable&) {
-    core_->release();
-    ++core_->metrics.submissions_refused_store_unavailable;
-    return SubmitStatus::store_unavailable;
-  }
-  if (outcome != PutOutcome::created) {
-    core_->release();
     switch (outcome) {
+      case PutOutcome::created:
+        break;
       case PutOutcome::duplicate:
+        core_->release();
         return SubmitStatus::duplicate;
       case PutOutcome::full:
-        ++core_->metrics.submissions_refused_queue_full;
+        core_->release();
         return SubmitStatus::queue_full;
-      default:
+      case PutOutcome::conflict:
+        core_->release();
         return SubmitStatus::conflict;
     }
-  }
-  // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
-  if (core_->log.enabled(LogLevel::debug)) {  // the submit path: no JSON unless wanted
-    core_->log.job(LogLevel::debug, "job_accepted", job.id,
-                   {{"callback", !job.callback_url.empty()}});
-  }
-  core_->hold(job.id, holder);
-  queue_->try_push(WorkItem{std::move(job), nullptr, holder});
-  ++core_->metrics.jobs_accepted;
-  return SubmitStatus::accepted;
+    // Cannot be full (admission bounds it) nor closed (shutdown waits for this shared lock).
+    core_->hold(id, holder);
+    queue_->try_push(WorkItem{std::move(job), nullptr, holder});
+    return SubmitStatus::accepted;
+  }();
+  core_->tell(news);
+  core_->observe_submission(status, id, has_callback);
+  return status;
 }
 
 SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) {
   if (!on_result) throw Error("Service::invoke: a result handler is required");
-  std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
-  const SubmitStatus admitted = core_->admit();
-  if (admitted == SubmitStatus::queue_full) ++core_->metrics.submissions_refused_queue_full;
-  if (admitted != SubmitStatus::accepted) return admitted;
-  Job job;
-  job.input = std::move(input);
-  queue_->try_push(WorkItem{std::move(job), std::move(on_result)});
-  return SubmitStatus::accepted;
+  const SubmitStatus status = [&] {
+    std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
+    const SubmitStatus admitted = core_->admit();
+    if (admitted != SubmitStatus::accepted) return admitted;
+    Job job;
+    job.input = std::move(input);
+    queue_->try_push(WorkItem{std::move(job), std::move(on_result)});
+    return SubmitStatus::accepted;
+  }();
+  if (status != SubmitStatus::accepted) core_->observe_submission(status, {}, false);
+  return status;
 }
 
 std::size_t Service::max_batch_size() const {
@@ -830,8 +1013,7 @@ BatchStats Service::batch_stats() const {
 }
 
 RedeliverStatus Service::redeliver(const std::string& id) {
-  std::shared_lock<std::shared_mutex> accepting(core_->accepting_mutex);
-  if (!core_->accepting) return RedeliverStatus::shutting_down;
+  if (!core_->accepting_work()) return RedeliverStatus::shutting_down;
   if (!core_->try_admit()) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
     auto record = core_->read_store("get", id, [&](JobStore& s) { return s.get(id); });
@@ -859,8 +1041,7 @@ RedeliverStatus Service::redeliver(const std::string& id) {
     return outcome == RedeliverOutcome::not_failed ? RedeliverStatus::not_failed
                                                    : RedeliverStatus::not_found;
   }
-  core_->log.job(LogLevel::info, "callback_redelivery", id,
-                 {{"previous_attempts", record->callback.attempts}});
+  core_->observe([&](auto& o) { o.on_redelivery(id, record->callback.attempts); });
   Core::attempt(core_, *record, lease.holder);
   return RedeliverStatus::accepted;
 }
@@ -886,7 +1067,7 @@ std::optional<std::string> Service::store_failure() const {
   if (why) {
     core_->store_failed("failure", {}, why->c_str(), false);
   } else if (core_->store_failing.exchange(false)) {
-    core_->log.log(LogLevel::info, "store_recovered");
+    core_->observe([](auto& o) { o.on_store_recovered(); });
   }
   return why;
 }

@@ -283,3 +283,56 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   CHECK(sent->count() == 1);  // one callback, from the server whose result was kept
   CHECK(first.service->in_flight() == 0);
 }
+
+namespace {
+// Counts what it hears; `throws` makes every hook throw, which must not matter.
+struct CountingObserver final : rebound::ServiceObserver {
+  explicit CountingObserver(bool throws = false) : throws(throws) {}
+  bool throws;
+  std::atomic<int> accepted{0}, completed{0}, delivered{0}, retried{0}, refused{0};
+  void hit(std::atomic<int>& n) {
+    ++n;
+    if (throws) throw std::runtime_error("observer bug");
+  }
+  void on_accepted(const std::string&, bool) override { hit(accepted); }
+  void on_refused(rebound::Refusal) override { hit(refused); }
+  void on_completed(const rebound::JobRecord& r, std::size_t, double) override {
+    if (r.status == JobStatus::succeeded) hit(completed);
+  }
+  void on_attempt(const std::string&, const rebound::AttemptReport& report) override {
+    hit(report.verdict == rebound::AttemptVerdict::delivered ? delivered : retried);
+  }
+};
+}  // namespace
+
+TEST_CASE("service: observers hear the walk of a job - and one that throws changes nothing") {
+  auto clock = std::make_shared<FakeClock>();
+  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  sent->script = {503};
+  auto counting = std::make_shared<CountingObserver>();
+  auto throwing = std::make_shared<CountingObserver>(true);
+  rebound::ServiceOptions so;
+  so.queue_capacity = 1;
+  so.observers = {throwing, counting};
+  auto model = std::make_unique<HeldModel>("held");
+  HeldModel* held = model.get();
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, sent, so, std::move(model));
+  REQUIRE(node.service->submit(job("observed")) == rebound::SubmitStatus::accepted);
+  REQUIRE(held->wait_started(1));
+  CHECK(node.service->submit(job("refused")) == rebound::SubmitStatus::queue_full);
+  held->open();
+  REQUIRE(eventually([&] { return counting->retried == 1 && node.service->in_flight() == 0; }));
+  clock->advance(1h);
+  REQUIRE(eventually([&] { return counting->delivered == 1; }));
+  for (const auto& o : {counting, throwing}) {
+    CHECK(o->accepted == 1);
+    CHECK(o->refused == 1);
+    CHECK(o->completed == 1);
+    CHECK(o->retried == 1);
+    CHECK(o->delivered == 1);
+  }
+  // The built-in metrics heard the same events.
+  CHECK(node.service->metrics().jobs_accepted.load() == 1);
+  CHECK(node.service->metrics().callbacks_delivered.load() == 1);
+  CHECK(node.service->find("observed")->callback.state == CallbackState::delivered);
+}

@@ -19,6 +19,7 @@
 #include "rebound/log.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
+#include "rebound/service_observer.hpp"
 
 namespace rebound {
 
@@ -70,6 +71,9 @@ struct ServiceOptions {
   /// Where job events go (accepted, completed, expired, callback attempts, deliveries, give-ups,
   /// resumed jobs, store errors). The default logs nothing.
   Logger logger;
+  /// More listeners to the pipeline's events, after the metrics and the log (see
+  /// ServiceObserver: thread-safe, short, never called under a Service lock).
+  std::vector<std::shared_ptr<ServiceObserver>> observers;
 };
 
 /// What `Service::submit` did.

@@ -1,0 +1,74 @@
+// ServiceObserver: what a Service tells about the work going through it. Metrics and logs are
+// observers; add your own (tracing, an audit trail, a dashboard) through ServiceOptions.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rebound/callback_sender.hpp"
+#include "rebound/job.hpp"
+
+namespace rebound {
+
+/// Why a submission or an invocation was refused (see SubmitStatus).
+enum class Refusal { queue_full, not_ready, store_unavailable };
+
+/// Hears the events of a Service's pipeline, in the order of a job's walk:
+/// accepted -> (claimed) -> batch started -> completed | expired -> attempt ... -> (redelivery).
+///
+/// Every hook has an empty default: override what you need. Hooks run on the thread where the
+/// event happens (an HTTP thread, an inference worker, the io executor, the pump thread), never
+/// under a Service lock, and may run concurrently: an observer must be thread-safe. An exception a
+/// hook throws is swallowed. Keep hooks short: they run on the pipeline's threads.
+///
+/// Example:
+///   struct Audit final : rebound::ServiceObserver {
+///     void on_completed(const rebound::JobRecord& r, std::size_t, double) override {
+///       audit_log.write(r.job.id, rebound::to_string(r.status));
+///     }
+///   };
+///   options.observers.push_back(std::make_shared<Audit>());
+class ServiceObserver {
+ public:
+  virtual ~ServiceObserver() = default;
+
+  /// A job was stored and claimed by this server (a 202; an identical resubmission is not).
+  virtual void on_accepted(const std::string& /*job_id*/, bool /*has_callback*/) {}
+  /// A submission or invocation was refused.
+  virtual void on_refused(Refusal /*why*/) {}
+  /// Work was claimed from the store that this server did not accept or schedule itself: `jobs`
+  /// to run, `callbacks` owed from an earlier run (`at_start`: by the constructor).
+  virtual void on_claimed(std::size_t /*jobs*/, std::size_t /*callbacks*/, bool /*at_start*/) {}
+  /// A batch goes to the model; `waits` is how long each of its items waited for a worker.
+  virtual void on_batch_started(const std::vector<std::chrono::steady_clock::duration>& /*waits*/) {
+  }
+  /// The model answered a batch after `inference_seconds`.
+  virtual void on_batch_finished(std::size_t /*size*/, double /*inference_seconds*/) {}
+  /// The model answered a batch that the inference timeout had already answered.
+  virtual void on_late_result(std::size_t /*size*/, double /*inference_seconds*/) {}
+  /// A job reached `succeeded` or `failed`; `inference_ms` < 0: the model never answered.
+  virtual void on_completed(const JobRecord& /*record*/, std::size_t /*batch_size*/,
+                            double /*inference_ms*/) {}
+  /// A job waited past its time-to-live and ends `expired` without running.
+  virtual void on_expired(const JobRecord& /*record*/, std::chrono::milliseconds /*ttl*/) {}
+  /// A synchronous invocation was answered.
+  virtual void on_invocation(bool /*succeeded*/) {}
+  /// A callback attempt ended (delivered, retry with its delay, or give_up).
+  virtual void on_attempt(const std::string& /*job_id*/, const AttemptReport& /*report*/) {}
+  /// A given-up callback goes back into delivery.
+  virtual void on_redelivery(const std::string& /*job_id*/, int /*previous_attempts*/) {}
+  /// An acknowledgement was refused: the lease had run out and the work is another claim's.
+  virtual void on_lease_lost(const std::string& /*job_id*/, std::string_view /*during*/) {}
+  /// A store call failed (`job_id` empty when it was about no job in particular).
+  virtual void on_store_error(std::string_view /*during*/, const std::string& /*job_id*/,
+                              std::string_view /*why*/) {}
+  /// The store started failing (once per failing spell), and works again.
+  virtual void on_store_failing(std::string_view /*during*/, const std::string& /*job_id*/,
+                                std::string_view /*why*/) {}
+  virtual void on_store_recovered() {}
+};
+
+}  // namespace rebound
