@@ -425,9 +425,11 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
     std::lock_guard<std::mutex> lock(held_mutex);
     held[id] = holder;
   }
-  void unhold(const std::string& id) {
+  // Forgets `holder`'s claim on `id`; a later claim of the same id (after a lease ran out) stays.
+  void unhold(const std::string& id, const std::string& holder) {
     std::lock_guard<std::mutex> lock(held_mutex);
-    held.erase(id);
+    auto it = held.find(id);
+    if (it != held.end() && it->second == holder) held.erase(it);
   }
 
   // ---- Delivery: one attempt at a time; the schedule between attempts lives in the store.
@@ -449,6 +451,9 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    core->now() - before.delivery_started_at));
     }
+    // Renewed while it lasts: an attempt may wait in the transport (behind a receiver's other
+    // requests, or its open circuit) for longer than a lease.
+    core->hold(id, holder);
     core->sender->attempt(std::move(message), state,
                           [core, id, before, holder = std::move(holder)](const AttemptReport& r) {
                             core->attempted(id, holder, before, r);
@@ -483,7 +488,8 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
         [id, holder, after, core](JobStore& s) {
           return s.record_attempt(id, holder, after, core->now());
         },
-        [core, id, after](bool recorded) {
+        [core, id, holder, after](bool recorded) {
+          core->unhold(id, holder);
           if (!recorded) core->lease_lost(id, "record_attempt");
           core->release();
           if (recorded && after.state == CallbackState::pending) {
@@ -623,11 +629,22 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
                                 [this](std::size_t n, const Lease& lease, TimePoint at) {
                                   return store->claim_jobs(n, lease, at);
                                 });
+    std::size_t queued = 0;
     for (auto& record : due) {
-      hold(record.job.id, holder);
-      queue->try_push(WorkItem{std::move(record.job), nullptr, holder});  // runs: at least once
+      const std::string id = record.job.id;
+      hold(id, holder);
+      if (queue->try_push(WorkItem{std::move(record.job), nullptr, holder}) ==
+          PushResult::accepted) {
+        ++queued;  // runs: at least once
+        continue;
+      }
+      // Shutdown closed the queue meanwhile: the job goes back to the store at once.
+      unhold(id, holder);
+      const TimePoint at = now();
+      write_or_note("renew", id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
+      release();
     }
-    return due.size();
+    return queued;
   }
 
   // Extends the leases on the jobs this server holds (every third of a lease, on the pump thread).
@@ -807,8 +824,8 @@ void Service::Core::finish(const JobRecord& record, const std::string& holder) {
       [core, kept, holder, deliver](JobStore& s) {
         return s.finish_job(kept->job.id, holder, kept->outcome, deliver, core->now());
       },
-      [core, kept, deliver](bool acknowledged) {
-        core->unhold(kept->job.id);
+      [core, kept, holder, deliver](bool acknowledged) {
+        core->unhold(kept->job.id, holder);
         if (!acknowledged) {
           // The lease ran out and another claim has the job: this result is not the one kept.
           core->lease_lost(kept->job.id, "finish_job");
@@ -1113,7 +1130,7 @@ bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
       }
     } else {
       // Its lease ends now, so that another server may take it at once.
-      core_->unhold(item.job.id);
+      core_->unhold(item.job.id, item.holder);
       const auto at = core_->now();
       core_->write_or_note("renew", item.job.id, [&](JobStore& s) {
         s.renew(item.job.id, {item.holder, at}, at);

@@ -107,7 +107,11 @@ class Statement {
     const int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    throw Error(std::string("sqlite: ") + sqlite3_errmsg(sqlite3_db_handle(stmt_)));
+    // Reset at once: a statement left in its error state would make the next use's binds fail
+    // (SQLITE_MISUSE), and its step run again with this use's values.
+    const std::string what = std::string("sqlite: ") + sqlite3_errmsg(sqlite3_db_handle(stmt_));
+    reset();
+    throw Error(what);
   }
   void reset() {
     sqlite3_reset(stmt_);
@@ -468,6 +472,8 @@ struct SqliteJobStore::Impl {
     {
       std::lock_guard<std::mutex> lock(db_mutex);
       try {
+        // A transaction a failure left open (SQLite ends some by itself, not all) ends here.
+        if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
         exec("BEGIN IMMEDIATE");
         for (auto& w : batch)
           w.apply();
@@ -484,8 +490,8 @@ struct SqliteJobStore::Impl {
       } catch (...) {
         error = std::current_exception();
         if (why.empty()) why = "unknown error";
-        sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
       }
+      if (error) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
     }
     if (error) error = std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why));
     std::deque<Write> retry;

@@ -113,3 +113,18 @@ TEST_CASE("json_footprint grows with what a value holds") {
   CHECK(json_footprint(many) > 1000 * 64);
   CHECK(json_footprint(many) < 1000 * 512);
 }
+
+TEST_CASE("a put that cannot fit even without the finished jobs evicts none of them") {
+  rebound::MemoryJobStoreOptions options;
+  options.max_bytes = 8u << 20;
+  rebound::MemoryJobStore store(options);
+  for (int i = 0; i < 5; ++i)
+    REQUIRE(store.put(big("unfinished-" + std::to_string(i), 1)) == PutOutcome::created);
+  REQUIRE(store.put(big("finished", 1)) == PutOutcome::created);
+  finish(store, "finished");
+  for (int i = 0; i < 10; ++i)  // a client sending large bodies again and again
+    CHECK(store.put(big("too-big-" + std::to_string(i), 3)) == PutOutcome::full);
+  CHECK(store.get("finished").has_value());  // its result is still there to poll
+  CHECK(store.put(big("fits-after-eviction", 2)) == PutOutcome::created);
+  CHECK_FALSE(store.get("finished").has_value());
+}

@@ -151,13 +151,15 @@ class HeldModel final : public rebound::Model {
 struct Node {
   Node(std::unique_ptr<rebound::JobStore> store, std::shared_ptr<FakeClock> clock,
        std::shared_ptr<ScriptedTransport::Shared> sent, rebound::ServiceOptions so = {},
-       std::unique_ptr<rebound::Model> model = std::make_unique<rebound::EchoModel>()) {
-    so.clock = [clock] { return clock->now(); };
+       std::unique_ptr<rebound::Model> model = std::make_unique<rebound::EchoModel>(),
+       std::unique_ptr<rebound::CallbackTransport> transport = nullptr) {
+    if (clock) so.clock = [clock] { return clock->now(); };
     so.poll_interval = 10ms;
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(1h), 5);
-    service = std::make_unique<rebound::Service>(pool.get_executor(), io.get_executor(),
-                                                 std::move(model), std::move(store),
-                                                 std::make_unique<ScriptedTransport>(sent), so);
+    if (!transport) transport = std::make_unique<ScriptedTransport>(sent);
+    service =
+        std::make_unique<rebound::Service>(pool.get_executor(), io.get_executor(), std::move(model),
+                                           std::move(store), std::move(transport), so);
   }
   ~Node() {
     service->shutdown(5s);
@@ -335,4 +337,46 @@ TEST_CASE("service: observers hear the walk of a job - and one that throws chang
   CHECK(node.service->metrics().jobs_accepted.load() == 1);
   CHECK(node.service->metrics().callbacks_delivered.load() == 1);
   CHECK(node.service->find("observed")->callback.state == CallbackState::delivered);
+}
+
+namespace {
+// Answers every request with 200 after `delay`, from a thread of its own.
+class SlowTransport final : public rebound::CallbackTransport {
+ public:
+  explicit SlowTransport(std::chrono::milliseconds delay) : delay_(delay) {}
+  ~SlowTransport() override {
+    for (auto& t : threads_)
+      t.join();
+  }
+  void send(rebound::CallbackRequest, rebound::CallbackResponseHandler on_done) override {
+    ++sent;
+    threads_.emplace_back([this, on_done = std::move(on_done)] {
+      std::this_thread::sleep_for(delay_);
+      rebound::CallbackResponse response;
+      response.status = 200;
+      on_done(response);
+    });
+  }
+  std::atomic<int> sent{0};
+
+ private:
+  std::chrono::milliseconds delay_;
+  std::vector<std::thread> threads_;  // used on the io thread only
+};
+}  // namespace
+
+TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never sent twice") {
+  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  rebound::ServiceOptions so;
+  so.lease = 150ms;  // renewed every 50 ms; the receiver takes 600 ms
+  auto transport = std::make_unique<SlowTransport>(600ms);
+  SlowTransport* slow = transport.get();
+  Node node(std::make_unique<rebound::MemoryJobStore>(), nullptr, sent, so,
+            std::make_unique<rebound::EchoModel>(), std::move(transport));
+  REQUIRE(node.service->submit(job("slow")) == rebound::SubmitStatus::accepted);
+  REQUIRE(eventually(
+      [&] { return node.service->find("slow")->callback.state == CallbackState::delivered; }));
+  CHECK(slow->sent == 1);  // the pump (every 10 ms) never found it unheld
+  CHECK(node.service->metrics().leases_lost.load() == 0);
+  CHECK(node.service->find("slow")->callback.attempts == 1);
 }

@@ -166,6 +166,8 @@ TEST_CASE("sqlite: a deleted or replaced database file is noticed - submissions 
         std::string::npos);
   check_error(h.job("lost-otherwise", receiver.url()), 503, "store_unavailable");
   CHECK(h.poll("kept")["status"] == "succeeded");  // what the open file holds still answers
+  // The refused job's transaction was rolled back, not left open for reads to see.
+  check_error(h.client().Get("/v1/inferences/lost-otherwise"), 404, "not_found");
 
   // A file put back at the path is another file: the store still refuses to write.
   std::ofstream(path) << "";

@@ -55,7 +55,9 @@ enum class RedeliverOutcome {
 ///   -> record_attempt (pending again with its next_attempt_at, or delivered / failed)
 ///   -> redeliver (failed -> pending) ...
 /// A pending callback waits in the store, not in memory: claim_callbacks hands it out when its
-/// `next_attempt_at` has come. Order: jobs oldest first; callbacks earliest due first.
+/// `next_attempt_at` has come. Order: by the time each became claimable: a job never claimed at
+/// its creation (oldest first), a job whose lease ran out at the end of that lease, a callback
+/// at its next attempt (or the end of its lease).
 ///
 /// `complete` and `update_callback` write a record as given, without a lease (for tools,
 /// migrations and tests); the Service finishes work only through the leased calls.
@@ -85,7 +87,7 @@ class JobStore {
   virtual std::optional<JobRecord> get(const std::string& id) const = 0;
 
   /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
-  /// lease ran out before `now`), oldest first.
+  /// lease ran out before `now`), in the order they became claimable.
   virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;
 
   /// Extends the lease on a job or its callback to `lease.until`. False when `lease.holder` does

@@ -61,6 +61,9 @@ class MemoryJobStore final : public JobStore {
     entry.record.job = job;
     entry.input_bytes = input_bytes;
     entry.bytes = footprint(entry);
+    // Refused before anything is evicted when forgetting every finished job would not make room:
+    // a stream of refused submissions must not wipe the results and dead letters kept.
+    if (bytes_ - finished_bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     evict_finished_until(options_.max_bytes - std::min(options_.max_bytes, entry.bytes));
     if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     bytes_ += entry.bytes;
@@ -246,6 +249,7 @@ class MemoryJobStore final : public JobStore {
     std::size_t input_bytes = 0;
     std::size_t result_bytes = 0;
     std::size_t bytes = 0;          // what this entry counts in bytes_
+    bool finished = false;          // counted in finished_bytes_
     std::uint64_t finished_as = 0;  // its latest entry in finished_order_, 0: none
     // The queues: a job waiting or running is in job_queue_, a pending callback in
     // callback_queue_, each under the time it is claimable from (its creation or next attempt,
@@ -328,9 +332,12 @@ class MemoryJobStore final : public JobStore {
   void changed(Map::iterator it) {
     Entry& e = it->second;
     bytes_ -= e.bytes;
+    if (e.finished) finished_bytes_ -= e.bytes;
     e.bytes = footprint(e);
+    e.finished = is_finished(e.record);
     bytes_ += e.bytes;
-    if (is_finished(e.record)) {
+    if (e.finished) finished_bytes_ += e.bytes;
+    if (e.finished) {
       if (e.finished_as != 0) --finished_;  // its earlier note goes stale
       e.finished_as = ++finished_sequence_;
       finished_order_.emplace_back(it->first, e.finished_as);
@@ -351,6 +358,7 @@ class MemoryJobStore final : public JobStore {
       victim->second.finished_as = 0;
       if (is_finished(victim->second.record)) {  // not when redelivery made it pending again
         bytes_ -= victim->second.bytes;
+        finished_bytes_ -= victim->second.bytes;
         unschedule(job_queue_, victim);
         unschedule(callback_queue_, victim);
         jobs_.erase(victim);
@@ -363,6 +371,7 @@ class MemoryJobStore final : public JobStore {
   Map jobs_;
   Queue job_queue_, callback_queue_;
   std::size_t bytes_ = 0;
+  std::size_t finished_bytes_ = 0;  // of bytes_, what finished jobs hold
   // Finished events, oldest first: (id, sequence). A note is live while its job's finished_as
   // still equals its sequence; finished_ counts the live ones.
   std::deque<std::pair<std::string, std::uint64_t>> finished_order_;
