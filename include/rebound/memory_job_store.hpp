@@ -243,7 +243,15 @@ class MemoryJobStore final : public JobStore {
   }
 
  private:
-  using Queue = std::set<std::pair<TimePoint, std::string>>;
+  // Keyed by (time, the id in jobs_): the map's keys stay where they are (node-based), so the
+  // queues hold a pointer to them rather than a copy of every id.
+  using QueueKey = std::pair<TimePoint, const std::string*>;
+  struct QueueOrder {
+    bool operator()(const QueueKey& a, const QueueKey& b) const {
+      return a.first != b.first ? a.first < b.first : *a.second < *b.second;
+    }
+  };
+  using Queue = std::set<QueueKey, QueueOrder>;
   struct Entry {
     JobRecord record;
     std::size_t input_bytes = 0;
@@ -266,13 +274,13 @@ class MemoryJobStore final : public JobStore {
   // Called under mutex_: (re)files the entry in `queue` under `at`.
   void schedule(Queue& queue, Map::iterator it, TimePoint at) {
     unschedule(queue, it);
-    queue.emplace(at, it->first);
+    queue.emplace(at, &it->first);
     key_of(queue, it->second) = at;
   }
 
   void unschedule(Queue& queue, Map::iterator it) {
     auto& key = key_of(queue, it->second);
-    if (key) queue.erase({*key, it->first});
+    if (key) queue.erase({*key, &it->first});
     key.reset();
   }
 
@@ -284,7 +292,7 @@ class MemoryJobStore final : public JobStore {
   std::vector<Map::iterator> due(const Queue& queue, std::size_t max, TimePoint now) {
     std::vector<Map::iterator> out;
     for (auto q = queue.begin(); q != queue.end() && q->first <= now && out.size() < max; ++q) {
-      out.push_back(jobs_.find(q->second));
+      out.push_back(jobs_.find(*q->second));
     }
     return out;
   }
