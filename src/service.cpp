@@ -168,8 +168,8 @@ class LogObserver final : public ServiceObserver {
   Logger log_;
 };
 
-// Who hears the events: the metrics and the log (called directly), then the user's observers
-// (through a catch-all: an observer cannot break the pipeline).
+// Who hears the events: the metrics and the log (called directly), then the user's observers;
+// nothing an observer throws reaches the pipeline.
 struct Observers {
   explicit Observers(Metrics& metrics) : metrics(metrics) {}
   MetricsObserver metrics;
@@ -177,9 +177,14 @@ struct Observers {
   std::vector<std::shared_ptr<ServiceObserver>> user;
 
   template <typename Event>
-  void operator()(const Event& event) {
-    event(metrics);
-    event(log);
+  void operator()(const Event& event) noexcept {
+    // Even the built-ins can throw (out of memory while building a log line): the step that
+    // tells them (freeing a slot, recording an attempt) must go on all the same.
+    try {
+      event(metrics);
+      event(log);
+    } catch (...) {
+    }
     for (const auto& observer : user) {
       try {
         event(*observer);
@@ -537,12 +542,12 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
 
   // Claims what is due, as far as slots are free: callbacks first (results already paid for),
   // then jobs. Runs on the pump thread (and once in the constructor).
-  std::size_t pump() {
+  void pump() {
     {
       std::lock_guard<std::mutex> lock(pump_mutex);
       pump_due = std::chrono::steady_clock::time_point::max();
     }
-    if (stopped) return 0;
+    if (stopped) return;
     std::size_t jobs = 0, callbacks = 0;
     bool more = false;
     try {
@@ -570,7 +575,6 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
       observe([&](auto& o) { o.on_claimed(jobs, callbacks, at_start); });
     }
     wake_pump(now() + (more ? std::chrono::milliseconds(0) : poll_interval));
-    return jobs + callbacks;
   }
 
   bool accepting_work() {
@@ -655,7 +659,9 @@ struct Service::Core : std::enable_shared_from_this<Service::Core> {
       jobs.assign(held.begin(), held.end());
     }
     const TimePoint at = now();
-    for (const auto& [id, holder] : jobs) {
+    for (const auto& job : jobs) {
+      const std::string& id = job.first;  // not a structured binding: lambdas capture it (C++17)
+      const std::string& holder = job.second;
       write_or_note("renew", id, [&](JobStore& s) { s.renew(id, {holder, at + lease}, at); });
     }
   }
@@ -894,9 +900,8 @@ Service::Service(boost::asio::any_io_executor inference_executor,
   // What the store holds from an earlier run (a durable store) or from servers gone: the first
   // claims happen here, so that they are counted when the constructor returns. A store that fails
   // now is retried by the pump.
-  const std::size_t taken = core_->pump();
+  core_->pump();
   core_->starting = false;
-  (void)taken;
   core_->pump_thread = std::thread([core = core_.get()] { core->run_pump(); });
 }
 
@@ -979,7 +984,7 @@ SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) 
     if (admitted != SubmitStatus::accepted) return admitted;
     Job job;
     job.input = std::move(input);
-    queue_->try_push(WorkItem{std::move(job), std::move(on_result)});
+    queue_->try_push(WorkItem{std::move(job), std::move(on_result), {}});
     return SubmitStatus::accepted;
   }();
   if (status != SubmitStatus::accepted) core_->observe_submission(status, {}, false);

@@ -4,7 +4,6 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "rebound/memory_job_store.hpp"
 #include "rebound/service.hpp"
 #include "rebound/sqlite_job_store.hpp"
+#include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
 
@@ -24,6 +24,7 @@ using rebound::CallbackState;
 using rebound::JobStatus;
 using rebound::test::eventually;
 using TimePoint = std::chrono::system_clock::time_point;
+using rebound::test::HeldModel;
 
 namespace {
 
@@ -115,36 +116,6 @@ class SharedStore final : public rebound::JobStore {
 
  private:
   std::shared_ptr<rebound::JobStore> inner_;
-};
-
-// A model whose predictions wait until the test opens it, and say who ran them.
-class HeldModel final : public rebound::Model {
- public:
-  explicit HeldModel(std::string name) : name_(std::move(name)) {}
-  std::string name() const override { return name_; }
-  rebound::Prediction predict(const nlohmann::json&) override {
-    std::unique_lock<std::mutex> lock(m_);
-    ++started_;
-    changed_.notify_all();
-    changed_.wait(lock, [this] { return open_; });
-    return rebound::Prediction::success(name_);
-  }
-  void open() {
-    std::lock_guard<std::mutex> lock(m_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  bool wait_started(int n) {
-    std::unique_lock<std::mutex> lock(m_);
-    return changed_.wait_for(lock, 10s, [&] { return started_ >= n; });
-  }
-
- private:
-  std::string name_;
-  std::mutex m_;
-  std::condition_variable changed_;
-  bool open_ = false;
-  int started_ = 0;
 };
 
 // One Service with its executors, a fake clock and a scripted transport.
@@ -256,7 +227,7 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   auto store = std::make_shared<rebound::MemoryJobStore>();
   rebound::ServiceOptions so;
   so.lease = 1h;  // renewed every 20 real minutes: never during this test
-  auto stuck_model = std::make_unique<HeldModel>("first");
+  auto stuck_model = std::make_unique<HeldModel>();
   HeldModel* stuck = stuck_model.get();
   so.server_id = "first";
   so.queue_capacity = 1;  // its stuck job holds its only slot: it cannot claim the job back itself
@@ -316,7 +287,7 @@ TEST_CASE("service: observers hear the walk of a job - and one that throws chang
   rebound::ServiceOptions so;
   so.queue_capacity = 1;
   so.observers = {throwing, counting};
-  auto model = std::make_unique<HeldModel>("held");
+  auto model = std::make_unique<HeldModel>();
   HeldModel* held = model.get();
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, sent, so, std::move(model));
   REQUIRE(node.service->submit(job("observed")) == rebound::SubmitStatus::accepted);

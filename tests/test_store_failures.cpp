@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,7 @@
 
 #include "rebound/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
+#include "support/held_model.hpp"
 #include "support/server_harness.hpp"
 #include "support/temp_dir.hpp"
 
@@ -24,36 +24,9 @@ using json = nlohmann::json;
 using rebound::test::check_error;
 using rebound::test::eventually;
 using rebound::test::HarnessOptions;
+using rebound::test::HeldModel;
 
 namespace {
-
-// A model that holds its predictions until opened.
-class HeldModel final : public rebound::Model {
- public:
-  std::string name() const override { return "held"; }
-  rebound::Prediction predict(const json& input) override {
-    std::unique_lock<std::mutex> lock(m_);
-    ++started_;
-    changed_.notify_all();
-    changed_.wait(lock, [this] { return open_; });
-    return rebound::Prediction::success({{"echo", input}});
-  }
-  void open() {
-    std::lock_guard<std::mutex> lock(m_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  bool wait_started(int n) {
-    std::unique_lock<std::mutex> lock(m_);
-    return changed_.wait_for(lock, 10s, [&] { return started_ >= n; });
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable changed_;
-  bool open_ = false;
-  int started_ = 0;
-};
 
 // Log lines, by event name, from a Logger the test hands the server.
 struct LogLines {

@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
       ->capture_default_str();
   app.add_option("--queue-capacity", queue_capacity,
-                 "Jobs in flight at once (accepted, not yet delivered); beyond it 503 queue_full")
+                 "Work in memory at once (jobs waiting or running, callback attempts under way; "
+                 "retries waiting for their time are in the store); beyond it 503 queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100000000}))
       ->capture_default_str();
   app.add_option("--log-level", log_level,

@@ -85,14 +85,7 @@ class MemoryJobStore final : public JobStore {
   }
 
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<JobRecord> out;
-    for (Map::iterator it : due(job_queue_, max, now)) {
-      it->second.job_lease = lease;
-      schedule(job_queue_, it, lease.until);
-      out.push_back(it->second.record);
-    }
-    return out;
+    return claim(job_queue_, &Entry::job_lease, max, lease, now);
   }
 
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override {
@@ -148,14 +141,7 @@ class MemoryJobStore final : public JobStore {
 
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<JobRecord> out;
-    for (Map::iterator it : due(callback_queue_, max, now)) {
-      it->second.callback_lease = lease;
-      schedule(callback_queue_, it, lease.until);
-      out.push_back(it->second.record);
-    }
-    return out;
+    return claim(callback_queue_, &Entry::callback_lease, max, lease, now);
   }
 
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
@@ -288,11 +274,20 @@ class MemoryJobStore final : public JobStore {
     return &queue == &job_queue_ ? e.job_key : e.callback_key;
   }
 
-  // Called under mutex_: the entries of `queue` claimable at `now`, at most `max`, first first.
-  std::vector<Map::iterator> due(const Queue& queue, std::size_t max, TimePoint now) {
-    std::vector<Map::iterator> out;
-    for (auto q = queue.begin(); q != queue.end() && q->first <= now && out.size() < max; ++q) {
-      out.push_back(jobs_.find(*q->second));
+  // Leases the entries of `queue` claimable at `now` (at most `max`, first first) to `lease`,
+  // in the entry's lease slot `held`, and files them under the end of the lease.
+  std::vector<JobRecord> claim(Queue& queue, std::optional<Lease> Entry::*held, std::size_t max,
+                               const Lease& lease, TimePoint now) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Map::iterator> due;
+    for (auto q = queue.begin(); q != queue.end() && q->first <= now && due.size() < max; ++q) {
+      due.push_back(jobs_.find(*q->second));
+    }
+    std::vector<JobRecord> out;
+    for (Map::iterator it : due) {
+      it->second.*held = lease;
+      schedule(queue, it, lease.until);
+      out.push_back(it->second.record);
     }
     return out;
   }
