@@ -299,6 +299,7 @@ TEST_CASE_TEMPLATE("store contract: redelivery takes a failed callback back - on
   CHECK(record->callback.state == CallbackState::pending);
   CHECK(record->callback.attempts == 5);           // counts keep adding up
   CHECK(record->callback.delivery_attempts == 0);  // a fresh budget
+  CHECK(record->callback.last_error.empty());      // and no error yet in it
   CHECK(store->list_failed_callbacks(10).empty());
   rebound::CallbackInfo delivered = record->callback;
   delivered.state = CallbackState::delivered;

@@ -124,17 +124,7 @@ class MemoryJobStore final : public JobStore {
       return false;
     }
     record_outcome(it, outcome, result_bytes);
-    Entry& e = it->second;
-    if (!e.record.job.callback_url.empty()) {
-      CallbackInfo& cb = e.record.callback;
-      cb.state = CallbackState::pending;
-      cb.next_attempt_at = now;
-      cb.delivery_attempts = 0;
-      cb.delivery_started_at = now;
-      cb.previous_delay = std::chrono::milliseconds(0);
-      e.callback_lease = deliver;
-      schedule(callback_queue_, it, deliver ? deliver->until : now);
-    }
+    if (!it->second.record.job.callback_url.empty()) start_delivery(it, deliver, now);
     changed(it);
     return true;
   }
@@ -160,16 +150,10 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return RedeliverOutcome::not_found;
-    Entry& e = it->second;
-    if (e.record.callback.state != CallbackState::failed) return RedeliverOutcome::not_failed;
-    CallbackInfo& cb = e.record.callback;
-    cb.state = CallbackState::pending;
-    cb.next_attempt_at = now;
-    cb.delivery_attempts = 0;
-    cb.delivery_started_at = now;
-    cb.previous_delay = std::chrono::milliseconds(0);
-    e.callback_lease = claim;
-    schedule(callback_queue_, it, claim.until);
+    if (it->second.record.callback.state != CallbackState::failed) {
+      return RedeliverOutcome::not_failed;
+    }
+    start_delivery(it, claim, now);
     changed(it);
     return RedeliverOutcome::redelivered;
   }
@@ -299,6 +283,20 @@ class MemoryJobStore final : public JobStore {
     e.result_bytes = result_bytes;
     e.job_lease.reset();
     unschedule(job_queue_, it);
+  }
+
+  // Called under mutex_: the callback starts a fresh delivery now (its attempt count keeps
+  // adding up), held by `lease` when given, else due at once.
+  void start_delivery(Map::iterator it, const std::optional<Lease>& lease, TimePoint now) {
+    CallbackInfo& cb = it->second.record.callback;
+    cb.state = CallbackState::pending;
+    cb.last_error.clear();
+    cb.next_attempt_at = now;
+    cb.delivery_attempts = 0;
+    cb.delivery_started_at = now;
+    cb.previous_delay = std::chrono::milliseconds(0);
+    it->second.callback_lease = lease;
+    schedule(callback_queue_, it, lease ? lease->until : now);
   }
 
   void set_callback(Map::iterator it, const CallbackInfo& callback) {
