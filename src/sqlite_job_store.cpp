@@ -227,8 +227,10 @@ struct SqliteJobStore::Impl {
                                    const std::unordered_map<std::string, Lease>& leases,
                                    std::size_t max, TimePoint now);
   std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
-  bool release(std::unordered_map<std::string, Lease>& leases, const std::string& id,
-               const std::string& holder, TimePoint now);
+  using Leases = std::unordered_map<std::string, Lease>;
+  static Leases::iterator live(Leases& leases, const std::string& id, const std::string& holder,
+                               TimePoint now);
+  bool release(Leases& leases, const std::string& id, const std::string& holder, TimePoint now);
   void write_callback(const std::string& id, const CallbackInfo& callback);
   static void bind_outcome(Statement& s, const JobOutcome& outcome, const std::string& result);
 
@@ -634,12 +636,23 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
       });
 }
 
-// Ends `holder`'s lease on `id` in `leases` when it is live: true. Called with lease_mutex held.
-bool SqliteJobStore::Impl::release(std::unordered_map<std::string, Lease>& leases,
-                                   const std::string& id, const std::string& holder,
-                                   TimePoint now) {
+// `holder`'s lease on `id` when it is live, else end(). Called with lease_mutex held.
+SqliteJobStore::Impl::Leases::iterator SqliteJobStore::Impl::live(Leases& leases,
+                                                                  const std::string& id,
+                                                                  const std::string& holder,
+                                                                  TimePoint now) {
   auto it = leases.find(id);
-  if (it == leases.end() || it->second.holder != holder || it->second.until <= now) return false;
+  if (it == leases.end() || it->second.holder != holder || it->second.until <= now) {
+    return leases.end();
+  }
+  return it;
+}
+
+// Ends `holder`'s lease on `id` when it is live: true. Called with lease_mutex held.
+bool SqliteJobStore::Impl::release(Leases& leases, const std::string& id, const std::string& holder,
+                                   TimePoint now) {
+  auto it = live(leases, id, holder, now);
+  if (it == leases.end()) return false;
   leases.erase(it);
   return true;
 }
@@ -740,10 +753,9 @@ bool SqliteJobStore::renew(const std::string& id, const Lease& lease, TimePoint 
   bool callback = false;
   {
     std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-    auto holds = [&](std::unordered_map<std::string, Lease>& leases) {
-      auto it = leases.find(id);
-      if (it == leases.end() || it->second.holder != lease.holder || it->second.until <= now)
-        return false;
+    auto holds = [&](Impl::Leases& leases) {
+      auto it = Impl::live(leases, id, lease.holder, now);
+      if (it == leases.end()) return false;
       it->second.until = lease.until;
       return true;
     };
