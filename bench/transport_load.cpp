@@ -11,7 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
-#include "rebound/curl_transport.hpp"
+#include "rebound/http/curl_transport.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -17,9 +17,10 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "rebound/detail/job_queue.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/wire.hpp"
 #include "rebound/error.hpp"
-#include "rebound/job_queue.hpp"
 
 namespace rebound {
 namespace {

@@ -5,7 +5,7 @@ curl examples work against a real server.
 - Every ```sh block of the doc is run, in order, against rebound-server (echo model, memory store):
   each `curl` command must get the status on the `# NNN` line under it.
 - The routes of the doc (its `## `METHOD /path`` headings), of /openapi.json, of the server's
-  routing table (src/server.cpp) and of its `Allow` answers are the same.
+  routing table (src/http/server.cpp) and of its `Allow` answers are the same.
 - For each route, the statuses and error codes of the doc's table are those of /openapi.json
   (`x-error-codes` on each response), nothing more; 401 is in /openapi.json for every route but
   /ping and /openapi.json (the doc says so once). The doc's "Answers every route can give" table is
@@ -98,7 +98,7 @@ try:
     check(set(sections) == openapi_routes,
           f"routes: the doc has {sorted(set(sections) - openapi_routes)} more, /openapi.json "
           f"has {sorted(openapi_routes - set(sections))} more")
-    table = open(os.path.join(source_dir, "src", "server.cpp"), encoding="utf-8").read()
+    table = open(os.path.join(source_dir, "src", "http", "server.cpp"), encoding="utf-8").read()
     fixed = set(re.findall(r'\{"(/[^"]*)", Resource::\w+\}', table))
     templated = {"/v1/inferences/{id}", "/v1/inferences/{id}/redeliver"}  # locate()'s prefixes
     check(fixed | templated == set(api["paths"]),

@@ -9,10 +9,10 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "rebound/callback_sender.hpp"
-#include "rebound/curl_transport.hpp"
+#include "rebound/delivery/callback_sender.hpp"
+#include "rebound/delivery/webhook_signature.hpp"
+#include "rebound/http/curl_transport.hpp"
 #include "rebound/version.hpp"
-#include "rebound/webhook_signature.hpp"
 #include "support/io_thread.hpp"
 #include "support/receiver.hpp"
 

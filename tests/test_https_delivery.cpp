@@ -6,8 +6,8 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "rebound/callback_sender.hpp"
-#include "rebound/curl_transport.hpp"
+#include "rebound/delivery/callback_sender.hpp"
+#include "rebound/http/curl_transport.hpp"
 #include "support/receiver.hpp"
 #include "support/tls.hpp"
 

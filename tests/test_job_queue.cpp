@@ -12,7 +12,7 @@
 
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/job_queue.hpp"
+#include "rebound/detail/job_queue.hpp"
 #include "support/receiver.hpp"
 
 using namespace std::chrono_literals;

@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "rebound/memory_job_store.hpp"
-#include "rebound/sqlite_job_store.hpp"
+#include "rebound/store/memory_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/temp_dir.hpp"
 

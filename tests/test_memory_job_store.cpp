@@ -2,7 +2,7 @@
 // memory, in finished jobs kept and in bytes.
 #include <doctest/doctest.h>
 
-#include "rebound/memory_job_store.hpp"
+#include "rebound/store/memory_job_store.hpp"
 
 using rebound::CallbackState;
 using rebound::Job;

@@ -13,9 +13,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/curl_transport.hpp"
-#include "rebound/memory_job_store.hpp"
-#include "rebound/server.hpp"
+#include "rebound/http/curl_transport.hpp"
+#include "rebound/http/server.hpp"
+#include "rebound/store/memory_job_store.hpp"
 #include "rebound/version.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"

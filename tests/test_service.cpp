@@ -12,9 +12,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/memory_job_store.hpp"
+#include "rebound/detail/wire.hpp"
 #include "rebound/service.hpp"
-#include "rebound/sqlite_job_store.hpp"
+#include "rebound/store/memory_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 #include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"

@@ -13,9 +13,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/curl_transport.hpp"
+#include "rebound/http/curl_transport.hpp"
 #include "rebound/service.hpp"
-#include "rebound/sqlite_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
 

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <mutex>
 
-#include "rebound/sqlite_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/held_model.hpp"
 #include "support/server_harness.hpp"

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "rebound/torchscript_model.hpp"
+#include "rebound/torch/torchscript_model.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 #include "support/temp_dir.hpp"

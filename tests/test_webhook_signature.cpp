@@ -1,8 +1,8 @@
 // Standard Webhooks signatures: the specification's test vector, verification and rotation.
 #include <doctest/doctest.h>
 
+#include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/error.hpp"
-#include "rebound/webhook_signature.hpp"
 
 namespace {
 constexpr const char* secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";

@@ -13,8 +13,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/version.hpp"
-#include "rebound/webhook_signature.hpp"
 
 namespace {
 

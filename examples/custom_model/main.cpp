@@ -8,10 +8,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/curl_transport.hpp"
-#include "rebound/memory_job_store.hpp"
-#include "rebound/server.hpp"
+#include "rebound/http/curl_transport.hpp"
+#include "rebound/http/server.hpp"
 #include "rebound/service.hpp"
+#include "rebound/store/memory_job_store.hpp"
 
 // Counts the words of {"text": "..."}. Stateless, so thread-safe as Model requires.
 class WordCountModel final : public rebound::Model {

@@ -18,10 +18,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/curl_transport.hpp"
-#include "rebound/memory_job_store.hpp"
-#include "rebound/server.hpp"
+#include "rebound/http/curl_transport.hpp"
+#include "rebound/http/server.hpp"
 #include "rebound/service.hpp"
+#include "rebound/store/memory_job_store.hpp"
 
 // Scores text by a word list. The list is loaded once, then only read: predictions are
 // thread-safe without a lock, as the Model contract asks.

@@ -14,18 +14,18 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/curl_transport.hpp"
 #include "rebound/error.hpp"
-#include "rebound/memory_job_store.hpp"
+#include "rebound/http/curl_transport.hpp"
+#include "rebound/http/server.hpp"
 #include "rebound/model.hpp"
-#include "rebound/server.hpp"
+#include "rebound/store/memory_job_store.hpp"
 #ifdef REBOUND_HAVE_TORCH
-#include "rebound/torchscript_model.hpp"
+#include "rebound/torch/torchscript_model.hpp"
 #endif
+#include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/service.hpp"
-#include "rebound/sqlite_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 #include "rebound/version.hpp"
-#include "rebound/webhook_signature.hpp"
 
 namespace {
 

@@ -12,9 +12,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <rebound/curl_transport.hpp>
-#include <rebound/server.hpp>
-#include <rebound/sqlite_job_store.hpp>
+#include <rebound/http/curl_transport.hpp>
+#include <rebound/http/server.hpp>
+#include <rebound/store/sqlite_job_store.hpp>
 
 // Your model: derive from rebound::Model (docs/models.md has more, batching included).
 class Sentiment final : public rebound::Model {

@@ -1,9 +1,7 @@
-// A job, the states it moves through, and its stored record as the HTTP API shows it.
+// A job, the states it moves through, and its stored record.
 #pragma once
 
 #include <chrono>
-#include <cstdio>
-#include <ctime>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -103,54 +101,5 @@ struct JobRecord {
   JobOutcome outcome;  ///< Meaningful once `status` is final.
   CallbackInfo callback;
 };
-
-/// Formats a time point as RFC 3339 in UTC with milliseconds, e.g. "2026-11-22T04:06:00.123Z".
-inline std::string format_rfc3339(std::chrono::system_clock::time_point tp) {
-  using namespace std::chrono;
-  const auto ms = duration_cast<milliseconds>(tp.time_since_epoch()).count() % 1000;
-  const std::time_t secs = system_clock::to_time_t(tp);
-  std::tm utc{};
-  gmtime_r(&secs, &utc);
-  char buf[40];
-  const std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &utc);
-  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms < 0 ? ms + 1000 : ms));
-  return buf;
-}
-
-/// The body of `GET /v1/inferences/{id}` for a record (see docs/http-api.md).
-inline nlohmann::json to_status_json(const JobRecord& record) {
-  nlohmann::json out = {{"id", record.job.id},
-                        {"status", to_string(record.status)},
-                        {"created_at", format_rfc3339(record.job.created_at)}};
-  if (record.status == JobStatus::succeeded) out["result"] = record.outcome.result;
-  if (record.outcome.error && is_final(record.status)) {
-    out["error"] = {{"code", record.outcome.error->code},
-                    {"message", record.outcome.error->message}};
-  }
-  nlohmann::json callback = {
-      {"url", record.job.callback_url.empty() ? nlohmann::json(nullptr)
-                                              : nlohmann::json(record.job.callback_url)},
-      {"state", to_string(record.callback.state)},
-      {"attempts", record.callback.attempts}};
-  if (!record.callback.last_error.empty()) callback["last_error"] = record.callback.last_error;
-  if (record.callback.state == CallbackState::pending &&
-      record.callback.next_attempt_at != std::chrono::system_clock::time_point{}) {
-    callback["next_attempt_at"] = format_rfc3339(record.callback.next_attempt_at);
-  }
-  out["callback"] = std::move(callback);
-  return out;
-}
-
-/// The body POSTed to the callback URL once a job is final (see docs/delivery.md).
-inline nlohmann::json to_callback_json(const JobRecord& record) {
-  nlohmann::json out = {{"id", record.job.id}, {"status", to_string(record.status)}};
-  if (record.status == JobStatus::succeeded) {
-    out["result"] = record.outcome.result;
-  } else if (record.outcome.error) {
-    out["error"] = {{"code", record.outcome.error->code},
-                    {"message", record.outcome.error->message}};
-  }
-  return out;
-}
 
 }  // namespace rebound

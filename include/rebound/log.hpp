@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rebound/detail/wire.hpp"
 #include "rebound/job.hpp"
 
 namespace rebound {

@@ -13,13 +13,13 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
-#include "rebound/callback_sender.hpp"
+#include "rebound/delivery/callback_sender.hpp"
 #include "rebound/job.hpp"
-#include "rebound/job_store.hpp"
 #include "rebound/log.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
 #include "rebound/service_observer.hpp"
+#include "rebound/store/job_store.hpp"
 
 namespace rebound {
 

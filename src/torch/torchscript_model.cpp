@@ -1,6 +1,6 @@
 // TorchScriptModel: JSON to tensors, stacked forward passes, tensors back to JSON. The only
 // translation unit of rebound that includes libtorch.
-#include "rebound/torchscript_model.hpp"
+#include "rebound/torch/torchscript_model.hpp"
 
 #include <torch/script.h>
 

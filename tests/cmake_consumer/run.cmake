@@ -29,12 +29,17 @@ run("configuring the consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${W
 run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run("the consumer" ${WORK_DIR}/build/consumer)
 
-# find_package(rebound COMPONENTS core): with pkg-config, libcurl, SQLite and OpenSSL made
-# unfindable, as on a machine that has only what the header-only core needs.
+# find_package(rebound COMPONENTS core): with libcurl and SQLite made unfindable, as on a machine
+# that has only what rebound::core needs (Boost, nlohmann/json, OpenSSL); cpp-httplib, which only
+# pkg-config finds, must not be looked for either. (PkgConfig itself cannot be disabled: CMake's
+# FindOpenSSL needs it.)
 run("configuring the core-only consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR}/../cmake_consumer_core
   -B ${WORK_DIR}/build_core -DCMAKE_PREFIX_PATH=${prefix}
-  -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON
-  -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=ON -DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=ON)
+  -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=ON)
+file(STRINGS ${WORK_DIR}/build_core/CMakeCache.txt httplib_lookups REGEX "REBOUND_HTTPLIB|httplib_DIR")
+if(httplib_lookups)
+  message(FATAL_ERROR "the core-only consumer looked for cpp-httplib: ${httplib_lookups}")
+endif()
 run("building the core-only consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build_core)
 run("the core-only consumer" ${WORK_DIR}/build_core/core_consumer)
 
@@ -62,6 +67,8 @@ run("the pkg-config consumer" ${WORK_DIR}/pc_consumer)
 run("install --component dev" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR}
   --prefix ${WORK_DIR}/dev --component dev)
 expect_exists(${WORK_DIR}/dev/include/rebound/service.hpp)
+expect_exists(${WORK_DIR}/dev/include/rebound/store/sqlite_job_store.hpp)
+expect_exists(${WORK_DIR}/dev/include/rebound/detail/job_queue.hpp)
 expect_exists(${WORK_DIR}/dev/share/doc/rebound/LICENSE)
 expect_absent(${WORK_DIR}/dev/bin/rebound-server)
 if(EXISTS ${prefix}/bin/rebound-server)

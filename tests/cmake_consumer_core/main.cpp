@@ -1,33 +1,107 @@
-// Uses the header-only core alone: a model, the queue and a backoff policy, no HTTP.
-#include <rebound/backoff.hpp>
-#include <rebound/job_queue.hpp>
+// Links rebound::core alone: a Service with the memory store and a callback transport of its own
+// (no cpp-httplib, libcurl or SQLite). The transport answers 503 once, then 200; the consumer
+// checks that the job's signed callback arrived after a retry.
+#include <rebound/delivery/backoff.hpp>
+#include <rebound/delivery/callback_transport.hpp>
+#include <rebound/delivery/webhook_signature.hpp>
 #include <rebound/model.hpp>
+#include <rebound/service.hpp>
+#include <rebound/store/memory_job_store.hpp>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <iostream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const char* const kSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+// Delivers "in process": a real service would hand the request to its own HTTP stack here.
+class InProcessTransport final : public rebound::CallbackTransport {
+ public:
+  explicit InProcessTransport(boost::asio::any_io_executor executor) : executor_(executor) {}
+  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
+    rebound::CallbackResponse response;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      requests_.push_back(request);
+      response.status = requests_.size() == 1 ? 503 : 200;
+    }
+    boost::asio::post(executor_, [on_done, response] { on_done(response); });
+  }
+  std::vector<rebound::CallbackRequest> requests() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return requests_;
+  }
+
+ private:
+  boost::asio::any_io_executor executor_;
+  mutable std::mutex mutex_;
+  std::vector<rebound::CallbackRequest> requests_;
+};
+
+std::string header(const rebound::CallbackRequest& request, const std::string& name) {
+  for (const auto& [key, value] : request.headers)
+    if (key == name) return value;
+  return {};
+}
+
+}  // namespace
 
 int main() {
-  boost::asio::thread_pool pool(2);
-  rebound::EchoModel model;
-  std::atomic<int> seen{0};
-  rebound::JobQueue queue(pool.get_executor(), {100, 2, 8, std::chrono::milliseconds(1)},
-                          [&](std::vector<rebound::Job> batch) {
-                            for (const auto& job : batch)
-                              seen += model.predict(job.input).ok() ? 1 : 0;
-                          });
-  for (int i = 0; i < 10; ++i) {
+  boost::asio::thread_pool inference(2);
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  std::thread io_thread([&] { io.run(); });
+
+  auto transport = std::make_unique<InProcessTransport>(io.get_executor());
+  InProcessTransport* sent = transport.get();
+  rebound::ServiceOptions options;
+  options.delivery.backoff =
+      rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(50)), 5);
+  options.delivery.signing_secrets = {kSecret};
+  bool ok = false;
+  {
+    rebound::Service service(inference.get_executor(), io.get_executor(),
+                             std::make_unique<rebound::EchoModel>(),
+                             std::make_unique<rebound::MemoryJobStore>(), std::move(transport),
+                             options);
     rebound::Job job;
-    job.id = "j" + std::to_string(i);
-    queue.try_push(job);
+    job.id = "job-1";
+    job.callback_url = "https://receiver.example/hook";
+    job.input = {{"x", 1}};
+    ok = service.submit(job) == rebound::SubmitStatus::accepted;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    std::optional<rebound::JobRecord> record;
+    while (ok && std::chrono::steady_clock::now() < deadline) {
+      record = service.find("job-1");
+      if (record && record->callback.state == rebound::CallbackState::delivered) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const auto requests = sent->requests();
+    ok = ok && record && record->callback.state == rebound::CallbackState::delivered &&
+         record->callback.attempts == 2 && requests.size() == 2 &&
+         requests[1].url == "https://receiver.example/hook" &&
+         requests[1].body.find(R"("x":1)") != std::string::npos &&
+         rebound::verify_webhook(kSecret, header(requests[1], "webhook-id"),
+                                 header(requests[1], "webhook-timestamp"), requests[1].body,
+                                 header(requests[1], "webhook-signature"),
+                                 std::chrono::duration_cast<std::chrono::seconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+    ok = service.shutdown(std::chrono::seconds(10)) && ok;
   }
-  queue.close();
-  const bool idle = queue.wait_idle(std::chrono::seconds(10));
-  pool.join();
-  const bool ok =
-      idle && seen == 10 && rebound::backoff::default_policy()->next_delay({}).has_value();
+  work.reset();
+  io_thread.join();
+  inference.join();
   std::cout << "rebound::core " << (ok ? "ok" : "BROKEN") << std::endl;
   return ok ? 0 : 1;
 }

@@ -12,10 +12,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/memory_job_store.hpp"
+#include "rebound/http/server.hpp"
 #include "rebound/model.hpp"
-#include "rebound/server.hpp"
 #include "rebound/service.hpp"
+#include "rebound/store/memory_job_store.hpp"
 
 namespace {
 

@@ -5,7 +5,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "rebound/callback_transport.hpp"
+#include "rebound/delivery/callback_transport.hpp"
+#include "rebound/detail/retry_after.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view value(reinterpret_cast<const char*>(data), size);

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "rebound/submission.hpp"
+#include "rebound/detail/submission.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "rebound/memory_job_store.hpp"
+#include "rebound/store/memory_job_store.hpp"
 
 namespace rebound::test {
 

@@ -16,9 +16,9 @@
 #include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
-#include "rebound/curl_transport.hpp"
-#include "rebound/memory_job_store.hpp"
-#include "rebound/server.hpp"
+#include "rebound/http/curl_transport.hpp"
+#include "rebound/http/server.hpp"
+#include "rebound/store/memory_job_store.hpp"
 #include "support/receiver.hpp"
 
 namespace rebound::test {

@@ -1,6 +1,6 @@
 // Internal: cpp-httplib's server with rebound's own connection handling (limits, timeouts,
 // pipelining, a bounded request body), so that no client can make it hold memory or a thread
-// without bound. Not installed: only src/server.cpp and the fuzzer include it.
+// without bound. Not installed: only src/http/server.cpp and the fuzzer include it.
 #pragma once
 
 #include <httplib.h>

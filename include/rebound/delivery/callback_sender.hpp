@@ -10,8 +10,8 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
-#include "rebound/backoff.hpp"
-#include "rebound/callback_transport.hpp"
+#include "rebound/delivery/backoff.hpp"
+#include "rebound/delivery/callback_transport.hpp"
 
 namespace rebound {
 

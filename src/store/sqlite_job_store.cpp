@@ -1,6 +1,6 @@
 // SqliteJobStore: one connection, a writer thread that groups writes into transactions, and
 // reads that wait for the writes issued before them.
-#include "rebound/sqlite_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 
 #include <sqlite3.h>
 #include <sys/stat.h>

@@ -15,7 +15,7 @@
 
 #include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
-#include "rebound/job_store.hpp"
+#include "rebound/store/job_store.hpp"
 
 namespace rebound {
 

@@ -1,6 +1,6 @@
 // CurlTransport: libcurl's multi interface on an Asio strand (curl's socket and timer callbacks
 // become async_wait calls), with rebound's per-origin queues and circuit breakers in front.
-#include "rebound/curl_transport.hpp"
+#include "rebound/http/curl_transport.hpp"
 
 #include <curl/curl.h>
 #include <netinet/in.h>
@@ -21,7 +21,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
-#include "rebound/callback_url.hpp"
+#include "rebound/detail/callback_url.hpp"
 #include "rebound/detail/text.hpp"
 #include "rebound/error.hpp"
 

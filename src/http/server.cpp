@@ -1,5 +1,5 @@
 // Server: the HTTP routes of docs/http-api.md on cpp-httplib, translating to and from a Service.
-#include "rebound/server.hpp"
+#include "rebound/http/server.hpp"
 
 #include <httplib.h>
 #include <openssl/crypto.h>
@@ -16,9 +16,10 @@
 
 #include "http_server.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/submission.hpp"
 #include "rebound/detail/text.hpp"
+#include "rebound/detail/wire.hpp"
 #include "rebound/error.hpp"
-#include "rebound/submission.hpp"
 #include "rebound/version.hpp"
 
 namespace rebound {

@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rebound/address_guard.hpp"
-#include "rebound/callback_url.hpp"
+#include "rebound/detail/callback_url.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/http/address_guard.hpp"
 #include "rebound/job.hpp"
 
 namespace rebound {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "rebound/job_store.hpp"
+#include "rebound/store/job_store.hpp"
 
 namespace rebound {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "rebound/address_guard.hpp"
+#include "rebound/http/address_guard.hpp"
 #include "rebound/service.hpp"
 
 namespace rebound {

@@ -1,5 +1,5 @@
 // CallbackSender: one Delivery object per message, driven by transport answers and Asio timers.
-#include "rebound/callback_sender.hpp"
+#include "rebound/delivery/callback_sender.hpp"
 
 #include <atomic>
 #include <condition_variable>
@@ -9,8 +9,9 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "rebound/delivery/webhook_signature.hpp"
+#include "rebound/detail/retry_after.hpp"
 #include "rebound/version.hpp"
-#include "rebound/webhook_signature.hpp"
 
 namespace rebound {
 

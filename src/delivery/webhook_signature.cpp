@@ -1,5 +1,5 @@
 // Standard Webhooks signing and verification with OpenSSL's HMAC-SHA256.
-#include "rebound/webhook_signature.hpp"
+#include "rebound/delivery/webhook_signature.hpp"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
