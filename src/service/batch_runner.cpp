@@ -1,0 +1,189 @@
+// The batch runner: time-to-live, the model call and its watchdog, and each outcome's
+// acknowledgement.
+#include "batch_runner.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <utility>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include "rebound/detail/json.hpp"
+
+namespace rebound::detail {
+
+void BatchRunner::run(std::vector<Service::WorkItem> batch) {
+  // Jobs that waited past their time-to-live end here, without running.
+  if (job_ttl_.count() > 0) {
+    const auto now = clock_();
+    auto expired =
+        std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
+          return item.reply || now - item.job.created_at <= job_ttl_;
+        });
+    for (auto it = expired; it != batch.end(); ++it) {
+      JobRecord record;
+      record.job = std::move(it->job);
+      record.status = JobStatus::expired;
+      record.outcome = {JobStatus::expired, nullptr,
+                        ErrorInfo{"expired", "The job waited longer than its time-to-live of " +
+                                                 std::to_string(job_ttl_.count() / 1000.0) +
+                                                 " s and was not run."}};
+      observe_([&](auto& o) { o.on_expired(record, job_ttl_); });
+      finish(record, it->holder);
+    }
+    batch.erase(expired, batch.end());
+    if (batch.empty()) return;
+  }
+  std::vector<nlohmann::json> inputs;
+  inputs.reserve(batch.size());
+  for (auto& item : batch) {
+    if (!item.reply) {
+      // Only the displayed status lags when this fails; the job still runs and completes.
+      store_.write_or_note("mark_running", item.job.id,
+                           [&](JobStore& store) { store.mark_running(item.job.id); });
+    }
+    inputs.push_back(std::move(item.job.input));  // the record does not need it any more
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.batches;
+    stats_.items += batch.size();
+    stats_.largest_batch = std::max(stats_.largest_batch, batch.size());
+  }
+  const auto started = std::chrono::steady_clock::now();
+  {
+    std::vector<std::chrono::steady_clock::duration> waits;
+    waits.reserve(batch.size());
+    for (const auto& item : batch)
+      waits.push_back(started - item.enqueued);
+    observe_([&](auto& o) { o.on_batch_started(waits); });
+  }
+
+  // With an inference timeout, a watchdog answers the batch when the model overruns; whoever
+  // settles the batch first (the watchdog or the model) answers it, once.
+  auto items = std::make_shared<std::vector<Service::WorkItem>>(std::move(batch));
+  auto settled = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<boost::asio::steady_timer> watchdog;
+  if (inference_timeout_.count() > 0) {
+    watchdog = std::make_shared<boost::asio::steady_timer>(timer_executor_, inference_timeout_);
+    watchdog->async_wait(
+        [this, keep = owner_.lock(), items, settled](const boost::system::error_code& ec) {
+          if (ec || settled->exchange(true)) return;
+          const std::string message =
+              "The model did not answer within the inference timeout of " +
+              std::to_string(inference_timeout_.count() / 1000.0) + " s.";
+          for (auto& item : *items) {
+            Prediction timeout = Prediction::failure("inference_timeout", message);
+            settle(item, timeout, items->size(), -1);
+          }
+        });
+  }
+  std::vector<Prediction> predictions = predict(inputs);
+  const double inference_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (settled->exchange(true)) {
+    observe_([&](auto& o) { o.on_late_result(items->size(), inference_s); });
+    return;
+  }
+  observe_([&](auto& o) { o.on_batch_finished(items->size(), inference_s); });
+  if (watchdog) watchdog->cancel();
+  for (std::size_t i = 0; i < items->size(); ++i) {
+    settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0);
+  }
+}
+
+BatchStats BatchRunner::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return stats_;
+}
+
+std::vector<Prediction> BatchRunner::predict(std::vector<nlohmann::json>& inputs) {
+  try {
+    // Moved, never copied, until its depth is checked: copying a json tree recurses.
+    std::vector<Prediction> out;
+    if (inputs.size() == 1) {
+      out.push_back(model_.predict(inputs.front()));
+    } else {
+      out = model_.predict_batch(inputs);
+    }
+    if (out.size() == inputs.size()) {
+      // Everything downstream (the store, the status body, the callback) serialises outputs
+      // recursively; a model cannot be allowed to build a tree deep enough to overflow a stack.
+      for (Prediction& p : out) {
+        if (p.ok() && json_deeper_than(p.output(), max_json_depth)) {
+          p = Prediction::failure("model_error",
+                                  "the model's output nests arrays and objects deeper than " +
+                                      std::to_string(max_json_depth) + " levels");
+        }
+      }
+      return out;
+    }
+    return std::vector<Prediction>(
+        inputs.size(),
+        Prediction::failure("model_error", "the model returned " + std::to_string(out.size()) +
+                                               " predictions for " +
+                                               std::to_string(inputs.size()) + " inputs"));
+  } catch (const std::exception& e) {
+    return std::vector<Prediction>(
+        inputs.size(),
+        Prediction::failure("model_error", std::string("the model failed: ") + e.what()));
+  } catch (...) {
+    return std::vector<Prediction>(inputs.size(),
+                                   Prediction::failure("model_error", "the model failed"));
+  }
+}
+
+void BatchRunner::settle(Service::WorkItem& item, Prediction& prediction, std::size_t batch_size,
+                         double inference_ms) {
+  if (item.reply) {
+    observe_([&](auto& o) { o.on_invocation(prediction.ok()); });
+    try {
+      item.reply(prediction);
+    } catch (...) {
+      // The invocation's owner failed to take its answer; nothing else to do.
+    }
+    admission_.release();
+    return;
+  }
+  JobRecord record;
+  record.job = std::move(item.job);
+  if (prediction.ok()) {
+    record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
+  } else {
+    record.outcome = {JobStatus::failed, nullptr, prediction.error()};
+  }
+  record.status = record.outcome.status;
+  observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
+  finish(record, item.holder);
+}
+
+void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
+  auto kept = std::make_shared<JobRecord>(record);
+  std::optional<Lease> deliver;
+  if (!record.job.callback_url.empty()) deliver = leases_.from_now(leases_.next_holder());
+  store_.write_until_stored(
+      owner_.lock(), "finish_job", record.job.id,
+      [this, kept, holder, deliver](JobStore& s) {
+        return s.finish_job(kept->job.id, holder, kept->outcome, deliver, clock_());
+      },
+      [this, kept, holder, deliver](bool acknowledged) {
+        leases_.unhold(kept->job.id, holder);
+        if (!acknowledged) {
+          // The lease ran out and another claim has the job: this result is not the one kept.
+          observe_([&](auto& o) { o.on_lease_lost(kept->job.id, "finish_job"); });
+          admission_.release();
+          return;
+        }
+        if (!deliver) {
+          admission_.release();
+          return;
+        }
+        // The callback is this server's at once: its first attempt goes out now, in the slot the
+        // job held.
+        delivery_.start(std::move(*kept), deliver->holder);
+      },
+      [this] { admission_.release(); });
+}
+
+}  // namespace rebound::detail

@@ -1,0 +1,79 @@
+// Delivery: one callback attempt, and its record in the store.
+#include "delivery.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "rebound/detail/json.hpp"
+#include "rebound/detail/wire.hpp"
+
+namespace rebound::detail {
+
+void Delivery::start(JobRecord record, std::string holder) {
+  const TimePoint at = clock_();
+  record.callback.state = CallbackState::pending;
+  record.callback.next_attempt_at = at;
+  record.callback.delivery_attempts = 0;
+  record.callback.delivery_started_at = at;
+  record.callback.previous_delay = std::chrono::milliseconds(0);
+  attempt(record, std::move(holder));
+}
+
+void Delivery::attempt(const JobRecord& record, std::string holder) {
+  const std::string id = record.job.id;
+  const CallbackInfo before = record.callback;
+  CallbackMessage message{id, record.job.callback_url, dump_json(to_callback_json(record)),
+                          "msg_" + id, before.attempts};
+  RetryState state;
+  state.attempts = before.delivery_attempts;
+  state.previous_delay = before.previous_delay;
+  if (before.delivery_started_at != TimePoint{}) {
+    state.elapsed = std::max(std::chrono::milliseconds(0),
+                             std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 clock_() - before.delivery_started_at));
+  }
+  // Renewed while it lasts: an attempt may wait in the transport (behind a receiver's other
+  // requests, or its open circuit) for longer than a lease.
+  leases_.hold(id, holder);
+  sender_.attempt(std::move(message), state,
+                  [this, keep = owner_.lock(), id, before,
+                   holder = std::move(holder)](const AttemptReport& report) {
+                    attempted(id, holder, before, report);
+                  });
+}
+
+void Delivery::attempted(const std::string& id, const std::string& holder,
+                         const CallbackInfo& before, const AttemptReport& report) {
+  CallbackInfo after = before;
+  after.attempts = report.attempt;
+  after.delivery_attempts = before.delivery_attempts + 1;
+  after.last_error = report.error;
+  switch (report.verdict) {
+    case AttemptVerdict::delivered:
+      after.state = CallbackState::delivered;
+      break;
+    case AttemptVerdict::give_up:
+      after.state = CallbackState::failed;
+      break;
+    case AttemptVerdict::retry:
+      after.state = CallbackState::pending;
+      after.next_attempt_at = clock_() + report.next_delay;
+      after.previous_delay = report.next_delay;
+      break;
+  }
+  observe_([&](auto& o) { o.on_attempt(id, report); });
+  store_.write_until_stored(
+      owner_.lock(), "record_attempt", id,
+      [this, id, holder, after](JobStore& s) {
+        return s.record_attempt(id, holder, after, clock_());
+      },
+      [this, id, holder, after](bool recorded) {
+        leases_.unhold(id, holder);
+        if (!recorded) observe_([&](auto& o) { o.on_lease_lost(id, "record_attempt"); });
+        admission_.release();
+        if (recorded && after.state == CallbackState::pending) schedule_(after.next_attempt_at);
+      },
+      [this] { admission_.release(); });
+}
+
+}  // namespace rebound::detail

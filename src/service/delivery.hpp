@@ -1,0 +1,55 @@
+// Delivery: a job's callback, one attempt at a time. Between attempts the schedule lives in the
+// store (`next_attempt_at`), so a waiting retry costs no memory and no slot.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "admission.hpp"
+#include "leases.hpp"
+#include "observers.hpp"
+#include "rebound/delivery/callback_sender.hpp"
+#include "rebound/job.hpp"
+#include "store_access.hpp"
+
+namespace rebound::detail {
+
+/// Thread-safe. Every attempt holds a slot of `admission`, freed once the attempt is recorded.
+/// `schedule` asks the pump to look for due work at a time (the next attempt of a retry).
+/// `owner` (the Service's core) is kept alive while an attempt is in flight.
+class Delivery {
+ public:
+  using TimePoint = std::chrono::system_clock::time_point;
+
+  Delivery(CallbackSender& sender, StoreAccess& store, Leases& leases, Admission& admission,
+           Observers& observe, Clock clock, std::function<void(TimePoint)> schedule)
+      : sender_(sender), store_(store), leases_(leases), admission_(admission), observe_(observe),
+        clock_(std::move(clock)), schedule_(std::move(schedule)) {}
+
+  void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
+
+  /// Sends the first attempt of a callback `holder` has just claimed with the job's outcome.
+  void start(JobRecord record, std::string holder);
+
+  /// Sends the next attempt of a pending callback that `holder` has claimed.
+  void attempt(const JobRecord& record, std::string holder);
+
+ private:
+  // What follows an attempt: its record in the store (pending with the next time, delivered or
+  // failed) and the observers.
+  void attempted(const std::string& id, const std::string& holder, const CallbackInfo& before,
+                 const AttemptReport& report);
+
+  CallbackSender& sender_;
+  StoreAccess& store_;
+  Leases& leases_;
+  Admission& admission_;
+  Observers& observe_;
+  const Clock clock_;
+  const std::function<void(TimePoint)> schedule_;
+  std::weak_ptr<const void> owner_;
+};
+
+}  // namespace rebound::detail

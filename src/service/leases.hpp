@@ -1,0 +1,83 @@
+// Leases: the names of this server's claims, and the leases on the jobs it holds, renewed while
+// they wait for a worker or run.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "rebound/store/job_store.hpp"
+#include "store_access.hpp"
+
+namespace rebound::detail {
+
+using Clock = std::function<std::chrono::system_clock::time_point()>;
+
+/// Thread-safe. The held jobs are bounded by the Service's capacity.
+class Leases {
+ public:
+  using TimePoint = std::chrono::system_clock::time_point;
+
+  Leases(std::string server_id, std::chrono::milliseconds duration, Clock clock)
+      : server_id_(std::move(server_id)), duration_(duration), clock_(std::move(clock)) {}
+
+  /// A lease holder name that no other claim shares, on this server or another.
+  std::string next_holder() { return server_id_ + "/" + std::to_string(++claims_); }
+
+  Lease from_now(std::string holder) const { return Lease{std::move(holder), clock_() + duration_}; }
+
+  std::chrono::milliseconds duration() const { return duration_; }
+
+  /// Keeps `holder`'s lease on `id` renewed from now on.
+  void hold(const std::string& id, const std::string& holder) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_[id] = holder;
+  }
+
+  /// Forgets `holder`'s claim on `id`; a later claim of the same id (after a lease ran out) stays.
+  void unhold(const std::string& id, const std::string& holder) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = held_.find(id);
+    if (it != held_.end() && it->second == holder) held_.erase(it);
+  }
+
+  /// Ends `holder`'s lease on `id` now, so that another claim (here or on another server) may
+  /// take the work at once.
+  void hand_back(StoreAccess& store, const std::string& id, const std::string& holder) {
+    unhold(id, holder);
+    const TimePoint at = clock_();
+    store.write_or_note("renew", id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
+  }
+
+  /// Extends the leases on the jobs held (every third of a lease, on the pump thread).
+  void renew_held(StoreAccess& store) {
+    std::vector<std::pair<std::string, std::string>> jobs;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs.assign(held_.begin(), held_.end());
+    }
+    const TimePoint at = clock_();
+    for (const auto& job : jobs) {
+      const std::string& id = job.first;  // not a structured binding: lambdas capture it (C++17)
+      const std::string& holder = job.second;
+      store.write_or_note("renew", id,
+                          [&](JobStore& s) { s.renew(id, {holder, at + duration_}, at); });
+    }
+  }
+
+ private:
+  const std::string server_id_;
+  const std::chrono::milliseconds duration_;
+  const Clock clock_;
+  std::atomic<std::uint64_t> claims_{0};
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::string> held_;  // id -> holder
+};
+
+}  // namespace rebound::detail

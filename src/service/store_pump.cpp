@@ -1,0 +1,142 @@
+// The store pump: claims of due work, and lease renewals.
+#include "store_pump.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "rebound/detail/job_queue.hpp"
+
+namespace rebound::detail {
+
+void StorePump::start(Queue& queue) {
+  queue_ = &queue;
+  pump();
+  starting_ = false;
+  thread_ = std::thread([this] { run(); });
+}
+
+void StorePump::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    wake_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void StorePump::wake(TimePoint at) {
+  const auto delay = std::chrono::duration_cast<std::chrono::steady_clock::duration>(at - clock_());
+  const auto when = std::chrono::steady_clock::now() +
+                    std::max(std::chrono::steady_clock::duration::zero(), delay);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (when >= due_) return;
+  due_ = when;
+  wake_.notify_one();
+}
+
+void StorePump::run() {
+  auto next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait_until(lock, std::min(due_, next_renewal), [&] {
+      return stop_ || std::chrono::steady_clock::now() >= due_ ||
+             std::chrono::steady_clock::now() >= next_renewal;
+    });
+    if (stop_) return;
+    lock.unlock();
+    if (std::chrono::steady_clock::now() >= next_renewal) {
+      leases_.renew_held(store_);
+      next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
+    }
+    if (std::chrono::steady_clock::now() >= due_) pump();
+    lock.lock();
+  }
+}
+
+// Callbacks first (results already paid for), then jobs.
+void StorePump::pump() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    due_ = std::chrono::steady_clock::time_point::max();
+  }
+  if (store_.stopped()) return;
+  std::size_t jobs = 0, callbacks = 0;
+  bool more = false;
+  try {
+    // After shutdown begins nothing new is claimed: it stays in the store for the next start, or
+    // for the other servers.
+    if (admission_.accepting()) {
+      callbacks = claim_callbacks(more);
+      jobs = claim_jobs(more);
+    }
+    store_.worked();
+  } catch (const std::exception& e) {
+    store_.failed("claim", {}, e.what());
+  } catch (...) {
+    store_.failed("claim", {}, "unknown error");
+  }
+  // Taken over: jobs this server did not accept, and at start the callbacks an earlier run owed
+  // (later, claimed callbacks are the retries this server or another scheduled).
+  const bool at_start = starting_;
+  if (!at_start) callbacks = 0;
+  if (jobs + callbacks > 0) {
+    resumed_ += jobs + callbacks;
+    observe_([&](auto& o) { o.on_claimed(jobs, callbacks, at_start); });
+  }
+  wake(clock_() + (more ? std::chrono::milliseconds(0) : poll_interval_));
+}
+
+// Claims with `claim` up to as many items as there are free slots, and keeps those it gets a slot
+// for; a claim whose slot a submission took meanwhile is handed back at once. Slots are not
+// reserved beforehand, so a poll never makes a submission see a full queue.
+template <typename Claim>
+std::vector<JobRecord> StorePump::claim_with_slots(bool& more, std::string& holder, Claim&& claim) {
+  const std::size_t slots = std::min(admission_.free_slots(), max_claim);
+  if (slots == 0) return {};
+  holder = leases_.next_holder();
+  std::vector<JobRecord> due = claim(slots, leases_.from_now(holder), clock_());
+  if (due.size() == slots) more = true;
+  std::vector<JobRecord> kept;
+  for (auto& record : due) {
+    if (admission_.take_slot()) {
+      kept.push_back(std::move(record));
+    } else {
+      leases_.hand_back(store_, record.job.id, holder);
+    }
+  }
+  return kept;
+}
+
+std::size_t StorePump::claim_callbacks(bool& more) {
+  std::string holder;
+  auto due = claim_with_slots(more, holder, [this](std::size_t n, const Lease& lease, TimePoint at) {
+    return store_.store().claim_callbacks(n, lease, at);
+  });
+  for (auto& record : due)
+    delivery_.attempt(record, holder);
+  return due.size();
+}
+
+std::size_t StorePump::claim_jobs(bool& more) {
+  std::string holder;
+  auto due = claim_with_slots(more, holder, [this](std::size_t n, const Lease& lease, TimePoint at) {
+    return store_.store().claim_jobs(n, lease, at);
+  });
+  std::size_t queued = 0;
+  for (auto& record : due) {
+    const std::string id = record.job.id;
+    leases_.hold(id, holder);
+    if (queue_->try_push(Service::WorkItem{std::move(record.job), nullptr, holder}) ==
+        PushResult::accepted) {
+      ++queued;  // runs: at least once
+      continue;
+    }
+    // Shutdown closed the queue meanwhile: the job goes back to the store at once.
+    leases_.hand_back(store_, id, holder);
+    admission_.release();
+  }
+  return queued;
+}
+
+}  // namespace rebound::detail

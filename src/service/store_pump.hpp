@@ -1,0 +1,88 @@
+// The store pump: claims due work from the store (callbacks, then jobs) as far as slots are free,
+// at the times this server scheduled and every poll interval for the rest, and renews the leases
+// of the work it holds.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "admission.hpp"
+#include "delivery.hpp"
+#include "leases.hpp"
+#include "observers.hpp"
+#include "rebound/service.hpp"
+#include "store_access.hpp"
+#include "work_item.hpp"
+
+namespace rebound {
+template <typename Item>
+class BasicJobQueue;
+}
+
+namespace rebound::detail {
+
+/// Runs on a thread of its own, so that a slow store never holds up the io executor (which also
+/// drives the callback transport). `wake` is thread-safe.
+class StorePump {
+ public:
+  using TimePoint = std::chrono::system_clock::time_point;
+  using Queue = BasicJobQueue<Service::WorkItem>;
+
+  StorePump(StoreAccess& store, Admission& admission, Leases& leases, Delivery& delivery,
+            Observers& observe, Clock clock, std::chrono::milliseconds poll_interval)
+      : store_(store), admission_(admission), leases_(leases), delivery_(delivery),
+        observe_(observe), clock_(std::move(clock)), poll_interval_(poll_interval) {}
+  ~StorePump() { stop(); }
+
+  /// Claims what the store holds (from an earlier run, or from servers gone) once, on the
+  /// calling thread, so that it is counted when `start` returns; then starts the thread.
+  void start(Queue& queue);
+
+  /// Stops the thread; nothing more is claimed.
+  void stop();
+
+  /// Runs the pump at `at` (at once when it has come), unless it runs earlier already.
+  void wake(TimePoint at);
+
+  /// Jobs and callbacks taken over from the store so far (see BatchStats::resumed).
+  std::uint64_t resumed() const { return resumed_; }
+
+ private:
+  void run();
+  void pump();
+  template <typename Claim>
+  std::vector<JobRecord> claim_with_slots(bool& more, std::string& holder, Claim&& claim);
+  std::size_t claim_callbacks(bool& more);
+  std::size_t claim_jobs(bool& more);
+
+  static constexpr std::size_t max_claim = 256;
+
+  StoreAccess& store_;
+  Admission& admission_;
+  Leases& leases_;
+  Delivery& delivery_;
+  Observers& observe_;
+  const Clock clock_;
+  const std::chrono::milliseconds poll_interval_;
+  Queue* queue_ = nullptr;
+  std::atomic<std::uint64_t> resumed_{0};
+  bool starting_ = true;  // during the first claims, before the thread starts
+
+  // It wakes at the next due time it knows of (a retry this server scheduled, a freed slot),
+  // else every poll interval; it renews leases every third of a lease.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::chrono::steady_clock::time_point due_ = std::chrono::steady_clock::time_point::max();
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace rebound::detail

@@ -1,0 +1,20 @@
+// What the Service's queue holds: a job to run under a lease, or an invocation waiting for its
+// result.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "rebound/job.hpp"
+#include "rebound/service.hpp"
+
+namespace rebound {
+
+struct Service::WorkItem {
+  Job job;
+  InvocationHandler reply;  // set for an invocation: no store, no callback
+  std::string holder;       // the lease a job is run under
+  std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
+};
+
+}  // namespace rebound
