@@ -36,8 +36,10 @@ std::string default_server_id() {
 
 }  // namespace
 
-// The parts, in the order they are built (each uses those above it). Shared with the work in
-// flight (deliveries, watchdogs, writes being retried), which keeps it alive.
+// The parts, in the order they are built: each is handed those above it. Admission and Delivery
+// also wake the pump (below them) through a lambda, which runs only once the Core is built.
+// Shared with the work in flight (deliveries, watchdogs, writes being retried), which keeps it
+// alive through the owner Delivery and BatchRunner are given.
 struct Service::Core {
   Core(std::unique_ptr<Model> model_in, std::unique_ptr<JobStore> store_in,
        std::unique_ptr<CallbackSender> sender_in, ServiceOptions& options)
@@ -153,7 +155,7 @@ SubmitStatus Service::submit(Job job) {
       // A resubmission of a stored job is still answered as a duplicate when the queue is full.
       std::optional<JobRecord> existing;
       try {
-        existing = core_->store.read("get", id, [&](JobStore& s) { return s.get(id); }, &news);
+        existing = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); }, &news);
       } catch (const StoreUnavailable&) {
         return SubmitStatus::store_unavailable;
       }
@@ -168,7 +170,7 @@ SubmitStatus Service::submit(Job job) {
     const std::string holder = core_->leases.next_holder();
     PutOutcome outcome;
     try {
-      outcome = core_->store.read(
+      outcome = core_->store.call(
           "put", id, [&](JobStore& s) { return s.put(job, core_->leases.from_now(holder)); },
           &news);
     } catch (const StoreUnavailable&) {
@@ -257,7 +259,7 @@ RedeliverStatus Service::redeliver(const std::string& id) {
   if (!core_->admission.accepting()) return RedeliverStatus::shutting_down;
   if (!core_->admission.take_slot()) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
-    auto record = core_->store.read("get", id, [&](JobStore& s) { return s.get(id); });
+    auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
     if (!record) return RedeliverStatus::not_found;
     if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
     return RedeliverStatus::queue_full;
@@ -268,10 +270,10 @@ RedeliverStatus Service::redeliver(const std::string& id) {
   try {
     // The store moves failed -> pending atomically: of two redeliveries at once (on this server
     // or another), one wins and the other answers not_failed.
-    outcome = core_->store.read(
+    outcome = core_->store.call(
         "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
     if (outcome == RedeliverOutcome::redelivered) {
-      record = core_->store.read("get", id, [&](JobStore& s) { return s.get(id); });
+      record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
     }
   } catch (...) {
     core_->admission.release();
@@ -288,12 +290,12 @@ RedeliverStatus Service::redeliver(const std::string& id) {
 }
 
 std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
-  return core_->store.read("list_failed_callbacks", {},
+  return core_->store.call("list_failed_callbacks", {},
                            [&](JobStore& s) { return s.list_failed_callbacks(limit); });
 }
 
 std::optional<JobRecord> Service::find(const std::string& id) const {
-  return core_->store.read("get", id, [&](JobStore& s) { return s.get(id); });
+  return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
 }
 
 std::optional<std::string> Service::store_failure() const {
@@ -331,7 +333,7 @@ bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
       }
     } else {
       // Its lease ends now, so that another server may take it at once.
-      core_->leases.hand_back(core_->store, item.job.id, item.holder);
+      core_->leases.hand_back(core_->store, "renew", item.job.id, item.holder);
     }
     core_->admission.release();
   }

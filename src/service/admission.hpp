@@ -25,7 +25,7 @@ class Admission {
 
   /// Held (shared) while a submission is admitted and stored, so that `close` waits for those
   /// under way: after it, nothing new reaches the queue.
-  std::shared_lock<std::shared_mutex> enter() {
+  [[nodiscard]] std::shared_lock<std::shared_mutex> enter() {
     return std::shared_lock<std::shared_mutex>(accepting_mutex_);
   }
 

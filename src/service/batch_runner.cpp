@@ -68,7 +68,7 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
   if (inference_timeout_.count() > 0) {
     watchdog = std::make_shared<boost::asio::steady_timer>(timer_executor_, inference_timeout_);
     watchdog->async_wait(
-        [this, keep = owner_.lock(), items, settled](const boost::system::error_code& ec) {
+        [this, keep = owner(), items, settled](const boost::system::error_code& ec) {
           if (ec || settled->exchange(true)) return;
           const std::string message =
               "The model did not answer within the inference timeout of " +
@@ -163,7 +163,7 @@ void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
   std::optional<Lease> deliver;
   if (!record.job.callback_url.empty()) deliver = leases_.from_now(leases_.next_holder());
   store_.write_until_stored(
-      owner_.lock(), "finish_job", record.job.id,
+      owner(), "finish_job", record.job.id,
       [this, kept, holder, deliver](JobStore& s) {
         return s.finish_job(kept->job.id, holder, kept->outcome, deliver, clock_());
       },

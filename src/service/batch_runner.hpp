@@ -3,6 +3,7 @@
 // and its callback handed to delivery; each invocation is answered.
 #pragma once
 
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -69,6 +70,12 @@ class BatchRunner {
   boost::asio::any_io_executor timer_executor_;
   const std::chrono::milliseconds job_ttl_;
   const std::chrono::milliseconds inference_timeout_;
+  // What async work holds to keep the parts alive; set_owner comes before any work.
+  std::shared_ptr<const void> owner() const {
+    auto keep = owner_.lock();
+    assert(keep);
+    return keep;
+  }
   std::weak_ptr<const void> owner_;
   mutable std::mutex stats_mutex_;
   BatchStats stats_;

@@ -36,7 +36,7 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
   // requests, or its open circuit) for longer than a lease.
   leases_.hold(id, holder);
   sender_.attempt(std::move(message), state,
-                  [this, keep = owner_.lock(), id, before,
+                  [this, keep = owner(), id, before,
                    holder = std::move(holder)](const AttemptReport& report) {
                     attempted(id, holder, before, report);
                   });
@@ -63,7 +63,7 @@ void Delivery::attempted(const std::string& id, const std::string& holder,
   }
   observe_([&](auto& o) { o.on_attempt(id, report); });
   store_.write_until_stored(
-      owner_.lock(), "record_attempt", id,
+      owner(), "record_attempt", id,
       [this, id, holder, after](JobStore& s) {
         return s.record_attempt(id, holder, after, clock_());
       },

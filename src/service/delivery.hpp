@@ -2,6 +2,7 @@
 // store (`next_attempt_at`), so a waiting retry costs no memory and no slot.
 #pragma once
 
+#include <cassert>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -49,6 +50,12 @@ class Delivery {
   Observers& observe_;
   const Clock clock_;
   const std::function<void(TimePoint)> schedule_;
+  // What async work holds to keep the parts alive; set_owner comes before any work.
+  std::shared_ptr<const void> owner() const {
+    auto keep = owner_.lock();
+    assert(keep);
+    return keep;
+  }
   std::weak_ptr<const void> owner_;
 };
 

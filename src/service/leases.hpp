@@ -48,11 +48,12 @@ class Leases {
   }
 
   /// Ends `holder`'s lease on `id` now, so that another claim (here or on another server) may
-  /// take the work at once.
-  void hand_back(StoreAccess& store, const std::string& id, const std::string& holder) {
+  /// take the work at once. `during` names the step in a failure's log line.
+  void hand_back(StoreAccess& store, const char* during, const std::string& id,
+                 const std::string& holder) {
     unhold(id, holder);
     const TimePoint at = clock_();
-    store.write_or_note("renew", id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
+    store.write_or_note(during, id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
   }
 
   /// Extends the leases on the jobs held (every third of a lease, on the pump thread).

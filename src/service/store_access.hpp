@@ -96,10 +96,10 @@ class StoreAccess {
   }
 
   /// Runs `call` against the store; a failure is noted and rethrown as StoreUnavailable (for the
-  /// reads a front end answers from). With `news`, what happened is kept there for `tell`,
+  /// calls whose answer a front end waits for: reads, puts, redeliveries). With `news`, what happened is kept there for `tell`,
   /// because the caller holds a lock that observers must not run under.
   template <typename Call>
-  auto read(std::string_view during, const std::string& job_id, Call&& call,
+  auto call(std::string_view during, const std::string& job_id, Call&& call,
             News* news = nullptr) -> decltype(call(std::declval<JobStore&>())) {
     auto note_failure = [&](const char* why) {
       if (news) {

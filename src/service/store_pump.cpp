@@ -44,12 +44,13 @@ void StorePump::run() {
              std::chrono::steady_clock::now() >= next_renewal;
     });
     if (stop_) return;
+    const bool due_now = std::chrono::steady_clock::now() >= due_;  // read under the lock
     lock.unlock();
     if (std::chrono::steady_clock::now() >= next_renewal) {
       leases_.renew_held(store_);
       next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
     }
-    if (std::chrono::steady_clock::now() >= due_) pump();
+    if (due_now) pump();
     lock.lock();
   }
 }
@@ -91,7 +92,8 @@ void StorePump::pump() {
 // for; a claim whose slot a submission took meanwhile is handed back at once. Slots are not
 // reserved beforehand, so a poll never makes a submission see a full queue.
 template <typename Claim>
-std::vector<JobRecord> StorePump::claim_with_slots(bool& more, std::string& holder, Claim&& claim) {
+std::vector<JobRecord> StorePump::claim_with_slots(const char* what, bool& more, std::string& holder,
+                                                   Claim&& claim) {
   const std::size_t slots = std::min(admission_.free_slots(), max_claim);
   if (slots == 0) return {};
   holder = leases_.next_holder();
@@ -102,7 +104,7 @@ std::vector<JobRecord> StorePump::claim_with_slots(bool& more, std::string& hold
     if (admission_.take_slot()) {
       kept.push_back(std::move(record));
     } else {
-      leases_.hand_back(store_, record.job.id, holder);
+      leases_.hand_back(store_, what, record.job.id, holder);
     }
   }
   return kept;
@@ -110,9 +112,10 @@ std::vector<JobRecord> StorePump::claim_with_slots(bool& more, std::string& hold
 
 std::size_t StorePump::claim_callbacks(bool& more) {
   std::string holder;
-  auto due = claim_with_slots(more, holder, [this](std::size_t n, const Lease& lease, TimePoint at) {
-    return store_.store().claim_callbacks(n, lease, at);
-  });
+  auto due = claim_with_slots("claim_callbacks", more, holder,
+                              [this](std::size_t n, const Lease& lease, TimePoint at) {
+                                return store_.store().claim_callbacks(n, lease, at);
+                              });
   for (auto& record : due)
     delivery_.attempt(record, holder);
   return due.size();
@@ -120,9 +123,10 @@ std::size_t StorePump::claim_callbacks(bool& more) {
 
 std::size_t StorePump::claim_jobs(bool& more) {
   std::string holder;
-  auto due = claim_with_slots(more, holder, [this](std::size_t n, const Lease& lease, TimePoint at) {
-    return store_.store().claim_jobs(n, lease, at);
-  });
+  auto due = claim_with_slots("claim_jobs", more, holder,
+                              [this](std::size_t n, const Lease& lease, TimePoint at) {
+                                return store_.store().claim_jobs(n, lease, at);
+                              });
   std::size_t queued = 0;
   for (auto& record : due) {
     const std::string id = record.job.id;
@@ -133,7 +137,7 @@ std::size_t StorePump::claim_jobs(bool& more) {
       continue;
     }
     // Shutdown closed the queue meanwhile: the job goes back to the store at once.
-    leases_.hand_back(store_, id, holder);
+    leases_.hand_back(store_, "renew", id, holder);
     admission_.release();
   }
   return queued;

@@ -59,7 +59,8 @@ class StorePump {
   void run();
   void pump();
   template <typename Claim>
-  std::vector<JobRecord> claim_with_slots(bool& more, std::string& holder, Claim&& claim);
+  std::vector<JobRecord> claim_with_slots(const char* what, bool& more, std::string& holder,
+                                          Claim&& claim);
   std::size_t claim_callbacks(bool& more);
   std::size_t claim_jobs(bool& more);
 
