@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
   libsqlite3-dev libjemalloc-dev libcurl4-openssl-dev
+  libhiredis-dev redis-server
   curl python3
   clang-14 libclang-rt-14-dev
   nginx-light

@@ -1,5 +1,5 @@
 // The JobStore contract, one suite run against every store: the memory store, SQLite on a real
-// file, and the failing fake while it works. A new store (Redis) adds its factory to the list.
+// file, the failing fake while it works, and Redis (a real redis-server) when it is built.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -10,6 +10,10 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/temp_dir.hpp"
+#ifdef REBOUND_TEST_REDIS
+#include "rebound/store/redis_job_store.hpp"
+#include "support/redis_server.hpp"
+#endif
 
 using rebound::CallbackState;
 using rebound::Job;
@@ -40,6 +44,16 @@ struct FailingStoreWhileItWorks {
   }
 };
 
+#ifdef REBOUND_TEST_REDIS
+struct RedisStore {
+  static constexpr const char* name = "redis";
+  rebound::test::RedisServer server;
+  std::unique_ptr<JobStore> make() {
+    return std::make_unique<rebound::RedisJobStore>(rebound::parse_redis_uri(server.uri()));
+  }
+};
+#endif
+
 using time_point = std::chrono::system_clock::time_point;
 
 // Stores keep times to the millisecond.
@@ -57,7 +71,11 @@ const rebound::JobOutcome succeeded{JobStatus::succeeded, {{"label", "setosa"}},
 
 }  // namespace
 
+#ifdef REBOUND_TEST_REDIS
+#define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks, RedisStore
+#else
 #define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks
+#endif
 
 TEST_CASE_TEMPLATE("store contract: put creates once - a duplicate and a conflict are told apart",
                    Factory, STORES) {

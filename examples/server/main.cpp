@@ -19,6 +19,9 @@
 #include "rebound/http/server.hpp"
 #include "rebound/model.hpp"
 #include "rebound/store/memory_job_store.hpp"
+#ifdef REBOUND_HAVE_REDIS
+#include "rebound/store/redis_job_store.hpp"
+#endif
 #ifdef REBOUND_HAVE_TORCH
 #include "rebound/torch/torchscript_model.hpp"
 #endif
@@ -85,7 +88,19 @@ std::unique_ptr<rebound::JobStore> make_store(const std::string& uri,
     options.retention = retention;
     return std::make_unique<rebound::SqliteJobStore>(uri.substr(sqlite.size()), options);
   }
-  throw rebound::Error("unsupported --store '" + uri + "': use memory or sqlite:<path>");
+  if (uri.rfind("redis://", 0) == 0) {
+#ifdef REBOUND_HAVE_REDIS
+    rebound::RedisJobStoreOptions options = rebound::parse_redis_uri(uri);
+    options.retention = retention;
+    // Never on the command line, which every user of the machine can read.
+    if (const char* password = std::getenv("REBOUND_REDIS_PASSWORD")) options.password = password;
+    return std::make_unique<rebound::RedisJobStore>(options);
+#else
+    throw rebound::Error("--store " + uri + ": this build has no Redis support (rebound::redis)");
+#endif
+  }
+  throw rebound::Error("unsupported --store '" + uri +
+                       "': use memory, sqlite:<path> or redis://host[:port][/db]");
 }
 
 }  // namespace
@@ -101,6 +116,8 @@ int main(int argc, char** argv) {
   std::size_t max_batch_size = 0;
   double max_batch_delay_ms = -1;
   std::string store_uri = "sqlite:rebound.db";
+  double lease_s = 30;
+  std::string server_id;
   double retention_s = 86400;
   std::size_t memory_budget_mib = 1024;
   double job_ttl_s = 0;
@@ -143,8 +160,18 @@ int main(int argc, char** argv) {
          "Longest wait for a batch to fill, in ms (default: the model's config.json, else 0)")
       ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--store", store_uri,
-                 "Job store: sqlite:<path> (durable: accepted jobs survive a crash) or memory")
+                 "Job store: sqlite:<path> (durable: accepted jobs survive a crash), memory, or "
+                 "redis://host[:port][/db] (several servers share one queue; a password comes "
+                 "from $REBOUND_REDIS_PASSWORD)")
       ->capture_default_str();
+  app.add_option("--lease", lease_s,
+                 "Seconds a claim on a job or a callback lasts without renewal: how soon another "
+                 "server takes over the work of one that died")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--server-id", server_id,
+                 "This server's name in lease holders and logs (default: host, pid and a random "
+                 "suffix)");
   app.add_option("--retention", retention_s,
                  "Seconds a finished job stays in a sqlite store before it is pruned (0: forever)")
       ->check(CLI::Range(0.0, 10.0 * 365 * 86400))
@@ -304,6 +331,8 @@ int main(int argc, char** argv) {
     service_options.queue_capacity = queue_capacity;
     service_options.job_ttl = ms(job_ttl_s);
     service_options.inference_timeout = ms(inference_timeout_s);
+    service_options.lease = ms(lease_s);
+    service_options.server_id = server_id;
     service_options.logger =
         rebound::Logger::to_stream(*rebound::parse_log_level(log_level), std::cerr);
     if (max_batch_size > 0) service_options.max_batch_size = max_batch_size;

@@ -1,0 +1,103 @@
+// RedisJobStore: the JobStore that several servers share (Redis 6.2 or later, through hiredis).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rebound/store/job_store.hpp"
+
+namespace rebound {
+
+struct RedisJobStoreOptions {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  int db = 0;  ///< the logical database (SELECT)
+  /// For Redis 6 ACLs (AUTH username password); empty: the default user.
+  std::string username;
+  /// Empty: no AUTH. rebound-server takes it from $REBOUND_REDIS_PASSWORD, never from its command
+  /// line (which every user of the machine can read).
+  std::string password;
+  /// Every key starts with it: servers that share a prefix share one queue; others on the same
+  /// Redis are apart.
+  std::string key_prefix = "rebound";
+  /// Connections opened at most, shared by the threads that call the store.
+  std::size_t connections = 16;
+  std::chrono::milliseconds connect_timeout{2000};
+  /// The longest a command may take before the connection is given up (a hung Redis does not
+  /// hang the server's threads).
+  std::chrono::milliseconds command_timeout{5000};
+  /// While Redis cannot be reached, new connections are tried after this delay, doubling up to
+  /// `reconnect_max`; every call in between fails at once (StoreUnavailable).
+  std::chrono::milliseconds reconnect_min{100};
+  std::chrono::milliseconds reconnect_max{5000};
+  /// Finished jobs expire this long after they finished (a Redis key expiry). 0: kept forever.
+  std::chrono::seconds retention{std::chrono::hours(24)};
+};
+
+/// Reads `redis://[username@]host[:port][/db]` (an IPv6 host in brackets) into `options`, keeping
+/// its other fields. Throws rebound::Error for anything else, and for a password in the URI
+/// (give it in RedisJobStoreOptions::password).
+RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions options = {});
+
+/// A JobStore in Redis: every server on the same Redis (and key prefix) shares one queue.
+///
+/// Layout (every key under `key_prefix`): a hash per job (`<prefix>:job:<id>`: the request, its
+/// status and outcome, its callback state, and the lease on it: holder and until); sorted sets of
+/// due times, one for jobs (`<prefix>:jobs:due`) and one for callbacks
+/// (`<prefix>:callbacks:due`): a claim takes the members whose time has come and moves them to the
+/// end of its lease, so a crashed server's work is due again when its lease runs out; the given-up
+/// callbacks (`<prefix>:callbacks:failed`) and the jobs not finished (`<prefix>:unfinished`), by
+/// creation time. Every call is one Lua script, atomic in Redis: the same id put on two servers at
+/// once is one job, two redeliveries at once are one, and a late acknowledgement is refused.
+/// Finished jobs expire after `retention`.
+///
+/// Durability follows Redis's persistence: with `appendonly yes` and `appendfsync always` an
+/// accepted job survives a crash of Redis; with `everysec` up to a second of writes can be lost
+/// (docs/operations.md). Redis must not evict keys: a `maxmemory-policy` of `allkeys-*` is refused
+/// at construction; at `maxmemory` with `noeviction`, `put` answers `full`.
+///
+/// Leases compare the times the servers pass in (their clocks): keep the servers' clocks in step
+/// (NTP) to well within a lease.
+///
+/// Failures: a connection error or timeout throws StoreUnavailable and sets `failure()` until a
+/// command works again; new connections are tried with a backoff. Thread-safety: every method is
+/// thread-safe.
+class RedisJobStore final : public JobStore {
+ public:
+  /// Connects and loads the scripts. Throws rebound::Error when Redis cannot be used (unreachable,
+  /// authentication refused, older than 6.2, an evicting memory policy).
+  explicit RedisJobStore(RedisJobStoreOptions options = {});
+  ~RedisJobStore() override;
+  RedisJobStore(const RedisJobStore&) = delete;
+  RedisJobStore& operator=(const RedisJobStore&) = delete;
+
+  using JobStore::put;
+  PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
+  std::optional<JobRecord> get(const std::string& id) const override;
+  std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
+  bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
+  void mark_running(const std::string& id) override;
+  bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                  const std::optional<Lease>& deliver, TimePoint now) override;
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
+                                         TimePoint now) override;
+  bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                      TimePoint now) override;
+  RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override;
+  void complete(const std::string& id, const JobOutcome& outcome) override;
+  void update_callback(const std::string& id, const CallbackInfo& callback) override;
+  std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
+  std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
+  std::optional<std::string> failure() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rebound

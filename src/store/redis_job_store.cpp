@@ -1,0 +1,874 @@
+// RedisJobStore: one Lua script per call over a small pool of hiredis connections.
+#include "rebound/store/redis_job_store.hpp"
+
+#include <hiredis.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+#include "rebound/detail/json.hpp"
+#include "rebound/error.hpp"
+
+namespace rebound {
+namespace {
+
+using TimePoint = std::chrono::system_clock::time_point;
+
+std::int64_t to_ms(TimePoint t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+TimePoint from_ms(std::int64_t ms) {
+  return TimePoint(std::chrono::milliseconds(ms));
+}
+
+std::string ms_text(TimePoint t) {
+  return std::to_string(to_ms(t));
+}
+
+// The helpers every script starts with. ARGV[1] is the key prefix in every script.
+constexpr const char* kPrelude = R"lua(
+local P = ARGV[1]
+local JOBS_DUE = P .. ':jobs:due'
+local CB_DUE = P .. ':callbacks:due'
+local FAILED = P .. ':callbacks:failed'
+local UNFINISHED = P .. ':unfinished'
+local function job_key(id) return P .. ':job:' .. id end
+local function is_final(status)
+  return status == 'succeeded' or status == 'failed' or status == 'expired'
+end
+-- The lease on a job (before its outcome) or on its callback (after): held by `holder`, live.
+local function holds(key, holder, now)
+  local f = redis.call('HMGET', key, 'holder', 'until')
+  return f[1] and f[1] ~= '' and f[1] == holder and tonumber(f[2] or '0') > tonumber(now)
+end
+-- A finished job (final, its callback delivered, given up or not wanted) expires.
+local function finish(key, id, now, retention)
+  redis.call('ZREM', UNFINISHED, id)
+  redis.call('HSET', key, 'finished', now)
+  if tonumber(retention) > 0 then redis.call('PEXPIRE', key, retention) end
+end
+local function unfinish(key, id)
+  redis.call('PERSIST', key)
+  redis.call('HSET', key, 'finished', '')
+  redis.call('ZADD', UNFINISHED, redis.call('HGET', key, 'created'), id)
+end
+-- Writes a callback's state from ARGV[first ..] (state, attempts, last error, next attempt,
+-- delivery attempts, delivery start, previous delay) and files the job by it.
+local function write_callback(key, id, first, now, retention)
+  local state = ARGV[first]
+  redis.call('HSET', key, 'cb_state', state, 'cb_attempts', ARGV[first + 1],
+             'cb_error', ARGV[first + 2], 'cb_next', ARGV[first + 3], 'cb_da', ARGV[first + 4],
+             'cb_started', ARGV[first + 5], 'cb_prev', ARGV[first + 6])
+  if state == 'pending' then
+    redis.call('ZADD', CB_DUE, ARGV[first + 3], id)
+    redis.call('ZREM', FAILED, id)
+    if redis.call('HGET', key, 'finished') ~= '' then unfinish(key, id) end
+    return
+  end
+  redis.call('ZREM', CB_DUE, id)
+  if state == 'failed' then
+    redis.call('ZADD', FAILED, redis.call('HGET', key, 'created'), id)
+  else
+    redis.call('ZREM', FAILED, id)
+  end
+  if is_final(redis.call('HGET', key, 'status')) and (state == 'delivered' or state == 'failed') then
+    finish(key, id, now, retention)
+  end
+end
+-- Writes an outcome from ARGV[first ..] (status, result, has error, code, message).
+local function write_outcome(key, first)
+  redis.call('HSET', key, 'status', ARGV[first], 'result', ARGV[first + 1])
+  if ARGV[first + 2] == '1' then
+    redis.call('HSET', key, 'err_code', ARGV[first + 3], 'err_msg', ARGV[first + 4])
+  else
+    redis.call('HDEL', key, 'err_code', 'err_msg')
+  end
+end
+-- Records (id, fields, id, fields, ...) of the members `ids`, dropping those that expired.
+local function records(set, ids, out, limit)
+  for _, id in ipairs(ids) do
+    if #out >= 2 * limit then return end
+    local fields = redis.call('HGETALL', job_key(id))
+    if #fields == 0 then
+      redis.call('ZREM', set, id)
+    else
+      out[#out + 1] = id
+      out[#out + 1] = fields
+    end
+  end
+end
+)lua";
+
+// put: ARGV id, url, input, created, holder, until, due. {0}: created; {1, url, input}: taken.
+constexpr const char* kPut = R"lua(
+local key = job_key(ARGV[2])
+local old = redis.call('HMGET', key, 'url', 'input')
+if old[1] then return {1, old[1], old[2]} end
+redis.call('HSET', key, 'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
+           'result', '', 'cb_state', 'none', 'cb_attempts', '0', 'cb_error', '', 'cb_next', '0',
+           'cb_da', '0', 'cb_started', '0', 'cb_prev', '0', 'holder', ARGV[6], 'until', ARGV[7],
+           'finished', '')
+redis.call('ZADD', JOBS_DUE, ARGV[8], ARGV[2])
+redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
+return {0}
+)lua";
+
+// claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until.
+constexpr const char* kClaim = R"lua(
+local due = ARGV[2] == 'jobs' and JOBS_DUE or CB_DUE
+local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local out = {}
+for _, id in ipairs(ids) do
+  local key = job_key(id)
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('ZREM', due, id)
+  else
+    redis.call('ZADD', due, ARGV[6], id)
+    redis.call('HSET', key, 'holder', ARGV[5], 'until', ARGV[6])
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('HGETALL', key)
+  end
+end
+return out
+)lua";
+
+// renew: ARGV id, holder, until, now. 1: renewed.
+constexpr const char* kRenew = R"lua(
+local key = job_key(ARGV[2])
+if not holds(key, ARGV[3], ARGV[5]) then return 0 end
+redis.call('HSET', key, 'until', ARGV[4])
+local due = is_final(redis.call('HGET', key, 'status')) and CB_DUE or JOBS_DUE
+redis.call('ZADD', due, 'XX', ARGV[4], ARGV[2])
+return 1
+)lua";
+
+// mark_running: ARGV id.
+constexpr const char* kMarkRunning = R"lua(
+local key = job_key(ARGV[2])
+if redis.call('HGET', key, 'status') == 'queued' then redis.call('HSET', key, 'status', 'running') end
+return 1
+)lua";
+
+// finish_job: ARGV id, holder, now, status, result, has error, code, message, deliver holder,
+// deliver until, retention. 1: acknowledged.
+constexpr const char* kFinish = R"lua(
+local id = ARGV[2]
+local key = job_key(id)
+if not holds(key, ARGV[3], ARGV[4]) then return 0 end
+write_outcome(key, 5)
+redis.call('ZREM', JOBS_DUE, id)
+if redis.call('HGET', key, 'url') == '' then
+  redis.call('HSET', key, 'holder', '', 'until', '0')
+  finish(key, id, ARGV[4], ARGV[12])
+  return 1
+end
+redis.call('HSET', key, 'cb_state', 'pending', 'cb_next', ARGV[4], 'cb_da', '0',
+           'cb_started', ARGV[4], 'cb_prev', '0')
+if ARGV[10] ~= '' then
+  redis.call('HSET', key, 'holder', ARGV[10], 'until', ARGV[11])
+  redis.call('ZADD', CB_DUE, ARGV[11], id)
+else
+  redis.call('HSET', key, 'holder', '', 'until', '0')
+  redis.call('ZADD', CB_DUE, ARGV[4], id)
+end
+return 1
+)lua";
+
+// record_attempt: ARGV id, holder, now, retention, then the callback (7 fields). 1: recorded.
+constexpr const char* kRecordAttempt = R"lua(
+local key = job_key(ARGV[2])
+if not holds(key, ARGV[3], ARGV[4]) then return 0 end
+redis.call('HSET', key, 'holder', '', 'until', '0')
+write_callback(key, ARGV[2], 6, ARGV[4], ARGV[5])
+return 1
+)lua";
+
+// redeliver: ARGV id, holder, until, now. 0: not found; 1: redelivered; 2: not failed.
+constexpr const char* kRedeliver = R"lua(
+local id = ARGV[2]
+local key = job_key(id)
+local state = redis.call('HGET', key, 'cb_state')
+if not state then return 0 end
+if state ~= 'failed' then return 2 end
+redis.call('HSET', key, 'cb_state', 'pending', 'cb_error', '', 'cb_next', ARGV[5], 'cb_da', '0',
+           'cb_started', ARGV[5], 'cb_prev', '0', 'holder', ARGV[3], 'until', ARGV[4])
+redis.call('ZADD', CB_DUE, ARGV[4], id)
+redis.call('ZREM', FAILED, id)
+unfinish(key, id)
+return 1
+)lua";
+
+// complete: ARGV id, now, retention, then the outcome (5 fields).
+constexpr const char* kComplete = R"lua(
+local id = ARGV[2]
+local key = job_key(id)
+if redis.call('EXISTS', key) == 0 then return 0 end
+write_outcome(key, 5)
+redis.call('HSET', key, 'holder', '', 'until', '0')
+redis.call('ZREM', JOBS_DUE, id)
+local f = redis.call('HMGET', key, 'url', 'cb_state')
+if f[1] == '' or f[2] == 'delivered' or f[2] == 'failed' then finish(key, id, ARGV[3], ARGV[4]) end
+return 1
+)lua";
+
+// update_callback: ARGV id, now, retention, then the callback (7 fields).
+constexpr const char* kUpdateCallback = R"lua(
+local id = ARGV[2]
+local key = job_key(id)
+if redis.call('EXISTS', key) == 0 then return 0 end
+if is_final(redis.call('HGET', key, 'status')) then
+  redis.call('HSET', key, 'holder', '', 'until', '0')
+end
+write_callback(key, id, 5, ARGV[3], ARGV[4])
+return 1
+)lua";
+
+// list: ARGV which ("failed": most recently created first; "unfinished": oldest first), limit.
+constexpr const char* kList = R"lua(
+local limit = tonumber(ARGV[3])
+local set = ARGV[2] == 'failed' and FAILED or UNFINISHED
+local out = {}
+local start = 0
+while #out < 2 * limit do
+  local ids
+  if ARGV[2] == 'failed' then
+    ids = redis.call('ZREVRANGE', set, start, start + limit - 1)
+  else
+    ids = redis.call('ZRANGE', set, start, start + limit - 1)
+  end
+  if #ids == 0 then break end
+  local before = #out
+  records(set, ids, out, limit)
+  -- Expired members were removed from the set: what follows moved up.
+  start = start + (#out - before) / 2
+end
+return out
+)lua";
+
+enum Script : std::size_t {
+  kScriptPut,
+  kScriptClaim,
+  kScriptRenew,
+  kScriptMarkRunning,
+  kScriptFinish,
+  kScriptRecordAttempt,
+  kScriptRedeliver,
+  kScriptComplete,
+  kScriptUpdateCallback,
+  kScriptList,
+  kScriptCount,
+};
+
+constexpr std::array<const char*, kScriptCount> kScripts = {
+    kPut,      kClaim,    kRenew,    kMarkRunning,    kFinish,
+    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList};
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct ContextDeleter {
+  void operator()(redisContext* c) const { redisFree(c); }
+};
+using Context = std::unique_ptr<redisContext, ContextDeleter>;
+
+timeval to_timeval(std::chrono::milliseconds d) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
+  return tv;
+}
+
+std::string_view text(const redisReply* r) {
+  if (!r || !r->str) return {};
+  return std::string_view(r->str, r->len);
+}
+
+// A connection-level failure (I/O, timeout, protocol): the connection is given up.
+struct ConnectionLost : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An error reply from Redis; the connection is fine.
+struct ErrorReply : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Redis at its maxmemory (with noeviction) refused a put: the store is full, not broken.
+struct OutOfMemory : StoreUnavailable {
+  using StoreUnavailable::StoreUnavailable;
+};
+
+const char* to_text(JobStatus s) {
+  switch (s) {
+    case JobStatus::queued:
+      return "queued";
+    case JobStatus::running:
+      return "running";
+    case JobStatus::succeeded:
+      return "succeeded";
+    case JobStatus::failed:
+      return "failed";
+    case JobStatus::expired:
+      return "expired";
+  }
+  return "failed";
+}
+
+JobStatus status_from(std::string_view s) {
+  if (s == "queued") return JobStatus::queued;
+  if (s == "running") return JobStatus::running;
+  if (s == "succeeded") return JobStatus::succeeded;
+  if (s == "expired") return JobStatus::expired;
+  return JobStatus::failed;
+}
+
+const char* to_text(CallbackState s) {
+  switch (s) {
+    case CallbackState::none:
+      return "none";
+    case CallbackState::pending:
+      return "pending";
+    case CallbackState::delivered:
+      return "delivered";
+    case CallbackState::failed:
+      return "failed";
+  }
+  return "none";
+}
+
+CallbackState callback_state_from(std::string_view s) {
+  if (s == "pending") return CallbackState::pending;
+  if (s == "delivered") return CallbackState::delivered;
+  if (s == "failed") return CallbackState::failed;
+  return CallbackState::none;
+}
+
+std::int64_t number(std::string_view s) {
+  std::int64_t out = 0;
+  bool negative = !s.empty() && s.front() == '-';
+  if (negative) s.remove_prefix(1);
+  for (char c : s) {
+    if (c < '0' || c > '9') break;
+    out = out * 10 + (c - '0');
+  }
+  return negative ? -out : out;
+}
+
+nlohmann::json parse_json(std::string_view s) {
+  if (s.empty()) return nullptr;
+  return nlohmann::json::parse(s.begin(), s.end(), nullptr, false);
+}
+
+// A job's hash (field, value, ...) as a record.
+JobRecord read_record(std::string_view id, const redisReply* fields) {
+  JobRecord r;
+  r.job.id = std::string(id);
+  if (!fields || fields->type != REDIS_REPLY_ARRAY) return r;
+  std::optional<std::string> err_code, err_msg;
+  for (std::size_t i = 0; i + 1 < fields->elements; i += 2) {
+    const std::string_view name = text(fields->element[i]);
+    const std::string_view value = text(fields->element[i + 1]);
+    if (name == "url") {
+      r.job.callback_url = std::string(value);
+    } else if (name == "input") {
+      r.job.input = parse_json(value);
+    } else if (name == "created") {
+      r.job.created_at = from_ms(number(value));
+    } else if (name == "status") {
+      r.status = status_from(value);
+    } else if (name == "result") {
+      r.outcome.result = parse_json(value);
+    } else if (name == "err_code") {
+      err_code = std::string(value);
+    } else if (name == "err_msg") {
+      err_msg = std::string(value);
+    } else if (name == "cb_state") {
+      r.callback.state = callback_state_from(value);
+    } else if (name == "cb_attempts") {
+      r.callback.attempts = static_cast<int>(number(value));
+    } else if (name == "cb_error") {
+      r.callback.last_error = std::string(value);
+    } else if (name == "cb_next") {
+      r.callback.next_attempt_at = from_ms(number(value));
+    } else if (name == "cb_da") {
+      r.callback.delivery_attempts = static_cast<int>(number(value));
+    } else if (name == "cb_started") {
+      r.callback.delivery_started_at = from_ms(number(value));
+    } else if (name == "cb_prev") {
+      r.callback.previous_delay = std::chrono::milliseconds(number(value));
+    }
+  }
+  r.outcome.status = r.status;
+  if (r.status != JobStatus::succeeded) r.outcome.result = nullptr;
+  if (err_code) r.outcome.error = ErrorInfo{*err_code, err_msg.value_or("")};
+  return r;
+}
+
+// (id, fields, id, fields, ...) as records.
+std::vector<JobRecord> read_records(const redisReply* r) {
+  std::vector<JobRecord> out;
+  if (!r || r->type != REDIS_REPLY_ARRAY) return out;
+  out.reserve(r->elements / 2);
+  for (std::size_t i = 0; i + 1 < r->elements; i += 2)
+    out.push_back(read_record(text(r->element[i]), r->element[i + 1]));
+  return out;
+}
+
+void append_outcome(std::vector<std::string>& args, const JobOutcome& outcome) {
+  args.push_back(to_text(outcome.status));
+  args.push_back(outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "");
+  args.push_back(outcome.error ? "1" : "0");
+  args.push_back(outcome.error ? outcome.error->code : "");
+  args.push_back(outcome.error ? outcome.error->message : "");
+}
+
+void append_callback(std::vector<std::string>& args, const CallbackInfo& cb) {
+  args.push_back(to_text(cb.state));
+  args.push_back(std::to_string(cb.attempts));
+  args.push_back(cb.last_error);
+  args.push_back(ms_text(cb.next_attempt_at));
+  args.push_back(std::to_string(cb.delivery_attempts));
+  args.push_back(ms_text(cb.delivery_started_at));
+  args.push_back(std::to_string(cb.previous_delay.count()));
+}
+
+}  // namespace
+
+RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions options) {
+  const std::string whole(uri);
+  constexpr std::string_view scheme = "redis://";
+  if (uri.substr(0, scheme.size()) != scheme) {
+    throw Error("redis store: '" + whole + "' is not redis://host[:port][/db]");
+  }
+  uri.remove_prefix(scheme.size());
+  const auto slash = uri.find('/');
+  std::string_view authority = uri.substr(0, slash);
+  if (slash != std::string_view::npos) {
+    const std::string_view db = uri.substr(slash + 1);
+    if (db.empty() || db.size() > 5 || !std::all_of(db.begin(), db.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        })) {
+      throw Error("redis store: the database in '" + whole + "' must be a number");
+    }
+    options.db = static_cast<int>(number(db));
+  }
+  const auto at = authority.rfind('@');
+  if (at != std::string_view::npos) {
+    const std::string_view user = authority.substr(0, at);
+    if (user.find(':') != std::string_view::npos) {
+      throw Error(
+          "redis store: no password in the URI (it would show in the process list): give it in "
+          "REBOUND_REDIS_PASSWORD");
+    }
+    options.username = std::string(user);
+    authority.remove_prefix(at + 1);
+  }
+  std::string_view host = authority, port;
+  if (!authority.empty() && authority.front() == '[') {
+    const auto close = authority.find(']');
+    if (close == std::string_view::npos) throw Error("redis store: bad IPv6 host in '" + whole + "'");
+    host = authority.substr(1, close - 1);
+    const std::string_view rest = authority.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') throw Error("redis store: bad host in '" + whole + "'");
+      port = rest.substr(1);
+    }
+  } else if (const auto colon = authority.rfind(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  if (host.empty()) throw Error("redis store: no host in '" + whole + "'");
+  options.host = std::string(host);
+  if (!port.empty() || authority.back() == ':') {
+    if (port.empty() || port.size() > 5 ||
+        !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        number(port) < 1 || number(port) > 65535) {
+      throw Error("redis store: bad port in '" + whole + "'");
+    }
+    options.port = static_cast<int>(number(port));
+  }
+  return options;
+}
+
+struct RedisJobStore::Impl {
+  RedisJobStoreOptions options;
+  std::array<std::string, kScriptCount> shas;
+
+  // The pool: idle connections, and how many are open (idle or in use).
+  std::mutex pool_mutex;
+  std::condition_variable pool_returned;
+  std::vector<Context> idle;
+  std::size_t open = 0;
+
+  // Why the store fails, while it does; new connections wait for `reconnect_at`.
+  mutable std::mutex failure_mutex;
+  std::string failure;
+  std::chrono::steady_clock::time_point reconnect_at{};
+  std::chrono::milliseconds reconnect_delay{0};
+  std::atomic<bool> failing{false};
+
+  explicit Impl(RedisJobStoreOptions o) : options(std::move(o)) {}
+
+  // One command on a connection. Throws ConnectionLost or ErrorReply.
+  static Reply command(redisContext* c, const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lengths;
+    argv.reserve(args.size());
+    lengths.reserve(args.size());
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    Reply reply(static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lengths.data())));
+    if (!reply) {
+      throw ConnectionLost(c->err == REDIS_ERR_IO && c->errstr[0] == '\0'
+                               ? std::string("I/O error: ") + std::strerror(errno)
+                               : std::string(c->errstr));
+    }
+    if (reply->type == REDIS_REPLY_ERROR) throw ErrorReply(std::string(text(reply.get())));
+    return reply;
+  }
+
+  // A new connection: connected, authenticated, the database selected, the scripts loaded.
+  Context connect() {
+    Context c(redisConnectWithTimeout(options.host.c_str(), options.port,
+                                      to_timeval(options.connect_timeout)));
+    if (!c) throw ConnectionLost("cannot allocate a connection");
+    if (c->err) throw ConnectionLost(std::string("cannot connect: ") + c->errstr);
+    redisSetTimeout(c.get(), to_timeval(options.command_timeout));
+    try {
+      if (!options.password.empty()) {
+        if (options.username.empty()) {
+          command(c.get(), {"AUTH", options.password});
+        } else {
+          command(c.get(), {"AUTH", options.username, options.password});
+        }
+      }
+      if (options.db != 0) command(c.get(), {"SELECT", std::to_string(options.db)});
+      for (std::size_t i = 0; i < kScriptCount; ++i) {
+        Reply sha = command(c.get(), {"SCRIPT", "LOAD", std::string(kPrelude) + kScripts[i]});
+        shas[i] = std::string(text(sha.get()));
+      }
+    } catch (const ErrorReply& e) {
+      throw ConnectionLost(e.what());
+    }
+    return c;
+  }
+
+  Context acquire() {
+    std::unique_lock<std::mutex> lock(pool_mutex);
+    pool_returned.wait(lock, [&] { return !idle.empty() || open < options.connections; });
+    if (!idle.empty()) {
+      Context c = std::move(idle.back());
+      idle.pop_back();
+      return c;
+    }
+    ++open;
+    lock.unlock();
+    {
+      std::lock_guard<std::mutex> failure_lock(failure_mutex);
+      if (!failure.empty() && std::chrono::steady_clock::now() < reconnect_at) {
+        const std::string why = failure;
+        give_up_slot();
+        throw StoreUnavailable(why);
+      }
+    }
+    try {
+      return connect();
+    } catch (const ConnectionLost& e) {
+      give_up_slot();
+      failed(e.what());
+      throw StoreUnavailable(failure_text());
+    }
+  }
+
+  void give_up_slot() {
+    std::lock_guard<std::mutex> lock(pool_mutex);
+    --open;
+    pool_returned.notify_one();
+  }
+
+  void give_back(Context c) {
+    std::lock_guard<std::mutex> lock(pool_mutex);
+    idle.push_back(std::move(c));
+    pool_returned.notify_one();
+  }
+
+  void failed(const std::string& why) {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    failure = "redis job store (" + options.host + ":" + std::to_string(options.port) + "): " + why;
+    reconnect_delay = reconnect_delay.count() == 0
+                          ? options.reconnect_min
+                          : std::min(options.reconnect_max, reconnect_delay * 2);
+    reconnect_at = std::chrono::steady_clock::now() + reconnect_delay;
+    failing = true;
+  }
+
+  void worked() {
+    if (!failing.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    failure.clear();
+    reconnect_delay = std::chrono::milliseconds(0);
+    failing = false;
+  }
+
+  std::string failure_text() const {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    return failure;
+  }
+
+  // Runs one command on a pooled connection. A lost connection is closed and reported as
+  // StoreUnavailable; an error reply is thrown as ErrorReply (the connection is kept).
+  Reply run(const std::vector<std::string>& args) {
+    Context c = acquire();
+    try {
+      Reply reply = command(c.get(), args);
+      give_back(std::move(c));
+      worked();
+      return reply;
+    } catch (const ConnectionLost& e) {
+      c.reset();
+      give_up_slot();
+      failed(e.what());
+      throw StoreUnavailable(failure_text());
+    } catch (const ErrorReply&) {
+      give_back(std::move(c));
+      throw;
+    }
+  }
+
+  // Runs a script with the prefix and `args` as ARGV. A script Redis forgot (a restart, SCRIPT
+  // FLUSH) is loaded again and run once more: it did not run the first time.
+  Reply script(Script which, std::vector<std::string> args) {
+    args.insert(args.begin(), {"EVALSHA", shas[which], "0", options.key_prefix});
+    try {
+      try {
+        return run(args);
+      } catch (const ErrorReply& e) {
+        if (std::strncmp(e.what(), "NOSCRIPT", 8) != 0) throw;
+        run({"SCRIPT", "LOAD", std::string(kPrelude) + kScripts[which]});
+        return run(args);
+      }
+    } catch (const ErrorReply& e) {
+      if (which == kScriptPut && std::strncmp(e.what(), "OOM", 3) == 0) {
+        throw OutOfMemory(e.what());
+      }
+      // LOADING (Redis reading its data after a restart), READONLY (a replica), OOM for work
+      // already accepted, ...: the store cannot do its job now.
+      failed(e.what());
+      throw StoreUnavailable(failure_text());
+    }
+  }
+
+  std::vector<JobRecord> claim(const char* which, std::size_t max, const Lease& lease,
+                               TimePoint now) {
+    if (max == 0) return {};
+    Reply r = script(kScriptClaim, {which, ms_text(now), std::to_string(max), lease.holder,
+                                    ms_text(lease.until)});
+    return read_records(r.get());
+  }
+
+  std::vector<JobRecord> list(const char* which, std::size_t limit) {
+    if (limit == 0) return {};
+    limit = std::min<std::size_t>(limit, 1u << 30);
+    Reply r = script(kScriptList, {which, std::to_string(limit)});
+    return read_records(r.get());
+  }
+
+  std::string retention_ms() const {
+    return std::to_string(
+        std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count());
+  }
+};
+
+RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {
+  auto& o = impl_->options;
+  if (o.connections == 0) throw Error("redis store: connections must be at least 1");
+  if (o.key_prefix.empty()) throw Error("redis store: the key prefix must not be empty");
+  if (o.retention.count() < 0) throw Error("redis store: retention must not be negative");
+  if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0 ||
+      o.reconnect_min.count() <= 0 || o.reconnect_max < o.reconnect_min) {
+    throw Error("redis store: timeouts and reconnect delays must be positive");
+  }
+  Context c;
+  try {
+    c = impl_->connect();
+  } catch (const ConnectionLost& e) {
+    throw Error("cannot use the redis job store at " + o.host + ":" + std::to_string(o.port) +
+                ": " + e.what());
+  }
+  // Version (ZADD ... XX and HSET with several fields need 4; EVALSHA scripts that write after a
+  // read need 5 (effects replication); 6.2 is what this store is tested with) and memory policy.
+  try {
+    Reply info = Impl::command(c.get(), {"INFO", "server"});
+    const std::string_view s = text(info.get());
+    const auto at = s.find("redis_version:");
+    if (at != std::string_view::npos) {
+      const std::string_view v = s.substr(at + 14);
+      const std::int64_t major = number(v);
+      const auto dot = v.find('.');
+      const std::int64_t minor = dot == std::string_view::npos ? 0 : number(v.substr(dot + 1));
+      if (major < 6 || (major == 6 && minor < 2)) {
+        throw Error("redis store: Redis " + std::string(v.substr(0, v.find('\r'))) +
+                    " is too old (6.2 or later)");
+      }
+    }
+  } catch (const ErrorReply&) {
+    // INFO refused (a restricted user): go on.
+  }
+  try {
+    Reply policy = Impl::command(c.get(), {"CONFIG", "GET", "maxmemory-policy"});
+    if (policy->type == REDIS_REPLY_ARRAY && policy->elements == 2 &&
+        text(policy->element[1]).substr(0, 8) == "allkeys-") {
+      throw Error("redis store: maxmemory-policy " + std::string(text(policy->element[1])) +
+                  " would evict accepted jobs; use noeviction (or volatile-*, which evicts only "
+                  "finished jobs)");
+    }
+  } catch (const ErrorReply&) {
+    // CONFIG disabled (a managed Redis): the operator's word (docs/operations.md).
+  }
+  std::lock_guard<std::mutex> lock(impl_->pool_mutex);
+  impl_->idle.push_back(std::move(c));
+  impl_->open = 1;
+}
+
+RedisJobStore::~RedisJobStore() = default;
+
+PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
+  const std::string created = ms_text(job.created_at);
+  Reply r;
+  try {
+    r = impl_->script(kScriptPut, {job.id, job.callback_url, detail::dump_json(job.input), created,
+                                   claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
+                                   claim ? ms_text(claim->until) : created});
+  } catch (const OutOfMemory&) {
+    return PutOutcome::full;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+    throw StoreUnavailable("redis job store: unexpected answer to put");
+  }
+  if (r->element[0]->integer == 0) return PutOutcome::created;
+  Job existing;
+  existing.id = job.id;
+  existing.callback_url = r->elements > 1 ? std::string(text(r->element[1])) : "";
+  existing.input = r->elements > 2 ? parse_json(text(r->element[2])) : nullptr;
+  return existing.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
+}
+
+std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {
+  Reply r;
+  try {
+    r = impl_->run({"HGETALL", impl_->options.key_prefix + ":job:" + id});
+  } catch (const ErrorReply& e) {
+    impl_->failed(e.what());
+    throw StoreUnavailable(impl_->failure_text());
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return std::nullopt;
+  return read_record(id, r.get());
+}
+
+std::vector<JobRecord> RedisJobStore::claim_jobs(std::size_t max, const Lease& lease,
+                                                 TimePoint now) {
+  return impl_->claim("jobs", max, lease, now);
+}
+
+std::vector<JobRecord> RedisJobStore::claim_callbacks(std::size_t max, const Lease& lease,
+                                                      TimePoint now) {
+  return impl_->claim("callbacks", max, lease, now);
+}
+
+bool RedisJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
+  Reply r = impl_->script(kScriptRenew, {id, lease.holder, ms_text(lease.until), ms_text(now)});
+  return r->integer == 1;
+}
+
+void RedisJobStore::mark_running(const std::string& id) {
+  impl_->script(kScriptMarkRunning, {id});
+}
+
+bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
+                               const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                               TimePoint now) {
+  std::vector<std::string> args{id, holder, ms_text(now)};
+  append_outcome(args, outcome);
+  args.push_back(deliver ? deliver->holder : "");
+  args.push_back(deliver ? ms_text(deliver->until) : "0");
+  args.push_back(impl_->retention_ms());
+  Reply r = impl_->script(kScriptFinish, std::move(args));
+  return r->integer == 1;
+}
+
+bool RedisJobStore::record_attempt(const std::string& id, const std::string& holder,
+                                   const CallbackInfo& after, TimePoint now) {
+  std::vector<std::string> args{id, holder, ms_text(now), impl_->retention_ms()};
+  append_callback(args, after);
+  Reply r = impl_->script(kScriptRecordAttempt, std::move(args));
+  return r->integer == 1;
+}
+
+RedeliverOutcome RedisJobStore::redeliver(const std::string& id, const Lease& claim,
+                                          TimePoint now) {
+  Reply r = impl_->script(kScriptRedeliver, {id, claim.holder, ms_text(claim.until), ms_text(now)});
+  switch (r->integer) {
+    case 1:
+      return RedeliverOutcome::redelivered;
+    case 2:
+      return RedeliverOutcome::not_failed;
+    default:
+      return RedeliverOutcome::not_found;
+  }
+}
+
+void RedisJobStore::complete(const std::string& id, const JobOutcome& outcome) {
+  std::vector<std::string> args{id, ms_text(std::chrono::system_clock::now()),
+                                impl_->retention_ms()};
+  append_outcome(args, outcome);
+  impl_->script(kScriptComplete, std::move(args));
+}
+
+void RedisJobStore::update_callback(const std::string& id, const CallbackInfo& callback) {
+  std::vector<std::string> args{id, ms_text(std::chrono::system_clock::now()),
+                                impl_->retention_ms()};
+  append_callback(args, callback);
+  impl_->script(kScriptUpdateCallback, std::move(args));
+}
+
+std::vector<JobRecord> RedisJobStore::list_failed_callbacks(std::size_t limit) const {
+  return impl_->list("failed", limit);
+}
+
+std::vector<JobRecord> RedisJobStore::list_unfinished(std::size_t limit) const {
+  return impl_->list("unfinished", limit);
+}
+
+std::optional<std::string> RedisJobStore::failure() const {
+  if (!impl_->failing.load(std::memory_order_relaxed)) return std::nullopt;
+  {
+    std::lock_guard<std::mutex> lock(impl_->failure_mutex);
+    if (impl_->failure.empty()) return std::nullopt;
+    if (std::chrono::steady_clock::now() < impl_->reconnect_at) return impl_->failure;
+  }
+  // Time to look again: one PING (on a new connection if need be) ends the failure if it works.
+  try {
+    impl_->run({"PING"});
+    return std::nullopt;
+  } catch (const std::exception&) {
+    const std::string why = impl_->failure_text();
+    if (why.empty()) return std::string("redis job store: unavailable");
+    return why;
+  }
+}
+
+}  // namespace rebound

@@ -1,0 +1,235 @@
+// RedisJobStore beyond the contract suite: its URI, several stores (servers) on one Redis, and a
+// Redis that stops, hangs, restarts or fills up. Every test runs a real redis-server.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rebound/error.hpp"
+#include "rebound/store/redis_job_store.hpp"
+#include "support/redis_server.hpp"
+
+using rebound::Job;
+using rebound::JobStatus;
+using rebound::Lease;
+using rebound::PutOutcome;
+using rebound::RedisJobStore;
+using rebound::RedisJobStoreOptions;
+using namespace std::chrono_literals;
+
+namespace {
+
+using time_point = std::chrono::system_clock::time_point;
+
+time_point at_ms(long long ms) {
+  return time_point(std::chrono::milliseconds(ms));
+}
+
+Job make(const std::string& id, nlohmann::json input = {{"x", 1}}) {
+  return Job{id, "http://example.com/cb", std::move(input), at_ms(1764000000000)};
+}
+
+RedisJobStoreOptions options_for(const rebound::test::RedisServer& server) {
+  RedisJobStoreOptions o = rebound::parse_redis_uri(server.uri());
+  o.connect_timeout = 500ms;
+  o.command_timeout = 500ms;
+  o.reconnect_min = 20ms;
+  o.reconnect_max = 100ms;
+  return o;
+}
+
+// Calls `probe` until it answers true, for up to `limit`.
+template <typename Probe>
+bool eventually(Probe&& probe, std::chrono::milliseconds limit = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (probe()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return probe();
+}
+
+}  // namespace
+
+TEST_CASE("redis URIs: host and port and database and user - never a password") {
+  auto o = rebound::parse_redis_uri("redis://10.0.0.5:6380/3");
+  CHECK(o.host == "10.0.0.5");
+  CHECK(o.port == 6380);
+  CHECK(o.db == 3);
+  o = rebound::parse_redis_uri("redis://cache.internal");
+  CHECK(o.host == "cache.internal");
+  CHECK(o.port == 6379);
+  CHECK(o.db == 0);
+  o = rebound::parse_redis_uri("redis://[::1]:7000/1");
+  CHECK(o.host == "::1");
+  CHECK(o.port == 7000);
+  CHECK(o.db == 1);
+  o = rebound::parse_redis_uri("redis://worker@10.0.0.5");
+  CHECK(o.username == "worker");
+  CHECK(o.password.empty());
+  CHECK_THROWS_WITH_AS(rebound::parse_redis_uri("redis://worker:secret@10.0.0.5"),
+                       doctest::Contains("REBOUND_REDIS_PASSWORD"), rebound::Error);
+  for (const char* bad : {"http://10.0.0.5", "redis://", "redis://:6379", "redis://h:0",
+                          "redis://h:65536", "redis://h:12x", "redis://h:", "redis://h/x",
+                          "redis://h/", "redis://[::1", "redis://[::1]x"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(rebound::parse_redis_uri(bad), rebound::Error);
+  }
+}
+
+TEST_CASE("redis: a Redis that cannot be reached or evicts keys is refused at construction") {
+  rebound::test::RedisServer server({"--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"});
+  CHECK_THROWS_WITH_AS(RedisJobStore(options_for(server)), doctest::Contains("allkeys-lru"),
+                       rebound::Error);
+  auto gone = options_for(server);
+  server.stop();
+  CHECK_THROWS_WITH_AS(RedisJobStore{gone}, doctest::Contains("cannot use the redis job store"),
+                       rebound::Error);
+}
+
+TEST_CASE("redis: servers on one Redis share one queue - one job per id and one claim per job") {
+  rebound::test::RedisServer server;
+  std::vector<std::unique_ptr<RedisJobStore>> stores;
+  for (int i = 0; i < 3; ++i)
+    stores.push_back(std::make_unique<RedisJobStore>(options_for(server)));
+
+  // The same id put on three servers at once, 50 times over: exactly one is created each time.
+  for (int round = 0; round < 50; ++round) {
+    const std::string id = "race-" + std::to_string(round);
+    std::atomic<int> created{0}, duplicates{0};
+    std::vector<std::thread> threads;
+    for (auto& store : stores) {
+      threads.emplace_back([&, s = store.get()] {
+        const PutOutcome outcome = s->put(make(id), Lease{"holder", at_ms(1764000030000)});
+        if (outcome == PutOutcome::created) ++created;
+        if (outcome == PutOutcome::duplicate) ++duplicates;
+      });
+    }
+    for (auto& t : threads)
+      t.join();
+    CHECK(created == 1);
+    CHECK(duplicates == 2);
+  }
+  // A different request under a taken id is a conflict on any server.
+  CHECK(stores[2]->put(make("race-0", {{"x", 2}})) == PutOutcome::conflict);
+
+  // 200 unclaimed jobs claimed by three servers at once: each goes to exactly one.
+  for (int i = 0; i < 200; ++i)
+    REQUIRE(stores[0]->put(make("job-" + std::to_string(i))) == PutOutcome::created);
+  std::vector<std::vector<std::string>> claimed(3);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 3; ++s) {
+    threads.emplace_back([&, s] {
+      for (;;) {
+        auto got = stores[s]->claim_jobs(7, Lease{"server-" + std::to_string(s), at_ms(1764000100000)},
+                                         at_ms(1764000000000));
+        if (got.empty()) return;
+        for (auto& r : got)
+          claimed[s].push_back(r.job.id);
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  std::vector<std::string> all;
+  for (auto& c : claimed)
+    all.insert(all.end(), c.begin(), c.end());
+  std::sort(all.begin(), all.end());
+  CHECK(all.size() == 200);
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
+
+  // A server whose lease ran out loses the job to another, and its late acknowledgement is refused.
+  const std::string id = claimed[0].front();
+  auto taken = stores[1]->claim_jobs(1000, Lease{"late-comer", at_ms(1764000200000)},
+                                     at_ms(1764000100001));
+  CHECK(taken.size() == 250);  // the 200, and the 50 raced ones whose put-time lease ran out
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  CHECK_FALSE(stores[0]->finish_job(id, "server-0", done, std::nullopt, at_ms(1764000100002)));
+  CHECK(stores[2]->finish_job(id, "late-comer", done, std::nullopt, at_ms(1764000100002)));
+  CHECK(stores[0]->get(id)->status == JobStatus::succeeded);
+}
+
+TEST_CASE("redis: a Redis that stops fails the store at once - it recovers when Redis is back") {
+  rebound::test::RedisServer server({"--appendonly", "yes", "--appendfsync", "always"});
+  RedisJobStore store(options_for(server));
+  REQUIRE(store.put(make("before")) == PutOutcome::created);
+  CHECK_FALSE(store.failure());
+
+  server.stop(SIGKILL);
+  CHECK_THROWS_AS(store.put(make("during")), rebound::StoreUnavailable);
+  CHECK_THROWS_AS(store.get("before"), rebound::StoreUnavailable);
+  const auto why = store.failure();
+  REQUIRE(why.has_value());
+  CHECK(why->find("redis job store") != std::string::npos);
+  // While Redis is away, calls fail fast (no connection attempt per call).
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100; ++i)
+    CHECK_THROWS_AS(store.get("before"), rebound::StoreUnavailable);
+  CHECK(std::chrono::steady_clock::now() - started < 5s);
+
+  server.start();  // the same port and folder: the append-only file kept what was acknowledged
+  CHECK(eventually([&] { return !store.failure(); }));
+  const auto before = store.get("before");
+  REQUIRE(before.has_value());
+  CHECK(before->status == JobStatus::queued);
+  CHECK_FALSE(store.get("during").has_value());
+  CHECK(store.put(make("after")) == PutOutcome::created);
+}
+
+TEST_CASE("redis: a hung Redis times out instead of hanging the caller") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  REQUIRE(store.put(make("a")) == PutOutcome::created);
+  server.pause();
+  const auto started = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(store.get("a"), rebound::StoreUnavailable);
+  CHECK(std::chrono::steady_clock::now() - started < 5s);
+  CHECK(store.failure().has_value());
+  server.resume();
+  CHECK(eventually([&] { return !store.failure(); }));
+  CHECK(store.get("a").has_value());
+}
+
+TEST_CASE("redis: at maxmemory a put answers full - the store keeps working") {
+  rebound::test::RedisServer server({"--maxmemory", "8mb", "--maxmemory-policy", "noeviction"});
+  RedisJobStore store(options_for(server));
+  const std::string big(64 * 1024, 'x');
+  bool full = false;
+  int created = 0;
+  for (int i = 0; i < 1000 && !full; ++i) {
+    const PutOutcome outcome = store.put(make("big-" + std::to_string(i), {{"blob", big}}));
+    full = outcome == PutOutcome::full;
+    if (outcome == PutOutcome::created) ++created;
+  }
+  CHECK(full);
+  CHECK(created > 0);
+  CHECK_FALSE(store.failure());
+  CHECK(store.get("big-0").has_value());
+}
+
+TEST_CASE("redis: finished jobs expire after the retention - unfinished ones never") {
+  rebound::test::RedisServer server;
+  auto options = options_for(server);
+  options.retention = 1s;
+  RedisJobStore store(options);
+  REQUIRE(store.put(make("done")) == PutOutcome::created);
+  REQUIRE(store.put(make("waiting")) == PutOutcome::created);
+  const auto now = std::chrono::system_clock::now();
+  auto claimed = store.claim_jobs(10, Lease{"h", now + 60s}, now);
+  REQUIRE(claimed.size() == 2);
+  // A job without a callback is finished by its acknowledgement; with one, by its delivery.
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  REQUIRE(store.finish_job("done", "h", done, Lease{"d", now + 60s}, now));
+  rebound::CallbackInfo delivered;
+  delivered.state = rebound::CallbackState::delivered;
+  delivered.attempts = 1;
+  REQUIRE(store.record_attempt("done", "d", delivered, now));
+  CHECK(eventually([&] { return !store.get("done").has_value(); }, 5000ms));
+  CHECK(store.get("waiting").has_value());
+  CHECK(store.list_unfinished(10).size() == 1);
+}
