@@ -11,7 +11,7 @@ for opt in --host --port --model --store --workers --queue-capacity --http-threa
            --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
            --callback-allow --callback-connections --callback-ca-file --retention --memory-store-mib --job-ttl \
-           --log-level --inference-timeout serve; do
+           --log-level --inference-timeout --lease --server-id serve; do
   grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
 done
 grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"
@@ -27,6 +27,15 @@ expect_refusal() {  # expect_refusal "message part" args...
   grep -qi -- "$want" <<<"$out" || fail "'$*' said: $out"
 }
 expect_refusal "not in range" --workers 0
+if "$server_bin" --store redis://127.0.0.1:1 --model echo 2>&1 | grep -q "no Redis support"; then
+  echo "this build has no Redis store: its command line is not checked"
+else
+  expect_refusal "REBOUND_REDIS_PASSWORD" --store redis://user:secret@127.0.0.1:6379 --model echo
+  expect_refusal "bad port" --store redis://127.0.0.1:99999 --model echo
+  # Nothing listens on port 1: refused at start with the reason, not at the first submission.
+  expect_refusal "cannot use the redis job store" --store redis://127.0.0.1:1 --model echo
+fi
+expect_refusal "not in range" --lease 0
 SM_MODEL_DIR=/nonexistent/model expect_refusal "/nonexistent/model" serve
 expect_refusal "not in" --backoff wobbly
 expect_refusal "not in" --jitter sometimes

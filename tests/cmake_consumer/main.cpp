@@ -8,6 +8,10 @@
 #include <rebound/service.hpp>
 #include <rebound/store/sqlite_job_store.hpp>
 #include <rebound/version.hpp>
+#ifdef CONSUMER_HAS_REDIS
+#include <rebound/error.hpp>
+#include <rebound/store/redis_job_store.hpp>
+#endif
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -27,6 +31,15 @@ int main() {
   bool ok = sig == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=" &&
             rebound::backoff::default_policy()->next_delay({}).has_value();
 
+#ifdef CONSUMER_HAS_REDIS
+  // Nothing listens on port 1: the store refuses to start, with a reason.
+  try {
+    rebound::RedisJobStore store(rebound::parse_redis_uri("redis://127.0.0.1:1"));
+    ok = false;
+  } catch (const rebound::Error& e) {
+    ok = ok && std::string(e.what()).find("redis") != std::string::npos;
+  }
+#endif
   const std::string db = "consumer-" + std::to_string(getpid()) + ".db";
   boost::asio::thread_pool inference(2);
   boost::asio::io_context io;

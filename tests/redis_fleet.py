@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Three rebound-servers on one Redis: one queue. Checks, with a real redis-server:
+
+- kill -9 of one server in the middle of a load loses no job any server answered 202: the others
+  take its work when its lease runs out (repeated ROUNDS times, a different server each time);
+- any server answers poll, idempotent resubmission (202 again, 409 for another request), the
+  dead-letter listing and redelivery, for a job another server accepted;
+- Redis killed mid-load (appendonly yes, appendfsync always) and started again: submissions get
+  503 while it is away, and no job answered 202 is lost.
+
+Standard library only; loopback only; every process it starts is ended by its id.
+
+    redis_fleet.py REBOUND_SERVER REDIS_SERVER [ROUNDS=3]
+"""
+import http.client
+import http.server
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+server_bin, redis_bin = sys.argv[1], sys.argv[2]
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+LEASE_S = 2.0
+children = []
+
+
+def fail(message):
+    print("FAIL:", message)
+    for p in children:
+        if p.poll() is None:
+            p.kill()
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ids = []
+        self.failing = True  # what /fail answers: 500 until a test lets it through
+        super().__init__(("127.0.0.1", 0), ReceiverHandler)
+
+    def handle_error(self, request, client_address):
+        pass  # connections cut by kill -9: expected here
+
+    def delivered(self):
+        with self.lock:
+            return set(self.ids)
+
+
+class ReceiverHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        status = 200
+        if self.path == "/fail" and self.server.failing:
+            status = 500
+        else:
+            try:
+                job_id = json.loads(body)["id"]
+                with self.server.lock:
+                    self.server.ids.append(job_id)
+            except ValueError:
+                status = 400
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class Redis:
+    def __init__(self, folder):
+        self.port = free_port()
+        self.folder = folder
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [redis_bin, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.folder,
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+             "--logfile", os.path.join(self.folder, "redis.log")])
+        children.append(self.proc)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        fail("redis-server did not start")
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Server:
+    def __init__(self, name, redis_port):
+        self.name = name
+        self.proc = subprocess.Popen(
+            [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", "sleep:0.01",
+             "--workers", "4", "--store", f"redis://127.0.0.1:{redis_port}", "--lease", str(LEASE_S),
+             "--server-id", name, "--allow-private-callbacks", "--backoff-base", "0.05",
+             "--backoff-cap", "0.5", "--max-tries", "3", "--log-level", "warn"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        children.append(self.proc)
+        for line in self.proc.stdout:
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+                return
+        fail(f"server {name} did not start")
+
+    def request(self, method, path, body=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, None if body is None else json.dumps(body), headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, (json.loads(data) if data else None)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def taken_over(self):
+        """Jobs this server claimed from the store (rebound_jobs_resumed_total)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        m = re.search(r"^rebound_jobs_resumed_total (\d+)", text, re.M)
+        return int(m.group(1)) if m else 0
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def load(server, callback_url, prefix, accepted, refused, stop):
+    n = 0
+    conn = None
+    while not stop.is_set():
+        n += 1
+        job_id = f"{prefix}-{n}"
+        body = json.dumps({"id": job_id, "callback_url": callback_url, "input": n})
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+            conn.request("POST", "/v1/inferences", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status == 202:
+                accepted.append(job_id)
+            else:
+                refused.append(resp.status)
+                time.sleep(0.01)
+        except (OSError, http.client.HTTPException):
+            conn = None  # the server is gone: a job without a 202 was never promised
+            time.sleep(0.01)
+
+
+def run_load(servers, callback_url, prefix, seconds, during=None):
+    """Loads every server from two threads each; `during` runs after `seconds`, then the load goes
+    on for another `seconds`. Returns the ids answered 202 and the statuses of refusals."""
+    stop = threading.Event()
+    accepted, refused = [], []
+    threads = [threading.Thread(target=load, args=(s, callback_url, f"{prefix}-{s.name}-{t}",
+                                                   accepted, refused, stop))
+               for s in servers for t in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    if during:
+        during()
+        time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return set(accepted), refused
+
+
+def wait_delivered(receiver, ids, limit_s):
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        if not ids - receiver.delivered():
+            return set()
+        time.sleep(0.1)
+    return ids - receiver.delivered()
+
+
+with tempfile.TemporaryDirectory() as folder:
+    receiver = Receiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    results_url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/results"
+    failing_url = f"http://127.0.0.1:{receiver.server_address[1]}/fail"
+    redis = Redis(folder)
+    redis.start()
+    servers = [Server(f"s{i}", redis.port) for i in range(3)]
+
+    # 1. kill -9 of one server mid-load, ROUNDS times.
+    for r in range(rounds):
+        victim = r % 3
+        before = sum(s.taken_over() for i, s in enumerate(servers) if i != victim)
+        accepted, _ = run_load(servers, results_url, f"kill{r}", 0.7,
+                               during=lambda: servers[victim].kill())
+        lost = wait_delivered(receiver, accepted, LEASE_S * 5 + 60)
+        taken = sum(s.taken_over() for i, s in enumerate(servers) if i != victim) - before
+        print(f"round {r + 1}: killed {servers[victim].name}; accepted {len(accepted)}, "
+              f"taken over by the others {taken}, lost {len(lost)}")
+        if not accepted:
+            fail("no job was accepted")
+        if taken == 0:
+            fail("the killed server held no work the others took over: the round tested nothing")
+        if lost:
+            fail(f"round {r + 1}: lost {len(lost)} accepted jobs, e.g. {sorted(lost)[:5]}")
+        servers[victim] = Server(f"s{victim}-again{r}", redis.port)
+
+    # 2. Any server answers for a job another accepted.
+    a, b, c = servers
+    status, body = a.request("POST", "/v1/inferences",
+                             {"id": "shared-1", "callback_url": results_url, "input": {"x": 1}})
+    if status != 202:
+        fail(f"submission: {status} {body}")
+    if wait_delivered(receiver, {"shared-1"}, 20):
+        fail("shared-1 was not called back")
+    status, body = b.request("GET", "/v1/inferences/shared-1")
+    if status != 200 or body["status"] != "succeeded" or body["result"] != "OK":  # the sleep model answers "OK"
+        fail(f"poll through another server: {status} {body}")
+    status, body = c.request("POST", "/v1/inferences",
+                             {"id": "shared-1", "callback_url": results_url, "input": {"x": 1}})
+    if status != 202:
+        fail(f"resubmission through a third server: {status} {body}")
+    status, body = c.request("POST", "/v1/inferences",
+                             {"id": "shared-1", "callback_url": results_url, "input": {"x": 2}})
+    if status != 409:
+        fail(f"another request under a taken id through a third server: {status} {body}")
+    print("poll, resubmission and conflict through other servers: ok")
+
+    status, body = a.request("POST", "/v1/inferences",
+                             {"id": "dead-1", "callback_url": failing_url, "input": 1})
+    if status != 202:
+        fail(f"submission: {status} {body}")
+    deadline = time.time() + 30
+    listed = []
+    while time.time() < deadline:
+        status, body = b.request("GET", "/v1/inferences?callback_state=failed")
+        listed = [j["id"] for j in body.get("jobs", [])] if status == 200 else []
+        if "dead-1" in listed:
+            break
+        time.sleep(0.1)
+    if "dead-1" not in listed:
+        fail(f"the given-up callback is not listed through another server: {status} {body}")
+    receiver.failing = False
+    status, body = c.request("POST", "/v1/inferences/dead-1/redeliver")
+    if status != 202:
+        fail(f"redelivery through a third server: {status} {body}")
+    if wait_delivered(receiver, {"dead-1"}, 20):
+        fail("the redelivered callback did not arrive")
+    print("dead letter listed and redelivered through other servers: ok")
+
+    # 3. Redis killed mid-load and started again.
+    def restart_redis():
+        redis.kill()
+        time.sleep(0.5)
+        redis.start()
+
+    accepted, refused = run_load(servers, results_url, "redis", 0.7, during=restart_redis)
+    lost = wait_delivered(receiver, accepted, LEASE_S * 5 + 40)
+    print(f"redis restarted: accepted {len(accepted)}, refused {len(refused)} "
+          f"({sorted(set(refused))}), lost {len(lost)}")
+    if lost:
+        fail(f"lost {len(lost)} accepted jobs across the Redis restart, e.g. {sorted(lost)[:5]}")
+    if set(refused) - {503}:
+        fail(f"refusals other than 503 while Redis was away: {sorted(set(refused))}")
+
+    for s in servers:
+        s.stop()
+    redis.kill()
+    receiver.shutdown()
+
+print("redis fleet: ok")
