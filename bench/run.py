@@ -34,6 +34,7 @@ round's figures go to stderr, and --json keeps every figure.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -134,6 +135,56 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Fleet:
+    """rebound-servers on one fresh redis-server (appendonly yes, appendfsync everysec), for the
+    Redis store: what a Server offers, over all of them (memory adds up, Redis's included)."""
+
+    def __init__(self, name: str, make_argv, count: int, env: dict | None = None):
+        self.dir = Path(tempfile.mkdtemp(prefix="rebound-bench-redis-"))
+        redis_port = free_port()
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
+             "--logfile", str(self.dir / "redis.log")])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", redis_port), timeout=1) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.redis.kill()
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+        self.servers = []
+        try:
+            for i in range(count):
+                port = free_port()
+                self.servers.append(Server(f"{name}-{i}", make_argv(port, f"redis://127.0.0.1:{redis_port}"),
+                                           port, env))
+        except Exception:
+            self.stop(signal.SIGKILL)
+            raise
+        self.port = self.servers[0].port
+        self.ports = [srv.port for srv in self.servers]
+
+    def peak_rss_kib(self) -> int:
+        return sum(srv.peak_rss_kib() for srv in self.servers) + proc_status_kib(self.redis.pid, "VmHWM")
+
+    def rss_kib(self) -> int:
+        return sum(srv.rss_kib() for srv in self.servers) + proc_status_kib(self.redis.pid, "VmRSS")
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        for srv in self.servers:
+            srv.stop(sig)
+        self.redis.kill()
+        self.redis.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -252,11 +303,16 @@ class Systems:
                     "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
             return Server(name, argv, port, env={"PEER_SLEEP_S": sleep})
         spec = self.rebound[name]
-        argv = [spec.get("binary", self.server), "serve", "--host", "127.0.0.1", "--port", str(port), "--model", model,
-                "--store", spec.get("store", "memory"), "--workers", str(workers),
-                "--queue-capacity", str(queue_capacity), "--allow-private-callbacks",
-                "--log-level", "warn", *spec.get("args", [])]
-        return Server(name, argv, port, env=spec.get("env"))
+
+        def argv(port: int, store: str) -> list[str]:
+            return [spec.get("binary", self.server), "serve", "--host", "127.0.0.1", "--port", str(port),
+                    "--model", model, "--store", store, "--workers", str(workers),
+                    "--queue-capacity", str(queue_capacity), "--allow-private-callbacks",
+                    "--log-level", "warn", *spec.get("args", [])]
+
+        if spec.get("store") == "redis":
+            return Fleet(name, argv, spec.get("servers", 1), env=spec.get("env"))
+        return Server(name, argv(port, spec.get("store", "memory")), port, env=spec.get("env"))
 
 
 def measure_e2e(systems: Systems, name: str) -> dict:
@@ -265,7 +321,19 @@ def measure_e2e(systems: Systems, name: str) -> dict:
     server = systems.start(name, "echo", queue_capacity=1_000_000)
     try:
         time.sleep(0.5)
-        w = wrk(server.port, a.connections, a.duration, receiver.url)
+        ports = getattr(server, "ports", [server.port])
+        if len(ports) == 1:
+            w = wrk(server.port, a.connections, a.duration, receiver.url)
+        else:
+            # Servers sharing one Redis, each loaded by its own wrk with its share of the
+            # connections: requests add up, latencies are the worst server's.
+            with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
+                runs = list(pool.map(lambda p: wrk(p, a.connections // len(ports), a.duration,
+                                                   receiver.url), ports))
+            w = {k: sum(r[k] for r in runs) for k in ("requests", "non2xx", "socket_errors")}
+            w["seconds"] = max(r["seconds"] for r in runs)
+            w["p50_ms"] = max(r["p50_ms"] for r in runs)
+            w["p99_ms"] = max(r["p99_ms"] for r in runs)
         t0 = time.monotonic()
         answered = w["requests"] - w["non2xx"]  # 2xx answers wrk saw
 
@@ -274,7 +342,7 @@ def measure_e2e(systems: Systems, name: str) -> dict:
             # answers wrk never counted. The peer keeps no count; wrk's is the best there is.
             if name == "peer":
                 return answered
-            return int(metric(server.port, "rebound_jobs_accepted_total"))
+            return sum(int(metric(p, "rebound_jobs_accepted_total")) for p in ports)
 
         target, delivered = accepted(), receiver.delivered()
         while delivered < target and time.monotonic() - t0 < a.drain_timeout:
@@ -565,7 +633,9 @@ def main() -> None:
     p.add_argument("--also", action="append", metavar="JSON",
                    help='another rebound-server to compare, e.g. \'{"title": "memory, 4 callback '
                         'connections", "store": "memory", "args": ["--callback-connections", "4"], '
-                        '"env": {...}, "binary": "/path/to/another/rebound-server"}\' (repeatable)')
+                        '"env": {...}, "binary": "/path/to/another/rebound-server"}\' (repeatable). '
+                        '"store": "redis" starts a fresh redis-server for it; with "servers": N, the '
+                        'end-to-end run loads N rebound-servers on that one Redis')
     args = p.parse_args()
     check_prerequisites(args)
 

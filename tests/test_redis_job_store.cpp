@@ -76,7 +76,7 @@ TEST_CASE("redis URIs: host and port and database and user - never a password") 
                        doctest::Contains("REBOUND_REDIS_PASSWORD"), rebound::Error);
   for (const char* bad : {"http://10.0.0.5", "redis://", "redis://:6379", "redis://h:0",
                           "redis://h:65536", "redis://h:12x", "redis://h:", "redis://h/x",
-                          "redis://h/", "redis://[::1", "redis://[::1]x"}) {
+                          "redis://h/", "redis://[::1", "redis://[::1]x", "redis://::1"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(rebound::parse_redis_uri(bad), rebound::Error);
   }
@@ -195,9 +195,11 @@ TEST_CASE("redis: a hung Redis times out instead of hanging the caller") {
   CHECK(store.get("a").has_value());
 }
 
-TEST_CASE("redis: at maxmemory a put answers full - the store keeps working") {
+TEST_CASE("redis: at maxmemory a put answers full - the work already accepted still finishes") {
   rebound::test::RedisServer server({"--maxmemory", "8mb", "--maxmemory-policy", "noeviction"});
   RedisJobStore store(options_for(server));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(make("accepted"), Lease{"worker", now + 60s}) == PutOutcome::created);
   const std::string big(64 * 1024, 'x');
   bool full = false;
   int created = 0;
@@ -210,6 +212,42 @@ TEST_CASE("redis: at maxmemory a put answers full - the store keeps working") {
   CHECK(created > 0);
   CHECK_FALSE(store.failure());
   CHECK(store.get("big-0").has_value());
+  // Redis 7 lets the other calls past maxmemory: the accepted job is acknowledged and its
+  // callback moves on.
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  CHECK(store.finish_job("accepted", "worker", done, Lease{"cb", now + 60s}, now));
+  rebound::CallbackInfo delivered;
+  delivered.state = rebound::CallbackState::delivered;
+  delivered.attempts = 1;
+  CHECK(store.record_attempt("accepted", "cb", delivered, now));
+  CHECK(store.get("accepted")->callback.state == rebound::CallbackState::delivered);
+}
+
+TEST_CASE("redis: a dead letter that expired is not listed again when its id is reused") {
+  rebound::test::RedisServer server;
+  auto options = options_for(server);
+  options.retention = 1s;
+  RedisJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(make("reused"), Lease{"w", now + 60s}) == PutOutcome::created);
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  REQUIRE(store.finish_job("reused", "w", done, Lease{"cb", now + 60s}, now));
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  given_up.attempts = 3;
+  REQUIRE(store.record_attempt("reused", "cb", given_up, now));
+  REQUIRE(store.list_failed_callbacks(10).size() == 1);
+  REQUIRE(eventually([&] { return !store.get("reused").has_value(); }, 5000ms));
+  REQUIRE(store.put(make("reused")) == PutOutcome::created);
+  CHECK(store.list_failed_callbacks(10).empty());
+  CHECK(store.get("reused")->status == JobStatus::queued);
+}
+
+TEST_CASE("redis: a key prefix with ':' is refused - prefixes must not overlap") {
+  rebound::test::RedisServer server;
+  auto options = options_for(server);
+  options.key_prefix = "a:job";
+  CHECK_THROWS_AS(RedisJobStore{options}, rebound::Error);
 }
 
 TEST_CASE("redis: finished jobs expire after the retention - unfinished ones never") {

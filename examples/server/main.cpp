@@ -106,6 +106,9 @@ std::unique_ptr<rebound::JobStore> make_store(const std::string& uri,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A peer that closes its end (Redis restarting while hiredis writes to it) must cost an error
+  // on that connection, not the process.
+  std::signal(SIGPIPE, SIG_IGN);
   // Before anything touches SQLite: no global mutex on each of its allocations.
   rebound::disable_sqlite_memory_statistics();
   CLI::App app{"rebound-server: asynchronous inference with callback delivery"};

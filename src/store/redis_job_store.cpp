@@ -97,7 +97,7 @@ local function records(set, ids, out, limit)
   for _, id in ipairs(ids) do
     if #out >= 2 * limit then return end
     local fields = redis.call('HGETALL', job_key(id))
-    if #fields == 0 then
+    if #fields == 0 or (set == FAILED and redis.call('HGET', job_key(id), 'cb_state') ~= 'failed') then
       redis.call('ZREM', set, id)
     else
       out[#out + 1] = id
@@ -116,15 +116,19 @@ redis.call('HSET', key, 'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 's
            'result', '', 'cb_state', 'none', 'cb_attempts', '0', 'cb_error', '', 'cb_next', '0',
            'cb_da', '0', 'cb_started', '0', 'cb_prev', '0', 'holder', ARGV[6], 'until', ARGV[7],
            'finished', '')
+-- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
 redis.call('ZADD', JOBS_DUE, ARGV[8], ARGV[2])
 redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
+-- The id of a job that expired may still be in these: it is a new job now.
+redis.call('ZREM', FAILED, ARGV[2])
+redis.call('ZREM', CB_DUE, ARGV[2])
 return {0}
 )lua";
 
 // claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until.
 constexpr const char* kClaim = R"lua(
 local due = ARGV[2] == 'jobs' and JOBS_DUE or CB_DUE
-local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, ARGV[4])
 local out = {}
 for _, id in ipairs(ids) do
   local key = job_key(id)
@@ -364,9 +368,14 @@ std::int64_t number(std::string_view s) {
   return negative ? -out : out;
 }
 
+// What Redis holds is what this store wrote, but a shared Redis is not trusted to be well formed:
+// depth and cost are bounded as for a request; anything else reads as null.
 nlohmann::json parse_json(std::string_view s) {
-  if (s.empty()) return nullptr;
-  return nlohmann::json::parse(s.begin(), s.end(), nullptr, false);
+  nlohmann::json out;
+  if (s.empty() || detail::parse_untrusted_json(s, out, SIZE_MAX) != detail::JsonParseError::none) {
+    return nullptr;
+  }
+  return out;
 }
 
 // A job's hash (field, value, ...) as a record.
@@ -488,6 +497,9 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
     port = authority.substr(colon + 1);
   }
   if (host.empty()) throw Error("redis store: no host in '" + whole + "'");
+  if (authority.front() != '[' && host.find(':') != std::string_view::npos) {
+    throw Error("redis store: an IPv6 host goes in brackets: redis://[::1]:6379");
+  }
   options.host = std::string(host);
   if (!port.empty() || authority.back() == ':') {
     if (port.empty() || port.size() > 5 ||
@@ -500,9 +512,27 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
   return options;
 }
 
+// Error replies that say the server cannot serve this connection now (restarting, a replica, an
+// authentication lost): the connection is dropped, and a new one may reach a new primary.
+bool connection_state_error(const char* what) {
+  for (const char* prefix : {"LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "NOPERM"}) {
+    if (std::strncmp(what, prefix, std::strlen(prefix)) == 0) return true;
+  }
+  return false;
+}
+
+// At maxmemory with noeviction; Redis before 7 wraps it in a script error.
+bool out_of_memory_error(const char* what) {
+  return std::strncmp(what, "OOM", 3) == 0 || std::strstr(what, "OOM command not allowed");
+}
+
 struct RedisJobStore::Impl {
   RedisJobStoreOptions options;
-  std::array<std::string, kScriptCount> shas;
+  std::array<std::string, kScriptCount> shas;  // written by the constructor only
+  // Redis 7 runs scripts marked allow-oom at maxmemory: only a put is refused when it is full,
+  // so the work already accepted can finish and free memory. (Set by the constructor.)
+  bool allow_oom = false;
+  std::atomic<bool> probing{false};
 
   // The pool: idle connections, and how many are open (idle or in use).
   std::mutex pool_mutex;
@@ -540,13 +570,21 @@ struct RedisJobStore::Impl {
     return reply;
   }
 
-  // A new connection: connected, authenticated, the database selected, the scripts loaded.
+  std::string script_text(std::size_t which) const {
+    std::string text = allow_oom && which != kScriptPut ? "#!lua flags=allow-oom\n" : "";
+    return text + kPrelude + kScripts[which];
+  }
+
+  // A new connection: connected, authenticated, the database selected. (Scripts are Redis's, not a
+  // connection's: the constructor loads them, and `script` again when Redis forgot them.)
   Context connect() {
     Context c(redisConnectWithTimeout(options.host.c_str(), options.port,
                                       to_timeval(options.connect_timeout)));
     if (!c) throw ConnectionLost("cannot allocate a connection");
     if (c->err) throw ConnectionLost(std::string("cannot connect: ") + c->errstr);
     redisSetTimeout(c.get(), to_timeval(options.command_timeout));
+    // A connection dropped by a firewall or NAT while idle is noticed instead of waited on.
+    redisEnableKeepAlive(c.get());
     try {
       if (!options.password.empty()) {
         if (options.username.empty()) {
@@ -556,10 +594,6 @@ struct RedisJobStore::Impl {
         }
       }
       if (options.db != 0) command(c.get(), {"SELECT", std::to_string(options.db)});
-      for (std::size_t i = 0; i < kScriptCount; ++i) {
-        Reply sha = command(c.get(), {"SCRIPT", "LOAD", std::string(kPrelude) + kScripts[i]});
-        shas[i] = std::string(text(sha.get()));
-      }
     } catch (const ErrorReply& e) {
       throw ConnectionLost(e.what());
     }
@@ -588,8 +622,11 @@ struct RedisJobStore::Impl {
       return connect();
     } catch (const ConnectionLost& e) {
       give_up_slot();
-      failed(e.what());
+      failed(std::string(e.what()), true);
       throw StoreUnavailable(failure_text());
+    } catch (...) {
+      give_up_slot();
+      throw;
     }
   }
 
@@ -605,13 +642,30 @@ struct RedisJobStore::Impl {
     pool_returned.notify_one();
   }
 
-  void failed(const std::string& why) {
+  // A connection was lost: the others idle in the pool went with it (a Redis restart closes them
+  // all), so they are closed now rather than failing one call each.
+  void drop_idle() {
+    std::vector<Context> dropped;
+    {
+      std::lock_guard<std::mutex> lock(pool_mutex);
+      dropped.swap(idle);
+      open -= dropped.size();
+      pool_returned.notify_all();
+    }
+  }
+
+  // Notes why the store fails. Only a failed connect (`connecting`) delays the next ones, with a
+  // backoff: a Redis that is down costs no connection storm, and one that is back is reached at
+  // once by the next call.
+  void failed(const std::string& why, bool connecting = false) {
     std::lock_guard<std::mutex> lock(failure_mutex);
     failure = "redis job store (" + options.host + ":" + std::to_string(options.port) + "): " + why;
-    reconnect_delay = reconnect_delay.count() == 0
-                          ? options.reconnect_min
-                          : std::min(options.reconnect_max, reconnect_delay * 2);
-    reconnect_at = std::chrono::steady_clock::now() + reconnect_delay;
+    if (connecting) {
+      reconnect_delay = reconnect_delay.count() == 0
+                            ? options.reconnect_min
+                            : std::min(options.reconnect_max, reconnect_delay * 2);
+      reconnect_at = std::chrono::steady_clock::now() + reconnect_delay;
+    }
     failing = true;
   }
 
@@ -620,6 +674,7 @@ struct RedisJobStore::Impl {
     std::lock_guard<std::mutex> lock(failure_mutex);
     failure.clear();
     reconnect_delay = std::chrono::milliseconds(0);
+    reconnect_at = {};
     failing = false;
   }
 
@@ -640,10 +695,22 @@ struct RedisJobStore::Impl {
     } catch (const ConnectionLost& e) {
       c.reset();
       give_up_slot();
+      drop_idle();
       failed(e.what());
       throw StoreUnavailable(failure_text());
-    } catch (const ErrorReply&) {
+    } catch (const ErrorReply& e) {
+      if (connection_state_error(e.what())) {
+        c.reset();
+        give_up_slot();
+        drop_idle();
+        failed(e.what());
+        throw StoreUnavailable(failure_text());
+      }
       give_back(std::move(c));
+      throw;
+    } catch (...) {
+      c.reset();
+      give_up_slot();
       throw;
     }
   }
@@ -657,23 +724,25 @@ struct RedisJobStore::Impl {
         return run(args);
       } catch (const ErrorReply& e) {
         if (std::strncmp(e.what(), "NOSCRIPT", 8) != 0) throw;
-        run({"SCRIPT", "LOAD", std::string(kPrelude) + kScripts[which]});
+        run({"SCRIPT", "LOAD", script_text(which)});
         return run(args);
       }
     } catch (const ErrorReply& e) {
-      if (which == kScriptPut && std::strncmp(e.what(), "OOM", 3) == 0) {
-        throw OutOfMemory(e.what());
+      if (out_of_memory_error(e.what())) {
+        if (which == kScriptPut) throw OutOfMemory(e.what());
+        failed(e.what());  // Redis before 7, full: accepted work cannot move on
+      } else if (std::strncmp(e.what(), "BUSY", 4) == 0) {
+        failed(e.what());  // another client's script holds Redis
       }
-      // LOADING (Redis reading its data after a restart), READONLY (a replica), OOM for work
-      // already accepted, ...: the store cannot do its job now.
-      failed(e.what());
-      throw StoreUnavailable(failure_text());
+      // Anything else is this call's error, not the store's state.
+      throw StoreUnavailable(std::string("redis job store: ") + e.what());
     }
   }
 
   std::vector<JobRecord> claim(const char* which, std::size_t max, const Lease& lease,
                                TimePoint now) {
     if (max == 0) return {};
+    max = std::min<std::size_t>(max, 100000);  // one script blocks Redis for every server
     Reply r = script(kScriptClaim, {which, ms_text(now), std::to_string(max), lease.holder,
                                     ms_text(lease.until)});
     return read_records(r.get());
@@ -681,7 +750,7 @@ struct RedisJobStore::Impl {
 
   std::vector<JobRecord> list(const char* which, std::size_t limit) {
     if (limit == 0) return {};
-    limit = std::min<std::size_t>(limit, 1u << 30);
+    limit = std::min<std::size_t>(limit, 100000);  // one script blocks Redis for every server
     Reply r = script(kScriptList, {which, std::to_string(limit)});
     return read_records(r.get());
   }
@@ -696,7 +765,9 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   auto& o = impl_->options;
   if (o.connections == 0) throw Error("redis store: connections must be at least 1");
-  if (o.key_prefix.empty()) throw Error("redis store: the key prefix must not be empty");
+  if (o.key_prefix.empty() || o.key_prefix.find(':') != std::string::npos) {
+    throw Error("redis store: the key prefix must be non-empty, without ':'");
+  }
   if (o.retention.count() < 0) throw Error("redis store: retention must not be negative");
   if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0 ||
       o.reconnect_min.count() <= 0 || o.reconnect_max < o.reconnect_min) {
@@ -709,8 +780,8 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     throw Error("cannot use the redis job store at " + o.host + ":" + std::to_string(o.port) +
                 ": " + e.what());
   }
-  // Version (ZADD ... XX and HSET with several fields need 4; EVALSHA scripts that write after a
-  // read need 5 (effects replication); 6.2 is what this store is tested with) and memory policy.
+  // Version (HSET with several fields needs 4; scripts that write after reading need 5, which
+  // replicates their effects) and memory policy. Tested with 7.0.
   try {
     Reply info = Impl::command(c.get(), {"INFO", "server"});
     const std::string_view s = text(info.get());
@@ -718,15 +789,16 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     if (at != std::string_view::npos) {
       const std::string_view v = s.substr(at + 14);
       const std::int64_t major = number(v);
-      const auto dot = v.find('.');
-      const std::int64_t minor = dot == std::string_view::npos ? 0 : number(v.substr(dot + 1));
-      if (major < 6 || (major == 6 && minor < 2)) {
+      impl_->allow_oom = major >= 7;
+      if (major < 5) {
         throw Error("redis store: Redis " + std::string(v.substr(0, v.find('\r'))) +
-                    " is too old (6.2 or later)");
+                    " is too old (5 or later)");
       }
     }
   } catch (const ErrorReply&) {
     // INFO refused (a restricted user): go on.
+  } catch (const ConnectionLost& e) {
+    throw Error(std::string("redis store: ") + e.what());
   }
   try {
     Reply policy = Impl::command(c.get(), {"CONFIG", "GET", "maxmemory-policy"});
@@ -738,6 +810,16 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     }
   } catch (const ErrorReply&) {
     // CONFIG disabled (a managed Redis): the operator's word (docs/operations.md).
+  } catch (const ConnectionLost& e) {
+    throw Error(std::string("redis store: ") + e.what());
+  }
+  try {
+    for (std::size_t i = 0; i < kScriptCount; ++i) {
+      Reply sha = Impl::command(c.get(), {"SCRIPT", "LOAD", impl_->script_text(i)});
+      impl_->shas[i] = std::string(text(sha.get()));
+    }
+  } catch (const std::exception& e) {
+    throw Error(std::string("redis store: cannot load its scripts: ") + e.what());
   }
   std::lock_guard<std::mutex> lock(impl_->pool_mutex);
   impl_->idle.push_back(std::move(c));
@@ -860,15 +942,22 @@ std::optional<std::string> RedisJobStore::failure() const {
     if (impl_->failure.empty()) return std::nullopt;
     if (std::chrono::steady_clock::now() < impl_->reconnect_at) return impl_->failure;
   }
-  // Time to look again: one PING (on a new connection if need be) ends the failure if it works.
-  try {
-    impl_->run({"PING"});
-    return std::nullopt;
-  } catch (const std::exception&) {
+  // Time to look again, by one caller at a time (the others answer from the last look): a small
+  // write, since a Redis can answer reads while it refuses writes (a replica, maxmemory).
+  if (impl_->probing.exchange(true)) {
     const std::string why = impl_->failure_text();
-    if (why.empty()) return std::string("redis job store: unavailable");
-    return why;
+    return why.empty() ? std::nullopt : std::optional<std::string>(why);
   }
+  std::optional<std::string> out;
+  try {
+    impl_->run({"SET", impl_->options.key_prefix + ":probe",
+                std::to_string(to_ms(std::chrono::system_clock::now()))});
+  } catch (const std::exception& e) {
+    const std::string why = impl_->failure_text();
+    out = why.empty() ? std::string("redis job store: ") + e.what() : why;
+  }
+  impl_->probing = false;
+  return out;
 }
 
 }  // namespace rebound

@@ -1,4 +1,4 @@
-// RedisJobStore: the JobStore that several servers share (Redis 6.2 or later, through hiredis).
+// RedisJobStore: the JobStore that several servers share (Redis 5 or later, tested with 7.0; through hiredis).
 #pragma once
 
 #include <chrono>
@@ -22,8 +22,8 @@ struct RedisJobStoreOptions {
   /// Empty: no AUTH. rebound-server takes it from $REBOUND_REDIS_PASSWORD, never from its command
   /// line (which every user of the machine can read).
   std::string password;
-  /// Every key starts with it: servers that share a prefix share one queue; others on the same
-  /// Redis are apart.
+  /// Every key starts with it (no ':' in it): servers that share a prefix share one queue; others
+  /// on the same Redis are apart.
   std::string key_prefix = "rebound";
   /// Connections opened at most, shared by the threads that call the store.
   std::size_t connections = 16;
@@ -64,13 +64,16 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
 /// Leases compare the times the servers pass in (their clocks): keep the servers' clocks in step
 /// (NTP) to well within a lease.
 ///
-/// Failures: a connection error or timeout throws StoreUnavailable and sets `failure()` until a
-/// command works again; new connections are tried with a backoff. Thread-safety: every method is
-/// thread-safe.
+/// Failures: a connection error or timeout (or LOADING, READONLY: the connection is dropped and a
+/// new one made, which follows a failover that moves a DNS name) throws StoreUnavailable and sets
+/// `failure()` until a command works again; failed connects are retried with a backoff. The
+/// process must ignore SIGPIPE (`signal(SIGPIPE, SIG_IGN)`, as rebound-server does): hiredis
+/// writes to sockets that Redis may have closed. Lists and claims take at most 100,000 jobs per
+/// call (one script blocks Redis for every server). Thread-safety: every method is thread-safe.
 class RedisJobStore final : public JobStore {
  public:
   /// Connects and loads the scripts. Throws rebound::Error when Redis cannot be used (unreachable,
-  /// authentication refused, older than 6.2, an evicting memory policy).
+  /// authentication refused, older than 5, an evicting memory policy).
   explicit RedisJobStore(RedisJobStoreOptions options = {});
   ~RedisJobStore() override;
   RedisJobStore(const RedisJobStore&) = delete;
