@@ -288,9 +288,18 @@ with tempfile.TemporaryDirectory() as folder:
     print("dead letter listed and redelivered through other servers: ok")
 
     # 3. Redis killed mid-load and started again.
+    ping_while_away = []
+
     def restart_redis():
         redis.kill()
-        time.sleep(0.5)
+        # /ping says so within a few seconds (a load balancer stops sending work)
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            status, body = servers[0].request("GET", "/ping")
+            if status == 503:
+                ping_while_away.append(body["error"]["code"])
+                break
+            time.sleep(0.05)
         redis.start()
 
     accepted, refused = run_load(servers, results_url, "redis", 0.7, during=restart_redis)
@@ -301,6 +310,14 @@ with tempfile.TemporaryDirectory() as folder:
         fail(f"lost {len(lost)} accepted jobs across the Redis restart, e.g. {sorted(lost)[:5]}")
     if set(refused) - {503}:
         fail(f"refusals other than 503 while Redis was away: {sorted(set(refused))}")
+    if ping_while_away != ["store_unavailable"]:
+        fail(f"/ping while Redis was away: {ping_while_away}")
+    deadline = time.time() + 10
+    while time.time() < deadline and servers[0].request("GET", "/ping")[0] != 200:
+        time.sleep(0.05)
+    if servers[0].request("GET", "/ping")[0] != 200:
+        fail("/ping did not recover after Redis came back")
+    print("/ping: 503 store_unavailable while Redis was away, 200 after")
 
     for s in servers:
         s.stop()
