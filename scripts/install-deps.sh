@@ -8,7 +8,7 @@ packages=(
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
   libsqlite3-dev libjemalloc-dev libcurl4-openssl-dev
   libhiredis-dev redis-server
-  curl python3
+  curl python3 python3-cryptography
   clang-14 libclang-rt-14-dev
   nginx-light
 )

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <utility>
@@ -166,6 +167,8 @@ SubmitStatus Service::submit(Job job) {
     }
     if (admitted != SubmitStatus::accepted) return admitted;
     if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core_->clock();
+    job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
+    if (job.max_queue.count() < 0) job.max_queue = std::chrono::milliseconds(0);
     // The accepting server claims the job as it stores it: no claim round trip on the way in.
     const std::string holder = core_->leases.next_holder();
     PutOutcome outcome;
@@ -192,7 +195,8 @@ SubmitStatus Service::submit(Job job) {
     }
     // Cannot be full (admission bounds it) nor closed (shutdown waits for `entered`).
     core_->leases.hold(id, holder);
-    queue_->try_push(WorkItem{std::move(job), nullptr, holder});
+    const int priority = job.priority;
+    queue_->try_push(WorkItem{std::move(job), nullptr, holder}, priority);
     return SubmitStatus::accepted;
   }();
   core_->store.tell(news);
@@ -208,7 +212,8 @@ SubmitStatus Service::invoke(nlohmann::json input, InvocationHandler on_result) 
     if (admitted != SubmitStatus::accepted) return admitted;
     Job job;
     job.input = std::move(input);
-    queue_->try_push(WorkItem{std::move(job), std::move(on_result), {}});
+    // Synchronous invocations queue at the default priority, beside jobs submitted without one.
+    queue_->try_push(WorkItem{std::move(job), std::move(on_result), {}}, default_priority);
     return SubmitStatus::accepted;
   }();
   if (status != SubmitStatus::accepted) core_->observe_submission(status, {}, false);
@@ -243,6 +248,10 @@ std::string Service::render_metrics() const {
 
 std::vector<EndpointStatus> Service::callback_endpoints() const {
   return core_->sender->endpoints();
+}
+
+const std::vector<std::string>& Service::webhook_public_keys() const {
+  return core_->sender->public_keys();
 }
 
 const Metrics& Service::metrics() const {
@@ -296,6 +305,11 @@ std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
 
 std::optional<JobRecord> Service::find(const std::string& id) const {
   return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+}
+
+std::optional<std::size_t> Service::queue_position(const std::string& id) const {
+  return core_->store.call("queue_position", id,
+                           [&](JobStore& s) { return s.queue_position(id); });
 }
 
 std::optional<std::string> Service::store_failure() const {

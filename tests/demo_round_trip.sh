@@ -4,10 +4,13 @@
 set -euo pipefail
 server_bin=$1 client_bin=$2
 secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+# Ed25519 (v1a): RFC 8032's first test key, and its public key.
+signing_key=whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=
+public_key=whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=
 log=$(mktemp)
 trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
 
-"$server_bin" serve --model echo --store memory --host 127.0.0.1 --port 0 --allow-private-callbacks --signing-secret "$secret" >"$log" 2>&1 &
+"$server_bin" serve --model echo --store memory --host 127.0.0.1 --port 0 --allow-private-callbacks --signing-secret "$secret" --signing-key "$signing_key" >"$log" 2>&1 &
 pid=$!
 port=""
 for _ in $(seq 1 100); do
@@ -26,7 +29,21 @@ out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-2 --signing-secr
 echo "$out"
 grep -q 'signature verified' <<<"$out"
 
+# The server publishes the public key; the client fetches it and verifies the v1a signature.
+out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-4 --server-keys --timeout 20)
+echo "$out"
+grep -qF "server's webhook keys: [\"$public_key\"]" <<<"$out"
+grep -q 'signature verified' <<<"$out"
+# ... and with the public key given by hand.
+out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-5 --signing-secret "$public_key" --timeout 20)
+grep -q 'signature verified' <<<"$out"
+
 set +e
+# Another key's public key does not verify: exit 3.
+"$client_bin" --server "http://127.0.0.1:$port" --id demo-6 --timeout 20 \
+  --signing-secret whpk_O2onvM62pC1io6jQKm8Nc2UyFXcd4kOmOsBIoYtZ2ik=
+rc=$?
+[ "$rc" -eq 3 ] || { echo "another public key must exit 3, got $rc"; exit 1; }
 "$client_bin" --server "http://127.0.0.1:$port" --id demo-3 --signing-secret whsec_b3RoZXJzZWNyZXQ= --timeout 20
 rc=$?
 set -e

@@ -8,7 +8,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 help=$("$server_bin" --help)
 for opt in --host --port --model --store --workers --queue-capacity --http-threads --api-key \
-           --signing-secret --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
+           --signing-secret --signing-key --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
            --callback-allow --callback-connections --callback-ca-file --retention --memory-store-mib --job-ttl \
            --log-level --inference-timeout --lease --server-id serve; do
@@ -41,6 +41,8 @@ expect_refusal "not in" --backoff wobbly
 expect_refusal "not in" --jitter sometimes
 expect_refusal "not in" --log-level verbose
 expect_refusal "whsec_" --signing-secret not-a-secret
+expect_refusal "whsk_" --signing-key whsk_c2VjcmV0
+expect_refusal "whsk_" --signing-key whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 expect_refusal "allowlist" --callback-allow 10.0.0.0/99
 expect_refusal "resnet" --model resnet
 expect_refusal "unsupported --store" --store postgres://db
@@ -65,13 +67,17 @@ wait_port() {
 
 # SAGEMAKER_BIND_TO_PORT picks the port; --api-key guards the API but not /ping.
 free_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-SAGEMAKER_BIND_TO_PORT=$free_port "$server_bin" serve --model echo --store memory --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
+SAGEMAKER_BIND_TO_PORT=$free_port REBOUND_SIGNING_KEY=whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A= \
+  "$server_bin" serve --model echo --store memory --host 127.0.0.1 --api-key s3cret >"$log" 2>&1 &
 pids+=($!)
 wait_port
 [ "$port" = "$free_port" ] || fail "SAGEMAKER_BIND_TO_PORT ignored: $port"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ping")" = 200 ] || fail "/ping"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 401 ] || fail "no key: $code"
+# The public keys are public: a receiver reads them without the API key (REBOUND_SIGNING_KEY).
+keys=$(curl -s "http://127.0.0.1:$port/v1/webhook-keys")
+[ "$keys" = '{"keys":["whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="]}' ] || fail "webhook keys: $keys"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/json' -X POST -d '{"id":"a"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 202 ] || fail "with key: $code"
 # Without --allow-private-callbacks a loopback callback is refused; --callback-allow lets one in.

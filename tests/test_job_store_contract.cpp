@@ -61,6 +61,8 @@ time_point at_ms(long long ms) {
   return time_point(std::chrono::milliseconds(ms));
 }
 
+const time_point t0 = at_ms(1764000000000);
+
 Job make(const std::string& id, long long created_ms = 1764000000000,
          const std::string& url = "http://example.com/cb",
          nlohmann::json input = {{"x", 1}, {"text", "naïve ✓"}}) {
@@ -106,14 +108,14 @@ TEST_CASE_TEMPLATE("store contract: a record follows its job from queued to deli
   auto store = factory.make();
   CAPTURE(Factory::name);
   store->put(make("a"));
-  store->mark_running("a");
+  store->mark_running("a", t0);
   CHECK(store->get("a")->status == JobStatus::running);
   store->complete("a", succeeded);
   auto record = store->get("a");
   CHECK(record->status == JobStatus::succeeded);
   CHECK(record->outcome.result == nlohmann::json{{"label", "setosa"}});
   CHECK_FALSE(record->outcome.error.has_value());
-  store->mark_running("a");  // a final job never moves back
+  store->mark_running("a", t0);  // a final job never moves back
   CHECK(store->get("a")->status == JobStatus::succeeded);
   store->update_callback("a", {CallbackState::pending, 2, "HTTP 503"});
   record = store->get("a");
@@ -133,7 +135,7 @@ TEST_CASE_TEMPLATE("store contract: a record follows its job from queued to deli
   CHECK(record->outcome.error->message == "boom");
 
   // Unknown ids are ignored, without throwing.
-  store->mark_running("missing");
+  store->mark_running("missing", t0);
   store->complete("missing", succeeded);
   store->update_callback("missing", {CallbackState::delivered, 1, {}});
   CHECK_FALSE(store->get("missing").has_value());
@@ -150,7 +152,7 @@ TEST_CASE_TEMPLATE("store contract: unfinished jobs are listed oldest first - fi
   store->put(make("delivered", 1764000000000));
   store->put(make("poll-only", 1764000000004, ""));
   store->put(make("given-up", 1764000000005));
-  store->mark_running("running");
+  store->mark_running("running", t0);
   store->complete("undelivered", succeeded);
   store->update_callback("undelivered", {CallbackState::pending, 1, "HTTP 500"});
   store->complete("delivered", succeeded);
@@ -191,7 +193,6 @@ TEST_CASE_TEMPLATE("store contract: given-up callbacks are listed newest first",
 
 namespace {
 using namespace std::chrono_literals;
-const time_point t0 = at_ms(1764000000000);
 rebound::Lease lease(const std::string& holder, time_point until) {
   return rebound::Lease{holder, until};
 }
@@ -323,4 +324,106 @@ TEST_CASE_TEMPLATE("store contract: redelivery takes a failed callback back - on
   delivered.state = CallbackState::delivered;
   delivered.attempts = 6;
   CHECK(store->record_attempt("job", "r/2", delivered, t0 + 3s));
+}
+
+namespace {
+Job with_priority(const std::string& id, int priority, long long created_ms) {
+  Job job = make(id, created_ms);
+  job.priority = priority;
+  return job;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("store contract: jobs are claimed by priority - then oldest first", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  store->put(with_priority("low-old", 9, 1764000000000));
+  store->put(with_priority("normal-new", 5, 1764000000003));
+  store->put(with_priority("urgent", 0, 1764000000004));
+  store->put(with_priority("normal-old", 5, 1764000000001));
+  store->put(with_priority("held-urgent", 0, 1764000000000), lease("s/1", t0 + 29s));
+  // Two at a time: the urgent one, then the older of the two normal ones.
+  CHECK(ids_of(store->claim_jobs(2, lease("s/2", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"urgent", "normal-old"});
+  CHECK(ids_of(store->claim_jobs(10, lease("s/3", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"normal-new", "low-old"});
+  // When the leases run out, priority still comes first, then the lease that ran out first.
+  CHECK(ids_of(store->claim_jobs(2, lease("s/4", t0 + 90s), t0 + 31s)) ==
+        std::vector<std::string>{"held-urgent", "urgent"});
+}
+
+TEST_CASE_TEMPLATE(
+    "store contract: the job API fields round trip - started_at and finished_at are kept",
+    Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  Job job = make("a");
+  job.priority = 2;
+  job.max_queue = 2500ms;
+  job.webhook_events = rebound::webhook_started | rebound::webhook_completed;
+  job.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  REQUIRE(store->put(job, lease("s/1", t0 + 30s)) == PutOutcome::created);
+  auto record = store->get("a");
+  REQUIRE(record.has_value());
+  CHECK(record->job.priority == 2);
+  CHECK(record->job.max_queue == 2500ms);
+  CHECK(record->job.webhook_events == (rebound::webhook_started | rebound::webhook_completed));
+  CHECK(record->job.traceparent == job.traceparent);
+  CHECK(record->started_at == time_point{});
+  CHECK(record->outcome.finished_at == time_point{});
+  // The same id with another priority, time in queue or events is another request.
+  CHECK(store->put(job) == PutOutcome::duplicate);
+  Job other = job;
+  other.priority = 3;
+  CHECK(store->put(other) == PutOutcome::conflict);
+  other = job;
+  other.max_queue = 1s;
+  CHECK(store->put(other) == PutOutcome::conflict);
+  other = job;
+  other.webhook_events = rebound::webhook_completed;
+  CHECK(store->put(other) == PutOutcome::conflict);
+  other = job;
+  other.traceparent.clear();  // another span retrying the same request
+  CHECK(store->put(other) == PutOutcome::duplicate);
+
+  store->mark_running("a", t0 + 1s);
+  CHECK(store->get("a")->started_at == t0 + 1s);
+  rebound::JobOutcome outcome = succeeded;
+  outcome.finished_at = t0 + 3s;
+  REQUIRE(store->finish_job("a", "s/1", outcome, std::nullopt, t0 + 3s));
+  record = store->get("a");
+  CHECK(record->started_at == t0 + 1s);
+  CHECK(record->outcome.finished_at == t0 + 3s);
+
+  // Without a lease, too.
+  store->put(make("b"));
+  outcome.finished_at = t0 + 5s;
+  store->complete("b", outcome);
+  CHECK(store->get("b")->outcome.finished_at == t0 + 5s);
+}
+
+TEST_CASE_TEMPLATE("store contract: a queued job's position counts the queued jobs before it",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  store->put(with_priority("p5-first", 5, 1764000000001));
+  store->put(with_priority("p5-second", 5, 1764000000002));
+  store->put(with_priority("p9", 9, 1764000000000));
+  store->put(with_priority("p0", 0, 1764000000003), lease("s/1", t0 + 30s));  // claimed, queued
+  CHECK(store->queue_position("p0") == std::optional<std::size_t>(0));
+  CHECK(store->queue_position("p5-first") == std::optional<std::size_t>(1));
+  CHECK(store->queue_position("p5-second") == std::optional<std::size_t>(2));
+  CHECK(store->queue_position("p9") == std::optional<std::size_t>(3));
+  // Once running it has no position, and those behind it move up.
+  store->mark_running("p0", t0);
+  CHECK_FALSE(store->queue_position("p0").has_value());
+  CHECK(store->queue_position("p9") == std::optional<std::size_t>(2));
+  store->complete("p5-first", succeeded);
+  CHECK(store->queue_position("p9") == std::optional<std::size_t>(1));
+  CHECK_FALSE(store->queue_position("p5-first").has_value());
+  CHECK_FALSE(store->queue_position("missing").has_value());
 }

@@ -84,7 +84,9 @@ class SharedStore final : public rebound::JobStore {
   bool renew(const std::string& id, const rebound::Lease& lease, TimePoint now) override {
     return inner_->renew(id, lease, now);
   }
-  void mark_running(const std::string& id) override { inner_->mark_running(id); }
+  void mark_running(const std::string& id, TimePoint now) override {
+    inner_->mark_running(id, now);
+  }
   bool finish_job(const std::string& id, const std::string& holder,
                   const rebound::JobOutcome& outcome, const std::optional<rebound::Lease>& deliver,
                   TimePoint now) override {

@@ -48,7 +48,7 @@ TEST_CASE("sqlite: everything survives closing and reopening the file") {
     SqliteJobStore store(db.path());
     store.put(Job{"queued", "http://example.com/cb", {1, 2}, created});
     store.put(make("running"));
-    store.mark_running("running");
+    store.mark_running("running", std::chrono::system_clock::now());
     store.put(make("undelivered"));
     store.complete("undelivered", {JobStatus::succeeded, "OK", std::nullopt});
     store.update_callback("undelivered", {CallbackState::pending, 1, "HTTP 500"});
@@ -155,7 +155,7 @@ TEST_CASE("a Service on a store with unfinished jobs runs them again and deliver
     SqliteJobStore store(db.path());
     store.put(make("was-queued", receiver.url(), 1));
     store.put(make("was-running", receiver.url(), 2));
-    store.mark_running("was-running");
+    store.mark_running("was-running", std::chrono::system_clock::now());
     store.put(make("was-delivering", receiver.url(), 3));
     store.complete("was-delivering", {JobStatus::succeeded, 30, std::nullopt});
     store.update_callback("was-delivering", {CallbackState::pending, 2, "HTTP 503"});

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <httplib.h>
 #include <CLI/CLI.hpp>
@@ -34,13 +35,19 @@ int main(int argc, char** argv) {
   std::string id;
   std::string input_text = "null";
   std::string secret;
+  bool server_keys = false;
   double timeout_s = 30;
   app.add_option("--server", server_url, "rebound-server base URL")->capture_default_str();
   app.add_option("--listen", listen, "HOST:PORT of the callback receiver (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--id", id, "Job id (default: demo-<unix time>)");
   app.add_option("--input", input_text, "Model input, as JSON")->capture_default_str();
-  app.add_option("--signing-secret", secret, "Verify the callback's signature with this secret");
+  app.add_option("--signing-secret", secret,
+                 "Verify the callback's signature with this whsec_... secret (HMAC, v1) or "
+                 "whpk_... public key (Ed25519, v1a)");
+  app.add_flag("--server-keys", server_keys,
+               "Verify the callback's Ed25519 signature with the public keys the server publishes "
+               "at GET /v1/webhook-keys (fetched before submitting)");
   app.add_option("--timeout", timeout_s, "Seconds to wait for the callback")
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
@@ -106,6 +113,25 @@ int main(int argc, char** argv) {
 
   httplib::Client client(server_url);
   client.set_connection_timeout(std::chrono::seconds(5));
+  std::vector<std::string> keys;
+  if (!secret.empty()) keys.push_back(secret);
+  if (server_keys) {
+    auto published = client.Get("/v1/webhook-keys");
+    const auto doc = published && published->status == 200
+                         ? nlohmann::json::parse(published->body, nullptr, false)
+                         : nlohmann::json();
+    if (doc.is_object() && doc.contains("keys") && doc["keys"].is_array()) {
+      for (const auto& key : doc["keys"])
+        if (key.is_string()) keys.push_back(key.get<std::string>());
+    }
+    if (keys.empty() || (keys.size() == 1 && !secret.empty())) {
+      std::cerr << "rebound-demo-client: the server publishes no webhook keys "
+                   "(start it with --signing-key whsk_...)\n";
+      stop_receiver();
+      return 1;
+    }
+    std::cout << "server's webhook keys: " << doc["keys"].dump() << std::endl;
+  }
   auto res = client.Post("/v1/inferences", job.dump(), "application/json");
   if (!res) {
     std::cerr << "rebound-demo-client: cannot reach " << server_url << ": "
@@ -131,10 +157,13 @@ int main(int argc, char** argv) {
   }
   std::cout << "callback received (webhook-id " << callback->webhook_id << "): " << callback->body
             << std::endl;
-  if (!secret.empty()) {
-    const bool valid =
-        rebound::verify_webhook(secret, callback->webhook_id, callback->timestamp, callback->body,
-                                callback->signature, static_cast<std::int64_t>(std::time(nullptr)));
+  if (!keys.empty()) {
+    bool valid = false;
+    for (const auto& key : keys) {
+      valid = valid || rebound::verify_webhook(key, callback->webhook_id, callback->timestamp,
+                                               callback->body, callback->signature,
+                                               static_cast<std::int64_t>(std::time(nullptr)));
+    }
     if (!valid) {
       std::cerr << "rebound-demo-client: the callback's signature does not verify\n";
       return 3;

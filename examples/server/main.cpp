@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
   std::vector<std::string> signing_secrets;
+  std::vector<std::string> signing_keys;
   bool allow_private = false;
   std::vector<std::string> callback_allow;
   std::vector<std::string> api_keys;
@@ -209,7 +210,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
       ->capture_default_str();
   app.add_option("--api-key", api_keys,
-                 "Require Authorization: Bearer <key> on every route but /ping and /openapi.json "
+                 "Require Authorization: Bearer <key> on every route but /ping, /openapi.json and "
+                 "/v1/webhook-keys "
                  "(repeat for rotation; env REBOUND_API_KEY)")
       ->envname("REBOUND_API_KEY");
 
@@ -219,6 +221,12 @@ int main(int argc, char** argv) {
          "Sign callbacks (Standard Webhooks) with this whsec_... secret; repeat to sign with "
          "several during a rotation (env REBOUND_SIGNING_SECRET)")
       ->envname("REBOUND_SIGNING_SECRET")
+      ->group(delivery);
+  app.add_option("--signing-key", signing_keys,
+                 "Sign callbacks with this Ed25519 whsk_... key (Standard Webhooks v1a); receivers "
+                 "verify with its public key from GET /v1/webhook-keys. Repeat for a rotation "
+                 "(env REBOUND_SIGNING_KEY)")
+      ->envname("REBOUND_SIGNING_KEY")
       ->group(delivery);
   app.add_option("--callback-timeout", callback_timeout_s, "Seconds per attempt")
       ->check(CLI::Range(0.001, 3600.0))
@@ -315,6 +323,11 @@ int main(int argc, char** argv) {
         throw rebound::Error("--signing-secret must look like whsec_<base64>");
       }
     }
+    for (const auto& key : signing_keys) {
+      if (!rebound::is_valid_webhook_signing_key(key)) {
+        throw rebound::Error("--signing-key must look like whsk_<base64 of a 32-byte key>");
+      }
+    }
     auto ms = [](double seconds) {
       return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
     };
@@ -348,6 +361,8 @@ int main(int argc, char** argv) {
     const std::string model_name = model->name();
     service_options.delivery.timeout = ms(callback_timeout_s);
     service_options.delivery.signing_secrets = signing_secrets;
+    service_options.delivery.signing_secrets.insert(service_options.delivery.signing_secrets.end(),
+                                                    signing_keys.begin(), signing_keys.end());
     rebound::CurlTransportOptions transport_options;
     transport_options.guard = guard;
     transport_options.max_total = callback_connections;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,16 +60,40 @@ struct ErrorInfo {
   std::string message;
 };
 
+/// Priorities run from 0 (first) to 9 (last); FIFO within one priority.
+inline constexpr int highest_priority = 0;
+inline constexpr int lowest_priority = 9;
+inline constexpr int default_priority = 5;
+
+/// Which events of a job its callback URL hears (`webhook_events`), as bits.
+enum WebhookEvent : std::uint8_t {
+  webhook_started = 1,    ///< `{"id", "status": "running"}` when the job starts running
+  webhook_completed = 2,  ///< the final status, result or error (the callback of the seed)
+};
+
 /// What a caller submitted: the unit of work that flows from the HTTP route to the model.
 struct Job {
   std::string id;            ///< The caller's id, unique within a store.
   std::string callback_url;  ///< Empty: the result is kept for polling only.
   nlohmann::json input;      ///< Handed to the model as is; `null` when absent.
   std::chrono::system_clock::time_point created_at{};
+  /// 0 (runs first) to 9 (runs last); FIFO within one priority.
+  int priority = default_priority;
+  /// The job ends `expired` if it has not started this long after `created_at`. 0: the
+  /// Service's `job_ttl`.
+  std::chrono::milliseconds max_queue{0};
+  /// WebhookEvent bits: which events the callback URL hears.
+  std::uint8_t webhook_events = webhook_completed;
+  /// The W3C `traceparent` the job was submitted with (empty: none); its callbacks carry the same
+  /// trace id with a new parent id, and its log lines name the trace.
+  std::string traceparent;
 
-  /// True when `other` is the same request (used for idempotent resubmission).
+  /// True when `other` is the same request (used for idempotent resubmission). The trace context
+  /// is not part of the request: a retry from another span is still the same job.
   bool same_request_as(const Job& other) const {
-    return id == other.id && callback_url == other.callback_url && input == other.input;
+    return id == other.id && callback_url == other.callback_url && input == other.input &&
+           priority == other.priority && max_queue == other.max_queue &&
+           webhook_events == other.webhook_events;
   }
 };
 
@@ -92,6 +117,8 @@ struct JobOutcome {
   JobStatus status = JobStatus::failed;
   nlohmann::json result;           ///< The model's output when `status` is `succeeded`.
   std::optional<ErrorInfo> error;  ///< Set when `status` is `failed` or `expired`.
+  /// When the job became final (the epoch: not recorded).
+  std::chrono::system_clock::time_point finished_at{};
 };
 
 /// A job as a JobStore keeps it: the request, where it is, and how it ended.
@@ -100,6 +127,8 @@ struct JobRecord {
   JobStatus status = JobStatus::queued;
   JobOutcome outcome;  ///< Meaningful once `status` is final.
   CallbackInfo callback;
+  /// When the job started running (the epoch: it has not, or the store does not know).
+  std::chrono::system_clock::time_point started_at{};
 };
 
 }  // namespace rebound

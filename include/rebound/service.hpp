@@ -153,6 +153,10 @@ class Service final {
   /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
   std::optional<JobRecord> find(const std::string& id) const;
 
+  /// How many queued jobs run before the queued job `id` (JobStore::queue_position): nullopt
+  /// when it is not queued or the store cannot tell. Throws StoreUnavailable when the store fails.
+  std::optional<std::size_t> queue_position(const std::string& id) const;
+
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
   /// the same `webhook-id`. Attempt counts keep adding up in the job's record. Throws
   /// StoreUnavailable when the store fails.
@@ -164,6 +168,10 @@ class Service final {
 
   /// The callback receivers' origins the transport tracks: circuit state, failures, requests.
   std::vector<EndpointStatus> callback_endpoints() const;
+
+  /// The "whpk_..." public keys that verify this server's Ed25519 (`v1a`) callback signatures
+  /// (from `options.delivery.signing_secrets`), in order; empty when none signs that way.
+  const std::vector<std::string>& webhook_public_keys() const;
 
   /// True while the model is ready, the store works and the service accepts work.
   bool ready() const;

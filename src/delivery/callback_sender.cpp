@@ -19,6 +19,7 @@ struct CallbackSender::State {
   boost::asio::any_io_executor executor;
   std::unique_ptr<CallbackTransport> transport;
   CallbackSenderOptions options;
+  WebhookSigner signer;  // the signing keys, parsed once
 
   mutable std::mutex mutex;
   mutable std::condition_variable idle;
@@ -75,13 +76,12 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
                        {"User-Agent", std::string("rebound/") + version},
                        {"webhook-id", message_.webhook_id},
                        {"webhook-timestamp", std::to_string(timestamp)}};
-    if (!options.signing_secrets.empty()) {
-      std::string signatures;
-      for (const auto& secret : options.signing_secrets) {
-        if (!signatures.empty()) signatures += ' ';
-        signatures += sign_webhook(secret, message_.webhook_id, timestamp, message_.body);
-      }
-      request.headers.emplace_back("webhook-signature", std::move(signatures));
+    for (const auto& header : message_.extra_headers)
+      request.headers.push_back(header);
+    if (!state_->signer.empty()) {
+      request.headers.emplace_back("webhook-signature",
+                                   state_->signer.sign(message_.webhook_id, timestamp,
+                                                       message_.body));
     }
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.
@@ -173,10 +173,10 @@ CallbackSender::CallbackSender(boost::asio::any_io_executor executor,
   if (!transport) throw Error("CallbackSender: a transport is required");
   if (!options.backoff) throw Error("CallbackSender: a backoff policy is required");
   if (options.timeout.count() <= 0) throw Error("CallbackSender: the timeout must be positive");
-  for (const auto& secret : options.signing_secrets) {
-    if (!is_valid_webhook_secret(secret)) {
-      throw Error("CallbackSender: a signing secret must look like whsec_<base64>");
-    }
+  try {
+    state_->signer = WebhookSigner(options.signing_secrets);
+  } catch (const Error& e) {
+    throw Error(std::string("CallbackSender: ") + e.what());
   }
   if (!options.now) throw Error("CallbackSender: a clock is required");
   state_->executor = std::move(executor);
@@ -206,6 +206,10 @@ void CallbackSender::attempt(CallbackMessage message, RetryState state,
   auto delivery = std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
                                              nullptr, true, state);
   boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
+}
+
+const std::vector<std::string>& CallbackSender::public_keys() const {
+  return state_->signer.public_keys();
 }
 
 std::vector<EndpointStatus> CallbackSender::endpoints() const {

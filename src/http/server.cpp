@@ -18,6 +18,7 @@
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/submission.hpp"
 #include "rebound/detail/text.hpp"
+#include "rebound/detail/trace_context.hpp"
 #include "rebound/detail/wire.hpp"
 #include "rebound/error.hpp"
 #include "rebound/version.hpp"
@@ -92,6 +93,7 @@ enum class Resource {
   redeliver,
   invocations,
   callback_endpoints,
+  webhook_keys,
   metrics,
   ping,
   openapi
@@ -109,7 +111,8 @@ Target locate(const std::string& path) {
       {"/ping", Resource::ping},
       {"/metrics", Resource::metrics},
       {"/openapi.json", Resource::openapi},
-      {"/v1/callback-endpoints", Resource::callback_endpoints}};
+      {"/v1/callback-endpoints", Resource::callback_endpoints},
+      {"/v1/webhook-keys", Resource::webhook_keys}};
   for (const auto& [name, resource] : fixed) {
     if (path == name) return {resource, {}};
   }
@@ -283,6 +286,9 @@ struct Server::Impl {
       case Resource::callback_endpoints:
         list_endpoints(res);
         break;
+      case Resource::webhook_keys:
+        send_json(res, 200, {{"keys", service.webhook_public_keys()}});
+        break;
       case Resource::metrics:
         res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
         break;
@@ -321,7 +327,7 @@ struct Server::Impl {
     }
     switch (target.resource) {
       case Resource::inferences:
-        return submit(body, res);
+        return submit(req, body, res);
       case Resource::invocations:
         return invoke(req, body, res);
       case Resource::redeliver:
@@ -355,7 +361,7 @@ struct Server::Impl {
     }
   }
 
-  void submit(const std::string& body, httplib::Response& res) {
+  void submit(const httplib::Request& req, const std::string& body, httplib::Response& res) {
     SubmissionParse parsed = parse_submission(body, options.guard);
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
@@ -363,6 +369,10 @@ struct Server::Impl {
       return send_error(res,
                         {422, invalid->code, "The field 'input' " + invalid->message, "input"});
     }
+    // W3C Trace Context: kept with the job for its callbacks and log lines; an invalid header is
+    // ignored, as the specification asks.
+    const std::string traceparent = req.get_header_value("traceparent");
+    if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
     const std::string id = job.id;
     switch (service.submit(std::move(job))) {
       case SubmitStatus::accepted:
@@ -430,8 +440,11 @@ struct Server::Impl {
   }
 
   bool authorized(const httplib::Request& req, Resource resource) const {
-    if (options.api_keys.empty() || resource == Resource::ping || resource == Resource::openapi)
+    // Public keys are public: a receiver fetches them without an API key.
+    if (options.api_keys.empty() || resource == Resource::ping || resource == Resource::openapi ||
+        resource == Resource::webhook_keys) {
       return true;
+    }
     // The scheme is case-insensitive (RFC 9110 11.1); one or more spaces precede the key.
     const std::string header = req.get_header_value("Authorization");
     if (!detail::starts_with_ignoring_case(header, "Bearer ")) return false;
@@ -493,7 +506,9 @@ struct Server::Impl {
     std::optional<JobRecord> record;
     if (is_valid_job_id(id)) record = service.find(id);
     if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
-    send_json(res, 200, to_status_json(*record));
+    std::optional<std::size_t> position;
+    if (record->status == JobStatus::queued) position = service.queue_position(id);
+    send_json(res, 200, to_status_json(*record, position));
   }
 
   Service& service;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <exception>
 #include <utility>
 
@@ -12,36 +13,50 @@
 #include "rebound/detail/json.hpp"
 
 namespace rebound::detail {
+namespace {
+
+// "0.15", "30", "86400": seconds as a person writes them.
+std::string seconds_text(std::chrono::milliseconds d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", static_cast<double>(d.count()) / 1000.0);
+  return text;
+}
+
+}  // namespace
 
 void BatchRunner::run(std::vector<Service::WorkItem> batch) {
-  // Jobs that waited past their time-to-live end here, without running.
-  if (job_ttl_.count() > 0) {
-    const auto now = clock_();
-    auto expired =
-        std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
-          return item.reply || now - item.job.created_at <= job_ttl_;
-        });
-    for (auto it = expired; it != batch.end(); ++it) {
-      JobRecord record;
-      record.job = std::move(it->job);
-      record.status = JobStatus::expired;
-      record.outcome = {JobStatus::expired, nullptr,
-                        ErrorInfo{"expired", "The job waited longer than its time-to-live of " +
-                                                 std::to_string(job_ttl_.count() / 1000.0) +
-                                                 " s and was not run."}};
-      observe_([&](auto& o) { o.on_expired(record, job_ttl_); });
-      finish(record, it->holder);
-    }
-    batch.erase(expired, batch.end());
-    if (batch.empty()) return;
+  // Jobs that waited past their time in queue (their own max_queue, else the time-to-live) end
+  // here, without running.
+  const auto now = clock_();
+  auto limit_of = [this](const Job& job) {
+    return job.max_queue.count() > 0 ? job.max_queue : job_ttl_;
+  };
+  auto expired =
+      std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
+        const auto limit = limit_of(item.job);
+        return item.reply || limit.count() == 0 || now - item.job.created_at <= limit;
+      });
+  for (auto it = expired; it != batch.end(); ++it) {
+    const auto limit = limit_of(it->job);
+    JobRecord record;
+    record.job = std::move(it->job);
+    record.status = JobStatus::expired;
+    record.outcome = {JobStatus::expired, nullptr,
+                      ErrorInfo{"expired", "The job was not started within its time in queue of " +
+                                               seconds_text(limit) + " s."},
+                      now};
+    observe_([&](auto& o) { o.on_expired(record, limit); });
+    finish(record, it->holder);
   }
+  batch.erase(expired, batch.end());
+  if (batch.empty()) return;
   std::vector<nlohmann::json> inputs;
   inputs.reserve(batch.size());
   for (auto& item : batch) {
     if (!item.reply) {
       // Only the displayed status lags when this fails; the job still runs and completes.
       store_.write_or_note("mark_running", item.job.id,
-                           [&](JobStore& store) { store.mark_running(item.job.id); });
+                           [&](JobStore& store) { store.mark_running(item.job.id, now); });
     }
     inputs.push_back(std::move(item.job.input));  // the record does not need it any more
   }
@@ -149,9 +164,9 @@ void BatchRunner::settle(Service::WorkItem& item, Prediction& prediction, std::s
   JobRecord record;
   record.job = std::move(item.job);
   if (prediction.ok()) {
-    record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt};
+    record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt, clock_()};
   } else {
-    record.outcome = {JobStatus::failed, nullptr, prediction.error()};
+    record.outcome = {JobStatus::failed, nullptr, prediction.error(), clock_()};
   }
   record.status = record.outcome.status;
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/trace_context.hpp"
 #include "rebound/detail/wire.hpp"
 
 namespace rebound::detail {
@@ -24,6 +25,10 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
   const CallbackInfo before = record.callback;
   CallbackMessage message{id, record.job.callback_url, dump_json(to_callback_json(record)),
                           "msg_" + id, before.attempts};
+  // The submission's trace goes on: each attempt is a new span of the same trace.
+  if (is_valid_traceparent(record.job.traceparent)) {
+    message.extra_headers.emplace_back("traceparent", child_traceparent(record.job.traceparent));
+  }
   RetryState state;
   state.attempts = before.delivery_attempts;
   state.previous_delay = before.previous_delay;

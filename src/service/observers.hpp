@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "rebound/detail/trace_context.hpp"
 #include "rebound/log.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/service_observer.hpp"
@@ -101,10 +102,17 @@ class LogObserver final : public ServiceObserver {
     nlohmann::json fields = {{"status", to_string(record.status)}, {"batch_size", batch_size}};
     if (inference_ms >= 0) fields["inference_ms"] = inference_ms;
     if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
+    add_trace(fields, record.job);
     log_.job(level, "job_completed", record.job.id, fields);
   }
   void on_expired(const JobRecord& record, std::chrono::milliseconds ttl) override {
-    log_.job(LogLevel::warn, "job_expired", record.job.id, {{"ttl_ms", ttl.count()}});
+    nlohmann::json fields = {{"ttl_ms", ttl.count()}};
+    add_trace(fields, record.job);
+    log_.job(LogLevel::warn, "job_expired", record.job.id, fields);
+  }
+  // The submission's trace, so that a log search finds the job from the caller's trace.
+  static void add_trace(nlohmann::json& fields, const Job& job) {
+    if (is_valid_traceparent(job.traceparent)) fields["trace_id"] = trace_id_of(job.traceparent);
   }
   void on_attempt(const std::string& id, const AttemptReport& report) override {
     switch (report.verdict) {

@@ -131,7 +131,8 @@ std::size_t StorePump::claim_jobs(bool& more) {
   for (auto& record : due) {
     const std::string id = record.job.id;
     leases_.hold(id, holder);
-    if (queue_->try_push(Service::WorkItem{std::move(record.job), nullptr, holder}) ==
+    const int priority = record.job.priority;
+    if (queue_->try_push(Service::WorkItem{std::move(record.job), nullptr, holder}, priority) ==
         PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;

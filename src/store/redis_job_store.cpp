@@ -40,6 +40,12 @@ local JOBS_DUE = P .. ':jobs:due'
 local CB_DUE = P .. ':callbacks:due'
 local FAILED = P .. ':callbacks:failed'
 local UNFINISHED = P .. ':unfinished'
+local QUEUED = P .. ':queued'
+-- Jobs are filed in JOBS_DUE by priority, then due time: a score of priority * BAND + ms, exact in
+-- a double (below 2^53) for every priority 0..9 and any time before the year 2109.
+local BAND = 4398046511104
+local function job_score(priority, ms) return string.format('%.0f', tonumber(priority) * BAND + tonumber(ms)) end
+local function job_priority(key) return tonumber(redis.call('HGET', key, 'priority') or '5') end
 local function job_key(id) return P .. ':job:' .. id end
 local function is_final(status)
   return status == 'succeeded' or status == 'failed' or status == 'expired'
@@ -107,17 +113,20 @@ local function records(set, ids, out, limit)
 end
 )lua";
 
-// put: ARGV id, url, input, created, holder, until, due. {0}: created; {1, url, input}: taken.
+// put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
+// traceparent. {0}: created; {1, url, input, priority, max queue, events}: taken.
 constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
-local old = redis.call('HMGET', key, 'url', 'input')
-if old[1] then return {1, old[1], old[2]} end
+local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
+if old[1] then return {1, old[1], old[2], old[3] or '5', old[4] or '0', old[5] or '2'} end
 redis.call('HSET', key, 'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
            'result', '', 'cb_state', 'none', 'cb_attempts', '0', 'cb_error', '', 'cb_next', '0',
            'cb_da', '0', 'cb_started', '0', 'cb_prev', '0', 'holder', ARGV[6], 'until', ARGV[7],
-           'finished', '')
+           'finished', '', 'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11],
+           'trace', ARGV[12], 'started', '0', 'ended', '0')
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
-redis.call('ZADD', JOBS_DUE, ARGV[8], ARGV[2])
+redis.call('ZADD', JOBS_DUE, job_score(ARGV[9], ARGV[8]), ARGV[2])
+redis.call('ZADD', QUEUED, job_score(ARGV[9], ARGV[5]), ARGV[2])
 redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
 -- The id of a job that expired may still be in these: it is a new job now.
 redis.call('ZREM', FAILED, ARGV[2])
@@ -125,20 +134,32 @@ redis.call('ZREM', CB_DUE, ARGV[2])
 return {0}
 )lua";
 
-// claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until.
+// claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until. Jobs one priority band at
+// a time, 0 first.
 constexpr const char* kClaim = R"lua(
-local due = ARGV[2] == 'jobs' and JOBS_DUE or CB_DUE
-local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, ARGV[4])
+local jobs = ARGV[2] == 'jobs'
+local due = jobs and JOBS_DUE or CB_DUE
 local out = {}
-for _, id in ipairs(ids) do
-  local key = job_key(id)
-  if redis.call('EXISTS', key) == 0 then
-    redis.call('ZREM', due, id)
+local max = tonumber(ARGV[4])
+for p = 0, jobs and 9 or 0 do
+  if #out >= 2 * max then break end
+  local ids
+  if jobs then
+    ids = redis.call('ZRANGEBYSCORE', due, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT', 0,
+                     max - #out / 2)
   else
-    redis.call('ZADD', due, ARGV[6], id)
-    redis.call('HSET', key, 'holder', ARGV[5], 'until', ARGV[6])
-    out[#out + 1] = id
-    out[#out + 1] = redis.call('HGETALL', key)
+    ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, max)
+  end
+  for _, id in ipairs(ids) do
+    local key = job_key(id)
+    if redis.call('EXISTS', key) == 0 then
+      redis.call('ZREM', due, id)
+    else
+      redis.call('ZADD', due, jobs and job_score(p, ARGV[6]) or ARGV[6], id)
+      redis.call('HSET', key, 'holder', ARGV[5], 'until', ARGV[6])
+      out[#out + 1] = id
+      out[#out + 1] = redis.call('HGETALL', key)
+    end
   end
 end
 return out
@@ -149,26 +170,40 @@ constexpr const char* kRenew = R"lua(
 local key = job_key(ARGV[2])
 if not holds(key, ARGV[3], ARGV[5]) then return 0 end
 redis.call('HSET', key, 'until', ARGV[4])
-local due = is_final(redis.call('HGET', key, 'status')) and CB_DUE or JOBS_DUE
-redis.call('ZADD', due, 'XX', ARGV[4], ARGV[2])
+if is_final(redis.call('HGET', key, 'status')) then
+  redis.call('ZADD', CB_DUE, 'XX', ARGV[4], ARGV[2])
+else
+  redis.call('ZADD', JOBS_DUE, 'XX', job_score(job_priority(key), ARGV[4]), ARGV[2])
+end
 return 1
 )lua";
 
-// mark_running: ARGV id.
+// mark_running: ARGV id, now.
 constexpr const char* kMarkRunning = R"lua(
 local key = job_key(ARGV[2])
-if redis.call('HGET', key, 'status') == 'queued' then redis.call('HSET', key, 'status', 'running') end
+if redis.call('HGET', key, 'status') == 'queued' then
+  redis.call('HSET', key, 'status', 'running', 'started', ARGV[3])
+end
+redis.call('ZREM', QUEUED, ARGV[2])
 return 1
+)lua";
+
+// queue_position: ARGV id. The jobs queued ahead, or -1 when it is not queued.
+constexpr const char* kQueuePosition = R"lua(
+if redis.call('HGET', job_key(ARGV[2]), 'status') ~= 'queued' then return -1 end
+return redis.call('ZRANK', QUEUED, ARGV[2]) or -1
 )lua";
 
 // finish_job: ARGV id, holder, now, status, result, has error, code, message, deliver holder,
-// deliver until, retention. 1: acknowledged.
+// deliver until, retention, finished at. 1: acknowledged.
 constexpr const char* kFinish = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
 if not holds(key, ARGV[3], ARGV[4]) then return 0 end
 write_outcome(key, 5)
+redis.call('HSET', key, 'ended', ARGV[13])
 redis.call('ZREM', JOBS_DUE, id)
+redis.call('ZREM', QUEUED, id)
 if redis.call('HGET', key, 'url') == '' then
   redis.call('HSET', key, 'holder', '', 'until', '0')
   finish(key, id, ARGV[4], ARGV[12])
@@ -210,14 +245,15 @@ unfinish(key, id)
 return 1
 )lua";
 
-// complete: ARGV id, now, retention, then the outcome (5 fields).
+// complete: ARGV id, now, retention, then the outcome (5 fields), then when it finished.
 constexpr const char* kComplete = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
 if redis.call('EXISTS', key) == 0 then return 0 end
 write_outcome(key, 5)
-redis.call('HSET', key, 'holder', '', 'until', '0')
+redis.call('HSET', key, 'holder', '', 'until', '0', 'ended', ARGV[10])
 redis.call('ZREM', JOBS_DUE, id)
+redis.call('ZREM', QUEUED, id)
 local f = redis.call('HMGET', key, 'url', 'cb_state')
 if f[1] == '' or f[2] == 'delivered' or f[2] == 'failed' then finish(key, id, ARGV[3], ARGV[4]) end
 return 1
@@ -268,12 +304,13 @@ enum Script : std::size_t {
   kScriptComplete,
   kScriptUpdateCallback,
   kScriptList,
+  kScriptQueuePosition,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
     kPut,      kClaim,    kRenew,    kMarkRunning,    kFinish,
-    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList};
+    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList, kQueuePosition};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -415,6 +452,18 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
       r.callback.delivery_started_at = from_ms(number(value));
     } else if (name == "cb_prev") {
       r.callback.previous_delay = std::chrono::milliseconds(number(value));
+    } else if (name == "priority") {
+      r.job.priority = static_cast<int>(number(value));
+    } else if (name == "maxq") {
+      r.job.max_queue = std::chrono::milliseconds(number(value));
+    } else if (name == "events") {
+      r.job.webhook_events = static_cast<std::uint8_t>(number(value));
+    } else if (name == "trace") {
+      r.job.traceparent = std::string(value);
+    } else if (name == "started") {
+      r.started_at = from_ms(number(value));
+    } else if (name == "ended") {
+      r.outcome.finished_at = from_ms(number(value));
     }
   }
   r.outcome.status = r.status;
@@ -834,7 +883,9 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   try {
     r = impl_->script(kScriptPut, {job.id, job.callback_url, detail::dump_json(job.input), created,
                                    claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
-                                   claim ? ms_text(claim->until) : created});
+                                   claim ? ms_text(claim->until) : created,
+                                   std::to_string(job.priority), std::to_string(job.max_queue.count()),
+                                   std::to_string(job.webhook_events), job.traceparent});
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
@@ -846,6 +897,11 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   existing.id = job.id;
   existing.callback_url = r->elements > 1 ? std::string(text(r->element[1])) : "";
   existing.input = r->elements > 2 ? parse_json(text(r->element[2])) : nullptr;
+  if (r->elements > 5) {
+    existing.priority = static_cast<int>(number(text(r->element[3])));
+    existing.max_queue = std::chrono::milliseconds(number(text(r->element[4])));
+    existing.webhook_events = static_cast<std::uint8_t>(number(text(r->element[5])));
+  }
   return existing.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
 }
 
@@ -876,8 +932,14 @@ bool RedisJobStore::renew(const std::string& id, const Lease& lease, TimePoint n
   return r->integer == 1;
 }
 
-void RedisJobStore::mark_running(const std::string& id) {
-  impl_->script(kScriptMarkRunning, {id});
+void RedisJobStore::mark_running(const std::string& id, TimePoint now) {
+  impl_->script(kScriptMarkRunning, {id, ms_text(now)});
+}
+
+std::optional<std::size_t> RedisJobStore::queue_position(const std::string& id) const {
+  Reply r = impl_->script(kScriptQueuePosition, {id});
+  if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) return std::nullopt;
+  return static_cast<std::size_t>(r->integer);
 }
 
 bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
@@ -888,6 +950,7 @@ bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
   args.push_back(deliver ? deliver->holder : "");
   args.push_back(deliver ? ms_text(deliver->until) : "0");
   args.push_back(impl_->retention_ms());
+  args.push_back(ms_text(outcome.finished_at));
   Reply r = impl_->script(kScriptFinish, std::move(args));
   return r->integer == 1;
 }
@@ -917,6 +980,7 @@ void RedisJobStore::complete(const std::string& id, const JobOutcome& outcome) {
   std::vector<std::string> args{id, ms_text(std::chrono::system_clock::now()),
                                 impl_->retention_ms()};
   append_outcome(args, outcome);
+  args.push_back(ms_text(outcome.finished_at));
   impl_->script(kScriptComplete, std::move(args));
 }
 

@@ -60,6 +60,22 @@ CREATE INDEX jobs_cb_due ON jobs (cb_due_ms) WHERE cb_due_ms IS NOT NULL;
 PRAGMA user_version = 2;
 )sql";
 
+// Version 3: the job API of issue 14. A job's priority, its own time in queue, the events its
+// callback hears, its trace context, and when it started and ended. Jobs are claimed by priority,
+// then due time; queued jobs are counted by (priority, creation) for their queue position.
+constexpr const char* schema_v3 = R"sql(
+ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 5;
+ALTER TABLE jobs ADD COLUMN max_queue_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN webhook_events INTEGER NOT NULL DEFAULT 2;
+ALTER TABLE jobs ADD COLUMN traceparent TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN started_at_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN ended_at_ms INTEGER NOT NULL DEFAULT 0;
+DROP INDEX jobs_job_due;
+CREATE INDEX jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms IS NOT NULL;
+CREATE INDEX jobs_queued ON jobs (priority, created_at_ms, id) WHERE status = 0;
+PRAGMA user_version = 3;
+)sql";
+
 // Leases live in this process (the file is opened exclusively), so at open nothing holds any
 // work: what a crashed process held is due again at once, and retries keep their schedule.
 constexpr const char* release_leases = R"sql(
@@ -133,7 +149,8 @@ class Statement {
 constexpr const char* record_columns =
     "id, callback_url, input, created_at_ms, status, result, error_code, error_message, cb_state, "
     "cb_attempts, cb_last_error, cb_next_at_ms, cb_delivery_attempts, cb_delivery_started_ms, "
-    "cb_previous_delay_ms";
+    "cb_previous_delay_ms, priority, max_queue_ms, webhook_events, traceparent, started_at_ms, "
+    "ended_at_ms";
 
 using TimePoint = std::chrono::system_clock::time_point;
 
@@ -169,6 +186,12 @@ JobRecord read_record(const Statement& s) {
   r.callback.delivery_attempts = static_cast<int>(s.integer(12));
   r.callback.delivery_started_at = from_ms(s.integer(13));
   r.callback.previous_delay = std::chrono::milliseconds(s.integer(14));
+  r.job.priority = static_cast<int>(s.integer(15));
+  r.job.max_queue = std::chrono::milliseconds(s.integer(16));
+  r.job.webhook_events = static_cast<std::uint8_t>(s.integer(17));
+  r.job.traceparent = s.text(18);
+  r.started_at = from_ms(s.integer(19));
+  r.outcome.finished_at = from_ms(s.integer(20));
   return r;
 }
 
@@ -191,7 +214,8 @@ struct SqliteJobStore::Impl {
   ino_t file_inode = 0;
   sqlite3* db = nullptr;
   mutable std::mutex db_mutex;  // the connection and its statements
-  std::unique_ptr<Statement> insert, select_one, set_running, set_outcome, finish, set_callback,
+  std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
+      set_callback,
       set_job_due, set_callback_due, select_due_jobs, select_due_callbacks, redeliver_failed,
       select_failed, select_unfinished, delete_finished, probe;
 
@@ -266,26 +290,36 @@ struct SqliteJobStore::Impl {
         exec(schema_v2);
         exec("COMMIT");
       }
+      if (user_version() < 3) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v3);
+        exec("COMMIT");
+      }
       exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
-          "INSERT INTO jobs (id, callback_url, input, created_at_ms, status, job_due_ms) "
-          "VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT (id) DO NOTHING");
+          "INSERT INTO jobs (id, callback_url, input, created_at_ms, status, job_due_ms, priority, "
+          "max_queue_ms, webhook_events, traceparent) "
+          "VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING");
       select_one = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
-      set_running =
-          std::make_unique<Statement>(db, "UPDATE jobs SET status = 1 WHERE id = ? AND status = 0");
+      set_running = std::make_unique<Statement>(
+          db, "UPDATE jobs SET status = 1, started_at_ms = ? WHERE id = ? AND status = 0");
+      count_ahead = std::make_unique<Statement>(
+          db,
+          "SELECT COUNT(*) FROM jobs WHERE status = 0 AND (priority < :p OR (priority = :p AND "
+          "(created_at_ms < :c OR (created_at_ms = :c AND id < :id))))");
       set_outcome = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
-          "job_due_ms = NULL, "
+          "ended_at_ms = :end, job_due_ms = NULL, "
           "finished_at_ms = CASE WHEN :s >= 2 AND (callback_url = '' OR cb_state >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
       // The acknowledgement of a job: its outcome, and its callback pending (due at :due).
       finish = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
-          "job_due_ms = NULL, "
+          "ended_at_ms = :end, job_due_ms = NULL, "
           "cb_state = CASE WHEN callback_url = '' THEN cb_state ELSE 1 END, "
           "cb_next_at_ms = :now, cb_delivery_attempts = 0, cb_delivery_started_ms = :now, "
           "cb_previous_delay_ms = 0, "
@@ -302,8 +336,10 @@ struct SqliteJobStore::Impl {
           db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
       set_callback_due = std::make_unique<Statement>(
           db, "UPDATE jobs SET cb_due_ms = ? WHERE id = ? AND cb_due_ms IS NOT NULL");
+      // One priority at a time (?2), each an index range: due jobs, without stepping over the
+      // leased ones of a higher priority.
       select_due_jobs = std::make_unique<Statement>(
-          db, "SELECT id FROM jobs WHERE job_due_ms <= ? ORDER BY job_due_ms");
+          db, "SELECT id FROM jobs WHERE priority = ?2 AND job_due_ms <= ?1 ORDER BY job_due_ms");
       select_due_callbacks = std::make_unique<Statement>(
           db, "SELECT id FROM jobs WHERE cb_due_ms <= ? ORDER BY cb_due_ms");
       redeliver_failed = std::make_unique<Statement>(
@@ -334,6 +370,7 @@ struct SqliteJobStore::Impl {
     insert.reset();
     select_one.reset();
     set_running.reset();
+    count_ahead.reset();
     set_outcome.reset();
     finish.reset();
     set_callback.reset();
@@ -593,19 +630,24 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
     Statement& select, const std::unordered_map<std::string, Lease>& leases, std::size_t max,
     TimePoint now) {
   std::vector<std::string> ids;
-  select.bind(1, to_ms(now));
-  try {
-    std::lock_guard<std::mutex> lock(lease_mutex);
-    while (ids.size() < max && select.step()) {
-      std::string id = select.text(0);
-      auto held = leases.find(id);
-      if (held == leases.end() || held->second.until <= now) ids.push_back(std::move(id));
+  const bool by_priority = &select == select_due_jobs.get();
+  const int lowest = by_priority ? lowest_priority : highest_priority;
+  for (int p = highest_priority; p <= lowest && ids.size() < max; ++p) {
+    select.bind(1, to_ms(now));
+    if (by_priority) select.bind(2, static_cast<std::int64_t>(p));
+    try {
+      std::lock_guard<std::mutex> lock(lease_mutex);
+      while (ids.size() < max && select.step()) {
+        std::string id = select.text(0);
+        auto held = leases.find(id);
+        if (held == leases.end() || held->second.until <= now) ids.push_back(std::move(id));
+      }
+    } catch (...) {
+      select.reset();
+      throw;
     }
-  } catch (...) {
     select.reset();
-    throw;
   }
-  select.reset();
   return ids;
 }
 
@@ -694,6 +736,7 @@ void SqliteJobStore::Impl::bind_outcome(Statement& s, const JobOutcome& outcome,
     s.bind(s.param(":c"), outcome.error->code);
     s.bind(s.param(":m"), outcome.error->message);
   }
+  s.bind(s.param(":end"), to_ms(outcome.finished_at));
 }
 
 PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim) {
@@ -704,6 +747,10 @@ PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim
         s.bind(1, job.id).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
         s.bind(4, to_ms(job.created_at));
         s.bind(5, to_ms(claim ? claim->until : job.created_at));
+        s.bind(6, static_cast<std::int64_t>(job.priority));
+        s.bind(7, static_cast<std::int64_t>(job.max_queue.count()));
+        s.bind(8, static_cast<std::int64_t>(job.webhook_events));
+        s.bind(9, job.traceparent);
         s.step();
         s.reset();
         if (sqlite3_changes(impl->db) == 1) return PutOutcome::created;
@@ -737,6 +784,30 @@ std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
   }
   s.reset();
   return out;
+}
+
+std::optional<std::size_t> SqliteJobStore::queue_position(const std::string& id) const {
+  impl_->wait_for_writes();
+  std::lock_guard<std::mutex> lock(impl_->db_mutex);
+  Statement& s = *impl_->select_one;
+  Statement& count = *impl_->count_ahead;
+  try {
+    s.bind(1, id);
+    std::optional<JobRecord> record;
+    if (s.step()) record = read_record(s);
+    s.reset();
+    if (!record || record->status != JobStatus::queued) return std::nullopt;
+    count.bind(count.param(":p"), static_cast<std::int64_t>(record->job.priority));
+    count.bind(count.param(":c"), to_ms(record->job.created_at));
+    count.bind(count.param(":id"), id);
+    const std::size_t ahead = count.step() ? static_cast<std::size_t>(count.integer(0)) : 0;
+    count.reset();
+    return ahead;
+  } catch (const std::exception& e) {
+    s.reset();
+    count.reset();
+    throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
+  }
 }
 
 std::vector<JobRecord> SqliteJobStore::claim_jobs(std::size_t max, const Lease& lease,
@@ -775,10 +846,10 @@ bool SqliteJobStore::renew(const std::string& id, const Lease& lease, TimePoint 
   return true;
 }
 
-void SqliteJobStore::mark_running(const std::string& id) {
+void SqliteJobStore::mark_running(const std::string& id, TimePoint now) {
   Impl* impl = impl_.get();
-  impl_->enqueue({[impl, id] {
-                    impl->set_running->bind(1, id).step();
+  impl_->enqueue({[impl, id, at = to_ms(now)] {
+                    impl->set_running->bind(1, at).bind(2, id).step();
                     impl->set_running->reset();
                   },
                   {},

@@ -37,7 +37,12 @@ class FailingStore final : public JobStore {
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override {
     return check(), inner_.renew(id, lease, now);
   }
-  void mark_running(const std::string& id) override { check(), inner_.mark_running(id); }
+  void mark_running(const std::string& id, TimePoint now) override {
+    check(), inner_.mark_running(id, now);
+  }
+  std::optional<std::size_t> queue_position(const std::string& id) const override {
+    return check(), inner_.queue_position(id);
+  }
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override {
     return check(), inner_.finish_job(id, holder, outcome, deliver, now);

@@ -41,6 +41,8 @@ struct HarnessOptions {
   /// The job store; unset: a MemoryJobStore.
   std::function<std::unique_ptr<rebound::JobStore>()> make_store = {};
   std::chrono::milliseconds store_retry_interval{1000};
+  /// Keys callbacks are signed with (whsec_... and whsk_...).
+  std::vector<std::string> signing_secrets = {};
 };
 
 class ServerHarness {
@@ -60,6 +62,7 @@ class ServerHarness {
     so.delivery.backoff =
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
     so.delivery.timeout = 2s;
+    so.delivery.signing_secrets = o.signing_secrets;
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
     service = std::make_unique<rebound::Service>(

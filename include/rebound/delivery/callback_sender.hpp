@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -37,8 +38,9 @@ struct CallbackSenderOptions {
   BackoffPolicyPtr backoff = backoff::default_policy();
   ResponseClassifier classifier = default_classifier;
   std::chrono::milliseconds timeout{10000};  ///< per attempt
-  /// "whsec_..." secrets to sign every callback with (Standard Webhooks); each adds one signature
-  /// to `webhook-signature`, so receivers can rotate keys. Empty: callbacks are not signed.
+  /// Keys to sign every callback with (Standard Webhooks): "whsec_..." shared secrets (HMAC,
+  /// `v1`) and "whsk_..." Ed25519 signing keys (`v1a`, verified with the public key). Each adds
+  /// one signature to `webhook-signature`, so receivers can rotate keys. Empty: not signed.
   std::vector<std::string> signing_secrets;
   /// Clock for `webhook-timestamp`; inject a fixed one in tests.
   std::function<std::chrono::system_clock::time_point()> now = [] {
@@ -53,6 +55,8 @@ struct CallbackMessage {
   std::string body;           ///< JSON, sent as is
   std::string webhook_id;     ///< the `webhook-id` header: the same on every attempt
   int previous_attempts = 0;  ///< attempts already made before this delivery (shown in reports)
+  /// Sent on every attempt as well, after the standard headers (e.g. `traceparent`).
+  std::vector<std::pair<std::string, std::string>> extra_headers;
 };
 
 /// Reported after every attempt.
@@ -124,6 +128,9 @@ class CallbackSender final {
   ///     if (r.verdict == rebound::AttemptVerdict::retry) schedule(r.next_delay);
   ///   });
   void attempt(CallbackMessage message, RetryState state, AttemptObserver on_attempt);
+
+  /// The "whpk_..." public keys of the Ed25519 signing keys, in order (GET /v1/webhook-keys).
+  const std::vector<std::string>& public_keys() const;
 
   /// Deliveries started and not yet ended.
   std::size_t in_flight() const;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -33,7 +34,7 @@ struct JobQueueOptions {
   std::chrono::microseconds max_queue_delay{0};
 };
 
-/// A bounded FIFO with a worker pool and dynamic batching (as Triton's dynamic batcher).
+/// A bounded FIFO (one per priority level) with a worker pool and dynamic batching (as Triton's dynamic batcher).
 ///
 /// Workers are not threads of their own: each is a drain loop posted to the executor you pass in
 /// (typically a `boost::asio::thread_pool` sized to `workers`), started when work arrives and
@@ -84,12 +85,14 @@ class BasicJobQueue final {
     idle_.wait(lock, [this] { return active_workers_ == 0 && !timer_armed_; });
   }
 
-  /// Adds an item at the back. `full` when `capacity` items wait; `closed` after `close()`.
-  PushResult try_push(Item item) {
+  /// Adds an item at the back of its priority `level` (0, the default, is taken first; 0 to 9,
+  /// clamped): workers take items from the lowest level that has any, FIFO within a level. `full`
+  /// when `capacity` items wait; `closed` after `close()`.
+  PushResult try_push(Item item, int level = 0) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return PushResult::closed;
     if (pending_.size() >= options_.capacity) return PushResult::full;
-    pending_.push_back({std::move(item), std::chrono::steady_clock::now()});
+    pending_.push({std::move(item), std::chrono::steady_clock::now()}, level);
     const bool start = schedule_locked();
     lock.unlock();
     if (start) boost::asio::post(executor_, [this] { drain(); });
@@ -111,9 +114,8 @@ class BasicJobQueue final {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<Item> out;
     out.reserve(pending_.size());
-    for (auto& p : pending_)
-      out.push_back(std::move(p.item));
-    pending_.clear();
+    while (!pending_.empty())
+      out.push_back(pending_.pop().item);
     return out;
   }
 
@@ -155,7 +157,7 @@ class BasicJobQueue final {
         options_.max_queue_delay.count() == 0) {
       return true;
     }
-    return now - pending_.front().enqueued >= options_.max_queue_delay;
+    return now - pending_.oldest() >= options_.max_queue_delay;
   }
 
   // Under mutex_: claims a worker when a batch is due and one is free (the caller posts it), or
@@ -168,7 +170,7 @@ class BasicJobQueue final {
     }
     if (!timer_armed_) {
       timer_armed_ = true;
-      timer_.expires_at(pending_.front().enqueued + options_.max_queue_delay);
+      timer_.expires_at(pending_.oldest() + options_.max_queue_delay);
       timer_.async_wait([this](const boost::system::error_code&) { on_timer(); });
     }
     return false;
@@ -200,8 +202,7 @@ class BasicJobQueue final {
         const std::size_t take = std::min(options_.max_batch_size, pending_.size());
         batch.reserve(take);
         for (std::size_t i = 0; i < take; ++i) {
-          batch.push_back(std::move(pending_.front().item));
-          pending_.pop_front();
+          batch.push_back(pending_.pop().item);
         }
         running_ += take;
       }
@@ -225,7 +226,44 @@ class BasicJobQueue final {
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;
-  std::deque<Pending> pending_;
+  // One FIFO per priority level; items are taken from the lowest level number that has any.
+  class Levels {
+   public:
+    static constexpr int count = 10;
+    void push(Pending p, int level) {
+      levels_[static_cast<std::size_t>(std::clamp(level, 0, count - 1))].push_back(std::move(p));
+      ++size_;
+    }
+    Pending pop() {  // precondition: !empty()
+      for (auto& level : levels_) {
+        if (level.empty()) continue;
+        Pending p = std::move(level.front());
+        level.pop_front();
+        --size_;
+        return p;
+      }
+      throw Error("JobQueue: pop from an empty queue");
+    }
+    // When the item that has waited longest was queued. Precondition: !empty().
+    std::chrono::steady_clock::time_point oldest() const {
+      auto out = std::chrono::steady_clock::time_point::max();
+      for (const auto& level : levels_)
+        if (!level.empty()) out = std::min(out, level.front().enqueued);
+      return out;
+    }
+    std::size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    void clear() {
+      for (auto& level : levels_)
+        level.clear();
+      size_ = 0;
+    }
+
+   private:
+    std::array<std::deque<Pending>, count> levels_;
+    std::size_t size_ = 0;
+  };
+  Levels pending_;
   boost::asio::steady_timer timer_;
   bool timer_armed_ = false;
   std::size_t active_workers_ = 0;

@@ -1,6 +1,7 @@
 // Validation of a job submission (the body of POST /v1/inferences) and the API's error shape.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -74,9 +75,14 @@ struct SubmissionParse {
   std::optional<ApiError> error;
 };
 
-/// Validates a submission body: `{"id": string, "callback_url"?: string, "input"?: any}`.
-/// Unknown fields are ignored; `callback_url: null` means no callback. The job's `created_at` is
-/// left for the caller to set. Never throws on bad input.
+/// Longest `max_queue_seconds` accepted: a week.
+inline constexpr double max_queue_seconds_limit = 7 * 86400;
+
+/// Validates a submission body: `{"id": string, "callback_url"?: string, "input"?: any,
+/// "priority"?: 0-9, "max_queue_seconds"?: number, "webhook_events"?: ["started", "completed"]}`.
+/// Unknown fields are ignored; `callback_url: null` means no callback, and `null` for the others
+/// means their default. The job's `created_at` is left for the caller to set. Never throws on bad
+/// input.
 inline SubmissionParse parse_submission(std::string_view body, const AddressGuard& guard) {
   auto invalid = [](std::string field, std::string message) {
     return SubmissionParse{std::nullopt,
@@ -108,6 +114,42 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
       return invalid("callback_url", "The field 'callback_url' " + parsed.error + ".");
     if (auto refused = guard.check_host(parsed.url->host)) {
       return invalid("callback_url", "The field 'callback_url' " + *refused + ".");
+    }
+  }
+  auto priority = doc.find("priority");
+  if (priority != doc.end() && !priority->is_null()) {
+    if (!priority->is_number_integer() || *priority < highest_priority ||
+        *priority > lowest_priority) {
+      return invalid("priority", "The field 'priority' must be an integer from 0 (runs first) to 9.");
+    }
+    job.priority = priority->get<int>();
+  }
+  auto max_queue = doc.find("max_queue_seconds");
+  if (max_queue != doc.end() && !max_queue->is_null()) {
+    const double seconds = max_queue->is_number() ? max_queue->get<double>() : -1;
+    if (!max_queue->is_number() || !(seconds >= 0.001) || seconds > max_queue_seconds_limit) {
+      return invalid("max_queue_seconds",
+                     "The field 'max_queue_seconds' must be a number of seconds from 0.001 to "
+                     "604800.");
+    }
+    job.max_queue = std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
+  }
+  auto events = doc.find("webhook_events");
+  if (events != doc.end() && !events->is_null()) {
+    const char* wrong =
+        "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
+    if (!events->is_array() || events->empty() || events->size() > 2) {
+      return invalid("webhook_events", wrong);
+    }
+    job.webhook_events = 0;
+    for (const auto& event : *events) {
+      if (event == "started") {
+        job.webhook_events |= webhook_started;
+      } else if (event == "completed") {
+        job.webhook_events |= webhook_completed;
+      } else {
+        return invalid("webhook_events", wrong);
+      }
     }
   }
   auto input = doc.find("input");

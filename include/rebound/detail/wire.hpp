@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstddef>
 #include <ctime>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -26,11 +28,20 @@ inline std::string format_rfc3339(std::chrono::system_clock::time_point tp) {
   return buf;
 }
 
-/// The body of `GET /v1/inferences/{id}` for a record (see docs/http-api.md).
-inline nlohmann::json to_status_json(const JobRecord& record) {
+/// The body of `GET /v1/inferences/{id}` for a record (see docs/http-api.md), with its queue
+/// position while it is queued and the store can tell.
+inline nlohmann::json to_status_json(const JobRecord& record,
+                                     std::optional<std::size_t> queue_position = std::nullopt) {
   nlohmann::json out = {{"id", record.job.id},
                         {"status", to_string(record.status)},
+                        {"priority", record.job.priority},
                         {"created_at", format_rfc3339(record.job.created_at)}};
+  if (record.status == JobStatus::queued && queue_position) out["queue_position"] = *queue_position;
+  const std::chrono::system_clock::time_point never{};
+  if (record.started_at != never) out["started_at"] = format_rfc3339(record.started_at);
+  if (is_final(record.status) && record.outcome.finished_at != never) {
+    out["finished_at"] = format_rfc3339(record.outcome.finished_at);
+  }
   if (record.status == JobStatus::succeeded) out["result"] = record.outcome.result;
   if (record.outcome.error && is_final(record.status)) {
     out["error"] = {{"code", record.outcome.error->code},

@@ -35,7 +35,7 @@ struct ServerOptions {
   std::chrono::milliseconds response_timeout{60000};
   /// Checks callback URLs at submission. Must agree with the transport's guard.
   AddressGuard guard{};
-  /// When not empty, every route but `/ping` and `/openapi.json` requires
+  /// When not empty, every route but `/ping`, `/openapi.json` and `/v1/webhook-keys` requires
   /// `Authorization: Bearer <one of these keys>` (several keys allow rotation); else 401.
   std::vector<std::string> api_keys;
   /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60

@@ -55,9 +55,10 @@ enum class RedeliverOutcome {
 ///   -> record_attempt (pending again with its next_attempt_at, or delivered / failed)
 ///   -> redeliver (failed -> pending) ...
 /// A pending callback waits in the store, not in memory: claim_callbacks hands it out when its
-/// `next_attempt_at` has come. Order: by the time each became claimable: a job never claimed at
-/// its creation (oldest first), a job whose lease ran out at the end of that lease, a callback
-/// at its next attempt (or the end of its lease).
+/// `next_attempt_at` has come. Order: jobs by priority (0 first), then by the time each became
+/// claimable: a job never claimed at its creation (oldest first), a job whose lease ran out at the
+/// end of that lease; callbacks by the time each became due: its next attempt (or the end of its
+/// lease).
 ///
 /// `complete` and `update_callback` write a record as given, without a lease (for tools,
 /// migrations and tests); the Service finishes work only through the leased calls.
@@ -87,15 +88,17 @@ class JobStore {
   virtual std::optional<JobRecord> get(const std::string& id) const = 0;
 
   /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
-  /// lease ran out before `now`), in the order they became claimable.
+  /// lease ran out before `now`): lowest priority number first, and within one priority in the
+  /// order they became claimable.
   virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;
 
   /// Extends the lease on a job or its callback to `lease.until`. False when `lease.holder` does
   /// not hold it any more (it ran out, or another claim took it): stop working on it.
   virtual bool renew(const std::string& id, const Lease& lease, TimePoint now) = 0;
 
-  /// Moves a queued job to `running` (what polling shows). Unknown ids are ignored.
-  virtual void mark_running(const std::string& id) = 0;
+  /// Moves a queued job to `running` (what polling shows) and records `now` as its `started_at`.
+  /// Unknown ids and jobs not queued are ignored.
+  virtual void mark_running(const std::string& id, TimePoint now) = 0;
 
   /// The acknowledgement of a job: records its final outcome and ends `holder`'s lease. A job
   /// with a callback becomes `pending`, claimed by `deliver` when given (the caller sends it at
@@ -134,6 +137,13 @@ class JobStore {
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;
+
+  /// How many queued jobs run before the queued job `id`: those of a lower priority number, and
+  /// those of its priority accepted before it. nullopt when the job is not queued (or unknown),
+  /// or when the store cannot tell (the default).
+  virtual std::optional<std::size_t> queue_position(const std::string& /*id*/) const {
+    return std::nullopt;
+  }
 
   /// Why the store cannot do its job now, or nullopt while it can. Called for every `/ping`, so
   /// it must be cheap; a store that notices trouble only when it writes may answer from its last

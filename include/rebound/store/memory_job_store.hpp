@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -106,12 +107,31 @@ class MemoryJobStore final : public JobStore {
     return false;
   }
 
-  void mark_running(const std::string& id) override {
+  void mark_running(const std::string& id, TimePoint now) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it != jobs_.end() && it->second.record.status == JobStatus::queued) {
       it->second.record.status = JobStatus::running;
+      it->second.record.started_at = now;
     }
+  }
+
+  /// Counts the queued jobs one by one: linear in the jobs held.
+  std::optional<std::size_t> queue_position(const std::string& id) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end() || it->second.record.status != JobStatus::queued) return std::nullopt;
+    const Job& job = it->second.record.job;
+    const auto key = std::make_tuple(job.priority, job.created_at, std::cref(job.id));
+    std::size_t ahead = 0;
+    for (const auto& [other_id, entry] : jobs_) {
+      const Job& other = entry.record.job;
+      if (entry.record.status == JobStatus::queued &&
+          std::make_tuple(other.priority, other.created_at, std::cref(other.id)) < key) {
+        ++ahead;
+      }
+    }
+    return ahead;
   }
 
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
@@ -215,10 +235,19 @@ class MemoryJobStore final : public JobStore {
  private:
   // Keyed by (time, the id in jobs_): the map's keys stay where they are (node-based), so the
   // queues hold a pointer to them rather than a copy of every id.
-  using QueueKey = std::pair<TimePoint, const std::string*>;
+  // (priority, due time, id): jobs by priority, then time; callbacks all at priority 0. A null id
+  // sorts first (a bound for lower_bound).
+  struct QueueKey {
+    int priority;
+    TimePoint at;
+    const std::string* id;
+  };
   struct QueueOrder {
     bool operator()(const QueueKey& a, const QueueKey& b) const {
-      return a.first != b.first ? a.first < b.first : *a.second < *b.second;
+      if (a.priority != b.priority) return a.priority < b.priority;
+      if (a.at != b.at) return a.at < b.at;
+      if (!a.id || !b.id) return !a.id && b.id;
+      return *a.id < *b.id;
     }
   };
   using Queue = std::set<QueueKey, QueueOrder>;
@@ -244,14 +273,18 @@ class MemoryJobStore final : public JobStore {
   // Called under mutex_: (re)files the entry in `queue` under `at`.
   void schedule(Queue& queue, Map::iterator it, TimePoint at) {
     unschedule(queue, it);
-    queue.emplace(at, &it->first);
+    queue.insert(QueueKey{priority_in(queue, it->second), at, &it->first});
     key_of(queue, it->second) = at;
   }
 
   void unschedule(Queue& queue, Map::iterator it) {
     auto& key = key_of(queue, it->second);
-    if (key) queue.erase({*key, &it->first});
+    if (key) queue.erase(QueueKey{priority_in(queue, it->second), *key, &it->first});
     key.reset();
+  }
+
+  int priority_in(const Queue& queue, const Entry& e) const {
+    return &queue == &job_queue_ ? e.record.job.priority : 0;
   }
 
   std::optional<TimePoint>& key_of(const Queue& queue, Entry& e) {
@@ -264,8 +297,12 @@ class MemoryJobStore final : public JobStore {
                                const Lease& lease, TimePoint now) {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<Map::iterator> due;
-    for (auto q = queue.begin(); q != queue.end() && q->first <= now && due.size() < max; ++q) {
-      due.push_back(jobs_.find(*q->second));
+    const int lowest = &queue == &job_queue_ ? lowest_priority : 0;
+    for (int p = highest_priority; p <= lowest && due.size() < max; ++p) {
+      for (auto q = queue.lower_bound(QueueKey{p, TimePoint::min(), nullptr});
+           q != queue.end() && q->priority == p && q->at <= now && due.size() < max; ++q) {
+        due.push_back(jobs_.find(*q->id));
+      }
     }
     std::vector<JobRecord> out;
     for (Map::iterator it : due) {
@@ -322,7 +359,8 @@ class MemoryJobStore final : public JobStore {
     constexpr std::size_t per_entry = sizeof(Map::value_type) + 4 * sizeof(void*) + 64;
     const JobRecord& r = e.record;
     std::size_t strings =
-        2 * r.job.id.size() + r.job.callback_url.size() + r.callback.last_error.size();
+        2 * r.job.id.size() + r.job.callback_url.size() + r.callback.last_error.size() +
+        r.job.traceparent.size();
     if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
     return per_entry + strings + e.input_bytes + e.result_bytes;
   }

@@ -56,7 +56,8 @@ class SqliteJobStore final : public JobStore {
   std::optional<JobRecord> get(const std::string& id) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
-  void mark_running(const std::string& id) override;
+  void mark_running(const std::string& id, TimePoint now) override;
+  std::optional<std::size_t> queue_position(const std::string& id) const override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,

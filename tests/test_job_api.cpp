@@ -1,0 +1,264 @@
+// The job API of the hosted platforms over HTTP (issue 14): priority, time in queue, queue
+// position, started and finished times, trace context, and Ed25519-signed callbacks. A real
+// Server, real receivers on loopback, the memory store and SQLite on a real file.
+#include <doctest/doctest.h>
+
+#include <condition_variable>
+#include <ctime>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rebound/delivery/webhook_signature.hpp"
+#include "rebound/store/memory_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
+#include "support/receiver.hpp"
+#include "support/server_harness.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using rebound::test::check_error;
+using rebound::test::HarnessOptions;
+
+namespace {
+
+// Holds every prediction until opened, and records the order in which inputs reached it.
+class OrderModel final : public rebound::Model {
+ public:
+  std::string name() const override { return "order"; }
+  rebound::Prediction predict(const json& input) override {
+    std::unique_lock<std::mutex> lock(m_);
+    order_.push_back(input.is_string() ? input.get<std::string>() : input.dump());
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return open_; });
+    return rebound::Prediction::success(input);
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(m_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  std::vector<std::string> order() {
+    std::lock_guard<std::mutex> lock(m_);
+    return order_;
+  }
+  bool wait_started(std::size_t n) {
+    std::unique_lock<std::mutex> lock(m_);
+    return cv_.wait_for(lock, 10s, [&] { return order_.size() >= n; });
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::vector<std::string> order_;
+};
+
+struct Harness : rebound::test::ServerHarness {
+  explicit Harness(HarnessOptions o) : ServerHarness(std::make_unique<OrderModel>(), o) {}
+  ~Harness() { model->open(); }
+  OrderModel* model = static_cast<OrderModel*>(model_ptr);
+};
+
+struct MemoryStore {
+  static constexpr const char* name = "memory";
+  std::function<std::unique_ptr<rebound::JobStore>()> factory() {
+    return [] { return std::make_unique<rebound::MemoryJobStore>(); };
+  }
+};
+
+struct SqliteStore {
+  static constexpr const char* name = "sqlite";
+  rebound::test::TempDir dir;
+  std::function<std::unique_ptr<rebound::JobStore>()> factory() {
+    return [path = dir.file("jobs.db")] { return std::make_unique<rebound::SqliteJobStore>(path); };
+  }
+};
+
+HarnessOptions one_worker(std::function<std::unique_ptr<rebound::JobStore>()> store) {
+  HarnessOptions o;
+  o.workers = 1;
+  o.make_store = std::move(store);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("job api: jobs run by priority - FIFO within one - with their queue position",
+                   Store, MemoryStore, SqliteStore) {
+  Store store;
+  CAPTURE(Store::name);
+  Harness h(one_worker(store.factory()));
+  // The only worker is busy with "blocker"; the rest wait in the queue.
+  REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(h.submit({{"id", "low"}, {"input", "low"}, {"priority", 9}})->status == 202);
+  REQUIRE(h.submit({{"id", "normal-1"}, {"input", "normal-1"}})->status == 202);
+  REQUIRE(h.submit({{"id", "urgent"}, {"input", "urgent"}, {"priority", 0}})->status == 202);
+  REQUIRE(h.submit({{"id", "normal-2"}, {"input", "normal-2"}, {"priority", 5}})->status == 202);
+
+  const json urgent = h.poll("urgent");
+  CHECK(urgent["status"] == "queued");
+  CHECK(urgent["priority"] == 0);
+  CHECK(urgent["queue_position"] == 0);
+  CHECK(h.poll("normal-1")["queue_position"] == 1);
+  CHECK(h.poll("normal-2")["queue_position"] == 2);
+  CHECK(h.poll("low")["queue_position"] == 3);
+  CHECK(h.poll("low")["priority"] == 9);
+  CHECK_FALSE(urgent.contains("started_at"));
+  const json blocker = h.poll("blocker");
+  CHECK(blocker["status"] == "running");
+  CHECK_FALSE(blocker.contains("queue_position"));
+  CHECK(blocker["started_at"].is_string());
+  CHECK_FALSE(blocker.contains("finished_at"));
+
+  h.model->open();
+  json done;
+  REQUIRE(rebound::test::eventually([&] { return (done = h.poll("low"))["status"] == "succeeded"; }));
+  CHECK(h.model->order() ==
+        std::vector<std::string>{"blocker", "urgent", "normal-1", "normal-2", "low"});
+  // Times are RFC 3339 and in order: created, started, finished.
+  const std::string created = done["created_at"], started = done["started_at"],
+                    finished = done["finished_at"];
+  CHECK(created.size() == 24);
+  CHECK(created <= started);
+  CHECK(started <= finished);
+  CHECK_FALSE(done.contains("queue_position"));
+}
+
+TEST_CASE_TEMPLATE("job api: a job not started within max_queue_seconds ends expired", Store,
+                   MemoryStore, SqliteStore) {
+  Store store;
+  CAPTURE(Store::name);
+  Harness h(one_worker(store.factory()));
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(h.submit({{"id", "impatient"},
+                    {"input", "impatient"},
+                    {"max_queue_seconds", 0.2},
+                    {"callback_url", receiver.url()}})
+              ->status == 202);
+  REQUIRE(h.submit({{"id", "patient"}, {"input", "patient"}, {"max_queue_seconds", 60}})->status ==
+          202);
+  std::this_thread::sleep_for(400ms);  // "impatient" waits past its 0.2 s behind "blocker"
+  h.model->open();
+  REQUIRE(receiver.wait_for(1));
+  const json body = json::parse(receiver.received().at(0).body);
+  CHECK(body["status"] == "expired");
+  CHECK(body["error"]["code"] == "expired");
+  const json state = h.wait_callback_final("impatient");
+  CHECK(state["status"] == "expired");
+  CHECK(state["finished_at"].is_string());
+  CHECK_FALSE(state.contains("started_at"));  // it never ran
+  json patient;
+  REQUIRE(rebound::test::eventually(
+      [&] { return (patient = h.poll("patient"))["status"] == "succeeded"; }));
+  CHECK(h.model->order() == std::vector<std::string>{"blocker", "patient"});
+}
+
+TEST_CASE("job api: bad priority - max_queue_seconds and webhook_events get 422 with the field") {
+  HarnessOptions o;
+  Harness h(o);
+  h.model->open();
+  const std::pair<const char*, json> bad[] = {
+      {"priority", 10},         {"priority", -1},           {"priority", 1.5},
+      {"priority", "high"},     {"priority", true},         {"max_queue_seconds", 0},
+      {"max_queue_seconds", -3}, {"max_queue_seconds", "60"}, {"max_queue_seconds", 1e9},
+      {"webhook_events", json::array()},
+      {"webhook_events", {"finished"}},
+      {"webhook_events", "completed"},
+      {"webhook_events", {"started", "completed", "started"}}};
+  int n = 0;
+  for (const auto& [field, value] : bad) {
+    CAPTURE(value.dump());
+    check_error(h.submit({{"id", "bad-" + std::to_string(n++)}, {field, value}}), 422,
+                "invalid_field", field);
+  }
+  // null means the default; a resubmission with another priority is another request.
+  REQUIRE(h.submit({{"id", "a"}, {"priority", nullptr}, {"max_queue_seconds", nullptr}})->status ==
+          202);
+  CHECK(h.submit({{"id", "a"}, {"priority", 5}})->status == 202);
+  check_error(h.submit({{"id", "a"}, {"priority", 4}}), 409, "id_conflict", "id");
+}
+
+TEST_CASE("job api: traceparent goes from the submission to every callback attempt") {
+  HarnessOptions o;
+  o.max_tries = 3;
+  Harness h(o);
+  h.model->open();
+  rebound::test::Receiver receiver;
+  receiver.script_statuses({503});  // a second attempt: a new span of the same trace
+  const std::string trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const std::string parent = "00-" + trace + "-00f067aa0ba902b7-01";
+  auto c = h.client();
+  const json job = {{"id", "traced"}, {"callback_url", receiver.url()}};
+  auto res = c.Post("/v1/inferences", {{"traceparent", parent}}, job.dump(), "application/json");
+  REQUIRE(res);
+  REQUIRE(res->status == 202);
+  REQUIRE(receiver.wait_for(2));
+  std::set<std::string> spans;
+  for (const auto& cb : receiver.received()) {
+    const std::string header = cb.header("traceparent");
+    CAPTURE(header);
+    REQUIRE(header.size() == 55);
+    CHECK(header.substr(0, 36) == "00-" + trace + "-");
+    CHECK(header.substr(52) == "-01");
+    CHECK(header.substr(36, 16) != "00f067aa0ba902b7");  // a new parent id: this request's span
+    spans.insert(header.substr(36, 16));
+  }
+  CHECK(spans.size() == 2);
+
+  // An invalid header is ignored: the callback carries none.
+  rebound::test::Receiver plain;
+  const json other = {{"id", "untraced"}, {"callback_url", plain.url()}};
+  for (const char* wrong : {"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "garbage"}) {
+    CAPTURE(wrong);
+    REQUIRE(c.Post("/v1/inferences", {{"traceparent", wrong}}, other.dump(), "application/json")
+                ->status == 202);
+  }
+  REQUIRE(plain.wait_for(1));
+  CHECK(plain.received().at(0).header("traceparent").empty());
+}
+
+TEST_CASE("job api: Ed25519-signed callbacks verify with the key GET /v1/webhook-keys publishes") {
+  const std::string signing_key = rebound::generate_webhook_signing_key();
+  HarnessOptions o;
+  o.signing_secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", signing_key};
+  o.api_keys = {"s3cret"};
+  Harness h(o);
+  h.model->open();
+  // Public: no API key needed.
+  auto keys = h.client().Get("/v1/webhook-keys");
+  REQUIRE(keys);
+  REQUIRE(keys->status == 200);
+  const json published = json::parse(keys->body);
+  REQUIRE(published == json({{"keys", {rebound::webhook_public_key(signing_key)}}}));
+
+  h.bearer = "s3cret";
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "signed"}, {"callback_url", receiver.url()}})->status == 202);
+  REQUIRE(receiver.wait_for(1));
+  const auto cb = receiver.received().at(0);
+  const std::string signature = cb.header("webhook-signature");
+  CHECK(signature.rfind("v1,", 0) == 0);
+  CHECK(signature.find(" v1a,") != std::string::npos);
+  const auto now = static_cast<std::int64_t>(std::time(nullptr));
+  CHECK(rebound::verify_webhook(published["keys"][0].get<std::string>(), cb.header("webhook-id"),
+                                cb.header("webhook-timestamp"), cb.body, signature, now));
+  CHECK(rebound::verify_webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", cb.header("webhook-id"),
+                                cb.header("webhook-timestamp"), cb.body, signature, now));
+  // A receiver holding another server's public key refuses it.
+  const std::string stranger = rebound::webhook_public_key(rebound::generate_webhook_signing_key());
+  CHECK_FALSE(rebound::verify_webhook(stranger, cb.header("webhook-id"),
+                                      cb.header("webhook-timestamp"), cb.body, signature, now));
+
+  // Without signing keys, the list is empty.
+  Harness plain{HarnessOptions()};
+  CHECK(json::parse(plain.client().Get("/v1/webhook-keys")->body) == json({{"keys", json::array()}}));
+}
