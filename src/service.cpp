@@ -16,6 +16,7 @@
 #include "service/admission.hpp"
 #include "service/batch_runner.hpp"
 #include "service/delivery.hpp"
+#include "service/final_waiters.hpp"
 #include "service/leases.hpp"
 #include "service/observers.hpp"
 #include "service/store_access.hpp"
@@ -58,9 +59,15 @@ struct Service::Core {
                options.lease, clock),
         delivery(*sender, store, leases, admission, observe, clock,
                  [this](std::chrono::system_clock::time_point at) { pump.wake(at); }),
-        pump(store, admission, leases, delivery, observe, clock, options.poll_interval),
+        pump(store, admission, leases, delivery, observe, clock, options.poll_interval,
+             [this](const std::string& id, const std::string& holder) {
+               // Cancelled, or claimed by another: a running inference is told to stop.
+               runner.revoke(id, holder, false);
+             }),
         runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
-               options.job_ttl, options.inference_timeout) {
+               options.job_ttl, options.inference_timeout),
+        waiters(options.max_waiting) {
+    runner.set_on_final([this](const std::string& id) { waiters.notify(id); });
     observe.log = detail::LogObserver(options.logger);
     observe.user = std::move(options.observers);
   }
@@ -77,6 +84,7 @@ struct Service::Core {
   detail::Delivery delivery;
   detail::StorePump pump;
   detail::BatchRunner runner;
+  detail::FinalWaiters waiters;
 
   // Tells the observers how a submission (or, without an id, an invocation) was answered; called
   // outside every lock.
@@ -139,6 +147,7 @@ Service::Service(boost::asio::any_io_executor inference_executor,
 }
 
 Service::~Service() {
+  core_->waiters.close();
   core_->admission.close();
   core_->store.stop();
   core_->pump.stop();
@@ -298,6 +307,31 @@ RedeliverStatus Service::redeliver(const std::string& id) {
   return RedeliverStatus::accepted;
 }
 
+CancelStatus Service::cancel(const std::string& id) {
+  const auto now = core_->clock();
+  const JobOutcome outcome{JobStatus::cancelled, nullptr,
+                           ErrorInfo{"cancelled", "The job was cancelled before it finished."}, now};
+  const CancelOutcome result = core_->store.call(
+      "cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
+  switch (result) {
+    case CancelOutcome::not_found:
+      return CancelStatus::not_found;
+    case CancelOutcome::already_finished:
+      return CancelStatus::already_finished;
+    case CancelOutcome::cancelled:
+      break;
+  }
+  // Held here: a queued job is dropped when a worker takes it, a running one is told through the
+  // model's cancellation flag. Held by another server: its next renewal is refused and it does
+  // the same (within a third of a lease).
+  if (auto holder = core_->leases.holder_of(id)) core_->runner.revoke(id, *holder, true);
+  core_->observe([&](auto& o) { o.on_cancelled(id); });
+  core_->waiters.notify(id);
+  // Its callback ("cancelled") is due now, in the store.
+  core_->pump.wake(now);
+  return CancelStatus::cancelled;
+}
+
 std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
   return core_->store.call("list_failed_callbacks", {},
                            [&](JobStore& s) { return s.list_failed_callbacks(limit); });
@@ -305,6 +339,32 @@ std::vector<JobRecord> Service::failed_callbacks(std::size_t limit) const {
 
 std::optional<JobRecord> Service::find(const std::string& id) const {
   return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+}
+
+std::optional<JobRecord> Service::wait_final(const std::string& id,
+                                            std::chrono::milliseconds timeout, bool* waited) {
+  if (waited) *waited = false;
+  std::optional<JobRecord> record = find(id);
+  if (!record || is_final(record->status) || timeout.count() <= 0) return record;
+  detail::FinalWaiters::Ticket ticket{id};
+  if (!core_->waiters.join(ticket)) return record;
+  if (waited) *waited = true;
+  struct Leave {
+    detail::FinalWaiters& w;
+    detail::FinalWaiters::Ticket& t;
+    ~Leave() { w.leave(t); }
+  } leave{core_->waiters, ticket};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Woken at once by this server's own outcomes; every second the store is asked again, for the
+  // outcomes of the other servers.
+  constexpr auto poll = std::chrono::seconds(1);
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || core_->waiters.closed()) return record;
+    core_->waiters.wait(ticket, std::min(deadline, now + poll));
+    record = find(id);
+    if (!record || is_final(record->status)) return record;
+  }
 }
 
 std::optional<std::size_t> Service::queue_position(const std::string& id) const {
@@ -333,6 +393,7 @@ const Model& Service::model() const {
 }
 
 bool Service::shutdown(std::chrono::steady_clock::duration timeout) {
+  core_->waiters.close();
   core_->admission.close();
   queue_->close();
   if (core_->admission.wait_idle(timeout)) return true;

@@ -117,8 +117,17 @@ def run(store):
         status, _, body = raw("POST", "/v1/inferences/nobody/redeliver")
         check(status == 404 and time.monotonic() - start < 1, f"{store}: body-less POST: {status} after "
               f"{time.monotonic() - start:.1f} s")
-        status, head, body = raw("DELETE", "/v1/inferences/edge")
-        check(status == 405 and "Allow: GET, HEAD" in head, f"{store}: DELETE: {status} {head!r}")
+        status, head, body = raw("PUT", "/v1/inferences/edge")
+        check(status == 405 and "Allow: GET, HEAD, DELETE" in head, f"{store}: PUT: {status} {head!r}")
+        # A cancel of a finished job, and of an id no job can have: answered at once, also with a
+        # body announced and never sent.
+        start = time.monotonic()
+        status, _, body = raw("DELETE", "/v1/inferences/edge", "Content-Length: 1000000\r\n")
+        check(time.monotonic() - start < 1, f"{store}: DELETE with a body announced took "
+              f"{time.monotonic() - start:.1f} s")
+        check(status == 409 and error_code(body) == "already_finished", f"{store}: DELETE: {status} {body!r}")
+        status, _, body = raw("DELETE", "/v1/inferences/%00%ff..%2f")
+        check(status == 404 and error_code(body) == "not_found", f"{store}: DELETE bad id: {status} {body!r}")
         status, head, body = raw("GET", "/invocations")
         check(status == 405 and "Allow: POST" in head, f"{store}: GET /invocations: {status} {head!r}")
         status, _, body = get(port, "/metrics")

@@ -46,7 +46,7 @@ def table_rows(text):
 
 # The doc, cut into route sections.
 sections = {}
-for m in re.finditer(r"^## `(GET|POST) (/[^`?]*)`[^\n]*\n(.*?)(?=^## |\Z)", doc, re.S | re.M):
+for m in re.finditer(r"^## `(GET|POST|DELETE) (/[^`?]*)`[^\n]*\n(.*?)(?=^## |\Z)", doc, re.S | re.M):
     sections[(m.group(1).lower(), m.group(2))] = m.group(3)
 every_route = doc[doc.index("## Answers every route can give"):]
 every_route = every_route[:every_route.index("\n## ", 1)]

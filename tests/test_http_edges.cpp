@@ -283,7 +283,7 @@ TEST_CASE("a known path with the wrong method gets 405 with Allow") {
   for (const Case& k : std::vector<Case>{{"GET", "/invocations", "POST"},
                                          {"DELETE", "/ping", "GET, HEAD"},
                                          {"PUT", "/v1/inferences", "GET, HEAD, POST"},
-                                         {"POST", "/v1/inferences/abc", "GET, HEAD"},
+                                         {"POST", "/v1/inferences/abc", "GET, HEAD, DELETE"},
                                          {"GET", "/v1/inferences/abc/redeliver", "POST"},
                                          {"PATCH", "/metrics", "GET, HEAD"}}) {
     CAPTURE(k.method);

@@ -17,6 +17,10 @@
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 #include "support/temp_dir.hpp"
+#ifdef REBOUND_TEST_REDIS
+#include "rebound/store/redis_job_store.hpp"
+#include "support/redis_server.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using nlohmann::json;
@@ -29,12 +33,24 @@ namespace {
 class OrderModel final : public rebound::Model {
  public:
   std::string name() const override { return "order"; }
+  // Waits until opened; an input "cooperative" also stops when its job is cancelled.
   rebound::Prediction predict(const json& input) override {
     std::unique_lock<std::mutex> lock(m_);
     order_.push_back(input.is_string() ? input.get<std::string>() : input.dump());
     cv_.notify_all();
-    cv_.wait(lock, [this] { return open_; });
+    while (!open_) {
+      if (input == "cooperative" && rebound::cancellation_requested()) {
+        ++stopped_early_;
+        cv_.notify_all();
+        return rebound::Prediction::failure("stopped", "cancelled");
+      }
+      cv_.wait_for(lock, 10ms);
+    }
     return rebound::Prediction::success(input);
+  }
+  int stopped_early() {
+    std::lock_guard<std::mutex> lock(m_);
+    return stopped_early_;
   }
   void open() {
     std::lock_guard<std::mutex> lock(m_);
@@ -54,6 +70,7 @@ class OrderModel final : public rebound::Model {
   std::mutex m_;
   std::condition_variable cv_;
   bool open_ = false;
+  int stopped_early_ = 0;
   std::vector<std::string> order_;
 };
 
@@ -78,6 +95,21 @@ struct SqliteStore {
   }
 };
 
+#ifdef REBOUND_TEST_REDIS
+struct RedisStore {
+  static constexpr const char* name = "redis";
+  rebound::test::RedisServer server;
+  std::function<std::unique_ptr<rebound::JobStore>()> factory() {
+    return [uri = server.uri()] {
+      return std::make_unique<rebound::RedisJobStore>(rebound::parse_redis_uri(uri));
+    };
+  }
+};
+#define STORES MemoryStore, SqliteStore, RedisStore
+#else
+#define STORES MemoryStore, SqliteStore
+#endif
+
 HarnessOptions one_worker(std::function<std::unique_ptr<rebound::JobStore>()> store) {
   HarnessOptions o;
   o.workers = 1;
@@ -88,7 +120,7 @@ HarnessOptions one_worker(std::function<std::unique_ptr<rebound::JobStore>()> st
 }  // namespace
 
 TEST_CASE_TEMPLATE("job api: jobs run by priority - FIFO within one - with their queue position",
-                   Store, MemoryStore, SqliteStore) {
+                   Store, STORES) {
   Store store;
   CAPTURE(Store::name);
   Harness h(one_worker(store.factory()));
@@ -130,7 +162,7 @@ TEST_CASE_TEMPLATE("job api: jobs run by priority - FIFO within one - with their
 }
 
 TEST_CASE_TEMPLATE("job api: a job not started within max_queue_seconds ends expired", Store,
-                   MemoryStore, SqliteStore) {
+                   STORES) {
   Store store;
   CAPTURE(Store::name);
   Harness h(one_worker(store.factory()));
@@ -261,4 +293,180 @@ TEST_CASE("job api: Ed25519-signed callbacks verify with the key GET /v1/webhook
   // Without signing keys, the list is empty.
   Harness plain{HarnessOptions()};
   CHECK(json::parse(plain.client().Get("/v1/webhook-keys")->body) == json({{"keys", json::array()}}));
+}
+
+TEST_CASE_TEMPLATE("job api: DELETE cancels a queued job - it never runs - and its callback says so",
+                   Store, STORES) {
+  Store store;
+  CAPTURE(Store::name);
+  Harness h(one_worker(store.factory()));
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(h.submit({{"id", "victim"}, {"input", "victim"}, {"callback_url", receiver.url()}})
+              ->status == 202);
+  auto res = h.client().Delete("/v1/inferences/victim");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  const json body = json::parse(res->body);
+  CHECK(body["id"] == "victim");
+  CHECK(body["status"] == "cancelled");
+  CHECK(body["error"]["code"] == "cancelled");
+  CHECK(body["finished_at"].is_string());
+  // Its callback: once, "cancelled", before the worker is even free.
+  REQUIRE(receiver.wait_for(1));
+  const json cb = json::parse(receiver.received().at(0).body);
+  CHECK(cb["id"] == "victim");
+  CHECK(cb["status"] == "cancelled");
+  CHECK(h.wait_callback_final("victim")["callback"]["state"] == "delivered");
+  // Twice: it is final now.
+  check_error(h.client().Delete("/v1/inferences/victim"), 409, "already_finished");
+  check_error(h.client().Delete("/v1/inferences/nobody"), 404, "not_found");
+  check_error(h.client().Delete("/v1/inferences/bad%20id"), 404, "not_found");
+
+  h.model->open();
+  REQUIRE(rebound::test::eventually([&] { return h.poll("blocker")["status"] == "succeeded"; }));
+  check_error(h.client().Delete("/v1/inferences/blocker"), 409, "already_finished");
+  std::this_thread::sleep_for(200ms);  // the worker took "victim" from the queue and dropped it
+  CHECK(h.model->order() == std::vector<std::string>{"blocker"});
+  CHECK(h.poll("victim")["status"] == "cancelled");
+  CHECK(receiver.received().size() == 1);
+  const std::string metrics = h.client().Get("/metrics")->body;
+  CHECK(metrics.find("rebound_jobs_completed_total{status=\"cancelled\"} 1") != std::string::npos);
+  CHECK(h.service->in_flight() == 0);  // the dropped job gave its slot back
+}
+
+TEST_CASE_TEMPLATE("job api: DELETE tells a running model through its cancellation flag", Store,
+                   STORES) {
+  Store store;
+  CAPTURE(Store::name);
+  Harness h(one_worker(store.factory()));
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "long"}, {"input", "cooperative"}, {"callback_url", receiver.url()}})
+              ->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(rebound::test::eventually([&] { return h.poll("long")["status"] == "running"; }));
+  auto res = h.client().Delete("/v1/inferences/long");
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(json::parse(res->body)["status"] == "cancelled");
+  // The model saw the flag and returned early; its answer was thrown away.
+  REQUIRE(rebound::test::eventually([&] { return h.model->stopped_early() == 1; }));
+  REQUIRE(receiver.wait_for(1));
+  CHECK(json::parse(receiver.received().at(0).body)["status"] == "cancelled");
+  const json state = h.wait_callback_final("long");
+  CHECK(state["status"] == "cancelled");
+  CHECK(state["error"]["code"] == "cancelled");
+  CHECK(state["started_at"].is_string());
+  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  std::this_thread::sleep_for(100ms);
+  CHECK(receiver.received().size() == 1);  // never a second, "failed" or "succeeded", callback
+  CHECK(h.client().Get("/metrics")->body.find("rebound_results_discarded_total 1") !=
+        std::string::npos);
+  // The worker is free for the next job.
+  h.model->open();
+  REQUIRE(h.submit({{"id", "next"}, {"input", "next"}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] { return h.poll("next")["status"] == "succeeded"; }));
+}
+
+TEST_CASE("job api: webhook_events - started sends a running callback - completed is the default") {
+  HarnessOptions o;
+  Harness h(o);
+  rebound::test::Receiver both, started_only, completed_only;
+  REQUIRE(h.submit({{"id", "both"},
+                    {"input", "both"},
+                    {"callback_url", both.url()},
+                    {"webhook_events", {"started", "completed"}}})
+              ->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  // While it runs: the started callback, and nothing else.
+  REQUIRE(both.wait_for(1));
+  auto first = both.received().at(0);
+  CHECK(json::parse(first.body) == json({{"id", "both"}, {"status", "running"}}));
+  CHECK(first.header("webhook-id") == "msg_both_started");
+  h.model->open();
+  REQUIRE(both.wait_for(2));
+  auto second = both.received().at(1);
+  CHECK(json::parse(second.body)["status"] == "succeeded");
+  CHECK(second.header("webhook-id") == "msg_both");
+
+  REQUIRE(h.submit({{"id", "started-only"},
+                    {"input", "s"},
+                    {"callback_url", started_only.url()},
+                    {"webhook_events", {"started"}}})
+              ->status == 202);
+  REQUIRE(h.submit({{"id", "completed-only"}, {"input", "c"}, {"callback_url", completed_only.url()}})
+              ->status == 202);
+  REQUIRE(started_only.wait_for(1));
+  REQUIRE(completed_only.wait_for(1));
+  json state;
+  REQUIRE(rebound::test::eventually(
+      [&] { return (state = h.poll("started-only"))["status"] == "succeeded"; }));
+  CHECK(state["callback"]["state"] == "none");  // nobody hears its end
+  std::this_thread::sleep_for(200ms);
+  CHECK(started_only.received().size() == 1);
+  CHECK(json::parse(started_only.received().at(0).body)["status"] == "running");
+  CHECK(completed_only.received().size() == 1);
+  CHECK(json::parse(completed_only.received().at(0).body)["status"] == "succeeded");
+}
+
+TEST_CASE("job api: Prefer wait answers 200 with the final status when it comes in time") {
+  HarnessOptions o;
+  Harness h(o);
+  auto c = h.client();
+  // Final within the wait: 200 and the status body, result inline.
+  std::thread opener([&] {
+    h.model->wait_started(1);
+    std::this_thread::sleep_for(200ms);
+    h.model->open();
+  });
+  const json job = {{"id", "quick"}, {"input", "quick"}};
+  auto res = c.Post("/v1/inferences", {{"Prefer", "respond-async, wait=10"}}, job.dump(),
+                    "application/json");
+  opener.join();
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Preference-Applied") == "wait=10");
+  const json body = json::parse(res->body);
+  CHECK(body["status"] == "succeeded");
+  CHECK(body["result"] == "quick");
+
+  // A poll with a wait, for a job already final: at once.
+  res = c.Get("/v1/inferences/quick", {{"Prefer", "wait=5"}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body)["status"] == "succeeded");
+
+  // Unknown: 404 at once.
+  check_error(c.Get("/v1/inferences/nobody", {{"Prefer", "wait=5"}}), 404, "not_found");
+  // A wait that is not a number is no preference: 202 at once.
+  res = c.Post("/v1/inferences", {{"Prefer", "wait=soon"}}, json({{"id", "plain"}}).dump(),
+               "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 202);
+  CHECK_FALSE(res->has_header("Preference-Applied"));
+}
+
+TEST_CASE("job api: Prefer wait gives up after N seconds with the usual answer") {
+  HarnessOptions o;
+  o.workers = 1;
+  Harness h(o);
+  auto c = h.client();
+  const auto started = std::chrono::steady_clock::now();
+  auto res = c.Post("/v1/inferences", {{"Prefer", "wait=1"}}, json({{"id", "slow"}}).dump(),
+                    "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 202);
+  CHECK(res->get_header_value("Preference-Applied") == "wait=1");
+  CHECK(std::chrono::steady_clock::now() - started >= 900ms);
+  // A poll that waits: the job finishes during it.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(300ms);
+    h.model->open();
+  });
+  res = c.Get("/v1/inferences/slow", {{"Prefer", "wait=10"}});
+  opener.join();
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body)["status"] == "succeeded");
 }

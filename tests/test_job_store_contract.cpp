@@ -2,6 +2,7 @@
 // file, the failing fake while it works, and Redis (a real redis-server) when it is built.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -426,4 +427,44 @@ TEST_CASE_TEMPLATE("store contract: a queued job's position counts the queued jo
   CHECK(store->queue_position("p9") == std::optional<std::size_t>(1));
   CHECK_FALSE(store->queue_position("p5-first").has_value());
   CHECK_FALSE(store->queue_position("missing").has_value());
+}
+
+TEST_CASE_TEMPLATE("store contract: cancel ends a job not final yet - once - and refuses its holder",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
+                                      rebound::ErrorInfo{"cancelled", "cancelled"}, t0 + 5s};
+  store->put(make("queued"));
+  store->put(make("held"), lease("s/1", t0 + 30s));
+  store->put(make("poll-only", 1764000000000, ""), lease("s/1", t0 + 30s));
+  store->mark_running("held", t0 + 1s);
+  CHECK(store->cancel("queued", cancelled, t0 + 5s) == rebound::CancelOutcome::cancelled);
+  CHECK(store->cancel("held", cancelled, t0 + 5s) == rebound::CancelOutcome::cancelled);
+  CHECK(store->cancel("poll-only", cancelled, t0 + 5s) == rebound::CancelOutcome::cancelled);
+  CHECK(store->cancel("held", cancelled, t0 + 6s) == rebound::CancelOutcome::already_finished);
+  CHECK(store->cancel("missing", cancelled, t0 + 6s) == rebound::CancelOutcome::not_found);
+  auto record = store->get("held");
+  CHECK(record->status == JobStatus::cancelled);
+  REQUIRE(record->outcome.error.has_value());
+  CHECK(record->outcome.error->code == "cancelled");
+  CHECK(record->outcome.finished_at == t0 + 5s);
+  CHECK(record->started_at == t0 + 1s);
+  // Its holder's acknowledgement and renewal are refused; nothing claims it as a job again.
+  CHECK_FALSE(store->finish_job("held", "s/1", succeeded, std::nullopt, t0 + 7s));
+  CHECK_FALSE(store->renew("held", lease("s/1", t0 + 60s), t0 + 7s));
+  CHECK(store->get("held")->status == JobStatus::cancelled);
+  CHECK(store->claim_jobs(10, lease("s/2", t0 + 90s), t0 + 60s).empty());
+  // The callbacks that hear the end are due at once; a poll-only job is done.
+  auto due = ids_of(store->claim_callbacks(10, lease("s/2", t0 + 90s), t0 + 5s));
+  std::sort(due.begin(), due.end());  // both due at the same time: either order
+  CHECK(due == std::vector<std::string>{"held", "queued"});
+  CHECK(store->get("poll-only")->callback.state == CallbackState::none);
+  CHECK(store->list_unfinished(10).size() == 2);  // the two callbacks are owed
+  // A finished job is not cancelled.
+  store->put(make("done"), lease("s/1", t0 + 30s));
+  REQUIRE(store->finish_job("done", "s/1", succeeded, std::nullopt, t0 + 8s));
+  CHECK(store->cancel("done", cancelled, t0 + 9s) == rebound::CancelOutcome::already_finished);
+  CHECK(store->get("done")->status == JobStatus::succeeded);
 }

@@ -92,6 +92,10 @@ class SharedStore final : public rebound::JobStore {
                   TimePoint now) override {
     return inner_->finish_job(id, holder, outcome, deliver, now);
   }
+  rebound::CancelOutcome cancel(const std::string& id, const rebound::JobOutcome& outcome,
+                                TimePoint now) override {
+    return inner_->cancel(id, outcome, now);
+  }
   std::vector<rebound::JobRecord> claim_callbacks(std::size_t max, const rebound::Lease& lease,
                                                   TimePoint now) override {
     return inner_->claim_callbacks(max, lease, now);

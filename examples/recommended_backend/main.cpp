@@ -1,6 +1,7 @@
 // The recommended shape of a model backend: loads in the background (ready() gates /ping and
 // submissions), validates input before it is queued, prefers a batch size, and does real work
-// per batch in predict_batch. Serves it with rebound until SIGINT or SIGTERM.
+// per batch in predict_batch, checking between inputs whether its jobs were cancelled. Serves it
+// with rebound until SIGINT or SIGTERM.
 // Run: rebound-recommended-backend [port]
 //      curl -d '{"text": "good service, great food"}' http://127.0.0.1:8080/invocations
 #include <atomic>
@@ -65,6 +66,12 @@ class LexiconSentimentModel final : public rebound::Model {
     std::vector<rebound::Prediction> out;
     out.reserve(inputs.size());
     for (const auto& input : inputs) {
+      // DELETE /v1/inferences/{id} on every job of this batch: their results will be thrown away,
+      // so stop spending time on them. (A long model would check this inside its loops too.)
+      if (rebound::cancellation_requested()) {
+        out.resize(inputs.size(), rebound::Prediction::failure("cancelled", "not computed"));
+        return out;
+      }
       if (auto invalid = validate(input)) {
         out.push_back(rebound::Prediction::failure(invalid->code, invalid->message));
         continue;

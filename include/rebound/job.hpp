@@ -11,8 +11,8 @@
 
 namespace rebound {
 
-/// Where a job is in its life. `succeeded`, `failed` and `expired` are final.
-enum class JobStatus { queued, running, succeeded, failed, expired };
+/// Where a job is in its life. `succeeded`, `failed`, `expired` and `cancelled` are final.
+enum class JobStatus { queued, running, succeeded, failed, expired, cancelled };
 
 /// Where the delivery of a job's result to its `callback_url` is.
 /// `none`: the job has no callback (poll only) or its result is not ready yet.
@@ -30,6 +30,8 @@ inline std::string_view to_string(JobStatus status) {
       return "failed";
     case JobStatus::expired:
       return "expired";
+    case JobStatus::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -51,7 +53,7 @@ inline std::string_view to_string(CallbackState state) {
 /// True for the statuses a job never leaves.
 inline bool is_final(JobStatus status) {
   return status == JobStatus::succeeded || status == JobStatus::failed ||
-         status == JobStatus::expired;
+         status == JobStatus::expired || status == JobStatus::cancelled;
 }
 
 /// A machine-readable code and a human sentence, for a failed job or a failed request.
@@ -88,6 +90,16 @@ struct Job {
   /// trace id with a new parent id, and its log lines name the trace.
   std::string traceparent;
 
+  /// True when the callback URL hears the job's end (the callback a JobStore keeps the delivery
+  /// state of): a URL, with `completed` among its events.
+  bool wants_completion_callback() const {
+    return !callback_url.empty() && (webhook_events & webhook_completed) != 0;
+  }
+  /// True when the callback URL hears the job start.
+  bool wants_started_callback() const {
+    return !callback_url.empty() && (webhook_events & webhook_started) != 0;
+  }
+
   /// True when `other` is the same request (used for idempotent resubmission). The trace context
   /// is not part of the request: a retry from another span is still the same job.
   bool same_request_as(const Job& other) const {
@@ -116,7 +128,7 @@ struct CallbackInfo {
 struct JobOutcome {
   JobStatus status = JobStatus::failed;
   nlohmann::json result;           ///< The model's output when `status` is `succeeded`.
-  std::optional<ErrorInfo> error;  ///< Set when `status` is `failed` or `expired`.
+  std::optional<ErrorInfo> error;  ///< Set when `status` is `failed`, `expired` or `cancelled`.
   /// When the job became final (the epoch: not recorded).
   std::chrono::system_clock::time_point finished_at{};
 };

@@ -70,6 +70,8 @@ struct Metrics {
   Counter jobs_succeeded{0};
   Counter jobs_failed{0};
   Counter jobs_expired{0};
+  Counter jobs_cancelled{0};
+  Counter results_discarded{0};
   Counter submissions_refused_queue_full{0};
   Counter submissions_refused_not_ready{0};
   Counter submissions_refused_store_unavailable{0};
@@ -122,6 +124,10 @@ struct Metrics {
             "{status=\"succeeded\"}", jobs_succeeded);
     counter("rebound_jobs_completed_total", nullptr, "{status=\"failed\"}", jobs_failed);
     counter("rebound_jobs_completed_total", nullptr, "{status=\"expired\"}", jobs_expired);
+    counter("rebound_jobs_completed_total", nullptr, "{status=\"cancelled\"}", jobs_cancelled);
+    counter("rebound_results_discarded_total",
+            "Model results thrown away: the job was cancelled, or another server took it over.", "",
+            results_discarded);
     counter("rebound_submissions_refused_total", "Submissions and invocations refused, by reason.",
             "{reason=\"queue_full\"}", submissions_refused_queue_full);
     counter("rebound_submissions_refused_total", nullptr, "{reason=\"not_ready\"}",

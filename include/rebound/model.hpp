@@ -53,11 +53,25 @@ struct BatchingPreference {
   std::chrono::microseconds max_queue_delay{0};  ///< longest wait for a batch to fill
 };
 
+/// True while the model call running on this thread serves only jobs that were cancelled
+/// (`DELETE /v1/inferences/{id}`, `Service::cancel`) or taken over by another server: their
+/// results will be discarded, so a long `predict` may poll this and return early (any
+/// Prediction; it is thrown away). For a batch, true once every job in it is cancelled; never for
+/// a batch with an invocation. False outside a model call. Cheap and thread-safe.
+///
+/// Example:
+///   for (int step = 0; step < steps; ++step) {
+///     if (rebound::cancellation_requested()) return rebound::Prediction::failure("cancelled", "");
+///     ...
+///   }
+bool cancellation_requested() noexcept;
+
 /// An inference backend. Derive from it to serve your own model.
 ///
 /// Contract:
 /// - `predict` and `predict_batch` are called from JobQueue worker threads, concurrently, up to
 ///   the worker count at once: implementations must be thread-safe (or serialise internally).
+/// - A long call may poll `rebound::cancellation_requested()` and stop early when it is true.
 /// - The model never owns its inputs: they stay owned by the caller for the duration of the call.
 ///   The returned Prediction is owned by the caller.
 /// - Bad input is reported as `Prediction::failure`, not by throwing. Anything a model does throw

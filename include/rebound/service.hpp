@@ -59,6 +59,8 @@ struct ServiceOptions {
   /// How often the store is asked for due work that this server did not schedule itself (other
   /// servers' jobs, leases that ran out). Retries this server scheduled wake it on time.
   std::chrono::milliseconds poll_interval{1000};
+  /// Callers of `wait_final` waiting at once, at most; beyond, `wait_final` answers at once.
+  std::size_t max_waiting = 1024;
   /// The name of this server in lease holders (logs, the store). Empty: host name, process id and
   /// a random suffix.
   std::string server_id;
@@ -107,6 +109,13 @@ enum class RedeliverStatus {
   shutting_down,  ///< `shutdown` has begun
 };
 
+/// What `Service::cancel` did.
+enum class CancelStatus {
+  cancelled,         ///< the job was queued or running; it is `cancelled` now
+  not_found,         ///< no job with that id
+  already_finished,  ///< the job was final already: nothing changed
+};
+
 /// The pipeline of docs/architecture.md, ready to put behind any front end (rebound::Server is
 /// one).
 ///
@@ -153,9 +162,23 @@ class Service final {
   /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
   std::optional<JobRecord> find(const std::string& id) const;
 
+  /// Waits up to `timeout` for the job to become final, and returns its record as it is then
+  /// (nullopt for an unknown id). A job this server finishes or cancels wakes the wait at once; one
+  /// finished by another server on the same store is seen within a second. `waited` (optional)
+  /// says whether it waited: not when `max_waiting` callers wait already, nor during shutdown,
+  /// which wakes every wait. Throws StoreUnavailable when the store fails.
+  std::optional<JobRecord> wait_final(const std::string& id, std::chrono::milliseconds timeout,
+                                      bool* waited = nullptr);
+
   /// How many queued jobs run before the queued job `id` (JobStore::queue_position): nullopt
   /// when it is not queued or the store cannot tell. Throws StoreUnavailable when the store fails.
   std::optional<std::size_t> queue_position(const std::string& id) const;
+
+  /// Cancels a job that is not final yet, on whichever server of the store it waits or runs: a
+  /// queued job never runs; a running one is told through `rebound::cancellation_requested()`
+  /// and its result is discarded. It ends `cancelled` (error code "cancelled"), and a callback
+  /// that hears its end says so. Throws StoreUnavailable when the store fails.
+  CancelStatus cancel(const std::string& id);
 
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
   /// the same `webhook-id`. Attempt counts keep adding up in the job's record. Throws

@@ -56,6 +56,11 @@ class ServiceObserver {
   virtual void on_expired(const JobRecord& /*record*/, std::chrono::milliseconds /*ttl*/) {}
   /// A synchronous invocation was answered.
   virtual void on_invocation(bool /*succeeded*/) {}
+  /// A job was cancelled (`Service::cancel`): it ends `cancelled`.
+  virtual void on_cancelled(const std::string& /*job_id*/) {}
+  /// A running job's result was thrown away: the job was cancelled, or its lease was lost to
+  /// another server's claim.
+  virtual void on_discarded(const std::string& /*job_id*/) {}
   /// A callback attempt ended (delivered, retry with its delay, or give_up).
   virtual void on_attempt(const std::string& /*job_id*/, const AttemptReport& /*report*/) {}
   /// A given-up callback goes back into delivery.

@@ -85,6 +85,46 @@ void send_shutting_down(httplib::Response& res) {
   send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
 }
 
+// Longest `Prefer: wait=N` honoured, in seconds.
+constexpr int max_preferred_wait = 60;
+
+// The N of a `Prefer: wait=N` preference (RFC 7240: comma-separated preferences in one or more
+// Prefer headers, names case-insensitive, an optional quoted value), capped at 60 s; nullopt when
+// there is none or it is not a number.
+std::optional<int> preferred_wait(const httplib::Request& req) {
+  const std::size_t headers = std::min<std::size_t>(req.get_header_value_count("Prefer"), 16);
+  for (std::size_t h = 0; h < headers; ++h) {
+    const std::string value = req.get_header_value("Prefer", h);
+    std::size_t pos = 0;
+    while (pos <= value.size()) {
+      std::size_t end = value.find(',', pos);
+      if (end == std::string::npos) end = value.size();
+      std::string_view pref = std::string_view(value).substr(pos, end - pos);
+      pos = end + 1;
+      pref = pref.substr(0, pref.find(';'));  // parameters of a preference mean nothing here
+      while (!pref.empty() && (pref.front() == ' ' || pref.front() == '\t')) pref.remove_prefix(1);
+      while (!pref.empty() && (pref.back() == ' ' || pref.back() == '\t')) pref.remove_suffix(1);
+      const std::size_t eq = pref.find('=');
+      if (eq == std::string_view::npos) continue;
+      std::string_view name = pref.substr(0, eq), number = pref.substr(eq + 1);
+      while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+      while (!number.empty() && number.front() == ' ') number.remove_prefix(1);
+      if (name.size() != 4 || !detail::starts_with_ignoring_case(std::string(name), "wait")) {
+        continue;
+      }
+      if (number.size() >= 2 && number.front() == '"' && number.back() == '"') {
+        number = number.substr(1, number.size() - 2);
+      }
+      if (number.empty() || number.size() > 9 ||
+          number.find_first_not_of("0123456789") != std::string_view::npos) {
+        return std::nullopt;
+      }
+      return std::min(std::stoi(std::string(number)), max_preferred_wait);
+    }
+  }
+  return std::nullopt;
+}
+
 // What a request path names. The routing table of the server: every route is here once.
 enum class Resource {
   unknown,
@@ -134,6 +174,8 @@ const char* allowed_methods(Resource resource) {
   switch (resource) {
     case Resource::inferences:
       return "GET, HEAD, POST";
+    case Resource::inference:
+      return "GET, HEAD, DELETE";
     case Resource::redeliver:
     case Resource::invocations:
       return "POST";
@@ -267,6 +309,10 @@ struct Server::Impl {
       return true;
     }
     if (req.method == "POST" && has_body_method(target.resource)) return false;
+    if (req.method == "DELETE" && target.resource == Resource::inference) {
+      cancel(target.id, res);
+      return true;
+    }
     if (!is_get || allow.find("GET") == std::string_view::npos) {
       res.set_header("Allow", std::string(allow));
       send_error(res, {405,
@@ -281,7 +327,7 @@ struct Server::Impl {
         list_failed(req, res);
         break;
       case Resource::inference:
-        poll(target.id, res);
+        poll(req, target.id, res);
         break;
       case Resource::callback_endpoints:
         list_endpoints(res);
@@ -379,6 +425,11 @@ struct Server::Impl {
       case SubmitStatus::duplicate: {
         const std::string status_url = "/v1/inferences/" + id;
         res.set_header("Location", status_url);
+        // Prefer: wait=N: the final status at once when it comes within N seconds.
+        if (const auto wait = preferred_wait(req)) {
+          std::optional<JobRecord> record = wait_final(id, *wait, res);
+          if (record && is_final(record->status)) return send_json(res, 200, to_status_json(*record));
+        }
         return send_json(res, 202,
                          {{"message", "Received"}, {"id", id}, {"status_url", status_url}});
       }
@@ -479,6 +530,23 @@ struct Server::Impl {
     }
   }
 
+  void cancel(const std::string& id, httplib::Response& res) {
+    switch (is_valid_job_id(id) ? service.cancel(id) : CancelStatus::not_found) {
+      case CancelStatus::cancelled:
+        break;
+      case CancelStatus::not_found:
+        return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
+      case CancelStatus::already_finished:
+        return send_error(res, {409,
+                                "already_finished",
+                                "The job '" + id + "' is final already and cannot be cancelled.",
+                                {}});
+    }
+    const std::optional<JobRecord> record = service.find(id);
+    if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
+    send_json(res, 200, to_status_json(*record));
+  }
+
   void list_failed(const httplib::Request& req, httplib::Response& res) {
     const std::string state = req.get_param_value("callback_state");
     if (state != "failed") {
@@ -502,9 +570,31 @@ struct Server::Impl {
     send_json(res, 200, {{"jobs", std::move(jobs)}});
   }
 
-  void poll(const std::string& id, httplib::Response& res) {
+  // Waits for the job to be final (Service::wait_final), with at most half the HTTP threads
+  // waiting at once, so that waits never take every thread (/ping must still answer). Sets
+  // Preference-Applied when it waited.
+  std::optional<JobRecord> wait_final(const std::string& id, int seconds, httplib::Response& res) {
+    const std::size_t limit = std::max<std::size_t>(1, options.http_threads / 2);
+    if (waiting.fetch_add(1) >= limit) {
+      --waiting;
+      return service.find(id);
+    }
+    struct Done {
+      std::atomic<std::size_t>& n;
+      ~Done() { --n; }
+    } done{waiting};
+    bool waited = false;
+    auto record = service.wait_final(id, std::chrono::seconds(seconds), &waited);
+    if (waited || (record && is_final(record->status))) {
+      res.set_header("Preference-Applied", "wait=" + std::to_string(seconds));
+    }
+    return record;
+  }
+
+  void poll(const httplib::Request& req, const std::string& id, httplib::Response& res) {
     std::optional<JobRecord> record;
-    if (is_valid_job_id(id)) record = service.find(id);
+    const auto wait = preferred_wait(req);
+    if (is_valid_job_id(id)) record = wait ? wait_final(id, *wait, res) : service.find(id);
     if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
     std::optional<std::size_t> position;
     if (record->status == JobStatus::queued) position = service.queue_position(id);
@@ -515,6 +605,7 @@ struct Server::Impl {
   ServerOptions options;
   detail::HttpServer http;
   std::atomic<int> bound_port{0};
+  std::atomic<std::size_t> waiting{0};  // requests in wait_final now
   std::atomic<socket_t> listen_socket{INVALID_SOCKET};
   // cpp-httplib's stop() does nothing until its accept loop has marked itself running, so a stop
   // that comes between run() and that moment would be lost and run() would never return.

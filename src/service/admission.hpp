@@ -56,6 +56,8 @@ class Admission {
     if (freed) on_slot_freed_();
   }
 
+  std::size_t capacity() const { return capacity_; }
+
   std::size_t free_slots() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return capacity_ > in_flight_ ? capacity_ - in_flight_ : 0;

@@ -12,6 +12,23 @@
 
 #include "rebound/detail/json.hpp"
 
+namespace rebound {
+namespace {
+// The cancellation flags of the batch the calling worker thread runs now, while its model call
+// lasts (rebound::cancellation_requested).
+thread_local const std::vector<std::shared_ptr<std::atomic<bool>>>* current_flags = nullptr;
+}  // namespace
+
+bool cancellation_requested() noexcept {
+  const auto* flags = current_flags;
+  if (!flags || flags->empty()) return false;
+  for (const auto& flag : *flags)
+    if (!flag->load(std::memory_order_relaxed)) return false;
+  return true;
+}
+
+}  // namespace rebound
+
 namespace rebound::detail {
 namespace {
 
@@ -50,6 +67,27 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
   }
   batch.erase(expired, batch.end());
   if (batch.empty()) return;
+  // Claims revoked while their job waited (a cancellation) end here; the others are running now.
+  std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  {
+    std::lock_guard<std::mutex> lock(runs_mutex_);
+    auto dropped =
+        std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
+          return item.reply || revoked_.erase({item.job.id, item.holder}) == 0;
+        });
+    for (auto it = dropped; it != batch.end(); ++it) {
+      leases_.unhold(it->job.id, it->holder);
+      admission_.release();
+    }
+    batch.erase(dropped, batch.end());
+    for (const auto& item : batch) {
+      if (item.reply) continue;
+      auto flag = std::make_shared<std::atomic<bool>>(false);
+      running_[item.job.id] = Running{item.holder, flag};
+      flags.push_back(std::move(flag));
+    }
+  }
+  if (batch.empty()) return;
   std::vector<nlohmann::json> inputs;
   inputs.reserve(batch.size());
   for (auto& item : batch) {
@@ -57,6 +95,7 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
       // Only the displayed status lags when this fails; the job still runs and completes.
       store_.write_or_note("mark_running", item.job.id,
                            [&](JobStore& store) { store.mark_running(item.job.id, now); });
+      delivery_.notify_started(item.job);
     }
     inputs.push_back(std::move(item.job.input));  // the record does not need it any more
   }
@@ -94,7 +133,14 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
           }
         });
   }
-  std::vector<Prediction> predictions = predict(inputs);
+  std::vector<Prediction> predictions;
+  {
+    // An invocation in the batch is never cancelled: the flag stays down for a mixed batch.
+    const bool has_invocation = flags.size() < items->size();
+    current_flags = has_invocation ? nullptr : &flags;
+    predictions = predict(inputs);
+    current_flags = nullptr;
+  }
   const double inference_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (settled->exchange(true)) {
@@ -106,6 +152,25 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
   for (std::size_t i = 0; i < items->size(); ++i) {
     settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0);
   }
+}
+
+void BatchRunner::revoke(const std::string& id, const std::string& holder, bool queued_too) {
+  std::lock_guard<std::mutex> lock(runs_mutex_);
+  auto it = running_.find(id);
+  if (it != running_.end() && it->second.holder == holder) {
+    it->second.cancelled->store(true);
+  } else if (queued_too) {
+    revoked_.insert({id, holder});
+  }
+}
+
+bool BatchRunner::end_run(const Service::WorkItem& item) {
+  std::lock_guard<std::mutex> lock(runs_mutex_);
+  auto it = running_.find(item.job.id);
+  if (it == running_.end() || it->second.holder != item.holder) return true;
+  const bool revoked = it->second.cancelled->load();
+  running_.erase(it);
+  return !revoked;
 }
 
 BatchStats BatchRunner::stats() const {
@@ -161,6 +226,13 @@ void BatchRunner::settle(Service::WorkItem& item, Prediction& prediction, std::s
     admission_.release();
     return;
   }
+  if (!end_run(item)) {
+    // Cancelled, or taken over by another claim: the store has its outcome already.
+    observe_([&](auto& o) { o.on_discarded(item.job.id); });
+    leases_.unhold(item.job.id, item.holder);
+    admission_.release();
+    return;
+  }
   JobRecord record;
   record.job = std::move(item.job);
   if (prediction.ok()) {
@@ -176,7 +248,7 @@ void BatchRunner::settle(Service::WorkItem& item, Prediction& prediction, std::s
 void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
   auto kept = std::make_shared<JobRecord>(record);
   std::optional<Lease> deliver;
-  if (!record.job.callback_url.empty()) deliver = leases_.from_now(leases_.next_holder());
+  if (record.job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
   store_.write_until_stored(
       owner(), "finish_job", record.job.id,
       [this, kept, holder, deliver](JobStore& s) {
@@ -190,6 +262,7 @@ void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
           admission_.release();
           return;
         }
+        if (on_final_) on_final_(kept->job.id);
         if (!deliver) {
           admission_.release();
           return;

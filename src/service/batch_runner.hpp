@@ -3,12 +3,17 @@
 // and its callback handed to delivery; each invocation is answered.
 #pragma once
 
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -40,11 +45,22 @@ class BatchRunner {
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 
+  /// Hears each job whose outcome this runner got acknowledged (it is final in the store).
+  void set_on_final(std::function<void(const std::string&)> on_final) {
+    on_final_ = std::move(on_final);
+  }
+
   /// The worker step for one batch.
   void run(std::vector<Service::WorkItem> batch);
 
   /// batches, items and the largest batch so far (`resumed` is the pump's).
   BatchStats stats() const;
+
+  /// `holder`'s run of `id` is over (the job was cancelled, or its lease was lost to another
+  /// claim): a running job's cancellation flag is set (rebound::cancellation_requested) and its
+  /// result discarded. With `queued_too`, a job still waiting in the queue is dropped when a
+  /// worker takes it, without running.
+  void revoke(const std::string& id, const std::string& holder, bool queued_too);
 
  private:
   // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
@@ -77,8 +93,21 @@ class BatchRunner {
     return keep;
   }
   std::weak_ptr<const void> owner_;
+  std::function<void(const std::string&)> on_final_;
   mutable std::mutex stats_mutex_;
   BatchStats stats_;
+
+  // The jobs running now (id -> their claim and cancellation flag), and the claims revoked while
+  // their job waited in the queue (bounded by the queue: each is dropped when its job is taken).
+  struct Running {
+    std::string holder;
+    std::shared_ptr<std::atomic<bool>> cancelled;
+  };
+  std::mutex runs_mutex_;
+  std::unordered_map<std::string, Running> running_;
+  std::set<std::pair<std::string, std::string>> revoked_;  // (id, holder)
+  // Ends an item's run: false when it was revoked (its result is to be discarded).
+  bool end_run(const Service::WorkItem& item);
 };
 
 }  // namespace rebound::detail

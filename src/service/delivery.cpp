@@ -47,6 +47,23 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
                   });
 }
 
+void Delivery::notify_started(const Job& job) {
+  if (!job.wants_started_callback()) return;
+  if (started_in_flight_.fetch_add(1) >= admission_.capacity()) {
+    --started_in_flight_;
+    ++started_skipped_;
+    return;
+  }
+  nlohmann::json body = {{"id", job.id}, {"status", "running"}};
+  CallbackMessage message{job.id, job.callback_url, dump_json(body), "msg_" + job.id + "_started",
+                          0};
+  if (is_valid_traceparent(job.traceparent)) {
+    message.extra_headers.emplace_back("traceparent", child_traceparent(job.traceparent));
+  }
+  sender_.deliver(std::move(message), nullptr,
+                  [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
+}
+
 void Delivery::attempted(const std::string& id, const std::string& holder,
                          const CallbackInfo& before, const AttemptReport& report) {
   CallbackInfo after = before;

@@ -2,7 +2,9 @@
 // store (`next_attempt_at`), so a waiting retry costs no memory and no slot.
 #pragma once
 
+#include <atomic>
 #include <cassert>
+#include <cstdint>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -37,6 +39,14 @@ class Delivery {
   /// Sends the next attempt of a pending callback that `holder` has claimed.
   void attempt(const JobRecord& record, std::string holder);
 
+  /// Tells the callback URL that `job` started running (`webhook_events` with "started"), when it
+  /// asked to. Best effort: retried by the sender's policy in memory (not in the store, so a
+  /// crash loses it), at most `admission`'s capacity at once; beyond that it is skipped.
+  void notify_started(const Job& job);
+
+  /// "started" notifications skipped because too many were in flight.
+  std::uint64_t started_skipped() const { return started_skipped_.load(); }
+
  private:
   // What follows an attempt: its record in the store (pending with the next time, delivered or
   // failed) and the observers.
@@ -57,6 +67,8 @@ class Delivery {
     return keep;
   }
   std::weak_ptr<const void> owner_;
+  std::atomic<std::size_t> started_in_flight_{0};
+  std::atomic<std::uint64_t> started_skipped_{0};
 };
 
 }  // namespace rebound::detail

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -56,9 +57,18 @@ class Leases {
     store.write_or_note(during, id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
   }
 
-  /// Extends the leases on the jobs held (every third of a lease, on the pump thread).
-  void renew_held(StoreAccess& store) {
-    std::vector<std::pair<std::string, std::string>> jobs;
+  /// The holder of this server's claim on `id`, if it holds one.
+  std::optional<std::string> holder_of(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = held_.find(id);
+    if (it == held_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  /// Extends the leases on the jobs held (every third of a lease, on the pump thread). Returns
+  /// the (id, holder) claims whose renewal the store refused: cancelled, or taken by another.
+  std::vector<std::pair<std::string, std::string>> renew_held(StoreAccess& store) {
+    std::vector<std::pair<std::string, std::string>> jobs, lost;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       jobs.assign(held_.begin(), held_.end());
@@ -67,9 +77,13 @@ class Leases {
     for (const auto& job : jobs) {
       const std::string& id = job.first;  // not a structured binding: lambdas capture it (C++17)
       const std::string& holder = job.second;
-      store.write_or_note("renew", id,
-                          [&](JobStore& s) { s.renew(id, {holder, at + duration_}, at); });
+      bool renewed = true;
+      store.write_or_note("renew", id, [&](JobStore& s) {
+        renewed = s.renew(id, {holder, at + duration_}, at);
+      });
+      if (!renewed) lost.push_back(job);
     }
+    return lost;
   }
 
  private:

@@ -53,6 +53,8 @@ class MetricsObserver final : public ServiceObserver {
     ++(record.status == JobStatus::succeeded ? m_.jobs_succeeded : m_.jobs_failed);
   }
   void on_expired(const JobRecord&, std::chrono::milliseconds) override { ++m_.jobs_expired; }
+  void on_cancelled(const std::string&) override { ++m_.jobs_cancelled; }
+  void on_discarded(const std::string&) override { ++m_.results_discarded; }
   void on_invocation(bool succeeded) override {
     ++(succeeded ? m_.invocations_succeeded : m_.invocations_failed);
   }
@@ -113,6 +115,12 @@ class LogObserver final : public ServiceObserver {
   // The submission's trace, so that a log search finds the job from the caller's trace.
   static void add_trace(nlohmann::json& fields, const Job& job) {
     if (is_valid_traceparent(job.traceparent)) fields["trace_id"] = trace_id_of(job.traceparent);
+  }
+  void on_cancelled(const std::string& id) override {
+    log_.job(LogLevel::info, "job_cancelled", id);
+  }
+  void on_discarded(const std::string& id) override {
+    log_.job(LogLevel::info, "result_discarded", id);
   }
   void on_attempt(const std::string& id, const AttemptReport& report) override {
     switch (report.verdict) {

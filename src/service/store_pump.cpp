@@ -47,7 +47,8 @@ void StorePump::run() {
     const bool due_now = std::chrono::steady_clock::now() >= due_;  // read under the lock
     lock.unlock();
     if (std::chrono::steady_clock::now() >= next_renewal) {
-      leases_.renew_held(store_);
+      for (const auto& [id, holder] : leases_.renew_held(store_))
+        on_lost_(id, holder);
       next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
     }
     if (due_now) pump();

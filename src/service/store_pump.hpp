@@ -36,10 +36,13 @@ class StorePump {
   using TimePoint = std::chrono::system_clock::time_point;
   using Queue = BasicJobQueue<Service::WorkItem>;
 
+  /// `on_lost(id, holder)` hears of each claim whose renewal the store refused.
   StorePump(StoreAccess& store, Admission& admission, Leases& leases, Delivery& delivery,
-            Observers& observe, Clock clock, std::chrono::milliseconds poll_interval)
+            Observers& observe, Clock clock, std::chrono::milliseconds poll_interval,
+            std::function<void(const std::string&, const std::string&)> on_lost)
       : store_(store), admission_(admission), leases_(leases), delivery_(delivery),
-        observe_(observe), clock_(std::move(clock)), poll_interval_(poll_interval) {}
+        observe_(observe), clock_(std::move(clock)), poll_interval_(poll_interval),
+        on_lost_(std::move(on_lost)) {}
   ~StorePump() { stop(); }
 
   /// Claims what the store holds (from an earlier run, or from servers gone) once, on the
@@ -73,6 +76,7 @@ class StorePump {
   Observers& observe_;
   const Clock clock_;
   const std::chrono::milliseconds poll_interval_;
+  const std::function<void(const std::string&, const std::string&)> on_lost_;
   Queue* queue_ = nullptr;
   std::atomic<std::uint64_t> resumed_{0};
   bool starting_ = true;  // during the first claims, before the thread starts

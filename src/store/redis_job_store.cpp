@@ -46,9 +46,15 @@ local QUEUED = P .. ':queued'
 local BAND = 4398046511104
 local function job_score(priority, ms) return string.format('%.0f', tonumber(priority) * BAND + tonumber(ms)) end
 local function job_priority(key) return tonumber(redis.call('HGET', key, 'priority') or '5') end
+-- True when the job's end is called back: a URL, and `completed` (2) among its events (1..3).
+local function wants_callback(key)
+  local f = redis.call('HMGET', key, 'url', 'events')
+  return f[1] ~= nil and f[1] ~= false and f[1] ~= '' and tonumber(f[2] or '2') % 4 >= 2
+end
 local function job_key(id) return P .. ':job:' .. id end
 local function is_final(status)
-  return status == 'succeeded' or status == 'failed' or status == 'expired'
+  return status == 'succeeded' or status == 'failed' or status == 'expired' or
+         status == 'cancelled'
 end
 -- The lease on a job (before its outcome) or on its callback (after): held by `holder`, live.
 local function holds(key, holder, now)
@@ -204,7 +210,7 @@ write_outcome(key, 5)
 redis.call('HSET', key, 'ended', ARGV[13])
 redis.call('ZREM', JOBS_DUE, id)
 redis.call('ZREM', QUEUED, id)
-if redis.call('HGET', key, 'url') == '' then
+if not wants_callback(key) then
   redis.call('HSET', key, 'holder', '', 'until', '0')
   finish(key, id, ARGV[4], ARGV[12])
   return 1
@@ -218,6 +224,28 @@ else
   redis.call('HSET', key, 'holder', '', 'until', '0')
   redis.call('ZADD', CB_DUE, ARGV[4], id)
 end
+return 1
+)lua";
+
+// cancel: ARGV id, now, retention, then the outcome (5 fields), then when it finished.
+// 0: not found; 1: cancelled; 2: already final.
+constexpr const char* kCancel = R"lua(
+local id = ARGV[2]
+local key = job_key(id)
+local status = redis.call('HGET', key, 'status')
+if not status then return 0 end
+if is_final(status) then return 2 end
+write_outcome(key, 5)
+redis.call('HSET', key, 'ended', ARGV[10], 'holder', '', 'until', '0')
+redis.call('ZREM', JOBS_DUE, id)
+redis.call('ZREM', QUEUED, id)
+if not wants_callback(key) then
+  finish(key, id, ARGV[3], ARGV[4])
+  return 1
+end
+redis.call('HSET', key, 'cb_state', 'pending', 'cb_next', ARGV[3], 'cb_da', '0',
+           'cb_started', ARGV[3], 'cb_prev', '0')
+redis.call('ZADD', CB_DUE, ARGV[3], id)
 return 1
 )lua";
 
@@ -254,8 +282,10 @@ write_outcome(key, 5)
 redis.call('HSET', key, 'holder', '', 'until', '0', 'ended', ARGV[10])
 redis.call('ZREM', JOBS_DUE, id)
 redis.call('ZREM', QUEUED, id)
-local f = redis.call('HMGET', key, 'url', 'cb_state')
-if f[1] == '' or f[2] == 'delivered' or f[2] == 'failed' then finish(key, id, ARGV[3], ARGV[4]) end
+local state = redis.call('HGET', key, 'cb_state')
+if not wants_callback(key) or state == 'delivered' or state == 'failed' then
+  finish(key, id, ARGV[3], ARGV[4])
+end
 return 1
 )lua";
 
@@ -305,12 +335,13 @@ enum Script : std::size_t {
   kScriptUpdateCallback,
   kScriptList,
   kScriptQueuePosition,
+  kScriptCancel,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
     kPut,      kClaim,    kRenew,    kMarkRunning,    kFinish,
-    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList, kQueuePosition};
+    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList, kQueuePosition, kCancel};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -361,6 +392,8 @@ const char* to_text(JobStatus s) {
       return "failed";
     case JobStatus::expired:
       return "expired";
+    case JobStatus::cancelled:
+      return "cancelled";
   }
   return "failed";
 }
@@ -370,6 +403,7 @@ JobStatus status_from(std::string_view s) {
   if (s == "running") return JobStatus::running;
   if (s == "succeeded") return JobStatus::succeeded;
   if (s == "expired") return JobStatus::expired;
+  if (s == "cancelled") return JobStatus::cancelled;
   return JobStatus::failed;
 }
 
@@ -961,6 +995,22 @@ bool RedisJobStore::record_attempt(const std::string& id, const std::string& hol
   append_callback(args, after);
   Reply r = impl_->script(kScriptRecordAttempt, std::move(args));
   return r->integer == 1;
+}
+
+CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& outcome,
+                                    TimePoint now) {
+  std::vector<std::string> args{id, ms_text(now), impl_->retention_ms()};
+  append_outcome(args, outcome);
+  args.push_back(ms_text(outcome.finished_at));
+  Reply r = impl_->script(kScriptCancel, std::move(args));
+  switch (r->integer) {
+    case 1:
+      return CancelOutcome::cancelled;
+    case 2:
+      return CancelOutcome::already_finished;
+    default:
+      return CancelOutcome::not_found;
+  }
 }
 
 RedeliverOutcome RedisJobStore::redeliver(const std::string& id, const Lease& claim,

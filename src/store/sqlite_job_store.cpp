@@ -76,6 +76,10 @@ CREATE INDEX jobs_queued ON jobs (priority, created_at_ms, id) WHERE status = 0;
 PRAGMA user_version = 3;
 )sql";
 
+// True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
+// or `completed` (bit 2) not among its webhook events.
+#define NO_CALLBACK "(callback_url = '' OR (webhook_events & 2) = 0)"
+
 // Leases live in this process (the file is opened exclusively), so at open nothing holds any
 // work: what a crashed process held is due again at once, and retries keep their schedule.
 constexpr const char* release_leases = R"sql(
@@ -246,7 +250,8 @@ struct SqliteJobStore::Impl {
   std::thread writer;
 
   template <typename T>
-  T write_and_wait(std::function<T()> apply, std::function<void(T&)> committed, bool ahead = false);
+  T write_and_wait(std::function<T()> apply, std::function<void(T&)> committed, bool ahead = false,
+                   std::function<void()> first = {});
   std::vector<std::string> due_ids(Statement& select,
                                    const std::unordered_map<std::string, Lease>& leases,
                                    std::size_t max, TimePoint now);
@@ -313,24 +318,25 @@ struct SqliteJobStore::Impl {
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
           "ended_at_ms = :end, job_due_ms = NULL, "
-          "finished_at_ms = CASE WHEN :s >= 2 AND (callback_url = '' OR cb_state >= 2) "
+          "finished_at_ms = CASE WHEN :s >= 2 AND (" NO_CALLBACK " OR cb_state >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
       // The acknowledgement of a job: its outcome, and its callback pending (due at :due).
       finish = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
           "ended_at_ms = :end, job_due_ms = NULL, "
-          "cb_state = CASE WHEN callback_url = '' THEN cb_state ELSE 1 END, "
+          "cb_state = CASE WHEN " NO_CALLBACK " THEN cb_state ELSE 1 END, "
           "cb_next_at_ms = :now, cb_delivery_attempts = 0, cb_delivery_started_ms = :now, "
           "cb_previous_delay_ms = 0, "
-          "cb_due_ms = CASE WHEN callback_url = '' THEN NULL ELSE :due END, "
-          "finished_at_ms = CASE WHEN callback_url = '' THEN :now ELSE NULL END WHERE id = :id");
+          "cb_due_ms = CASE WHEN " NO_CALLBACK " THEN NULL ELSE :due END, "
+          "finished_at_ms = CASE WHEN " NO_CALLBACK " THEN :now ELSE NULL END "
+          "WHERE id = :id AND status < 2");
       set_callback = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, "
           "cb_next_at_ms = :cn, cb_delivery_attempts = :cd, cb_delivery_started_ms = :cds, "
           "cb_previous_delay_ms = :cp, cb_due_ms = :due, "
-          "finished_at_ms = CASE WHEN status >= 2 AND (callback_url = '' OR :cs >= 2) "
+          "finished_at_ms = CASE WHEN status >= 2 AND (" NO_CALLBACK " OR :cs >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
       set_job_due = std::make_unique<Statement>(
           db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
@@ -610,16 +616,25 @@ SqliteJobStore::~SqliteJobStore() {
 // after the commit, before the answer is returned. Throws StoreUnavailable when it fails.
 template <typename T>
 T SqliteJobStore::Impl::write_and_wait(std::function<T()> apply, std::function<void(T&)> committed,
-                                       bool ahead) {
+                                       bool ahead, std::function<void()> first) {
   auto out = std::make_shared<T>();
   auto done = std::make_shared<std::promise<T>>();
   auto result = done->get_future();
-  enqueue(Write{[apply = std::move(apply), out] { *out = apply(); },
-                [committed = std::move(committed), done, out] {
-                  if (committed) committed(*out);
-                  done->set_value(std::move(*out));
-                },
-                [done](std::exception_ptr e) { done->set_exception(e); }, true, ahead});
+  Write write{[apply = std::move(apply), out] { *out = apply(); },
+              [committed = std::move(committed), done, out] {
+                if (committed) committed(*out);
+                done->set_value(std::move(*out));
+              },
+              [done](std::exception_ptr e) { done->set_exception(e); }, true, ahead};
+  if (first) {
+    // `first` changes the leases, and the write is queued under the same lock: a lease check
+    // made after it sees its change, and its write comes after any write queued before.
+    std::lock_guard<std::mutex> lock(lease_mutex);
+    first();
+    enqueue(std::move(write));
+  } else {
+    enqueue(std::move(write));
+  }
   return result.get();
 }
 
@@ -859,14 +874,13 @@ void SqliteJobStore::mark_running(const std::string& id, TimePoint now) {
 bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder,
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                 TimePoint now) {
-  {
-    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-    if (!impl_->release(impl_->job_leases, id, holder, now)) return false;
-    if (deliver) impl_->callback_leases[id] = *deliver;
-  }
   Impl* impl = impl_.get();
   std::string result =
       outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
+  // Queued under the lease lock, so that a cancellation (which takes the lease under the same
+  // lock) is either refused this acknowledgement or queued after its write.
+  std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+  if (!impl_->release(impl_->job_leases, id, holder, now)) return false;
   impl_->enqueue({[impl, id, outcome, result = std::move(result),
                    due = to_ms(deliver ? deliver->until : now), at = to_ms(now)] {
                     Statement& s = *impl->finish;
@@ -879,6 +893,7 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
                   },
                   {},
                   {}});
+  if (deliver) impl_->callback_leases[id] = *deliver;
   return true;
 }
 
@@ -890,6 +905,33 @@ bool SqliteJobStore::record_attempt(const std::string& id, const std::string& ho
   }
   impl_->write_callback(id, after);
   return true;
+}
+
+CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& outcome,
+                                     TimePoint now) {
+  Impl* impl = impl_.get();
+  std::string result =
+      outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
+  return impl_->write_and_wait<CancelOutcome>(
+      [impl, id, outcome, result = std::move(result), at = to_ms(now)] {
+        Statement& s = *impl->finish;  // only a job not final yet; its callback due at once
+        Impl::bind_outcome(s, outcome, result);
+        s.bind(s.param(":now"), at);
+        s.bind(s.param(":due"), at);
+        s.bind(s.param(":id"), id);
+        s.step();
+        s.reset();
+        if (sqlite3_changes(impl->db) == 1) return CancelOutcome::cancelled;
+        Statement& q = *impl->select_one;
+        q.bind(1, id);
+        const bool found = q.step();
+        q.reset();
+        return found ? CancelOutcome::already_finished : CancelOutcome::not_found;
+      },
+      {}, false,
+      // Whoever holds the job loses it now: its acknowledgement is refused from here on, and an
+      // acknowledgement made before is queued before this write (the job is final then).
+      [impl, id] { impl->job_leases.erase(id); });
 }
 
 RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& claim,

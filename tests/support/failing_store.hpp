@@ -55,6 +55,9 @@ class FailingStore final : public JobStore {
                       TimePoint now) override {
     return check(), inner_.record_attempt(id, holder, after, now);
   }
+  CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override {
+    return check(), inner_.cancel(id, outcome, now);
+  }
   RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override {
     return check(), inner_.redeliver(id, claim, now);
   }

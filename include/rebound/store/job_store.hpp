@@ -37,6 +37,13 @@ struct Lease {
   std::chrono::system_clock::time_point until;
 };
 
+/// What `JobStore::cancel` did.
+enum class CancelOutcome {
+  cancelled,         ///< the job was queued or running; it is final now, as given
+  not_found,         ///< no job with that id
+  already_finished,  ///< it was final already: nothing was written
+};
+
 /// What `JobStore::redeliver` did.
 enum class RedeliverOutcome {
   redelivered,  ///< the callback was `failed`; it is pending again, claimed by the given lease
@@ -106,6 +113,13 @@ class JobStore {
   virtual bool finish_job(const std::string& id, const std::string& holder,
                           const JobOutcome& outcome, const std::optional<Lease>& deliver,
                           TimePoint now) = 0;
+
+  /// Ends a job that is not final yet with `outcome` (status `cancelled`), whoever holds it:
+  /// its lease ends (a late acknowledgement from its holder is refused), and a job whose callback
+  /// hears its end gets that callback pending, due at once. Atomic: of a cancellation and an
+  /// acknowledgement at once, one wins.
+  virtual CancelOutcome cancel(const std::string& id, const JobOutcome& outcome,
+                               TimePoint now) = 0;
 
   /// Leases up to `max` pending callbacks whose `next_attempt_at` has come and that nobody holds,
   /// earliest due first.

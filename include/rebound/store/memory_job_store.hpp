@@ -144,9 +144,20 @@ class MemoryJobStore final : public JobStore {
       return false;
     }
     record_outcome(it, outcome, result_bytes);
-    if (!it->second.record.job.callback_url.empty()) start_delivery(it, deliver, now);
+    if (it->second.record.job.wants_completion_callback()) start_delivery(it, deliver, now);
     changed(it);
     return true;
+  }
+
+  CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return CancelOutcome::not_found;
+    if (is_final(it->second.record.status)) return CancelOutcome::already_finished;
+    record_outcome(it, outcome, 0);
+    if (it->second.record.job.wants_completion_callback()) start_delivery(it, std::nullopt, now);
+    changed(it);
+    return CancelOutcome::cancelled;
   }
 
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
@@ -350,7 +361,7 @@ class MemoryJobStore final : public JobStore {
 
   static bool is_finished(const JobRecord& record) {
     if (!is_final(record.status)) return false;
-    if (record.job.callback_url.empty()) return true;
+    if (!record.job.wants_completion_callback()) return true;
     return record.callback.state == CallbackState::delivered ||
            record.callback.state == CallbackState::failed;
   }

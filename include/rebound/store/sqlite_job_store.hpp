@@ -65,6 +65,7 @@ class SqliteJobStore final : public JobStore {
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
                       TimePoint now) override;
   RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override;
+  CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override;
   void complete(const std::string& id, const JobOutcome& outcome) override;
   void update_callback(const std::string& id, const CallbackInfo& callback) override;
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
