@@ -61,8 +61,9 @@ struct Service::Core {
                  [this](std::chrono::system_clock::time_point at) { pump.wake(at); }),
         pump(store, admission, leases, delivery, observe, clock, options.poll_interval,
              [this](const std::string& id, const std::string& holder) {
-               // Cancelled, or claimed by another: a running inference is told to stop.
-               runner.revoke(id, holder, false);
+               // Cancelled, or claimed by another: a waiting job is not run, a running one is
+               // told to stop.
+               runner.revoke(id, holder, true);
              }),
         runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
                options.job_ttl, options.inference_timeout),
@@ -324,7 +325,7 @@ CancelStatus Service::cancel(const std::string& id) {
   // Held here: a queued job is dropped when a worker takes it, a running one is told through the
   // model's cancellation flag. Held by another server: its next renewal is refused and it does
   // the same (within a third of a lease).
-  if (auto holder = core_->leases.holder_of(id)) core_->runner.revoke(id, *holder, true);
+  if (auto holder = core_->leases.job_holder_of(id)) core_->runner.revoke(id, *holder, true);
   core_->observe([&](auto& o) { o.on_cancelled(id); });
   core_->waiters.notify(id);
   // Its callback ("cancelled") is due now, in the store.

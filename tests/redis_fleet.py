@@ -5,6 +5,9 @@
   take its work when its lease runs out (repeated ROUNDS times, a different server each time);
 - any server answers poll, idempotent resubmission (202 again, 409 for another request), the
   dead-letter listing and redelivery, for a job another server accepted;
+- any server cancels a job another server holds in its queue: it ends cancelled everywhere, is
+  never run, and its callback says "cancelled", once; a job of priority 0 overtakes a backlog of
+  priority 9 submitted before it to the same server;
 - Redis killed mid-load (appendonly yes, appendfsync always) and started again: submissions get
   503 while it is away, and no job answered 202 is lost.
 
@@ -52,6 +55,7 @@ class Receiver(http.server.ThreadingHTTPServer):
     def __init__(self):
         self.lock = threading.Lock()
         self.ids = []
+        self.statuses = {}  # id -> the statuses of its callbacks, in order
         self.failing = True  # what /fail answers: 500 until a test lets it through
         super().__init__(("127.0.0.1", 0), ReceiverHandler)
 
@@ -73,9 +77,11 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
             status = 500
         else:
             try:
-                job_id = json.loads(body)["id"]
+                doc = json.loads(body)
+                job_id = doc["id"]
                 with self.server.lock:
                     self.server.ids.append(job_id)
+                    self.server.statuses.setdefault(job_id, []).append(doc.get("status"))
             except ValueError:
                 status = 400
         self.send_response(status)
@@ -286,6 +292,46 @@ with tempfile.TemporaryDirectory() as folder:
     if wait_delivered(receiver, {"dead-1"}, 20):
         fail("the redelivered callback did not arrive")
     print("dead letter listed and redelivered through other servers: ok")
+
+    # Cancel through another server, and priority: a backlog of priority 9 on server a (4 workers,
+    # 10 ms a job: over a second of work), then an urgent job, then a victim at the very end.
+    backlog = [f"backlog-{i}" for i in range(600)]
+    for job_id in backlog:
+        status, body = a.request("POST", "/v1/inferences",
+                                 {"id": job_id, "callback_url": results_url, "priority": 9})
+        if status != 202:
+            fail(f"backlog submission: {status} {body}")
+    status, body = a.request("POST", "/v1/inferences",
+                             {"id": "urgent-1", "callback_url": results_url, "priority": 0})
+    if status != 202:
+        fail(f"urgent submission: {status} {body}")
+    status, body = a.request("POST", "/v1/inferences",
+                             {"id": "victim-1", "callback_url": results_url, "priority": 9})
+    if status != 202:
+        fail(f"victim submission: {status} {body}")
+    status, body = b.request("GET", "/v1/inferences/victim-1")
+    if status != 200 or body["status"] != "queued" or body.get("queue_position", 0) < 1:
+        fail(f"the victim's position through another server: {status} {body}")
+    status, body = b.request("DELETE", "/v1/inferences/victim-1")
+    if status != 200 or body["status"] != "cancelled":
+        fail(f"cancel through another server: {status} {body}")
+    status, body = c.request("DELETE", "/v1/inferences/victim-1")
+    if status != 409 or body["error"]["code"] != "already_finished":
+        fail(f"a second cancel through a third server: {status} {body}")
+    if wait_delivered(receiver, set(backlog) | {"urgent-1", "victim-1"}, 60):
+        fail("the backlog, the urgent job or the victim was not called back")
+    time.sleep(LEASE_S)  # anything that would still come (a run of the victim) comes by now
+    with receiver.lock:
+        victim_statuses = receiver.statuses.get("victim-1")
+        order = list(receiver.ids)
+    if victim_statuses != ["cancelled"]:
+        fail(f"the cancelled job's callbacks: {victim_statuses}")
+    status, body = c.request("GET", "/v1/inferences/victim-1")
+    if status != 200 or body["status"] != "cancelled" or body["callback"]["state"] != "delivered":
+        fail(f"the cancelled job through a third server: {status} {body}")
+    if order.index("urgent-1") > order.index(backlog[-1]):
+        fail("the urgent job did not overtake the backlog")
+    print("cancel through another server, and priority over a backlog: ok")
 
     # 3. Redis killed mid-load and started again.
     ping_while_away = []

@@ -69,16 +69,16 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
   if (batch.empty()) return;
   // Claims revoked while their job waited (a cancellation) end here; the others are running now.
   std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  std::size_t dropped_count = 0;
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
     auto dropped =
         std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
           return item.reply || revoked_.erase({item.job.id, item.holder}) == 0;
         });
-    for (auto it = dropped; it != batch.end(); ++it) {
+    for (auto it = dropped; it != batch.end(); ++it)
       leases_.unhold(it->job.id, it->holder);
-      admission_.release();
-    }
+    dropped_count = static_cast<std::size_t>(batch.end() - dropped);
     batch.erase(dropped, batch.end());
     for (const auto& item : batch) {
       if (item.reply) continue;
@@ -87,6 +87,7 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
       flags.push_back(std::move(flag));
     }
   }
+  admission_.release(dropped_count);  // outside the lock: it may wake the pump
   if (batch.empty()) return;
   std::vector<nlohmann::json> inputs;
   inputs.reserve(batch.size());
@@ -159,8 +160,15 @@ void BatchRunner::revoke(const std::string& id, const std::string& holder, bool 
   auto it = running_.find(id);
   if (it != running_.end() && it->second.holder == holder) {
     it->second.cancelled->store(true);
-  } else if (queued_too) {
+  } else if (queued_too && leases_.job_holder_of(id) == holder) {
+    // Still held, so still waiting in the queue: a worker drops it when it takes it. (Entries of
+    // jobs that ended meanwhile are swept once there are more than the queue can hold.)
     revoked_.insert({id, holder});
+    if (revoked_.size() > admission_.capacity()) {
+      for (auto r = revoked_.begin(); r != revoked_.end();) {
+        r = leases_.job_holder_of(r->first) == r->second ? std::next(r) : revoked_.erase(r);
+      }
+    }
   }
 }
 

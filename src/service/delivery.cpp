@@ -39,7 +39,7 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
   }
   // Renewed while it lasts: an attempt may wait in the transport (behind a receiver's other
   // requests, or its open circuit) for longer than a lease.
-  leases_.hold(id, holder);
+  leases_.hold(id, holder, false);
   sender_.attempt(std::move(message), state,
                   [this, keep = owner(), id, before,
                    holder = std::move(holder)](const AttemptReport& report) {

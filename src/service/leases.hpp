@@ -35,17 +35,18 @@ class Leases {
 
   std::chrono::milliseconds duration() const { return duration_; }
 
-  /// Keeps `holder`'s lease on `id` renewed from now on.
-  void hold(const std::string& id, const std::string& holder) {
+  /// Keeps `holder`'s lease on `id` renewed from now on: a job's (waiting or running), or with
+  /// `is_job` false a callback attempt's.
+  void hold(const std::string& id, const std::string& holder, bool is_job = true) {
     std::lock_guard<std::mutex> lock(mutex_);
-    held_[id] = holder;
+    held_[id] = Held{holder, is_job};
   }
 
   /// Forgets `holder`'s claim on `id`; a later claim of the same id (after a lease ran out) stays.
   void unhold(const std::string& id, const std::string& holder) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = held_.find(id);
-    if (it != held_.end() && it->second == holder) held_.erase(it);
+    if (it != held_.end() && it->second.holder == holder) held_.erase(it);
   }
 
   /// Ends `holder`'s lease on `id` now, so that another claim (here or on another server) may
@@ -57,31 +58,32 @@ class Leases {
     store.write_or_note(during, id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
   }
 
-  /// The holder of this server's claim on `id`, if it holds one.
-  std::optional<std::string> holder_of(const std::string& id) {
+  /// The holder of this server's claim on the job `id`, if it holds one.
+  std::optional<std::string> job_holder_of(const std::string& id) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = held_.find(id);
-    if (it == held_.end()) return std::nullopt;
-    return it->second;
+    if (it == held_.end() || !it->second.is_job) return std::nullopt;
+    return it->second.holder;
   }
 
-  /// Extends the leases on the jobs held (every third of a lease, on the pump thread). Returns
-  /// the (id, holder) claims whose renewal the store refused: cancelled, or taken by another.
+  /// Extends the leases held (every third of a lease, on the pump thread). Returns the (id,
+  /// holder) job claims whose renewal the store refused: cancelled, or taken by another claim.
   std::vector<std::pair<std::string, std::string>> renew_held(StoreAccess& store) {
-    std::vector<std::pair<std::string, std::string>> jobs, lost;
+    std::vector<std::pair<std::string, Held>> held;
+    std::vector<std::pair<std::string, std::string>> lost;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      jobs.assign(held_.begin(), held_.end());
+      held.assign(held_.begin(), held_.end());
     }
     const TimePoint at = clock_();
-    for (const auto& job : jobs) {
-      const std::string& id = job.first;  // not a structured binding: lambdas capture it (C++17)
-      const std::string& holder = job.second;
+    for (const auto& claim : held) {
+      const std::string& id = claim.first;  // not a structured binding: lambdas capture it (C++17)
+      const std::string& holder = claim.second.holder;
       bool renewed = true;
       store.write_or_note("renew", id, [&](JobStore& s) {
         renewed = s.renew(id, {holder, at + duration_}, at);
       });
-      if (!renewed) lost.push_back(job);
+      if (!renewed && claim.second.is_job) lost.emplace_back(id, holder);
     }
     return lost;
   }
@@ -92,7 +94,11 @@ class Leases {
   const Clock clock_;
   std::atomic<std::uint64_t> claims_{0};
   std::mutex mutex_;
-  std::unordered_map<std::string, std::string> held_;  // id -> holder
+  struct Held {
+    std::string holder;
+    bool is_job = true;
+  };
+  std::unordered_map<std::string, Held> held_;  // id -> its claim
 };
 
 }  // namespace rebound::detail
