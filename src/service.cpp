@@ -64,7 +64,8 @@ struct Service::Core {
                // Cancelled, or claimed by another: a waiting job is not run, a running one is
                // told to stop.
                runner.revoke(id, holder, true);
-             }),
+             },
+             [this](detail::StorePump::Queue& queue) { runner.sweep(queue); }),
         runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
                options.job_ttl, options.inference_timeout),
         waiters(options.max_waiting) {
@@ -178,7 +179,9 @@ SubmitStatus Service::submit(Job job) {
     if (admitted != SubmitStatus::accepted) return admitted;
     if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core_->clock();
     job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
-    if (job.max_queue.count() < 0) job.max_queue = std::chrono::milliseconds(0);
+    // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's arithmetic).
+    job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
+                               std::chrono::milliseconds(std::chrono::hours(24 * 366)));
     // The accepting server claims the job as it stores it: no claim round trip on the way in.
     const std::string holder = core_->leases.next_holder();
     PutOutcome outcome;
@@ -325,7 +328,14 @@ CancelStatus Service::cancel(const std::string& id) {
   // Held here: a queued job is dropped when a worker takes it, a running one is told through the
   // model's cancellation flag. Held by another server: its next renewal is refused and it does
   // the same (within a third of a lease).
-  if (auto holder = core_->leases.job_holder_of(id)) core_->runner.revoke(id, *holder, true);
+  if (auto holder = core_->leases.job_holder_of(id)) {
+    core_->runner.revoke(id, *holder, true);
+  } else {
+    // Perhaps claimed here a moment ago (a submission still on its way to the queue, a claim of
+    // the pump): noted for long enough that the sweep meets it if it waits in the queue.
+    core_->runner.cancelled_unheld(id, std::max(core_->leases.duration(),
+                                                std::chrono::milliseconds(5000)));
+  }
   core_->observe([&](auto& o) { o.on_cancelled(id); });
   core_->waiters.notify(id);
   // Its callback ("cancelled") is due now, in the store.

@@ -470,3 +470,52 @@ TEST_CASE("job api: Prefer wait gives up after N seconds with the usual answer")
   CHECK(res->status == 200);
   CHECK(json::parse(res->body)["status"] == "succeeded");
 }
+
+TEST_CASE("job api: a job starved by higher priorities still expires on time") {
+  Harness h(one_worker({}));
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(h.submit({{"id", "starved"},
+                    {"input", "starved"},
+                    {"priority", 9},
+                    {"max_queue_seconds", 0.3},
+                    {"callback_url", receiver.url()}})
+              ->status == 202);
+  // The only worker stays busy: the queue's sweep, not a worker, ends it.
+  REQUIRE(receiver.wait_for(1, 5s));
+  CHECK(json::parse(receiver.received().at(0).body)["status"] == "expired");
+  CHECK(h.poll("starved")["status"] == "expired");
+  CHECK(h.poll("blocker")["status"] == "running");
+  CHECK(h.model->order() == std::vector<std::string>{"blocker"});
+}
+
+TEST_CASE("job api: a cancelled queued job gives its queue slot back without waiting for a worker") {
+  HarnessOptions o = one_worker({});
+  o.capacity = 2;
+  Harness h(o);
+  REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(h.submit({{"id", "victim"}, {"input", "victim"}})->status == 202);
+  check_error(h.submit({{"id", "refused"}}), 503, "queue_full");
+  REQUIRE(h.client().Delete("/v1/inferences/victim")->status == 200);
+  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 1; }));
+  CHECK(h.submit({{"id", "after"}, {"input", "after"}})->status == 202);
+  h.model->open();
+  REQUIRE(rebound::test::eventually([&] { return h.poll("after")["status"] == "succeeded"; }));
+  CHECK(h.model->order() == std::vector<std::string>{"blocker", "after"});
+}
+
+TEST_CASE("job api: with one HTTP thread Prefer wait is not honoured - the thread stays free") {
+  HarnessOptions o;
+  o.http_threads = 1;
+  Harness h(o);  // the model stays closed: the job never finishes
+  const auto started = std::chrono::steady_clock::now();
+  auto res = h.client().Post("/v1/inferences", {{"Prefer", "wait=5"}},
+                             json({{"id", "j"}}).dump(), "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 202);
+  CHECK_FALSE(res->has_header("Preference-Applied"));
+  CHECK(std::chrono::steady_clock::now() - started < 2s);
+  CHECK(h.client().Get("/ping")->status == 200);
+}

@@ -574,7 +574,7 @@ struct Server::Impl {
   // waiting at once, so that waits never take every thread (/ping must still answer). Sets
   // Preference-Applied when it waited.
   std::optional<JobRecord> wait_final(const std::string& id, int seconds, httplib::Response& res) {
-    const std::size_t limit = std::max<std::size_t>(1, options.http_threads / 2);
+    const std::size_t limit = options.http_threads / 2;  // 1 thread: nobody waits
     if (waiting.fetch_add(1) >= limit) {
       --waiting;
       return service.find(id);

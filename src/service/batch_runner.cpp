@@ -10,6 +10,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include "rebound/detail/job_queue.hpp"
 #include "rebound/detail/json.hpp"
 
 namespace rebound {
@@ -41,20 +42,38 @@ std::string seconds_text(std::chrono::milliseconds d) {
 
 }  // namespace
 
-void BatchRunner::run(std::vector<Service::WorkItem> batch) {
+std::chrono::milliseconds BatchRunner::time_in_queue(const Job& job) const {
+  return job.max_queue.count() > 0 ? job.max_queue : job_ttl_;
+}
+
+bool BatchRunner::past_time(const Service::WorkItem& item, TimePoint now) const {
+  const auto limit = time_in_queue(item.job);
+  return !item.reply && limit.count() > 0 && now - item.job.created_at > limit;
+}
+
+void BatchRunner::screen(std::vector<Service::WorkItem>& batch, TimePoint now) {
+  // Claims revoked while their job waited (a cancellation, or another server's claim) end here,
+  // without running.
+  std::size_t dropped_count = 0;
+  {
+    std::lock_guard<std::mutex> lock(runs_mutex_);
+    auto dropped =
+        std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
+          return item.reply || !revoked_locked(item, true);
+        });
+    for (auto it = dropped; it != batch.end(); ++it)
+      leases_.unhold(it->job.id, it->holder);
+    dropped_count = static_cast<std::size_t>(batch.end() - dropped);
+    batch.erase(dropped, batch.end());
+  }
+  admission_.release(dropped_count);  // outside the lock: it may wake the pump
   // Jobs that waited past their time in queue (their own max_queue, else the time-to-live) end
   // here, without running.
-  const auto now = clock_();
-  auto limit_of = [this](const Job& job) {
-    return job.max_queue.count() > 0 ? job.max_queue : job_ttl_;
-  };
   auto expired =
-      std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
-        const auto limit = limit_of(item.job);
-        return item.reply || limit.count() == 0 || now - item.job.created_at <= limit;
-      });
+      std::stable_partition(batch.begin(), batch.end(),
+                            [&](const Service::WorkItem& item) { return !past_time(item, now); });
   for (auto it = expired; it != batch.end(); ++it) {
-    const auto limit = limit_of(it->job);
+    const auto limit = time_in_queue(it->job);
     JobRecord record;
     record.job = std::move(it->job);
     record.status = JobStatus::expired;
@@ -66,20 +85,46 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
     finish(record, it->holder);
   }
   batch.erase(expired, batch.end());
-  if (batch.empty()) return;
-  // Claims revoked while their job waited (a cancellation) end here; the others are running now.
-  std::vector<std::shared_ptr<std::atomic<bool>>> flags;
-  std::size_t dropped_count = 0;
+}
+
+void BatchRunner::sweep(BasicJobQueue<Service::WorkItem>& queue) {
+  const auto now = clock_();
+  bool any_revoked;
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
-    auto dropped =
-        std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
-          return item.reply || revoked_.erase({item.job.id, item.holder}) == 0;
-        });
-    for (auto it = dropped; it != batch.end(); ++it)
-      leases_.unhold(it->job.id, it->holder);
-    dropped_count = static_cast<std::size_t>(batch.end() - dropped);
-    batch.erase(dropped, batch.end());
+    any_revoked = !revoked_.empty() || !cancelled_unheld_.empty();
+  }
+  std::vector<Service::WorkItem> taken = queue.take_if([&](const Service::WorkItem& item) {
+    if (item.reply) return false;
+    if (past_time(item, now)) return true;
+    if (!any_revoked) return false;
+    std::lock_guard<std::mutex> lock(runs_mutex_);
+    return revoked_locked(item, false);
+  });
+  {
+    std::lock_guard<std::mutex> lock(runs_mutex_);
+    const auto at = std::chrono::steady_clock::now();
+    for (auto it = cancelled_unheld_.begin(); it != cancelled_unheld_.end();)
+      it = it->second < at ? cancelled_unheld_.erase(it) : std::next(it);
+  }
+  screen(taken, now);
+  for (auto& item : taken) {  // nothing, unless a revocation was undone meanwhile: run it after all
+    const int priority = item.job.priority;
+    if (queue.try_push(std::move(item), priority) != PushResult::accepted) {
+      leases_.unhold(item.job.id, item.holder);
+      admission_.release();
+    }
+  }
+}
+
+void BatchRunner::run(std::vector<Service::WorkItem> batch) {
+  const auto now = clock_();
+  screen(batch, now);
+  if (batch.empty()) return;
+  // The jobs running now, each with its cancellation flag.
+  std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  {
+    std::lock_guard<std::mutex> lock(runs_mutex_);
     for (const auto& item : batch) {
       if (item.reply) continue;
       auto flag = std::make_shared<std::atomic<bool>>(false);
@@ -87,8 +132,6 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
       flags.push_back(std::move(flag));
     }
   }
-  admission_.release(dropped_count);  // outside the lock: it may wake the pump
-  if (batch.empty()) return;
   std::vector<nlohmann::json> inputs;
   inputs.reserve(batch.size());
   for (auto& item : batch) {
@@ -170,6 +213,20 @@ void BatchRunner::revoke(const std::string& id, const std::string& holder, bool 
       }
     }
   }
+}
+
+bool BatchRunner::revoked_locked(const Service::WorkItem& item, bool take) {
+  if (take) {
+    return revoked_.erase({item.job.id, item.holder}) > 0 ||
+           cancelled_unheld_.erase(item.job.id) > 0;
+  }
+  return revoked_.count({item.job.id, item.holder}) > 0 ||
+         cancelled_unheld_.count(item.job.id) > 0;
+}
+
+void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseconds keep) {
+  std::lock_guard<std::mutex> lock(runs_mutex_);
+  cancelled_unheld_[id] = std::chrono::steady_clock::now() + keep;
 }
 
 bool BatchRunner::end_run(const Service::WorkItem& item) {

@@ -56,13 +56,31 @@ class BatchRunner {
   /// batches, items and the largest batch so far (`resumed` is the pump's).
   BatchStats stats() const;
 
+  /// Takes out of `queue` the jobs that must not wait any longer: past their time in queue
+  /// (ended `expired`), or revoked (dropped). Called by the pump about every second, so that a job
+  /// starved by higher priorities still expires on time and a cancelled one frees its slot.
+  void sweep(BasicJobQueue<Service::WorkItem>& queue);
+
   /// `holder`'s run of `id` is over (the job was cancelled, or its lease was lost to another
   /// claim): a running job's cancellation flag is set (rebound::cancellation_requested) and its
   /// result discarded. With `queued_too`, a job still waiting in the queue is dropped when a
   /// worker takes it, without running.
   void revoke(const std::string& id, const std::string& holder, bool queued_too);
 
+  /// The job `id` was cancelled while this server held no claim on it that it knew of: a claim
+  /// taken in the moment between the store's answer and its note here (a submission, the pump)
+  /// is dropped when a worker or the sweep meets it. Forgotten after `keep`.
+  void cancelled_unheld(const std::string& id, std::chrono::milliseconds keep);
+
  private:
+  using TimePoint = std::chrono::system_clock::time_point;
+  // The job's time in queue: its own max_queue, else the Service's time-to-live (0: none).
+  std::chrono::milliseconds time_in_queue(const Job& job) const;
+  bool past_time(const Service::WorkItem& item, TimePoint now) const;
+  // Ends the items of `batch` that must not run (revoked: dropped; past their time: expired) and
+  // leaves the others.
+  void screen(std::vector<Service::WorkItem>& batch, TimePoint now);
+
   // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
   // predictions, fails every item of the batch with model_error.
   std::vector<Prediction> predict(std::vector<nlohmann::json>& inputs);
@@ -106,6 +124,10 @@ class BatchRunner {
   std::mutex runs_mutex_;
   std::unordered_map<std::string, Running> running_;
   std::set<std::pair<std::string, std::string>> revoked_;  // (id, holder)
+  // Jobs cancelled with no claim here (see cancelled_unheld): id -> until when it is kept.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> cancelled_unheld_;
+  // Under runs_mutex_: whether the waiting item's run is revoked; with `take`, the note is used up.
+  bool revoked_locked(const Service::WorkItem& item, bool take);
   // Ends an item's run: false when it was revoked (its result is to be discarded).
   bool end_run(const Service::WorkItem& item);
 };

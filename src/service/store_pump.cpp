@@ -63,6 +63,10 @@ void StorePump::pump() {
     due_ = std::chrono::steady_clock::time_point::max();
   }
   if (store_.stopped()) return;
+  if (queue_ && std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(250)) {
+    last_sweep_ = std::chrono::steady_clock::now();
+    sweep_(*queue_);
+  }
   std::size_t jobs = 0, callbacks = 0;
   bool more = false;
   try {

@@ -36,13 +36,15 @@ class StorePump {
   using TimePoint = std::chrono::system_clock::time_point;
   using Queue = BasicJobQueue<Service::WorkItem>;
 
-  /// `on_lost(id, holder)` hears of each claim whose renewal the store refused.
+  /// `on_lost(id, holder)` hears of each claim whose renewal the store refused; `sweep(queue)`
+  /// runs at most every quarter second, when the pump looks for work (expired and revoked jobs).
   StorePump(StoreAccess& store, Admission& admission, Leases& leases, Delivery& delivery,
             Observers& observe, Clock clock, std::chrono::milliseconds poll_interval,
-            std::function<void(const std::string&, const std::string&)> on_lost)
+            std::function<void(const std::string&, const std::string&)> on_lost,
+            std::function<void(Queue&)> sweep)
       : store_(store), admission_(admission), leases_(leases), delivery_(delivery),
         observe_(observe), clock_(std::move(clock)), poll_interval_(poll_interval),
-        on_lost_(std::move(on_lost)) {}
+        on_lost_(std::move(on_lost)), sweep_(std::move(sweep)) {}
   ~StorePump() { stop(); }
 
   /// Claims what the store holds (from an earlier run, or from servers gone) once, on the
@@ -77,6 +79,8 @@ class StorePump {
   const Clock clock_;
   const std::chrono::milliseconds poll_interval_;
   const std::function<void(const std::string&, const std::string&)> on_lost_;
+  const std::function<void(Queue&)> sweep_;
+  std::chrono::steady_clock::time_point last_sweep_{};
   Queue* queue_ = nullptr;
   std::atomic<std::uint64_t> resumed_{0};
   bool starting_ = true;  // during the first claims, before the thread starts

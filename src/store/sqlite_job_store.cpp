@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "rebound/detail/json.hpp"
@@ -227,6 +228,9 @@ struct SqliteJobStore::Impl {
   // the process ends every lease ends with it, as a lease that runs out would.
   mutable std::mutex lease_mutex;
   std::unordered_map<std::string, Lease> job_leases, callback_leases;
+  // Jobs whose cancellation is queued and not yet committed: no lease is given on them (a put or
+  // a claim that commits first) and no acknowledgement taken.
+  std::unordered_set<std::string> cancelling;
 
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
@@ -689,7 +693,7 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
         std::lock_guard<std::mutex> lock(lease_mutex);
         auto& leases = callbacks ? callback_leases : job_leases;
         for (const auto& r : claimed)
-          leases[r.job.id] = lease;
+          if (callbacks || !cancelling.count(r.job.id)) leases[r.job.id] = lease;
       });
 }
 
@@ -780,7 +784,7 @@ PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim
       [impl, id = job.id, claim](PutOutcome& outcome) {
         if (outcome != PutOutcome::created || !claim) return;
         std::lock_guard<std::mutex> lock(impl->lease_mutex);
-        impl->job_leases[id] = *claim;
+        if (!impl->cancelling.count(id)) impl->job_leases[id] = *claim;
       },
       true);  // durable once this returns created
 }
@@ -880,7 +884,9 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
   // Queued under the lease lock, so that a cancellation (which takes the lease under the same
   // lock) is either refused this acknowledgement or queued after its write.
   std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-  if (!impl_->release(impl_->job_leases, id, holder, now)) return false;
+  if (impl_->cancelling.count(id) || !impl_->release(impl_->job_leases, id, holder, now)) {
+    return false;
+  }
   impl_->enqueue({[impl, id, outcome, result = std::move(result),
                    due = to_ms(deliver ? deliver->until : now), at = to_ms(now)] {
                     Statement& s = *impl->finish;
@@ -912,6 +918,17 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
   Impl* impl = impl_.get();
   std::string result =
       outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
+  // Whatever the answer, the job holds no lease afterwards: a put or claim that committed while
+  // the cancellation waited gave none (see `cancelling`).
+  struct Done {
+    Impl* impl;
+    const std::string& id;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(impl->lease_mutex);
+      impl->cancelling.erase(id);
+      impl->job_leases.erase(id);
+    }
+  } done{impl, id};
   return impl_->write_and_wait<CancelOutcome>(
       [impl, id, outcome, result = std::move(result), at = to_ms(now)] {
         Statement& s = *impl->finish;  // only a job not final yet; its callback due at once
@@ -931,7 +948,10 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
       {}, false,
       // Whoever holds the job loses it now: its acknowledgement is refused from here on, and an
       // acknowledgement made before is queued before this write (the job is final then).
-      [impl, id] { impl->job_leases.erase(id); });
+      [impl, id] {
+        impl->job_leases.erase(id);
+        impl->cancelling.insert(id);
+      });
 }
 
 RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& claim,

@@ -85,9 +85,9 @@ class BasicJobQueue final {
     idle_.wait(lock, [this] { return active_workers_ == 0 && !timer_armed_; });
   }
 
-  /// Adds an item at the back of its priority `level` (0, the default, is taken first; 0 to 9,
-  /// clamped): workers take items from the lowest level that has any, FIFO within a level. `full`
-  /// when `capacity` items wait; `closed` after `close()`.
+  /// Adds an item at the back of its priority `level` (0 to 9, clamped; 0, the default here, is
+  /// taken first): workers take items from the lowest level that has any, FIFO within a level.
+  /// `full` when `capacity` items wait; `closed` after `close()`.
   PushResult try_push(Item item, int level = 0) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return PushResult::closed;
@@ -106,6 +106,17 @@ class BasicJobQueue final {
     const bool start = schedule_locked();
     lock.unlock();
     if (start) boost::asio::post(executor_, [this] { drain(); });
+  }
+
+  /// Removes and returns the waiting items for which `pred(const Item&)` is true, in the order
+  /// they would have been taken (`pred` runs under the queue's lock: keep it short). For items
+  /// that must not wait any longer (expired, cancelled).
+  template <typename Pred>
+  std::vector<Item> take_if(Pred pred) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Item> out = pending_.take_if(pred);
+    if (!out.empty() && pending_.empty() && active_workers_ == 0) idle_.notify_all();
+    return out;
   }
 
   /// Removes and returns the items still waiting (not those running). For a shutdown deadline:
@@ -249,6 +260,22 @@ class BasicJobQueue final {
       auto out = std::chrono::steady_clock::time_point::max();
       for (const auto& level : levels_)
         if (!level.empty()) out = std::min(out, level.front().enqueued);
+      return out;
+    }
+    template <typename Pred>
+    std::vector<Item> take_if(Pred& pred) {
+      std::vector<Item> out;
+      for (auto& level : levels_) {
+        for (auto it = level.begin(); it != level.end();) {
+          if (!pred(static_cast<const Item&>(it->item))) {
+            ++it;
+            continue;
+          }
+          out.push_back(std::move(it->item));
+          it = level.erase(it);
+          --size_;
+        }
+      }
       return out;
     }
     std::size_t size() const { return size_; }

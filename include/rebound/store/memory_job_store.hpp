@@ -2,7 +2,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
+#include <iterator>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -69,6 +71,7 @@ class MemoryJobStore final : public JobStore {
     if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     bytes_ += entry.bytes;
     auto it = jobs_.emplace(job.id, std::move(entry)).first;
+    queued_set(it->second.record.job).insert(queued_key(it));
     if (claim) {
       it->second.job_lease = *claim;
       schedule(job_queue_, it, claim->until);
@@ -113,25 +116,22 @@ class MemoryJobStore final : public JobStore {
     if (it != jobs_.end() && it->second.record.status == JobStatus::queued) {
       it->second.record.status = JobStatus::running;
       it->second.record.started_at = now;
+      queued_set(it->second.record.job).erase(queued_key(it));
     }
   }
 
-  /// Counts the queued jobs one by one: linear in the jobs held.
+  /// The queued jobs of lower priority numbers are counted per priority; those of its own
+  /// priority one by one up to it (linear in them only).
   std::optional<std::size_t> queue_position(const std::string& id) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end() || it->second.record.status != JobStatus::queued) return std::nullopt;
-    const Job& job = it->second.record.job;
-    const auto key = std::make_tuple(job.priority, job.created_at, std::cref(job.id));
+    const int priority = priority_index(it->second.record.job);
     std::size_t ahead = 0;
-    for (const auto& [other_id, entry] : jobs_) {
-      const Job& other = entry.record.job;
-      if (entry.record.status == JobStatus::queued &&
-          std::make_tuple(other.priority, other.created_at, std::cref(other.id)) < key) {
-        ++ahead;
-      }
-    }
-    return ahead;
+    for (int p = 0; p < priority; ++p)
+      ahead += queued_[static_cast<std::size_t>(p)].size();
+    const auto& same = queued_[static_cast<std::size_t>(priority)];
+    return ahead + static_cast<std::size_t>(std::distance(same.begin(), same.find(queued_key(it))));
   }
 
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
@@ -262,6 +262,14 @@ class MemoryJobStore final : public JobStore {
     }
   };
   using Queue = std::set<QueueKey, QueueOrder>;
+  // The queued jobs of one priority, by (created_at, id): for queue_position.
+  using QueuedKey = std::pair<TimePoint, const std::string*>;
+  struct QueuedOrder {
+    bool operator()(const QueuedKey& a, const QueuedKey& b) const {
+      return a.first != b.first ? a.first < b.first : *a.second < *b.second;
+    }
+  };
+  using Queued = std::set<QueuedKey, QueuedOrder>;
   struct Entry {
     JobRecord record;
     std::size_t input_bytes = 0;
@@ -294,8 +302,16 @@ class MemoryJobStore final : public JobStore {
     key.reset();
   }
 
+  static int priority_index(const Job& job) {
+    return std::clamp(job.priority, highest_priority, lowest_priority);
+  }
+  Queued& queued_set(const Job& job) { return queued_[static_cast<std::size_t>(priority_index(job))]; }
+  static QueuedKey queued_key(Map::const_iterator it) {
+    return {it->second.record.job.created_at, &it->first};
+  }
+
   int priority_in(const Queue& queue, const Entry& e) const {
-    return &queue == &job_queue_ ? e.record.job.priority : 0;
+    return &queue == &job_queue_ ? priority_index(e.record.job) : 0;
   }
 
   std::optional<TimePoint>& key_of(const Queue& queue, Entry& e) {
@@ -326,6 +342,7 @@ class MemoryJobStore final : public JobStore {
 
   void record_outcome(Map::iterator it, const JobOutcome& outcome, std::size_t result_bytes) {
     Entry& e = it->second;
+    if (e.record.status == JobStatus::queued) queued_set(e.record.job).erase(queued_key(it));
     e.record.status = outcome.status;
     e.record.outcome = outcome;
     e.result_bytes = result_bytes;
@@ -420,6 +437,7 @@ class MemoryJobStore final : public JobStore {
   mutable std::mutex mutex_;
   Map jobs_;
   Queue job_queue_, callback_queue_;
+  std::array<Queued, lowest_priority + 1> queued_;
   std::size_t bytes_ = 0;
   std::size_t finished_bytes_ = 0;  // of bytes_, what finished jobs hold
   // Finished events, oldest first: (id, sequence). A note is live while its job's finished_as
