@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -218,8 +219,15 @@ TEST_CASE("job api: bad priority - max_queue_seconds and webhook_events get 422 
 }
 
 TEST_CASE("job api: traceparent goes from the submission to every callback attempt") {
+  std::mutex lines_mutex;
+  std::vector<json> lines;
   HarnessOptions o;
   o.max_tries = 3;
+  o.logger = rebound::Logger(rebound::LogLevel::debug,
+                             [&](rebound::LogLevel, const std::string& line) {
+                               std::lock_guard<std::mutex> lock(lines_mutex);
+                               lines.push_back(json::parse(line));
+                             });
   Harness h(o);
   h.model->open();
   rebound::test::Receiver receiver;
@@ -243,6 +251,24 @@ TEST_CASE("job api: traceparent goes from the submission to every callback attem
     spans.insert(header.substr(36, 16));
   }
   CHECK(spans.size() == 2);
+  // The log lines of the job name its trace; an attempt's, its own span too.
+  const std::string first_span = receiver.received().at(0).header("traceparent").substr(36, 16);
+  REQUIRE(rebound::test::eventually([&] {
+    std::lock_guard<std::mutex> lock(lines_mutex);
+    for (const auto& line : lines)
+      if (line["event"] == "callback_delivered") return true;
+    return false;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(lines_mutex);
+    std::map<std::string, json> by_event;
+    for (const auto& line : lines)
+      if (line.value("job_id", "") == "traced") by_event[line["event"]] = line;
+    CHECK(by_event["job_completed"]["trace_id"] == trace);
+    CHECK(by_event["callback_attempt_failed"]["trace_id"] == trace);
+    CHECK(by_event["callback_attempt_failed"]["span_id"] == first_span);
+    CHECK(by_event["callback_delivered"]["trace_id"] == trace);
+  }
 
   // An invalid header is ignored: the callback carries none.
   rebound::test::Receiver plain;

@@ -100,6 +100,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     ++attempts_;
     AttemptReport report;
     report.attempt = message_.previous_attempts + attempts_;
+    for (const auto& header : message_.extra_headers)
+      if (header.first == "traceparent") report.traceparent = header.second;
     report.response = response;
     report.verdict =
         options.classifier ? options.classifier(response) : default_classifier(response);

@@ -126,20 +126,32 @@ class LogObserver final : public ServiceObserver {
     switch (report.verdict) {
       case AttemptVerdict::delivered:
         if (log_.enabled(LogLevel::info)) {  // once per job: fields only when wanted
-          log_.job(LogLevel::info, "callback_delivered", id, {{"attempts", report.attempt}});
+          nlohmann::json fields = {{"attempts", report.attempt}};
+          add_span(fields, report);
+          log_.job(LogLevel::info, "callback_delivered", id, fields);
         }
         break;
-      case AttemptVerdict::give_up:
-        log_.job(LogLevel::warn, "callback_given_up", id,
-                 {{"attempts", report.attempt}, {"error", report.error}});
+      case AttemptVerdict::give_up: {
+        nlohmann::json fields = {{"attempts", report.attempt}, {"error", report.error}};
+        add_span(fields, report);
+        log_.job(LogLevel::warn, "callback_given_up", id, fields);
         break;
-      case AttemptVerdict::retry:
-        log_.job(LogLevel::warn, "callback_attempt_failed", id,
-                 {{"attempt", report.attempt},
-                  {"error", report.error},
-                  {"retry_in_ms", report.next_delay.count()}});
+      }
+      case AttemptVerdict::retry: {
+        nlohmann::json fields = {{"attempt", report.attempt},
+                                 {"error", report.error},
+                                 {"retry_in_ms", report.next_delay.count()}};
+        add_span(fields, report);
+        log_.job(LogLevel::warn, "callback_attempt_failed", id, fields);
         break;
+      }
     }
+  }
+  // The attempt's own span of the submission's trace: its trace id and its parent id.
+  static void add_span(nlohmann::json& fields, const AttemptReport& report) {
+    if (!is_valid_traceparent(report.traceparent)) return;
+    fields["trace_id"] = trace_id_of(report.traceparent);
+    fields["span_id"] = report.traceparent.substr(36, 16);
   }
   void on_redelivery(const std::string& id, int previous_attempts) override {
     log_.job(LogLevel::info, "callback_redelivery", id, {{"previous_attempts", previous_attempts}});
