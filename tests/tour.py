@@ -14,11 +14,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sup
 from rawhttp import free_port, get, post  # noqa: E402
 
 binary = os.path.abspath(sys.argv[1])
-port = free_port()
 with tempfile.TemporaryDirectory() as workdir:
-    proc = subprocess.Popen([binary, str(port)], cwd=workdir, stdout=subprocess.PIPE, text=True)
-    try:
+    # The tour takes its port on the command line: a free port can be taken by another test
+    # between free_port() and the tour's bind, so a few ports are tried.
+    for attempt in range(5):
+        port = free_port()
+        proc = subprocess.Popen([binary, str(port)], cwd=workdir, stdout=subprocess.PIPE,
+                                text=True)
         line = proc.stdout.readline()
+        if line or proc.wait() != 1:
+            break
+    try:
         assert f"listening on 127.0.0.1:{port}" in line, f"unexpected first line: {line!r}"
         assert get(port, "/ping")[0] == 200, "/ping"
         status, _, body = post(port, "/v1/inferences",

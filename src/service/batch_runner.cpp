@@ -110,8 +110,9 @@ void BatchRunner::sweep(BasicJobQueue<Service::WorkItem>& queue) {
   screen(taken, now);
   for (auto& item : taken) {  // nothing, unless a revocation was undone meanwhile: run it after all
     const int priority = item.job.priority;
+    const std::string id = item.job.id, holder = item.holder;
     if (queue.try_push(std::move(item), priority) != PushResult::accepted) {
-      leases_.unhold(item.job.id, item.holder);
+      leases_.unhold(id, holder);  // closed by a shutdown: the lease runs out, the store keeps it
       admission_.release();
     }
   }
