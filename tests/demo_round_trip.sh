@@ -29,6 +29,12 @@ out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-2 --signing-secr
 echo "$out"
 grep -q 'signature verified' <<<"$out"
 
+# --wait and --priority: the answer is the final status (200), and the callback comes as well.
+out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-7 --input '"hi"' --priority 0 --wait 10 --timeout 20)
+echo "$out"
+grep -q 'server answered 200 .*"priority":0.*"status":"succeeded"' <<<"$out"
+grep -q 'callback received' <<<"$out"
+
 # The server publishes the public key; the client fetches it and verifies the v1a signature.
 out=$("$client_bin" --server "http://127.0.0.1:$port" --id demo-4 --server-keys --timeout 20)
 echo "$out"

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   std::string input_text = "null";
   std::string secret;
   bool server_keys = false;
+  std::optional<int> priority;
+  std::optional<int> wait_s;
   double timeout_s = 30;
   app.add_option("--server", server_url, "rebound-server base URL")->capture_default_str();
   app.add_option("--listen", listen, "HOST:PORT of the callback receiver (port 0: any free port)")
@@ -48,6 +50,12 @@ int main(int argc, char** argv) {
   app.add_flag("--server-keys", server_keys,
                "Verify the callback's Ed25519 signature with the public keys the server publishes "
                "at GET /v1/webhook-keys (fetched before submitting)");
+  app.add_option("--priority", priority, "The job's priority, 0 (runs first) to 9")
+      ->check(CLI::Range(0, 9));
+  app.add_option("--wait", wait_s,
+                 "Ask the server to answer with the result if it is ready within this many "
+                 "seconds (Prefer: wait=N)")
+      ->check(CLI::Range(0, 60));
   app.add_option("--timeout", timeout_s, "Seconds to wait for the callback")
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
@@ -109,6 +117,7 @@ int main(int argc, char** argv) {
   const std::string callback_url =
       "http://" + listen_host + ":" + std::to_string(port) + "/v1/results";
   nlohmann::json job = {{"id", id}, {"callback_url", callback_url}, {"input", input}};
+  if (priority) job["priority"] = *priority;
   std::cout << "submitting " << job.dump() << " to " << server_url << std::endl;
 
   httplib::Client client(server_url);
@@ -132,7 +141,9 @@ int main(int argc, char** argv) {
     }
     std::cout << "server's webhook keys: " << doc["keys"].dump() << std::endl;
   }
-  auto res = client.Post("/v1/inferences", job.dump(), "application/json");
+  httplib::Headers headers;
+  if (wait_s) headers.emplace("Prefer", "wait=" + std::to_string(*wait_s));
+  auto res = client.Post("/v1/inferences", headers, job.dump(), "application/json");
   if (!res) {
     std::cerr << "rebound-demo-client: cannot reach " << server_url << ": "
               << httplib::to_string(res.error()) << "\n";
@@ -140,7 +151,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << "server answered " << res->status << " " << res->body << std::endl;
-  if (res->status != 202) {
+  // 200: with --wait, the job was final in time and the answer is its status; the callback still
+  // comes as usual.
+  if (res->status != 202 && res->status != 200) {
     stop_receiver();
     return 1;
   }
