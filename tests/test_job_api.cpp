@@ -15,6 +15,7 @@
 #include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
+#include "support/failing_store.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 #include "support/temp_dir.hpp"
@@ -544,4 +545,22 @@ TEST_CASE("job api: with one HTTP thread Prefer wait is not honoured - the threa
   CHECK_FALSE(res->has_header("Preference-Applied"));
   CHECK(std::chrono::steady_clock::now() - started < 2s);
   CHECK(h.client().Get("/ping")->status == 200);
+}
+
+TEST_CASE("job api: a store that fails during a Prefer wait leaves the accepted job answered 202") {
+  auto control = std::make_shared<rebound::test::FailingStore::Switch>();
+  HarnessOptions o;
+  o.make_store = [control] { return std::make_unique<rebound::test::FailingStore>(control); };
+  Harness h(o);  // the model stays closed: the job never finishes
+  std::thread breaker([&] {
+    std::this_thread::sleep_for(300ms);
+    control->fail();
+  });
+  auto res = h.client().Post("/v1/inferences", {{"Prefer", "wait=3"}},
+                             json({{"id", "accepted"}}).dump(), "application/json");
+  breaker.join();
+  REQUIRE(res);
+  CHECK(res->status == 202);  // stored before the store failed: accepted, not store_unavailable
+  CHECK(json::parse(res->body)["id"] == "accepted");
+  control->heal();
 }

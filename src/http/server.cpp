@@ -425,9 +425,14 @@ struct Server::Impl {
       case SubmitStatus::duplicate: {
         const std::string status_url = "/v1/inferences/" + id;
         res.set_header("Location", status_url);
-        // Prefer: wait=N: the final status at once when it comes within N seconds.
+        // Prefer: wait=N: the final status at once when it comes within N seconds. The job is
+        // accepted whatever happens while waiting: a store failing then still answers 202.
         if (const auto wait = preferred_wait(req)) {
-          std::optional<JobRecord> record = wait_final(id, *wait, res);
+          std::optional<JobRecord> record;
+          try {
+            record = wait_final(id, *wait, res);
+          } catch (const StoreUnavailable&) {
+          }
           if (record && is_final(record->status)) return send_json(res, 200, to_status_json(*record));
         }
         return send_json(res, 202,
