@@ -92,7 +92,7 @@ Outcome deliver(CallbackSender& sender, rebound::CallbackMessage message) {
 }
 
 rebound::CallbackMessage message(const std::string& url = "http://receiver.test/hook") {
-  return {"job-1", url, R"({"id":"job-1","status":"succeeded","result":"OK"})", "msg_job-1", 0};
+  return {"job-1", url, R"({"id":"job-1","status":"succeeded","result":"OK"})", "msg_job-1", 0, {}};
 }
 
 rebound::CallbackSenderOptions fast_options(int tries = 5) {

@@ -9,6 +9,16 @@
 #include "rebound/detail/wire.hpp"
 
 namespace rebound::detail {
+namespace {
+
+// The submission's trace goes on: each request made for the job is a new span of the same trace.
+void continue_trace(CallbackMessage& message, const Job& job) {
+  if (is_valid_traceparent(job.traceparent)) {
+    message.extra_headers.emplace_back("traceparent", child_traceparent(job.traceparent));
+  }
+}
+
+}  // namespace
 
 void Delivery::start(JobRecord record, std::string holder) {
   const TimePoint at = clock_();
@@ -24,11 +34,8 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
   const std::string id = record.job.id;
   const CallbackInfo before = record.callback;
   CallbackMessage message{id, record.job.callback_url, dump_json(to_callback_json(record)),
-                          "msg_" + id, before.attempts};
-  // The submission's trace goes on: each attempt is a new span of the same trace.
-  if (is_valid_traceparent(record.job.traceparent)) {
-    message.extra_headers.emplace_back("traceparent", child_traceparent(record.job.traceparent));
-  }
+                          "msg_" + id, before.attempts, {}};
+  continue_trace(message, record.job);
   RetryState state;
   state.attempts = before.delivery_attempts;
   state.previous_delay = before.previous_delay;
@@ -51,15 +58,12 @@ void Delivery::notify_started(const Job& job) {
   if (!job.wants_started_callback()) return;
   if (started_in_flight_.fetch_add(1) >= admission_.capacity()) {
     --started_in_flight_;
-    ++started_skipped_;
     return;
   }
   nlohmann::json body = {{"id", job.id}, {"status", "running"}};
   CallbackMessage message{job.id, job.callback_url, dump_json(body), "msg_" + job.id + "_started",
-                          0};
-  if (is_valid_traceparent(job.traceparent)) {
-    message.extra_headers.emplace_back("traceparent", child_traceparent(job.traceparent));
-  }
+                          0, {}};
+  continue_trace(message, job);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
 }

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cassert>
-#include <cstdint>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -44,9 +43,6 @@ class Delivery {
   /// crash loses it), at most `admission`'s capacity at once; beyond that it is skipped.
   void notify_started(const Job& job);
 
-  /// "started" notifications skipped because too many were in flight.
-  std::uint64_t started_skipped() const { return started_skipped_.load(); }
-
  private:
   // What follows an attempt: its record in the store (pending with the next time, delivered or
   // failed) and the observers.
@@ -68,7 +64,6 @@ class Delivery {
   }
   std::weak_ptr<const void> owner_;
   std::atomic<std::size_t> started_in_flight_{0};
-  std::atomic<std::uint64_t> started_skipped_{0};
 };
 
 }  // namespace rebound::detail

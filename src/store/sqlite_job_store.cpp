@@ -266,6 +266,10 @@ struct SqliteJobStore::Impl {
   bool release(Leases& leases, const std::string& id, const std::string& holder, TimePoint now);
   void write_callback(const std::string& id, const CallbackInfo& callback);
   static void bind_outcome(Statement& s, const JobOutcome& outcome, const std::string& result);
+  // Runs `finish` (a job not final yet gets its outcome, its callback due at `due_ms`); true
+  // when a row changed. In the writer's transaction.
+  bool write_finish(const std::string& id, const JobOutcome& outcome, const std::string& result,
+                    std::int64_t now_ms, std::int64_t due_ms);
 
   void exec(const char* sql) {
     char* message = nullptr;
@@ -758,6 +762,19 @@ void SqliteJobStore::Impl::bind_outcome(Statement& s, const JobOutcome& outcome,
   s.bind(s.param(":end"), to_ms(outcome.finished_at));
 }
 
+bool SqliteJobStore::Impl::write_finish(const std::string& id, const JobOutcome& outcome,
+                                        const std::string& result, std::int64_t now_ms,
+                                        std::int64_t due_ms) {
+  Statement& s = *finish;
+  bind_outcome(s, outcome, result);
+  s.bind(s.param(":now"), now_ms);
+  s.bind(s.param(":due"), due_ms);
+  s.bind(s.param(":id"), id);
+  s.step();
+  s.reset();
+  return sqlite3_changes(db) == 1;
+}
+
 PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim) {
   Impl* impl = impl_.get();
   return impl_->write_and_wait<PutOutcome>(
@@ -889,13 +906,7 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
   }
   impl_->enqueue({[impl, id, outcome, result = std::move(result),
                    due = to_ms(deliver ? deliver->until : now), at = to_ms(now)] {
-                    Statement& s = *impl->finish;
-                    Impl::bind_outcome(s, outcome, result);
-                    s.bind(s.param(":now"), at);
-                    s.bind(s.param(":due"), due);
-                    s.bind(s.param(":id"), id);
-                    s.step();
-                    s.reset();
+                    impl->write_finish(id, outcome, result, at, due);
                   },
                   {},
                   {}});
@@ -931,14 +942,8 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
   } done{impl, id};
   return impl_->write_and_wait<CancelOutcome>(
       [impl, id, outcome, result = std::move(result), at = to_ms(now)] {
-        Statement& s = *impl->finish;  // only a job not final yet; its callback due at once
-        Impl::bind_outcome(s, outcome, result);
-        s.bind(s.param(":now"), at);
-        s.bind(s.param(":due"), at);
-        s.bind(s.param(":id"), id);
-        s.step();
-        s.reset();
-        if (sqlite3_changes(impl->db) == 1) return CancelOutcome::cancelled;
+        // Only a job not final yet; its callback due at once.
+        if (impl->write_finish(id, outcome, result, at, at)) return CancelOutcome::cancelled;
         Statement& q = *impl->select_one;
         q.bind(1, id);
         const bool found = q.step();
