@@ -55,17 +55,18 @@ struct Service::Core {
                     // Work may be waiting in the store for a free slot: look now.
                     if (!store.stopped()) pump.wake(clock());
                   }),
-        leases(options.server_id.empty() ? default_server_id() : options.server_id,
-               options.lease, clock),
+        leases(options.server_id.empty() ? default_server_id() : options.server_id, options.lease,
+               clock),
         delivery(*sender, store, leases, admission, observe, clock,
                  [this](std::chrono::system_clock::time_point at) { pump.wake(at); }),
-        pump(store, admission, leases, delivery, observe, clock, options.poll_interval,
-             [this](const std::string& id, const std::string& holder) {
-               // Cancelled, or claimed by another: a waiting job is not run, a running one is
-               // told to stop.
-               runner.revoke(id, holder, true);
-             },
-             [this](detail::StorePump::Queue& queue) { runner.sweep(queue); }),
+        pump(
+            store, admission, leases, delivery, observe, clock, options.poll_interval,
+            [this](const std::string& id, const std::string& holder) {
+              // Cancelled, or claimed by another: a waiting job is not run, a running one is
+              // told to stop.
+              runner.revoke(id, holder, true);
+            },
+            [this](detail::StorePump::Queue& queue) { runner.sweep(queue); }),
         runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
                options.job_ttl, options.inference_timeout),
         waiters(options.max_waiting) {
@@ -167,7 +168,8 @@ SubmitStatus Service::submit(Job job) {
       // A resubmission of a stored job is still answered as a duplicate when the queue is full.
       std::optional<JobRecord> existing;
       try {
-        existing = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); }, &news);
+        existing = core_->store.call(
+            "get", id, [&](JobStore& s) { return s.get(id); }, &news);
       } catch (const StoreUnavailable&) {
         return SubmitStatus::store_unavailable;
       }
@@ -179,7 +181,8 @@ SubmitStatus Service::submit(Job job) {
     if (admitted != SubmitStatus::accepted) return admitted;
     if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core_->clock();
     job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
-    // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's arithmetic).
+    // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
+    // arithmetic).
     job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
                                std::chrono::milliseconds(std::chrono::hours(24 * 366)));
     // The accepting server claims the job as it stores it: no claim round trip on the way in.
@@ -314,9 +317,10 @@ RedeliverStatus Service::redeliver(const std::string& id) {
 CancelStatus Service::cancel(const std::string& id) {
   const auto now = core_->clock();
   const JobOutcome outcome{JobStatus::cancelled, nullptr,
-                           ErrorInfo{"cancelled", "The job was cancelled before it finished."}, now};
-  const CancelOutcome result = core_->store.call(
-      "cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
+                           ErrorInfo{"cancelled", "The job was cancelled before it finished."},
+                           now};
+  const CancelOutcome result =
+      core_->store.call("cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
   switch (result) {
     case CancelOutcome::not_found:
       return CancelStatus::not_found;
@@ -333,8 +337,8 @@ CancelStatus Service::cancel(const std::string& id) {
   } else {
     // Perhaps claimed here a moment ago (a submission still on its way to the queue, a claim of
     // the pump): noted for long enough that the sweep meets it if it waits in the queue.
-    core_->runner.cancelled_unheld(id, std::max(core_->leases.duration(),
-                                                std::chrono::milliseconds(5000)));
+    core_->runner.cancelled_unheld(
+        id, std::max(core_->leases.duration(), std::chrono::milliseconds(5000)));
   }
   core_->observe([&](auto& o) { o.on_cancelled(id); });
   core_->waiters.notify(id);
@@ -353,7 +357,7 @@ std::optional<JobRecord> Service::find(const std::string& id) const {
 }
 
 std::optional<JobRecord> Service::wait_final(const std::string& id,
-                                            std::chrono::milliseconds timeout, bool* waited) {
+                                             std::chrono::milliseconds timeout, bool* waited) {
   if (waited) *waited = false;
   std::optional<JobRecord> record = find(id);
   if (!record || is_final(record->status) || timeout.count() <= 0) return record;
@@ -379,8 +383,7 @@ std::optional<JobRecord> Service::wait_final(const std::string& id,
 }
 
 std::optional<std::size_t> Service::queue_position(const std::string& id) const {
-  return core_->store.call("queue_position", id,
-                           [&](JobStore& s) { return s.queue_position(id); });
+  return core_->store.call("queue_position", id, [&](JobStore& s) { return s.queue_position(id); });
 }
 
 std::optional<std::string> Service::store_failure() const {

@@ -151,7 +151,8 @@ TEST_CASE_TEMPLATE("job api: jobs run by priority - FIFO within one - with their
 
   h.model->open();
   json done;
-  REQUIRE(rebound::test::eventually([&] { return (done = h.poll("low"))["status"] == "succeeded"; }));
+  REQUIRE(
+      rebound::test::eventually([&] { return (done = h.poll("low"))["status"] == "succeeded"; }));
   CHECK(h.model->order() ==
         std::vector<std::string>{"blocker", "urgent", "normal-1", "normal-2", "low"});
   // Times are RFC 3339 and in order: created, started, finished.
@@ -199,9 +200,15 @@ TEST_CASE("job api: bad priority - max_queue_seconds and webhook_events get 422 
   Harness h(o);
   h.model->open();
   const std::pair<const char*, json> bad[] = {
-      {"priority", 10},         {"priority", -1},           {"priority", 1.5},
-      {"priority", "high"},     {"priority", true},         {"max_queue_seconds", 0},
-      {"max_queue_seconds", -3}, {"max_queue_seconds", "60"}, {"max_queue_seconds", 1e9},
+      {"priority", 10},
+      {"priority", -1},
+      {"priority", 1.5},
+      {"priority", "high"},
+      {"priority", true},
+      {"max_queue_seconds", 0},
+      {"max_queue_seconds", -3},
+      {"max_queue_seconds", "60"},
+      {"max_queue_seconds", 1e9},
       {"webhook_events", json::array()},
       {"webhook_events", {"finished"}},
       {"webhook_events", "completed"},
@@ -224,11 +231,11 @@ TEST_CASE("job api: traceparent goes from the submission to every callback attem
   std::vector<json> lines;
   HarnessOptions o;
   o.max_tries = 3;
-  o.logger = rebound::Logger(rebound::LogLevel::debug,
-                             [&](rebound::LogLevel, const std::string& line) {
-                               std::lock_guard<std::mutex> lock(lines_mutex);
-                               lines.push_back(json::parse(line));
-                             });
+  o.logger =
+      rebound::Logger(rebound::LogLevel::debug, [&](rebound::LogLevel, const std::string& line) {
+        std::lock_guard<std::mutex> lock(lines_mutex);
+        lines.push_back(json::parse(line));
+      });
   Harness h(o);
   h.model->open();
   rebound::test::Receiver receiver;
@@ -319,19 +326,22 @@ TEST_CASE("job api: Ed25519-signed callbacks verify with the key GET /v1/webhook
 
   // Without signing keys, the list is empty.
   Harness plain{HarnessOptions()};
-  CHECK(json::parse(plain.client().Get("/v1/webhook-keys")->body) == json({{"keys", json::array()}}));
+  CHECK(json::parse(plain.client().Get("/v1/webhook-keys")->body) ==
+        json({{"keys", json::array()}}));
 }
 
-TEST_CASE_TEMPLATE("job api: DELETE cancels a queued job - it never runs - and its callback says so",
-                   Store, STORES) {
+TEST_CASE_TEMPLATE(
+    "job api: DELETE cancels a queued job - it never runs - and its callback says so", Store,
+    STORES) {
   Store store;
   CAPTURE(Store::name);
   Harness h(one_worker(store.factory()));
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
   REQUIRE(h.model->wait_started(1));
-  REQUIRE(h.submit({{"id", "victim"}, {"input", "victim"}, {"callback_url", receiver.url()}})
-              ->status == 202);
+  REQUIRE(
+      h.submit({{"id", "victim"}, {"input", "victim"}, {"callback_url", receiver.url()}})->status ==
+      202);
   auto res = h.client().Delete("/v1/inferences/victim");
   REQUIRE(res);
   CHECK(res->status == 200);
@@ -422,8 +432,9 @@ TEST_CASE("job api: webhook_events - started sends a running callback - complete
                     {"callback_url", started_only.url()},
                     {"webhook_events", {"started"}}})
               ->status == 202);
-  REQUIRE(h.submit({{"id", "completed-only"}, {"input", "c"}, {"callback_url", completed_only.url()}})
-              ->status == 202);
+  REQUIRE(
+      h.submit({{"id", "completed-only"}, {"input", "c"}, {"callback_url", completed_only.url()}})
+          ->status == 202);
   REQUIRE(started_only.wait_for(1));
   REQUIRE(completed_only.wait_for(1));
   json state;
@@ -517,7 +528,8 @@ TEST_CASE("job api: a job starved by higher priorities still expires on time") {
   CHECK(h.model->order() == std::vector<std::string>{"blocker"});
 }
 
-TEST_CASE("job api: a cancelled queued job gives its queue slot back without waiting for a worker") {
+TEST_CASE(
+    "job api: a cancelled queued job gives its queue slot back without waiting for a worker") {
   HarnessOptions o = one_worker({});
   o.capacity = 2;
   Harness h(o);
@@ -538,8 +550,8 @@ TEST_CASE("job api: with one HTTP thread Prefer wait is not honoured - the threa
   o.http_threads = 1;
   Harness h(o);  // the model stays closed: the job never finishes
   const auto started = std::chrono::steady_clock::now();
-  auto res = h.client().Post("/v1/inferences", {{"Prefer", "wait=5"}},
-                             json({{"id", "j"}}).dump(), "application/json");
+  auto res = h.client().Post("/v1/inferences", {{"Prefer", "wait=5"}}, json({{"id", "j"}}).dump(),
+                             "application/json");
   REQUIRE(res);
   CHECK(res->status == 202);
   CHECK_FALSE(res->has_header("Preference-Applied"));

@@ -356,8 +356,8 @@ TEST_CASE_TEMPLATE("store contract: jobs are claimed by priority - then oldest f
 }
 
 TEST_CASE_TEMPLATE(
-    "store contract: the job API fields round trip - started_at and finished_at are kept",
-    Factory, STORES) {
+    "store contract: the job API fields round trip - started_at and finished_at are kept", Factory,
+    STORES) {
   Factory factory;
   auto store = factory.make();
   CAPTURE(Factory::name);
@@ -429,8 +429,9 @@ TEST_CASE_TEMPLATE("store contract: a queued job's position counts the queued jo
   CHECK_FALSE(store->queue_position("missing").has_value());
 }
 
-TEST_CASE_TEMPLATE("store contract: cancel ends a job not final yet - once - and refuses its holder",
-                   Factory, STORES) {
+TEST_CASE_TEMPLATE(
+    "store contract: cancel ends a job not final yet - once - and refuses its holder", Factory,
+    STORES) {
   Factory factory;
   auto store = factory.make();
   CAPTURE(Factory::name);

@@ -63,7 +63,8 @@ TEST_CASE("Ed25519: the signing key's public key and signature match RFC 8032 an
   CHECK(rebound::sign_webhook(signing_key, msg_id, 1614265330, body) == expected_v1a);
   // libsodium's 64-byte form (seed, then public key) is the same key.
   const char* libsodium_form =
-      "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2DXWpgBgrEKt9VL/tPJZAc6DuFy89qmIyWvAhpo9wdRGg==";
+      "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2DXWpgBgrEKt9VL/"
+      "tPJZAc6DuFy89qmIyWvAhpo9wdRGg==";
   CHECK(rebound::sign_webhook(libsodium_form, msg_id, 1614265330, body) == expected_v1a);
 }
 
@@ -82,7 +83,8 @@ TEST_CASE("Ed25519: verification with the public key accepts the signature and n
   CHECK_FALSE(rebound::verify_webhook(other_public_key, msg_id, "1614265330", body, expected_v1a,
                                       1614265330));
   // a v1a value never passes as v1, nor the reverse
-  CHECK_FALSE(rebound::verify_webhook(public_key, msg_id, "1614265330", body, expected, 1614265330));
+  CHECK_FALSE(
+      rebound::verify_webhook(public_key, msg_id, "1614265330", body, expected, 1614265330));
   CHECK_FALSE(
       rebound::verify_webhook(secret, msg_id, "1614265330", body, expected_v1a, 1614265330));
   // a signing key is not a verification key, and garbage never verifies
@@ -91,8 +93,8 @@ TEST_CASE("Ed25519: verification with the public key accepts the signature and n
   CHECK_FALSE(rebound::verify_webhook(public_key, msg_id, "1614265330", body, "v1a,", 1614265330));
   CHECK_FALSE(
       rebound::verify_webhook(public_key, msg_id, "1614265330", body, "v1a,!!!!", 1614265330));
-  CHECK_FALSE(rebound::verify_webhook("whpk_AAAA", msg_id, "1614265330", body, expected_v1a,
-                                      1614265330));
+  CHECK_FALSE(
+      rebound::verify_webhook("whpk_AAAA", msg_id, "1614265330", body, expected_v1a, 1614265330));
 }
 
 TEST_CASE("Ed25519: keys are checked and generated keys sign and verify") {
@@ -103,7 +105,8 @@ TEST_CASE("Ed25519: keys are checked and generated keys sign and verify") {
   CHECK_FALSE(rebound::is_valid_webhook_signing_key(secret));
   // 64 bytes whose second half is not the first half's public key
   CHECK_FALSE(rebound::is_valid_webhook_signing_key(
-      "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="));
+      "whsk_nWGxne/"
+      "9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="));
   CHECK_THROWS_AS(rebound::webhook_public_key("whsk_AAAA"), rebound::Error);
   CHECK_THROWS_AS(rebound::sign_webhook("whsk_AAAA", msg_id, 1, body), rebound::Error);
 

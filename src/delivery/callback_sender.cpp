@@ -79,9 +79,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     for (const auto& header : message_.extra_headers)
       request.headers.push_back(header);
     if (!state_->signer.empty()) {
-      request.headers.emplace_back("webhook-signature",
-                                   state_->signer.sign(message_.webhook_id, timestamp,
-                                                       message_.body));
+      request.headers.emplace_back(
+          "webhook-signature", state_->signer.sign(message_.webhook_id, timestamp, message_.body));
     }
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.

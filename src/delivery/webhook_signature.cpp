@@ -93,8 +93,7 @@ Pkey parse_signing_key(std::string_view text) {
   std::vector<unsigned char> bytes;
   if (!decode_base64(text.substr(signing_key_prefix.size()), bytes)) return nullptr;
   if (bytes.size() != ed25519_key_size && bytes.size() != 2 * ed25519_key_size) return nullptr;
-  Pkey key(EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, bytes.data(),
-                                        ed25519_key_size));
+  Pkey key(EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, bytes.data(), ed25519_key_size));
   OPENSSL_cleanse(bytes.data(), ed25519_key_size);
   if (!key) return nullptr;
   if (bytes.size() == 2 * ed25519_key_size) {
@@ -123,8 +122,7 @@ std::string ed25519_signature(EVP_PKEY* key, const std::string& content) {
   std::size_t size = sizeof signature;
   if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, key) != 1 ||
       EVP_DigestSign(ctx.get(), signature, &size,
-                     reinterpret_cast<const unsigned char*>(content.data()),
-                     content.size()) != 1) {
+                     reinterpret_cast<const unsigned char*>(content.data()), content.size()) != 1) {
     throw Error("Ed25519: signing failed");
   }
   return "v1a," + encode_base64(signature, size);
@@ -184,8 +182,8 @@ std::string generate_webhook_signing_key() {
   return out;
 }
 
-std::string sign_webhook(std::string_view key, std::string_view webhook_id,
-                         std::int64_t timestamp, std::string_view body) {
+std::string sign_webhook(std::string_view key, std::string_view webhook_id, std::int64_t timestamp,
+                         std::string_view body) {
   return WebhookSigner({std::string(key)}).sign(webhook_id, timestamp, body);
 }
 

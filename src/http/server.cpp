@@ -102,13 +102,17 @@ std::optional<int> preferred_wait(const httplib::Request& req) {
       std::string_view pref = std::string_view(value).substr(pos, end - pos);
       pos = end + 1;
       pref = pref.substr(0, pref.find(';'));  // parameters of a preference mean nothing here
-      while (!pref.empty() && (pref.front() == ' ' || pref.front() == '\t')) pref.remove_prefix(1);
-      while (!pref.empty() && (pref.back() == ' ' || pref.back() == '\t')) pref.remove_suffix(1);
+      while (!pref.empty() && (pref.front() == ' ' || pref.front() == '\t'))
+        pref.remove_prefix(1);
+      while (!pref.empty() && (pref.back() == ' ' || pref.back() == '\t'))
+        pref.remove_suffix(1);
       const std::size_t eq = pref.find('=');
       if (eq == std::string_view::npos) continue;
       std::string_view name = pref.substr(0, eq), number = pref.substr(eq + 1);
-      while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
-      while (!number.empty() && number.front() == ' ') number.remove_prefix(1);
+      while (!name.empty() && name.back() == ' ')
+        name.remove_suffix(1);
+      while (!number.empty() && number.front() == ' ')
+        number.remove_prefix(1);
       if (name.size() != 4 || !detail::starts_with_ignoring_case(std::string(name), "wait")) {
         continue;
       }
@@ -433,7 +437,8 @@ struct Server::Impl {
             record = wait_final(id, *wait, res);
           } catch (const StoreUnavailable&) {
           }
-          if (record && is_final(record->status)) return send_json(res, 200, to_status_json(*record));
+          if (record && is_final(record->status))
+            return send_json(res, 200, to_status_json(*record));
         }
         return send_json(res, 202,
                          {{"message", "Received"}, {"id", id}, {"status_url", status_url}});

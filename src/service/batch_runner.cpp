@@ -57,10 +57,9 @@ void BatchRunner::screen(std::vector<Service::WorkItem>& batch, TimePoint now) {
   std::size_t dropped_count = 0;
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
-    auto dropped =
-        std::stable_partition(batch.begin(), batch.end(), [&](const Service::WorkItem& item) {
-          return item.reply || !revoked_locked(item, true);
-        });
+    auto dropped = std::stable_partition(
+        batch.begin(), batch.end(),
+        [&](const Service::WorkItem& item) { return item.reply || !revoked_locked(item, true); });
     for (auto it = dropped; it != batch.end(); ++it)
       leases_.unhold(it->job.id, it->holder);
     dropped_count = static_cast<std::size_t>(batch.end() - dropped);
@@ -169,9 +168,8 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
     watchdog->async_wait(
         [this, keep = owner(), items, settled](const boost::system::error_code& ec) {
           if (ec || settled->exchange(true)) return;
-          const std::string message =
-              "The model did not answer within the inference timeout of " +
-              std::to_string(inference_timeout_.count() / 1000.0) + " s.";
+          const std::string message = "The model did not answer within the inference timeout of " +
+                                      std::to_string(inference_timeout_.count() / 1000.0) + " s.";
           for (auto& item : *items) {
             Prediction timeout = Prediction::failure("inference_timeout", message);
             settle(item, timeout, items->size(), -1);
@@ -221,8 +219,7 @@ bool BatchRunner::revoked_locked(const Service::WorkItem& item, bool take) {
     return revoked_.erase({item.job.id, item.holder}) > 0 ||
            cancelled_unheld_.erase(item.job.id) > 0;
   }
-  return revoked_.count({item.job.id, item.holder}) > 0 ||
-         cancelled_unheld_.count(item.job.id) > 0;
+  return revoked_.count({item.job.id, item.holder}) > 0 || cancelled_unheld_.count(item.job.id) > 0;
 }
 
 void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseconds keep) {
@@ -268,8 +265,8 @@ std::vector<Prediction> BatchRunner::predict(std::vector<nlohmann::json>& inputs
     return std::vector<Prediction>(
         inputs.size(),
         Prediction::failure("model_error", "the model returned " + std::to_string(out.size()) +
-                                               " predictions for " +
-                                               std::to_string(inputs.size()) + " inputs"));
+                                               " predictions for " + std::to_string(inputs.size()) +
+                                               " inputs"));
   } catch (const std::exception& e) {
     return std::vector<Prediction>(
         inputs.size(),

@@ -39,9 +39,16 @@ class BatchRunner {
               Admission& admission, Observers& observe, Clock clock,
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,
               std::chrono::milliseconds inference_timeout)
-      : model_(model), store_(store), leases_(leases), delivery_(delivery), admission_(admission),
-        observe_(observe), clock_(std::move(clock)), timer_executor_(std::move(timer_executor)),
-        job_ttl_(job_ttl), inference_timeout_(inference_timeout) {}
+      : model_(model),
+        store_(store),
+        leases_(leases),
+        delivery_(delivery),
+        admission_(admission),
+        observe_(observe),
+        clock_(std::move(clock)),
+        timer_executor_(std::move(timer_executor)),
+        job_ttl_(job_ttl),
+        inference_timeout_(inference_timeout) {}
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 

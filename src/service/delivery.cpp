@@ -33,8 +33,8 @@ void Delivery::start(JobRecord record, std::string holder) {
 void Delivery::attempt(const JobRecord& record, std::string holder) {
   const std::string id = record.job.id;
   const CallbackInfo before = record.callback;
-  CallbackMessage message{id, record.job.callback_url, dump_json(to_callback_json(record)),
-                          "msg_" + id, before.attempts, {}};
+  CallbackMessage message{id,          record.job.callback_url, dump_json(to_callback_json(record)),
+                          "msg_" + id, before.attempts,         {}};
   continue_trace(message, record.job);
   RetryState state;
   state.attempts = before.delivery_attempts;
@@ -48,10 +48,8 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
   // requests, or its open circuit) for longer than a lease.
   leases_.hold(id, holder, false);
   sender_.attempt(std::move(message), state,
-                  [this, keep = owner(), id, before,
-                   holder = std::move(holder)](const AttemptReport& report) {
-                    attempted(id, holder, before, report);
-                  });
+                  [this, keep = owner(), id, before, holder = std::move(holder)](
+                      const AttemptReport& report) { attempted(id, holder, before, report); });
 }
 
 void Delivery::notify_started(const Job& job) {
@@ -61,8 +59,8 @@ void Delivery::notify_started(const Job& job) {
     return;
   }
   nlohmann::json body = {{"id", job.id}, {"status", "running"}};
-  CallbackMessage message{job.id, job.callback_url, dump_json(body), "msg_" + job.id + "_started",
-                          0, {}};
+  CallbackMessage message{
+      job.id, job.callback_url, dump_json(body), "msg_" + job.id + "_started", 0, {}};
   continue_trace(message, job);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });

@@ -31,7 +31,9 @@ class Leases {
   /// A lease holder name that no other claim shares, on this server or another.
   std::string next_holder() { return server_id_ + "/" + std::to_string(++claims_); }
 
-  Lease from_now(std::string holder) const { return Lease{std::move(holder), clock_() + duration_}; }
+  Lease from_now(std::string holder) const {
+    return Lease{std::move(holder), clock_() + duration_};
+  }
 
   std::chrono::milliseconds duration() const { return duration_; }
 

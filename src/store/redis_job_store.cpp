@@ -340,8 +340,8 @@ enum Script : std::size_t {
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
-    kPut,      kClaim,    kRenew,    kMarkRunning,    kFinish,
-    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList, kQueuePosition, kCancel};
+    kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
+    kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -547,9 +547,8 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
   std::string_view authority = uri.substr(0, slash);
   if (slash != std::string_view::npos) {
     const std::string_view db = uri.substr(slash + 1);
-    if (db.empty() || db.size() > 5 || !std::all_of(db.begin(), db.end(), [](char c) {
-          return c >= '0' && c <= '9';
-        })) {
+    if (db.empty() || db.size() > 5 ||
+        !std::all_of(db.begin(), db.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       throw Error("redis store: the database in '" + whole + "' must be a number");
     }
     options.db = static_cast<int>(number(db));
@@ -568,7 +567,8 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
   std::string_view host = authority, port;
   if (!authority.empty() && authority.front() == '[') {
     const auto close = authority.find(']');
-    if (close == std::string_view::npos) throw Error("redis store: bad IPv6 host in '" + whole + "'");
+    if (close == std::string_view::npos)
+      throw Error("redis store: bad IPv6 host in '" + whole + "'");
     host = authority.substr(1, close - 1);
     const std::string_view rest = authority.substr(close + 1);
     if (!rest.empty()) {
@@ -915,11 +915,12 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   const std::string created = ms_text(job.created_at);
   Reply r;
   try {
-    r = impl_->script(kScriptPut, {job.id, job.callback_url, detail::dump_json(job.input), created,
-                                   claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
-                                   claim ? ms_text(claim->until) : created,
-                                   std::to_string(job.priority), std::to_string(job.max_queue.count()),
-                                   std::to_string(job.webhook_events), job.traceparent});
+    r = impl_->script(kScriptPut,
+                      {job.id, job.callback_url, detail::dump_json(job.input), created,
+                       claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
+                       claim ? ms_text(claim->until) : created, std::to_string(job.priority),
+                       std::to_string(job.max_queue.count()), std::to_string(job.webhook_events),
+                       job.traceparent});
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }

@@ -220,9 +220,8 @@ struct SqliteJobStore::Impl {
   sqlite3* db = nullptr;
   mutable std::mutex db_mutex;  // the connection and its statements
   std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
-      set_callback,
-      set_job_due, set_callback_due, select_due_jobs, select_due_callbacks, redeliver_failed,
-      select_failed, select_unfinished, delete_finished, probe;
+      set_callback, set_job_due, set_callback_due, select_due_jobs, select_due_callbacks,
+      redeliver_failed, select_failed, select_unfinished, delete_finished, probe;
 
   // Who holds which work. In memory: the file is this process's alone (exclusive lock), so when
   // the process ends every lease ends with it, as a lease that runs out would.
@@ -326,25 +325,30 @@ struct SqliteJobStore::Impl {
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
           "ended_at_ms = :end, job_due_ms = NULL, "
-          "finished_at_ms = CASE WHEN :s >= 2 AND (" NO_CALLBACK " OR cb_state >= 2) "
+          "finished_at_ms = CASE WHEN :s >= 2 AND (" NO_CALLBACK
+          " OR cb_state >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
       // The acknowledgement of a job: its outcome, and its callback pending (due at :due).
       finish = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
           "ended_at_ms = :end, job_due_ms = NULL, "
-          "cb_state = CASE WHEN " NO_CALLBACK " THEN cb_state ELSE 1 END, "
+          "cb_state = CASE WHEN " NO_CALLBACK
+          " THEN cb_state ELSE 1 END, "
           "cb_next_at_ms = :now, cb_delivery_attempts = 0, cb_delivery_started_ms = :now, "
           "cb_previous_delay_ms = 0, "
-          "cb_due_ms = CASE WHEN " NO_CALLBACK " THEN NULL ELSE :due END, "
-          "finished_at_ms = CASE WHEN " NO_CALLBACK " THEN :now ELSE NULL END "
+          "cb_due_ms = CASE WHEN " NO_CALLBACK
+          " THEN NULL ELSE :due END, "
+          "finished_at_ms = CASE WHEN " NO_CALLBACK
+          " THEN :now ELSE NULL END "
           "WHERE id = :id AND status < 2");
       set_callback = std::make_unique<Statement>(
           db,
           "UPDATE jobs SET cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, "
           "cb_next_at_ms = :cn, cb_delivery_attempts = :cd, cb_delivery_started_ms = :cds, "
           "cb_previous_delay_ms = :cp, cb_due_ms = :due, "
-          "finished_at_ms = CASE WHEN status >= 2 AND (" NO_CALLBACK " OR :cs >= 2) "
+          "finished_at_ms = CASE WHEN status >= 2 AND (" NO_CALLBACK
+          " OR :cs >= 2) "
           "THEN :now ELSE NULL END WHERE id = :id");
       set_job_due = std::make_unique<Statement>(
           db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
@@ -904,12 +908,11 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
   if (impl_->cancelling.count(id) || !impl_->release(impl_->job_leases, id, holder, now)) {
     return false;
   }
-  impl_->enqueue({[impl, id, outcome, result = std::move(result),
-                   due = to_ms(deliver ? deliver->until : now), at = to_ms(now)] {
-                    impl->write_finish(id, outcome, result, at, due);
-                  },
-                  {},
-                  {}});
+  impl_->enqueue(
+      {[impl, id, outcome, result = std::move(result), due = to_ms(deliver ? deliver->until : now),
+        at = to_ms(now)] { impl->write_finish(id, outcome, result, at, due); },
+       {},
+       {}});
   if (deliver) impl_->callback_leases[id] = *deliver;
   return true;
 }

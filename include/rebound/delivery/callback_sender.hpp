@@ -65,8 +65,8 @@ struct AttemptReport {
   CallbackResponse response;
   AttemptVerdict verdict = AttemptVerdict::retry;  ///< give_up also when the policy stops retrying
   std::chrono::milliseconds next_delay{0};         ///< when `verdict` is retry
-  std::string error;  ///< a one-line description of a failed attempt, e.g. "HTTP 503"
-  std::string traceparent;  ///< the `traceparent` header the attempt carried (extra_headers), if any
+  std::string error;        ///< a one-line description of a failed attempt, e.g. "HTTP 503"
+  std::string traceparent;  ///< the `traceparent` the attempt carried, if any
 };
 
 /// Reported once, when a delivery ends.

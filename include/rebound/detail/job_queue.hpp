@@ -34,7 +34,8 @@ struct JobQueueOptions {
   std::chrono::microseconds max_queue_delay{0};
 };
 
-/// A bounded FIFO (one per priority level) with a worker pool and dynamic batching (as Triton's dynamic batcher).
+/// A bounded FIFO (one per priority level) with a worker pool and dynamic batching (as Triton's
+/// dynamic batcher).
 ///
 /// Workers are not threads of their own: each is a drain loop posted to the executor you pass in
 /// (typically a `boost::asio::thread_pool` sized to `workers`), started when work arrives and

@@ -120,7 +120,8 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
   if (priority != doc.end() && !priority->is_null()) {
     if (!priority->is_number_integer() || *priority < highest_priority ||
         *priority > lowest_priority) {
-      return invalid("priority", "The field 'priority' must be an integer from 0 (runs first) to 9.");
+      return invalid("priority",
+                     "The field 'priority' must be an integer from 0 (runs first) to 9.");
     }
     job.priority = priority->get<int>();
   }

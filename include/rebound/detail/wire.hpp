@@ -3,8 +3,8 @@
 #pragma once
 
 #include <chrono>
-#include <cstdio>
 #include <cstddef>
+#include <cstdio>
 #include <ctime>
 #include <optional>
 #include <string>

@@ -118,8 +118,7 @@ class JobStore {
   /// its lease ends (a late acknowledgement from its holder is refused), and a job whose callback
   /// hears its end gets that callback pending, due at once. Atomic: of a cancellation and an
   /// acknowledgement at once, one wins.
-  virtual CancelOutcome cancel(const std::string& id, const JobOutcome& outcome,
-                               TimePoint now) = 0;
+  virtual CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) = 0;
 
   /// Leases up to `max` pending callbacks whose `next_attempt_at` has come and that nobody holds,
   /// earliest due first.

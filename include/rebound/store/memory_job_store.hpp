@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <iterator>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -305,7 +305,9 @@ class MemoryJobStore final : public JobStore {
   static int priority_index(const Job& job) {
     return std::clamp(job.priority, highest_priority, lowest_priority);
   }
-  Queued& queued_set(const Job& job) { return queued_[static_cast<std::size_t>(priority_index(job))]; }
+  Queued& queued_set(const Job& job) {
+    return queued_[static_cast<std::size_t>(priority_index(job))];
+  }
   static QueuedKey queued_key(Map::const_iterator it) {
     return {it->second.record.job.created_at, &it->first};
   }
@@ -386,9 +388,8 @@ class MemoryJobStore final : public JobStore {
   static std::size_t footprint(const Entry& e) {
     constexpr std::size_t per_entry = sizeof(Map::value_type) + 4 * sizeof(void*) + 64;
     const JobRecord& r = e.record;
-    std::size_t strings =
-        2 * r.job.id.size() + r.job.callback_url.size() + r.callback.last_error.size() +
-        r.job.traceparent.size();
+    std::size_t strings = 2 * r.job.id.size() + r.job.callback_url.size() +
+                          r.callback.last_error.size() + r.job.traceparent.size();
     if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
     return per_entry + strings + e.input_bytes + e.result_bytes;
   }

@@ -1,4 +1,5 @@
-// RedisJobStore: the JobStore that several servers share (Redis 5 or later, tested with 7.0; through hiredis).
+// RedisJobStore: the JobStore that several servers share (Redis 5 or later, tested with 7.0;
+// through hiredis).
 #pragma once
 
 #include <chrono>
