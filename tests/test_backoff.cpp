@@ -100,18 +100,18 @@ TEST_CASE("a user-defined policy plugs in like the built-in ones") {
 TEST_CASE("Retry-After parses as seconds and as an HTTP-date") {
   using std::chrono::system_clock;
   const auto now = system_clock::from_time_t(1445412450);  // Wed, 21 Oct 2015 07:27:30 GMT
-  CHECK(rebound::parse_retry_after("120", now) == 120000ms);
-  CHECK(rebound::parse_retry_after(" 0 ", now) == 0ms);
-  CHECK(rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now) == 30000ms);
-  CHECK(rebound::parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now) == 0ms);
-  CHECK_FALSE(rebound::parse_retry_after("soon", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("-5", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("", now).has_value());
+  CHECK(rebound::detail::parse_retry_after("120", now) == 120000ms);
+  CHECK(rebound::detail::parse_retry_after(" 0 ", now) == 0ms);
+  CHECK(rebound::detail::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now) == 30000ms);
+  CHECK(rebound::detail::parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now) == 0ms);
+  CHECK_FALSE(rebound::detail::parse_retry_after("soon", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("-5", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("", now).has_value());
   CHECK_FALSE(
-      rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
+      rebound::detail::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
   // Found by fuzzing: dates far from now used to overflow std::chrono (undefined behaviour).
-  CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Oct 99999999 07:28:00 GMT", now).has_value());
-  CHECK(rebound::parse_retry_after("Fri, 31 Dec 7999 23:59:59 GMT", now) ==
+  CHECK_FALSE(rebound::detail::parse_retry_after("Wed, 21 Oct 99999999 07:28:00 GMT", now).has_value());
+  CHECK(rebound::detail::parse_retry_after("Fri, 31 Dec 7999 23:59:59 GMT", now) ==
         std::chrono::milliseconds(999999999LL * 1000));  // clamped
 }
 
@@ -119,25 +119,25 @@ TEST_CASE("Retry-After takes all three HTTP-date forms of RFC 9110") {
   using std::chrono::system_clock;
   const auto now = system_clock::from_time_t(1445412450);  // Wed, 21 Oct 2015 07:27:30 GMT
   // The obsolete RFC 850 form, with its two-digit year.
-  CHECK(rebound::parse_retry_after("Wednesday, 21-Oct-15 07:28:00 GMT", now) == 30000ms);
+  CHECK(rebound::detail::parse_retry_after("Wednesday, 21-Oct-15 07:28:00 GMT", now) == 30000ms);
   // asctime, with a two-digit day or a space and one digit.
-  CHECK(rebound::parse_retry_after("Wed Oct 21 07:28:00 2015", now) == 30000ms);
-  CHECK(rebound::parse_retry_after("Wed Oct  1 07:28:00 2015", now) == 0ms);
-  CHECK_FALSE(rebound::parse_retry_after("Wed Oct 1 07:28:00 2015", now).has_value());
+  CHECK(rebound::detail::parse_retry_after("Wed Oct 21 07:28:00 2015", now) == 30000ms);
+  CHECK(rebound::detail::parse_retry_after("Wed Oct  1 07:28:00 2015", now) == 0ms);
+  CHECK_FALSE(rebound::detail::parse_retry_after("Wed Oct 1 07:28:00 2015", now).has_value());
   // A two-digit year more than 50 years ahead is in the past century.
-  CHECK(rebound::parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now) == 0ms);
-  CHECK(rebound::parse_retry_after("Monday, 21-Oct-30 07:27:30 GMT", now) ==
+  CHECK(rebound::detail::parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now) == 0ms);
+  CHECK(rebound::detail::parse_retry_after("Monday, 21-Oct-30 07:27:30 GMT", now) ==
         std::chrono::milliseconds((rebound::detail::days_from_civil(2030, 10, 21) -
                                    rebound::detail::days_from_civil(2015, 10, 21)) *
                                   86400 * 1000));
   // Names in any case; dates that do not exist are refused.
-  CHECK(rebound::parse_retry_after("wed, 21 OCT 2015 07:28:00 GMT", now) == 30000ms);
-  CHECK_FALSE(rebound::parse_retry_after("Sun, 29 Feb 2015 07:28:00 GMT", now).has_value());
-  CHECK(rebound::parse_retry_after("Mon, 29 Feb 2016 07:28:00 GMT", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("Thu, 31 Apr 2016 07:28:00 GMT", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Oct 2015 24:00:00 GMT", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Oct 2015 07:28:00 UTC", now).has_value());
-  CHECK_FALSE(rebound::parse_retry_after("Wed, 21 Okt 2015 07:28:00 GMT", now).has_value());
+  CHECK(rebound::detail::parse_retry_after("wed, 21 OCT 2015 07:28:00 GMT", now) == 30000ms);
+  CHECK_FALSE(rebound::detail::parse_retry_after("Sun, 29 Feb 2015 07:28:00 GMT", now).has_value());
+  CHECK(rebound::detail::parse_retry_after("Mon, 29 Feb 2016 07:28:00 GMT", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("Thu, 31 Apr 2016 07:28:00 GMT", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("Wed, 21 Oct 2015 24:00:00 GMT", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("Wed, 21 Oct 2015 07:28:00 UTC", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("Wed, 21 Okt 2015 07:28:00 GMT", now).has_value());
   // The process locale plays no part (strptime's %a and %b follow LC_TIME).
   CHECK(rebound::detail::parse_http_date("Thu, 01 Jan 1970 00:00:00 GMT", 2015) == 0);
   CHECK(rebound::detail::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT", 2015) == 784111777);

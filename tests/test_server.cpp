@@ -69,7 +69,7 @@ struct Harness : rebound::test::ServerHarness {
   GatedModel* model = static_cast<GatedModel*>(model_ptr);
 };
 
-// An echo Service with default options and an io_context nobody runs, for a Server of the test's
+// An echo JobQueue with default options and an io_context nobody runs, for a Server of the test's
 // own making (its defaults, its port, its run and stop).
 struct BareService {
   ~BareService() {
@@ -78,7 +78,7 @@ struct BareService {
   }
   boost::asio::thread_pool pool{1};
   boost::asio::io_context io;
-  rebound::Service service{pool.get_executor(), io.get_executor(),
+  rebound::JobQueue service{pool.get_executor(), io.get_executor(),
                            std::make_unique<rebound::EchoModel>(),
                            std::make_unique<rebound::MemoryJobStore>(),
                            std::make_unique<rebound::CurlTransport>(io.get_executor())};
@@ -223,7 +223,7 @@ TEST_CASE("every bad request gets its status and error body") {
 
 TEST_CASE("the server refuses internal callback addresses by default") {
   BareService bare;
-  rebound::Service& service = bare.service;
+  rebound::JobQueue& service = bare.service;
   rebound::Server server(service, {"127.0.0.1", 0});
   const int port = server.bind();
   std::thread t([&] { server.run(); });
@@ -407,14 +407,14 @@ TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running o
 TEST_CASE("a second server cannot bind a port that is in use") {
   Harness h;
   BareService bare;
-  rebound::Service& service = bare.service;
+  rebound::JobQueue& service = bare.service;
   rebound::Server second(service, {"127.0.0.1", h.port});
   CHECK_THROWS_AS(second.bind(), rebound::Error);
 }
 
 TEST_CASE("a stop before run or just as run starts still makes run return") {
   BareService bare;
-  rebound::Service& service = bare.service;
+  rebound::JobQueue& service = bare.service;
   // A run that never returns would hang the test binary: each run gets 10 s, then a last stop().
   auto run_returns = [](rebound::Server& server, bool stop_first,
                         std::chrono::microseconds delay = 0us) {

@@ -1,4 +1,4 @@
-// Service without HTTP: the store is the queue. An injected clock moves time on (hours of retry
+// JobQueue without HTTP: the store is the queue. An injected clock moves time on (hours of retry
 // schedule, leases running out) without sleeping; a scripted transport at the CallbackTransport
 // interface answers at once.
 #include <doctest/doctest.h>
@@ -13,7 +13,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "rebound/detail/wire.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/held_model.hpp"
@@ -125,10 +125,10 @@ class SharedStore final : public rebound::JobStore {
   std::shared_ptr<rebound::JobStore> inner_;
 };
 
-// One Service with its executors, a fake clock and a scripted transport.
+// One JobQueue with its executors, a fake clock and a scripted transport.
 struct Node {
   Node(std::unique_ptr<rebound::JobStore> store, std::shared_ptr<FakeClock> clock,
-       std::shared_ptr<ScriptedTransport::Shared> sent, rebound::ServiceOptions so = {},
+       std::shared_ptr<ScriptedTransport::Shared> sent, rebound::JobQueueOptions so = {},
        std::unique_ptr<rebound::Model> model = std::make_unique<rebound::EchoModel>(),
        std::unique_ptr<rebound::CallbackTransport> transport = nullptr) {
     if (clock) so.clock = [clock] { return clock->now(); };
@@ -136,7 +136,7 @@ struct Node {
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(1h), 5);
     if (!transport) transport = std::make_unique<ScriptedTransport>(sent);
     service =
-        std::make_unique<rebound::Service>(pool.get_executor(), io.get_executor(), std::move(model),
+        std::make_unique<rebound::JobQueue>(pool.get_executor(), io.get_executor(), std::move(model),
                                            std::move(store), std::move(transport), so);
   }
   ~Node() {
@@ -150,7 +150,7 @@ struct Node {
   boost::asio::io_context io;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::thread io_thread{[this] { io.run(); }};
-  std::unique_ptr<rebound::Service> service;
+  std::unique_ptr<rebound::JobQueue> service;
 };
 
 rebound::Job job(const std::string& id, const std::string& url = "http://receiver.test/hook") {
@@ -163,7 +163,7 @@ TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
   auto clock = std::make_shared<FakeClock>();
   auto sent = std::make_shared<ScriptedTransport::Shared>();
   sent->script.assign(20, 503);  // every first attempt fails; the next is an hour away
-  rebound::ServiceOptions so;
+  rebound::JobQueueOptions so;
   so.queue_capacity = 2;
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, sent, so);
   for (int i = 0; i < 20; ++i) {
@@ -177,8 +177,8 @@ TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
   CHECK(record->callback.state == CallbackState::pending);
   CHECK(record->callback.attempts == 1);
   CHECK(record->callback.next_attempt_at == clock->now() + 1h);
-  CHECK(rebound::to_status_json(*record)["callback"]["next_attempt_at"] ==
-        rebound::format_rfc3339(clock->now() + 1h));
+  CHECK(rebound::detail::to_status_json(*record)["callback"]["next_attempt_at"] ==
+        rebound::detail::format_rfc3339(clock->now() + 1h));
 
   // An hour later they are due: the pump claims them two at a time, and all are delivered.
   clock->advance(1h);
@@ -232,7 +232,7 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   auto clock = std::make_shared<FakeClock>();
   auto sent = std::make_shared<ScriptedTransport::Shared>();
   auto store = std::make_shared<rebound::MemoryJobStore>();
-  rebound::ServiceOptions so;
+  rebound::JobQueueOptions so;
   so.lease = 1h;  // renewed every 20 real minutes: never during this test
   auto stuck_model = std::make_unique<HeldModel>();
   HeldModel* stuck = stuck_model.get();
@@ -291,7 +291,7 @@ TEST_CASE("service: observers hear the walk of a job - and one that throws chang
   sent->script = {503};
   auto counting = std::make_shared<CountingObserver>();
   auto throwing = std::make_shared<CountingObserver>(true);
-  rebound::ServiceOptions so;
+  rebound::JobQueueOptions so;
   so.queue_capacity = 1;
   so.observers = {throwing, counting};
   auto model = std::make_unique<HeldModel>();
@@ -345,7 +345,7 @@ class SlowTransport final : public rebound::CallbackTransport {
 
 TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never sent twice") {
   auto sent = std::make_shared<ScriptedTransport::Shared>();
-  rebound::ServiceOptions so;
+  rebound::JobQueueOptions so;
   so.lease = 150ms;  // renewed every 50 ms; the receiver takes 600 ms
   auto transport = std::make_unique<SlowTransport>(600ms);
   SlowTransport* slow = transport.get();

@@ -1,5 +1,5 @@
 // SqliteJobStore: the JobStore contract on a real SQLite file, durability across reopening,
-// group commit, the single-process lock, pruning, and a Service resuming a store's unfinished jobs.
+// group commit, the single-process lock, pruning, and a JobQueue resuming a store's unfinished jobs.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -14,7 +14,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "rebound/http/curl_transport.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
@@ -148,7 +148,7 @@ class CountingModel final : public rebound::Model {
 };
 }  // namespace
 
-TEST_CASE("a Service on a store with unfinished jobs runs them again and delivers what is owed") {
+TEST_CASE("a JobQueue on a store with unfinished jobs runs them again and delivers what is owed") {
   TempDb db;
   rebound::test::Receiver receiver;
   {
@@ -171,9 +171,9 @@ TEST_CASE("a Service on a store with unfinished jobs runs them again and deliver
   {
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
-    rebound::ServiceOptions so;
+    rebound::JobQueueOptions so;
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(10ms), 3);
-    rebound::Service service(pool.get_executor(), io.get_executor(),
+    rebound::JobQueue service(pool.get_executor(), io.get_executor(),
                              std::make_unique<CountingModel>(calls),
                              std::make_unique<SqliteJobStore>(db.path()),
                              std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);

@@ -5,7 +5,7 @@
 
 using rebound::AddressClass;
 using rebound::AddressGuard;
-using rebound::parse_submission;
+using rebound::detail::parse_submission;
 
 namespace {
 const AddressGuard strict{};
@@ -88,20 +88,20 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
 }
 
 TEST_CASE("callback URLs are taken apart for the transport") {
-  auto u = rebound::parse_callback_url("HTTPS://Example.COM/a/b?x=1");
+  auto u = rebound::detail::parse_callback_url("HTTPS://Example.COM/a/b?x=1");
   REQUIRE(u.url);
   CHECK(u.url->scheme == "https");
   CHECK(u.url->host == "example.com");
   CHECK(u.url->port == 443);
   CHECK(u.url->target == "/a/b?x=1");
   CHECK(u.url->origin() == "https://example.com:443");
-  u = rebound::parse_callback_url("http://[2001:db8::1]:9000");
+  u = rebound::detail::parse_callback_url("http://[2001:db8::1]:9000");
   REQUIRE(u.url);
   CHECK(u.url->host == "2001:db8::1");
   CHECK(u.url->port == 9000);
   CHECK(u.url->target == "/");
   CHECK(u.url->origin() == "http://[2001:db8::1]:9000");
-  u = rebound::parse_callback_url("http://example.com?q=1");
+  u = rebound::detail::parse_callback_url("http://example.com?q=1");
   REQUIRE(u.url);
   CHECK(u.url->target == "/?q=1");
   CHECK(u.url->port == 80);

@@ -1,4 +1,4 @@
-// A custom Model served by rebound: derive from rebound::Model, hand it to a Service, serve it.
+// A custom Model served by rebound: derive from rebound::Model, hand it to a JobQueue, serve it.
 // Run: rebound-custom-model [port], then POST {"id":"a","input":{"text":"hello world"}}.
 #include <iostream>
 #include <sstream>
@@ -10,7 +10,7 @@
 
 #include "rebound/http/curl_transport.hpp"
 #include "rebound/http/server.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 
 // Counts the words of {"text": "..."}. Stateless, so thread-safe as Model requires.
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   auto work = boost::asio::make_work_guard(io);
   std::thread io_thread([&io] { io.run(); });
 
-  rebound::Service service(inference.get_executor(), io.get_executor(),
+  rebound::JobQueue service(inference.get_executor(), io.get_executor(),
                            std::make_unique<WordCountModel>(),
                            std::make_unique<rebound::MemoryJobStore>(),
                            std::make_unique<rebound::CurlTransport>(io.get_executor()));

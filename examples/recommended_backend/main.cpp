@@ -21,7 +21,7 @@
 
 #include "rebound/http/curl_transport.hpp"
 #include "rebound/http/server.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 
 // Scores text by a word list. The list is loaded once, then only read: predictions are
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   auto work = boost::asio::make_work_guard(io);
   std::thread io_thread([&io] { io.run(); });
   {
-    rebound::Service service(inference.get_executor(), io.get_executor(),
+    rebound::JobQueue service(inference.get_executor(), io.get_executor(),
                              std::make_unique<LexiconSentimentModel>(),
                              std::make_unique<rebound::MemoryJobStore>(),
                              std::make_unique<rebound::CurlTransport>(io.get_executor()));

@@ -1,7 +1,6 @@
 // rebound-server: the library wired into a runnable server (the README's command line).
 #include <csignal>
 #include <cstdlib>
-#include <future>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -9,26 +8,8 @@
 #include <thread>
 
 #include <CLI/CLI.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/thread_pool.hpp>
 
-#include "rebound/error.hpp"
-#include "rebound/http/curl_transport.hpp"
-#include "rebound/http/server.hpp"
-#include "rebound/model.hpp"
-#include "rebound/store/memory_job_store.hpp"
-#ifdef REBOUND_HAVE_REDIS
-#include "rebound/store/redis_job_store.hpp"
-#endif
-#ifdef REBOUND_HAVE_TORCH
-#include "rebound/torch/torchscript_model.hpp"
-#endif
-#include "rebound/delivery/webhook_signature.hpp"
-#include "rebound/service.hpp"
-#include "rebound/store/sqlite_job_store.hpp"
-#include "rebound/version.hpp"
+#include "rebound/rebound.hpp"
 
 namespace {
 
@@ -44,63 +25,10 @@ int default_port() {
   return 8080;
 }
 
-// An io_context on a thread of its own, stopped and joined on every way out of main.
-struct IoThread {
-  boost::asio::io_context context;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{
-      context.get_executor()};
-  std::thread thread{[this] { context.run(); }};
-  ~IoThread() {
-    work.reset();
-    context.stop();
-    thread.join();
-  }
-};
-
 // SageMaker puts the model artefacts here (SM_MODEL_DIR overrides it).
 std::string default_model_dir() {
   const char* env = std::getenv("SM_MODEL_DIR");
   return env && *env ? env : "/opt/ml/model";
-}
-
-std::unique_ptr<rebound::Model> make_model(const std::string& spec) {
-  if (spec == "echo" || spec.rfind("sleep:", 0) == 0) return rebound::make_builtin_model(spec);
-#ifdef REBOUND_HAVE_TORCH
-  return std::make_unique<rebound::TorchScriptModel>(spec);
-#else
-  throw rebound::Error("model '" + spec +
-                       "': this build has no TorchScript support (rebound::torch); use echo or "
-                       "sleep:<seconds>");
-#endif
-}
-
-std::unique_ptr<rebound::JobStore> make_store(const std::string& uri,
-                                              std::chrono::seconds retention,
-                                              std::size_t memory_budget_mib) {
-  if (uri == "memory") {
-    rebound::MemoryJobStoreOptions options;
-    options.max_bytes = memory_budget_mib << 20;
-    return std::make_unique<rebound::MemoryJobStore>(options);
-  }
-  constexpr std::string_view sqlite = "sqlite:";
-  if (uri.rfind(sqlite, 0) == 0 && uri.size() > sqlite.size()) {
-    rebound::SqliteJobStoreOptions options;
-    options.retention = retention;
-    return std::make_unique<rebound::SqliteJobStore>(uri.substr(sqlite.size()), options);
-  }
-  if (uri.rfind("redis://", 0) == 0) {
-#ifdef REBOUND_HAVE_REDIS
-    rebound::RedisJobStoreOptions options = rebound::parse_redis_uri(uri);
-    options.retention = retention;
-    // Never on the command line, which every user of the machine can read.
-    if (const char* password = std::getenv("REBOUND_REDIS_PASSWORD")) options.password = password;
-    return std::make_unique<rebound::RedisJobStore>(options);
-#else
-    throw rebound::Error("--store " + uri + ": this build has no Redis support (rebound::redis)");
-#endif
-  }
-  throw rebound::Error("unsupported --store '" + uri +
-                       "': use memory, sqlite:<path> or redis://host[:port][/db]");
 }
 
 }  // namespace
@@ -337,87 +265,79 @@ int main(int argc, char** argv) {
     backoff.cap = ms(backoff_cap_s);
     backoff.max_elapsed = ms(max_elapsed_s);
     backoff.retry_after_cap = ms(retry_after_cap_s);
-    // Everything that can refuse the configuration is built before any thread starts.
-    // The model loads last: a mistake in a cheap flag is reported without waiting for it.
-    rebound::AddressGuard guard(allow_private, callback_allow);
-    auto store = make_store(store_uri, std::chrono::seconds(static_cast<long long>(retention_s)),
-                            memory_budget_mib);
-    rebound::ServiceOptions service_options;
-    service_options.workers = workers;
-    service_options.queue_capacity = queue_capacity;
-    service_options.job_ttl = ms(job_ttl_s);
-    service_options.inference_timeout = ms(inference_timeout_s);
-    service_options.lease = ms(lease_s);
-    service_options.server_id = server_id;
-    service_options.logger =
-        rebound::Logger::to_stream(*rebound::parse_log_level(log_level), std::cerr);
-    if (max_batch_size > 0) service_options.max_batch_size = max_batch_size;
+    // Everything that can refuse the configuration is built before the model loads: a mistake
+    // in a cheap flag is reported without waiting for it.
+    rebound::AddressGuard(allow_private, callback_allow);  // a bad --callback-allow, said now
+    rebound::StoreSettings store_settings;
+    store_settings.retention = std::chrono::seconds(static_cast<long long>(retention_s));
+    store_settings.memory_max_bytes = memory_budget_mib << 20;
+    // Never on the command line, which every user of the machine can read.
+    if (const char* password = std::getenv("REBOUND_REDIS_PASSWORD")) {
+      store_settings.redis_password = password;
+    }
+    auto store = rebound::make_store(store_uri, store_settings);
+    rebound::JobQueueOptions options;
+    options.workers = workers;
+    options.queue_capacity = queue_capacity;
+    options.job_ttl = ms(job_ttl_s);
+    options.inference_timeout = ms(inference_timeout_s);
+    options.lease = ms(lease_s);
+    options.server_id = server_id;
+    options.drain_on_destroy = std::chrono::milliseconds(0);  // run_until_signal drained already
+    options.logger = rebound::Logger::to_stream(*rebound::parse_log_level(log_level), std::cerr);
+    if (max_batch_size > 0) options.max_batch_size = max_batch_size;
     if (max_batch_delay_ms >= 0) {
-      service_options.max_queue_delay =
+      options.max_queue_delay =
           std::chrono::microseconds(static_cast<long long>(max_batch_delay_ms * 1000));
     }
-    service_options.delivery.backoff = rebound::backoff::make_policy(backoff);
-    auto model = make_model(model_spec);
-    const std::string model_name = model->name();
-    service_options.delivery.timeout = ms(callback_timeout_s);
-    service_options.delivery.signing_secrets = signing_secrets;
-    service_options.delivery.signing_secrets.insert(service_options.delivery.signing_secrets.end(),
-                                                    signing_keys.begin(), signing_keys.end());
+    options.delivery.backoff = rebound::backoff::make_policy(backoff);
+    options.delivery.timeout = ms(callback_timeout_s);
+    options.delivery.signing_secrets = signing_secrets;
+    options.delivery.signing_secrets.insert(options.delivery.signing_secrets.end(),
+                                            signing_keys.begin(), signing_keys.end());
+    options.allow_private_callbacks = allow_private;
+    options.callback_allow = callback_allow;
     rebound::CurlTransportOptions transport_options;
-    transport_options.guard = guard;
     transport_options.max_total = callback_connections;
     transport_options.max_per_origin = callback_per_origin;
     transport_options.breaker_failures = breaker_failures;
     transport_options.breaker_cooldown = ms(breaker_cooldown_s);
     transport_options.proxy = callback_proxy;
     transport_options.ca_cert_file = callback_ca_file;
+    // One event loop (the queue's io thread) for callbacks: their timers, their bookkeeping and
+    // the transport's sockets. Sharing it saves two thread hand-offs per callback; a loop of the
+    // transport's own cost a third more CPU per delivered job (docs/benchmarks.md).
+    options.transport = [transport_options](boost::asio::any_io_executor io,
+                                            const rebound::AddressGuard& guard) mutable {
+      transport_options.guard = guard;
+      return std::make_unique<rebound::CurlTransport>(std::move(io), transport_options);
+    };
     rebound::ServerOptions server_options;
     server_options.host = host;
     server_options.port = port;
     server_options.http_threads = http_threads;
-    server_options.guard = guard;
     server_options.api_keys = api_keys;
-
-    boost::asio::thread_pool inference(workers);
-    // One event loop for callbacks: their timers, their bookkeeping and the transport's sockets.
-    // Sharing it saves two thread hand-offs per callback; a loop of the transport's own cost a
-    // third more CPU per delivered job (docs/benchmarks.md). Outlives the service below.
-    IoThread io;
-    rebound::Service service(
-        inference.get_executor(), io.context.get_executor(), std::move(model), std::move(store),
-        std::make_unique<rebound::CurlTransport>(io.context.get_executor(), transport_options),
-        service_options);
-    rebound::Server server(service, server_options);
-    const int bound = server.bind();
-
     // SIGTERM/SIGINT: stop taking work (submissions and /ping get 503) while still answering
     // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
-    std::promise<void> stop_requested;
-    boost::asio::signal_set signals(io.context, SIGINT, SIGTERM);
-    signals.async_wait([&stop_requested](const boost::system::error_code& ec, int) {
-      if (!ec) stop_requested.set_value();
-    });
+    server_options.drain_timeout = std::chrono::seconds(25);
 
-    if (const auto resumed = service.batch_stats().resumed) {
+    rebound::JobQueue queue(rebound::make_model(model_spec), std::move(store), options);
+    rebound::Server server(queue, server_options);
+    const int bound = server.bind();
+    if (const auto resumed = queue.batch_stats().resumed) {
       std::cout << "rebound-server: resumed " << resumed << " unfinished jobs from " << store_uri
                 << std::endl;
     }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
-              << " (model " << model_name << ", store " << store_uri << ", workers " << workers
-              << ", batches up to " << service.max_batch_size() << " within "
-              << service.max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
-    std::thread http_thread([&server] { server.run(); });
-    stop_requested.get_future().wait();
-
-    std::cout << "rebound-server: stopping, finishing jobs in flight" << std::endl;
-    if (!service.shutdown(std::chrono::seconds(25))) {
+              << " (model " << queue.model().name() << ", store " << store_uri << ", workers "
+              << workers << ", batches up to " << queue.max_batch_size() << " within "
+              << queue.max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
+    const int status = server.run_until_signal();
+    if (status != 0) {
       std::cerr << "rebound-server: jobs still in flight at the deadline; with the memory store "
                    "they are lost\n";
     }
-    server.stop();
-    http_thread.join();
-    inference.join();  // only inferences already running remain
-    const rebound::BatchStats stats = service.batch_stats();
+    const rebound::BatchStats stats = queue.batch_stats();
     if (stats.batches > 0) {
       std::cout << "rebound-server: " << stats.items << " inferences in " << stats.batches
                 << " batches, mean batch "

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rebound/delivery/callback_sender.hpp"
+#include "rebound/delivery/attempt.hpp"
 #include "rebound/job.hpp"
 
 namespace rebound {

@@ -113,7 +113,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       ctx.elapsed = before_.elapsed + std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::steady_clock::now() - started_);
       if (!response.retry_after.empty()) {
-        ctx.retry_after = parse_retry_after(response.retry_after, options.now());
+        ctx.retry_after = detail::parse_retry_after(response.retry_after, options.now());
       }
       std::optional<std::chrono::milliseconds> delay;
       try {

@@ -24,6 +24,7 @@
 #include "rebound/detail/callback_url.hpp"
 #include "rebound/detail/text.hpp"
 #include "rebound/error.hpp"
+#include "rebound/job_queue.hpp"
 
 namespace rebound {
 namespace {
@@ -773,7 +774,7 @@ CurlTransport::~CurlTransport() {
 
 void CurlTransport::send(CallbackRequest request, CallbackResponseHandler on_done) {
   auto t = std::make_shared<Impl::Transfer>();
-  const CallbackUrlParse parsed = parse_callback_url(request.url);
+  const detail::CallbackUrlParse parsed = detail::parse_callback_url(request.url);
   t->request = std::move(request);
   t->on_done = std::move(on_done);
   if (parsed.url) {
@@ -803,3 +804,16 @@ std::vector<EndpointStatus> CurlTransport::endpoints() const {
 }
 
 }  // namespace rebound
+
+namespace rebound::detail {
+
+// What a JobQueue delivers callbacks with when the program links rebound::http and names no
+// transport (REBOUND_DETAIL_DEFAULT_TRANSPORT in job_queue.hpp).
+std::unique_ptr<CallbackTransport> make_default_transport(boost::asio::any_io_executor io,
+                                                          const AddressGuard& guard) {
+  CurlTransportOptions options;
+  options.guard = guard;
+  return std::make_unique<CurlTransport>(std::move(io), std::move(options));
+}
+
+}  // namespace rebound::detail

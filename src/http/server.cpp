@@ -1,4 +1,4 @@
-// Server: the HTTP routes of docs/http-api.md on cpp-httplib, translating to and from a Service.
+// Server: the HTTP routes of docs/http-api.md on cpp-httplib, translating to and from a JobQueue.
 #include "rebound/http/server.hpp"
 
 #include <httplib.h>
@@ -12,6 +12,9 @@
 #include <thread>
 #include <utility>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <nlohmann/json.hpp>
 
 #include "http_server.hpp"
@@ -24,6 +27,7 @@
 #include "rebound/version.hpp"
 
 namespace rebound {
+using namespace rebound::detail;  // the wire formats and parsers of the routes
 namespace {
 
 constexpr const char* json_type = "application/json";
@@ -226,7 +230,7 @@ std::optional<ApiError> body_error(detail::BodyRead read, std::size_t limit) {
 }  // namespace
 
 struct Server::Impl {
-  Impl(Service& s, ServerOptions o)
+  Impl(JobQueue& s, ServerOptions o)
       : service(s), options(std::move(o)), http(limits_of(options), options.http_threads) {
     http.set_tcp_nodelay(true);
     // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
@@ -412,19 +416,16 @@ struct Server::Impl {
   }
 
   void submit(const httplib::Request& req, const std::string& body, httplib::Response& res) {
-    SubmissionParse parsed = parse_submission(body, options.guard);
+    SubmissionParse parsed = parse_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
-    if (auto invalid = service.model().validate(job.input)) {
-      return send_error(res,
-                        {422, invalid->code, "The field 'input' " + invalid->message, "input"});
-    }
     // W3C Trace Context: kept with the job for its callbacks and log lines; an invalid header is
     // ignored, as the specification asks.
     const std::string traceparent = req.get_header_value("traceparent");
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
     const std::string id = job.id;
-    switch (service.submit(std::move(job))) {
+    ErrorInfo invalid;
+    switch (service.submit(std::move(job), &invalid)) {
       case SubmitStatus::accepted:
       case SubmitStatus::duplicate: {
         const std::string status_url = "/v1/inferences/" + id;
@@ -455,6 +456,13 @@ struct Server::Impl {
         return send_shutting_down(res);
       case SubmitStatus::store_unavailable:
         return send_store_unavailable(res);
+      case SubmitStatus::invalid_input:
+        return send_error(res, {422, invalid.code, "The field 'input' " + invalid.message, "input"});
+      case SubmitStatus::no_transport:
+        return send_error(res, {422, "invalid_field",
+                                "This server cannot deliver callbacks; leave 'callback_url' out and "
+                                "poll the job.",
+                                "callback_url"});
     }
   }
 
@@ -466,17 +474,17 @@ struct Server::Impl {
     if (auto error = json_body_error(detail::parse_untrusted_json(body, input))) {
       return send_error(res, *error);
     }
-    if (auto invalid = service.model().validate(input)) {
-      return send_error(res, {422, invalid->code, "The input " + invalid->message, {}});
-    }
     // The HTTP thread waits for the batch its request joins; the promise outlives a timeout.
     auto result = std::make_shared<std::promise<Prediction>>();
     auto future = result->get_future();
-    const SubmitStatus status =
-        service.invoke(std::move(input), [result](const Prediction& p) { result->set_value(p); });
+    ErrorInfo invalid;
+    const SubmitStatus status = service.invoke(
+        std::move(input), [result](const Prediction& p) { result->set_value(p); }, &invalid);
     switch (status) {
       case SubmitStatus::accepted:
         break;
+      case SubmitStatus::invalid_input:
+        return send_error(res, {422, invalid.code, "The input " + invalid.message, {}});
       case SubmitStatus::queue_full:
         return send_queue_full(res);
       case SubmitStatus::not_ready:
@@ -580,7 +588,7 @@ struct Server::Impl {
     send_json(res, 200, {{"jobs", std::move(jobs)}});
   }
 
-  // Waits for the job to be final (Service::wait_final), with at most half the HTTP threads
+  // Waits for the job to be final (JobQueue::wait_final), with at most half the HTTP threads
   // waiting at once, so that waits never take every thread (/ping must still answer). Sets
   // Preference-Applied when it waited.
   std::optional<JobRecord> wait_final(const std::string& id, int seconds, httplib::Response& res) {
@@ -611,7 +619,7 @@ struct Server::Impl {
     send_json(res, 200, to_status_json(*record, position));
   }
 
-  Service& service;
+  JobQueue& service;
   ServerOptions options;
   detail::HttpServer http;
   std::atomic<int> bound_port{0};
@@ -626,7 +634,7 @@ struct Server::Impl {
   bool ran = false;             // run() entered listen_after_bind once; guarded by run_mutex
 };
 
-Server::Server(Service& service, ServerOptions options) {
+Server::Server(JobQueue& service, ServerOptions options) {
   if (options.http_threads == 0) throw Error("Server: http_threads must be at least 1");
   if (options.port < 0 || options.port > 65535) throw Error("Server: port must be 0..65535");
   impl_ = std::make_unique<Impl>(service, std::move(options));
@@ -682,6 +690,44 @@ void Server::stop() {
   }
   lock.unlock();
   impl_->http.shutdown();
+}
+
+int Server::run_until_signal() {
+  if (impl_->bound_port == 0) bind();
+  // The signals are heard through Asio's handler (whichever thread receives them) on a loop of
+  // this thread; serving goes on on another thread, and the drain on a third.
+  boost::asio::io_context loop(1);
+  boost::asio::signal_set signals(loop, SIGINT, SIGTERM);
+  bool signalled = false, forced = false, drained = false;
+  std::thread drainer;
+  std::thread serving([&] {
+    run();
+    // Stopped by `stop()` without a signal: nothing to wait for any more.
+    boost::asio::post(loop, [&] {
+      if (!signalled) signals.cancel();
+    });
+  });
+  signals.async_wait([&](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    signalled = true;
+    drainer = std::thread([&] {
+      const bool idle = impl_->service.shutdown(impl_->options.drain_timeout);
+      boost::asio::post(loop, [&, idle] {
+        drained = idle;
+        signals.cancel();  // no second signal to wait for
+      });
+    });
+    signals.async_wait([&](const boost::system::error_code& again, int) {
+      if (again) return;
+      forced = true;
+      impl_->service.end_drain();
+    });
+  });
+  loop.run();  // until the drain ends, or the server was stopped without a signal
+  stop();
+  serving.join();
+  if (drainer.joinable()) drainer.join();
+  return signalled && (forced || !drained) ? 1 : 0;
 }
 
 int Server::port() const {

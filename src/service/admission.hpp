@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "rebound/model.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue_status.hpp"
 
 namespace rebound::detail {
 
@@ -85,10 +85,20 @@ class Admission {
     accepting_ = false;
   }
 
-  /// Waits up to `timeout` for every slot to be free. True when they all are.
+  /// Waits up to `timeout` for every slot to be free, or until `end_wait`. True when they all are.
   bool wait_idle(std::chrono::steady_clock::duration timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
-    return idle_.wait_for(lock, timeout, [this] { return in_flight_ == 0; });
+    idle_.wait_for(lock, timeout, [this] { return in_flight_ == 0 || wait_ended_; });
+    return in_flight_ == 0;
+  }
+
+  /// Ends every `wait_idle`, now and later, as if its deadline had passed.
+  void end_wait() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wait_ended_ = true;
+    }
+    idle_.notify_all();
   }
 
  private:
@@ -100,6 +110,7 @@ class Admission {
   mutable std::mutex mutex_;
   std::condition_variable idle_;
   std::size_t in_flight_ = 0;
+  bool wait_ended_ = false;
 };
 
 }  // namespace rebound::detail

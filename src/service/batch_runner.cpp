@@ -10,7 +10,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 
-#include "rebound/detail/job_queue.hpp"
+#include "rebound/detail/work_queue.hpp"
 #include "rebound/detail/json.hpp"
 
 namespace rebound {
@@ -46,12 +46,12 @@ std::chrono::milliseconds BatchRunner::time_in_queue(const Job& job) const {
   return job.max_queue.count() > 0 ? job.max_queue : job_ttl_;
 }
 
-bool BatchRunner::past_time(const Service::WorkItem& item, TimePoint now) const {
+bool BatchRunner::past_time(const WorkItem& item, TimePoint now) const {
   const auto limit = time_in_queue(item.job);
   return !item.reply && limit.count() > 0 && now - item.job.created_at > limit;
 }
 
-void BatchRunner::screen(std::vector<Service::WorkItem>& batch, TimePoint now) {
+void BatchRunner::screen(std::vector<WorkItem>& batch, TimePoint now) {
   // Claims revoked while their job waited (a cancellation, or another server's claim) end here,
   // without running.
   std::size_t dropped_count = 0;
@@ -59,7 +59,7 @@ void BatchRunner::screen(std::vector<Service::WorkItem>& batch, TimePoint now) {
     std::lock_guard<std::mutex> lock(runs_mutex_);
     auto dropped = std::stable_partition(
         batch.begin(), batch.end(),
-        [&](const Service::WorkItem& item) { return item.reply || !revoked_locked(item, true); });
+        [&](const WorkItem& item) { return item.reply || !revoked_locked(item, true); });
     for (auto it = dropped; it != batch.end(); ++it)
       leases_.unhold(it->job.id, it->holder);
     dropped_count = static_cast<std::size_t>(batch.end() - dropped);
@@ -70,7 +70,7 @@ void BatchRunner::screen(std::vector<Service::WorkItem>& batch, TimePoint now) {
   // here, without running.
   auto expired =
       std::stable_partition(batch.begin(), batch.end(),
-                            [&](const Service::WorkItem& item) { return !past_time(item, now); });
+                            [&](const WorkItem& item) { return !past_time(item, now); });
   for (auto it = expired; it != batch.end(); ++it) {
     const auto limit = time_in_queue(it->job);
     JobRecord record;
@@ -86,14 +86,14 @@ void BatchRunner::screen(std::vector<Service::WorkItem>& batch, TimePoint now) {
   batch.erase(expired, batch.end());
 }
 
-void BatchRunner::sweep(BasicJobQueue<Service::WorkItem>& queue) {
+void BatchRunner::sweep(WorkQueue<WorkItem>& queue) {
   const auto now = clock_();
   bool any_revoked;
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
     any_revoked = !revoked_.empty() || !cancelled_unheld_.empty();
   }
-  std::vector<Service::WorkItem> taken = queue.take_if([&](const Service::WorkItem& item) {
+  std::vector<WorkItem> taken = queue.take_if([&](const WorkItem& item) {
     if (item.reply) return false;
     if (past_time(item, now)) return true;
     if (!any_revoked) return false;
@@ -117,7 +117,7 @@ void BatchRunner::sweep(BasicJobQueue<Service::WorkItem>& queue) {
   }
 }
 
-void BatchRunner::run(std::vector<Service::WorkItem> batch) {
+void BatchRunner::run(std::vector<WorkItem> batch) {
   const auto now = clock_();
   screen(batch, now);
   if (batch.empty()) return;
@@ -160,7 +160,7 @@ void BatchRunner::run(std::vector<Service::WorkItem> batch) {
 
   // With an inference timeout, a watchdog answers the batch when the model overruns; whoever
   // settles the batch first (the watchdog or the model) answers it, once.
-  auto items = std::make_shared<std::vector<Service::WorkItem>>(std::move(batch));
+  auto items = std::make_shared<std::vector<WorkItem>>(std::move(batch));
   auto settled = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<boost::asio::steady_timer> watchdog;
   if (inference_timeout_.count() > 0) {
@@ -214,7 +214,7 @@ void BatchRunner::revoke(const std::string& id, const std::string& holder, bool 
   }
 }
 
-bool BatchRunner::revoked_locked(const Service::WorkItem& item, bool take) {
+bool BatchRunner::revoked_locked(const WorkItem& item, bool take) {
   if (take) {
     return revoked_.erase({item.job.id, item.holder}) > 0 ||
            cancelled_unheld_.erase(item.job.id) > 0;
@@ -227,7 +227,7 @@ void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseco
   cancelled_unheld_[id] = std::chrono::steady_clock::now() + keep;
 }
 
-bool BatchRunner::end_run(const Service::WorkItem& item) {
+bool BatchRunner::end_run(const WorkItem& item) {
   std::lock_guard<std::mutex> lock(runs_mutex_);
   auto it = running_.find(item.job.id);
   if (it == running_.end() || it->second.holder != item.holder) return true;
@@ -277,7 +277,7 @@ std::vector<Prediction> BatchRunner::predict(std::vector<nlohmann::json>& inputs
   }
 }
 
-void BatchRunner::settle(Service::WorkItem& item, Prediction& prediction, std::size_t batch_size,
+void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
                          double inference_ms) {
   if (item.reply) {
     observe_([&](auto& o) { o.on_invocation(prediction.ok()); });
@@ -325,7 +325,10 @@ void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
           admission_.release();
           return;
         }
-        if (on_final_) on_final_(kept->job.id);
+        if (on_final_) {
+          kept->callback.state = deliver ? CallbackState::pending : CallbackState::none;
+          on_final_(*kept);
+        }
         if (!deliver) {
           admission_.release();
           return;

@@ -23,15 +23,16 @@
 #include "delivery.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
+#include "rebound/detail/work_queue.hpp"
 #include "rebound/model.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue_status.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
 
 namespace rebound::detail {
 
 /// `run` is called by the queue's workers, on the inference executor, never under a lock; the
-/// watchdog runs on `timer_executor`. `owner` (the Service's core) is kept alive by the work in
+/// watchdog runs on `timer_executor`. `owner` (the pipeline) is kept alive by the work in
 /// flight (a watchdog, a write being retried).
 class BatchRunner {
  public:
@@ -52,13 +53,14 @@ class BatchRunner {
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 
-  /// Hears each job whose outcome this runner got acknowledged (it is final in the store).
-  void set_on_final(std::function<void(const std::string&)> on_final) {
+  /// Hears each job whose outcome this runner got acknowledged (it is final in the store), with
+  /// its record as this runner finished it (the callback `pending` when one is due).
+  void set_on_final(std::function<void(const JobRecord&)> on_final) {
     on_final_ = std::move(on_final);
   }
 
   /// The worker step for one batch.
-  void run(std::vector<Service::WorkItem> batch);
+  void run(std::vector<WorkItem> batch);
 
   /// batches, items and the largest batch so far (`resumed` is the pump's).
   BatchStats stats() const;
@@ -66,7 +68,7 @@ class BatchRunner {
   /// Takes out of `queue` the jobs that must not wait any longer: past their time in queue
   /// (ended `expired`), or revoked (dropped). Called by the pump about every second, so that a job
   /// starved by higher priorities still expires on time and a cancelled one frees its slot.
-  void sweep(BasicJobQueue<Service::WorkItem>& queue);
+  void sweep(WorkQueue<WorkItem>& queue);
 
   /// `holder`'s run of `id` is over (the job was cancelled, or its lease was lost to another
   /// claim): a running job's cancellation flag is set (rebound::cancellation_requested) and its
@@ -81,12 +83,12 @@ class BatchRunner {
 
  private:
   using TimePoint = std::chrono::system_clock::time_point;
-  // The job's time in queue: its own max_queue, else the Service's time-to-live (0: none).
+  // The job's time in queue: its own max_queue, else the queue's time-to-live (0: none).
   std::chrono::milliseconds time_in_queue(const Job& job) const;
-  bool past_time(const Service::WorkItem& item, TimePoint now) const;
+  bool past_time(const WorkItem& item, TimePoint now) const;
   // Ends the items of `batch` that must not run (revoked: dropped; past their time: expired) and
   // leaves the others.
-  void screen(std::vector<Service::WorkItem>& batch, TimePoint now);
+  void screen(std::vector<WorkItem>& batch, TimePoint now);
 
   // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
   // predictions, fails every item of the batch with model_error.
@@ -94,7 +96,7 @@ class BatchRunner {
 
   // Answers one item with its prediction: an invocation's handler, or a job's outcome.
   // inference_ms < 0: the model never answered (a timeout).
-  void settle(Service::WorkItem& item, Prediction& prediction, std::size_t batch_size,
+  void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
               double inference_ms);
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
@@ -118,7 +120,7 @@ class BatchRunner {
     return keep;
   }
   std::weak_ptr<const void> owner_;
-  std::function<void(const std::string&)> on_final_;
+  std::function<void(const JobRecord&)> on_final_;
   mutable std::mutex stats_mutex_;
   BatchStats stats_;
 
@@ -134,9 +136,9 @@ class BatchRunner {
   // Jobs cancelled with no claim here (see cancelled_unheld): id -> until when it is kept.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> cancelled_unheld_;
   // Under runs_mutex_: whether the waiting item's run is revoked; with `take`, the note is used up.
-  bool revoked_locked(const Service::WorkItem& item, bool take);
+  bool revoked_locked(const WorkItem& item, bool take);
   // Ends an item's run: false when it was revoked (its result is to be discarded).
-  bool end_run(const Service::WorkItem& item);
+  bool end_run(const WorkItem& item);
 };
 
 }  // namespace rebound::detail

@@ -20,7 +20,7 @@ namespace rebound::detail {
 
 /// Thread-safe. Every attempt holds a slot of `admission`, freed once the attempt is recorded.
 /// `schedule` asks the pump to look for due work at a time (the next attempt of a retry).
-/// `owner` (the Service's core) is kept alive while an attempt is in flight.
+/// `owner` (the pipeline) is kept alive while an attempt is in flight.
 class Delivery {
  public:
   using TimePoint = std::chrono::system_clock::time_point;

@@ -20,7 +20,7 @@ namespace rebound::detail {
 
 using Clock = std::function<std::chrono::system_clock::time_point()>;
 
-/// Thread-safe. The held jobs are bounded by the Service's capacity.
+/// Thread-safe. The held jobs are bounded by the queue's capacity.
 class Leases {
  public:
   using TimePoint = std::chrono::system_clock::time_point;

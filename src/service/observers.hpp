@@ -1,4 +1,4 @@
-// The built-in observers of a Service (its metrics and its log) and the fan-out that tells every
+// The built-in observers of a JobQueue (its metrics and its log) and the fan-out that tells every
 // observer, built-in or the user's, of one event.
 #pragma once
 

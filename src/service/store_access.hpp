@@ -1,4 +1,4 @@
-// The Service's one policy for a failing store (see JobStore's comment): every store call goes
+// The JobQueue's one policy for a failing store (see JobStore's comment): every store call goes
 // through here, so a failure is counted, logged once per failing spell, and either answered
 // (StoreUnavailable, for what a front end reads) or retried (for the writes accepted work needs).
 #pragma once
@@ -21,7 +21,7 @@
 
 namespace rebound::detail {
 
-/// Thread-safe. Owns nothing: the store and the observers belong to the Service's core, which
+/// Thread-safe. Owns nothing: the store and the observers belong to the pipeline, which
 /// the retries of `write_until_stored` keep alive.
 class StoreAccess {
  public:
@@ -43,7 +43,7 @@ class StoreAccess {
 
   JobStore& store() { return store_; }
 
-  /// Ends the retries of writes (the Service is going away).
+  /// Ends the retries of writes (the queue is going away).
   void stop() { stopped_ = true; }
   bool stopped() const { return stopped_; }
 
@@ -129,7 +129,7 @@ class StoreAccess {
   /// Runs a write that accepted work needs (its acknowledgement, an attempt's record), then
   /// `then` with what the write answered. When the store fails the write is tried again every
   /// retry interval on the executor while the work keeps its slot, until it is written or the
-  /// Service stops: then `abandon` runs instead of `then` (the store still holds the work as it
+  /// queue stops: then `abandon` runs instead of `then` (the store still holds the work as it
   /// was, and its lease runs out: another claim takes it over). `keep_alive` is held until then.
   void write_until_stored(std::shared_ptr<const void> keep_alive, const char* during,
                           std::string job_id, Write write, Written then,

@@ -5,7 +5,7 @@
 #include <exception>
 #include <utility>
 
-#include "rebound/detail/job_queue.hpp"
+#include "rebound/detail/work_queue.hpp"
 
 namespace rebound::detail {
 
@@ -73,7 +73,7 @@ void StorePump::pump() {
     // After shutdown begins nothing new is claimed: it stays in the store for the next start, or
     // for the other servers.
     if (admission_.accepting()) {
-      callbacks = claim_callbacks(more);
+      if (claims_callbacks_) callbacks = claim_callbacks(more);
       jobs = claim_jobs(more);
     }
     store_.worked();
@@ -81,6 +81,13 @@ void StorePump::pump() {
     store_.failed("claim", {}, e.what());
   } catch (...) {
     store_.failed("claim", {}, "unknown error");
+  }
+  if (on_poll_) {
+    try {
+      on_poll_();
+    } catch (...) {
+      // A wait that could not be checked now is checked at the next poll.
+    }
   }
   // Taken over: jobs this server did not accept, and at start the callbacks an earlier run owed
   // (later, claimed callbacks are the retries this server or another scheduled).
@@ -137,7 +144,7 @@ std::size_t StorePump::claim_jobs(bool& more) {
     const std::string id = record.job.id;
     leases_.hold(id, holder);
     const int priority = record.job.priority;
-    if (queue_->try_push(Service::WorkItem{std::move(record.job), nullptr, holder}, priority) ==
+    if (queue_->try_push(WorkItem{std::move(record.job), nullptr, holder}, priority) ==
         PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;

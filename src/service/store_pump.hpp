@@ -18,23 +18,20 @@
 #include "delivery.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
-#include "rebound/service.hpp"
+#include "rebound/detail/work_queue.hpp"
+#include "rebound/job_queue_status.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
 
-namespace rebound {
-template <typename Item>
-class BasicJobQueue;
-}
-
 namespace rebound::detail {
 
-/// Runs on a thread of its own, so that a slow store never holds up the io executor (which also
-/// drives the callback transport). `wake` is thread-safe.
+/// Starts a thread of its own (the "rebound pump" thread of every JobQueue) and runs there, not on
+/// the io executor, so that a slow store never holds up the callback transport that the io
+/// executor drives. `wake` is thread-safe.
 class StorePump {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
-  using Queue = BasicJobQueue<Service::WorkItem>;
+  using Queue = WorkQueue<WorkItem>;
 
   /// `on_lost(id, holder)` hears of each claim whose renewal the store refused; `sweep(queue)`
   /// runs at most every quarter second, when the pump looks for work (expired and revoked jobs).
@@ -56,6 +53,12 @@ class StorePump {
 
   /// Runs the pump at `at` (at once when it has come), unless it runs earlier already.
   void wake(TimePoint at);
+
+  /// Whether due callbacks are claimed (not by a queue without a transport). Before `start`.
+  void set_claims_callbacks(bool claims) { claims_callbacks_ = claims; }
+
+  /// Called on the pump's thread each time it looks for work. Before `start`.
+  void set_on_poll(std::function<void()> on_poll) { on_poll_ = std::move(on_poll); }
 
   /// Jobs and callbacks taken over from the store so far (see BatchStats::resumed).
   std::uint64_t resumed() const { return resumed_; }
@@ -82,6 +85,8 @@ class StorePump {
   const std::function<void(Queue&)> sweep_;
   std::chrono::steady_clock::time_point last_sweep_{};
   Queue* queue_ = nullptr;
+  bool claims_callbacks_ = true;
+  std::function<void()> on_poll_;
   std::atomic<std::uint64_t> resumed_{0};
   bool starting_ = true;  // during the first claims, before the thread starts
 

@@ -1,20 +1,19 @@
-// What the Service's queue holds: a job to run under a lease, or an invocation waiting for its
-// result.
+// What the queue holds: a job to run under a lease, or an invocation waiting for its result.
 #pragma once
 
 #include <chrono>
 #include <string>
 
 #include "rebound/job.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue_status.hpp"
 
-namespace rebound {
+namespace rebound::detail {
 
-struct Service::WorkItem {
+struct WorkItem {
   Job job;
   InvocationHandler reply;  // set for an invocation: no store, no callback
   std::string holder;       // the lease a job is run under
   std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
 };
 
-}  // namespace rebound
+}  // namespace rebound::detail

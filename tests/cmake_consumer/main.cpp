@@ -1,25 +1,18 @@
 // Links the installed rebound and uses every library but torch, without any other include path:
-// a Service on a SQLite store with libcurl's transport behind the HTTP front (core, sqlite, http).
-#include <rebound/delivery/backoff.hpp>
-#include <rebound/delivery/webhook_signature.hpp>
-#include <rebound/http/curl_transport.hpp>
-#include <rebound/http/server.hpp>
-#include <rebound/model.hpp>
-#include <rebound/service.hpp>
-#include <rebound/store/sqlite_job_store.hpp>
-#include <rebound/version.hpp>
+// a JobQueue that owns its threads, on a SQLite store from make_store, with results back through
+// use_future and a plain handler, libcurl's transport by default, behind the HTTP front.
+#include <rebound/rebound.hpp>
 #ifdef CONSUMER_HAS_REDIS
-#include <rebound/error.hpp>
 #include <rebound/store/redis_job_store.hpp>
 #endif
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_future.hpp>
 
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -41,16 +34,27 @@ int main() {
   }
 #endif
   const std::string db = "consumer-" + std::to_string(getpid()) + ".db";
-  boost::asio::thread_pool inference(2);
-  boost::asio::io_context io;
-  auto work = boost::asio::make_work_guard(io);
-  std::thread io_thread([&] { io.run(); });
   {
-    rebound::Service service(inference.get_executor(), io.get_executor(),
-                             std::make_unique<rebound::EchoModel>(),
-                             std::make_unique<rebound::SqliteJobStore>(db),
-                             std::make_unique<rebound::CurlTransport>(io.get_executor()));
-    rebound::Server server(service, {});
+    rebound::JobQueueOptions options;
+    options.workers = 2;
+    options.allow_private_callbacks = true;
+    rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                            rebound::make_store("sqlite:" + db), options);
+    // The full library delivers callbacks without being told how.
+    ok = ok && queue.delivers_callbacks();
+    rebound::Job job;
+    job.id = "job-0";
+    job.input = {{"x", 0}};
+    const rebound::JobRecord done = queue.async_submit(job, boost::asio::use_future).get();
+    ok = ok && done.status == rebound::JobStatus::succeeded && done.outcome.result == job.input;
+    std::promise<boost::system::error_code> refused;
+    queue.async_submit(job, [&](boost::system::error_code ec, rebound::JobRecord r) {
+      refused.set_value(ec ? ec : (r.job.id == "job-0" ? boost::system::error_code{}
+                                                       : rebound::errc::not_found));
+    });
+    ok = ok && !refused.get_future().get();  // the same request: the first job's record
+
+    rebound::Server server(queue, {});
     const std::string body = R"({"id":"job-1","input":{"x":1}})";
     const std::string submitted = server.serve_connection_bytes(
         "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -65,11 +69,8 @@ int main() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ok = ok && status.find(R"("result":{"x":1})") != std::string::npos;
-    ok = service.shutdown(std::chrono::seconds(10)) && ok;
+    ok = queue.shutdown(std::chrono::seconds(10)) && ok;
   }
-  work.reset();
-  io_thread.join();
-  inference.join();
   std::remove(db.c_str());
   std::cout << "rebound " << rebound::version << (ok ? " ok" : " BROKEN") << std::endl;
   return ok ? 0 : 1;

@@ -1,16 +1,18 @@
-// Links rebound::core alone: a Service with the memory store and a callback transport of its own
+// Links rebound::core alone: a JobQueue with the memory store and a callback transport of its own
 // (no cpp-httplib, libcurl or SQLite). The transport answers 503 once, then 200; the consumer
-// checks that the job's signed callback arrived after a retry.
+// checks that the job's signed callback arrived after a retry. A JobQueue given no transport
+// refuses a job with a callback URL (errc::no_transport) and still runs one without.
 #include <rebound/delivery/backoff.hpp>
 #include <rebound/delivery/callback_transport.hpp>
 #include <rebound/delivery/webhook_signature.hpp>
 #include <rebound/model.hpp>
-#include <rebound/service.hpp>
+#include <rebound/job_queue.hpp>
 #include <rebound/store/memory_job_store.hpp>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_future.hpp>
 
 #include <chrono>
 #include <iostream>
@@ -64,13 +66,13 @@ int main() {
 
   auto transport = std::make_unique<InProcessTransport>(io.get_executor());
   InProcessTransport* sent = transport.get();
-  rebound::ServiceOptions options;
+  rebound::JobQueueOptions options;
   options.delivery.backoff =
       rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(50)), 5);
   options.delivery.signing_secrets = {kSecret};
   bool ok = false;
   {
-    rebound::Service service(inference.get_executor(), io.get_executor(),
+    rebound::JobQueue service(inference.get_executor(), io.get_executor(),
                              std::make_unique<rebound::EchoModel>(),
                              std::make_unique<rebound::MemoryJobStore>(), std::move(transport),
                              options);
@@ -102,6 +104,24 @@ int main() {
   work.reset();
   io_thread.join();
   inference.join();
+  {
+    // rebound::core has no transport of its own: a callback job is refused, never dropped.
+    rebound::JobQueue bare(std::make_unique<rebound::EchoModel>());
+    rebound::Job job;
+    job.id = "with-callback";
+    job.callback_url = "https://receiver.example/hook";
+    ok = ok && !bare.delivers_callbacks() && bare.submit(job) == rebound::SubmitStatus::no_transport;
+    try {
+      bare.async_submit(job, boost::asio::use_future).get();
+      ok = false;
+    } catch (const boost::system::system_error& e) {
+      ok = ok && e.code() == rebound::errc::no_transport;
+    }
+    job.id = "poll-only";
+    job.callback_url.clear();
+    job.input = 7;
+    ok = ok && bare.async_submit(job, boost::asio::use_future).get().outcome.result == 7;
+  }
   std::cout << "rebound::core " << (ok ? "ok" : "BROKEN") << std::endl;
   return ok ? 0 : 1;
 }

@@ -6,11 +6,11 @@
 #include <string>
 
 #include "rebound/detail/callback_url.hpp"
-#include "rebound/http/address_guard.hpp"
+#include "rebound/delivery/address_guard.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  const auto parsed = rebound::parse_callback_url(text);
+  const auto parsed = rebound::detail::parse_callback_url(text);
   if (parsed.url.has_value() == !parsed.error.empty()) std::abort();
   if (parsed.url) {
     const auto& u = *parsed.url;

@@ -1,6 +1,6 @@
 // libFuzzer target: arbitrary bytes as one client connection (request lines, methods, path bytes,
 // headers, bodies, pipelined requests) through the server's own connection handling, routing and
-// handlers, on a real Service (echo model, memory store; a transport that delivers at once).
+// handlers, on a real JobQueue (echo model, memory store; a transport that delivers at once).
 // Never a crash, never a 500, and every answer starts with a status line.
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +14,7 @@
 
 #include "rebound/http/server.hpp"
 #include "rebound/model.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 
 namespace {
@@ -33,13 +33,13 @@ struct World {
   boost::asio::io_context io;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::thread io_thread{[this] { io.run(); }};
-  std::unique_ptr<rebound::Service> service;
+  std::unique_ptr<rebound::JobQueue> service;
   std::unique_ptr<rebound::Server> server;
 
   World() {
-    rebound::ServiceOptions options;
+    rebound::JobQueueOptions options;
     options.workers = 2;
-    service = std::make_unique<rebound::Service>(
+    service = std::make_unique<rebound::JobQueue>(
         inference.get_executor(), io.get_executor(), rebound::make_builtin_model("echo"),
         std::make_unique<rebound::MemoryJobStore>(), std::make_unique<DeliveredAtOnce>(), options);
     rebound::ServerOptions server_options;

@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view value(reinterpret_cast<const char*>(data), size);
   const auto now = std::chrono::system_clock::from_time_t(1700000000);
-  const auto delay = rebound::parse_retry_after(value, now);
+  const auto delay = rebound::detail::parse_retry_after(value, now);
   if (delay && delay->count() < 0) std::abort();
   return 0;
 }

@@ -14,7 +14,7 @@ namespace rebound::test {
 
 class FailingStore final : public JobStore {
  public:
-  /// Shared with the test: the store itself belongs to the Service.
+  /// Shared with the test: the store itself belongs to the JobQueue.
   struct Switch {
     std::atomic<bool> failing{false};
     std::atomic<int> calls_failed{0};

@@ -50,7 +50,7 @@ class ServerHarness {
   ServerHarness(std::unique_ptr<rebound::Model> m, const HarnessOptions& o)
       : inference(o.workers), model_ptr(m.get()) {
     using namespace std::chrono_literals;
-    rebound::ServiceOptions so;
+    rebound::JobQueueOptions so;
     so.workers = o.workers;
     so.queue_capacity = o.capacity;
     so.max_batch_size = o.max_batch_size;
@@ -63,9 +63,10 @@ class ServerHarness {
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
     so.delivery.timeout = 2s;
     so.delivery.signing_secrets = o.signing_secrets;
+    so.allow_private_callbacks = true;  // the receivers are on loopback
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
-    service = std::make_unique<rebound::Service>(
+    service = std::make_unique<rebound::JobQueue>(
         inference.get_executor(), io.get_executor(), std::move(m),
         o.make_store ? o.make_store() : std::make_unique<rebound::MemoryJobStore>(),
         std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
@@ -76,7 +77,6 @@ class ServerHarness {
     sv.max_body_bytes = o.max_body_bytes;
     sv.max_header_bytes = o.max_header_bytes;
     sv.response_timeout = o.response_timeout;
-    sv.guard = rebound::AddressGuard(true);
     sv.api_keys = o.api_keys;
     server = std::make_unique<rebound::Server>(*service, sv);
     port = server->bind();
@@ -127,7 +127,7 @@ class ServerHarness {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::thread io_thread{[this] { io.run(); }};
   rebound::Model* model_ptr = nullptr;  // owned by the service
-  std::unique_ptr<rebound::Service> service;
+  std::unique_ptr<rebound::JobQueue> service;
   std::unique_ptr<rebound::Server> server;
   int port = 0;
   std::thread server_thread;

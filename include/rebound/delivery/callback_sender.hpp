@@ -11,28 +11,11 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
+#include "rebound/delivery/attempt.hpp"
 #include "rebound/delivery/backoff.hpp"
 #include "rebound/delivery/callback_transport.hpp"
 
 namespace rebound {
-
-/// What to do after one attempt.
-enum class AttemptVerdict { delivered, retry, give_up };
-
-/// Decides an attempt's verdict from what the transport reported. Must be thread-safe.
-using ResponseClassifier = std::function<AttemptVerdict(const CallbackResponse&)>;
-
-/// rebound's default: any 2xx is delivered; `410 Gone` and a refused or unusable address give up
-/// at once; everything else (transport errors, timeouts, redirects, other statuses) is retried.
-inline AttemptVerdict default_classifier(const CallbackResponse& r) {
-  if (r.error == TransportError::invalid_url || r.error == TransportError::refused_address) {
-    return AttemptVerdict::give_up;
-  }
-  if (r.error != TransportError::none) return AttemptVerdict::retry;
-  if (r.status >= 200 && r.status < 300) return AttemptVerdict::delivered;
-  if (r.status == 410) return AttemptVerdict::give_up;
-  return AttemptVerdict::retry;
-}
 
 struct CallbackSenderOptions {
   BackoffPolicyPtr backoff = backoff::default_policy();
@@ -47,37 +30,6 @@ struct CallbackSenderOptions {
     return std::chrono::system_clock::now();
   };
 };
-
-/// One result to deliver.
-struct CallbackMessage {
-  std::string job_id;
-  std::string url;
-  std::string body;           ///< JSON, sent as is
-  std::string webhook_id;     ///< the `webhook-id` header: the same on every attempt
-  int previous_attempts = 0;  ///< attempts already made before this delivery (shown in reports)
-  /// Sent on every attempt as well, after the standard headers (e.g. `traceparent`).
-  std::vector<std::pair<std::string, std::string>> extra_headers;
-};
-
-/// Reported after every attempt.
-struct AttemptReport {
-  int attempt = 0;  ///< 1-based, counting `previous_attempts`
-  CallbackResponse response;
-  AttemptVerdict verdict = AttemptVerdict::retry;  ///< give_up also when the policy stops retrying
-  std::chrono::milliseconds next_delay{0};         ///< when `verdict` is retry
-  std::string error;        ///< a one-line description of a failed attempt, e.g. "HTTP 503"
-  std::string traceparent;  ///< the `traceparent` the attempt carried, if any
-};
-
-/// Reported once, when a delivery ends.
-struct DeliveryReport {
-  bool delivered = false;
-  int attempts = 0;
-  std::string last_error;
-};
-
-using AttemptObserver = std::function<void(const AttemptReport&)>;
-using DeliveryHandler = std::function<void(const DeliveryReport&)>;
 
 /// Where a delivery stands before an attempt, for a caller that keeps the retry schedule itself
 /// (`CallbackSender::attempt`): what the backoff policy needs to pick the delay after it.

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace rebound {
+namespace rebound::detail {
 
 /// A callback URL taken apart. `host` has no brackets, even for IPv6 literals.
 struct CallbackUrl {
@@ -104,4 +104,4 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
   return CallbackUrlParse{std::move(url), {}};
 }
 
-}  // namespace rebound
+}  // namespace rebound::detail

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace rebound {
+namespace rebound::detail {
 
 /// The deepest nesting of arrays and objects accepted anywhere (request bodies, model outputs).
 /// nlohmann::json parses iteratively but copies, compares and serialises recursively: a bound here
@@ -21,7 +21,6 @@ inline constexpr std::size_t max_json_depth = 128;
 /// one body's tree near 32 MiB whatever its shape (`[{},{},...]` would take 40 times its size).
 inline constexpr std::size_t json_cost_limit = 1000000;
 
-namespace detail {
 
 /// What a linear scan of JSON text finds before anything builds a tree.
 struct JsonTextShape {
@@ -147,5 +146,4 @@ inline std::string dump_json(const nlohmann::json& value) {
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace detail
-}  // namespace rebound
+}  // namespace rebound::detail

@@ -10,7 +10,7 @@
 
 #include "rebound/detail/http_date.hpp"
 
-namespace rebound {
+namespace rebound::detail {
 
 /// Parses a `Retry-After` value, either delay-seconds ("120") or an HTTP-date
 /// in any of RFC 9110's three forms ("Wed, 21 Oct 2015 07:28:00 GMT", "Wednesday, 21-Oct-15
@@ -45,4 +45,4 @@ inline std::optional<std::chrono::milliseconds> parse_retry_after(
   return std::chrono::milliseconds(std::min(delta, 999999999LL) * 1000);
 }
 
-}  // namespace rebound
+}  // namespace rebound::detail

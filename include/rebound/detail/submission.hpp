@@ -11,10 +11,10 @@
 
 #include "rebound/detail/callback_url.hpp"
 #include "rebound/detail/json.hpp"
-#include "rebound/http/address_guard.hpp"
+#include "rebound/delivery/address_guard.hpp"
 #include "rebound/job.hpp"
 
-namespace rebound {
+namespace rebound::detail {
 
 /// An error answer of the HTTP API: status, machine code, human message, and the field at fault.
 struct ApiError {
@@ -32,19 +32,19 @@ struct ApiError {
 };
 
 /// The 400 answer for a request body that parse_untrusted_json refused; nullopt when it parsed.
-inline std::optional<ApiError> json_body_error(detail::JsonParseError error) {
+inline std::optional<ApiError> json_body_error(JsonParseError error) {
   switch (error) {
-    case detail::JsonParseError::none:
+    case JsonParseError::none:
       break;
-    case detail::JsonParseError::invalid:
+    case JsonParseError::invalid:
       return ApiError{400, "invalid_json", "The request body is not valid JSON.", {}};
-    case detail::JsonParseError::too_deep:
+    case JsonParseError::too_deep:
       return ApiError{400,
                       "invalid_json",
                       "The request body nests arrays and objects deeper than " +
                           std::to_string(max_json_depth) + " levels.",
                       {}};
-    case detail::JsonParseError::too_complex:
+    case JsonParseError::too_complex:
       return ApiError{400,
                       "invalid_json",
                       "The request body has too many values: at most " +
@@ -158,4 +158,4 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
   return {std::move(job), std::nullopt};
 }
 
-}  // namespace rebound
+}  // namespace rebound::detail

@@ -13,7 +13,7 @@
 
 #include "rebound/job.hpp"
 
-namespace rebound {
+namespace rebound::detail {
 
 /// Formats a time point as RFC 3339 in UTC with milliseconds, e.g. "2026-11-22T04:06:00.123Z".
 inline std::string format_rfc3339(std::chrono::system_clock::time_point tp) {
@@ -73,4 +73,4 @@ inline nlohmann::json to_callback_json(const JobRecord& record) {
   return out;
 }
 
-}  // namespace rebound
+}  // namespace rebound::detail

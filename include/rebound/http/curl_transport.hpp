@@ -12,7 +12,7 @@
 #include <boost/asio/any_io_executor.hpp>
 
 #include "rebound/delivery/callback_transport.hpp"
-#include "rebound/http/address_guard.hpp"
+#include "rebound/delivery/address_guard.hpp"
 
 namespace rebound {
 

@@ -1,18 +1,24 @@
-// Server: the HTTP front of a Service (the routes of docs/http-api.md), on cpp-httplib.
+// Server: the HTTP front of a JobQueue (the routes of docs/http-api.md), on cpp-httplib.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "rebound/http/address_guard.hpp"
+#include "rebound/delivery/address_guard.hpp"
 #include "rebound/service.hpp"
 
 namespace rebound {
 
 struct ServerOptions {
+  ServerOptions() = default;
+  /// Where to listen, everything else at its default: `Server server(queue, {"0.0.0.0", 8080})`.
+  ServerOptions(std::string listen_host, int listen_port)
+      : host(std::move(listen_host)), port(listen_port) {}
+
   std::string host = "0.0.0.0";
   int port = 8080;  ///< 0 picks a free port; `bind()` returns it
   /// Larger bodies get 413 (SageMaker's limit): a declared Content-Length at once, unread; a
@@ -33,17 +39,18 @@ struct ServerOptions {
   /// A response must be taken by the client within this, from its first byte written (each
   /// write within 5 s): a client that reads a few bytes now and then cannot hold a thread.
   std::chrono::milliseconds response_timeout{60000};
-  /// Checks callback URLs at submission. Must agree with the transport's guard.
-  AddressGuard guard{};
   /// When not empty, every route but `/ping`, `/openapi.json` and `/v1/webhook-keys` requires
   /// `Authorization: Bearer <one of these keys>` (several keys allow rotation); else 401.
   std::vector<std::string> api_keys;
   /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60
   /// s).
   std::chrono::milliseconds invocation_timeout{60000};
+  /// `run_until_signal`: how long the queue may drain after the first SIGINT or SIGTERM (inside
+  /// SageMaker's 30 s).
+  std::chrono::milliseconds drain_timeout{25000};
 };
 
-/// Serves a Service over HTTP:
+/// Serves a JobQueue over HTTP:
 ///   POST /v1/inferences, GET /v1/inferences/{id}, POST /v1/inferences/{id}/redeliver,
 ///   GET /v1/inferences?callback_state=failed, POST /invocations, GET /ping, GET /metrics,
 ///   GET /openapi.json
@@ -52,18 +59,26 @@ struct ServerOptions {
 /// memory beyond the limits of ServerOptions. One thread serves one connection (cpp-httplib):
 /// facing the internet, put a proxy in front (examples/sagemaker/serve, docs/operations.md).
 ///
-/// Example:
-///   rebound::Server server(service, {"127.0.0.1", 8080});
+/// Callback URLs are checked at submission with the queue's address policy
+/// (`JobQueue::callback_guard`, set by `JobQueueOptions::allow_private_callbacks`).
+///
+/// Example (a whole server: serves until SIGINT or SIGTERM, then drains and returns 0):
+///   rebound::JobQueue queue(std::make_unique<MyModel>(), rebound::make_store("sqlite:jobs.db"));
+///   return rebound::Server(queue, {"0.0.0.0", 8080}).run_until_signal();
+///
+/// Or by hand:
+///   rebound::Server server(queue, {"127.0.0.1", 8080});
 ///   server.bind();
 ///   std::thread t([&] { server.run(); });
 ///   ...
 ///   server.stop(); t.join();
 ///
-/// Thread-safety: `stop` and `port` may be called from any thread; `bind` and `run` once each.
-/// The Service must outlive the Server.
+/// Threads: `run` serves on the calling thread and starts `http_threads` threads of its own.
+/// Thread-safety: `stop` and `port` may be called from any thread; `bind` and `run` (or
+/// `run_until_signal`) once each. The JobQueue must outlive the Server.
 class Server final {
  public:
-  Server(Service& service, ServerOptions options);
+  Server(JobQueue& queue, ServerOptions options);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -73,6 +88,14 @@ class Server final {
 
   /// Serves requests until `stop()`; binds first if `bind()` was not called. Blocks.
   void run();
+
+  /// Serves until SIGINT or SIGTERM (binding first if `bind()` was not called), then stops
+  /// taking work (submissions and `/ping` answer 503 while polls are still answered), drains the
+  /// queue for up to `drain_timeout`, stops serving and returns 0; 1 when work was still in flight
+  /// at the deadline. A second signal during the drain ends it at once (status 1). Blocks the two
+  /// signals in the calling thread while it waits for them. Throws rebound::Error when it cannot
+  /// bind.
+  int run_until_signal();
 
   /// Stops serving; `run` returns. Safe to call more than once, and before `run`.
   void stop();

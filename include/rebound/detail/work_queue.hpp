@@ -1,4 +1,4 @@
-// JobQueue: a bounded queue drained by a fixed number of workers on an Asio executor, handing
+// WorkQueue: a bounded queue drained by a fixed number of workers on an Asio executor, handing
 // them dynamic batches (up to a size, waiting at most a delay for one to fill).
 #pragma once
 
@@ -22,9 +22,9 @@
 #include "rebound/error.hpp"
 #include "rebound/job.hpp"
 
-namespace rebound {
+namespace rebound::detail {
 
-struct JobQueueOptions {
+struct WorkQueueOptions {
   std::size_t capacity = 10000;  ///< Items waiting, at most. `try_push` answers `full` beyond it.
   std::size_t workers = 2;       ///< Batches handled at once, at most.
   /// Items handed to the handler at once, at most. 1 turns batching off.
@@ -49,9 +49,9 @@ struct JobQueueOptions {
 ///
 /// Example:
 ///   boost::asio::thread_pool pool(4);
-///   rebound::JobQueue queue(pool.get_executor(), {1000, 4, 32, std::chrono::milliseconds(2)},
-///                           [](std::vector<rebound::Job> batch) { ... });
-///   if (queue.try_push(std::move(job)) == rebound::PushResult::full) { ... 503 ... }
+///   rebound::detail::WorkQueue<Job> queue(pool.get_executor(), {1000, 4, 32, 2ms},
+///                                         [](std::vector<rebound::Job> batch) { ... });
+///   if (queue.try_push(std::move(job)) == rebound::detail::PushResult::full) { ... 503 ... }
 ///
 /// Lifetime: destroy the queue while its executor still runs handlers; the destructor closes the
 /// queue, drops items not yet started and waits for running handlers to return.
@@ -59,26 +59,26 @@ struct JobQueueOptions {
 enum class PushResult { accepted, full, closed };
 
 template <typename Item>
-class BasicJobQueue final {
+class WorkQueue final {
  public:
   using Handler = std::function<void(std::vector<Item>)>;
 
-  BasicJobQueue(boost::asio::any_io_executor executor, JobQueueOptions options, Handler handler)
+  WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler)
       : executor_(std::move(executor)),
         options_(options),
         handler_(std::move(handler)),
         timer_(executor_) {
-    if (options_.capacity == 0) throw Error("JobQueue: capacity must be at least 1");
-    if (options_.workers == 0) throw Error("JobQueue: workers must be at least 1");
-    if (options_.max_batch_size == 0) throw Error("JobQueue: max_batch_size must be at least 1");
-    if (options_.max_queue_delay.count() < 0) throw Error("JobQueue: max_queue_delay must be >= 0");
-    if (!handler_) throw Error("JobQueue: a handler is required");
+    if (options_.capacity == 0) throw Error("WorkQueue: capacity must be at least 1");
+    if (options_.workers == 0) throw Error("WorkQueue: workers must be at least 1");
+    if (options_.max_batch_size == 0) throw Error("WorkQueue: max_batch_size must be at least 1");
+    if (options_.max_queue_delay.count() < 0) throw Error("WorkQueue: max_queue_delay must be >= 0");
+    if (!handler_) throw Error("WorkQueue: a handler is required");
   }
 
-  BasicJobQueue(const BasicJobQueue&) = delete;
-  BasicJobQueue& operator=(const BasicJobQueue&) = delete;
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
 
-  ~BasicJobQueue() {
+  ~WorkQueue() {
     std::unique_lock<std::mutex> lock(mutex_);
     closed_ = true;
     pending_.clear();
@@ -152,7 +152,7 @@ class BasicJobQueue final {
     return handler_failures_;
   }
   std::size_t capacity() const { return options_.capacity; }
-  const JobQueueOptions& options() const { return options_; }
+  const WorkQueueOptions& options() const { return options_; }
   boost::asio::any_io_executor get_executor() const { return executor_; }
 
  private:
@@ -233,7 +233,7 @@ class BasicJobQueue final {
   }
 
   boost::asio::any_io_executor executor_;
-  JobQueueOptions options_;
+  WorkQueueOptions options_;
   Handler handler_;
 
   mutable std::mutex mutex_;
@@ -254,7 +254,7 @@ class BasicJobQueue final {
         --size_;
         return p;
       }
-      throw Error("JobQueue: pop from an empty queue");
+      throw Error("WorkQueue: pop from an empty queue");
     }
     // When the item that has waited longest was queued. Precondition: !empty().
     std::chrono::steady_clock::time_point oldest() const {
@@ -300,7 +300,4 @@ class BasicJobQueue final {
   bool closed_ = false;
 };
 
-/// The queue of jobs.
-using JobQueue = BasicJobQueue<Job>;
-
-}  // namespace rebound
+}  // namespace rebound::detail

@@ -1,4 +1,4 @@
-// JobQueue: every accepted item is handled once, the worker bound holds, full and closed answers,
+// WorkQueue (detail): every accepted item is handled once, the worker bound holds, full and closed answers,
 // a throwing handler does not stop the workers, and dynamic batches form by size and by delay.
 // Run for several worker counts.
 #include <doctest/doctest.h>
@@ -12,13 +12,13 @@
 
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/detail/job_queue.hpp"
+#include "rebound/detail/work_queue.hpp"
 #include "support/receiver.hpp"
 
 using namespace std::chrono_literals;
 using rebound::Job;
-using rebound::JobQueue;
-using rebound::PushResult;
+using JobQueue = rebound::detail::WorkQueue<rebound::Job>;
+using rebound::detail::PushResult;
 
 namespace {
 
@@ -45,7 +45,7 @@ Job job(int n) {
   return Job{"job-" + std::to_string(n), {}, n, {}};
 }
 
-rebound::JobQueueOptions opts(std::size_t capacity, std::size_t workers, std::size_t batch = 1,
+rebound::detail::WorkQueueOptions opts(std::size_t capacity, std::size_t workers, std::size_t batch = 1,
                               std::chrono::microseconds delay = 0us) {
   return {capacity, workers, batch, delay};
 }

@@ -1,0 +1,72 @@
+// rebound::errc: why the JobQueue refused or could not finish an asynchronous operation, as a
+// boost::system error code (category "rebound").
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include <boost/system/error_code.hpp>
+
+namespace rebound {
+
+/// The error codes of `JobQueue::async_submit`, `async_wait` and `async_invoke`. Zero is success;
+/// every other value is a refusal or an operation that could not finish. Compare with `==`:
+///   if (ec == rebound::errc::queue_full) { ... try again later ... }
+enum class errc {
+  id_conflict = 1,    ///< the id is taken by a different request (HTTP 409 id_conflict)
+  invalid_input,      ///< `Model::validate` refused the input (HTTP 422)
+  queue_full,         ///< `queue_capacity` jobs in flight, or the store is full (HTTP 503)
+  not_ready,          ///< the model is not ready (HTTP 503 not_ready)
+  store_unavailable,  ///< the JobStore fails; nothing was accepted (HTTP 503)
+  shutting_down,      ///< the queue is stopping, or was destroyed before the job was final
+  no_transport,       ///< the job has a callback URL and no CallbackTransport can send it
+  not_found,          ///< `async_wait` for an id the store does not know (HTTP 404)
+  too_many_waiters,   ///< `max_waiting` asynchronous waits are registered already
+};
+
+namespace detail {
+class ErrorCategory final : public boost::system::error_category {
+ public:
+  const char* name() const noexcept override { return "rebound"; }
+  std::string message(int value) const override {
+    switch (static_cast<errc>(value)) {
+      case errc::id_conflict:
+        return "a different job with this id was already submitted";
+      case errc::invalid_input:
+        return "the model refused the input";
+      case errc::queue_full:
+        return "the queue is full; try again later";
+      case errc::not_ready:
+        return "the model is not ready";
+      case errc::store_unavailable:
+        return "the job store is failing";
+      case errc::shutting_down:
+        return "the job queue is shutting down";
+      case errc::no_transport:
+        return "the job has a callback URL and no callback transport is configured";
+      case errc::not_found:
+        return "no job with this id";
+      case errc::too_many_waiters:
+        return "too many asynchronous waits at once";
+    }
+    return "unknown rebound error";
+  }
+};
+}  // namespace detail
+
+/// The category of rebound::errc (name "rebound"). A singleton; thread-safe.
+inline const boost::system::error_category& error_category() noexcept {
+  static const detail::ErrorCategory category;
+  return category;
+}
+
+inline boost::system::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+}  // namespace rebound
+
+namespace boost::system {
+template <>
+struct is_error_code_enum<rebound::errc> : std::true_type {};
+}  // namespace boost::system

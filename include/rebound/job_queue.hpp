@@ -1,0 +1,276 @@
+// JobQueue: the whole pipeline without HTTP. Accepts jobs, runs them through the model in batches,
+// keeps them in a JobStore, delivers their callbacks, and hands results back in C++ through Asio
+// completion tokens.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/system/error_code.hpp>
+#include <nlohmann/json.hpp>
+
+#include "rebound/delivery/callback_transport.hpp"
+#include "rebound/detail/completion.hpp"
+#include "rebound/errc.hpp"
+#include "rebound/job.hpp"
+#include "rebound/job_queue_options.hpp"
+#include "rebound/job_queue_status.hpp"
+#include "rebound/metrics.hpp"
+#include "rebound/model.hpp"
+#include "rebound/store/job_store.hpp"
+
+namespace rebound {
+
+namespace detail {
+struct Pipeline;
+struct WorkItem;
+template <typename Item>
+class WorkQueue;
+struct OwnedThreads;
+using TransportFactory = decltype(JobQueueOptions::transport);
+// The libcurl transport with default options and `guard`; defined in rebound::http.
+std::unique_ptr<CallbackTransport> make_default_transport(boost::asio::any_io_executor io,
+                                                          const AddressGuard& guard);
+}  // namespace detail
+
+// A program that links rebound::http (so rebound::rebound) is compiled with
+// REBOUND_HAS_HTTP (a usage requirement of that target): its JobQueues then deliver
+// callbacks with libcurl unless told otherwise. rebound::core alone has no transport to offer.
+#if defined(REBOUND_HAS_HTTP)
+#define REBOUND_DETAIL_DEFAULT_TRANSPORT (&::rebound::detail::make_default_transport)
+#else
+#define REBOUND_DETAIL_DEFAULT_TRANSPORT nullptr
+#endif
+
+/// The pipeline of docs/architecture.md, usable on its own or behind rebound::Server.
+///
+/// Example (the whole program; results come back through a future):
+///   rebound::JobQueue queue(std::make_unique<rebound::EchoModel>());
+///   rebound::Job job;
+///   job.id = "job-1";
+///   job.input = {{"x", 1}};
+///   rebound::JobRecord done = queue.async_submit(job, boost::asio::use_future).get();
+///   // done.status == JobStatus::succeeded, done.outcome.result == {"x": 1}
+///
+/// The same initiating functions take a plain handler `void(boost::system::error_code,
+/// JobRecord)` or `boost::asio::use_awaitable` from a C++20 coroutine (examples/embedded).
+///
+/// Threads: the first constructor starts and owns them: a pool of `options.workers` threads for
+/// the model, and one io thread for callbacks, timers and completions; the destructor drains
+/// (`options.drain_on_destroy`) and joins them. The second constructor runs the model and the
+/// callbacks on the executors you pass, which must outlive the queue. Both start one more thread,
+/// the store pump, which claims due work from the store as far as slots are free, renews leases
+/// and checks asynchronous waits for jobs held elsewhere; it runs on its own thread so that a slow
+/// store never holds up the io executor.
+///
+/// The store is the queue: a submission is stored and claimed with a lease by this queue at once;
+/// a callback's retry waits in the store until its `next_attempt_at`. Recovery is the same
+/// mechanism: the first claims run in the constructor, so a durable store's unfinished work from
+/// an earlier run (or a dead server's, once its leases run out) is taken over. Delivery is at
+/// least once, so a job can run or be called back twice across a crash, never zero times.
+///
+/// Handlers of the asynchronous calls run on their associated executor, by default
+/// `get_executor()` (the io thread): keep them short, or post the work elsewhere. Each is called
+/// exactly once, also when the queue shuts down or is destroyed first (then with
+/// errc::shutting_down).
+///
+/// Thread-safety: every method is thread-safe.
+class JobQueue final {
+ public:
+  using executor_type = boost::asio::any_io_executor;
+
+  /// A queue that owns its threads: `options.workers` inference threads and one io thread. A null
+  /// `store` is a MemoryJobStore. Callbacks go through `options.transport`, else libcurl when the
+  /// program links rebound::http, else nowhere (callback jobs are refused with no_transport).
+  /// Throws rebound::Error for a missing model or an option out of range.
+  explicit JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store = nullptr,
+                    JobQueueOptions options = {})
+      : JobQueue(std::move(model), std::move(store), std::move(options),
+                 detail::TransportFactory(REBOUND_DETAIL_DEFAULT_TRANSPORT)) {}
+
+  /// A queue on your executors: model inference on `inference_executor` (size its pool to
+  /// `options.workers`), callback timers, deliveries and completions on `io_executor`. Both must
+  /// outlive the queue and any delivery still in flight. A null `transport` refuses callback jobs.
+  JobQueue(boost::asio::any_io_executor inference_executor,
+           boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+           std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+           JobQueueOptions options = {});
+
+  /// Owning queue: drains for up to `drain_on_destroy`, completes every handler still waiting
+  /// (errc::shutting_down), then joins its threads. Either queue: jobs not started stay `queued`
+  /// in a durable store for the next start.
+  ~JobQueue();
+  JobQueue(const JobQueue&) = delete;
+  JobQueue& operator=(const JobQueue&) = delete;
+
+  /// The executor handlers run on unless they name their own: the io executor.
+  executor_type get_executor() const noexcept;
+
+  /// Submits a job and completes when it is final and the store has its final state, with the
+  /// job's record (status, result or error). Signature `void(boost::system::error_code,
+  /// JobRecord)`. A refusal completes at once with its rebound::errc (id_conflict, invalid_input,
+  /// queue_full, not_ready, store_unavailable, shutting_down, no_transport) and an empty record.
+  /// The same request submitted again never runs twice: it completes with the first job's record
+  /// once that is final.
+  ///
+  /// Example:
+  ///   queue.async_submit(job, [](boost::system::error_code ec, rebound::JobRecord r) {
+  ///     if (!ec) std::cout << r.outcome.result << "\n";
+  ///   });
+  template <typename CompletionToken>
+  auto async_submit(Job job, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, JobRecord)>(
+        [this](auto handler, Job j) {
+          start_submit(std::move(j),
+                       detail::Completion<JobRecord>(std::move(handler), get_executor()));
+        },
+        token, std::move(job));
+  }
+
+  /// Completes when the job `id`, accepted by this queue or by any other server on the same
+  /// store, is final (at once when it is already), with its record. errc::not_found for an
+  /// unknown id. A job this queue finishes completes it at once; one finished elsewhere is seen
+  /// by the store pump within `poll_interval` (no thread waits for it).
+  template <typename CompletionToken>
+  auto async_wait(std::string id, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, JobRecord)>(
+        [this](auto handler, std::string i) {
+          start_wait(std::move(i),
+                     detail::Completion<JobRecord>(std::move(handler), get_executor()));
+        },
+        token, std::move(id));
+  }
+
+  /// Runs one input through the model without storing it (SageMaker's `/invocations`), in the
+  /// same queue and batches as jobs. Signature `void(boost::system::error_code, Prediction)`. The
+  /// error code is for refusals (invalid_input, queue_full, not_ready, shutting_down); a model
+  /// that fails answers success with a failed Prediction.
+  template <typename CompletionToken>
+  auto async_invoke(nlohmann::json input, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, Prediction)>(
+        [this](auto handler, nlohmann::json in) {
+          start_invoke(std::move(in),
+                       detail::Completion<Prediction>(std::move(handler), get_executor()));
+        },
+        token, std::move(input));
+  }
+
+  /// Accepts a job without waiting for its end (fire and forget): checks readiness and capacity,
+  /// validates the input (`Model::validate`; `invalid`, when given, says why it was refused),
+  /// stores it, queues it. `job.created_at` is set here when it is left at its default.
+  SubmitStatus submit(Job job, ErrorInfo* invalid = nullptr);
+
+  /// Runs one input through the model without storing it: it joins the same queue and batches as
+  /// jobs. `on_result` is called exactly once when the status is `accepted`, and never otherwise.
+  /// Statuses as for `submit` (never duplicate or conflict).
+  SubmitStatus invoke(nlohmann::json input, InvocationHandler on_result,
+                      ErrorInfo* invalid = nullptr);
+
+  /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
+  std::optional<JobRecord> find(const std::string& id) const;
+
+  /// Blocks up to `timeout` for the job to become final, and returns its record as it is then
+  /// (nullopt for an unknown id); prefer `async_wait`, which holds no thread. `waited` (optional)
+  /// says whether it waited: not when `max_waiting` callers wait already, nor during shutdown.
+  /// Throws StoreUnavailable when the store fails.
+  std::optional<JobRecord> wait_final(const std::string& id, std::chrono::milliseconds timeout,
+                                      bool* waited = nullptr);
+
+  /// How many queued jobs run before the queued job `id` (JobStore::queue_position): nullopt
+  /// when it is not queued or the store cannot tell. Throws StoreUnavailable when the store fails.
+  std::optional<std::size_t> queue_position(const std::string& id) const;
+
+  /// Cancels a job that is not final yet, on whichever server of the store it waits or runs: a
+  /// queued job never runs; a running one is told through `rebound::cancellation_requested()`
+  /// and its result is discarded. It ends `cancelled` (error code "cancelled"), and a callback
+  /// that hears its end says so. Throws StoreUnavailable when the store fails.
+  CancelStatus cancel(const std::string& id);
+
+  /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
+  /// the same `webhook-id`. Throws StoreUnavailable when the store fails.
+  RedeliverStatus redeliver(const std::string& id);
+
+  /// Jobs whose callback was given up, most recent first, at most `limit`. Throws
+  /// StoreUnavailable when the store fails.
+  std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
+
+  /// The callback receivers' origins the transport tracks: circuit state, failures, requests.
+  std::vector<EndpointStatus> callback_endpoints() const;
+
+  /// The callback address policy in force (`allow_private_callbacks`, `callback_allow`): the
+  /// transport connects only where it allows, and rebound::Server checks submissions with it.
+  const AddressGuard& callback_guard() const;
+
+  /// True when callback jobs can be accepted: a transport was given or built.
+  bool delivers_callbacks() const;
+
+  /// The "whpk_..." public keys that verify this queue's Ed25519 (`v1a`) callback signatures.
+  const std::vector<std::string>& webhook_public_keys() const;
+
+  /// True while the model is ready, the store works and the queue accepts work.
+  bool ready() const;
+
+  /// Why the job store cannot be used now (JobStore::failure), or nullopt while it works.
+  std::optional<std::string> store_failure() const;
+
+  /// Work in memory now: jobs and callback attempts (see JobQueueOptions::queue_capacity).
+  std::size_t in_flight() const;
+
+  /// Jobs waiting for a worker now.
+  std::size_t queue_depth() const;
+
+  const Model& model() const;
+
+  /// The batch size and delay in force (from the options, else the model's preference).
+  std::size_t max_batch_size() const;
+  std::chrono::microseconds max_queue_delay() const;
+
+  BatchStats batch_stats() const;
+
+  /// The counters and histograms of this queue (see docs/operations.md).
+  const Metrics& metrics() const;
+
+  /// All metrics in the Prometheus text format, gauges included (what `GET /metrics` serves).
+  std::string render_metrics() const;
+
+  /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
+  /// included. True when nothing was left in flight. At the deadline, jobs that have not started
+  /// are taken off the queue and stay `queued` in the store (a durable store runs them on the
+  /// next start; the memory store loses them); running inferences and deliveries go on.
+  /// Asynchronous waits still registered complete with errc::shutting_down.
+  bool shutdown(std::chrono::steady_clock::duration timeout);
+
+  /// Ends a `shutdown` waiting on another thread at once, as if its deadline had passed (a second
+  /// SIGTERM). Later shutdowns do not wait either.
+  void end_drain();
+
+ private:
+  JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store, JobQueueOptions options,
+           detail::TransportFactory default_transport);
+  void build(boost::asio::any_io_executor inference_executor,
+             boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+             std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+             JobQueueOptions options);
+  void start_submit(Job job, detail::Completion<JobRecord> done);
+  void start_wait(std::string id, detail::Completion<JobRecord> done);
+  void start_invoke(nlohmann::json input, detail::Completion<Prediction> done);
+
+  std::unique_ptr<detail::OwnedThreads> threads_;  // the owning constructor's; destroyed last
+  std::shared_ptr<detail::Pipeline> core_;
+  std::unique_ptr<detail::WorkQueue<detail::WorkItem>> queue_;  // destroyed first
+  std::chrono::milliseconds drain_on_destroy_{0};
+  std::atomic<bool> shut_down_{false};  // `shutdown` ran: the destructor does not drain again
+};
+
+}  // namespace rebound

@@ -1,0 +1,93 @@
+// JobQueueOptions: how a JobQueue runs: its workers and batches, its bounds, leases and clocks,
+// callback delivery, and where its events go.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "rebound/delivery/address_guard.hpp"
+#include "rebound/delivery/callback_sender.hpp"
+#include "rebound/delivery/callback_transport.hpp"
+#include "rebound/log.hpp"
+#include "rebound/service_observer.hpp"
+
+namespace rebound {
+
+struct JobQueueOptions {
+  /// Batches run at once. The one-line constructor starts a thread pool of this size; with your
+  /// own executors, size their pool to it.
+  std::size_t workers = 4;
+  /// Jobs and invocations handed to `Model::predict_batch` at once; unset: the model's preference
+  /// (`Model::batching()`), which defaults to 1 (no batching).
+  std::optional<std::size_t> max_batch_size;
+  /// Longest wait for a batch to fill; unset: the model's preference.
+  std::optional<std::chrono::microseconds> max_queue_delay;
+  /// A job still waiting this long after it was accepted is not run: it ends `expired` (error
+  /// code "expired") and its callback says so, as SageMaker's RequestTTLSeconds. 0: no limit.
+  /// Measured from `created_at`, so it holds across restarts with a durable store.
+  std::chrono::milliseconds job_ttl{0};
+  /// A batch whose model call has not returned after this long is answered at once: its jobs end
+  /// `failed` with code "inference_timeout" (invocations get it too) and the late result is
+  /// discarded. The model call itself cannot be interrupted, so its worker stays busy until it
+  /// returns. 0: no limit.
+  std::chrono::milliseconds inference_timeout{0};
+  /// Work in memory at once, at most: jobs waiting for a worker or running, and callback
+  /// attempts under way. A callback waiting for its next attempt is in the store, not in memory,
+  /// and holds no slot. Submissions beyond it are refused with `queue_full`, so memory stays
+  /// bounded however slow the model or the receivers are.
+  std::size_t queue_capacity = 10000;
+  CallbackSenderOptions delivery;
+  /// While the store fails, how often a write for an accepted job (its outcome, its callback's
+  /// end) is tried again. The job keeps its slot meanwhile, so nothing accepted is lost.
+  std::chrono::milliseconds store_retry_interval{1000};
+  /// How long a claim on work (a job to run, a callback attempt) lasts without renewal. Jobs are
+  /// renewed every third of it while they wait or run; work whose server died is claimed by
+  /// another (or by this one after a restart) once its lease runs out. Longer than the callback
+  /// timeout, so that an attempt never outlives its lease.
+  std::chrono::milliseconds lease{30000};
+  /// How often the store is asked for due work that this server did not schedule itself (other
+  /// servers' jobs, leases that ran out). Retries this server scheduled wake it on time.
+  std::chrono::milliseconds poll_interval{1000};
+  /// Callers of `wait_final` waiting at once, at most; beyond, `wait_final` answers at once. The
+  /// same bound holds for `async_wait` calls registered at once (beyond: errc::too_many_waiters);
+  /// `async_submit` is bounded by `queue_capacity` instead.
+  std::size_t max_waiting = 1024;
+  /// The callback address policy (SSRF, docs/delivery.md): false refuses loopback, private,
+  /// link-local, CGNAT, unspecified and multicast addresses. The only place it is set: the
+  /// default transport and rebound::Server read it from here (`JobQueue::callback_guard`).
+  bool allow_private_callbacks = false;
+  /// Hosts, `*.domains`, addresses and CIDR ranges allowed even when private.
+  std::vector<std::string> callback_allow;
+  /// Builds the callback transport on the queue's io executor, with the address guard above.
+  /// Unset: the libcurl transport when the program links rebound::http (rebound::rebound), else
+  /// none, and a job with a callback URL is refused (errc::no_transport).
+  std::function<std::unique_ptr<CallbackTransport>(boost::asio::any_io_executor io,
+                                                   const AddressGuard& guard)>
+      transport;
+  /// The owning constructor's destructor first drains for this long (JobQueue::shutdown).
+  std::chrono::milliseconds drain_on_destroy{25000};
+  /// The name of this server in lease holders (logs, the store). Empty: host name, process id and
+  /// a random suffix.
+  std::string server_id;
+  /// The clock of every time the queue stores or compares (created_at, leases, next attempts,
+  /// time-to-live). Tests inject one to move time on without sleeping; timers still wait in real
+  /// time for the difference to the injected clock.
+  std::function<std::chrono::system_clock::time_point()> clock = [] {
+    return std::chrono::system_clock::now();
+  };
+  /// Where job events go (accepted, completed, expired, callback attempts, deliveries, give-ups,
+  /// resumed jobs, store errors). The default logs nothing.
+  Logger logger;
+  /// More listeners to the pipeline's events, after the metrics and the log (see
+  /// ServiceObserver: thread-safe, short, never called under a queue lock).
+  std::vector<std::shared_ptr<ServiceObserver>> observers;
+};
+
+}  // namespace rebound

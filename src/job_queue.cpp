@@ -1,0 +1,537 @@
+// JobQueue: the composition of the pipeline's parts (src/service/) and the calls a front end
+// makes. One job's walk: submit (validation, admission, the store's put with a claim) -> the
+// queue -> BatchRunner (model, the store's acknowledgement) -> Delivery (attempts, recorded in the
+// store); the StorePump claims what the store holds for this server beyond that.
+#include "rebound/job_queue.hpp"
+
+#include <algorithm>
+#include <future>
+#include <thread>
+#include <utility>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "rebound/detail/work_queue.hpp"
+#include "rebound/error.hpp"
+#include "rebound/store/memory_job_store.hpp"
+#include "service/pipeline.hpp"
+
+namespace rebound {
+namespace detail {
+
+/// The threads of a JobQueue built with the one-line constructor: the inference pool and one io
+/// thread (callbacks, timers, completions), joined by `finish`.
+struct OwnedThreads {
+  explicit OwnedThreads(std::size_t workers) : inference(workers) {}
+
+  ~OwnedThreads() { finish(); }
+
+  /// Runs what was posted to the io thread before this call (the completions of a closing
+  /// queue), then stops both pools and joins them. Safe to call twice.
+  void finish() {
+    if (finished) return;
+    finished = true;
+    inference.join();
+    std::promise<void> drained;
+    auto done = drained.get_future();
+    boost::asio::post(io, [&drained] { drained.set_value(); });
+    // A handler that never returns must not hang the destructor for ever.
+    done.wait_for(std::chrono::seconds(10));
+    work.reset();
+    io.stop();
+    io_thread.join();
+  }
+
+  boost::asio::thread_pool inference;
+  boost::asio::io_context io{1};
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{
+      io.get_executor()};
+  // A handler that throws must not end the thread that every completion and callback runs on.
+  std::thread io_thread{[this] {
+    for (;;) {
+      try {
+        io.run();
+        return;
+      } catch (...) {
+      }
+    }
+  }};
+  bool finished = false;
+};
+
+namespace {
+
+// A submission: validated, admitted, stored with this queue's claim, and queued. `done` (for
+// async_submit) is registered for the job's end before the job can run, so no end is missed.
+SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
+                       Completion<JobRecord>* done) {
+  const std::string id = job.id;
+  const bool has_callback = !job.callback_url.empty();
+  StoreAccess::News news;
+  const SubmitStatus status = [&] {
+    if (has_callback && !core.delivers_callbacks) return SubmitStatus::no_transport;
+    std::optional<ErrorInfo> refused;
+    try {
+      refused = core.model->validate(job.input);
+    } catch (const std::exception& e) {
+      refused = ErrorInfo{"invalid_input", std::string("could not be validated: ") + e.what()};
+    } catch (...) {
+      refused = ErrorInfo{"invalid_input", "could not be validated"};
+    }
+    if (refused) {
+      if (invalid) *invalid = std::move(*refused);
+      return SubmitStatus::invalid_input;
+    }
+    auto entered = core.admission.enter();
+    const SubmitStatus admitted = core.admission.admit();
+    if (admitted == SubmitStatus::queue_full) {
+      // A resubmission of a stored job is still answered as a duplicate when the queue is full.
+      std::optional<JobRecord> existing;
+      try {
+        existing = core.store.call(
+            "get", id, [&](JobStore& s) { return s.get(id); }, &news);
+      } catch (const StoreUnavailable&) {
+        return SubmitStatus::store_unavailable;
+      }
+      if (existing) {
+        return existing->job.same_request_as(job) ? SubmitStatus::duplicate
+                                                  : SubmitStatus::conflict;
+      }
+    }
+    if (admitted != SubmitStatus::accepted) return admitted;
+    if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
+    job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
+    // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
+    // arithmetic).
+    job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
+                               std::chrono::milliseconds(std::chrono::hours(24 * 366)));
+    // The accepting server claims the job as it stores it: no claim round trip on the way in.
+    const std::string holder = core.leases.next_holder();
+    PutOutcome outcome;
+    try {
+      outcome = core.store.call(
+          "put", id, [&](JobStore& s) { return s.put(job, core.leases.from_now(holder)); },
+          &news);
+    } catch (const StoreUnavailable&) {
+      core.admission.release();
+      return SubmitStatus::store_unavailable;
+    }
+    switch (outcome) {
+      case PutOutcome::created:
+        break;
+      case PutOutcome::duplicate:
+        core.admission.release();
+        return SubmitStatus::duplicate;
+      case PutOutcome::full:
+        core.admission.release();
+        return SubmitStatus::queue_full;
+      case PutOutcome::conflict:
+        core.admission.release();
+        return SubmitStatus::conflict;
+    }
+    // Before the job can run: its end completes the wait. Not closed: that follows
+    // admission.close(), which waits for `entered`.
+    if (done) core.async_waiters.add(id, *done, false);
+    // Cannot be full (admission bounds it) nor closed (shutdown waits for `entered`).
+    core.leases.hold(id, holder);
+    const int priority = job.priority;
+    queue.try_push(WorkItem{std::move(job), nullptr, holder}, priority);
+    return SubmitStatus::accepted;
+  }();
+  core.store.tell(news);
+  core.observe_submission(status, id, has_callback);
+  return status;
+}
+
+}  // namespace
+}  // namespace detail
+
+JobQueue::JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store,
+                   JobQueueOptions options, detail::TransportFactory default_transport) {
+  if (options.workers == 0) throw Error("JobQueue: workers must be at least 1");
+  threads_ = std::make_unique<detail::OwnedThreads>(options.workers);
+  drain_on_destroy_ = options.drain_on_destroy;
+  if (!options.transport) options.transport = std::move(default_transport);
+  try {
+    build(threads_->inference.get_executor(), threads_->io.get_executor(), std::move(model),
+          std::move(store), nullptr, std::move(options));
+  } catch (...) {
+    threads_->finish();
+    throw;
+  }
+}
+
+JobQueue::JobQueue(boost::asio::any_io_executor inference_executor,
+                   boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+                   std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+                   JobQueueOptions options) {
+  build(std::move(inference_executor), std::move(io_executor), std::move(model), std::move(store),
+        std::move(transport), std::move(options));
+}
+
+void JobQueue::build(boost::asio::any_io_executor inference_executor,
+                     boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+                     std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+                     JobQueueOptions options) {
+  if (!model) throw Error("JobQueue: a model is required");
+  if (!store) store = std::make_unique<MemoryJobStore>();
+  if (options.queue_capacity == 0) throw Error("JobQueue: queue_capacity must be at least 1");
+  if (options.workers == 0) throw Error("JobQueue: workers must be at least 1");
+  if (options.job_ttl.count() < 0) throw Error("JobQueue: job_ttl must not be negative");
+  if (options.inference_timeout.count() < 0) {
+    throw Error("JobQueue: inference_timeout must not be negative");
+  }
+  if (options.store_retry_interval.count() <= 0) {
+    throw Error("JobQueue: store_retry_interval must be positive");
+  }
+  if (options.lease.count() <= 0) throw Error("JobQueue: lease must be positive");
+  if (options.poll_interval.count() <= 0) throw Error("JobQueue: poll_interval must be positive");
+  if (options.drain_on_destroy.count() < 0) {
+    throw Error("JobQueue: drain_on_destroy must not be negative");
+  }
+  if (!options.clock) throw Error("JobQueue: a clock is required");
+  AddressGuard guard(options.allow_private_callbacks, options.callback_allow);
+  if (!transport && options.transport) transport = options.transport(io_executor, guard);
+  const bool has_transport = transport != nullptr;
+  if (!transport) transport = std::make_unique<detail::NoTransport>();
+  auto sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
+                                                 std::move(options.delivery));
+  core_ = std::make_shared<detail::Pipeline>(std::move(model), std::move(store), std::move(sender),
+                                             has_transport, std::move(guard), options);
+  core_->delivery.set_owner(core_);
+  core_->runner.set_owner(core_);
+  const BatchingPreference preferred = core_->model->batching();
+  detail::WorkQueueOptions queue_options;
+  // The queue's own bound equals the admission bound, so an admitted item always fits.
+  queue_options.capacity = options.queue_capacity;
+  queue_options.workers = options.workers;
+  queue_options.max_batch_size = options.max_batch_size.value_or(preferred.max_batch_size);
+  queue_options.max_queue_delay = options.max_queue_delay.value_or(preferred.max_queue_delay);
+  queue_ = std::make_unique<detail::WorkQueue<detail::WorkItem>>(
+      std::move(inference_executor), queue_options,
+      [core = core_](std::vector<detail::WorkItem> batch) { core->runner.run(std::move(batch)); });
+  // What the store holds from an earlier run (a durable store) or from servers gone: the first
+  // claims happen here, so that they are counted when the constructor returns. A store that fails
+  // now is retried by the pump.
+  core_->pump.start(*queue_);
+}
+
+JobQueue::~JobQueue() {
+  // Drain (the owning constructor's promise), or at least answer the invocations still queued
+  // and hand the leases of jobs not started back to the store.
+  shutdown(threads_ && !shut_down_ ? drain_on_destroy_ : std::chrono::milliseconds(0));
+  core_->waiters.close();
+  core_->async_waiters.close();
+  core_->store.stop();
+  core_->pump.stop();
+  queue_.reset();  // waits for running batches
+  if (threads_) threads_->finish();
+}
+
+JobQueue::executor_type JobQueue::get_executor() const noexcept {
+  return core_->sender->get_executor();
+}
+
+SubmitStatus JobQueue::submit(Job job, ErrorInfo* invalid) {
+  return detail::submit_to(*core_, *queue_, job, invalid, nullptr);
+}
+
+void JobQueue::start_submit(Job job, detail::Completion<JobRecord> done) {
+  const std::string id = job.id;
+  const SubmitStatus status = detail::submit_to(*core_, *queue_, job, nullptr, &done);
+  if (status == SubmitStatus::accepted) return;  // `done` waits for the job's end
+  // The same request again: it completes with the first one's end, and never runs twice.
+  if (status == SubmitStatus::duplicate) return start_wait(id, std::move(done));
+  done(to_error_code(status), JobRecord{});
+}
+
+void JobQueue::start_wait(std::string id, detail::Completion<JobRecord> done) {
+  std::optional<JobRecord> record;
+  try {
+    record = find(id);
+  } catch (const StoreUnavailable&) {
+    return done(errc::store_unavailable, JobRecord{});
+  }
+  if (!record) return done(errc::not_found, JobRecord{});
+  if (is_final(record->status)) return done({}, std::move(*record));
+  switch (core_->async_waiters.add(id, done, true)) {
+    case detail::AsyncWaiters::Added::added:
+      break;
+    case detail::AsyncWaiters::Added::closed:
+      return done(errc::shutting_down, JobRecord{});
+    case detail::AsyncWaiters::Added::full:
+      return done(errc::too_many_waiters, JobRecord{});
+  }
+  // It may have ended between the read above and the registration: look once more.
+  core_->complete_from_store(id);
+}
+
+void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction> done) {
+  auto shared = std::make_shared<detail::Completion<Prediction>>(std::move(done));
+  ErrorInfo invalid;
+  const SubmitStatus status = invoke(
+      std::move(input),
+      [shared](const Prediction& p) {
+        // Taken off the queue at shutdown: an error, as for every other handler then.
+        const bool stopped = !p.ok() && p.error().code == "shutting_down";
+        (*shared)(stopped ? boost::system::error_code(errc::shutting_down)
+                          : boost::system::error_code(),
+                  p);
+      },
+      &invalid);
+  if (status == SubmitStatus::accepted) return;
+  const char* code = status == SubmitStatus::queue_full          ? "queue_full"
+                     : status == SubmitStatus::not_ready         ? "not_ready"
+                     : status == SubmitStatus::store_unavailable ? "store_unavailable"
+                                                                 : "shutting_down";
+  Prediction refused = status == SubmitStatus::invalid_input
+                           ? Prediction::failure(invalid.code, invalid.message)
+                           : Prediction::failure(code, to_error_code(status).message());
+  (*shared)(to_error_code(status), std::move(refused));
+}
+
+void JobQueue::end_drain() {
+  core_->admission.end_wait();
+}
+
+const AddressGuard& JobQueue::callback_guard() const {
+  return core_->guard;
+}
+
+bool JobQueue::delivers_callbacks() const {
+  return core_->delivers_callbacks;
+}
+
+SubmitStatus JobQueue::invoke(nlohmann::json input, InvocationHandler on_result,
+                              ErrorInfo* invalid) {
+  if (!on_result) throw Error("JobQueue::invoke: a result handler is required");
+  const SubmitStatus status = [&] {
+    std::optional<ErrorInfo> refused;
+    try {
+      refused = core_->model->validate(input);
+    } catch (const std::exception& e) {
+      refused = ErrorInfo{"invalid_input", std::string("could not be validated: ") + e.what()};
+    } catch (...) {
+      refused = ErrorInfo{"invalid_input", "could not be validated"};
+    }
+    if (refused) {
+      if (invalid) *invalid = std::move(*refused);
+      return SubmitStatus::invalid_input;
+    }
+    auto entered = core_->admission.enter();
+    const SubmitStatus admitted = core_->admission.admit();
+    if (admitted != SubmitStatus::accepted) return admitted;
+    Job job;
+    job.input = std::move(input);
+    // Synchronous invocations queue at the default priority, beside jobs submitted without one.
+    queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result), {}}, default_priority);
+    return SubmitStatus::accepted;
+  }();
+  if (status != SubmitStatus::accepted) core_->observe_submission(status, {}, false);
+  return status;
+}
+
+std::size_t JobQueue::max_batch_size() const {
+  return queue_->options().max_batch_size;
+}
+
+std::chrono::microseconds JobQueue::max_queue_delay() const {
+  return queue_->options().max_queue_delay;
+}
+
+std::string JobQueue::render_metrics() const {
+  std::string out = core_->metrics.render(queue_->depth(), core_->admission.in_flight(),
+                                          core_->sender->in_flight());
+  // The breakers, by state, from what the transport tracks now.
+  std::size_t by_state[3] = {0, 0, 0};
+  for (const EndpointStatus& e : core_->sender->endpoints())
+    ++by_state[static_cast<int>(e.state)];
+  out +=
+      "# HELP rebound_callback_endpoints Receiver origins tracked by the transport, by circuit "
+      "state.\n# TYPE rebound_callback_endpoints gauge\n";
+  for (const CircuitState state :
+       {CircuitState::closed, CircuitState::open, CircuitState::half_open}) {
+    out += std::string("rebound_callback_endpoints{state=\"") + to_string(state) + "\"} " +
+           std::to_string(by_state[static_cast<int>(state)]) + "\n";
+  }
+  return out;
+}
+
+std::vector<EndpointStatus> JobQueue::callback_endpoints() const {
+  return core_->sender->endpoints();
+}
+
+const std::vector<std::string>& JobQueue::webhook_public_keys() const {
+  return core_->sender->public_keys();
+}
+
+const Metrics& JobQueue::metrics() const {
+  return core_->metrics;
+}
+
+BatchStats JobQueue::batch_stats() const {
+  BatchStats stats = core_->runner.stats();
+  stats.resumed = core_->pump.resumed();
+  return stats;
+}
+
+RedeliverStatus JobQueue::redeliver(const std::string& id) {
+  if (!core_->admission.accepting()) return RedeliverStatus::shutting_down;
+  if (!core_->admission.take_slot()) {
+    // Still tell an unknown id or a callback that is not failed apart from a full queue.
+    auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    if (!record) return RedeliverStatus::not_found;
+    if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
+    return RedeliverStatus::queue_full;
+  }
+  const Lease lease = core_->leases.from_now(core_->leases.next_holder());
+  RedeliverOutcome outcome;
+  std::optional<JobRecord> record;
+  try {
+    // The store moves failed -> pending atomically: of two redeliveries at once (on this server
+    // or another), one wins and the other answers not_failed.
+    outcome = core_->store.call(
+        "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
+    if (outcome == RedeliverOutcome::redelivered) {
+      record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    }
+  } catch (...) {
+    core_->admission.release();
+    throw;
+  }
+  if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
+    core_->admission.release();
+    return outcome == RedeliverOutcome::not_failed ? RedeliverStatus::not_failed
+                                                   : RedeliverStatus::not_found;
+  }
+  core_->observe([&](auto& o) { o.on_redelivery(id, record->callback.attempts); });
+  core_->delivery.attempt(*record, lease.holder);
+  return RedeliverStatus::accepted;
+}
+
+CancelStatus JobQueue::cancel(const std::string& id) {
+  const auto now = core_->clock();
+  const JobOutcome outcome{JobStatus::cancelled, nullptr,
+                           ErrorInfo{"cancelled", "The job was cancelled before it finished."},
+                           now};
+  const CancelOutcome result =
+      core_->store.call("cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
+  switch (result) {
+    case CancelOutcome::not_found:
+      return CancelStatus::not_found;
+    case CancelOutcome::already_finished:
+      return CancelStatus::already_finished;
+    case CancelOutcome::cancelled:
+      break;
+  }
+  // Held here: a queued job is dropped when a worker takes it, a running one is told through the
+  // model's cancellation flag. Held by another server: its next renewal is refused and it does
+  // the same (within a third of a lease).
+  if (auto holder = core_->leases.job_holder_of(id)) {
+    core_->runner.revoke(id, *holder, true);
+  } else {
+    // Perhaps claimed here a moment ago (a submission still on its way to the queue, a claim of
+    // the pump): noted for long enough that the sweep meets it if it waits in the queue.
+    core_->runner.cancelled_unheld(
+        id, std::max(core_->leases.duration(), std::chrono::milliseconds(5000)));
+  }
+  core_->observe([&](auto& o) { o.on_cancelled(id); });
+  core_->waiters.notify(id);
+  if (!core_->async_waiters.empty()) core_->complete_from_store(id);
+  // Its callback ("cancelled") is due now, in the store.
+  core_->pump.wake(now);
+  return CancelStatus::cancelled;
+}
+
+std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit) const {
+  return core_->store.call("list_failed_callbacks", {},
+                           [&](JobStore& s) { return s.list_failed_callbacks(limit); });
+}
+
+std::optional<JobRecord> JobQueue::find(const std::string& id) const {
+  return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+}
+
+std::optional<JobRecord> JobQueue::wait_final(const std::string& id,
+                                             std::chrono::milliseconds timeout, bool* waited) {
+  if (waited) *waited = false;
+  std::optional<JobRecord> record = find(id);
+  if (!record || is_final(record->status) || timeout.count() <= 0) return record;
+  detail::FinalWaiters::Ticket ticket{id};
+  if (!core_->waiters.join(ticket)) return record;
+  if (waited) *waited = true;
+  struct Leave {
+    detail::FinalWaiters& w;
+    detail::FinalWaiters::Ticket& t;
+    ~Leave() { w.leave(t); }
+  } leave{core_->waiters, ticket};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Woken at once by this server's own outcomes; every second the store is asked again, for the
+  // outcomes of the other servers.
+  constexpr auto poll = std::chrono::seconds(1);
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || core_->waiters.closed()) return record;
+    core_->waiters.wait(ticket, std::min(deadline, now + poll));
+    record = find(id);
+    if (!record || is_final(record->status)) return record;
+  }
+}
+
+std::optional<std::size_t> JobQueue::queue_position(const std::string& id) const {
+  return core_->store.call("queue_position", id, [&](JobStore& s) { return s.queue_position(id); });
+}
+
+std::optional<std::string> JobQueue::store_failure() const {
+  return core_->store.failure();
+}
+
+bool JobQueue::ready() const {
+  return core_->admission.open() && !store_failure();
+}
+
+std::size_t JobQueue::in_flight() const {
+  return core_->admission.in_flight();
+}
+
+std::size_t JobQueue::queue_depth() const {
+  return queue_->depth();
+}
+
+const Model& JobQueue::model() const {
+  return *core_->model;
+}
+
+bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
+  shut_down_ = true;
+  core_->waiters.close();
+  core_->admission.close();
+  queue_->close();
+  if (core_->admission.wait_idle(timeout)) {
+    core_->async_waiters.close();
+    return true;
+  }
+  // The deadline passed: jobs that never started stay as they are in the store (queued), and
+  // their slots are freed so that the running ones can end the process promptly. Invocations
+  // still waiting are answered that the server is stopping.
+  for (auto& item : queue_->take_pending()) {
+    if (item.reply) {
+      try {
+        item.reply(Prediction::failure("shutting_down", "the server is shutting down"));
+      } catch (...) {
+      }
+    } else {
+      // Its lease ends now, so that another server may take it at once.
+      core_->leases.hand_back(core_->store, "renew", item.job.id, item.holder);
+    }
+    core_->admission.release();
+  }
+  // Jobs not final now end elsewhere (a later start, another server): their waits end here.
+  core_->async_waiters.close();
+  return false;
+}
+
+}  // namespace rebound

@@ -1,0 +1,260 @@
+// The Pipeline: the parts of a JobQueue (src/service/), built in order and wired together, shared
+// with the work in flight. JobQueue (src/job_queue.cpp) is its public face.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "admission.hpp"
+#include "batch_runner.hpp"
+#include "delivery.hpp"
+#include "final_waiters.hpp"
+#include "leases.hpp"
+#include "observers.hpp"
+#include "rebound/delivery/address_guard.hpp"
+#include "rebound/delivery/callback_sender.hpp"
+#include "rebound/detail/completion.hpp"
+#include "rebound/job_queue_options.hpp"
+#include "rebound/job_queue_status.hpp"
+#include "store_access.hpp"
+#include "store_pump.hpp"
+#include "work_item.hpp"
+
+namespace rebound::detail {
+
+/// Asynchronous waits for jobs to become final (`async_submit`, `async_wait`): completed when this
+/// queue finishes or cancels the job, or when the pump sees it final in the store (another
+/// server's work). Thread-safe; completions are called outside the lock (they only post).
+class AsyncWaiters {
+ public:
+  explicit AsyncWaiters(std::size_t max_waits) : max_(max_waits) {}
+
+  enum class Added { added, closed, full };
+
+  /// Registers `done` for `id`. `bounded` waits count against `max_waits` (async_wait); those of
+  /// async_submit are bounded by the queue capacity instead. On a refusal `done` is left as it was.
+  Added add(const std::string& id, Completion<JobRecord>& done, bool bounded) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return Added::closed;
+    if (bounded && bounded_ >= max_) return Added::full;
+    waits_[id].push_back({std::move(done), bounded});
+    bounded_ += bounded ? 1 : 0;
+    count_.store(count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return Added::added;
+  }
+
+  /// Completes every wait for `id` with `record`.
+  void complete(const std::string& id, const JobRecord& record) {
+    auto done = take(id);
+    complete_all(done, {}, record);
+  }
+
+  /// Completes every wait for `id` with an error.
+  void fail(const std::string& id, boost::system::error_code ec) {
+    auto done = take(id);
+    complete_all(done, ec, JobRecord{});
+  }
+
+  /// True when nobody waits at all (no lock: a hint for the hot path).
+  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+
+  /// The ids waited for now.
+  std::vector<std::string> ids() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> out;
+    out.reserve(waits_.size());
+    for (const auto& entry : waits_)
+      out.push_back(entry.first);
+    return out;
+  }
+
+  /// Refuses new waits and completes every one registered with errc::shutting_down.
+  void close() {
+    std::unordered_map<std::string, std::vector<Wait>> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+      all.swap(waits_);
+      bounded_ = 0;
+      count_.store(0, std::memory_order_relaxed);
+    }
+    for (auto& entry : all)
+      complete_all(entry.second, errc::shutting_down, JobRecord{});
+  }
+
+ private:
+  struct Wait {
+    Completion<JobRecord> done;
+    bool bounded = false;
+  };
+
+  std::vector<Wait> take(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = waits_.find(id);
+    if (it == waits_.end()) return {};
+    std::vector<Wait> out = std::move(it->second);
+    waits_.erase(it);
+    for (const Wait& w : out)
+      bounded_ -= w.bounded ? 1 : 0;
+    count_.store(count_.load(std::memory_order_relaxed) - out.size(), std::memory_order_relaxed);
+    return out;
+  }
+
+  static void complete_all(std::vector<Wait>& waits, boost::system::error_code ec,
+                           const JobRecord& record) {
+    for (Wait& w : waits)
+      w.done(ec, record);
+  }
+
+  const std::size_t max_;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, std::vector<Wait>> waits_;
+  std::size_t bounded_ = 0;
+  std::atomic<std::size_t> count_{0};  // written under the lock
+  bool closed_ = false;
+};
+
+/// Answers every callback attempt with an error: the transport of a queue built without one,
+/// which refuses callback jobs; it can still meet one in a store shared with other servers.
+class NoTransport final : public CallbackTransport {
+ public:
+  void send(CallbackRequest, std::function<void(CallbackResponse)> on_done) override {
+    CallbackResponse response;
+    response.error = TransportError::cancelled;
+    response.message = "this JobQueue has no callback transport";
+    on_done(std::move(response));
+  }
+};
+
+// A name for this server that no other server on the same store shares.
+inline std::string default_server_id() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::random_device random;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%08x", random());
+  return std::string(host[0] ? host : "rebound") + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+/// The parts, in the order they are built: each is handed those above it. Admission and Delivery
+/// also wake the pump (below them) through a lambda, which runs only once the Pipeline is built.
+/// Shared with the work in flight (deliveries, watchdogs, writes being retried), which keeps it
+/// alive through the owner Delivery and BatchRunner are given.
+struct Pipeline {
+  Pipeline(std::unique_ptr<Model> model_in, std::unique_ptr<JobStore> store_in,
+           std::unique_ptr<CallbackSender> sender_in, bool has_transport, AddressGuard guard_in,
+           JobQueueOptions& options)
+      : model(std::move(model_in)),
+        job_store(std::move(store_in)),
+        sender(std::move(sender_in)),
+        delivers_callbacks(has_transport),
+        guard(std::move(guard_in)),
+        clock(options.clock),
+        store(*job_store, observe, sender->get_executor(), options.store_retry_interval),
+        admission(options.queue_capacity, *model,
+                  [this] {
+                    // Work may be waiting in the store for a free slot: look now.
+                    if (!store.stopped()) pump.wake(clock());
+                  }),
+        leases(options.server_id.empty() ? default_server_id() : options.server_id, options.lease,
+               clock),
+        delivery(*sender, store, leases, admission, observe, clock,
+                 [this](std::chrono::system_clock::time_point at) { pump.wake(at); }),
+        pump(
+            store, admission, leases, delivery, observe, clock, options.poll_interval,
+            [this](const std::string& id, const std::string& holder) {
+              // Cancelled, or claimed by another: a waiting job is not run, a running one is
+              // told to stop.
+              runner.revoke(id, holder, true);
+            },
+            [this](StorePump::Queue& queue) { runner.sweep(queue); }),
+        runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
+               options.job_ttl, options.inference_timeout),
+        waiters(options.max_waiting),
+        async_waiters(options.max_waiting) {
+    runner.set_on_final([this](const JobRecord& record) {
+      waiters.notify(record.job.id);
+      if (!async_waiters.empty()) async_waiters.complete(record.job.id, record);
+    });
+    pump.set_claims_callbacks(delivers_callbacks);
+    pump.set_on_poll([this] { poll_async_waits(); });
+    observe.log = LogObserver(options.logger);
+    observe.user = std::move(options.observers);
+  }
+
+  std::unique_ptr<Model> model;
+  std::unique_ptr<JobStore> job_store;
+  std::unique_ptr<CallbackSender> sender;
+  const bool delivers_callbacks;
+  const AddressGuard guard;
+  Clock clock;
+  Metrics metrics;
+  Observers observe{metrics};
+  StoreAccess store;
+  Admission admission;
+  Leases leases;
+  Delivery delivery;
+  StorePump pump;
+  BatchRunner runner;
+  FinalWaiters waiters;
+  AsyncWaiters async_waiters;
+
+  /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
+  void complete_from_store(const std::string& id) {
+    std::optional<JobRecord> record;
+    try {
+      record = store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    } catch (const StoreUnavailable&) {
+      return;  // asked again at the next poll
+    }
+    if (!record) {
+      async_waiters.fail(id, errc::not_found);
+    } else if (is_final(record->status)) {
+      async_waiters.complete(id, *record);
+    }
+  }
+
+  /// On the pump's thread, each time it looks for work: waits for jobs that this queue does not
+  /// hold (another server's, or final before the wait began) are checked in the store.
+  void poll_async_waits() {
+    if (async_waiters.empty()) return;
+    for (const std::string& id : async_waiters.ids()) {
+      if (leases.job_holder_of(id)) continue;  // held here: its end completes the wait
+      complete_from_store(id);
+    }
+  }
+
+  // Tells the observers how a submission (or, without an id, an invocation) was answered; called
+  // outside every lock.
+  void observe_submission(SubmitStatus status, const std::string& id, bool has_callback) {
+    switch (status) {
+      case SubmitStatus::accepted:
+        if (!id.empty()) observe([&](auto& o) { o.on_accepted(id, has_callback); });
+        break;
+      case SubmitStatus::queue_full:
+        observe([](auto& o) { o.on_refused(Refusal::queue_full); });
+        break;
+      case SubmitStatus::not_ready:
+        observe([](auto& o) { o.on_refused(Refusal::not_ready); });
+        break;
+      case SubmitStatus::store_unavailable:
+        observe([](auto& o) { o.on_refused(Refusal::store_unavailable); });
+        break;
+      default:
+        break;
+    }
+  }
+};
+
+}  // namespace rebound::detail
