@@ -15,6 +15,7 @@
 #include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
+#include "support/fake_clock.hpp"
 #include "support/failing_store.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
@@ -168,7 +169,10 @@ TEST_CASE_TEMPLATE("job api: a job not started within max_queue_seconds ends exp
                    STORES) {
   Store store;
   CAPTURE(Store::name);
-  Harness h(one_worker(store.factory()));
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  HarnessOptions o = one_worker(store.factory());
+  o.clock = rebound::test::clock_of(clock);
+  Harness h(o);
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
   REQUIRE(h.model->wait_started(1));
@@ -179,7 +183,7 @@ TEST_CASE_TEMPLATE("job api: a job not started within max_queue_seconds ends exp
               ->status == 202);
   REQUIRE(h.submit({{"id", "patient"}, {"input", "patient"}, {"max_queue_seconds", 60}})->status ==
           202);
-  std::this_thread::sleep_for(400ms);  // "impatient" waits past its 0.2 s behind "blocker"
+  clock->advance(400ms);  // "impatient" waits past its 0.2 s behind "blocker"
   h.model->open();
   REQUIRE(receiver.wait_for(1));
   const json body = json::parse(receiver.received().at(0).body);
@@ -335,7 +339,10 @@ TEST_CASE_TEMPLATE(
     STORES) {
   Store store;
   CAPTURE(Store::name);
-  Harness h(one_worker(store.factory()));
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  HarnessOptions o = one_worker(store.factory());
+  o.clock = rebound::test::clock_of(clock);
+  Harness h(o);
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "blocker"}, {"input", "blocker"}})->status == 202);
   REQUIRE(h.model->wait_started(1));

@@ -16,6 +16,7 @@
 #include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
+#include "support/fake_clock.hpp"
 #include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
@@ -29,12 +30,7 @@ using rebound::test::HeldModel;
 
 namespace {
 
-// A clock the test moves by hand.
-struct FakeClock {
-  std::atomic<std::int64_t> ms{1764000000000};
-  TimePoint now() const { return TimePoint(std::chrono::milliseconds(ms.load())); }
-  void advance(std::chrono::milliseconds d) { ms += d.count(); }
-};
+using rebound::test::FakeClock;
 
 // Answers every callback at once with the next scripted status (200 once the script is empty),
 // and keeps the requests.

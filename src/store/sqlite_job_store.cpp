@@ -577,10 +577,12 @@ struct SqliteJobStore::Impl {
     queue_changed.notify_all();
   }
 
-  std::size_t prune_now() {
+  std::size_t prune_now() { return prune_at(now_ms()); }
+
+  // Deletes the jobs that finished more than the retention before `at` (ms since the epoch).
+  std::size_t prune_at(std::int64_t at) {
     std::lock_guard<std::mutex> lock(db_mutex);
-    delete_finished->bind(1,
-                          now_ms() - static_cast<std::int64_t>(options.retention.count()) * 1000);
+    delete_finished->bind(1, at - static_cast<std::int64_t>(options.retention.count()) * 1000);
     delete_finished->step();
     delete_finished->reset();
     return static_cast<std::size_t>(sqlite3_changes(db));
@@ -1041,8 +1043,13 @@ bool disable_sqlite_memory_statistics() noexcept {
 }
 
 std::size_t SqliteJobStore::prune() {
+  return prune(std::chrono::system_clock::now());
+}
+
+std::size_t SqliteJobStore::prune(std::chrono::system_clock::time_point now) {
   impl_->wait_for_writes();
-  return impl_->prune_now();
+  return impl_->prune_at(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count());
 }
 
 }  // namespace rebound

@@ -43,6 +43,8 @@ struct HarnessOptions {
   std::chrono::milliseconds store_retry_interval{1000};
   /// Keys callbacks are signed with (whsec_... and whsk_...).
   std::vector<std::string> signing_secrets = {};
+  /// The queue's clock (JobQueueOptions::clock); unset: the system clock.
+  std::function<std::chrono::system_clock::time_point()> clock = {};
 };
 
 class ServerHarness {
@@ -64,6 +66,7 @@ class ServerHarness {
     so.delivery.timeout = 2s;
     so.delivery.signing_secrets = o.signing_secrets;
     so.allow_private_callbacks = true;  // the receivers are on loopback
+    if (o.clock) so.clock = o.clock;
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
     service = std::make_unique<rebound::JobQueue>(

@@ -76,6 +76,8 @@ class SqliteJobStore final : public JobStore {
   std::size_t commits() const;
   /// Deletes finished jobs older than the retention now; returns how many. Also runs by itself.
   std::size_t prune();
+  /// The same as of `now`: jobs that finished more than the retention before it.
+  std::size_t prune(std::chrono::system_clock::time_point now);
 
  private:
   struct Impl;

@@ -1,0 +1,402 @@
+// JobQueue's C++ face: the one-line constructor, results through completion tokens (a handler,
+// use_future; use_awaitable is in test_job_queue_coro.cpp), refusals as rebound::errc, every
+// handler called exactly once (also when the queue goes away with work in flight), validation
+// inside submit, make_store and make_model.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "rebound/errc.hpp"
+#include "rebound/error.hpp"
+#include "rebound/job_queue.hpp"
+#include "rebound/make_model.hpp"
+#include "rebound/store/make_store.hpp"
+#include "rebound/store/memory_job_store.hpp"
+#include "support/held_model.hpp"
+#include "support/receiver.hpp"
+#include "support/temp_dir.hpp"
+#ifdef REBOUND_TEST_REDIS
+#include "support/redis_server.hpp"
+#endif
+
+using rebound::JobQueue;
+using rebound::JobRecord;
+using rebound::JobStatus;
+using rebound::errc;
+using boost::system::error_code;
+using namespace std::chrono_literals;
+
+namespace {
+
+rebound::Job job(std::string id, nlohmann::json input = nullptr, std::string callback = {}) {
+  rebound::Job j;
+  j.id = std::move(id);
+  j.input = std::move(input);
+  j.callback_url = std::move(callback);
+  return j;
+}
+
+// Accepts integers only (validate), doubles them (predict).
+class Doubler final : public rebound::Model {
+ public:
+  std::string name() const override { return "doubler"; }
+  std::optional<rebound::ErrorInfo> validate(const nlohmann::json& input) const override {
+    if (input.is_number_integer()) return std::nullopt;
+    return rebound::ErrorInfo{"invalid_input", "must be an integer"};
+  }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    ++calls;
+    return rebound::Prediction::success(input.get<int>() * 2);
+  }
+  std::atomic<int> calls{0};
+};
+
+// What one handler got, and how often it was called.
+struct Outcome {
+  std::mutex m;
+  int calls = 0;
+  error_code ec;
+  JobRecord record;
+  std::thread::id thread;
+};
+
+auto recorder(const std::shared_ptr<Outcome>& out) {
+  return [out](error_code ec, JobRecord record) {
+    std::lock_guard<std::mutex> lock(out->m);
+    ++out->calls;
+    out->ec = ec;
+    out->record = std::move(record);
+    out->thread = std::this_thread::get_id();
+  };
+}
+
+int calls_of(const std::shared_ptr<Outcome>& out) {
+  std::lock_guard<std::mutex> lock(out->m);
+  return out->calls;
+}
+
+}  // namespace
+
+TEST_CASE("job queue: one line builds it - use_future gives the job's final record") {
+  JobQueue queue(std::make_unique<Doubler>());
+  const JobRecord done = queue.async_submit(job("a", 21), boost::asio::use_future).get();
+  CHECK(done.job.id == "a");
+  CHECK(done.status == JobStatus::succeeded);
+  CHECK(done.outcome.result == 42);
+  // It is final in the store when the future is ready.
+  const auto stored = queue.find("a");
+  REQUIRE(stored);
+  CHECK(stored->status == JobStatus::succeeded);
+  CHECK(stored->outcome.result == 42);
+}
+
+TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {
+  JobQueue queue(std::make_unique<Doubler>());
+  auto out = std::make_shared<Outcome>();
+  std::promise<std::thread::id> io_thread;
+  boost::asio::post(queue.get_executor(), [&] { io_thread.set_value(std::this_thread::get_id()); });
+  queue.async_submit(job("h", 2), recorder(out));
+  REQUIRE(rebound::test::eventually([&] { return calls_of(out) == 1; }));
+  std::this_thread::sleep_for(50ms);  // a second call would come now
+  std::lock_guard<std::mutex> lock(out->m);
+  CHECK(out->calls == 1);
+  CHECK_FALSE(out->ec);
+  CHECK(out->record.outcome.result == 4);
+  CHECK(out->thread == io_thread.get_future().get());
+}
+
+TEST_CASE("job queue: a handler bound to another executor runs there") {
+  JobQueue queue(std::make_unique<Doubler>());
+  boost::asio::io_context mine;
+  auto out = std::make_shared<Outcome>();
+  queue.async_submit(job("b", 1), boost::asio::bind_executor(mine, recorder(out)));
+  // The handler's executor is kept busy (a work guard) until the handler ran there: run()
+  // returns only after it.
+  mine.run_for(10s);
+  CHECK(calls_of(out) == 1);
+  CHECK(out->thread == std::this_thread::get_id());
+  CHECK(out->record.outcome.result == 2);
+}
+
+TEST_CASE("job queue: refusals are rebound::errc codes with messages") {
+  JobQueue queue(std::make_unique<Doubler>());
+  SUBCASE("invalid input: validate runs inside async_submit and submit - nothing is stored") {
+    auto f = queue.async_submit(job("bad", "text"), boost::asio::use_future);
+    try {
+      f.get();
+      FAIL("an invalid input was accepted");
+    } catch (const boost::system::system_error& e) {
+      CHECK(e.code() == errc::invalid_input);
+      CHECK(std::string(e.code().category().name()) == "rebound");
+      CHECK(e.code().message() == "the model refused the input");
+    }
+    rebound::ErrorInfo why;
+    CHECK(queue.submit(job("bad2", "text"), &why) == rebound::SubmitStatus::invalid_input);
+    CHECK(why.code == "invalid_input");
+    CHECK(why.message == "must be an integer");
+    CHECK_FALSE(queue.find("bad"));
+    CHECK_FALSE(queue.find("bad2"));
+  }
+  SUBCASE("a different request under a taken id: id_conflict") {
+    REQUIRE(queue.async_submit(job("same", 1), boost::asio::use_future).get().outcome.result == 2);
+    auto out = std::make_shared<Outcome>();
+    queue.async_submit(job("same", 5), recorder(out));
+    REQUIRE(rebound::test::eventually([&] { return calls_of(out) == 1; }));
+    CHECK(out->ec == errc::id_conflict);
+    CHECK(out->record.job.id.empty());
+  }
+  SUBCASE("a callback URL without a transport: no_transport (never accepted and dropped)") {
+    boost::asio::thread_pool pool(1);
+    boost::asio::io_context io;
+    JobQueue bare(pool.get_executor(), io.get_executor(), std::make_unique<Doubler>(), nullptr,
+                  nullptr);
+    CHECK_FALSE(bare.delivers_callbacks());
+    CHECK(bare.submit(job("cb", 1, "https://example.com/hook")) ==
+          rebound::SubmitStatus::no_transport);
+    CHECK_FALSE(bare.find("cb"));
+  }
+  SUBCASE("async_wait for an unknown id: not_found") {
+    auto f = queue.async_wait("nobody", boost::asio::use_future);
+    CHECK_THROWS_AS(f.get(), boost::system::system_error);
+  }
+}
+
+TEST_CASE("job queue: the same request again completes with the first job's record - it runs once") {
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model));
+  auto first = std::make_shared<Outcome>();
+  auto second = std::make_shared<Outcome>();
+  queue.async_submit(job("dup", 7), recorder(first));
+  REQUIRE(held->wait_started(1));
+  queue.async_submit(job("dup", 7), recorder(second));  // while the first one runs
+  held->open();
+  REQUIRE(rebound::test::eventually([&] { return calls_of(first) == 1 && calls_of(second) == 1; }));
+  CHECK_FALSE(second->ec);
+  CHECK(second->record.status == JobStatus::succeeded);
+  CHECK(second->record.outcome.result == first->record.outcome.result);
+  // And once it is final, at once.
+  const JobRecord again = queue.async_submit(job("dup", 7), boost::asio::use_future).get();
+  CHECK(again.status == JobStatus::succeeded);
+  CHECK(queue.batch_stats().items == 1);
+}
+
+TEST_CASE("job queue: 4 threads submit 500 jobs each - every handler fires exactly once") {
+  rebound::JobQueueOptions o;
+  o.workers = 2;
+  o.queue_capacity = 4 * 500;
+  auto model = std::make_unique<Doubler>();
+  auto* doubler = model.get();
+  JobQueue queue(std::move(model), nullptr, o);
+  constexpr int threads = 4, each = 500;
+  std::vector<std::atomic<int>> calls(threads * each);
+  std::atomic<int> wrong{0};
+  std::atomic<int> done{0};
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < threads; ++t) {
+    submitters.emplace_back([&, t] {
+      for (int i = 0; i < each; ++i) {
+        const int n = t * each + i;
+        queue.async_submit(job("j" + std::to_string(n), n), [&, n](error_code ec, JobRecord r) {
+          if (ec || r.outcome.result != 2 * n) ++wrong;
+          ++calls[n];
+          ++done;
+        });
+      }
+    });
+  }
+  for (auto& s : submitters)
+    s.join();
+  REQUIRE(rebound::test::eventually([&] { return done == threads * each; }));
+  std::this_thread::sleep_for(100ms);  // any second call would land now
+  int once = 0;
+  for (auto& c : calls)
+    once += c == 1 ? 1 : 0;
+  CHECK(once == threads * each);
+  CHECK(wrong == 0);
+  CHECK(doubler->calls == threads * each);
+}
+
+TEST_CASE("job queue: destroyed with work in flight - every handler fires - nothing hangs") {
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  std::vector<std::shared_ptr<Outcome>> outs;
+  std::future<rebound::Prediction> invocation;
+  std::future<JobRecord> waited;
+  boost::asio::io_context elsewhere;  // a handler on an executor of the caller's
+  auto bound = std::make_shared<Outcome>();
+  {
+    rebound::JobQueueOptions o;
+    o.workers = 1;
+    o.drain_on_destroy = 0ms;
+    JobQueue queue(std::move(model), nullptr, o);
+    for (int i = 0; i < 20; ++i) {
+      outs.push_back(std::make_shared<Outcome>());
+      queue.async_submit(job("f" + std::to_string(i), i), recorder(outs.back()));
+    }
+    REQUIRE(held->wait_started(1));
+    invocation = queue.async_invoke(5, boost::asio::use_future);
+    waited = queue.async_wait("f10", boost::asio::use_future);
+    queue.async_submit(job("bound", 1), boost::asio::bind_executor(elsewhere, recorder(bound)));
+    // The running job must end for the destructor to return: it does shortly after.
+    std::thread opener([held] {
+      std::this_thread::sleep_for(200ms);
+      held->open();
+    });
+    opener.detach();
+  }  // the destructor returns: nothing hangs
+  int succeeded = 0, stopped = 0;
+  for (auto& out : outs) {
+    CHECK(calls_of(out) == 1);
+    if (!out->ec) ++succeeded;
+    if (out->ec == errc::shutting_down) ++stopped;
+  }
+  CHECK(succeeded + stopped == 20);
+  CHECK(stopped >= 1);
+  try {
+    invocation.get();
+    FAIL("an invocation taken off the queue answered");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == errc::shutting_down);
+  }
+  CHECK_THROWS_AS(waited.get(), boost::system::system_error);
+  elsewhere.run_for(5s);
+  CHECK(calls_of(bound) == 1);
+  CHECK(bound->ec == errc::shutting_down);
+}
+
+TEST_CASE("job queue: shutdown completes waits that cannot end here - new ones are refused") {
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  JobQueue queue(std::move(model), nullptr, o);
+  auto running = std::make_shared<Outcome>();
+  auto queued = std::make_shared<Outcome>();
+  queue.async_submit(job("running", 1), recorder(running));
+  REQUIRE(held->wait_started(1));
+  queue.async_submit(job("queued", 2), recorder(queued));
+  CHECK_FALSE(queue.shutdown(100ms));  // the deadline passes with both in flight
+  REQUIRE(rebound::test::eventually([&] { return calls_of(queued) == 1; }));
+  CHECK(queued->ec == errc::shutting_down);
+  held->open();
+  auto late = queue.async_submit(job("late", 3), boost::asio::use_future);
+  try {
+    late.get();
+    FAIL("a submission after shutdown was accepted");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == errc::shutting_down);
+  }
+  REQUIRE(rebound::test::eventually([&] { return calls_of(running) == 1; }));
+}
+
+TEST_CASE("job queue: async_wait completes when the job ends - also when it was cancelled") {
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  JobQueue queue(std::move(model), nullptr, o);
+  REQUIRE(queue.submit(job("first", 1)) == rebound::SubmitStatus::accepted);
+  REQUIRE(held->wait_started(1));
+  REQUIRE(queue.submit(job("second", 2)) == rebound::SubmitStatus::accepted);
+  auto first = queue.async_wait("first", boost::asio::use_future);
+  auto second = queue.async_wait("second", boost::asio::use_future);
+  CHECK(queue.cancel("second") == rebound::CancelStatus::cancelled);
+  REQUIRE(second.wait_for(10s) == std::future_status::ready);
+  CHECK(second.get().status == JobStatus::cancelled);
+  CHECK(first.wait_for(50ms) == std::future_status::timeout);
+  held->open();
+  REQUIRE(first.wait_for(10s) == std::future_status::ready);
+  CHECK(first.get().status == JobStatus::succeeded);
+  // A job final already: at once.
+  CHECK(queue.async_wait("first", boost::asio::use_future).get().status == JobStatus::succeeded);
+}
+
+TEST_CASE("job queue: async_invoke answers through the same queue - invalid input is refused") {
+  JobQueue queue(std::make_unique<Doubler>());
+  const rebound::Prediction p = queue.async_invoke(8, boost::asio::use_future).get();
+  REQUIRE(p.ok());
+  CHECK(p.output() == 16);
+  std::promise<error_code> refused;
+  queue.async_invoke("eight", [&](error_code ec, rebound::Prediction q) {
+    refused.set_value(ec);
+    CHECK_FALSE(q.ok());
+  });
+  CHECK(refused.get_future().get() == errc::invalid_input);
+  CHECK_FALSE(queue.find(""));  // nothing stored
+}
+
+TEST_CASE("job queue: a SQLite store from make_store keeps results across queues") {
+  rebound::test::TempDir dir;
+  const std::string uri = "sqlite:" + dir.file("jobs.db");
+  {
+    JobQueue queue(std::make_unique<Doubler>(), rebound::make_store(uri));
+    CHECK(queue.async_submit(job("kept", 4), boost::asio::use_future).get().outcome.result == 8);
+  }
+  JobQueue again(std::make_unique<Doubler>(), rebound::make_store(uri));
+  CHECK(again.async_wait("kept", boost::asio::use_future).get().outcome.result == 8);
+}
+
+TEST_CASE("make_store and make_model: what they make - clear errors for the rest") {
+  CHECK(dynamic_cast<rebound::MemoryJobStore*>(rebound::make_store("memory").get()));
+  CHECK(rebound::make_model("echo")->name() == "echo");
+  CHECK(rebound::make_model("sleep:0.01")->name() == "sleep");
+  auto message = [](auto&& make) -> std::string {
+    try {
+      make();
+    } catch (const rebound::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  CHECK(message([] { rebound::make_store("postgres://db"); }).find("unsupported store") !=
+        std::string::npos);
+  CHECK(message([] { rebound::make_store("sqlite:"); }).find("needs a path") != std::string::npos);
+  CHECK(message([] { rebound::make_store("sqlite:/nonexistent/dir/x.db"); }) != "no error");
+  CHECK(message([] { rebound::make_model("sleep:-1"); }).find("sleep needs seconds") !=
+        std::string::npos);
+  CHECK(message([] { rebound::make_model(""); }).find("empty") != std::string::npos);
+#ifndef REBOUND_HAS_TORCH
+  CHECK(message([] { rebound::make_model("/opt/ml/model"); }).find("TorchScript") !=
+        std::string::npos);
+#endif
+}
+
+#ifdef REBOUND_TEST_REDIS
+TEST_CASE("job queue: async_wait for a job another server on Redis finishes") {
+  rebound::test::RedisServer redis;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  o.poll_interval = 100ms;
+  JobQueue runs(std::move(model), rebound::make_store(redis.uri()), o);
+  JobQueue waits(std::make_unique<Doubler>(), rebound::make_store(redis.uri()), o);
+  REQUIRE(runs.submit(job("elsewhere", 3)) == rebound::SubmitStatus::accepted);
+  REQUIRE(held->wait_started(1));
+  auto done = waits.async_wait("elsewhere", boost::asio::use_future);
+  CHECK(done.wait_for(200ms) == std::future_status::timeout);  // still running on the other
+  held->open();
+  REQUIRE(done.wait_for(10s) == std::future_status::ready);
+  const JobRecord record = done.get();
+  CHECK(record.status == JobStatus::succeeded);
+  CHECK(record.outcome.result == nlohmann::json{{"echo", 3}});  // the other server ran it
+  // A resubmission to the other server completes with the same record, not a second run.
+  CHECK(waits.async_submit(job("elsewhere", 3), boost::asio::use_future).get().outcome.result ==
+        nlohmann::json{{"echo", 3}});
+}
+#endif
