@@ -102,6 +102,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       }
     }
     if (admitted != SubmitStatus::accepted) return admitted;
+    Claim claim = Claim::slot(core.admission);  // freed on every way out but the queue
     if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
     job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
     // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
@@ -116,29 +117,25 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
           "put", id, [&](JobStore& s) { return s.put(job, core.leases.from_now(holder)); },
           &news);
     } catch (const StoreUnavailable&) {
-      core.admission.release();
       return SubmitStatus::store_unavailable;
     }
     switch (outcome) {
       case PutOutcome::created:
         break;
       case PutOutcome::duplicate:
-        core.admission.release();
         return SubmitStatus::duplicate;
       case PutOutcome::full:
-        core.admission.release();
         return SubmitStatus::queue_full;
       case PutOutcome::conflict:
-        core.admission.release();
         return SubmitStatus::conflict;
     }
     // Before the job can run: its end completes the wait. Not closed: that follows
     // admission.close(), which waits for `entered`.
     if (done) core.async_waiters.add(id, *done, false);
     // Cannot be full (admission bounds it) nor closed (shutdown waits for `entered`).
-    core.leases.hold(id, holder);
+    claim.take_lease(core.leases, id, holder);
     const int priority = job.priority;
-    queue.try_push(WorkItem{std::move(job), nullptr, holder}, priority);
+    queue.try_push(WorkItem{std::move(job), nullptr, std::move(claim)}, priority);
     return SubmitStatus::accepted;
   }();
   core.store.tell(news);
@@ -327,7 +324,9 @@ SubmitStatus JobQueue::invoke(nlohmann::json input, InvocationHandler on_result,
     Job job;
     job.input = std::move(input);
     // Synchronous invocations queue at the default priority, beside jobs submitted without one.
-    queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result), {}}, default_priority);
+    queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result),
+                                      detail::Claim::slot(core_->admission)},
+                     default_priority);
     return SubmitStatus::accepted;
   }();
   if (status != SubmitStatus::accepted) core_->observe_submission(status, {}, false);
@@ -387,28 +386,22 @@ RedeliverStatus JobQueue::redeliver(const std::string& id) {
     if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
     return RedeliverStatus::queue_full;
   }
+  detail::Claim claim = detail::Claim::slot(core_->admission);  // freed on every way out
   const Lease lease = core_->leases.from_now(core_->leases.next_holder());
-  RedeliverOutcome outcome;
+  // The store moves failed -> pending atomically: of two redeliveries at once (on this server
+  // or another), one wins and the other answers not_failed.
+  const RedeliverOutcome outcome = core_->store.call(
+      "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
   std::optional<JobRecord> record;
-  try {
-    // The store moves failed -> pending atomically: of two redeliveries at once (on this server
-    // or another), one wins and the other answers not_failed.
-    outcome = core_->store.call(
-        "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
-    if (outcome == RedeliverOutcome::redelivered) {
-      record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
-    }
-  } catch (...) {
-    core_->admission.release();
-    throw;
+  if (outcome == RedeliverOutcome::redelivered) {
+    record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
   }
   if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
-    core_->admission.release();
     return outcome == RedeliverOutcome::not_failed ? RedeliverStatus::not_failed
                                                    : RedeliverStatus::not_found;
   }
   core_->observe([&](auto& o) { o.on_redelivery(id, record->callback.attempts); });
-  core_->delivery.attempt(*record, lease.holder);
+  core_->delivery.attempt(*record, lease.holder, std::move(claim));
   return RedeliverStatus::accepted;
 }
 
@@ -523,11 +516,9 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
         item.reply(Prediction::failure("shutting_down", "the server is shutting down"));
       } catch (...) {
       }
-    } else {
-      // Its lease ends now, so that another server may take it at once.
-      core_->leases.hand_back(core_->store, "renew", item.job.id, item.holder);
     }
-    core_->admission.release();
+    // A job's lease ends now, so that another server may take it at once; the slot is freed.
+    item.claim.hand_back(core_->store, "renew");
   }
   // Jobs not final now end elsewhere (a later start, another server): their waits end here.
   core_->async_waiters.close();

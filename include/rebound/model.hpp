@@ -78,8 +78,10 @@ bool cancellation_requested() noexcept;
 ///   is caught at this boundary and the job ends `failed` with code "model_error"; the worker
 ///   carries on.
 /// - `ready()` is polled by `GET /ping` and by every submission; it must be cheap and never block.
-/// - `validate()` runs on the HTTP thread before a request is queued, so that bad input gets a 422
-///   at once; `predict` must still cope with any input (library users may skip validation).
+/// - `validate()` runs inside every `JobQueue::submit`, `async_submit` and `invoke`, on the
+///   submitting thread, before anything is stored, so that bad input is refused at once (HTTP 422,
+///   rebound::errc::invalid_input). An exception it throws refuses the input too. `predict` must
+///   still cope with any input: jobs taken over from a store were validated by another build.
 class Model {
  public:
   virtual ~Model() = default;

@@ -54,18 +54,17 @@ bool BatchRunner::past_time(const WorkItem& item, TimePoint now) const {
 void BatchRunner::screen(std::vector<WorkItem>& batch, TimePoint now) {
   // Claims revoked while their job waited (a cancellation, or another server's claim) end here,
   // without running.
-  std::size_t dropped_count = 0;
+  std::vector<WorkItem> dropped_items;
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
     auto dropped = std::stable_partition(
         batch.begin(), batch.end(),
         [&](const WorkItem& item) { return item.reply || !revoked_locked(item, true); });
     for (auto it = dropped; it != batch.end(); ++it)
-      leases_.unhold(it->job.id, it->holder);
-    dropped_count = static_cast<std::size_t>(batch.end() - dropped);
+      dropped_items.push_back(std::move(*it));
     batch.erase(dropped, batch.end());
   }
-  admission_.release(dropped_count);  // outside the lock: it may wake the pump
+  dropped_items.clear();  // their claims go back outside the lock: a freed slot may wake the pump
   // Jobs that waited past their time in queue (their own max_queue, else the time-to-live) end
   // here, without running.
   auto expired =
@@ -81,7 +80,7 @@ void BatchRunner::screen(std::vector<WorkItem>& batch, TimePoint now) {
                                                seconds_text(limit) + " s."},
                       now};
     observe_([&](auto& o) { o.on_expired(record, limit); });
-    finish(record, it->holder);
+    finish(record, std::move(it->claim));
   }
   batch.erase(expired, batch.end());
 }
@@ -109,11 +108,8 @@ void BatchRunner::sweep(WorkQueue<WorkItem>& queue) {
   screen(taken, now);
   for (auto& item : taken) {  // nothing, unless a revocation was undone meanwhile: run it after all
     const int priority = item.job.priority;
-    const std::string id = item.job.id, holder = item.holder;
-    if (queue.try_push(std::move(item), priority) != PushResult::accepted) {
-      leases_.unhold(id, holder);  // closed by a shutdown: the lease runs out, the store keeps it
-      admission_.release();
-    }
+    // Closed by a shutdown: the claim goes with the item, the lease runs out, the store keeps it.
+    queue.try_push(std::move(item), priority);
   }
 }
 
@@ -128,7 +124,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
     for (const auto& item : batch) {
       if (item.reply) continue;
       auto flag = std::make_shared<std::atomic<bool>>(false);
-      running_[item.job.id] = Running{item.holder, flag};
+      running_[item.job.id] = Running{item.claim.holder(), flag};
       flags.push_back(std::move(flag));
     }
   }
@@ -216,10 +212,11 @@ void BatchRunner::revoke(const std::string& id, const std::string& holder, bool 
 
 bool BatchRunner::revoked_locked(const WorkItem& item, bool take) {
   if (take) {
-    return revoked_.erase({item.job.id, item.holder}) > 0 ||
+    return revoked_.erase({item.job.id, item.claim.holder()}) > 0 ||
            cancelled_unheld_.erase(item.job.id) > 0;
   }
-  return revoked_.count({item.job.id, item.holder}) > 0 || cancelled_unheld_.count(item.job.id) > 0;
+  return revoked_.count({item.job.id, item.claim.holder()}) > 0 ||
+         cancelled_unheld_.count(item.job.id) > 0;
 }
 
 void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseconds keep) {
@@ -230,7 +227,7 @@ void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseco
 bool BatchRunner::end_run(const WorkItem& item) {
   std::lock_guard<std::mutex> lock(runs_mutex_);
   auto it = running_.find(item.job.id);
-  if (it == running_.end() || it->second.holder != item.holder) return true;
+  if (it == running_.end() || it->second.holder != item.claim.holder()) return true;
   const bool revoked = it->second.cancelled->load();
   running_.erase(it);
   return !revoked;
@@ -286,14 +283,13 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
     } catch (...) {
       // The invocation's owner failed to take its answer; nothing else to do.
     }
-    admission_.release();
+    item.claim.release();
     return;
   }
   if (!end_run(item)) {
     // Cancelled, or taken over by another claim: the store has its outcome already.
     observe_([&](auto& o) { o.on_discarded(item.job.id); });
-    leases_.unhold(item.job.id, item.holder);
-    admission_.release();
+    item.claim.release();
     return;
   }
   JobRecord record;
@@ -305,11 +301,14 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   }
   record.status = record.outcome.status;
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
-  finish(record, item.holder);
+  finish(record, std::move(item.claim));
 }
 
-void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
+void BatchRunner::finish(const JobRecord& record, Claim claim) {
   auto kept = std::make_shared<JobRecord>(record);
+  // Shared by the write's continuations (copied into std::function); whichever runs ends it.
+  auto held = std::make_shared<Claim>(std::move(claim));
+  const std::string holder = held->holder();
   std::optional<Lease> deliver;
   if (record.job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
   store_.write_until_stored(
@@ -317,12 +316,12 @@ void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
       [this, kept, holder, deliver](JobStore& s) {
         return s.finish_job(kept->job.id, holder, kept->outcome, deliver, clock_());
       },
-      [this, kept, holder, deliver](bool acknowledged) {
-        leases_.unhold(kept->job.id, holder);
+      [this, kept, held, deliver](bool acknowledged) {
+        held->drop_lease();
         if (!acknowledged) {
           // The lease ran out and another claim has the job: this result is not the one kept.
           observe_([&](auto& o) { o.on_lease_lost(kept->job.id, "finish_job"); });
-          admission_.release();
+          held->release();
           return;
         }
         if (on_final_) {
@@ -330,14 +329,14 @@ void BatchRunner::finish(const JobRecord& record, const std::string& holder) {
           on_final_(*kept);
         }
         if (!deliver) {
-          admission_.release();
+          held->release();
           return;
         }
         // The callback is this server's at once: its first attempt goes out now, in the slot the
         // job held.
-        delivery_.start(std::move(*kept), deliver->holder);
+        delivery_.start(std::move(*kept), deliver->holder, std::move(*held));
       },
-      [this] { admission_.release(); });
+      [held] { held->release(); });
 }
 
 }  // namespace rebound::detail

@@ -20,17 +20,17 @@ void continue_trace(CallbackMessage& message, const Job& job) {
 
 }  // namespace
 
-void Delivery::start(JobRecord record, std::string holder) {
+void Delivery::start(JobRecord record, std::string holder, Claim claim) {
   const TimePoint at = clock_();
   record.callback.state = CallbackState::pending;
   record.callback.next_attempt_at = at;
   record.callback.delivery_attempts = 0;
   record.callback.delivery_started_at = at;
   record.callback.previous_delay = std::chrono::milliseconds(0);
-  attempt(record, std::move(holder));
+  attempt(record, std::move(holder), std::move(claim));
 }
 
-void Delivery::attempt(const JobRecord& record, std::string holder) {
+void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim) {
   const std::string id = record.job.id;
   const CallbackInfo before = record.callback;
   CallbackMessage message{id,          record.job.callback_url, dump_json(to_callback_json(record)),
@@ -46,10 +46,12 @@ void Delivery::attempt(const JobRecord& record, std::string holder) {
   }
   // Renewed while it lasts: an attempt may wait in the transport (behind a receiver's other
   // requests, or its open circuit) for longer than a lease.
-  leases_.hold(id, holder, false);
+  claim.take_lease(leases_, id, std::move(holder), false);
+  auto held = std::make_shared<Claim>(std::move(claim));
   sender_.attempt(std::move(message), state,
-                  [this, keep = owner(), id, before, holder = std::move(holder)](
-                      const AttemptReport& report) { attempted(id, holder, before, report); });
+                  [this, keep = owner(), id, before, held](const AttemptReport& report) {
+                    attempted(id, held, before, report);
+                  });
 }
 
 void Delivery::notify_started(const Job& job) {
@@ -66,8 +68,9 @@ void Delivery::notify_started(const Job& job) {
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
 }
 
-void Delivery::attempted(const std::string& id, const std::string& holder,
+void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
                          const CallbackInfo& before, const AttemptReport& report) {
+  const std::string holder = claim->holder();
   CallbackInfo after = before;
   after.attempts = report.attempt;
   after.delivery_attempts = before.delivery_attempts + 1;
@@ -91,13 +94,12 @@ void Delivery::attempted(const std::string& id, const std::string& holder,
       [this, id, holder, after](JobStore& s) {
         return s.record_attempt(id, holder, after, clock_());
       },
-      [this, id, holder, after](bool recorded) {
-        leases_.unhold(id, holder);
+      [this, id, claim, after](bool recorded) {
+        claim->release();
         if (!recorded) observe_([&](auto& o) { o.on_lease_lost(id, "record_attempt"); });
-        admission_.release();
         if (recorded && after.state == CallbackState::pending) schedule_(after.next_attempt_at);
       },
-      [this] { admission_.release(); });
+      [claim] { claim->release(); });
 }
 
 }  // namespace rebound::detail

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "admission.hpp"
+#include "claim.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/delivery/callback_sender.hpp"
@@ -32,11 +33,13 @@ class Delivery {
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 
-  /// Sends the first attempt of a callback `holder` has just claimed with the job's outcome.
-  void start(JobRecord record, std::string holder);
+  /// Sends the first attempt of a callback `holder` has just claimed with the job's outcome, in
+  /// the slot of `claim` (the job's, whose lease it replaces).
+  void start(JobRecord record, std::string holder, Claim claim);
 
-  /// Sends the next attempt of a pending callback that `holder` has claimed.
-  void attempt(const JobRecord& record, std::string holder);
+  /// Sends the next attempt of a pending callback that `holder` has claimed, in the slot of
+  /// `claim`; the claim holds `holder`'s lease until the attempt is recorded.
+  void attempt(const JobRecord& record, std::string holder, Claim claim);
 
   /// Tells the callback URL that `job` started running (`webhook_events` with "started"), when it
   /// asked to. Best effort: retried by the sender's policy in memory (not in the store, so a
@@ -46,8 +49,8 @@ class Delivery {
  private:
   // What follows an attempt: its record in the store (pending with the next time, delivered or
   // failed) and the observers.
-  void attempted(const std::string& id, const std::string& holder, const CallbackInfo& before,
-                 const AttemptReport& report);
+  void attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
+                 const CallbackInfo& before, const AttemptReport& report);
 
   CallbackSender& sender_;
   StoreAccess& store_;

@@ -129,7 +129,7 @@ std::size_t StorePump::claim_callbacks(bool& more) {
                                 return store_.store().claim_callbacks(n, lease, at);
                               });
   for (auto& record : due)
-    delivery_.attempt(record, holder);
+    delivery_.attempt(record, holder, Claim::slot(admission_));
   return due.size();
 }
 
@@ -142,16 +142,15 @@ std::size_t StorePump::claim_jobs(bool& more) {
   std::size_t queued = 0;
   for (auto& record : due) {
     const std::string id = record.job.id;
-    leases_.hold(id, holder);
     const int priority = record.job.priority;
-    if (queue_->try_push(WorkItem{std::move(record.job), nullptr, holder}, priority) ==
-        PushResult::accepted) {
+    WorkItem item{std::move(record.job), nullptr,
+                  Claim::leased(admission_, leases_, id, holder)};
+    if (queue_->try_push(std::move(item), priority) == PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;
     }
     // Shutdown closed the queue meanwhile: the job goes back to the store at once.
-    leases_.hand_back(store_, "renew", id, holder);
-    admission_.release();
+    item.claim.hand_back(store_, "renew");
   }
   return queued;
 }

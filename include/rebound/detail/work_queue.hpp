@@ -89,7 +89,9 @@ class WorkQueue final {
   /// Adds an item at the back of its priority `level` (0 to 9, clamped; 0, the default here, is
   /// taken first): workers take items from the lowest level that has any, FIFO within a level.
   /// `full` when `capacity` items wait; `closed` after `close()`.
-  PushResult try_push(Item item, int level = 0) {
+  /// Queues `item` at priority `level` (0 first). The item is moved from only when accepted: on
+  /// `full` or `closed` the caller still has it.
+  PushResult try_push(Item&& item, int level = 0) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return PushResult::closed;
     if (pending_.size() >= options_.capacity) return PushResult::full;
