@@ -2,7 +2,7 @@
 // model, memory store, no HTTP), beside a bare boost::asio::post of the same model call to a pool
 // of the same size, in the same run. Prints one line per round and the medians.
 // Usage: rebound-job-queue-throughput [JOBS per round, default 200000] [ROUNDS, default 5]
-//                                     [WORKERS, default 2] [SUBMITTERS, default 2]
+//                                     [WORKERS, default 2] [SUBMITTERS, default 1]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   const long jobs = argc > 1 ? std::atol(argv[1]) : 200000;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
   const int workers = argc > 3 ? std::atoi(argv[3]) : 2;
-  const int submitters = argc > 4 ? std::atoi(argv[4]) : 2;
+  const int submitters = argc > 4 ? std::atoi(argv[4]) : 1;
   if (jobs <= 0 || rounds <= 0 || workers <= 0 || submitters <= 0) {
     std::fprintf(stderr, "usage: %s [JOBS] [ROUNDS] [WORKERS] [SUBMITTERS]\n", argv[0]);
     return 2;

@@ -5,6 +5,7 @@
 #include "rebound/job_queue.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <thread>
 #include <utility>
@@ -29,35 +30,37 @@ struct OwnedThreads {
 
   ~OwnedThreads() { finish(); }
 
-  /// Runs what was posted to the io thread before this call (the completions of a closing
-  /// queue), then stops both pools and joins them. Safe to call twice.
+  /// Joins the inference pool, then lets the io loop run until nothing is left for it: the
+  /// completions a closing queue posted, what those handlers post in turn, deliveries in flight
+  /// ending. A loop still busy after `io_grace` is stopped (what it still held is destroyed
+  /// unrun). Safe to call twice.
   void finish() {
     if (finished) return;
     finished = true;
     inference.join();
-    std::promise<void> drained;
-    auto done = drained.get_future();
-    boost::asio::post(io, [&drained] { drained.set_value(); });
-    // A handler that never returns must not hang the destructor for ever.
-    done.wait_for(std::chrono::seconds(10));
     work.reset();
-    io.stop();
+    if (io_done.wait_for(io_grace) != std::future_status::ready) io.stop();
     io_thread.join();
   }
+
+  static constexpr std::chrono::seconds io_grace{10};
 
   boost::asio::thread_pool inference;
   boost::asio::io_context io{1};
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{
       io.get_executor()};
+  std::promise<void> io_ended;
+  std::future<void> io_done = io_ended.get_future();
   // A handler that throws must not end the thread that every completion and callback runs on.
   std::thread io_thread{[this] {
     for (;;) {
       try {
         io.run();
-        return;
+        break;
       } catch (...) {
       }
     }
+    io_ended.set_value();
   }};
   bool finished = false;
 };
@@ -146,12 +149,28 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
 }  // namespace
 }  // namespace detail
 
+namespace detail {
+namespace {
+std::atomic<DefaultTransport> registered_transport{nullptr};
+}  // namespace
+
+void set_default_transport(DefaultTransport make) noexcept {
+  registered_transport.store(make);
+}
+
+DefaultTransport default_transport() noexcept {
+  return registered_transport.load();
+}
+}  // namespace detail
+
 JobQueue::JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store,
-                   JobQueueOptions options, detail::TransportFactory default_transport) {
+                   JobQueueOptions options) {
   if (options.workers == 0) throw Error("JobQueue: workers must be at least 1");
   threads_ = std::make_unique<detail::OwnedThreads>(options.workers);
   drain_on_destroy_ = options.drain_on_destroy;
-  if (!options.transport) options.transport = std::move(default_transport);
+  if (!options.transport) {
+    if (const detail::DefaultTransport make = detail::default_transport()) options.transport = make;
+  }
   try {
     build(threads_->inference.get_executor(), threads_->io.get_executor(), std::move(model),
           std::move(store), nullptr, std::move(options));
@@ -225,6 +244,8 @@ JobQueue::~JobQueue() {
   core_->store.stop();
   core_->pump.stop();
   queue_.reset();  // waits for running batches
+  // The io loop ends once nothing is left for it. The pipeline stays until then: a handler may
+  // still call this queue (and is refused with shutting_down).
   if (threads_) threads_->finish();
 }
 
@@ -266,17 +287,31 @@ void JobQueue::start_wait(std::string id, detail::Completion<JobRecord> done) {
   core_->complete_from_store(id);
 }
 
+namespace {
+// The handler of an async_invoke: answered once by the model, or, if its work item is dropped
+// unanswered (a worker step that threw), with shutting_down as it goes.
+struct InvokeReply {
+  explicit InvokeReply(detail::Completion<Prediction> d) : done(std::move(d)) {}
+  InvokeReply(const InvokeReply&) = delete;
+  InvokeReply& operator=(const InvokeReply&) = delete;
+  ~InvokeReply() {
+    if (done) done(errc::shutting_down, Prediction::failure("shutting_down", "not answered"));
+  }
+  detail::Completion<Prediction> done;
+};
+}  // namespace
+
 void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction> done) {
-  auto shared = std::make_shared<detail::Completion<Prediction>>(std::move(done));
+  auto shared = std::make_shared<InvokeReply>(std::move(done));
   ErrorInfo invalid;
   const SubmitStatus status = invoke(
       std::move(input),
       [shared](const Prediction& p) {
         // Taken off the queue at shutdown: an error, as for every other handler then.
         const bool stopped = !p.ok() && p.error().code == "shutting_down";
-        (*shared)(stopped ? boost::system::error_code(errc::shutting_down)
-                          : boost::system::error_code(),
-                  p);
+        shared->done(stopped ? boost::system::error_code(errc::shutting_down)
+                             : boost::system::error_code(),
+                     p);
       },
       &invalid);
   if (status == SubmitStatus::accepted) return;
@@ -287,7 +322,7 @@ void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction>
   Prediction refused = status == SubmitStatus::invalid_input
                            ? Prediction::failure(invalid.code, invalid.message)
                            : Prediction::failure(code, to_error_code(status).message());
-  (*shared)(to_error_code(status), std::move(refused));
+  shared->done(to_error_code(status), std::move(refused));
 }
 
 void JobQueue::end_drain() {
@@ -379,6 +414,7 @@ BatchStats JobQueue::batch_stats() const {
 
 RedeliverStatus JobQueue::redeliver(const std::string& id) {
   if (!core_->admission.accepting()) return RedeliverStatus::shutting_down;
+  if (!core_->delivers_callbacks) return RedeliverStatus::no_transport;
   if (!core_->admission.take_slot()) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
     auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });

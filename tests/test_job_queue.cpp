@@ -97,6 +97,10 @@ TEST_CASE("job queue: one line builds it - use_future gives the job's final reco
   CHECK(done.job.id == "a");
   CHECK(done.status == JobStatus::succeeded);
   CHECK(done.outcome.result == 42);
+  // The record as stored: the request, and when it started and finished.
+  CHECK(done.job.input == 21);
+  CHECK(done.started_at != std::chrono::system_clock::time_point{});
+  CHECK(done.outcome.finished_at >= done.started_at);
   // It is final in the store when the future is ready.
   const auto stored = queue.find("a");
   REQUIRE(stored);
@@ -168,6 +172,8 @@ TEST_CASE("job queue: refusals are rebound::errc codes with messages") {
     CHECK(bare.submit(job("cb", 1, "https://example.com/hook")) ==
           rebound::SubmitStatus::no_transport);
     CHECK_FALSE(bare.find("cb"));
+    // Nor does it take a dead letter it could not send.
+    CHECK(bare.redeliver("cb") == rebound::RedeliverStatus::no_transport);
   }
   SUBCASE("async_wait for an unknown id: not_found") {
     auto f = queue.async_wait("nobody", boost::asio::use_future);

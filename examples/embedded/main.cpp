@@ -11,35 +11,24 @@
 struct Doubler final : rebound::Model {
   std::string name() const override { return "doubler"; }
   rebound::Prediction predict(const nlohmann::json& x) override {
+    if (!x.is_number_integer()) return rebound::Prediction::failure("invalid_input", "not an int");
     return rebound::Prediction::success(x.get<int>() * 2);
-  }
-  std::optional<rebound::ErrorInfo> validate(const nlohmann::json& x) const override {
-    if (x.is_number_integer()) return std::nullopt;
-    return rebound::ErrorInfo{"invalid_input", "must be an integer"};
   }
 };
 
-rebound::Job job(std::string id, int input) {
-  rebound::Job j;
-  j.id = std::move(id);
-  j.input = input;
-  return j;
-}
-
 #if defined(BOOST_ASIO_HAS_CO_AWAIT)
 boost::asio::awaitable<int> doubled(rebound::JobQueue& queue, int x) {
-  auto record = co_await queue.async_submit(job("job-2", x), boost::asio::use_awaitable);
-  co_return record.outcome.result.get<int>();
+  auto done = co_await queue.async_submit(rebound::make_job("job-2", x), boost::asio::use_awaitable);
+  co_return done.outcome.result.get<int>();
 }
 #endif
 
 int main() {
   rebound::JobQueue queue(std::make_unique<Doubler>());  // memory store, threads of its own
-  auto done = queue.async_submit(job("job-1", 21), boost::asio::use_future).get();
+  auto done = queue.async_submit(rebound::make_job("job-1", 21), boost::asio::use_future).get();
   std::cout << done.job.id << ": " << done.outcome.result << std::endl;  // job-1: 42
 #if defined(BOOST_ASIO_HAS_CO_AWAIT)
-  auto answer = boost::asio::co_spawn(queue.get_executor(), doubled(queue, 50),
-                                      boost::asio::use_future);
+  auto answer = boost::asio::co_spawn(queue.get_executor(), doubled(queue, 50), boost::asio::use_future);
   std::cout << "job-2: " << answer.get() << std::endl;  // job-2: 100
 #endif
   return done.outcome.result == 42 ? 0 : 1;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -108,6 +109,16 @@ struct Job {
            webhook_events == other.webhook_events;
   }
 };
+
+/// A job with an id, an input and, when given, a callback URL; every other field at its default.
+///   queue.async_submit(rebound::make_job("job-1", {{"x", 1}}), boost::asio::use_future);
+inline Job make_job(std::string id, nlohmann::json input = nullptr, std::string callback_url = {}) {
+  Job job;
+  job.id = std::move(id);
+  job.input = std::move(input);
+  job.callback_url = std::move(callback_url);
+  return job;
+}
 
 /// The state of a job's callback delivery, and its retry schedule while it is pending.
 struct CallbackInfo {

@@ -36,28 +36,21 @@ template <typename Item>
 class WorkQueue;
 struct OwnedThreads;
 using TransportFactory = decltype(JobQueueOptions::transport);
-// The libcurl transport with default options and `guard`; defined in rebound::http.
-std::unique_ptr<CallbackTransport> make_default_transport(boost::asio::any_io_executor io,
-                                                          const AddressGuard& guard);
+using DefaultTransport = std::unique_ptr<CallbackTransport> (*)(boost::asio::any_io_executor io,
+                                                                 const AddressGuard& guard);
+/// The transport a JobQueue uses when told none: rebound::http sets it to libcurl's as the
+/// program starts (its library links with `--undefined=rebound_http_default_transport`, so the
+/// registration is always linked in). Null on rebound::core alone. Thread-safe.
+void set_default_transport(DefaultTransport make) noexcept;
+DefaultTransport default_transport() noexcept;
 }  // namespace detail
-
-// A program that links rebound::http (so rebound::rebound) is compiled with
-// REBOUND_HAS_HTTP (a usage requirement of that target): its JobQueues then deliver
-// callbacks with libcurl unless told otherwise. rebound::core alone has no transport to offer.
-#if defined(REBOUND_HAS_HTTP)
-#define REBOUND_DETAIL_DEFAULT_TRANSPORT (&::rebound::detail::make_default_transport)
-#else
-#define REBOUND_DETAIL_DEFAULT_TRANSPORT nullptr
-#endif
 
 /// The pipeline of docs/architecture.md, usable on its own or behind rebound::Server.
 ///
 /// Example (the whole program; results come back through a future):
 ///   rebound::JobQueue queue(std::make_unique<rebound::EchoModel>());
-///   rebound::Job job;
-///   job.id = "job-1";
-///   job.input = {{"x", 1}};
-///   rebound::JobRecord done = queue.async_submit(job, boost::asio::use_future).get();
+///   rebound::JobRecord done =
+///       queue.async_submit(rebound::make_job("job-1", {{"x", 1}}), boost::asio::use_future).get();
 ///   // done.status == JobStatus::succeeded, done.outcome.result == {"x": 1}
 ///
 /// The same initiating functions take a plain handler `void(boost::system::error_code,
@@ -92,9 +85,7 @@ class JobQueue final {
   /// program links rebound::http, else nowhere (callback jobs are refused with no_transport).
   /// Throws rebound::Error for a missing model or an option out of range.
   explicit JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store = nullptr,
-                    JobQueueOptions options = {})
-      : JobQueue(std::move(model), std::move(store), std::move(options),
-                 detail::TransportFactory(REBOUND_DETAIL_DEFAULT_TRANSPORT)) {}
+                    JobQueueOptions options = {});
 
   /// A queue on your executors: model inference on `inference_executor` (size its pool to
   /// `options.workers`), callback timers, deliveries and completions on `io_executor`. Both must
@@ -116,10 +107,11 @@ class JobQueue final {
 
   /// Submits a job and completes when it is final and the store has its final state, with the
   /// job's record (status, result or error). Signature `void(boost::system::error_code,
-  /// JobRecord)`. A refusal completes at once with its rebound::errc (id_conflict, invalid_input,
-  /// queue_full, not_ready, store_unavailable, shutting_down, no_transport) and an empty record.
-  /// The same request submitted again never runs twice: it completes with the first job's record
-  /// once that is final.
+  /// JobRecord)`, with the record as the store keeps it. A refusal completes at once with its
+  /// rebound::errc (id_conflict, invalid_input, queue_full, not_ready, store_unavailable,
+  /// shutting_down, no_transport) and an empty record. The same request submitted again never
+  /// runs twice: it completes as `async_wait` for the first job does (so also with not_found if
+  /// the job was pruned meanwhile, or too_many_waiters).
   ///
   /// Example:
   ///   queue.async_submit(job, [](boost::system::error_code ec, rebound::JobRecord r) {
@@ -256,8 +248,6 @@ class JobQueue final {
   void end_drain();
 
  private:
-  JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store, JobQueueOptions options,
-           detail::TransportFactory default_transport);
   void build(boost::asio::any_io_executor inference_executor,
              boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
              std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,

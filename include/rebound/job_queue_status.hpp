@@ -67,6 +67,7 @@ enum class RedeliverStatus {
   not_failed,     ///< the job's callback is not `failed` (none, pending or delivered)
   queue_full,     ///< `queue_capacity` jobs are in flight; try again later
   shutting_down,  ///< `shutdown` has begun
+  no_transport,   ///< this queue has no CallbackTransport: another server must deliver it
 };
 
 /// What `JobQueue::cancel` did.

@@ -15,6 +15,15 @@
 
 namespace rebound {
 
+// With rebound::torch or without, make_model is a function of its own (an inline namespace), so
+// that two parts of one program built with different rebound targets never share one definition.
+#if defined(REBOUND_HAS_TORCH)
+#define REBOUND_DETAIL_MODELS models_torch
+#else
+#define REBOUND_DETAIL_MODELS models_builtin
+#endif
+inline namespace REBOUND_DETAIL_MODELS {
+
 /// Makes a Model from a spec:
 /// - `echo`: answers its input; `sleep:<seconds>`: waits, then answers "OK" (the seed's model);
 /// - anything else is a model directory (TorchScript `model.pt` and an optional `config.json`),
@@ -38,4 +47,5 @@ inline std::unique_ptr<Model> make_model(std::string_view spec) {
 #endif
 }
 
+}  // namespace REBOUND_DETAIL_MODELS
 }  // namespace rebound

@@ -806,9 +806,10 @@ std::vector<EndpointStatus> CurlTransport::endpoints() const {
 }  // namespace rebound
 
 namespace rebound::detail {
+namespace {
 
 // What a JobQueue delivers callbacks with when the program links rebound::http and names no
-// transport (REBOUND_DETAIL_DEFAULT_TRANSPORT in job_queue.hpp).
+// transport (detail::default_transport in job_queue.hpp).
 std::unique_ptr<CallbackTransport> make_default_transport(boost::asio::any_io_executor io,
                                                           const AddressGuard& guard) {
   CurlTransportOptions options;
@@ -816,4 +817,17 @@ std::unique_ptr<CallbackTransport> make_default_transport(boost::asio::any_io_ex
   return std::make_unique<CurlTransport>(std::move(io), std::move(options));
 }
 
+// Registers it as the program starts (or as the shared library loads).
+const bool registered = [] {
+  set_default_transport(&make_default_transport);
+  return true;
+}();
+
+}  // namespace
 }  // namespace rebound::detail
+
+// Named by rebound::http's link options (-Wl,--undefined=...) so that a static link always pulls
+// this file, and with it the registration above, into the program.
+extern "C" const bool* rebound_http_default_transport() {
+  return &rebound::detail::registered;
+}

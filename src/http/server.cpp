@@ -544,6 +544,7 @@ struct Server::Impl {
       case RedeliverStatus::queue_full:
         return send_queue_full(res);
       case RedeliverStatus::shutting_down:
+      case RedeliverStatus::no_transport:  // never behind rebound::Server, which links libcurl
         return send_shutting_down(res);
     }
   }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -68,6 +69,12 @@ class AsyncWaiters {
 
   /// True when nobody waits at all (no lock: a hint for the hot path).
   bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+
+  /// True when somebody waits for `id`.
+  bool waiting(const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return waits_.count(id) > 0;
+  }
 
   /// The ids waited for now.
   std::vector<std::string> ids() const {
@@ -182,10 +189,15 @@ struct Pipeline {
         runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
                options.job_ttl, options.inference_timeout),
         waiters(options.max_waiting),
-        async_waiters(options.max_waiting) {
+        async_waiters(options.max_waiting),
+        poll_interval(options.poll_interval) {
     runner.set_on_final([this](const JobRecord& record) {
       waiters.notify(record.job.id);
-      if (!async_waiters.empty()) async_waiters.complete(record.job.id, record);
+      // The record as the store keeps it (input, started_at, callback state): the same answer a
+      // wait gets for a job another server finished.
+      if (!async_waiters.empty() && async_waiters.waiting(record.job.id)) {
+        complete_from_store(record.job.id);
+      }
     });
     pump.set_claims_callbacks(delivers_callbacks);
     pump.set_on_poll([this] { poll_async_waits(); });
@@ -209,6 +221,9 @@ struct Pipeline {
   BatchRunner runner;
   FinalWaiters waiters;
   AsyncWaiters async_waiters;
+  const std::chrono::milliseconds poll_interval;
+  std::chrono::steady_clock::time_point last_wait_poll{};  // on the pump's thread only
+  std::size_t wait_poll_offset = 0;                        // on the pump's thread only
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {
@@ -227,13 +242,25 @@ struct Pipeline {
 
   /// On the pump's thread, each time it looks for work: waits for jobs that this queue does not
   /// hold (another server's, or final before the wait began) are checked in the store.
+  /// At most every half poll interval (the pump also wakes at once while it finds more work) and
+  /// at most `max_wait_polls` reads a pass, taken in turn, so that lease renewals on the same
+  /// thread never wait long behind them.
   void poll_async_waits() {
     if (async_waiters.empty()) return;
-    for (const std::string& id : async_waiters.ids()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_wait_poll < poll_interval / 2) return;
+    last_wait_poll = now;
+    const std::vector<std::string> ids = async_waiters.ids();
+    const std::size_t n = std::min(ids.size(), max_wait_polls);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string& id = ids[(wait_poll_offset + i) % ids.size()];
       if (leases.job_holder_of(id)) continue;  // held here: its end completes the wait
       complete_from_store(id);
     }
+    wait_poll_offset += n;
   }
+
+  static constexpr std::size_t max_wait_polls = 256;
 
   // Tells the observers how a submission (or, without an id, an invocation) was answered; called
   // outside every lock.

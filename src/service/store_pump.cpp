@@ -103,18 +103,21 @@ void StorePump::pump() {
 // Claims with `claim` up to as many items as there are free slots, and keeps those it gets a slot
 // for; a claim whose slot a submission took meanwhile is handed back at once. Slots are not
 // reserved beforehand, so a poll never makes a submission see a full queue.
-template <typename Claim>
-std::vector<JobRecord> StorePump::claim_with_slots(const char* what, bool& more, std::string& holder,
-                                                   Claim&& claim) {
+template <typename ClaimFn>
+std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char* what, bool& more,
+                                                                     std::string& holder,
+                                                                     ClaimFn&& claim) {
   const std::size_t slots = std::min(admission_.free_slots(), max_claim);
   if (slots == 0) return {};
   holder = leases_.next_holder();
   std::vector<JobRecord> due = claim(slots, leases_.from_now(holder), clock_());
   if (due.size() == slots) more = true;
-  std::vector<JobRecord> kept;
+  std::vector<std::pair<JobRecord, Claim>> kept;
+  kept.reserve(due.size());
   for (auto& record : due) {
     if (admission_.take_slot()) {
-      kept.push_back(std::move(record));
+      // From here the slot is the claim's: given back on every way out, an exception's included.
+      kept.emplace_back(std::move(record), Claim::slot(admission_));
     } else {
       leases_.hand_back(store_, what, record.job.id, holder);
     }
@@ -128,8 +131,8 @@ std::size_t StorePump::claim_callbacks(bool& more) {
                               [this](std::size_t n, const Lease& lease, TimePoint at) {
                                 return store_.store().claim_callbacks(n, lease, at);
                               });
-  for (auto& record : due)
-    delivery_.attempt(record, holder, Claim::slot(admission_));
+  for (auto& [record, claim] : due)
+    delivery_.attempt(record, holder, std::move(claim));
   return due.size();
 }
 
@@ -140,11 +143,11 @@ std::size_t StorePump::claim_jobs(bool& more) {
                                 return store_.store().claim_jobs(n, lease, at);
                               });
   std::size_t queued = 0;
-  for (auto& record : due) {
+  for (auto& [record, claim] : due) {
     const std::string id = record.job.id;
     const int priority = record.job.priority;
-    WorkItem item{std::move(record.job), nullptr,
-                  Claim::leased(admission_, leases_, id, holder)};
+    claim.take_lease(leases_, id, holder);
+    WorkItem item{std::move(record.job), nullptr, std::move(claim)};
     if (queue_->try_push(std::move(item), priority) == PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "admission.hpp"
+#include "claim.hpp"
 #include "delivery.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
@@ -66,9 +67,9 @@ class StorePump {
  private:
   void run();
   void pump();
-  template <typename Claim>
-  std::vector<JobRecord> claim_with_slots(const char* what, bool& more, std::string& holder,
-                                          Claim&& claim);
+  template <typename ClaimFn>
+  std::vector<std::pair<JobRecord, Claim>> claim_with_slots(const char* what, bool& more,
+                                                            std::string& holder, ClaimFn&& claim);
   std::size_t claim_callbacks(bool& more);
   std::size_t claim_jobs(bool& more);
 

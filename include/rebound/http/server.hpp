@@ -92,9 +92,9 @@ class Server final {
   /// Serves until SIGINT or SIGTERM (binding first if `bind()` was not called), then stops
   /// taking work (submissions and `/ping` answer 503 while polls are still answered), drains the
   /// queue for up to `drain_timeout`, stops serving and returns 0; 1 when work was still in flight
-  /// at the deadline. A second signal during the drain ends it at once (status 1). Blocks the two
-  /// signals in the calling thread while it waits for them. Throws rebound::Error when it cannot
-  /// bind.
+  /// at the deadline. A second signal during the drain ends it at once (status 1). While it runs,
+  /// SIGINT and SIGTERM are handled through Asio's signal_set (whichever thread receives them);
+  /// afterwards their former handling is back. Throws rebound::Error when it cannot bind.
   int run_until_signal();
 
   /// Stops serving; `run` returns. Safe to call more than once, and before `run`.

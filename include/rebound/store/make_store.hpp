@@ -33,6 +33,20 @@ struct StoreSettings {
   std::optional<std::string> redis_password;
 };
 
+// Which stores make_store knows depends on the libraries a translation unit is built with: each
+// combination is a function of its own (an inline namespace), so that two parts of one program
+// built with different rebound targets never share one definition.
+#if defined(REBOUND_HAS_SQLITE) && defined(REBOUND_HAS_REDIS)
+#define REBOUND_DETAIL_STORES stores_sqlite_redis
+#elif defined(REBOUND_HAS_SQLITE)
+#define REBOUND_DETAIL_STORES stores_sqlite
+#elif defined(REBOUND_HAS_REDIS)
+#define REBOUND_DETAIL_STORES stores_redis
+#else
+#define REBOUND_DETAIL_STORES stores_memory
+#endif
+inline namespace REBOUND_DETAIL_STORES {
+
 /// Makes a JobStore from a URI:
 /// - `memory`: a MemoryJobStore (jobs are lost with the process);
 /// - `sqlite:PATH`: a SqliteJobStore in that file (needs rebound::sqlite);
@@ -80,5 +94,7 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
   throw Error("unsupported store '" + std::string(uri) +
               "': use memory, sqlite:<path> or redis://host[:port][/db]");
 }
+
+}  // namespace REBOUND_DETAIL_STORES
 
 }  // namespace rebound

@@ -70,7 +70,8 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
 /// `failure()` until a command works again; failed connects are retried with a backoff. The
 /// process must ignore SIGPIPE (`signal(SIGPIPE, SIG_IGN)`, as rebound-server does): hiredis
 /// writes to sockets that Redis may have closed. Lists and claims take at most 100,000 jobs per
-/// call (one script blocks Redis for every server). Thread-safety: every method is thread-safe.
+/// call (one script blocks Redis for every server). It starts no thread: every call runs on the
+/// caller's. Thread-safety: every method is thread-safe.
 class RedisJobStore final : public JobStore {
  public:
   /// Connects and loads the scripts. Throws rebound::Error when Redis cannot be used (unreachable,

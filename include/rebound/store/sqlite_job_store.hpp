@@ -25,7 +25,8 @@ struct SqliteJobStoreOptions {
 ///
 /// Durability: `put` returns only after the job is committed to disk (WAL, `synchronous=FULL`), so
 /// a 202 means the job survives a crash. Writes from all threads are grouped into one transaction
-/// by a writer thread (group commit): concurrent submissions share one fsync. State changes
+/// by a writer thread that the store starts and joins (group commit; it also prunes): concurrent
+/// submissions share one fsync. State changes
 /// (`mark_running`, `complete`, `update_callback`) are queued to the same writer without waiting;
 /// every read waits until the writes issued before it are committed, so reads see them.
 /// Submissions go ahead of queued state changes, and a transaction with a submission in it takes
