@@ -132,9 +132,11 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       case PutOutcome::conflict:
         return SubmitStatus::conflict;
     }
-    // Before the job can run: its end completes the wait. Not closed: that follows
-    // admission.close(), which waits for `entered`.
-    if (done) core.async_waiters.add(id, *done, false);
+    // Before the job can run: its end completes the wait. Never closed here (closing follows
+    // admission.close(), which waits for `entered`), but a handler is answered whatever happens.
+    if (done && core.async_waiters.add(id, *done, false) != AsyncWaiters::Added::added) {
+      (*done)(errc::shutting_down, JobRecord{});
+    }
     // Cannot be full (admission bounds it) nor closed (shutdown waits for `entered`).
     claim.take_lease(core.leases, id, holder);
     const int priority = job.priority;

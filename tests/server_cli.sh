@@ -51,6 +51,17 @@ expect_refusal "not in range" --port 70000
 expect_refusal "not in range" --memory-store-mib 0
 expect_refusal "callback-timeout" --callback-timeout soon
 expect_refusal "not expected" --no-such-flag
+# Authentication or signing cannot be turned off by an empty value.
+expect_refusal "must not be empty" --api-key ""
+expect_refusal "must not be empty" --api-key " "
+for var in REBOUND_API_KEY REBOUND_SIGNING_SECRET REBOUND_SIGNING_KEY; do
+  set +e
+  out=$(env "$var=" timeout 20 "$server_bin" --model echo --store memory --port 0 2>&1)
+  rc=$?
+  set -e
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "$var= was accepted (exit $rc)"
+  grep -q "$var is set but empty" <<<"$out" || fail "$var= said: $out"
+done
 
 log=$(mktemp)
 pids=()

@@ -357,6 +357,20 @@ TEST_CASE("job queue: a SQLite store from make_store keeps results across queues
   CHECK(again.async_wait("kept", boost::asio::use_future).get().outcome.result == 8);
 }
 
+TEST_CASE("job queue: what a store holds at start is resumed and counted - not 256 of it") {
+  auto store = std::make_unique<rebound::MemoryJobStore>();
+  for (int i = 0; i < 600; ++i) {
+    rebound::Job j = job("left-" + std::to_string(i), i);
+    j.created_at = std::chrono::system_clock::now();
+    REQUIRE(store->put(j) == rebound::PutOutcome::created);
+  }
+  rebound::JobQueueOptions o;
+  o.queue_capacity = 1000;
+  JobQueue queue(std::make_unique<Doubler>(), std::move(store), o);
+  CHECK(queue.batch_stats().resumed == 600);  // when the constructor returns
+  CHECK(queue.async_wait("left-599", boost::asio::use_future).get().outcome.result == 1198);
+}
+
 TEST_CASE("make_store and make_model: what they make - clear errors for the rest") {
   CHECK(dynamic_cast<rebound::MemoryJobStore*>(rebound::make_store("memory").get()));
   CHECK(rebound::make_model("echo")->name() == "echo");

@@ -56,6 +56,10 @@ TEST_CASE("a missing or bad id is a 422 naming the field") {
   check_invalid(R"({"id":"has space"})", 422, "invalid_field", "id");
   check_invalid(R"({"id":"slash/"})", 422, "invalid_field", "id");
   check_invalid(R"({"id":"caf\u00e9"})", 422, "invalid_field", "id");
+  // No status URL can name these: /v1/inferences/. and /v1/inferences/.. are other paths.
+  check_invalid(R"({"id":"."})", 422, "invalid_field", "id");
+  check_invalid(R"({"id":".."})", 422, "invalid_field", "id");
+  CHECK(parse_submission(R"({"id":"..."})", strict).job.has_value());
   check_invalid(R"({"id":")" + std::string(129, 'a') + R"("})", 422, "invalid_field", "id");
   CHECK(parse_submission(R"({"id":")" + std::string(128, 'a') + R"("})", strict).job.has_value());
 }

@@ -246,6 +246,19 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // A blank line in a container template sets a variable to nothing: that must not turn
+    // authentication or signing off without a word.
+    for (const char* name : {"REBOUND_API_KEY", "REBOUND_SIGNING_SECRET", "REBOUND_SIGNING_KEY"}) {
+      const char* value = std::getenv(name);
+      if (value && std::string(value).find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw rebound::Error(std::string(name) + " is set but empty: unset it, or give it a value");
+      }
+    }
+    for (const auto& key : api_keys) {
+      if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw rebound::Error("--api-key must not be empty");
+      }
+    }
     for (const auto& secret : signing_secrets) {
       if (!rebound::is_valid_webhook_secret(secret)) {
         throw rebound::Error("--signing-secret must look like whsec_<base64>");

@@ -296,6 +296,21 @@ struct Server::Impl {
 
   // Answers everything but a POST to a known route; returns false to let that POST through.
   bool route(const httplib::Request& req, httplib::Response& res) {
+    // RFC 9110 5.5: a field value has no control bytes but HTAB. NUL or a bare CR in a value are
+    // how requests get smuggled past proxies; refused before anything reads them.
+    for (const auto& header : req.headers) {
+      const std::string& value = header.second;
+      const bool bad = std::any_of(value.begin(), value.end(), [](char c) {
+        const auto b = static_cast<unsigned char>(c);
+        return (b < 0x20 && b != '\t') || b == 0x7f;
+      });
+      if (bad) {
+        send_error(res, {400, "invalid_header",
+                         "A header value has a control character (NUL, CR, LF or another).", {}});
+        res.set_header("Connection", "close");
+        return true;
+      }
+    }
     const Target target = locate(req.path);
     if (!authorized(req, target.resource)) {
       res.set_header("WWW-Authenticate", "Bearer");
@@ -638,6 +653,12 @@ struct Server::Impl {
 Server::Server(JobQueue& service, ServerOptions options) {
   if (options.http_threads == 0) throw Error("Server: http_threads must be at least 1");
   if (options.port < 0 || options.port > 65535) throw Error("Server: port must be 0..65535");
+  for (const auto& key : options.api_keys) {
+    // An empty key would be matched by "Authorization: Bearer " with nothing after it.
+    if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
+      throw Error("Server: an API key must not be empty or blank");
+    }
+  }
   impl_ = std::make_unique<Impl>(service, std::move(options));
 }
 

@@ -11,7 +11,10 @@ namespace rebound::detail {
 
 void StorePump::start(Queue& queue) {
   queue_ = &queue;
-  pump();
+  // Everything the store holds for this server, as far as slots allow: claims come 256 at a time,
+  // and the count of what was resumed is complete when the constructor returns.
+  while (pump() && admission_.free_slots() > 0) {
+  }
   starting_ = false;
   thread_ = std::thread([this] { run(); });
 }
@@ -56,13 +59,14 @@ void StorePump::run() {
   }
 }
 
-// Callbacks first (results already paid for), then jobs.
-void StorePump::pump() {
+// Callbacks first (results already paid for), then jobs. True when the store had more than one
+// claim took.
+bool StorePump::pump() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     due_ = std::chrono::steady_clock::time_point::max();
   }
-  if (store_.stopped()) return;
+  if (store_.stopped()) return false;
   if (queue_ && std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(250)) {
     last_sweep_ = std::chrono::steady_clock::now();
     sweep_(*queue_);
@@ -98,6 +102,7 @@ void StorePump::pump() {
     observe_([&](auto& o) { o.on_claimed(jobs, callbacks, at_start); });
   }
   wake(clock_() + (more ? std::chrono::milliseconds(0) : poll_interval_));
+  return more;
 }
 
 // Claims with `claim` up to as many items as there are free slots, and keeps those it gets a slot

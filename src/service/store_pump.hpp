@@ -66,7 +66,7 @@ class StorePump {
 
  private:
   void run();
-  void pump();
+  bool pump();
   template <typename ClaimFn>
   std::vector<std::pair<JobRecord, Claim>> claim_with_slots(const char* what, bool& more,
                                                             std::string& holder, ClaimFn&& claim);

@@ -61,6 +61,9 @@ inline constexpr std::size_t max_job_id_length = 128;
 /// A job id is 1 to 128 characters from `A-Z a-z 0-9 . _ : -`.
 inline bool is_valid_job_id(std::string_view id) {
   if (id.empty() || id.size() > max_job_id_length) return false;
+  // A path segment of "." or ".." is not itself in a URL (RFC 3986 removes it): no status URL
+  // could name such a job.
+  if (id == "." || id == "..") return false;
   for (char c : id) {
     const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '_' || c == ':' || c == '-';
@@ -102,7 +105,9 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
   if (!id->is_string()) return invalid("id", "The field 'id' must be a string.");
   job.id = id->get<std::string>();
   if (!is_valid_job_id(job.id)) {
-    return invalid("id", "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -.");
+    return invalid("id",
+                   "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -, and "
+                   "not '.' or '..'.");
   }
   auto url = doc.find("callback_url");
   if (url != doc.end() && !url->is_null()) {
