@@ -67,6 +67,17 @@ struct OwnedThreads {
 
 namespace {
 
+// The model's verdict on an input; one that throws refuses it too.
+std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& input) {
+  try {
+    return model.validate(input);
+  } catch (const std::exception& e) {
+    return ErrorInfo{"invalid_input", std::string("could not be validated: ") + e.what()};
+  } catch (...) {
+    return ErrorInfo{"invalid_input", "could not be validated"};
+  }
+}
+
 // A submission: validated, admitted, stored with this queue's claim, and queued. `done` (for
 // async_submit) is registered for the job's end before the job can run, so no end is missed.
 SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
@@ -76,15 +87,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
   StoreAccess::News news;
   const SubmitStatus status = [&] {
     if (has_callback && !core.delivers_callbacks) return SubmitStatus::no_transport;
-    std::optional<ErrorInfo> refused;
-    try {
-      refused = core.model->validate(job.input);
-    } catch (const std::exception& e) {
-      refused = ErrorInfo{"invalid_input", std::string("could not be validated: ") + e.what()};
-    } catch (...) {
-      refused = ErrorInfo{"invalid_input", "could not be validated"};
-    }
-    if (refused) {
+    if (auto refused = validate(*core.model, job.input)) {
       if (invalid) *invalid = std::move(*refused);
       return SubmitStatus::invalid_input;
     }
@@ -343,15 +346,7 @@ SubmitStatus JobQueue::invoke(nlohmann::json input, InvocationHandler on_result,
                               ErrorInfo* invalid) {
   if (!on_result) throw Error("JobQueue::invoke: a result handler is required");
   const SubmitStatus status = [&] {
-    std::optional<ErrorInfo> refused;
-    try {
-      refused = core_->model->validate(input);
-    } catch (const std::exception& e) {
-      refused = ErrorInfo{"invalid_input", std::string("could not be validated: ") + e.what()};
-    } catch (...) {
-      refused = ErrorInfo{"invalid_input", "could not be validated"};
-    }
-    if (refused) {
+    if (auto refused = detail::validate(*core_->model, input)) {
       if (invalid) *invalid = std::move(*refused);
       return SubmitStatus::invalid_input;
     }
