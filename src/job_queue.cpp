@@ -47,8 +47,7 @@ struct OwnedThreads {
 
   boost::asio::thread_pool inference;
   boost::asio::io_context io{1};
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{
-      io.get_executor()};
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{io.get_executor()};
   std::promise<void> io_ended;
   std::future<void> io_done = io_ended.get_future();
   // A handler that throws must not end the thread that every completion and callback runs on.
@@ -120,8 +119,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
     PutOutcome outcome;
     try {
       outcome = core.store.call(
-          "put", id, [&](JobStore& s) { return s.put(job, core.leases.from_now(holder)); },
-          &news);
+          "put", id, [&](JobStore& s) { return s.put(job, core.leases.from_now(holder)); }, &news);
     } catch (const StoreUnavailable&) {
       return SubmitStatus::store_unavailable;
     }
@@ -314,9 +312,9 @@ void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction>
       [shared](const Prediction& p) {
         // Taken off the queue at shutdown: an error, as for every other handler then.
         const bool stopped = !p.ok() && p.error().code == "shutting_down";
-        shared->done(stopped ? boost::system::error_code(errc::shutting_down)
-                             : boost::system::error_code(),
-                     p);
+        shared->done(
+            stopped ? boost::system::error_code(errc::shutting_down) : boost::system::error_code(),
+            p);
       },
       &invalid);
   if (status == SubmitStatus::accepted) return;
@@ -482,7 +480,7 @@ std::optional<JobRecord> JobQueue::find(const std::string& id) const {
 }
 
 std::optional<JobRecord> JobQueue::wait_final(const std::string& id,
-                                             std::chrono::milliseconds timeout, bool* waited) {
+                                              std::chrono::milliseconds timeout, bool* waited) {
   if (waited) *waited = false;
   std::optional<JobRecord> record = find(id);
   if (!record || is_final(record->status) || timeout.count() <= 0) return record;

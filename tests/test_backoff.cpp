@@ -107,10 +107,11 @@ TEST_CASE("Retry-After parses as seconds and as an HTTP-date") {
   CHECK_FALSE(rebound::detail::parse_retry_after("soon", now).has_value());
   CHECK_FALSE(rebound::detail::parse_retry_after("-5", now).has_value());
   CHECK_FALSE(rebound::detail::parse_retry_after("", now).has_value());
-  CHECK_FALSE(
-      rebound::detail::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now).has_value());
+  CHECK_FALSE(rebound::detail::parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT trailing", now)
+                  .has_value());
   // Found by fuzzing: dates far from now used to overflow std::chrono (undefined behaviour).
-  CHECK_FALSE(rebound::detail::parse_retry_after("Wed, 21 Oct 99999999 07:28:00 GMT", now).has_value());
+  CHECK_FALSE(
+      rebound::detail::parse_retry_after("Wed, 21 Oct 99999999 07:28:00 GMT", now).has_value());
   CHECK(rebound::detail::parse_retry_after("Fri, 31 Dec 7999 23:59:59 GMT", now) ==
         std::chrono::milliseconds(999999999LL * 1000));  // clamped
 }

@@ -277,8 +277,8 @@ TEST_CASE("request headers are bounded - too many bytes of them get 431") {
 
 TEST_CASE("control bytes in a header value get 400 invalid_header") {
   EchoServer server{HarnessOptions()};
-  for (const std::string value : {std::string("a\0b", 3), std::string("a\x01b"),
-                                  std::string("a\x7f"), std::string("a\rb")}) {
+  for (const std::string value :
+       {std::string("a\0b", 3), std::string("a\x01b"), std::string("a\x7f"), std::string("a\rb")}) {
     RawConnection c(server.port);
     c.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Note: " + value + "\r\n\r\n", 2000ms);
     const std::string answer = c.read(3000ms, "}}");

@@ -33,11 +33,11 @@
 #include "support/redis_server.hpp"
 #endif
 
+using boost::system::error_code;
+using rebound::errc;
 using rebound::JobQueue;
 using rebound::JobRecord;
 using rebound::JobStatus;
-using rebound::errc;
-using boost::system::error_code;
 using namespace std::chrono_literals;
 
 namespace {
@@ -181,7 +181,8 @@ TEST_CASE("job queue: refusals are rebound::errc codes with messages") {
   }
 }
 
-TEST_CASE("job queue: the same request again completes with the first job's record - it runs once") {
+TEST_CASE(
+    "job queue: the same request again completes with the first job's record - it runs once") {
   auto model = std::make_unique<rebound::test::HeldModel>();
   auto* held = model.get();
   JobQueue queue(std::move(model));

@@ -34,8 +34,8 @@ boost::asio::awaitable<std::string> walk(rebound::JobQueue& queue) {
   } catch (const boost::system::system_error& e) {
     refused = e.code() == rebound::errc::id_conflict ? "id_conflict" : e.code().message();
   }
-  co_return first.outcome.result.get<std::string>() + " " + again.outcome.result.get<std::string>() +
-      " " + p.output().dump() + " " + refused;
+  co_return first.outcome.result.get<std::string>() + " " +
+      again.outcome.result.get<std::string>() + " " + p.output().dump() + " " + refused;
 }
 
 }  // namespace

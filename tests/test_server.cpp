@@ -80,9 +80,9 @@ struct BareService {
   boost::asio::thread_pool pool{1};
   boost::asio::io_context io;
   rebound::JobQueue service{pool.get_executor(), io.get_executor(),
-                           std::make_unique<rebound::EchoModel>(),
-                           std::make_unique<rebound::MemoryJobStore>(),
-                           std::make_unique<rebound::CurlTransport>(io.get_executor())};
+                            std::make_unique<rebound::EchoModel>(),
+                            std::make_unique<rebound::MemoryJobStore>(),
+                            std::make_unique<rebound::CurlTransport>(io.get_executor())};
 };
 
 }  // namespace

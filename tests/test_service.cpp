@@ -131,9 +131,9 @@ struct Node {
     so.poll_interval = 10ms;
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(1h), 5);
     if (!transport) transport = std::make_unique<ScriptedTransport>(sent);
-    service =
-        std::make_unique<rebound::JobQueue>(pool.get_executor(), io.get_executor(), std::move(model),
-                                           std::move(store), std::move(transport), so);
+    service = std::make_unique<rebound::JobQueue>(pool.get_executor(), io.get_executor(),
+                                                  std::move(model), std::move(store),
+                                                  std::move(transport), so);
   }
   ~Node() {
     service->shutdown(5s);

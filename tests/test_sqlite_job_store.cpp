@@ -1,5 +1,6 @@
 // SqliteJobStore: the JobStore contract on a real SQLite file, durability across reopening,
-// group commit, the single-process lock, pruning, and a JobQueue resuming a store's unfinished jobs.
+// group commit, the single-process lock, pruning, and a JobQueue resuming a store's unfinished
+// jobs.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -174,9 +175,9 @@ TEST_CASE("a JobQueue on a store with unfinished jobs runs them again and delive
     rebound::JobQueueOptions so;
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(10ms), 3);
     rebound::JobQueue service(pool.get_executor(), io.get_executor(),
-                             std::make_unique<CountingModel>(calls),
-                             std::make_unique<SqliteJobStore>(db.path()),
-                             std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
+                              std::make_unique<CountingModel>(calls),
+                              std::make_unique<SqliteJobStore>(db.path()),
+                              std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
     CHECK(service.batch_stats().resumed == 3);
     REQUIRE(receiver.wait_for(3));
     REQUIRE(service.shutdown(10s));

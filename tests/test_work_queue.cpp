@@ -1,6 +1,6 @@
-// WorkQueue (detail): every accepted item is handled once, the worker bound holds, full and closed answers,
-// a throwing handler does not stop the workers, and dynamic batches form by size and by delay.
-// Run for several worker counts.
+// WorkQueue (detail): every accepted item is handled once, the worker bound holds, full and closed
+// answers, a throwing handler does not stop the workers, and dynamic batches form by size and by
+// delay. Run for several worker counts.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -45,8 +45,9 @@ Job job(int n) {
   return Job{"job-" + std::to_string(n), {}, n, {}};
 }
 
-rebound::detail::WorkQueueOptions opts(std::size_t capacity, std::size_t workers, std::size_t batch = 1,
-                              std::chrono::microseconds delay = 0us) {
+rebound::detail::WorkQueueOptions opts(std::size_t capacity, std::size_t workers,
+                                       std::size_t batch = 1,
+                                       std::chrono::microseconds delay = 0us) {
   return {capacity, workers, batch, delay};
 }
 

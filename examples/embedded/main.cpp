@@ -18,7 +18,8 @@ struct Doubler final : rebound::Model {
 
 #if defined(BOOST_ASIO_HAS_CO_AWAIT)
 boost::asio::awaitable<int> doubled(rebound::JobQueue& queue, int x) {
-  auto done = co_await queue.async_submit(rebound::make_job("job-2", x), boost::asio::use_awaitable);
+  auto done =
+      co_await queue.async_submit(rebound::make_job("job-2", x), boost::asio::use_awaitable);
   co_return done.outcome.result.get<int>();
 }
 #endif
@@ -28,7 +29,8 @@ int main() {
   auto done = queue.async_submit(rebound::make_job("job-1", 21), boost::asio::use_future).get();
   std::cout << done.job.id << ": " << done.outcome.result << std::endl;  // job-1: 42
 #if defined(BOOST_ASIO_HAS_CO_AWAIT)
-  auto answer = boost::asio::co_spawn(queue.get_executor(), doubled(queue, 50), boost::asio::use_future);
+  auto answer =
+      boost::asio::co_spawn(queue.get_executor(), doubled(queue, 50), boost::asio::use_future);
   std::cout << "job-2: " << answer.get() << std::endl;  // job-2: 100
 #endif
   return done.outcome.result == 42 ? 0 : 1;

@@ -6,23 +6,14 @@
 //      curl -d '{"text": "good service, great food"}' http://127.0.0.1:8080/invocations
 #include <atomic>
 #include <cctype>
-#include <csignal>
-#include <future>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/thread_pool.hpp>
-
-#include "rebound/http/curl_transport.hpp"
 #include "rebound/http/server.hpp"
 #include "rebound/job_queue.hpp"
-#include "rebound/store/memory_job_store.hpp"
 
 // Scores text by a word list. The list is loaded once, then only read: predictions are
 // thread-safe without a lock, as the Model contract asks.
@@ -99,31 +90,12 @@ class LexiconSentimentModel final : public rebound::Model {
 
 int main(int argc, char** argv) {
   const int port = argc > 1 ? std::atoi(argv[1]) : 8080;
-  boost::asio::thread_pool inference(2);
-  boost::asio::io_context io;
-  auto work = boost::asio::make_work_guard(io);
-  std::thread io_thread([&io] { io.run(); });
-  {
-    rebound::JobQueue service(inference.get_executor(), io.get_executor(),
-                             std::make_unique<LexiconSentimentModel>(),
-                             std::make_unique<rebound::MemoryJobStore>(),
-                             std::make_unique<rebound::CurlTransport>(io.get_executor()));
-    rebound::Server server(service, {"127.0.0.1", port});
-    std::cout << "lexicon-sentiment on 127.0.0.1:" << server.bind() << std::endl;
-
-    std::promise<void> stop;
-    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-    signals.async_wait([&stop](const boost::system::error_code& ec, int) {
-      if (!ec) stop.set_value();
-    });
-    std::thread http([&server] { server.run(); });
-    stop.get_future().wait();
-    service.shutdown(std::chrono::seconds(25));  // stop taking work, finish what is in flight
-    server.stop();
-    http.join();
-  }
-  work.reset();
-  io_thread.join();
-  inference.join();
+  rebound::JobQueueOptions options;
+  options.workers = 2;
+  rebound::JobQueue queue(std::make_unique<LexiconSentimentModel>(), nullptr, options);
+  rebound::Server server(queue, {"127.0.0.1", port});
+  std::cout << "lexicon-sentiment on 127.0.0.1:" << server.bind() << std::endl;
+  // SIGTERM or Ctrl-C: stop taking work, finish what is in flight (up to 25 s), then stop.
+  server.run_until_signal();
   return 0;
 }

@@ -37,7 +37,7 @@ class WorkQueue;
 struct OwnedThreads;
 using TransportFactory = decltype(JobQueueOptions::transport);
 using DefaultTransport = std::unique_ptr<CallbackTransport> (*)(boost::asio::any_io_executor io,
-                                                                 const AddressGuard& guard);
+                                                                const AddressGuard& guard);
 /// The transport a JobQueue uses when told none: rebound::http sets it to libcurl's as the
 /// program starts (its library links with `--undefined=rebound_http_default_transport`, so the
 /// registration is always linked in). Null on rebound::core alone. Thread-safe.
@@ -119,8 +119,7 @@ class JobQueue final {
   ///   });
   template <typename CompletionToken>
   auto async_submit(Job job, CompletionToken&& token) {
-    return boost::asio::async_initiate<CompletionToken,
-                                       void(boost::system::error_code, JobRecord)>(
+    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, JobRecord)>(
         [this](auto handler, Job j) {
           start_submit(std::move(j),
                        detail::Completion<JobRecord>(std::move(handler), get_executor()));
@@ -134,8 +133,7 @@ class JobQueue final {
   /// by the store pump within `poll_interval` (no thread waits for it).
   template <typename CompletionToken>
   auto async_wait(std::string id, CompletionToken&& token) {
-    return boost::asio::async_initiate<CompletionToken,
-                                       void(boost::system::error_code, JobRecord)>(
+    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, JobRecord)>(
         [this](auto handler, std::string i) {
           start_wait(std::move(i),
                      detail::Completion<JobRecord>(std::move(handler), get_executor()));

@@ -89,9 +89,10 @@ class Logger {
              const nlohmann::json& fields) const {
     if (!enabled(level)) return;
     try {
-      nlohmann::ordered_json line = {{"ts", detail::format_rfc3339(std::chrono::system_clock::now())},
-                                     {"level", to_string(level)},
-                                     {"event", event}};
+      nlohmann::ordered_json line = {
+          {"ts", detail::format_rfc3339(std::chrono::system_clock::now())},
+          {"level", to_string(level)},
+          {"event", event}};
       if (job_id) line["job_id"] = *job_id;
       if (fields.is_object()) {
         for (auto it = fields.begin(); it != fields.end(); ++it)

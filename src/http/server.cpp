@@ -305,8 +305,10 @@ struct Server::Impl {
         return (b < 0x20 && b != '\t') || b == 0x7f;
       });
       if (bad) {
-        send_error(res, {400, "invalid_header",
-                         "A header value has a control character (NUL, CR, LF or another).", {}});
+        send_error(res, {400,
+                         "invalid_header",
+                         "A header value has a control character (NUL, CR, LF or another).",
+                         {}});
         res.set_header("Connection", "close");
         return true;
       }
@@ -472,12 +474,14 @@ struct Server::Impl {
       case SubmitStatus::store_unavailable:
         return send_store_unavailable(res);
       case SubmitStatus::invalid_input:
-        return send_error(res, {422, invalid.code, "The field 'input' " + invalid.message, "input"});
+        return send_error(res,
+                          {422, invalid.code, "The field 'input' " + invalid.message, "input"});
       case SubmitStatus::no_transport:
-        return send_error(res, {422, "invalid_field",
-                                "This server cannot deliver callbacks; leave 'callback_url' out and "
-                                "poll the job.",
-                                "callback_url"});
+        return send_error(res,
+                          {422, "invalid_field",
+                           "This server cannot deliver callbacks; leave 'callback_url' out and "
+                           "poll the job.",
+                           "callback_url"});
     }
   }
 

@@ -11,8 +11,8 @@
 #include <shared_mutex>
 #include <utility>
 
-#include "rebound/model.hpp"
 #include "rebound/job_queue_status.hpp"
+#include "rebound/model.hpp"
 
 namespace rebound::detail {
 

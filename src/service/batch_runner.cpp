@@ -10,8 +10,8 @@
 
 #include <boost/asio/steady_timer.hpp>
 
-#include "rebound/detail/work_queue.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/work_queue.hpp"
 
 namespace rebound {
 namespace {
@@ -57,9 +57,9 @@ void BatchRunner::screen(std::vector<WorkItem>& batch, TimePoint now) {
   std::vector<WorkItem> dropped_items;
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
-    auto dropped = std::stable_partition(
-        batch.begin(), batch.end(),
-        [&](const WorkItem& item) { return item.reply || !revoked_locked(item, true); });
+    auto dropped = std::stable_partition(batch.begin(), batch.end(), [&](const WorkItem& item) {
+      return item.reply || !revoked_locked(item, true);
+    });
     for (auto it = dropped; it != batch.end(); ++it)
       dropped_items.push_back(std::move(*it));
     batch.erase(dropped, batch.end());
@@ -67,9 +67,8 @@ void BatchRunner::screen(std::vector<WorkItem>& batch, TimePoint now) {
   dropped_items.clear();  // their claims go back outside the lock: a freed slot may wake the pump
   // Jobs that waited past their time in queue (their own max_queue, else the time-to-live) end
   // here, without running.
-  auto expired =
-      std::stable_partition(batch.begin(), batch.end(),
-                            [&](const WorkItem& item) { return !past_time(item, now); });
+  auto expired = std::stable_partition(batch.begin(), batch.end(),
+                                       [&](const WorkItem& item) { return !past_time(item, now); });
   for (auto it = expired; it != batch.end(); ++it) {
     const auto limit = time_in_queue(it->job);
     JobRecord record;

@@ -24,8 +24,8 @@
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/detail/work_queue.hpp"
-#include "rebound/model.hpp"
 #include "rebound/job_queue_status.hpp"
+#include "rebound/model.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
 
@@ -96,8 +96,7 @@ class BatchRunner {
 
   // Answers one item with its prediction: an invocation's handler, or a job's outcome.
   // inference_ms < 0: the model never answered (a timeout).
-  void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
-              double inference_ms);
+  void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size, double inference_ms);
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
   // none is wanted, or when the lease was lost: another claim has the job).

@@ -28,8 +28,13 @@ class Delivery {
 
   Delivery(CallbackSender& sender, StoreAccess& store, Leases& leases, Admission& admission,
            Observers& observe, Clock clock, std::function<void(TimePoint)> schedule)
-      : sender_(sender), store_(store), leases_(leases), admission_(admission), observe_(observe),
-        clock_(std::move(clock)), schedule_(std::move(schedule)) {}
+      : sender_(sender),
+        store_(store),
+        leases_(leases),
+        admission_(admission),
+        observe_(observe),
+        clock_(std::move(clock)),
+        schedule_(std::move(schedule)) {}
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 

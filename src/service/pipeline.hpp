@@ -8,9 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>

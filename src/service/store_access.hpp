@@ -16,8 +16,8 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "rebound/store/job_store.hpp"
 #include "observers.hpp"
+#include "rebound/store/job_store.hpp"
 
 namespace rebound::detail {
 
@@ -38,7 +38,9 @@ class StoreAccess {
 
   StoreAccess(JobStore& store, Observers& observe, boost::asio::any_io_executor executor,
               std::chrono::milliseconds retry_interval)
-      : store_(store), observe_(observe), executor_(std::move(executor)),
+      : store_(store),
+        observe_(observe),
+        executor_(std::move(executor)),
         retry_interval_(retry_interval) {}
 
   JobStore& store() { return store_; }
@@ -52,7 +54,8 @@ class StoreAccess {
   void failed(std::string_view during, const std::string& job_id, const char* why,
               bool counted = true) {
     if (counted) observe_([&](auto& o) { o.on_store_error(during, job_id, why); });
-    if (!failing_.exchange(true)) observe_([&](auto& o) { o.on_store_failing(during, job_id, why); });
+    if (!failing_.exchange(true))
+      observe_([&](auto& o) { o.on_store_failing(during, job_id, why); });
   }
 
   /// Notes a store call that worked. A failing spell ends (one log line) only when the store says
@@ -96,11 +99,12 @@ class StoreAccess {
   }
 
   /// Runs `call` against the store; a failure is noted and rethrown as StoreUnavailable (for the
-  /// calls whose answer a front end waits for: reads, puts, redeliveries). With `news`, what happened is kept there for `tell`,
-  /// because the caller holds a lock that observers must not run under.
+  /// calls whose answer a front end waits for: reads, puts, redeliveries). With `news`, what
+  /// happened is kept there for `tell`, because the caller holds a lock that observers must not run
+  /// under.
   template <typename Call>
-  auto call(std::string_view during, const std::string& job_id, Call&& call,
-            News* news = nullptr) -> decltype(call(std::declval<JobStore&>())) {
+  auto call(std::string_view during, const std::string& job_id, Call&& call, News* news = nullptr)
+      -> decltype(call(std::declval<JobStore&>())) {
     auto note_failure = [&](const char* why) {
       if (news) {
         news->failed.emplace(std::string(during), why);
@@ -174,8 +178,7 @@ class StoreAccess {
     }
     auto timer = std::make_shared<boost::asio::steady_timer>(executor_, retry_interval_);
     timer->async_wait([this, timer, keep_alive = std::move(keep_alive), during,
-                       job_id = std::move(job_id), write = std::move(write),
-                       then = std::move(then),
+                       job_id = std::move(job_id), write = std::move(write), then = std::move(then),
                        abandon = std::move(abandon)](const boost::system::error_code&) mutable {
       write_until_stored(std::move(keep_alive), during, std::move(job_id), std::move(write),
                          std::move(then), std::move(abandon));

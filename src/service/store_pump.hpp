@@ -40,9 +40,15 @@ class StorePump {
             Observers& observe, Clock clock, std::chrono::milliseconds poll_interval,
             std::function<void(const std::string&, const std::string&)> on_lost,
             std::function<void(Queue&)> sweep)
-      : store_(store), admission_(admission), leases_(leases), delivery_(delivery),
-        observe_(observe), clock_(std::move(clock)), poll_interval_(poll_interval),
-        on_lost_(std::move(on_lost)), sweep_(std::move(sweep)) {}
+      : store_(store),
+        admission_(admission),
+        leases_(leases),
+        delivery_(delivery),
+        observe_(observe),
+        clock_(std::move(clock)),
+        poll_interval_(poll_interval),
+        on_lost_(std::move(on_lost)),
+        sweep_(std::move(sweep)) {}
   ~StorePump() { stop(); }
 
   /// Claims what the store holds (from an earlier run, or from servers gone) once, on the

@@ -49,8 +49,8 @@ int main() {
     ok = ok && done.status == rebound::JobStatus::succeeded && done.outcome.result == job.input;
     std::promise<boost::system::error_code> refused;
     queue.async_submit(job, [&](boost::system::error_code ec, rebound::JobRecord r) {
-      refused.set_value(ec ? ec : (r.job.id == "job-0" ? boost::system::error_code{}
-                                                       : rebound::errc::not_found));
+      refused.set_value(
+          ec ? ec : (r.job.id == "job-0" ? boost::system::error_code{} : rebound::errc::not_found));
     });
     ok = ok && !refused.get_future().get();  // the same request: the first job's record
 
@@ -58,7 +58,8 @@ int main() {
     const std::string body = R"({"id":"job-1","input":{"x":1}})";
     const std::string submitted = server.serve_connection_bytes(
         "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
     ok = ok && submitted.rfind("HTTP/1.1 202", 0) == 0;
     std::string status;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -5,8 +5,8 @@
 #include <rebound/delivery/backoff.hpp>
 #include <rebound/delivery/callback_transport.hpp>
 #include <rebound/delivery/webhook_signature.hpp>
-#include <rebound/model.hpp>
 #include <rebound/job_queue.hpp>
+#include <rebound/model.hpp>
 #include <rebound/store/memory_job_store.hpp>
 
 #include <boost/asio/io_context.hpp>
@@ -72,10 +72,9 @@ int main() {
   options.delivery.signing_secrets = {kSecret};
   bool ok = false;
   {
-    rebound::JobQueue service(inference.get_executor(), io.get_executor(),
-                             std::make_unique<rebound::EchoModel>(),
-                             std::make_unique<rebound::MemoryJobStore>(), std::move(transport),
-                             options);
+    rebound::JobQueue service(
+        inference.get_executor(), io.get_executor(), std::make_unique<rebound::EchoModel>(),
+        std::make_unique<rebound::MemoryJobStore>(), std::move(transport), options);
     rebound::Job job;
     job.id = "job-1";
     job.callback_url = "https://receiver.example/hook";
@@ -110,7 +109,8 @@ int main() {
     rebound::Job job;
     job.id = "with-callback";
     job.callback_url = "https://receiver.example/hook";
-    ok = ok && !bare.delivers_callbacks() && bare.submit(job) == rebound::SubmitStatus::no_transport;
+    ok =
+        ok && !bare.delivers_callbacks() && bare.submit(job) == rebound::SubmitStatus::no_transport;
     try {
       bare.async_submit(job, boost::asio::use_future).get();
       ok = false;

@@ -13,8 +13,8 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "rebound/http/server.hpp"
-#include "rebound/model.hpp"
 #include "rebound/job_queue.hpp"
+#include "rebound/model.hpp"
 #include "rebound/store/memory_job_store.hpp"
 
 namespace {

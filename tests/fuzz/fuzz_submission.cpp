@@ -20,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)r.error->to_json().dump();
     } else {
       if (!rebound::detail::is_valid_job_id(r.job->id)) std::abort();
-      if (!r.job->callback_url.empty() && !rebound::detail::parse_callback_url(r.job->callback_url).url) {
+      if (!r.job->callback_url.empty() &&
+          !rebound::detail::parse_callback_url(r.job->callback_url).url) {
         std::abort();
       }
     }

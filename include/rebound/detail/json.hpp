@@ -21,7 +21,6 @@ inline constexpr std::size_t max_json_depth = 128;
 /// one body's tree near 32 MiB whatever its shape (`[{},{},...]` would take 40 times its size).
 inline constexpr std::size_t json_cost_limit = 1000000;
 
-
 /// What a linear scan of JSON text finds before anything builds a tree.
 struct JsonTextShape {
   std::size_t depth = 0;  ///< the deepest nesting of arrays and objects

@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rebound/delivery/address_guard.hpp"
 #include "rebound/detail/callback_url.hpp"
 #include "rebound/detail/json.hpp"
-#include "rebound/delivery/address_guard.hpp"
 #include "rebound/job.hpp"
 
 namespace rebound::detail {

@@ -71,7 +71,8 @@ class WorkQueue final {
     if (options_.capacity == 0) throw Error("WorkQueue: capacity must be at least 1");
     if (options_.workers == 0) throw Error("WorkQueue: workers must be at least 1");
     if (options_.max_batch_size == 0) throw Error("WorkQueue: max_batch_size must be at least 1");
-    if (options_.max_queue_delay.count() < 0) throw Error("WorkQueue: max_queue_delay must be >= 0");
+    if (options_.max_queue_delay.count() < 0)
+      throw Error("WorkQueue: max_queue_delay must be >= 0");
     if (!handler_) throw Error("WorkQueue: a handler is required");
   }
 

@@ -11,8 +11,8 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
-#include "rebound/delivery/callback_transport.hpp"
 #include "rebound/delivery/address_guard.hpp"
+#include "rebound/delivery/callback_transport.hpp"
 
 namespace rebound {
 
