@@ -275,6 +275,21 @@ TEST_CASE("request headers are bounded - too many bytes of them get 431") {
   CHECK(server.alive());
 }
 
+TEST_CASE("one header line longer than 8 KiB gets 431 - as the docs say") {
+  EchoServer server{HarnessOptions()};
+  RawConnection c(server.port);
+  c.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Long: " + std::string(9 * 1024, 'a') + "\r\n\r\n",
+         2000ms);
+  check_error_body(first_response(c.read(3000ms, "}}")), 431, "header_too_large");
+  // A long header within the limit is still read.
+  RawConnection ok(server.port);
+  ok.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Long: " + std::string(7 * 1024, 'a') +
+              "\r\nConnection: close\r\n\r\n",
+          2000ms);
+  CHECK(ok.read(3000ms).rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(server.alive());
+}
+
 TEST_CASE("control bytes in a header value get 400 invalid_header") {
   EchoServer server{HarnessOptions()};
   for (const std::string value :

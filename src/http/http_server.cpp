@@ -182,6 +182,18 @@ ssize_t ConnectionStream::read(char* ptr, std::size_t size) {
   if (begin_ == end_ && !fill()) return peer_closed_ ? 0 : -1;
   const std::size_t n = std::min({size, end_ - begin_, budget_});
   std::memcpy(ptr, buffer_.data() + begin_, n);
+  if (in_request_ && !headers_parsed_) {
+    // A header line (not the request line: its limit is 414's) longer than cpp-httplib reads is
+    // refused by it as a bad request; it is a head too large (431), as documented.
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ptr[i] == '\n') {
+        ++head_lines_;
+        head_line_bytes_ = 0;
+      } else if (++head_line_bytes_ > CPPHTTPLIB_HEADER_MAX_LENGTH && head_lines_ > 0) {
+        header_line_too_long_ = true;
+      }
+    }
+  }
   begin_ += n;
   budget_ -= n;
   return static_cast<ssize_t>(n);
@@ -229,6 +241,8 @@ void ConnectionStream::begin_request() {
   deadline_ = request_start_ + limits_.header_timeout;
   budget_ = limits_.max_head_bytes;
   headers_parsed_ = has_body_ = body_consumed_ = close_ = over_limit_ = timed_out_ = false;
+  header_line_too_long_ = false;
+  head_lines_ = head_line_bytes_ = 0;
   response_deadline_ = {};
 }
 

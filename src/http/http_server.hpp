@@ -71,8 +71,9 @@ class ConnectionStream : public httplib::Stream {
            (!headers_parsed_ || over_limit_ || (has_body_ && !body_consumed_));
   }
 
-  /// A limit of HttpLimits cut the request short.
-  bool over_limit() const { return over_limit_; }
+  /// A limit of HttpLimits cut the request short, or one header line was longer than
+  /// cpp-httplib reads (CPPHTTPLIB_HEADER_MAX_LENGTH): either way the head is too large (431).
+  bool over_limit() const { return over_limit_ || header_line_too_long_; }
   /// A deadline of HttpLimits ran out while reading the request.
   bool timed_out() const { return timed_out_; }
 
@@ -102,6 +103,9 @@ class ConnectionStream : public httplib::Stream {
   bool body_consumed_ = false;
   bool close_ = false;
   bool over_limit_ = false;
+  bool header_line_too_long_ = false;
+  std::size_t head_lines_ = 0;       // line ends seen in the head so far
+  std::size_t head_line_bytes_ = 0;  // bytes of the head's current line
   bool timed_out_ = false;
   bool peer_closed_ = false;
   bool write_failed_ = false;
