@@ -28,18 +28,22 @@ namespace detail {
 struct OwnedThreads {
   explicit OwnedThreads(std::size_t workers) : inference(workers) {}
 
-  ~OwnedThreads() { finish(); }
+  ~OwnedThreads() { finish(std::atomic<long>(0)); }
 
-  /// Joins the inference pool, then lets the io loop run until nothing is left for it: the
-  /// completions a closing queue posted, what those handlers post in turn, deliveries in flight
-  /// ending. A loop still busy after `io_grace` is stopped (what it still held is destroyed
-  /// unrun). Safe to call twice.
-  void finish() {
+  /// Joins the inference pool, then keeps the io loop running until every handler of the
+  /// queue's asynchronous calls has run (`live` at 0: those a closing queue completed, and what
+  /// they call in turn), for at most `io_grace`; then stops it. Timers of the transport (a
+  /// breaker's cool-down, a retry) do not hold it. Safe to call twice.
+  void finish(const std::atomic<long>& live) {
     if (finished) return;
     finished = true;
     inference.join();
+    const auto deadline = std::chrono::steady_clock::now() + io_grace;
+    while (live.load() > 0 && std::chrono::steady_clock::now() < deadline &&
+           io_done.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
+    }
     work.reset();
-    if (io_done.wait_for(io_grace) != std::future_status::ready) io.stop();
+    io.stop();
     io_thread.join();
   }
 
@@ -178,7 +182,7 @@ JobQueue::JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store
     build(threads_->inference.get_executor(), threads_->io.get_executor(), std::move(model),
           std::move(store), nullptr, std::move(options));
   } catch (...) {
-    threads_->finish();
+    threads_->finish(*live_);
     throw;
   }
 }
@@ -246,10 +250,10 @@ JobQueue::~JobQueue() {
   core_->async_waiters.close();
   core_->store.stop();
   core_->pump.stop();
-  queue_.reset();  // waits for running batches
-  // The io loop ends once nothing is left for it. The pipeline stays until then: a handler may
+  // The handlers still to run run now. The queue and the pipeline stay until then: a handler may
   // still call this queue (and is refused with shutting_down).
-  if (threads_) threads_->finish();
+  if (threads_) threads_->finish(*live_);
+  queue_.reset();  // waits for running batches (on the caller's executors)
 }
 
 JobQueue::executor_type JobQueue::get_executor() const noexcept {

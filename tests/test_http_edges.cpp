@@ -306,6 +306,13 @@ TEST_CASE("control bytes in a header value get 400 invalid_header") {
     c.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Note: a\x01b\r\n\r\n", 2000ms);
     check_error_body(first_response(c.read(3000ms, "}}")), 400, "invalid_header");
   }
+  // Percent-encoded bytes are text as sent (cpp-httplib decodes them): not refused.
+  {
+    RawConnection c(server.port);
+    c.send("GET /ping HTTP/1.1\r\nHost: x\r\nReferer: /a?q=%00%0A\r\nConnection: close\r\n\r\n",
+           2000ms);
+    CHECK(c.read(3000ms).rfind("HTTP/1.1 200", 0) == 0);
+  }
   // A tab is allowed.
   RawConnection ok(server.port);
   ok.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Note: a\tb\r\nConnection: close\r\n\r\n", 2000ms);

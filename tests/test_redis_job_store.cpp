@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,8 +128,8 @@ TEST_CASE("redis: servers on one Redis share one queue - one job per id and one 
   for (int s = 0; s < 3; ++s) {
     threads.emplace_back([&, s] {
       for (;;) {
-        auto got = stores[s]->claim_jobs(7, Lease{"server-" + std::to_string(s), at_ms(1764000100000)},
-                                         at_ms(1764000000000));
+        auto got = stores[s]->claim_jobs(
+            7, Lease{"server-" + std::to_string(s), at_ms(1764000100000)}, at_ms(1764000000000));
         if (got.empty()) return;
         for (auto& r : got)
           claimed[s].push_back(r.job.id);
@@ -145,8 +147,8 @@ TEST_CASE("redis: servers on one Redis share one queue - one job per id and one 
 
   // A server whose lease ran out loses the job to another, and its late acknowledgement is refused.
   const std::string id = claimed[0].front();
-  auto taken = stores[1]->claim_jobs(1000, Lease{"late-comer", at_ms(1764000200000)},
-                                     at_ms(1764000100001));
+  auto taken =
+      stores[1]->claim_jobs(1000, Lease{"late-comer", at_ms(1764000200000)}, at_ms(1764000100001));
   CHECK(taken.size() == 250);  // the 200, and the 50 raced ones whose put-time lease ran out
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
   CHECK_FALSE(stores[0]->finish_job(id, "server-0", done, std::nullopt, at_ms(1764000100002)));
@@ -191,6 +193,41 @@ TEST_CASE("redis: a hung Redis times out instead of hanging the caller") {
   CHECK(std::chrono::steady_clock::now() - started < 5s);
   CHECK(store.failure().has_value());
   server.resume();
+  CHECK(eventually([&] { return !store.failure(); }));
+  CHECK(store.get("a").has_value());
+}
+
+TEST_CASE("redis: a frozen Redis is reported within 2 s - each look at it takes less than 2 s") {
+  rebound::test::RedisServer server;
+  RedisJobStoreOptions o = rebound::parse_redis_uri(server.uri());
+  o.command_timeout = 10s;  // far longer than the report may take
+  RedisJobStore store(o);
+  REQUIRE(store.put(make("a")) == PutOutcome::created);
+  CHECK_FALSE(store.failure());
+  server.pause();
+  // A caller (the pump, a poll) waits on Redis meanwhile, as a server's would.
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      store.get("a");
+    } catch (const rebound::StoreUnavailable&) {
+    }
+  });
+  const auto frozen = std::chrono::steady_clock::now();
+  std::optional<std::string> why;
+  auto slowest = 0ms;
+  while (!why && std::chrono::steady_clock::now() - frozen < 5s) {
+    const auto asked = std::chrono::steady_clock::now();
+    why = store.failure();
+    slowest = std::max(slowest, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::steady_clock::now() - asked));
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(why.has_value());
+  CHECK(why->find("no answer") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - frozen < 2500ms);  // SageMaker: 2 s, and one 50 ms nap
+  CHECK(slowest < 2s);
+  server.resume();
+  waiting.get();
   CHECK(eventually([&] { return !store.failure(); }));
   CHECK(store.get("a").has_value());
 }

@@ -45,6 +45,22 @@ void set_default_transport(DefaultTransport make) noexcept;
 DefaultTransport default_transport() noexcept;
 }  // namespace detail
 
+#if defined(REBOUND_HAS_HTTP)
+}  // namespace rebound
+// Registers libcurl's transport as the default (idempotent); defined in rebound::http.
+extern "C" const void* rebound_http_default_transport();
+namespace rebound::detail {
+namespace {
+// Every translation unit of a program on rebound::http registers the default as it starts, before
+// its own globals: so a JobQueue built during static initialisation has it too, and the shared
+// library is needed (a linker with --as-needed keeps it). Internal to each unit: no ODR issue.
+[[maybe_unused]] const void* const http_default_transport_registered =
+    rebound_http_default_transport();
+}  // namespace
+}  // namespace rebound::detail
+namespace rebound {
+#endif
+
 /// The pipeline of docs/architecture.md, usable on its own or behind rebound::Server.
 ///
 /// Example (the whole program; results come back through a future):
@@ -122,7 +138,7 @@ class JobQueue final {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, JobRecord)>(
         [this](auto handler, Job j) {
           start_submit(std::move(j),
-                       detail::Completion<JobRecord>(std::move(handler), get_executor()));
+                       detail::Completion<JobRecord>(std::move(handler), get_executor(), live_));
         },
         token, std::move(job));
   }
@@ -136,7 +152,7 @@ class JobQueue final {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, JobRecord)>(
         [this](auto handler, std::string i) {
           start_wait(std::move(i),
-                     detail::Completion<JobRecord>(std::move(handler), get_executor()));
+                     detail::Completion<JobRecord>(std::move(handler), get_executor(), live_));
         },
         token, std::move(id));
   }
@@ -151,7 +167,7 @@ class JobQueue final {
                                        void(boost::system::error_code, Prediction)>(
         [this](auto handler, nlohmann::json in) {
           start_invoke(std::move(in),
-                       detail::Completion<Prediction>(std::move(handler), get_executor()));
+                       detail::Completion<Prediction>(std::move(handler), get_executor(), live_));
         },
         token, std::move(input));
   }
@@ -255,6 +271,8 @@ class JobQueue final {
   void start_invoke(nlohmann::json input, detail::Completion<Prediction> done);
 
   std::unique_ptr<detail::OwnedThreads> threads_;  // the owning constructor's; destroyed last
+  // The handlers of asynchronous calls not yet run: the owning destructor waits for them.
+  detail::LiveCount live_ = std::make_shared<std::atomic<long>>(0);
   std::shared_ptr<detail::Pipeline> core_;
   std::unique_ptr<detail::WorkQueue<detail::WorkItem>> queue_;  // destroyed first
   std::chrono::milliseconds drain_on_destroy_{0};

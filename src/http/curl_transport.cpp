@@ -817,17 +817,22 @@ std::unique_ptr<CallbackTransport> make_default_transport(boost::asio::any_io_ex
   return std::make_unique<CurlTransport>(std::move(io), std::move(options));
 }
 
-// Registers it as the program starts (or as the shared library loads).
-const bool registered = [] {
-  set_default_transport(&make_default_transport);
-  return true;
-}();
-
 }  // namespace
 }  // namespace rebound::detail
 
-// Named by rebound::http's link options (-Wl,--undefined=...) so that a static link always pulls
-// this file, and with it the registration above, into the program.
-extern "C" const bool* rebound_http_default_transport() {
-  return &rebound::detail::registered;
+// Registers the default; called from every translation unit that includes job_queue.hpp with
+// rebound::http (REBOUND_HAS_HTTP), and named by rebound::http's link options
+// (-Wl,--undefined=...) so that a static link pulls this file in even without such a unit.
+extern "C" const void* rebound_http_default_transport() {
+  rebound::detail::set_default_transport(&rebound::detail::make_default_transport);
+  static const char registered = 1;
+  return &registered;
 }
+
+namespace rebound::detail {
+namespace {
+// And as the program starts (or as the shared library loads), for programs that reach the
+// JobQueue only through other libraries' code.
+[[maybe_unused]] const void* const registered_at_load = rebound_http_default_transport();
+}  // namespace
+}  // namespace rebound::detail

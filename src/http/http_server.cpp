@@ -182,18 +182,7 @@ ssize_t ConnectionStream::read(char* ptr, std::size_t size) {
   if (begin_ == end_ && !fill()) return peer_closed_ ? 0 : -1;
   const std::size_t n = std::min({size, end_ - begin_, budget_});
   std::memcpy(ptr, buffer_.data() + begin_, n);
-  if (in_request_ && !headers_parsed_) {
-    // A header line (not the request line: its limit is 414's) longer than cpp-httplib reads is
-    // refused by it as a bad request; it is a head too large (431), as documented.
-    for (std::size_t i = 0; i < n; ++i) {
-      if (ptr[i] == '\n') {
-        ++head_lines_;
-        head_line_bytes_ = 0;
-      } else if (++head_line_bytes_ > CPPHTTPLIB_HEADER_MAX_LENGTH && head_lines_ > 0) {
-        header_line_too_long_ = true;
-      }
-    }
-  }
+  if (in_request_ && !headers_parsed_) note_head(ptr, n);
   begin_ += n;
   budget_ -= n;
   return static_cast<ssize_t>(n);
@@ -235,14 +224,38 @@ bool ConnectionStream::wait_for_request(std::chrono::milliseconds timeout,
   }
 }
 
+// The head as sent, before cpp-httplib decodes it (it percent-decodes header values):
+// - a header line (not the request line: its limit is 414's) longer than cpp-httplib reads, line
+//   end included, is refused by it as a bad request; it is a head too large (431), as documented;
+// - a control byte (anything below 0x20 but HTAB and a CR before its LF, or DEL) is how requests
+//   are smuggled past proxies: noted for the router to refuse (400 invalid_header).
+void ConnectionStream::note_head(const char* bytes, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = static_cast<unsigned char>(bytes[i]);
+    ++head_line_bytes_;
+    if (b == '\n') {
+      if (head_lines_ > 0 && previous_head_byte_ == '\r' &&
+          head_line_bytes_ > CPPHTTPLIB_HEADER_MAX_LENGTH) {
+        header_line_too_long_ = true;
+      }
+      ++head_lines_;
+      head_line_bytes_ = 0;
+    } else if ((b < 0x20 && b != '\t' && b != '\r') || b == 0x7f || previous_head_byte_ == '\r') {
+      control_in_head_ = true;
+    }
+    previous_head_byte_ = b;
+  }
+}
+
 void ConnectionStream::begin_request() {
   in_request_ = true;
   request_start_ = steady_clock::now();
   deadline_ = request_start_ + limits_.header_timeout;
   budget_ = limits_.max_head_bytes;
   headers_parsed_ = has_body_ = body_consumed_ = close_ = over_limit_ = timed_out_ = false;
-  header_line_too_long_ = false;
+  header_line_too_long_ = control_in_head_ = false;
   head_lines_ = head_line_bytes_ = 0;
+  previous_head_byte_ = 0;
   response_deadline_ = {};
 }
 

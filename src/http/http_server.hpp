@@ -74,6 +74,8 @@ class ConnectionStream : public httplib::Stream {
   /// A limit of HttpLimits cut the request short, or one header line was longer than
   /// cpp-httplib reads (CPPHTTPLIB_HEADER_MAX_LENGTH): either way the head is too large (431).
   bool over_limit() const { return over_limit_ || header_line_too_long_; }
+  /// The request's head held a control byte (NUL, a bare CR, DEL, ...): refuse it.
+  bool control_in_head() const { return control_in_head_; }
   /// A deadline of HttpLimits ran out while reading the request.
   bool timed_out() const { return timed_out_; }
 
@@ -87,6 +89,7 @@ class ConnectionStream : public httplib::Stream {
 
  private:
   bool fill();
+  void note_head(const char* bytes, std::size_t n);
 
   const HttpLimits& limits_;
   std::vector<char> buffer_ = std::vector<char>(16 * 1024);
@@ -104,6 +107,8 @@ class ConnectionStream : public httplib::Stream {
   bool close_ = false;
   bool over_limit_ = false;
   bool header_line_too_long_ = false;
+  bool control_in_head_ = false;
+  unsigned char previous_head_byte_ = 0;
   std::size_t head_lines_ = 0;       // line ends seen in the head so far
   std::size_t head_line_bytes_ = 0;  // bytes of the head's current line
   bool timed_out_ = false;

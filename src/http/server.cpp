@@ -296,22 +296,18 @@ struct Server::Impl {
 
   // Answers everything but a POST to a known route; returns false to let that POST through.
   bool route(const httplib::Request& req, httplib::Response& res) {
-    // RFC 9110 5.5: a field value has no control bytes but HTAB. NUL or a bare CR in a value are
-    // how requests get smuggled past proxies; refused before anything reads them.
-    for (const auto& header : req.headers) {
-      const std::string& value = header.second;
-      const bool bad = std::any_of(value.begin(), value.end(), [](char c) {
-        const auto b = static_cast<unsigned char>(c);
-        return (b < 0x20 && b != '\t') || b == 0x7f;
-      });
-      if (bad) {
-        send_error(res, {400,
-                         "invalid_header",
-                         "A header value has a control character (NUL, CR, LF or another).",
-                         {}});
-        res.set_header("Connection", "close");
-        return true;
-      }
+    // RFC 9110 5.5: a field value has no control bytes but HTAB. NUL or a bare CR in the head
+    // are how requests get smuggled past proxies; refused before anything reads them. (The
+    // stream looked at the bytes as sent: cpp-httplib percent-decodes values, so %00 is fine.)
+    const detail::ConnectionStream* connection = detail::current_connection();
+    if (connection && connection->control_in_head()) {
+      send_error(res, {400,
+                       "invalid_header",
+                       "The request's head has a control character (NUL, a bare CR, DEL or "
+                       "another).",
+                       {}});
+      res.set_header("Connection", "close");
+      return true;
     }
     const Target target = locate(req.path);
     if (!authorized(req, target.resource)) {
@@ -563,8 +559,13 @@ struct Server::Impl {
       case RedeliverStatus::queue_full:
         return send_queue_full(res);
       case RedeliverStatus::shutting_down:
-      case RedeliverStatus::no_transport:  // never behind rebound::Server, which links libcurl
         return send_shutting_down(res);
+      case RedeliverStatus::no_transport:  // a JobQueue built without one, behind this Server
+        return send_error(res, {409,
+                                "no_transport",
+                                "This server cannot deliver callbacks; another server on the "
+                                "same store can redeliver it.",
+                                {}});
     }
   }
 

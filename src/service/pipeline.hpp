@@ -194,9 +194,16 @@ struct Pipeline {
     runner.set_on_final([this](const JobRecord& record) {
       waiters.notify(record.job.id);
       // The record as the store keeps it (input, started_at, callback state): the same answer a
-      // wait gets for a job another server finished.
+      // wait gets for a job another server finished; the one in hand when the store cannot say.
       if (!async_waiters.empty() && async_waiters.waiting(record.job.id)) {
-        complete_from_store(record.job.id);
+        std::optional<JobRecord> stored;
+        try {
+          stored =
+              store.call("get", record.job.id, [&](JobStore& s) { return s.get(record.job.id); });
+        } catch (const StoreUnavailable&) {
+        }
+        async_waiters.complete(record.job.id,
+                               stored && is_final(stored->status) ? *stored : record);
       }
     });
     pump.set_claims_callbacks(delivers_callbacks);

@@ -11,9 +11,10 @@ namespace rebound::detail {
 
 void StorePump::start(Queue& queue) {
   queue_ = &queue;
-  // Everything the store holds for this server, as far as slots allow: claims come 256 at a time,
-  // and the count of what was resumed is complete when the constructor returns.
-  while (pump() && admission_.free_slots() > 0) {
+  // What the store holds for this server, as far as slots allow and at most one capacity's worth
+  // (the pump's thread, which renews leases, does not run yet): claims come 256 at a time, and the
+  // count of what was resumed is complete when the constructor returns.
+  while (pump() && admission_.free_slots() > 0 && resumed_ < admission_.capacity()) {
   }
   starting_ = false;
   thread_ = std::thread([this] { run(); });

@@ -630,6 +630,37 @@ struct RedisJobStore::Impl {
   std::chrono::milliseconds reconnect_delay{0};
   std::atomic<bool> failing{false};
 
+  // Calls waiting for Redis now, and when Redis last answered one (steady clock, ms): a Redis
+  // that stopped answering (frozen, or cut off by a firewall) is seen within `unanswered_limit`,
+  // long before a command times out.
+  std::atomic<int> waiting_calls{0};
+  std::atomic<std::int64_t> last_answer_ms{steady_ms()};
+
+  static std::int64_t steady_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // How long calls have been waiting without any answer from Redis; 0 while none waits.
+  std::chrono::milliseconds unanswered_for() const {
+    if (waiting_calls.load(std::memory_order_relaxed) == 0) return std::chrono::milliseconds(0);
+    return std::chrono::milliseconds(steady_ms() - last_answer_ms.load(std::memory_order_relaxed));
+  }
+
+  // Held around one command on a pooled connection.
+  struct Waiting {
+    explicit Waiting(Impl& impl) : impl(impl) {
+      // The first waiter starts the clock: an idle store has nothing outstanding.
+      if (impl.waiting_calls.fetch_add(1) == 0) impl.last_answer_ms = steady_ms();
+    }
+    ~Waiting() {
+      impl.last_answer_ms = steady_ms();
+      impl.waiting_calls.fetch_sub(1);
+    }
+    Impl& impl;
+  };
+
   explicit Impl(RedisJobStoreOptions o) : options(std::move(o)) {}
 
   // One command on a connection. Throws ConnectionLost or ErrorReply.
@@ -771,7 +802,10 @@ struct RedisJobStore::Impl {
   Reply run(const std::vector<std::string>& args) {
     Context c = acquire();
     try {
-      Reply reply = command(c.get(), args);
+      Reply reply = [&] {
+        Waiting waiting(*this);
+        return command(c.get(), args);
+      }();
       give_back(std::move(c));
       worked();
       return reply;
@@ -838,6 +872,27 @@ struct RedisJobStore::Impl {
     return read_records(r.get());
   }
 
+  // A small write on a new connection, each step within `probe_step` (400 ms): connecting,
+  // AUTH, SELECT and the write take 1.6 s at the most. Throws ConnectionLost or ErrorReply.
+  void probe() {
+    constexpr std::chrono::milliseconds probe_step{400};
+    Context c(redisConnectWithTimeout(options.host.c_str(), options.port,
+                                      to_timeval(std::min(options.connect_timeout, probe_step))));
+    if (!c) throw ConnectionLost("cannot allocate a connection");
+    if (c->err) throw ConnectionLost(std::string("cannot connect: ") + c->errstr);
+    redisSetTimeout(c.get(), to_timeval(std::min(options.command_timeout, probe_step)));
+    if (!options.password.empty()) {
+      if (options.username.empty()) {
+        command(c.get(), {"AUTH", options.password});
+      } else {
+        command(c.get(), {"AUTH", options.username, options.password});
+      }
+    }
+    if (options.db != 0) command(c.get(), {"SELECT", std::to_string(options.db)});
+    command(c.get(), {"SET", options.key_prefix + ":probe",
+                      std::to_string(to_ms(std::chrono::system_clock::now()))});
+  }
+
   std::string retention_ms() const {
     return std::to_string(
         std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count());
@@ -853,7 +908,8 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   }
   if (o.retention.count() < 0) throw Error("redis store: retention must not be negative");
   if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0 ||
-      o.reconnect_min.count() <= 0 || o.reconnect_max < o.reconnect_min) {
+      o.unanswered_limit.count() <= 0 || o.reconnect_min.count() <= 0 ||
+      o.reconnect_max < o.reconnect_min) {
     throw Error("redis store: timeouts and reconnect delays must be positive");
   }
   Context c;
@@ -1051,7 +1107,13 @@ std::vector<JobRecord> RedisJobStore::list_unfinished(std::size_t limit) const {
 }
 
 std::optional<std::string> RedisJobStore::failure() const {
-  if (!impl_->failing.load(std::memory_order_relaxed)) return std::nullopt;
+  if (!impl_->failing.load(std::memory_order_relaxed)) {
+    const auto silent = impl_->unanswered_for();
+    if (silent < impl_->options.unanswered_limit) return std::nullopt;
+    return "redis job store (" + impl_->options.host + ":" + std::to_string(impl_->options.port) +
+           "): no answer for " + std::to_string(silent.count()) +
+           " ms (Redis is frozen, overloaded or cut off)";
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->failure_mutex);
     if (impl_->failure.empty()) return std::nullopt;
@@ -1063,10 +1125,12 @@ std::optional<std::string> RedisJobStore::failure() const {
     const std::string why = impl_->failure_text();
     return why.empty() ? std::nullopt : std::optional<std::string>(why);
   }
+  // On a connection of its own with short timeouts, so that a /ping never waits longer than
+  // SageMaker allows (2 s) on a Redis that accepts connections and never answers.
   std::optional<std::string> out;
   try {
-    impl_->run({"SET", impl_->options.key_prefix + ":probe",
-                std::to_string(to_ms(std::chrono::system_clock::now()))});
+    impl_->probe();
+    impl_->worked();
   } catch (const std::exception& e) {
     const std::string why = impl_->failure_text();
     out = why.empty() ? std::string("redis job store: ") + e.what() : why;

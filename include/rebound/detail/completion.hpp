@@ -2,6 +2,7 @@
 // the handler's associated executor with a work guard, so the compiled queue can hold it.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <utility>
 
@@ -13,9 +14,13 @@
 
 namespace rebound::detail {
 
+/// Counts the handlers of one JobQueue not yet run (or dropped): its destructor waits for them.
+using LiveCount = std::shared_ptr<std::atomic<long>>;
+
 /// Calls a handler once with `(error_code, T)`. Calling it posts the handler to its executor: it
 /// never runs inline in the caller (which may hold a lock). Destroying an uncalled Completion
 /// drops the handler without calling it; the JobQueue never does that (every path calls it).
+/// `live` counts it from construction until its handler has run or was dropped.
 /// Not thread-safe itself: one owner at a time.
 template <typename T>
 class Completion {
@@ -23,8 +28,8 @@ class Completion {
   Completion() = default;
 
   template <typename Handler>
-  Completion(Handler handler, const boost::asio::any_io_executor& fallback)
-      : impl_(std::make_unique<Bound<Handler>>(std::move(handler), fallback)) {}
+  Completion(Handler handler, const boost::asio::any_io_executor& fallback, LiveCount live = {})
+      : impl_(std::make_unique<Bound<Handler>>(std::move(handler), fallback, std::move(live))) {}
 
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
@@ -40,22 +45,40 @@ class Completion {
     virtual void post(boost::system::error_code ec, T value) = 0;
   };
 
+  // One count in `live` while held; moves with the handler into the posted function.
+  struct Token {
+    explicit Token(LiveCount c) : count(std::move(c)) {
+      if (count) ++*count;
+    }
+    Token(Token&& other) noexcept = default;
+    Token& operator=(Token&&) = delete;
+    ~Token() {
+      if (count) --*count;
+    }
+    LiveCount count;
+  };
+
   template <typename Handler>
   struct Bound final : Base {
     using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
-    Bound(Handler h, const boost::asio::any_io_executor& fallback)
-        : work(boost::asio::get_associated_executor(h, fallback)), handler(std::move(h)) {}
+    Bound(Handler h, const boost::asio::any_io_executor& fallback, LiveCount live)
+        : work(boost::asio::get_associated_executor(h, fallback)),
+          handler(std::move(h)),
+          token(std::move(live)) {}
     void post(boost::system::error_code ec, T value) override {
       // The handler's executor runs it, with its allocator; the guard kept that executor's
       // context from running out of work until now.
       Executor executor = work.get_executor();
-      boost::asio::post(executor, [h = std::move(handler), ec, v = std::move(value)]() mutable {
+      boost::asio::post(executor, [h = std::move(handler), t = std::move(token), ec,
+                                   v = std::move(value)]() mutable {
         std::move(h)(ec, std::move(v));
+        Token done = std::move(t);  // counted down once the handler returned
       });
       work.reset();
     }
     boost::asio::executor_work_guard<Executor> work;
     Handler handler;
+    Token token;
   };
 
   std::unique_ptr<Base> impl_;
