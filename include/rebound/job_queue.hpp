@@ -112,8 +112,9 @@ class JobQueue final {
            JobQueueOptions options = {});
 
   /// Owning queue: drains for up to `drain_on_destroy`, completes every handler still waiting
-  /// (errc::shutting_down), then joins its threads. Either queue: jobs not started stay `queued`
-  /// in a durable store for the next start.
+  /// (errc::shutting_down), waits until they have run (at most 10 s), then stops and joins its
+  /// threads; callback attempts still in flight are abandoned to their leases. Either queue: jobs
+  /// not started stay `queued` in a durable store for the next start.
   ~JobQueue();
   JobQueue(const JobQueue&) = delete;
   JobQueue& operator=(const JobQueue&) = delete;

@@ -35,7 +35,7 @@ struct RedisJobStoreOptions {
   /// `failure()` (so `/ping`) reports the store failing once calls have waited this long with no
   /// answer from Redis (frozen, overloaded, or cut off by a firewall), before any command times
   /// out. The probe that tells when it works again takes at most 1.6 s.
-  std::chrono::milliseconds unanswered_limit{1500};
+  std::chrono::milliseconds unanswered_limit{1000};
   /// While Redis cannot be reached, new connections are tried after this delay, doubling up to
   /// `reconnect_max`; every call in between fails at once (StoreUnavailable).
   std::chrono::milliseconds reconnect_min{100};
