@@ -83,7 +83,7 @@ struct Job {
   /// 0 (runs first) to 9 (runs last); FIFO within one priority.
   int priority = default_priority;
   /// The job ends `expired` if it has not started this long after `created_at`. 0: the
-  /// Service's `job_ttl`.
+  /// queue's `job_ttl`.
   std::chrono::milliseconds max_queue{0};
   /// WebhookEvent bits: which events the callback URL hears.
   std::uint8_t webhook_events = webhook_completed;

@@ -61,7 +61,7 @@ class Histogram {
   std::atomic<std::int64_t> sum_micro_{0};
 };
 
-/// What rebound counts. Updated by the Service; rendered by `GET /metrics`. Thread-safe.
+/// What rebound counts. Updated by the JobQueue; rendered by `GET /metrics`. Thread-safe.
 struct Metrics {
   using Counter = std::atomic<std::uint64_t>;
 

@@ -1,5 +1,6 @@
-// ServiceObserver: what a Service tells about the work going through it. Metrics and logs are
-// observers; add your own (tracing, an audit trail, a dashboard) through ServiceOptions.
+// ServiceObserver: what a JobQueue tells about the work going through it. Metrics and logs are
+// observers; add your own (tracing, an audit trail, a dashboard) through
+// JobQueueOptions::observers.
 #pragma once
 
 #include <chrono>
@@ -16,12 +17,12 @@ namespace rebound {
 /// Why a submission or an invocation was refused (see SubmitStatus).
 enum class Refusal { queue_full, not_ready, store_unavailable };
 
-/// Hears the events of a Service's pipeline, in the order of a job's walk:
+/// Hears the events of a JobQueue's pipeline, in the order of a job's walk:
 /// accepted -> (claimed) -> batch started -> completed | expired -> attempt ... -> (redelivery).
 ///
 /// Every hook has an empty default: override what you need. Hooks run on the thread where the
 /// event happens (an HTTP thread, an inference worker, the io executor, the pump thread), never
-/// under a Service lock, and may run concurrently: an observer must be thread-safe. An exception a
+/// under a JobQueue lock, and may run concurrently: an observer must be thread-safe. An exception a
 /// hook throws is swallowed. Keep hooks short: they run on the pipeline's threads.
 ///
 /// Example:
@@ -56,7 +57,7 @@ class ServiceObserver {
   virtual void on_expired(const JobRecord& /*record*/, std::chrono::milliseconds /*ttl*/) {}
   /// A synchronous invocation was answered.
   virtual void on_invocation(bool /*succeeded*/) {}
-  /// A job was cancelled (`Service::cancel`): it ends `cancelled`.
+  /// A job was cancelled (`JobQueue::cancel`): it ends `cancelled`.
   virtual void on_cancelled(const std::string& /*job_id*/) {}
   /// A running job's result was thrown away: the job was cancelled, or its lease was lost to
   /// another server's claim.

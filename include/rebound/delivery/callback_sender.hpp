@@ -73,7 +73,7 @@ class CallbackSender final {
 
   /// Makes one attempt at `message` and reports it to `on_attempt`, exactly once: delivered,
   /// give_up, or retry with the delay the policy chose from `state`. Sets no timer: the caller
-  /// schedules the next attempt (rebound::Service keeps the schedule in its JobStore, so a retry
+  /// schedules the next attempt (rebound::JobQueue keeps the schedule in its JobStore, so a retry
   /// hours away costs no memory). Returns at once.
   ///
   /// Example:

@@ -21,7 +21,7 @@ enum class PutOutcome {
 };
 
 /// Thrown by a JobStore that cannot do its job now (disk full, file deleted or replaced,
-/// connection lost). The Service treats any exception from a store the same way; this type lets a
+/// connection lost). The JobQueue treats any exception from a store the same way; this type lets a
 /// front end tell the failure apart (rebound::Server answers 503 `store_unavailable`).
 class StoreUnavailable : public std::runtime_error {
  public:
@@ -29,7 +29,7 @@ class StoreUnavailable : public std::runtime_error {
 };
 
 /// A claim on a piece of work (a job to run, a callback to send): who holds it and until when.
-/// `holder` is unique per claim (the Service makes "<server id>/<sequence>"), so an
+/// `holder` is unique per claim (the JobQueue makes "<server id>/<sequence>"), so an
 /// acknowledgement from a claim that was given up and claimed again is told apart even when both
 /// come from the same server.
 struct Lease {
@@ -68,14 +68,14 @@ enum class RedeliverOutcome {
 /// lease).
 ///
 /// `complete` and `update_callback` write a record as given, without a lease (for tools,
-/// migrations and tests); the Service finishes work only through the leased calls.
+/// migrations and tests); the JobQueue finishes work only through the leased calls.
 ///
 /// Time comes in as `now` on every call that depends on it, so that tests and simulations can
 /// drive a store with their own clock.
 ///
 /// Thread-safety: every method may be called concurrently from any thread.
 /// Errors: a store that cannot do its job (disk full, file deleted, connection lost) throws, and
-/// `failure()` says why until it works again. The Service has one policy for it, whichever call
+/// `failure()` says why until it works again. The JobQueue has one policy for it, whichever call
 /// failed: submissions are refused (`store_unavailable`, nothing accepted), readiness is false
 /// (`/ping` 503), one log line gives the reason, and a write that failed for an accepted job is
 /// tried again until it succeeds, so nothing accepted is lost.

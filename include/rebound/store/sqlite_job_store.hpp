@@ -33,7 +33,7 @@ struct SqliteJobStoreOptions {
 /// at most 512 of them: a burst of deliveries does not make a 202 wait for its whole backlog.
 ///
 /// After a crash, `list_unfinished` returns every job that was accepted and not finished; the
-/// Service runs them again and resumes their callbacks (at least once).
+/// JobQueue runs them again and resumes their callbacks (at least once).
 ///
 /// Failures: a transaction that fails (disk full, an I/O error) fails the submissions in it
 /// (`put` throws StoreUnavailable) and sets `failure()`; the state changes in it are kept, in
