@@ -691,12 +691,15 @@ struct RedisJobStore::Impl {
 
   // A new connection: connected, authenticated, the database selected. (Scripts are Redis's, not a
   // connection's: the constructor loads them, and `script` again when Redis forgot them.)
-  Context connect() {
-    Context c(redisConnectWithTimeout(options.host.c_str(), options.port,
-                                      to_timeval(options.connect_timeout)));
+  Context connect() { return connect(options.connect_timeout, options.command_timeout); }
+
+  Context connect(std::chrono::milliseconds connect_timeout,
+                  std::chrono::milliseconds command_timeout) {
+    Context c(
+        redisConnectWithTimeout(options.host.c_str(), options.port, to_timeval(connect_timeout)));
     if (!c) throw ConnectionLost("cannot allocate a connection");
     if (c->err) throw ConnectionLost(std::string("cannot connect: ") + c->errstr);
-    redisSetTimeout(c.get(), to_timeval(options.command_timeout));
+    redisSetTimeout(c.get(), to_timeval(command_timeout));
     // A connection dropped by a firewall or NAT while idle is noticed instead of waited on.
     redisEnableKeepAlive(c.get());
     try {
@@ -872,23 +875,13 @@ struct RedisJobStore::Impl {
     return read_records(r.get());
   }
 
-  // A small write on a new connection, each step within `probe_step` (400 ms): connecting,
-  // AUTH, SELECT and the write take 1.6 s at the most. Throws ConnectionLost or ErrorReply.
+  // A small write on a new connection (connect() with shorter timeouts), each step within
+  // `probe_step` (400 ms): connecting, AUTH, SELECT and the write take 1.6 s at the most. Throws
+  // ConnectionLost or ErrorReply.
   void probe() {
     constexpr std::chrono::milliseconds probe_step{400};
-    Context c(redisConnectWithTimeout(options.host.c_str(), options.port,
-                                      to_timeval(std::min(options.connect_timeout, probe_step))));
-    if (!c) throw ConnectionLost("cannot allocate a connection");
-    if (c->err) throw ConnectionLost(std::string("cannot connect: ") + c->errstr);
-    redisSetTimeout(c.get(), to_timeval(std::min(options.command_timeout, probe_step)));
-    if (!options.password.empty()) {
-      if (options.username.empty()) {
-        command(c.get(), {"AUTH", options.password});
-      } else {
-        command(c.get(), {"AUTH", options.username, options.password});
-      }
-    }
-    if (options.db != 0) command(c.get(), {"SELECT", std::to_string(options.db)});
+    Context c = connect(std::min(options.connect_timeout, probe_step),
+                        std::min(options.command_timeout, probe_step));
     command(c.get(), {"SET", options.key_prefix + ":probe",
                       std::to_string(to_ms(std::chrono::system_clock::now()))});
   }
