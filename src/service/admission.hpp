@@ -44,13 +44,13 @@ class Admission {
     return true;
   }
 
-  void release(std::size_t n = 1) {
-    if (n == 0) return;
+  /// Frees one slot (Claim does, when it goes).
+  void release() {
     bool freed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       freed = in_flight_ == capacity_;
-      in_flight_ -= n;
+      --in_flight_;
       if (in_flight_ == 0) idle_.notify_all();
     }
     if (freed) on_slot_freed_();
