@@ -1,6 +1,7 @@
-// Delivery throughput of CurlTransport alone: sends COUNT callbacks to URL as fast as the
-// transport takes them (WINDOW outstanding at a time), on one event-loop thread, and prints
-// callbacks/s. Isolates the transport from submission, inference and the store.
+// Delivery throughput of CurlTransport behind its OriginGate (as a JobQueue sends): sends COUNT
+// callbacks to URL as fast as the transport takes them (WINDOW outstanding at a time), on one
+// event-loop thread, and prints callbacks/s. Isolates the transport from submission, inference and
+// the store.
 // Usage: rebound-transport-load URL [COUNT=100000] [WINDOW=1024] [PER_ORIGIN=64]
 #include <atomic>
 #include <chrono>
@@ -24,8 +25,11 @@ int main(int argc, char** argv) {
   boost::asio::io_context io;
   rebound::CurlTransportOptions options;
   options.guard = rebound::AddressGuard(true);
-  if (argc > 4) options.max_per_origin = static_cast<std::size_t>(std::atol(argv[4]));
-  auto transport = std::make_unique<rebound::CurlTransport>(io.get_executor(), options);
+  rebound::OriginGateOptions limits;
+  limits.max_waiting_per_origin = static_cast<std::size_t>(window);
+  if (argc > 4) limits.max_per_origin = static_cast<std::size_t>(std::atol(argv[4]));
+  auto transport = std::make_unique<rebound::OriginGate>(
+      std::make_unique<rebound::CurlTransport>(io.get_executor(), options), limits);
   const std::string body = R"({"id":"job-0000001","status":"succeeded","result":{"echo":null}})";
   long sent = 0, done = 0, failed = 0;
   std::function<void()> send_one = [&] {

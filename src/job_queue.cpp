@@ -219,11 +219,33 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   AddressGuard guard(options.allow_private_callbacks, options.callback_allow);
   if (!transport && options.transport) transport = options.transport(io_executor, guard);
   const bool has_transport = transport != nullptr;
-  if (!transport) transport = std::make_unique<detail::NoTransport>();
+  // Every receiver origin gets its own limits and breaker, and what cannot go now waits in the
+  // store (a deferral), not in memory.
+  OriginGate* gate = nullptr;
+  // The log (and the user's listener) hear when a receiver's circuit opens and closes; the
+  // pipeline, built below, is handed over once it exists.
+  auto pipeline = std::make_shared<std::weak_ptr<detail::Pipeline>>();
+  if (transport) {
+    OriginGateOptions gate_options = options.origins;
+    gate_options.on_circuit = [pipeline, user = std::move(options.origins.on_circuit)](
+                                  const std::string& origin, CircuitState state,
+                                  std::size_t failures) {
+      if (auto core = pipeline->lock())
+        core->observe([&](auto& o) { o.on_circuit(origin, state, failures); });
+      if (user) user(origin, state, failures);
+    };
+    auto gated = std::make_unique<OriginGate>(std::move(transport), std::move(gate_options));
+    gate = gated.get();
+    transport = std::move(gated);
+  } else {
+    transport = std::make_unique<detail::NoTransport>();
+  }
   auto sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                  std::move(options.delivery));
   core_ = std::make_shared<detail::Pipeline>(std::move(model), std::move(store), std::move(sender),
                                              has_transport, std::move(guard), options);
+  core_->gate = gate;
+  *pipeline = core_;
   core_->delivery.set_owner(core_);
   core_->runner.set_owner(core_);
   const BatchingPreference preferred = core_->model->batching();
@@ -395,6 +417,24 @@ std::string JobQueue::render_metrics() const {
 
 std::vector<EndpointStatus> JobQueue::callback_endpoints() const {
   return core_->sender->endpoints();
+}
+
+std::string JobQueue::pause_origin(const std::string& origin) {
+  if (!core_->gate) throw Error("JobQueue::pause_origin: this queue delivers no callbacks");
+  const std::string key = core_->gate->pause(origin);
+  core_->observe([&](auto& o) { o.on_origin_paused(key, true); });
+  return key;
+}
+
+bool JobQueue::resume_origin(const std::string& origin) {
+  if (!core_->gate || !core_->gate->resume(origin)) return false;
+  const std::string key = OriginGate::origin_of(origin);
+  core_->observe([&](auto& o) { o.on_origin_paused(key, false); });
+  return true;
+}
+
+std::vector<std::string> JobQueue::paused_origins() const {
+  return core_->gate ? core_->gate->paused() : std::vector<std::string>{};
 }
 
 const std::vector<std::string>& JobQueue::webhook_public_keys() const {

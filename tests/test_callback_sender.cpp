@@ -282,12 +282,17 @@ TEST_CASE("bad sender options are refused") {
 // ---- The real transport against a real receiver on loopback ----
 
 namespace {
-std::unique_ptr<rebound::CurlTransport> loopback_transport(boost::asio::io_context& io,
-                                                           std::size_t per_origin = 4) {
+// CurlTransport behind an OriginGate (as a JobQueue sends), without a breaker: these tests are
+// about the sender's own retries.
+std::unique_ptr<rebound::CallbackTransport> loopback_transport(boost::asio::io_context& io,
+                                                               std::size_t per_origin = 4) {
   rebound::CurlTransportOptions o;
-  o.max_per_origin = per_origin;
   o.guard = rebound::AddressGuard(true);
-  return std::make_unique<rebound::CurlTransport>(io.get_executor(), o);
+  rebound::OriginGateOptions limits;
+  limits.max_per_origin = per_origin;
+  limits.breaker_failures = 0;
+  return std::make_unique<rebound::OriginGate>(
+      std::make_unique<rebound::CurlTransport>(io.get_executor(), o), limits);
 }
 }  // namespace
 
@@ -452,4 +457,55 @@ TEST_CASE("the policy sees the time elapsed since the first attempt") {
   CHECK(out.report.attempts == 2);  // the third would start past 100 ms
   REQUIRE(elapsed.size() == 2);
   CHECK(elapsed[1] >= 60ms);
+}
+
+namespace {
+CallbackResponse deferral(std::chrono::milliseconds retry_in) {
+  CallbackResponse r;
+  r.error = TransportError::deferred;
+  r.retry_in = retry_in;
+  r.message = "the receiver's circuit is open (http://receiver.test:80)";
+  return r;
+}
+}  // namespace
+
+TEST_CASE("a deferred request is sent again when the transport asks - no attempt spent") {
+  IoThread io;
+  auto transport = std::make_unique<FakeTransport>(
+      std::vector<CallbackResponse>{deferral(20ms), deferral(20ms), status(503), status(200)});
+  auto requests = transport->requests_;
+  auto policy = std::make_shared<RecordingPolicy>(std::vector<std::chrono::milliseconds>{5ms});
+  auto o = fast_options();
+  o.backoff = policy;
+  CallbackSender sender(io.io.get_executor(), std::move(transport), o);
+  const auto start = std::chrono::steady_clock::now();
+  auto out = deliver(sender, message());
+  CHECK(std::chrono::steady_clock::now() - start >= 40ms);  // it waited as asked, twice
+  CHECK(out.report.delivered);
+  CHECK(out.report.attempts == 2);  // the 503 and the 200: deferrals are not attempts
+  REQUIRE(out.attempts.size() == 2);
+  CHECK(out.attempts[0].attempt == 1);
+  CHECK(out.attempts[0].verdict == AttemptVerdict::retry);
+  CHECK(requests->size() == 4);
+  std::lock_guard<std::mutex> lock(policy->m);
+  REQUIRE(policy->seen.size() == 1);  // the policy heard of the failed attempt only
+  CHECK(policy->seen[0].attempts == 1);
+}
+
+TEST_CASE("attempt: a deferral is reported as deferred - with the transport's delay") {
+  IoThread io;
+  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{deferral(1500ms)});
+  CallbackSender sender(io.io.get_executor(), std::move(transport), fast_options());
+  std::promise<AttemptReport> reported;
+  auto m = message();
+  m.previous_attempts = 3;
+  sender.attempt(m, {3, 400ms, 2000ms},
+                 [&reported](const AttemptReport& r) { reported.set_value(r); });
+  auto f = reported.get_future();
+  REQUIRE(f.wait_for(10s) == std::future_status::ready);
+  const AttemptReport r = f.get();
+  CHECK(r.verdict == AttemptVerdict::deferred);
+  CHECK(r.next_delay == 1500ms);
+  CHECK(r.attempt == 3);  // the attempts so far: none spent
+  CHECK(r.error.find("circuit is open") != std::string::npos);
 }

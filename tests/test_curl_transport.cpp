@@ -14,6 +14,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include "rebound/delivery/origin_gate.hpp"
 #include "rebound/http/curl_transport.hpp"
 #include "support/io_thread.hpp"
 #include "support/raw_receiver.hpp"
@@ -22,7 +23,6 @@
 using namespace std::chrono_literals;
 using rebound::CallbackRequest;
 using rebound::CallbackResponse;
-using rebound::CircuitState;
 using rebound::CurlTransport;
 using rebound::CurlTransportOptions;
 using rebound::TransportError;
@@ -53,7 +53,7 @@ struct Answer {
   Clock::time_point at;
 };
 
-std::shared_future<Answer> send(CurlTransport& transport, CallbackRequest r) {
+std::shared_future<Answer> send(rebound::CallbackTransport& transport, CallbackRequest r) {
   auto promise = std::make_shared<std::promise<Answer>>();
   std::shared_future<Answer> future = promise->get_future().share();
   transport.send(std::move(r), [promise](CallbackResponse response) {
@@ -97,10 +97,11 @@ void answer_after(int fd, const std::atomic<bool>& stopping, std::chrono::millis
   }
 }
 
-rebound::EndpointStatus endpoint(const CurlTransport& t, const std::string& origin) {
-  for (const auto& e : t.endpoints())
-    if (e.origin == origin) return e;
-  return {origin};
+// CurlTransport behind an OriginGate, as a JobQueue uses it: the per-origin limits are the gate's.
+std::unique_ptr<rebound::OriginGate> gated(IoThread& io, rebound::OriginGateOptions limits,
+                                           CurlTransportOptions o = loopback()) {
+  return std::make_unique<rebound::OriginGate>(
+      std::make_unique<CurlTransport>(io.io.get_executor(), o), limits);
 }
 
 std::string origin_of(const RawReceiver& r) {
@@ -114,9 +115,10 @@ TEST_CASE("curl: a hung endpoint and a trickling one do not delay another origin
   RawReceiver hung(hang);
   RawReceiver slow(trickle);
   rebound::test::Receiver healthy;
-  CurlTransportOptions o = loopback();
-  o.max_per_origin = 4;
-  CurlTransport transport(io.io.get_executor(), o);
+  rebound::OriginGateOptions limits;
+  limits.max_per_origin = 4;
+  auto gate = gated(io, limits);
+  auto& transport = *gate;
   std::vector<std::shared_future<Answer>> stuck;
   for (int i = 0; i < 8; ++i) {
     stuck.push_back(send(transport, request(hung.url(), 3s)));
@@ -187,64 +189,15 @@ TEST_CASE("curl: endless response headers fail the attempt - bounded") {
   CHECK(sent < (32u << 20));
 }
 
-TEST_CASE("curl: the breaker opens - holds deliveries without attempts - probes - and closes") {
-  IoThread io;
-  rebound::test::Receiver receiver;
-  std::atomic<int> failing{3};
-  receiver.set_fallback([&](const auto&, httplib::Response& res) {
-    if (failing-- > 0) res.status = 503;
-  });
-  CurlTransportOptions o = loopback();
-  o.breaker_failures = 3;
-  o.breaker_cooldown = 500ms;
-  CurlTransport transport(io.io.get_executor(), o);
-  const std::string origin = "http://127.0.0.1:" + std::to_string(receiver.port());
-  for (int i = 0; i < 3; ++i)
-    CHECK(wait(send(transport, request(receiver.url()))).response.status == 503);
-  CHECK(endpoint(transport, origin).state == CircuitState::open);
-  CHECK(endpoint(transport, origin).consecutive_failures == 3);
-  // While open, deliveries wait: nothing reaches the receiver.
-  auto held1 = send(transport, request(receiver.url()));
-  auto held2 = send(transport, request(receiver.url()));
-  std::this_thread::sleep_for(200ms);
-  CHECK(receiver.count() == 3);
-  CHECK(endpoint(transport, origin).waiting == 2);
-  CHECK(held1.wait_for(0s) == std::future_status::timeout);
-  // After the cool-down one probe goes; it succeeds, the circuit closes, the other follows.
-  CHECK(wait(held1).response.status == 200);
-  CHECK(wait(held2).response.status == 200);
-  CHECK(receiver.count() == 5);
-  const auto closed = endpoint(transport, origin);
-  CHECK(closed.state == CircuitState::closed);
-  CHECK(closed.consecutive_failures == 0);
-}
-
-TEST_CASE("curl: a failed probe opens the circuit again") {
-  IoThread io;
-  rebound::test::Receiver receiver;
-  receiver.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
-  CurlTransportOptions o = loopback();
-  o.breaker_failures = 2;
-  o.breaker_cooldown = 300ms;
-  CurlTransport transport(io.io.get_executor(), o);
-  const std::string origin = "http://127.0.0.1:" + std::to_string(receiver.port());
-  for (int i = 0; i < 2; ++i)
-    wait(send(transport, request(receiver.url())));
-  CHECK(endpoint(transport, origin).state == CircuitState::open);
-  const Answer probe = wait(send(transport, request(receiver.url())));
-  CHECK(probe.response.status == 500);
-  CHECK(endpoint(transport, origin).state == CircuitState::open);
-  CHECK(receiver.count() == 3);
-}
-
 TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
   IoThread io;
   auto slow = [](int fd, const std::atomic<bool>& stopping) { answer_after(fd, stopping, 100ms); };
   SUBCASE("per origin") {
     RawReceiver receiver(slow);
-    CurlTransportOptions o = loopback();
-    o.max_per_origin = 3;
-    CurlTransport transport(io.io.get_executor(), o);
+    rebound::OriginGateOptions limits;
+    limits.max_per_origin = 3;
+    auto gate = gated(io, limits);
+    auto& transport = *gate;
     std::vector<std::shared_future<Answer>> all;
     for (int i = 0; i < 30; ++i)
       all.push_back(send(transport, request(receiver.url())));
@@ -256,15 +209,18 @@ TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
   }
   SUBCASE("in total") {
     RawReceiver a(slow), b(slow);
-    CurlTransportOptions o = loopback();
-    o.max_per_origin = 10;
-    o.max_total = 4;
-    CurlTransport transport(io.io.get_executor(), o);
+    rebound::OriginGateOptions limits;
+    limits.max_per_origin = 10;
+    limits.max_total = 4;
+    auto gate = gated(io, limits);
+    auto& transport = *gate;
     std::vector<std::shared_future<Answer>> all;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < 4; ++i) {  // four in flight, four waiting (as many as max_total)
       all.push_back(send(transport, request(a.url())));
       all.push_back(send(transport, request(b.url())));
     }
+    auto deferred = send(transport, request(a.url()));  // beyond: back to the caller at once
+    CHECK(wait(deferred).response.error == TransportError::deferred);
     for (auto& f : all)
       CHECK(wait(f).response.status == 200);
     CHECK(a.most_at_once() + b.most_at_once() <= 4 + 2);  // each count may lag a close by a hair
@@ -414,11 +370,11 @@ TEST_CASE("curl: destroying the transport ends every request once - cancelled") 
   std::atomic<int> calls{0};
   std::atomic<int> cancelled{0};
   {
-    CurlTransportOptions o = loopback();
-    o.max_per_origin = 2;
-    CurlTransport transport(io.io.get_executor(), o);
-    for (int i = 0; i < 5; ++i) {  // 2 in flight, 3 waiting
-      transport.send(request(hung.url(), 30s), [&](CallbackResponse r) {
+    rebound::OriginGateOptions limits;
+    limits.max_per_origin = 2;
+    auto transport = gated(io, limits);  // the gate's waiting ones, then curl's in flight
+    for (int i = 0; i < 5; ++i) {        // 2 in flight, 3 waiting
+      transport->send(request(hung.url(), 30s), [&](CallbackResponse r) {
         ++calls;
         cancelled += r.error == TransportError::cancelled;
       });
@@ -436,62 +392,4 @@ TEST_CASE("curl: a bad URL is answered without a request") {
   CurlTransport transport(io.io.get_executor(), loopback());
   CHECK(wait(send(transport, request("ftp://example.com/x"))).response.error ==
         TransportError::invalid_url);
-}
-
-TEST_CASE("curl: a probe waiting only for the total limit goes out when a slot frees") {
-  IoThread io;
-  rebound::test::Receiver recovering;
-  recovering.script_statuses({503});  // then 200
-  RawReceiver hung(hang);
-  CurlTransportOptions o = loopback();
-  o.max_total = 1;
-  o.breaker_failures = 1;
-  o.breaker_cooldown = 200ms;
-  CurlTransport transport(io.io.get_executor(), o);
-  CHECK(wait(send(transport, request(recovering.url()))).response.status == 503);  // opens
-  auto blocker = send(transport, request(hung.url(), 1500ms));  // takes the one slot
-  REQUIRE(rebound::test::eventually([&] { return hung.connections() == 1; }));
-  auto held = send(transport, request(recovering.url()));
-  // The cool-down ends while the slot is taken; when the blocker times out, the probe goes.
-  CHECK(wait(blocker).response.error == TransportError::timeout);
-  CHECK(wait(held).response.status == 200);
-  CHECK(endpoint(transport, "http://127.0.0.1:" + std::to_string(recovering.port())).state ==
-        CircuitState::closed);
-}
-
-TEST_CASE("curl: deliveries wait behind an open circuit no longer than breaker_max_wait") {
-  IoThread io;
-  rebound::test::Receiver down;
-  down.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
-  CurlTransportOptions o = loopback();
-  o.breaker_failures = 1;
-  o.breaker_cooldown = 100ms;
-  o.breaker_max_wait = 250ms;
-  CurlTransport transport(io.io.get_executor(), o);
-  CHECK(wait(send(transport, request(down.url()))).response.status == 500);  // opens
-  std::vector<std::shared_future<Answer>> held;
-  for (int i = 0; i < 5; ++i)
-    held.push_back(send(transport, request(down.url())));
-  int expired = 0;
-  for (auto& f : held)
-    expired += wait(f).response.error == TransportError::circuit_open;
-  CHECK(expired >= 1);  // some gave up waiting, with their own reason
-  CHECK(down.count() < 1 + static_cast<int>(held.size()));  // and were never sent
-}
-
-TEST_CASE("curl: origins are tracked while they matter - not forever") {
-  IoThread io;
-  rebound::test::Receiver flaky;
-  flaky.script_statuses({500});
-  CurlTransportOptions o = loopback();
-  o.breaker_failures = 1;
-  o.breaker_cooldown = 100ms;
-  CurlTransport transport(io.io.get_executor(), o);
-  CHECK(wait(send(transport, request(flaky.url()))).response.status == 500);
-  CHECK(transport.endpoints().size() == 1);  // open
-  // The cool-down ends with nothing to probe with: the origin is dropped, and starts afresh.
-  REQUIRE(rebound::test::eventually([&] { return transport.endpoints().empty(); }));
-  CHECK(wait(send(transport, request(flaky.url()))).response.status == 200);
-  // Healthy and idle: not listed (the strand forgets it just after the handler ran).
-  CHECK(rebound::test::eventually([&] { return transport.endpoints().empty(); }));
 }

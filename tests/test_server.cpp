@@ -773,3 +773,54 @@ TEST_CASE("GET /v1/callback-endpoints and /metrics show a receiver whose circuit
   CHECK(metrics->body.find("rebound_callback_endpoints{state=\"open\"} 1") != std::string::npos);
   CHECK(metrics->body.find("rebound_callback_endpoints{state=\"closed\"} 0") != std::string::npos);
 }
+
+TEST_CASE("POST /v1/callback-endpoints/pause holds an origin's callbacks - resume sends them") {
+  HarnessOptions o;
+  o.origins.paused_retry = 200ms;
+  Harness s(o);
+  rebound::test::Receiver receiver;
+  const std::string origin = "http://127.0.0.1:" + std::to_string(receiver.port());
+  auto paused =
+      s.client().Post("/v1/callback-endpoints/pause",
+                      json{{"origin", receiver.url("/some/path")}}.dump(), "application/json");
+  REQUIRE(paused);
+  CHECK(paused->status == 200);
+  CHECK(json::parse(paused->body) == json{{"origin", origin}, {"paused", true}});
+  REQUIRE(s.submit({{"id", "held"}, {"callback_url", receiver.url()}, {"input", 1}})->status ==
+          202);
+  // The job runs; its callback waits in the store, coming due every 200 ms and deferred again.
+  REQUIRE(rebound::test::eventually([&] {
+    auto e = json::parse(s.client().Get("/v1/callback-endpoints")->body)["endpoints"];
+    return e.size() == 1 && e[0]["deferred"].get<int>() >= 2;
+  }));
+  const json e = json::parse(s.client().Get("/v1/callback-endpoints")->body)["endpoints"][0];
+  CHECK(e["origin"] == origin);
+  CHECK(e["paused"] == true);
+  CHECK(receiver.count() == 0);
+  const json held = json::parse(s.client().Get("/v1/inferences/held")->body);
+  CHECK(held["status"] == "succeeded");
+  CHECK(held["callback"]["state"] == "pending");
+  CHECK(held["callback"]["attempts"] == 0);
+
+  auto resumed = s.client().Post("/v1/callback-endpoints/resume", R"({"origin":")" + origin + "\"}",
+                                 "application/json");
+  REQUIRE(resumed);
+  CHECK(resumed->status == 200);
+  CHECK(json::parse(resumed->body)["paused"] == false);
+  CHECK(s.wait_callback_final("held")["callback"]["state"] == "delivered");
+  CHECK(receiver.count() == 1);
+
+  for (const std::string bad : {R"({"origin":"ftp://x"})", R"({"origin":7})", "[]", "{}"}) {
+    auto r = s.client().Post("/v1/callback-endpoints/pause", bad, "application/json");
+    REQUIRE(r);
+    CHECK(r->status == 422);
+    CHECK(json::parse(r->body)["error"]["code"] == "invalid_origin");
+  }
+  auto not_json = s.client().Post("/v1/callback-endpoints/pause", "not json", "application/json");
+  REQUIRE(not_json);
+  CHECK(not_json->status == 400);
+  CHECK(json::parse(not_json->body)["error"]["code"] == "invalid_json");
+  auto get = s.client().Get("/v1/callback-endpoints/pause");
+  REQUIRE(get);
+  CHECK(get->status == 405);
+}

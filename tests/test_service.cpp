@@ -13,6 +13,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "rebound/detail/wire.hpp"
+#include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
@@ -161,6 +162,7 @@ TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
   sent->script.assign(20, 503);  // every first attempt fails; the next is an hour away
   rebound::JobQueueOptions so;
   so.queue_capacity = 2;
+  so.origins.breaker_failures = 0;  // every first attempt goes out (the breaker's test is below)
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, sent, so);
   for (int i = 0; i < 20; ++i) {
     const std::string id = "job-" + std::to_string(i);
@@ -353,4 +355,141 @@ TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never se
   CHECK(slow->sent == 1);  // the pump (every 10 ms) never found it unheld
   CHECK(node.service->metrics().leases_lost.load() == 0);
   CHECK(node.service->find("slow")->callback.attempts == 1);
+}
+
+namespace {
+
+// Answers callbacks to hosts named "down..." with 503 while `down` is true, everything else 200.
+class SplitTransport final : public rebound::CallbackTransport {
+ public:
+  struct Shared {
+    std::atomic<bool> down{true};
+    std::atomic<int> to_down{0};
+    std::atomic<int> to_up{0};
+  };
+  explicit SplitTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
+    rebound::CallbackResponse response;
+    const bool to_down = request.url.find("//down") != std::string::npos;
+    ++(to_down ? shared_->to_down : shared_->to_up);
+    response.status = to_down && shared_->down ? 503 : 200;
+    on_done(response);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+// The gate's steady clock, moved by the same fake clock as the queue's.
+std::function<std::chrono::steady_clock::time_point()> steady_of(
+    const std::shared_ptr<FakeClock>& clock) {
+  return [clock] { return std::chrono::steady_clock::time_point(clock->now().time_since_epoch()); };
+}
+
+}  // namespace
+
+TEST_CASE("service: callbacks behind an open circuit wait in the store - not in a slot") {
+  auto clock = std::make_shared<FakeClock>();
+  auto split = std::make_shared<SplitTransport::Shared>();
+  rebound::JobQueueOptions so;
+  so.queue_capacity = 4;
+  so.origins.breaker_failures = 2;
+  so.origins.breaker_cooldown = 1h;
+  so.origins.clock = steady_of(clock);
+  std::mutex m;
+  std::vector<std::string> circuit;  // what the listener heard
+  so.origins.on_circuit = [&](const std::string& origin, rebound::CircuitState state,
+                              std::size_t failures) {
+    std::lock_guard<std::mutex> lock(m);
+    circuit.push_back(origin + " " + rebound::to_string(state) + " " + std::to_string(failures));
+  };
+  std::vector<std::string> log;
+  so.logger =
+      rebound::Logger(rebound::LogLevel::info, [&](rebound::LogLevel, const std::string& line) {
+        std::lock_guard<std::mutex> lock(m);
+        if (line.find("circuit_") != std::string::npos) log.push_back(line);
+      });
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
+            std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
+  auto& queue = *node.service;
+  for (int i = 0; i < 40; ++i) {
+    // Four in memory at most: each callback to the down receiver must leave memory for the next
+    // job to fit.
+    REQUIRE(eventually([&] { return queue.in_flight() < 4; }));
+    REQUIRE(queue.submit(job("down-" + std::to_string(i), "http://down.test/hook")) ==
+            rebound::SubmitStatus::accepted);
+  }
+  REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
+  CHECK(split->to_down == 2);  // the two failures that opened the circuit, nothing since
+  const auto endpoints = queue.callback_endpoints();
+  REQUIRE(endpoints.size() == 1);
+  CHECK(endpoints[0].origin == "http://down.test:80");
+  CHECK(endpoints[0].state == rebound::CircuitState::open);
+  CHECK(endpoints[0].deferred == 38);
+  const auto waiting = queue.find("down-30");
+  CHECK(waiting->callback.state == CallbackState::pending);
+  CHECK(waiting->callback.attempts == 0);  // no attempt spent
+  CHECK(waiting->callback.next_attempt_at == clock->now() + 1h);
+  CHECK(queue.metrics().callback_deferrals >= 38);
+  CHECK(queue.render_metrics().find("rebound_callback_deferrals_total ") != std::string::npos);
+
+  // Another receiver is not touched: its callbacks go at once, with every slot free for them.
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(eventually([&] { return queue.in_flight() < 4; }));
+    REQUIRE(queue.submit(job("up-" + std::to_string(i), "http://up.test/hook")) ==
+            rebound::SubmitStatus::accepted);
+  }
+  REQUIRE(
+      eventually([&] { return queue.find("up-19")->callback.state == CallbackState::delivered; }));
+  CHECK(split->to_up == 20);
+
+  // The receiver recovers; at the end of the cool-down one probe goes, succeeds, and the rest
+  // follow: every callback is delivered, each once.
+  split->down = false;
+  clock->advance(1h);
+  REQUIRE(eventually([&] {
+    for (int i = 0; i < 40; ++i) {
+      if (queue.find("down-" + std::to_string(i))->callback.state != CallbackState::delivered)
+        return false;
+    }
+    return true;
+  }));
+  CHECK(split->to_down == 42);
+  CHECK(queue.find("down-30")->callback.attempts == 1);
+  CHECK(queue.callback_endpoints().empty());
+  std::lock_guard<std::mutex> lock(m);
+  CHECK(circuit ==
+        std::vector<std::string>{"http://down.test:80 open 2", "http://down.test:80 closed 2"});
+  REQUIRE(log.size() == 2);  // one line as it opened, one as it closed
+  CHECK(log[0].find(R"("event":"circuit_opened")") != std::string::npos);
+  CHECK(log[0].find(R"("origin":"http://down.test:80")") != std::string::npos);
+  CHECK(log[1].find(R"("event":"circuit_closed")") != std::string::npos);
+}
+
+TEST_CASE("service: a paused origin's callbacks wait in the store until it is resumed") {
+  auto clock = std::make_shared<FakeClock>();
+  auto split = std::make_shared<SplitTransport::Shared>();
+  rebound::JobQueueOptions so;
+  so.origins.paused_retry = 10min;
+  so.origins.clock = steady_of(clock);
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
+            std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
+  auto& queue = *node.service;
+  CHECK(queue.pause_origin("http://up.test") == "http://up.test:80");
+  CHECK(queue.paused_origins() == std::vector<std::string>{"http://up.test:80"});
+  REQUIRE(queue.submit(job("p-1", "http://up.test/hook")) == rebound::SubmitStatus::accepted);
+  REQUIRE(eventually([&] {
+    auto r = queue.find("p-1");
+    return r && r->status == JobStatus::succeeded && queue.in_flight() == 0;
+  }));
+  CHECK(split->to_up == 0);
+  CHECK(queue.find("p-1")->callback.next_attempt_at == clock->now() + 10min);
+  CHECK(queue.callback_endpoints().at(0).paused);
+  CHECK(queue.resume_origin("http://up.test:80/anything"));
+  CHECK(!queue.resume_origin("http://up.test"));
+  clock->advance(10min);
+  REQUIRE(
+      eventually([&] { return queue.find("p-1")->callback.state == CallbackState::delivered; }));
+  CHECK(split->to_up == 1);
+  CHECK_THROWS_AS(queue.pause_origin("mailto:x"), rebound::Error);
 }

@@ -310,11 +310,12 @@ int main(int argc, char** argv) {
                                             signing_keys.begin(), signing_keys.end());
     options.allow_private_callbacks = allow_private;
     options.callback_allow = callback_allow;
+    options.origins.max_total = callback_connections;
+    options.origins.max_per_origin = callback_per_origin;
+    options.origins.breaker_failures = breaker_failures;
+    options.origins.breaker_cooldown = ms(breaker_cooldown_s);
     rebound::CurlTransportOptions transport_options;
     transport_options.max_total = callback_connections;
-    transport_options.max_per_origin = callback_per_origin;
-    transport_options.breaker_failures = breaker_failures;
-    transport_options.breaker_cooldown = ms(breaker_cooldown_s);
     transport_options.proxy = callback_proxy;
     transport_options.ca_cert_file = callback_ca_file;
     // One event loop (the queue's io thread) for callbacks: their timers, their bookkeeping and

@@ -212,8 +212,24 @@ class JobQueue final {
   /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
-  /// The callback receivers' origins the transport tracks: circuit state, failures, requests.
+  /// The callback receivers' origins being delivered to, failing, open or paused: circuit state,
+  /// failures, requests in flight and deferred (OriginGate::endpoints).
   std::vector<EndpointStatus> callback_endpoints() const;
+
+  /// Stops sending callbacks to `origin` ("https://hooks.example.com", or any URL of it) until
+  /// `resume_origin`: its callbacks wait in the store, due again every
+  /// `origins.paused_retry`, spending no attempts. Returns the origin as endpoints name it
+  /// ("https://hooks.example.com:443"). Throws rebound::Error for a value that is not an http(s)
+  /// URL, or when the queue delivers no callbacks. This server only: each server of a shared
+  /// store keeps its own pauses.
+  std::string pause_origin(const std::string& origin);
+
+  /// Sends to `origin` again; its waiting callbacks go out as they come due (within
+  /// `origins.paused_retry`). False when it was not paused.
+  bool resume_origin(const std::string& origin);
+
+  /// The origins paused now, sorted.
+  std::vector<std::string> paused_origins() const;
 
   /// The callback address policy in force (`allow_private_callbacks`, `callback_allow`): the
   /// transport connects only where it allows, and rebound::Server checks submissions with it.

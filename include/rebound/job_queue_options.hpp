@@ -15,6 +15,7 @@
 #include "rebound/delivery/address_guard.hpp"
 #include "rebound/delivery/callback_sender.hpp"
 #include "rebound/delivery/callback_transport.hpp"
+#include "rebound/delivery/origin_gate.hpp"
 #include "rebound/log.hpp"
 #include "rebound/service_observer.hpp"
 
@@ -44,6 +45,10 @@ struct JobQueueOptions {
   /// bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
   CallbackSenderOptions delivery;
+  /// Each callback receiver origin's limits and circuit breaker (rebound::OriginGate, put in
+  /// front of the transport). A callback that cannot go now (its origin's circuit open, paused,
+  /// or at its limits) goes back to the store, due when it can: it holds no slot and no memory.
+  OriginGateOptions origins;
   /// While the store fails, how often a write for an accepted job (its outcome, its callback's
   /// end) is tried again. The job keeps its slot meanwhile, so nothing accepted is lost.
   std::chrono::milliseconds store_retry_interval{1000};

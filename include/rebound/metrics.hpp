@@ -82,6 +82,7 @@ struct Metrics {
   Counter callback_attempts_delivered{0};
   Counter callback_attempts_retried{0};
   Counter callback_attempts_given_up{0};
+  Counter callback_deferrals{0};
   Counter callbacks_delivered{0};
   Counter callbacks_given_up{0};
 
@@ -149,6 +150,10 @@ struct Metrics {
             callback_attempts_retried);
     counter("rebound_callback_attempts_total", nullptr, "{outcome=\"give_up\"}",
             callback_attempts_given_up);
+    counter("rebound_callback_deferrals_total",
+            "Callbacks not sent when due (the receiver's circuit open, paused, or at its limits), "
+            "put back in the store; no attempt spent.",
+            "", callback_deferrals);
     counter("rebound_callbacks_delivered_total", "Callbacks delivered (a 2xx).", "",
             callbacks_delivered);
     counter("rebound_callbacks_given_up_total", "Callbacks given up (now listed as failed).", "",

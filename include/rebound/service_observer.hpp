@@ -62,10 +62,16 @@ class ServiceObserver {
   /// A running job's result was thrown away: the job was cancelled, or its lease was lost to
   /// another server's claim.
   virtual void on_discarded(const std::string& /*job_id*/) {}
-  /// A callback attempt ended (delivered, retry with its delay, or give_up).
+  /// A callback attempt ended (delivered, retry with its delay, or give_up), or a callback was
+  /// deferred (not sent, back in the store until `report.next_delay` has passed).
   virtual void on_attempt(const std::string& /*job_id*/, const AttemptReport& /*report*/) {}
   /// A given-up callback goes back into delivery.
   virtual void on_redelivery(const std::string& /*job_id*/, int /*previous_attempts*/) {}
+  /// A receiver origin's circuit opened (`failures` in a row) or closed again.
+  virtual void on_circuit(const std::string& /*origin*/, CircuitState /*state*/,
+                          std::size_t /*failures*/) {}
+  /// An operator paused (true) or resumed (false) callbacks to a receiver origin.
+  virtual void on_origin_paused(const std::string& /*origin*/, bool /*paused*/) {}
   /// An acknowledgement was refused: the lease had run out and the work is another claim's.
   virtual void on_lease_lost(const std::string& /*job_id*/, std::string_view /*during*/) {}
   /// A store call failed (`job_id` empty when it was about no job in particular).

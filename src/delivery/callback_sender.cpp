@@ -1,6 +1,7 @@
 // CallbackSender: one Delivery object per message, driven by transport answers and Asio timers.
 #include "rebound/delivery/callback_sender.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -96,6 +97,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
  private:
   void on_response(const CallbackResponse& response) {
     const auto& options = state_->options;
+    if (response.error == TransportError::deferred) return on_deferred(response);
     ++attempts_;
     AttemptReport report;
     report.attempt = message_.previous_attempts + attempts_;
@@ -145,6 +147,29 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       return;
     }
     finish(report.verdict == AttemptVerdict::delivered, report.error);
+  }
+
+  // Not sent, and not an attempt: tried again when the transport asked, with nothing spent.
+  void on_deferred(const CallbackResponse& response) {
+    const auto delay = std::max(std::chrono::milliseconds(1), response.retry_in);
+    if (single_) {
+      AttemptReport report;
+      report.attempt = message_.previous_attempts + attempts_;
+      report.response = response;
+      report.verdict = AttemptVerdict::deferred;
+      report.next_delay = delay;
+      report.error = describe(response);
+      call_quietly(on_attempt_, report);
+      state_->finished_one();
+      return;
+    }
+    timer_.expires_after(delay);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec)
+        self->attempt();
+      else
+        self->finish(false, "delivery cancelled");
+    });
   }
 
   void finish(bool delivered, const std::string& last_error) {

@@ -1,5 +1,5 @@
 // CurlTransport: libcurl's multi interface on an Asio strand (curl's socket and timer callbacks
-// become async_wait calls), with rebound's per-origin queues and circuit breakers in front.
+// become async_wait calls). Per-origin limits and breakers are OriginGate's, in front of it.
 #include "rebound/http/curl_transport.hpp"
 
 #include <curl/curl.h>
@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -67,25 +65,13 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     std::string retry_after;
     std::size_t refused_addresses = 0;
     std::size_t addresses_tried = 0;
-    bool is_probe = false;
     bool local_failure = false;  // rebound's own trouble (no socket, no handle): not the receiver's
-    std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now();
     Cut cut = Cut::none;
     char error[CURL_ERROR_SIZE] = {};
     ~Transfer() {
       if (easy) curl_easy_cleanup(easy);
       if (headers) curl_slist_free_all(headers);
     }
-  };
-
-  struct Origin {
-    std::deque<std::shared_ptr<Transfer>> waiting;
-    std::size_t in_flight = 0;
-    std::size_t failures = 0;
-    CircuitState state = CircuitState::closed;
-    bool probe_out = false;
-    bool listed_ready = false;
-    std::unique_ptr<boost::asio::steady_timer> cooldown;
   };
 
   // A socket curl waits on: one it opened through open_socket (owned: closed by close_socket) or
@@ -110,11 +96,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     curl_multi_setopt(multi, CURLMOPT_SOCKETDATA, this);
     curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, &Impl::on_timer);
     curl_multi_setopt(multi, CURLMOPT_TIMERDATA, this);
-    // Our queues keep within these; curl's own limits are a second line.
-    // Through a proxy curl counts connections per proxy, not per receiver: then only ours apply.
-    curl_multi_setopt(
-        multi, CURLMOPT_MAX_HOST_CONNECTIONS,
-        static_cast<long>(options.proxy.empty() ? options.max_per_origin : options.max_total));
+    // The OriginGate in front keeps requests within its limits; this cap is a second line.
     curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, static_cast<long>(options.max_total));
     curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, static_cast<long>(options.max_total));
     for (const auto& entry : options.resolve)
@@ -134,77 +116,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
 
   void enqueue(std::shared_ptr<Transfer> transfer) {
     if (stopped) return finish_without_sending(std::move(transfer), "the transport is stopped");
-    const std::string key = transfer->origin;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (origins.size() >= max_tracked_origins && origins.find(key) == origins.end()) {
-        // Idle origins keep their failure counts (consecutive failures span a delivery's
-        // retries); a submitter naming endless failing origins must not grow the map, so past
-        // the bound the idle ones go.
-        for (auto i = origins.begin(); i != origins.end();) {
-          const Origin& o = i->second;
-          const bool idle = o.in_flight == 0 && o.waiting.empty() && !o.listed_ready &&
-                            o.state != CircuitState::open;
-          i = idle ? origins.erase(i) : std::next(i);
-        }
-      }
-      origins[key].waiting.push_back(std::move(transfer));
-    }
-    pump_origin(key);
-    pump_ready();
-  }
-
-  bool can_start(const Origin& o) const {
-    if (total_in_flight >= options.max_total || o.in_flight >= options.max_per_origin) return false;
-    if (o.state == CircuitState::open) return false;
-    if (o.state == CircuitState::half_open) return !o.probe_out;
-    return true;
-  }
-
-  void start_next(Origin& o) {
-    std::shared_ptr<Transfer> t;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      t = std::move(o.waiting.front());
-      o.waiting.pop_front();
-      ++o.in_flight;
-      if (o.state == CircuitState::half_open) o.probe_out = t->is_probe = true;
-    }
-    ++total_in_flight;
-    start(std::move(t));
-  }
-
-  // Starts what an origin may start now; lists it as ready when only the total limit holds it.
-  void pump_origin(const std::string& key) {
-    auto it = origins.find(key);
-    if (it == origins.end()) return;
-    Origin& o = it->second;
-    while (!o.waiting.empty() && can_start(o))
-      start_next(o);
-    if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
-        o.in_flight < options.max_per_origin && o.state != CircuitState::open) {
-      o.listed_ready = true;
-      ready.push_back(key);
-    }
-  }
-
-  // Total capacity freed: origins that waited only for it take turns, one request each, in the
-  // order they were listed, so that one busy origin cannot keep the others waiting.
-  void pump_ready() {
-    while (!ready.empty() && total_in_flight < options.max_total) {
-      const std::string key = std::move(ready.front());
-      ready.pop_front();
-      auto it = origins.find(key);
-      if (it == origins.end()) continue;
-      Origin& o = it->second;
-      o.listed_ready = false;
-      if (!o.waiting.empty() && can_start(o)) start_next(o);
-      if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
-          o.in_flight < options.max_per_origin && o.state != CircuitState::open) {
-        o.listed_ready = true;
-        ready.push_back(key);
-      }
-    }
+    start(std::move(transfer));
   }
 
   // An easy handle from the pool, or a new one with the options every transfer shares. Reusing
@@ -284,7 +196,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     in_curl.emplace(raw, std::move(t));
   }
 
-  // Ends an attempt that never reached curl; posted, as the caller may be iterating its origin.
+  // Ends an attempt that never reached curl; posted, so that no handler runs inside `send`.
   void complete_later(std::shared_ptr<Transfer> t, std::string why) {
     t->local_failure = true;
     boost::asio::post(strand, [self = shared_from_this(), t = std::move(t), why = std::move(why)] {
@@ -359,116 +271,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     }
   }
 
-  static bool breaker_failure(const CallbackResponse& r) {
-    switch (r.error) {
-      case TransportError::none:
-        return r.status >= 500;
-      case TransportError::timeout:
-      case TransportError::connect_failed:
-      case TransportError::io:
-      case TransportError::tls:
-      case TransportError::resolve_failed:
-        return true;
-      default:
-        return false;
-    }
-  }
-
-  // An attempt ended: the origin's books, its breaker, the handler, then whatever may start now.
+  // An attempt ended: its handler hears how.
   void complete(std::shared_ptr<Transfer> t, CallbackResponse response) {
-    const std::string key = t->origin;
-    auto it = origins.find(key);
-    if (it != origins.end()) {
-      Origin& o = it->second;
-      bool open_now = false;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        --o.in_flight;
-        --total_in_flight;
-        const bool was_probe = t->is_probe;
-        if (was_probe) o.probe_out = false;
-        if (t->local_failure || response.error == TransportError::cancelled ||
-            response.error == TransportError::refused_address ||
-            response.error == TransportError::invalid_url ||
-            response.error == TransportError::circuit_open) {
-          // Says nothing of the receiver's health.
-        } else if (breaker_failure(response)) {
-          ++o.failures;
-          if (options.breaker_failures > 0 &&
-              (was_probe ||
-               (o.state == CircuitState::closed && o.failures >= options.breaker_failures))) {
-            o.state = CircuitState::open;
-            open_now = true;
-          }
-        } else {
-          o.failures = 0;
-          o.state = CircuitState::closed;
-        }
-      }
-      if (open_now) start_cooldown(key, o);
-    }
+    response.local = response.local || t->local_failure;
     deliver(std::move(t), std::move(response));
-    if (it != origins.end()) {
-      pump_origin(key);
-      forget_if_idle(key);
-    }
-    pump_ready();
-  }
-
-  void start_cooldown(const std::string& key, Origin& o) {
-    if (!o.cooldown) o.cooldown = std::make_unique<boost::asio::steady_timer>(strand);
-    o.cooldown->expires_after(options.breaker_cooldown);
-    o.cooldown->async_wait([self = shared_from_this(), key](const boost::system::error_code& ec) {
-      if (ec || self->stopped) return;
-      self->end_cooldown(key);
-    });
-  }
-
-  // A cool-down ended: deliveries that waited too long end, one of the others goes as the probe.
-  void end_cooldown(const std::string& key) {
-    auto it = origins.find(key);
-    if (it == origins.end() || it->second.state != CircuitState::open) return;
-    Origin& o = it->second;
-    expire_waiting(o);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (o.waiting.empty() && o.in_flight == 0) {
-        origins.erase(it);  // nothing to probe with: start afresh when deliveries come
-        return;
-      }
-      o.state = CircuitState::half_open;
-    }
-    pump_origin(key);
-  }
-
-  // Deliveries that waited behind an open circuit longer than breaker_max_wait end their attempt
-  // (circuit_open): their own schedule decides what next, so that none waits forever.
-  void expire_waiting(Origin& o) {
-    const auto oldest_allowed = std::chrono::steady_clock::now() - options.breaker_max_wait;
-    std::vector<std::shared_ptr<Transfer>> expired;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      while (!o.waiting.empty() && o.waiting.front()->queued_at < oldest_allowed) {
-        expired.push_back(std::move(o.waiting.front()));
-        o.waiting.pop_front();
-      }
-    }
-    for (auto& t : expired) {
-      deliver(std::move(t), failure(TransportError::circuit_open,
-                                    "the receiver's circuit stayed open (" + t->origin + ")"));
-    }
-  }
-
-  // A healthy origin with nothing to do is forgotten: the map holds only what is in use or sick.
-  void forget_if_idle(const std::string& key) {
-    auto it = origins.find(key);
-    if (it == origins.end()) return;
-    const Origin& o = it->second;
-    if (o.in_flight == 0 && o.waiting.empty() && o.failures == 0 &&
-        o.state == CircuitState::closed && !o.listed_ready) {
-      std::lock_guard<std::mutex> lock(mutex);
-      origins.erase(it);
-    }
   }
 
   static void deliver(std::shared_ptr<Transfer> t, CallbackResponse response) {
@@ -496,17 +302,6 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       ended.push_back(std::move(t));
     }
     in_curl.clear();
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (auto& [key, o] : origins) {
-        for (auto& t : o.waiting)
-          ended.push_back(std::move(t));
-        if (o.cooldown) o.cooldown->cancel();
-      }
-      origins.clear();
-      total_in_flight = 0;
-    }
-    ready.clear();
     for (CURL* easy : idle_easies)
       curl_easy_cleanup(easy);
     idle_easies.clear();
@@ -744,21 +539,15 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   CURLM* multi = nullptr;
   curl_slist* resolve = nullptr;
   bool stopped = false;
-  std::size_t total_in_flight = 0;
   std::unordered_map<Transfer*, std::shared_ptr<Transfer>> in_curl;
   std::vector<CURL*> idle_easies;
   static constexpr std::size_t max_idle_easies = 256;
   std::unordered_map<curl_socket_t, Socket> sockets;
   std::uint64_t socket_ids = 0;
-  std::deque<std::string> ready;
-  static constexpr std::size_t max_tracked_origins = 10000;
-  mutable std::mutex mutex;  // guards `origins` against endpoints() from other threads
-  std::unordered_map<std::string, Origin> origins;
 };
 
 CurlTransport::CurlTransport(boost::asio::any_io_executor executor, CurlTransportOptions options) {
-  if (options.max_per_origin == 0 || options.max_total == 0)
-    throw Error("CurlTransport: the connection limits must be at least 1");
+  if (options.max_total == 0) throw Error("CurlTransport: the connection limit must be at least 1");
   impl_ = std::make_shared<Impl>(std::move(executor), std::move(options));
 }
 
@@ -789,18 +578,6 @@ void CurlTransport::send(CallbackRequest request, CallbackResponseHandler on_don
     }
     impl->enqueue(std::move(t));
   });
-}
-
-std::vector<EndpointStatus> CurlTransport::endpoints() const {
-  std::vector<EndpointStatus> out;
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  out.reserve(impl_->origins.size());
-  for (const auto& [key, o] : impl_->origins) {
-    out.push_back({key, o.state, o.failures, o.in_flight, o.waiting.size()});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const EndpointStatus& a, const EndpointStatus& b) { return a.origin < b.origin; });
-  return out;
 }
 
 }  // namespace rebound

@@ -141,6 +141,8 @@ enum class Resource {
   redeliver,
   invocations,
   callback_endpoints,
+  pause_origin,
+  resume_origin,
   webhook_keys,
   metrics,
   ping,
@@ -160,6 +162,8 @@ Target locate(const std::string& path) {
       {"/metrics", Resource::metrics},
       {"/openapi.json", Resource::openapi},
       {"/v1/callback-endpoints", Resource::callback_endpoints},
+      {"/v1/callback-endpoints/pause", Resource::pause_origin},
+      {"/v1/callback-endpoints/resume", Resource::resume_origin},
       {"/v1/webhook-keys", Resource::webhook_keys}};
   for (const auto& [name, resource] : fixed) {
     if (path == name) return {resource, {}};
@@ -186,6 +190,8 @@ const char* allowed_methods(Resource resource) {
       return "GET, HEAD, DELETE";
     case Resource::redeliver:
     case Resource::invocations:
+    case Resource::pause_origin:
+    case Resource::resume_origin:
       return "POST";
     case Resource::unknown:
       return "";
@@ -196,7 +202,8 @@ const char* allowed_methods(Resource resource) {
 
 bool has_body_method(Resource resource) {
   return resource == Resource::inferences || resource == Resource::redeliver ||
-         resource == Resource::invocations;
+         resource == Resource::invocations || resource == Resource::pause_origin ||
+         resource == Resource::resume_origin;
 }
 
 // The answer to a body that read_body refused; nullopt when it was read.
@@ -400,6 +407,9 @@ struct Server::Impl {
       case Resource::redeliver:
         // The body means nothing here; an unread one just ends the connection after the answer.
         return redeliver(target.id, res);
+      case Resource::pause_origin:
+      case Resource::resume_origin:
+        return pause_or_resume(body, target.resource == Resource::pause_origin, res);
       default:
         return send_error(res, {404, "not_found", "No route for POST " + req.path + ".", {}});
     }
@@ -412,9 +422,38 @@ struct Server::Impl {
                            {"state", to_string(e.state)},
                            {"consecutive_failures", e.consecutive_failures},
                            {"in_flight", e.in_flight},
-                           {"waiting", e.waiting}});
+                           {"waiting", e.waiting},
+                           {"paused", e.paused},
+                           {"deferred", e.deferred}});
     }
     send_json(res, 200, {{"endpoints", std::move(endpoints)}});
+  }
+
+  // POST /v1/callback-endpoints/pause and /resume, with {"origin": "https://hooks.example.com"}.
+  void pause_or_resume(const std::string& body, bool pause, httplib::Response& res) {
+    nlohmann::json parsed;
+    if (auto error = json_body_error(detail::parse_untrusted_json(body, parsed))) {
+      return send_error(res, *error);
+    }
+    const auto origin = parsed.is_object() ? parsed.find("origin") : parsed.end();
+    if (!parsed.is_object() || origin == parsed.end() || !origin->is_string() ||
+        OriginGate::origin_of(origin->get<std::string>()).empty()) {
+      return send_error(res, {422, "invalid_origin",
+                              "Send {\"origin\": \"https://host[:port]\"}: an http(s) origin or "
+                              "callback URL.",
+                              "origin"});
+    }
+    if (!service.delivers_callbacks()) {
+      return send_error(res, {409, "no_transport", "This server delivers no callbacks.", {}});
+    }
+    const std::string value = origin->get<std::string>();
+    std::string key = OriginGate::origin_of(value);
+    if (pause) {
+      key = service.pause_origin(value);
+    } else {
+      service.resume_origin(value);
+    }
+    send_json(res, 200, {{"origin", key}, {"paused", pause}});
   }
 
   void ping(httplib::Response& res) {

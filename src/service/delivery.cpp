@@ -72,10 +72,19 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
                          const CallbackInfo& before, const AttemptReport& report) {
   const std::string holder = claim->holder();
   CallbackInfo after = before;
-  after.attempts = report.attempt;
-  after.delivery_attempts = before.delivery_attempts + 1;
-  after.last_error = report.error;
+  if (report.verdict == AttemptVerdict::deferred) {
+    // Not sent: back to the store, due when the transport asked, with no attempt spent. It holds
+    // no slot and no memory meanwhile, however long the receiver's circuit stays open.
+    after.state = CallbackState::pending;
+    after.next_attempt_at = clock_() + report.next_delay;
+  } else {
+    after.attempts = report.attempt;
+    after.delivery_attempts = before.delivery_attempts + 1;
+    after.last_error = report.error;
+  }
   switch (report.verdict) {
+    case AttemptVerdict::deferred:
+      break;
     case AttemptVerdict::delivered:
       after.state = CallbackState::delivered;
       break;

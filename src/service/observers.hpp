@@ -71,6 +71,9 @@ class MetricsObserver final : public ServiceObserver {
       case AttemptVerdict::retry:
         ++m_.callback_attempts_retried;
         break;
+      case AttemptVerdict::deferred:
+        ++m_.callback_deferrals;
+        break;
     }
   }
   void on_lease_lost(const std::string&, std::string_view) override { ++m_.leases_lost; }
@@ -145,6 +148,14 @@ class LogObserver final : public ServiceObserver {
         log_.job(LogLevel::warn, "callback_attempt_failed", id, fields);
         break;
       }
+      case AttemptVerdict::deferred:
+        // As many as the callbacks waiting for an open circuit, each time they come due: the
+        // endpoint list and the deferral count say it once.
+        if (log_.enabled(LogLevel::debug)) {
+          log_.job(LogLevel::debug, "callback_deferred", id,
+                   {{"reason", report.error}, {"retry_in_ms", report.next_delay.count()}});
+        }
+        break;
     }
   }
   // The attempt's own span of the submission's trace: its trace id and its parent id.
@@ -152,6 +163,16 @@ class LogObserver final : public ServiceObserver {
     if (!is_valid_traceparent(report.traceparent)) return;
     fields["trace_id"] = trace_id_of(report.traceparent);
     fields["span_id"] = report.traceparent.substr(36, 16);
+  }
+  void on_circuit(const std::string& origin, CircuitState state, std::size_t failures) override {
+    if (state == CircuitState::open) {
+      log_.log(LogLevel::warn, "circuit_opened", {{"origin", origin}, {"failures", failures}});
+    } else {
+      log_.log(LogLevel::info, "circuit_closed", {{"origin", origin}});
+    }
+  }
+  void on_origin_paused(const std::string& origin, bool paused) override {
+    log_.log(LogLevel::info, paused ? "origin_paused" : "origin_resumed", {{"origin", origin}});
   }
   void on_redelivery(const std::string& id, int previous_attempts) override {
     log_.job(LogLevel::info, "callback_redelivery", id, {{"previous_attempts", previous_attempts}});

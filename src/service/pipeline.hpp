@@ -25,6 +25,7 @@
 #include "observers.hpp"
 #include "rebound/delivery/address_guard.hpp"
 #include "rebound/delivery/callback_sender.hpp"
+#include "rebound/delivery/origin_gate.hpp"
 #include "rebound/detail/completion.hpp"
 #include "rebound/job_queue_options.hpp"
 #include "rebound/job_queue_status.hpp"
@@ -215,6 +216,7 @@ struct Pipeline {
   std::unique_ptr<Model> model;
   std::unique_ptr<JobStore> job_store;
   std::unique_ptr<CallbackSender> sender;
+  OriginGate* gate = nullptr;  // in front of the transport, owned by the sender; null without one
   const bool delivers_callbacks;
   const AddressGuard guard;
   Clock clock;

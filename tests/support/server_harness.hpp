@@ -45,6 +45,8 @@ struct HarnessOptions {
   std::vector<std::string> signing_secrets = {};
   /// The queue's clock (JobQueueOptions::clock); unset: the system clock.
   std::function<std::chrono::system_clock::time_point()> clock = {};
+  /// The receiver origins' limits and breakers (JobQueueOptions::origins).
+  rebound::OriginGateOptions origins = {};
 };
 
 class ServerHarness {
@@ -67,6 +69,7 @@ class ServerHarness {
     so.delivery.signing_secrets = o.signing_secrets;
     so.allow_private_callbacks = true;  // the receivers are on loopback
     if (o.clock) so.clock = o.clock;
+    so.origins = o.origins;
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
     service = std::make_unique<rebound::JobQueue>(

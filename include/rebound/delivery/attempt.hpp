@@ -12,8 +12,10 @@
 
 namespace rebound {
 
-/// What to do after one attempt.
-enum class AttemptVerdict { delivered, retry, give_up };
+/// What to do after one attempt. `deferred` is not an attempt: the transport did not send the
+/// request (TransportError::deferred: the receiver's circuit is open, it is paused, or it is at
+/// its limits) and asks to be tried again after `AttemptReport::next_delay`; no attempt is spent.
+enum class AttemptVerdict { delivered, retry, give_up, deferred };
 
 /// Decides an attempt's verdict from what the transport reported. Must be thread-safe.
 using ResponseClassifier = std::function<AttemptVerdict(const CallbackResponse&)>;
@@ -41,12 +43,12 @@ struct CallbackMessage {
   std::vector<std::pair<std::string, std::string>> extra_headers;
 };
 
-/// Reported after every attempt.
+/// Reported after every attempt (and, by CallbackSender::attempt, after a deferral).
 struct AttemptReport {
-  int attempt = 0;  ///< 1-based, counting `previous_attempts`
+  int attempt = 0;  ///< 1-based, counting `previous_attempts`; for a deferral, the attempts so far
   CallbackResponse response;
   AttemptVerdict verdict = AttemptVerdict::retry;  ///< give_up also when the policy stops retrying
-  std::chrono::milliseconds next_delay{0};         ///< when `verdict` is retry
+  std::chrono::milliseconds next_delay{0};         ///< when `verdict` is retry or deferred
   std::string error;        ///< a one-line description of a failed attempt, e.g. "HTTP 503"
   std::string traceparent;  ///< the `traceparent` the attempt carried, if any
 };

@@ -43,15 +43,18 @@ struct RetryState {
 ///
 /// Each `deliver` call runs on its own: an attempt goes to the transport; a failed attempt asks the
 /// backoff policy for a delay and waits on a `boost::asio::steady_timer` on the executor you pass
-/// in (no thread sleeps); a delivered or abandoned message ends with one DeliveryReport.
+/// in (no thread sleeps); a delivered or abandoned message ends with one DeliveryReport. A request
+/// the transport defers (TransportError::deferred, from an OriginGate) is sent again when it asks,
+/// without spending an attempt.
 ///
 /// Headers on every attempt: `Content-Type: application/json`, `User-Agent: rebound/<version>`,
 /// `webhook-id`, `webhook-timestamp`, and `webhook-signature` when a signing secret is set.
 ///
 /// Example:
 ///   boost::asio::io_context io;
-///   rebound::CallbackSender sender(io.get_executor(),
-///                                  std::make_unique<rebound::CurlTransport>(io.get_executor()));
+///   rebound::CallbackSender sender(
+///       io.get_executor(), std::make_unique<rebound::OriginGate>(
+///                              std::make_unique<rebound::CurlTransport>(io.get_executor())));
 ///   sender.deliver({"job-1", "https://example.com/hook", R"({"id":"job-1"})", "msg_job-1"},
 ///                  nullptr, [](const rebound::DeliveryReport& r) { ... });
 ///
@@ -72,7 +75,8 @@ class CallbackSender final {
   void deliver(CallbackMessage message, AttemptObserver on_attempt, DeliveryHandler on_done);
 
   /// Makes one attempt at `message` and reports it to `on_attempt`, exactly once: delivered,
-  /// give_up, or retry with the delay the policy chose from `state`. Sets no timer: the caller
+  /// give_up, retry with the delay the policy chose from `state`, or deferred (not sent, no
+  /// attempt spent) with the delay the transport asked for. Sets no timer: the caller
   /// schedules the next attempt (rebound::JobQueue keeps the schedule in its JobStore, so a retry
   /// hours away costs no memory). Returns at once.
   ///

@@ -29,7 +29,9 @@ enum class TransportError {
   tls,              ///< the TLS handshake or the certificate check failed
   io,               ///< the connection broke
   cancelled,        ///< the transport shut down before an answer came
-  circuit_open,     ///< waited longer than allowed behind the receiver's open circuit breaker
+  /// Not sent, and not an attempt: the receiver's circuit is open, it is paused, or it is at its
+  /// limits (OriginGate). Try again after `CallbackResponse::retry_in`.
+  deferred,
 };
 
 /// What one attempt produced: an HTTP status, or a transport error.
@@ -38,10 +40,15 @@ struct CallbackResponse {
   int status = 0;           ///< the HTTP status when `error` is `none`
   std::string retry_after;  ///< the raw `Retry-After` header, if any
   std::string message;      ///< a human sentence for transport errors
+  /// For `deferred`: when to try again, from now.
+  std::chrono::milliseconds retry_in{0};
+  /// The failure was this side's (out of descriptors, a handle that could not be made, the proxy
+  /// unresolvable): it says nothing of the receiver's health, and no breaker counts it.
+  bool local = false;
 };
 
-/// The circuit breaker of one receiver origin: `closed` sends, `open` holds deliveries back
-/// (without spending their attempts) until a cool-down ends, `half_open` lets one probe through.
+/// The circuit breaker of one receiver origin: `closed` sends, `open` sends nothing (requests are
+/// deferred, spending no attempts) until a cool-down ends, `half_open` lets one probe through.
 enum class CircuitState { closed, open, half_open };
 
 inline const char* to_string(CircuitState s) {
@@ -62,7 +69,11 @@ struct EndpointStatus {
   CircuitState state = CircuitState::closed;
   std::size_t consecutive_failures = 0;
   std::size_t in_flight = 0;  ///< requests sent and not yet answered
-  std::size_t waiting = 0;    ///< requests held back by a limit or an open circuit
+  std::size_t waiting = 0;    ///< requests waiting in memory for a place under the limits
+  bool paused = false;        ///< paused by hand (OriginGate::pause)
+  /// Requests answered `deferred` since the origin last answered well: what waits elsewhere (in
+  /// a JobQueue's store) for the circuit, the pause or the limits.
+  std::size_t deferred = 0;
 };
 
 /// Called exactly once per `send`, on a transport thread. Must not block for long.

@@ -1,0 +1,105 @@
+// OriginGate: a CallbackTransport decorator that keeps each receiver origin to its limits and
+// behind its own circuit breaker, and answers "not now" instead of holding requests it cannot send.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rebound/delivery/callback_transport.hpp"
+
+namespace rebound {
+
+/// The limits and the breaker of an OriginGate. Every bound a receiver could push is here.
+struct OriginGateOptions {
+  /// Requests in flight to one origin (`scheme://host:port`) at most. A hung receiver holds at
+  /// most this many connections.
+  std::size_t max_per_origin = 64;
+  /// Requests in flight in all, at most.
+  std::size_t max_total = 1024;
+  /// Requests that may wait in memory for a place to free up, per origin (and `max_total` in
+  /// all). Beyond them a request is answered `deferred` at once, with a time to come back that
+  /// follows the origin's pace, so that a backlog waits in the caller's store, not here.
+  std::size_t max_waiting_per_origin = 64;
+  /// Consecutive failures (timeouts, refused or broken connections, TLS failures, 5xx) that open
+  /// an origin's circuit. 0 disables the breaker.
+  std::size_t breaker_failures = 5;
+  /// How long an open circuit sends nothing. The first request after it goes out as the probe;
+  /// its success closes the circuit, its failure opens it for another cool-down.
+  std::chrono::milliseconds breaker_cooldown{30000};
+  /// While an origin is paused by hand, requests to it are deferred by this long (they come back
+  /// this often to find out whether it was resumed).
+  std::chrono::milliseconds paused_retry{30000};
+  /// Hears each circuit that opens (`open`, with the failures in a row) or closes again
+  /// (`closed`), outside the gate's lock, on the thread that ended the attempt. May be empty.
+  std::function<void(const std::string& origin, CircuitState state, std::size_t failures)>
+      on_circuit;
+  /// The clock of cool-downs and deferrals; inject one in tests to move time on without sleeping.
+  std::function<std::chrono::steady_clock::time_point()> clock = [] {
+    return std::chrono::steady_clock::now();
+  };
+};
+
+/// Sits in front of any CallbackTransport and gives every receiver origin its own share:
+///
+/// - **Limits.** At most `max_per_origin` requests in flight to one origin and `max_total` in all.
+///   A few more wait in memory, in order (`max_waiting_per_origin`); the attempt's timeout starts
+///   only when the inner transport gets the request.
+/// - **A circuit breaker per origin.** After `breaker_failures` failures in a row the circuit
+///   opens: for `breaker_cooldown` nothing is sent to the origin. Then one request goes out as the
+///   probe (`half_open`); its success closes the circuit. Any answer that is not a 5xx (a 404, say)
+///   counts as the receiver being up.
+/// - **Pausing by hand** (`pause`, `resume`): nothing is sent to a paused origin.
+///
+/// What cannot be sent now is not held: `send` answers it at once with `TransportError::deferred`
+/// and `CallbackResponse::retry_in`, the time to try again (the end of the cool-down, the pace the
+/// limits allow, or `paused_retry`). A deferral is not an attempt: CallbackSender reports it as
+/// AttemptVerdict::deferred and spends none of the delivery's attempts, and rebound::JobQueue puts
+/// the callback back in its store, due at that time, so a receiver that is down costs no memory
+/// and no capacity however many callbacks wait for it.
+///
+/// Example:
+///   rebound::OriginGate gate(std::make_unique<rebound::CurlTransport>(io.get_executor()));
+///   gate.pause("https://hooks.example.com");   // its callbacks wait until resume()
+///
+/// Thread-safety: every method is thread-safe. `on_done` is called exactly once per `send`: a
+/// deferral from inside `send`, an answer from wherever the inner transport calls it. Lifetime:
+/// destroying the gate answers what waits in it `cancelled`, then destroys the inner transport.
+class OriginGate final : public CallbackTransport {
+ public:
+  explicit OriginGate(std::unique_ptr<CallbackTransport> inner, OriginGateOptions options = {});
+  ~OriginGate() override;
+  OriginGate(const OriginGate&) = delete;
+  OriginGate& operator=(const OriginGate&) = delete;
+
+  void send(CallbackRequest request, CallbackResponseHandler on_done) override;
+
+  /// The origins being delivered to, waiting, failing, open or paused, sorted by origin.
+  std::vector<EndpointStatus> endpoints() const override;
+
+  /// Stops sending to `origin` (a URL or an origin: "https://hooks.example.com"; the port defaults
+  /// from the scheme) until `resume`: what waits here and what comes later is deferred, what is in
+  /// flight ends as it will. Returns the origin as the gate names it ("https://host:443"), or
+  /// throws rebound::Error for a URL that is not http(s).
+  std::string pause(const std::string& origin);
+
+  /// Sends to `origin` again (its breaker state is kept). False when it was not paused.
+  bool resume(const std::string& origin);
+
+  /// The paused origins, sorted.
+  std::vector<std::string> paused() const;
+
+  /// The origin key of a callback URL or origin, as `endpoints()` and `pause` name it; empty for
+  /// one that is not an http(s) URL.
+  static std::string origin_of(const std::string& url);
+
+  struct State;  // shared with the requests in flight
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace rebound

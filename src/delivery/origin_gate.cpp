@@ -1,0 +1,470 @@
+// OriginGate: per-origin limits, circuit breakers and pauses in front of any transport. Decisions
+// are made under one lock; the inner transport and the handlers are called outside it.
+#include "rebound/delivery/origin_gate.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+#include "rebound/detail/callback_url.hpp"
+#include "rebound/error.hpp"
+
+namespace rebound {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Failures that say the receiver is unwell; the others say nothing of it.
+bool receiver_failure(const CallbackResponse& r) {
+  if (r.local) return false;
+  switch (r.error) {
+    case TransportError::none:
+      return r.status >= 500;
+    case TransportError::timeout:
+    case TransportError::connect_failed:
+    case TransportError::io:
+    case TransportError::tls:
+    case TransportError::resolve_failed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool says_nothing(const CallbackResponse& r) {
+  return r.local || r.error == TransportError::cancelled || r.error == TransportError::deferred ||
+         r.error == TransportError::refused_address || r.error == TransportError::invalid_url;
+}
+
+}  // namespace
+
+struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
+  struct Pending {
+    CallbackRequest request;
+    CallbackResponseHandler on_done;
+  };
+
+  struct Origin {
+    std::deque<Pending> waiting;
+    std::size_t in_flight = 0;
+    std::size_t failures = 0;
+    std::size_t deferred = 0;
+    CircuitState state = CircuitState::closed;
+    bool probe_out = false;
+    bool paused = false;
+    bool listed_ready = false;
+    Clock::time_point open_until{};
+    Clock::time_point horizon{};  // the time handed to the last request deferred for the pace
+    milliseconds latency{0};      // a moving average of its attempts' durations
+    bool has_latency = false;
+  };
+
+  // What a decision made under the lock leaves to do outside it.
+  struct Send {
+    std::string key;
+    Pending pending;
+    bool probe = false;
+  };
+  struct Answer {
+    CallbackResponseHandler on_done;
+    CallbackResponse response;
+  };
+  struct Change {
+    std::string key;
+    CircuitState state;
+    std::size_t failures;
+  };
+  struct Actions {
+    std::vector<Send> sends;
+    std::vector<Answer> answers;
+    std::vector<Change> changes;
+  };
+
+  std::shared_ptr<CallbackTransport> inner;
+  OriginGateOptions options;
+
+  mutable std::mutex mutex;
+  std::unordered_map<std::string, Origin> origins;
+  std::deque<std::string> ready;  // origins waiting only for the total limit, in turn
+  std::size_t total_in_flight = 0;
+  std::size_t total_waiting = 0;
+  bool stopped = false;
+
+  static constexpr std::size_t max_tracked_origins = 10000;
+  static constexpr milliseconds unknown_latency{1000};
+
+  // --- under the lock
+
+  // An open circuit whose cool-down has passed lets its next request through as the probe.
+  void refresh(Origin& o, Clock::time_point now) const {
+    if (o.state == CircuitState::open && now >= o.open_until) {
+      o.state = CircuitState::half_open;
+      o.probe_out = false;
+    }
+  }
+
+  bool evictable(const Origin& o, Clock::time_point now) const {
+    return o.in_flight == 0 && o.waiting.empty() && !o.listed_ready && !o.paused &&
+           (o.state != CircuitState::open || now >= o.open_until);
+  }
+
+  Origin& find_or_add(const std::string& key, Clock::time_point now) {
+    if (origins.size() >= max_tracked_origins && origins.find(key) == origins.end()) {
+      // Idle origins keep their failure counts (consecutive failures span a delivery's retries);
+      // a submitter naming endless failing origins must not grow the map, so past the bound the
+      // idle ones go.
+      for (auto i = origins.begin(); i != origins.end();)
+        i = evictable(i->second, now) ? origins.erase(i) : std::next(i);
+    }
+    return origins[key];
+  }
+
+  bool can_start(const Origin& o) const {
+    if (o.paused || total_in_flight >= options.max_total || o.in_flight >= options.max_per_origin) {
+      return false;
+    }
+    if (o.state == CircuitState::open) return false;
+    if (o.state == CircuitState::half_open) return !o.probe_out;
+    return true;
+  }
+
+  void start(const std::string& key, Origin& o, Pending pending, Actions& acts) {
+    ++o.in_flight;
+    ++total_in_flight;
+    const bool probe = o.state == CircuitState::half_open;
+    if (probe) o.probe_out = true;
+    acts.sends.push_back({key, std::move(pending), probe});
+  }
+
+  void defer(const std::string& key, Origin& o, Pending pending, milliseconds delay,
+             const char* why, Actions& acts) {
+    ++o.deferred;
+    CallbackResponse r;
+    r.error = TransportError::deferred;
+    r.retry_in = std::max(milliseconds(1), delay);
+    r.message = std::string(why) + " (" + key + ")";
+    acts.answers.push_back({std::move(pending.on_done), std::move(r)});
+  }
+
+  // When a request that cannot go now should come back: as the origin's places free up at the
+  // pace its recent attempts took, one after another, so that a backlog returns no faster than
+  // the limits let it through.
+  milliseconds pace(Origin& o, const CallbackRequest& request, Clock::time_point now) const {
+    milliseconds estimate = o.has_latency ? o.latency : unknown_latency;
+    estimate = std::clamp(estimate, milliseconds(1), std::max(milliseconds(1), request.timeout));
+    const auto step = std::max<Clock::duration>(
+        milliseconds(1),
+        estimate / static_cast<long>(std::max<std::size_t>(1, options.max_per_origin)));
+    const auto at = std::max(o.horizon, now + estimate);
+    o.horizon = at + step;
+    return std::chrono::duration_cast<milliseconds>(at - now);
+  }
+
+  void admit(const std::string& key, Origin& o, Pending pending, Clock::time_point now,
+             Actions& acts) {
+    if (o.paused) {
+      return defer(key, o, std::move(pending), options.paused_retry, "the origin is paused", acts);
+    }
+    refresh(o, now);
+    if (o.state == CircuitState::open) {
+      return defer(key, o, std::move(pending), std::chrono::ceil<milliseconds>(o.open_until - now),
+                   "the receiver's circuit is open", acts);
+    }
+    if (can_start(o)) return start(key, o, std::move(pending), acts);
+    if (o.state == CircuitState::closed && o.waiting.size() < options.max_waiting_per_origin &&
+        total_waiting < options.max_total) {
+      o.waiting.push_back(std::move(pending));
+      ++total_waiting;
+      list_if_ready(key, o);
+      return;
+    }
+    const milliseconds delay = pace(o, pending.request, now);
+    defer(key, o, std::move(pending), delay,
+          o.state == CircuitState::half_open && o.probe_out ? "the receiver's circuit probe is out"
+                                                            : "the receiver is at its limits",
+          acts);
+  }
+
+  void list_if_ready(const std::string& key, Origin& o) {
+    if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
+        o.in_flight < options.max_per_origin && o.state == CircuitState::closed && !o.paused) {
+      o.listed_ready = true;
+      ready.push_back(key);
+    }
+  }
+
+  Pending pop_waiting(Origin& o) {
+    Pending p = std::move(o.waiting.front());
+    o.waiting.pop_front();
+    --total_waiting;
+    return p;
+  }
+
+  // Starts what an origin may start now; lists it as ready when only the total limit holds it.
+  void pump_origin(const std::string& key, Origin& o, Actions& acts) {
+    while (!o.waiting.empty() && can_start(o))
+      start(key, o, pop_waiting(o), acts);
+    list_if_ready(key, o);
+  }
+
+  // Total capacity freed: origins that waited only for it take turns, one request each, in the
+  // order they were listed, so that one busy origin cannot keep the others waiting.
+  void pump_ready(Actions& acts) {
+    while (!ready.empty() && total_in_flight < options.max_total) {
+      const std::string key = std::move(ready.front());
+      ready.pop_front();
+      auto it = origins.find(key);
+      if (it == origins.end()) continue;
+      Origin& o = it->second;
+      o.listed_ready = false;
+      if (!o.waiting.empty() && can_start(o)) start(key, o, pop_waiting(o), acts);
+      list_if_ready(key, o);
+    }
+  }
+
+  // Whatever waits in memory for `o` goes back to its caller, due when the origin may take it.
+  void defer_waiting(const std::string& key, Origin& o, Clock::time_point now, Actions& acts) {
+    while (!o.waiting.empty()) {
+      Pending p = pop_waiting(o);
+      if (o.paused) {
+        defer(key, o, std::move(p), options.paused_retry, "the origin is paused", acts);
+      } else {
+        defer(key, o, std::move(p), std::chrono::ceil<milliseconds>(o.open_until - now),
+              "the receiver's circuit is open", acts);
+      }
+    }
+  }
+
+  void forget_if_idle(const std::string& key, Origin& o) {
+    if (o.in_flight == 0 && o.waiting.empty() && o.failures == 0 &&
+        o.state == CircuitState::closed && !o.listed_ready && !o.paused) {
+      origins.erase(key);
+    }
+  }
+
+  // --- outside the lock
+
+  void run(Actions& acts) {
+    for (const Change& c : acts.changes) {
+      try {
+        if (options.on_circuit) options.on_circuit(c.key, c.state, c.failures);
+      } catch (...) {
+        // A listener's trouble is not the delivery's.
+      }
+    }
+    for (Answer& a : acts.answers)
+      answer(a.on_done, std::move(a.response));
+    if (acts.sends.empty()) return;
+    std::shared_ptr<CallbackTransport> to;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      to = inner;
+    }
+    for (Send& s : acts.sends) {
+      if (!to) {
+        CallbackResponse r;
+        r.error = TransportError::cancelled;
+        r.message = "the transport shut down";
+        finished(s.key, s.probe, options.clock(), std::move(r), std::move(s.pending.on_done));
+        continue;
+      }
+      auto self = shared_from_this();
+      const auto sent_at = options.clock();
+      to->send(std::move(s.pending.request),
+               [self, key = std::move(s.key), probe = s.probe, sent_at,
+                done = std::move(s.pending.on_done)](CallbackResponse r) mutable {
+                 self->finished(key, probe, sent_at, std::move(r), std::move(done));
+               });
+    }
+  }
+
+  static void answer(CallbackResponseHandler& on_done, CallbackResponse response) {
+    try {
+      if (on_done) on_done(std::move(response));
+    } catch (...) {
+      // The handler's owner decides what its failures mean.
+    }
+  }
+
+  // An attempt ended: the origin's books and breaker, the answer, then whatever may start now.
+  void finished(const std::string& key, bool probe, Clock::time_point sent_at,
+                CallbackResponse response, CallbackResponseHandler on_done) {
+    Actions acts;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      const auto now = options.clock();
+      --total_in_flight;
+      auto it = origins.find(key);
+      if (it != origins.end()) {
+        Origin& o = it->second;
+        --o.in_flight;
+        if (probe) o.probe_out = false;
+        if (!says_nothing(response)) {
+          const auto took = std::chrono::duration_cast<milliseconds>(now - sent_at);
+          o.latency = o.has_latency ? (o.latency * 7 + took) / 8 : took;
+          o.has_latency = true;
+          if (receiver_failure(response)) {
+            ++o.failures;
+            if (options.breaker_failures > 0 &&
+                (probe ||
+                 (o.state == CircuitState::closed && o.failures >= options.breaker_failures))) {
+              if (o.state == CircuitState::closed)
+                acts.changes.push_back({key, CircuitState::open, o.failures});
+              o.state = CircuitState::open;
+              o.open_until = now + options.breaker_cooldown;
+              o.probe_out = false;
+              o.horizon = {};
+              defer_waiting(key, o, now, acts);
+            }
+          } else {
+            if (o.state != CircuitState::closed)
+              acts.changes.push_back({key, CircuitState::closed, o.failures});
+            o.failures = 0;
+            o.deferred = 0;
+            o.state = CircuitState::closed;
+          }
+        }
+      }
+      // Origins listed as waiting for the total limit first, in turn; then this one's own.
+      if (!stopped) pump_ready(acts);
+      it = origins.find(key);
+      if (it != origins.end()) {
+        if (!stopped) pump_origin(key, it->second, acts);
+        forget_if_idle(key, it->second);
+      }
+    }
+    answer(on_done, std::move(response));
+    run(acts);
+  }
+};
+
+OriginGate::OriginGate(std::unique_ptr<CallbackTransport> inner, OriginGateOptions options)
+    : state_(std::make_shared<State>()) {
+  if (!inner) throw Error("OriginGate: a transport is required");
+  if (options.max_per_origin == 0 || options.max_total == 0)
+    throw Error("OriginGate: the connection limits must be at least 1");
+  if (options.breaker_cooldown.count() < 0 || options.paused_retry.count() <= 0)
+    throw Error("OriginGate: the cool-down and the paused retry must be positive");
+  if (!options.clock) throw Error("OriginGate: a clock is required");
+  state_->inner = std::move(inner);
+  state_->options = std::move(options);
+}
+
+OriginGate::~OriginGate() {
+  State::Actions acts;
+  std::shared_ptr<CallbackTransport> inner;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopped = true;
+    for (auto& [key, o] : state_->origins) {
+      while (!o.waiting.empty()) {
+        State::Pending p = state_->pop_waiting(o);
+        CallbackResponse r;
+        r.error = TransportError::cancelled;
+        r.message = "the transport shut down";
+        acts.answers.push_back({std::move(p.on_done), std::move(r)});
+      }
+    }
+    state_->ready.clear();
+    inner = std::move(state_->inner);
+  }
+  for (auto& a : acts.answers)
+    State::answer(a.on_done, std::move(a.response));
+  // What is in flight ends through the inner transport's own shutdown, with the handlers above.
+  inner.reset();
+}
+
+void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) {
+  const std::string key = origin_of(request.url);
+  State::Actions acts;
+  if (key.empty()) {
+    // Not an http(s) URL: the inner transport says what is wrong with it.
+    std::shared_ptr<CallbackTransport> to;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      to = state_->inner;
+    }
+    if (to) return to->send(std::move(request), std::move(on_done));
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->stopped) {
+      CallbackResponse r;
+      r.error = TransportError::cancelled;
+      r.message = "the transport shut down";
+      acts.answers.push_back({std::move(on_done), std::move(r)});
+    } else {
+      const auto now = state_->options.clock();
+      State::Origin& o = state_->find_or_add(key, now);
+      state_->admit(key, o, {std::move(request), std::move(on_done)}, now, acts);
+    }
+  }
+  state_->run(acts);
+}
+
+std::vector<EndpointStatus> OriginGate::endpoints() const {
+  std::vector<EndpointStatus> out;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  const auto now = state_->options.clock();
+  out.reserve(state_->origins.size());
+  for (const auto& [key, o] : state_->origins) {
+    CircuitState shown = o.state;
+    if (shown == CircuitState::open && now >= o.open_until) shown = CircuitState::half_open;
+    out.push_back({key, shown, o.failures, o.in_flight, o.waiting.size(), o.paused, o.deferred});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const EndpointStatus& a, const EndpointStatus& b) { return a.origin < b.origin; });
+  return out;
+}
+
+std::string OriginGate::origin_of(const std::string& url) {
+  auto parsed = detail::parse_callback_url(url);
+  if (!parsed.url) return {};
+  return parsed.url->origin();
+}
+
+std::string OriginGate::pause(const std::string& origin) {
+  const std::string key = origin_of(origin);
+  if (key.empty()) throw Error("OriginGate::pause: not an http(s) URL or origin: " + origin);
+  State::Actions acts;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    State::Origin& o = state_->find_or_add(key, state_->options.clock());
+    o.paused = true;
+    state_->defer_waiting(key, o, state_->options.clock(), acts);
+  }
+  state_->run(acts);
+  return key;
+}
+
+bool OriginGate::resume(const std::string& origin) {
+  const std::string key = origin_of(origin);
+  if (key.empty()) return false;
+  State::Actions acts;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    auto it = state_->origins.find(key);
+    if (it == state_->origins.end() || !it->second.paused) return false;
+    it->second.paused = false;
+    it->second.deferred = 0;
+    state_->pump_origin(key, it->second, acts);
+    state_->forget_if_idle(key, it->second);
+  }
+  state_->run(acts);
+  return true;
+}
+
+std::vector<std::string> OriginGate::paused() const {
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (const auto& [key, o] : state_->origins)
+    if (o.paused) out.push_back(key);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace rebound

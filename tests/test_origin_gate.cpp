@@ -1,0 +1,392 @@
+// OriginGate on a fake clock over a fake transport: limits, the breaker, pauses and deferrals,
+// with no socket and no sleep.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rebound/delivery/origin_gate.hpp"
+#include "rebound/error.hpp"
+
+using namespace std::chrono_literals;
+using rebound::CallbackRequest;
+using rebound::CallbackResponse;
+using rebound::CircuitState;
+using rebound::OriginGate;
+using rebound::OriginGateOptions;
+using rebound::TransportError;
+
+namespace {
+
+// Holds every request it is sent until the test answers it.
+class HeldTransport final : public rebound::CallbackTransport {
+ public:
+  struct Sent {
+    CallbackRequest request;
+    rebound::CallbackResponseHandler on_done;
+  };
+  void send(CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    sent_->push_back({std::move(request), std::move(on_done)});
+    ++*total_;
+  }
+  // Shared with the test, which keeps them after the gate owns the transport.
+  std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
+  std::shared_ptr<std::deque<Sent>> sent_ = std::make_shared<std::deque<Sent>>();
+  std::shared_ptr<int> total_ = std::make_shared<int>(0);
+};
+
+struct Steady {
+  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point{} + 1h;
+};
+
+struct Fixture {
+  std::shared_ptr<Steady> clock = std::make_shared<Steady>();
+  std::shared_ptr<std::mutex> mutex;
+  std::shared_ptr<std::deque<HeldTransport::Sent>> sent;
+  std::shared_ptr<int> total;
+  std::unique_ptr<OriginGate> gate;
+
+  explicit Fixture(OriginGateOptions o = {}) {
+    auto inner = std::make_unique<HeldTransport>();
+    mutex = inner->mutex_;
+    sent = inner->sent_;
+    total = inner->total_;
+    o.clock = [c = clock] { return c->now; };
+    gate = std::make_unique<OriginGate>(std::move(inner), o);
+  }
+
+  // Sends to `url`; the answer lands in the returned slot.
+  std::shared_ptr<std::optional<CallbackResponse>> send(const std::string& url,
+                                                        std::chrono::milliseconds timeout = 10s) {
+    auto answer = std::make_shared<std::optional<CallbackResponse>>();
+    CallbackRequest r;
+    r.url = url;
+    r.timeout = timeout;
+    gate->send(std::move(r), [answer](CallbackResponse response) { *answer = response; });
+    return answer;
+  }
+
+  std::size_t held() const {
+    std::lock_guard<std::mutex> lock(*mutex);
+    return sent->size();
+  }
+
+  // Answers the oldest request the inner transport holds with `status` (or `error`).
+  std::string answer(int status, TransportError error = TransportError::none) {
+    HeldTransport::Sent s;
+    {
+      std::lock_guard<std::mutex> lock(*mutex);
+      REQUIRE(!sent->empty());
+      s = std::move(sent->front());
+      sent->pop_front();
+    }
+    CallbackResponse r;
+    r.error = error;
+    r.status = status;
+    s.on_done(r);
+    return s.request.url;
+  }
+
+  rebound::EndpointStatus endpoint(const std::string& origin) const {
+    for (const auto& e : gate->endpoints())
+      if (e.origin == origin) return e;
+    return {origin};
+  }
+
+  void advance(std::chrono::milliseconds d) { clock->now += d; }
+};
+
+const std::string a = "http://a.example:8080/hook";
+const std::string a_origin = "http://a.example:8080";
+const std::string b = "https://b.example/hook";
+const std::string b_origin = "https://b.example:443";
+
+bool deferred(const std::shared_ptr<std::optional<CallbackResponse>>& answer) {
+  return *answer && (*answer)->error == TransportError::deferred;
+}
+
+}  // namespace
+
+TEST_CASE("gate: within the limits requests go through - a few wait - the rest are deferred") {
+  OriginGateOptions o;
+  o.max_per_origin = 2;
+  o.max_waiting_per_origin = 1;
+  Fixture f(o);
+  auto r1 = f.send(a), r2 = f.send(a), r3 = f.send(a), r4 = f.send(a), r5 = f.send(a);
+  CHECK(f.held() == 2);   // two in flight
+  CHECK(!*r3);            // one waits in memory
+  REQUIRE(deferred(r4));  // the rest go back to the caller at once, with a time to come back
+  REQUIRE(deferred(r5));
+  CHECK((*r4)->retry_in > 0ms);
+  CHECK((*r5)->retry_in > (*r4)->retry_in);  // one after another, at the origin's pace
+  CHECK((*r4)->message.find("at its limits") != std::string::npos);
+  auto e = f.endpoint(a_origin);
+  CHECK(e.in_flight == 2);
+  CHECK(e.waiting == 1);
+  CHECK(e.deferred == 2);
+  // Another origin has its own share.
+  auto other = f.send(b);
+  CHECK(f.held() == 3);
+  CHECK(!*other);
+  // A freed place goes to the one waiting.
+  f.answer(200);
+  CHECK(*r1);
+  CHECK(f.held() == 3);
+  CHECK(f.endpoint(a_origin).waiting == 0);
+}
+
+TEST_CASE("gate: the pace of deferrals follows how long the origin's attempts take") {
+  OriginGateOptions o;
+  o.max_per_origin = 1;
+  o.max_waiting_per_origin = 1;
+  Fixture f(o);
+  f.send(a);
+  f.send(a);      // waits
+  f.advance(4s);  // the receiver takes 4 s to answer
+  f.answer(200);  // the one waiting goes
+  f.send(a);      // waits again
+  auto d1 = f.send(a), d2 = f.send(a), d3 = f.send(a);
+  REQUIRE(deferred(d1));
+  REQUIRE(deferred(d2));
+  REQUIRE(deferred(d3));
+  CHECK((*d1)->retry_in == 4s);  // when the one in flight should be done
+  CHECK((*d2)->retry_in == 8s);  // and one more place each 4 s after
+  CHECK((*d3)->retry_in == 12s);
+  // Never later than the attempt's own timeout for the first.
+  o.max_waiting_per_origin = 0;
+  Fixture g(o);
+  g.send(a);
+  auto capped = g.send(a, 300ms);
+  REQUIRE(deferred(capped));
+  CHECK((*capped)->retry_in == 300ms);
+}
+
+TEST_CASE("gate: failures open the circuit - nothing is sent - deferred to the probe") {
+  OriginGateOptions o;
+  o.breaker_failures = 3;
+  o.breaker_cooldown = 30s;
+  Fixture f(o);
+  f.send(a);
+  f.answer(503);
+  f.send(a);
+  f.answer(0, TransportError::timeout);
+  CHECK(f.endpoint(a_origin).state == CircuitState::closed);
+  f.send(a);
+  f.answer(0, TransportError::connect_failed);  // the third in a row: open
+  auto e = f.endpoint(a_origin);
+  CHECK(e.state == CircuitState::open);
+  CHECK(e.consecutive_failures == 3);
+  f.advance(10s);
+  auto later = f.send(a);
+  REQUIRE(deferred(later));
+  CHECK((*later)->retry_in == 20s);  // due when the cool-down ends
+  CHECK((*later)->message.find("circuit is open") != std::string::npos);
+  CHECK(*f.total == 3);  // nothing more reached the receiver
+  CHECK(f.endpoint(a_origin).deferred == 1);
+  // Other origins are not touched.
+  f.send(b);
+  CHECK(f.held() == 1);
+  f.answer(200);
+}
+
+TEST_CASE("gate: what waits in memory when the circuit opens goes back to its caller") {
+  OriginGateOptions o;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 30s;
+  o.max_per_origin = 1;
+  Fixture f(o);
+  f.send(a);
+  auto waiting = f.send(a);
+  CHECK(!*waiting);
+  f.answer(500);
+  REQUIRE(deferred(waiting));
+  CHECK((*waiting)->retry_in == 30s);
+  CHECK(f.held() == 0);
+  CHECK(f.endpoint(a_origin).waiting == 0);
+}
+
+TEST_CASE("gate: after the cool-down one probe goes - its success closes the circuit") {
+  OriginGateOptions o;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 5s;
+  Fixture f(o);
+  f.send(a);
+  f.answer(500);
+  CHECK(f.endpoint(a_origin).state == CircuitState::open);
+  f.advance(5s);
+  CHECK(f.endpoint(a_origin).state == CircuitState::half_open);
+  auto probe = f.send(a);
+  CHECK(f.held() == 1);
+  auto behind = f.send(a);  // the probe is out: no second request
+  REQUIRE(deferred(behind));
+  CHECK((*behind)->message.find("probe") != std::string::npos);
+  CHECK(f.held() == 1);
+  f.answer(200);
+  REQUIRE(*probe);
+  CHECK((*probe)->status == 200);
+  auto e = f.endpoint(a_origin);
+  CHECK(e.state == CircuitState::closed);
+  CHECK(e.deferred == 0);
+  // Closed again: requests go.
+  f.send(a);
+  f.send(a);
+  CHECK(f.held() == 2);
+}
+
+TEST_CASE("gate: a failed probe opens the circuit for another cool-down") {
+  OriginGateOptions o;
+  o.breaker_failures = 2;
+  o.breaker_cooldown = 5s;
+  Fixture f(o);
+  f.send(a);
+  f.send(a);
+  f.answer(502);
+  f.answer(502);
+  f.advance(5s);
+  f.send(a);  // the probe
+  f.advance(1s);
+  f.answer(503);
+  CHECK(f.endpoint(a_origin).state == CircuitState::open);
+  auto next = f.send(a);
+  REQUIRE(deferred(next));
+  CHECK((*next)->retry_in == 5s);
+}
+
+TEST_CASE("gate: answers that say nothing of the receiver neither open nor close the circuit") {
+  OriginGateOptions o;
+  o.breaker_failures = 2;
+  Fixture f(o);
+  f.send(a);
+  f.send(a);
+  f.send(a);
+  f.send(a);
+  f.answer(503);
+  f.answer(0, TransportError::cancelled);
+  f.answer(0, TransportError::refused_address);
+  {
+    // This side's own trouble (out of descriptors, say).
+    HeldTransport::Sent s;
+    {
+      std::lock_guard<std::mutex> lock(*f.mutex);
+      s = std::move(f.sent->front());
+      f.sent->pop_front();
+    }
+    CallbackResponse r;
+    r.error = TransportError::io;
+    r.local = true;
+    s.on_done(r);
+  }
+  CHECK(f.endpoint(a_origin).consecutive_failures == 1);
+  CHECK(f.endpoint(a_origin).state == CircuitState::closed);
+  // A 404 is an answer: the receiver is up.
+  f.send(a);
+  f.answer(404);
+  CHECK(f.gate->endpoints().empty());  // healthy and idle: forgotten
+}
+
+TEST_CASE("gate: a paused origin gets nothing until resumed") {
+  OriginGateOptions o;
+  o.max_per_origin = 1;
+  o.paused_retry = 60s;
+  Fixture f(o);
+  f.send(a);
+  auto waiting = f.send(a);
+  CHECK(f.gate->pause("http://a.example:8080") == a_origin);
+  REQUIRE(deferred(waiting));  // what waited goes back at once
+  CHECK((*waiting)->retry_in == 60s);
+  auto later = f.send(a);
+  REQUIRE(deferred(later));
+  CHECK((*later)->message.find("paused") != std::string::npos);
+  CHECK(f.gate->paused() == std::vector<std::string>{a_origin});
+  CHECK(f.endpoint(a_origin).paused);
+  f.answer(200);                       // what was in flight ends as it will
+  CHECK(f.endpoint(a_origin).paused);  // and a paused origin is not forgotten
+  CHECK(f.gate->resume(a));
+  CHECK(!f.gate->resume(a));  // not paused any more
+  f.send(a);
+  CHECK(f.held() == 1);
+  CHECK(f.gate->paused().empty());
+  CHECK_THROWS_AS(f.gate->pause("ftp://x"), rebound::Error);
+}
+
+TEST_CASE("gate: origins waiting only for the total limit take turns") {
+  OriginGateOptions o;
+  o.max_total = 3;
+  Fixture f(o);
+  for (int i = 0; i < 5; ++i)
+    f.send(a);  // three in flight, two waiting
+  f.send(b);    // waiting, listed after a
+  CHECK(f.held() == 3);
+  // Each freed place goes to the next origin listed, one request each: a busy origin goes to the
+  // back, so b's one request goes before a's last.
+  std::vector<std::string> order;
+  for (int i = 0; i < 6; ++i)
+    order.push_back(f.answer(200));
+  CHECK(order == std::vector<std::string>{a, a, a, a, b, a});
+}
+
+TEST_CASE("gate: a probe waiting only for the total limit goes out when a place frees") {
+  OriginGateOptions o;
+  o.max_total = 1;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 2s;
+  Fixture f(o);
+  f.send(a);
+  f.answer(503);  // opens
+  f.send(b);      // takes the one place
+  f.advance(2s);
+  auto probe = f.send(a);  // half-open, but no place in total: deferred, not held
+  CHECK(f.held() == 1);
+  REQUIRE(deferred(probe));
+  CHECK(f.answer(200) == b);
+  auto again = f.send(a);
+  CHECK(f.held() == 1);
+  f.answer(200);
+  REQUIRE(*again);
+  CHECK((*again)->status == 200);
+  CHECK(f.endpoint(a_origin).state == CircuitState::closed);
+}
+
+TEST_CASE("gate: destroying it answers what waits - cancelled - once each") {
+  OriginGateOptions o;
+  o.max_per_origin = 1;
+  Fixture f(o);
+  auto in_flight = f.send(a);
+  auto waiting = f.send(a);
+  f.gate.reset();
+  REQUIRE(*waiting);
+  CHECK((*waiting)->error == TransportError::cancelled);
+  CHECK(!*in_flight);  // the inner transport's to answer (it was destroyed holding it)
+}
+
+TEST_CASE("gate: an idle origin is forgotten - an open one once its cool-down passed") {
+  OriginGateOptions o;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 1s;
+  Fixture f(o);
+  f.send(a);
+  f.answer(200);
+  CHECK(f.gate->endpoints().empty());
+  f.send(a);
+  f.answer(500);
+  CHECK(f.gate->endpoints().size() == 1);  // open: kept, with its failures
+}
+
+TEST_CASE("gate: bad options and a bad URL") {
+  CHECK_THROWS_AS(OriginGate(nullptr), rebound::Error);
+  OriginGateOptions o;
+  o.max_per_origin = 0;
+  CHECK_THROWS_AS(OriginGate(std::make_unique<HeldTransport>(), o), rebound::Error);
+  Fixture f;
+  f.send("ftp://x/y");  // passed on as it is: the transport says what is wrong
+  CHECK(f.held() == 1);
+  CHECK(OriginGate::origin_of("https://H.example/x") == "https://h.example:443");
+  CHECK(OriginGate::origin_of("not a url").empty());
+}
