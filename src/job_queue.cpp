@@ -441,6 +441,14 @@ const std::vector<std::string>& JobQueue::webhook_public_keys() const {
   return core_->sender->public_keys();
 }
 
+std::vector<std::string> JobQueue::webhook_signing_keys(const std::string& tenant) const {
+  return core_->sender->signing_keys_for(tenant);
+}
+
+std::vector<std::string> JobQueue::webhook_public_keys(const std::string& tenant) const {
+  return core_->sender->public_keys_for(tenant);
+}
+
 const Metrics& JobQueue::metrics() const {
   return core_->metrics;
 }
@@ -512,6 +520,14 @@ CancelStatus JobQueue::cancel(const std::string& id) {
   // Its callback ("cancelled") is due now, in the store.
   core_->pump.wake(now);
   return CancelStatus::cancelled;
+}
+
+std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit,
+                                                  const std::string& tenant) const {
+  const std::string prefix = tenant.empty() ? std::string() : tenant + "/";
+  return core_->store.call("list_failed_callbacks", {}, [&](JobStore& s) {
+    return s.list_failed_callbacks_with_prefix(prefix, limit);
+  });
 }
 
 std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit) const {

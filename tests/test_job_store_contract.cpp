@@ -192,6 +192,28 @@ TEST_CASE_TEMPLATE("store contract: given-up callbacks are listed newest first",
   CHECK(store->list_failed_callbacks(100).size() == 2);
 }
 
+TEST_CASE_TEMPLATE("store contract: a tenant's given-up callbacks are listed apart", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // Many of another tenant's, newer, before the few of this one's.
+  for (int i = 0; i < 300; ++i) {
+    const std::string id = (i < 3 ? "acme/" : "globex/") + std::to_string(i);
+    store->put(make(id, 1764000000000 + i));
+    store->complete(id, succeeded);
+    store->update_callback(id, {CallbackState::failed, 5, "HTTP 500"});
+  }
+  std::vector<std::string> ids;
+  for (const auto& r : store->list_failed_callbacks_with_prefix("acme/", 10))
+    ids.push_back(r.job.id);
+  CHECK(ids == std::vector<std::string>{"acme/2", "acme/1", "acme/0"});
+  CHECK(store->list_failed_callbacks_with_prefix("acme/", 2).size() == 2);
+  CHECK(store->list_failed_callbacks_with_prefix("globex/", 500).size() == 297);
+  CHECK(store->list_failed_callbacks_with_prefix("", 500).size() == 300);
+  CHECK(store->list_failed_callbacks_with_prefix("initech/", 10).empty());
+}
+
 namespace {
 using namespace std::chrono_literals;
 rebound::Lease lease(const std::string& holder, time_point until) {

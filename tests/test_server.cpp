@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/http/curl_transport.hpp"
 #include "rebound/http/server.hpp"
 #include "rebound/store/memory_job_store.hpp"
@@ -513,7 +514,7 @@ TEST_CASE("the failed-callback listing validates its query") {
 
 TEST_CASE("with API keys every route but /ping and /openapi.json needs a bearer token") {
   HarnessOptions o;
-  o.api_keys = {"old-key", "new-key"};
+  o.api_keys = {"app:old-key", "app:new-key"};  // one name: one tenant, two keys (a rotation)
   Harness h(o);
   auto unauthorized = h.submit({{"id", "a"}});
   check_error(unauthorized, 401, "unauthorized");
@@ -823,4 +824,214 @@ TEST_CASE("POST /v1/callback-endpoints/pause holds an origin's callbacks - resum
   auto get = s.client().Get("/v1/callback-endpoints/pause");
   REQUIRE(get);
   CHECK(get->status == 405);
+}
+
+namespace {
+
+// A client of a multi-tenant harness: its own key.
+struct As {
+  const Harness& h;
+  std::string key;
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", h.port);
+    c.set_read_timeout(10, 0);
+    c.set_bearer_token_auth(key.c_str());
+    return c;
+  }
+  httplib::Result submit(const json& body) const {
+    return client().Post("/v1/inferences", body.dump(), "application/json");
+  }
+  httplib::Result get(const std::string& path) const { return client().Get(path.c_str()); }
+};
+
+HarnessOptions two_tenants() {
+  HarnessOptions o;
+  o.api_keys = {"acme:k-acme", "globex:k-globex"};
+  o.max_tries = 1;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("tenants: two keys cannot see each other's jobs - the same id is used by both") {
+  Harness h(two_tenants());
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  rebound::test::Receiver receiver;
+  REQUIRE(acme.submit({{"id", "1234"}, {"input", 1}, {"callback_url", receiver.url("/acme")}})
+              ->status == 202);
+  // The same id from another tenant is another job: no 409.
+  auto other = globex.submit({{"id", "1234"}, {"input", 2}});
+  REQUIRE(other);
+  CHECK(other->status == 202);
+  CHECK(other->get_header_value("Location") == "/v1/inferences/1234");
+  REQUIRE(rebound::test::eventually([&] {
+    return json::parse(acme.get("/v1/inferences/1234")->body)["status"] == "succeeded" &&
+           json::parse(globex.get("/v1/inferences/1234")->body)["status"] == "succeeded";
+  }));
+  const json mine = json::parse(acme.get("/v1/inferences/1234")->body);
+  CHECK(mine["id"] == "1234");  // the tenant's own id, without its name
+  CHECK(mine["result"] == json{{"echo", 1}});
+  CHECK(json::parse(globex.get("/v1/inferences/1234")->body)["result"] == json{{"echo", 2}});
+  // The callback carries the tenant's id; its webhook-id names the tenant, so two tenants' jobs
+  // of one id never share it.
+  REQUIRE(rebound::test::eventually([&] { return receiver.count() == 1; }));
+  const auto callback = receiver.received().front();
+  CHECK(json::parse(callback.body)["id"] == "1234");
+  CHECK(callback.header("webhook-id") == "msg_acme.1234");
+
+  // Another tenant's job is answered as an unknown id on every route.
+  REQUIRE(acme.submit({{"id", "only-acme"}, {"input", 3}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] {
+    return json::parse(acme.get("/v1/inferences/only-acme")->body)["status"] == "succeeded";
+  }));
+  check_error(globex.get("/v1/inferences/only-acme"), 404, "not_found");
+  auto waited = globex.client().Get("/v1/inferences/only-acme", {{"Prefer", "wait=1"}});
+  check_error(waited, 404, "not_found");
+  check_error(globex.client().Delete("/v1/inferences/only-acme"), 404, "not_found");
+  check_error(globex.client().Post("/v1/inferences/only-acme/redeliver", "", "application/json"),
+              404, "not_found");
+  // Nor can a tenant reach into another by naming its key in the path.
+  check_error(globex.get("/v1/inferences/acme%2Fonly-acme"), 404, "not_found");
+
+  // Dead letters are listed to their own tenant only.
+  rebound::test::Receiver down;
+  down.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
+  REQUIRE(acme.submit({{"id", "dead"}, {"input", 4}, {"callback_url", down.url()}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] {
+    return json::parse(acme.get("/v1/inferences/dead")->body)["callback"]["state"] == "failed";
+  }));
+  const json acme_dead = json::parse(acme.get("/v1/inferences?callback_state=failed")->body);
+  REQUIRE(acme_dead["jobs"].size() == 1);
+  CHECK(acme_dead["jobs"][0]["id"] == "dead");
+  CHECK(json::parse(globex.get("/v1/inferences?callback_state=failed")->body)["jobs"].empty());
+  check_error(globex.client().Post("/v1/inferences/dead/redeliver", "", "application/json"), 404,
+              "not_found");
+  CHECK(acme.client().Post("/v1/inferences/dead/redeliver", "", "application/json")->status ==
+        202);
+}
+
+TEST_CASE("tenants: a callback made for one tenant does not verify with another's secret") {
+  HarnessOptions o = two_tenants();
+  const std::string server_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  const std::string server_key = rebound::generate_webhook_signing_key();
+  o.signing_secrets = {server_secret, server_key};
+  Harness h(o);
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  auto secret_of = [](const As& who) {
+    auto res = who.get("/v1/webhook-secret");
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    return json::parse(res->body)["secret"].get<std::string>();
+  };
+  const std::string acme_secret = secret_of(acme), globex_secret = secret_of(globex);
+  CHECK(rebound::is_valid_webhook_secret(acme_secret));
+  CHECK(acme_secret != globex_secret);
+  CHECK(acme_secret != server_secret);
+  CHECK(secret_of(acme) == acme_secret);  // the same every time
+  // Public keys per tenant: for the caller's key, or by name for a receiver without one.
+  const json acme_keys = json::parse(acme.get("/v1/webhook-keys")->body)["keys"];
+  REQUIRE(acme_keys.size() == 1);
+  CHECK(json::parse(h.client().Get("/v1/webhook-keys?tenant=acme")->body)["keys"] == acme_keys);
+  CHECK(json::parse(globex.get("/v1/webhook-keys")->body)["keys"] != acme_keys);
+  CHECK(acme_keys[0] != rebound::webhook_public_key(server_key));
+  check_error(h.client().Get("/v1/webhook-keys"), 422, "invalid_field", "tenant");
+
+  // globex submits the id acme will use next, pointed at acme's receiver: the receiver gets it,
+  // but it does not verify with acme's secret or keys, and acme's own job is still its own.
+  rebound::test::Receiver acme_receiver;
+  REQUIRE(globex
+              .submit({{"id", "order-7"},
+                       {"input", "forged"},
+                       {"callback_url", acme_receiver.url("/hook")}})
+              ->status == 202);
+  REQUIRE(acme.submit({{"id", "order-7"}, {"input", "real"},
+                       {"callback_url", acme_receiver.url("/hook")}})
+              ->status == 202);
+  REQUIRE(rebound::test::eventually([&] { return acme_receiver.count() == 2; }));
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  int verified = 0, refused = 0;
+  for (const auto& r : acme_receiver.received()) {
+    const bool with_secret = rebound::verify_webhook(
+        acme_secret, r.header("webhook-id"), r.header("webhook-timestamp"), r.body,
+        r.header("webhook-signature"), now);
+    const bool with_key = rebound::verify_webhook(
+        acme_keys[0].get<std::string>(), r.header("webhook-id"), r.header("webhook-timestamp"),
+        r.body, r.header("webhook-signature"), now);
+    CHECK(with_secret == with_key);
+    const std::string input = json::parse(r.body)["result"]["echo"];
+    if (with_secret) {
+      ++verified;
+      CHECK(input == "real");
+    } else {
+      ++refused;
+      CHECK(input == "forged");
+      // It is globex's, and verifies as such.
+      CHECK(rebound::verify_webhook(globex_secret, r.header("webhook-id"),
+                                    r.header("webhook-timestamp"), r.body,
+                                    r.header("webhook-signature"), now));
+    }
+  }
+  CHECK(verified == 1);
+  CHECK(refused == 1);
+}
+
+TEST_CASE("tenants: what spans tenants needs an operator key") {
+  HarnessOptions o = two_tenants();
+  o.operator_keys = {"ops:k-ops"};
+  Harness h(o);
+  const As acme{h, "k-acme"}, ops{h, "k-ops"};
+  check_error(acme.get("/v1/callback-endpoints"), 403, "forbidden");
+  check_error(acme.get("/metrics"), 403, "forbidden");
+  check_error(acme.client().Post("/v1/callback-endpoints/pause", R"({"origin":"http://x"})",
+                                 "application/json"),
+              403, "forbidden");
+  CHECK(ops.get("/v1/callback-endpoints")->status == 200);
+  CHECK(ops.get("/metrics")->status == 200);
+  // An operator's key is a tenant too: its jobs are its own.
+  REQUIRE(ops.submit({{"id", "x"}, {"input", 1}})->status == 202);
+  check_error(acme.get("/v1/inferences/x"), 404, "not_found");
+}
+
+TEST_CASE("one tenant: the configured secret as it is - none is handed out without keys") {
+  HarnessOptions o;
+  o.api_keys = {"only-key"};
+  o.signing_secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"};
+  {
+    Harness h(o);
+    h.bearer = "only-key";
+    auto res = h.client().Get("/v1/webhook-secret");
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    CHECK(json::parse(res->body)["secret"] == "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    REQUIRE(h.submit({{"id", "plain"}, {"input", 1}})->status == 202);
+    CHECK(h.poll("plain")["id"] == "plain");
+  }
+  o.api_keys.clear();
+  Harness open(o);
+  check_error(open.client().Get("/v1/webhook-secret"), 403, "forbidden");
+  o.signing_secrets.clear();
+  o.api_keys = {"k"};
+  Harness unsigned_(o);
+  unsigned_.bearer = "k";
+  check_error(unsigned_.client().Get("/v1/webhook-secret"), 404, "no_signing_secret");
+}
+
+TEST_CASE("tenants: names that cannot be used refuse to start") {
+  rebound::JobQueue queue(std::make_unique<rebound::EchoModel>());
+  auto refused = [&](std::vector<std::string> keys, std::vector<std::string> operators = {}) {
+    rebound::ServerOptions so("127.0.0.1", 0);
+    so.api_keys = std::move(keys);
+    so.operator_keys = std::move(operators);
+    CHECK_THROWS_AS(rebound::Server(queue, so), rebound::Error);
+  };
+  refused({"a:k1", "bad name:k2"});
+  refused({"a:k1", "b+/=="});  // a bare key that cannot be a name, beside another tenant
+  refused({"a:k1", "b:"});     // a named key that is empty
+  refused({"a:same", "b:same"});
+  refused({"a:k1"}, {" "});
+  rebound::ServerOptions fine("127.0.0.1", 0);
+  fine.api_keys = {"b+/=="};  // alone it is the one tenant, whatever it holds
+  CHECK_NOTHROW(rebound::Server(queue, fine));
 }

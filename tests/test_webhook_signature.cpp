@@ -135,3 +135,24 @@ TEST_CASE("WebhookSigner signs with every key in order and publishes the Ed25519
     CHECK(what.find("c2VjcmV0") == std::string::npos);  // the key itself is never printed
   }
 }
+
+TEST_CASE("tenant keys are derived: the same each time - one per tenant - of the same kinds") {
+  const std::string secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+  const std::string key = rebound::generate_webhook_signing_key();
+  const auto acme = rebound::derive_webhook_keys({secret, key}, "acme");
+  const auto again = rebound::derive_webhook_keys({secret, key}, "acme");
+  const auto globex = rebound::derive_webhook_keys({secret, key}, "globex");
+  REQUIRE(acme.size() == 2);
+  CHECK(acme == again);
+  CHECK(acme[0] != globex[0]);
+  CHECK(acme[1] != globex[1]);
+  CHECK(acme[0] != secret);
+  CHECK(rebound::is_valid_webhook_secret(acme[0]));
+  CHECK(rebound::is_valid_webhook_signing_key(acme[1]));
+  // What one tenant's keys sign, another's do not verify.
+  const std::string sig = rebound::sign_webhook(acme[0], "msg_1", 1700000000, "{}");
+  CHECK(rebound::verify_webhook(acme[0], "msg_1", "1700000000", "{}", sig, 1700000000));
+  CHECK_FALSE(rebound::verify_webhook(globex[0], "msg_1", "1700000000", "{}", sig, 1700000000));
+  CHECK_FALSE(rebound::verify_webhook(secret, "msg_1", "1700000000", "{}", sig, 1700000000));
+  CHECK_THROWS_AS(rebound::derive_webhook_keys({"nope"}, "acme"), rebound::Error);
+}

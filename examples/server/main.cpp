@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   bool allow_private = false;
   std::vector<std::string> callback_allow;
   std::vector<std::string> api_keys;
+  std::vector<std::string> operator_keys;
   std::size_t http_threads = 64;
   double callback_timeout_s = 10;
   std::size_t callback_connections = 1024;
@@ -138,10 +139,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
       ->capture_default_str();
   app.add_option("--api-key", api_keys,
-                 "Require Authorization: Bearer <key> on every route but /ping, /openapi.json and "
-                 "/v1/webhook-keys "
-                 "(repeat for rotation; env REBOUND_API_KEY)")
+                 "[NAME:]KEY: require Authorization: Bearer <key> on every route but /ping, "
+                 "/openapi.json and /v1/webhook-keys. Each name is a tenant, with its own jobs "
+                 "and callback secret; keys sharing a name are one tenant's (rotation); a bare "
+                 "key is its own name (env REBOUND_API_KEY)")
       ->envname("REBOUND_API_KEY");
+  app.add_option("--operator-key", operator_keys,
+                 "[NAME:]KEY: an API key that may also, with several tenants, list receiver "
+                 "origins, read /metrics and pause or resume origins (env REBOUND_OPERATOR_KEY)")
+      ->envname("REBOUND_OPERATOR_KEY");
 
   auto* delivery = "Callback delivery";
   app.add_option(
@@ -248,7 +254,8 @@ int main(int argc, char** argv) {
   try {
     // A blank line in a container template sets a variable to nothing: that must not turn
     // authentication or signing off without a word.
-    for (const char* name : {"REBOUND_API_KEY", "REBOUND_SIGNING_SECRET", "REBOUND_SIGNING_KEY"}) {
+    for (const char* name : {"REBOUND_API_KEY", "REBOUND_OPERATOR_KEY", "REBOUND_SIGNING_SECRET",
+                             "REBOUND_SIGNING_KEY"}) {
       const char* value = std::getenv(name);
       if (value && std::string(value).find_first_not_of(" \t\r\n") == std::string::npos) {
         throw rebound::Error(std::string(name) + " is set but empty: unset it, or give it a value");
@@ -257,6 +264,11 @@ int main(int argc, char** argv) {
     for (const auto& key : api_keys) {
       if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw rebound::Error("--api-key must not be empty");
+      }
+    }
+    for (const auto& key : operator_keys) {
+      if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw rebound::Error("--operator-key must not be empty");
       }
     }
     for (const auto& secret : signing_secrets) {
@@ -331,6 +343,7 @@ int main(int argc, char** argv) {
     server_options.port = port;
     server_options.http_threads = http_threads;
     server_options.api_keys = api_keys;
+    server_options.operator_keys = operator_keys;
     // SIGTERM/SIGINT: stop taking work (submissions and /ping get 503) while still answering
     // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
     server_options.drain_timeout = std::chrono::seconds(25);

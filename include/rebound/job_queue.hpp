@@ -212,6 +212,10 @@ class JobQueue final {
   /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
+  /// The failed callbacks of one tenant's jobs (ids "tenant/...", rebound/tenant.hpp); "" is
+  /// every job.
+  std::vector<JobRecord> failed_callbacks(std::size_t limit, const std::string& tenant) const;
+
   /// The callback receivers' origins being delivered to, failing, open or paused: circuit state,
   /// failures, requests in flight and deferred (OriginGate::endpoints).
   std::vector<EndpointStatus> callback_endpoints() const;
@@ -240,6 +244,15 @@ class JobQueue final {
 
   /// The "whpk_..." public keys that verify this queue's Ed25519 (`v1a`) callback signatures.
   const std::vector<std::string>& webhook_public_keys() const;
+
+  /// The keys the callbacks of `tenant`'s jobs are signed with ("whsec_..." and "whsk_...":
+  /// derived from `delivery.signing_secrets` and the name, or set in
+  /// `delivery.tenant_signing_secrets`; "" is the queue's own). What GET /v1/webhook-secret hands
+  /// to the tenant.
+  std::vector<std::string> webhook_signing_keys(const std::string& tenant) const;
+
+  /// The public keys of `tenant`'s signing keys.
+  std::vector<std::string> webhook_public_keys(const std::string& tenant) const;
 
   /// True while the model is ready, the store works and the queue accepts work.
   bool ready() const;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include <boost/asio/post.hpp>
@@ -21,6 +22,28 @@ struct CallbackSender::State {
   std::unique_ptr<CallbackTransport> transport;
   CallbackSenderOptions options;
   WebhookSigner signer;  // the signing keys, parsed once
+
+  // Tenants' signers, parsed (or derived) once each; a bounded cache, as the tenants of a shared
+  // store are whatever its servers were given.
+  mutable std::mutex tenants_mutex;
+  mutable std::unordered_map<std::string, WebhookSigner> tenants;
+  static constexpr std::size_t max_cached_tenants = 4096;
+
+  std::vector<std::string> keys_for(const std::string& tenant) const {
+    if (tenant.empty()) return options.signing_secrets;
+    auto set = options.tenant_signing_secrets.find(tenant);
+    if (set != options.tenant_signing_secrets.end()) return set->second;
+    return derive_webhook_keys(options.signing_secrets, tenant);
+  }
+
+  WebhookSigner signer_for(const std::string& tenant) const {
+    if (tenant.empty() || (signer.empty() && options.tenant_signing_secrets.empty())) return signer;
+    std::lock_guard<std::mutex> lock(tenants_mutex);
+    auto it = tenants.find(tenant);
+    if (it != tenants.end()) return it->second;
+    if (tenants.size() >= max_cached_tenants) tenants.clear();
+    return tenants.emplace(tenant, WebhookSigner(keys_for(tenant))).first->second;
+  }
 
   mutable std::mutex mutex;
   mutable std::condition_variable idle;
@@ -79,9 +102,10 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
                        {"webhook-timestamp", std::to_string(timestamp)}};
     for (const auto& header : message_.extra_headers)
       request.headers.push_back(header);
-    if (!state_->signer.empty()) {
-      request.headers.emplace_back(
-          "webhook-signature", state_->signer.sign(message_.webhook_id, timestamp, message_.body));
+    const WebhookSigner signer = state_->signer_for(message_.tenant);
+    if (!signer.empty()) {
+      request.headers.emplace_back("webhook-signature",
+                                   signer.sign(message_.webhook_id, timestamp, message_.body));
     }
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.
@@ -201,6 +225,8 @@ CallbackSender::CallbackSender(boost::asio::any_io_executor executor,
   if (options.timeout.count() <= 0) throw Error("CallbackSender: the timeout must be positive");
   try {
     state_->signer = WebhookSigner(options.signing_secrets);
+    for (const auto& [tenant, keys] : options.tenant_signing_secrets)
+      WebhookSigner check(keys);
   } catch (const Error& e) {
     throw Error(std::string("CallbackSender: ") + e.what());
   }
@@ -236,6 +262,14 @@ void CallbackSender::attempt(CallbackMessage message, RetryState state,
 
 const std::vector<std::string>& CallbackSender::public_keys() const {
   return state_->signer.public_keys();
+}
+
+std::vector<std::string> CallbackSender::signing_keys_for(const std::string& tenant) const {
+  return state_->keys_for(tenant);
+}
+
+std::vector<std::string> CallbackSender::public_keys_for(const std::string& tenant) const {
+  return state_->signer_for(tenant).public_keys();
 }
 
 std::vector<EndpointStatus> CallbackSender::endpoints() const {

@@ -174,6 +174,37 @@ std::string webhook_public_key(std::string_view signing_key) {
   return public_key_text(key.get());
 }
 
+std::vector<std::string> derive_webhook_keys(const std::vector<std::string>& keys,
+                                             std::string_view tenant) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& key : keys) {
+    const bool secret = starts_with(key, secret_prefix);
+    std::vector<unsigned char> bytes;
+    if (secret ? !decode_secret(key, bytes)
+               : !(starts_with(key, signing_key_prefix) &&
+                   decode_base64(std::string_view(key).substr(signing_key_prefix.size()), bytes) &&
+                   (bytes.size() == ed25519_key_size || bytes.size() == 2 * ed25519_key_size))) {
+      throw Error("derive_webhook_keys: a key is neither whsec_ nor whsk_");
+    }
+    if (!secret) bytes.resize(ed25519_key_size);  // the seed
+    // HMAC-SHA256 keyed with the server's key over a label and the tenant's name: without the
+    // server's key, one tenant's key tells nothing of another's.
+    const std::string label =
+        std::string(secret ? "rebound tenant secret " : "rebound tenant signing key ") +
+        std::string(tenant);
+    unsigned char derived[EVP_MAX_MD_SIZE];
+    unsigned int size = 0;
+    HMAC(EVP_sha256(), bytes.data(), static_cast<int>(bytes.size()),
+         reinterpret_cast<const unsigned char*>(label.data()), label.size(), derived, &size);
+    OPENSSL_cleanse(bytes.data(), bytes.size());
+    out.push_back(std::string(secret ? secret_prefix : signing_key_prefix) +
+                  encode_base64(derived, size));
+    OPENSSL_cleanse(derived, sizeof derived);
+  }
+  return out;
+}
+
 std::string generate_webhook_signing_key() {
   unsigned char seed[ed25519_key_size];
   if (RAND_bytes(seed, sizeof seed) != 1) throw Error("Ed25519: no random bytes");

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <future>
 #include <mutex>
+#include <set>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "rebound/detail/trace_context.hpp"
 #include "rebound/detail/wire.hpp"
 #include "rebound/error.hpp"
+#include "rebound/tenant.hpp"
 #include "rebound/version.hpp"
 
 namespace rebound {
@@ -144,6 +146,7 @@ enum class Resource {
   pause_origin,
   resume_origin,
   webhook_keys,
+  webhook_secret,
   metrics,
   ping,
   openapi
@@ -164,7 +167,8 @@ Target locate(const std::string& path) {
       {"/v1/callback-endpoints", Resource::callback_endpoints},
       {"/v1/callback-endpoints/pause", Resource::pause_origin},
       {"/v1/callback-endpoints/resume", Resource::resume_origin},
-      {"/v1/webhook-keys", Resource::webhook_keys}};
+      {"/v1/webhook-keys", Resource::webhook_keys},
+      {"/v1/webhook-secret", Resource::webhook_secret}};
   for (const auto& [name, resource] : fixed) {
     if (path == name) return {resource, {}};
   }
@@ -236,9 +240,74 @@ std::optional<ApiError> body_error(detail::BodyRead read, std::size_t limit) {
 
 }  // namespace
 
+// One API key: whose it is, and whether it may act across tenants.
+struct Credential {
+  std::string key;
+  std::string tenant;  // its name; "" when the server has one tenant
+  bool is_operator = false;
+};
+
+// The keys of ServerOptions, parsed and checked: NAME:KEY or a bare KEY (its own name).
+std::vector<Credential> parse_credentials(const ServerOptions& o) {
+  std::vector<Credential> out;
+  auto add = [&](const std::string& entry, bool is_operator) {
+    const char* flag = is_operator ? "operator key" : "API key";
+    // An empty key would be matched by "Authorization: Bearer " with nothing after it.
+    if (entry.find_first_not_of(" \t\r\n") == std::string::npos) {
+      throw Error(std::string("Server: an ") + flag + " must not be empty or blank");
+    }
+    Credential c;
+    c.is_operator = is_operator;
+    const auto colon = entry.find(':');
+    if (colon == std::string::npos) {
+      c.key = entry;
+      c.tenant = entry;
+    } else {
+      c.tenant = entry.substr(0, colon);
+      c.key = entry.substr(colon + 1);
+      if (c.key.find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw Error(std::string("Server: the ") + flag + " named '" + c.tenant +
+                    "' is empty or blank");
+      }
+    }
+    out.push_back(std::move(c));
+  };
+  for (const auto& entry : o.api_keys)
+    add(entry, false);
+  for (const auto& entry : o.operator_keys)
+    add(entry, true);
+  std::set<std::string> names, keys;
+  for (const auto& c : out) {
+    names.insert(c.tenant);
+    if (!keys.insert(c.key).second) throw Error("Server: the same key is given twice");
+  }
+  // Keys sharing a name are one tenant's (a rotation).
+  if (names.size() < 2) {
+    for (auto& c : out)
+      c.tenant.clear();  // one tenant: today's single queue, keys and secrets as they are
+    return out;
+  }
+  std::size_t index = 0;
+  for (const auto& c : out) {
+    ++index;
+    if (!is_valid_tenant_name(c.tenant)) {
+      throw Error("Server: key #" + std::to_string(index) +
+                  (c.tenant == c.key
+                       ? " has characters other than A-Z a-z 0-9 _ - (or is longer than 64): "
+                         "name it, NAME:KEY"
+                       : " has a name that is not 1-64 characters of A-Z a-z 0-9 _ -"));
+    }
+  }
+  return out;
+}
+
 struct Server::Impl {
-  Impl(JobQueue& s, ServerOptions o)
-      : service(s), options(std::move(o)), http(limits_of(options), options.http_threads) {
+  Impl(JobQueue& s, ServerOptions o, std::vector<Credential> creds)
+      : service(s),
+        options(std::move(o)),
+        credentials(std::move(creds)),
+        multi_tenant(!credentials.empty() && !credentials.front().tenant.empty()),
+        http(limits_of(options), options.http_threads) {
     http.set_tcp_nodelay(true);
     // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the traffic. Reuse the address only.
@@ -317,14 +386,9 @@ struct Server::Impl {
       return true;
     }
     const Target target = locate(req.path);
-    if (!authorized(req, target.resource)) {
-      res.set_header("WWW-Authenticate", "Bearer");
-      send_error(res, {401,
-                       "unauthorized",
-                       "This server requires an API key: Authorization: Bearer <key>.",
-                       {}});
-      return true;
-    }
+    const Credential* caller = nullptr;
+    if (!admitted(req, target.resource, res, caller)) return true;
+    const std::string tenant = caller ? caller->tenant : std::string();
     if (target.resource == Resource::unknown) {
       send_error(res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
       return true;
@@ -338,7 +402,7 @@ struct Server::Impl {
     }
     if (req.method == "POST" && has_body_method(target.resource)) return false;
     if (req.method == "DELETE" && target.resource == Resource::inference) {
-      cancel(target.id, res);
+      cancel(tenant, target.id, res);
       return true;
     }
     if (!is_get || allow.find("GET") == std::string_view::npos) {
@@ -352,16 +416,19 @@ struct Server::Impl {
     }
     switch (target.resource) {
       case Resource::inferences:
-        list_failed(req, res);
+        list_failed(req, tenant, res);
         break;
       case Resource::inference:
-        poll(req, target.id, res);
+        poll(req, tenant, target.id, res);
         break;
       case Resource::callback_endpoints:
         list_endpoints(res);
         break;
       case Resource::webhook_keys:
-        send_json(res, 200, {{"keys", service.webhook_public_keys()}});
+        webhook_keys(req, caller, res);
+        break;
+      case Resource::webhook_secret:
+        webhook_secret(tenant, res);
         break;
       case Resource::metrics:
         res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
@@ -394,6 +461,8 @@ struct Server::Impl {
                               "curl -d, add -H 'Content-Type: application/json').",
                               {}});
     }
+    const Credential* caller = authenticate(req);  // route() admitted the request already
+    const std::string tenant = caller ? caller->tenant : std::string();
     std::string body;
     const detail::BodyRead read = detail::read_body(req, reader, options.max_body_bytes, body);
     if (read != detail::BodyRead::ok && target.resource != Resource::redeliver) {
@@ -401,12 +470,12 @@ struct Server::Impl {
     }
     switch (target.resource) {
       case Resource::inferences:
-        return submit(req, body, res);
+        return submit(req, tenant, body, res);
       case Resource::invocations:
         return invoke(req, body, res);
       case Resource::redeliver:
         // The body means nothing here; an unread one just ends the connection after the answer.
-        return redeliver(target.id, res);
+        return redeliver(tenant, target.id, res);
       case Resource::pause_origin:
       case Resource::resume_origin:
         return pause_or_resume(body, target.resource == Resource::pause_origin, res);
@@ -467,15 +536,18 @@ struct Server::Impl {
     }
   }
 
-  void submit(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  void submit(const httplib::Request& req, const std::string& tenant, const std::string& body,
+              httplib::Response& res) {
     SubmissionParse parsed = parse_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
+    const std::string id = job.id;
+    job.id = job_key(tenant, id);  // the tenant's own: nobody else can name it
     // W3C Trace Context: kept with the job for its callbacks and log lines; an invalid header is
     // ignored, as the specification asks.
     const std::string traceparent = req.get_header_value("traceparent");
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
-    const std::string id = job.id;
+    const std::string key = job.id;  // the tenant's id, as the store keys it
     ErrorInfo invalid;
     switch (service.submit(std::move(job), &invalid)) {
       case SubmitStatus::accepted:
@@ -487,7 +559,7 @@ struct Server::Impl {
         if (const auto wait = preferred_wait(req)) {
           std::optional<JobRecord> record;
           try {
-            record = wait_final(id, *wait, res);
+            record = wait_final(key, *wait, res);
           } catch (const StoreUnavailable&) {
           }
           if (record && is_final(record->status))
@@ -562,28 +634,96 @@ struct Server::Impl {
     send_error(res, {http_status, error.code, error.message, {}});
   }
 
-  bool authorized(const httplib::Request& req, Resource resource) const {
-    // Public keys are public: a receiver fetches them without an API key.
-    if (options.api_keys.empty() || resource == Resource::ping || resource == Resource::openapi ||
-        resource == Resource::webhook_keys) {
-      return true;
-    }
+  // The credential whose key the request carries; null for none, or when no key is configured.
+  const Credential* authenticate(const httplib::Request& req) const {
+    if (credentials.empty()) return nullptr;
     // The scheme is case-insensitive (RFC 9110 11.1); one or more spaces precede the key.
     const std::string header = req.get_header_value("Authorization");
-    if (!detail::starts_with_ignoring_case(header, "Bearer ")) return false;
+    if (!detail::starts_with_ignoring_case(header, "Bearer ")) return nullptr;
     std::string_view given = std::string_view(header).substr(std::string_view("Bearer").size());
     given.remove_prefix(std::min(given.find_first_not_of(' '), given.size()));
-    bool match = false;
-    for (const auto& key : options.api_keys) {
+    const Credential* match = nullptr;
+    for (const auto& c : credentials) {
       // Constant time for a given length, so a wrong key reveals nothing but its length.
-      match |=
-          key.size() == given.size() && CRYPTO_memcmp(key.data(), given.data(), key.size()) == 0;
+      const bool same = c.key.size() == given.size() &&
+                        CRYPTO_memcmp(c.key.data(), given.data(), c.key.size()) == 0;
+      if (same) match = &c;
     }
     return match;
   }
 
-  void redeliver(const std::string& id, httplib::Response& res) {
-    switch (is_valid_job_id(id) ? service.redeliver(id) : RedeliverStatus::not_found) {
+  // Whether the request may go on to its route, with `caller` set; else the 401 or 403 is sent.
+  bool admitted(const httplib::Request& req, Resource resource, httplib::Response& res,
+                const Credential*& caller) const {
+    caller = authenticate(req);
+    // Public keys are public: a receiver fetches them without an API key.
+    const bool open = credentials.empty() || resource == Resource::ping ||
+                      resource == Resource::openapi || resource == Resource::webhook_keys;
+    if (!open && !caller) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      send_error(res, {401,
+                       "unauthorized",
+                       "This server requires an API key: Authorization: Bearer <key>.",
+                       {}});
+      return false;
+    }
+    // What spans tenants (their receivers, the queue's numbers, pausing a receiver) is for
+    // operators when there are several.
+    const bool spans_tenants = resource == Resource::callback_endpoints ||
+                               resource == Resource::pause_origin ||
+                               resource == Resource::resume_origin ||
+                               resource == Resource::metrics;
+    if (multi_tenant && spans_tenants && !caller->is_operator) {
+      send_error(res, {403,
+                       "forbidden",
+                       "This route spans every tenant: it needs an operator key.",
+                       {}});
+      return false;
+    }
+    return true;
+  }
+
+  // The public keys that verify the caller's callbacks (its tenant's), or those of ?tenant=NAME
+  // for a receiver without an API key.
+  void webhook_keys(const httplib::Request& req, const Credential* caller,
+                    httplib::Response& res) {
+    std::string tenant = caller ? caller->tenant : std::string();
+    if (multi_tenant && !caller) {
+      tenant = req.get_param_value("tenant");
+      if (!is_valid_tenant_name(tenant)) {
+        return send_error(res, {422,
+                                "invalid_field",
+                                "This server has several tenants: send your API key, or name "
+                                "the tenant (?tenant=NAME).",
+                                "tenant"});
+      }
+    }
+    send_json(res, 200, {{"keys", service.webhook_public_keys(tenant)}});
+  }
+
+  // The shared secret a tenant's receivers verify its callbacks with.
+  void webhook_secret(const std::string& tenant, httplib::Response& res) {
+    if (credentials.empty()) {
+      // Without keys anyone could ask, and forge callbacks with what they got.
+      return send_error(res, {403,
+                              "forbidden",
+                              "The webhook secret is handed only to API keys; this server has "
+                              "none (--api-key).",
+                              {}});
+    }
+    for (const auto& key : service.webhook_signing_keys(tenant)) {
+      if (key.rfind("whsec_", 0) == 0) return send_json(res, 200, {{"secret", key}});
+    }
+    send_error(res, {404,
+                     "no_signing_secret",
+                     "Callbacks are not signed with a shared secret (--signing-secret); see "
+                     "GET /v1/webhook-keys for Ed25519 keys.",
+                     {}});
+  }
+
+  void redeliver(const std::string& tenant, const std::string& id, httplib::Response& res) {
+    switch (is_valid_job_id(id) ? service.redeliver(job_key(tenant, id))
+                                : RedeliverStatus::not_found) {
       case RedeliverStatus::accepted:
         return send_json(
             res, 202,
@@ -608,8 +748,9 @@ struct Server::Impl {
     }
   }
 
-  void cancel(const std::string& id, httplib::Response& res) {
-    switch (is_valid_job_id(id) ? service.cancel(id) : CancelStatus::not_found) {
+  void cancel(const std::string& tenant, const std::string& id, httplib::Response& res) {
+    const std::string key = job_key(tenant, id);
+    switch (is_valid_job_id(id) ? service.cancel(key) : CancelStatus::not_found) {
       case CancelStatus::cancelled:
         break;
       case CancelStatus::not_found:
@@ -620,12 +761,13 @@ struct Server::Impl {
                                 "The job '" + id + "' is final already and cannot be cancelled.",
                                 {}});
     }
-    const std::optional<JobRecord> record = service.find(id);
+    const std::optional<JobRecord> record = service.find(key);
     if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
     send_json(res, 200, to_status_json(*record));
   }
 
-  void list_failed(const httplib::Request& req, httplib::Response& res) {
+  void list_failed(const httplib::Request& req, const std::string& tenant,
+                   httplib::Response& res) {
     const std::string state = req.get_param_value("callback_state");
     if (state != "failed") {
       return send_error(res, {422, "invalid_field",
@@ -643,7 +785,7 @@ struct Server::Impl {
       }
     }
     nlohmann::json jobs = nlohmann::json::array();
-    for (const auto& record : service.failed_callbacks(limit))
+    for (const auto& record : service.failed_callbacks(limit, tenant))
       jobs.push_back(to_status_json(record));
     send_json(res, 200, {{"jobs", std::move(jobs)}});
   }
@@ -669,18 +811,22 @@ struct Server::Impl {
     return record;
   }
 
-  void poll(const httplib::Request& req, const std::string& id, httplib::Response& res) {
+  void poll(const httplib::Request& req, const std::string& tenant, const std::string& id,
+            httplib::Response& res) {
     std::optional<JobRecord> record;
     const auto wait = preferred_wait(req);
-    if (is_valid_job_id(id)) record = wait ? wait_final(id, *wait, res) : service.find(id);
+    const std::string key = job_key(tenant, id);
+    if (is_valid_job_id(id)) record = wait ? wait_final(key, *wait, res) : service.find(key);
     if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
     std::optional<std::size_t> position;
-    if (record->status == JobStatus::queued) position = service.queue_position(id);
+    if (record->status == JobStatus::queued) position = service.queue_position(key);
     send_json(res, 200, to_status_json(*record, position));
   }
 
   JobQueue& service;
   ServerOptions options;
+  const std::vector<Credential> credentials;
+  const bool multi_tenant;  // two or more names: each key's jobs are its own
   detail::HttpServer http;
   std::atomic<int> bound_port{0};
   std::atomic<std::size_t> waiting{0};  // requests in wait_final now
@@ -697,13 +843,8 @@ struct Server::Impl {
 Server::Server(JobQueue& service, ServerOptions options) {
   if (options.http_threads == 0) throw Error("Server: http_threads must be at least 1");
   if (options.port < 0 || options.port > 65535) throw Error("Server: port must be 0..65535");
-  for (const auto& key : options.api_keys) {
-    // An empty key would be matched by "Authorization: Bearer " with nothing after it.
-    if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
-      throw Error("Server: an API key must not be empty or blank");
-    }
-  }
-  impl_ = std::make_unique<Impl>(service, std::move(options));
+  auto credentials = parse_credentials(options);
+  impl_ = std::make_unique<Impl>(service, std::move(options), std::move(credentials));
 }
 
 Server::~Server() {

@@ -7,6 +7,7 @@
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/trace_context.hpp"
 #include "rebound/detail/wire.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound::detail {
 namespace {
@@ -33,8 +34,13 @@ void Delivery::start(JobRecord record, std::string holder, Claim claim) {
 void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim) {
   const std::string id = record.job.id;
   const CallbackInfo before = record.callback;
-  CallbackMessage message{id,          record.job.callback_url, dump_json(to_callback_json(record)),
-                          "msg_" + id, before.attempts,         {}};
+  CallbackMessage message{id,
+                          record.job.callback_url,
+                          dump_json(to_callback_json(record)),
+                          webhook_id_of(id),
+                          before.attempts,
+                          {},
+                          std::string(tenant_of(id))};
   continue_trace(message, record.job);
   RetryState state;
   state.attempts = before.delivery_attempts;
@@ -60,9 +66,9 @@ void Delivery::notify_started(const Job& job) {
     --started_in_flight_;
     return;
   }
-  nlohmann::json body = {{"id", job.id}, {"status", "running"}};
-  CallbackMessage message{
-      job.id, job.callback_url, dump_json(body), "msg_" + job.id + "_started", 0, {}};
+  nlohmann::json body = {{"id", id_of(job.id)}, {"status", "running"}};
+  CallbackMessage message{job.id, job.callback_url,    dump_json(body), webhook_id_of(job.id) + "_started",
+                          0,      {}, std::string(tenant_of(job.id))};
   continue_trace(message, job);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });

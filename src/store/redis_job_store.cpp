@@ -304,10 +304,13 @@ return 1
 // list: ARGV which ("failed": most recently created first; "unfinished": oldest first), limit.
 constexpr const char* kList = R"lua(
 local limit = tonumber(ARGV[3])
+local prefix = ARGV[4] or ''
 local set = ARGV[2] == 'failed' and FAILED or UNFINISHED
 local out = {}
 local start = 0
-while #out < 2 * limit do
+-- Another tenant's entries are skipped, up to a bound: one script blocks Redis for every server.
+local scanned = 0
+while #out < 2 * limit and scanned < 20 * limit + 1000 do
   local ids
   if ARGV[2] == 'failed' then
     ids = redis.call('ZREVRANGE', set, start, start + limit - 1)
@@ -315,10 +318,22 @@ while #out < 2 * limit do
     ids = redis.call('ZRANGE', set, start, start + limit - 1)
   end
   if #ids == 0 then break end
+  scanned = scanned + #ids
+  local mine, skipped = ids, 0
+  if prefix ~= '' then
+    mine = {}
+    for _, id in ipairs(ids) do
+      if string.sub(id, 1, #prefix) == prefix then
+        mine[#mine + 1] = id
+      else
+        skipped = skipped + 1
+      end
+    end
+  end
   local before = #out
-  records(set, ids, out, limit)
+  records(set, mine, out, limit)
   -- Expired members were removed from the set: what follows moved up.
-  start = start + (#out - before) / 2
+  start = start + (#out - before) / 2 + skipped
 end
 return out
 )lua";
@@ -868,10 +883,11 @@ struct RedisJobStore::Impl {
     return read_records(r.get());
   }
 
-  std::vector<JobRecord> list(const char* which, std::size_t limit) {
+  std::vector<JobRecord> list(const char* which, std::size_t limit,
+                              const std::string& id_prefix = {}) {
     if (limit == 0) return {};
     limit = std::min<std::size_t>(limit, 100000);  // one script blocks Redis for every server
-    Reply r = script(kScriptList, {which, std::to_string(limit)});
+    Reply r = script(kScriptList, {which, std::to_string(limit), id_prefix});
     return read_records(r.get());
   }
 
@@ -1093,6 +1109,11 @@ void RedisJobStore::update_callback(const std::string& id, const CallbackInfo& c
 
 std::vector<JobRecord> RedisJobStore::list_failed_callbacks(std::size_t limit) const {
   return impl_->list("failed", limit);
+}
+
+std::vector<JobRecord> RedisJobStore::list_failed_callbacks_with_prefix(
+    const std::string& id_prefix, std::size_t limit) const {
+  return impl_->list("failed", limit, id_prefix);
 }
 
 std::vector<JobRecord> RedisJobStore::list_unfinished(std::size_t limit) const {

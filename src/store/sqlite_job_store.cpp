@@ -367,7 +367,8 @@ struct SqliteJobStore::Impl {
           "cb_due_ms = :due, finished_at_ms = NULL WHERE id = :id AND cb_state = 3");
       select_failed = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns +
-                  " FROM jobs WHERE cb_state = 3 ORDER BY created_at_ms DESC LIMIT ?");
+                  " FROM jobs WHERE cb_state = 3 AND substr(id, 1, length(?2)) = ?2"
+                  " ORDER BY created_at_ms DESC LIMIT ?1");
       select_unfinished = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE finished_at_ms IS NULL ORDER BY created_at_ms LIMIT ?");
@@ -588,11 +589,13 @@ struct SqliteJobStore::Impl {
     return static_cast<std::size_t>(sqlite3_changes(db));
   }
 
-  std::vector<JobRecord> select_list(Statement& s, std::size_t limit) const {
+  std::vector<JobRecord> select_list(Statement& s, std::size_t limit,
+                                     const std::optional<std::string>& prefix = {}) const {
     wait_for_writes();
     std::lock_guard<std::mutex> lock(db_mutex);
     std::vector<JobRecord> out;
     s.bind(1, static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
+    if (prefix) s.bind(2, *prefix);
     try {
       while (s.step())
         out.push_back(read_record(s));
@@ -1018,7 +1021,12 @@ void SqliteJobStore::update_callback(const std::string& id, const CallbackInfo& 
 }
 
 std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) const {
-  return impl_->select_list(*impl_->select_failed, limit);
+  return impl_->select_list(*impl_->select_failed, limit, "");
+}
+
+std::vector<JobRecord> SqliteJobStore::list_failed_callbacks_with_prefix(
+    const std::string& id_prefix, std::size_t limit) const {
+  return impl_->select_list(*impl_->select_failed, limit, id_prefix);
 }
 
 std::vector<JobRecord> SqliteJobStore::list_unfinished(std::size_t limit) const {

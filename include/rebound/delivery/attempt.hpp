@@ -41,6 +41,9 @@ struct CallbackMessage {
   int previous_attempts = 0;  ///< attempts already made before this delivery (shown in reports)
   /// Sent on every attempt as well, after the standard headers (e.g. `traceparent`).
   std::vector<std::pair<std::string, std::string>> extra_headers;
+  /// The tenant the message is for (rebound/tenant.hpp): signed with that tenant's keys
+  /// (CallbackSender::signing_keys_for). Empty: the sender's own keys.
+  std::string tenant;
 };
 
 /// Reported after every attempt (and, by CallbackSender::attempt, after a deferral).

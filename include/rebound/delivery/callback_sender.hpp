@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +26,9 @@ struct CallbackSenderOptions {
   /// `v1`) and "whsk_..." Ed25519 signing keys (`v1a`, verified with the public key). Each adds
   /// one signature to `webhook-signature`, so receivers can rotate keys. Empty: not signed.
   std::vector<std::string> signing_secrets;
+  /// The keys of named tenants, where one is set by hand; every other tenant's keys are derived
+  /// from `signing_secrets` (derive_webhook_keys). See CallbackMessage::tenant.
+  std::map<std::string, std::vector<std::string>> tenant_signing_secrets;
   /// Clock for `webhook-timestamp`; inject a fixed one in tests.
   std::function<std::chrono::system_clock::time_point()> now = [] {
     return std::chrono::system_clock::now();
@@ -88,6 +92,14 @@ class CallbackSender final {
 
   /// The "whpk_..." public keys of the Ed25519 signing keys, in order (GET /v1/webhook-keys).
   const std::vector<std::string>& public_keys() const;
+
+  /// The keys messages for `tenant` are signed with: those set for it in
+  /// `tenant_signing_secrets`, else derived from `signing_secrets` and its name; for "" the
+  /// sender's own. What a tenant's receivers verify with (GET /v1/webhook-secret).
+  std::vector<std::string> signing_keys_for(const std::string& tenant) const;
+
+  /// The public keys of `tenant`'s signing keys, in order.
+  std::vector<std::string> public_keys_for(const std::string& tenant) const;
 
   /// Deliveries started and not yet ended.
   std::size_t in_flight() const;

@@ -43,6 +43,13 @@ bool is_valid_webhook_signing_key(std::string_view key);
 /// rebound::Error when it is not a valid signing key.
 std::string webhook_public_key(std::string_view signing_key);
 
+/// The keys of one tenant, derived from the server's `keys` ("whsec_..." and "whsk_...", in the
+/// same order and of the same kinds): HMAC-SHA256 of the tenant's name keyed with each key. A
+/// tenant given its own secret learns nothing of the server's or of another tenant's. Throws
+/// rebound::Error for a key of neither kind.
+std::vector<std::string> derive_webhook_keys(const std::vector<std::string>& keys,
+                                             std::string_view tenant);
+
 /// A new random Ed25519 signing key, "whsk_<base64 of 32 bytes>" (OpenSSL's RAND_bytes).
 std::string generate_webhook_signing_key();
 

@@ -39,9 +39,18 @@ struct ServerOptions {
   /// A response must be taken by the client within this, from its first byte written (each
   /// write within 5 s): a client that reads a few bytes now and then cannot hold a thread.
   std::chrono::milliseconds response_timeout{60000};
-  /// When not empty, every route but `/ping`, `/openapi.json` and `/v1/webhook-keys` requires
-  /// `Authorization: Bearer <one of these keys>` (several keys allow rotation); else 401.
+  /// API keys, each "NAME:KEY" or a bare "KEY" (its own name). When any key is set, every route
+  /// but `/ping`, `/openapi.json` and `/v1/webhook-keys` requires `Authorization: Bearer <key>`;
+  /// else 401. With two or more names each name is a **tenant**: its jobs are its own (ids unique
+  /// per tenant; another tenant's job answers 404), its callbacks are signed with its own keys
+  /// (GET /v1/webhook-secret), and names must be 1-64 of `A-Z a-z 0-9 _ -`. With one name there
+  /// is one tenant, as without keys. Keys that share a name are one tenant's (rotate a key by
+  /// giving the new one the old one's name). A key that holds ':' is read as NAME:KEY.
   std::vector<std::string> api_keys;
+  /// Operator keys, in the same forms: API keys (and tenants) that may also, when there are
+  /// several tenants, read what spans them (GET /v1/callback-endpoints, GET /metrics) and pause or
+  /// resume a receiver origin; a tenant's own key gets 403 there.
+  std::vector<std::string> operator_keys;
   /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60
   /// s).
   std::chrono::milliseconds invocation_timeout{60000};

@@ -147,6 +147,22 @@ class JobStore {
   /// most `limit`: the dead letters an operator redelivers.
   virtual std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const = 0;
 
+  /// As list_failed_callbacks, of the jobs whose id starts with `id_prefix` (one tenant's:
+  /// "name/", rebound/tenant.hpp); empty: all. The shipped stores filter as they read; this
+  /// default filters what list_failed_callbacks answers for a larger limit, so it may miss some
+  /// when other tenants have many more.
+  virtual std::vector<JobRecord> list_failed_callbacks_with_prefix(const std::string& id_prefix,
+                                                                   std::size_t limit) const {
+    if (id_prefix.empty()) return list_failed_callbacks(limit);
+    std::vector<JobRecord> out;
+    for (auto& record : list_failed_callbacks(limit * 10 + 1000)) {
+      if (out.size() >= limit) break;
+      if (record.job.id.compare(0, id_prefix.size(), id_prefix) == 0)
+        out.push_back(std::move(record));
+    }
+    return out;
+  }
+
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;

@@ -219,10 +219,18 @@ class MemoryJobStore final : public JobStore {
   }
 
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override {
+    return list_failed_callbacks_with_prefix({}, limit);
+  }
+
+  std::vector<JobRecord> list_failed_callbacks_with_prefix(const std::string& id_prefix,
+                                                           std::size_t limit) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<JobRecord> out;
     for (const auto& [id, entry] : jobs_) {
-      if (entry.record.callback.state == CallbackState::failed) out.push_back(entry.record);
+      if (entry.record.callback.state == CallbackState::failed &&
+          id.compare(0, id_prefix.size(), id_prefix) == 0) {
+        out.push_back(entry.record);
+      }
     }
     std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
       return a.job.created_at > b.job.created_at;

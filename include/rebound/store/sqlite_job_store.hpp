@@ -70,6 +70,8 @@ class SqliteJobStore final : public JobStore {
   void complete(const std::string& id, const JobOutcome& outcome) override;
   void update_callback(const std::string& id, const CallbackInfo& callback) override;
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
+  std::vector<JobRecord> list_failed_callbacks_with_prefix(const std::string& id_prefix,
+                                                           std::size_t limit) const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 
