@@ -55,6 +55,10 @@ port = free_port()
 workdir = tempfile.mkdtemp(prefix="rebound-http-api-")
 proc = subprocess.Popen([server_bin, "serve", "--host", "127.0.0.1", "--port", str(port),
                          "--model", "echo", "--store", "memory", "--log-level", "error",
+                         # an API key, which every example sends (as the doc says to), and a
+                         # secret for GET /v1/webhook-secret to hand out
+                         "--api-key", "docs-key",
+                         "--signing-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                          # the example's callback (example.com, unreachable here) stays pending
                          # for the redeliver example, however the retry delays are drawn
                          "--max-tries", "50"],
@@ -82,8 +86,11 @@ try:
             if not expected:
                 continue
             command = line.replace("localhost:8080", f"127.0.0.1:{port}")
+            if "Authorization:" not in command:
+                command += ' -H "Authorization: Bearer $KEY"'
             out = subprocess.run(["sh", "-c", command + " -o /dev/null -w '%{http_code}'"],
-                                 capture_output=True, text=True, timeout=30)
+                                 capture_output=True, text=True, timeout=30,
+                                 env=dict(os.environ, KEY="docs-key"))
             check(out.stdout.strip() == expected.group(1),
                   f"{line}: got {out.stdout.strip() or out.stderr.strip()}, "
                   f"the doc says {expected.group(1)}")
@@ -106,7 +113,8 @@ try:
           f"{sorted(api['paths'])}")
     for path, ops in api["paths"].items():
         concrete = path.replace("{id}", "1234")
-        st, head, _ = request(port, f"OPTIONS {concrete} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        st, head, _ = request(port, f"OPTIONS {concrete} HTTP/1.1\r\nHost: x\r\n"
+                                      "Authorization: Bearer docs-key\r\n\r\n".encode())
         allow = re.search(r"(?im)^Allow:\s*(.*)$", head)
         methods = {m.strip().lower() for m in allow.group(1).split(",")} if allow else set()
         check(st == 204 and methods - {"head"} == {m for m in ops if m != "parameters"},
