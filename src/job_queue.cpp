@@ -18,6 +18,7 @@
 #include "rebound/detail/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"
+#include "rebound/tenant.hpp"
 #include "service/pipeline.hpp"
 
 namespace rebound {
@@ -86,6 +87,7 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
 SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
                        Completion<JobRecord>* done) {
   const std::string id = job.id;
+  const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
   const SubmitStatus status = [&] {
@@ -95,8 +97,8 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       return SubmitStatus::invalid_input;
     }
     auto entered = core.admission.enter();
-    const SubmitStatus admitted = core.admission.admit();
-    if (admitted == SubmitStatus::queue_full) {
+    const SubmitStatus admitted = core.admission.admit(tenant);
+    if (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota) {
       // A resubmission of a stored job is still answered as a duplicate when the queue is full.
       std::optional<JobRecord> existing;
       try {
@@ -111,7 +113,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       }
     }
     if (admitted != SubmitStatus::accepted) return admitted;
-    Claim claim = Claim::slot(core.admission);  // freed on every way out but the queue
+    Claim claim = Claim::slot(core.admission, tenant);  // freed on every way out but the queue
     if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
     job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
     // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
@@ -145,7 +147,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
     // Cannot be full (admission bounds it) nor closed (shutdown waits for `entered`).
     claim.take_lease(core.leases, id, holder);
     const int priority = job.priority;
-    queue.try_push(WorkItem{std::move(job), nullptr, std::move(claim)}, priority);
+    queue.try_push(WorkItem{std::move(job), nullptr, std::move(claim)}, priority, tenant);
     return SubmitStatus::accepted;
   }();
   core.store.tell(news);
@@ -462,14 +464,14 @@ BatchStats JobQueue::batch_stats() const {
 RedeliverStatus JobQueue::redeliver(const std::string& id) {
   if (!core_->admission.accepting()) return RedeliverStatus::shutting_down;
   if (!core_->delivers_callbacks) return RedeliverStatus::no_transport;
-  if (!core_->admission.take_slot()) {
+  if (!core_->admission.take_slot(tenant_of(id))) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
     auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
     if (!record) return RedeliverStatus::not_found;
     if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
     return RedeliverStatus::queue_full;
   }
-  detail::Claim claim = detail::Claim::slot(core_->admission);  // freed on every way out
+  detail::Claim claim = detail::Claim::slot(core_->admission, tenant_of(id));  // freed on all ways
   const Lease lease = core_->leases.from_now(core_->leases.next_holder());
   // The store moves failed -> pending atomically: of two redeliveries at once (on this server
   // or another), one wins and the other answers not_failed.

@@ -4,6 +4,7 @@
 // inside submit, make_store and make_model.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -26,6 +27,7 @@
 #include "rebound/make_model.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/memory_job_store.hpp"
+#include "rebound/tenant.hpp"
 #include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
@@ -421,3 +423,49 @@ TEST_CASE("job queue: async_wait for a job another server on Redis finishes") {
         nlohmann::json{{"echo", 3}});
 }
 #endif
+
+namespace {
+// Hears the order in which jobs complete.
+struct CompletionOrder final : rebound::ServiceObserver {
+  std::mutex m;
+  std::vector<std::string> ids;
+  void on_completed(const JobRecord& record, std::size_t, double) override {
+    std::lock_guard<std::mutex> lock(m);
+    ids.push_back(record.job.id);
+  }
+};
+}  // namespace
+
+TEST_CASE("job queue: a tenant's flood delays another tenant's job by one of its own per turn") {
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  auto order = std::make_shared<CompletionOrder>();
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  o.observers = {order};
+  JobQueue queue(std::move(model), nullptr, o);
+  REQUIRE(queue.submit(job(rebound::job_key("acme", "first"), 0)) ==
+          rebound::SubmitStatus::accepted);
+  REQUIRE(held->wait_started(1));  // the one worker is busy
+  for (int i = 0; i < 2000; ++i) {
+    REQUIRE(queue.submit(job(rebound::job_key("acme", std::to_string(i)), i)) ==
+            rebound::SubmitStatus::accepted);
+  }
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(queue.submit(job(rebound::job_key("globex", std::to_string(i)), i)) ==
+            rebound::SubmitStatus::accepted);
+  }
+  held->open();
+  REQUIRE(rebound::test::eventually([&] {
+    std::lock_guard<std::mutex> lock(order->m);
+    return order->ids.size() == 2006;
+  }));
+  std::lock_guard<std::mutex> lock(order->m);
+  for (int i = 0; i < 5; ++i) {
+    const auto at = std::find(order->ids.begin(), order->ids.end(),
+                              rebound::job_key("globex", std::to_string(i))) -
+                    order->ids.begin();
+    CAPTURE(i);
+    CHECK(at <= 2 + 2 * i);  // after "first", one of acme's before each of globex's
+  }
+}

@@ -1035,3 +1035,29 @@ TEST_CASE("tenants: names that cannot be used refuse to start") {
   fine.api_keys = {"b+/=="};  // alone it is the one tenant, whatever it holds
   CHECK_NOTHROW(rebound::Server(queue, fine));
 }
+
+TEST_CASE("tenants: one tenant at its share gets 429 tenant_quota - the others are still accepted") {
+  HarnessOptions o = two_tenants();
+  o.capacity = 10;
+  o.tenant_share = 0.4;  // four slots each
+  o.open_model = false;  // nothing finishes: the slots stay taken
+  o.workers = 1;
+  Harness h(o);
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(acme.submit({{"id", "a" + std::to_string(i)}, {"input", i}})->status == 202);
+  auto refused = acme.submit({{"id", "a4"}, {"input", 4}});
+  check_error(refused, 429, "tenant_quota");
+  CHECK(refused->get_header_value("Retry-After") == "1");
+  // A resubmission of an accepted job is still the same job.
+  CHECK(acme.submit({{"id", "a0"}, {"input", 0}})->status == 202);
+  // The other tenant still has its share.
+  for (int i = 0; i < 4; ++i)
+    CHECK(globex.submit({{"id", "g" + std::to_string(i)}, {"input", i}})->status == 202);
+  check_error(globex.submit({{"id", "g4"}, {"input", 4}}), 429, "tenant_quota");
+  CHECK(h.service->metrics().submissions_refused_tenant_quota == 2);
+  // As its jobs finish, the tenant may submit again.
+  h.model->open();
+  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  CHECK(acme.submit({{"id", "a4"}, {"input", 4}})->status == 202);
+}

@@ -239,3 +239,37 @@ TEST_CASE("bad options are refused") {
   CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(1, 1, 0), noop), rebound::Error);
   CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(1, 1), nullptr), rebound::Error);
 }
+
+TEST_CASE("groups take turns within a priority - priorities still come first") {
+  boost::asio::thread_pool pool(2);
+  Gate gate;
+  std::mutex m;
+  std::vector<std::string> order;
+  JobQueue queue(pool.get_executor(), opts(1000, 1), [&](std::vector<Job> batch) {
+    gate.wait();
+    std::lock_guard<std::mutex> lock(m);
+    for (auto& j : batch)
+      order.push_back(j.id);
+  });
+  auto push = [&](const std::string& id, int level, const std::string& group) {
+    Job j{id, {}, 0, {}};
+    REQUIRE(queue.try_push(std::move(j), level, group) == PushResult::accepted);
+  };
+  push("first", 5, "a");  // taken by the one worker at once, held by the gate
+  for (int i = 0; i < 100; ++i)
+    push("a" + std::to_string(i), 5, "a");  // a flood from one group
+  for (int i = 0; i < 3; ++i)
+    push("b" + std::to_string(i), 5, "b");  // then another group's few
+  push("c0", 5, "c");
+  push("urgent", 0, "a");  // a lower level number still goes first
+  // What a pass of take_if sees, in the order they would run: a0 leads, b and c take turns.
+  auto taken = queue.take_if([](const Job& j) { return j.id == "a99"; });
+  REQUIRE(taken.size() == 1);
+  gate.open();
+  REQUIRE(queue.wait_idle(10s));
+  std::lock_guard<std::mutex> lock(m);
+  REQUIRE(order.size() == 105);
+  CHECK(std::vector<std::string>(order.begin(), order.begin() + 9) ==
+        std::vector<std::string>{"first", "urgent", "a0", "b0", "c0", "a1", "b1", "a2", "b2"});
+  CHECK(order.back() == "a98");
+}

@@ -4,6 +4,8 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> callback_allow;
   std::vector<std::string> api_keys;
   std::vector<std::string> operator_keys;
+  std::optional<double> tenant_share;
   std::size_t http_threads = 64;
   double callback_timeout_s = 10;
   std::size_t callback_connections = 1024;
@@ -144,6 +147,10 @@ int main(int argc, char** argv) {
                  "and callback secret; keys sharing a name are one tenant's (rotation); a bare "
                  "key is its own name (env REBOUND_API_KEY)")
       ->envname("REBOUND_API_KEY");
+  app.add_option("--tenant-share", tenant_share,
+                 "The share of --queue-capacity one tenant's jobs may hold at once; beyond it "
+                 "its submissions get 429 tenant_quota (default 0.5 with several tenants, else 1)")
+      ->check(CLI::Range(0.0001, 1.0));
   app.add_option("--operator-key", operator_keys,
                  "[NAME:]KEY: an API key that may also, with several tenants, list receiver "
                  "origins, read /metrics and pause or resume origins (env REBOUND_OPERATOR_KEY)")
@@ -304,6 +311,13 @@ int main(int argc, char** argv) {
     rebound::JobQueueOptions options;
     options.workers = workers;
     options.queue_capacity = queue_capacity;
+    {
+      std::set<std::string_view> names;
+      for (const auto* keys : {&api_keys, &operator_keys})
+        for (const auto& key : *keys)
+          names.insert(rebound::key_name(key));
+      options.tenant_share = tenant_share.value_or(names.size() > 1 ? 0.5 : 1.0);
+    }
     options.job_ttl = ms(job_ttl_s);
     options.inference_timeout = ms(inference_timeout_s);
     options.lease = ms(lease_s);

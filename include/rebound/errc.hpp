@@ -22,6 +22,7 @@ enum class errc {
   no_transport,       ///< the job has a callback URL and no CallbackTransport can send it
   not_found,          ///< `async_wait` for an id the store does not know (HTTP 404)
   too_many_waiters,   ///< `max_waiting` asynchronous waits are registered already
+  tenant_quota,       ///< the job's tenant holds its share of the queue (HTTP 429)
 };
 
 namespace detail {
@@ -48,6 +49,8 @@ class ErrorCategory final : public boost::system::error_category {
         return "no job with this id";
       case errc::too_many_waiters:
         return "too many asynchronous waits at once";
+      case errc::tenant_quota:
+        return "the tenant holds its share of the queue; try again later";
     }
     return "unknown rebound error";
   }

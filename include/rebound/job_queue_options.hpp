@@ -44,6 +44,11 @@ struct JobQueueOptions {
   /// and holds no slot. Submissions beyond it are refused with `queue_full`, so memory stays
   /// bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
+  /// The share of `queue_capacity` that one tenant's submissions may hold at once (a job's tenant
+  /// is the part of its id before '/', rebound/tenant.hpp); beyond it its submissions are refused
+  /// with `tenant_quota` while the others are still accepted. 1: no limit (one tenant).
+  /// rebound-server sets 0.5 when it has several tenants (--tenant-share).
+  double tenant_share = 1.0;
   CallbackSenderOptions delivery;
   /// Each callback receiver origin's limits and circuit breaker (rebound::OriginGate, put in
   /// front of the transport). A callback that cannot go now (its origin's circuit open, paused,

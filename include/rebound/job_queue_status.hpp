@@ -22,6 +22,7 @@ enum class SubmitStatus {
   store_unavailable,  ///< the JobStore failed (see JobQueue::store_failure); nothing was accepted
   invalid_input,      ///< `Model::validate` refused the input; nothing was stored
   no_transport,       ///< a callback URL, and no CallbackTransport to send it with
+  tenant_quota,  ///< the job's tenant holds its share (`tenant_share`) of the queue; try later
 };
 
 /// The error code an asynchronous call completes with for a refusal; success for `accepted` and
@@ -45,6 +46,8 @@ inline boost::system::error_code to_error_code(SubmitStatus status) noexcept {
       return errc::invalid_input;
     case SubmitStatus::no_transport:
       return errc::no_transport;
+    case SubmitStatus::tenant_quota:
+      return errc::tenant_quota;
   }
   return errc::shutting_down;
 }

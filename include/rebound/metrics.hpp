@@ -73,6 +73,7 @@ struct Metrics {
   Counter jobs_cancelled{0};
   Counter results_discarded{0};
   Counter submissions_refused_queue_full{0};
+  Counter submissions_refused_tenant_quota{0};
   Counter submissions_refused_not_ready{0};
   Counter submissions_refused_store_unavailable{0};
   Counter store_errors{0};
@@ -135,6 +136,8 @@ struct Metrics {
             submissions_refused_not_ready);
     counter("rebound_submissions_refused_total", nullptr, "{reason=\"store_unavailable\"}",
             submissions_refused_store_unavailable);
+    counter("rebound_submissions_refused_total", nullptr, "{reason=\"tenant_quota\"}",
+            submissions_refused_tenant_quota);
     counter("rebound_store_errors_total",
             "Job store calls that failed (each is retried or refused; see the store_failed log).",
             "", store_errors);

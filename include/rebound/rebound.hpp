@@ -8,6 +8,7 @@
 #include "rebound/delivery/backoff.hpp"
 #include "rebound/delivery/callback_sender.hpp"
 #include "rebound/delivery/callback_transport.hpp"
+#include "rebound/delivery/origin_gate.hpp"
 #include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/errc.hpp"
 #include "rebound/error.hpp"
@@ -23,6 +24,7 @@
 #include "rebound/store/job_store.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/memory_job_store.hpp"
+#include "rebound/tenant.hpp"
 #include "rebound/version.hpp"
 #if defined(REBOUND_HAS_HTTP)
 #include "rebound/http/curl_transport.hpp"

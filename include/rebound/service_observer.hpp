@@ -15,7 +15,7 @@
 namespace rebound {
 
 /// Why a submission or an invocation was refused (see SubmitStatus).
-enum class Refusal { queue_full, not_ready, store_unavailable };
+enum class Refusal { queue_full, not_ready, store_unavailable, tenant_quota };
 
 /// Hears the events of a JobQueue's pipeline, in the order of a job's walk:
 /// accepted -> (claimed) -> batch started -> completed | expired -> attempt ... -> (redelivery).

@@ -58,4 +58,11 @@ inline std::string webhook_id_of(std::string_view key) {
   return out;
 }
 
+/// The name of an API key given as "NAME:KEY" or a bare "KEY" (its own name), as
+/// rebound::Server reads ServerOptions::api_keys.
+inline std::string_view key_name(std::string_view spec) {
+  const auto colon = spec.find(':');
+  return colon == std::string_view::npos ? spec : spec.substr(0, colon);
+}
+
 }  // namespace rebound

@@ -574,6 +574,12 @@ struct Server::Impl {
                   "id"});
       case SubmitStatus::queue_full:
         return send_queue_full(res);
+      case SubmitStatus::tenant_quota:
+        res.set_header("Retry-After", "1");
+        return send_error(res, {429,
+                                "tenant_quota",
+                                "Your jobs hold your share of the queue; retry when some are done.",
+                                {}});
       case SubmitStatus::not_ready:
         return send_not_ready(res);
       case SubmitStatus::shutting_down:

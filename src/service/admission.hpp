@@ -7,8 +7,12 @@
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "rebound/job_queue_status.hpp"
@@ -20,8 +24,15 @@ namespace rebound::detail {
 /// taken, so that work waiting in the store is claimed at once rather than at the next poll.
 class Admission {
  public:
-  Admission(std::size_t capacity, const Model& model, std::function<void()> on_slot_freed)
-      : capacity_(capacity), model_(model), on_slot_freed_(std::move(on_slot_freed)) {}
+  /// `tenant_slots`: the slots one tenant's submissions may hold at once (rebound/tenant.hpp);
+  /// `capacity` or more: no limit, and no count per tenant is kept.
+  Admission(std::size_t capacity, const Model& model, std::function<void()> on_slot_freed,
+            std::size_t tenant_slots = std::numeric_limits<std::size_t>::max())
+      : capacity_(capacity),
+        tenant_slots_(tenant_slots),
+        by_tenant_(tenant_slots < capacity),
+        model_(model),
+        on_slot_freed_(std::move(on_slot_freed)) {}
 
   /// Held (shared) while a submission is admitted and stored, so that `close` waits for those
   /// under way: after it, nothing new reaches the queue.
@@ -29,32 +40,54 @@ class Admission {
     return std::shared_lock<std::shared_mutex>(accepting_mutex_);
   }
 
-  /// Under `enter()`: `accepted` means a slot was taken, to be released when the work is done.
-  SubmitStatus admit() {
+  /// Under `enter()`: `accepted` means a slot was taken for `tenant`, to be released (with the
+  /// same tenant) when the work is done. `tenant_quota` when the tenant holds its share already.
+  SubmitStatus admit(std::string_view tenant = {}) {
     if (!accepting_) return SubmitStatus::shutting_down;
     if (!model_.ready()) return SubmitStatus::not_ready;
-    return take_slot() ? SubmitStatus::accepted : SubmitStatus::queue_full;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_flight_ >= capacity_) return SubmitStatus::queue_full;
+    if (by_tenant_ && !tenant.empty()) {  // the default tenant (invocations) has no share
+      auto it = tenants_.find(tenant);
+      if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
+    }
+    take_locked(tenant);
+    return SubmitStatus::accepted;
   }
 
-  /// Takes a slot for work that needs no gate (a claim from the store, a redelivery).
-  bool take_slot() {
+  /// Takes a slot for work that needs no gate (a claim from the store, a redelivery), counted for
+  /// `tenant` but not held to its share: the work is accepted already.
+  bool take_slot(std::string_view tenant = {}) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_flight_ >= capacity_) return false;
-    ++in_flight_;
+    take_locked(tenant);
     return true;
   }
 
-  /// Frees one slot (Claim does, when it goes).
-  void release() {
+  /// Frees one slot of `tenant`'s (Claim does, when it goes).
+  void release(std::string_view tenant = {}) {
     bool freed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       freed = in_flight_ == capacity_;
       --in_flight_;
+      if (by_tenant_) {
+        auto it = tenants_.find(tenant);
+        if (it != tenants_.end() && --it->second == 0) tenants_.erase(it);
+      }
       if (in_flight_ == 0) idle_.notify_all();
     }
     if (freed) on_slot_freed_();
   }
+
+  /// Slots `tenant` holds now (0 when no count per tenant is kept).
+  std::size_t held_by(std::string_view tenant) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = tenants_.find(tenant);
+    return it == tenants_.end() ? 0 : it->second;
+  }
+
+  std::size_t tenant_slots() const { return tenant_slots_; }
 
   std::size_t capacity() const { return capacity_; }
 
@@ -102,7 +135,18 @@ class Admission {
   }
 
  private:
+  void take_locked(std::string_view tenant) {
+    ++in_flight_;
+    if (!by_tenant_) return;
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) it = tenants_.emplace(std::string(tenant), 0).first;
+    ++it->second;
+  }
+
   const std::size_t capacity_;
+  const std::size_t tenant_slots_;
+  const bool by_tenant_;
+  std::map<std::string, std::size_t, std::less<>> tenants_;  // under mutex_, when by_tenant_
   const Model& model_;
   const std::function<void()> on_slot_freed_;
   mutable std::shared_mutex accepting_mutex_;

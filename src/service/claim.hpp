@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "admission.hpp"
@@ -19,10 +20,11 @@ class Claim {
  public:
   Claim() = default;
 
-  /// A slot taken with Admission::admit or take_slot, without a lease (an invocation).
-  static Claim slot(Admission& admission) {
+  /// A slot taken with Admission::admit or take_slot (for `tenant`), without a lease yet.
+  static Claim slot(Admission& admission, std::string_view tenant = {}) {
     Claim c;
     c.admission_ = &admission;
+    c.tenant_ = std::string(tenant);
     return c;
   }
 
@@ -43,6 +45,7 @@ class Claim {
       leases_ = std::exchange(other.leases_, nullptr);
       id_ = std::move(other.id_);
       holder_ = std::move(other.holder_);
+      tenant_ = std::move(other.tenant_);
     }
     return *this;
   }
@@ -79,7 +82,7 @@ class Claim {
   /// Lets the lease go and frees the slot. Safe to call more than once.
   void release() {
     drop_lease();
-    if (admission_) std::exchange(admission_, nullptr)->release();
+    if (admission_) std::exchange(admission_, nullptr)->release(tenant_);
   }
 
  private:
@@ -87,6 +90,7 @@ class Claim {
   Leases* leases_ = nullptr;
   std::string id_;
   std::string holder_;
+  std::string tenant_;  // whose slot it is
 };
 
 }  // namespace rebound::detail

@@ -33,6 +33,9 @@ class MetricsObserver final : public ServiceObserver {
       case Refusal::store_unavailable:
         ++m_.submissions_refused_store_unavailable;
         break;
+      case Refusal::tenant_quota:
+        ++m_.submissions_refused_tenant_quota;
+        break;
     }
   }
   void on_claimed(std::size_t jobs, std::size_t callbacks, bool at_start) override {

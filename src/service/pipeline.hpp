@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -170,11 +171,17 @@ struct Pipeline {
         guard(std::move(guard_in)),
         clock(options.clock),
         store(*job_store, observe, sender->get_executor(), options.store_retry_interval),
-        admission(options.queue_capacity, *model,
-                  [this] {
-                    // Work may be waiting in the store for a free slot: look now.
-                    if (!store.stopped()) pump.wake(clock());
-                  }),
+        admission(
+            options.queue_capacity, *model,
+            [this] {
+              // Work may be waiting in the store for a free slot: look now.
+              if (!store.stopped()) pump.wake(clock());
+            },
+            options.tenant_share >= 1.0
+                ? std::numeric_limits<std::size_t>::max()
+                : std::max<std::size_t>(1, static_cast<std::size_t>(
+                                               options.tenant_share *
+                                               static_cast<double>(options.queue_capacity)))),
         leases(options.server_id.empty() ? default_server_id() : options.server_id, options.lease,
                clock),
         delivery(*sender, store, leases, admission, observe, clock,
@@ -286,6 +293,9 @@ struct Pipeline {
         break;
       case SubmitStatus::store_unavailable:
         observe([](auto& o) { o.on_refused(Refusal::store_unavailable); });
+        break;
+      case SubmitStatus::tenant_quota:
+        observe([](auto& o) { o.on_refused(Refusal::tenant_quota); });
         break;
       default:
         break;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "rebound/detail/work_queue.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound::detail {
 
@@ -121,9 +122,10 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char*
   std::vector<std::pair<JobRecord, Claim>> kept;
   kept.reserve(due.size());
   for (auto& record : due) {
-    if (admission_.take_slot()) {
+    const std::string_view tenant = tenant_of(record.job.id);
+    if (admission_.take_slot(tenant)) {
       // From here the slot is the claim's: given back on every way out, an exception's included.
-      kept.emplace_back(std::move(record), Claim::slot(admission_));
+      kept.emplace_back(std::move(record), Claim::slot(admission_, tenant));
     } else {
       leases_.hand_back(store_, what, record.job.id, holder);
     }
@@ -154,7 +156,7 @@ std::size_t StorePump::claim_jobs(bool& more) {
     const int priority = record.job.priority;
     claim.take_lease(leases_, id, holder);
     WorkItem item{std::move(record.job), nullptr, std::move(claim)};
-    if (queue_->try_push(std::move(item), priority) == PushResult::accepted) {
+    if (queue_->try_push(std::move(item), priority, tenant_of(id)) == PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;
     }

@@ -46,6 +46,8 @@ struct HarnessOptions {
   std::vector<std::string> signing_secrets = {};
   /// The queue's clock (JobQueueOptions::clock); unset: the system clock.
   std::function<std::chrono::system_clock::time_point()> clock = {};
+  /// JobQueueOptions::tenant_share.
+  double tenant_share = 1.0;
   /// The receiver origins' limits and breakers (JobQueueOptions::origins).
   rebound::OriginGateOptions origins = {};
 };
@@ -71,6 +73,7 @@ class ServerHarness {
     so.allow_private_callbacks = true;  // the receivers are on loopback
     if (o.clock) so.clock = o.clock;
     so.origins = o.origins;
+    so.tenant_share = o.tenant_share;
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
     service = std::make_unique<rebound::JobQueue>(

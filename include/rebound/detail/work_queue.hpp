@@ -10,8 +10,11 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -87,16 +90,18 @@ class WorkQueue final {
     idle_.wait(lock, [this] { return active_workers_ == 0 && !timer_armed_; });
   }
 
-  /// Adds an item at the back of its priority `level` (0 to 9, clamped; 0, the default here, is
-  /// taken first): workers take items from the lowest level that has any, FIFO within a level.
-  /// `full` when `capacity` items wait; `closed` after `close()`.
-  /// Queues `item` at priority `level` (0 first). The item is moved from only when accepted: on
-  /// `full` or `closed` the caller still has it.
-  PushResult try_push(Item&& item, int level = 0) {
+  /// Adds an item at the back of its `group`'s queue in priority `level` (0 to 9, clamped; 0, the
+  /// default here, is taken first). Workers take items from the lowest level that has any; within
+  /// a level, the groups that have items take turns, one item each (round robin), FIFO within a
+  /// group: a group with many items waiting delays another group's item by at most one of its own
+  /// per turn. (rebound::JobQueue makes each tenant a group.) `full` when `capacity` items wait;
+  /// `closed` after `close()`. The item is moved from only when accepted: on `full` or `closed`
+  /// the caller still has it.
+  PushResult try_push(Item&& item, int level = 0, std::string_view group = {}) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return PushResult::closed;
     if (pending_.size() >= options_.capacity) return PushResult::full;
-    pending_.push({std::move(item), std::chrono::steady_clock::now()}, level);
+    pending_.push({std::move(item), std::chrono::steady_clock::now()}, level, group);
     const bool start = schedule_locked();
     lock.unlock();
     if (start) boost::asio::post(executor_, [this] { drain(); });
@@ -241,19 +246,31 @@ class WorkQueue final {
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;
-  // One FIFO per priority level; items are taken from the lowest level number that has any.
+  // Per priority level, one FIFO per group, the groups with items taking turns; items are taken
+  // from the lowest level number that has any.
   class Levels {
    public:
     static constexpr int count = 10;
-    void push(Pending p, int level) {
-      levels_[static_cast<std::size_t>(std::clamp(level, 0, count - 1))].push_back(std::move(p));
+    void push(Pending p, int level, std::string_view group) {
+      Level& l = levels_[static_cast<std::size_t>(std::clamp(level, 0, count - 1))];
+      auto it = l.groups.find(group);
+      if (it == l.groups.end()) {
+        // Groups left empty are kept for reuse; past a bound they go.
+        if (l.groups.size() >= max_idle_groups) l.drop_empty();
+        it = l.groups.emplace(std::string(group), std::deque<Pending>()).first;
+      }
+      if (it->second.empty()) l.turn.push_back(&*it);
+      it->second.push_back(std::move(p));
       ++size_;
     }
     Pending pop() {  // precondition: !empty()
-      for (auto& level : levels_) {
-        if (level.empty()) continue;
-        Pending p = std::move(level.front());
-        level.pop_front();
+      for (auto& l : levels_) {
+        if (l.turn.empty()) continue;
+        Group* g = l.turn.front();
+        l.turn.pop_front();
+        Pending p = std::move(g->second.front());
+        g->second.pop_front();
+        if (!g->second.empty()) l.turn.push_back(g);  // its next item waits for the others' turn
         --size_;
         return p;
       }
@@ -262,36 +279,56 @@ class WorkQueue final {
     // When the item that has waited longest was queued. Precondition: !empty().
     std::chrono::steady_clock::time_point oldest() const {
       auto out = std::chrono::steady_clock::time_point::max();
-      for (const auto& level : levels_)
-        if (!level.empty()) out = std::min(out, level.front().enqueued);
+      for (const auto& l : levels_)
+        for (const Group* g : l.turn)
+          out = std::min(out, g->second.front().enqueued);
       return out;
     }
     template <typename Pred>
     std::vector<Item> take_if(Pred& pred) {
       std::vector<Item> out;
-      for (auto& level : levels_) {
-        for (auto it = level.begin(); it != level.end();) {
-          if (!pred(static_cast<const Item&>(it->item))) {
-            ++it;
-            continue;
+      for (auto& l : levels_) {
+        // In the order they would have been taken: group by group, in turn order.
+        for (Group* g : l.turn) {
+          auto& items = g->second;
+          for (auto it = items.begin(); it != items.end();) {
+            if (!pred(static_cast<const Item&>(it->item))) {
+              ++it;
+              continue;
+            }
+            out.push_back(std::move(it->item));
+            it = items.erase(it);
+            --size_;
           }
-          out.push_back(std::move(it->item));
-          it = level.erase(it);
-          --size_;
         }
+        l.turn.erase(std::remove_if(l.turn.begin(), l.turn.end(),
+                                    [](const Group* g) { return g->second.empty(); }),
+                     l.turn.end());
       }
       return out;
     }
     std::size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }
     void clear() {
-      for (auto& level : levels_)
-        level.clear();
+      for (auto& l : levels_) {
+        l.turn.clear();
+        l.groups.clear();
+      }
       size_ = 0;
     }
 
    private:
-    std::array<std::deque<Pending>, count> levels_;
+    static constexpr std::size_t max_idle_groups = 1024;
+    using Group = std::pair<const std::string, std::deque<Pending>>;
+    struct Level {
+      std::map<std::string, std::deque<Pending>, std::less<>> groups;
+      std::deque<Group*> turn;  // the groups with items, in the order they take their turn
+      void drop_empty() {
+        for (auto it = groups.begin(); it != groups.end();)
+          it = it->second.empty() ? groups.erase(it) : std::next(it);
+      }
+    };
+    std::array<Level, count> levels_;
     std::size_t size_ = 0;
   };
   Levels pending_;
