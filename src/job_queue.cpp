@@ -464,12 +464,14 @@ BatchStats JobQueue::batch_stats() const {
 RedeliverStatus JobQueue::redeliver(const std::string& id) {
   if (!core_->admission.accepting()) return RedeliverStatus::shutting_down;
   if (!core_->delivers_callbacks) return RedeliverStatus::no_transport;
-  if (!core_->admission.take_slot(tenant_of(id))) {
+  const SubmitStatus slot = core_->admission.take_slot_within_share(tenant_of(id));
+  if (slot != SubmitStatus::accepted) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
     auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
     if (!record) return RedeliverStatus::not_found;
     if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
-    return RedeliverStatus::queue_full;
+    return slot == SubmitStatus::tenant_quota ? RedeliverStatus::tenant_quota
+                                              : RedeliverStatus::queue_full;
   }
   detail::Claim claim = detail::Claim::slot(core_->admission, tenant_of(id));  // freed on all ways
   const Lease lease = core_->leases.from_now(core_->leases.next_holder());

@@ -509,3 +509,30 @@ TEST_CASE("attempt: a deferral is reported as deferred - with the transport's de
   CHECK(r.attempt == 3);  // the attempts so far: none spent
   CHECK(r.error.find("circuit is open") != std::string::npos);
 }
+
+TEST_CASE("deliver gives up a message deferred longer than max_deferral") {
+  IoThread io;
+  std::vector<CallbackResponse> script(20, deferral(20ms));
+  auto transport = std::make_unique<FakeTransport>(script);
+  auto o = fast_options();
+  o.max_deferral = 50ms;
+  CallbackSender sender(io.io.get_executor(), std::move(transport), o);
+  auto out = deliver(sender, message());
+  CHECK_FALSE(out.report.delivered);
+  CHECK(out.report.attempts == 0);
+  CHECK(out.report.last_error.find("max_deferral") != std::string::npos);
+}
+
+TEST_CASE("a classifier that answers deferred for a request that was sent gets a retry") {
+  IoThread io;
+  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(202)});
+  auto o = fast_options(2);
+  o.classifier = [](const CallbackResponse& r) {
+    return r.status == 202 ? AttemptVerdict::deferred : AttemptVerdict::delivered;
+  };
+  CallbackSender sender(io.io.get_executor(), std::move(transport), o);
+  auto out = deliver(sender, message());
+  REQUIRE(out.attempts.size() == 2);
+  CHECK(out.attempts[0].verdict == AttemptVerdict::retry);
+  CHECK(out.report.delivered);
+}

@@ -64,11 +64,13 @@ struct Fixture {
 
   // Sends to `url`; the answer lands in the returned slot.
   std::shared_ptr<std::optional<CallbackResponse>> send(const std::string& url,
-                                                        std::chrono::milliseconds timeout = 10s) {
+                                                        std::chrono::milliseconds timeout = 10s,
+                                                        const std::string& tenant = {}) {
     auto answer = std::make_shared<std::optional<CallbackResponse>>();
     CallbackRequest r;
     r.url = url;
     r.timeout = timeout;
+    r.tenant = tenant;
     gate->send(std::move(r), [answer](CallbackResponse response) { *answer = response; });
     return answer;
   }
@@ -389,4 +391,47 @@ TEST_CASE("gate: bad options and a bad URL") {
   CHECK(f.held() == 1);
   CHECK(OriginGate::origin_of("https://H.example/x") == "https://h.example:443");
   CHECK(OriginGate::origin_of("not a url").empty());
+}
+
+TEST_CASE("gate: each tenant has its own circuit at an origin - a pause holds them all") {
+  OriginGateOptions o;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 30s;
+  Fixture f(o);
+  f.send(a, 10s, "mallory");
+  f.answer(503);  // mallory's callbacks to a's origin fail: its circuit there opens
+  REQUIRE(deferred(f.send(a, 10s, "mallory")));
+  // alice's callbacks to the same origin still go.
+  auto alice = f.send(a, 10s, "alice");
+  CHECK(!*alice);
+  CHECK(f.held() == 1);
+  f.answer(200);
+  const auto listed = f.gate->endpoints();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].tenant == "mallory");
+  CHECK(listed[0].state == CircuitState::open);
+  // A pause is the origin's, whoever sends.
+  f.gate->pause(a);
+  CHECK(deferred(f.send(a, 10s, "alice")));
+  CHECK(f.gate->endpoints().size() == 2);
+}
+
+TEST_CASE("gate: what an open circuit defers comes back spread out - not all at once") {
+  OriginGateOptions o;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 30s;
+  o.max_per_origin = 4;
+  Fixture f(o);
+  f.send(a);
+  f.advance(2s);
+  f.answer(503);  // opens; the receiver took 2 s
+  std::vector<std::chrono::milliseconds> due;
+  for (int i = 0; i < 5; ++i) {
+    auto d = f.send(a);
+    REQUIRE(deferred(d));
+    due.push_back((*d)->retry_in);
+  }
+  CHECK(due[0] == 30s);
+  for (std::size_t i = 1; i < due.size(); ++i)
+    CHECK(due[i] - due[i - 1] == 500ms);  // 2 s a request, 4 at once
 }

@@ -48,6 +48,11 @@ class GatedModel final : public rebound::Model {
     open_ = true;
     cv_.notify_all();
   }
+  /// Holds predictions again from now on.
+  void close() {
+    std::lock_guard<std::mutex> lock(m_);
+    open_ = false;
+  }
   int waiting() {
     std::lock_guard<std::mutex> lock(m_);
     return waiting_;
@@ -906,8 +911,7 @@ TEST_CASE("tenants: two keys cannot see each other's jobs - the same id is used 
   CHECK(json::parse(globex.get("/v1/inferences?callback_state=failed")->body)["jobs"].empty());
   check_error(globex.client().Post("/v1/inferences/dead/redeliver", "", "application/json"), 404,
               "not_found");
-  CHECK(acme.client().Post("/v1/inferences/dead/redeliver", "", "application/json")->status ==
-        202);
+  CHECK(acme.client().Post("/v1/inferences/dead/redeliver", "", "application/json")->status == 202);
 }
 
 TEST_CASE("tenants: a callback made for one tenant does not verify with another's secret") {
@@ -944,18 +948,19 @@ TEST_CASE("tenants: a callback made for one tenant does not verify with another'
                        {"input", "forged"},
                        {"callback_url", acme_receiver.url("/hook")}})
               ->status == 202);
-  REQUIRE(acme.submit({{"id", "order-7"}, {"input", "real"},
-                       {"callback_url", acme_receiver.url("/hook")}})
-              ->status == 202);
+  REQUIRE(
+      acme.submit(
+              {{"id", "order-7"}, {"input", "real"}, {"callback_url", acme_receiver.url("/hook")}})
+          ->status == 202);
   REQUIRE(rebound::test::eventually([&] { return acme_receiver.count() == 2; }));
   const auto now = std::chrono::duration_cast<std::chrono::seconds>(
                        std::chrono::system_clock::now().time_since_epoch())
                        .count();
   int verified = 0, refused = 0;
   for (const auto& r : acme_receiver.received()) {
-    const bool with_secret = rebound::verify_webhook(
-        acme_secret, r.header("webhook-id"), r.header("webhook-timestamp"), r.body,
-        r.header("webhook-signature"), now);
+    const bool with_secret =
+        rebound::verify_webhook(acme_secret, r.header("webhook-id"), r.header("webhook-timestamp"),
+                                r.body, r.header("webhook-signature"), now);
     const bool with_key = rebound::verify_webhook(
         acme_keys[0].get<std::string>(), r.header("webhook-id"), r.header("webhook-timestamp"),
         r.body, r.header("webhook-signature"), now);
@@ -1036,14 +1041,22 @@ TEST_CASE("tenants: names that cannot be used refuse to start") {
   CHECK_NOTHROW(rebound::Server(queue, fine));
 }
 
-TEST_CASE("tenants: one tenant at its share gets 429 tenant_quota - the others are still accepted") {
+TEST_CASE(
+    "tenants: one tenant at its share gets 429 tenant_quota - the others are still accepted") {
   HarnessOptions o = two_tenants();
   o.capacity = 10;
   o.tenant_share = 0.4;  // four slots each
-  o.open_model = false;  // nothing finishes: the slots stay taken
   o.workers = 1;
   Harness h(o);
   const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  // A dead letter of acme's, for the redelivery below.
+  rebound::test::Receiver down;
+  down.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
+  REQUIRE(acme.submit({{"id", "dead"}, {"input", 0}, {"callback_url", down.url()}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] {
+    return json::parse(acme.get("/v1/inferences/dead")->body)["callback"]["state"] == "failed";
+  }));
+  h.model->close();  // from here nothing finishes: the slots stay taken
   for (int i = 0; i < 4; ++i)
     REQUIRE(acme.submit({{"id", "a" + std::to_string(i)}, {"input", i}})->status == 202);
   auto refused = acme.submit({{"id", "a4"}, {"input", 4}});
@@ -1056,6 +1069,9 @@ TEST_CASE("tenants: one tenant at its share gets 429 tenant_quota - the others a
     CHECK(globex.submit({{"id", "g" + std::to_string(i)}, {"input", i}})->status == 202);
   check_error(globex.submit({{"id", "g4"}, {"input", 4}}), 429, "tenant_quota");
   CHECK(h.service->metrics().submissions_refused_tenant_quota == 2);
+  // A redelivery is work the tenant asks for as well: held to its share.
+  check_error(acme.client().Post("/v1/inferences/dead/redeliver", "", "application/json"), 429,
+              "tenant_quota");
   // As its jobs finish, the tenant may submit again.
   h.model->open();
   REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));

@@ -429,7 +429,10 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   const auto waiting = queue.find("down-30");
   CHECK(waiting->callback.state == CallbackState::pending);
   CHECK(waiting->callback.attempts == 0);  // no attempt spent
-  CHECK(waiting->callback.next_attempt_at == clock->now() + 1h);
+  // Due when the cool-down ends, one after another at the origin's pace, not all at once.
+  CHECK(waiting->callback.next_attempt_at >= clock->now() + 1h);
+  CHECK(waiting->callback.next_attempt_at <= clock->now() + 1h + 1s);
+  CHECK(waiting->callback.next_attempt_at != queue.find("down-31")->callback.next_attempt_at);
   CHECK(queue.metrics().callback_deferrals >= 38);
   CHECK(queue.render_metrics().find("rebound_callback_deferrals_total ") != std::string::npos);
 
@@ -448,6 +451,7 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   split->down = false;
   clock->advance(1h);
   REQUIRE(eventually([&] {
+    clock->advance(100ms);  // they come due one after another
     for (int i = 0; i < 40; ++i) {
       if (queue.find("down-" + std::to_string(i))->callback.state != CallbackState::delivered)
         return false;
@@ -492,4 +496,38 @@ TEST_CASE("service: a paused origin's callbacks wait in the store until it is re
       eventually([&] { return queue.find("p-1")->callback.state == CallbackState::delivered; }));
   CHECK(split->to_up == 1);
   CHECK_THROWS_AS(queue.pause_origin("mailto:x"), rebound::Error);
+}
+
+TEST_CASE("service: a callback deferred longer than callback_max_deferral becomes a dead letter") {
+  auto clock = std::make_shared<FakeClock>();
+  auto split = std::make_shared<SplitTransport::Shared>();
+  rebound::JobQueueOptions so;
+  so.origins.breaker_failures = 1;
+  so.origins.breaker_cooldown = 1h;
+  so.origins.clock = steady_of(clock);
+  so.callback_max_deferral = 90min;
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
+            std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
+  auto& queue = *node.service;
+  REQUIRE(queue.submit(job("opens", "http://down.test/hook")) == rebound::SubmitStatus::accepted);
+  REQUIRE(eventually([&] { return split->to_down == 1; }));  // fails: the circuit opens
+  REQUIRE(queue.submit(job("waits", "http://down.test/hook")) == rebound::SubmitStatus::accepted);
+  REQUIRE(eventually([&] {
+    auto r = queue.find("waits");
+    return r->callback.state == CallbackState::pending && queue.in_flight() == 0;
+  }));
+  clock->advance(1h);  // the probe (one of them) fails; the other is deferred again
+  REQUIRE(eventually([&] {
+    return split->to_down == 2 && queue.in_flight() == 0 &&
+           queue.find("waits")->callback.next_attempt_at > clock->now();
+  }));
+  clock->advance(2h);  // past the longest deferral: a dead letter, with the reason
+  REQUIRE(eventually([&] {
+    auto a = queue.find("opens"), b = queue.find("waits");
+    return a->callback.state == CallbackState::failed || b->callback.state == CallbackState::failed;
+  }));
+  const auto failed = queue.failed_callbacks(10);
+  REQUIRE(!failed.empty());
+  CHECK(failed[0].callback.last_error.find("deferred for longer") != std::string::npos);
+  CHECK(split->to_down <= 3);
 }

@@ -245,7 +245,10 @@ TEST_CASE("groups take turns within a priority - priorities still come first") {
   Gate gate;
   std::mutex m;
   std::vector<std::string> order;
+  std::promise<void> first_started;
+  std::atomic<bool> started{false};
   JobQueue queue(pool.get_executor(), opts(1000, 1), [&](std::vector<Job> batch) {
+    if (!started.exchange(true)) first_started.set_value();
     gate.wait();
     std::lock_guard<std::mutex> lock(m);
     for (auto& j : batch)
@@ -255,7 +258,8 @@ TEST_CASE("groups take turns within a priority - priorities still come first") {
     Job j{id, {}, 0, {}};
     REQUIRE(queue.try_push(std::move(j), level, group) == PushResult::accepted);
   };
-  push("first", 5, "a");  // taken by the one worker at once, held by the gate
+  push("first", 5, "a");  // taken by the one worker, held by the gate
+  REQUIRE(first_started.get_future().wait_for(10s) == std::future_status::ready);
   for (int i = 0; i < 100; ++i)
     push("a" + std::to_string(i), 5, "a");  // a flood from one group
   for (int i = 0; i < 3; ++i)

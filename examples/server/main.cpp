@@ -317,6 +317,16 @@ int main(int argc, char** argv) {
         for (const auto& key : *keys)
           names.insert(rebound::key_name(key));
       options.tenant_share = tenant_share.value_or(names.size() > 1 ? 0.5 : 1.0);
+      if (names.size() > 1) {
+        for (const auto* keys : {&api_keys, &operator_keys}) {
+          for (const auto& key : *keys) {
+            if (key.find(':') == std::string::npos) {
+              std::cerr << "rebound-server: warning: a key without a name is its own tenant "
+                           "name, which shows in logs and webhook ids; name it (NAME:KEY)\n";
+            }
+          }
+        }
+      }
     }
     options.job_ttl = ms(job_ttl_s);
     options.inference_timeout = ms(inference_timeout_s);

@@ -54,6 +54,10 @@ struct JobQueueOptions {
   /// front of the transport). A callback that cannot go now (its origin's circuit open, paused,
   /// or at its limits) goes back to the store, due when it can: it holds no slot and no memory.
   OriginGateOptions origins;
+  /// A callback still deferred this long after its delivery started (its receiver's circuit open
+  /// or paused all along) is given up, with the reason as its last error: a dead letter to
+  /// redeliver, not a row that waits forever.
+  std::chrono::milliseconds callback_max_deferral{std::chrono::hours(24)};
   /// While the store fails, how often a write for an accepted job (its outcome, its callback's
   /// end) is tried again. The job keeps its slot meanwhile, so nothing accepted is lost.
   std::chrono::milliseconds store_retry_interval{1000};

@@ -22,7 +22,7 @@ enum class SubmitStatus {
   store_unavailable,  ///< the JobStore failed (see JobQueue::store_failure); nothing was accepted
   invalid_input,      ///< `Model::validate` refused the input; nothing was stored
   no_transport,       ///< a callback URL, and no CallbackTransport to send it with
-  tenant_quota,  ///< the job's tenant holds its share (`tenant_share`) of the queue; try later
+  tenant_quota,       ///< the job's tenant holds its share (`tenant_share`) of the queue; try later
 };
 
 /// The error code an asynchronous call completes with for a refusal; success for `accepted` and
@@ -71,6 +71,7 @@ enum class RedeliverStatus {
   queue_full,     ///< `queue_capacity` jobs are in flight; try again later
   shutting_down,  ///< `shutdown` has begun
   no_transport,   ///< this queue has no CallbackTransport: another server must deliver it
+  tenant_quota,   ///< the job's tenant holds its share of the queue (`tenant_share`)
 };
 
 /// What `JobQueue::cancel` did.

@@ -93,6 +93,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     CallbackRequest request;
     request.url = message_.url;
     request.body = message_.body;
+    request.tenant = message_.tenant;
     request.timeout = options.timeout;
     const auto timestamp =
         std::chrono::duration_cast<std::chrono::seconds>(options.now().time_since_epoch()).count();
@@ -130,6 +131,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     report.response = response;
     report.verdict =
         options.classifier ? options.classifier(response) : default_classifier(response);
+    // A request that was sent is an attempt: only the transport defers.
+    if (report.verdict == AttemptVerdict::deferred) report.verdict = AttemptVerdict::retry;
     if (report.verdict != AttemptVerdict::delivered) report.error = describe(response);
 
     if (report.verdict == AttemptVerdict::retry) {
@@ -187,6 +190,10 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       state_->finished_one();
       return;
     }
+    deferred_ += delay;
+    if (deferred_ > state_->options.max_deferral) {
+      return finish(false, "deferred for longer than max_deferral: " + describe(response));
+    }
     timer_.expires_after(delay);
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (!ec)
@@ -212,6 +219,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
   RetryState before_;
   int attempts_ = 0;
   std::chrono::milliseconds previous_delay_;
+  std::chrono::milliseconds deferred_{0};  // waited in all at the transport's request
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <deque>
 #include <mutex>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -48,17 +50,20 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     CallbackResponseHandler on_done;
   };
 
+  // One receiver origin as one tenant sends to it: each tenant has its own breaker and limits
+  // there, so that no tenant can open another's circuit or take its places.
   struct Origin {
+    std::string origin;
+    std::string tenant;
     std::deque<Pending> waiting;
     std::size_t in_flight = 0;
     std::size_t failures = 0;
     std::size_t deferred = 0;
     CircuitState state = CircuitState::closed;
     bool probe_out = false;
-    bool paused = false;
     bool listed_ready = false;
     Clock::time_point open_until{};
-    Clock::time_point horizon{};  // the time handed to the last request deferred for the pace
+    Clock::time_point horizon{};  // the time handed to the last request deferred
     milliseconds latency{0};      // a moving average of its attempts' durations
     bool has_latency = false;
   };
@@ -74,7 +79,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     CallbackResponse response;
   };
   struct Change {
-    std::string key;
+    std::string origin;
     CircuitState state;
     std::size_t failures;
   };
@@ -88,8 +93,9 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   OriginGateOptions options;
 
   mutable std::mutex mutex;
-  std::unordered_map<std::string, Origin> origins;
-  std::deque<std::string> ready;  // origins waiting only for the total limit, in turn
+  std::unordered_map<std::string, Origin> origins;  // by key_of(origin, tenant)
+  std::set<std::string> paused_origins;             // paused by hand, for every tenant
+  std::deque<std::string> ready;  // keys waiting only for the total limit, in turn
   std::size_t total_in_flight = 0;
   std::size_t total_waiting = 0;
   bool stopped = false;
@@ -97,7 +103,13 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   static constexpr std::size_t max_tracked_origins = 10000;
   static constexpr milliseconds unknown_latency{1000};
 
+  static std::string key_of(const std::string& origin, const std::string& tenant) {
+    return tenant.empty() ? origin : origin + '\x1f' + tenant;
+  }
+
   // --- under the lock
+
+  bool paused(const Origin& o) const { return paused_origins.count(o.origin) > 0; }
 
   // An open circuit whose cool-down has passed lets its next request through as the probe.
   void refresh(Origin& o, Clock::time_point now) const {
@@ -108,11 +120,12 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   }
 
   bool evictable(const Origin& o, Clock::time_point now) const {
-    return o.in_flight == 0 && o.waiting.empty() && !o.listed_ready && !o.paused &&
+    return o.in_flight == 0 && o.waiting.empty() && !o.listed_ready &&
            (o.state != CircuitState::open || now >= o.open_until);
   }
 
-  Origin& find_or_add(const std::string& key, Clock::time_point now) {
+  Origin& find_or_add(const std::string& key, const std::string& origin, const std::string& tenant,
+                      Clock::time_point now) {
     if (origins.size() >= max_tracked_origins && origins.find(key) == origins.end()) {
       // Idle origins keep their failure counts (consecutive failures span a delivery's retries);
       // a submitter naming endless failing origins must not grow the map, so past the bound the
@@ -120,11 +133,17 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
       for (auto i = origins.begin(); i != origins.end();)
         i = evictable(i->second, now) ? origins.erase(i) : std::next(i);
     }
-    return origins[key];
+    Origin& o = origins[key];
+    if (o.origin.empty()) {
+      o.origin = origin;
+      o.tenant = tenant;
+    }
+    return o;
   }
 
   bool can_start(const Origin& o) const {
-    if (o.paused || total_in_flight >= options.max_total || o.in_flight >= options.max_per_origin) {
+    if (paused(o) || total_in_flight >= options.max_total ||
+        o.in_flight >= options.max_per_origin) {
       return false;
     }
     if (o.state == CircuitState::open) return false;
@@ -140,58 +159,67 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     acts.sends.push_back({key, std::move(pending), probe});
   }
 
-  void defer(const std::string& key, Origin& o, Pending pending, milliseconds delay,
-             const char* why, Actions& acts) {
+  void defer(Origin& o, Pending pending, milliseconds delay, const char* why, Actions& acts) {
     ++o.deferred;
     CallbackResponse r;
     r.error = TransportError::deferred;
     r.retry_in = std::max(milliseconds(1), delay);
-    r.message = std::string(why) + " (" + key + ")";
+    r.message = std::string(why) + " (" + o.origin + ")";
     acts.answers.push_back({std::move(pending.on_done), std::move(r)});
   }
 
-  // When a request that cannot go now should come back: as the origin's places free up at the
-  // pace its recent attempts took, one after another, so that a backlog returns no faster than
-  // the limits let it through.
-  milliseconds pace(Origin& o, const CallbackRequest& request, Clock::time_point now) const {
-    milliseconds estimate = o.has_latency ? o.latency : unknown_latency;
-    estimate = std::clamp(estimate, milliseconds(1), std::max(milliseconds(1), request.timeout));
-    const auto step = std::max<Clock::duration>(
-        milliseconds(1),
-        estimate / static_cast<long>(std::max<std::size_t>(1, options.max_per_origin)));
-    const auto at = std::max(o.horizon, now + estimate);
-    o.horizon = at + step;
-    return std::chrono::duration_cast<milliseconds>(at - now);
+  milliseconds estimate(const Origin& o, const CallbackRequest& request) const {
+    const milliseconds e = o.has_latency ? o.latency : unknown_latency;
+    return std::clamp(e, milliseconds(1), std::max(milliseconds(1), request.timeout));
   }
 
-  void admit(const std::string& key, Origin& o, Pending pending, Clock::time_point now,
-             Actions& acts) {
-    if (o.paused) {
-      return defer(key, o, std::move(pending), options.paused_retry, "the origin is paused", acts);
+  // When a request that cannot go now should come back, from `earliest` on: one after another,
+  // as the origin's places would free up at the pace its recent attempts took, so that a backlog
+  // comes back spread out, no faster than the limits let it through, never all at once.
+  milliseconds pace(Origin& o, const CallbackRequest& request, Clock::time_point now,
+                    Clock::time_point earliest) const {
+    const auto step = std::max<Clock::duration>(
+        milliseconds(1),
+        estimate(o, request) / static_cast<long>(std::max<std::size_t>(1, options.max_per_origin)));
+    const auto at = std::max(o.horizon, earliest);
+    o.horizon = at + step;
+    return std::chrono::ceil<milliseconds>(at - now);
+  }
+
+  // Defers `pending` for the reason the origin cannot take it now.
+  void defer_for_now(Origin& o, Pending pending, Clock::time_point now, Actions& acts) {
+    if (paused(o)) {
+      const milliseconds delay = pace(o, pending.request, now, now + options.paused_retry);
+      return defer(o, std::move(pending), delay, "the origin is paused", acts);
     }
-    refresh(o, now);
     if (o.state == CircuitState::open) {
-      return defer(key, o, std::move(pending), std::chrono::ceil<milliseconds>(o.open_until - now),
-                   "the receiver's circuit is open", acts);
+      const milliseconds delay = pace(o, pending.request, now, o.open_until);
+      return defer(o, std::move(pending), delay, "the receiver's circuit is open", acts);
     }
-    if (can_start(o)) return start(key, o, std::move(pending), acts);
-    if (o.state == CircuitState::closed && o.waiting.size() < options.max_waiting_per_origin &&
-        total_waiting < options.max_total) {
-      o.waiting.push_back(std::move(pending));
-      ++total_waiting;
-      list_if_ready(key, o);
-      return;
-    }
-    const milliseconds delay = pace(o, pending.request, now);
-    defer(key, o, std::move(pending), delay,
+    const milliseconds delay = pace(o, pending.request, now, now + estimate(o, pending.request));
+    defer(o, std::move(pending), delay,
           o.state == CircuitState::half_open && o.probe_out ? "the receiver's circuit probe is out"
                                                             : "the receiver is at its limits",
           acts);
   }
 
+  void admit(const std::string& key, Origin& o, Pending pending, Clock::time_point now,
+             Actions& acts) {
+    refresh(o, now);
+    if (can_start(o)) return start(key, o, std::move(pending), acts);
+    if (!paused(o) && o.state == CircuitState::closed &&
+        o.waiting.size() < options.max_waiting_per_origin && total_waiting < options.max_total) {
+      o.waiting.push_back(std::move(pending));
+      ++total_waiting;
+      list_if_ready(key, o);
+      return;
+    }
+    defer_for_now(o, std::move(pending), now, acts);
+  }
+
   void list_if_ready(const std::string& key, Origin& o) {
     if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
-        o.in_flight < options.max_per_origin && o.state == CircuitState::closed && !o.paused) {
+        o.in_flight < options.max_per_origin && o.state == CircuitState::closed && !paused(o)) {
       o.listed_ready = true;
       ready.push_back(key);
     }
@@ -227,21 +255,14 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   }
 
   // Whatever waits in memory for `o` goes back to its caller, due when the origin may take it.
-  void defer_waiting(const std::string& key, Origin& o, Clock::time_point now, Actions& acts) {
-    while (!o.waiting.empty()) {
-      Pending p = pop_waiting(o);
-      if (o.paused) {
-        defer(key, o, std::move(p), options.paused_retry, "the origin is paused", acts);
-      } else {
-        defer(key, o, std::move(p), std::chrono::ceil<milliseconds>(o.open_until - now),
-              "the receiver's circuit is open", acts);
-      }
-    }
+  void defer_waiting(Origin& o, Clock::time_point now, Actions& acts) {
+    while (!o.waiting.empty())
+      defer_for_now(o, pop_waiting(o), now, acts);
   }
 
   void forget_if_idle(const std::string& key, Origin& o) {
     if (o.in_flight == 0 && o.waiting.empty() && o.failures == 0 &&
-        o.state == CircuitState::closed && !o.listed_ready && !o.paused) {
+        o.state == CircuitState::closed && !o.listed_ready && !paused(o)) {
       origins.erase(key);
     }
   }
@@ -251,7 +272,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   void run(Actions& acts) {
     for (const Change& c : acts.changes) {
       try {
-        if (options.on_circuit) options.on_circuit(c.key, c.state, c.failures);
+        if (options.on_circuit) options.on_circuit(c.origin, c.state, c.failures);
       } catch (...) {
         // A listener's trouble is not the delivery's.
       }
@@ -313,16 +334,15 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
                 (probe ||
                  (o.state == CircuitState::closed && o.failures >= options.breaker_failures))) {
               if (o.state == CircuitState::closed)
-                acts.changes.push_back({key, CircuitState::open, o.failures});
+                acts.changes.push_back({o.origin, CircuitState::open, o.failures});
               o.state = CircuitState::open;
               o.open_until = now + options.breaker_cooldown;
               o.probe_out = false;
-              o.horizon = {};
-              defer_waiting(key, o, now, acts);
+              defer_waiting(o, now, acts);
             }
           } else {
             if (o.state != CircuitState::closed)
-              acts.changes.push_back({key, CircuitState::closed, o.failures});
+              acts.changes.push_back({o.origin, CircuitState::closed, o.failures});
             o.failures = 0;
             o.deferred = 0;
             o.state = CircuitState::closed;
@@ -379,9 +399,9 @@ OriginGate::~OriginGate() {
 }
 
 void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) {
-  const std::string key = origin_of(request.url);
+  const std::string origin = origin_of(request.url);
   State::Actions acts;
-  if (key.empty()) {
+  if (origin.empty()) {
     // Not an http(s) URL: the inner transport says what is wrong with it.
     std::shared_ptr<CallbackTransport> to;
     {
@@ -399,7 +419,8 @@ void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) 
       acts.answers.push_back({std::move(on_done), std::move(r)});
     } else {
       const auto now = state_->options.clock();
-      State::Origin& o = state_->find_or_add(key, now);
+      const std::string key = State::key_of(origin, request.tenant);
+      State::Origin& o = state_->find_or_add(key, origin, request.tenant, now);
       state_->admit(key, o, {std::move(request), std::move(on_done)}, now, acts);
     }
   }
@@ -411,13 +432,20 @@ std::vector<EndpointStatus> OriginGate::endpoints() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   const auto now = state_->options.clock();
   out.reserve(state_->origins.size());
+  std::set<std::string> listed;
   for (const auto& [key, o] : state_->origins) {
     CircuitState shown = o.state;
     if (shown == CircuitState::open && now >= o.open_until) shown = CircuitState::half_open;
-    out.push_back({key, shown, o.failures, o.in_flight, o.waiting.size(), o.paused, o.deferred});
+    out.push_back({o.origin, shown, o.failures, o.in_flight, o.waiting.size(), state_->paused(o),
+                   o.deferred, o.tenant});
+    listed.insert(o.origin);
   }
-  std::sort(out.begin(), out.end(),
-            [](const EndpointStatus& a, const EndpointStatus& b) { return a.origin < b.origin; });
+  for (const auto& origin : state_->paused_origins) {
+    if (!listed.count(origin)) out.push_back({origin, CircuitState::closed, 0, 0, 0, true, 0, {}});
+  }
+  std::sort(out.begin(), out.end(), [](const EndpointStatus& a, const EndpointStatus& b) {
+    return std::tie(a.origin, a.tenant) < std::tie(b.origin, b.tenant);
+  });
   return out;
 }
 
@@ -433,9 +461,10 @@ std::string OriginGate::pause(const std::string& origin) {
   State::Actions acts;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    State::Origin& o = state_->find_or_add(key, state_->options.clock());
-    o.paused = true;
-    state_->defer_waiting(key, o, state_->options.clock(), acts);
+    state_->paused_origins.insert(key);
+    const auto now = state_->options.clock();
+    for (auto& [k, o] : state_->origins)
+      if (o.origin == key) state_->defer_waiting(o, now, acts);
   }
   state_->run(acts);
   return key;
@@ -447,24 +476,26 @@ bool OriginGate::resume(const std::string& origin) {
   State::Actions acts;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    auto it = state_->origins.find(key);
-    if (it == state_->origins.end() || !it->second.paused) return false;
-    it->second.paused = false;
-    it->second.deferred = 0;
-    state_->pump_origin(key, it->second, acts);
-    state_->forget_if_idle(key, it->second);
+    if (state_->paused_origins.erase(key) == 0) return false;
+    std::vector<std::string> keys;
+    for (auto& [k, o] : state_->origins) {
+      if (o.origin != key) continue;
+      o.deferred = 0;
+      state_->pump_origin(k, o, acts);
+      keys.push_back(k);
+    }
+    for (const auto& k : keys) {
+      auto it = state_->origins.find(k);
+      if (it != state_->origins.end()) state_->forget_if_idle(k, it->second);
+    }
   }
   state_->run(acts);
   return true;
 }
 
 std::vector<std::string> OriginGate::paused() const {
-  std::vector<std::string> out;
   std::lock_guard<std::mutex> lock(state_->mutex);
-  for (const auto& [key, o] : state_->origins)
-    if (o.paused) out.push_back(key);
-  std::sort(out.begin(), out.end());
-  return out;
+  return std::vector<std::string>(state_->paused_origins.begin(), state_->paused_origins.end());
 }
 
 }  // namespace rebound

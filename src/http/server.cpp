@@ -72,6 +72,14 @@ ApiError error_for_status(int status) {
 }
 
 // The 503 answers shared by submissions, invocations and redeliveries.
+void send_tenant_quota(httplib::Response& res) {
+  res.set_header("Retry-After", "1");
+  send_error(res, {429,
+                   "tenant_quota",
+                   "Your jobs hold your share of the queue; retry when some are done.",
+                   {}});
+}
+
 void send_queue_full(httplib::Response& res) {
   res.set_header("Retry-After", "1");
   send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
@@ -494,6 +502,7 @@ struct Server::Impl {
                            {"waiting", e.waiting},
                            {"paused", e.paused},
                            {"deferred", e.deferred}});
+      if (!e.tenant.empty()) endpoints.back()["tenant"] = e.tenant;
     }
     send_json(res, 200, {{"endpoints", std::move(endpoints)}});
   }
@@ -575,11 +584,7 @@ struct Server::Impl {
       case SubmitStatus::queue_full:
         return send_queue_full(res);
       case SubmitStatus::tenant_quota:
-        res.set_header("Retry-After", "1");
-        return send_error(res, {429,
-                                "tenant_quota",
-                                "Your jobs hold your share of the queue; retry when some are done.",
-                                {}});
+        return send_tenant_quota(res);
       case SubmitStatus::not_ready:
         return send_not_ready(res);
       case SubmitStatus::shutting_down:
@@ -677,13 +682,10 @@ struct Server::Impl {
     // operators when there are several.
     const bool spans_tenants = resource == Resource::callback_endpoints ||
                                resource == Resource::pause_origin ||
-                               resource == Resource::resume_origin ||
-                               resource == Resource::metrics;
+                               resource == Resource::resume_origin || resource == Resource::metrics;
     if (multi_tenant && spans_tenants && !caller->is_operator) {
-      send_error(res, {403,
-                       "forbidden",
-                       "This route spans every tenant: it needs an operator key.",
-                       {}});
+      send_error(
+          res, {403, "forbidden", "This route spans every tenant: it needs an operator key.", {}});
       return false;
     }
     return true;
@@ -691,16 +693,16 @@ struct Server::Impl {
 
   // The public keys that verify the caller's callbacks (its tenant's), or those of ?tenant=NAME
   // for a receiver without an API key.
-  void webhook_keys(const httplib::Request& req, const Credential* caller,
-                    httplib::Response& res) {
+  void webhook_keys(const httplib::Request& req, const Credential* caller, httplib::Response& res) {
     std::string tenant = caller ? caller->tenant : std::string();
     if (multi_tenant && !caller) {
       tenant = req.get_param_value("tenant");
-      if (!is_valid_tenant_name(tenant)) {
-        return send_error(res, {422,
-                                "invalid_field",
+      const bool known = std::any_of(credentials.begin(), credentials.end(),
+                                     [&](const Credential& c) { return c.tenant == tenant; });
+      if (!known) {
+        return send_error(res, {422, "invalid_field",
                                 "This server has several tenants: send your API key, or name "
-                                "the tenant (?tenant=NAME).",
+                                "one of its tenants (?tenant=NAME).",
                                 "tenant"});
       }
     }
@@ -743,6 +745,8 @@ struct Server::Impl {
                                 {}});
       case RedeliverStatus::queue_full:
         return send_queue_full(res);
+      case RedeliverStatus::tenant_quota:
+        return send_tenant_quota(res);
       case RedeliverStatus::shutting_down:
         return send_shutting_down(res);
       case RedeliverStatus::no_transport:  // a JobQueue built without one, behind this Server
@@ -772,8 +776,7 @@ struct Server::Impl {
     send_json(res, 200, to_status_json(*record));
   }
 
-  void list_failed(const httplib::Request& req, const std::string& tenant,
-                   httplib::Response& res) {
+  void list_failed(const httplib::Request& req, const std::string& tenant, httplib::Response& res) {
     const std::string state = req.get_param_value("callback_state");
     if (state != "failed") {
       return send_error(res, {422, "invalid_field",
@@ -825,7 +828,10 @@ struct Server::Impl {
     if (is_valid_job_id(id)) record = wait ? wait_final(key, *wait, res) : service.find(key);
     if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
     std::optional<std::size_t> position;
-    if (record->status == JobStatus::queued) position = service.queue_position(key);
+    // With several tenants the store's count would tell one tenant of the others' queue, and
+    // turns make it wrong anyway: left out.
+    if (record->status == JobStatus::queued && !multi_tenant)
+      position = service.queue_position(key);
     send_json(res, 200, to_status_json(*record, position));
   }
 

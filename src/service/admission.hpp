@@ -64,6 +64,19 @@ class Admission {
     return true;
   }
 
+  /// Takes a slot for work `tenant` asks for again (a redelivery): held to its share as a
+  /// submission is, but not gated on the model.
+  SubmitStatus take_slot_within_share(std::string_view tenant) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_flight_ >= capacity_) return SubmitStatus::queue_full;
+    if (by_tenant_ && !tenant.empty()) {
+      auto it = tenants_.find(tenant);
+      if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
+    }
+    take_locked(tenant);
+    return SubmitStatus::accepted;
+  }
+
   /// Frees one slot of `tenant`'s (Claim does, when it goes).
   void release(std::string_view tenant = {}) {
     bool freed;

@@ -28,15 +28,6 @@ class Claim {
     return c;
   }
 
-  /// A slot taken, and `holder`'s lease on `id`, renewed from now on (`is_job`: a job's claim,
-  /// else a callback attempt's).
-  static Claim leased(Admission& admission, Leases& leases, std::string id, std::string holder,
-                      bool is_job = true) {
-    Claim c = slot(admission);
-    c.take_lease(leases, std::move(id), std::move(holder), is_job);
-    return c;
-  }
-
   Claim(Claim&& other) noexcept { *this = std::move(other); }
   Claim& operator=(Claim&& other) noexcept {
     if (this != &other) {

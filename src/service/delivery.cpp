@@ -67,8 +67,13 @@ void Delivery::notify_started(const Job& job) {
     return;
   }
   nlohmann::json body = {{"id", id_of(job.id)}, {"status", "running"}};
-  CallbackMessage message{job.id, job.callback_url,    dump_json(body), webhook_id_of(job.id) + "_started",
-                          0,      {}, std::string(tenant_of(job.id))};
+  CallbackMessage message{job.id,
+                          job.callback_url,
+                          dump_json(body),
+                          webhook_id_of(job.id) + "_started",
+                          0,
+                          {},
+                          std::string(tenant_of(job.id))};
   continue_trace(message, job);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
@@ -78,7 +83,18 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
                          const CallbackInfo& before, const AttemptReport& report) {
   const std::string holder = claim->holder();
   CallbackInfo after = before;
-  if (report.verdict == AttemptVerdict::deferred) {
+  AttemptReport given_up;
+  const AttemptReport* heard = &report;
+  if (report.verdict == AttemptVerdict::deferred && before.delivery_started_at != TimePoint{} &&
+      clock_() - before.delivery_started_at >= max_deferral_) {
+    // Waited behind a receiver that never came back for too long: a dead letter now.
+    given_up = report;
+    given_up.verdict = AttemptVerdict::give_up;
+    given_up.error = "deferred for longer than the longest deferral allowed: " + report.error;
+    heard = &given_up;
+    after.state = CallbackState::failed;
+    after.last_error = given_up.error;
+  } else if (report.verdict == AttemptVerdict::deferred) {
     // Not sent: back to the store, due when the transport asked, with no attempt spent. It holds
     // no slot and no memory meanwhile, however long the receiver's circuit stays open.
     after.state = CallbackState::pending;
@@ -88,7 +104,7 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
     after.delivery_attempts = before.delivery_attempts + 1;
     after.last_error = report.error;
   }
-  switch (report.verdict) {
+  switch (heard->verdict) {
     case AttemptVerdict::deferred:
       break;
     case AttemptVerdict::delivered:
@@ -103,7 +119,7 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
       after.previous_delay = report.next_delay;
       break;
   }
-  observe_([&](auto& o) { o.on_attempt(id, report); });
+  observe_([&](auto& o) { o.on_attempt(id, *heard); });
   store_.write_until_stored(
       owner(), "record_attempt", id,
       [this, id, holder, after](JobStore& s) {

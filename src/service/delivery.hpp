@@ -26,15 +26,19 @@ class Delivery {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
 
+  /// `max_deferral`: a callback deferred (its receiver's circuit open, paused) this long after
+  /// its delivery started is given up.
   Delivery(CallbackSender& sender, StoreAccess& store, Leases& leases, Admission& admission,
-           Observers& observe, Clock clock, std::function<void(TimePoint)> schedule)
+           Observers& observe, Clock clock, std::function<void(TimePoint)> schedule,
+           std::chrono::milliseconds max_deferral)
       : sender_(sender),
         store_(store),
         leases_(leases),
         admission_(admission),
         observe_(observe),
         clock_(std::move(clock)),
-        schedule_(std::move(schedule)) {}
+        schedule_(std::move(schedule)),
+        max_deferral_(max_deferral) {}
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 
@@ -64,6 +68,7 @@ class Delivery {
   Observers& observe_;
   const Clock clock_;
   const std::function<void(TimePoint)> schedule_;
+  const std::chrono::milliseconds max_deferral_;
   // What async work holds to keep the parts alive; set_owner comes before any work.
   std::shared_ptr<const void> owner() const {
     auto keep = owner_.lock();

@@ -5,10 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -179,13 +179,15 @@ struct Pipeline {
             },
             options.tenant_share >= 1.0
                 ? std::numeric_limits<std::size_t>::max()
-                : std::max<std::size_t>(1, static_cast<std::size_t>(
-                                               options.tenant_share *
-                                               static_cast<double>(options.queue_capacity)))),
+                : std::max<std::size_t>(
+                      1, static_cast<std::size_t>(options.tenant_share *
+                                                  static_cast<double>(options.queue_capacity)))),
         leases(options.server_id.empty() ? default_server_id() : options.server_id, options.lease,
                clock),
-        delivery(*sender, store, leases, admission, observe, clock,
-                 [this](std::chrono::system_clock::time_point at) { pump.wake(at); }),
+        delivery(
+            *sender, store, leases, admission, observe, clock,
+            [this](std::chrono::system_clock::time_point at) { pump.wake(at); },
+            options.callback_max_deferral),
         pump(
             store, admission, leases, delivery, observe, clock, options.poll_interval,
             [this](const std::string& id, const std::string& holder) {

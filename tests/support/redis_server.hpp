@@ -38,10 +38,21 @@ class RedisServer {
 
   void start() {
     REQUIRE(pid_ == -1);
-    std::vector<std::string> args{REBOUND_REDIS_SERVER, "--port", std::to_string(port_),
-                                  "--bind", "127.0.0.1", "--dir", dir_.path.string(),
-                                  "--save", "", "--daemonize", "no", "--loglevel", "warning",
-                                  "--logfile", dir_.file("redis.log")};
+    std::vector<std::string> args{REBOUND_REDIS_SERVER,
+                                  "--port",
+                                  std::to_string(port_),
+                                  "--bind",
+                                  "127.0.0.1",
+                                  "--dir",
+                                  dir_.path.string(),
+                                  "--save",
+                                  "",
+                                  "--daemonize",
+                                  "no",
+                                  "--loglevel",
+                                  "warning",
+                                  "--logfile",
+                                  dir_.file("redis.log")};
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     REQUIRE(pid_ >= 0);

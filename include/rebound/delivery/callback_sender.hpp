@@ -22,6 +22,9 @@ struct CallbackSenderOptions {
   BackoffPolicyPtr backoff = backoff::default_policy();
   ResponseClassifier classifier = default_classifier;
   std::chrono::milliseconds timeout{10000};  ///< per attempt
+  /// `deliver` gives a message up once the transport has deferred it (TransportError::deferred)
+  /// for longer than this in all, so that nothing waits in memory for a receiver that stays down.
+  std::chrono::milliseconds max_deferral{std::chrono::minutes(10)};
   /// Keys to sign every callback with (Standard Webhooks): "whsec_..." shared secrets (HMAC,
   /// `v1`) and "whsk_..." Ed25519 signing keys (`v1a`, verified with the public key). Each adds
   /// one signature to `webhook-signature`, so receivers can rotate keys. Empty: not signed.

@@ -16,6 +16,9 @@ struct CallbackRequest {
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
   std::chrono::milliseconds timeout{10000};  ///< for the whole attempt, connecting included
+  /// Whose callback it is (rebound/tenant.hpp; "" for the default tenant): OriginGate keeps each
+  /// tenant's breaker and limits at an origin apart.
+  std::string tenant;
 };
 
 /// Why a request got no HTTP answer.
@@ -74,6 +77,9 @@ struct EndpointStatus {
   /// Requests answered `deferred` since the origin last answered well: what waits elsewhere (in
   /// a JobQueue's store) for the circuit, the pause or the limits.
   std::size_t deferred = 0;
+  /// The tenant whose callbacks these are (OriginGate tracks each tenant at an origin apart);
+  /// "" for the default tenant.
+  std::string tenant;
 };
 
 /// Called exactly once per `send`, on a transport thread. Must not block for long.
