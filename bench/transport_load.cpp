@@ -26,7 +26,6 @@ int main(int argc, char** argv) {
   rebound::CurlTransportOptions options;
   options.guard = rebound::AddressGuard(true);
   rebound::OriginGateOptions limits;
-  limits.max_waiting_per_origin = static_cast<std::size_t>(window);
   if (argc > 4) limits.max_per_origin = static_cast<std::size_t>(std::atol(argv[4]));
   auto transport = std::make_unique<rebound::OriginGate>(
       std::make_unique<rebound::CurlTransport>(io.get_executor(), options), limits);

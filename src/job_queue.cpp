@@ -242,11 +242,13 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   } else {
     transport = std::make_unique<detail::NoTransport>();
   }
+  const std::chrono::milliseconds attempt_timeout = options.delivery.timeout;
   auto sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                  std::move(options.delivery));
   core_ = std::make_shared<detail::Pipeline>(std::move(model), std::move(store), std::move(sender),
                                              has_transport, std::move(guard), options);
   core_->gate = gate;
+  core_->delivery.set_gate(gate, attempt_timeout);
   *pipeline = core_;
   core_->delivery.set_owner(core_);
   core_->runner.set_owner(core_);

@@ -212,10 +212,11 @@ TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
     rebound::OriginGateOptions limits;
     limits.max_per_origin = 10;
     limits.max_total = 4;
+    limits.max_waiting = 4;
     auto gate = gated(io, limits);
     auto& transport = *gate;
     std::vector<std::shared_future<Answer>> all;
-    for (int i = 0; i < 4; ++i) {  // four in flight, four waiting (as many as max_total)
+    for (int i = 0; i < 4; ++i) {  // four in flight, four waiting (max_waiting)
       all.push_back(send(transport, request(a.url())));
       all.push_back(send(transport, request(b.url())));
     }

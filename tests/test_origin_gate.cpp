@@ -435,3 +435,25 @@ TEST_CASE("gate: what an open circuit defers comes back spread out - not all at 
   for (std::size_t i = 1; i < due.size(); ++i)
     CHECK(due[i] - due[i - 1] == 500ms);  // 2 s a request, 4 at once
 }
+
+TEST_CASE("gate: defer_now answers for an open circuit or a pause - nothing for a healthy origin") {
+  OriginGateOptions o;
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 30s;
+  Fixture f(o);
+  CHECK(!f.gate->defer_now(a, "", 10s));  // unknown, so healthy: send it
+  f.send(a);
+  f.answer(503);  // opens
+  auto held = f.gate->defer_now(a, "", 10s);
+  REQUIRE(held);
+  CHECK(held->error == TransportError::deferred);
+  CHECK(held->retry_in == 30s);
+  CHECK(f.endpoint(a_origin).deferred == 1);
+  CHECK(!f.gate->defer_now(a, "other-tenant", 10s));  // another tenant's circuit is closed
+  CHECK(!f.gate->defer_now(b, "", 10s));
+  f.gate->pause(b);
+  auto paused = f.gate->defer_now(b, "", 10s);
+  REQUIRE(paused);
+  CHECK(paused->message.find("paused") != std::string::npos);
+  CHECK(*f.total == 1);  // nothing was sent for any of it
+}

@@ -21,6 +21,10 @@
 #include "support/fake_clock.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
+#ifdef REBOUND_TEST_REDIS
+#include "rebound/store/make_store.hpp"
+#include "support/redis_server.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using nlohmann::json;
@@ -1077,3 +1081,27 @@ TEST_CASE(
   REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
   CHECK(acme.submit({{"id", "a4"}, {"input", 4}})->status == 202);
 }
+
+#ifdef REBOUND_TEST_REDIS
+TEST_CASE("tenants: two servers on one Redis agree whose job is whose") {
+  rebound::test::RedisServer redis;
+  HarnessOptions o = two_tenants();
+  o.make_store = [&] { return rebound::make_store(redis.uri()); };
+  Harness one(o), two(o);
+  const As acme_one{one, "k-acme"}, acme_two{two, "k-acme"}, globex_two{two, "k-globex"};
+  REQUIRE(acme_one.submit({{"id", "shared"}, {"input", 1}})->status == 202);
+  REQUIRE(globex_two.submit({{"id", "shared"}, {"input", 2}})->status == 202);
+  REQUIRE(rebound::test::eventually([&] {
+    const json a = json::parse(acme_two.get("/v1/inferences/shared")->body);
+    const json g = json::parse(globex_two.get("/v1/inferences/shared")->body);
+    return a["status"] == "succeeded" && g["status"] == "succeeded";
+  }));
+  // Each tenant finds its own job on the other server, and only its own.
+  CHECK(json::parse(acme_two.get("/v1/inferences/shared")->body)["result"] == json{{"echo", 1}});
+  CHECK(json::parse(globex_two.get("/v1/inferences/shared")->body)["result"] == json{{"echo", 2}});
+  REQUIRE(acme_one.submit({{"id", "acme-only"}, {"input", 3}})->status == 202);
+  REQUIRE(rebound::test::eventually(
+      [&] { return acme_two.get("/v1/inferences/acme-only")->status == 200; }));
+  check_error(globex_two.get("/v1/inferences/acme-only"), 404, "not_found");
+}
+#endif

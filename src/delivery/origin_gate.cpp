@@ -179,8 +179,9 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   milliseconds pace(Origin& o, const CallbackRequest& request, Clock::time_point now,
                     Clock::time_point earliest) const {
     const auto step = std::max<Clock::duration>(
-        milliseconds(1),
-        estimate(o, request) / static_cast<long>(std::max<std::size_t>(1, options.max_per_origin)));
+        std::chrono::microseconds(10),
+        std::chrono::duration_cast<Clock::duration>(estimate(o, request)) /
+            static_cast<long>(std::max<std::size_t>(1, options.max_per_origin)));
     const auto at = std::max(o.horizon, earliest);
     o.horizon = at + step;
     return std::chrono::ceil<milliseconds>(at - now);
@@ -208,7 +209,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     refresh(o, now);
     if (can_start(o)) return start(key, o, std::move(pending), acts);
     if (!paused(o) && o.state == CircuitState::closed &&
-        o.waiting.size() < options.max_waiting_per_origin && total_waiting < options.max_total) {
+        o.waiting.size() < options.max_waiting_per_origin && total_waiting < options.max_waiting) {
       o.waiting.push_back(std::move(pending));
       ++total_waiting;
       list_if_ready(key, o);
@@ -425,6 +426,39 @@ void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) 
     }
   }
   state_->run(acts);
+}
+
+std::optional<CallbackResponse> OriginGate::defer_now(const std::string& url,
+                                                      const std::string& tenant,
+                                                      std::chrono::milliseconds timeout) {
+  const std::string origin = origin_of(url);
+  if (origin.empty()) return std::nullopt;
+  State::Actions acts;
+  CallbackResponse out;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->stopped) return std::nullopt;
+    const bool paused = state_->paused_origins.count(origin) > 0;
+    auto it = state_->origins.find(State::key_of(origin, tenant));
+    if (!paused && it == state_->origins.end()) return std::nullopt;  // healthy and idle
+    const auto now = state_->options.clock();
+    State::Origin& o =
+        it != state_->origins.end()
+            ? it->second
+            : state_->find_or_add(State::key_of(origin, tenant), origin, tenant, now);
+    state_->refresh(o, now);
+    const bool held = paused || o.state == CircuitState::open ||
+                      (o.state == CircuitState::half_open && o.probe_out);
+    if (!held) return std::nullopt;
+    State::Pending p;
+    p.request.url = url;
+    p.request.tenant = tenant;
+    p.request.timeout = timeout;
+    p.on_done = [&out](CallbackResponse r) { out = std::move(r); };
+    state_->defer_for_now(o, std::move(p), now, acts);
+  }
+  state_->run(acts);  // the answer lands in `out`
+  return out;
 }
 
 std::vector<EndpointStatus> OriginGate::endpoints() const {

@@ -570,6 +570,11 @@ void CurlTransport::send(CallbackRequest request, CallbackResponseHandler on_don
     t->origin = parsed.url->origin();
     t->host = parsed.url->host;
   }
+  // Sent from the strand itself (an OriginGate starting the next request as one ends): started
+  // at once, not after everything queued on the executor. Its answer still comes later.
+  if (parsed.url && impl_->strand.running_in_this_thread() && !impl_->stopped) {
+    return impl_->start(std::move(t));
+  }
   boost::asio::post(impl_->strand, [impl = impl_, t = std::move(t), valid = parsed.url.has_value(),
                                     error = parsed.error]() mutable {
     if (!valid) {

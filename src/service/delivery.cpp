@@ -34,6 +34,22 @@ void Delivery::start(JobRecord record, std::string holder, Claim claim) {
 void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim) {
   const std::string id = record.job.id;
   const CallbackInfo before = record.callback;
+  if (gate_) {
+    // Its receiver's circuit is open or it is paused: back to the store from here, without
+    // building a request that would not be sent.
+    if (auto deferred = gate_->defer_now(record.job.callback_url, std::string(tenant_of(id)),
+                                         attempt_timeout_)) {
+      claim.take_lease(leases_, id, std::move(holder), false);
+      AttemptReport report;
+      report.attempt = before.attempts;
+      report.verdict = AttemptVerdict::deferred;
+      report.next_delay = deferred->retry_in;
+      report.error = deferred->message;
+      report.response = std::move(*deferred);
+      attempted(id, std::make_shared<Claim>(std::move(claim)), before, report);
+      return;
+    }
+  }
   CallbackMessage message{id,
                           record.job.callback_url,
                           dump_json(to_callback_json(record)),

@@ -14,6 +14,7 @@
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/delivery/callback_sender.hpp"
+#include "rebound/delivery/origin_gate.hpp"
 #include "rebound/job.hpp"
 #include "store_access.hpp"
 
@@ -42,6 +43,14 @@ class Delivery {
 
   void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
 
+  /// The gate in front of the transport, asked before each attempt whether it would be deferred
+  /// (then no request is built and nothing goes through the io thread); `timeout` is the
+  /// attempts' timeout. Before any work.
+  void set_gate(OriginGate* gate, std::chrono::milliseconds timeout) {
+    gate_ = gate;
+    attempt_timeout_ = timeout;
+  }
+
   /// Sends the first attempt of a callback `holder` has just claimed with the job's outcome, in
   /// the slot of `claim` (the job's, whose lease it replaces).
   void start(JobRecord record, std::string holder, Claim claim);
@@ -69,6 +78,8 @@ class Delivery {
   const Clock clock_;
   const std::function<void(TimePoint)> schedule_;
   const std::chrono::milliseconds max_deferral_;
+  OriginGate* gate_ = nullptr;
+  std::chrono::milliseconds attempt_timeout_{10000};
   // What async work holds to keep the parts alive; set_owner comes before any work.
   std::shared_ptr<const void> owner() const {
     auto keep = owner_.lock();

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,10 +22,13 @@ struct OriginGateOptions {
   std::size_t max_per_origin = 64;
   /// Requests in flight in all, at most.
   std::size_t max_total = 1024;
-  /// Requests that may wait in memory for a place to free up, per origin (and `max_total` in
-  /// all). Beyond them a request is answered `deferred` at once, with a time to come back that
-  /// follows the origin's pace, so that a backlog waits in the caller's store, not here.
-  std::size_t max_waiting_per_origin = 64;
+  /// Requests that may wait in memory for a place to free up while the origin is healthy, per
+  /// origin and in all. Beyond them a request is answered `deferred` at once, with a time to come
+  /// back that follows the origin's pace. Unbounded by default: each waiting request holds a slot
+  /// of its JobQueue's capacity, which bounds them, and a receiver that stops answering opens its
+  /// circuit, which sends them all back.
+  std::size_t max_waiting_per_origin = std::numeric_limits<std::size_t>::max();
+  std::size_t max_waiting = std::numeric_limits<std::size_t>::max();
   /// Consecutive failures (timeouts, refused or broken connections, TLS failures, 5xx) that open
   /// an origin's circuit. 0 disables the breaker.
   std::size_t breaker_failures = 5;
@@ -46,7 +51,7 @@ struct OriginGateOptions {
 /// Sits in front of any CallbackTransport and gives every receiver origin its own share:
 ///
 /// - **Limits.** At most `max_per_origin` requests in flight to one origin and `max_total` in all.
-///   A few more wait in memory, in order (`max_waiting_per_origin`); the attempt's timeout starts
+///   More wait in memory, in order (up to `max_waiting_per_origin`); the attempt's timeout starts
 ///   only when the inner transport gets the request.
 /// - **A circuit breaker per origin.** After `breaker_failures` failures in a row the circuit
 ///   opens: for `breaker_cooldown` nothing is sent to the origin. Then one request goes out as the
@@ -76,6 +81,13 @@ class OriginGate final : public CallbackTransport {
   OriginGate& operator=(const OriginGate&) = delete;
 
   void send(CallbackRequest request, CallbackResponseHandler on_done) override;
+
+  /// What `send` would answer now for a request to `url` from `tenant` that its origin's open
+  /// circuit, its probe out or a pause holds back: the `deferred` response (counted as one), or
+  /// nullopt when the request could go (nothing is reserved). Lets a caller skip building a
+  /// request that would not be sent, as rebound::JobQueue does before each attempt.
+  std::optional<CallbackResponse> defer_now(const std::string& url, const std::string& tenant,
+                                            std::chrono::milliseconds timeout);
 
   /// The origins being delivered to, waiting, failing, open or paused, sorted by origin.
   std::vector<EndpointStatus> endpoints() const override;
