@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -229,6 +230,12 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   auto pipeline = std::make_shared<std::weak_ptr<detail::Pipeline>>();
   if (transport) {
     OriginGateOptions gate_options = options.origins;
+    // What waits in memory for one healthy origin is bounded by a share of the capacity (the rest
+    // is deferred to the store at its pace), so that a slow receiver that never fails cannot take
+    // every slot.
+    if (gate_options.max_waiting_per_origin == std::numeric_limits<std::size_t>::max()) {
+      gate_options.max_waiting_per_origin = std::max<std::size_t>(64, options.queue_capacity / 4);
+    }
     gate_options.on_circuit = [pipeline, user = std::move(options.origins.on_circuit)](
                                   const std::string& origin, CircuitState state,
                                   std::size_t failures) {

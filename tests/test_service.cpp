@@ -530,3 +530,72 @@ TEST_CASE("service: a callback deferred longer than callback_max_deferral become
   CHECK(failed[0].callback.last_error.find("deferred for longer") != std::string::npos);
   CHECK(split->to_down <= 3);
 }
+
+namespace {
+// Holds every callback to a host named "slow..." unanswered until `release`; answers others 200.
+class HoldingTransport final : public rebound::CallbackTransport {
+ public:
+  struct Shared {
+    std::mutex m;
+    std::vector<rebound::CallbackResponseHandler> held;
+    std::atomic<int> up{0};
+    void release() {
+      std::vector<rebound::CallbackResponseHandler> all;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        all.swap(held);
+      }
+      for (auto& done : all) {
+        rebound::CallbackResponse r;
+        r.status = 200;
+        done(r);
+      }
+    }
+  };
+  explicit HoldingTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
+    if (request.url.find("//slow") != std::string::npos) {
+      std::lock_guard<std::mutex> lock(shared_->m);
+      shared_->held.push_back(std::move(on_done));
+      return;
+    }
+    ++shared_->up;
+    rebound::CallbackResponse r;
+    r.status = 200;
+    on_done(r);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+}  // namespace
+
+TEST_CASE("service: a slow receiver that never fails holds at most a quarter of the slots") {
+  auto clock = std::make_shared<FakeClock>();
+  auto slow = std::make_shared<HoldingTransport::Shared>();
+  rebound::JobQueueOptions so;
+  so.queue_capacity = 400;          // 100 may wait in memory for one origin
+  so.origins.breaker_failures = 0;  // it never fails: no circuit opens
+  so.origins.clock = steady_of(clock);
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
+            std::make_unique<rebound::EchoModel>(), std::make_unique<HoldingTransport>(slow));
+  auto& queue = *node.service;
+  int accepted = 0;
+  for (int i = 0; i < 600; ++i) {
+    accepted += queue.submit(job("slow-" + std::to_string(i), "http://slow.test/hook")) ==
+                rebound::SubmitStatus::accepted;
+  }
+  // 64 in flight and 100 waiting hold slots; the rest went back to the store.
+  REQUIRE(eventually([&] { return queue.in_flight() <= 164; }));
+  CHECK(accepted >= 400);
+  const auto e = queue.callback_endpoints().at(0);
+  CHECK(e.in_flight == 64);
+  CHECK(e.waiting == 100);
+  CHECK(e.deferred > 0);
+  // Another receiver's callbacks still find slots.
+  for (int i = 0; i < 50; ++i)
+    REQUIRE(queue.submit(job("up-" + std::to_string(i), "http://up.test/hook")) ==
+            rebound::SubmitStatus::accepted);
+  REQUIRE(eventually([&] { return slow->up == 50; }));
+  slow->release();
+}

@@ -53,6 +53,8 @@ struct JobQueueOptions {
   /// Each callback receiver origin's limits and circuit breaker (rebound::OriginGate, put in
   /// front of the transport). A callback that cannot go now (its origin's circuit open, paused,
   /// or at its limits) goes back to the store, due when it can: it holds no slot and no memory.
+  /// Unless set, `origins.max_waiting_per_origin` is a quarter of `queue_capacity` (at least 64),
+  /// so that one slow receiver cannot hold every slot.
   OriginGateOptions origins;
   /// A callback still deferred this long after its delivery started (its receiver's circuit open
   /// or paused all along) is given up, with the reason as its last error: a dead letter to

@@ -12,6 +12,7 @@
 
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/work_queue.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound {
 namespace {
@@ -107,8 +108,9 @@ void BatchRunner::sweep(WorkQueue<WorkItem>& queue) {
   screen(taken, now);
   for (auto& item : taken) {  // nothing, unless a revocation was undone meanwhile: run it after all
     const int priority = item.job.priority;
+    const std::string tenant(tenant_of(item.job.id));  // back into its tenant's turn
     // Closed by a shutdown: the claim goes with the item, the lease runs out, the store keeps it.
-    queue.try_push(std::move(item), priority);
+    queue.try_push(std::move(item), priority, tenant);
   }
 }
 
