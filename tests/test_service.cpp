@@ -539,10 +539,12 @@ class HoldingTransport final : public rebound::CallbackTransport {
     std::mutex m;
     std::vector<rebound::CallbackResponseHandler> held;
     std::atomic<int> up{0};
+    bool released = false;  // under m: from then on every callback is answered at once
     void release() {
       std::vector<rebound::CallbackResponseHandler> all;
       {
         std::lock_guard<std::mutex> lock(m);
+        released = true;
         all.swap(held);
       }
       for (auto& done : all) {
@@ -555,9 +557,11 @@ class HoldingTransport final : public rebound::CallbackTransport {
   explicit HoldingTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
     if (request.url.find("//slow") != std::string::npos) {
-      std::lock_guard<std::mutex> lock(shared_->m);
-      shared_->held.push_back(std::move(on_done));
-      return;
+      std::unique_lock<std::mutex> lock(shared_->m);
+      if (!shared_->released) {
+        shared_->held.push_back(std::move(on_done));
+        return;
+      }
     }
     ++shared_->up;
     rebound::CallbackResponse r;
