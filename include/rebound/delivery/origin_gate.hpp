@@ -24,9 +24,9 @@ struct OriginGateOptions {
   std::size_t max_total = 1024;
   /// Requests that may wait in memory for a place to free up while the origin is healthy, per
   /// origin and in all. Beyond them a request is answered `deferred` at once, with a time to come
-  /// back that follows the origin's pace. Unbounded by default: each waiting request holds a slot
-  /// of its JobQueue's capacity, which bounds them, and a receiver that stops answering opens its
-  /// circuit, which sends them all back.
+  /// back that follows the origin's pace. Unbounded by default here (a receiver that stops
+  /// answering opens its circuit, which sends them all back); a JobQueue sets the per-origin bound
+  /// to a quarter of its capacity unless it is set.
   std::size_t max_waiting_per_origin = std::numeric_limits<std::size_t>::max();
   std::size_t max_waiting = std::numeric_limits<std::size_t>::max();
   /// Consecutive failures (timeouts, refused or broken connections, TLS failures, 5xx) that open
@@ -35,8 +35,8 @@ struct OriginGateOptions {
   /// How long an open circuit sends nothing. The first request after it goes out as the probe;
   /// its success closes the circuit, its failure opens it for another cool-down.
   std::chrono::milliseconds breaker_cooldown{30000};
-  /// While an origin is paused by hand, requests to it are deferred by this long (they come back
-  /// this often to find out whether it was resumed).
+  /// While an origin is paused by hand, requests to it are deferred by this long, one after
+  /// another at the origin's pace (they come back this often to find out whether it was resumed).
   std::chrono::milliseconds paused_retry{30000};
   /// Hears each circuit that opens (`open`, with the failures in a row) or closes again
   /// (`closed`), outside the gate's lock, on the thread that ended the attempt. May be empty.
@@ -53,10 +53,10 @@ struct OriginGateOptions {
 /// - **Limits.** At most `max_per_origin` requests in flight to one origin and `max_total` in all.
 ///   More wait in memory, in order (up to `max_waiting_per_origin`); the attempt's timeout starts
 ///   only when the inner transport gets the request.
-/// - **A circuit breaker per origin.** After `breaker_failures` failures in a row the circuit
-///   opens: for `breaker_cooldown` nothing is sent to the origin. Then one request goes out as the
-///   probe (`half_open`); its success closes the circuit. Any answer that is not a 5xx (a 404, say)
-///   counts as the receiver being up.
+/// - **A circuit breaker per origin** (and per tenant there: CallbackRequest::tenant). After
+///   `breaker_failures` failures in a row the circuit opens: for `breaker_cooldown` nothing is
+///   sent to the origin. Then one request goes out as the probe (`half_open`); its success closes
+///   the circuit. Any answer that is not a 5xx (a 404, say) counts as the receiver being up.
 /// - **Pausing by hand** (`pause`, `resume`): nothing is sent to a paused origin.
 ///
 /// What cannot be sent now is not held: `send` answers it at once with `TransportError::deferred`
