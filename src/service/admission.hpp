@@ -45,14 +45,7 @@ class Admission {
   SubmitStatus admit(std::string_view tenant = {}) {
     if (!accepting_) return SubmitStatus::shutting_down;
     if (!model_.ready()) return SubmitStatus::not_ready;
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= capacity_) return SubmitStatus::queue_full;
-    if (by_tenant_ && !tenant.empty()) {  // the default tenant (invocations) has no share
-      auto it = tenants_.find(tenant);
-      if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
-    }
-    take_locked(tenant);
-    return SubmitStatus::accepted;
+    return take_slot_within_share(tenant);
   }
 
   /// Takes a slot for work that needs no gate (a claim from the store, a redelivery), counted for
@@ -69,7 +62,7 @@ class Admission {
   SubmitStatus take_slot_within_share(std::string_view tenant) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_flight_ >= capacity_) return SubmitStatus::queue_full;
-    if (by_tenant_ && !tenant.empty()) {
+    if (by_tenant_ && !tenant.empty()) {  // the default tenant (invocations) has no share
       auto it = tenants_.find(tenant);
       if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
     }
@@ -92,15 +85,6 @@ class Admission {
     }
     if (freed) on_slot_freed_();
   }
-
-  /// Slots `tenant` holds now (0 when no count per tenant is kept).
-  std::size_t held_by(std::string_view tenant) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = tenants_.find(tenant);
-    return it == tenants_.end() ? 0 : it->second;
-  }
-
-  std::size_t tenant_slots() const { return tenant_slots_; }
 
   std::size_t capacity() const { return capacity_; }
 
