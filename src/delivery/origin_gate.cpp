@@ -159,15 +159,6 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     acts.sends.push_back({key, std::move(pending), probe});
   }
 
-  void defer(Origin& o, Pending pending, milliseconds delay, const char* why, Actions& acts) {
-    ++o.deferred;
-    CallbackResponse r;
-    r.error = TransportError::deferred;
-    r.retry_in = std::max(milliseconds(1), delay);
-    r.message = std::string(why) + " (" + o.origin + ")";
-    acts.answers.push_back({std::move(pending.on_done), std::move(r)});
-  }
-
   milliseconds estimate(const Origin& o, const CallbackRequest& request) const {
     const milliseconds e = o.has_latency ? o.latency : unknown_latency;
     return std::clamp(e, milliseconds(1), std::max(milliseconds(1), request.timeout));
@@ -187,21 +178,35 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     return std::chrono::ceil<milliseconds>(at - now);
   }
 
+  // The answer to a request the origin cannot take now, and when it should come back: counted
+  // as one deferral.
+  CallbackResponse deferral(Origin& o, const CallbackRequest& request, Clock::time_point now) {
+    milliseconds delay;
+    const char* why;
+    if (paused(o)) {
+      delay = pace(o, request, now, now + options.paused_retry);
+      why = "the origin is paused";
+    } else if (o.state == CircuitState::open) {
+      delay = pace(o, request, now, o.open_until);
+      why = "the receiver's circuit is open";
+    } else {
+      delay = pace(o, request, now, now + estimate(o, request));
+      why = o.state == CircuitState::half_open && o.probe_out
+                ? "the receiver's circuit probe is out"
+                : "the receiver is at its limits";
+    }
+    ++o.deferred;
+    CallbackResponse r;
+    r.error = TransportError::deferred;
+    r.retry_in = std::max(milliseconds(1), delay);
+    r.message = std::string(why) + " (" + o.origin + ")";
+    return r;
+  }
+
   // Defers `pending` for the reason the origin cannot take it now.
   void defer_for_now(Origin& o, Pending pending, Clock::time_point now, Actions& acts) {
-    if (paused(o)) {
-      const milliseconds delay = pace(o, pending.request, now, now + options.paused_retry);
-      return defer(o, std::move(pending), delay, "the origin is paused", acts);
-    }
-    if (o.state == CircuitState::open) {
-      const milliseconds delay = pace(o, pending.request, now, o.open_until);
-      return defer(o, std::move(pending), delay, "the receiver's circuit is open", acts);
-    }
-    const milliseconds delay = pace(o, pending.request, now, now + estimate(o, pending.request));
-    defer(o, std::move(pending), delay,
-          o.state == CircuitState::half_open && o.probe_out ? "the receiver's circuit probe is out"
-                                                            : "the receiver is at its limits",
-          acts);
+    CallbackResponse r = deferral(o, pending.request, now);
+    acts.answers.push_back({std::move(pending.on_done), std::move(r)});
   }
 
   void admit(const std::string& key, Origin& o, Pending pending, Clock::time_point now,
@@ -433,32 +438,22 @@ std::optional<CallbackResponse> OriginGate::defer_now(const std::string& url,
                                                       std::chrono::milliseconds timeout) {
   const std::string origin = origin_of(url);
   if (origin.empty()) return std::nullopt;
-  State::Actions acts;
-  CallbackResponse out;
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (state_->stopped) return std::nullopt;
-    const bool paused = state_->paused_origins.count(origin) > 0;
-    auto it = state_->origins.find(State::key_of(origin, tenant));
-    if (!paused && it == state_->origins.end()) return std::nullopt;  // healthy and idle
-    const auto now = state_->options.clock();
-    State::Origin& o =
-        it != state_->origins.end()
-            ? it->second
-            : state_->find_or_add(State::key_of(origin, tenant), origin, tenant, now);
-    state_->refresh(o, now);
-    const bool held = paused || o.state == CircuitState::open ||
-                      (o.state == CircuitState::half_open && o.probe_out);
-    if (!held) return std::nullopt;
-    State::Pending p;
-    p.request.url = url;
-    p.request.tenant = tenant;
-    p.request.timeout = timeout;
-    p.on_done = [&out](CallbackResponse r) { out = std::move(r); };
-    state_->defer_for_now(o, std::move(p), now, acts);
-  }
-  state_->run(acts);  // the answer lands in `out`
-  return out;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->stopped) return std::nullopt;
+  const bool paused = state_->paused_origins.count(origin) > 0;
+  const std::string key = State::key_of(origin, tenant);
+  auto it = state_->origins.find(key);
+  if (!paused && it == state_->origins.end()) return std::nullopt;  // healthy and idle
+  const auto now = state_->options.clock();
+  State::Origin& o =
+      it != state_->origins.end() ? it->second : state_->find_or_add(key, origin, tenant, now);
+  state_->refresh(o, now);
+  const bool held = paused || o.state == CircuitState::open ||
+                    (o.state == CircuitState::half_open && o.probe_out);
+  if (!held) return std::nullopt;
+  CallbackRequest request;
+  request.timeout = timeout;  // all the pace needs of it
+  return state_->deferral(o, request, now);
 }
 
 std::vector<EndpointStatus> OriginGate::endpoints() const {
