@@ -101,20 +101,16 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
   CallbackInfo after = before;
   AttemptReport given_up;
   const AttemptReport* heard = &report;
-  if (report.verdict == AttemptVerdict::deferred && before.delivery_started_at != TimePoint{} &&
-      clock_() - before.delivery_started_at >= max_deferral_) {
-    // Waited behind a receiver that never came back for too long: a dead letter now.
-    given_up = report;
-    given_up.verdict = AttemptVerdict::give_up;
-    given_up.error = "deferred for longer than the longest deferral allowed: " + report.error;
-    heard = &given_up;
-    after.state = CallbackState::failed;
-    after.last_error = given_up.error;
-  } else if (report.verdict == AttemptVerdict::deferred) {
-    // Not sent: back to the store, due when the transport asked, with no attempt spent. It holds
-    // no slot and no memory meanwhile, however long the receiver's circuit stays open.
-    after.state = CallbackState::pending;
-    after.next_attempt_at = clock_() + report.next_delay;
+  if (report.verdict == AttemptVerdict::deferred) {
+    if (before.delivery_started_at != TimePoint{} &&
+        clock_() - before.delivery_started_at >= max_deferral_) {
+      // Waited behind a receiver that never came back for too long: a dead letter now.
+      given_up = report;
+      given_up.verdict = AttemptVerdict::give_up;
+      given_up.error = "deferred for longer than the longest deferral allowed: " + report.error;
+      heard = &given_up;
+      after.last_error = given_up.error;
+    }
   } else {
     after.attempts = report.attempt;
     after.delivery_attempts = before.delivery_attempts + 1;
@@ -122,6 +118,10 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
   }
   switch (heard->verdict) {
     case AttemptVerdict::deferred:
+      // Not sent: back to the store, due when the transport asked, with no attempt spent. It
+      // holds no slot and no memory meanwhile, however long the receiver's circuit stays open.
+      after.state = CallbackState::pending;
+      after.next_attempt_at = clock_() + report.next_delay;
       break;
     case AttemptVerdict::delivered:
       after.state = CallbackState::delivered;
