@@ -266,13 +266,11 @@ std::vector<Credential> parse_credentials(const ServerOptions& o) {
     }
     Credential c;
     c.is_operator = is_operator;
-    const auto colon = entry.find(':');
-    if (colon == std::string::npos) {
-      c.key = entry;
-      c.tenant = entry;
+    c.tenant = std::string(key_name(entry));
+    if (c.tenant.size() == entry.size()) {
+      c.key = entry;  // a bare key is its own name
     } else {
-      c.tenant = entry.substr(0, colon);
-      c.key = entry.substr(colon + 1);
+      c.key = entry.substr(c.tenant.size() + 1);
       if (c.key.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw Error(std::string("Server: the ") + flag + " named '" + c.tenant +
                     "' is empty or blank");
