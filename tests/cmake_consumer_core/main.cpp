@@ -4,10 +4,12 @@
 // refuses a job with a callback URL (errc::no_transport) and still runs one without.
 #include <rebound/delivery/backoff.hpp>
 #include <rebound/delivery/callback_transport.hpp>
+#include <rebound/delivery/origin_gate.hpp>
 #include <rebound/delivery/webhook_signature.hpp>
 #include <rebound/job_queue.hpp>
 #include <rebound/model.hpp>
 #include <rebound/store/memory_job_store.hpp>
+#include <rebound/tenant.hpp>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -121,6 +123,31 @@ int main() {
     job.callback_url.clear();
     job.input = 7;
     ok = ok && bare.async_submit(job, boost::asio::use_future).get().outcome.result == 7;
+  }
+  {
+    // A gate in front of a transport of one's own: one failure opens the circuit, and the next
+    // request is deferred without reaching the transport.
+    boost::asio::io_context gate_io;
+    auto down = std::make_unique<InProcessTransport>(gate_io.get_executor());  // 503 first
+    InProcessTransport* reached = down.get();
+    rebound::OriginGateOptions limits;
+    limits.breaker_failures = 1;
+    rebound::OriginGate gate(std::move(down), limits);
+    std::vector<rebound::CallbackResponse> answers;
+    for (int i = 0; i < 2; ++i) {
+      rebound::CallbackRequest request;
+      request.url = "https://receiver.example/hook";
+      gate.send(request, [&](rebound::CallbackResponse r) { answers.push_back(r); });
+      gate_io.run();
+      gate_io.restart();
+    }
+    ok = ok && answers.size() == 2 && answers[0].status == 503 &&
+         answers[1].error == rebound::TransportError::deferred && reached->requests().size() == 1;
+    // Tenants: a job's key, and each tenant's own signing secret.
+    const std::string key = rebound::job_key("acme", "1234");
+    ok = ok && rebound::tenant_of(key) == "acme" && rebound::id_of(key) == "1234" &&
+         rebound::derive_webhook_keys({kSecret}, "acme") !=
+             rebound::derive_webhook_keys({kSecret}, "globex");
   }
   std::cout << "rebound::core " << (ok ? "ok" : "BROKEN") << std::endl;
   return ok ? 0 : 1;
