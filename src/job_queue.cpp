@@ -535,11 +535,12 @@ CancelStatus JobQueue::cancel(const std::string& id) {
   return CancelStatus::cancelled;
 }
 
-std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit,
-                                                  const std::string& tenant) const {
+JobPage JobQueue::failed_callbacks_page(const std::string& tenant,
+                                        const std::optional<ListCursor>& after,
+                                        std::size_t limit) const {
   const std::string prefix = tenant.empty() ? std::string() : tenant + "/";
   return core_->store.call("list_failed_callbacks", {}, [&](JobStore& s) {
-    return s.list_failed_callbacks_with_prefix(prefix, limit);
+    return s.failed_callbacks_page(prefix, after, limit);
   });
 }
 

@@ -110,6 +110,29 @@ TEST_CASE("job queue: one line builds it - use_future gives the job's final reco
   CHECK(stored->outcome.result == 42);
 }
 
+TEST_CASE("job queue: a model's error message is kept to 4 KiB, whatever the model threw") {
+  class Thrower final : public rebound::Model {
+   public:
+    std::string name() const override { return "thrower"; }
+    rebound::Prediction predict(const nlohmann::json& input) override {
+      if (input == "throws") throw std::runtime_error(std::string(1000000, 'w'));
+      // A code far longer than any, and a message cut inside a two-byte character.
+      return rebound::Prediction::failure(std::string(500, 'c'), std::string(4095, 'm') + "é!");
+    }
+  };
+  JobQueue queue(std::make_unique<Thrower>());
+  const JobRecord thrown = queue.async_submit(job("t", "throws"), boost::asio::use_future).get();
+  REQUIRE(thrown.outcome.error);
+  CHECK(thrown.outcome.error->code == "model_error");
+  CHECK(thrown.outcome.error->message.size() == 4096);
+  CHECK(thrown.outcome.error->message.rfind("the model failed: www", 0) == 0);
+  const JobRecord failed = queue.async_submit(job("f", "fails"), boost::asio::use_future).get();
+  REQUIRE(failed.outcome.error);
+  CHECK(failed.outcome.error->code == std::string(64, 'c'));
+  CHECK(failed.outcome.error->message == std::string(4095, 'm'));  // not half a character
+  CHECK(queue.find("f")->outcome.error->message == std::string(4095, 'm'));
+}
+
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {
   JobQueue queue(std::make_unique<Doubler>());
   auto out = std::make_shared<Outcome>();

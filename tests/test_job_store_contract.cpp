@@ -214,6 +214,63 @@ TEST_CASE_TEMPLATE("store contract: a tenant's given-up callbacks are listed apa
   CHECK(store->list_failed_callbacks_with_prefix("initech/", 10).empty());
 }
 
+TEST_CASE_TEMPLATE(
+    "store contract: given-up callbacks page newest first - without inputs or results", Factory,
+    STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // acme's seven, three of them made in the same millisecond (ordered by id), between globex's.
+  const std::vector<std::pair<std::string, long long>> jobs = {
+      {"acme/a", 10}, {"globex/x", 15}, {"acme/b", 20},        {"acme/c", 20},
+      {"acme/d", 20}, {"acme/e", 30},   {"globex/y", 35},      {"acme/f", 40},
+      {"acme/g", 50}, {"globex/z", 60}, {"acme/delivered", 70}};
+  for (const auto& [id, ms] : jobs) {
+    store->put(
+        make(id, 1764000000000 + ms, "http://example.com/cb", {{"big", std::string(1000, 'i')}}));
+    store->complete(id, {JobStatus::succeeded, {{"big", std::string(1000, 'r')}}, std::nullopt});
+    store->update_callback(
+        id,
+        {id == "acme/delivered" ? CallbackState::delivered : CallbackState::failed, 5, "HTTP 500"});
+  }
+  auto page_through = [&](const std::string& prefix, std::size_t limit) {
+    std::vector<std::string> ids;
+    std::optional<rebound::ListCursor> after;
+    for (int pages = 0; pages < 20; ++pages) {
+      const rebound::JobPage page = store->failed_callbacks_page(prefix, after, limit);
+      CHECK(page.jobs.size() <= limit);
+      for (const auto& r : page.jobs) {
+        ids.push_back(r.job.id);
+        CHECK(r.job.input.is_null());
+        CHECK(r.outcome.result.is_null());
+        CHECK(r.status == JobStatus::succeeded);
+        CHECK(r.callback.last_error == "HTTP 500");
+        CHECK(r.job.callback_url == "http://example.com/cb");
+      }
+      if (!page.next) break;
+      after = page.next;
+    }
+    return ids;
+  };
+  const std::vector<std::string> acme = {"acme/g", "acme/f", "acme/e", "acme/d",
+                                         "acme/c", "acme/b", "acme/a"};
+  CHECK(page_through("acme/", 2) == acme);
+  CHECK(page_through("acme/", 1) == acme);
+  CHECK(page_through("acme/", 7) == acme);
+  CHECK(page_through("acme/", 100) == acme);
+  CHECK(page_through("", 3).size() == 10);
+  CHECK(page_through("initech/", 3).empty());
+  // The entry a cursor names is redelivered meanwhile: the next page goes on after it all the same.
+  const rebound::JobPage first = store->failed_callbacks_page("acme/", std::nullopt, 4);
+  REQUIRE(first.next);
+  CHECK(first.next->id == "acme/d");
+  store->update_callback("acme/d", {CallbackState::pending, 5, {}});
+  std::vector<std::string> rest;
+  for (const auto& r : store->failed_callbacks_page("acme/", first.next, 10).jobs)
+    rest.push_back(r.job.id);
+  CHECK(rest == std::vector<std::string>{"acme/c", "acme/b", "acme/a"});
+}
+
 namespace {
 using namespace std::chrono_literals;
 rebound::Lease lease(const std::string& holder, time_point until) {

@@ -521,6 +521,72 @@ TEST_CASE("the failed-callback listing validates its query") {
   CHECK(h.client().Get("/v1/inferences?callback_state=failed&limit=1000")->status == 200);
 }
 
+TEST_CASE("the failed-callback listing pages with a cursor, without results, within its bytes") {
+  // 600 dead letters, each with a 100 KB result and a 2,048-character URL: all of them in one
+  // answer would be 60 MB of results, and 1.3 MB without them.
+  auto store = std::make_unique<rebound::MemoryJobStore>();
+  const auto t0 = std::chrono::system_clock::time_point(1764000000000ms);
+  const std::string url = "http://127.0.0.1:9/cb?" + std::string(2026, 'q');
+  for (int i = 0; i < 600; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof id, "dead-%03d", i);
+    store->put(rebound::Job{id, url, {{"n", i}}, t0 + std::chrono::milliseconds(i)});
+    store->complete(
+        id, {rebound::JobStatus::succeeded, {{"big", std::string(100000, 'r')}}, std::nullopt});
+    store->update_callback(id, {rebound::CallbackState::failed, 5, "HTTP 500"});
+  }
+  HarnessOptions o;
+  o.make_store = [&store] { return std::move(store); };
+  Harness h(o);
+
+  auto get = [&](const std::string& query) {
+    auto res = h.client().Get(("/v1/inferences?callback_state=failed" + query).c_str());
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    CHECK(res->body.size() < (1u << 20) + 4096);
+    return json::parse(res->body);
+  };
+  // Newest first, whole pages of 100 with a cursor to the next.
+  json page = get("&limit=100");
+  REQUIRE(page["jobs"].size() == 100);
+  CHECK(page["jobs"][0]["id"] == "dead-599");
+  CHECK(page["jobs"][99]["id"] == "dead-500");
+  CHECK(page["jobs"][0]["status"] == "succeeded");
+  CHECK(page["jobs"][0]["callback"]["state"] == "failed");
+  CHECK_FALSE(page["jobs"][0].contains("result"));  // a poll away
+  CHECK(h.poll("dead-599")["result"]["big"].get<std::string>().size() == 100000);
+  REQUIRE(page["next_cursor"].is_string());
+  page = get("&limit=100&cursor=" + page["next_cursor"].get<std::string>());
+  CHECK(page["jobs"][0]["id"] == "dead-499");
+
+  // limit=1000 would be 1.3 MB: the answer stops within 1 MiB, and its cursor goes on.
+  std::vector<std::string> ids;
+  std::string cursor;
+  int answers = 0;
+  for (; answers < 10; ++answers) {
+    page = get("&limit=1000" + (cursor.empty() ? std::string() : "&cursor=" + cursor));
+    for (const auto& job : page["jobs"])
+      ids.push_back(job["id"]);
+    if (page["next_cursor"].is_null()) break;
+    cursor = page["next_cursor"];
+  }
+  CHECK(answers == 1);  // two answers: one cut at the byte cap, then the rest
+  REQUIRE(ids.size() == 600);
+  for (int i = 0; i < 600; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof id, "dead-%03d", 599 - i);
+    CHECK(ids[static_cast<std::size_t>(i)] == id);
+  }
+
+  for (const char* bad :
+       {"abc", "123", "_dead-1", "12x_dead-1", "1_..", "1_a%2Fb", "99999999999999999_dead-1"}) {
+    CAPTURE(bad);
+    check_error(
+        h.client().Get((std::string("/v1/inferences?callback_state=failed&cursor=") + bad).c_str()),
+        422, "invalid_field", "cursor");
+  }
+}
+
 TEST_CASE("with API keys every route but /ping and /openapi.json needs a bearer token") {
   HarnessOptions o;
   o.api_keys = {"app:old-key", "app:new-key"};  // one name: one tenant, two keys (a rotation)

@@ -212,9 +212,13 @@ class JobQueue final {
   /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
-  /// The failed callbacks of one tenant's jobs (ids "tenant/...", rebound/tenant.hpp); "" is
-  /// every job.
-  std::vector<JobRecord> failed_callbacks(std::size_t limit, const std::string& tenant) const;
+  /// A page of the jobs whose callback was given up, newest first, from `after` (none: the
+  /// newest; a page's `next` goes on), at most `limit`, of one tenant (ids "tenant/...",
+  /// rebound/tenant.hpp; "" is every job). Entries carry no input and no result (`find` has
+  /// them), so one page's memory depends on `limit`, not on the jobs. Throws StoreUnavailable
+  /// when the store fails.
+  JobPage failed_callbacks_page(const std::string& tenant, const std::optional<ListCursor>& after,
+                                std::size_t limit) const;
 
   /// The callback receivers' origins being delivered to, failing, open or paused: circuit state,
   /// failures, requests in flight and deferred (OriginGate::endpoints).

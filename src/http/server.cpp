@@ -51,6 +51,15 @@ void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
   res.set_content(detail::dump_json(body), json_type);
 }
 
+void send_json_text(httplib::Response& res, int status, std::string body) {
+  res.status = status;
+  res.set_content(std::move(body), json_type);
+}
+
+// The most bytes of entries one listing answer holds: past it the page ends early, with its
+// next_cursor.
+constexpr std::size_t max_list_answer_bytes = 1 << 20;
+
 void send_error(httplib::Response& res, const ApiError& error) {
   send_json(res, error.status, error.to_json());
 }
@@ -791,10 +800,53 @@ struct Server::Impl {
         return send_error(res, {422, "invalid_field", "limit must be 1 to 1000.", "limit"});
       }
     }
-    nlohmann::json jobs = nlohmann::json::array();
-    for (const auto& record : service.failed_callbacks(limit, tenant))
-      jobs.push_back(to_status_json(record));
-    send_json(res, 200, {{"jobs", std::move(jobs)}});
+    std::optional<ListCursor> after;
+    if (req.has_param("cursor")) {
+      after = parse_list_cursor(req.get_param_value("cursor"), tenant);
+      if (!after) {
+        return send_error(
+            res, {422, "invalid_field", "cursor must be a next_cursor of this listing, as given.",
+                  "cursor"});
+      }
+    }
+    JobPage page = service.failed_callbacks_page(tenant, after, limit);
+    // At most max_list_answer_bytes of entries: the page ends early, its cursor at the last one.
+    std::string jobs = "[";
+    std::size_t shown = 0;
+    for (const JobRecord& record : page.jobs) {
+      const std::string entry = dump_json(to_list_entry_json(record));
+      if (shown > 0 && jobs.size() + entry.size() + 2 > max_list_answer_bytes) {
+        const JobRecord& last = page.jobs[shown - 1];
+        page.next = ListCursor{last.job.created_at, last.job.id};
+        break;
+      }
+      if (shown++ > 0) jobs += ',';
+      jobs += entry;
+    }
+    jobs += ']';
+    const std::string next =
+        page.next ? dump_json(list_cursor_text(*page.next)) : std::string("null");
+    send_json_text(res, 200, "{\"jobs\":" + jobs + ",\"next_cursor\":" + next + "}");
+  }
+
+  // A cursor as clients see it: "<created ms>_<id>", the tenant left out (it is the caller's).
+  static std::string list_cursor_text(const ListCursor& cursor) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                              cursor.created_at.time_since_epoch())
+                              .count()) +
+           "_" + std::string(id_of(cursor.id));
+  }
+
+  static std::optional<ListCursor> parse_list_cursor(const std::string& text,
+                                                     const std::string& tenant) {
+    const auto cut = text.find('_');
+    if (cut == 0 || cut == std::string::npos || cut > 15 ||
+        text.find_first_not_of("0123456789") != cut)
+      return std::nullopt;
+    const std::string id = text.substr(cut + 1);
+    if (!is_valid_job_id(id)) return std::nullopt;
+    const std::chrono::milliseconds ms(std::stoll(text.substr(0, cut)));
+    return ListCursor{std::chrono::system_clock::time_point(ms), job_key(tenant, id)};
   }
 
   // Waits for the job to be final (JobQueue::wait_final), with at most half the HTTP threads

@@ -11,6 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/wire.hpp"
 #include "rebound/detail/work_queue.hpp"
 #include "rebound/tenant.hpp"
 
@@ -298,7 +299,11 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   if (prediction.ok()) {
     record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt, clock_()};
   } else {
-    record.outcome = {JobStatus::failed, nullptr, prediction.error(), clock_()};
+    // A model's message may be anything it threw: kept to a bound, like every stored string.
+    ErrorInfo error = prediction.error();
+    error.code = truncated_utf8(std::move(error.code), max_error_code_bytes);
+    error.message = truncated_utf8(std::move(error.message), max_error_message_bytes);
+    record.outcome = {JobStatus::failed, nullptr, std::move(error), clock_()};
   }
   record.status = record.outcome.status;
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });

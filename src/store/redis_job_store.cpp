@@ -338,6 +338,71 @@ end
 return out
 )lua";
 
+// failed page: ARGV limit, id prefix, cursor ms ('' from the newest), cursor id. Newest first by
+// (created, id), as the sorted set orders equal scores (bytes). Reads only: stale members are
+// skipped, not removed, so offsets stay put. Answers the next cursor (ms, id; '' at the end), then
+// (id, fields, ...) without input or result. Another tenant's entries are scanned up to a bound;
+// past it the answer is short and its cursor goes on from the last entry scanned.
+constexpr const char* kFailedPage = R"lua(
+local limit = tonumber(ARGV[2])
+local prefix = ARGV[3]
+local cursor_ms, cursor_id = ARGV[4], ARGV[5]
+local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
+  'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
+  'started', 'ended'}
+-- Byte order, as the sorted set compares members (Lua's '<' follows the locale).
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local found = {}
+local offset, scanned, budget = 0, 0, 20 * limit + 1000
+local last_ms, last_id = '', ''
+local max = cursor_ms == '' and '+inf' or cursor_ms
+while #found <= limit and scanned < budget do
+  local batch = redis.call('ZREVRANGEBYSCORE', FAILED, max, '-inf', 'WITHSCORES', 'LIMIT', offset,
+                           limit + 1)
+  if #batch == 0 then last_ms = ''; break end
+  offset = offset + #batch / 2
+  for i = 1, #batch, 2 do
+    local id, ms = batch[i], string.format('%.0f', tonumber(batch[i + 1]))
+    scanned = scanned + 1
+    local newer = cursor_ms ~= '' and ms == cursor_ms and not before(id, cursor_id)
+    if not newer and string.sub(id, 1, #prefix) == prefix then
+      local values = redis.call('HMGET', job_key(id), unpack(FIELDS))
+      if values[6] == 'failed' then
+        local fields = {}
+        for f = 1, #FIELDS do
+          if values[f] then
+            fields[#fields + 1] = FIELDS[f]
+            fields[#fields + 1] = values[f]
+          end
+        end
+        found[#found + 1] = {id, fields, ms}
+        if #found > limit then break end
+      end
+    end
+    last_ms, last_id = ms, id
+    if scanned >= budget then break end
+  end
+end
+local out = {'', ''}
+if #found > limit then
+  found[#found] = nil
+  out[1], out[2] = found[#found][3], found[#found][1]
+elseif last_ms ~= '' and scanned >= budget then
+  out[1], out[2] = last_ms, last_id
+end
+for _, e in ipairs(found) do
+  out[#out + 1] = e[1]
+  out[#out + 1] = e[2]
+end
+return out
+)lua";
+
 enum Script : std::size_t {
   kScriptPut,
   kScriptClaim,
@@ -351,12 +416,13 @@ enum Script : std::size_t {
   kScriptList,
   kScriptQueuePosition,
   kScriptCancel,
+  kScriptFailedPage,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
-    kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
-    kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel};
+    kPut,      kClaim,          kRenew, kMarkRunning,   kFinish, kRecordAttempt, kRedeliver,
+    kComplete, kUpdateCallback, kList,  kQueuePosition, kCancel, kFailedPage};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -891,6 +957,23 @@ struct RedisJobStore::Impl {
     return read_records(r.get());
   }
 
+  JobPage failed_page(const std::string& id_prefix, const std::optional<ListCursor>& after,
+                      std::size_t limit) {
+    JobPage page;
+    if (limit == 0) return page;
+    limit = std::min<std::size_t>(limit, 100000);  // one script blocks Redis for every server
+    Reply r = script(kScriptFailedPage,
+                     {std::to_string(limit), id_prefix, after ? ms_text(after->created_at) : "",
+                      after ? after->id : ""});
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 2) return page;
+    const std::string_view next_ms = text(r->element[0]);
+    if (!next_ms.empty())
+      page.next = ListCursor{from_ms(number(next_ms)), std::string(text(r->element[1]))};
+    for (std::size_t i = 2; i + 1 < r->elements; i += 2)
+      page.jobs.push_back(read_record(text(r->element[i]), r->element[i + 1]));
+    return page;
+  }
+
   // A small write on a new connection (connect() with shorter timeouts), each step within
   // `probe_step` (400 ms): connecting, AUTH, SELECT and the write take 1.6 s at the most. Throws
   // ConnectionLost or ErrorReply.
@@ -1105,6 +1188,12 @@ void RedisJobStore::update_callback(const std::string& id, const CallbackInfo& c
                                 impl_->retention_ms()};
   append_callback(args, callback);
   impl_->script(kScriptUpdateCallback, std::move(args));
+}
+
+JobPage RedisJobStore::failed_callbacks_page(const std::string& id_prefix,
+                                             const std::optional<ListCursor>& after,
+                                             std::size_t limit) const {
+  return impl_->failed_page(id_prefix, after, limit);
 }
 
 std::vector<JobRecord> RedisJobStore::list_failed_callbacks(std::size_t limit) const {

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs (created_at_ms) WHERE finished_at_ms IS NULL;
 CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at_ms) WHERE finished_at_ms IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_failed_callbacks ON jobs (created_at_ms) WHERE cb_state = 3;
+CREATE INDEX IF NOT EXISTS jobs_failed_page ON jobs (created_at_ms, id) WHERE cb_state = 3;
+DROP INDEX IF EXISTS jobs_failed_callbacks;
 CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL);
 )sql";
 
@@ -151,11 +152,16 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
 };
 
+#define RECORD_COLUMNS_AFTER_RESULT                                                              \
+  "error_code, error_message, cb_state, cb_attempts, cb_last_error, cb_next_at_ms, "             \
+  "cb_delivery_attempts, cb_delivery_started_ms, cb_previous_delay_ms, priority, max_queue_ms, " \
+  "webhook_events, traceparent, started_at_ms, ended_at_ms"
 constexpr const char* record_columns =
-    "id, callback_url, input, created_at_ms, status, result, error_code, error_message, cb_state, "
-    "cb_attempts, cb_last_error, cb_next_at_ms, cb_delivery_attempts, cb_delivery_started_ms, "
-    "cb_previous_delay_ms, priority, max_queue_ms, webhook_events, traceparent, started_at_ms, "
-    "ended_at_ms";
+    "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT;
+// The same columns for a list entry: no input and no result are read (read_record sees null).
+constexpr const char* entry_columns =
+    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT;
+#undef RECORD_COLUMNS_AFTER_RESULT
 
 using TimePoint = std::chrono::system_clock::time_point;
 
@@ -221,7 +227,8 @@ struct SqliteJobStore::Impl {
   mutable std::mutex db_mutex;  // the connection and its statements
   std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
       set_callback, set_job_due, set_callback_due, select_due_jobs, select_due_callbacks,
-      redeliver_failed, select_failed, select_unfinished, delete_finished, probe;
+      redeliver_failed, select_failed, select_failed_page, select_unfinished, delete_finished,
+      probe;
 
   // Who holds which work. In memory: the file is this process's alone (exclusive lock), so when
   // the process ends every lease ends with it, as a lease that runs out would.
@@ -369,6 +376,12 @@ struct SqliteJobStore::Impl {
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE cb_state = 3 AND substr(id, 1, length(?2)) = ?2"
                   " ORDER BY created_at_ms DESC LIMIT ?1");
+      // A page of dead letters: an index range from the cursor (?3, ?4) down.
+      select_failed_page = std::make_unique<Statement>(
+          db, std::string("SELECT ") + entry_columns +
+                  " FROM jobs WHERE cb_state = 3 AND (created_at_ms, id) < (?3, ?4)"
+                  " AND substr(id, 1, length(?2)) = ?2"
+                  " ORDER BY created_at_ms DESC, id DESC LIMIT ?1");
       select_unfinished = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE finished_at_ms IS NULL ORDER BY created_at_ms LIMIT ?");
@@ -399,6 +412,7 @@ struct SqliteJobStore::Impl {
     select_due_callbacks.reset();
     redeliver_failed.reset();
     select_failed.reset();
+    select_failed_page.reset();
     select_unfinished.reset();
     delete_finished.reset();
     probe.reset();
@@ -589,13 +603,16 @@ struct SqliteJobStore::Impl {
     return static_cast<std::size_t>(sqlite3_changes(db));
   }
 
-  std::vector<JobRecord> select_list(Statement& s, std::size_t limit,
-                                     const std::optional<std::string>& prefix = {}) const {
+  // `cursor`: the (created_at_ms, id) bound of a page, bound as ?3 and ?4.
+  std::vector<JobRecord> select_list(
+      Statement& s, std::size_t limit, const std::optional<std::string>& prefix = {},
+      const std::optional<std::pair<std::int64_t, std::string>>& cursor = {}) const {
     wait_for_writes();
     std::lock_guard<std::mutex> lock(db_mutex);
     std::vector<JobRecord> out;
     s.bind(1, static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
     if (prefix) s.bind(2, *prefix);
+    if (cursor) s.bind(3, cursor->first).bind(4, cursor->second);
     try {
       while (s.step())
         out.push_back(read_record(s));
@@ -1027,6 +1044,22 @@ std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) 
 std::vector<JobRecord> SqliteJobStore::list_failed_callbacks_with_prefix(
     const std::string& id_prefix, std::size_t limit) const {
   return impl_->select_list(*impl_->select_failed, limit, id_prefix);
+}
+
+JobPage SqliteJobStore::failed_callbacks_page(const std::string& id_prefix,
+                                              const std::optional<ListCursor>& after,
+                                              std::size_t limit) const {
+  JobPage page;
+  if (limit == 0) return page;
+  limit = std::min<std::size_t>(limit, 100000);
+  page.jobs = impl_->select_list(
+      *impl_->select_failed_page, limit + 1, id_prefix,
+      std::make_pair(after ? to_ms(after->created_at) : INT64_MAX, after ? after->id : ""));
+  if (page.jobs.size() > limit) {
+    page.jobs.pop_back();
+    page.next = ListCursor{page.jobs.back().job.created_at, page.jobs.back().job.id};
+  }
+  return page;
 }
 
 std::vector<JobRecord> SqliteJobStore::list_unfinished(std::size_t limit) const {

@@ -62,6 +62,37 @@ inline nlohmann::json to_status_json(const JobRecord& record,
   return out;
 }
 
+/// `text` cut to at most `max` bytes, not inside a UTF-8 sequence.
+inline std::string truncated_utf8(std::string text, std::size_t max) {
+  if (text.size() <= max) return text;
+  std::size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80)
+    --end;
+  text.resize(end);
+  return text;
+}
+
+/// The longest error code and message a failed job keeps from its model (longer ones are cut).
+inline constexpr std::size_t max_error_code_bytes = 64;
+inline constexpr std::size_t max_error_message_bytes = 4096;
+
+/// The longest error message or last callback error a list entry shows (the job's own status
+/// shows it whole).
+inline constexpr std::size_t max_list_message_bytes = 1024;
+
+/// One entry of a job listing (`GET /v1/inferences?callback_state=failed`): the job's status
+/// without its result (a poll away), its messages cut to `max_list_message_bytes`.
+inline nlohmann::json to_list_entry_json(const JobRecord& record) {
+  nlohmann::json out = to_status_json(record);
+  out.erase("result");
+  if (auto e = out.find("error"); e != out.end())
+    (*e)["message"] = truncated_utf8((*e)["message"].get<std::string>(), max_list_message_bytes);
+  auto& callback = out["callback"];
+  if (auto e = callback.find("last_error"); e != callback.end())
+    *e = truncated_utf8(e->get<std::string>(), max_list_message_bytes);
+  return out;
+}
+
 /// The body POSTed to the callback URL once a job is final (see docs/delivery.md).
 inline nlohmann::json to_callback_json(const JobRecord& record) {
   nlohmann::json out = {{"id", id_of(record.job.id)}, {"status", to_string(record.status)}};

@@ -1,6 +1,7 @@
 // The JobStore interface: where jobs, their results and their delivery state live.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -49,6 +50,23 @@ enum class RedeliverOutcome {
   redelivered,  ///< the callback was `failed`; it is pending again, claimed by the given lease
   not_found,    ///< no job with that id
   not_failed,   ///< its callback is not `failed` (none, pending or delivered)
+};
+
+/// Where a listing goes on: the creation time and id of the last entry a page answered. Pages
+/// run newest first, by (created_at, id) descending, so an entry made or removed while someone
+/// pages neither repeats nor shifts the others.
+struct ListCursor {
+  std::chrono::system_clock::time_point created_at{};
+  std::string id;
+};
+
+/// One page of a listing. Its entries carry no input and no result (their fields stay empty or
+/// null; a job's result is a `get` away), so that the memory one page takes depends on the
+/// number of entries, not on what the jobs hold.
+struct JobPage {
+  std::vector<JobRecord> jobs;
+  /// Where the next page starts; none: this page is the last.
+  std::optional<ListCursor> next;
 };
 
 /// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.
@@ -161,6 +179,37 @@ class JobStore {
         out.push_back(std::move(record));
     }
     return out;
+  }
+
+  /// A page of the failed callbacks of jobs whose id starts with `id_prefix` (""), newest first
+  /// by (created_at, id), those after `after` (none: from the newest), at most `limit`; entries
+  /// without input or result. The shipped stores read only the page (an index range) and never
+  /// load an input or a result for it. This default pages what list_failed_callbacks_with_prefix
+  /// answers for at most 10,000 entries: a store with more failed callbacks overrides it.
+  virtual JobPage failed_callbacks_page(const std::string& id_prefix,
+                                        const std::optional<ListCursor>& after,
+                                        std::size_t limit) const {
+    JobPage page;
+    if (limit == 0) return page;
+    std::vector<JobRecord> all = list_failed_callbacks_with_prefix(id_prefix, 10000);
+    std::sort(all.begin(), all.end(), [](const JobRecord& a, const JobRecord& b) {
+      return a.job.created_at != b.job.created_at ? a.job.created_at > b.job.created_at
+                                                  : a.job.id > b.job.id;
+    });
+    for (auto& record : all) {
+      if (after && !(record.job.created_at < after->created_at ||
+                     (record.job.created_at == after->created_at && record.job.id < after->id)))
+        continue;
+      if (page.jobs.size() == limit) {
+        const JobRecord& last = page.jobs.back();
+        page.next = ListCursor{last.job.created_at, last.job.id};
+        break;
+      }
+      record.job.input = nullptr;
+      record.outcome.result = nullptr;
+      page.jobs.push_back(std::move(record));
+    }
+    return page;
   }
 
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.

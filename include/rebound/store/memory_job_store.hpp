@@ -239,6 +239,53 @@ class MemoryJobStore final : public JobStore {
     return out;
   }
 
+  /// Scans every job for the page (in memory, no index), copying only the page's entries, without
+  /// input or result.
+  JobPage failed_callbacks_page(const std::string& id_prefix,
+                                const std::optional<ListCursor>& after,
+                                std::size_t limit) const override {
+    using Key = std::pair<TimePoint, const std::string*>;
+    auto newer = [](const Key& a, const Key& b) {
+      return a.first != b.first ? a.first > b.first : *a.second > *b.second;
+    };
+    std::lock_guard<std::mutex> lock(mutex_);
+    JobPage page;
+    if (limit == 0) return page;
+    std::vector<Key> keys;
+    for (const auto& [id, entry] : jobs_) {
+      if (entry.record.callback.state != CallbackState::failed ||
+          id.compare(0, id_prefix.size(), id_prefix) != 0)
+        continue;
+      const Key key{entry.record.job.created_at, &id};
+      if (after && !newer(Key{after->created_at, &after->id}, key)) continue;
+      keys.push_back(key);
+    }
+    const std::size_t take = std::min(keys.size(), limit);
+    std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(take), keys.end(),
+                      newer);
+    page.jobs.reserve(take);
+    for (std::size_t i = 0; i < take; ++i) {
+      const JobRecord& full = jobs_.at(*keys[i].second).record;
+      JobRecord entry;
+      entry.job.id = full.job.id;
+      entry.job.callback_url = full.job.callback_url;
+      entry.job.created_at = full.job.created_at;
+      entry.job.priority = full.job.priority;
+      entry.job.max_queue = full.job.max_queue;
+      entry.job.webhook_events = full.job.webhook_events;
+      entry.job.traceparent = full.job.traceparent;
+      entry.status = full.status;
+      entry.started_at = full.started_at;
+      entry.outcome.status = full.outcome.status;
+      entry.outcome.error = full.outcome.error;
+      entry.outcome.finished_at = full.outcome.finished_at;
+      entry.callback = full.callback;
+      page.jobs.push_back(std::move(entry));
+    }
+    if (keys.size() > limit) page.next = ListCursor{keys[take - 1].first, *keys[take - 1].second};
+    return page;
+  }
+
   /// Jobs held now, finished or not.
   std::size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);

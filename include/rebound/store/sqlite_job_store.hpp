@@ -72,6 +72,9 @@ class SqliteJobStore final : public JobStore {
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
   std::vector<JobRecord> list_failed_callbacks_with_prefix(const std::string& id_prefix,
                                                            std::size_t limit) const override;
+  JobPage failed_callbacks_page(const std::string& id_prefix,
+                                const std::optional<ListCursor>& after,
+                                std::size_t limit) const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 
