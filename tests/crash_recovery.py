@@ -2,7 +2,10 @@
 """kill -9 rebound-server in the middle of a load, restart it on the same SQLite store, and check
 that every job it answered 202 is called back. Standard library only; loopback only.
 
-    crash_recovery.py REBOUND_SERVER [ROUNDS=3] [LOAD_SECONDS=1.0]
+    crash_recovery.py REBOUND_SERVER [ROUNDS=3] [LOAD_SECONDS=1.0] [delete-wal]
+
+With `delete-wal`, the store's write-ahead log is deleted halfway through the load, before the
+kill: the server must notice it (one log line), rebuild it, and still lose nothing.
 """
 import http.client
 import http.server
@@ -19,6 +22,7 @@ import time
 server_bin = sys.argv[1]
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 load_seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
+delete_wal = len(sys.argv) > 4 and sys.argv[4] == "delete-wal"
 
 
 class Receiver(http.server.ThreadingHTTPServer):
@@ -56,7 +60,7 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def start_server(store, port=0):
+def start_server(store, port=0, lines=None):
     proc = subprocess.Popen(
         [server_bin, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "sleep:0.0005",
          "--workers", "2", "--store", "sqlite:" + store, "--allow-private-callbacks",
@@ -65,7 +69,9 @@ def start_server(store, port=0):
     for line in proc.stdout:
         m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
         if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            sink = lines if lines is not None else []
+            threading.Thread(target=lambda: [sink.append(line) for line in proc.stdout],
+                             daemon=True).start()
             return proc, int(m.group(1))
     raise SystemExit("server did not start")
 
@@ -97,14 +103,20 @@ for r in range(1, rounds + 1):
     callback_url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/results"
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "jobs.db")
-        proc, port = start_server(store)
+        log_lines = []
+        proc, port = start_server(store, lines=log_lines)
         stop = threading.Event()
         accepted_lists = [[] for _ in range(4)]
         threads = [threading.Thread(target=load, args=(port, callback_url, f"r{r}c{c}", accepted_lists[c], stop))
                    for c in range(4)]
         for t in threads:
             t.start()
-        time.sleep(load_seconds)
+        if delete_wal:
+            time.sleep(load_seconds / 2)
+            os.remove(store + "-wal")
+            time.sleep(load_seconds / 2)
+        else:
+            time.sleep(load_seconds)
         os.kill(proc.pid, signal.SIGKILL)  # mid-load: no shutdown, no flush
         proc.wait()
         stop.set()
@@ -131,10 +143,19 @@ for r in range(1, rounds + 1):
         print(f"round {r}: accepted {len(accepted)}, called back before the kill {before_restart}, "
               f"after the restart {len(delivered) - before_restart}, lost {len(lost)}, "
               f"duplicates {duplicates}")
-        if lost or not accepted:
-            failures += 1
+        failed = bool(lost or not accepted)
+        if failed:
             print("  lost:", sorted(lost)[:10])
+        if delete_wal:
+            noticed = [line for line in log_lines
+                       if '"store_failed"' in line and "write-ahead log" in line]
+            print(f"  the deleted log: {len(noticed)} store_failed line(s)")
+            if len(noticed) != 1:
+                failed = True
+                print("  expected one store_failed line about the write-ahead log, got:",
+                      [line.strip() for line in log_lines if "store_" in line][:5])
+        failures += failed
     receiver.shutdown()
 
-print("crash recovery:", "ok" if failures == 0 else f"{failures} of {rounds} rounds lost jobs")
+print("crash recovery:", "ok" if failures == 0 else f"{failures} of {rounds} rounds failed")
 sys.exit(1 if failures else 0)

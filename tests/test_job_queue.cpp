@@ -110,7 +110,7 @@ TEST_CASE("job queue: one line builds it - use_future gives the job's final reco
   CHECK(stored->outcome.result == 42);
 }
 
-TEST_CASE("job queue: a model's error message is kept to 4 KiB, whatever the model threw") {
+TEST_CASE("job queue: a model's error message is kept to 4 KiB - whatever the model threw") {
   class Thrower final : public rebound::Model {
    public:
     std::string name() const override { return "thrower"; }

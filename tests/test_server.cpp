@@ -521,7 +521,7 @@ TEST_CASE("the failed-callback listing validates its query") {
   CHECK(h.client().Get("/v1/inferences?callback_state=failed&limit=1000")->status == 200);
 }
 
-TEST_CASE("the failed-callback listing pages with a cursor, without results, within its bytes") {
+TEST_CASE("the failed-callback listing pages with a cursor - without results - within its bytes") {
   // 600 dead letters, each with a 100 KB result and a 2,048-character URL: all of them in one
   // answer would be 60 MB of results, and 1.3 MB without them.
   auto store = std::make_unique<rebound::MemoryJobStore>();

@@ -152,6 +152,61 @@ TEST_CASE("sqlite: a deleted or replaced database file is noticed - submissions 
   CHECK(log.of("store_failed").size() == 1);
 }
 
+TEST_CASE("sqlite: a deleted or replaced write-ahead log is noticed and rebuilt - one log line") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("jobs.db");
+  const std::string wal = path + "-wal";
+  LogLines log;
+  HarnessOptions o;
+  o.logger = log.logger();
+  o.store_retry_interval = 20ms;
+  o.make_store = [path] {
+    rebound::SqliteJobStoreOptions so;
+    so.retry_interval = 20ms;
+    return std::make_unique<rebound::SqliteJobStore>(path, so);
+  };
+  {
+    Server h(std::make_unique<HeldModel>(), o);
+    h.model->open();
+    rebound::test::Receiver receiver;
+    REQUIRE(h.job("before", receiver.url())->status == 202);
+    h.wait_callback_final("before");
+    REQUIRE(std::filesystem::exists(wal));
+    // Exclusive locking keeps the WAL index in memory: there is no -shm file to lose.
+    CHECK_FALSE(std::filesystem::exists(path + "-shm"));
+
+    // Deleted while the server is idle: noticed within seconds without a write, the log rebuilt.
+    std::filesystem::remove(wal);
+    CHECK(eventually([&] { return log.of("store_recovered").size() == 1; }));
+    REQUIRE(log.of("store_failed").size() == 1);
+    const std::string why = log.of("store_failed")[0]["error"];
+    CHECK(why.find("the write-ahead log " + wal + " was deleted") != std::string::npos);
+    CHECK(why.find("made a new one") != std::string::npos);
+    CHECK(std::filesystem::exists(wal));
+    CHECK(h.ping() == 200);
+    REQUIRE(h.job("after-delete", receiver.url())->status == 202);
+    h.wait_callback_final("after-delete");
+
+    // Replaced by another file: the same, and the stranger is not used as the log.
+    std::filesystem::remove(wal);
+    std::ofstream(wal) << "not a log";
+    CHECK(eventually([&] { return log.of("store_recovered").size() == 2; }));
+    REQUIRE(log.of("store_failed").size() == 2);
+    CHECK(log.of("store_failed")[1]["error"].get<std::string>().find("was replaced") !=
+          std::string::npos);
+    REQUIRE(h.job("after-replace", receiver.url())->status == 202);
+    h.wait_callback_final("after-replace");
+  }
+  // Everything committed is in the file, also what the deleted log held when it went.
+  rebound::SqliteJobStore reopened(path);
+  for (const char* id : {"before", "after-delete", "after-replace"}) {
+    CAPTURE(id);
+    auto record = reopened.get(id);
+    REQUIRE(record.has_value());
+    CHECK(record->callback.state == rebound::CallbackState::delivered);
+  }
+}
+
 namespace {
 // A tmpfs of `size` mounted on a fresh folder, for the length of a test; empty when mounting is
 // not allowed here.
@@ -165,6 +220,10 @@ struct SmallDisk {
   }
   ~SmallDisk() {
     if (mounted) ::umount2(dir.path.c_str(), MNT_DETACH);
+  }
+  // Remounts it with `flags` (MS_RDONLY: read-only; 0: writable again).
+  bool remount(unsigned long flags) const {
+    return ::mount("tmpfs", dir.path.c_str(), "tmpfs", MS_REMOUNT | flags, nullptr) == 0;
   }
   // Fills what is left of the disk with one file, to the last byte.
   void fill(const std::string& name) const {
@@ -229,6 +288,30 @@ TEST_CASE("sqlite on a full disk: 503 until space returns - then the accepted jo
   CHECK(record->status == rebound::JobStatus::succeeded);
   CHECK(record->callback.state == rebound::CallbackState::delivered);
   CHECK_FALSE(reopened.get("refused").has_value());
+}
+
+TEST_CASE("sqlite on a read-only disk refuses to start - and says which file and why") {
+  SmallDisk disk("8m");
+  REQUIRE_MESSAGE(disk.mounted, "the read-only test needs root to mount a tmpfs");
+  const std::string path = disk.dir.file("jobs.db");
+  {
+    rebound::SqliteJobStore store(path);
+    store.put(rebound::Job{"kept", "", 1, std::chrono::system_clock::now()});
+  }
+  // (A disk cannot be made read-only under a store that has its files open for writing: Linux
+  // refuses the remount. A disk that fails its writes is the full-disk case above.)
+  REQUIRE(disk.remount(MS_RDONLY));
+  try {
+    rebound::SqliteJobStore refused(path);
+    FAIL("a store on a read-only disk started");
+  } catch (const rebound::Error& e) {
+    CAPTURE(e.what());
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+    CHECK(std::string(e.what()).find("read-only") != std::string::npos);
+  }
+  REQUIRE(disk.remount(0));
+  rebound::SqliteJobStore reopened(path);
+  CHECK(reopened.get("kept"));
 }
 
 TEST_CASE("a memory store over its byte budget answers 503 queue_full") {

@@ -5,6 +5,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -223,6 +225,10 @@ struct SqliteJobStore::Impl {
   std::string path;
   dev_t file_device = 0;  // the file opened, to notice it deleted or replaced under us
   ino_t file_inode = 0;
+  // The same for its write-ahead log (path-wal), which the writer rebuilds (rebuild_wal); read by
+  // failure() from any thread. (No -shm file is used: with exclusive locking SQLite keeps the
+  // WAL index in this process's memory.)
+  std::atomic<std::uint64_t> wal_device{0}, wal_inode{0};
   sqlite3* db = nullptr;
   mutable std::mutex db_mutex;  // the connection and its statements
   std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
@@ -248,6 +254,8 @@ struct SqliteJobStore::Impl {
   // are about different jobs (a job's updates come after its insert committed), so the
   // reordering is invisible.
   static constexpr std::size_t max_background_per_transaction = 512;
+  // How often an idle writer looks at its files (two stat calls).
+  static constexpr std::chrono::milliseconds file_check_interval{1000};
   std::deque<Write> waited_queue, background_queue;
   std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
   std::uint64_t committed[2] = {0, 0};  // writes whose transaction ended (committed or rolled back)
@@ -297,12 +305,19 @@ struct SqliteJobStore::Impl {
     }
     this->path = path;
     try {
+      // SQLite opens a file it cannot write read-only, quietly; a store must write.
+      if (sqlite3_db_readonly(db, "main") == 1)
+        throw Error(
+            "it can only be opened read-only (a read-only disk, or a file this user "
+            "cannot write)");
       remember_file();
       exec("PRAGMA locking_mode = EXCLUSIVE");
       exec("PRAGMA journal_mode = WAL");
       exec("PRAGMA synchronous = FULL");
-      // Takes the exclusive lock now, so a second server on the same file fails at start.
+      // Takes the exclusive lock now, so a second server on the same file fails at start. The
+      // write-ahead log exists from here on, for as long as the store is open.
       exec("BEGIN IMMEDIATE; COMMIT");
+      remember_wal();
       exec(schema);
       if (user_version() < 2) {
         exec("BEGIN IMMEDIATE");
@@ -433,10 +448,18 @@ struct SqliteJobStore::Impl {
     }
   }
 
+  void remember_wal() {
+    struct stat st {};
+    if (::stat((path + "-wal").c_str(), &st) == 0) {
+      wal_device = static_cast<std::uint64_t>(st.st_dev);
+      wal_inode = static_cast<std::uint64_t>(st.st_ino);
+    }
+  }
+
   // Why the file under `path` is not the one this store has open (deleted, or replaced by a
   // restore or a second deployment), or empty. SQLite goes on writing to an open file that was
   // deleted, and everything written then is lost at the next start, so this is checked before
-  // every commit and by failure().
+  // every commit, by failure(), and every second while the writer is idle.
   std::string file_problem() const {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
@@ -445,7 +468,32 @@ struct SqliteJobStore::Impl {
     if (st.st_dev != file_device || st.st_ino != file_inode) {
       return "the database file " + path + " was replaced by another file; restart to use it";
     }
+    return wal_problem();
+  }
+
+  // The same for the write-ahead log: what was committed since the last checkpoint lives only
+  // there, and a log deleted under an open store is gone at the next start. The writer rebuilds
+  // it (rebuild_wal).
+  std::string wal_problem() const {
+    const std::string wal = path + "-wal";
+    struct stat st {};
+    if (::stat(wal.c_str(), &st) != 0) return "the write-ahead log " + wal + " was deleted";
+    if (static_cast<std::uint64_t>(st.st_dev) != wal_device ||
+        static_cast<std::uint64_t>(st.st_ino) != wal_inode)
+      return "the write-ahead log " + wal + " was replaced by another file";
     return {};
+  }
+
+  // Under db_mutex, outside a transaction, when only the write-ahead log is wrong: what the open
+  // log holds is checkpointed into the database file (its own, still open), and a new log is made
+  // at the path (a file put there instead is removed). Nothing committed is lost. Throws when
+  // SQLite cannot.
+  void rebuild_wal() {
+    exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    exec("PRAGMA journal_mode = DELETE");
+    exec("PRAGMA journal_mode = WAL");
+    exec("BEGIN IMMEDIATE; COMMIT");
+    remember_wal();
   }
 
   // Queues a write, in its queue.
@@ -477,8 +525,10 @@ struct SqliteJobStore::Impl {
         std::unique_lock<std::mutex> lock(queue_mutex);
         auto queued = [this] { return !waited_queue.empty() || !background_queue.empty(); };
         if (failure.empty()) {
-          queue_changed.wait_for(lock, options.prune_interval,
-                                 [&] { return stopping || queued(); });
+          queue_changed.wait_for(
+              lock,
+              std::min<std::chrono::milliseconds>(options.prune_interval, file_check_interval),
+              [&] { return stopping || queued(); });
         } else {
           // Failing: a submission is tried at once (it is answered either way); the rest waits
           // for the retry interval.
@@ -505,6 +555,9 @@ struct SqliteJobStore::Impl {
         }
         probing = batch.empty() && !failure.empty();
       }
+      // Idle: a file deleted or replaced under the store is noticed (and a log rebuilt) now, not
+      // at the next write.
+      if (batch.empty() && !probing && !file_problem().empty()) probing = true;
       if (!batch.empty() || probing) commit(batch, waited);
       if (options.retention.count() > 0 &&
           std::chrono::steady_clock::now() - last_prune >= options.prune_interval) {
@@ -564,6 +617,16 @@ struct SqliteJobStore::Impl {
         if (why.empty()) why = "unknown error";
       }
       if (error) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      // The database file is right and only its log is not: rebuilt now, so that the retry of
+      // this batch (the next probe, within the retry interval) commits again.
+      if (error && wal_problem() == why) {
+        try {
+          rebuild_wal();
+          why += "; the store checkpointed the open log into the database file and made a new one";
+        } catch (const std::exception& e) {
+          why += std::string("; rebuilding it failed: ") + e.what();
+        }
+      }
     }
     if (error) error = std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why));
     std::deque<Write> retry;
