@@ -97,8 +97,9 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       if (invalid) *invalid = std::move(*refused);
       return SubmitStatus::invalid_input;
     }
+    const std::size_t bytes = work_bytes(job);
     auto entered = core.admission.enter();
-    const SubmitStatus admitted = core.admission.admit(tenant);
+    const SubmitStatus admitted = core.admission.admit(tenant, bytes);
     if (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota) {
       // A resubmission of a stored job is still answered as a duplicate when the queue is full.
       std::optional<JobRecord> existing;
@@ -114,7 +115,8 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       }
     }
     if (admitted != SubmitStatus::accepted) return admitted;
-    Claim claim = Claim::slot(core.admission, tenant);  // freed on every way out but the queue
+    // Freed on every way out but the queue.
+    Claim claim = Claim::slot(core.admission, tenant, bytes);
     if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
     job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
     // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
@@ -385,14 +387,15 @@ SubmitStatus JobQueue::invoke(nlohmann::json input, InvocationHandler on_result,
       if (invalid) *invalid = std::move(*refused);
       return SubmitStatus::invalid_input;
     }
-    auto entered = core_->admission.enter();
-    const SubmitStatus admitted = core_->admission.admit();
-    if (admitted != SubmitStatus::accepted) return admitted;
     Job job;
     job.input = std::move(input);
+    const std::size_t bytes = detail::work_bytes(job);
+    auto entered = core_->admission.enter();
+    const SubmitStatus admitted = core_->admission.admit({}, bytes);
+    if (admitted != SubmitStatus::accepted) return admitted;
     // Synchronous invocations queue at the default priority, beside jobs submitted without one.
     queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result),
-                                      detail::Claim::slot(core_->admission)},
+                                      detail::Claim::slot(core_->admission, {}, bytes)},
                      default_priority);
     return SubmitStatus::accepted;
   }();

@@ -2,11 +2,14 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "rebound/detail/json.hpp"
 #include "rebound/model.hpp"
 #include "support/raw_client.hpp"
 #include "support/server_harness.hpp"
@@ -152,6 +155,121 @@ TEST_CASE("JSON nested deeper than 128 levels is refused before anything recurse
     CHECK(edge.body == nested_arrays(128));
   }
   CHECK(server.alive());
+}
+
+TEST_CASE("what a body's tree will take is estimated from its text - not below what it takes") {
+  using rebound::detail::json_footprint;
+  using rebound::detail::scan_json_text;
+  auto repeat = [](const std::string& item, int n) {
+    std::string out = "[";
+    for (int i = 0; i < n; ++i)
+      out += (i ? "," : "") + item;
+    return out + "]";
+  };
+  for (const std::string text :
+       {repeat("0", 100000), repeat("0.123456789", 100000), repeat("[0]", 50000),
+        repeat("[]", 50000), repeat("{}", 50000), repeat(R"({"x":1,"y":2})", 20000),
+        repeat(R"("a short one")", 50000), repeat("\"" + std::string(100, 's') + "\"", 5000),
+        repeat(R"({"a long key, past sixteen":[1,2,3]})", 10000),
+        std::string("\"") + std::string(1000000, 'z') + "\""}) {
+    CAPTURE(text.substr(0, 40));
+    const std::size_t estimate =
+        scan_json_text(text, rebound::detail::max_json_depth, SIZE_MAX).bytes;
+    const std::size_t takes = json_footprint(json::parse(text));
+    CAPTURE(estimate);
+    CAPTURE(takes);
+    CHECK(estimate >= takes * 8 / 10);  // at most a little below (allocator rounding aside)
+    CHECK(estimate <= takes * 5 / 2);
+  }
+}
+
+TEST_CASE("a body whose tree would be far larger than its text is refused 413 - unparsed") {
+  EchoServer server;
+  auto submission = [](const std::string& id, const std::string& input) {
+    return R"({"id":")" + id + R"(","input":)" + input + "}";
+  };
+  auto items = [](const std::string& item, int n) {
+    std::string out = "[";
+    for (int i = 0; i < n; ++i)
+      out += (i ? "," : "") + item;
+    return out + "]";
+  };
+  // 150,000 empty arrays: 450 KB of text, about 17 MB of tree.
+  for (const std::string input : {items("[]", 150000), items("{}", 150000)}) {
+    const RawResponse r = round_trip(server.port, post("/v1/inferences", submission("amp", input)));
+    check_error_body(r, 413, "payload_too_large");
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("32 times") !=
+          std::string::npos);
+    check_error_body(round_trip(server.port, post("/invocations", input)), 413,
+                     "payload_too_large");
+  }
+  // The same count of zeros, records or short rows: ordinary inputs, accepted.
+  CHECK(round_trip(server.port, post("/v1/inferences", submission("zeros", items("0", 150000))))
+            .status == 202);
+  CHECK(round_trip(server.port,
+                   post("/v1/inferences", submission("records", items(R"({"x":1,"y":2})", 50000))))
+            .status == 202);
+  CHECK(round_trip(server.port, post("/v1/inferences", submission("rows", items("[0]", 150000))))
+            .status == 202);
+  // Small bodies are never refused for their shape.
+  CHECK(round_trip(server.port, post("/v1/inferences", submission("small", items("[]", 1000))))
+            .status == 202);
+  CHECK(server.poll("amp").is_object());  // 404 body: never stored
+  CHECK(server.alive());
+}
+
+TEST_CASE("bodies parsed at once share max_parsing_bytes - one beyond it gets 503 queue_full") {
+  // A model whose validation waits for the test: the first body's tree stays reserved meanwhile.
+  class HeldValidation final : public rebound::Model {
+   public:
+    std::string name() const override { return "held-validation"; }
+    std::optional<rebound::ErrorInfo> validate(const json&) const override {
+      std::unique_lock<std::mutex> lock(m);
+      ++entered;
+      cv.notify_all();
+      cv.wait(lock, [&] { return open; });
+      return std::nullopt;
+    }
+    rebound::Prediction predict(const json& input) override {
+      return rebound::Prediction::success(input.size());
+    }
+    void release() {
+      std::lock_guard<std::mutex> lock(m);
+      open = true;
+      cv.notify_all();
+    }
+    bool wait_entered() const {
+      std::unique_lock<std::mutex> lock(m);
+      return cv.wait_for(lock, 10s, [&] { return entered > 0; });
+    }
+    mutable std::mutex m;
+    mutable std::condition_variable cv;
+    mutable int entered = 0;
+    bool open = false;
+  };
+  HarnessOptions o;
+  o.max_parsing_bytes = 4u << 20;
+  ServerHarness server(std::make_unique<HeldValidation>(), o);
+  auto* model = static_cast<HeldValidation*>(server.model_ptr);
+  std::string many = "[";
+  for (int i = 0; i < 100000; ++i)
+    many += i ? ",0" : "0";
+  many += "]";  // 200 KB whose tree takes about 3.2 MB
+  std::thread first([&] {
+    const RawResponse r =
+        round_trip(server.port, post("/v1/inferences", R"({"id":"first","input":)" + many + "}"));
+    CHECK(r.status == 202);
+  });
+  REQUIRE(model->wait_entered());
+  const RawResponse second =
+      round_trip(server.port, post("/v1/inferences", R"({"id":"second","input":)" + many + "}"));
+  check_error_body(second, 503, "queue_full");
+  CHECK(second.has_header("Retry-After: "));
+  // Once the first is through, the next one goes in.
+  model->release();
+  first.join();
+  CHECK(round_trip(server.port, post("/v1/inferences", R"({"id":"third","input":)" + many + "}"))
+            .status == 202);
 }
 
 TEST_CASE("a model's output nested too deep fails its job instead of the server") {

@@ -133,6 +133,55 @@ TEST_CASE("job queue: a model's error message is kept to 4 KiB - whatever the mo
   CHECK(queue.find("f")->outcome.error->message == std::string(4095, 'm'));
 }
 
+TEST_CASE("job queue: work in memory is bounded in bytes - as the inputs really take") {
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_work_bytes = 8u << 20;  // 8 MiB
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), nullptr, options);
+  // 200,000 numbers: about 3.2 MB of tree each (16 bytes a value, and the vector's spare room).
+  const nlohmann::json big = nlohmann::json::parse("[" + [] {
+    std::string s;
+    for (int i = 0; i < 200000; ++i)
+      s += i ? ",0" : "0";
+    return s;
+  }() + "]");
+  CHECK(queue.submit(job("one", big)) == rebound::SubmitStatus::accepted);
+  CHECK(queue.submit(job("two", big)) == rebound::SubmitStatus::accepted);
+  // A third would pass 8 MiB: refused, as a full queue is, whatever the count of jobs.
+  CHECK(queue.submit(job("three", big)) == rebound::SubmitStatus::queue_full);
+  auto refused = queue.async_submit(job("three", big), boost::asio::use_future);
+  CHECK_THROWS_AS(refused.get(), boost::system::system_error);
+  // Small work still fits beside them.
+  CHECK(queue.submit(job("small", 1)) == rebound::SubmitStatus::accepted);
+  CHECK(queue.in_flight() == 3);
+  held->open();
+  CHECK(queue.async_wait("two", boost::asio::use_future).get().status == JobStatus::succeeded);
+  CHECK(queue.async_wait("small", boost::asio::use_future).get().status == JobStatus::succeeded);
+  for (int i = 0; i < 500 && queue.in_flight() > 0; ++i)  // slots go back after the record
+    std::this_thread::sleep_for(10ms);
+  CHECK(queue.submit(job("three", big)) == rebound::SubmitStatus::accepted);
+  CHECK(queue.async_wait("three", boost::asio::use_future).get().status == JobStatus::succeeded);
+}
+
+TEST_CASE("job queue: one job larger than the whole byte budget is taken when nothing else is") {
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_work_bytes = 1024;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), nullptr, options);
+  const nlohmann::json big = nlohmann::json::array({1, 2, 3, "a string longer than sixteen"});
+  CHECK(queue.submit(job("alone", std::string(4096, 'x'))) == rebound::SubmitStatus::accepted);
+  CHECK(queue.submit(job("beside", big)) == rebound::SubmitStatus::queue_full);
+  held->open();
+  CHECK(queue.async_wait("alone", boost::asio::use_future).get().status == JobStatus::succeeded);
+  for (int i = 0; i < 500 && queue.in_flight() > 0; ++i)  // slots go back after the record
+    std::this_thread::sleep_for(10ms);
+  CHECK(queue.submit(job("beside", big)) == rebound::SubmitStatus::accepted);
+}
+
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {
   JobQueue queue(std::make_unique<Doubler>());
   auto out = std::make_shared<Outcome>();

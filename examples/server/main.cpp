@@ -52,12 +52,13 @@ int main(int argc, char** argv) {
   double lease_s = 30;
   std::string server_id;
   double retention_s = 86400;
-  std::size_t memory_budget_mib = 1024;
+  std::size_t memory_budget_mib = 512;
   double job_ttl_s = 0;
   double inference_timeout_s = 0;
   std::string log_level = "info";
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
+  std::size_t max_work_mib = 512;
   std::vector<std::string> signing_secrets;
   std::vector<std::string> signing_keys;
   bool allow_private = false;
@@ -119,6 +120,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--workers", workers, "Inferences run at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
+      ->capture_default_str();
+  app.add_option("--max-work-mib", max_work_mib,
+                 "Memory the work in memory may hold, in MiB: inputs of jobs waiting or running "
+                 "(as parsed), bodies of callback attempts under way; beyond it 503 queue_full")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
       ->capture_default_str();
   app.add_option("--queue-capacity", queue_capacity,
                  "Work in memory at once (jobs waiting or running, callback attempts under way; "
@@ -311,6 +317,7 @@ int main(int argc, char** argv) {
     rebound::JobQueueOptions options;
     options.workers = workers;
     options.queue_capacity = queue_capacity;
+    options.max_work_bytes = max_work_mib << 20;
     {
       std::set<std::string_view> names;
       for (const auto* keys : {&api_keys, &operator_keys})

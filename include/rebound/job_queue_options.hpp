@@ -44,6 +44,13 @@ struct JobQueueOptions {
   /// and holds no slot. Submissions beyond it are refused with `queue_full`, so memory stays
   /// bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
+  /// The bytes that work in memory may hold at once: the inputs of jobs waiting for a worker or
+  /// running (as their parsed trees really take, rebound::detail::json_footprint) and the bodies
+  /// of callback attempts under way. Submissions beyond it are refused with `queue_full`, and jobs
+  /// in the store are claimed only as it frees up; one job larger than all of it is still taken
+  /// when nothing else is in memory. Not counted: what a MemoryJobStore keeps (its own
+  /// `max_bytes`), and the request being parsed. rebound-server: --max-work-mib.
+  std::size_t max_work_bytes = std::size_t{512} << 20;
   /// The share of `queue_capacity` that one tenant's submissions may hold at once (a job's tenant
   /// is the part of its id before '/', rebound/tenant.hpp); beyond it its submissions are refused
   /// with `tenant_quota` while the others are still accepted. 1: no limit (one tenant).

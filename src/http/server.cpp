@@ -483,11 +483,15 @@ struct Server::Impl {
     if (read != detail::BodyRead::ok && target.resource != Resource::redeliver) {
       return send_error(res, *body_error(read, options.max_body_bytes));
     }
+    if (target.resource == Resource::inferences || target.resource == Resource::invocations) {
+      // The tree this body will take, reserved before it is built.
+      const auto shape = detail::scan_json_text(body, detail::max_json_depth, json_cost_limit);
+      ParsingReservation reserved(parsing_bytes, shape.bytes, options.max_parsing_bytes);
+      if (!reserved) return send_queue_full(res);
+      if (target.resource == Resource::inferences) return submit(req, tenant, body, res);
+      return invoke(req, body, res);
+    }
     switch (target.resource) {
-      case Resource::inferences:
-        return submit(req, tenant, body, res);
-      case Resource::invocations:
-        return invoke(req, body, res);
       case Resource::redeliver:
         // The body means nothing here; an unread one just ends the connection after the answer.
         return redeliver(tenant, target.id, res);
@@ -615,7 +619,8 @@ struct Server::Impl {
     const std::string attributes = req.get_header_value("X-Amzn-SageMaker-Custom-Attributes");
     if (!attributes.empty()) res.set_header("X-Amzn-SageMaker-Custom-Attributes", attributes);
     nlohmann::json input;
-    if (auto error = json_body_error(detail::parse_untrusted_json(body, input))) {
+    if (auto error = json_body_error(detail::parse_untrusted_json(body, input, json_cost_limit,
+                                                                  /*limit_amplification=*/true))) {
       return send_error(res, *error);
     }
     // The HTTP thread waits for the batch its request joins; the promise outlives a timeout.
@@ -885,8 +890,36 @@ struct Server::Impl {
     send_json(res, 200, to_status_json(*record, position));
   }
 
+  // A share of ServerOptions::max_parsing_bytes, held while a body is parsed and submitted.
+  class ParsingReservation {
+   public:
+    ParsingReservation(std::atomic<std::size_t>& total, std::size_t bytes, std::size_t limit)
+        : total_(total), bytes_(bytes) {
+      std::size_t now = total_.load();
+      do {
+        if (now > 0 && (bytes > limit || now > limit - bytes)) {
+          bytes_ = 0;
+          held_ = false;
+          return;
+        }
+      } while (!total_.compare_exchange_weak(now, now + bytes));
+    }
+    ~ParsingReservation() {
+      if (held_) total_ -= bytes_;
+    }
+    ParsingReservation(const ParsingReservation&) = delete;
+    ParsingReservation& operator=(const ParsingReservation&) = delete;
+    explicit operator bool() const { return held_; }
+
+   private:
+    std::atomic<std::size_t>& total_;
+    std::size_t bytes_;
+    bool held_ = true;
+  };
+
   JobQueue& service;
   ServerOptions options;
+  std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
   const bool multi_tenant;  // two or more names: each key's jobs are its own
   detail::HttpServer http;

@@ -1,8 +1,9 @@
 // Admission: the gate a submission passes (accepting until shutdown, the model ready) and the
-// capacity slots that bound the work in memory: jobs waiting for a worker or running, and
-// callback attempts under way.
+// capacity slots and bytes that bound the work in memory: jobs waiting for a worker or running
+// (their inputs), and callback attempts under way (their bodies).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -26,9 +27,12 @@ class Admission {
  public:
   /// `tenant_slots`: the slots one tenant's submissions may hold at once (rebound/tenant.hpp);
   /// `capacity` or more: no limit, and no count per tenant is kept.
+  /// `max_bytes`: the bytes that work in memory may hold at once (what it is charged with).
   Admission(std::size_t capacity, const Model& model, std::function<void()> on_slot_freed,
-            std::size_t tenant_slots = std::numeric_limits<std::size_t>::max())
+            std::size_t tenant_slots = std::numeric_limits<std::size_t>::max(),
+            std::size_t max_bytes = std::numeric_limits<std::size_t>::max())
       : capacity_(capacity),
+        max_bytes_(max_bytes),
         tenant_slots_(tenant_slots),
         by_tenant_(tenant_slots < capacity),
         model_(model),
@@ -40,43 +44,76 @@ class Admission {
     return std::shared_lock<std::shared_mutex>(accepting_mutex_);
   }
 
-  /// Under `enter()`: `accepted` means a slot was taken for `tenant`, to be released (with the
-  /// same tenant) when the work is done. `tenant_quota` when the tenant holds its share already.
-  SubmitStatus admit(std::string_view tenant = {}) {
+  /// Under `enter()`: `accepted` means a slot was taken for `tenant`, charged with `bytes`, to be
+  /// released (with the same tenant and bytes) when the work is done. `tenant_quota` when the
+  /// tenant holds its share already; `queue_full` when the slots or the bytes are taken (work
+  /// larger than the whole budget is admitted only when nothing else is in memory).
+  SubmitStatus admit(std::string_view tenant = {}, std::size_t bytes = 0) {
     if (!accepting_) return SubmitStatus::shutting_down;
     if (!model_.ready()) return SubmitStatus::not_ready;
-    return take_slot_within_share(tenant);
+    return take_slot_within_share(tenant, bytes);
   }
 
-  /// Takes a slot for work that needs no gate (a claim from the store, a redelivery), counted for
-  /// `tenant` but not held to its share: the work is accepted already.
+  /// Takes a slot for work that needs no gate (a claim from the store), counted for `tenant` but
+  /// not held to its share: the work is accepted already. False also while the bytes are all
+  /// taken. What the work holds is charged once it is read (`charge`).
   bool take_slot(std::string_view tenant = {}) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= capacity_) return false;
+    if (in_flight_ >= capacity_ || bytes_ >= max_bytes_) return false;
     take_locked(tenant);
     return true;
   }
 
   /// Takes a slot for work `tenant` asks for again (a redelivery): held to its share as a
   /// submission is, but not gated on the model.
-  SubmitStatus take_slot_within_share(std::string_view tenant) {
+  SubmitStatus take_slot_within_share(std::string_view tenant, std::size_t bytes = 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (in_flight_ >= capacity_) return SubmitStatus::queue_full;
+    if (in_flight_ > 0 && (bytes > max_bytes_ || bytes_ > max_bytes_ - bytes))
+      return SubmitStatus::queue_full;
     if (by_tenant_ && !tenant.empty()) {  // the default tenant (invocations) has no share
       auto it = tenants_.find(tenant);
       if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
     }
     take_locked(tenant);
+    bytes_ += bytes;
+    note_charge(bytes);
     return SubmitStatus::accepted;
   }
 
-  /// Frees one slot of `tenant`'s (Claim does, when it goes).
-  void release(std::string_view tenant = {}) {
+  /// Changes what a slot's work is charged with, from `from` to `to` bytes (work read from the
+  /// store, a job's callback after its input), whatever the budget: the work is in memory.
+  void charge(std::size_t from, std::size_t to) {
     bool freed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      freed = in_flight_ == capacity_;
+      freed = bytes_ >= max_bytes_;
+      bytes_ = bytes_ - std::min(bytes_, from) + to;
+      freed = freed && bytes_ < max_bytes_;
+      note_charge(to);
+    }
+    if (freed) on_slot_freed_();
+  }
+
+  /// How many items a claim from the store may ask for now: the free slots, at most `max`, and
+  /// no more than the free bytes hold at the size of the largest recent work (a claim cannot see
+  /// sizes before it reads).
+  std::size_t claimable(std::size_t max) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_flight_ >= capacity_ || bytes_ >= max_bytes_) return 0;
+    const std::size_t by_bytes = 1 + (max_bytes_ - bytes_) / std::max<std::size_t>(1, largest_);
+    return std::min({capacity_ - in_flight_, max, by_bytes});
+  }
+
+  /// Frees one slot of `tenant`'s, charged with `bytes` (Claim does, when it goes).
+  void release(std::string_view tenant = {}, std::size_t bytes = 0) {
+    bool freed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      freed = in_flight_ == capacity_ || bytes_ >= max_bytes_;
       --in_flight_;
+      bytes_ -= std::min(bytes_, bytes);
+      freed = freed && bytes_ < max_bytes_;
       if (by_tenant_) {
         auto it = tenants_.find(tenant);
         if (it != tenants_.end() && --it->second == 0) tenants_.erase(it);
@@ -97,6 +134,13 @@ class Admission {
     std::lock_guard<std::mutex> lock(mutex_);
     return in_flight_;
   }
+
+  /// The bytes work in memory is charged with now, and the most it may be.
+  std::size_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_;
+  }
+  std::size_t max_bytes() const { return max_bytes_; }
 
   bool accepting() const {
     std::shared_lock<std::shared_mutex> lock(accepting_mutex_);
@@ -132,6 +176,10 @@ class Admission {
   }
 
  private:
+  // The largest recent charge: jumps to a larger one at once, and decays by 1/64 with each
+  // charge, so that claims shrink as soon as large work shows up and grow back after it.
+  void note_charge(std::size_t bytes) { largest_ = std::max(bytes, largest_ - largest_ / 64); }
+
   void take_locked(std::string_view tenant) {
     ++in_flight_;
     if (!by_tenant_) return;
@@ -141,6 +189,7 @@ class Admission {
   }
 
   const std::size_t capacity_;
+  const std::size_t max_bytes_;
   const std::size_t tenant_slots_;
   const bool by_tenant_;
   std::map<std::string, std::size_t, std::less<>> tenants_;  // under mutex_, when by_tenant_
@@ -151,6 +200,9 @@ class Admission {
   mutable std::mutex mutex_;
   std::condition_variable idle_;
   std::size_t in_flight_ = 0;
+  std::size_t bytes_ = 0;
+  // Until work is seen, claims assume the largest input a body can hold (json_cost_limit).
+  std::size_t largest_ = std::size_t{32} << 20;
   bool wait_ended_ = false;
 };
 

@@ -2,6 +2,7 @@
 // it, as one move-only object that gives both back when it goes, on every path.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -20,11 +21,13 @@ class Claim {
  public:
   Claim() = default;
 
-  /// A slot taken with Admission::admit or take_slot (for `tenant`), without a lease yet.
-  static Claim slot(Admission& admission, std::string_view tenant = {}) {
+  /// A slot taken with Admission::admit or take_slot (for `tenant`, charged with `bytes`), without
+  /// a lease yet.
+  static Claim slot(Admission& admission, std::string_view tenant = {}, std::size_t bytes = 0) {
     Claim c;
     c.admission_ = &admission;
     c.tenant_ = std::string(tenant);
+    c.bytes_ = bytes;
     return c;
   }
 
@@ -37,6 +40,7 @@ class Claim {
       id_ = std::move(other.id_);
       holder_ = std::move(other.holder_);
       tenant_ = std::move(other.tenant_);
+      bytes_ = std::exchange(other.bytes_, 0);
     }
     return *this;
   }
@@ -63,6 +67,14 @@ class Claim {
     if (leases_) std::exchange(leases_, nullptr)->unhold(id_, holder_);
   }
 
+  /// What the slot's work holds in memory from now on (Admission::charge): a job read from the
+  /// store, a callback's body instead of the job's input.
+  void charge(std::size_t bytes) {
+    if (!admission_) return;
+    admission_->charge(bytes_, bytes);
+    bytes_ = bytes;
+  }
+
   /// Ends the lease in the store now, so that another claim may take the work at once, then
   /// frees the slot.
   void hand_back(StoreAccess& store, const char* during) {
@@ -73,7 +85,7 @@ class Claim {
   /// Lets the lease go and frees the slot. Safe to call more than once.
   void release() {
     drop_lease();
-    if (admission_) std::exchange(admission_, nullptr)->release(tenant_);
+    if (admission_) std::exchange(admission_, nullptr)->release(tenant_, std::exchange(bytes_, 0));
   }
 
  private:
@@ -81,7 +93,8 @@ class Claim {
   Leases* leases_ = nullptr;
   std::string id_;
   std::string holder_;
-  std::string tenant_;  // whose slot it is
+  std::string tenant_;     // whose slot it is
+  std::size_t bytes_ = 0;  // what it is charged with
 };
 
 }  // namespace rebound::detail

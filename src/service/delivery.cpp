@@ -40,6 +40,7 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
     if (auto deferred = gate_->defer_now(record.job.callback_url, std::string(tenant_of(id)),
                                          attempt_timeout_)) {
       claim.take_lease(leases_, id, std::move(holder), false);
+      claim.charge(0);  // nothing of it stays in memory
       AttemptReport report;
       report.attempt = before.attempts;
       report.verdict = AttemptVerdict::deferred;
@@ -69,6 +70,8 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
   // Renewed while it lasts: an attempt may wait in the transport (behind a receiver's other
   // requests, or its open circuit) for longer than a lease.
   claim.take_lease(leases_, id, std::move(holder), false);
+  // The attempt holds its body (and the transport a copy of it) instead of the job's input.
+  claim.charge(2 * message.body.capacity() + message.url.capacity() + sizeof(CallbackMessage));
   auto held = std::make_shared<Claim>(std::move(claim));
   sender_.attempt(std::move(message), state,
                   [this, keep = owner(), id, before, held](const AttemptReport& report) {

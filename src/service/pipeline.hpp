@@ -181,7 +181,8 @@ struct Pipeline {
                 ? std::numeric_limits<std::size_t>::max()
                 : std::max<std::size_t>(
                       1, static_cast<std::size_t>(options.tenant_share *
-                                                  static_cast<double>(options.queue_capacity)))),
+                                                  static_cast<double>(options.queue_capacity))),
+            options.max_work_bytes),
         leases(options.server_id.empty() ? default_server_id() : options.server_id, options.lease,
                clock),
         delivery(

@@ -114,7 +114,7 @@ template <typename ClaimFn>
 std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char* what, bool& more,
                                                                      std::string& holder,
                                                                      ClaimFn&& claim) {
-  const std::size_t slots = std::min(admission_.free_slots(), max_claim);
+  const std::size_t slots = admission_.claimable(max_claim);
   if (slots == 0) return {};
   holder = leases_.next_holder();
   std::vector<JobRecord> due = claim(slots, leases_.from_now(holder), clock_());
@@ -155,6 +155,7 @@ std::size_t StorePump::claim_jobs(bool& more) {
     const std::string id = record.job.id;
     const int priority = record.job.priority;
     claim.take_lease(leases_, id, holder);
+    claim.charge(work_bytes(record.job));
     WorkItem item{std::move(record.job), nullptr, std::move(claim)};
     if (queue_->try_push(std::move(item), priority, tenant_of(id)) == PushResult::accepted) {
       ++queued;  // runs: at least once

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "claim.hpp"
+#include "rebound/detail/json.hpp"
 #include "rebound/job.hpp"
 #include "rebound/job_queue_status.hpp"
 
@@ -18,5 +19,11 @@ struct WorkItem {
   Claim claim;              // the slot; for a job also the lease it is run under
   std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
 };
+
+/// What a job holds in memory while it waits or runs: its input's tree, its strings, the item.
+inline std::size_t work_bytes(const Job& job) {
+  return sizeof(WorkItem) + json_footprint(job.input) + job.id.capacity() +
+         job.callback_url.capacity() + job.traceparent.capacity();
+}
 
 }  // namespace rebound::detail

@@ -38,6 +38,9 @@ struct HarnessOptions {
   std::size_t http_threads = 80;
   std::size_t max_body_bytes = 6291456;
   std::size_t max_header_bytes = 65536;
+  std::size_t max_parsing_bytes = std::size_t{256} << 20;
+  /// JobQueueOptions::max_work_bytes.
+  std::size_t max_work_bytes = std::size_t{512} << 20;
   std::chrono::milliseconds response_timeout{60000};
   /// The job store; unset: a MemoryJobStore.
   std::function<std::unique_ptr<rebound::JobStore>()> make_store = {};
@@ -60,6 +63,7 @@ class ServerHarness {
     rebound::JobQueueOptions so;
     so.workers = o.workers;
     so.queue_capacity = o.capacity;
+    so.max_work_bytes = o.max_work_bytes;
     so.max_batch_size = o.max_batch_size;
     so.max_queue_delay = o.max_queue_delay;
     so.job_ttl = o.job_ttl;
@@ -86,6 +90,7 @@ class ServerHarness {
     sv.http_threads = o.http_threads;
     sv.max_body_bytes = o.max_body_bytes;
     sv.max_header_bytes = o.max_header_bytes;
+    sv.max_parsing_bytes = o.max_parsing_bytes;
     sv.response_timeout = o.response_timeout;
     sv.api_keys = o.api_keys;
     sv.operator_keys = o.operator_keys;

@@ -31,7 +31,8 @@ struct ApiError {
   }
 };
 
-/// The 400 answer for a request body that parse_untrusted_json refused; nullopt when it parsed.
+/// The 400 (413 for `amplifying`) answer for a request body that parse_untrusted_json refused;
+/// nullopt when it parsed.
 inline std::optional<ApiError> json_body_error(JsonParseError error) {
   switch (error) {
     case JsonParseError::none:
@@ -43,6 +44,14 @@ inline std::optional<ApiError> json_body_error(JsonParseError error) {
                       "invalid_json",
                       "The request body nests arrays and objects deeper than " +
                           std::to_string(max_json_depth) + " levels.",
+                      {}};
+    case JsonParseError::amplifying:
+      return ApiError{413,
+                      "payload_too_large",
+                      "The request body would take more than " +
+                          std::to_string(json_amplification_limit) +
+                          " times its size in memory once parsed (arrays of empty arrays or "
+                          "objects, and the like).",
                       {}};
     case JsonParseError::too_complex:
       return ApiError{400,
@@ -92,7 +101,8 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
                            ApiError{422, "invalid_field", std::move(message), std::move(field)}};
   };
   nlohmann::json doc;
-  if (auto error = json_body_error(detail::parse_untrusted_json(body, doc))) {
+  if (auto error = json_body_error(
+          detail::parse_untrusted_json(body, doc, json_cost_limit, /*limit_amplification=*/true))) {
     return {std::nullopt, std::move(error)};
   }
   if (!doc.is_object()) {

@@ -24,6 +24,12 @@ struct ServerOptions {
   /// Larger bodies get 413 (SageMaker's limit): a declared Content-Length at once, unread; a
   /// chunked body as soon as it passes the limit. Either way the connection then closes.
   std::size_t max_body_bytes = 6291456;
+  /// The bytes the JSON trees of request bodies being parsed and submitted may take at once, as
+  /// estimated from their text before they are built (detail::scan_json_text); a body that would
+  /// pass it gets 503 `queue_full` with Retry-After, unparsed. Bounds what concurrent large
+  /// bodies cost before the queue's own budget (JobQueueOptions::max_work_bytes) counts them.
+  /// One body is always parsed when no other is.
+  std::size_t max_parsing_bytes = std::size_t{256} << 20;
   /// Request line and headers together; beyond it 431 (414 for a request line over 8 KiB).
   std::size_t max_header_bytes = 65536;
   /// HTTP connections served at once. cpp-httplib gives each connection a thread, so this is
