@@ -426,6 +426,14 @@ std::string JobQueue::render_metrics() const {
     out += std::string("rebound_callback_endpoints{state=\"") + to_string(state) + "\"} " +
            std::to_string(by_state[static_cast<int>(state)]) + "\n";
   }
+  out +=
+      "# HELP rebound_work_bytes Bytes the work in memory holds (inputs as parsed, callback "
+      "bodies), of JobQueueOptions::max_work_bytes.\n# TYPE rebound_work_bytes gauge\n"
+      "rebound_work_bytes " +
+      std::to_string(core_->admission.bytes()) +
+      "\n# HELP rebound_work_bytes_limit JobQueueOptions::max_work_bytes (--max-work-mib).\n"
+      "# TYPE rebound_work_bytes_limit gauge\nrebound_work_bytes_limit " +
+      std::to_string(core_->admission.max_bytes()) + "\n";
   return out;
 }
 
@@ -544,6 +552,14 @@ JobPage JobQueue::failed_callbacks_page(const std::string& tenant,
   const std::string prefix = tenant.empty() ? std::string() : tenant + "/";
   return core_->store.call("list_failed_callbacks", {}, [&](JobStore& s) {
     return s.failed_callbacks_page(prefix, after, limit);
+  });
+}
+
+std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit,
+                                                  const std::string& tenant) const {
+  const std::string prefix = tenant.empty() ? std::string() : tenant + "/";
+  return core_->store.call("list_failed_callbacks", {}, [&](JobStore& s) {
+    return s.list_failed_callbacks_with_prefix(prefix, limit);
   });
 }
 

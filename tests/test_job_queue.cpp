@@ -27,6 +27,7 @@
 #include "rebound/make_model.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/memory_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
 #include "rebound/tenant.hpp"
 #include "support/held_model.hpp"
 #include "support/receiver.hpp"
@@ -163,6 +164,47 @@ TEST_CASE("job queue: work in memory is bounded in bytes - as the inputs really 
     std::this_thread::sleep_for(10ms);
   CHECK(queue.submit(job("three", big)) == rebound::SubmitStatus::accepted);
   CHECK(queue.async_wait("three", boost::asio::use_future).get().status == JobStatus::succeeded);
+}
+
+TEST_CASE("job queue: jobs claimed from the store take no more than the free bytes") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("jobs.db");
+  const nlohmann::json big = nlohmann::json::parse("[" + [] {
+    std::string s;
+    for (int i = 0; i < 200000; ++i)
+      s += i ? ",0" : "0";
+    return s;
+  }() + "]");  // read back from the store: about 4.2 MB of tree (the parser's spare room)
+  {
+    rebound::SqliteJobStore store(path);  // accepted by a server that stopped before running them
+    for (int i = 0; i < 12; ++i)
+      REQUIRE(store.put(job("stored-" + std::to_string(i), big)) == rebound::PutOutcome::created);
+  }
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_work_bytes = 11u << 20;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), std::make_unique<rebound::SqliteJobStore>(path), options);
+  REQUIRE(held->wait_started(1));
+  auto work_bytes = [&] {
+    const std::string metrics = queue.render_metrics();
+    const auto at = metrics.find("\nrebound_work_bytes ");
+    REQUIRE(at != std::string::npos);
+    return std::stoull(metrics.substr(at + 20));
+  };
+  // Two fit in 11 MiB, a third would not: it stays in the store, through several polls.
+  for (int i = 0; i < 30; ++i) {
+    CHECK(queue.in_flight() <= 2);
+    CHECK(work_bytes() <= (11u << 20));
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(queue.in_flight() == 2);
+  held->open();
+  for (int i = 0; i < 12; ++i) {
+    CHECK(queue.async_wait("stored-" + std::to_string(i), boost::asio::use_future).get().status ==
+          JobStatus::succeeded);
+  }
 }
 
 TEST_CASE("job queue: one job larger than the whole byte budget is taken when nothing else is") {

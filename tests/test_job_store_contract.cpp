@@ -233,6 +233,17 @@ TEST_CASE_TEMPLATE(
         id,
         {id == "acme/delivered" ? CallbackState::delivered : CallbackState::failed, 5, "HTTP 500"});
   }
+  // Two made in the same millisecond, apart by microseconds (as the memory store keeps them):
+  // cursors keep milliseconds, so both are in their place, by id.
+  for (const auto& [id, us] :
+       {std::pair<std::string, int>{"acme/sub-2", 300}, {"acme/sub-1", 700}}) {
+    store->put(Job{id,
+                   "http://example.com/cb",
+                   {{"big", std::string(1000, 'i')}},
+                   at_ms(1764000000045) + std::chrono::microseconds(us)});
+    store->complete(id, {JobStatus::succeeded, {{"big", std::string(1000, 'r')}}, std::nullopt});
+    store->update_callback(id, {CallbackState::failed, 5, "HTTP 500"});
+  }
   auto page_through = [&](const std::string& prefix, std::size_t limit) {
     std::vector<std::string> ids;
     std::optional<rebound::ListCursor> after;
@@ -252,16 +263,16 @@ TEST_CASE_TEMPLATE(
     }
     return ids;
   };
-  const std::vector<std::string> acme = {"acme/g", "acme/f", "acme/e", "acme/d",
-                                         "acme/c", "acme/b", "acme/a"};
+  const std::vector<std::string> acme = {"acme/g", "acme/sub-2", "acme/sub-1", "acme/f", "acme/e",
+                                         "acme/d", "acme/c",     "acme/b",     "acme/a"};
   CHECK(page_through("acme/", 2) == acme);
   CHECK(page_through("acme/", 1) == acme);
-  CHECK(page_through("acme/", 7) == acme);
+  CHECK(page_through("acme/", 9) == acme);
   CHECK(page_through("acme/", 100) == acme);
-  CHECK(page_through("", 3).size() == 10);
+  CHECK(page_through("", 3).size() == 12);
   CHECK(page_through("initech/", 3).empty());
   // The entry a cursor names is redelivered meanwhile: the next page goes on after it all the same.
-  const rebound::JobPage first = store->failed_callbacks_page("acme/", std::nullopt, 4);
+  const rebound::JobPage first = store->failed_callbacks_page("acme/", std::nullopt, 6);
   REQUIRE(first.next);
   CHECK(first.next->id == "acme/d");
   store->update_callback("acme/d", {CallbackState::pending, 5, {}});

@@ -212,6 +212,12 @@ class JobQueue final {
   /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
+  /// The failed callbacks of one tenant's jobs (ids "tenant/...", rebound/tenant.hpp; "" is
+  /// every job), whole records (inputs and results): use failed_callbacks_page, whose memory
+  /// does not grow with what the jobs hold.
+  [[deprecated("use failed_callbacks_page")]] std::vector<JobRecord> failed_callbacks(
+      std::size_t limit, const std::string& tenant) const;
+
   /// A page of the jobs whose callback was given up, newest first, from `after` (none: the
   /// newest; a page's `next` goes on), at most `limit`, of one tenant (ids "tenant/...",
   /// rebound/tenant.hpp; "" is every job). Entries carry no input and no result (`find` has

@@ -316,6 +316,38 @@ std::vector<Credential> parse_credentials(const ServerOptions& o) {
   return out;
 }
 
+namespace {
+// A share of ServerOptions::max_parsing_bytes, held while a body is parsed and submitted.
+class ParsingReservation {
+ public:
+  ParsingReservation(std::atomic<std::size_t>& total, std::size_t bytes, std::size_t limit)
+      : total_(total), bytes_(bytes) {
+    std::size_t now = total_.load();
+    do {
+      if (now > 0 && (bytes > limit || now > limit - bytes)) {
+        bytes_ = 0;
+        held_ = false;
+        return;
+      }
+    } while (!total_.compare_exchange_weak(now, now + bytes));
+  }
+  ~ParsingReservation() { release(); }
+  // Gives the share back (once the tree is the queue's, counted in its own budget).
+  void release() {
+    if (held_) total_ -= bytes_;
+    held_ = false;
+  }
+  ParsingReservation(const ParsingReservation&) = delete;
+  ParsingReservation& operator=(const ParsingReservation&) = delete;
+  explicit operator bool() const { return held_; }
+
+ private:
+  std::atomic<std::size_t>& total_;
+  std::size_t bytes_;
+  bool held_ = true;
+};
+}  // namespace
+
 struct Server::Impl {
   Impl(JobQueue& s, ServerOptions o, std::vector<Credential> creds)
       : service(s),
@@ -488,8 +520,8 @@ struct Server::Impl {
       const auto shape = detail::scan_json_text(body, detail::max_json_depth, json_cost_limit);
       ParsingReservation reserved(parsing_bytes, shape.bytes, options.max_parsing_bytes);
       if (!reserved) return send_queue_full(res);
-      if (target.resource == Resource::inferences) return submit(req, tenant, body, res);
-      return invoke(req, body, res);
+      if (target.resource == Resource::inferences) return submit(req, tenant, body, res, reserved);
+      return invoke(req, body, res, reserved);
     }
     switch (target.resource) {
       case Resource::redeliver:
@@ -556,8 +588,10 @@ struct Server::Impl {
     }
   }
 
+  // `reserved` (the tree's share of max_parsing_bytes) ends once the queue has the job: waits
+  // (Prefer: wait) do not hold it.
   void submit(const httplib::Request& req, const std::string& tenant, const std::string& body,
-              httplib::Response& res) {
+              httplib::Response& res, ParsingReservation& reserved) {
     SubmissionParse parsed = parse_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
@@ -569,7 +603,9 @@ struct Server::Impl {
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
     const std::string key = job.id;  // the tenant's id, as the store keys it
     ErrorInfo invalid;
-    switch (service.submit(std::move(job), &invalid)) {
+    const SubmitStatus submitted = service.submit(std::move(job), &invalid);
+    reserved.release();
+    switch (submitted) {
       case SubmitStatus::accepted:
       case SubmitStatus::duplicate: {
         const std::string status_url = "/v1/inferences/" + id;
@@ -615,7 +651,8 @@ struct Server::Impl {
   }
 
   // SageMaker's synchronous inference: the body is the model input, the answer its output.
-  void invoke(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+  void invoke(const httplib::Request& req, const std::string& body, httplib::Response& res,
+              ParsingReservation& reserved) {
     const std::string attributes = req.get_header_value("X-Amzn-SageMaker-Custom-Attributes");
     if (!attributes.empty()) res.set_header("X-Amzn-SageMaker-Custom-Attributes", attributes);
     nlohmann::json input;
@@ -629,6 +666,7 @@ struct Server::Impl {
     ErrorInfo invalid;
     const SubmitStatus status = service.invoke(
         std::move(input), [result](const Prediction& p) { result->set_value(p); }, &invalid);
+    reserved.release();  // the queue counts the input from here
     switch (status) {
       case SubmitStatus::accepted:
         break;
@@ -834,22 +872,35 @@ struct Server::Impl {
     send_json_text(res, 200, "{\"jobs\":" + jobs + ",\"next_cursor\":" + next + "}");
   }
 
-  // A cursor as clients see it: "<created ms>_<id>", the tenant left out (it is the caller's).
+  // A cursor as clients see it: "<created ms>_<the id in hex>", the tenant left out (it is the
+  // caller's). Hex, so that any id a library caller gave a job makes a cursor that parses.
   static std::string list_cursor_text(const ListCursor& cursor) {
-    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                              cursor.created_at.time_since_epoch())
-                              .count()) +
-           "_" + std::string(id_of(cursor.id));
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string text = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          cursor.created_at.time_since_epoch())
+                                          .count()) +
+                       "_";
+    for (const unsigned char c : id_of(cursor.id)) {
+      text += digits[c >> 4];
+      text += digits[c & 15];
+    }
+    return text;
   }
 
   static std::optional<ListCursor> parse_list_cursor(const std::string& text,
                                                      const std::string& tenant) {
+    // At most 13 digits of milliseconds (the year 2286): far from what the clock can hold.
     const auto cut = text.find('_');
-    if (cut == 0 || cut == std::string::npos || cut > 15 ||
+    if (cut == 0 || cut == std::string::npos || cut > 13 ||
         text.find_first_not_of("0123456789") != cut)
       return std::nullopt;
-    const std::string id = text.substr(cut + 1);
-    if (!is_valid_job_id(id)) return std::nullopt;
+    const std::string hex = text.substr(cut + 1);
+    if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 2048 ||
+        hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+      return std::nullopt;
+    std::string id;
+    for (std::size_t i = 0; i < hex.size(); i += 2)
+      id += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
     const std::chrono::milliseconds ms(std::stoll(text.substr(0, cut)));
     return ListCursor{std::chrono::system_clock::time_point(ms), job_key(tenant, id)};
   }
@@ -889,33 +940,6 @@ struct Server::Impl {
       position = service.queue_position(key);
     send_json(res, 200, to_status_json(*record, position));
   }
-
-  // A share of ServerOptions::max_parsing_bytes, held while a body is parsed and submitted.
-  class ParsingReservation {
-   public:
-    ParsingReservation(std::atomic<std::size_t>& total, std::size_t bytes, std::size_t limit)
-        : total_(total), bytes_(bytes) {
-      std::size_t now = total_.load();
-      do {
-        if (now > 0 && (bytes > limit || now > limit - bytes)) {
-          bytes_ = 0;
-          held_ = false;
-          return;
-        }
-      } while (!total_.compare_exchange_weak(now, now + bytes));
-    }
-    ~ParsingReservation() {
-      if (held_) total_ -= bytes_;
-    }
-    ParsingReservation(const ParsingReservation&) = delete;
-    ParsingReservation& operator=(const ParsingReservation&) = delete;
-    explicit operator bool() const { return held_; }
-
-   private:
-    std::atomic<std::size_t>& total_;
-    std::size_t bytes_;
-    bool held_ = true;
-  };
 
   JobQueue& service;
   ServerOptions options;

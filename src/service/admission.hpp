@@ -54,13 +54,15 @@ class Admission {
     return take_slot_within_share(tenant, bytes);
   }
 
-  /// Takes a slot for work that needs no gate (a claim from the store), counted for `tenant` but
-  /// not held to its share: the work is accepted already. False also while the bytes are all
-  /// taken. What the work holds is charged once it is read (`charge`).
-  bool take_slot(std::string_view tenant = {}) {
+  /// Takes a slot for work that needs no gate (a claim from the store), charged with `bytes` and
+  /// counted for `tenant` but not held to its share: the work is accepted already. False when
+  /// the slots or the bytes are taken (the work then goes back to the store).
+  bool take_slot(std::string_view tenant = {}, std::size_t bytes = 0) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= capacity_ || bytes_ >= max_bytes_) return false;
+    if (in_flight_ >= capacity_ || !fits_locked(bytes)) return false;
     take_locked(tenant);
+    bytes_ += bytes;
+    note_charge(bytes);
     return true;
   }
 
@@ -68,9 +70,7 @@ class Admission {
   /// submission is, but not gated on the model.
   SubmitStatus take_slot_within_share(std::string_view tenant, std::size_t bytes = 0) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= capacity_) return SubmitStatus::queue_full;
-    if (in_flight_ > 0 && (bytes > max_bytes_ || bytes_ > max_bytes_ - bytes))
-      return SubmitStatus::queue_full;
+    if (in_flight_ >= capacity_ || !fits_locked(bytes)) return SubmitStatus::queue_full;
     if (by_tenant_ && !tenant.empty()) {  // the default tenant (invocations) has no share
       auto it = tenants_.find(tenant);
       if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
@@ -90,7 +90,6 @@ class Admission {
       freed = bytes_ >= max_bytes_;
       bytes_ = bytes_ - std::min(bytes_, from) + to;
       freed = freed && bytes_ < max_bytes_;
-      note_charge(to);
     }
     if (freed) on_slot_freed_();
   }
@@ -176,9 +175,17 @@ class Admission {
   }
 
  private:
-  // The largest recent charge: jumps to a larger one at once, and decays by 1/64 with each
-  // charge, so that claims shrink as soon as large work shows up and grow back after it.
-  void note_charge(std::size_t bytes) { largest_ = std::max(bytes, largest_ - largest_ / 64); }
+  // Whether `bytes` more fit the budget; anything fits when no bytes are held, so that one piece
+  // of work larger than the whole budget is still taken alone.
+  bool fits_locked(std::size_t bytes) const {
+    return bytes_ == 0 || (bytes <= max_bytes_ && bytes_ <= max_bytes_ - bytes);
+  }
+
+  // The largest recent job: jumps to a larger one at once, and decays by 1/64 with each job
+  // taken, so that claims shrink as soon as large work shows up and grow back after it.
+  void note_charge(std::size_t bytes) {
+    if (bytes > 0) largest_ = std::max(bytes, largest_ - largest_ / 64);
+  }
 
   void take_locked(std::string_view tenant) {
     ++in_flight_;

@@ -69,9 +69,12 @@ bool StorePump::pump() {
     due_ = std::chrono::steady_clock::time_point::max();
   }
   if (store_.stopped()) return false;
-  if (queue_ && std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(250)) {
+  if (std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(250)) {
     last_sweep_ = std::chrono::steady_clock::now();
-    sweep_(*queue_);
+    if (queue_) sweep_(*queue_);
+    // A fault the store got over by itself (its own retries) is seen here, with its log line,
+    // even when no call and no health check met it.
+    store_.failure();
   }
   std::size_t jobs = 0, callbacks = 0;
   bool more = false;
@@ -107,13 +110,17 @@ bool StorePump::pump() {
   return more;
 }
 
-// Claims with `claim` up to as many items as there are free slots, and keeps those it gets a slot
-// for; a claim whose slot a submission took meanwhile is handed back at once. Slots are not
-// reserved beforehand, so a poll never makes a submission see a full queue.
-template <typename ClaimFn>
+// Claims with `claim` up to as many items as there are free slots (and as the free bytes hold at
+// the size of recent jobs), and keeps those it gets a slot and their bytes (`bytes_of`) for; a
+// claim whose slot a submission took meanwhile, or that does not fit the bytes left, is handed
+// back at once. Slots are not reserved beforehand, so a poll never makes a submission see a full
+// queue. After a hand-back the pump waits for room (a freed slot, or the next poll) instead of
+// claiming again at once.
+template <typename ClaimFn, typename BytesFn>
 std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char* what, bool& more,
                                                                      std::string& holder,
-                                                                     ClaimFn&& claim) {
+                                                                     ClaimFn&& claim,
+                                                                     BytesFn&& bytes_of) {
   const std::size_t slots = admission_.claimable(max_claim);
   if (slots == 0) return {};
   holder = leases_.next_holder();
@@ -123,11 +130,13 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char*
   kept.reserve(due.size());
   for (auto& record : due) {
     const std::string_view tenant = tenant_of(record.job.id);
-    if (admission_.take_slot(tenant)) {
+    const std::size_t bytes = bytes_of(record);
+    if (admission_.take_slot(tenant, bytes)) {
       // From here the slot is the claim's: given back on every way out, an exception's included.
-      kept.emplace_back(std::move(record), Claim::slot(admission_, tenant));
+      kept.emplace_back(std::move(record), Claim::slot(admission_, tenant, bytes));
     } else {
       leases_.hand_back(store_, what, record.job.id, holder);
+      more = false;
     }
   }
   return kept;
@@ -135,10 +144,13 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char*
 
 std::size_t StorePump::claim_callbacks(bool& more) {
   std::string holder;
-  auto due = claim_with_slots("claim_callbacks", more, holder,
-                              [this](std::size_t n, const Lease& lease, TimePoint at) {
-                                return store_.store().claim_callbacks(n, lease, at);
-                              });
+  auto due = claim_with_slots(
+      "claim_callbacks", more, holder,
+      [this](std::size_t n, const Lease& lease, TimePoint at) {
+        return store_.store().claim_callbacks(n, lease, at);
+      },
+      // Its body is charged when the attempt builds it.
+      [](const JobRecord&) { return std::size_t{0}; });
   for (auto& [record, claim] : due)
     delivery_.attempt(record, holder, std::move(claim));
   return due.size();
@@ -146,16 +158,17 @@ std::size_t StorePump::claim_callbacks(bool& more) {
 
 std::size_t StorePump::claim_jobs(bool& more) {
   std::string holder;
-  auto due = claim_with_slots("claim_jobs", more, holder,
-                              [this](std::size_t n, const Lease& lease, TimePoint at) {
-                                return store_.store().claim_jobs(n, lease, at);
-                              });
+  auto due = claim_with_slots(
+      "claim_jobs", more, holder,
+      [this](std::size_t n, const Lease& lease, TimePoint at) {
+        return store_.store().claim_jobs(n, lease, at);
+      },
+      [](const JobRecord& record) { return work_bytes(record.job); });
   std::size_t queued = 0;
   for (auto& [record, claim] : due) {
     const std::string id = record.job.id;
     const int priority = record.job.priority;
     claim.take_lease(leases_, id, holder);
-    claim.charge(work_bytes(record.job));
     WorkItem item{std::move(record.job), nullptr, std::move(claim)};
     if (queue_->try_push(std::move(item), priority, tenant_of(id)) == PushResult::accepted) {
       ++queued;  // runs: at least once

@@ -73,9 +73,10 @@ class StorePump {
  private:
   void run();
   bool pump();
-  template <typename ClaimFn>
+  template <typename ClaimFn, typename BytesFn>
   std::vector<std::pair<JobRecord, Claim>> claim_with_slots(const char* what, bool& more,
-                                                            std::string& holder, ClaimFn&& claim);
+                                                            std::string& holder, ClaimFn&& claim,
+                                                            BytesFn&& bytes_of);
   std::size_t claim_callbacks(bool& more);
   std::size_t claim_jobs(bool& more);
 

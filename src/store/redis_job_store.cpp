@@ -385,7 +385,7 @@ while #found <= limit and scanned < budget do
         if #found > limit then break end
       end
     end
-    last_ms, last_id = ms, id
+    if not newer then last_ms, last_id = ms, id end
     if scanned >= budget then break end
   end
 end

@@ -264,6 +264,9 @@ struct SqliteJobStore::Impl {
   // bookkeeping writes of that transaction wait at the head of their queue and are tried again
   // every retry interval (a probe write when there are none), and reads stop waiting for them.
   std::string failure;
+  // A failure that ended before failure() was asked (under queue_mutex): failure() tells it once,
+  // so that every fault is seen (a log line) however soon the store got over it.
+  mutable std::string unreported;
   bool stopping = false;
   std::thread writer;
 
@@ -490,10 +493,19 @@ struct SqliteJobStore::Impl {
   // SQLite cannot.
   void rebuild_wal() {
     exec("PRAGMA wal_checkpoint(TRUNCATE)");
-    exec("PRAGMA journal_mode = DELETE");
-    exec("PRAGMA journal_mode = WAL");
+    journal_mode("delete");
+    journal_mode("wal");
     exec("BEGIN IMMEDIATE; COMMIT");
     remember_wal();
+  }
+
+  // Sets the journal mode; throws unless SQLite answers that it is the mode now (it answers the
+  // old one, without an error, when it cannot change it).
+  void journal_mode(const std::string& mode) {
+    Statement s(db, "PRAGMA journal_mode = " + mode);
+    const bool changed = s.step() && s.text(0) == mode;
+    s.reset();
+    if (!changed) throw Error("sqlite: the journal mode could not be set to " + mode);
   }
 
   // Queues a write, in its queue.
@@ -645,6 +657,7 @@ struct SqliteJobStore::Impl {
     committed[1] += batch.size() - waited;
     if (error) {
       failure = "sqlite job store: " + why;
+      unreported = failure;
       enqueued[1] += retry.size();
       background_queue.insert(background_queue.begin(), std::make_move_iterator(retry.begin()),
                               std::make_move_iterator(retry.end()));
@@ -1133,7 +1146,12 @@ std::optional<std::string> SqliteJobStore::failure() const {
   std::string problem = impl_->file_problem();  // the file as it is now, before the last write
   if (!problem.empty()) return "sqlite job store: " + problem;
   std::lock_guard<std::mutex> lock(impl_->queue_mutex);
-  if (!impl_->failure.empty()) return impl_->failure;
+  if (!impl_->failure.empty()) {
+    impl_->unreported.clear();  // the spell is seen as it is
+    return impl_->failure;
+  }
+  // A spell that began and ended between two looks (a log rebuilt at once): told once.
+  if (!impl_->unreported.empty()) return std::exchange(impl_->unreported, {});
   return std::nullopt;
 }
 

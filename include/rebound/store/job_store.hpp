@@ -191,18 +191,21 @@ class JobStore {
                                         std::size_t limit) const {
     JobPage page;
     if (limit == 0) return page;
+    // Times to the millisecond, as cursors keep them.
+    auto ms = [](const JobRecord& r) {
+      return std::chrono::floor<std::chrono::milliseconds>(r.job.created_at);
+    };
     std::vector<JobRecord> all = list_failed_callbacks_with_prefix(id_prefix, 10000);
-    std::sort(all.begin(), all.end(), [](const JobRecord& a, const JobRecord& b) {
-      return a.job.created_at != b.job.created_at ? a.job.created_at > b.job.created_at
-                                                  : a.job.id > b.job.id;
+    std::sort(all.begin(), all.end(), [&](const JobRecord& a, const JobRecord& b) {
+      return ms(a) != ms(b) ? ms(a) > ms(b) : a.job.id > b.job.id;
     });
     for (auto& record : all) {
-      if (after && !(record.job.created_at < after->created_at ||
-                     (record.job.created_at == after->created_at && record.job.id < after->id)))
+      if (after && !(ms(record) < after->created_at ||
+                     (ms(record) == after->created_at && record.job.id < after->id)))
         continue;
       if (page.jobs.size() == limit) {
         const JobRecord& last = page.jobs.back();
-        page.next = ListCursor{last.job.created_at, last.job.id};
+        page.next = ListCursor{ms(last), last.job.id};
         break;
       }
       record.job.input = nullptr;

@@ -256,7 +256,9 @@ class MemoryJobStore final : public JobStore {
       if (entry.record.callback.state != CallbackState::failed ||
           id.compare(0, id_prefix.size(), id_prefix) != 0)
         continue;
-      const Key key{entry.record.job.created_at, &id};
+      // To the millisecond, as cursors and the other stores keep it.
+      const Key key{std::chrono::floor<std::chrono::milliseconds>(entry.record.job.created_at),
+                    &id};
       if (after && !newer(Key{after->created_at, &after->id}, key)) continue;
       keys.push_back(key);
     }
