@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <future>
 #include <limits>
 #include <thread>
@@ -434,6 +435,43 @@ std::string JobQueue::render_metrics() const {
       "\n# HELP rebound_work_bytes_limit JobQueueOptions::max_work_bytes (--max-work-mib).\n"
       "# TYPE rebound_work_bytes_limit gauge\nrebound_work_bytes_limit " +
       std::to_string(core_->admission.max_bytes()) + "\n";
+  // The whole queue, as the store counts it: the same on every server of a shared store (for
+  // an autoscaler: take the max over servers, not the sum). Left out while the store fails.
+  std::optional<QueueStats> stats;
+  try {
+    stats = queue_stats();
+  } catch (const std::exception&) {
+  }
+  if (stats) {
+    out +=
+        "# HELP rebound_queue_jobs The store's jobs not final, by state (every server of a "
+        "shared store reports the same).\n# TYPE rebound_queue_jobs gauge\n"
+        "rebound_queue_jobs{state=\"queued\"} " +
+        std::to_string(stats->queued) + "\nrebound_queue_jobs{state=\"running\"} " +
+        std::to_string(stats->running) +
+        "\n# HELP rebound_queue_queued The store's queued jobs by priority.\n"
+        "# TYPE rebound_queue_queued gauge\n";
+    for (const auto& [priority, n] : stats->queued_by_priority)
+      out += "rebound_queue_queued{priority=\"" + std::to_string(priority) + "\"} " +
+             std::to_string(n) + "\n";
+    const double oldest =
+        stats->oldest_queued
+            ? std::max(
+                  0.0,
+                  std::chrono::duration<double>(core_->clock() - *stats->oldest_queued).count())
+            : 0.0;
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3f", oldest);
+    out += std::string(
+               "# HELP rebound_queue_oldest_queued_seconds Age of the store's oldest queued job "
+               "(0: none).\n# TYPE rebound_queue_oldest_queued_seconds gauge\n"
+               "rebound_queue_oldest_queued_seconds ") +
+           text +
+           "\n# HELP rebound_queue_callbacks_waiting Callbacks the store owes: due, retrying or "
+           "under way.\n# TYPE rebound_queue_callbacks_waiting gauge\n"
+           "rebound_queue_callbacks_waiting " +
+           std::to_string(stats->callbacks_waiting) + "\n";
+  }
   return out;
 }
 
@@ -612,6 +650,14 @@ bool JobQueue::ready() const {
 
 std::size_t JobQueue::in_flight() const {
   return core_->admission.in_flight();
+}
+
+std::size_t JobQueue::work_bytes() const {
+  return core_->admission.bytes();
+}
+
+std::optional<QueueStats> JobQueue::queue_stats() const {
+  return core_->store.call("queue_stats", {}, [](JobStore& s) { return s.queue_stats(); });
 }
 
 std::size_t JobQueue::queue_depth() const {

@@ -112,9 +112,11 @@ for r in range(1, rounds + 1):
         for t in threads:
             t.start()
         if delete_wal:
-            time.sleep(load_seconds / 2)
+            # A third in: the rest leaves the queue's health check (every 250 ms, at the latest
+            # with its poll every second) time to have logged it before the kill.
+            time.sleep(load_seconds / 3)
             os.remove(store + "-wal")
-            time.sleep(load_seconds / 2)
+            time.sleep(load_seconds * 2 / 3)
         else:
             time.sleep(load_seconds)
         os.kill(proc.pid, signal.SIGKILL)  # mid-load: no shutdown, no flush

@@ -282,6 +282,49 @@ TEST_CASE_TEMPLATE(
   CHECK(rest == std::vector<std::string>{"acme/c", "acme/b", "acme/a"});
 }
 
+TEST_CASE_TEMPLATE(
+    "store contract: the queue's numbers - queued by priority - running - callbacks owed", Factory,
+    STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  auto stats = store->queue_stats();
+  REQUIRE(stats);
+  CHECK(stats->queued == 0);
+  CHECK_FALSE(stats->oldest_queued);
+  auto with_priority = [](Job job, int priority) {
+    job.priority = priority;
+    return job;
+  };
+  store->put(with_priority(make("p2-old", 1764000000010), 2));
+  store->put(with_priority(make("p2-new", 1764000000020), 2));
+  store->put(with_priority(make("p7", 1764000000005), 7));  // the oldest of all
+  store->put(make("runs", 1764000000030));
+  store->put(make("done", 1764000000040));
+  store->mark_running("runs", t0);
+  store->complete("done", succeeded);
+  store->update_callback("done", {CallbackState::pending, 0, {}});  // its callback is owed
+  stats = store->queue_stats();
+  REQUIRE(stats);
+  CHECK(stats->queued == 3);
+  CHECK(stats->running == 1);
+  CHECK(stats->queued_by_priority == std::vector<std::pair<int, std::size_t>>{{2, 2}, {7, 1}});
+  REQUIRE(stats->oldest_queued);
+  CHECK(*stats->oldest_queued == at_ms(1764000000005));
+  CHECK(stats->callbacks_waiting == 1);
+  // Cancelled and finished jobs leave the numbers.
+  store->cancel("p7", {JobStatus::cancelled, nullptr, rebound::ErrorInfo{"cancelled", "x"}}, t0);
+  store->complete("runs", succeeded);
+  store->update_callback("done", {CallbackState::delivered, 1, {}});
+  stats = store->queue_stats();
+  REQUIRE(stats);
+  CHECK(stats->queued == 2);
+  CHECK(stats->running == 0);
+  CHECK(stats->queued_by_priority == std::vector<std::pair<int, std::size_t>>{{2, 2}});
+  CHECK(*stats->oldest_queued == at_ms(1764000000010));
+  CHECK(stats->callbacks_waiting == 1);  // "runs" ended: its callback is owed now
+}
+
 namespace {
 using namespace std::chrono_literals;
 rebound::Lease lease(const std::string& holder, time_point until) {

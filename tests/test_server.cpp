@@ -1170,4 +1170,59 @@ TEST_CASE("tenants: two servers on one Redis agree whose job is whose") {
       [&] { return acme_two.get("/v1/inferences/acme-only")->status == 200; }));
   check_error(globex_two.get("/v1/inferences/acme-only"), 404, "not_found");
 }
+
+TEST_CASE("GET /v1/stats: two servers on one Redis report the same queue") {
+  rebound::test::RedisServer redis;
+  HarnessOptions o;
+  o.open_model = false;  // jobs stay queued or running
+  o.workers = 1;
+  o.make_store = [&] { return rebound::make_store(redis.uri()); };
+  Harness one(o), two(o);
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(one.submit({{"id", "a" + std::to_string(i)}, {"priority", i % 2 ? 3 : 6}})->status ==
+            202);
+  REQUIRE(two.submit({{"id", "b"}, {"priority", 3}})->status == 202);
+  auto stats = [](const Harness& h) {
+    auto res = h.client().Get("/v1/stats");
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    CHECK(res->get_header_value("Cache-Control") == "no-store");
+    return json::parse(res->body);
+  };
+  // One job runs on each server (one worker each, held); three wait.
+  REQUIRE(rebound::test::eventually([&] { return stats(one)["running"] == 2; }));
+  const json a = stats(one), b = stats(two);
+  for (const char* field : {"queued", "running", "queued_by_priority", "callbacks_waiting"})
+    CHECK(a[field] == b[field]);
+  CHECK(a["queued"] == 3);
+  CHECK(a["queued"].get<int>() ==
+        a["queued_by_priority"].value("3", 0) + a["queued_by_priority"].value("6", 0));
+  CHECK(a["oldest_queued_seconds"].get<double>() >= 0.0);
+  CHECK(a["server"]["in_flight"].is_number());
+  // The same numbers in /metrics, for an autoscaler.
+  const std::string metrics = two.client().Get("/metrics")->body;
+  CHECK(metrics.find("rebound_queue_jobs{state=\"queued\"} 3\n") != std::string::npos);
+  CHECK(metrics.find("rebound_queue_jobs{state=\"running\"} 2\n") != std::string::npos);
+  CHECK(metrics.find("rebound_queue_oldest_queued_seconds ") != std::string::npos);
+  one.model->open();
+  two.model->open();
+  REQUIRE(rebound::test::eventually([&] {
+    const json now = stats(two);
+    return now["queued"] == 0 && now["running"] == 0;
+  }));
+  CHECK(stats(one)["queued_by_priority"] == json::object());
+}
 #endif
+
+TEST_CASE("GET /v1/stats: several tenants need an operator key") {
+  HarnessOptions o = two_tenants();
+  o.operator_keys = {"ops:k-ops"};
+  Harness h(o);
+  const As acme{h, "k-acme"}, ops{h, "k-ops"};
+  REQUIRE(acme.submit({{"id", "x"}})->status == 202);
+  check_error(acme.get("/v1/stats"), 403, "forbidden");
+  auto res = ops.get("/v1/stats");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body).contains("callbacks_waiting"));
+}

@@ -273,8 +273,16 @@ class JobQueue final {
   /// Work in memory now: jobs and callback attempts (see JobQueueOptions::queue_capacity).
   std::size_t in_flight() const;
 
-  /// Jobs waiting for a worker now.
+  /// The bytes work in memory holds now (JobQueueOptions::max_work_bytes).
+  std::size_t work_bytes() const;
+
+  /// Jobs waiting for a worker now (in this queue's memory).
   std::size_t queue_depth() const;
+
+  /// The whole queue's numbers as the store counts them (JobStore::queue_stats): the same on
+  /// every server of a shared store, for autoscalers. nullopt when the store cannot tell. Throws
+  /// StoreUnavailable when the store fails.
+  std::optional<QueueStats> queue_stats() const;
 
   const Model& model() const;
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <mutex>
 #include <set>
@@ -164,6 +165,7 @@ enum class Resource {
   resume_origin,
   webhook_keys,
   webhook_secret,
+  stats,
   metrics,
   ping,
   openapi
@@ -185,7 +187,8 @@ Target locate(const std::string& path) {
       {"/v1/callback-endpoints/pause", Resource::pause_origin},
       {"/v1/callback-endpoints/resume", Resource::resume_origin},
       {"/v1/webhook-keys", Resource::webhook_keys},
-      {"/v1/webhook-secret", Resource::webhook_secret}};
+      {"/v1/webhook-secret", Resource::webhook_secret},
+      {"/v1/stats", Resource::stats}};
   for (const auto& [name, resource] : fixed) {
     if (path == name) return {resource, {}};
   }
@@ -480,6 +483,9 @@ struct Server::Impl {
       case Resource::metrics:
         res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
         break;
+      case Resource::stats:
+        stats(res);
+        break;
       case Resource::ping:
         ping(res);
         break;
@@ -533,6 +539,35 @@ struct Server::Impl {
       default:
         return send_error(res, {404, "not_found", "No route for POST " + req.path + ".", {}});
     }
+  }
+
+  // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
+  // server of a shared store), and this server's own. A failing store throws: 503.
+  void stats(httplib::Response& res) {
+    const std::optional<QueueStats> s = service.queue_stats();
+    if (!s) {
+      return send_error(
+          res, {404, "not_found", "This server's job store does not count its queue.", {}});
+    }
+    nlohmann::json by_priority = nlohmann::json::object();
+    for (const auto& [priority, n] : s->queued_by_priority)
+      by_priority[std::to_string(priority)] = n;
+    const double oldest =
+        s->oldest_queued ? std::max(0.0, std::chrono::duration<double>(
+                                             std::chrono::system_clock::now() - *s->oldest_queued)
+                                             .count())
+                         : 0.0;
+    res.set_header("Cache-Control", "no-store");
+    send_json(res, 200,
+              {{"queued", s->queued},
+               {"running", s->running},
+               {"oldest_queued_seconds", std::round(oldest * 1000) / 1000},
+               {"queued_by_priority", std::move(by_priority)},
+               {"callbacks_waiting", s->callbacks_waiting},
+               {"server",
+                {{"in_flight", service.in_flight()},
+                 {"queue_depth", service.queue_depth()},
+                 {"work_bytes", service.work_bytes()}}}});
   }
 
   void list_endpoints(httplib::Response& res) {
@@ -732,7 +767,8 @@ struct Server::Impl {
     // operators when there are several.
     const bool spans_tenants = resource == Resource::callback_endpoints ||
                                resource == Resource::pause_origin ||
-                               resource == Resource::resume_origin || resource == Resource::metrics;
+                               resource == Resource::resume_origin ||
+                               resource == Resource::metrics || resource == Resource::stats;
     if (multi_tenant && spans_tenants && !caller->is_operator) {
       send_error(
           res, {403, "forbidden", "This route spans every tenant: it needs an operator key.", {}});

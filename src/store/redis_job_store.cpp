@@ -403,6 +403,28 @@ end
 return out
 )lua";
 
+// stats: no ARGV. {queued, running, callbacks waiting, oldest queued ms ('' none), then per
+// priority with jobs: priority, count}. QUEUED holds the jobs not started (priority * BAND +
+// creation), JOBS_DUE every job not final: what is in the second and not the first runs.
+constexpr const char* kStats = R"lua(
+local queued = redis.call('ZCARD', QUEUED)
+local out = {queued, math.max(0, redis.call('ZCARD', JOBS_DUE) - queued), redis.call('ZCARD', CB_DUE), ''}
+local oldest = nil
+for p = 0, 9 do
+  local low, high = job_score(p, 0), job_score(p + 1, 0)
+  local n = redis.call('ZCOUNT', QUEUED, low, '(' .. high)
+  if n > 0 then
+    out[#out + 1] = p
+    out[#out + 1] = n
+    local first = redis.call('ZRANGEBYSCORE', QUEUED, low, '(' .. high, 'WITHSCORES', 'LIMIT', 0, 1)
+    local ms = tonumber(first[2]) - p * BAND
+    if not oldest or ms < oldest then oldest = ms end
+  end
+end
+if oldest then out[4] = string.format('%.0f', oldest) end
+return out
+)lua";
+
 enum Script : std::size_t {
   kScriptPut,
   kScriptClaim,
@@ -417,12 +439,13 @@ enum Script : std::size_t {
   kScriptQueuePosition,
   kScriptCancel,
   kScriptFailedPage,
+  kScriptStats,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
     kPut,      kClaim,          kRenew, kMarkRunning,   kFinish, kRecordAttempt, kRedeliver,
-    kComplete, kUpdateCallback, kList,  kQueuePosition, kCancel, kFailedPage};
+    kComplete, kUpdateCallback, kList,  kQueuePosition, kCancel, kFailedPage,   kStats};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -957,6 +980,25 @@ struct RedisJobStore::Impl {
     return read_records(r.get());
   }
 
+  QueueStats stats() {
+    Reply r = script(kScriptStats, {});
+    QueueStats stats;
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 4) return stats;
+    auto count = [&](std::size_t i) {
+      return r->element[i]->type == REDIS_REPLY_INTEGER
+                 ? static_cast<std::size_t>(std::max<long long>(0, r->element[i]->integer))
+                 : std::size_t{0};
+    };
+    stats.queued = count(0);
+    stats.running = count(1);
+    stats.callbacks_waiting = count(2);
+    const std::string_view oldest = text(r->element[3]);
+    if (!oldest.empty()) stats.oldest_queued = from_ms(number(oldest));
+    for (std::size_t i = 4; i + 1 < r->elements; i += 2)
+      stats.queued_by_priority.emplace_back(static_cast<int>(count(i)), count(i + 1));
+    return stats;
+  }
+
   JobPage failed_page(const std::string& id_prefix, const std::optional<ListCursor>& after,
                       std::size_t limit) {
     JobPage page;
@@ -1188,6 +1230,10 @@ void RedisJobStore::update_callback(const std::string& id, const CallbackInfo& c
                                 impl_->retention_ms()};
   append_callback(args, callback);
   impl_->script(kScriptUpdateCallback, std::move(args));
+}
+
+std::optional<QueueStats> RedisJobStore::queue_stats() const {
+  return impl_->stats();
 }
 
 JobPage RedisJobStore::failed_callbacks_page(const std::string& id_prefix,

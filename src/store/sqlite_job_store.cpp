@@ -640,7 +640,13 @@ struct SqliteJobStore::Impl {
         }
       }
     }
-    if (error) error = std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why));
+    if (error) {
+      error = std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why));
+      // Known as failing before a waiter hears of it: whoever it tells asks failure() next.
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      failure = "sqlite job store: " + why;
+      unreported = failure;
+    }
     std::deque<Write> retry;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       Write& w = batch[i];
@@ -1136,6 +1142,34 @@ JobPage SqliteJobStore::failed_callbacks_page(const std::string& id_prefix,
     page.next = ListCursor{page.jobs.back().job.created_at, page.jobs.back().job.id};
   }
   return page;
+}
+
+std::optional<QueueStats> SqliteJobStore::queue_stats() const {
+  impl_->wait_for_writes();
+  std::lock_guard<std::mutex> lock(impl_->db_mutex);
+  QueueStats stats;
+  try {
+    // Queued: the jobs_queued index, one range per priority. Running: the unfinished ones (a
+    // bounded set: what is in the queue). Callbacks: the jobs_cb_due index.
+    Statement queued(impl_->db,
+                     "SELECT priority, COUNT(*), MIN(created_at_ms) FROM jobs WHERE status = 0 "
+                     "GROUP BY priority ORDER BY priority");
+    while (queued.step()) {
+      const auto n = static_cast<std::size_t>(queued.integer(1));
+      stats.queued += n;
+      stats.queued_by_priority.emplace_back(static_cast<int>(queued.integer(0)), n);
+      const TimePoint oldest = from_ms(queued.integer(2));
+      if (!stats.oldest_queued || oldest < *stats.oldest_queued) stats.oldest_queued = oldest;
+    }
+    Statement running(impl_->db,
+                      "SELECT COUNT(*) FROM jobs WHERE finished_at_ms IS NULL AND status = 1");
+    if (running.step()) stats.running = static_cast<std::size_t>(running.integer(0));
+    Statement callbacks(impl_->db, "SELECT COUNT(*) FROM jobs WHERE cb_due_ms IS NOT NULL");
+    if (callbacks.step()) stats.callbacks_waiting = static_cast<std::size_t>(callbacks.integer(0));
+  } catch (const std::exception& e) {
+    throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
+  }
+  return stats;
 }
 
 std::vector<JobRecord> SqliteJobStore::list_unfinished(std::size_t limit) const {

@@ -70,6 +70,9 @@ class FailingStore final : public JobStore {
   std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override {
     return check(), inner_.list_failed_callbacks(limit);
   }
+  std::optional<rebound::QueueStats> queue_stats() const override {
+    return check(), inner_.queue_stats();
+  }
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override {
     return check(), inner_.list_unfinished(limit);
   }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rebound/job.hpp"
@@ -67,6 +68,18 @@ struct JobPage {
   std::vector<JobRecord> jobs;
   /// Where the next page starts; none: this page is the last.
   std::optional<ListCursor> next;
+};
+
+/// The queue as the store holds it, the same for every server of a shared store: what an
+/// autoscaler reads (JobStore::queue_stats).
+struct QueueStats {
+  std::size_t queued = 0;   ///< jobs accepted and not started (claimed or not)
+  std::size_t running = 0;  ///< jobs started and not final
+  /// The queued jobs of each priority that has any (0 first).
+  std::vector<std::pair<int, std::size_t>> queued_by_priority;
+  /// When the oldest queued job was accepted; none when nothing is queued.
+  std::optional<std::chrono::system_clock::time_point> oldest_queued;
+  std::size_t callbacks_waiting = 0;  ///< callbacks owed: due, retrying, or under way
 };
 
 /// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.
@@ -214,6 +227,10 @@ class JobStore {
     }
     return page;
   }
+
+  /// The whole queue's numbers (QueueStats), counted by the store, so that every server of a
+  /// shared store reports the same. nullopt: the store cannot tell (the default).
+  virtual std::optional<QueueStats> queue_stats() const { return std::nullopt; }
 
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.

@@ -134,6 +134,23 @@ class MemoryJobStore final : public JobStore {
     return ahead + static_cast<std::size_t>(std::distance(same.begin(), same.find(queued_key(it))));
   }
 
+  std::optional<QueueStats> queue_stats() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    QueueStats stats;
+    for (int p = 0; p <= lowest_priority; ++p) {
+      const Queued& queued = queued_[static_cast<std::size_t>(p)];
+      if (queued.empty()) continue;
+      stats.queued += queued.size();
+      stats.queued_by_priority.emplace_back(p, queued.size());
+      if (!stats.oldest_queued || queued.begin()->first < *stats.oldest_queued)
+        stats.oldest_queued = queued.begin()->first;
+    }
+    // Every job not final is in job_queue_, waiting or running.
+    stats.running = job_queue_.size() - std::min(job_queue_.size(), stats.queued);
+    stats.callbacks_waiting = callback_queue_.size();
+    return stats;
+  }
+
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override {
     const std::size_t result_bytes = detail::json_footprint(outcome.result);

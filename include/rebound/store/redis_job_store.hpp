@@ -108,6 +108,7 @@ class RedisJobStore final : public JobStore {
   JobPage failed_callbacks_page(const std::string& id_prefix,
                                 const std::optional<ListCursor>& after,
                                 std::size_t limit) const override;
+  std::optional<QueueStats> queue_stats() const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 
