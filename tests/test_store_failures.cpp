@@ -152,11 +152,9 @@ TEST_CASE("sqlite: a deleted or replaced database file is noticed - submissions 
   CHECK(log.of("store_failed").size() == 1);
 }
 
-TEST_CASE("sqlite: a deleted or replaced write-ahead log is noticed and rebuilt - one log line") {
-  rebound::test::TempDir dir;
-  const std::string path = dir.file("jobs.db");
-  const std::string wal = path + "-wal";
-  LogLines log;
+namespace {
+// A harness on a SQLite store at `path` that retries every 20 ms, logging into `log`.
+HarnessOptions retrying_sqlite(const std::string& path, LogLines& log) {
   HarnessOptions o;
   o.logger = log.logger();
   o.store_retry_interval = 20ms;
@@ -165,6 +163,16 @@ TEST_CASE("sqlite: a deleted or replaced write-ahead log is noticed and rebuilt 
     so.retry_interval = 20ms;
     return std::make_unique<rebound::SqliteJobStore>(path, so);
   };
+  return o;
+}
+}  // namespace
+
+TEST_CASE("sqlite: a deleted or replaced write-ahead log is noticed and rebuilt - one log line") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("jobs.db");
+  const std::string wal = path + "-wal";
+  LogLines log;
+  const HarnessOptions o = retrying_sqlite(path, log);
   {
     Server h(std::make_unique<HeldModel>(), o);
     h.model->open();
@@ -243,14 +251,7 @@ TEST_CASE("sqlite on a full disk: 503 until space returns - then the accepted jo
   REQUIRE_MESSAGE(disk.mounted, "the full-disk test needs root to mount a tmpfs");
   const std::string path = disk.dir.file("jobs.db");
   LogLines log;
-  HarnessOptions o;
-  o.logger = log.logger();
-  o.store_retry_interval = 20ms;
-  o.make_store = [path] {
-    rebound::SqliteJobStoreOptions so;
-    so.retry_interval = 20ms;
-    return std::make_unique<rebound::SqliteJobStore>(path, so);
-  };
+  const HarnessOptions o = retrying_sqlite(path, log);
   {
     Server h(std::make_unique<HeldModel>(), o);
     rebound::test::Receiver receiver;
