@@ -71,6 +71,12 @@ Job make(const std::string& id, long long created_ms = 1764000000000,
 }
 
 const rebound::JobOutcome succeeded{JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt};
+std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) {
+  std::vector<std::string> ids;
+  for (const auto& r : records)
+    ids.push_back(r.job.id);
+  return ids;
+}
 
 }  // namespace
 
@@ -276,10 +282,8 @@ TEST_CASE_TEMPLATE(
   REQUIRE(first.next);
   CHECK(first.next->id == "acme/d");
   store->update_callback("acme/d", {CallbackState::pending, 5, {}});
-  std::vector<std::string> rest;
-  for (const auto& r : store->failed_callbacks_page("acme/", first.next, 10).jobs)
-    rest.push_back(r.job.id);
-  CHECK(rest == std::vector<std::string>{"acme/c", "acme/b", "acme/a"});
+  CHECK(ids_of(store->failed_callbacks_page("acme/", first.next, 10).jobs) ==
+        std::vector<std::string>{"acme/c", "acme/b", "acme/a"});
 }
 
 TEST_CASE_TEMPLATE(
@@ -329,12 +333,6 @@ namespace {
 using namespace std::chrono_literals;
 rebound::Lease lease(const std::string& holder, time_point until) {
   return rebound::Lease{holder, until};
-}
-std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) {
-  std::vector<std::string> ids;
-  for (const auto& r : records)
-    ids.push_back(r.job.id);
-  return ids;
 }
 }  // namespace
 

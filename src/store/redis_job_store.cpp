@@ -445,7 +445,7 @@ enum Script : std::size_t {
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
     kPut,      kClaim,          kRenew, kMarkRunning,   kFinish, kRecordAttempt, kRedeliver,
-    kComplete, kUpdateCallback, kList,  kQueuePosition, kCancel, kFailedPage,   kStats};
+    kComplete, kUpdateCallback, kList,  kQueuePosition, kCancel, kFailedPage,    kStats};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -70,6 +71,11 @@ int main() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ok = ok && status.find(R"("result":{"x":1})") != std::string::npos;
+    // The queue's numbers as the store counts them, and a page of dead letters (none here).
+    const std::optional<rebound::QueueStats> stats = queue.queue_stats();
+    ok = ok && stats && stats->queued == 0 && stats->running == 0;
+    const rebound::JobPage dead = queue.failed_callbacks_page("", std::nullopt, 10);
+    ok = ok && dead.jobs.empty() && !dead.next;
     ok = queue.shutdown(std::chrono::seconds(10)) && ok;
   }
   std::remove(db.c_str());
