@@ -593,6 +593,30 @@ JobPage JobQueue::failed_callbacks_page(const std::string& tenant,
   });
 }
 
+JobPage JobQueue::list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                            std::size_t limit) const {
+  return core_->store.call("list_jobs", {},
+                           [&](JobStore& s) { return s.list_jobs(filter, after, limit); });
+}
+
+std::vector<ServerSeen> JobQueue::servers() const {
+  const auto now = core_->clock();
+  auto seen = core_->store.call("servers", {}, [&](JobStore& s) { return s.servers(now); });
+  // Before its first report (every third of a lease), this server is still one of them.
+  const std::string& me = server_id();
+  if (std::none_of(seen.begin(), seen.end(), [&](const ServerSeen& s) { return s.id == me; }))
+    seen.insert(seen.begin(), ServerSeen{me, now, 0});
+  return seen;
+}
+
+const Logger& JobQueue::logger() const {
+  return core_->logger;
+}
+
+const std::string& JobQueue::server_id() const {
+  return core_->leases.server_id();
+}
+
 std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit,
                                                   const std::string& tenant) const {
   const std::string prefix = tenant.empty() ? std::string() : tenant + "/";

@@ -600,3 +600,147 @@ TEST_CASE_TEMPLATE(
   CHECK(store->cancel("done", cancelled, t0 + 9s) == rebound::CancelOutcome::already_finished);
   CHECK(store->get("done")->status == JobStatus::succeeded);
 }
+
+TEST_CASE_TEMPLATE("store contract: a job keeps its latest callback attempts", Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  store->put(make("job"), lease("s/1", t0 + 30s));
+  REQUIRE(store->finish_job("job", "s/1", succeeded, lease("d/0", t0 + 30s), t0));
+  CHECK(store->get("job")->attempt_log.empty());
+  // Twelve attempts, each given up and redelivered; a deferral (no attempt) in between.
+  for (int i = 0; i < 12; ++i) {
+    rebound::CallbackAttempt attempt;
+    attempt.at = t0 + std::chrono::seconds(i);
+    attempt.http_status = i == 11 ? 200 : 500 + i;
+    attempt.error = i == 11 ? "" : "HTTP " + std::to_string(500 + i) + std::string(400, 'x');
+    attempt.latency = std::chrono::milliseconds(10 + i);
+    attempt.signatures = "v1,v1a";
+    rebound::CallbackInfo after;
+    after.state = i == 11 ? CallbackState::delivered : CallbackState::failed;
+    after.attempts = i + 1;
+    const std::string holder = "d/" + std::to_string(i);
+    if (i == 5) {
+      rebound::CallbackInfo deferred = store->get("job")->callback;
+      deferred.next_attempt_at = t0;
+      REQUIRE(store->record_attempt("job", holder, deferred, t0 + 5s, std::nullopt));
+      REQUIRE(store->claim_callbacks(1, lease(holder, t0 + 30s), t0 + 5s).size() == 1);
+    }
+    REQUIRE(store->record_attempt("job", holder, after, attempt.at, attempt));
+    if (i < 11) {
+      REQUIRE(store->redeliver("job", lease("d/" + std::to_string(i + 1), t0 + 60s), attempt.at) ==
+              rebound::RedeliverOutcome::redelivered);
+    }
+  }
+  const auto record = store->get("job");
+  REQUIRE(record);
+  const auto& log = record->attempt_log;
+  REQUIRE(log.size() == rebound::max_attempt_log);
+  CHECK(log.front().at == t0 + 2s);  // the two oldest went
+  CHECK(log.front().http_status == 502);
+  CHECK(log.front().error.size() == rebound::max_attempt_error_bytes);
+  CHECK(log.front().error.rfind("HTTP 502", 0) == 0);
+  CHECK(log.back().http_status == 200);
+  CHECK(log.back().error.empty());
+  CHECK(log.back().latency == std::chrono::milliseconds(21));
+  CHECK(log.back().signatures == "v1,v1a");
+  // Listings leave the log out.
+  const auto page = store->list_jobs({}, std::nullopt, 10);
+  REQUIRE(page.jobs.size() == 1);
+  CHECK(page.jobs[0].attempt_log.empty());
+}
+
+TEST_CASE_TEMPLATE("store contract: jobs are listed newest first - filtered - in pages", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  Job high = make("queued-high", 1764000000001);
+  high.priority = 2;
+  store->put(high);
+  store->put(make("queued", 1764000000002));
+  store->put(make("running", 1764000000003));
+  store->mark_running("running", t0);
+  store->put(make("delivered", 1764000000004), lease("s/1", t0 + 30s));
+  REQUIRE(store->finish_job("delivered", "s/1", succeeded, lease("d/1", t0 + 30s), t0));
+  REQUIRE(store->record_attempt("delivered", "d/1", {CallbackState::delivered, 1, {}}, t0));
+  store->put(make("dead", 1764000000005), lease("s/1", t0 + 30s));
+  REQUIRE(store->finish_job("dead", "s/1", succeeded, lease("d/2", t0 + 30s), t0));
+  REQUIRE(store->record_attempt("dead", "d/2", {CallbackState::failed, 5, "HTTP 500"}, t0));
+  store->put(make("acme/a", 1764000000006));
+  store->put(make("acme/b", 1764000000006));  // the same millisecond: by id
+
+  auto list = [&](rebound::JobFilter filter, std::size_t limit = 100) {
+    std::vector<std::string> ids;
+    std::optional<rebound::ListCursor> after;
+    for (int pages = 0; pages < 50; ++pages) {
+      const rebound::JobPage page = store->list_jobs(filter, after, limit);
+      CHECK(page.jobs.size() <= limit);
+      for (const auto& r : page.jobs) {
+        CHECK(r.job.input.is_null());
+        ids.push_back(r.job.id);
+      }
+      if (!page.next) break;
+      after = page.next;
+    }
+    return ids;
+  };
+  using ids = std::vector<std::string>;
+  const ids all{"acme/b", "acme/a", "dead", "delivered", "running", "queued", "queued-high"};
+  CHECK(list({}) == all);
+  CHECK(list({}, 2) == all);  // pages of two add up to the whole listing
+  CHECK(list({}, 1) == all);
+  rebound::JobFilter queued;
+  queued.status = JobStatus::queued;
+  CHECK(list(queued) == ids{"acme/b", "acme/a", "queued", "queued-high"});
+  rebound::JobFilter high_priority;
+  high_priority.priority = 2;
+  CHECK(list(high_priority) == ids{"queued-high"});
+  rebound::JobFilter dead;
+  dead.callback_state = CallbackState::failed;
+  CHECK(list(dead) == ids{"dead"});
+  rebound::JobFilter running;
+  running.status = JobStatus::running;
+  CHECK(list(running) == ids{"running"});
+  rebound::JobFilter succeeded_delivered;
+  succeeded_delivered.status = JobStatus::succeeded;
+  succeeded_delivered.callback_state = CallbackState::delivered;
+  CHECK(list(succeeded_delivered) == ids{"delivered"});
+  rebound::JobFilter tenant;
+  tenant.id_prefix = "acme/";
+  CHECK(list(tenant) == ids{"acme/b", "acme/a"});
+  CHECK(list(tenant, 1) == ids{"acme/b", "acme/a"});
+  tenant.status = JobStatus::running;
+  CHECK(list(tenant).empty());
+
+  // The dead letters are counted for the console.
+  const auto stats = store->queue_stats();
+  REQUIRE(stats);
+  CHECK(stats->callbacks_failed == 1);
+  REQUIRE(store->redeliver("dead", lease("r/1", t0 + 60s), t0) ==
+          rebound::RedeliverOutcome::redelivered);
+  CHECK(store->queue_stats()->callbacks_failed == 0);
+}
+
+TEST_CASE_TEMPLATE("store contract: servers are seen as they report - for an hour", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  CHECK(store->servers(t0).empty());
+  store->report_server("server-a", 3, t0);
+  store->report_server("server-b", 0, t0 + 1s);
+  store->report_server("server-a", 5, t0 + 2s);
+  auto seen = store->servers(t0 + 3s);
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0].id == "server-a");  // seen last
+  CHECK(seen[0].leases == 5);
+  CHECK(seen[0].last_seen == t0 + 2s);
+  CHECK(seen[1].id == "server-b");
+  CHECK(seen[1].leases == 0);
+  // An hour later without a word, a server is gone.
+  store->report_server("server-b", 1, t0 + 30min);
+  seen = store->servers(t0 + 1h + 10s);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].id == "server-b");
+}

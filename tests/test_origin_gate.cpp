@@ -2,6 +2,7 @@
 // with no socket and no sleep.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -290,7 +291,12 @@ TEST_CASE("gate: answers that say nothing of the receiver neither open nor close
   // A 404 is an answer: the receiver is up.
   f.send(a);
   f.answer(404);
-  CHECK(f.gate->endpoints().empty());  // healthy and idle: forgotten
+  // Healthy and idle: forgotten by the breaker, listed only with its counts.
+  REQUIRE(f.gate->endpoints().size() == 1);
+  CHECK(f.endpoint(a_origin).state == CircuitState::closed);
+  CHECK(f.endpoint(a_origin).consecutive_failures == 0);
+  CHECK(f.endpoint(a_origin).in_flight == 0);
+  CHECK(f.endpoint(a_origin).failed == 2);  // the 503 and the 404: what said nothing is not counted
 }
 
 TEST_CASE("gate: a paused origin gets nothing until resumed") {
@@ -375,10 +381,37 @@ TEST_CASE("gate: an idle origin is forgotten - an open one once its cool-down pa
   Fixture f(o);
   f.send(a);
   f.answer(200);
-  CHECK(f.gate->endpoints().empty());
+  // Idle: nothing of it is kept but its counts (for the console's success rate).
+  auto listed = f.gate->endpoints();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].state == CircuitState::closed);
+  CHECK(listed[0].in_flight == 0);
+  CHECK(listed[0].delivered == 1);
+  CHECK(listed[0].failed == 0);
   f.send(a);
   f.answer(500);
-  CHECK(f.gate->endpoints().size() == 1);  // open: kept, with its failures
+  listed = f.gate->endpoints();
+  REQUIRE(listed.size() == 1);  // open: kept, with its failures
+  CHECK(listed[0].state == CircuitState::open);
+  CHECK(listed[0].consecutive_failures == 1);
+  CHECK(listed[0].delivered == 1);
+  CHECK(listed[0].failed == 1);
+}
+
+TEST_CASE("gate: the counts of at most 1024 origins are kept - the least recent go first") {
+  Fixture f;
+  for (int i = 0; i < 1030; ++i) {
+    f.send("http://host-" + std::to_string(i) + ".test/hook");
+    f.answer(200);
+  }
+  const auto listed = f.gate->endpoints();
+  CHECK(listed.size() == 1024);
+  CHECK(std::none_of(listed.begin(), listed.end(), [](const rebound::EndpointStatus& e) {
+    return e.origin == "http://host-0.test:80";
+  }));
+  CHECK(std::any_of(listed.begin(), listed.end(), [](const rebound::EndpointStatus& e) {
+    return e.origin == "http://host-1029.test:80";
+  }));
 }
 
 TEST_CASE("gate: bad options and a bad URL") {
@@ -407,9 +440,13 @@ TEST_CASE("gate: each tenant has its own circuit at an origin - a pause holds th
   CHECK(f.held() == 1);
   f.answer(200);
   const auto listed = f.gate->endpoints();
-  REQUIRE(listed.size() == 1);
-  CHECK(listed[0].tenant == "mallory");
-  CHECK(listed[0].state == CircuitState::open);
+  REQUIRE(listed.size() ==
+          2);  // sorted by (origin, tenant): alice's idle entry, mallory's open one
+  CHECK(listed[0].tenant == "alice");
+  CHECK(listed[0].state == CircuitState::closed);
+  CHECK(listed[0].delivered == 1);
+  CHECK(listed[1].tenant == "mallory");
+  CHECK(listed[1].state == CircuitState::open);
   // A pause is the origin's, whoever sends.
   f.gate->pause(a);
   CHECK(deferred(f.send(a, 10s, "alice")));

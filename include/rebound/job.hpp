@@ -2,11 +2,13 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -144,6 +146,23 @@ struct JobOutcome {
   std::chrono::system_clock::time_point finished_at{};
 };
 
+/// One callback attempt as the store keeps it for the people who look at a job later (the
+/// operator console): when it went, what came back, how long it took, which signatures it carried.
+/// Deferrals (not sent: an open circuit, a pause) are not attempts and are not kept.
+struct CallbackAttempt {
+  std::chrono::system_clock::time_point at{};  ///< when the attempt was sent
+  int http_status = 0;                         ///< the receiver's status; 0: no HTTP answer
+  std::string error;  ///< why it failed ("HTTP 503", "timeout: ..."); empty when delivered
+  std::chrono::milliseconds latency{0};  ///< from handing it to the transport to its end
+  /// The signature schemes the request carried, comma-separated ("v1", "v1,v1a"; empty: unsigned).
+  std::string signatures;
+};
+
+/// How many attempts a store keeps per job (the latest; older ones are dropped).
+inline constexpr std::size_t max_attempt_log = 10;
+/// How much of an attempt's error a store keeps.
+inline constexpr std::size_t max_attempt_error_bytes = 256;
+
 /// A job as a JobStore keeps it: the request, where it is, and how it ended.
 struct JobRecord {
   Job job;
@@ -152,6 +171,9 @@ struct JobRecord {
   CallbackInfo callback;
   /// When the job started running (the epoch: it has not, or the store does not know).
   std::chrono::system_clock::time_point started_at{};
+  /// The latest callback attempts, oldest first, at most `max_attempt_log` (empty where a store
+  /// keeps none, and in listings).
+  std::vector<CallbackAttempt> attempt_log;
 };
 
 }  // namespace rebound

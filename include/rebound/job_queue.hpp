@@ -226,6 +226,26 @@ class JobQueue final {
   JobPage failed_callbacks_page(const std::string& tenant, const std::optional<ListCursor>& after,
                                 std::size_t limit) const;
 
+  /// A page of the jobs that match `filter` (JobFilter: status, callback state, priority, and an
+  /// id prefix, "tenant/" for one tenant's), newest first, from `after`, at most `limit`
+  /// (JobStore::list_jobs); entries without input, result or attempt log. What the operator
+  /// console lists. Throws StoreUnavailable when the store fails.
+  JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                    std::size_t limit) const;
+
+  /// The servers working on this queue's store in the last hour, this one among them (on a
+  /// shared store, every server's), most recently seen first; each reports every third of a
+  /// lease. Throws StoreUnavailable when the store fails.
+  std::vector<ServerSeen> servers() const;
+
+  /// The logger of JobQueueOptions::logger: front ends (rebound::Server) log what operators do
+  /// with it.
+  const Logger& logger() const;
+
+  /// This queue's server id (JobQueueOptions::server_id, or the one made for it): what its
+  /// leases are named after.
+  const std::string& server_id() const;
+
   /// The callback receivers' origins being delivered to, failing, open or paused: circuit state,
   /// failures, requests in flight and deferred (OriginGate::endpoints).
   std::vector<EndpointStatus> callback_endpoints() const;

@@ -3,6 +3,7 @@
 #include "rebound/delivery/origin_gate.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <set>
@@ -94,8 +95,33 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
 
   mutable std::mutex mutex;
   std::unordered_map<std::string, Origin> origins;  // by key_of(origin, tenant)
-  std::set<std::string> paused_origins;             // paused by hand, for every tenant
-  std::deque<std::string> ready;  // keys waiting only for the total limit, in turn
+  // Attempts answered by each (origin, tenant), kept after an idle origin is forgotten so that
+  // the console can show its success rate: at most max_tallies, the least recent dropped first.
+  struct Tally {
+    std::string origin, tenant;
+    std::size_t delivered = 0, failed = 0;
+    std::uint64_t last = 0;  // when it last answered, as tally_sequence counted
+  };
+  std::uint64_t tally_sequence = 0;
+  static constexpr std::size_t max_tallies = 1024;
+  std::unordered_map<std::string, Tally> tallies;  // by key_of(origin, tenant)
+
+  void tally(const std::string& key, const Origin& o, const CallbackResponse& r) {
+    auto it = tallies.find(key);
+    if (it == tallies.end()) {
+      if (tallies.size() >= max_tallies) {
+        tallies.erase(std::min_element(
+            tallies.begin(), tallies.end(),
+            [](const auto& a, const auto& b) { return a.second.last < b.second.last; }));
+      }
+      it = tallies.emplace(key, Tally{o.origin, o.tenant}).first;
+    }
+    const bool ok = r.error == TransportError::none && r.status >= 200 && r.status < 300;
+    ++(ok ? it->second.delivered : it->second.failed);
+    it->second.last = ++tally_sequence;
+  }
+  std::set<std::string> paused_origins;  // paused by hand, for every tenant
+  std::deque<std::string> ready;         // keys waiting only for the total limit, in turn
   std::size_t total_in_flight = 0;
   std::size_t total_waiting = 0;
   bool stopped = false;
@@ -331,6 +357,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         --o.in_flight;
         if (probe) o.probe_out = false;
         if (!says_nothing(response)) {
+          tally(key, o, response);
           const auto took = std::chrono::duration_cast<milliseconds>(now - sent_at);
           o.latency = o.has_latency ? (o.latency * 7 + took) / 8 : took;
           o.has_latency = true;
@@ -467,7 +494,20 @@ std::vector<EndpointStatus> OriginGate::endpoints() const {
     if (shown == CircuitState::open && now >= o.open_until) shown = CircuitState::half_open;
     out.push_back({o.origin, shown, o.failures, o.in_flight, o.waiting.size(), state_->paused(o),
                    o.deferred, o.tenant});
+    if (auto t = state_->tallies.find(key); t != state_->tallies.end()) {
+      out.back().delivered = t->second.delivered;
+      out.back().failed = t->second.failed;
+    }
     listed.insert(o.origin);
+  }
+  // Origins idle now (forgotten by the gate) that were sent to: closed, with their counts.
+  for (const auto& [key, t] : state_->tallies) {
+    if (state_->origins.count(key)) continue;
+    const bool paused = state_->paused_origins.count(t.origin) > 0;
+    out.push_back({t.origin, CircuitState::closed, 0, 0, 0, paused, 0, t.tenant});
+    out.back().delivered = t.delivered;
+    out.back().failed = t.failed;
+    listed.insert(t.origin);
   }
   for (const auto& origin : state_->paused_origins) {
     if (!listed.count(origin)) out.push_back({origin, CircuitState::closed, 0, 0, 0, true, 0, {}});

@@ -47,7 +47,7 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
       report.next_delay = deferred->retry_in;
       report.error = deferred->message;
       report.response = std::move(*deferred);
-      attempted(id, std::make_shared<Claim>(std::move(claim)), before, report);
+      attempted(id, std::make_shared<Claim>(std::move(claim)), before, report, TimePoint{});
       return;
     }
   }
@@ -73,10 +73,11 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
   // The attempt holds its body (and the transport a copy of it) instead of the job's input.
   claim.charge(2 * message.body.capacity() + message.url.capacity() + sizeof(CallbackMessage));
   auto held = std::make_shared<Claim>(std::move(claim));
-  sender_.attempt(std::move(message), state,
-                  [this, keep = owner(), id, before, held](const AttemptReport& report) {
-                    attempted(id, held, before, report);
-                  });
+  sender_.attempt(
+      std::move(message), state,
+      [this, keep = owner(), id, before, held, sent_at = clock_()](const AttemptReport& report) {
+        attempted(id, held, before, report, sent_at);
+      });
 }
 
 void Delivery::notify_started(const Job& job) {
@@ -98,9 +99,37 @@ void Delivery::notify_started(const Job& job) {
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
 }
 
+std::string Delivery::signature_schemes(const std::string& tenant) {
+  std::lock_guard<std::mutex> lock(schemes_mutex_);
+  auto it = schemes_.find(tenant);
+  if (it != schemes_.end()) return it->second;
+  bool hmac = false, ed25519 = false;
+  for (const auto& key : sender_.signing_keys_for(tenant)) {
+    hmac = hmac || key.rfind("whsec_", 0) == 0;
+    ed25519 = ed25519 || key.rfind("whsk_", 0) == 0;
+  }
+  std::string schemes = hmac ? "v1" : "";
+  if (ed25519) schemes += hmac ? ",v1a" : "v1a";
+  if (schemes_.size() >= 1024) schemes_.clear();
+  return schemes_.emplace(tenant, std::move(schemes)).first->second;
+}
+
 void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
-                         const CallbackInfo& before, const AttemptReport& report) {
+                         const CallbackInfo& before, const AttemptReport& report,
+                         TimePoint sent_at) {
   const std::string holder = claim->holder();
+  std::optional<CallbackAttempt> made;
+  if (report.verdict != AttemptVerdict::deferred && sent_at != TimePoint{}) {
+    made.emplace();
+    made->at = sent_at;
+    made->http_status = report.response.error == TransportError::none ? report.response.status : 0;
+    if (report.verdict != AttemptVerdict::delivered)
+      made->error = report.error.substr(0, max_attempt_error_bytes);
+    made->latency =
+        std::max(std::chrono::milliseconds(0),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(clock_() - sent_at));
+    made->signatures = signature_schemes(std::string(tenant_of(id)));
+  }
   CallbackInfo after = before;
   AttemptReport given_up;
   const AttemptReport* heard = &report;
@@ -141,8 +170,8 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
   observe_([&](auto& o) { o.on_attempt(id, *heard); });
   store_.write_until_stored(
       owner(), "record_attempt", id,
-      [this, id, holder, after](JobStore& s) {
-        return s.record_attempt(id, holder, after, clock_());
+      [this, id, holder, after, made](JobStore& s) {
+        return s.record_attempt(id, holder, after, clock_(), made);
       },
       [this, id, claim, after](bool recorded) {
         claim->release();

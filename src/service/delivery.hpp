@@ -7,7 +7,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "admission.hpp"
 #include "claim.hpp"
@@ -67,8 +69,12 @@ class Delivery {
  private:
   // What follows an attempt: its record in the store (pending with the next time, delivered or
   // failed) and the observers.
+  // `sent_at`: when the attempt went to the transport (the epoch for a deferral, which is no
+  // attempt and is not logged).
   void attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
-                 const CallbackInfo& before, const AttemptReport& report);
+                 const CallbackInfo& before, const AttemptReport& report, TimePoint sent_at);
+  // The signature schemes a tenant's callbacks carry ("v1", "v1,v1a", ""), for the attempt log.
+  std::string signature_schemes(const std::string& tenant);
 
   CallbackSender& sender_;
   StoreAccess& store_;
@@ -88,6 +94,8 @@ class Delivery {
   }
   std::weak_ptr<const void> owner_;
   std::atomic<std::size_t> started_in_flight_{0};
+  std::mutex schemes_mutex_;
+  std::unordered_map<std::string, std::string> schemes_;  // by tenant; guarded by schemes_mutex_
 };
 
 }  // namespace rebound::detail

@@ -37,6 +37,9 @@ class Leases {
 
   std::chrono::milliseconds duration() const { return duration_; }
 
+  /// This server's id: what its lease holders start with.
+  const std::string& server_id() const { return server_id_; }
+
   /// Keeps `holder`'s lease on `id` renewed from now on: a job's (waiting or running), or with
   /// `is_job` false a callback attempt's.
   void hold(const std::string& id, const std::string& holder, bool is_job = true) {
@@ -78,6 +81,9 @@ class Leases {
       held.assign(held_.begin(), held_.end());
     }
     const TimePoint at = clock_();
+    // Seen alive, with what it holds: the console's servers view.
+    store.write_or_note("report_server", server_id_,
+                        [&](JobStore& s) { s.report_server(server_id_, held.size(), at); });
     for (const auto& claim : held) {
       const std::string& id = claim.first;  // not a structured binding: lambdas capture it (C++17)
       const std::string& holder = claim.second.holder;

@@ -220,6 +220,7 @@ struct Pipeline {
     pump.set_claims_callbacks(delivers_callbacks);
     pump.set_on_poll([this] { poll_async_waits(); });
     observe.log = LogObserver(options.logger);
+    logger = options.logger;
     observe.user = std::move(options.observers);
   }
 
@@ -230,6 +231,7 @@ struct Pipeline {
   const bool delivers_callbacks;
   const AddressGuard guard;
   Clock clock;
+  Logger logger;  // JobQueueOptions::logger, for what the front ends log (JobQueue::logger)
   Metrics metrics;
   Observers observe{metrics};
   StoreAccess store;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <utility>
 
+#include "rebound/detail/attempt_log.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 
@@ -41,6 +42,8 @@ local CB_DUE = P .. ':callbacks:due'
 local FAILED = P .. ':callbacks:failed'
 local UNFINISHED = P .. ':unfinished'
 local QUEUED = P .. ':queued'
+-- Every job by creation time, for listings: trimmed past the retention as jobs are put.
+local ALL = P .. ':jobs'
 -- Jobs are filed in JOBS_DUE by priority, then due time: a score of priority * BAND + ms, exact in
 -- a double (below 2^53) for every priority 0..9 and any time before the year 2109.
 local BAND = 4398046511104
@@ -120,7 +123,7 @@ end
 )lua";
 
 // put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
-// traceparent. {0}: created; {1, url, input, priority, max queue, events}: taken.
+// traceparent, retention ms. {0}: created; {1, url, input, priority, max queue, events}: taken.
 constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
 local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
@@ -134,6 +137,12 @@ redis.call('HSET', key, 'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 's
 redis.call('ZADD', JOBS_DUE, job_score(ARGV[9], ARGV[8]), ARGV[2])
 redis.call('ZADD', QUEUED, job_score(ARGV[9], ARGV[5]), ARGV[2])
 redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
+redis.call('ZADD', ALL, ARGV[5], ARGV[2])
+-- Finished jobs live for the retention (ARGV[13], ms; 0: for ever): older members of ALL are
+-- either gone or unfinished (which UNFINISHED lists).
+if tonumber(ARGV[13]) > 0 then
+  redis.call('ZREMRANGEBYSCORE', ALL, '-inf', '(' .. string.format('%.0f', tonumber(ARGV[5]) - tonumber(ARGV[13])))
+end
 -- The id of a job that expired may still be in these: it is a new job now.
 redis.call('ZREM', FAILED, ARGV[2])
 redis.call('ZREM', CB_DUE, ARGV[2])
@@ -249,12 +258,25 @@ redis.call('ZADD', CB_DUE, ARGV[3], id)
 return 1
 )lua";
 
-// record_attempt: ARGV id, holder, now, retention, then the callback (7 fields). 1: recorded.
+// record_attempt: ARGV id, holder, now, retention, then the callback (7 fields), then the attempt
+// ('' for a deferral; else one JSON object) and the most attempts kept. 1: recorded.
+// The attempt log is one field: the latest attempts, one JSON object a line, oldest first.
 constexpr const char* kRecordAttempt = R"lua(
 local key = job_key(ARGV[2])
 if not holds(key, ARGV[3], ARGV[4]) then return 0 end
 redis.call('HSET', key, 'holder', '', 'until', '0')
 write_callback(key, ARGV[2], 6, ARGV[4], ARGV[5])
+local attempt = ARGV[13]
+if attempt ~= '' then
+  local log = redis.call('HGET', key, 'attempts')
+  if log and log ~= '' then log = log .. '\n' .. attempt else log = attempt end
+  local _, lines = string.gsub(log, '\n', '')
+  while lines + 1 > tonumber(ARGV[14]) do
+    log = string.sub(log, string.find(log, '\n', 1, true) + 1)
+    lines = lines - 1
+  end
+  redis.call('HSET', key, 'attempts', log)
+end
 return 1
 )lua";
 
@@ -338,15 +360,19 @@ end
 return out
 )lua";
 
-// failed page: ARGV limit, id prefix, cursor ms ('' from the newest), cursor id. Newest first by
-// (created, id), as the sorted set orders equal scores (bytes). Reads only: stale members are
-// skipped, not removed, so offsets stay put. Answers the next cursor (ms, id; '' at the end), then
-// (id, fields, ...) without input or result. Another tenant's entries are scanned up to a bound;
-// past it the answer is short and its cursor goes on from the last entry scanned.
-constexpr const char* kFailedPage = R"lua(
+// page: ARGV limit, id prefix, cursor ms ('' from the newest), cursor id, the set to walk
+// ('failed', 'unfinished' or 'jobs', each scored by creation), and the filter: status, callback
+// state, priority ('' for any). Newest first by (created, id), as the sorted set orders equal
+// scores (bytes). Reads only: stale members are skipped, not removed, so offsets stay put. Answers
+// the next cursor (ms, id; '' at the end), then (id, fields, ...) without input or result. What
+// does not match is scanned up to a bound; past it the answer is short and its cursor goes on from
+// the last entry scanned.
+constexpr const char* kPage = R"lua(
 local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local cursor_ms, cursor_id = ARGV[4], ARGV[5]
+local SET = ARGV[6] == 'failed' and FAILED or (ARGV[6] == 'unfinished' and UNFINISHED or ALL)
+local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
 local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
   'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
   'started', 'ended'}
@@ -363,7 +389,7 @@ local offset, scanned, budget = 0, 0, 20 * limit + 1000
 local last_ms, last_id = '', ''
 local max = cursor_ms == '' and '+inf' or cursor_ms
 while #found <= limit and scanned < budget do
-  local batch = redis.call('ZREVRANGEBYSCORE', FAILED, max, '-inf', 'WITHSCORES', 'LIMIT', offset,
+  local batch = redis.call('ZREVRANGEBYSCORE', SET, max, '-inf', 'WITHSCORES', 'LIMIT', offset,
                            limit + 1)
   if #batch == 0 then last_ms = ''; break end
   offset = offset + #batch / 2
@@ -373,7 +399,9 @@ while #found <= limit and scanned < budget do
     local newer = cursor_ms ~= '' and ms == cursor_ms and not before(id, cursor_id)
     if not newer and string.sub(id, 1, #prefix) == prefix then
       local values = redis.call('HMGET', job_key(id), unpack(FIELDS))
-      if values[6] == 'failed' then
+      if values[2] and (want_status == '' or values[3] == want_status) and
+         (want_cb == '' or values[6] == want_cb) and
+         (want_priority == '' or (values[13] or '5') == want_priority) then
         local fields = {}
         for f = 1, #FIELDS do
           if values[f] then
@@ -403,12 +431,14 @@ end
 return out
 )lua";
 
-// stats: no ARGV. {queued, running, callbacks waiting, oldest queued ms ('' none), then per
-// priority with jobs: priority, count}. QUEUED holds the jobs not started (priority * BAND +
-// creation), JOBS_DUE every job not final: what is in the second and not the first runs.
+// stats: no ARGV. {queued, running, callbacks waiting, oldest queued ms ('' none), callbacks
+// failed, then per priority with jobs: priority, count}. QUEUED holds the jobs not started
+// (priority * BAND + creation), JOBS_DUE every job not final: what is in the second and not the
+// first runs.
 constexpr const char* kStats = R"lua(
 local queued = redis.call('ZCARD', QUEUED)
-local out = {queued, math.max(0, redis.call('ZCARD', JOBS_DUE) - queued), redis.call('ZCARD', CB_DUE), ''}
+local out = {queued, math.max(0, redis.call('ZCARD', JOBS_DUE) - queued), redis.call('ZCARD', CB_DUE), '',
+             redis.call('ZCARD', FAILED)}
 local oldest = nil
 for p = 0, 9 do
   local low, high = job_score(p, 0), job_score(p + 1, 0)
@@ -425,6 +455,26 @@ if oldest then out[4] = string.format('%.0f', oldest) end
 return out
 )lua";
 
+// servers: ARGV server id ('' to only read), now, leases. Notes the server as seen now, forgets
+// those not seen for an hour, and answers (id, "last seen ms:leases", ...).
+constexpr const char* kServers = R"lua(
+local SERVERS = P .. ':servers'
+local now = tonumber(ARGV[3])
+if ARGV[2] ~= '' then redis.call('HSET', SERVERS, ARGV[2], ARGV[3] .. ':' .. ARGV[4]) end
+local all = redis.call('HGETALL', SERVERS)
+local out = {}
+for i = 1, #all, 2 do
+  local seen = tonumber(string.match(all[i + 1], '^(%d+)') or '0')
+  if seen < now - 3600000 then
+    if ARGV[2] ~= '' then redis.call('HDEL', SERVERS, all[i]) end
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+)lua";
+
 enum Script : std::size_t {
   kScriptPut,
   kScriptClaim,
@@ -438,14 +488,16 @@ enum Script : std::size_t {
   kScriptList,
   kScriptQueuePosition,
   kScriptCancel,
-  kScriptFailedPage,
+  kScriptPage,
   kScriptStats,
+  kScriptServers,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
-    kPut,      kClaim,          kRenew, kMarkRunning,   kFinish, kRecordAttempt, kRedeliver,
-    kComplete, kUpdateCallback, kList,  kQueuePosition, kCancel, kFailedPage,    kStats};
+    kPut,           kClaim,     kRenew,    kMarkRunning,    kFinish,
+    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList,
+    kQueuePosition, kCancel,    kPage,     kStats,          kServers};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -602,6 +654,12 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
       r.started_at = from_ms(number(value));
     } else if (name == "ended") {
       r.outcome.finished_at = from_ms(number(value));
+    } else if (name == "attempts") {
+      // One JSON object a line (kRecordAttempt): read as the array the durable stores share.
+      std::string array = "[";
+      for (const char c : value)
+        array += c == '\n' ? ',' : c;
+      r.attempt_log = detail::attempt_log_from_json(array + "]");
     }
   }
   r.outcome.status = r.status;
@@ -983,7 +1041,7 @@ struct RedisJobStore::Impl {
   QueueStats stats() {
     Reply r = script(kScriptStats, {});
     QueueStats stats;
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 4) return stats;
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 5) return stats;
     auto count = [&](std::size_t i) {
       return r->element[i]->type == REDIS_REPLY_INTEGER
                  ? static_cast<std::size_t>(std::max<long long>(0, r->element[i]->integer))
@@ -994,19 +1052,28 @@ struct RedisJobStore::Impl {
     stats.callbacks_waiting = count(2);
     const std::string_view oldest = text(r->element[3]);
     if (!oldest.empty()) stats.oldest_queued = from_ms(number(oldest));
-    for (std::size_t i = 4; i + 1 < r->elements; i += 2)
+    stats.callbacks_failed = count(4);
+    for (std::size_t i = 5; i + 1 < r->elements; i += 2)
       stats.queued_by_priority.emplace_back(static_cast<int>(count(i)), count(i + 1));
     return stats;
   }
 
-  JobPage failed_page(const std::string& id_prefix, const std::optional<ListCursor>& after,
-                      std::size_t limit) {
+  JobPage page_of(const JobFilter& filter, const std::optional<ListCursor>& after,
+                  std::size_t limit) {
     JobPage page;
     if (limit == 0) return page;
     limit = std::min<std::size_t>(limit, 100000);  // one script blocks Redis for every server
-    Reply r = script(kScriptFailedPage,
-                     {std::to_string(limit), id_prefix, after ? ms_text(after->created_at) : "",
-                      after ? after->id : ""});
+    // The smallest set that holds every match: dead letters, work not finished, or every job.
+    const bool unfinished_only = (filter.status && !is_final(*filter.status)) ||
+                                 filter.callback_state == CallbackState::pending;
+    const char* set = filter.callback_state == CallbackState::failed ? "failed"
+                      : unfinished_only                              ? "unfinished"
+                                                                     : "jobs";
+    Reply r = script(kScriptPage, {std::to_string(limit), filter.id_prefix,
+                                   after ? ms_text(after->created_at) : "", after ? after->id : "",
+                                   set, filter.status ? to_text(*filter.status) : "",
+                                   filter.callback_state ? to_text(*filter.callback_state) : "",
+                                   filter.priority ? std::to_string(*filter.priority) : ""});
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 2) return page;
     const std::string_view next_ms = text(r->element[0]);
     if (!next_ms.empty())
@@ -1110,7 +1177,7 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
                        claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
                        claim ? ms_text(claim->until) : created, std::to_string(job.priority),
                        std::to_string(job.max_queue.count()), std::to_string(job.webhook_events),
-                       job.traceparent});
+                       job.traceparent, impl_->retention_ms()});
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
@@ -1181,9 +1248,12 @@ bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
 }
 
 bool RedisJobStore::record_attempt(const std::string& id, const std::string& holder,
-                                   const CallbackInfo& after, TimePoint now) {
+                                   const CallbackInfo& after, TimePoint now,
+                                   const std::optional<CallbackAttempt>& attempt) {
   std::vector<std::string> args{id, holder, ms_text(now), impl_->retention_ms()};
   append_callback(args, after);
+  args.push_back(attempt ? detail::dump_json(detail::attempt_to_json(*attempt)) : "");
+  args.push_back(std::to_string(max_attempt_log));
   Reply r = impl_->script(kScriptRecordAttempt, std::move(args));
   return r->integer == 1;
 }
@@ -1239,7 +1309,38 @@ std::optional<QueueStats> RedisJobStore::queue_stats() const {
 JobPage RedisJobStore::failed_callbacks_page(const std::string& id_prefix,
                                              const std::optional<ListCursor>& after,
                                              std::size_t limit) const {
-  return impl_->failed_page(id_prefix, after, limit);
+  JobFilter filter;
+  filter.callback_state = CallbackState::failed;
+  filter.id_prefix = id_prefix;
+  return impl_->page_of(filter, after, limit);
+}
+
+JobPage RedisJobStore::list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                                 std::size_t limit) const {
+  return impl_->page_of(filter, after, limit);
+}
+
+void RedisJobStore::report_server(const std::string& id, std::size_t leases, TimePoint now) {
+  impl_->script(kScriptServers, {id.empty() ? "?" : id, ms_text(now), std::to_string(leases)});
+}
+
+std::vector<ServerSeen> RedisJobStore::servers(TimePoint now) const {
+  Reply r = impl_->script(kScriptServers, {"", ms_text(now), "0"});
+  std::vector<ServerSeen> out;
+  if (!r || r->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t i = 0; i + 1 < r->elements; i += 2) {
+    const std::string_view value = text(r->element[i + 1]);
+    const auto colon = value.find(':');
+    ServerSeen seen;
+    seen.id = std::string(text(r->element[i]));
+    seen.last_seen = from_ms(number(value.substr(0, colon)));
+    if (colon != std::string_view::npos)
+      seen.leases = static_cast<std::size_t>(number(value.substr(colon + 1)));
+    out.push_back(std::move(seen));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ServerSeen& a, const ServerSeen& b) { return a.last_seen > b.last_seen; });
+  return out;
 }
 
 std::vector<JobRecord> RedisJobStore::list_failed_callbacks(std::size_t limit) const {

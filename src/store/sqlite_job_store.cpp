@@ -17,7 +17,9 @@
 #include <unordered_set>
 #include <utility>
 
+#include "rebound/detail/attempt_log.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"
 
 namespace rebound {
@@ -78,6 +80,14 @@ DROP INDEX jobs_job_due;
 CREATE INDEX jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms IS NOT NULL;
 CREATE INDEX jobs_queued ON jobs (priority, created_at_ms, id) WHERE status = 0;
 PRAGMA user_version = 3;
+)sql";
+
+// Version 4: the operator console (issue 23). Each job keeps its latest callback attempts (a JSON
+// array of at most max_attempt_log), and every job is listed newest first from an index.
+constexpr const char* schema_v4 = R"sql(
+ALTER TABLE jobs ADD COLUMN attempt_log TEXT NOT NULL DEFAULT '[]';
+CREATE INDEX jobs_created ON jobs (created_at_ms, id);
+PRAGMA user_version = 4;
 )sql";
 
 // True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
@@ -159,10 +169,12 @@ class Statement {
   "cb_delivery_attempts, cb_delivery_started_ms, cb_previous_delay_ms, priority, max_queue_ms, " \
   "webhook_events, traceparent, started_at_ms, ended_at_ms"
 constexpr const char* record_columns =
-    "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT;
-// The same columns for a list entry: no input and no result are read (read_record sees null).
+    "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
+    ", attempt_log";
+// The same columns for a list entry: no input, result or attempts are read (read_record sees
+// null and an empty log).
 constexpr const char* entry_columns =
-    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT;
+    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT ", '[]'";
 #undef RECORD_COLUMNS_AFTER_RESULT
 
 using TimePoint = std::chrono::system_clock::time_point;
@@ -205,6 +217,7 @@ JobRecord read_record(const Statement& s) {
   r.job.traceparent = s.text(18);
   r.started_at = from_ms(s.integer(19));
   r.outcome.finished_at = from_ms(s.integer(20));
+  r.attempt_log = detail::attempt_log_from_json(s.text(21));
   return r;
 }
 
@@ -234,7 +247,9 @@ struct SqliteJobStore::Impl {
   std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
       set_callback, set_job_due, set_callback_due, select_due_jobs, select_due_callbacks,
       redeliver_failed, select_failed, select_failed_page, select_unfinished, delete_finished,
-      probe;
+      probe, append_attempt;
+  mutable std::mutex servers_mutex;
+  detail::ServersSeen servers_seen;  // guarded by servers_mutex
 
   // Who holds which work. In memory: the file is this process's alone (exclusive lock), so when
   // the process ends every lease ends with it, as a lease that runs out would.
@@ -332,6 +347,11 @@ struct SqliteJobStore::Impl {
         exec(schema_v3);
         exec("COMMIT");
       }
+      if (user_version() < 4) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v4);
+        exec("COMMIT");
+      }
       exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
@@ -407,6 +427,14 @@ struct SqliteJobStore::Impl {
           db, "DELETE FROM jobs WHERE finished_at_ms IS NOT NULL AND finished_at_ms < ?");
       probe = std::make_unique<Statement>(
           db, "INSERT OR REPLACE INTO store_probe (id, at_ms) VALUES (1, ?)");
+      // The attempt joins the log; the oldest leaves it once max_attempt_log are kept.
+      append_attempt = std::make_unique<Statement>(
+          db,
+          "UPDATE jobs SET attempt_log = json_insert(CASE WHEN json_array_length(attempt_log) "
+          ">= " +
+              std::to_string(max_attempt_log) +
+              " THEN json_remove(attempt_log, '$[0]') ELSE attempt_log END, '$[#]', json(:a)) "
+              "WHERE id = :id");
     } catch (const Error& e) {
       close();
       throw Error("cannot use the job store " + path + ": " + e.what() +
@@ -434,6 +462,7 @@ struct SqliteJobStore::Impl {
     select_unfinished.reset();
     delete_finished.reset();
     probe.reset();
+    append_attempt.reset();
     if (db) sqlite3_close(db);
     db = nullptr;
   }
@@ -1022,10 +1051,23 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
 }
 
 bool SqliteJobStore::record_attempt(const std::string& id, const std::string& holder,
-                                    const CallbackInfo& after, TimePoint now) {
+                                    const CallbackInfo& after, TimePoint now,
+                                    const std::optional<CallbackAttempt>& attempt) {
   {
     std::lock_guard<std::mutex> lock(impl_->lease_mutex);
     if (!impl_->release(impl_->callback_leases, id, holder, now)) return false;
+  }
+  if (attempt) {
+    Impl* impl = impl_.get();
+    impl_->enqueue({[impl, id, entry = detail::dump_json(detail::attempt_to_json(*attempt))] {
+                      Statement& s = *impl->append_attempt;
+                      s.bind(s.param(":a"), entry);
+                      s.bind(s.param(":id"), id);
+                      s.step();
+                      s.reset();
+                    },
+                    {},
+                    {}});
   }
   impl_->write_callback(id, after);
   return true;
@@ -1166,10 +1208,59 @@ std::optional<QueueStats> SqliteJobStore::queue_stats() const {
     if (running.step()) stats.running = static_cast<std::size_t>(running.integer(0));
     Statement callbacks(impl_->db, "SELECT COUNT(*) FROM jobs WHERE cb_due_ms IS NOT NULL");
     if (callbacks.step()) stats.callbacks_waiting = static_cast<std::size_t>(callbacks.integer(0));
+    Statement failed(impl_->db, "SELECT COUNT(*) FROM jobs WHERE cb_state = 3");
+    if (failed.step()) stats.callbacks_failed = static_cast<std::size_t>(failed.integer(0));
   } catch (const std::exception& e) {
     throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
   }
   return stats;
+}
+
+JobPage SqliteJobStore::list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                                  std::size_t limit) const {
+  JobPage page;
+  if (limit == 0) return page;
+  limit = std::min<std::size_t>(limit, 100000);
+  // An index range (jobs_created) from the cursor down, filtered as it is read.
+  std::string sql = std::string("SELECT ") + entry_columns +
+                    " FROM jobs WHERE (created_at_ms, id) < (:c, :cid)"
+                    " AND substr(id, 1, length(:prefix)) = :prefix";
+  if (filter.status) sql += " AND status = :status";
+  if (filter.callback_state) sql += " AND cb_state = :cb";
+  if (filter.priority) sql += " AND priority = :priority";
+  sql += " ORDER BY created_at_ms DESC, id DESC LIMIT :limit";
+  impl_->wait_for_writes();
+  std::lock_guard<std::mutex> lock(impl_->db_mutex);
+  try {
+    Statement s(impl_->db, sql);
+    s.bind(s.param(":c"), after ? to_ms(after->created_at) : INT64_MAX);
+    s.bind(s.param(":cid"), after ? after->id : std::string());
+    s.bind(s.param(":prefix"), filter.id_prefix);
+    if (filter.status) s.bind(s.param(":status"), static_cast<std::int64_t>(*filter.status));
+    if (filter.callback_state)
+      s.bind(s.param(":cb"), static_cast<std::int64_t>(*filter.callback_state));
+    if (filter.priority) s.bind(s.param(":priority"), static_cast<std::int64_t>(*filter.priority));
+    s.bind(s.param(":limit"), static_cast<std::int64_t>(limit + 1));
+    while (s.step())
+      page.jobs.push_back(read_record(s));
+  } catch (const std::exception& e) {
+    throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
+  }
+  if (page.jobs.size() > limit) {
+    page.jobs.pop_back();
+    page.next = ListCursor{page.jobs.back().job.created_at, page.jobs.back().job.id};
+  }
+  return page;
+}
+
+void SqliteJobStore::report_server(const std::string& id, std::size_t leases, TimePoint now) {
+  std::lock_guard<std::mutex> lock(impl_->servers_mutex);
+  impl_->servers_seen.note(id, leases, now);
+}
+
+std::vector<ServerSeen> SqliteJobStore::servers(TimePoint now) const {
+  std::lock_guard<std::mutex> lock(impl_->servers_mutex);
+  return impl_->servers_seen.list(now);
 }
 
 std::vector<JobRecord> SqliteJobStore::list_unfinished(std::size_t limit) const {

@@ -51,9 +51,20 @@ class FailingStore final : public JobStore {
                                          TimePoint now) override {
     return check(), inner_.claim_callbacks(max, lease, now);
   }
+  using JobStore::record_attempt;
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
-                      TimePoint now) override {
-    return check(), inner_.record_attempt(id, holder, after, now);
+                      TimePoint now, const std::optional<CallbackAttempt>& attempt) override {
+    return check(), inner_.record_attempt(id, holder, after, now, attempt);
+  }
+  JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                    std::size_t limit) const override {
+    return check(), inner_.list_jobs(filter, after, limit);
+  }
+  void report_server(const std::string& id, std::size_t leases, TimePoint now) override {
+    check(), inner_.report_server(id, leases, now);
+  }
+  std::vector<ServerSeen> servers(TimePoint now) const override {
+    return check(), inner_.servers(now);
   }
   CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override {
     return check(), inner_.cancel(id, outcome, now);

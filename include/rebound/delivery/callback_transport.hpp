@@ -80,6 +80,11 @@ struct EndpointStatus {
   /// The tenant whose callbacks these are (OriginGate tracks each tenant at an origin apart);
   /// "" for the default tenant.
   std::string tenant;
+  /// Attempts it answered with a 2xx, and otherwise (another status, a timeout, a refused or
+  /// broken connection), since this process started (OriginGate keeps them for its 1,024 most
+  /// recent origins, idle ones included).
+  std::size_t delivered = 0;
+  std::size_t failed = 0;
 };
 
 /// Called exactly once per `send`, on a transport thread. Must not block for long.

@@ -80,6 +80,32 @@ struct QueueStats {
   /// When the oldest queued job was accepted; none when nothing is queued.
   std::optional<std::chrono::system_clock::time_point> oldest_queued;
   std::size_t callbacks_waiting = 0;  ///< callbacks owed: due, retrying, or under way
+  std::size_t callbacks_failed = 0;   ///< callbacks given up and kept: the dead letters
+};
+
+/// Which jobs a listing (JobStore::list_jobs) shows: every field set must match.
+struct JobFilter {
+  std::optional<JobStatus> status;
+  std::optional<CallbackState> callback_state;
+  std::optional<int> priority;
+  /// The start of the job's key: "tenant/" for one tenant's jobs, "tenant/abc" for its ids that
+  /// start with "abc" (rebound/tenant.hpp). Empty: every job.
+  std::string id_prefix;
+
+  bool matches(const JobRecord& r) const {
+    return (!status || r.status == *status) &&
+           (!callback_state || r.callback.state == *callback_state) &&
+           (!priority || r.job.priority == *priority) &&
+           r.job.id.compare(0, id_prefix.size(), id_prefix) == 0;
+  }
+};
+
+/// A server seen working on a store (JobStore::report_server): what the console's servers view
+/// shows.
+struct ServerSeen {
+  std::string id;  ///< the JobQueue's server id (the part of its lease holders before '/')
+  std::chrono::system_clock::time_point last_seen{};
+  std::size_t leases = 0;  ///< jobs and callbacks it held when it last reported
 };
 
 /// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.
@@ -159,8 +185,16 @@ class JobStore {
   /// The acknowledgement of one callback attempt: writes `after` (pending again, due at its
   /// `next_attempt_at`; or delivered; or failed) and ends `holder`'s lease. False, and nothing
   /// written, when `holder` holds no live lease on the callback.
+  /// `attempt`, when given, is the attempt this acknowledges (none for a deferral, which sends
+  /// nothing): it joins the job's `attempt_log`, of which the store keeps the latest
+  /// `max_attempt_log`, its error cut to `max_attempt_error_bytes`.
   virtual bool record_attempt(const std::string& id, const std::string& holder,
-                              const CallbackInfo& after, TimePoint now) = 0;
+                              const CallbackInfo& after, TimePoint now,
+                              const std::optional<CallbackAttempt>& attempt) = 0;
+  bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                      TimePoint now) {
+    return record_attempt(id, holder, after, now, std::nullopt);
+  }
 
   /// Puts a `failed` callback back into delivery with a fresh attempt budget, claimed by `claim`.
   /// Atomic: of two redeliveries at once, one wins.
@@ -232,6 +266,31 @@ class JobStore {
   /// shared store reports the same. nullopt: the store cannot tell (the default).
   virtual std::optional<QueueStats> queue_stats() const { return std::nullopt; }
 
+  /// A page of the jobs that match `filter`, newest first by (created_at, id), those after
+  /// `after`, at most `limit`; entries without input, result or attempt log (as
+  /// failed_callbacks_page). A page may hold fewer than `limit` entries and still have a `next`:
+  /// a store may bound what one call reads. What the console's jobs view shows.
+  /// This default sees only the jobs list_unfinished (at most 10,000) and
+  /// list_failed_callbacks_with_prefix answer: the shipped stores override it and see every job
+  /// they keep.
+  virtual JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                            std::size_t limit) const {
+    std::vector<JobRecord> all = list_unfinished(10000);
+    for (auto& r : list_failed_callbacks_with_prefix(filter.id_prefix, 10000)) {
+      if (is_final(r.status) && r.callback.state == CallbackState::failed)
+        all.push_back(std::move(r));
+    }
+    return page_of(std::move(all), filter, after, limit);
+  }
+
+  /// Notes that server `id` is alive and holds `leases` jobs and callbacks (a JobQueue calls it
+  /// every few seconds). The default keeps nothing.
+  virtual void report_server(const std::string& /*id*/, std::size_t /*leases*/, TimePoint /*now*/) {
+  }
+
+  /// The servers that reported in the last hour, most recently seen first. The default: none.
+  virtual std::vector<ServerSeen> servers(TimePoint /*now*/) const { return {}; }
+
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;
@@ -247,6 +306,41 @@ class JobStore {
   /// it must be cheap; a store that notices trouble only when it writes may answer from its last
   /// write. The default never fails (a store in process memory).
   virtual std::optional<std::string> failure() const { return std::nullopt; }
+
+ protected:
+  /// The page of `records` that a listing answers: those matching `filter` after `after`, newest
+  /// first by (created_at to the millisecond, id), at most `limit`, without input, result and
+  /// attempt log. For stores that list from memory.
+  static JobPage page_of(std::vector<JobRecord> records, const JobFilter& filter,
+                         const std::optional<ListCursor>& after, std::size_t limit) {
+    JobPage page;
+    if (limit == 0) return page;
+    auto ms = [](const JobRecord& r) {
+      return std::chrono::floor<std::chrono::milliseconds>(r.job.created_at);
+    };
+    std::vector<JobRecord> kept;
+    for (auto& r : records) {
+      if (!filter.matches(r)) continue;
+      if (after &&
+          !(ms(r) < after->created_at || (ms(r) == after->created_at && r.job.id < after->id)))
+        continue;
+      kept.push_back(std::move(r));
+    }
+    std::sort(kept.begin(), kept.end(), [&](const JobRecord& a, const JobRecord& b) {
+      return ms(a) != ms(b) ? ms(a) > ms(b) : a.job.id > b.job.id;
+    });
+    if (kept.size() > limit) {
+      kept.resize(limit);
+      page.next = ListCursor{ms(kept.back()), kept.back().job.id};
+    }
+    for (auto& r : kept) {
+      r.job.input = nullptr;
+      r.outcome.result = nullptr;
+      r.attempt_log.clear();
+    }
+    page.jobs = std::move(kept);
+    return page;
+  }
 };
 
 }  // namespace rebound

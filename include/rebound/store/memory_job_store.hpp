@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/job_store.hpp"
 
@@ -148,6 +149,7 @@ class MemoryJobStore final : public JobStore {
     // Every job not final is in job_queue_, waiting or running.
     stats.running = job_queue_.size() - std::min(job_queue_.size(), stats.queued);
     stats.callbacks_waiting = callback_queue_.size();
+    stats.callbacks_failed = failed_callbacks_;
     return stats;
   }
 
@@ -182,15 +184,25 @@ class MemoryJobStore final : public JobStore {
     return claim(callback_queue_, &Entry::callback_lease, max, lease, now);
   }
 
+  using JobStore::record_attempt;
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
-                      TimePoint now) override {
+                      TimePoint now, const std::optional<CallbackAttempt>& attempt) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end() || it->second.record.callback.state != CallbackState::pending ||
         !holds(it->second.callback_lease, holder, now)) {
       return false;
     }
-    set_callback(it, after);
+    if (attempt) {
+      auto& log = it->second.record.attempt_log;
+      if (log.size() >= max_attempt_log)
+        log.erase(log.begin(),
+                  log.begin() + static_cast<std::ptrdiff_t>(log.size() + 1 - max_attempt_log));
+      log.push_back(*attempt);
+      if (log.back().error.size() > max_attempt_error_bytes)
+        log.back().error.resize(max_attempt_error_bytes);
+    }
+    set_callback(it, after);  // recounts the entry's bytes, its attempt log with them
     return true;
   }
 
@@ -261,6 +273,15 @@ class MemoryJobStore final : public JobStore {
   JobPage failed_callbacks_page(const std::string& id_prefix,
                                 const std::optional<ListCursor>& after,
                                 std::size_t limit) const override {
+    JobFilter filter;
+    filter.callback_state = CallbackState::failed;
+    filter.id_prefix = id_prefix;
+    return list_jobs(filter, after, limit);
+  }
+
+  /// Scans every job for the page (in memory, no index), copying only the page's entries.
+  JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                    std::size_t limit) const override {
     using Key = std::pair<TimePoint, const std::string*>;
     auto newer = [](const Key& a, const Key& b) {
       return a.first != b.first ? a.first > b.first : *a.second > *b.second;
@@ -270,9 +291,7 @@ class MemoryJobStore final : public JobStore {
     if (limit == 0) return page;
     std::vector<Key> keys;
     for (const auto& [id, entry] : jobs_) {
-      if (entry.record.callback.state != CallbackState::failed ||
-          id.compare(0, id_prefix.size(), id_prefix) != 0)
-        continue;
+      if (!filter.matches(entry.record)) continue;
       // To the millisecond, as cursors and the other stores keep it.
       const Key key{std::chrono::floor<std::chrono::milliseconds>(entry.record.job.created_at),
                     &id};
@@ -303,6 +322,16 @@ class MemoryJobStore final : public JobStore {
     }
     if (keys.size() > limit) page.next = ListCursor{keys[take - 1].first, *keys[take - 1].second};
     return page;
+  }
+
+  void report_server(const std::string& id, std::size_t leases, TimePoint now) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    seen_.note(id, leases, now);
+  }
+
+  std::vector<ServerSeen> servers(TimePoint now) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return seen_.list(now);
   }
 
   /// Jobs held now, finished or not.
@@ -350,6 +379,7 @@ class MemoryJobStore final : public JobStore {
     std::size_t result_bytes = 0;
     std::size_t bytes = 0;          // what this entry counts in bytes_
     bool finished = false;          // counted in finished_bytes_
+    bool failed_callback = false;   // counted in failed_callbacks_
     std::uint64_t finished_as = 0;  // its latest entry in finished_order_, 0: none
     // The queues: a job waiting or running is in job_queue_, a pending callback in
     // callback_queue_, each under the time it is claimable from (its creation or next attempt,
@@ -465,6 +495,9 @@ class MemoryJobStore final : public JobStore {
     std::size_t strings = 2 * r.job.id.size() + r.job.callback_url.size() +
                           r.callback.last_error.size() + r.job.traceparent.size();
     if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
+    strings += r.attempt_log.capacity() * sizeof(CallbackAttempt);
+    for (const CallbackAttempt& a : r.attempt_log)
+      strings += a.error.capacity() + a.signatures.capacity();
     return per_entry + strings + e.input_bytes + e.result_bytes;
   }
 
@@ -473,6 +506,9 @@ class MemoryJobStore final : public JobStore {
   // can never evict it).
   void changed(Map::iterator it) {
     Entry& e = it->second;
+    if (e.failed_callback) --failed_callbacks_;
+    e.failed_callback = e.record.callback.state == CallbackState::failed;
+    if (e.failed_callback) ++failed_callbacks_;
     bytes_ -= e.bytes;
     if (e.finished) finished_bytes_ -= e.bytes;
     e.bytes = footprint(e);
@@ -501,6 +537,7 @@ class MemoryJobStore final : public JobStore {
       if (is_finished(victim->second.record)) {  // not when redelivery made it pending again
         bytes_ -= victim->second.bytes;
         finished_bytes_ -= victim->second.bytes;
+        if (victim->second.failed_callback) --failed_callbacks_;
         unschedule(job_queue_, victim);
         unschedule(callback_queue_, victim);
         jobs_.erase(victim);
@@ -520,6 +557,8 @@ class MemoryJobStore final : public JobStore {
   std::deque<std::pair<std::string, std::uint64_t>> finished_order_;
   std::uint64_t finished_sequence_ = 0;
   std::size_t finished_ = 0;
+  std::size_t failed_callbacks_ = 0;  // entries whose callback is `failed`
+  detail::ServersSeen seen_;
 };
 
 }  // namespace rebound

@@ -63,8 +63,9 @@ class SqliteJobStore final : public JobStore {
                   const std::optional<Lease>& deliver, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override;
+  using JobStore::record_attempt;
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
-                      TimePoint now) override;
+                      TimePoint now, const std::optional<CallbackAttempt>& attempt) override;
   RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override;
   CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override;
   void complete(const std::string& id, const JobOutcome& outcome) override;
@@ -76,6 +77,10 @@ class SqliteJobStore final : public JobStore {
                                 const std::optional<ListCursor>& after,
                                 std::size_t limit) const override;
   std::optional<QueueStats> queue_stats() const override;
+  JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                    std::size_t limit) const override;
+  void report_server(const std::string& id, std::size_t leases, TimePoint now) override;
+  std::vector<ServerSeen> servers(TimePoint now) const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 
