@@ -35,12 +35,15 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # node and npm run the OpenAPI validator (below) and the Node snippet of docs/delivery.md; Debian's
-# packages unless a node is already installed. REBOUND_SKIP_NODE_TOOLS=1 leaves them out (no npm
-# registry needed; the OpenAPI validity test is then not registered).
+# packages unless a node is already installed. Debian's chromium is the browser that
+# tests/console/console_test.mjs drives (headless, through puppeteer-core, which downloads none).
+# REBOUND_SKIP_NODE_TOOLS=1 leaves them out (no npm registry needed; the OpenAPI validity and
+# console tests are then not registered).
 if [ "${REBOUND_SKIP_NODE_TOOLS:-0}" != 1 ]; then
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     packages+=(nodejs npm)
   fi
+  packages+=(chromium)
 fi
 
 missing=()
@@ -55,7 +58,8 @@ else
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The OpenAPI 3 validator for tests/openapi_valid.py, from npm at the versions locked in
+# The OpenAPI 3 validator for tests/openapi_valid.py and puppeteer-core for
+# tests/console/console_test.mjs, from npm at the versions locked in
 # scripts/node-tools, installed outside the source tree (REBOUND_NODE_TOOLS, default
 # /opt/rebound-node-tools; the tests look there).
 if [ "${REBOUND_SKIP_NODE_TOOLS:-0}" != 1 ]; then

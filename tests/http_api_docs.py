@@ -58,6 +58,9 @@ proc = subprocess.Popen([server_bin, "serve", "--host", "127.0.0.1", "--port", s
                          # an API key, which every example sends (as the doc says to), and a
                          # secret for GET /v1/webhook-secret to hand out
                          "--api-key", "docs-key",
+                         # an operator key of the same name (so one tenant still), which the
+                         # console's examples send as $OPS
+                         "--operator-key", "docs-key:docs-ops",
                          "--signing-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                          # the example's callback (example.com, unreachable here) stays pending
                          # for the redeliver example, however the retry delays are drawn
@@ -90,7 +93,7 @@ try:
                 command += ' -H "Authorization: Bearer $KEY"'
             out = subprocess.run(["sh", "-c", command + " -o /dev/null -w '%{http_code}'"],
                                  capture_output=True, text=True, timeout=30,
-                                 env=dict(os.environ, KEY="docs-key"))
+                                 env=dict(os.environ, KEY="docs-key", OPS="docs-ops"))
             check(out.stdout.strip() == expected.group(1),
                   f"{line}: got {out.stdout.strip() or out.stderr.strip()}, "
                   f"the doc says {expected.group(1)}")
@@ -107,14 +110,17 @@ try:
           f"has {sorted(openapi_routes - set(sections))} more")
     table = open(os.path.join(source_dir, "src", "http", "server.cpp"), encoding="utf-8").read()
     fixed = set(re.findall(r'\{"(/[^"]*)", Resource::\w+\}', table))
-    templated = {"/v1/inferences/{id}", "/v1/inferences/{id}/redeliver"}  # locate()'s prefixes
+    templated = {"/v1/inferences/{id}", "/v1/inferences/{id}/redeliver",  # locate()'s prefixes
+                 "/v1/console/jobs/{id}", "/v1/console/jobs/{id}/cancel",
+                 "/v1/console/jobs/{id}/redeliver"}
     check(fixed | templated == set(api["paths"]),
           f"the routing table {sorted(fixed | templated)} is not /openapi.json's "
           f"{sorted(api['paths'])}")
     for path, ops in api["paths"].items():
         concrete = path.replace("{id}", "1234")
+        key = "docs-ops" if path.startswith("/v1/console/") else "docs-key"
         st, head, _ = request(port, f"OPTIONS {concrete} HTTP/1.1\r\nHost: x\r\n"
-                                      "Authorization: Bearer docs-key\r\n\r\n".encode())
+                                      f"Authorization: Bearer {key}\r\n\r\n".encode())
         allow = re.search(r"(?im)^Allow:\s*(.*)$", head)
         methods = {m.strip().lower() for m in allow.group(1).split(",")} if allow else set()
         check(st == 204 and methods - {"head"} == {m for m in ops if m != "parameters"},

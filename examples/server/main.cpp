@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> callback_allow;
   std::vector<std::string> api_keys;
   std::vector<std::string> operator_keys;
+  std::vector<std::string> viewer_keys;
   std::optional<double> tenant_share;
   std::size_t http_threads = 64;
   double callback_timeout_s = 10;
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   std::string callback_proxy;
   std::size_t breaker_failures = 5;
   double breaker_cooldown_s = 30;
+  double pause_recheck_s = 30;
   std::string callback_ca_file;
   rebound::backoff::Config backoff;
   double backoff_base_s = 1, backoff_cap_s = 60, max_elapsed_s = 0, retry_after_cap_s = 300;
@@ -159,8 +161,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0001, 1.0));
   app.add_option("--operator-key", operator_keys,
                  "[NAME:]KEY: an API key that may also, with several tenants, list receiver "
-                 "origins, read /metrics and pause or resume origins (env REBOUND_OPERATOR_KEY)")
+                 "origins, read /metrics and pause or resume origins, and that uses the operator "
+                 "console at /console/ to read and act (env REBOUND_OPERATOR_KEY)")
       ->envname("REBOUND_OPERATOR_KEY");
+  app.add_option("--viewer-key", viewer_keys,
+                 "[NAME:]KEY: an API key that may also read everything an operator key reads, the "
+                 "console at /console/ included, and act on nothing (env REBOUND_VIEWER_KEY)")
+      ->envname("REBOUND_VIEWER_KEY");
 
   auto* delivery = "Callback delivery";
   app.add_option(
@@ -254,6 +261,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str()
       ->group(delivery);
+  app.add_option("--callback-pause-recheck", pause_recheck_s,
+                 "Seconds between the returns of a paused origin's callbacks from the store to "
+                 "find out whether it was resumed: how soon they go after a resume")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str()
+      ->group(delivery);
   app.add_option("--callback-proxy", callback_proxy,
                  "Send callbacks through this proxy (http://host:port); the proxy then decides "
                  "which addresses may be reached")
@@ -267,8 +280,8 @@ int main(int argc, char** argv) {
   try {
     // A blank line in a container template sets a variable to nothing: that must not turn
     // authentication or signing off without a word.
-    for (const char* name : {"REBOUND_API_KEY", "REBOUND_OPERATOR_KEY", "REBOUND_SIGNING_SECRET",
-                             "REBOUND_SIGNING_KEY"}) {
+    for (const char* name : {"REBOUND_API_KEY", "REBOUND_OPERATOR_KEY", "REBOUND_VIEWER_KEY",
+                             "REBOUND_SIGNING_SECRET", "REBOUND_SIGNING_KEY"}) {
       const char* value = std::getenv(name);
       if (value && std::string(value).find_first_not_of(" \t\r\n") == std::string::npos) {
         throw rebound::Error(std::string(name) + " is set but empty: unset it, or give it a value");
@@ -282,6 +295,11 @@ int main(int argc, char** argv) {
     for (const auto& key : operator_keys) {
       if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw rebound::Error("--operator-key must not be empty");
+      }
+    }
+    for (const auto& key : viewer_keys) {
+      if (key.find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw rebound::Error("--viewer-key must not be empty");
       }
     }
     for (const auto& secret : signing_secrets) {
@@ -320,12 +338,12 @@ int main(int argc, char** argv) {
     options.max_work_bytes = max_work_mib << 20;
     {
       std::set<std::string_view> names;
-      for (const auto* keys : {&api_keys, &operator_keys})
+      for (const auto* keys : {&api_keys, &operator_keys, &viewer_keys})
         for (const auto& key : *keys)
           names.insert(rebound::key_name(key));
       options.tenant_share = tenant_share.value_or(names.size() > 1 ? 0.5 : 1.0);
       if (names.size() > 1) {
-        for (const auto* keys : {&api_keys, &operator_keys}) {
+        for (const auto* keys : {&api_keys, &operator_keys, &viewer_keys}) {
           for (const auto& key : *keys) {
             if (key.find(':') == std::string::npos) {
               std::cerr << "rebound-server: warning: a key without a name is its own tenant "
@@ -357,6 +375,7 @@ int main(int argc, char** argv) {
     options.origins.max_per_origin = callback_per_origin;
     options.origins.breaker_failures = breaker_failures;
     options.origins.breaker_cooldown = ms(breaker_cooldown_s);
+    options.origins.paused_retry = ms(pause_recheck_s);
     rebound::CurlTransportOptions transport_options;
     transport_options.max_total = callback_connections;
     transport_options.proxy = callback_proxy;
@@ -375,6 +394,7 @@ int main(int argc, char** argv) {
     server_options.http_threads = http_threads;
     server_options.api_keys = api_keys;
     server_options.operator_keys = operator_keys;
+    server_options.viewer_keys = viewer_keys;
     // SIGTERM/SIGINT: stop taking work (submissions and /ping get 503) while still answering
     // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
     server_options.drain_timeout = std::chrono::seconds(25);

@@ -19,7 +19,9 @@
 #include <boost/asio/signal_set.hpp>
 #include <nlohmann/json.hpp>
 
+#include "console.hpp"
 #include "http_server.hpp"
+#include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/submission.hpp"
 #include "rebound/detail/text.hpp"
@@ -168,13 +170,62 @@ enum class Resource {
   stats,
   metrics,
   ping,
-  openapi
+  openapi,
+  // The operator console (docs/console.md): its page, and its JSON routes.
+  console_page,
+  console_session,
+  console_overview,
+  console_jobs,
+  console_job,
+  console_cancel,
+  console_redeliver,
+  console_redeliver_all,
+  console_servers,
+  console_paused
 };
 
 struct Target {
   Resource resource = Resource::unknown;
-  std::string id;  // for inference and redeliver
+  std::string id;  // for inference, redeliver and the console's job routes; a console_page's file
 };
+
+bool is_console(Resource r) {
+  return r >= Resource::console_page;
+}
+
+// The console routes that act: for operators only.
+bool is_console_action(Resource r) {
+  return r == Resource::console_cancel || r == Resource::console_redeliver ||
+         r == Resource::console_redeliver_all;
+}
+
+Target locate_console(const std::string& path) {
+  if (path == "/console") return {Resource::console_page, "/"};  // redirected to /console/
+  constexpr std::string_view page = "/console/";
+  if (path.compare(0, page.size(), page) == 0) {
+    return {Resource::console_page, path.substr(page.size())};
+  }
+  static const std::pair<std::string_view, Resource> fixed[] = {
+      {"/v1/console/session", Resource::console_session},
+      {"/v1/console/overview", Resource::console_overview},
+      {"/v1/console/jobs", Resource::console_jobs},
+      {"/v1/console/dead-letters/redeliver", Resource::console_redeliver_all},
+      {"/v1/console/servers", Resource::console_servers},
+      {"/v1/console/paused-origins", Resource::console_paused}};
+  for (const auto& [name, resource] : fixed) {
+    if (path == name) return {resource, {}};
+  }
+  constexpr std::string_view jobs = "/v1/console/jobs/";
+  if (path.size() <= jobs.size() || path.compare(0, jobs.size(), jobs) != 0) return {};
+  std::string rest = path.substr(jobs.size());
+  const auto slash = rest.find('/');
+  if (slash == std::string::npos) return {Resource::console_job, std::move(rest)};
+  const std::string action = rest.substr(slash + 1);
+  rest.resize(slash);
+  if (action == "cancel") return {Resource::console_cancel, std::move(rest)};
+  if (action == "redeliver") return {Resource::console_redeliver, std::move(rest)};
+  return {};
+}
 
 Target locate(const std::string& path) {
   static const std::pair<std::string_view, Resource> fixed[] = {
@@ -192,6 +243,8 @@ Target locate(const std::string& path) {
   for (const auto& [name, resource] : fixed) {
     if (path == name) return {resource, {}};
   }
+  if (path.compare(0, 8, "/console") == 0 || path.compare(0, 12, "/v1/console/") == 0)
+    return locate_console(path);
   constexpr std::string_view prefix = "/v1/inferences/";
   constexpr std::string_view redeliver = "/redeliver";
   if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) return {};
@@ -216,6 +269,9 @@ const char* allowed_methods(Resource resource) {
     case Resource::invocations:
     case Resource::pause_origin:
     case Resource::resume_origin:
+    case Resource::console_cancel:
+    case Resource::console_redeliver:
+    case Resource::console_redeliver_all:
       return "POST";
     case Resource::unknown:
       return "";
@@ -227,7 +283,7 @@ const char* allowed_methods(Resource resource) {
 bool has_body_method(Resource resource) {
   return resource == Resource::inferences || resource == Resource::redeliver ||
          resource == Resource::invocations || resource == Resource::pause_origin ||
-         resource == Resource::resume_origin;
+         resource == Resource::resume_origin || is_console_action(resource);
 }
 
 // The answer to a body that read_body refused; nullopt when it was read.
@@ -260,24 +316,31 @@ std::optional<ApiError> body_error(detail::BodyRead read, std::size_t limit) {
 
 }  // namespace
 
-// One API key: whose it is, and whether it may act across tenants.
+// One API key: whose it is, and what it may do beyond its tenant's jobs.
 struct Credential {
+  enum class Role { tenant, viewer, operator_ };
   std::string key;
+  std::string name;    // what logs and the console call it (never the key)
   std::string tenant;  // its name; "" when the server has one tenant
-  bool is_operator = false;
+  Role role = Role::tenant;
+  bool is_operator() const { return role == Role::operator_; }
+  // Reads what spans tenants, and the console.
+  bool reads_everything() const { return role != Role::tenant; }
 };
 
 // The keys of ServerOptions, parsed and checked: NAME:KEY or a bare KEY (its own name).
 std::vector<Credential> parse_credentials(const ServerOptions& o) {
   std::vector<Credential> out;
-  auto add = [&](const std::string& entry, bool is_operator) {
-    const char* flag = is_operator ? "operator key" : "API key";
+  auto add = [&](const std::string& entry, Credential::Role role) {
+    const char* flag = role == Credential::Role::operator_ ? "operator key"
+                       : role == Credential::Role::viewer  ? "viewer key"
+                                                           : "API key";
     // An empty key would be matched by "Authorization: Bearer " with nothing after it.
     if (entry.find_first_not_of(" \t\r\n") == std::string::npos) {
       throw Error(std::string("Server: an ") + flag + " must not be empty or blank");
     }
     Credential c;
-    c.is_operator = is_operator;
+    c.role = role;
     c.tenant = std::string(key_name(entry));
     if (c.tenant.size() == entry.size()) {
       c.key = entry;  // a bare key is its own name
@@ -291,11 +354,14 @@ std::vector<Credential> parse_credentials(const ServerOptions& o) {
     out.push_back(std::move(c));
   };
   for (const auto& entry : o.api_keys)
-    add(entry, false);
+    add(entry, Credential::Role::tenant);
   for (const auto& entry : o.operator_keys)
-    add(entry, true);
+    add(entry, Credential::Role::operator_);
+  for (const auto& entry : o.viewer_keys)
+    add(entry, Credential::Role::viewer);
   std::set<std::string> names, keys;
-  for (const auto& c : out) {
+  for (auto& c : out) {
+    c.name = c.tenant;
     names.insert(c.tenant);
     if (!keys.insert(c.key).second) throw Error("Server: the same key is given twice");
   }
@@ -358,6 +424,17 @@ struct Server::Impl {
         credentials(std::move(creds)),
         multi_tenant(!credentials.empty() && !credentials.front().tenant.empty()),
         http(limits_of(options), options.http_threads) {
+    if (std::any_of(credentials.begin(), credentials.end(),
+                    [](const Credential& c) { return c.reads_everything(); })) {
+      std::vector<std::string> tenants;
+      if (multi_tenant) {
+        for (const auto& c : credentials)
+          if (std::find(tenants.begin(), tenants.end(), c.tenant) == tenants.end())
+            tenants.push_back(c.tenant);
+        std::sort(tenants.begin(), tenants.end());
+      }
+      console = std::make_unique<detail::Console>(service, std::move(tenants));
+    }
     http.set_tcp_nodelay(true);
     // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
     // and silently take half the traffic. Reuse the address only.
@@ -445,6 +522,14 @@ struct Server::Impl {
     }
     const std::string_view allow = allowed_methods(target.resource);
     const bool is_get = req.method == "GET" || req.method == "HEAD";
+    if (target.resource == Resource::console_page && is_get) {
+      if (target.id == "/") {
+        res.set_redirect("/console/", 301);
+      } else if (!console->asset(target.id, res)) {
+        send_error(res, {404, "not_found", "No such file of the console.", {}});
+      }
+      return true;
+    }
     if (req.method == "OPTIONS") {
       res.status = 204;
       res.set_header("Allow", std::string(allow));
@@ -492,10 +577,51 @@ struct Server::Impl {
       case Resource::openapi:
         res.set_content(openapi_document(), json_type);
         break;
+      case Resource::console_session:
+        console->session(caller->name, caller->is_operator(), res);
+        break;
+      case Resource::console_overview:
+        console->overview(res);
+        break;
+      case Resource::console_jobs:
+        console->jobs(req, res);
+        break;
+      case Resource::console_job:
+        if (auto key = console_job_key(req, target.id, res)) console->job(*key, res);
+        break;
+      case Resource::console_servers:
+        console->servers(res);
+        break;
+      case Resource::console_paused:
+        console->paused(res);
+        break;
       default:
         break;
     }
     return true;
+  }
+
+  // The store key of the job a console route names (its id, and ?tenant=); nullopt, with the
+  // 404 sent, when there is none such.
+  std::optional<std::string> console_job_key(const httplib::Request& req, const std::string& id,
+                                             httplib::Response& res) const {
+    const auto tenant = console->tenant_param(req);
+    if (!tenant || !is_valid_job_id(id)) {
+      res.set_header("Cache-Control", "no-store");
+      send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
+      return std::nullopt;
+    }
+    return job_key(*tenant, id);
+  }
+
+  // An operator's action, in the log with the key's name (never the key).
+  void log_action(const Credential* caller, std::string_view action, const nlohmann::json& what,
+                  int status) const {
+    nlohmann::json fields = what;
+    fields["action"] = action;
+    fields["key"] = caller ? caller->name : std::string();
+    fields["status"] = status;
+    service.logger().log(LogLevel::info, "operator_action", fields);
   }
 
   // A POST to a known route: its body, held to the limit, then the route.
@@ -518,7 +644,10 @@ struct Server::Impl {
     const std::string tenant = caller ? caller->tenant : std::string();
     std::string body;
     const detail::BodyRead read = detail::read_body(req, reader, options.max_body_bytes, body);
-    if (read != detail::BodyRead::ok && target.resource != Resource::redeliver) {
+    const bool body_ignored = target.resource == Resource::redeliver ||
+                              target.resource == Resource::console_cancel ||
+                              target.resource == Resource::console_redeliver;
+    if (read != detail::BodyRead::ok && !body_ignored) {
       return send_error(res, *body_error(read, options.max_body_bytes));
     }
     if (target.resource == Resource::inferences || target.resource == Resource::invocations) {
@@ -535,7 +664,30 @@ struct Server::Impl {
         return redeliver(tenant, target.id, res);
       case Resource::pause_origin:
       case Resource::resume_origin:
-        return pause_or_resume(body, target.resource == Resource::pause_origin, res);
+        pause_or_resume(body, target.resource == Resource::pause_origin, res);
+        if (caller && caller->reads_everything()) {
+          log_action(caller,
+                     target.resource == Resource::pause_origin ? "pause_origin" : "resume_origin",
+                     {{"body", truncated_utf8(body, 512)}}, res.status);
+        }
+        return;
+      case Resource::console_cancel:
+      case Resource::console_redeliver: {
+        res.set_header("Cache-Control", "no-store");
+        const auto key = console_job_key(req, target.id, res);
+        if (!key) return;
+        const std::string job_tenant(tenant_of(*key));
+        if (target.resource == Resource::console_cancel) {
+          cancel(job_tenant, target.id, res);
+        } else {
+          redeliver(job_tenant, target.id, res);
+        }
+        return log_action(caller,
+                          target.resource == Resource::console_cancel ? "cancel" : "redeliver",
+                          {{"tenant", job_tenant}, {"id", target.id}}, res.status);
+      }
+      case Resource::console_redeliver_all:
+        return console->redeliver_all(body, caller->name, res);
       default:
         return send_error(res, {404, "not_found", "No route for POST " + req.path + ".", {}});
     }
@@ -579,9 +731,12 @@ struct Server::Impl {
                            {"in_flight", e.in_flight},
                            {"waiting", e.waiting},
                            {"paused", e.paused},
-                           {"deferred", e.deferred}});
+                           {"deferred", e.deferred},
+                           {"delivered", e.delivered},
+                           {"failed", e.failed}});
       if (!e.tenant.empty()) endpoints.back()["tenant"] = e.tenant;
     }
+    res.set_header("Cache-Control", "no-store");
     send_json(res, 200, {{"endpoints", std::move(endpoints)}});
   }
 
@@ -752,9 +907,19 @@ struct Server::Impl {
   bool admitted(const httplib::Request& req, Resource resource, httplib::Response& res,
                 const Credential*& caller) const {
     caller = authenticate(req);
-    // Public keys are public: a receiver fetches them without an API key.
+    if (is_console(resource) && !console) {
+      send_error(res, {404,
+                       "not_found",
+                       "The operator console is off: start the server with --operator-key or "
+                       "--viewer-key.",
+                       {}});
+      return false;
+    }
+    // Public keys are public: a receiver fetches them without an API key. The console's page is
+    // static; what it shows comes from routes that need a key.
     const bool open = credentials.empty() || resource == Resource::ping ||
-                      resource == Resource::openapi || resource == Resource::webhook_keys;
+                      resource == Resource::openapi || resource == Resource::webhook_keys ||
+                      resource == Resource::console_page;
     if (!open && !caller) {
       res.set_header("WWW-Authenticate", "Bearer");
       send_error(res, {401,
@@ -765,11 +930,23 @@ struct Server::Impl {
     }
     // What spans tenants (their receivers, the queue's numbers, pausing a receiver) is for
     // operators when there are several.
+    const bool acts = resource == Resource::pause_origin || resource == Resource::resume_origin ||
+                      is_console_action(resource);
+    if (caller && caller->role == Credential::Role::viewer && acts) {
+      res.set_header("Cache-Control", "no-store");
+      send_error(res, {403, "forbidden", "A viewer key reads; acting needs an operator key.", {}});
+      return false;
+    }
+    if (resource != Resource::console_page && is_console(resource) && !caller->reads_everything()) {
+      res.set_header("Cache-Control", "no-store");
+      send_error(res, {403, "forbidden", "The console needs an operator or a viewer key.", {}});
+      return false;
+    }
     const bool spans_tenants = resource == Resource::callback_endpoints ||
                                resource == Resource::pause_origin ||
                                resource == Resource::resume_origin ||
                                resource == Resource::metrics || resource == Resource::stats;
-    if (multi_tenant && spans_tenants && !caller->is_operator) {
+    if (multi_tenant && spans_tenants && !caller->reads_everything()) {
       send_error(
           res, {403, "forbidden", "This route spans every tenant: it needs an operator key.", {}});
       return false;
@@ -908,37 +1085,16 @@ struct Server::Impl {
     send_json_text(res, 200, "{\"jobs\":" + jobs + ",\"next_cursor\":" + next + "}");
   }
 
-  // A cursor as clients see it: "<created ms>_<the id in hex>", the tenant left out (it is the
-  // caller's). Hex, so that any id a library caller gave a job makes a cursor that parses.
+  // A cursor as clients see it (list_cursor.hpp), the tenant left out (it is the caller's).
   static std::string list_cursor_text(const ListCursor& cursor) {
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string text = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          cursor.created_at.time_since_epoch())
-                                          .count()) +
-                       "_";
-    for (const unsigned char c : id_of(cursor.id)) {
-      text += digits[c >> 4];
-      text += digits[c & 15];
-    }
-    return text;
+    return detail::list_cursor_text(cursor, id_of(cursor.id));
   }
 
   static std::optional<ListCursor> parse_list_cursor(const std::string& text,
                                                      const std::string& tenant) {
-    // At most 13 digits of milliseconds (the year 2286): far from what the clock can hold.
-    const auto cut = text.find('_');
-    if (cut == 0 || cut == std::string::npos || cut > 13 ||
-        text.find_first_not_of("0123456789") != cut)
-      return std::nullopt;
-    const std::string hex = text.substr(cut + 1);
-    if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 2048 ||
-        hex.find_first_not_of("0123456789abcdef") != std::string::npos)
-      return std::nullopt;
-    std::string id;
-    for (std::size_t i = 0; i < hex.size(); i += 2)
-      id += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-    const std::chrono::milliseconds ms(std::stoll(text.substr(0, cut)));
-    return ListCursor{std::chrono::system_clock::time_point(ms), job_key(tenant, id)};
+    auto cursor = detail::parse_list_cursor_text(text);
+    if (cursor) cursor->id = job_key(tenant, cursor->id);
+    return cursor;
   }
 
   // Waits for the job to be final (JobQueue::wait_final), with at most half the HTTP threads
@@ -979,6 +1135,7 @@ struct Server::Impl {
 
   JobQueue& service;
   ServerOptions options;
+  std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
   const bool multi_tenant;  // two or more names: each key's jobs are its own

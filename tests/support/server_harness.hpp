@@ -30,6 +30,7 @@ struct HarnessOptions {
   bool open_model = true;  ///< used by harnesses whose model can be held closed
   std::vector<std::string> api_keys = {};
   std::vector<std::string> operator_keys = {};
+  std::vector<std::string> viewer_keys = {};
   std::optional<std::size_t> max_batch_size = std::nullopt;
   std::optional<std::chrono::microseconds> max_queue_delay = std::nullopt;
   std::chrono::milliseconds job_ttl{0};
@@ -94,6 +95,7 @@ class ServerHarness {
     sv.response_timeout = o.response_timeout;
     sv.api_keys = o.api_keys;
     sv.operator_keys = o.operator_keys;
+    sv.viewer_keys = o.viewer_keys;
     server = std::make_unique<rebound::Server>(*service, sv);
     port = server->bind();
     server_thread = std::thread([this] { server->run(); });

@@ -55,8 +55,14 @@ struct ServerOptions {
   std::vector<std::string> api_keys;
   /// Operator keys, in the same forms: API keys (and tenants) that may also, when there are
   /// several tenants, read what spans them (GET /v1/callback-endpoints, GET /metrics) and pause or
-  /// resume a receiver origin; a tenant's own key gets 403 there.
+  /// resume a receiver origin; a tenant's own key gets 403 there. They also use the operator
+  /// console: read every tenant's jobs, cancel, redeliver, pause and resume.
   std::vector<std::string> operator_keys;
+  /// Viewer keys, in the same forms: they read everything an operator key reads (the operator
+  /// console at /console/, its JSON routes, GET /v1/callback-endpoints, /v1/stats, /metrics) and
+  /// act on nothing (403). Operator and viewer keys turn the console on (docs/console.md); with
+  /// neither, /console/ answers 404. Both kinds may also use the ordinary API as their tenant.
+  std::vector<std::string> viewer_keys;
   /// How long `POST /invocations` waits for its result before answering 504 (SageMaker allows 60
   /// s).
   std::chrono::milliseconds invocation_timeout{60000};

@@ -1,0 +1,70 @@
+// Console: the operator console of rebound::Server: its embedded page, and the JSON routes it
+// reads (docs/console.md). Who may call what is the Server's to decide; this answers.
+#pragma once
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rebound/job_queue.hpp"
+
+namespace rebound::detail {
+
+/// Thread-safe; starts one thread (the rate sampler), joined by the destructor.
+class Console {
+ public:
+  /// `tenants`: the named tenants of the server (empty with one tenant).
+  Console(JobQueue& queue, std::vector<std::string> tenants);
+  ~Console();
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  /// GET /console/<file> (`file` empty: the page itself). False: no such file.
+  bool asset(const std::string& file, httplib::Response& res) const;
+
+  /// GET /v1/console/session: who the caller is.
+  void session(const std::string& name, bool is_operator, httplib::Response& res) const;
+  /// GET /v1/console/overview: the queue's numbers, this server's counters and its rates.
+  void overview(httplib::Response& res) const;
+  /// GET /v1/console/jobs: a filtered page of jobs.
+  void jobs(const httplib::Request& req, httplib::Response& res) const;
+  /// GET /v1/console/jobs/{id}?tenant=T: one job, whole, with its attempt log.
+  void job(const std::string& key, httplib::Response& res) const;
+  /// POST /v1/console/dead-letters/redeliver: counts (dry_run) or redelivers the dead letters
+  /// that match a filter. `who` names the key in the log line.
+  void redeliver_all(const std::string& body, const std::string& who, httplib::Response& res);
+  /// GET /v1/console/servers.
+  void servers(httplib::Response& res) const;
+  /// GET /v1/console/paused-origins.
+  void paused(httplib::Response& res) const;
+
+  /// The tenant a console request names (?tenant=), checked; nullopt when it is not one.
+  std::optional<std::string> tenant_param(const httplib::Request& req) const;
+
+  /// Most dead letters one redeliver_all counts or redelivers.
+  static constexpr std::size_t max_bulk = 10000;
+
+ private:
+  struct Sample {
+    std::int64_t t;  // unix seconds
+    std::uint64_t accepted, completed;
+  };
+  void sample();
+
+  JobQueue& queue_;
+  const std::vector<std::string> tenants_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::deque<Sample> samples_;  // every 5 s, the last 10 minutes; guarded by mutex_
+  std::thread sampler_;
+};
+
+}  // namespace rebound::detail

@@ -1,0 +1,46 @@
+// How a listing's cursor (ListCursor) reads in a URL: "<created ms>_<the id in hex>".
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "rebound/store/job_store.hpp"
+
+namespace rebound::detail {
+
+/// The cursor as clients see it, naming the entry by `id` (the job's key, or its id without the
+/// tenant where the caller's tenant is implied). Hex, so that any id makes a cursor that parses.
+inline std::string list_cursor_text(const ListCursor& cursor, std::string_view id) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string text = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        cursor.created_at.time_since_epoch())
+                                        .count()) +
+                     "_";
+  for (const unsigned char c : id) {
+    text += digits[c >> 4];
+    text += digits[c & 15];
+  }
+  return text;
+}
+
+/// The cursor a list_cursor_text made, with the id as it was given; nullopt for anything else.
+inline std::optional<ListCursor> parse_list_cursor_text(const std::string& text) {
+  // At most 13 digits of milliseconds (the year 2286): far from what the clock can hold.
+  const auto cut = text.find('_');
+  if (cut == 0 || cut == std::string::npos || cut > 13 ||
+      text.find_first_not_of("0123456789") != cut)
+    return std::nullopt;
+  const std::string hex = text.substr(cut + 1);
+  if (hex.empty() || hex.size() % 2 != 0 || hex.size() > 2048 ||
+      hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return std::nullopt;
+  std::string id;
+  for (std::size_t i = 0; i < hex.size(); i += 2)
+    id += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  const std::chrono::milliseconds ms(std::stoll(text.substr(0, cut)));
+  return ListCursor{std::chrono::system_clock::time_point(ms), std::move(id)};
+}
+
+}  // namespace rebound::detail
