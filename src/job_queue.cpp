@@ -481,14 +481,27 @@ std::vector<EndpointStatus> JobQueue::callback_endpoints() const {
 
 std::string JobQueue::pause_origin(const std::string& origin) {
   if (!core_->gate) throw Error("JobQueue::pause_origin: this queue delivers no callbacks");
-  const std::string key = core_->gate->pause(origin);
+  const std::string key = OriginGate::origin_of(origin);
+  if (key.empty()) throw Error("JobQueue::pause_origin: not an http(s) URL or origin: " + origin);
+  // In the store first (a shared store holds it for every server), then here at once.
+  core_->store.call("set_origin_paused", {}, [&](JobStore& s) {
+    s.set_origin_paused(key, true);
+    return true;
+  });
+  core_->gate->pause(key);
   core_->observe([&](auto& o) { o.on_origin_paused(key, true); });
   return key;
 }
 
 bool JobQueue::resume_origin(const std::string& origin) {
-  if (!core_->gate || !core_->gate->resume(origin)) return false;
+  if (!core_->gate) return false;
   const std::string key = OriginGate::origin_of(origin);
+  if (key.empty()) return false;
+  core_->store.call("set_origin_paused", {}, [&](JobStore& s) {
+    s.set_origin_paused(key, false);
+    return true;
+  });
+  if (!core_->gate->resume(key)) return false;
   core_->observe([&](auto& o) { o.on_origin_paused(key, false); });
   return true;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rebound/error.hpp"
+#include "rebound/job_queue.hpp"
 #include "rebound/store/redis_job_store.hpp"
 #include "support/redis_server.hpp"
 
@@ -307,4 +308,51 @@ TEST_CASE("redis: finished jobs expire after the retention - unfinished ones nev
   CHECK(eventually([&] { return !store.get("done").has_value(); }, 5000ms));
   CHECK(store.get("waiting").has_value());
   CHECK(store.list_unfinished(10).size() == 1);
+}
+
+TEST_CASE("redis: pauses are kept in the store - every server holds them") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  CHECK(store.paused_origins() == std::vector<std::string>{});
+  store.set_origin_paused("https://b.example:443", true);
+  store.set_origin_paused("http://a.example:80", true);
+  store.set_origin_paused("http://a.example:80", true);
+  CHECK(store.paused_origins() ==
+        std::vector<std::string>{"http://a.example:80", "https://b.example:443"});
+  store.set_origin_paused("https://b.example:443", false);
+  CHECK(store.paused_origins() == std::vector<std::string>{"http://a.example:80"});
+
+  // Two servers on this Redis: a pause made through one holds on the other, and so does the
+  // resume made through that one.
+  auto queue = [&](const char* id) {
+    rebound::JobQueueOptions o;
+    o.server_id = id;
+    o.poll_interval = 50ms;
+    return std::make_unique<rebound::JobQueue>(std::make_unique<rebound::EchoModel>(),
+                                               std::make_unique<RedisJobStore>(options_for(server)),
+                                               o);
+  };
+  auto one = queue("one"), two = queue("two");
+  CHECK(one->pause_origin("https://hooks.example/x") == "https://hooks.example:443");
+  CHECK(eventually(
+      [&] {
+        const auto paused = two->paused_origins();
+        return std::find(paused.begin(), paused.end(), "https://hooks.example:443") != paused.end();
+      },
+      5000ms));
+  CHECK(two->resume_origin("https://hooks.example"));
+  CHECK(eventually(
+      [&] {
+        const auto paused = one->paused_origins();
+        return std::find(paused.begin(), paused.end(), "https://hooks.example:443") == paused.end();
+      },
+      5000ms));
+  CHECK(store.paused_origins() == std::vector<std::string>{"http://a.example:80"});
+  // The origins another writer left in the store hold here as well.
+  CHECK(eventually(
+      [&] {
+        const auto paused = one->paused_origins();
+        return std::find(paused.begin(), paused.end(), "http://a.example:80") != paused.end();
+      },
+      5000ms));
 }

@@ -254,12 +254,14 @@ class JobQueue final {
   /// `resume_origin`: its callbacks wait in the store, due again every
   /// `origins.paused_retry`, spending no attempts. Returns the origin as endpoints name it
   /// ("https://hooks.example.com:443"). Throws rebound::Error for a value that is not an http(s)
-  /// URL, or when the queue delivers no callbacks. This server only: each server of a shared
-  /// store keeps its own pauses.
+  /// URL, or when the queue delivers no callbacks, and StoreUnavailable when the store fails.
+  /// On a store that shares pauses (JobStore::set_origin_paused: Redis) every queue of the store
+  /// holds it within a second, and it outlives restarts; otherwise it is this queue's.
   std::string pause_origin(const std::string& origin);
 
-  /// Sends to `origin` again; its waiting callbacks go out as they come due (within
-  /// `origins.paused_retry`). False when it was not paused.
+  /// Sends to `origin` again, here and (on a store that shares pauses) on every queue of the
+  /// store; its waiting callbacks go out as they come due (within `origins.paused_retry`). False
+  /// when it was not paused here. Throws StoreUnavailable when the store fails.
   bool resume_origin(const std::string& origin);
 
   /// The origins paused now, sorted.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -218,7 +219,10 @@ struct Pipeline {
       }
     });
     pump.set_claims_callbacks(delivers_callbacks);
-    pump.set_on_poll([this] { poll_async_waits(); });
+    pump.set_on_poll([this] {
+      poll_async_waits();
+      sync_pauses();
+    });
     observe.log = LogObserver(options.logger);
     logger = options.logger;
     observe.user = std::move(options.observers);
@@ -243,8 +247,9 @@ struct Pipeline {
   FinalWaiters waiters;
   AsyncWaiters async_waiters;
   const std::chrono::milliseconds poll_interval;
-  std::chrono::steady_clock::time_point last_wait_poll{};  // on the pump's thread only
-  std::size_t wait_poll_offset = 0;                        // on the pump's thread only
+  std::chrono::steady_clock::time_point last_wait_poll{};   // on the pump's thread only
+  std::chrono::steady_clock::time_point last_pause_sync{};  // on the pump's thread only
+  std::size_t wait_poll_offset = 0;                         // on the pump's thread only
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {
@@ -282,6 +287,42 @@ struct Pipeline {
   }
 
   static constexpr std::size_t max_wait_polls = 256;
+
+  /// On the pump's thread, at most every second: the gate holds the origins a shared store keeps
+  /// paused (JobStore::paused_origins), so that a pause or a resume made through any server of it
+  /// holds on this one too. A store that shares none leaves the gate's own pauses alone.
+  void sync_pauses() {
+    if (!gate) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_pause_sync < std::chrono::seconds(1)) return;
+    last_pause_sync = now;
+    // The gate first: a pause or resume made here between the two reads is then redone, never
+    // undone.
+    const std::vector<std::string> held = gate->paused();  // sorted, as the store's answer
+    std::optional<std::vector<std::string>> shared;
+    try {
+      shared = job_store->paused_origins();
+    } catch (...) {
+      return;  // the claims of the same pass see the store's trouble, and log it
+    }
+    if (!shared) return;
+    std::vector<std::string> to_pause, to_resume;
+    std::set_difference(shared->begin(), shared->end(), held.begin(), held.end(),
+                        std::back_inserter(to_pause));
+    std::set_difference(held.begin(), held.end(), shared->begin(), shared->end(),
+                        std::back_inserter(to_resume));
+    for (const auto& origin : to_pause) {
+      try {
+        gate->pause(origin);
+      } catch (...) {
+        continue;  // not an origin this gate can hold (written by something else)
+      }
+      observe([&](auto& o) { o.on_origin_paused(origin, true); });
+    }
+    for (const auto& origin : to_resume) {
+      if (gate->resume(origin)) observe([&](auto& o) { o.on_origin_paused(origin, false); });
+    }
+  }
 
   // Tells the observers how a submission (or, without an id, an invocation) was answered; called
   // outside every lock.

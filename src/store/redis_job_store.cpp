@@ -475,6 +475,22 @@ end
 return out
 )lua";
 
+// paused: ARGV origin ('' to only read), '1' pause / '0' resume. Answers every origin paused.
+constexpr const char* kPaused = R"lua(
+local PAUSED = P .. ':paused'
+if ARGV[2] ~= '' then
+  if ARGV[3] == '1' then
+    if redis.call('SISMEMBER', PAUSED, ARGV[2]) == 0 and redis.call('SCARD', PAUSED) >= 10000 then
+      return redis.error_reply('ERR too many paused origins (10,000)')
+    end
+    redis.call('SADD', PAUSED, ARGV[2])
+  else
+    redis.call('SREM', PAUSED, ARGV[2])
+  end
+end
+return redis.call('SMEMBERS', PAUSED)
+)lua";
+
 enum Script : std::size_t {
   kScriptPut,
   kScriptClaim,
@@ -491,13 +507,14 @@ enum Script : std::size_t {
   kScriptPage,
   kScriptStats,
   kScriptServers,
+  kScriptPaused,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
-    kPut,           kClaim,     kRenew,    kMarkRunning,    kFinish,
-    kRecordAttempt, kRedeliver, kComplete, kUpdateCallback, kList,
-    kQueuePosition, kCancel,    kPage,     kStats,          kServers};
+    kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
+    kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel,
+    kPage,      kStats,    kServers,        kPaused};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -1322,6 +1339,22 @@ JobPage RedisJobStore::list_jobs(const JobFilter& filter, const std::optional<Li
 
 void RedisJobStore::report_server(const std::string& id, std::size_t leases, TimePoint now) {
   impl_->script(kScriptServers, {id.empty() ? "?" : id, ms_text(now), std::to_string(leases)});
+}
+
+void RedisJobStore::set_origin_paused(const std::string& origin, bool paused) {
+  if (origin.empty()) return;
+  impl_->script(kScriptPaused, {origin, paused ? "1" : "0"});
+}
+
+std::optional<std::vector<std::string>> RedisJobStore::paused_origins() const {
+  Reply r = impl_->script(kScriptPaused, {"", ""});
+  std::vector<std::string> out;
+  if (r && r->type == REDIS_REPLY_ARRAY) {
+    for (std::size_t i = 0; i < r->elements; ++i)
+      out.emplace_back(text(r->element[i]));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<ServerSeen> RedisJobStore::servers(TimePoint now) const {

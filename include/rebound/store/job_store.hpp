@@ -291,6 +291,16 @@ class JobStore {
   /// The servers that reported in the last hour, most recently seen first. The default: none.
   virtual std::vector<ServerSeen> servers(TimePoint /*now*/) const { return {}; }
 
+  /// Keeps `origin` ("https://host:443", OriginGate::origin_of's form) paused, or not, for every
+  /// server of the store: a JobQueue writes it when an operator pauses or resumes, and each
+  /// JobQueue on the store holds the origins paused_origins() answers (it asks every second).
+  /// The default keeps nothing (pauses are then each server's own).
+  virtual void set_origin_paused(const std::string& /*origin*/, bool /*paused*/) {}
+
+  /// The origins paused through set_origin_paused, sorted; nullopt when the store does not share
+  /// pauses (the default).
+  virtual std::optional<std::vector<std::string>> paused_origins() const { return std::nullopt; }
+
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;

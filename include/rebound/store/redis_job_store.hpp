@@ -114,6 +114,9 @@ class RedisJobStore final : public JobStore {
                     std::size_t limit) const override;
   void report_server(const std::string& id, std::size_t leases, TimePoint now) override;
   std::vector<ServerSeen> servers(TimePoint now) const override;
+  /// Pauses are kept in the store (a set of at most 10,000 origins): every server holds them.
+  void set_origin_paused(const std::string& origin, bool paused) override;
+  std::optional<std::vector<std::string>> paused_origins() const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 
