@@ -57,10 +57,10 @@ proc = subprocess.Popen([server_bin, "serve", "--host", "127.0.0.1", "--port", s
                          "--model", "echo", "--store", "memory", "--log-level", "error",
                          # an API key, which every example sends (as the doc says to), and a
                          # secret for GET /v1/webhook-secret to hand out
-                         "--api-key", "docs-key",
+                         "--api-key", "docs:docs-key",
                          # an operator key of the same name (so one tenant still), which the
                          # console's examples send as $OPS
-                         "--operator-key", "docs-key:docs-ops",
+                         "--operator-key", "docs:docs-ops",
                          "--signing-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                          # the example's callback (example.com, unreachable here) stays pending
                          # for the redeliver example, however the retry delays are drawn

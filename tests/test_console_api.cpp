@@ -158,10 +158,43 @@ TEST_CASE("console: an operator and a viewer sign in - a tenant's key does not")
   check_error(viewer.post("/v1/console/dead-letters/redeliver", {{"dry_run", true}}), 403,
               "forbidden");
   CHECK(h.service->paused_origins().empty());
-  // Both keys are tenants of the ordinary API as well.
+  // Both keys are tenants of the ordinary API as well: a viewer submits and polls its own jobs,
+  // and acts on none, its own included.
   auto own = viewer.post("/v1/inferences", {{"id", "mine"}, {"input", 1}});
   REQUIRE(own);
   CHECK(own->status == 202);
+  CHECK(viewer.get("/v1/inferences/mine")->status == 200);
+  check_error(viewer.client().Delete("/v1/inferences/mine"), 403, "forbidden");
+  check_error(viewer.post("/v1/inferences/mine/redeliver"), 403, "forbidden");
+  // Every answer of the console's routes is kept by no cache, refusals included.
+  for (const auto& res : {As{h, ""}.get("/v1/console/jobs"), viewer.post("/v1/console/jobs"),
+                          As{h, "k-acme"}.get("/v1/console/servers")}) {
+    REQUIRE(res);
+    CHECK(res->status >= 400);
+    CHECK(res->get_header_value("Cache-Control") == "no-store");
+    CHECK(res->get_header_value_count("Cache-Control") == 1);
+  }
+}
+
+TEST_CASE("console: with an operator or a viewer key every key must be named") {
+  rebound::JobQueue queue(std::make_unique<rebound::EchoModel>());
+  auto refused = [&](std::vector<std::string> api, std::vector<std::string> operators,
+                     std::vector<std::string> viewers) {
+    rebound::ServerOptions so("127.0.0.1", 0);
+    so.api_keys = std::move(api);
+    so.operator_keys = std::move(operators);
+    so.viewer_keys = std::move(viewers);
+    CHECK_THROWS_AS(rebound::Server(queue, so), rebound::Error);
+  };
+  // A bare key's name is the key: the console would show it to viewers and log it.
+  refused({}, {"opsSecretKey123"}, {});
+  refused({}, {"ops:k1"}, {"watchSecret"});
+  refused({"tenantSecret"}, {"ops:k1"}, {});
+  rebound::ServerOptions fine("127.0.0.1", 0);
+  fine.api_keys = {"acme:k-acme"};
+  fine.operator_keys = {"ops:k-ops"};
+  fine.viewer_keys = {"watch:k-watch"};
+  CHECK_NOTHROW(rebound::Server(queue, fine));
 }
 
 TEST_CASE("console: dead letters are found - inspected and redelivered - each action logged") {
@@ -220,6 +253,21 @@ TEST_CASE("console: dead letters are found - inspected and redelivered - each ac
   CHECK(detail["attempt_log"][0]["latency_ms"].is_number());
   check_error(ops.get("/v1/console/jobs/dl-1?tenant=globex"), 404, "not_found");
   check_error(ops.get("/v1/console/jobs/dl-1"), 404, "not_found");
+  check_error(ops.get("/v1/console/jobs/dl-1?tenant=nobody"), 404, "not_found");
+  // A job of no tenant (stored before the tenants were named) is opened without one.
+  REQUIRE(h.service->submit(rebound::make_job("legacy", 7)) == rebound::SubmitStatus::accepted);
+  REQUIRE(eventually(
+      [&] { return h.service->find("legacy")->status == rebound::JobStatus::succeeded; }));
+  CHECK(ops.get_json("/v1/console/jobs/legacy")["tenant"] == "");
+
+  // Bulk redelivery says what it is to do: a body without dry_run changes nothing.
+  check_error(ops.post("/v1/console/dead-letters/redeliver", json::object()), 422, "invalid_field");
+  check_error(ops.client().Post("/v1/console/dead-letters/redeliver", "", "application/json"), 400,
+              "invalid_json");
+  check_error(ops.post("/v1/console/dead-letters/redeliver", {{"dry_run", "yes"}}), 422,
+              "invalid_field");
+  check_error(ops.post("/v1/console/dead-letters/redeliver", {{"dry_run", true}, {"tenant", 3}}),
+              422, "invalid_field");
 
   // How many a bulk redelivery would take, then one by hand, then the rest.
   json counted = json::parse(

@@ -744,3 +744,30 @@ TEST_CASE_TEMPLATE("store contract: servers are seen as they report - for an hou
   REQUIRE(seen.size() == 1);
   CHECK(seen[0].id == "server-b");
 }
+
+TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches every match",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // The one match is the oldest, behind 1,200 others: a store may bound what one call reads, and
+  // answer short pages with a cursor, but following the cursors finds it.
+  Job match = make("match", 1764000000000, "");
+  match.priority = 0;
+  store->put(match);
+  for (int i = 1; i <= 1200; ++i)
+    store->put(make("other-" + std::to_string(i), 1764000000000 + i, ""));
+  rebound::JobFilter filter;
+  filter.priority = 0;
+  std::vector<std::string> found;
+  std::optional<rebound::ListCursor> after;
+  int calls = 0;
+  do {
+    const rebound::JobPage page = store->list_jobs(filter, after, 1);
+    CHECK(page.jobs.size() <= 1);
+    for (const auto& r : page.jobs)
+      found.push_back(r.job.id);
+    after = page.next;
+  } while (after && ++calls < 100);
+  CHECK(found == std::vector<std::string>{"match"});
+}

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <optional>
@@ -355,4 +356,66 @@ TEST_CASE("redis: pauses are kept in the store - every server holds them") {
         return std::find(paused.begin(), paused.end(), "http://a.example:80") != paused.end();
       },
       5000ms));
+}
+
+namespace {
+// What redis-cli answers to one command against `server` (its first line).
+std::string redis_cli(const rebound::test::RedisServer& server, const std::string& command) {
+  const std::string line =
+      "redis-cli -p " + std::to_string(server.port()) + " " + command + " 2>/dev/null";
+  std::string out;
+  if (FILE* pipe = ::popen(line.c_str(), "r")) {
+    char buffer[256];
+    if (std::fgets(buffer, sizeof buffer, pipe)) out = buffer;
+    ::pclose(pipe);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r'))
+    out.pop_back();
+  return out;
+}
+
+std::vector<std::string> listed(const RedisJobStore& store) {
+  std::vector<std::string> ids;
+  for (const auto& r : store.list_jobs({}, std::nullopt, 100).jobs)
+    ids.push_back(r.job.id);
+  return ids;
+}
+}  // namespace
+
+TEST_CASE("redis: every job is listed however old - expired ones leave the listing's set") {
+  rebound::test::RedisServer server;
+  auto options = options_for(server);
+  options.retention = 1s;
+  RedisJobStore store(options);
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  // Created an hour ago: one never finished, one finished just now (its retention runs from now).
+  REQUIRE(store.put(Job{"old", "", 1, now - 1h}) == PutOutcome::created);
+  REQUIRE(store.put(Job{"done", "", 1, now - 1h + 1ms}) == PutOutcome::created);
+  REQUIRE(store.put(Job{"recent", "", 1, now - 1h + 2ms}) == PutOutcome::created);
+  store.complete("recent", {JobStatus::succeeded, 1, std::nullopt});
+  REQUIRE(store.put(Job{"new-0", "", 1, now}) == PutOutcome::created);
+  CHECK(listed(store) == std::vector<std::string>{"new-0", "recent", "done", "old"});
+  store.complete("done", {JobStatus::succeeded, 1, std::nullopt});
+  REQUIRE(eventually([&] { return !store.get("done").has_value(); }, 5000ms));
+  // Puts sweep the set: the expired member leaves, the living ones stay, however old.
+  for (int i = 1; i < 10; ++i)
+    REQUIRE(store.put(Job{"new-" + std::to_string(i), "", 1, now + std::chrono::milliseconds(i)}) ==
+            PutOutcome::created);
+  const auto ids = listed(store);
+  REQUIRE(ids.size() == 11);
+  CHECK(ids.back() == "old");
+  CHECK(std::find(ids.begin(), ids.end(), "done") == ids.end());
+  CHECK(std::find(ids.begin(), ids.end(), "recent") == ids.end());  // expired too
+  CHECK(redis_cli(server, "ZCARD rebound:jobs") == "11");
+}
+
+TEST_CASE("redis: a store written before the listing's set gets it from its unfinished jobs") {
+  rebound::test::RedisServer server;
+  {
+    RedisJobStore store(options_for(server));
+    REQUIRE(store.put(make("waiting")) == PutOutcome::created);
+  }
+  REQUIRE(redis_cli(server, "DEL rebound:jobs") == "1");  // as an older rebound left it
+  RedisJobStore store(options_for(server));
+  CHECK(listed(store) == std::vector<std::string>{"waiting"});
 }

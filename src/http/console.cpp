@@ -25,8 +25,7 @@ constexpr std::chrono::seconds sample_every{5};
 constexpr std::size_t samples_kept = 121;  // 10 minutes of 5 s steps, and the one before
 
 void send(httplib::Response& res, int status, const nlohmann::json& body) {
-  res.status = status;
-  res.set_header("Cache-Control", "no-store");
+  res.status = status;  // Cache-Control: no-store is the Server's, on every console answer
   res.set_content(dump_json(body), "application/json");
 }
 
@@ -128,10 +127,8 @@ bool Console::asset(const std::string& file, httplib::Response& res) const {
 
 std::optional<std::string> Console::tenant_param(const httplib::Request& req) const {
   const std::string tenant = req.get_param_value("tenant");
-  if (tenants_.empty()) {
-    if (tenant.empty()) return tenant;
-    return std::nullopt;  // one tenant: its jobs have no tenant part
-  }
+  // None: the default tenant's (one tenant; or, with several, jobs stored before they were named).
+  if (tenant.empty()) return tenant;
   if (std::find(tenants_.begin(), tenants_.end(), tenant) == tenants_.end()) return std::nullopt;
   return tenant;
 }
@@ -254,16 +251,23 @@ void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
                               "cursor must be a next_cursor of this listing, as given.", "cursor"});
     }
   }
-  const JobPage page = queue_.list_jobs(filter, after, limit);
+  // The store's pages, until one holds `limit` matches (or after a bound of pages: a short page
+  // with its cursor goes back, for the next call to go on).
   nlohmann::json jobs = nlohmann::json::array();
-  for (const JobRecord& record : page.jobs) {
-    if (store_prefix && id_of(record.job.id).substr(0, id_prefix.size()) != id_prefix) continue;
-    jobs.push_back(entry_json(record));
+  std::optional<ListCursor> next = after;
+  for (int pages = 0; pages < 20 && jobs.size() < limit; ++pages) {
+    const JobPage page = queue_.list_jobs(filter, next, limit - jobs.size());
+    for (const JobRecord& record : page.jobs) {
+      if (store_prefix && id_of(record.job.id).substr(0, id_prefix.size()) != id_prefix) continue;
+      jobs.push_back(entry_json(record));
+    }
+    next = page.next;
+    if (!next || !store_prefix) break;
   }
   send(res, 200,
        {{"jobs", std::move(jobs)},
-        {"next_cursor", page.next ? nlohmann::json(list_cursor_text(*page.next, page.next->id))
-                                  : nlohmann::json(nullptr)}});
+        {"next_cursor",
+         next ? nlohmann::json(list_cursor_text(*next, next->id)) : nlohmann::json(nullptr)}});
 }
 
 void Console::job(const std::string& key, httplib::Response& res) const {
@@ -306,7 +310,7 @@ void Console::job(const std::string& key, httplib::Response& res) const {
 void Console::redeliver_all(const std::string& body, const std::string& who,
                             httplib::Response& res) {
   nlohmann::json parsed;
-  if (auto error = json_body_error(parse_untrusted_json(body.empty() ? "{}" : body, parsed))) {
+  if (auto error = json_body_error(parse_untrusted_json(body, parsed))) {
     return send_error(res, *error);
   }
   auto text_field = [&](const char* name) -> std::optional<std::string> {
@@ -318,11 +322,12 @@ void Console::redeliver_all(const std::string& body, const std::string& who,
   const auto tenant = text_field("tenant");
   const auto id_prefix = text_field("id_prefix");
   const auto dry = parsed.is_object() ? parsed.find("dry_run") : parsed.end();
-  if (!parsed.is_object() || !tenant || !id_prefix || (dry != parsed.end() && !dry->is_boolean())) {
+  // dry_run is required: a bare POST must not redeliver everything.
+  if (!parsed.is_object() || !tenant || !id_prefix || dry == parsed.end() || !dry->is_boolean()) {
     return send_error(res, {422,
                             "invalid_field",
                             "Send {\"tenant\"?: string, \"id_prefix\"?: string, \"dry_run\": "
-                            "bool}.",
+                            "true or false}.",
                             {}});
   }
   if (!valid_id_prefix(*id_prefix)) {
@@ -333,7 +338,7 @@ void Console::redeliver_all(const std::string& body, const std::string& who,
   if (!tenant->empty() && std::find(tenants_.begin(), tenants_.end(), *tenant) == tenants_.end()) {
     return send_error(res, {422, "invalid_field", "tenant is not one of this server's.", "tenant"});
   }
-  const bool dry_run = dry != parsed.end() && dry->get<bool>();
+  const bool dry_run = dry->get<bool>();
   // The store pages by tenant; an id prefix without a tenant (several tenants) is matched here.
   const bool here = !tenants_.empty() && tenant->empty();
   const std::string prefix = here ? std::string() : job_key(*tenant, *id_prefix);

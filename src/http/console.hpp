@@ -48,8 +48,9 @@ class Console {
   /// The tenant a console request names (?tenant=), checked; nullopt when it is not one.
   std::optional<std::string> tenant_param(const httplib::Request& req) const;
 
-  /// Most dead letters one redeliver_all counts or redelivers.
-  static constexpr std::size_t max_bulk = 10000;
+  /// Most dead letters one redeliver_all counts or redelivers (each is a store write: a thousand
+  /// take seconds on a busy disk, well inside a proxy's timeout).
+  static constexpr std::size_t max_bulk = 1000;
 
  private:
   struct Sample {

@@ -323,6 +323,7 @@ struct Credential {
   std::string name;    // what logs and the console call it (never the key)
   std::string tenant;  // its name; "" when the server has one tenant
   Role role = Role::tenant;
+  bool bare = false;  // given without a name: its name is the key itself
   bool is_operator() const { return role == Role::operator_; }
   // Reads what spans tenants, and the console.
   bool reads_everything() const { return role != Role::tenant; }
@@ -344,6 +345,7 @@ std::vector<Credential> parse_credentials(const ServerOptions& o) {
     c.tenant = std::string(key_name(entry));
     if (c.tenant.size() == entry.size()) {
       c.key = entry;  // a bare key is its own name
+      c.bare = true;
     } else {
       c.key = entry.substr(c.tenant.size() + 1);
       if (c.key.find_first_not_of(" \t\r\n") == std::string::npos) {
@@ -364,6 +366,23 @@ std::vector<Credential> parse_credentials(const ServerOptions& o) {
     c.name = c.tenant;
     names.insert(c.tenant);
     if (!keys.insert(c.key).second) throw Error("Server: the same key is given twice");
+  }
+  // The console shows names to viewers and logs them with each action: a bare key's name is the
+  // key itself, so with an operator or a viewer key every key must be named.
+  const bool console = std::any_of(out.begin(), out.end(), [](const Credential& c) {
+    return c.role != Credential::Role::tenant;
+  });
+  if (console) {
+    for (const auto& c : out) {
+      if (c.bare) {
+        throw Error(std::string("Server: with an operator or a viewer key every key must be named, "
+                                "NAME:KEY (the console shows and logs names; a bare ") +
+                    (c.role == Credential::Role::operator_ ? "operator key"
+                     : c.role == Credential::Role::viewer  ? "viewer key"
+                                                           : "API key") +
+                    " would show itself)");
+      }
+    }
   }
   // Keys sharing a name are one tenant's (a rotation).
   if (names.size() < 2) {
@@ -513,6 +532,9 @@ struct Server::Impl {
       return true;
     }
     const Target target = locate(req.path);
+    // What the console's routes answer is never kept by a cache, errors included.
+    if (is_console(target.resource) && target.resource != Resource::console_page)
+      res.set_header("Cache-Control", "no-store");
     const Credential* caller = nullptr;
     if (!admitted(req, target.resource, res, caller)) return true;
     const std::string tenant = caller ? caller->tenant : std::string();
@@ -607,7 +629,6 @@ struct Server::Impl {
                                              httplib::Response& res) const {
     const auto tenant = console->tenant_param(req);
     if (!tenant || !is_valid_job_id(id)) {
-      res.set_header("Cache-Control", "no-store");
       send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
       return std::nullopt;
     }
@@ -620,6 +641,10 @@ struct Server::Impl {
     nlohmann::json fields = what;
     fields["action"] = action;
     fields["key"] = caller ? caller->name : std::string();
+    fields["role"] = !caller                                    ? "none"
+                     : caller->is_operator()                    ? "operator"
+                     : caller->role == Credential::Role::viewer ? "viewer"
+                                                                : "tenant";
     fields["status"] = status;
     service.logger().log(LogLevel::info, "operator_action", fields);
   }
@@ -673,7 +698,6 @@ struct Server::Impl {
         return;
       case Resource::console_cancel:
       case Resource::console_redeliver: {
-        res.set_header("Cache-Control", "no-store");
         const auto key = console_job_key(req, target.id, res);
         if (!key) return;
         const std::string job_tenant(tenant_of(*key));
@@ -930,15 +954,17 @@ struct Server::Impl {
     }
     // What spans tenants (their receivers, the queue's numbers, pausing a receiver) is for
     // operators when there are several.
+    // A viewer never acts: not on receivers, not on jobs (its own tenant's included, which with
+    // one tenant are everyone's); it may submit and poll as its tenant.
     const bool acts = resource == Resource::pause_origin || resource == Resource::resume_origin ||
+                      resource == Resource::redeliver ||
+                      (resource == Resource::inference && req.method == "DELETE") ||
                       is_console_action(resource);
     if (caller && caller->role == Credential::Role::viewer && acts) {
-      res.set_header("Cache-Control", "no-store");
       send_error(res, {403, "forbidden", "A viewer key reads; acting needs an operator key.", {}});
       return false;
     }
     if (resource != Resource::console_page && is_console(resource) && !caller->reads_everything()) {
-      res.set_header("Cache-Control", "no-store");
       send_error(res, {403, "forbidden", "The console needs an operator or a viewer key.", {}});
       return false;
     }

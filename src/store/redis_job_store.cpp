@@ -138,10 +138,25 @@ redis.call('ZADD', JOBS_DUE, job_score(ARGV[9], ARGV[8]), ARGV[2])
 redis.call('ZADD', QUEUED, job_score(ARGV[9], ARGV[5]), ARGV[2])
 redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
 redis.call('ZADD', ALL, ARGV[5], ARGV[2])
--- Finished jobs live for the retention (ARGV[13], ms; 0: for ever): older members of ALL are
--- either gone or unfinished (which UNFINISHED lists).
+-- Finished jobs expire after the retention (ARGV[13], ms; 0: never): ALL forgets them in a sweep
+-- of two of its oldest members a put, from a rank kept in SWEEP. A member whose job lives on (not
+-- finished, or within its retention) is stepped over; the sweep starts again from the oldest at
+-- the members too young to have expired (created within the retention).
 if tonumber(ARGV[13]) > 0 then
-  redis.call('ZREMRANGEBYSCORE', ALL, '-inf', '(' .. string.format('%.0f', tonumber(ARGV[5]) - tonumber(ARGV[13])))
+  local SWEEP = ALL .. ':sweep'
+  local at = tonumber(redis.call('GET', SWEEP) or '0')
+  local horizon = tonumber(ARGV[5]) - tonumber(ARGV[13])
+  local members = redis.call('ZRANGE', ALL, at, at + 1, 'WITHSCORES')
+  local restart = #members < 4
+  for i = 1, #members, 2 do
+    if tonumber(members[i + 1]) >= horizon then restart = true; break end
+    if redis.call('EXISTS', job_key(members[i])) == 0 then
+      redis.call('ZREM', ALL, members[i])
+    else
+      at = at + 1
+    end
+  end
+  redis.call('SET', SWEEP, restart and 0 or at)
 end
 -- The id of a job that expired may still be in these: it is a new job now.
 redis.call('ZREM', FAILED, ARGV[2])
@@ -491,6 +506,14 @@ end
 return redis.call('SMEMBERS', PAUSED)
 )lua";
 
+// index: no ARGV. Makes ALL from the unfinished jobs and the dead letters when it does not exist.
+constexpr const char* kIndex = R"lua(
+if redis.call('EXISTS', ALL) == 0 then
+  redis.call('ZUNIONSTORE', ALL, 2, UNFINISHED, FAILED, 'AGGREGATE', 'MIN')
+end
+return 1
+)lua";
+
 enum Script : std::size_t {
   kScriptPut,
   kScriptClaim,
@@ -508,13 +531,14 @@ enum Script : std::size_t {
   kScriptStats,
   kScriptServers,
   kScriptPaused,
+  kScriptIndex,
   kScriptCount,
 };
 
 constexpr std::array<const char*, kScriptCount> kScripts = {
     kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
     kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel,
-    kPage,      kStats,    kServers,        kPaused};
+    kPage,      kStats,    kServers,        kPaused,      kIndex};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -1178,9 +1202,18 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   } catch (const std::exception& e) {
     throw Error(std::string("redis store: cannot load its scripts: ") + e.what());
   }
-  std::lock_guard<std::mutex> lock(impl_->pool_mutex);
-  impl_->idle.push_back(std::move(c));
-  impl_->open = 1;
+  {
+    std::lock_guard<std::mutex> lock(impl_->pool_mutex);
+    impl_->idle.push_back(std::move(c));
+    impl_->open = 1;
+  }
+  // A store written before the listing's set existed gets it, once, from what it can know: the
+  // unfinished jobs and the dead letters (finished ones were never indexed; they expire anyway).
+  try {
+    impl_->script(kScriptIndex, {});
+  } catch (const std::exception& e) {
+    throw Error(std::string("redis store: cannot index its jobs: ") + e.what());
+  }
 }
 
 RedisJobStore::~RedisJobStore() = default;

@@ -1220,35 +1220,36 @@ JobPage SqliteJobStore::list_jobs(const JobFilter& filter, const std::optional<L
                                   std::size_t limit) const {
   JobPage page;
   if (limit == 0) return page;
-  limit = std::min<std::size_t>(limit, 100000);
-  // An index range (jobs_created) from the cursor down, filtered as it is read.
-  std::string sql = std::string("SELECT ") + entry_columns +
-                    " FROM jobs WHERE (created_at_ms, id) < (:c, :cid)"
-                    " AND substr(id, 1, length(:prefix)) = :prefix";
-  if (filter.status) sql += " AND status = :status";
-  if (filter.callback_state) sql += " AND cb_state = :cb";
-  if (filter.priority) sql += " AND priority = :priority";
-  sql += " ORDER BY created_at_ms DESC, id DESC LIMIT :limit";
+  limit = std::min<std::size_t>(limit, 10000);
+  // An index range (jobs_created) from the cursor down, filtered as it is read, and at most
+  // `scan` rows of it a call (the lock is the writer's too): a page may end short, its cursor at
+  // the last row read.
+  const std::size_t scan = 20 * limit + 1000;
   impl_->wait_for_writes();
   std::lock_guard<std::mutex> lock(impl_->db_mutex);
+  std::size_t scanned = 0;
+  std::optional<ListCursor> last;
   try {
-    Statement s(impl_->db, sql);
-    s.bind(s.param(":c"), after ? to_ms(after->created_at) : INT64_MAX);
-    s.bind(s.param(":cid"), after ? after->id : std::string());
-    s.bind(s.param(":prefix"), filter.id_prefix);
-    if (filter.status) s.bind(s.param(":status"), static_cast<std::int64_t>(*filter.status));
-    if (filter.callback_state)
-      s.bind(s.param(":cb"), static_cast<std::int64_t>(*filter.callback_state));
-    if (filter.priority) s.bind(s.param(":priority"), static_cast<std::int64_t>(*filter.priority));
-    s.bind(s.param(":limit"), static_cast<std::int64_t>(limit + 1));
-    while (s.step())
-      page.jobs.push_back(read_record(s));
+    Statement s(impl_->db, std::string("SELECT ") + entry_columns +
+                               " FROM jobs WHERE (created_at_ms, id) < (?1, ?2)"
+                               " ORDER BY created_at_ms DESC, id DESC LIMIT ?3");
+    s.bind(1, after ? to_ms(after->created_at) : INT64_MAX);
+    s.bind(2, after ? after->id : std::string());
+    s.bind(3, static_cast<std::int64_t>(scan));
+    while (page.jobs.size() <= limit && s.step()) {
+      JobRecord record = read_record(s);
+      ++scanned;
+      last = ListCursor{record.job.created_at, record.job.id};
+      if (filter.matches(record)) page.jobs.push_back(std::move(record));
+    }
   } catch (const std::exception& e) {
     throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
   }
   if (page.jobs.size() > limit) {
     page.jobs.pop_back();
     page.next = ListCursor{page.jobs.back().job.created_at, page.jobs.back().job.id};
+  } else if (scanned == scan) {
+    page.next = last;
   }
   return page;
 }
