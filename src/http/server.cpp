@@ -952,8 +952,6 @@ struct Server::Impl {
                        {}});
       return false;
     }
-    // What spans tenants (their receivers, the queue's numbers, pausing a receiver) is for
-    // operators when there are several.
     // A viewer never acts: not on receivers, not on jobs (its own tenant's included, which with
     // one tenant are everyone's); it may submit and poll as its tenant.
     const bool acts = resource == Resource::pause_origin || resource == Resource::resume_origin ||
@@ -968,13 +966,18 @@ struct Server::Impl {
       send_error(res, {403, "forbidden", "The console needs an operator or a viewer key.", {}});
       return false;
     }
+    // What spans tenants (their receivers, the queue's numbers, pausing a receiver) is for
+    // operators and viewers when there are several.
     const bool spans_tenants = resource == Resource::callback_endpoints ||
                                resource == Resource::pause_origin ||
                                resource == Resource::resume_origin ||
                                resource == Resource::metrics || resource == Resource::stats;
     if (multi_tenant && spans_tenants && !caller->reads_everything()) {
-      send_error(
-          res, {403, "forbidden", "This route spans every tenant: it needs an operator key.", {}});
+      send_error(res,
+                 {403,
+                  "forbidden",
+                  "This route spans every tenant: it needs an operator key (a viewer key to read).",
+                  {}});
       return false;
     }
     return true;
