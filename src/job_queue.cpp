@@ -274,7 +274,8 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
       [core = core_](std::vector<detail::WorkItem> batch) { core->runner.run(std::move(batch)); });
   // What the store holds from an earlier run (a durable store) or from servers gone: the first
   // claims happen here, so that they are counted when the constructor returns. A store that fails
-  // now is retried by the pump.
+  // now is retried by the pump. The pauses a shared store keeps hold before anything is sent.
+  core_->sync_pauses();
   core_->pump.start(*queue_);
 }
 
@@ -484,10 +485,13 @@ std::string JobQueue::pause_origin(const std::string& origin) {
   const std::string key = OriginGate::origin_of(origin);
   if (key.empty()) throw Error("JobQueue::pause_origin: not an http(s) URL or origin: " + origin);
   // In the store first (a shared store holds it for every server), then here at once.
-  core_->store.call("set_origin_paused", {}, [&](JobStore& s) {
-    s.set_origin_paused(key, true);
-    return true;
-  });
+  const bool kept = core_->store.call("set_origin_paused", {},
+                                      [&](JobStore& s) { return s.set_origin_paused(key, true); });
+  if (!kept) {
+    throw Error(
+        "JobQueue::pause_origin: the store keeps as many paused origins as it will; "
+        "resume some first");
+  }
   core_->gate->pause(key);
   core_->observe([&](auto& o) { o.on_origin_paused(key, true); });
   return key;

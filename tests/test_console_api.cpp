@@ -166,9 +166,12 @@ TEST_CASE("console: an operator and a viewer sign in - a tenant's key does not")
   CHECK(viewer.get("/v1/inferences/mine")->status == 200);
   check_error(viewer.client().Delete("/v1/inferences/mine"), 403, "forbidden");
   check_error(viewer.post("/v1/inferences/mine/redeliver"), 403, "forbidden");
+  check_error(viewer.get("/v1/webhook-secret"), 403, "forbidden");  // it would sign as rebound
+  CHECK(As{h, "k-ops"}.get("/v1/webhook-secret")->status == 200);
   // Every answer of the console's routes is kept by no cache, refusals included.
-  for (const auto& res : {As{h, ""}.get("/v1/console/jobs"), viewer.post("/v1/console/jobs"),
-                          As{h, "k-acme"}.get("/v1/console/servers")}) {
+  for (const auto& res :
+       {As{h, ""}.get("/v1/console/jobs"), viewer.post("/v1/console/jobs"),
+        As{h, "k-acme"}.get("/v1/console/servers"), viewer.get("/v1/console/nothing-here")}) {
     REQUIRE(res);
     CHECK(res->status >= 400);
     CHECK(res->get_header_value("Cache-Control") == "no-store");

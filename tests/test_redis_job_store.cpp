@@ -419,3 +419,38 @@ TEST_CASE("redis: a store written before the listing's set gets it from its unfi
   RedisJobStore store(options_for(server));
   CHECK(listed(store) == std::vector<std::string>{"waiting"});
 }
+
+TEST_CASE(
+    "redis: a paused origin holds from a server's start - as the gate names it - up to a cap") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  store.set_origin_paused("https://hooks.example:443", true);
+  // Written in another form by something else (redis-cli): held as the gate names it, not toggled.
+  REQUIRE(redis_cli(server, "SADD rebound:paused https://Other.example") == "1");
+  REQUIRE(redis_cli(server, "SADD rebound:paused not-an-origin") == "1");
+  rebound::JobQueueOptions o;
+  o.server_id = "fresh";
+  rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                          std::make_unique<RedisJobStore>(options_for(server)), o);
+  // Before anything was claimed or sent: the constructor read them.
+  CHECK(queue.paused_origins() ==
+        std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
+  std::this_thread::sleep_for(1500ms);  // a pass of its pump: nothing flaps
+  CHECK(queue.paused_origins() ==
+        std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
+
+  // At most 10,000 are kept: one more is refused, not taken for a failing store.
+  REQUIRE(redis_cli(server,
+                    "EVAL \"for i = 1, 10000 do redis.call('SADD', KEYS[1], "
+                    "'http://h' .. i .. '.test:80') end return 1\" 1 rebound:paused") == "1");
+  CHECK_FALSE(store.set_origin_paused("http://one-more.test:80", true));
+  CHECK(store.set_origin_paused("https://hooks.example:443", true));  // already kept: fine
+  CHECK_THROWS_AS(queue.pause_origin("http://one-more.test"), rebound::Error);
+  CHECK_FALSE(queue.store_failure().has_value());
+  // 10,003 kept (the three above too): room again once four go.
+  for (const char* origin : {"http://h1.test:80", "http://h2.test:80", "http://h3.test:80"})
+    CHECK(store.set_origin_paused(origin, false));
+  CHECK_FALSE(store.set_origin_paused("http://one-more.test:80", true));
+  CHECK(store.set_origin_paused("http://h4.test:80", false));
+  CHECK(store.set_origin_paused("http://one-more.test:80", true));
+}

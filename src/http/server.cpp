@@ -533,8 +533,7 @@ struct Server::Impl {
     }
     const Target target = locate(req.path);
     // What the console's routes answer is never kept by a cache, errors included.
-    if (is_console(target.resource) && target.resource != Resource::console_page)
-      res.set_header("Cache-Control", "no-store");
+    if (req.path.compare(0, 12, "/v1/console/") == 0) res.set_header("Cache-Control", "no-store");
     const Credential* caller = nullptr;
     if (!admitted(req, target.resource, res, caller)) return true;
     const std::string tenant = caller ? caller->tenant : std::string();
@@ -688,14 +687,20 @@ struct Server::Impl {
         // The body means nothing here; an unread one just ends the connection after the answer.
         return redeliver(tenant, target.id, res);
       case Resource::pause_origin:
-      case Resource::resume_origin:
-        pause_or_resume(body, target.resource == Resource::pause_origin, res);
-        if (caller && caller->reads_everything()) {
-          log_action(caller,
-                     target.resource == Resource::pause_origin ? "pause_origin" : "resume_origin",
-                     {{"body", truncated_utf8(body, 512)}}, res.status);
+      case Resource::resume_origin: {
+        const char* action =
+            target.resource == Resource::pause_origin ? "pause_origin" : "resume_origin";
+        const bool logged = caller && caller->reads_everything();
+        try {
+          pause_or_resume(body, target.resource == Resource::pause_origin, res);
+        } catch (...) {
+          // A failing store answers 503 from the exception handler: the attempt is logged too.
+          if (logged) log_action(caller, action, {{"body", truncated_utf8(body, 512)}}, 503);
+          throw;
         }
+        if (logged) log_action(caller, action, {{"body", truncated_utf8(body, 512)}}, res.status);
         return;
+      }
       case Resource::console_cancel:
       case Resource::console_redeliver: {
         const auto key = console_job_key(req, target.id, res);
@@ -784,7 +789,13 @@ struct Server::Impl {
     const std::string value = origin->get<std::string>();
     std::string key = OriginGate::origin_of(value);
     if (pause) {
-      key = service.pause_origin(value);
+      try {
+        key = service.pause_origin(value);
+      } catch (const StoreUnavailable&) {
+        throw;
+      } catch (const Error& e) {  // what is checked above aside: the store's cap on pauses
+        return send_error(res, {409, "too_many_paused", e.what(), "origin"});
+      }
     } else {
       service.resume_origin(value);
     }
@@ -954,8 +965,9 @@ struct Server::Impl {
     }
     // A viewer never acts: not on receivers, not on jobs (its own tenant's included, which with
     // one tenant are everyone's); it may submit and poll as its tenant.
+    // Nor does it get the signing secret: with it, it could sign callbacks as rebound does.
     const bool acts = resource == Resource::pause_origin || resource == Resource::resume_origin ||
-                      resource == Resource::redeliver ||
+                      resource == Resource::redeliver || resource == Resource::webhook_secret ||
                       (resource == Resource::inference && req.method == "DELETE") ||
                       is_console_action(resource);
     if (caller && caller->role == Credential::Role::viewer && acts) {

@@ -288,7 +288,8 @@ struct Pipeline {
 
   static constexpr std::size_t max_wait_polls = 256;
 
-  /// On the pump's thread, at most every second: the gate holds the origins a shared store keeps
+  /// Before the pump starts, then on its thread before each pass's claims, at most every second:
+  /// the gate holds the origins a shared store keeps
   /// paused (JobStore::paused_origins), so that a pause or a resume made through any server of it
   /// holds on this one too. A store that shares none leaves the gate's own pauses alone.
   void sync_pauses() {
@@ -306,6 +307,13 @@ struct Pipeline {
       return;  // the claims of the same pass see the store's trouble, and log it
     }
     if (!shared) return;
+    // As the gate names them: what another writer left in another form, or not an origin at all,
+    // would otherwise be paused and resumed at every pass.
+    for (auto& origin : *shared)
+      origin = OriginGate::origin_of(origin);
+    shared->erase(std::remove(shared->begin(), shared->end(), std::string()), shared->end());
+    std::sort(shared->begin(), shared->end());
+    shared->erase(std::unique(shared->begin(), shared->end()), shared->end());
     std::vector<std::string> to_pause, to_resume;
     std::set_difference(shared->begin(), shared->end(), held.begin(), held.end(),
                         std::back_inserter(to_pause));

@@ -76,6 +76,14 @@ bool StorePump::pump() {
     // even when no call and no health check met it.
     store_.failure();
   }
+  // First what the pass must know (pauses a shared store keeps), then the claims.
+  if (on_poll_) {
+    try {
+      on_poll_();
+    } catch (...) {
+      // A wait that could not be checked now is checked at the next poll.
+    }
+  }
   std::size_t jobs = 0, callbacks = 0;
   bool more = false;
   try {
@@ -90,13 +98,6 @@ bool StorePump::pump() {
     store_.failed("claim", {}, e.what());
   } catch (...) {
     store_.failed("claim", {}, "unknown error");
-  }
-  if (on_poll_) {
-    try {
-      on_poll_();
-    } catch (...) {
-      // A wait that could not be checked now is checked at the next poll.
-    }
   }
   // Taken over: jobs this server did not accept, and at start the callbacks an earlier run owed
   // (later, claimed callbacks are the retries this server or another scheduled).

@@ -144,7 +144,8 @@ redis.call('ZADD', ALL, ARGV[5], ARGV[2])
 -- the members too young to have expired (created within the retention).
 if tonumber(ARGV[13]) > 0 then
   local SWEEP = ALL .. ':sweep'
-  local at = tonumber(redis.call('GET', SWEEP) or '0')
+  local from = tonumber(redis.call('GET', SWEEP) or '0')
+  local at = from
   local horizon = tonumber(ARGV[5]) - tonumber(ARGV[13])
   local members = redis.call('ZRANGE', ALL, at, at + 1, 'WITHSCORES')
   local restart = #members < 4
@@ -156,7 +157,8 @@ if tonumber(ARGV[13]) > 0 then
       at = at + 1
     end
   end
-  redis.call('SET', SWEEP, restart and 0 or at)
+  local next_at = restart and 0 or at
+  if next_at ~= from then redis.call('SET', SWEEP, next_at) end
 end
 -- The id of a job that expired may still be in these: it is a new job now.
 redis.call('ZREM', FAILED, ARGV[2])
@@ -496,7 +498,7 @@ local PAUSED = P .. ':paused'
 if ARGV[2] ~= '' then
   if ARGV[3] == '1' then
     if redis.call('SISMEMBER', PAUSED, ARGV[2]) == 0 and redis.call('SCARD', PAUSED) >= 10000 then
-      return redis.error_reply('ERR too many paused origins (10,000)')
+      return 0
     end
     redis.call('SADD', PAUSED, ARGV[2])
   else
@@ -1374,18 +1376,20 @@ void RedisJobStore::report_server(const std::string& id, std::size_t leases, Tim
   impl_->script(kScriptServers, {id.empty() ? "?" : id, ms_text(now), std::to_string(leases)});
 }
 
-void RedisJobStore::set_origin_paused(const std::string& origin, bool paused) {
-  if (origin.empty()) return;
-  impl_->script(kScriptPaused, {origin, paused ? "1" : "0"});
+bool RedisJobStore::set_origin_paused(const std::string& origin, bool paused) {
+  if (origin.empty()) return true;
+  Reply r = impl_->script(kScriptPaused, {origin, paused ? "1" : "0"});
+  return !(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0);  // 0: at the cap
 }
 
 std::optional<std::vector<std::string>> RedisJobStore::paused_origins() const {
   Reply r = impl_->script(kScriptPaused, {"", ""});
+  // Not an answer to trust: nothing is resumed on it.
+  if (!r || r->type != REDIS_REPLY_ARRAY)
+    throw StoreUnavailable("redis job store: unexpected answer to the paused origins");
   std::vector<std::string> out;
-  if (r && r->type == REDIS_REPLY_ARRAY) {
-    for (std::size_t i = 0; i < r->elements; ++i)
-      out.emplace_back(text(r->element[i]));
-  }
+  for (std::size_t i = 0; i < r->elements; ++i)
+    out.emplace_back(text(r->element[i]));
   std::sort(out.begin(), out.end());
   return out;
 }

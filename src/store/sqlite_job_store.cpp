@@ -1230,8 +1230,11 @@ JobPage SqliteJobStore::list_jobs(const JobFilter& filter, const std::optional<L
   std::size_t scanned = 0;
   std::optional<ListCursor> last;
   try {
+    // Dead letters have their own index (jobs_failed_page): the bound then counts only them.
+    const bool failed_only = filter.callback_state == CallbackState::failed;
     Statement s(impl_->db, std::string("SELECT ") + entry_columns +
-                               " FROM jobs WHERE (created_at_ms, id) < (?1, ?2)"
+                               " FROM jobs WHERE (created_at_ms, id) < (?1, ?2)" +
+                               (failed_only ? " AND cb_state = 3" : "") +
                                " ORDER BY created_at_ms DESC, id DESC LIMIT ?3");
     s.bind(1, after ? to_ms(after->created_at) : INT64_MAX);
     s.bind(2, after ? after->id : std::string());

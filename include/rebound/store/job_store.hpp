@@ -294,8 +294,9 @@ class JobStore {
   /// Keeps `origin` ("https://host:443", OriginGate::origin_of's form) paused, or not, for every
   /// server of the store: a JobQueue writes it when an operator pauses or resumes, and each
   /// JobQueue on the store holds the origins paused_origins() answers (it asks every second).
-  /// The default keeps nothing (pauses are then each server's own).
-  virtual void set_origin_paused(const std::string& /*origin*/, bool /*paused*/) {}
+  /// The default keeps nothing (pauses are then each server's own). False: the store keeps as
+  /// many paused origins as it will (RedisJobStore: 10,000) and refused this one.
+  virtual bool set_origin_paused(const std::string& /*origin*/, bool /*paused*/) { return true; }
 
   /// The origins paused through set_origin_paused, sorted; nullopt when the store does not share
   /// pauses (the default).

@@ -115,7 +115,7 @@ class RedisJobStore final : public JobStore {
   void report_server(const std::string& id, std::size_t leases, TimePoint now) override;
   std::vector<ServerSeen> servers(TimePoint now) const override;
   /// Pauses are kept in the store (a set of at most 10,000 origins): every server holds them.
-  void set_origin_paused(const std::string& origin, bool paused) override;
+  bool set_origin_paused(const std::string& origin, bool paused) override;
   std::optional<std::vector<std::string>> paused_origins() const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
