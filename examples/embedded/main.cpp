@@ -33,5 +33,11 @@ int main() {
       boost::asio::co_spawn(queue.get_executor(), doubled(queue, 50), boost::asio::use_future);
   std::cout << "job-2: " << answer.get() << std::endl;  // job-2: 100
 #endif
-  return done.outcome.result == 42 ? 0 : 1;
+  // What an operator console reads: every job, filtered and paged, newest first.
+  rebound::JobFilter succeeded;
+  succeeded.status = rebound::JobStatus::succeeded;
+  const rebound::JobPage page = queue.list_jobs(succeeded, std::nullopt, 10);
+  for (const rebound::JobRecord& job : page.jobs)
+    std::cout << "listed: " << job.job.id << std::endl;  // listed: job-2, listed: job-1
+  return done.outcome.result == 42 && !page.jobs.empty() ? 0 : 1;
 }
