@@ -81,6 +81,14 @@ class Receiver {
   ~Receiver() { stop(); }
 
   void stop() {
+    // cpp-httplib's stop() does nothing until its accept loop has marked itself running: a
+    // receiver stopped at once (a test whose callbacks were all refused) would wait in accept
+    // for ever. As rebound::Server does, wait (briefly) for the loop first.
+    if (thread_.joinable()) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!server_.is_running() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     server_.stop();
     if (thread_.joinable()) thread_.join();
   }
