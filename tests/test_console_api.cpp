@@ -9,6 +9,7 @@
 
 #include "rebound/http/server.hpp"
 #include "support/held_model.hpp"
+#include "support/log_lines.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 
@@ -17,36 +18,9 @@ using nlohmann::json;
 using rebound::test::check_error;
 using rebound::test::eventually;
 using rebound::test::HarnessOptions;
+using rebound::test::LogLines;
 
 namespace {
-
-// Log lines, as a sink receives them.
-struct Lines {
-  std::mutex mutex;
-  std::vector<std::string> lines;
-  rebound::Logger logger() {
-    return rebound::Logger(rebound::LogLevel::info,
-                           [this](rebound::LogLevel, const std::string& l) {
-                             std::lock_guard<std::mutex> lock(mutex);
-                             lines.push_back(l);
-                           });
-  }
-  std::vector<json> events(const std::string& event) {
-    std::lock_guard<std::mutex> lock(mutex);
-    std::vector<json> out;
-    for (const auto& l : lines) {
-      json j = json::parse(l);
-      if (j["event"] == event) out.push_back(j);
-    }
-    return out;
-  }
-  bool mention(const std::string& text) {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& l : lines)
-      if (l.find(text) != std::string::npos) return true;
-    return false;
-  }
-};
 
 struct Harness : rebound::test::ServerHarness {
   explicit Harness(HarnessOptions o) : ServerHarness(std::make_unique<rebound::EchoModel>(), o) {}
@@ -75,7 +49,7 @@ struct As {
   }
 };
 
-HarnessOptions console_options(Lines* lines = nullptr) {
+HarnessOptions console_options(LogLines* lines = nullptr) {
   HarnessOptions o;
   o.api_keys = {"acme:k-acme", "globex:k-globex"};
   o.operator_keys = {"ops:k-ops"};
@@ -201,7 +175,7 @@ TEST_CASE("console: with an operator or a viewer key every key must be named") {
 }
 
 TEST_CASE("console: dead letters are found - inspected and redelivered - each action logged") {
-  Lines lines;
+  LogLines lines;
   Harness h(console_options(&lines));
   rebound::test::Receiver receiver;
   receiver.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
@@ -313,7 +287,7 @@ TEST_CASE("console: dead letters are found - inspected and redelivered - each ac
   CHECK(failed_attempts == 3);
 
   // Every action in the log, by the key's name and never the key.
-  const auto actions = lines.events("operator_action");
+  const auto actions = lines.of("operator_action");
   REQUIRE(actions.size() == 2);
   CHECK(actions[0]["action"] == "redeliver");
   CHECK(actions[0]["key"] == "ops");
@@ -321,7 +295,7 @@ TEST_CASE("console: dead letters are found - inspected and redelivered - each ac
   CHECK(actions[0]["id"] == "dl-3");
   CHECK(actions[0]["status"] == 202);
   CHECK(actions[1]["status"] == 409);
-  const auto bulk = lines.events("console_redeliver_all");
+  const auto bulk = lines.of("console_redeliver_all");
   REQUIRE(bulk.size() == 1);  // the count alone is not an action
   CHECK(bulk[0]["key"] == "ops");
   CHECK(bulk[0]["redelivered"] == 2);
@@ -329,7 +303,7 @@ TEST_CASE("console: dead letters are found - inspected and redelivered - each ac
 }
 
 TEST_CASE("console: an operator cancels a queued job - the overview and servers say what is") {
-  Lines lines;
+  LogLines lines;
   HarnessOptions o = console_options(&lines);
   o.workers = 1;
   rebound::test::ServerHarness h(std::make_unique<rebound::test::HeldModel>(), o);
@@ -365,7 +339,7 @@ TEST_CASE("console: an operator cancels a queued job - the overview and servers 
   REQUIRE(servers.size() == 1);
   CHECK(servers[0]["id"] == h.service->server_id());
   CHECK(servers[0]["this"] == true);
-  const auto actions = lines.events("operator_action");
+  const auto actions = lines.of("operator_action");
   REQUIRE(actions.size() == 3);
   CHECK(actions[0]["action"] == "cancel");
   CHECK(actions[0]["key"] == "ops");

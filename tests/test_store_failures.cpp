@@ -16,6 +16,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/held_model.hpp"
+#include "support/log_lines.hpp"
 #include "support/server_harness.hpp"
 #include "support/temp_dir.hpp"
 
@@ -28,25 +29,7 @@ using rebound::test::HeldModel;
 
 namespace {
 
-// Log lines, by event name, from a Logger the test hands the server.
-struct LogLines {
-  std::mutex m;
-  std::vector<json> lines;
-  rebound::Logger logger() {
-    return rebound::Logger(rebound::LogLevel::info,
-                           [this](rebound::LogLevel, const std::string& l) {
-                             std::lock_guard<std::mutex> lock(m);
-                             lines.push_back(json::parse(l));
-                           });
-  }
-  std::vector<json> of(const std::string& event) {
-    std::lock_guard<std::mutex> lock(m);
-    std::vector<json> out;
-    for (const auto& l : lines)
-      if (l["event"] == event) out.push_back(l);
-    return out;
-  }
-};
+using rebound::test::LogLines;
 
 struct Server : rebound::test::ServerHarness {
   Server(std::unique_ptr<HeldModel> m, const HarnessOptions& o)

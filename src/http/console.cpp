@@ -73,6 +73,23 @@ nlohmann::json events_json(std::uint8_t events) {
 
 }  // namespace
 
+nlohmann::json queue_stats_json(const QueueStats& s) {
+  nlohmann::json by_priority = nlohmann::json::object();
+  for (const auto& [priority, n] : s.queued_by_priority)
+    by_priority[std::to_string(priority)] = n;
+  const double oldest = s.oldest_queued
+                            ? std::max(0.0, std::chrono::duration<double>(
+                                                std::chrono::system_clock::now() - *s.oldest_queued)
+                                                .count())
+                            : 0.0;
+  return {{"queued", s.queued},
+          {"running", s.running},
+          {"oldest_queued_seconds", std::round(oldest * 1000) / 1000},
+          {"queued_by_priority", std::move(by_priority)},
+          {"callbacks_waiting", s.callbacks_waiting},
+          {"callbacks_failed", s.callbacks_failed}};
+}
+
 Console::Console(JobQueue& queue, std::vector<std::string> tenants)
     : queue_(queue), tenants_(std::move(tenants)) {
   sampler_ = std::thread([this] {
@@ -143,22 +160,7 @@ void Console::session(const std::string& name, bool is_operator, httplib::Respon
 
 void Console::overview(httplib::Response& res) const {
   nlohmann::json queue = nullptr;
-  if (const auto s = queue_.queue_stats()) {
-    nlohmann::json by_priority = nlohmann::json::object();
-    for (const auto& [priority, n] : s->queued_by_priority)
-      by_priority[std::to_string(priority)] = n;
-    const double oldest =
-        s->oldest_queued ? std::max(0.0, std::chrono::duration<double>(
-                                             std::chrono::system_clock::now() - *s->oldest_queued)
-                                             .count())
-                         : 0.0;
-    queue = {{"queued", s->queued},
-             {"running", s->running},
-             {"oldest_queued_seconds", std::round(oldest * 1000) / 1000},
-             {"queued_by_priority", std::move(by_priority)},
-             {"callbacks_waiting", s->callbacks_waiting},
-             {"callbacks_failed", s->callbacks_failed}};
-  }
+  if (const auto s = queue_.queue_stats()) queue = queue_stats_json(*s);
   const Metrics& m = queue_.metrics();
   nlohmann::json server = {{"accepted", m.jobs_accepted.load()},
                            {"succeeded", m.jobs_succeeded.load()},

@@ -17,6 +17,10 @@
 
 namespace rebound::detail {
 
+/// The queue's numbers as GET /v1/stats and the console's overview show them: queued, running,
+/// oldest_queued_seconds, queued_by_priority, callbacks_waiting, callbacks_failed.
+nlohmann::json queue_stats_json(const QueueStats& stats);
+
 /// Thread-safe; starts one thread (the rate sampler), joined by the destructor.
 class Console {
  public:

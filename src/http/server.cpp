@@ -730,25 +730,12 @@ struct Server::Impl {
       return send_error(
           res, {404, "not_found", "This server's job store does not count its queue.", {}});
     }
-    nlohmann::json by_priority = nlohmann::json::object();
-    for (const auto& [priority, n] : s->queued_by_priority)
-      by_priority[std::to_string(priority)] = n;
-    const double oldest =
-        s->oldest_queued ? std::max(0.0, std::chrono::duration<double>(
-                                             std::chrono::system_clock::now() - *s->oldest_queued)
-                                             .count())
-                         : 0.0;
+    nlohmann::json body = detail::queue_stats_json(*s);
+    body["server"] = {{"in_flight", service.in_flight()},
+                      {"queue_depth", service.queue_depth()},
+                      {"work_bytes", service.work_bytes()}};
     res.set_header("Cache-Control", "no-store");
-    send_json(res, 200,
-              {{"queued", s->queued},
-               {"running", s->running},
-               {"oldest_queued_seconds", std::round(oldest * 1000) / 1000},
-               {"queued_by_priority", std::move(by_priority)},
-               {"callbacks_waiting", s->callbacks_waiting},
-               {"server",
-                {{"in_flight", service.in_flight()},
-                 {"queue_depth", service.queue_depth()},
-                 {"work_bytes", service.work_bytes()}}}});
+    send_json(res, 200, body);
   }
 
   void list_endpoints(httplib::Response& res) {
