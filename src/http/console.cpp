@@ -223,13 +223,9 @@ void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
   }
   std::size_t limit = 50;
   if (req.has_param("limit")) {
-    const std::string text = req.get_param_value("limit");
-    const bool digits = !text.empty() && text.size() <= 3 &&
-                        text.find_first_not_of("0123456789") == std::string::npos;
-    limit = digits ? std::stoul(text) : 0;
-    if (limit < 1 || limit > 200) {
-      return send_error(res, {422, "invalid_field", "limit must be 1 to 200.", "limit"});
-    }
+    const auto given = parse_list_limit(req.get_param_value("limit"), 200);
+    if (!given) return send_error(res, {422, "invalid_field", "limit must be 1 to 200.", "limit"});
+    limit = *given;
   }
   const std::string tenant = req.get_param_value("tenant");
   if (!tenant.empty() && !tenant_param(req)) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +24,15 @@ inline std::string list_cursor_text(const ListCursor& cursor, std::string_view i
     text += digits[c & 15];
   }
   return text;
+}
+
+/// A listing's `limit` as given: 1 to `max` in decimal digits; nullopt for anything else.
+inline std::optional<std::size_t> parse_list_limit(const std::string& text, std::size_t max) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  const std::size_t limit = std::stoul(text);
+  if (limit < 1 || limit > max) return std::nullopt;
+  return limit;
 }
 
 /// The cursor a list_cursor_text made, with the id as it was given; nullopt for anything else.

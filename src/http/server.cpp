@@ -1076,13 +1076,11 @@ struct Server::Impl {
     }
     std::size_t limit = 100;
     if (req.has_param("limit")) {
-      const std::string text = req.get_param_value("limit");
-      const bool digits = !text.empty() && text.size() <= 4 &&
-                          text.find_first_not_of("0123456789") == std::string::npos;
-      limit = digits ? std::stoul(text) : 0;
-      if (limit < 1 || limit > 1000) {
+      const auto given = detail::parse_list_limit(req.get_param_value("limit"), 1000);
+      if (!given) {
         return send_error(res, {422, "invalid_field", "limit must be 1 to 1000.", "limit"});
       }
+      limit = *given;
     }
     std::optional<ListCursor> after;
     if (req.has_param("cursor")) {

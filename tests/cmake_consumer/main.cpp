@@ -76,6 +76,16 @@ int main() {
     ok = ok && stats && stats->queued == 0 && stats->running == 0;
     const rebound::JobPage dead = queue.failed_callbacks_page("", std::nullopt, 10);
     ok = ok && dead.jobs.empty() && !dead.next;
+    // What the operator console lists: every job by filter, here the two that succeeded, with
+    // their attempt logs kept (none: they had no callback).
+    rebound::JobFilter succeeded;
+    succeeded.status = rebound::JobStatus::succeeded;
+    succeeded.id_prefix = "job-1";
+    const rebound::JobPage listed = queue.list_jobs(succeeded, std::nullopt, 10);
+    ok = ok && listed.jobs.size() == 1 && listed.jobs[0].job.id == "job-1";
+    succeeded.id_prefix.clear();
+    ok = ok && queue.list_jobs(succeeded, std::nullopt, 10).jobs.size() == 2;
+    ok = ok && queue.find("job-1") && queue.find("job-1")->attempt_log.empty();
     ok = queue.shutdown(std::chrono::seconds(10)) && ok;
   }
   std::remove(db.c_str());
