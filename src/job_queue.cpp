@@ -125,11 +125,21 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
     job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
                                std::chrono::milliseconds(std::chrono::hours(24 * 366)));
     // The accepting server claims the job as it stores it: no claim round trip on the way in.
-    const std::string holder = core.leases.next_holder();
+    // With a prefetch, a job beyond it (or behind jobs parked already, first come first served)
+    // waits in the store on a parked slot instead, claimed by the pump as the queue drains. A
+    // job with a waiter (async_submit) is held at once, so that its end cannot pass unseen.
+    const std::size_t prefetch = core.pump.prefetch();
+    const bool park = prefetch > 0 && !done &&
+                      (core.admission.parked() > 0 || queue.depth() >= prefetch);
+    const std::string holder = park ? std::string() : core.leases.next_holder();
     PutOutcome outcome;
     try {
       outcome = core.store.call(
-          "put", id, [&](JobStore& s) { return s.put(job, core.leases.from_now(holder)); }, &news);
+          "put", id,
+          [&](JobStore& s) {
+            return park ? s.put(job) : s.put(job, core.leases.from_now(holder));
+          },
+          &news);
     } catch (const StoreUnavailable&) {
       return SubmitStatus::store_unavailable;
     }
@@ -142,6 +152,12 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
         return SubmitStatus::queue_full;
       case PutOutcome::conflict:
         return SubmitStatus::conflict;
+    }
+    if (park) {
+      claim.park();
+      // The queue may have drained since it was read.
+      if (queue.depth() <= prefetch / 2) core.pump.wake(core.clock());
+      return SubmitStatus::accepted;
     }
     // Before the job can run: its end completes the wait. Never closed here (closing follows
     // admission.close(), which waits for `entered`), but a handler is answered whatever happens.
@@ -262,6 +278,9 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   *pipeline = core_;
   core_->delivery.set_owner(core_);
   core_->runner.set_owner(core_);
+  // Parked slots belong to no tenant: with tenant shares, every accepted job is held in memory,
+  // where the tenants take turns.
+  core_->pump.set_prefetch(options.tenant_share >= 1.0 ? options.prefetch : 0);
   const BatchingPreference preferred = core_->model->batching();
   detail::WorkQueueOptions queue_options;
   // The queue's own bound equals the admission bound, so an admitted item always fits.
@@ -271,7 +290,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   queue_options.max_queue_delay = options.max_queue_delay.value_or(preferred.max_queue_delay);
   queue_ = std::make_unique<detail::WorkQueue<detail::WorkItem>>(
       std::move(inference_executor), queue_options,
-      [core = core_](std::vector<detail::WorkItem> batch) { core->runner.run(std::move(batch)); });
+      [core = core_](std::vector<detail::WorkItem> batch) {
+        core->pump.note_taken();  // room in the prefetch: parked jobs are claimed now
+        core->runner.run(std::move(batch));
+      });
   // What the store holds from an earlier run (a durable store) or from servers gone: the first
   // claims happen here, so that they are counted when the constructor returns. A store that fails
   // now is retried by the pump. The pauses a shared store keeps hold before anything is sent.
@@ -414,7 +436,7 @@ std::chrono::microseconds JobQueue::max_queue_delay() const {
 }
 
 std::string JobQueue::render_metrics() const {
-  std::string out = core_->metrics.render(queue_->depth(), core_->admission.in_flight(),
+  std::string out = core_->metrics.render(queue_depth(), core_->admission.in_flight(),
                                           core_->sender->in_flight());
   // The breakers, by state, from what the transport tracks now.
   std::size_t by_state[3] = {0, 0, 0};
@@ -702,7 +724,7 @@ std::optional<QueueStats> JobQueue::queue_stats() const {
 }
 
 std::size_t JobQueue::queue_depth() const {
-  return queue_->depth();
+  return queue_->depth() + core_->admission.parked();
 }
 
 const Model& JobQueue::model() const {
@@ -713,8 +735,20 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   shut_down_ = true;
   core_->waiters.close();
   core_->admission.close();
+  const auto started = std::chrono::steady_clock::now();
+  // Jobs parked in the store (JobQueueOptions::prefetch) run too while the time lasts: the pump
+  // claims them into the queue as it drains (JobQueue's handler wakes it), and the queue stays
+  // open for them until none is parked.
+  if (core_->admission.parked() > 0) {
+    core_->pump.wake(core_->clock());
+    core_->admission.wait_unparked(timeout);
+    // What is still parked stays queued in the store (for the next start, or other servers).
+    core_->admission.drop_parked(core_->admission.parked());
+  }
   queue_->close();
-  if (core_->admission.wait_idle(timeout)) {
+  const auto spent = std::chrono::steady_clock::now() - started;
+  if (core_->admission.wait_idle(timeout > spent ? timeout - spent
+                                                 : std::chrono::steady_clock::duration::zero())) {
     core_->async_waiters.close();
     return true;
   }

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::size_t workers = std::max(2u, std::thread::hardware_concurrency());
   std::size_t queue_capacity = 10000;
+  std::optional<std::size_t> prefetch;
   std::size_t max_work_mib = 512;
   std::vector<std::string> signing_secrets;
   std::vector<std::string> signing_keys;
@@ -129,10 +130,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30))
       ->capture_default_str();
   app.add_option("--queue-capacity", queue_capacity,
-                 "Work in memory at once (jobs waiting or running, callback attempts under way; "
-                 "retries waiting for their time are in the store); beyond it 503 queue_full")
+                 "Work accepted and unfinished at once (jobs waiting, in memory or parked in the "
+                 "store beyond --prefetch, or running; callback attempts under way; retries "
+                 "waiting for their time are in the store and not counted); beyond it 503 "
+                 "queue_full")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100000000}))
       ->capture_default_str();
+  app.add_option("--prefetch", prefetch,
+                 "Jobs held in memory waiting for a worker; accepted jobs beyond it wait in the "
+                 "store only, claimed as the workers drain (0: all in memory; default 1024 with "
+                 "the memory and SQLite stores, 0 with Redis; not applied with tenant shares)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{100000000}));
   app.add_option("--log-level", log_level,
                  "Structured (JSON lines) job logs on stderr: debug, info, warn, error or off")
       ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))
@@ -335,6 +343,8 @@ int main(int argc, char** argv) {
     rebound::JobQueueOptions options;
     options.workers = workers;
     options.queue_capacity = queue_capacity;
+    // A shared store's queue is claimed by every server: there each keeps what it accepts.
+    options.prefetch = prefetch.value_or(store_uri.rfind("redis", 0) == 0 ? 0 : 1024);
     options.max_work_bytes = max_work_mib << 20;
     {
       std::set<std::string_view> names;

@@ -292,13 +292,15 @@ class JobQueue final {
   /// Why the job store cannot be used now (JobStore::failure), or nullopt while it works.
   std::optional<std::string> store_failure() const;
 
-  /// Work in memory now: jobs and callback attempts (see JobQueueOptions::queue_capacity).
+  /// Capacity slots taken now: jobs accepted and not finished (in memory, or parked in the store:
+  /// JobQueueOptions::prefetch) and callback attempts (see JobQueueOptions::queue_capacity).
   std::size_t in_flight() const;
 
   /// The bytes work in memory holds now (JobQueueOptions::max_work_bytes).
   std::size_t work_bytes() const;
 
-  /// Jobs waiting for a worker now (in this queue's memory).
+  /// Jobs this queue accepted or claimed that wait for a worker now: in its memory, and parked in
+  /// the store beyond its prefetch (JobQueueOptions::prefetch).
   std::size_t queue_depth() const;
 
   /// The whole queue's numbers as the store counts them (JobStore::queue_stats): the same on

@@ -44,6 +44,18 @@ struct JobQueueOptions {
   /// and holds no slot. Submissions beyond it are refused with `queue_full`, so memory stays
   /// bounded however slow the model or the receivers are.
   std::size_t queue_capacity = 10000;
+  /// The most jobs held in memory waiting for a worker; 0: no bound (every accepted job waits in
+  /// memory as well as in the store, up to `queue_capacity`). With a bound, a job accepted beyond
+  /// it (or behind jobs waiting so already) is stored unclaimed and keeps only its capacity slot:
+  /// it costs the store's bytes and none in this process, and the queue claims it from the store
+  /// as its workers drain what is in memory, oldest first within a priority (the store's order).
+  /// `queue_capacity` still bounds the jobs accepted and not finished, parked ones included.
+  /// Jobs submitted with async_submit are always held (their end must not pass unseen). Not
+  /// applied with tenant shares (`tenant_share` below 1): tenants take turns in memory, so every
+  /// job is held there. With a store shared by several servers, a parked job may be run by
+  /// another server; its slot here is freed when this queue next finds the store without
+  /// claimable jobs. rebound-server: --prefetch.
+  std::size_t prefetch = 0;
   /// The bytes that work in memory may hold at once: the inputs of jobs waiting for a worker or
   /// running (as their parsed trees really take, rebound::detail::json_footprint) and the bodies
   /// of callback attempts under way. Submissions beyond it are refused with `queue_full`, and jobs

@@ -104,6 +104,64 @@ class Admission {
     return std::min({capacity_ - in_flight_, max, by_bytes});
   }
 
+  /// Parks a slot taken with `admit`: its job waits in the store, not in memory (see
+  /// JobQueueOptions::prefetch). The slot stays taken (the job is still accepted and unfinished)
+  /// and its bytes are freed. Only without per-tenant counts (a parked slot belongs to no tenant).
+  void park(std::size_t bytes) {
+    bool freed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      freed = bytes_ >= max_bytes_;
+      bytes_ -= std::min(bytes_, bytes);
+      freed = freed && bytes_ < max_bytes_;
+      ++parked_;
+    }
+    if (freed) on_slot_freed_();
+  }
+
+  /// Takes one parked slot for a job claimed from the store, charged with `bytes` from now on.
+  /// False when none is parked (the claim then needs a free slot: take_slot).
+  bool unpark(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (parked_ == 0) return false;
+    if (--parked_ == 0) idle_.notify_all();
+    bytes_ += bytes;
+    note_charge(bytes);
+    return true;
+  }
+
+  /// Frees up to `n` parked slots whose jobs will not be claimed by this queue (taken by another
+  /// claimant, cancelled, or left in the store at shutdown). Returns how many were freed.
+  std::size_t drop_parked(std::size_t n) {
+    bool freed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      n = std::min(n, parked_);
+      if (n == 0) return 0;
+      freed = in_flight_ == capacity_;
+      parked_ -= n;
+      in_flight_ -= n;
+      if (in_flight_ == 0 || parked_ == 0) idle_.notify_all();
+    }
+    if (freed) on_slot_freed_();
+    return n;
+  }
+
+  /// Slots held by jobs that wait in the store (park).
+  std::size_t parked() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return parked_;
+  }
+
+  /// How many parked jobs a claim may take now: at most `max`, and no more than the free bytes
+  /// hold at the size of the largest recent work (as claimable).
+  std::size_t unparkable(std::size_t max) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (parked_ == 0 || bytes_ >= max_bytes_) return 0;
+    const std::size_t by_bytes = 1 + (max_bytes_ - bytes_) / std::max<std::size_t>(1, largest_);
+    return std::min({parked_, max, by_bytes});
+  }
+
   /// Frees one slot of `tenant`'s, charged with `bytes` (Claim does, when it goes).
   void release(std::string_view tenant = {}, std::size_t bytes = 0) {
     bool freed;
@@ -165,6 +223,13 @@ class Admission {
     return in_flight_ == 0;
   }
 
+  /// Waits up to `timeout` for no slot to be parked (the pump claims them), or until `end_wait`.
+  bool wait_unparked(std::chrono::steady_clock::duration timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait_for(lock, timeout, [this] { return parked_ == 0 || wait_ended_; });
+    return parked_ == 0;
+  }
+
   /// Ends every `wait_idle`, now and later, as if its deadline had passed.
   void end_wait() {
     {
@@ -206,7 +271,8 @@ class Admission {
   bool accepting_ = true;
   mutable std::mutex mutex_;
   std::condition_variable idle_;
-  std::size_t in_flight_ = 0;
+  std::size_t in_flight_ = 0;  // slots taken, parked ones included
+  std::size_t parked_ = 0;     // of them, held by jobs waiting in the store
   std::size_t bytes_ = 0;
   // Until work is seen, claims assume the largest input a body can hold (json_cost_limit).
   std::size_t largest_ = std::size_t{32} << 20;

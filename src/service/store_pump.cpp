@@ -88,9 +88,12 @@ bool StorePump::pump() {
   bool more = false;
   try {
     // After shutdown begins nothing new is claimed: it stays in the store for the next start, or
-    // for the other servers.
+    // for the other servers. The jobs this queue accepted and parked in the store are still
+    // claimed while it drains (JobQueue::shutdown), as those in memory still run.
     if (admission_.accepting()) {
       if (claims_callbacks_) callbacks = claim_callbacks(more);
+      jobs = claim_jobs(more);
+    } else if (admission_.parked() > 0) {
       jobs = claim_jobs(more);
     }
     store_.worked();
@@ -111,28 +114,28 @@ bool StorePump::pump() {
   return more;
 }
 
-// Claims with `claim` up to as many items as there are free slots (and as the free bytes hold at
-// the size of recent jobs), and keeps those it gets a slot and their bytes (`bytes_of`) for; a
-// claim whose slot a submission took meanwhile, or that does not fit the bytes left, is handed
-// back at once. Slots are not reserved beforehand, so a poll never makes a submission see a full
-// queue. After a hand-back the pump waits for room (a freed slot, or the next poll) instead of
-// claiming again at once.
+// Claims with `claim` up to `want` items, and keeps those it gets a slot and their bytes
+// (`bytes_of`) for: with `unparked`, a job parked in the store takes its parked slot back (counted
+// there), else a free slot; a claim whose slot a submission took meanwhile, or that does not fit
+// the bytes left, is handed back at once. Slots are not reserved beforehand, so a poll never makes
+// a submission see a full queue. After a hand-back the pump waits for room (a freed slot, or the
+// next poll) instead of claiming again at once.
 template <typename ClaimFn, typename BytesFn>
-std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char* what, bool& more,
-                                                                     std::string& holder,
-                                                                     ClaimFn&& claim,
-                                                                     BytesFn&& bytes_of) {
-  const std::size_t slots = admission_.claimable(max_claim);
-  if (slots == 0) return {};
+std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
+    const char* what, bool& more, std::string& holder, std::size_t want, std::size_t* unparked,
+    ClaimFn&& claim, BytesFn&& bytes_of) {
+  if (want == 0) return {};
   holder = leases_.next_holder();
-  std::vector<JobRecord> due = claim(slots, leases_.from_now(holder), clock_());
-  if (due.size() == slots) more = true;
+  std::vector<JobRecord> due = claim(want, leases_.from_now(holder), clock_());
+  if (due.size() == want) more = true;
   std::vector<std::pair<JobRecord, Claim>> kept;
   kept.reserve(due.size());
   for (auto& record : due) {
     const std::string_view tenant = tenant_of(record.job.id);
     const std::size_t bytes = bytes_of(record);
-    if (admission_.take_slot(tenant, bytes)) {
+    const bool was_parked = unparked && admission_.unpark(bytes);
+    if (was_parked) ++*unparked;
+    if (was_parked || admission_.take_slot(tenant, bytes)) {
       // From here the slot is the claim's: given back on every way out, an exception's included.
       kept.emplace_back(std::move(record), Claim::slot(admission_, tenant, bytes));
     } else {
@@ -140,13 +143,19 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(const char*
       more = false;
     }
   }
+  if (unparked && due.size() < want) {
+    // The store had no more claimable jobs than these: the jobs parked before this claim that it
+    // did not bring back are gone from the queue (cancelled, or taken by another claimant of the
+    // store), so their slots are freed.
+    admission_.drop_parked(parked_before_ > *unparked ? parked_before_ - *unparked : 0);
+  }
   return kept;
 }
 
 std::size_t StorePump::claim_callbacks(bool& more) {
   std::string holder;
   auto due = claim_with_slots(
-      "claim_callbacks", more, holder,
+      "claim_callbacks", more, holder, admission_.claimable(max_claim), nullptr,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
         return store_.store().claim_callbacks(n, lease, at);
       },
@@ -158,9 +167,19 @@ std::size_t StorePump::claim_callbacks(bool& more) {
 }
 
 std::size_t StorePump::claim_jobs(bool& more) {
+  // With a prefetch, only the room left in it; jobs parked in the store take their own slots.
+  std::size_t room = max_claim;
+  if (prefetch_ > 0) {
+    const std::size_t depth = queue_ ? queue_->depth() : 0;
+    room = depth >= prefetch_ ? 0 : std::min(room, prefetch_ - depth);
+  }
+  parked_before_ = admission_.parked();
+  const std::size_t want =
+      std::min(room, std::max(admission_.claimable(max_claim), admission_.unparkable(max_claim)));
   std::string holder;
+  std::size_t unparked = 0;
   auto due = claim_with_slots(
-      "claim_jobs", more, holder,
+      "claim_jobs", more, holder, want, &unparked,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
         return store_.store().claim_jobs(n, lease, at);
       },
@@ -179,6 +198,11 @@ std::size_t StorePump::claim_jobs(bool& more) {
     item.claim.hand_back(store_, "renew");
   }
   return queued;
+}
+
+void StorePump::note_taken() {
+  if (prefetch_ == 0 || !queue_ || admission_.parked() == 0) return;
+  if (queue_->depth() <= prefetch_ / 2) wake(clock_());
 }
 
 }  // namespace rebound::detail

@@ -64,6 +64,16 @@ class StorePump {
   /// Whether due callbacks are claimed (not by a queue without a transport). Before `start`.
   void set_claims_callbacks(bool claims) { claims_callbacks_ = claims; }
 
+  /// The most jobs held in memory waiting for a worker (JobQueueOptions::prefetch); 0: no bound.
+  /// With one, accepted jobs beyond it wait in the store on parked slots (Admission::park), and
+  /// the pump claims them as the queue drains. Before `start`.
+  void set_prefetch(std::size_t prefetch) { prefetch_ = prefetch; }
+  std::size_t prefetch() const { return prefetch_; }
+
+  /// A worker took a batch: with jobs parked in the store and the queue below half its prefetch,
+  /// the pump claims more at once. Thread-safe.
+  void note_taken();
+
   /// Called on the pump's thread each time it looks for work. Before `start`.
   void set_on_poll(std::function<void()> on_poll) { on_poll_ = std::move(on_poll); }
 
@@ -75,8 +85,9 @@ class StorePump {
   bool pump();
   template <typename ClaimFn, typename BytesFn>
   std::vector<std::pair<JobRecord, Claim>> claim_with_slots(const char* what, bool& more,
-                                                            std::string& holder, ClaimFn&& claim,
-                                                            BytesFn&& bytes_of);
+                                                            std::string& holder, std::size_t want,
+                                                            std::size_t* unparked,
+                                                            ClaimFn&& claim, BytesFn&& bytes_of);
   std::size_t claim_callbacks(bool& more);
   std::size_t claim_jobs(bool& more);
 
@@ -94,6 +105,8 @@ class StorePump {
   std::chrono::steady_clock::time_point last_sweep_{};
   Queue* queue_ = nullptr;
   bool claims_callbacks_ = true;
+  std::size_t prefetch_ = 0;
+  std::size_t parked_before_ = 0;  // Admission::parked() when the claim of jobs began
   std::function<void()> on_poll_;
   std::atomic<std::uint64_t> resumed_{0};
   bool starting_ = true;  // during the first claims, before the thread starts
