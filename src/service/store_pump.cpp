@@ -62,7 +62,7 @@ void StorePump::run() {
 }
 
 // Callbacks first (results already paid for), then jobs. True when the store had more than one
-// claim took.
+// claim took. Jobs are counted as resumed (taken over) unless this queue parked them itself.
 bool StorePump::pump() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -197,7 +197,8 @@ std::size_t StorePump::claim_jobs(bool& more) {
     // Shutdown closed the queue meanwhile: the job goes back to the store at once.
     item.claim.hand_back(store_, "renew");
   }
-  return queued;
+  // Jobs this queue accepted and parked are not taken over: only the others count as resumed.
+  return queued > unparked ? queued - unparked : 0;
 }
 
 void StorePump::note_taken() {

@@ -1,0 +1,183 @@
+// JobQueueOptions::prefetch: jobs accepted beyond it wait in the store (no memory in the process,
+// only their capacity slot) and are claimed as the workers drain, in the store's order. With the
+// memory store and a SQLite file; real JobQueues, a model the test holds.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "rebound/job_queue.hpp"
+#include "rebound/store/memory_job_store.hpp"
+#include "rebound/store/sqlite_job_store.hpp"
+#include "support/receiver.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace std::chrono_literals;
+using rebound::JobStatus;
+using rebound::SubmitStatus;
+using rebound::test::eventually;
+
+namespace {
+
+// Holds every prediction until opened, and keeps the order in which jobs ran (their input "n").
+class OrderModel final : public rebound::Model {
+ public:
+  struct Shared {
+    std::mutex m;
+    std::condition_variable changed;
+    bool open = false;
+    std::vector<int> ran;
+  };
+  explicit OrderModel(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  std::string name() const override { return "order"; }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    std::unique_lock<std::mutex> lock(shared_->m);
+    shared_->changed.wait(lock, [this] { return shared_->open; });
+    shared_->ran.push_back(input.value("n", -1));
+    return rebound::Prediction::success({{"n", input.value("n", -1)}});
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+void open(OrderModel::Shared& shared) {
+  std::lock_guard<std::mutex> lock(shared.m);
+  shared.open = true;
+  shared.changed.notify_all();
+}
+
+std::size_t ran(OrderModel::Shared& shared) {
+  std::lock_guard<std::mutex> lock(shared.m);
+  return shared.ran.size();
+}
+
+rebound::Job numbered(int n) {
+  return rebound::make_job("job-" + std::to_string(n), {{"n", n}});
+}
+
+rebound::JobQueueOptions options(std::size_t prefetch, std::size_t capacity) {
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  o.prefetch = prefetch;
+  o.queue_capacity = capacity;
+  o.poll_interval = 50ms;
+  o.drain_on_destroy = 0ms;
+  return o;
+}
+
+std::unique_ptr<rebound::JobStore> make(const std::string& kind, const std::string& path) {
+  if (kind == "memory") return std::make_unique<rebound::MemoryJobStore>();
+  return std::make_unique<rebound::SqliteJobStore>(path);
+}
+
+}  // namespace
+
+TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run in order") {
+  for (const std::string kind : {"memory", "sqlite"}) {
+    CAPTURE(kind);
+    rebound::test::TempDir dir;
+    auto shared = std::make_shared<OrderModel::Shared>();
+    rebound::JobQueue queue(std::make_unique<OrderModel>(shared), make(kind, dir.file("q.db")),
+                            options(8, 100));
+    REQUIRE(queue.submit(numbered(0)) == SubmitStatus::accepted);
+    const std::size_t one = queue.work_bytes();
+    REQUIRE(one > 0);
+    for (int n = 1; n < 100; ++n)
+      REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    // Every accepted job holds its slot, the parked ones included: the 101st is refused.
+    CHECK(queue.submit(numbered(100)) == SubmitStatus::queue_full);
+    CHECK(queue.in_flight() == 100);
+    CHECK(queue.queue_depth() >= 99);
+    // Memory holds the prefetch and the job running, not the 100 accepted.
+    CHECK(queue.work_bytes() <= 10 * one);
+    const auto stats = queue.queue_stats();
+    REQUIRE(stats);
+    CHECK(stats->queued + stats->running == 100);  // the worker holds one
+    // The store keeps the parked ones as any queued job: polls see them.
+    auto last = queue.find("job-99");
+    REQUIRE(last);
+    CHECK(last->status == JobStatus::queued);
+
+    open(*shared);
+    REQUIRE(eventually([&] { return ran(*shared) == 100; }, 30s));
+    REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
+    {
+      std::lock_guard<std::mutex> lock(shared->m);
+      // One worker and one priority: first come, first served, across memory and the store.
+      CHECK(std::is_sorted(shared->ran.begin(), shared->ran.end()));
+    }
+    CHECK(queue.find("job-99")->status == JobStatus::succeeded);
+    // Claimed back from the store, not taken over from another run.
+    CHECK(queue.batch_stats().resumed == 0);
+    // The slots are free again.
+    CHECK(queue.submit(numbered(100)) == SubmitStatus::accepted);
+  }
+}
+
+TEST_CASE("prefetch: a parked job that is cancelled gives its slot back once the store drains") {
+  rebound::test::TempDir dir;
+  auto shared = std::make_shared<OrderModel::Shared>();
+  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                          std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
+                          options(2, 10));
+  for (int n = 0; n < 10; ++n)
+    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  CHECK(queue.submit(numbered(10)) == SubmitStatus::queue_full);
+  // The last ones wait in the store: cancelled there, they never come back to this queue.
+  for (int n = 5; n < 10; ++n)
+    CHECK(queue.cancel("job-" + std::to_string(n)) == rebound::CancelStatus::cancelled);
+  open(*shared);
+  REQUIRE(eventually([&] { return ran(*shared) == 5; }, 30s));
+  // Once the store has no job left to claim, the cancelled ones' slots are free.
+  REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
+  for (int n = 10; n < 20; ++n)
+    CHECK(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  REQUIRE(eventually([&] { return ran(*shared) == 15; }, 30s));
+}
+
+TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they stay queued") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("q.db");
+  {
+    auto shared = std::make_shared<OrderModel::Shared>();
+    rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                            std::make_unique<rebound::MemoryJobStore>(), options(4, 100));
+    for (int n = 0; n < 40; ++n)
+      REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    open(*shared);
+    // The drain runs every accepted job, those parked in the store as those in memory.
+    CHECK(queue.shutdown(30s));
+    CHECK(ran(*shared) == 40);
+    CHECK(queue.find("job-39")->status == JobStatus::succeeded);
+  }
+  {
+    auto shared = std::make_shared<OrderModel::Shared>();
+    rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                            std::make_unique<rebound::SqliteJobStore>(path), options(4, 100));
+    for (int n = 0; n < 40; ++n)
+      REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    // Nothing can run: the deadline passes with jobs parked, and shutdown does not wait for them.
+    CHECK_FALSE(queue.shutdown(0ms));
+    CHECK(queue.in_flight() <= 1);  // at most the one the worker holds
+    open(*shared);
+  }
+  // The next start on the same file finds every job that had not run, queued, and runs them.
+  auto shared = std::make_shared<OrderModel::Shared>();
+  open(*shared);
+  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                          std::make_unique<rebound::SqliteJobStore>(path), options(4, 100));
+  REQUIRE(eventually([&] {
+    for (int n = 0; n < 40; ++n) {
+      auto r = queue.find("job-" + std::to_string(n));
+      if (!r || r->status != JobStatus::succeeded) return false;
+    }
+    return true;
+  }, 30s));
+  CHECK(ran(*shared) >= 39);
+}
