@@ -128,9 +128,18 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
     // With a prefetch, a job beyond it (or behind jobs parked already, first come first served)
     // waits in the store on a parked slot instead, claimed by the pump as the queue drains. A
     // job with a waiter (async_submit) is held at once, so that its end cannot pass unseen.
+    // A job more urgent than every job parked, and than some job in memory, is held at once
+    // (up to twice the prefetch), so that priorities still come first.
     const std::size_t prefetch = core.pump.prefetch();
-    const bool park = prefetch > 0 && !done &&
-                      (core.admission.parked() > 0 || queue.depth() >= prefetch);
+    bool park = false;
+    if (prefetch > 0 && !done) {
+      const std::size_t depth = queue.depth();
+      const bool behind_parked =
+          core.admission.parked() > 0 && job.priority >= core.admission.parked_floor();
+      const bool window_full = depth >= prefetch && !(depth < 2 * prefetch &&
+                                                      job.priority < queue.least_urgent_level());
+      park = behind_parked || window_full;
+    }
     const std::string holder = park ? std::string() : core.leases.next_holder();
     PutOutcome outcome;
     try {
@@ -154,7 +163,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
         return SubmitStatus::conflict;
     }
     if (park) {
-      claim.park();
+      claim.park(job.priority);
       // The queue may have drained since it was read.
       if (queue.depth() <= prefetch / 2) core.pump.wake(core.clock());
       return SubmitStatus::accepted;
@@ -280,7 +289,12 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   core_->runner.set_owner(core_);
   // Parked slots belong to no tenant: with tenant shares, every accepted job is held in memory,
   // where the tenants take turns.
-  core_->pump.set_prefetch(options.tenant_share >= 1.0 ? options.prefetch : 0);
+  // At least a batch for every worker, or the workers would wait on claims.
+  const std::size_t batch = std::max<std::size_t>(
+      1, options.max_batch_size.value_or(core_->model->batching().max_batch_size));
+  core_->pump.set_prefetch(options.tenant_share >= 1.0 && options.prefetch > 0
+                               ? std::max(options.prefetch, options.workers * batch)
+                               : 0);
   const BatchingPreference preferred = core_->model->batching();
   detail::WorkQueueOptions queue_options;
   // The queue's own bound equals the admission bound, so an admitted item always fits.
@@ -739,16 +753,20 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   // Jobs parked in the store (JobQueueOptions::prefetch) run too while the time lasts: the pump
   // claims them into the queue as it drains (JobQueue's handler wakes it), and the queue stays
   // open for them until none is parked.
+  bool left_parked = false;
   if (core_->admission.parked() > 0) {
     core_->pump.wake(core_->clock());
     core_->admission.wait_unparked(timeout);
     // What is still parked stays queued in the store (for the next start, or other servers).
-    core_->admission.drop_parked(core_->admission.parked());
+    left_parked = core_->admission.drop_parked(core_->admission.parked()) > 0;
   }
+  // The pump's pass under way queues what it claimed before the queue closes to it.
+  core_->pump.barrier();
   queue_->close();
   const auto spent = std::chrono::steady_clock::now() - started;
   if (core_->admission.wait_idle(timeout > spent ? timeout - spent
-                                                 : std::chrono::steady_clock::duration::zero())) {
+                                                 : std::chrono::steady_clock::duration::zero()) &&
+      !left_parked) {
     core_->async_waiters.close();
     return true;
   }

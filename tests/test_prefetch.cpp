@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rebound/job_queue.hpp"
@@ -57,8 +58,10 @@ std::size_t ran(OrderModel::Shared& shared) {
   return shared.ran.size();
 }
 
-rebound::Job numbered(int n) {
-  return rebound::make_job("job-" + std::to_string(n), {{"n", n}});
+rebound::Job numbered(int n, int priority = rebound::default_priority) {
+  rebound::Job job = rebound::make_job("job-" + std::to_string(n), {{"n", n}});
+  job.priority = priority;
+  return job;
 }
 
 rebound::JobQueueOptions options(std::size_t prefetch, std::size_t capacity) {
@@ -66,7 +69,8 @@ rebound::JobQueueOptions options(std::size_t prefetch, std::size_t capacity) {
   o.workers = 1;
   o.prefetch = prefetch;
   o.queue_capacity = capacity;
-  o.poll_interval = 50ms;
+  // No poll to fall back on: parked jobs must be claimed because the workers drained, on time.
+  o.poll_interval = 1h;
   o.drain_on_destroy = 0ms;
   return o;
 }
@@ -180,4 +184,58 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
     return true;
   }, 30s));
   CHECK(ran(*shared) >= 39);
+}
+
+TEST_CASE("prefetch: an urgent job is not parked behind less urgent ones") {
+  rebound::test::TempDir dir;
+  auto shared = std::make_shared<OrderModel::Shared>();
+  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                          std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
+                          options(4, 100));
+  for (int n = 0; n < 20; ++n)
+    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  REQUIRE(queue.submit(numbered(1000, rebound::highest_priority)) == SubmitStatus::accepted);
+  open(*shared);
+  REQUIRE(eventually([&] { return ran(*shared) == 21; }, 30s));
+  std::lock_guard<std::mutex> lock(shared->m);
+  // The worker held job 0 when it came; the urgent one runs next, before the 19 waiting.
+  const auto at = std::find(shared->ran.begin(), shared->ran.end(), 1000) - shared->ran.begin();
+  CHECK(at <= 1);
+}
+
+TEST_CASE("prefetch: a restart with a backlog many times the prefetch drains without polls") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("q.db");
+  {
+    rebound::SqliteJobStore store(path);
+    for (int n = 0; n < 300; ++n)
+      REQUIRE(store.put(numbered(n)) == rebound::PutOutcome::created);
+  }
+  auto shared = std::make_shared<OrderModel::Shared>();
+  open(*shared);
+  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                          std::make_unique<rebound::SqliteJobStore>(path), options(4, 1000));
+  // Claimed a prefetch at a time as the worker drains: with polls an hour apart, only the
+  // wake-ups of the drain can bring them all in.
+  REQUIRE(eventually([&] { return ran(*shared) == 300; }, 30s));
+  CHECK(queue.batch_stats().resumed == 300);
+}
+
+TEST_CASE("prefetch: a shutdown past its deadline leaves the parked jobs queued and says so") {
+  rebound::test::TempDir dir;
+  auto shared = std::make_shared<OrderModel::Shared>();
+  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                          std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
+                          options(4, 100));
+  for (int n = 0; n < 20; ++n)
+    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  // Nothing runs before the deadline: the parked jobs are not drained, and the answer is false
+  // even once the one running has finished.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(50ms);
+    open(*shared);
+  });
+  CHECK_FALSE(queue.shutdown(10ms));
+  opener.join();
+  CHECK(queue.find("job-19")->status == JobStatus::queued);
 }

@@ -107,7 +107,7 @@ class Admission {
   /// Parks a slot taken with `admit`: its job waits in the store, not in memory (see
   /// JobQueueOptions::prefetch). The slot stays taken (the job is still accepted and unfinished)
   /// and its bytes are freed. Only without per-tenant counts (a parked slot belongs to no tenant).
-  void park(std::size_t bytes) {
+  void park(std::size_t bytes, int priority) {
     bool freed;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -115,19 +115,34 @@ class Admission {
       bytes_ -= std::min(bytes_, bytes);
       freed = freed && bytes_ < max_bytes_;
       ++parked_;
+      parked_floor_ = std::min(parked_floor_, priority);
     }
     if (freed) on_slot_freed_();
   }
 
+  enum class Unpark { none, taken, no_room };
+
   /// Takes one parked slot for a job claimed from the store, charged with `bytes` from now on.
-  /// False when none is parked (the claim then needs a free slot: take_slot).
-  bool unpark(std::size_t bytes) {
+  /// `none` when none is parked (the claim then needs a free slot: take_slot); `no_room` when the
+  /// bytes do not fit (the job goes back to the store, the slot stays parked).
+  Unpark unpark(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (parked_ == 0) return false;
-    if (--parked_ == 0) idle_.notify_all();
+    if (parked_ == 0) return Unpark::none;
+    if (!fits_locked(bytes)) return Unpark::no_room;
+    if (--parked_ == 0) {
+      parked_floor_ = std::numeric_limits<int>::max();
+      idle_.notify_all();
+    }
     bytes_ += bytes;
     note_charge(bytes);
-    return true;
+    return Unpark::taken;
+  }
+
+  /// The most urgent priority (lowest number) parked since none was: a submission of that
+  /// priority or a less urgent one waits behind the parked jobs (first come, first served).
+  int parked_floor() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return parked_floor_;
   }
 
   /// Frees up to `n` parked slots whose jobs will not be claimed by this queue (taken by another
@@ -141,6 +156,7 @@ class Admission {
       freed = in_flight_ == capacity_;
       parked_ -= n;
       in_flight_ -= n;
+      if (parked_ == 0) parked_floor_ = std::numeric_limits<int>::max();
       if (in_flight_ == 0 || parked_ == 0) idle_.notify_all();
     }
     if (freed) on_slot_freed_();
@@ -273,6 +289,7 @@ class Admission {
   std::condition_variable idle_;
   std::size_t in_flight_ = 0;  // slots taken, parked ones included
   std::size_t parked_ = 0;     // of them, held by jobs waiting in the store
+  int parked_floor_ = std::numeric_limits<int>::max();  // see parked_floor
   std::size_t bytes_ = 0;
   // Until work is seen, claims assume the largest input a body can hold (json_cost_limit).
   std::size_t largest_ = std::size_t{32} << 20;

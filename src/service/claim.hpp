@@ -84,9 +84,9 @@ class Claim {
 
   /// Keeps the slot taken for a job left in the store unclaimed (Admission::park): no lease, no
   /// bytes. The pump's claim of the job takes the slot back (Admission::unpark).
-  void park() {
+  void park(int priority) {
     drop_lease();
-    if (admission_) std::exchange(admission_, nullptr)->park(std::exchange(bytes_, 0));
+    if (admission_) std::exchange(admission_, nullptr)->park(std::exchange(bytes_, 0), priority);
   }
 
   /// Lets the lease go and frees the slot. Safe to call more than once.

@@ -90,11 +90,12 @@ bool StorePump::pump() {
     // After shutdown begins nothing new is claimed: it stays in the store for the next start, or
     // for the other servers. The jobs this queue accepted and parked in the store are still
     // claimed while it drains (JobQueue::shutdown), as those in memory still run.
+    std::lock_guard<std::mutex> pass(pass_mutex_);
     if (admission_.accepting()) {
       if (claims_callbacks_) callbacks = claim_callbacks(more);
-      jobs = claim_jobs(more);
+      jobs = claim_jobs(more, true);
     } else if (admission_.parked() > 0) {
-      jobs = claim_jobs(more);
+      jobs = claim_jobs(more, false);  // only the parked ones: nothing new is taken on
     }
     store_.worked();
   } catch (const std::exception& e) {
@@ -123,27 +124,30 @@ bool StorePump::pump() {
 template <typename ClaimFn, typename BytesFn>
 std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
     const char* what, bool& more, std::string& holder, std::size_t want, std::size_t* unparked,
-    ClaimFn&& claim, BytesFn&& bytes_of) {
+    bool free_slots, ClaimFn&& claim, BytesFn&& bytes_of) {
   if (want == 0) return {};
   holder = leases_.next_holder();
   std::vector<JobRecord> due = claim(want, leases_.from_now(holder), clock_());
   if (due.size() == want) more = true;
   std::vector<std::pair<JobRecord, Claim>> kept;
   kept.reserve(due.size());
+  bool handed_back = false;
   for (auto& record : due) {
     const std::string_view tenant = tenant_of(record.job.id);
     const std::size_t bytes = bytes_of(record);
-    const bool was_parked = unparked && admission_.unpark(bytes);
-    if (was_parked) ++*unparked;
-    if (was_parked || admission_.take_slot(tenant, bytes)) {
+    const auto parked = unparked ? admission_.unpark(bytes) : Admission::Unpark::none;
+    if (parked == Admission::Unpark::taken) ++*unparked;
+    if (parked == Admission::Unpark::taken ||
+        (parked == Admission::Unpark::none && free_slots && admission_.take_slot(tenant, bytes))) {
       // From here the slot is the claim's: given back on every way out, an exception's included.
       kept.emplace_back(std::move(record), Claim::slot(admission_, tenant, bytes));
     } else {
       leases_.hand_back(store_, what, record.job.id, holder);
+      handed_back = true;
       more = false;
     }
   }
-  if (unparked && due.size() < want) {
+  if (unparked && due.size() < want && !handed_back) {
     // The store had no more claimable jobs than these: the jobs parked before this claim that it
     // did not bring back are gone from the queue (cancelled, or taken by another claimant of the
     // store), so their slots are freed.
@@ -155,7 +159,7 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
 std::size_t StorePump::claim_callbacks(bool& more) {
   std::string holder;
   auto due = claim_with_slots(
-      "claim_callbacks", more, holder, admission_.claimable(max_claim), nullptr,
+      "claim_callbacks", more, holder, admission_.claimable(max_claim), nullptr, true,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
         return store_.store().claim_callbacks(n, lease, at);
       },
@@ -166,7 +170,7 @@ std::size_t StorePump::claim_callbacks(bool& more) {
   return due.size();
 }
 
-std::size_t StorePump::claim_jobs(bool& more) {
+std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
   // With a prefetch, only the room left in it; jobs parked in the store take their own slots.
   std::size_t room = max_claim;
   if (prefetch_ > 0) {
@@ -174,16 +178,20 @@ std::size_t StorePump::claim_jobs(bool& more) {
     room = depth >= prefetch_ ? 0 : std::min(room, prefetch_ - depth);
   }
   parked_before_ = admission_.parked();
+  const std::size_t unparkable = admission_.unparkable(max_claim);
   const std::size_t want =
-      std::min(room, std::max(admission_.claimable(max_claim), admission_.unparkable(max_claim)));
+      std::min(room, free_slots ? std::max(admission_.claimable(max_claim), unparkable) : unparkable);
   std::string holder;
   std::size_t unparked = 0;
   auto due = claim_with_slots(
-      "claim_jobs", more, holder, want, &unparked,
+      "claim_jobs", more, holder, want, &unparked, free_slots,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
         return store_.store().claim_jobs(n, lease, at);
       },
       [](const JobRecord& record) { return work_bytes(record.job); });
+  // A claim that filled its room may have left more in the store (parked here or not): the
+  // workers' next batches wake the pump for it (note_taken) rather than the next poll.
+  if (want > 0) backlog_ = prefetch_ > 0 && due.size() == want;
   std::size_t queued = 0;
   for (auto& [record, claim] : due) {
     const std::string id = record.job.id;
@@ -202,8 +210,12 @@ std::size_t StorePump::claim_jobs(bool& more) {
 }
 
 void StorePump::note_taken() {
-  if (prefetch_ == 0 || !queue_ || admission_.parked() == 0) return;
+  if (prefetch_ == 0 || !queue_ || (!backlog_ && admission_.parked() == 0)) return;
   if (queue_->depth() <= prefetch_ / 2) wake(clock_());
+}
+
+void StorePump::barrier() {
+  std::lock_guard<std::mutex> pass(pass_mutex_);
 }
 
 }  // namespace rebound::detail

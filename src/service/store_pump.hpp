@@ -74,6 +74,9 @@ class StorePump {
   /// the pump claims more at once. Thread-safe.
   void note_taken();
 
+  /// Returns once the pass under way (if any) has queued what it claimed. Thread-safe.
+  void barrier();
+
   /// Called on the pump's thread each time it looks for work. Before `start`.
   void set_on_poll(std::function<void()> on_poll) { on_poll_ = std::move(on_poll); }
 
@@ -87,9 +90,10 @@ class StorePump {
   std::vector<std::pair<JobRecord, Claim>> claim_with_slots(const char* what, bool& more,
                                                             std::string& holder, std::size_t want,
                                                             std::size_t* unparked,
-                                                            ClaimFn&& claim, BytesFn&& bytes_of);
+                                                            bool free_slots, ClaimFn&& claim,
+                                                            BytesFn&& bytes_of);
   std::size_t claim_callbacks(bool& more);
-  std::size_t claim_jobs(bool& more);
+  std::size_t claim_jobs(bool& more, bool free_slots);
 
   static constexpr std::size_t max_claim = 256;
 
@@ -107,6 +111,8 @@ class StorePump {
   bool claims_callbacks_ = true;
   std::size_t prefetch_ = 0;
   std::size_t parked_before_ = 0;  // Admission::parked() when the claim of jobs began
+  std::atomic<bool> backlog_{false};  // the last claim of jobs filled the room it had
+  std::mutex pass_mutex_;             // held while a pass claims and queues
   std::function<void()> on_poll_;
   std::atomic<std::uint64_t> resumed_{0};
   bool starting_ = true;  // during the first claims, before the thread starts

@@ -150,6 +150,11 @@ class WorkQueue final {
     std::lock_guard<std::mutex> lock(mutex_);
     return pending_.size();
   }
+  /// The least urgent level that has items waiting (the highest number); -1 when none waits.
+  int least_urgent_level() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pending_.least_urgent_level();
+  }
   /// Items being handled now.
   std::size_t running() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -309,6 +314,11 @@ class WorkQueue final {
     }
     std::size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }
+    int least_urgent_level() const {
+      for (int level = count - 1; level >= 0; --level)
+        if (!levels_[static_cast<std::size_t>(level)].turn.empty()) return level;
+      return -1;
+    }
     void clear() {
       for (auto& l : levels_) {
         l.turn.clear();
