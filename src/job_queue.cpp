@@ -136,8 +136,8 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
       const std::size_t depth = queue.depth();
       const bool behind_parked =
           core.admission.parked() > 0 && job.priority >= core.admission.parked_floor();
-      const bool window_full = depth >= prefetch && !(depth < 2 * prefetch &&
-                                                      job.priority < queue.least_urgent_level());
+      const bool window_full =
+          depth >= prefetch && !(depth < 2 * prefetch && job.priority < queue.least_urgent_level());
       park = behind_parked || window_full;
     }
     const std::string holder = park ? std::string() : core.leases.next_holder();
@@ -145,9 +145,7 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
     try {
       outcome = core.store.call(
           "put", id,
-          [&](JobStore& s) {
-            return park ? s.put(job) : s.put(job, core.leases.from_now(holder));
-          },
+          [&](JobStore& s) { return park ? s.put(job) : s.put(job, core.leases.from_now(holder)); },
           &news);
     } catch (const StoreUnavailable&) {
       return SubmitStatus::store_unavailable;

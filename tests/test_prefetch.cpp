@@ -176,13 +176,15 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
   open(*shared);
   rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
                           std::make_unique<rebound::SqliteJobStore>(path), options(4, 100));
-  REQUIRE(eventually([&] {
-    for (int n = 0; n < 40; ++n) {
-      auto r = queue.find("job-" + std::to_string(n));
-      if (!r || r->status != JobStatus::succeeded) return false;
-    }
-    return true;
-  }, 30s));
+  REQUIRE(eventually(
+      [&] {
+        for (int n = 0; n < 40; ++n) {
+          auto r = queue.find("job-" + std::to_string(n));
+          if (!r || r->status != JobStatus::succeeded) return false;
+        }
+        return true;
+      },
+      30s));
   CHECK(ran(*shared) >= 39);
 }
 

@@ -179,8 +179,8 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
   }
   parked_before_ = admission_.parked();
   const std::size_t unparkable = admission_.unparkable(max_claim);
-  const std::size_t want =
-      std::min(room, free_slots ? std::max(admission_.claimable(max_claim), unparkable) : unparkable);
+  const std::size_t want = std::min(
+      room, free_slots ? std::max(admission_.claimable(max_claim), unparkable) : unparkable);
   std::string holder;
   std::size_t unparked = 0;
   auto due = claim_with_slots(
