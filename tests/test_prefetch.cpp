@@ -80,6 +80,23 @@ std::unique_ptr<rebound::JobStore> make(const std::string& kind, const std::stri
   return std::make_unique<rebound::SqliteJobStore>(path);
 }
 
+// Submits jobs 0 to count - 1, each accepted.
+void submit_all(rebound::JobQueue& queue, int count) {
+  for (int n = 0; n < count; ++n)
+    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+}
+
+// A queue on a SQLite file of its own, with the order model held until opened.
+struct OnSqlite {
+  OnSqlite(std::size_t prefetch, std::size_t capacity)
+      : queue(std::make_unique<OrderModel>(shared),
+              std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
+              options(prefetch, capacity)) {}
+  rebound::test::TempDir dir;
+  std::shared_ptr<OrderModel::Shared> shared = std::make_shared<OrderModel::Shared>();
+  rebound::JobQueue queue;
+};
+
 }  // namespace
 
 TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run in order") {
@@ -125,13 +142,10 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
 }
 
 TEST_CASE("prefetch: a parked job that is cancelled gives its slot back once the store drains") {
-  rebound::test::TempDir dir;
-  auto shared = std::make_shared<OrderModel::Shared>();
-  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
-                          std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
-                          options(2, 10));
-  for (int n = 0; n < 10; ++n)
-    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  OnSqlite q(2, 10);
+  rebound::JobQueue& queue = q.queue;
+  auto shared = q.shared;
+  submit_all(queue, 10);
   CHECK(queue.submit(numbered(10)) == SubmitStatus::queue_full);
   // The last ones wait in the store: cancelled there, they never come back to this queue.
   for (int n = 5; n < 10; ++n)
@@ -152,8 +166,7 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
     auto shared = std::make_shared<OrderModel::Shared>();
     rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
                             std::make_unique<rebound::MemoryJobStore>(), options(4, 100));
-    for (int n = 0; n < 40; ++n)
-      REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    submit_all(queue, 40);
     open(*shared);
     // The drain runs every accepted job, those parked in the store as those in memory.
     CHECK(queue.shutdown(30s));
@@ -164,8 +177,7 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
     auto shared = std::make_shared<OrderModel::Shared>();
     rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
                             std::make_unique<rebound::SqliteJobStore>(path), options(4, 100));
-    for (int n = 0; n < 40; ++n)
-      REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    submit_all(queue, 40);
     // Nothing can run: the deadline passes with jobs parked, and shutdown does not wait for them.
     CHECK_FALSE(queue.shutdown(0ms));
     CHECK(queue.in_flight() <= 1);  // at most the one the worker holds
@@ -189,13 +201,10 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
 }
 
 TEST_CASE("prefetch: an urgent job is not parked behind less urgent ones") {
-  rebound::test::TempDir dir;
-  auto shared = std::make_shared<OrderModel::Shared>();
-  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
-                          std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
-                          options(4, 100));
-  for (int n = 0; n < 20; ++n)
-    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  OnSqlite q(4, 100);
+  rebound::JobQueue& queue = q.queue;
+  auto shared = q.shared;
+  submit_all(queue, 20);
   REQUIRE(queue.submit(numbered(1000, rebound::highest_priority)) == SubmitStatus::accepted);
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 21; }, 30s));
@@ -224,13 +233,10 @@ TEST_CASE("prefetch: a restart with a backlog many times the prefetch drains wit
 }
 
 TEST_CASE("prefetch: a shutdown past its deadline leaves the parked jobs queued and says so") {
-  rebound::test::TempDir dir;
-  auto shared = std::make_shared<OrderModel::Shared>();
-  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
-                          std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
-                          options(4, 100));
-  for (int n = 0; n < 20; ++n)
-    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+  OnSqlite q(4, 100);
+  rebound::JobQueue& queue = q.queue;
+  auto shared = q.shared;
+  submit_all(queue, 20);
   // Nothing runs before the deadline: the parked jobs are not drained, and the answer is false
   // even once the one running has finished.
   std::thread opener([&] {

@@ -116,14 +116,14 @@ bool StorePump::pump() {
 }
 
 // Claims with `claim` up to `want` items, and keeps those it gets a slot and their bytes
-// (`bytes_of`) for: with `unparked`, a job parked in the store takes its parked slot back (counted
+// (`bytes_of`) for: with `unparking`, a job parked in the store takes its parked slot back (counted
 // there), else a free slot; a claim whose slot a submission took meanwhile, or that does not fit
 // the bytes left, is handed back at once. Slots are not reserved beforehand, so a poll never makes
 // a submission see a full queue. After a hand-back the pump waits for room (a freed slot, or the
 // next poll) instead of claiming again at once.
 template <typename ClaimFn, typename BytesFn>
 std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
-    const char* what, bool& more, std::string& holder, std::size_t want, std::size_t* unparked,
+    const char* what, bool& more, std::string& holder, std::size_t want, Unparking* unparking,
     bool free_slots, ClaimFn&& claim, BytesFn&& bytes_of) {
   if (want == 0) return {};
   holder = leases_.next_holder();
@@ -131,27 +131,20 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
   if (due.size() == want) more = true;
   std::vector<std::pair<JobRecord, Claim>> kept;
   kept.reserve(due.size());
-  bool handed_back = false;
   for (auto& record : due) {
     const std::string_view tenant = tenant_of(record.job.id);
     const std::size_t bytes = bytes_of(record);
-    const auto parked = unparked ? admission_.unpark(bytes) : Admission::Unpark::none;
-    if (parked == Admission::Unpark::taken) ++*unparked;
+    const auto parked = unparking ? admission_.unpark(bytes) : Admission::Unpark::none;
+    if (parked == Admission::Unpark::taken) ++unparking->unparked;
     if (parked == Admission::Unpark::taken ||
         (parked == Admission::Unpark::none && free_slots && admission_.take_slot(tenant, bytes))) {
       // From here the slot is the claim's: given back on every way out, an exception's included.
       kept.emplace_back(std::move(record), Claim::slot(admission_, tenant, bytes));
     } else {
       leases_.hand_back(store_, what, record.job.id, holder);
-      handed_back = true;
+      if (unparking) unparking->handed_back = true;
       more = false;
     }
-  }
-  if (unparked && due.size() < want && !handed_back) {
-    // The store had no more claimable jobs than these: the jobs parked before this claim that it
-    // did not bring back are gone from the queue (cancelled, or taken by another claimant of the
-    // store), so their slots are freed.
-    admission_.drop_parked(parked_before_ > *unparked ? parked_before_ - *unparked : 0);
   }
   return kept;
 }
@@ -177,18 +170,25 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
     const std::size_t depth = queue_ ? queue_->depth() : 0;
     room = depth >= prefetch_ ? 0 : std::min(room, prefetch_ - depth);
   }
-  parked_before_ = admission_.parked();
+  const std::size_t parked_before = admission_.parked();
   const std::size_t unparkable = admission_.unparkable(max_claim);
   const std::size_t want = std::min(
       room, free_slots ? std::max(admission_.claimable(max_claim), unparkable) : unparkable);
   std::string holder;
-  std::size_t unparked = 0;
+  Unparking unparking;
   auto due = claim_with_slots(
-      "claim_jobs", more, holder, want, &unparked, free_slots,
+      "claim_jobs", more, holder, want, &unparking, free_slots,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
         return store_.store().claim_jobs(n, lease, at);
       },
       [](const JobRecord& record) { return work_bytes(record.job); });
+  const std::size_t unparked = unparking.unparked;
+  if (due.size() < want && !unparking.handed_back) {
+    // The store had no more claimable jobs than these: the jobs parked before this claim that it
+    // did not bring back are gone from the queue (cancelled, or taken by another claimant of the
+    // store), so their slots are freed.
+    admission_.drop_parked(parked_before > unparked ? parked_before - unparked : 0);
+  }
   // A claim that filled its room may have left more in the store (parked here or not): the
   // workers' next batches wake the pump for it (note_taken) rather than the next poll.
   if (want > 0) backlog_ = prefetch_ > 0 && due.size() == want;

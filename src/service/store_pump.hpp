@@ -86,10 +86,16 @@ class StorePump {
  private:
   void run();
   bool pump();
+  // What a claim of jobs did with parked slots: how many it took back, and whether it handed any
+  // job back to the store (which is then still claimable).
+  struct Unparking {
+    std::size_t unparked = 0;
+    bool handed_back = false;
+  };
   template <typename ClaimFn, typename BytesFn>
   std::vector<std::pair<JobRecord, Claim>> claim_with_slots(const char* what, bool& more,
                                                             std::string& holder, std::size_t want,
-                                                            std::size_t* unparked, bool free_slots,
+                                                            Unparking* unparking, bool free_slots,
                                                             ClaimFn&& claim, BytesFn&& bytes_of);
   std::size_t claim_callbacks(bool& more);
   std::size_t claim_jobs(bool& more, bool free_slots);
@@ -109,7 +115,6 @@ class StorePump {
   Queue* queue_ = nullptr;
   bool claims_callbacks_ = true;
   std::size_t prefetch_ = 0;
-  std::size_t parked_before_ = 0;     // Admission::parked() when the claim of jobs began
   std::atomic<bool> backlog_{false};  // the last claim of jobs filled the room it had
   std::mutex pass_mutex_;             // held while a pass claims and queues
   std::function<void()> on_poll_;
