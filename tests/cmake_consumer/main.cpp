@@ -39,6 +39,8 @@ int main() {
     rebound::JobQueueOptions options;
     options.workers = 2;
     options.allow_private_callbacks = true;
+    // At most 2 jobs wait in memory; those submitted beyond wait in the SQLite file.
+    options.prefetch = 2;
     rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
                             rebound::make_store("sqlite:" + db), options);
     // The full library delivers callbacks without being told how.
@@ -86,6 +88,18 @@ int main() {
     succeeded.id_prefix.clear();
     ok = ok && queue.list_jobs(succeeded, std::nullopt, 10).jobs.size() == 2;
     ok = ok && queue.find("job-1") && queue.find("job-1")->attempt_log.empty();
+    // A burst beyond the prefetch: parked in the store, claimed back as the workers drain.
+    for (int n = 2; n < 40; ++n)
+      ok = ok && queue.submit(rebound::make_job("job-" + std::to_string(n), {{"x", n}})) ==
+                     rebound::SubmitStatus::accepted;
+    const auto burst_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    auto last = queue.find("job-39");
+    while (ok && (!last || last->status != rebound::JobStatus::succeeded) &&
+           std::chrono::steady_clock::now() < burst_deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      last = queue.find("job-39");
+    }
+    ok = ok && last && last->status == rebound::JobStatus::succeeded;
     ok = queue.shutdown(std::chrono::seconds(10)) && ok;
   }
   std::remove(db.c_str());
