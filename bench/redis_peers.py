@@ -42,13 +42,36 @@ Redis's memory and AOF growth per job are kept in --json. Trials take turns with
 so the noise of a shared machine falls on all systems alike; the table gives the median of the
 rounds with the range in brackets. Every wait is bounded (--trial-timeout), everything is on
 loopback, and only the processes started here are stopped.
+
+--costs shows where that Redis CPU goes. Each trial's redis-server, as soon as it answers and before
+the system under test starts, is set to log every command (CONFIG SET slowlog-log-slower-than 0,
+slowlog-max-len 2000000, then CONFIG RESETSTAT and SLOWLOG RESET). The entries logged within the
+measured window (the slowlog ids at its two ends; this script's own connection, named
+redis-peers-costs, left out) are grouped by command, and an EVALSHA by the script it runs: rebound's
+by name (put, claim, finish, ...: the SHA1 of every script text in src/store/redis_job_store.cpp,
+both with and without Redis 7's "#!lua flags=allow-oom" line, read from that file as it is and as
+last committed), BullMQ's as "bullmq <SHA1's first 8 hex> <its name>" (the names from the installed
+BullMQ), and any other as "script <8 hex>". Redis 7 logs the commands a script runs too (client
+"?:0", just before the script's own entry): they are counted with their script, not on their own. A
+table per trial, after the main one, gives for each group the calls and the execution time (the
+slowlog's durations, µs; a script's includes the commands it runs, shown beside it) per job, their
+sum, and Redis CPU per job less that sum: what Redis spends outside the commands, on reading
+requests and writing replies, in its event loop, and on the slowlog itself. (The slowlog's durations
+are wall-clock time: where redis-server shares busy cores, a command it is preempted in looks
+longer, and that difference shrinks, even below 0.) --json keeps the same per trial ("costs", with
+each script's commands by name), and INFO commandstats' growth over the window per job (there a
+script's commands count on their own as well as in the script's time). Logging every command costs
+Redis some CPU and memory of its own, so the jobs/s, Redis CPU and memory of a --costs run are not
+the main table's figures: compare a --costs run with another --costs run.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -74,37 +97,100 @@ SYSTEMS = {"rebound-1": "rebound, 1 server", "rebound-2": "rebound, 2 servers",
            "rebound-3": "rebound, 3 servers", "bullmq": "BullMQ"}
 
 
+class RespError(Exception):
+    """An error reply from redis-server."""
+
+
+class Resp:
+    """One connection to redis-server speaking RESP2: commands in, replies out, arrays nested to any
+    depth (a status or bulk string as text, an integer as int, a nil as None, an error inside an
+    array as a RespError value, an error at the top raised). Every call has a deadline, however
+    large its reply (SLOWLOG GET -1 may run to tens of MB)."""
+
+    def __init__(self, port: int, timeout: float = 5.0, name: str | None = None):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.timeout = timeout
+        self.buf = bytearray()
+        self.pos = 0
+        if name:
+            self.call("CLIENT", "SETNAME", name)
+
+    def __enter__(self) -> "Resp":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def call(self, *args: str, timeout: float | None = None):
+        encoded = [a.encode() if isinstance(a, str) else bytes(a) for a in args]
+        self.sock.sendall(b"*%d\r\n" % len(encoded) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded))
+        self.deadline = time.monotonic() + (timeout or self.timeout)
+        reply = self._value()
+        del self.buf[:self.pos]  # one reply per call: nothing is left over
+        self.pos = 0
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    def _fill(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("redis-server did not answer in time")
+        self.sock.settimeout(left)
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise RuntimeError("redis-server closed the connection")
+        self.buf += chunk
+
+    def _line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n", self.pos)
+            if end >= 0:
+                line = bytes(self.buf[self.pos:end])
+                self.pos = end + 2
+                return line
+            self._fill()
+
+    def _value(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode("utf-8", "replace")
+        if kind == b":":
+            return int(rest)
+        if kind == b"-":
+            return RespError(f"redis-server: {rest.decode('utf-8', 'replace')}")
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None
+            while len(self.buf) - self.pos < size + 2:
+                self._fill()
+            value = bytes(self.buf[self.pos:self.pos + size]).decode("utf-8", "replace")
+            self.pos += size + 2
+            return value
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self._value() for _ in range(size)]
+        raise RuntimeError(f"unexpected answer from redis-server: {line[:80]!r}")
+
+
 def redis_call(port: int, *args: str, timeout: float = 5.0) -> str:
-    """One command over RESP; the answer of a status or bulk string reply, as text."""
-    request = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as c:
-        c.sendall(request.encode())
-        data = b""
-        while b"\r\n" not in data:
-            chunk = c.recv(65536)
-            if not chunk:
-                raise RuntimeError("redis-server closed the connection")
-            data += chunk
-        head, _, rest = data.partition(b"\r\n")
-        if head.startswith((b"+", b":")):
-            return head[1:].decode()
-        if head.startswith(b"-"):
-            raise RuntimeError(f"redis-server: {head[1:].decode()}")
-        if not head.startswith(b"$"):
-            raise RuntimeError(f"unexpected answer from redis-server: {head[:80]!r}")
-        size = int(head[1:])
-        while len(rest) < size + 2:
-            chunk = c.recv(65536)
-            if not chunk:
-                raise RuntimeError("redis-server closed the connection")
-            rest += chunk
-        return rest[:size].decode()
+    """One command on a connection of its own; the answer of a status, integer or bulk string reply,
+    as text."""
+    with Resp(port, timeout) as c:
+        return str(c.call(*args))
 
 
 class RedisServer:
     """A fresh redis-server on a free loopback port, in a temporary folder of its own."""
 
-    def __init__(self, config: str):
+    def __init__(self, config: str, costs: bool = False):
+        self.conn: Resp | None = None  # with --costs: one connection, named, for every call here
         self.dir = Path(tempfile.mkdtemp(prefix="rebound-peers-redis-"))
         self.port = free_port()
         self.proc = subprocess.Popen(
@@ -122,14 +208,27 @@ class RedisServer:
                 self.stop()
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.02)
+        if costs:
+            # Every command into the slowlog, with room for all of a trial's, and counters from 0;
+            # before the system under test starts, so that none of its commands is missed.
+            self.conn = Resp(self.port, name=COSTS_CLIENT)
+            for command in (("CONFIG", "SET", "slowlog-log-slower-than", "0"),
+                            ("CONFIG", "SET", "slowlog-max-len", "2000000"),
+                            ("CONFIG", "RESETSTAT"), ("SLOWLOG", "RESET")):
+                self.conn.call(*command)
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
+    def call(self, *args: str, timeout: float = 5.0):
+        if self.conn is None:
+            return redis_call(self.port, *args, timeout=timeout)
+        return self.conn.call(*args, timeout=timeout)
+
     def info(self, section: str) -> dict[str, str]:
         fields = {}
-        for line in redis_call(self.port, "INFO", section).splitlines():
+        for line in self.call("INFO", section).splitlines():
             key, sep, value = line.partition(":")
             if sep:
                 fields[key] = value.strip()
@@ -145,11 +244,152 @@ class RedisServer:
                 "used_memory": int(mem["used_memory"]),
                 "aof_bytes": int(aof.get("aof_current_size", 0)) if aof.get("aof_enabled") == "1" else 0}
 
+    def costs_mark(self) -> dict:
+        """With --costs, at either end of the measured window: the newest slowlog entry's id and the
+        command counters (INFO commandstats)."""
+        newest = self.call("SLOWLOG", "GET", "1")
+        stats = {}
+        for key, value in self.info("commandstats").items():
+            fields = dict(f.split("=", 1) for f in value.split(",") if "=" in f)
+            stats[key.removeprefix("cmdstat_")] = (int(fields["calls"]), int(fields["usec"]))
+        return {"slowlog_id": newest[0][0] if newest else -1, "commandstats": stats}
+
+    def costs(self, start: dict, end: dict, jobs: int, names: dict[str, str], unknown: str) -> dict:
+        """What the system ran on Redis between the two marks, per job: from the slowlog, its commands
+        and scripts (EVALSHA, by script) with their calls and execution time; from INFO
+        commandstats, every command's calls and time, those run inside scripts included."""
+        entries = self.call("SLOWLOG", "GET", "-1", timeout=300)  # newest first
+        # group -> [calls, µs, {command run inside it: [calls, µs]}]
+        groups: dict[str, list] = {}
+        inside: list[tuple[str, int]] = []  # a script's commands, logged just before the script
+        seen = 0
+        for entry in reversed(entries):  # oldest first
+            entry_id, duration, args = entry[0], entry[2], entry[3]
+            client_addr = entry[4] if len(entry) > 4 else ""
+            client_name = entry[5] if len(entry) > 5 else ""
+            if entry_id <= start["slowlog_id"] or entry_id > end["slowlog_id"]:
+                continue
+            seen += 1
+            if client_addr == SCRIPT_CLIENT:  # run by a script: its time is in the script's
+                inside.append((command_group(args, names, unknown), duration))
+                continue
+            if client_name == COSTS_CLIENT:
+                inside.clear()
+                continue
+            group = groups.setdefault(command_group(args, names, unknown), [0, 0, {}])
+            group[0] += 1
+            group[1] += duration
+            for cmd, usec in inside:
+                counts = group[2].setdefault(cmd, [0, 0])
+                counts[0] += 1
+                counts[1] += usec
+            inside.clear()
+        # The oldest entry of the window still there (the log keeps --costs' 2,000,000 at most).
+        lost = bool(entries) and entries[-1][0] > start["slowlog_id"] + 1
+        commandstats = {}
+        for cmd, (calls, usec) in end["commandstats"].items():
+            calls0, usec0 = start["commandstats"].get(cmd, (0, 0))
+            if calls > calls0:
+                commandstats[cmd] = {"calls_per_job": (calls - calls0) / jobs,
+                                     "us_per_job": (usec - usec0) / jobs}
+        ordered = sorted(groups.items(), key=lambda g: (-g[1][1], -g[1][0], g[0]))
+
+        def group(calls: int, usec: int, inner: dict) -> dict:
+            figures = {"calls": calls, "usec": usec, "calls_per_job": calls / jobs, "us_per_job": usec / jobs}
+            if inner:
+                figures["inner_calls_per_job"] = sum(c for c, _ in inner.values()) / jobs
+                figures["inner_us_per_job"] = sum(u for _, u in inner.values()) / jobs
+                figures["inner"] = {cmd: {"calls_per_job": c / jobs, "us_per_job": u / jobs} for cmd, (c, u)
+                                    in sorted(inner.items(), key=lambda i: (-i[1][1], -i[1][0], i[0]))}
+            return figures
+
+        return {
+            "groups": {k: group(*g) for k, g in ordered},
+            "calls_per_job": sum(g[0] for g in groups.values()) / jobs,
+            "exec_us_per_job": sum(g[1] for g in groups.values()) / jobs,
+            "slowlog_entries": seen, "slowlog_lost": lost,
+            "commandstats": dict(sorted(commandstats.items(), key=lambda c: -c[1]["us_per_job"])),
+        }
+
     def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+COSTS_CLIENT = "redis-peers-costs"  # the name of --costs' own connection, left out of the slowlog's sums
+SCRIPT_CLIENT = "?:0"  # the slowlog's client for the commands a script runs (Redis 7 logs those too)
+
+# Commands whose first argument names what they do: grouped as "CONFIG SET", "CLIENT SETNAME", ...
+CONTAINER_COMMANDS = {"ACL", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "FUNCTION", "LATENCY", "MEMORY",
+                      "MODULE", "OBJECT", "PUBSUB", "SCRIPT", "SLOWLOG", "XGROUP", "XINFO"}
+
+
+def command_group(args: list, names: dict[str, str], unknown: str) -> str:
+    """A slowlog entry's group: a script run by EVALSHA by its name (its SHA1 looked up in `names`),
+    else "<unknown> <the SHA1's first 8 hex digits>"; any other command by its name."""
+    cmd = str(args[0]).upper() if args else "?"
+    if cmd in ("EVALSHA", "EVALSHA_RO") and len(args) > 1:
+        sha = str(args[1]).lower()
+        return names.get(sha) or f"{unknown} {sha[:8]}"
+    if cmd in CONTAINER_COMMANDS and len(args) > 1:
+        return f"{cmd} {str(args[1]).upper()}"
+    return cmd
+
+
+REBOUND_SCRIPTS = ROOT / "src" / "store" / "redis_job_store.cpp"
+# Every `constexpr const char* kName = R"delim(...)delim";` of that file: the prelude and the scripts.
+RAW_STRING = re.compile(r'constexpr\s+const\s+char\s*\*\s*k(\w+)\s*=\s*R"(\w*)\((.*?)\)\2"\s*;', re.S)
+ALLOW_OOM = "#!lua flags=allow-oom\n"
+
+
+def rebound_script_names(source: Path = REBOUND_SCRIPTS) -> dict[str, str]:
+    """SHA1 -> script name ("put", "mark_running", ...) for every script of the Redis store. Redis
+    sees kPrelude + the script, with "#!lua flags=allow-oom\n" in front on Redis 7 and later (but for
+    put: see script_text there); both texts of every script are mapped, so whichever it loaded is
+    named, and the bare script too, in case one is ever loaded without the prelude. The file as it is
+    and as last committed: the build may be of either."""
+    texts = []
+    try:
+        texts.append(source.read_text())
+    except OSError as e:
+        log(f"--costs: cannot read {source} ({e})")
+    try:  # the committed file too: the build may predate the working tree's changes
+        texts.append(subprocess.run(["git", "show", f"HEAD:{source.relative_to(ROOT)}"], cwd=ROOT,
+                                    capture_output=True, text=True, timeout=30, check=True).stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    names = {}
+    for source_text in texts:
+        strings = {name: body for name, _, body in RAW_STRING.findall(source_text)}
+        prelude = strings.pop("Prelude", "")
+        for name, body in strings.items():
+            label = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()  # MarkRunning -> mark_running
+            for text in (prelude + body, body):
+                for flags in ("", ALLOW_OOM):
+                    names.setdefault(hashlib.sha1((flags + text).encode()).hexdigest(), label)
+    if not names:
+        log(f"--costs: no scripts found in {source}; rebound's scripts are named by SHA1 only")
+    return names
+
+
+def bullmq_script_names() -> dict[str, str]:
+    """SHA1 -> "bullmq <8 hex> <name>" for the scripts of the installed BullMQ (ioredis runs each by the
+    SHA1 of its text); empty, and its scripts named by SHA1 only, where that cannot be read."""
+    program = ("const s = require('bullmq/dist/cjs/scripts'); const c = require('crypto');"
+               "for (const k in s) console.log(c.createHash('sha1').update(s[k].content).digest('hex'), s[k].name);")
+    try:
+        out = subprocess.run(["node", "-e", program], cwd=BULLMQ, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log(f"--costs: cannot list BullMQ's scripts ({e}); they are named by SHA1 only")
+        return {}
+    return {sha: f"bullmq {sha[:8]} {name}" for sha, name in
+            (line.split(" ", 1) for line in out.splitlines() if " " in line)}
 
 
 def usage_per_job(before: dict, after: dict, jobs: int) -> dict:
@@ -199,6 +439,7 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None) ->
         shares = [a.jobs // count + (i < a.jobs % count) for i in range(count)]
         connections = max(1, a.connections // count)
         before = redis.usage()
+        start = redis.costs_mark() if a.costs else None
         t0 = time.monotonic()
         for srv, share in zip(servers, shares):
             wrks.append(subprocess.Popen(
@@ -228,6 +469,7 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None) ->
             time.sleep(min(0.1, max(0.005, remaining / 4)))
         seconds = now - t0
         after = redis.usage()
+        end = redis.costs_mark() if a.costs else None
         runs = []
         for w in wrks:
             w.send_signal(signal.SIGINT)  # wrk sleeps out -d after its thread stopped; this ends it
@@ -241,6 +483,9 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None) ->
         }
         if receiver is not None:
             result["callbacks_given_up"] = total(figures, "rebound_callbacks_given_up_total")
+        if a.costs:
+            result["costs"] = with_overhead(redis.costs(start, end, a.jobs, a.rebound_names, "script"),
+                                            result)
         return result
     finally:
         for w in wrks:
@@ -286,19 +531,25 @@ def run_bullmq(a, redis: RedisServer, receiver: Receiver | None) -> dict:
         lines = Lines(proc.stdout)
         ready = lines.next_json(60, "ready line")
         before = redis.usage()
+        start = redis.costs_mark() if a.costs else None
         proc.stdin.write("go\n")
         proc.stdin.flush()
         result = lines.next_json(a.trial_timeout + 30, "result")
         after = redis.usage()
+        end = redis.costs_mark() if a.costs else None
         if result["timed_out"] or result["completed"] + result["failed"] < a.jobs:
             raise RuntimeError(f"BullMQ: {result['completed']} of {a.jobs} jobs completed, "
                                f"{result['failed']} failed, in {result['seconds']:.1f} s")
-        return {
+        figures = {
             "jobs": a.jobs, "seconds": result["seconds"], "jobs_per_s": a.jobs / result["seconds"],
             **usage_per_job(before, after, a.jobs),
             "failed": result["failed"], "first_error": result["first_error"],
             "submit_seconds": result["submit_seconds"], "bullmq": ready["bullmq"], "node": ready["node"],
         }
+        if a.costs:
+            figures["costs"] = with_overhead(redis.costs(start, end, a.jobs, a.bullmq_names, "bullmq"),
+                                             figures)
+        return figures
     except Exception:
         errors.seek(0)
         tail = errors.read()[-2000:]
@@ -318,8 +569,15 @@ def run_bullmq(a, redis: RedisServer, receiver: Receiver | None) -> dict:
         errors.close()
 
 
+def with_overhead(costs: dict, figures: dict) -> dict:
+    """Redis's CPU per job less the commands' execution: its I/O and event loop (and the slowlog)."""
+    costs["redis_cpu_us_per_job"] = figures["redis_cpu_us_per_job"]
+    costs["overhead_us_per_job"] = figures["redis_cpu_us_per_job"] - costs["exec_us_per_job"]
+    return costs
+
+
 def trial(a, config: str, mode: str, system: str) -> dict:
-    redis = RedisServer(config)
+    redis = RedisServer(config, costs=a.costs)
     receiver = Receiver() if mode == "callback" else None
     try:
         if system == "bullmq":
@@ -356,6 +614,30 @@ def table(a, results: list[dict]) -> str:
                     f"{cell([r['jobs_per_s'] for r in ok], fmt_int)} | "
                     f"{cell([r['redis_cpu_us_per_job'] for r in ok], us)} | {cell(main, us)} |")
     return "\n".join(lines)
+
+
+def costs_tables(results: list[dict]) -> str:
+    """--costs: per trial, what Redis ran per job, by command and by script (from the slowlog)."""
+    us = lambda x: f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
+    out = []
+    for r in results:
+        costs = r.get("costs")
+        if not costs:
+            continue
+        out += ["", f"Redis per job, round {r['round']}, {REDIS_CONFIGS[r['redis']][0]}, {MODES[r['mode']]}, "
+                f"{SYSTEMS[r['system']]} (--costs: every command in the slowlog; "
+                f"{costs['slowlog_entries']:,} entries" + (", some LOST: the log was full" if costs["slowlog_lost"]
+                                                           else "") + ")", "",
+                "| command or script | calls/job | execution µs/job | commands it ran/job | their µs/job |",
+                "|---|---:|---:|---:|---:|"]
+        for name, g in costs["groups"].items():
+            inner = (f"{g['inner_calls_per_job']:.3g} | {us(g['inner_us_per_job'])}" if "inner" in g
+                     else " | ")
+            out.append(f"| {name} | {g['calls_per_job']:.3g} | {us(g['us_per_job'])} | {inner} |")
+        out.append(f"| all commands | {costs['calls_per_job']:.3g} | {us(costs['exec_us_per_job'])} | | |")
+        out.append(f"| Redis CPU (INFO cpu) | | {us(costs['redis_cpu_us_per_job'])} | | |")
+        out.append(f"| CPU less execution: I/O, event loop | | {us(costs['overhead_us_per_job'])} | | |")
+    return "\n".join(out)
 
 
 def check_prerequisites(a) -> None:
@@ -397,6 +679,9 @@ def main() -> None:
     p.add_argument("--trial-timeout", type=float, default=300, help="longest trial, in seconds (default 300)")
     p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", str(ROOT / "build")))
     p.add_argument("--json", help="write every trial's figures to this file")
+    p.add_argument("--costs", action="store_true",
+                   help="log every Redis command (slowlog) and report, per trial, each command's and "
+                   "script's calls and execution time per job (see above)")
     a = p.parse_args()
     a.redis = a.redis or list(REDIS_CONFIGS)
     a.modes = a.modes or list(MODES)
@@ -405,6 +690,8 @@ def main() -> None:
     if a.jobs < 1 or a.rounds < 1:
         sys.exit("bench/redis_peers.py: --jobs and --rounds must be at least 1")
     check_prerequisites(a)
+    a.rebound_names = rebound_script_names() if a.costs else {}
+    a.bullmq_names = bullmq_script_names() if a.costs and "bullmq" in a.systems else {}
 
     results = []
     started = time.monotonic()
@@ -418,8 +705,12 @@ def main() -> None:
                     except Exception as e:  # one failed trial is reported, the others still run
                         figures = {"error": str(e)}
                     results.append({**key, **figures})
+                    costs = figures.get("costs")
                     log(f"round {r}/{a.rounds} {config:4} {mode:8} {system:9} " + " ".join(
-                        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
+                        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+                        if k != "costs") + (f" exec_us_per_job={costs['exec_us_per_job']:.4g} "
+                                            f"overhead_us_per_job={costs['overhead_us_per_job']:.4g}"
+                                            if costs else ""))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
@@ -433,6 +724,8 @@ def main() -> None:
     print(machine() + "; redis-server and Node too")
     print()
     print(table(a, results))
+    if a.costs:
+        print(costs_tables(results))
     errors = [r for r in results if "error" in r]
     if errors:
         print()
