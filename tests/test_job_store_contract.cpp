@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
@@ -53,6 +57,16 @@ struct RedisStore {
     return std::make_unique<rebound::RedisJobStore>(rebound::parse_redis_uri(server.uri()));
   }
 };
+// Every call its own round trip on the caller's thread (RedisJobStoreOptions::batch_writes off).
+struct RedisStoreUnbatched {
+  static constexpr const char* name = "redis, unbatched";
+  rebound::test::RedisServer server;
+  std::unique_ptr<JobStore> make() {
+    auto options = rebound::parse_redis_uri(server.uri());
+    options.batch_writes = false;
+    return std::make_unique<rebound::RedisJobStore>(options);
+  }
+};
 #endif
 
 using time_point = std::chrono::system_clock::time_point;
@@ -81,7 +95,7 @@ std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) 
 }  // namespace
 
 #ifdef REBOUND_TEST_REDIS
-#define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks, RedisStore
+#define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks, RedisStore, RedisStoreUnbatched
 #else
 #define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks
 #endif
@@ -107,6 +121,66 @@ TEST_CASE_TEMPLATE("store contract: put creates once - a duplicate and a conflic
   CHECK(store->get("b")->job.callback_url.empty());
   CHECK_FALSE(store->get("missing").has_value());
   CHECK_FALSE(store->failure().has_value());
+}
+
+// What an asynchronous write answered, waited for (a store may answer on its own thread).
+std::pair<bool, bool> answer_of(const std::function<void(JobStore::WriteDone)>& write) {
+  auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+  auto answered = promise->get_future();
+  write([promise](std::exception_ptr error, bool answer) {
+    promise->set_value({error == nullptr, answer});
+  });
+  REQUIRE(answered.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  return answered.get();
+}
+
+TEST_CASE_TEMPLATE(
+    "store contract: the asynchronous writes and renew_all answer as the calls they stand for",
+    Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  const rebound::Lease worker{"worker", at_ms(1764000060000)};
+  REQUIRE(store->put(make("a"), worker) == PutOutcome::created);
+  REQUIRE(store->put(make("b"), worker) == PutOutcome::created);
+  const rebound::Lease deliver{"deliver", at_ms(1764000060000)};
+  CHECK(answer_of([&](JobStore::WriteDone done) {
+          store->async_finish_job("a", "worker", succeeded, deliver, t0, std::move(done));
+        }) == std::pair<bool, bool>{true, true});
+  CHECK(answer_of([&](JobStore::WriteDone done) {
+          store->async_finish_job("b", "stranger", succeeded, deliver, t0, std::move(done));
+        }) == std::pair<bool, bool>{true, false});
+  CHECK(store->get("a")->status == JobStatus::succeeded);
+  CHECK(store->get("b")->status == JobStatus::queued);
+
+  rebound::CallbackInfo delivered;
+  delivered.state = CallbackState::delivered;
+  delivered.attempts = 1;
+  rebound::CallbackAttempt attempt;
+  attempt.at = t0;
+  attempt.http_status = 200;
+  CHECK(answer_of([&](JobStore::WriteDone done) {
+          store->async_record_attempt("a", "deliver", delivered, t0, attempt, std::move(done));
+        }) == std::pair<bool, bool>{true, true});
+  // Its lease ended with the record: a second record is refused.
+  CHECK(answer_of([&](JobStore::WriteDone done) {
+          store->async_record_attempt("a", "deliver", delivered, t0, attempt, std::move(done));
+        }) == std::pair<bool, bool>{true, false});
+  const auto a = store->get("a");
+  CHECK(a->callback.state == CallbackState::delivered);
+  REQUIRE(a->attempt_log.size() == 1);
+  CHECK(a->attempt_log[0].http_status == 200);
+
+  // One answer per lease, in order: b is held, a is finished, the third is unknown.
+  const auto renewed = store->renew_all({{"b", {"worker", at_ms(1764000120000)}},
+                                         {"a", {"worker", at_ms(1764000120000)}},
+                                         {"missing", {"worker", at_ms(1764000120000)}}},
+                                        t0);
+  CHECK(renewed == std::vector<bool>{true, false, false});
+  // b's lease runs to the new end: not claimable before it.
+  CHECK(store->claim_jobs(10, {"other", at_ms(1764000200000)}, at_ms(1764000100000)).empty());
+  CHECK(ids_of(store->claim_jobs(10, {"other", at_ms(1764000200000)}, at_ms(1764000120001))) ==
+        std::vector<std::string>{"b"});
 }
 
 TEST_CASE_TEMPLATE("store contract: a record follows its job from queued to delivered", Factory,

@@ -319,8 +319,9 @@ void BatchRunner::finish(const JobRecord& record, Claim claim) {
   if (record.job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
   store_.write_until_stored(
       owner(), "finish_job", record.job.id,
-      [this, kept, holder, deliver](JobStore& s) {
-        return s.finish_job(kept->job.id, holder, kept->outcome, deliver, clock_());
+      [this, kept, holder, deliver](JobStore& s, JobStore::WriteDone done) {
+        s.async_finish_job(kept->job.id, holder, kept->outcome, deliver, clock_(),
+                           std::move(done));
       },
       [this, kept, held, deliver](bool acknowledged) {
         held->drop_lease();

@@ -84,14 +84,18 @@ class Leases {
     // Seen alive, with what it holds: the console's servers view.
     store.write_or_note("report_server", server_id_,
                         [&](JobStore& s) { s.report_server(server_id_, held.size(), at); });
-    for (const auto& claim : held) {
-      const std::string& id = claim.first;  // not a structured binding: lambdas capture it (C++17)
-      const std::string& holder = claim.second.holder;
-      bool renewed = true;
-      store.write_or_note("renew", id, [&](JobStore& s) {
-        renewed = s.renew(id, {holder, at + duration_}, at);
-      });
-      if (!renewed && claim.second.is_job) lost.emplace_back(id, holder);
+    // One call for them all: a store with round trips renews them together.
+    std::vector<std::pair<std::string, Lease>> leases;
+    leases.reserve(held.size());
+    for (const auto& claim : held)
+      leases.emplace_back(claim.first, Lease{claim.second.holder, at + duration_});
+    std::vector<bool> renewed;
+    if (!leases.empty()) {
+      store.write_or_note("renew", {}, [&](JobStore& s) { renewed = s.renew_all(leases, at); });
+    }
+    // A failed call renewed some or none: their leases stand until the next try.
+    for (std::size_t i = 0; i < held.size() && i < renewed.size(); ++i) {
+      if (!renewed[i] && held[i].second.is_job) lost.emplace_back(held[i].first, held[i].second.holder);
     }
     return lost;
   }

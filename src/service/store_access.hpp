@@ -11,9 +11,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include "observers.hpp"
@@ -32,7 +34,8 @@ class StoreAccess {
     std::string job_id;
   };
 
-  using Write = std::function<bool(JobStore&)>;
+  /// Starts a store call that answers through the WriteDone (JobStore::async_finish_job).
+  using Write = std::function<void(JobStore&, JobStore::WriteDone)>;
   /// Called with what the write answered (false: the lease was lost).
   using Written = std::function<void(bool)>;
 
@@ -131,29 +134,21 @@ class StoreAccess {
   }
 
   /// Runs a write that accepted work needs (its acknowledgement, an attempt's record), then
-  /// `then` with what the write answered. When the store fails the write is tried again every
-  /// retry interval on the executor while the work keeps its slot, until it is written or the
-  /// queue stops: then `abandon` runs instead of `then` (the store still holds the work as it
-  /// was, and its lease runs out: another claim takes it over). `keep_alive` is held until then.
+  /// `then` with what the write answered. `write` starts the store's asynchronous call with the
+  /// WriteDone it is given. A store that answers at once (memory, SQLite) runs `then` on the
+  /// caller's thread before this returns; one that answers later (Redis, from its connection
+  /// thread) has `then` posted to the executor, so that no store thread runs the queue's work.
+  /// When the store fails the write is tried again every retry interval on the executor while the
+  /// work keeps its slot, until it is written or the queue stops: then `abandon` runs instead of
+  /// `then` (the store still holds the work as it was, and its lease runs out: another claim takes
+  /// it over). `keep_alive` is held until then.
   void write_until_stored(std::shared_ptr<const void> keep_alive, const char* during,
                           std::string job_id, Write write, Written then,
                           std::function<void()> abandon) {
-    bool answer = false;
-    try {
-      answer = write(store_);
-      worked();
-    } catch (const std::exception& e) {
-      failed(during, job_id, e.what());
-      retry_later(std::move(keep_alive), during, std::move(job_id), std::move(write),
-                  std::move(then), std::move(abandon));
-      return;
-    } catch (...) {
-      failed(during, job_id, "unknown error");
-      retry_later(std::move(keep_alive), during, std::move(job_id), std::move(write),
-                  std::move(then), std::move(abandon));
-      return;
-    }
-    then(answer);
+    auto pending = std::make_shared<PendingWrite>(PendingWrite{
+        std::move(keep_alive), during, std::move(job_id), std::move(write), std::move(then),
+        std::move(abandon)});
+    start(std::move(pending));
   }
 
   /// A bookkeeping write whose loss costs only a lagging display (running, a lease handed back).
@@ -170,19 +165,61 @@ class StoreAccess {
   }
 
  private:
-  void retry_later(std::shared_ptr<const void> keep_alive, const char* during, std::string job_id,
-                   Write write, Written then, std::function<void()> abandon) {
+  struct PendingWrite {
+    std::shared_ptr<const void> keep_alive;
+    const char* during;
+    std::string job_id;
+    Write write;
+    Written then;
+    std::function<void()> abandon;
+  };
+
+  void start(std::shared_ptr<PendingWrite> pending) {
+    const auto caller = std::this_thread::get_id();
+    // Called once. On a store's thread it hands its reference on to the executor: the store's
+    // thread must never hold the last one (the pipeline it keeps alive owns the store).
+    auto done = [this, pending, caller](std::exception_ptr error, bool answer) mutable {
+      auto mine = std::move(pending);
+      if (std::this_thread::get_id() == caller) {
+        written(mine, error, answer);
+      } else {
+        boost::asio::post(executor_, [this, mine = std::move(mine), error, answer] {
+          written(mine, error, answer);
+        });
+      }
+    };
+    try {
+      pending->write(store_, std::move(done));
+    } catch (...) {
+      written(pending, std::current_exception(), false);
+    }
+  }
+
+  void written(const std::shared_ptr<PendingWrite>& pending, std::exception_ptr error,
+               bool answer) {
+    if (!error) {
+      worked();
+      pending->then(answer);
+      return;
+    }
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      failed(pending->during, pending->job_id, e.what());
+    } catch (...) {
+      failed(pending->during, pending->job_id, "unknown error");
+    }
+    retry_later(pending);
+  }
+
+  void retry_later(std::shared_ptr<PendingWrite> pending) {
     if (stopped_) {
-      abandon();
+      pending->abandon();
       return;
     }
     auto timer = std::make_shared<boost::asio::steady_timer>(executor_, retry_interval_);
-    timer->async_wait([this, timer, keep_alive = std::move(keep_alive), during,
-                       job_id = std::move(job_id), write = std::move(write), then = std::move(then),
-                       abandon = std::move(abandon)](const boost::system::error_code&) mutable {
-      write_until_stored(std::move(keep_alive), during, std::move(job_id), std::move(write),
-                         std::move(then), std::move(abandon));
-    });
+    timer->async_wait([this, timer, pending = std::move(pending)](
+                          const boost::system::error_code&) mutable { start(std::move(pending)); });
   }
 
   JobStore& store_;

@@ -10,7 +10,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "rebound/detail/attempt_log.hpp"
@@ -34,9 +38,17 @@ std::string ms_text(TimePoint t) {
   return std::to_string(to_ms(t));
 }
 
-// The helpers every script starts with. ARGV[1] is the key prefix in every script.
+// The score of a job filed by priority, then time (the scripts' job_score): priority * 2^42 + ms.
+std::string job_score(int priority, TimePoint t) {
+  return std::to_string(static_cast<std::int64_t>(priority) * 4398046511104LL + to_ms(t));
+}
+
+// The helpers every script starts with. ARGV[1] is the key prefix in every script; the helpers
+// read the call's arguments from A.
 constexpr const char* kPrelude = R"lua(
 local P = ARGV[1]
+-- The call's arguments: ARGV, or one call's of many (kDispatch).
+local A = ARGV
 local JOBS_DUE = P .. ':jobs:due'
 local CB_DUE = P .. ':callbacks:due'
 local FAILED = P .. ':callbacks:failed'
@@ -60,10 +72,41 @@ local function is_final(status)
          status == 'cancelled'
 end
 -- The lease on a job (before its outcome) or on its callback (after): held by `holder`, live.
+local function held_by(holder_field, until_field, holder, now)
+  return holder_field and holder_field ~= '' and holder_field == holder and
+         tonumber(until_field or '0') > tonumber(now)
+end
 local function holds(key, holder, now)
   local f = redis.call('HMGET', key, 'holder', 'until')
-  return f[1] and f[1] ~= '' and f[1] == holder and tonumber(f[2] or '0') > tonumber(now)
+  return held_by(f[1], f[2], holder, now)
 end
+-- ALL forgets the jobs that expired: `count` of its oldest members looked at, from a rank kept in
+-- SWEEP. A member whose job lives on (not finished, or within its retention) is stepped over; the
+-- sweep starts again from the oldest at the members too young to have expired (created within
+-- the retention, `now` - `retention` ms), or at the end.
+local function sweep(count, now, retention)
+  if tonumber(retention) <= 0 then return end
+  local SWEEP = ALL .. ':sweep'
+  local from = tonumber(redis.call('GET', SWEEP) or '0')
+  local at = from
+  local horizon = tonumber(now) - tonumber(retention)
+  local members = redis.call('ZRANGE', ALL, at, at + count - 1, 'WITHSCORES')
+  local restart = #members < 2 * count
+  for i = 1, #members, 2 do
+    if tonumber(members[i + 1]) >= horizon then restart = true; break end
+    if redis.call('EXISTS', job_key(members[i])) == 0 then
+      redis.call('ZREM', ALL, members[i])
+    else
+      at = at + 1
+    end
+  end
+  local next_at = restart and 0 or at
+  if next_at ~= from then redis.call('SET', SWEEP, next_at) end
+end
+-- Within kDispatch: the puts of the call sweep ALL once, after them (two members a put).
+local BATCH, PUTS, PUT_NOW, PUT_RETENTION = false, 0, '0', '0'
+-- Fields at their defaults are not written (a job's hash holds what it needs): a missing field
+-- reads as its default here and in read_record.
 -- A finished job (final, its callback delivered, given up or not wanted) expires.
 local function finish(key, id, now, retention)
   redis.call('ZREM', UNFINISHED, id)
@@ -75,17 +118,18 @@ local function unfinish(key, id)
   redis.call('HSET', key, 'finished', '')
   redis.call('ZADD', UNFINISHED, redis.call('HGET', key, 'created'), id)
 end
--- Writes a callback's state from ARGV[first ..] (state, attempts, last error, next attempt,
+-- Writes a callback's state from A[first ..] (state, attempts, last error, next attempt,
 -- delivery attempts, delivery start, previous delay) and files the job by it.
 local function write_callback(key, id, first, now, retention)
-  local state = ARGV[first]
-  redis.call('HSET', key, 'cb_state', state, 'cb_attempts', ARGV[first + 1],
-             'cb_error', ARGV[first + 2], 'cb_next', ARGV[first + 3], 'cb_da', ARGV[first + 4],
-             'cb_started', ARGV[first + 5], 'cb_prev', ARGV[first + 6])
+  local state = A[first]
+  redis.call('HSET', key, 'cb_state', state, 'cb_attempts', A[first + 1],
+             'cb_error', A[first + 2], 'cb_next', A[first + 3], 'cb_da', A[first + 4],
+             'cb_started', A[first + 5], 'cb_prev', A[first + 6])
   if state == 'pending' then
-    redis.call('ZADD', CB_DUE, ARGV[first + 3], id)
+    redis.call('ZADD', CB_DUE, A[first + 3], id)
     redis.call('ZREM', FAILED, id)
-    if redis.call('HGET', key, 'finished') ~= '' then unfinish(key, id) end
+    local finished = redis.call('HGET', key, 'finished')
+    if finished and finished ~= '' then unfinish(key, id) end
     return
   end
   redis.call('ZREM', CB_DUE, id)
@@ -98,11 +142,11 @@ local function write_callback(key, id, first, now, retention)
     finish(key, id, now, retention)
   end
 end
--- Writes an outcome from ARGV[first ..] (status, result, has error, code, message).
+-- Writes an outcome from A[first ..] (status, result, has error, code, message).
 local function write_outcome(key, first)
-  redis.call('HSET', key, 'status', ARGV[first], 'result', ARGV[first + 1])
-  if ARGV[first + 2] == '1' then
-    redis.call('HSET', key, 'err_code', ARGV[first + 3], 'err_msg', ARGV[first + 4])
+  redis.call('HSET', key, 'status', A[first], 'result', A[first + 1])
+  if A[first + 2] == '1' then
+    redis.call('HSET', key, 'err_code', A[first + 3], 'err_msg', A[first + 4])
   else
     redis.call('HDEL', key, 'err_code', 'err_msg')
   end
@@ -123,46 +167,35 @@ end
 )lua";
 
 // put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
-// traceparent, retention ms. {0}: created; {1, url, input, priority, max queue, events}: taken.
+// traceparent, retention ms, then its scores (job_score, made by the caller) in JOBS_DUE (by the
+// due time) and in QUEUED (by creation). {0}: created; {1, url, input, priority, max queue, events}: taken.
 constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
 local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
 if old[1] then return {1, old[1], old[2], old[3] or '5', old[4] or '0', old[5] or '2'} end
-redis.call('HSET', key, 'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
-           'result', '', 'cb_state', 'none', 'cb_attempts', '0', 'cb_error', '', 'cb_next', '0',
-           'cb_da', '0', 'cb_started', '0', 'cb_prev', '0', 'holder', ARGV[6], 'until', ARGV[7],
-           'finished', '', 'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11],
-           'trace', ARGV[12], 'started', '0', 'ended', '0')
+local fields = {'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
+                'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11]}
+if ARGV[6] ~= '' then
+  fields[#fields + 1] = 'holder'; fields[#fields + 1] = ARGV[6]
+  fields[#fields + 1] = 'until'; fields[#fields + 1] = ARGV[7]
+end
+if ARGV[12] ~= '' then fields[#fields + 1] = 'trace'; fields[#fields + 1] = ARGV[12] end
+redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
-redis.call('ZADD', JOBS_DUE, job_score(ARGV[9], ARGV[8]), ARGV[2])
-redis.call('ZADD', QUEUED, job_score(ARGV[9], ARGV[5]), ARGV[2])
+redis.call('ZADD', JOBS_DUE, ARGV[14], ARGV[2])
+redis.call('ZADD', QUEUED, ARGV[15], ARGV[2])
 redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
 redis.call('ZADD', ALL, ARGV[5], ARGV[2])
 -- Finished jobs expire after the retention (ARGV[13], ms; 0: never): ALL forgets them in a sweep
--- of two of its oldest members a put, from a rank kept in SWEEP. A member whose job lives on (not
--- finished, or within its retention) is stepped over; the sweep starts again from the oldest at
--- the members too young to have expired (created within the retention).
-if tonumber(ARGV[13]) > 0 then
-  local SWEEP = ALL .. ':sweep'
-  local from = tonumber(redis.call('GET', SWEEP) or '0')
-  local at = from
-  local horizon = tonumber(ARGV[5]) - tonumber(ARGV[13])
-  local members = redis.call('ZRANGE', ALL, at, at + 1, 'WITHSCORES')
-  local restart = #members < 4
-  for i = 1, #members, 2 do
-    if tonumber(members[i + 1]) >= horizon then restart = true; break end
-    if redis.call('EXISTS', job_key(members[i])) == 0 then
-      redis.call('ZREM', ALL, members[i])
-    else
-      at = at + 1
-    end
-  end
-  local next_at = restart and 0 or at
-  if next_at ~= from then redis.call('SET', SWEEP, next_at) end
+-- of two of its oldest members a put.
+if BATCH then
+  PUTS, PUT_NOW, PUT_RETENTION = PUTS + 1, ARGV[5], ARGV[13]
+else
+  sweep(2, ARGV[5], ARGV[13])
 end
--- The id of a job that expired may still be in these: it is a new job now.
+-- The id of a job that expired may still be a dead letter: it is a new job now. (Never a due
+-- callback: a job whose callback is pending never expires.)
 redis.call('ZREM', FAILED, ARGV[2])
-redis.call('ZREM', CB_DUE, ARGV[2])
 return {0}
 )lua";
 
@@ -231,25 +264,37 @@ return redis.call('ZRANK', QUEUED, ARGV[2]) or -1
 constexpr const char* kFinish = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
-if not holds(key, ARGV[3], ARGV[4]) then return 0 end
-write_outcome(key, 5)
-redis.call('HSET', key, 'ended', ARGV[13])
+local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status')
+if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
+-- One write of the hash. (A job under a live lease has no outcome yet: no error fields to drop.)
+local fields = {'status', ARGV[5], 'result', ARGV[6], 'ended', ARGV[13]}
+if ARGV[7] == '1' then
+  fields[#fields + 1] = 'err_code'; fields[#fields + 1] = ARGV[8]
+  fields[#fields + 1] = 'err_msg'; fields[#fields + 1] = ARGV[9]
+end
 redis.call('ZREM', JOBS_DUE, id)
-redis.call('ZREM', QUEUED, id)
-if not wants_callback(key) then
-  redis.call('HSET', key, 'holder', '', 'until', '0')
-  finish(key, id, ARGV[4], ARGV[12])
+if f[5] == 'queued' then redis.call('ZREM', QUEUED, id) end  -- (mark_running took it out)
+-- Called back when there is a URL and `completed` (2) is among its events (1..3).
+if not (f[3] and f[3] ~= '' and tonumber(f[4] or '2') % 4 >= 2) then
+  for _, v in ipairs({'holder', '', 'until', '0', 'finished', ARGV[4]}) do fields[#fields + 1] = v end
+  redis.call('HSET', key, unpack(fields))
+  redis.call('ZREM', UNFINISHED, id)
+  if tonumber(ARGV[12]) > 0 then redis.call('PEXPIRE', key, ARGV[12]) end
   return 1
 end
-redis.call('HSET', key, 'cb_state', 'pending', 'cb_next', ARGV[4], 'cb_da', '0',
-           'cb_started', ARGV[4], 'cb_prev', '0')
-if ARGV[10] ~= '' then
-  redis.call('HSET', key, 'holder', ARGV[10], 'until', ARGV[11])
-  redis.call('ZADD', CB_DUE, ARGV[11], id)
-else
-  redis.call('HSET', key, 'holder', '', 'until', '0')
-  redis.call('ZADD', CB_DUE, ARGV[4], id)
+for _, v in ipairs({'cb_state', 'pending', 'cb_next', ARGV[4], 'cb_da', '0', 'cb_started', ARGV[4],
+                    'cb_prev', '0'}) do
+  fields[#fields + 1] = v
 end
+local due = ARGV[4]
+if ARGV[10] ~= '' then
+  due = ARGV[11]
+  for _, v in ipairs({'holder', ARGV[10], 'until', ARGV[11]}) do fields[#fields + 1] = v end
+else
+  for _, v in ipairs({'holder', '', 'until', '0'}) do fields[#fields + 1] = v end
+end
+redis.call('HSET', key, unpack(fields))
+redis.call('ZADD', CB_DUE, due, id)
 return 1
 )lua";
 
@@ -279,20 +324,46 @@ return 1
 // ('' for a deferral; else one JSON object) and the most attempts kept. 1: recorded.
 // The attempt log is one field: the latest attempts, one JSON object a line, oldest first.
 constexpr const char* kRecordAttempt = R"lua(
-local key = job_key(ARGV[2])
-if not holds(key, ARGV[3], ARGV[4]) then return 0 end
-redis.call('HSET', key, 'holder', '', 'until', '0')
-write_callback(key, ARGV[2], 6, ARGV[4], ARGV[5])
+local id = ARGV[2]
+local key = job_key(id)
+local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'created', 'attempts', 'cb_state',
+                     'finished')
+if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
+-- One write of the hash: the lease ended, the callback's state (ARGV[6 .. 12]), the attempt log.
+local state = ARGV[6]
+local fields = {'holder', '', 'until', '0', 'cb_state', state, 'cb_attempts', ARGV[7],
+                'cb_error', ARGV[8], 'cb_next', ARGV[9], 'cb_da', ARGV[10], 'cb_started', ARGV[11],
+                'cb_prev', ARGV[12]}
 local attempt = ARGV[13]
 if attempt ~= '' then
-  local log = redis.call('HGET', key, 'attempts')
+  local log = f[5]
   if log and log ~= '' then log = log .. '\n' .. attempt else log = attempt end
   local _, lines = string.gsub(log, '\n', '')
   while lines + 1 > tonumber(ARGV[14]) do
     log = string.sub(log, string.find(log, '\n', 1, true) + 1)
     lines = lines - 1
   end
-  redis.call('HSET', key, 'attempts', log)
+  fields[#fields + 1] = 'attempts'; fields[#fields + 1] = log
+end
+if state == 'pending' then
+  redis.call('HSET', key, unpack(fields))
+  redis.call('ZADD', CB_DUE, ARGV[9], id)
+  if f[6] == 'failed' then redis.call('ZREM', FAILED, id) end
+  if f[7] and f[7] ~= '' then unfinish(key, id) end
+  return 1
+end
+redis.call('ZREM', CB_DUE, id)
+if state == 'failed' then
+  redis.call('ZADD', FAILED, f[4], id)
+elseif f[6] == 'failed' then
+  redis.call('ZREM', FAILED, id)
+end
+local ends = is_final(f[3]) and (state == 'delivered' or state == 'failed')
+if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[4] end
+redis.call('HSET', key, unpack(fields))
+if ends then
+  redis.call('ZREM', UNFINISHED, id)
+  if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', key, ARGV[5]) end
 end
 return 1
 )lua";
@@ -301,9 +372,9 @@ return 1
 constexpr const char* kRedeliver = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
-local state = redis.call('HGET', key, 'cb_state')
-if not state then return 0 end
-if state ~= 'failed' then return 2 end
+local f = redis.call('HMGET', key, 'created', 'cb_state')
+if not f[1] then return 0 end
+if f[2] ~= 'failed' then return 2 end
 redis.call('HSET', key, 'cb_state', 'pending', 'cb_error', '', 'cb_next', ARGV[5], 'cb_da', '0',
            'cb_started', ARGV[5], 'cb_prev', '0', 'holder', ARGV[3], 'until', ARGV[4])
 redis.call('ZADD', CB_DUE, ARGV[4], id)
@@ -417,7 +488,7 @@ while #found <= limit and scanned < budget do
     if not newer and string.sub(id, 1, #prefix) == prefix then
       local values = redis.call('HMGET', job_key(id), unpack(FIELDS))
       if values[2] and (want_status == '' or values[3] == want_status) and
-         (want_cb == '' or values[6] == want_cb) and
+         (want_cb == '' or (values[6] or 'none') == want_cb) and
          (want_priority == '' or (values[13] or '5') == want_priority) then
         local fields = {}
         for f = 1, #FIELDS do
@@ -516,6 +587,25 @@ end
 return 1
 )lua";
 
+// Many calls in one (RedisJobStoreOptions::batch_writes): ARGV prefix, then for each call its
+// script (a Script number), its argument count and its arguments. Each script in OPS is one above,
+// made a function of its ARGV (script_text). Answers one reply per call, in order; the calls run
+// one after another, as they would have one call each.
+constexpr const char* kDispatch = R"lua(
+BATCH = true
+local out = {}
+local at, n = 2, #ARGV
+while at <= n do
+  local op, count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  local args = {P}
+  for k = 1, count do args[k + 1] = ARGV[at + 1 + k] end
+  out[#out + 1] = OPS[op](args)
+  at = at + 2 + count
+end
+if PUTS > 0 then sweep(2 * PUTS, PUT_NOW, PUT_RETENTION) end
+return out
+)lua";
+
 enum Script : std::size_t {
   kScriptPut,
   kScriptClaim,
@@ -534,10 +624,16 @@ enum Script : std::size_t {
   kScriptServers,
   kScriptPaused,
   kScriptIndex,
+  // kDispatch over kScriptPut only (which is refused at maxmemory), and over the other writes
+  // that many callers make at once.
+  kScriptBatchPut,
+  kScriptBatch,
   kScriptCount,
 };
 
-constexpr std::array<const char*, kScriptCount> kScripts = {
+constexpr std::size_t kStandaloneCount = kScriptBatchPut;
+
+constexpr std::array<const char*, kStandaloneCount> kScripts = {
     kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
     kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel,
     kPage,      kStats,    kServers,        kPaused,      kIndex};
@@ -889,9 +985,51 @@ struct RedisJobStore::Impl {
     return reply;
   }
 
+  // Pipelining: a command written into the connection's buffer, and a reply read (writing what
+  // is buffered first). Throw ConnectionLost; an error reply is returned.
+  static void append(redisContext* c, const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lengths;
+    argv.reserve(args.size());
+    lengths.reserve(args.size());
+    for (const auto& a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lengths.data()) !=
+        REDIS_OK) {
+      throw ConnectionLost(std::string(c->errstr));
+    }
+  }
+
+  static Reply read_reply(redisContext* c) {
+    void* reply = nullptr;
+    if (redisGetReply(c, &reply) != REDIS_OK || !reply) {
+      throw ConnectionLost(c->err == REDIS_ERR_IO && c->errstr[0] == '\0'
+                               ? std::string("I/O error: ") + std::strerror(errno)
+                               : std::string(c->errstr));
+    }
+    return Reply(static_cast<redisReply*>(reply));
+  }
+
   std::string script_text(std::size_t which) const {
-    std::string text = allow_oom && which != kScriptPut ? "#!lua flags=allow-oom\n" : "";
-    return text + kPrelude + kScripts[which];
+    const bool puts = which == kScriptPut || which == kScriptBatchPut;
+    std::string text = allow_oom && !puts ? "#!lua flags=allow-oom\n" : "";
+    text += kPrelude;
+    if (which < kStandaloneCount) return text + kScripts[which];
+    text += "local OPS = {}\n";
+    for (const Script op : batched_scripts(puts)) {
+      text += "OPS[" + std::to_string(op) + "] = function(ARGV)\nA = ARGV\n";
+      text += kScripts[op];
+      text += "\nend\n";
+    }
+    return text + kDispatch;
+  }
+
+  // The scripts that kScriptBatchPut (`puts`) or kScriptBatch run.
+  static std::vector<Script> batched_scripts(bool puts) {
+    if (puts) return {kScriptPut};
+    return {kScriptMarkRunning, kScriptFinish, kScriptRecordAttempt, kScriptRenew};
   }
 
   // A new connection: connected, authenticated, the database selected. (Scripts are Redis's, not a
@@ -1008,6 +1146,7 @@ struct RedisJobStore::Impl {
   // Runs one command on a pooled connection. A lost connection is closed and reported as
   // StoreUnavailable; an error reply is thrown as ErrorReply (the connection is kept).
   Reply run(const std::vector<std::string>& args) {
+    if (options.batch_writes) fence();
     Context c = acquire();
     try {
       Reply reply = [&] {
@@ -1141,6 +1280,238 @@ struct RedisJobStore::Impl {
     return std::to_string(
         std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count());
   }
+
+  // ---- Batched writes (options.batch_writes): the calls of every thread are queued for one
+  // connection thread, which sends what has gathered as one kDispatch call per kind (puts, the
+  // rest), pipelined: one round trip and one script for many jobs. While a batch is out the next
+  // one gathers, so the cost per job falls as the load rises, and an idle store sends at once.
+
+  // One queued call. `done` runs once, on the connection thread: with its reply (alive only
+  // during the call) or the error. Null for a call nobody waits for (mark_running).
+  struct Op {
+    Script which;
+    std::vector<std::string> args;
+    std::function<void(std::exception_ptr, const redisReply*)> done;
+  };
+
+  static constexpr std::size_t kBatchCalls = 256;       // calls in one script at most
+  static constexpr std::size_t kBatchBytes = 1u << 20;  // their arguments' bytes, past the first
+
+  std::mutex batch_mutex;
+  std::condition_variable batch_wake;     // to the connection thread
+  std::condition_variable batch_flushed;  // to the calls that wait for what went before them
+  std::deque<Op> batch_queue;
+  bool batch_stop = false;
+  // Calls nobody waits for, queued and sent (failed or not): a direct call first waits for those
+  // queued before it, so a thread reads its own writes.
+  std::atomic<std::uint64_t> unwaited_queued{0};
+  std::atomic<std::uint64_t> unwaited_sent{0};
+  Context batch_connection;  // the connection thread's own
+  std::thread batch_thread;
+
+  void start_batches() { batch_thread = std::thread([this] { send_batches(); }); }
+
+  // Sends what is queued, then ends. (The destructor's.)
+  void stop_batches() {
+    {
+      std::lock_guard<std::mutex> lock(batch_mutex);
+      batch_stop = true;
+    }
+    batch_wake.notify_one();
+    if (batch_thread.joinable()) batch_thread.join();
+  }
+
+  void enqueue(Script which, std::vector<std::string> args,
+               std::function<void(std::exception_ptr, const redisReply*)> done) {
+    {
+      std::lock_guard<std::mutex> lock(batch_mutex);
+      if (batch_stop) throw StoreUnavailable("redis job store: closed");
+      if (!done) ++unwaited_queued;
+      batch_queue.push_back(Op{which, std::move(args), std::move(done)});
+    }
+    batch_wake.notify_one();
+  }
+
+  // Queues a call and answers what `read` makes of its reply, once it is sent.
+  template <typename T, typename Read>
+  std::future<T> start(Script which, std::vector<std::string> args, Read read) {
+    auto promise = std::make_shared<std::promise<T>>();
+    std::future<T> out = promise->get_future();
+    enqueue(which, std::move(args),
+            [promise, read = std::move(read)](std::exception_ptr error, const redisReply* r) {
+              if (error) return promise->set_exception(error);
+              try {
+                promise->set_value(read(r));
+              } catch (...) {
+                promise->set_exception(std::current_exception());
+              }
+            });
+    return out;
+  }
+
+  // A write that answers 1 (held) or 0, for JobStore::WriteDone.
+  void start_write(Script which, std::vector<std::string> args, JobStore::WriteDone done) {
+    auto shared = std::make_shared<JobStore::WriteDone>(std::move(done));
+    try {
+      enqueue(which, std::move(args), [shared](std::exception_ptr error, const redisReply* r) {
+        JobStore::WriteDone call = std::move(*shared);
+        if (error) return call(error, false);
+        call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+      });
+    } catch (...) {
+      if (*shared) (*shared)(std::current_exception(), false);
+    }
+  }
+
+  // Waits until the calls nobody waits for, queued before now, are sent.
+  void fence() {
+    const std::uint64_t queued = unwaited_queued.load();
+    if (unwaited_sent.load() >= queued) return;
+    std::unique_lock<std::mutex> lock(batch_mutex);
+    batch_flushed.wait(lock, [&] { return unwaited_sent.load() >= queued; });
+  }
+
+  void send_batches() {
+    for (;;) {
+      std::vector<Op> batch;
+      {
+        std::unique_lock<std::mutex> lock(batch_mutex);
+        batch_wake.wait(lock, [&] { return batch_stop || !batch_queue.empty(); });
+        if (batch_queue.empty()) break;
+        std::size_t bytes = 0;
+        while (!batch_queue.empty() && batch.size() < kBatchCalls) {
+          std::size_t size = 0;
+          for (const auto& a : batch_queue.front().args)
+            size += a.size();
+          if (!batch.empty() && bytes + size > kBatchBytes) break;
+          bytes += size;
+          batch.push_back(std::move(batch_queue.front()));
+          batch_queue.pop_front();
+        }
+      }
+      const auto unwaited = static_cast<std::uint64_t>(
+          std::count_if(batch.begin(), batch.end(), [](const Op& op) { return !op.done; }));
+      send(batch);
+      batch.clear();  // nothing of a caller's stays on this thread
+      if (unwaited > 0) {
+        {
+          std::lock_guard<std::mutex> lock(batch_mutex);
+          unwaited_sent += unwaited;
+        }
+        batch_flushed.notify_all();
+      }
+    }
+    batch_connection.reset();
+  }
+
+  static void answer(Op& op, std::exception_ptr error, const redisReply* reply) {
+    if (!op.done) return;
+    auto done = std::move(op.done);
+    try {
+      done(error, reply);
+    } catch (...) {
+      // A caller's continuation: not this thread's to handle.
+    }
+  }
+
+  // One batch: a kDispatch call for its puts and one for the rest, pipelined.
+  void send(std::vector<Op>& batch) {
+    std::array<std::vector<Op*>, 2> groups;  // puts, the rest
+    for (auto& op : batch)
+      groups[op.which == kScriptPut ? 0 : 1].push_back(&op);
+    std::array<std::vector<std::string>, 2> commands;
+    for (std::size_t g = 0; g < 2; ++g) {
+      if (groups[g].empty()) continue;
+      auto& args = commands[g];
+      args = {"EVALSHA", shas[g == 0 ? kScriptBatchPut : kScriptBatch], "0", options.key_prefix};
+      for (Op* op : groups[g]) {
+        args.push_back(std::to_string(op->which));
+        args.push_back(std::to_string(op->args.size()));
+        for (auto& a : op->args)
+          args.push_back(std::move(a));
+      }
+    }
+    std::array<Reply, 2> replies;
+    try {
+      if (!batch_connection) batch_connection = connect_after_backoff();
+      Waiting waiting(*this);
+      for (std::size_t g = 0; g < 2; ++g)
+        if (!groups[g].empty()) append(batch_connection.get(), commands[g]);
+      for (std::size_t g = 0; g < 2; ++g)
+        if (!groups[g].empty()) replies[g] = read_reply(batch_connection.get());
+    } catch (const std::exception& e) {
+      // Lost (or never made): every call of the batch fails; the next batch connects again.
+      if (batch_connection) {
+        batch_connection.reset();
+        failed(e.what());
+      }
+      const auto error = std::make_exception_ptr(StoreUnavailable(failure_text()));
+      for (auto& op : batch)
+        answer(op, error, nullptr);
+      return;
+    }
+    bool all_worked = true;
+    for (std::size_t g = 0; g < 2; ++g) {
+      if (groups[g].empty()) continue;
+      const Script which = g == 0 ? kScriptBatchPut : kScriptBatch;
+      std::exception_ptr error;
+      try {
+        if (replies[g]->type == REDIS_REPLY_ERROR &&
+            std::strncmp(replies[g]->str, "NOSCRIPT", 8) == 0) {
+          // Redis forgot it (a restart, SCRIPT FLUSH): it did not run. Loaded and sent again.
+          if (!batch_connection) throw StoreUnavailable(failure_text());
+          command(batch_connection.get(), {"SCRIPT", "LOAD", script_text(which)});
+          append(batch_connection.get(), commands[g]);
+          replies[g] = read_reply(batch_connection.get());
+        }
+        if (replies[g]->type == REDIS_REPLY_ERROR) {
+          const std::string what(text(replies[g].get()));
+          if (connection_state_error(what.c_str())) {
+            batch_connection.reset();
+            failed(what);
+            error = std::make_exception_ptr(StoreUnavailable(failure_text()));
+          } else if (out_of_memory_error(what.c_str()) && which == kScriptBatchPut) {
+            error = std::make_exception_ptr(OutOfMemory(what));
+          } else {
+            if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
+              failed(what);
+            error = std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
+          }
+        } else if (replies[g]->type != REDIS_REPLY_ARRAY ||
+                   replies[g]->elements != groups[g].size()) {
+          error = std::make_exception_ptr(
+              StoreUnavailable("redis job store: unexpected answer to a batch"));
+        }
+      } catch (const ErrorReply& e) {
+        error = std::make_exception_ptr(StoreUnavailable(std::string("redis job store: ") + e.what()));
+      } catch (const StoreUnavailable&) {
+        error = std::current_exception();
+      } catch (const std::exception& e) {
+        batch_connection.reset();
+        failed(e.what());
+        error = std::make_exception_ptr(StoreUnavailable(failure_text()));
+      }
+      if (error) all_worked = false;
+      for (std::size_t i = 0; i < groups[g].size(); ++i)
+        answer(*groups[g][i], error, error ? nullptr : replies[g]->element[i]);
+    }
+    if (all_worked) worked();
+  }
+
+  // A connection for the batches, unless a failed connect is still backing off.
+  Context connect_after_backoff() {
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure.empty() && std::chrono::steady_clock::now() < reconnect_at)
+        throw StoreUnavailable(failure);
+    }
+    try {
+      return connect();
+    } catch (const ConnectionLost& e) {
+      failed(e.what(), true);
+      throw StoreUnavailable(failure_text());
+    }
+  }
 };
 
 RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
@@ -1216,24 +1587,19 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   } catch (const std::exception& e) {
     throw Error(std::string("redis store: cannot index its jobs: ") + e.what());
   }
+  if (o.batch_writes) impl_->start_batches();
 }
 
-RedisJobStore::~RedisJobStore() = default;
+RedisJobStore::~RedisJobStore() {
+  impl_->stop_batches();
+}
 
-PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
-  const std::string created = ms_text(job.created_at);
-  Reply r;
-  try {
-    r = impl_->script(kScriptPut,
-                      {job.id, job.callback_url, detail::dump_json(job.input), created,
-                       claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
-                       claim ? ms_text(claim->until) : created, std::to_string(job.priority),
-                       std::to_string(job.max_queue.count()), std::to_string(job.webhook_events),
-                       job.traceparent, impl_->retention_ms()});
-  } catch (const OutOfMemory&) {
-    return PutOutcome::full;
-  }
-  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+namespace {
+
+// What put's reply says of `job`.
+PutOutcome put_outcome(const Job& job, const redisReply* r) {
+  if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 ||
+      r->element[0]->type != REDIS_REPLY_INTEGER) {
     throw StoreUnavailable("redis job store: unexpected answer to put");
   }
   if (r->element[0]->integer == 0) return PutOutcome::created;
@@ -1247,6 +1613,36 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
     existing.webhook_events = static_cast<std::uint8_t>(number(text(r->element[5])));
   }
   return existing.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
+}
+
+bool is_one(const redisReply* r) {
+  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
+}  // namespace
+
+PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
+  const std::string created = ms_text(job.created_at);
+  const TimePoint due = claim ? claim->until : job.created_at;
+  std::vector<std::string> args{
+      job.id, job.callback_url, detail::dump_json(job.input), created,
+      claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
+      ms_text(due), std::to_string(job.priority),
+      std::to_string(job.max_queue.count()), std::to_string(job.webhook_events),
+      job.traceparent, impl_->retention_ms(), job_score(job.priority, due),
+      job_score(job.priority, job.created_at)};
+  try {
+    if (impl_->options.batch_writes) {
+      return impl_
+          ->start<PutOutcome>(kScriptPut, std::move(args),
+                              [&job](const redisReply* r) { return put_outcome(job, r); })
+          .get();
+    }
+    Reply r = impl_->script(kScriptPut, std::move(args));
+    return put_outcome(job, r.get());
+  } catch (const OutOfMemory&) {
+    return PutOutcome::full;
+  }
 }
 
 std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {
@@ -1273,10 +1669,30 @@ std::vector<JobRecord> RedisJobStore::claim_callbacks(std::size_t max, const Lea
 
 bool RedisJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
   Reply r = impl_->script(kScriptRenew, {id, lease.holder, ms_text(lease.until), ms_text(now)});
-  return r->integer == 1;
+  return is_one(r.get());
+}
+
+std::vector<bool> RedisJobStore::renew_all(
+    const std::vector<std::pair<std::string, Lease>>& leases, TimePoint now) {
+  if (!impl_->options.batch_writes) return JobStore::renew_all(leases, now);
+  std::vector<std::future<bool>> answers;
+  answers.reserve(leases.size());
+  for (const auto& lease : leases) {
+    answers.push_back(impl_->start<bool>(
+        kScriptRenew,
+        {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)}, is_one));
+  }
+  std::vector<bool> out;
+  out.reserve(answers.size());
+  for (auto& answer : answers)
+    out.push_back(answer.get());
+  return out;
 }
 
 void RedisJobStore::mark_running(const std::string& id, TimePoint now) {
+  // Nobody waits for it (only what polling shows lags when it fails): queued behind the puts and
+  // before the acknowledgements of the same job, which the connection sends in order.
+  if (impl_->options.batch_writes) return impl_->enqueue(kScriptMarkRunning, {id, ms_text(now)}, nullptr);
   impl_->script(kScriptMarkRunning, {id, ms_text(now)});
 }
 
@@ -1286,28 +1702,74 @@ std::optional<std::size_t> RedisJobStore::queue_position(const std::string& id) 
   return static_cast<std::size_t>(r->integer);
 }
 
-bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
-                               const JobOutcome& outcome, const std::optional<Lease>& deliver,
-                               TimePoint now) {
+namespace {
+
+std::vector<std::string> finish_args(const std::string& id, const std::string& holder,
+                                     const JobOutcome& outcome,
+                                     const std::optional<Lease>& deliver,
+                                     JobStore::TimePoint now, std::string retention) {
   std::vector<std::string> args{id, holder, ms_text(now)};
   append_outcome(args, outcome);
   args.push_back(deliver ? deliver->holder : "");
   args.push_back(deliver ? ms_text(deliver->until) : "0");
-  args.push_back(impl_->retention_ms());
+  args.push_back(std::move(retention));
   args.push_back(ms_text(outcome.finished_at));
+  return args;
+}
+
+std::vector<std::string> attempt_args(const std::string& id, const std::string& holder,
+                                      const CallbackInfo& after, JobStore::TimePoint now,
+                                      const std::optional<CallbackAttempt>& attempt,
+                                      std::string retention) {
+  std::vector<std::string> args{id, holder, ms_text(now), std::move(retention)};
+  append_callback(args, after);
+  args.push_back(attempt ? detail::dump_json(detail::attempt_to_json(*attempt)) : "");
+  args.push_back(std::to_string(max_attempt_log));
+  return args;
+}
+
+}  // namespace
+
+bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
+                               const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                               TimePoint now) {
+  auto args = finish_args(id, holder, outcome, deliver, now, impl_->retention_ms());
+  if (impl_->options.batch_writes)
+    return impl_->start<bool>(kScriptFinish, std::move(args), is_one).get();
   Reply r = impl_->script(kScriptFinish, std::move(args));
-  return r->integer == 1;
+  return is_one(r.get());
+}
+
+void RedisJobStore::async_finish_job(const std::string& id, const std::string& holder,
+                                     const JobOutcome& outcome,
+                                     const std::optional<Lease>& deliver, TimePoint now,
+                                     WriteDone done) {
+  if (!impl_->options.batch_writes)
+    return JobStore::async_finish_job(id, holder, outcome, deliver, now, std::move(done));
+  impl_->start_write(kScriptFinish,
+                     finish_args(id, holder, outcome, deliver, now, impl_->retention_ms()),
+                     std::move(done));
 }
 
 bool RedisJobStore::record_attempt(const std::string& id, const std::string& holder,
                                    const CallbackInfo& after, TimePoint now,
                                    const std::optional<CallbackAttempt>& attempt) {
-  std::vector<std::string> args{id, holder, ms_text(now), impl_->retention_ms()};
-  append_callback(args, after);
-  args.push_back(attempt ? detail::dump_json(detail::attempt_to_json(*attempt)) : "");
-  args.push_back(std::to_string(max_attempt_log));
+  auto args = attempt_args(id, holder, after, now, attempt, impl_->retention_ms());
+  if (impl_->options.batch_writes)
+    return impl_->start<bool>(kScriptRecordAttempt, std::move(args), is_one).get();
   Reply r = impl_->script(kScriptRecordAttempt, std::move(args));
-  return r->integer == 1;
+  return is_one(r.get());
+}
+
+void RedisJobStore::async_record_attempt(const std::string& id, const std::string& holder,
+                                         const CallbackInfo& after, TimePoint now,
+                                         const std::optional<CallbackAttempt>& attempt,
+                                         WriteDone done) {
+  if (!impl_->options.batch_writes)
+    return JobStore::async_record_attempt(id, holder, after, now, attempt, std::move(done));
+  impl_->start_write(kScriptRecordAttempt,
+                     attempt_args(id, holder, after, now, attempt, impl_->retention_ms()),
+                     std::move(done));
 }
 
 CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& outcome,

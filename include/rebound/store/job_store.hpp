@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -194,6 +196,54 @@ class JobStore {
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
                       TimePoint now) {
     return record_attempt(id, holder, after, now, std::nullopt);
+  }
+
+  /// How an asynchronous write ends: the exception it failed with (null when it was written), and
+  /// what the call answers (false: the lease was not held, nothing written).
+  using WriteDone = std::function<void(std::exception_ptr error, bool answer)>;
+
+  /// finish_job without waiting for it: `done` gets its answer or its error, once. The default
+  /// runs finish_job on the caller's thread and calls `done` before returning; a store that
+  /// gathers the writes of many callers into one round trip (RedisJobStore) calls `done` from its
+  /// own thread once the write is stored. `done` must be quick and must not call the store.
+  virtual void async_finish_job(const std::string& id, const std::string& holder,
+                                const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                                TimePoint now, WriteDone done) {
+    bool answer = false;
+    try {
+      answer = finish_job(id, holder, outcome, deliver, now);
+    } catch (...) {
+      done(std::current_exception(), false);
+      return;
+    }
+    done(nullptr, answer);
+  }
+
+  /// record_attempt without waiting for it, as async_finish_job.
+  virtual void async_record_attempt(const std::string& id, const std::string& holder,
+                                    const CallbackInfo& after, TimePoint now,
+                                    const std::optional<CallbackAttempt>& attempt,
+                                    WriteDone done) {
+    bool answer = false;
+    try {
+      answer = record_attempt(id, holder, after, now, attempt);
+    } catch (...) {
+      done(std::current_exception(), false);
+      return;
+    }
+    done(nullptr, answer);
+  }
+
+  /// renew for many leases at once (the renewals a server makes every third of a lease): one
+  /// answer per lease, in order. The default renews them one by one; a store with round trips
+  /// sends them together. Throws when the store fails (some may be renewed by then).
+  virtual std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
+                                      TimePoint now) {
+    std::vector<bool> out;
+    out.reserve(leases.size());
+    for (const auto& lease : leases)
+      out.push_back(renew(lease.first, lease.second, now));
+    return out;
   }
 
   /// Puts a `failed` callback back into delivery with a fresh attempt budget, claimed by `claim`.

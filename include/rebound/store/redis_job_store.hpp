@@ -42,6 +42,14 @@ struct RedisJobStoreOptions {
   std::chrono::milliseconds reconnect_max{5000};
   /// Finished jobs expire this long after they finished (a Redis key expiry). 0: kept forever.
   std::chrono::seconds retention{std::chrono::hours(24)};
+  /// Batches the writes on a job's way (put, mark_running, finish_job, record_attempt and
+  /// renew_all) of every calling thread: one connection thread of the store's own sends what has
+  /// gathered while its last round trip was out as one script call, pipelined (at most 256 calls
+  /// or 1 MiB in one). Redis then spends a fraction of a round trip per job, and the asynchronous
+  /// forms (async_finish_job, async_record_attempt) hold no caller's thread. An idle store sends
+  /// at once. mark_running returns without waiting; a call of the same thread made after it sees
+  /// it. false: every call is its own round trip on the caller's thread, and no thread is started.
+  bool batch_writes = true;
 };
 
 /// Reads `redis://[username@]host[:port][/db]` (an IPv6 host in brackets) into `options`, keeping
@@ -74,8 +82,11 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
 /// `failure()` until a command works again; failed connects are retried with a backoff. The
 /// process must ignore SIGPIPE (`signal(SIGPIPE, SIG_IGN)`, as rebound-server does): hiredis
 /// writes to sockets that Redis may have closed. Lists and claims take at most 100,000 jobs per
-/// call (one script blocks Redis for every server). It starts no thread: every call runs on the
-/// caller's. Thread-safety: every method is thread-safe.
+/// call (one script blocks Redis for every server).
+///
+/// Threads: with `batch_writes` (the default) the store starts one connection thread for the
+/// batched writes, joined by its destructor once what is queued is sent; every other call runs
+/// on the caller's thread over a pooled connection. Thread-safety: every method is thread-safe.
 class RedisJobStore final : public JobStore {
  public:
   /// Connects and loads the scripts. Throws rebound::Error when Redis cannot be used (unreachable,
@@ -90,12 +101,21 @@ class RedisJobStore final : public JobStore {
   std::optional<JobRecord> get(const std::string& id) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
+  std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
+                              TimePoint now) override;
   void mark_running(const std::string& id, TimePoint now) override;
   std::optional<std::size_t> queue_position(const std::string& id) const override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override;
+  void async_finish_job(const std::string& id, const std::string& holder,
+                        const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                        TimePoint now, WriteDone done) override;
+  void async_record_attempt(const std::string& id, const std::string& holder,
+                            const CallbackInfo& after, TimePoint now,
+                            const std::optional<CallbackAttempt>& attempt,
+                            WriteDone done) override;
   using JobStore::record_attempt;
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
                       TimePoint now, const std::optional<CallbackAttempt>& attempt) override;
