@@ -454,3 +454,159 @@ TEST_CASE(
   CHECK(store.set_origin_paused("http://h4.test:80", false));
   CHECK(store.set_origin_paused("http://one-more.test:80", true));
 }
+
+namespace {
+// The scripts Redis has run (INFO commandstats: EVALSHA's calls).
+long long scripts_run(const rebound::test::RedisServer& server) {
+  const std::string line =
+      "redis-cli -p " + std::to_string(server.port()) + " INFO commandstats 2>/dev/null";
+  long long calls = 0;
+  if (FILE* pipe = ::popen(line.c_str(), "r")) {
+    char buffer[512];
+    while (std::fgets(buffer, sizeof buffer, pipe)) {
+      const std::string text(buffer);
+      if (text.rfind("cmdstat_evalsha:calls=", 0) == 0) calls = std::stoll(text.substr(22));
+    }
+    ::pclose(pipe);
+  }
+  return calls;
+}
+
+// What an asynchronous write answers: (worked, answer), or nullopt when it did not end in time.
+using Answer = std::future<std::pair<bool, bool>>;
+rebound::JobStore::WriteDone into(std::shared_ptr<std::promise<std::pair<bool, bool>>> promise) {
+  return [promise](std::exception_ptr error, bool answer) {
+    promise->set_value({error == nullptr, answer});
+  };
+}
+}  // namespace
+
+TEST_CASE("redis: writes of many callers share round trips - each caller gets its own answer") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::system_clock::now();
+  const Lease worker{"worker", now + 60s};
+  // 16 threads put 50 jobs each at once; each id is put twice (once changed): every caller hears
+  // what happened to its own job, whatever else went in the same call.
+  std::vector<std::thread> threads;
+  std::atomic<int> created{0}, duplicates{0}, conflicts{0}, wrong{0};
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const std::string id = "job-" + std::to_string(t % 8) + "-" + std::to_string(i);
+        const PutOutcome outcome = store.put(make(id, {{"x", t < 8 ? 1 : 2}}), worker);
+        if (outcome == PutOutcome::created) ++created;
+        if (outcome == PutOutcome::duplicate) ++duplicates;
+        if (outcome == PutOutcome::conflict) ++conflicts;
+        if (outcome == PutOutcome::full) ++wrong;
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  CHECK(created == 400);
+  CHECK(duplicates + conflicts == 400);
+  CHECK(conflicts == 400 - duplicates);
+  CHECK(wrong == 0);
+
+  // 400 acknowledgements started at once from one thread, half of them by a stranger: they go out
+  // in a few calls, and each hears its own answer.
+  REQUIRE(redis_cli(server, "CONFIG RESETSTAT") == "OK");
+  std::vector<Answer> answers;
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  for (int t = 0; t < 8; ++t) {
+    for (int i = 0; i < 50; ++i) {
+      auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+      answers.push_back(promise->get_future());
+      store.async_finish_job("job-" + std::to_string(t) + "-" + std::to_string(i),
+                             i % 2 == 0 ? "worker" : "stranger", done, std::nullopt, now,
+                             into(promise));
+    }
+  }
+  for (std::size_t n = 0; n < answers.size(); ++n) {
+    REQUIRE(answers[n].wait_for(10s) == std::future_status::ready);
+    CHECK(answers[n].get() == std::pair<bool, bool>{true, n % 2 == 0});
+  }
+  const long long calls = scripts_run(server);
+  CHECK(calls >= 2);    // at most 256 in one
+  MESSAGE("400 acknowledgements in " << calls << " calls");
+  CHECK(calls <= 200);  // not one each
+  CHECK(store.get("job-3-10")->status == JobStatus::succeeded);
+  CHECK(store.get("job-3-11")->status == JobStatus::queued);
+
+  // renew_all: one answer per lease, in order, in a few calls too.
+  std::vector<std::pair<std::string, Lease>> leases;
+  for (int i = 0; i < 50; ++i)
+    leases.emplace_back("job-5-" + std::to_string(i), Lease{"worker", now + 120s});
+  REQUIRE(redis_cli(server, "CONFIG RESETSTAT") == "OK");
+  const auto renewed = store.renew_all(leases, now);
+  REQUIRE(renewed.size() == 50);
+  for (int i = 0; i < 50; ++i)
+    CHECK(renewed[i] == (i % 2 == 1));  // the ones finished above are not held any more
+  CHECK(scripts_run(server) <= 10);
+}
+
+TEST_CASE("redis: a Redis that hangs under a batch fails every call in it - none waits forever") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));  // commands time out after 500 ms
+  const auto now = std::chrono::system_clock::now();
+  for (int i = 0; i < 20; ++i)
+    REQUIRE(store.put(make("held-" + std::to_string(i)), Lease{"worker", now + 60s}) ==
+            PutOutcome::created);
+  server.pause();
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Answer> answers;
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  for (int i = 0; i < 20; ++i) {
+    auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+    answers.push_back(promise->get_future());
+    store.async_finish_job("held-" + std::to_string(i), "worker", done, std::nullopt, now,
+                           into(promise));
+  }
+  auto put = std::async(std::launch::async, [&] { return store.put(make("during")); });
+  for (auto& answer : answers) {
+    REQUIRE(answer.wait_for(10s) == std::future_status::ready);
+    CHECK(answer.get().first == false);  // failed: the JobQueue writes it again later
+  }
+  REQUIRE(put.wait_for(10s) == std::future_status::ready);
+  CHECK_THROWS_AS(put.get(), rebound::StoreUnavailable);
+  CHECK(std::chrono::steady_clock::now() - started < 5s);
+  CHECK(store.failure().has_value());
+
+  server.resume();
+  CHECK(eventually([&] { return !store.failure(); }));
+  // A write whose answer timed out may still have reached Redis (it ran when Redis woke up), as
+  // with any timeout: written again, it is acknowledged if it had not, refused if it had.
+  const bool applied = store.get("held-0")->status == JobStatus::succeeded;
+  CHECK(store.finish_job("held-0", "worker", done, std::nullopt, now) == !applied);
+  CHECK(store.get("held-0")->status == JobStatus::succeeded);
+}
+
+TEST_CASE("redis: scripts Redis forgot are loaded again - a batch after SCRIPT FLUSH works") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(make("before"), Lease{"worker", now + 60s}) == PutOutcome::created);
+  REQUIRE(redis_cli(server, "SCRIPT FLUSH") == "OK");
+  CHECK(store.put(make("after"), Lease{"worker", now + 60s}) == PutOutcome::created);
+  REQUIRE(redis_cli(server, "SCRIPT FLUSH") == "OK");
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  CHECK(store.finish_job("before", "worker", done, std::nullopt, now));
+  CHECK(store.get("before")->status == JobStatus::succeeded);
+  CHECK_FALSE(store.failure().has_value());
+}
+
+TEST_CASE("redis: mark_running is not waited for - yet it is sent before the store closes") {
+  rebound::test::RedisServer server;
+  const auto now = std::chrono::system_clock::now();
+  {
+    RedisJobStore store(options_for(server));
+    for (int i = 0; i < 100; ++i)
+      REQUIRE(store.put(make("job-" + std::to_string(i))) == PutOutcome::created);
+    for (int i = 0; i < 100; ++i)
+      store.mark_running("job-" + std::to_string(i), now);
+  }  // destroyed at once: what was queued goes out first
+  RedisJobStore other(options_for(server));
+  for (int i = 0; i < 100; ++i)
+    CHECK(other.get("job-" + std::to_string(i))->status == JobStatus::running);
+}

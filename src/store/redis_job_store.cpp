@@ -1323,11 +1323,20 @@ struct RedisJobStore::Impl {
 
   void enqueue(Script which, std::vector<std::string> args,
                std::function<void(std::exception_ptr, const redisReply*)> done) {
+    std::vector<Op> ops;
+    ops.push_back(Op{which, std::move(args), std::move(done)});
+    enqueue(std::move(ops));
+  }
+
+  // Queued together: they go out in as few calls as the batch's bounds allow.
+  void enqueue(std::vector<Op> ops) {
     {
       std::lock_guard<std::mutex> lock(batch_mutex);
       if (batch_stop) throw StoreUnavailable("redis job store: closed");
-      if (!done) ++unwaited_queued;
-      batch_queue.push_back(Op{which, std::move(args), std::move(done)});
+      for (auto& op : ops) {
+        if (!op.done) ++unwaited_queued;
+        batch_queue.push_back(std::move(op));
+      }
     }
     batch_wake.notify_one();
   }
@@ -1675,18 +1684,37 @@ bool RedisJobStore::renew(const std::string& id, const Lease& lease, TimePoint n
 std::vector<bool> RedisJobStore::renew_all(
     const std::vector<std::pair<std::string, Lease>>& leases, TimePoint now) {
   if (!impl_->options.batch_writes) return JobStore::renew_all(leases, now);
-  std::vector<std::future<bool>> answers;
-  answers.reserve(leases.size());
-  for (const auto& lease : leases) {
-    answers.push_back(impl_->start<bool>(
+  // One promise for them all, kept by every call's continuation: the answers, and the first
+  // error.
+  struct Answers {
+    std::vector<bool> renewed;
+    std::exception_ptr error;
+    std::size_t left;
+    std::promise<void> all;
+  };
+  auto answers = std::make_shared<Answers>();
+  answers->renewed.assign(leases.size(), false);
+  answers->left = leases.size();
+  auto all = answers->all.get_future();
+  std::vector<Impl::Op> ops;
+  ops.reserve(leases.size());
+  for (std::size_t i = 0; i < leases.size(); ++i) {
+    const auto& lease = leases[i];
+    ops.push_back(Impl::Op{
         kScriptRenew,
-        {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)}, is_one));
+        {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)},
+        [answers, i](std::exception_ptr error, const redisReply* r) {
+          // Every continuation runs on the connection thread, one after another.
+          if (error && !answers->error) answers->error = error;
+          if (!error) answers->renewed[i] = is_one(r);
+          if (--answers->left == 0) answers->all.set_value();
+        }});
   }
-  std::vector<bool> out;
-  out.reserve(answers.size());
-  for (auto& answer : answers)
-    out.push_back(answer.get());
-  return out;
+  if (ops.empty()) return {};
+  impl_->enqueue(std::move(ops));
+  all.get();
+  if (answers->error) std::rethrow_exception(answers->error);
+  return answers->renewed;
 }
 
 void RedisJobStore::mark_running(const std::string& id, TimePoint now) {
