@@ -193,9 +193,9 @@ if BATCH then
 else
   sweep(2, ARGV[5], ARGV[13])
 end
--- The id of a job that expired may still be a dead letter: it is a new job now. (Never a due
--- callback: a job whose callback is pending never expires.)
-redis.call('ZREM', FAILED, ARGV[2])
+-- (The id of a dead letter that expired may still be in FAILED: listings and pages skip a member
+-- whose job's callback is not failed, and drop it. Never in CB_DUE: a job whose callback is
+-- pending does not expire.)
 return {0}
 )lua";
 
@@ -248,8 +248,8 @@ constexpr const char* kMarkRunning = R"lua(
 local key = job_key(ARGV[2])
 if redis.call('HGET', key, 'status') == 'queued' then
   redis.call('HSET', key, 'status', 'running', 'started', ARGV[3])
+  redis.call('ZREM', QUEUED, ARGV[2])
 end
-redis.call('ZREM', QUEUED, ARGV[2])
 return 1
 )lua";
 
