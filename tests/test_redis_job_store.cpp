@@ -2,12 +2,18 @@
 // Redis that stops, hangs, restarts or fills up. Every test runs a real redis-server.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -609,4 +615,181 @@ TEST_CASE("redis: mark_running is not waited for - yet it is sent before the sto
   RedisJobStore other(options_for(server));
   for (int i = 0; i < 100; ++i)
     CHECK(other.get("job-" + std::to_string(i))->status == JobStatus::running);
+}
+
+namespace {
+// A stand-in for Redis that speaks enough RESP for a store to start, then answers the batched
+// scripts as told: the first one after `delay`, the later ones with LOADING (as a Redis that
+// restarts and reads its append-only file answers) while `loading`. Every connection is served
+// on a thread of its own.
+class ScriptedRedis {
+ public:
+  ScriptedRedis() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    socklen_t size = sizeof addr;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &size);
+    port_ = ntohs(addr.sin_port);
+    REQUIRE(::listen(listener_, 16) == 0);
+    acceptor_ = std::thread([this] {
+      for (;;) {
+        const int fd = ::accept(listener_, nullptr, nullptr);
+        if (fd < 0) return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        fds_.push_back(fd);
+        threads_.emplace_back([this, fd] { serve(fd); });
+      }
+    });
+  }
+  ~ScriptedRedis() {
+    ::shutdown(listener_, SHUT_RDWR);
+    ::close(listener_);
+    acceptor_.join();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int fd : fds_)
+      ::shutdown(fd, SHUT_RDWR);
+    for (auto& t : threads_)
+      t.join();
+    for (int fd : fds_)
+      ::close(fd);
+  }
+  int port() const { return port_; }
+
+  std::chrono::milliseconds delay{0};
+  std::atomic<bool> loading{true};
+  std::atomic<int> batches{0};
+
+ private:
+  void serve(int fd) {
+    std::string in;
+    char buffer[65536];
+    for (;;) {
+      std::vector<std::string> args;
+      while (!parse(in, args)) {
+        const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+        if (n <= 0) return;
+        in.append(buffer, static_cast<std::size_t>(n));
+      }
+      const std::string out = answer(args) + "\r\n";
+      if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) return;
+    }
+  }
+
+  // One command off the front of `in`, when it is all there.
+  static bool parse(std::string& in, std::vector<std::string>& args) {
+    std::size_t at = 0;
+    auto line = [&](std::string& out) {
+      const auto end = in.find("\r\n", at);
+      if (end == std::string::npos) return false;
+      out = in.substr(at, end - at);
+      at = end + 2;
+      return true;
+    };
+    std::string head;
+    if (!line(head) || head.empty() || head[0] != '*') return false;
+    const int count = std::stoi(head.substr(1));
+    std::vector<std::string> out;
+    for (int i = 0; i < count; ++i) {
+      std::string size;
+      if (!line(size)) return false;
+      const auto length = static_cast<std::size_t>(std::stoul(size.substr(1)));
+      if (in.size() < at + length + 2) return false;
+      out.push_back(in.substr(at, length));
+      at += length + 2;
+    }
+    in.erase(0, at);
+    args = std::move(out);
+    return true;
+  }
+
+  std::string answer(const std::vector<std::string>& args) {
+    auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s; };
+    if (args[0] == "INFO") return bulk("redis_version:7.0.15");
+    if (args[0] == "CONFIG") return "*2\r\n" + bulk("maxmemory-policy") + "\r\n" + bulk("noeviction");
+    if (args[0] == "SCRIPT") return bulk(std::string(40, 'a'));
+    if (args[0] != "EVALSHA" || args.size() <= 4) return ":1";  // the index script
+    // A batch: (op, count, args...) after the prefix; a put (op 0) answers {0}, the rest 1.
+    if (batches++ > 0) {
+      if (loading) return "-LOADING Redis is loading the dataset in memory";
+    } else {
+      std::this_thread::sleep_for(delay);
+    }
+    std::string out;
+    int ops = 0;
+    for (std::size_t i = 4; i + 1 < args.size(); i += 2 + std::stoul(args[i + 1])) {
+      out += args[i] == "0" ? "*1\r\n:0\r\n" : ":1\r\n";
+      ++ops;
+    }
+    return "*" + std::to_string(ops) + "\r\n" + out.substr(0, out.size() - 2);
+  }
+
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread acceptor_;
+  std::mutex mutex_;
+  std::vector<int> fds_;
+  std::vector<std::thread> threads_;
+};
+}  // namespace
+
+TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no crash, no hang") {
+  ScriptedRedis redis;
+  redis.delay = 300ms;
+  RedisJobStoreOptions options;
+  options.port = redis.port();
+  options.command_timeout = 2000ms;
+  RedisJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  // The first batch is answered late; meanwhile a put and an acknowledgement gather into the
+  // next, whose first answer (the puts') is LOADING: the connection is dropped, and the
+  // acknowledgements' answer is never read from it.
+  auto first = std::make_shared<std::promise<std::pair<bool, bool>>>();
+  Answer first_answer = first->get_future();
+  store.async_finish_job("a", "worker", done, std::nullopt, now, into(first));
+  std::this_thread::sleep_for(50ms);
+  auto put = std::async(std::launch::async, [&] { return store.put(make("b")); });
+  auto second = std::make_shared<std::promise<std::pair<bool, bool>>>();
+  Answer second_answer = second->get_future();
+  store.async_finish_job("c", "worker", done, std::nullopt, now, into(second));
+  REQUIRE(first_answer.wait_for(5s) == std::future_status::ready);
+  CHECK(first_answer.get() == std::pair<bool, bool>{true, true});
+  REQUIRE(put.wait_for(5s) == std::future_status::ready);
+  CHECK_THROWS_AS(put.get(), rebound::StoreUnavailable);
+  REQUIRE(second_answer.wait_for(5s) == std::future_status::ready);
+  CHECK(second_answer.get().first == false);
+  // Redis is back: the next batch goes out on a new connection.
+  redis.loading = false;
+  CHECK(store.put(make("d")) == PutOutcome::created);
+}
+
+TEST_CASE("redis: a JobQueue destroyed with acknowledgements in flight ends cleanly") {
+  rebound::test::RedisServer server;
+  std::vector<std::string> ids;
+  for (int round = 0; round < 3; ++round) {
+    rebound::JobQueueOptions o;
+    o.drain_on_destroy = 0ms;
+    o.workers = 2;
+    rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                            std::make_unique<RedisJobStore>(options_for(server)), o);
+    for (int i = 0; i < 300; ++i) {
+      ids.push_back("r" + std::to_string(round) + "-" + std::to_string(i));
+      Job job{ids.back(), "", {{"x", i}}, std::chrono::system_clock::now()};
+      REQUIRE(queue.submit(job) == rebound::SubmitStatus::accepted);
+    }
+    // Destroyed at once: the workers' acknowledgements are still queued for Redis, and their
+    // answers come back after the queue's io thread has stopped.
+  }
+  // Nothing accepted was lost: each job is finished, or waits with a lease that runs out.
+  RedisJobStore store(options_for(server));
+  int finished = 0;
+  for (const auto& id : ids) {
+    const auto record = store.get(id);
+    REQUIRE(record.has_value());
+    if (record->status == JobStatus::succeeded) ++finished;
+  }
+  CHECK(finished > 0);
 }

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,6 +52,14 @@ class StoreAccess {
 
   /// Ends the retries of writes (the queue is going away).
   void stop() { stopped_ = true; }
+
+  /// Waits until the store has answered every write started (a store that answers on its own
+  /// thread posts the rest to the executor): before the executor goes away. Every store answers
+  /// each call, a failing one within its timeouts.
+  void wait_answered() {
+    std::unique_lock<std::mutex> lock(out_mutex_);
+    all_answered_.wait(lock, [&] { return out_ == 0; });
+  }
   bool stopped() const { return stopped_; }
 
   /// Notes a store call that threw (`counted`: a call, not a health check), and the start of a
@@ -176,23 +186,40 @@ class StoreAccess {
 
   void start(std::shared_ptr<PendingWrite> pending) {
     const auto caller = std::this_thread::get_id();
-    // Called once. On a store's thread it hands its reference on to the executor: the store's
-    // thread must never hold the last one (the pipeline it keeps alive owns the store).
-    auto done = [this, pending, caller](std::exception_ptr error, bool answer) mutable {
+    // Answered once per try; a `then` that throws on the caller's thread is not a failed write.
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    {
+      std::lock_guard<std::mutex> lock(out_mutex_);
+      ++out_;
+    }
+    // On a store's thread it hands its reference on to the executor, and only then counts the
+    // write as answered: the store's thread never holds the last reference (the pipeline it keeps
+    // alive owns the store), and the executor is not torn down under a post (wait_answered).
+    auto done = [this, pending, caller, answered](std::exception_ptr error, bool answer) mutable {
+      if (answered->exchange(true)) return;
       auto mine = std::move(pending);
       if (std::this_thread::get_id() == caller) {
+        answered_one();
         written(mine, error, answer);
       } else {
         boost::asio::post(executor_, [this, mine = std::move(mine), error, answer] {
           written(mine, error, answer);
         });
+        answered_one();
       }
     };
     try {
       pending->write(store_, std::move(done));
     } catch (...) {
+      if (answered->exchange(true)) throw;  // from `then`, run inline: the caller's to handle
+      answered_one();
       written(pending, std::current_exception(), false);
     }
+  }
+
+  void answered_one() {
+    std::lock_guard<std::mutex> lock(out_mutex_);
+    if (--out_ == 0) all_answered_.notify_all();
   }
 
   void written(const std::shared_ptr<PendingWrite>& pending, std::exception_ptr error,
@@ -222,6 +249,9 @@ class StoreAccess {
                           const boost::system::error_code&) mutable { start(std::move(pending)); });
   }
 
+  std::mutex out_mutex_;
+  std::condition_variable all_answered_;
+  std::size_t out_ = 0;  // writes started and not answered by the store yet
   JobStore& store_;
   Observers& observe_;
   boost::asio::any_io_executor executor_;

@@ -40,7 +40,10 @@ std::string ms_text(TimePoint t) {
 
 // The score of a job filed by priority, then time (the scripts' job_score): priority * 2^42 + ms.
 std::string job_score(int priority, TimePoint t) {
-  return std::to_string(static_cast<std::int64_t>(priority) * 4398046511104LL + to_ms(t));
+  // (Clamped far outside 0..9 only so that the product cannot overflow.)
+  return std::to_string(static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) *
+                            4398046511104LL +
+                        to_ms(t));
 }
 
 // The helpers every script starts with. ARGV[1] is the key prefix in every script; the helpers
@@ -173,8 +176,10 @@ constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
 local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
 if old[1] then return {1, old[1], old[2], old[3] or '5', old[4] or '0', old[5] or '2'} end
+-- (cb_state and finished at their defaults too: older servers on the same Redis read them.)
 local fields = {'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
-                'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11]}
+                'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11], 'cb_state', 'none',
+                'finished', ''}
 if ARGV[6] ~= '' then
   fields[#fields + 1] = 'holder'; fields[#fields + 1] = ARGV[6]
   fields[#fields + 1] = 'until'; fields[#fields + 1] = ARGV[7]
@@ -217,7 +222,10 @@ for p = 0, jobs and 9 or 0 do
   end
   for _, id in ipairs(ids) do
     local key = job_key(id)
-    if redis.call('EXISTS', key) == 0 then
+    -- Gone, or (callbacks) not pending: a stale member, of a job that expired and whose id was
+    -- used again, say.
+    if redis.call('EXISTS', key) == 0 or
+       (not jobs and redis.call('HGET', key, 'cb_state') ~= 'pending') then
       redis.call('ZREM', due, id)
     else
       redis.call('ZADD', due, jobs and job_score(p, ARGV[6]) or ARGV[6], id)
@@ -1002,14 +1010,14 @@ struct RedisJobStore::Impl {
     }
   }
 
-  static Reply read_reply(redisContext* c) {
+  static std::shared_ptr<redisReply> read_reply(redisContext* c) {
     void* reply = nullptr;
     if (redisGetReply(c, &reply) != REDIS_OK || !reply) {
       throw ConnectionLost(c->err == REDIS_ERR_IO && c->errstr[0] == '\0'
                                ? std::string("I/O error: ") + std::strerror(errno)
                                : std::string(c->errstr));
     }
-    return Reply(static_cast<redisReply*>(reply));
+    return std::shared_ptr<redisReply>(static_cast<redisReply*>(reply), ReplyDeleter());
   }
 
   std::string script_text(std::size_t which) const {
@@ -1288,10 +1296,16 @@ struct RedisJobStore::Impl {
 
   // One queued call. `done` runs once, on the connection thread: with its reply (alive only
   // during the call) or the error. Null for a call nobody waits for (mark_running).
+  // `owner` holds the batch's whole reply, for a caller that reads `reply` later on its own
+  // thread (put: a duplicate's stored input is parsed there, not here).
+  using OpDone = std::function<void(std::exception_ptr error,
+                                    const std::shared_ptr<redisReply>& owner,
+                                    const redisReply* reply)>;
   struct Op {
     Script which;
     std::vector<std::string> args;
-    std::function<void(std::exception_ptr, const redisReply*)> done;
+    OpDone done;
+    bool unwaited = false;  // nobody waits for it (mark_running): `done` is null
   };
 
   static constexpr std::size_t kBatchCalls = 256;       // calls in one script at most
@@ -1321,8 +1335,7 @@ struct RedisJobStore::Impl {
     if (batch_thread.joinable()) batch_thread.join();
   }
 
-  void enqueue(Script which, std::vector<std::string> args,
-               std::function<void(std::exception_ptr, const redisReply*)> done) {
+  void enqueue(Script which, std::vector<std::string> args, OpDone done) {
     std::vector<Op> ops;
     ops.push_back(Op{which, std::move(args), std::move(done)});
     enqueue(std::move(ops));
@@ -1330,15 +1343,24 @@ struct RedisJobStore::Impl {
 
   // Queued together: they go out in as few calls as the batch's bounds allow.
   void enqueue(std::vector<Op> ops) {
+    std::uint64_t last_unwaited = 0;
     {
       std::lock_guard<std::mutex> lock(batch_mutex);
       if (batch_stop) throw StoreUnavailable("redis job store: closed");
       for (auto& op : ops) {
-        if (!op.done) ++unwaited_queued;
+        op.unwaited = !op.done;
+        if (op.unwaited) last_unwaited = ++unwaited_queued;
         batch_queue.push_back(std::move(op));
       }
     }
+    if (last_unwaited > 0) my_unwaited() = {this, last_unwaited};
     batch_wake.notify_one();
+  }
+
+  // The last call nobody waits for that this thread queued, and on which store.
+  static std::pair<const Impl*, std::uint64_t>& my_unwaited() {
+    static thread_local std::pair<const Impl*, std::uint64_t> last{nullptr, 0};
+    return last;
   }
 
   // Queues a call and answers what `read` makes of its reply, once it is sent.
@@ -1347,10 +1369,12 @@ struct RedisJobStore::Impl {
     auto promise = std::make_shared<std::promise<T>>();
     std::future<T> out = promise->get_future();
     enqueue(which, std::move(args),
-            [promise, read = std::move(read)](std::exception_ptr error, const redisReply* r) {
+            [promise, read = std::move(read)](std::exception_ptr error,
+                                              const std::shared_ptr<redisReply>& owner,
+                                              const redisReply* r) {
               if (error) return promise->set_exception(error);
               try {
-                promise->set_value(read(r));
+                promise->set_value(read(owner, r));
               } catch (...) {
                 promise->set_exception(std::current_exception());
               }
@@ -1362,22 +1386,25 @@ struct RedisJobStore::Impl {
   void start_write(Script which, std::vector<std::string> args, JobStore::WriteDone done) {
     auto shared = std::make_shared<JobStore::WriteDone>(std::move(done));
     try {
-      enqueue(which, std::move(args), [shared](std::exception_ptr error, const redisReply* r) {
-        JobStore::WriteDone call = std::move(*shared);
-        if (error) return call(error, false);
-        call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
-      });
+      enqueue(which, std::move(args),
+              [shared](std::exception_ptr error, const std::shared_ptr<redisReply>&,
+                       const redisReply* r) {
+                JobStore::WriteDone call = std::move(*shared);
+                if (error) return call(error, false);
+                call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+              });
     } catch (...) {
       if (*shared) (*shared)(std::current_exception(), false);
     }
   }
 
-  // Waits until the calls nobody waits for, queued before now, are sent.
+  // Waits until the calls nobody waits for that this thread queued are sent (or failed): a
+  // thread reads its own writes. Other threads' are not waited for.
   void fence() {
-    const std::uint64_t queued = unwaited_queued.load();
-    if (unwaited_sent.load() >= queued) return;
+    const auto mine = my_unwaited();
+    if (mine.first != this || unwaited_sent.load() >= mine.second) return;
     std::unique_lock<std::mutex> lock(batch_mutex);
-    batch_flushed.wait(lock, [&] { return unwaited_sent.load() >= queued; });
+    batch_flushed.wait(lock, [&] { return unwaited_sent.load() >= mine.second; });
   }
 
   void send_batches() {
@@ -1398,9 +1425,31 @@ struct RedisJobStore::Impl {
           batch_queue.pop_front();
         }
       }
-      const auto unwaited = static_cast<std::uint64_t>(
-          std::count_if(batch.begin(), batch.end(), [](const Op& op) { return !op.done; }));
-      send(batch);
+      bool lost = false;
+      try {
+        lost = !send(batch);
+      } catch (...) {
+        // Out of memory, say: the calls not answered yet fail, the thread goes on.
+        fail(batch, std::make_exception_ptr(StoreUnavailable("redis job store: batch failed")));
+      }
+      if (lost) {
+        // Redis failed (down, hung past the timeout, a new primary): what is queued behind would
+        // wait for the same, one timeout a batch. It fails now; its callers try again (the
+        // JobQueue's writes) or answer store_unavailable.
+        std::vector<Op> queued;
+        {
+          std::lock_guard<std::mutex> lock(batch_mutex);
+          queued.assign(std::make_move_iterator(batch_queue.begin()),
+                        std::make_move_iterator(batch_queue.end()));
+          batch_queue.clear();
+        }
+        fail(queued, std::make_exception_ptr(StoreUnavailable(failure_text())));
+        std::move(queued.begin(), queued.end(), std::back_inserter(batch));
+      }
+      const auto unwaited =
+          static_cast<std::uint64_t>(std::count_if(batch.begin(), batch.end(), [](const Op& op) {
+            return op.unwaited;
+          }));
       batch.clear();  // nothing of a caller's stays on this thread
       if (unwaited > 0) {
         {
@@ -1413,18 +1462,28 @@ struct RedisJobStore::Impl {
     batch_connection.reset();
   }
 
-  static void answer(Op& op, std::exception_ptr error, const redisReply* reply) {
+  // Answers `error` to the calls not answered yet.
+  static void fail(std::vector<Op>& ops, const std::exception_ptr& error) {
+    for (auto& op : ops)
+      answer(op, error, nullptr, nullptr);
+  }
+
+  static void answer(Op& op, std::exception_ptr error, const std::shared_ptr<redisReply>& owner,
+                     const redisReply* reply) {
     if (!op.done) return;
     auto done = std::move(op.done);
+    op.done = nullptr;
     try {
-      done(error, reply);
+      done(error, owner, reply);
     } catch (...) {
       // A caller's continuation: not this thread's to handle.
     }
   }
 
-  // One batch: a kDispatch call for its puts and one for the rest, pipelined.
-  void send(std::vector<Op>& batch) {
+  // One batch: a kDispatch call for its puts and one for the rest, pipelined; each group is
+  // answered as its reply is read. False when the connection was lost (every call not answered
+  // has failed).
+  bool send(std::vector<Op>& batch) {
     std::array<std::vector<Op*>, 2> groups;  // puts, the rest
     for (auto& op : batch)
       groups[op.which == kScriptPut ? 0 : 1].push_back(&op);
@@ -1440,71 +1499,97 @@ struct RedisJobStore::Impl {
           args.push_back(std::move(a));
       }
     }
-    std::array<Reply, 2> replies;
+    auto lose = [&](const std::string& why) {
+      batch_connection.reset();
+      failed(why);
+      fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
+      return false;
+    };
     try {
       if (!batch_connection) batch_connection = connect_after_backoff();
-      Waiting waiting(*this);
-      for (std::size_t g = 0; g < 2; ++g)
-        if (!groups[g].empty()) append(batch_connection.get(), commands[g]);
-      for (std::size_t g = 0; g < 2; ++g)
-        if (!groups[g].empty()) replies[g] = read_reply(batch_connection.get());
-    } catch (const std::exception& e) {
-      // Lost (or never made): every call of the batch fails; the next batch connects again.
-      if (batch_connection) {
-        batch_connection.reset();
-        failed(e.what());
-      }
-      const auto error = std::make_exception_ptr(StoreUnavailable(failure_text()));
-      for (auto& op : batch)
-        answer(op, error, nullptr);
-      return;
+    } catch (const std::exception&) {
+      // (connect_after_backoff noted why.)
+      fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
+      return false;
     }
     bool all_worked = true;
-    for (std::size_t g = 0; g < 2; ++g) {
-      if (groups[g].empty()) continue;
-      const Script which = g == 0 ? kScriptBatchPut : kScriptBatch;
-      std::exception_ptr error;
+    std::array<bool, 2> forgotten{false, false};  // NOSCRIPT: sent again once both are read
+    {
+      Waiting waiting(*this);
       try {
-        if (replies[g]->type == REDIS_REPLY_ERROR &&
-            std::strncmp(replies[g]->str, "NOSCRIPT", 8) == 0) {
-          // Redis forgot it (a restart, SCRIPT FLUSH): it did not run. Loaded and sent again.
-          if (!batch_connection) throw StoreUnavailable(failure_text());
-          command(batch_connection.get(), {"SCRIPT", "LOAD", script_text(which)});
-          append(batch_connection.get(), commands[g]);
-          replies[g] = read_reply(batch_connection.get());
-        }
-        if (replies[g]->type == REDIS_REPLY_ERROR) {
-          const std::string what(text(replies[g].get()));
-          if (connection_state_error(what.c_str())) {
-            batch_connection.reset();
-            failed(what);
-            error = std::make_exception_ptr(StoreUnavailable(failure_text()));
-          } else if (out_of_memory_error(what.c_str()) && which == kScriptBatchPut) {
-            error = std::make_exception_ptr(OutOfMemory(what));
-          } else {
-            if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
-              failed(what);
-            error = std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
+        for (std::size_t g = 0; g < 2; ++g)
+          if (!groups[g].empty()) append(batch_connection.get(), commands[g]);
+        for (std::size_t g = 0; g < 2; ++g) {
+          // A group's answer may drop the connection (LOADING, READONLY): the rest then fail.
+          if (groups[g].empty() || !batch_connection) continue;
+          std::shared_ptr<redisReply> reply = read_reply(batch_connection.get());
+          if (reply->type == REDIS_REPLY_ERROR && std::strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+            forgotten[g] = true;
+            continue;
           }
-        } else if (replies[g]->type != REDIS_REPLY_ARRAY ||
-                   replies[g]->elements != groups[g].size()) {
-          error = std::make_exception_ptr(
-              StoreUnavailable("redis job store: unexpected answer to a batch"));
+          if (!answer_group(g, groups[g], reply)) all_worked = false;
         }
-      } catch (const ErrorReply& e) {
-        error = std::make_exception_ptr(StoreUnavailable(std::string("redis job store: ") + e.what()));
-      } catch (const StoreUnavailable&) {
-        error = std::current_exception();
-      } catch (const std::exception& e) {
-        batch_connection.reset();
-        failed(e.what());
-        error = std::make_exception_ptr(StoreUnavailable(failure_text()));
+      } catch (const ConnectionLost& e) {
+        return lose(e.what());
       }
-      if (error) all_worked = false;
-      for (std::size_t i = 0; i < groups[g].size(); ++i)
-        answer(*groups[g][i], error, error ? nullptr : replies[g]->element[i]);
+      if (!batch_connection) {
+        fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
+        return false;
+      }
+      // Redis forgot the script (a restart, SCRIPT FLUSH): it did not run. Loaded, sent again.
+      for (std::size_t g = 0; g < 2; ++g) {
+        if (!forgotten[g]) continue;
+        try {
+          command(batch_connection.get(),
+                  {"SCRIPT", "LOAD", script_text(g == 0 ? kScriptBatchPut : kScriptBatch)});
+          append(batch_connection.get(), commands[g]);
+          if (!answer_group(g, groups[g], read_reply(batch_connection.get()))) all_worked = false;
+        } catch (const ConnectionLost& e) {
+          return lose(e.what());
+        } catch (const ErrorReply& e) {
+          all_worked = false;
+          for (Op* op : groups[g]) {
+            answer(*op,
+                   std::make_exception_ptr(
+                       StoreUnavailable(std::string("redis job store: ") + e.what())),
+                   nullptr, nullptr);
+          }
+        }
+        if (!batch_connection) {
+          fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
+          return false;
+        }
+      }
     }
     if (all_worked) worked();
+    return true;
+  }
+
+  // Answers a group's calls from its reply. False when the reply is an error (then each call
+  // fails with it; one that says the connection cannot serve drops it).
+  bool answer_group(std::size_t g, const std::vector<Op*>& group,
+                    const std::shared_ptr<redisReply>& reply) {
+    std::exception_ptr error;
+    if (reply->type == REDIS_REPLY_ERROR) {
+      const std::string what(text(reply.get()));
+      if (connection_state_error(what.c_str())) {
+        batch_connection.reset();
+        failed(what);
+        error = std::make_exception_ptr(StoreUnavailable(failure_text()));
+      } else if (out_of_memory_error(what.c_str()) && g == 0) {
+        error = std::make_exception_ptr(OutOfMemory(what));
+      } else {
+        if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
+          failed(what);
+        error = std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
+      }
+    } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != group.size()) {
+      error =
+          std::make_exception_ptr(StoreUnavailable("redis job store: unexpected answer to a batch"));
+    }
+    for (std::size_t i = 0; i < group.size(); ++i)
+      answer(*group[i], error, reply, error ? nullptr : reply->element[i]);
+    return !error;
   }
 
   // A connection for the batches, unless a failed connect is still backing off.
@@ -1628,6 +1713,10 @@ bool is_one(const redisReply* r) {
   return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
+bool read_one(const std::shared_ptr<redisReply>&, const redisReply* r) {
+  return is_one(r);
+}
+
 }  // namespace
 
 PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
@@ -1642,10 +1731,14 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
       job_score(job.priority, job.created_at)};
   try {
     if (impl_->options.batch_writes) {
-      return impl_
-          ->start<PutOutcome>(kScriptPut, std::move(args),
-                              [&job](const redisReply* r) { return put_outcome(job, r); })
-          .get();
+      // The reply is read here, on the caller's thread: a duplicate's stored input may be large.
+      using Held = std::pair<std::shared_ptr<redisReply>, const redisReply*>;
+      const Held held = impl_
+                            ->start<Held>(kScriptPut, std::move(args),
+                                          [](const std::shared_ptr<redisReply>& owner,
+                                             const redisReply* r) { return Held{owner, r}; })
+                            .get();
+      return put_outcome(job, held.second);
     }
     Reply r = impl_->script(kScriptPut, std::move(args));
     return put_outcome(job, r.get());
@@ -1703,7 +1796,8 @@ std::vector<bool> RedisJobStore::renew_all(
     ops.push_back(Impl::Op{
         kScriptRenew,
         {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)},
-        [answers, i](std::exception_ptr error, const redisReply* r) {
+        [answers, i](std::exception_ptr error, const std::shared_ptr<redisReply>&,
+                     const redisReply* r) {
           // Every continuation runs on the connection thread, one after another.
           if (error && !answers->error) answers->error = error;
           if (!error) answers->renewed[i] = is_one(r);
@@ -1763,7 +1857,7 @@ bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
                                TimePoint now) {
   auto args = finish_args(id, holder, outcome, deliver, now, impl_->retention_ms());
   if (impl_->options.batch_writes)
-    return impl_->start<bool>(kScriptFinish, std::move(args), is_one).get();
+    return impl_->start<bool>(kScriptFinish, std::move(args), read_one).get();
   Reply r = impl_->script(kScriptFinish, std::move(args));
   return is_one(r.get());
 }
@@ -1784,7 +1878,7 @@ bool RedisJobStore::record_attempt(const std::string& id, const std::string& hol
                                    const std::optional<CallbackAttempt>& attempt) {
   auto args = attempt_args(id, holder, after, now, attempt, impl_->retention_ms());
   if (impl_->options.batch_writes)
-    return impl_->start<bool>(kScriptRecordAttempt, std::move(args), is_one).get();
+    return impl_->start<bool>(kScriptRecordAttempt, std::move(args), read_one).get();
   Reply r = impl_->script(kScriptRecordAttempt, std::move(args));
   return is_one(r.get());
 }

@@ -202,21 +202,22 @@ class JobStore {
   /// what the call answers (false: the lease was not held, nothing written).
   using WriteDone = std::function<void(std::exception_ptr error, bool answer)>;
 
-  /// finish_job without waiting for it: `done` gets its answer or its error, once. The default
-  /// runs finish_job on the caller's thread and calls `done` before returning; a store that
-  /// gathers the writes of many callers into one round trip (RedisJobStore) calls `done` from its
-  /// own thread once the write is stored. `done` must be quick and must not call the store.
+  /// finish_job without waiting for it: `done` gets its answer or its error, exactly once. The
+  /// default runs finish_job on the caller's thread and calls `done` before returning; a store
+  /// that gathers the writes of many callers into one round trip (RedisJobStore) calls `done`
+  /// from its own thread once the write is stored. There `done` must be quick and must not call
+  /// the store (the JobQueue's posts its work to an executor).
   virtual void async_finish_job(const std::string& id, const std::string& holder,
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                 TimePoint now, WriteDone done) {
     bool answer = false;
+    std::exception_ptr error;
     try {
       answer = finish_job(id, holder, outcome, deliver, now);
     } catch (...) {
-      done(std::current_exception(), false);
-      return;
+      error = std::current_exception();
     }
-    done(nullptr, answer);
+    done(error, answer);
   }
 
   /// record_attempt without waiting for it, as async_finish_job.
@@ -225,13 +226,13 @@ class JobStore {
                                     const std::optional<CallbackAttempt>& attempt,
                                     WriteDone done) {
     bool answer = false;
+    std::exception_ptr error;
     try {
       answer = record_attempt(id, holder, after, now, attempt);
     } catch (...) {
-      done(std::current_exception(), false);
-      return;
+      error = std::current_exception();
     }
-    done(nullptr, answer);
+    done(error, answer);
   }
 
   /// renew for many leases at once (the renewals a server makes every third of a lease): one
