@@ -615,6 +615,13 @@ TEST_CASE("redis: mark_running is not waited for - yet it is sent before the sto
   RedisJobStore other(options_for(server));
   for (int i = 0; i < 100; ++i)
     CHECK(other.get("job-" + std::to_string(i))->status == JobStatus::running);
+  // A store made after another on this thread (perhaps where the other lived) does not wait for
+  // the other's unwaited writes.
+  for (int round = 0; round < 20; ++round) {
+    auto store = std::make_unique<RedisJobStore>(options_for(server));
+    store->mark_running("job-0", now);
+    CHECK(store->get("job-0")->status == JobStatus::running);
+  }
 }
 
 namespace {

@@ -1353,15 +1353,22 @@ struct RedisJobStore::Impl {
         batch_queue.push_back(std::move(op));
       }
     }
-    if (last_unwaited > 0) my_unwaited() = {this, last_unwaited};
+    if (last_unwaited > 0) my_unwaited() = {serial, last_unwaited};
     batch_wake.notify_one();
   }
 
-  // The last call nobody waits for that this thread queued, and on which store.
-  static std::pair<const Impl*, std::uint64_t>& my_unwaited() {
-    static thread_local std::pair<const Impl*, std::uint64_t> last{nullptr, 0};
+  // The last call nobody waits for that this thread queued, and on which store (its serial: a
+  // new store may take a destroyed one's address).
+  static std::pair<std::uint64_t, std::uint64_t>& my_unwaited() {
+    static thread_local std::pair<std::uint64_t, std::uint64_t> last{0, 0};
     return last;
   }
+
+  static std::uint64_t next_serial() {
+    static std::atomic<std::uint64_t> stores{0};
+    return ++stores;
+  }
+  const std::uint64_t serial = next_serial();
 
   // Queues a call and answers what `read` makes of its reply, once it is sent.
   template <typename T, typename Read>
@@ -1402,7 +1409,7 @@ struct RedisJobStore::Impl {
   // thread reads its own writes. Other threads' are not waited for.
   void fence() {
     const auto mine = my_unwaited();
-    if (mine.first != this || unwaited_sent.load() >= mine.second) return;
+    if (mine.first != serial || unwaited_sent.load() >= mine.second) return;
     std::unique_lock<std::mutex> lock(batch_mutex);
     batch_flushed.wait(lock, [&] { return unwaited_sent.load() >= mine.second; });
   }
