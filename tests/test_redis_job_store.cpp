@@ -462,8 +462,8 @@ TEST_CASE(
 }
 
 namespace {
-// The scripts Redis has run (INFO commandstats: EVALSHA's calls).
-long long scripts_run(const rebound::test::RedisServer& server) {
+// How often Redis ran `command` (INFO commandstats; a script's commands count too).
+long long calls_of(const rebound::test::RedisServer& server, const std::string& command) {
   const std::string line =
       "redis-cli -p " + std::to_string(server.port()) + " INFO commandstats 2>/dev/null";
   long long calls = 0;
@@ -471,11 +471,17 @@ long long scripts_run(const rebound::test::RedisServer& server) {
     char buffer[512];
     while (std::fgets(buffer, sizeof buffer, pipe)) {
       const std::string text(buffer);
-      if (text.rfind("cmdstat_evalsha:calls=", 0) == 0) calls = std::stoll(text.substr(22));
+      const std::string key = "cmdstat_" + command + ":calls=";
+      if (text.rfind(key, 0) == 0) calls = std::stoll(text.substr(key.size()));
     }
     ::pclose(pipe);
   }
   return calls;
+}
+
+// The scripts Redis has run.
+long long scripts_run(const rebound::test::RedisServer& server) {
+  return calls_of(server, "evalsha");
 }
 
 // What an asynchronous write answers: (worked, answer), or nullopt when it did not end in time.
@@ -799,4 +805,35 @@ TEST_CASE("redis: a JobQueue destroyed with acknowledgements in flight ends clea
     if (record->status == JobStatus::succeeded) ++finished;
   }
   CHECK(finished > 0);
+}
+
+TEST_CASE("redis: a job marked running and finished in one batch is marked by its finish") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  REQUIRE(store.put(make("x"), Lease{"worker", now + 60s}) == PutOutcome::created);
+  REQUIRE(store.put(make("behind")) == PutOutcome::created);
+  REQUIRE(redis_cli(server, "CONFIG RESETSTAT") == "OK");
+  // Redis stalls under a put; the mark and the acknowledgement of x gather behind it.
+  server.pause();
+  auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
+  std::this_thread::sleep_for(100ms);
+  const auto started = now - 3s;
+  store.mark_running("x", started);
+  auto acknowledged = std::make_shared<std::promise<std::pair<bool, bool>>>();
+  Answer answer = acknowledged->get_future();
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
+  store.async_finish_job("x", "worker", done, std::nullopt, now, into(acknowledged));
+  std::this_thread::sleep_for(50ms);
+  server.resume();
+  REQUIRE(answer.wait_for(10s) == std::future_status::ready);
+  CHECK(answer.get() == std::pair<bool, bool>{true, true});
+  REQUIRE(blocker.wait_for(10s) == std::future_status::ready);
+  CHECK(blocker.get() == PutOutcome::created);
+  CHECK(calls_of(server, "hget") == 0);  // mark_running's script never ran
+  const auto x = store.get("x");
+  CHECK(x->status == JobStatus::succeeded);
+  CHECK(x->started_at == started);  // kept, though the mark itself was not sent
+  CHECK_FALSE(store.queue_position("x").has_value());
+  CHECK(store.queue_position("behind") == std::optional<std::size_t>(0));  // x left the queue
 }

@@ -15,6 +15,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "rebound/detail/attempt_log.hpp"
@@ -268,7 +269,8 @@ return redis.call('ZRANK', QUEUED, ARGV[2]) or -1
 )lua";
 
 // finish_job: ARGV id, holder, now, status, result, has error, code, message, deliver holder,
-// deliver until, retention, finished at. 1: acknowledged.
+// deliver until, retention, finished at, and when it started ('' when mark_running said so
+// already; a batch folds a job's mark_running into its finish_job). 1: acknowledged.
 constexpr const char* kFinish = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
@@ -276,6 +278,9 @@ local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status')
 if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
 -- One write of the hash. (A job under a live lease has no outcome yet: no error fields to drop.)
 local fields = {'status', ARGV[5], 'result', ARGV[6], 'ended', ARGV[13]}
+if ARGV[14] ~= '' and f[5] == 'queued' then
+  fields[#fields + 1] = 'started'; fields[#fields + 1] = ARGV[14]
+end
 if ARGV[7] == '1' then
   fields[#fields + 1] = 'err_code'; fields[#fields + 1] = ARGV[8]
   fields[#fields + 1] = 'err_msg'; fields[#fields + 1] = ARGV[9]
@@ -605,9 +610,7 @@ local out = {}
 local at, n = 2, #ARGV
 while at <= n do
   local op, count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
-  local args = {P}
-  for k = 1, count do args[k + 1] = ARGV[at + 1 + k] end
-  out[#out + 1] = OPS[op](args)
+  out[#out + 1] = OPS[op]({P, unpack(ARGV, at + 2, at + 1 + count)})
   at = at + 2 + count
 end
 if PUTS > 0 then sweep(2 * PUTS, PUT_NOW, PUT_RETENTION) end
@@ -1306,6 +1309,7 @@ struct RedisJobStore::Impl {
     std::vector<std::string> args;
     OpDone done;
     bool unwaited = false;  // nobody waits for it (mark_running): `done` is null
+    bool folded = false;    // not sent: a later call of the batch does its work (fold_marks)
   };
 
   static constexpr std::size_t kBatchCalls = 256;       // calls in one script at most
@@ -1469,6 +1473,24 @@ struct RedisJobStore::Impl {
     batch_connection.reset();
   }
 
+  // A job whose mark_running and finish_job go in one batch (a short model, a busy store) is
+  // marked by its finish: the finish records when it started, and the mark is not sent. Polls
+  // would have seen it running for less than a round trip; its started_at is kept.
+  static void fold_marks(std::vector<Op>& batch) {
+    std::unordered_map<std::string_view, Op*> marks;
+    for (auto& op : batch) {
+      if (op.which == kScriptMarkRunning && op.unwaited && op.args.size() == 2) {
+        marks[op.args[0]] = &op;
+      } else if (op.which == kScriptFinish && op.args.size() == 13) {
+        const auto mark = marks.find(op.args[0]);
+        if (mark == marks.end()) continue;
+        op.args[12] = mark->second->args[1];
+        mark->second->folded = true;
+        marks.erase(mark);
+      }
+    }
+  }
+
   // Answers `error` to the calls not answered yet.
   static void fail(std::vector<Op>& ops, const std::exception_ptr& error) {
     for (auto& op : ops)
@@ -1491,9 +1513,11 @@ struct RedisJobStore::Impl {
   // answered as its reply is read. False when the connection was lost (every call not answered
   // has failed).
   bool send(std::vector<Op>& batch) {
+    fold_marks(batch);
     std::array<std::vector<Op*>, 2> groups;  // puts, the rest
-    for (auto& op : batch)
-      groups[op.which == kScriptPut ? 0 : 1].push_back(&op);
+    for (auto& op : batch) {
+      if (!op.folded) groups[op.which == kScriptPut ? 0 : 1].push_back(&op);
+    }
     std::array<std::vector<std::string>, 2> commands;
     for (std::size_t g = 0; g < 2; ++g) {
       if (groups[g].empty()) continue;
@@ -1843,6 +1867,7 @@ std::vector<std::string> finish_args(const std::string& id, const std::string& h
   args.push_back(deliver ? ms_text(deliver->until) : "0");
   args.push_back(std::move(retention));
   args.push_back(ms_text(outcome.finished_at));
+  args.emplace_back();  // started: see kFinish
   return args;
 }
 
