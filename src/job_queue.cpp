@@ -323,13 +323,12 @@ JobQueue::~JobQueue() {
   core_->pump.stop();
   // The handlers still to run run now. The queue and the pipeline stay until then: a handler may
   // still call this queue (and is refused with shutting_down).
-  if (threads_) {
-    threads_->finish(*live_);
-    // Nothing starts a store write any more (the pool and the io thread are joined); a store that
-    // answers on its own thread (Redis) still posts the answers of those out into the io_context,
-    // which must stand until it has (they are dropped with it, unrun).
-    core_->store.wait_answered();
-  }
+  // A store that answers on its own thread (Redis) posts the answers of the writes still out to
+  // the io executor, which must stand until it has: the owned io_context (once its threads are
+  // joined, nothing starts a write any more; the answers are dropped with it, unrun), or the
+  // caller's, which outlives this queue.
+  if (threads_) threads_->finish(*live_);
+  core_->store.wait_answered();
   queue_.reset();  // waits for running batches (on the caller's executors)
 }
 

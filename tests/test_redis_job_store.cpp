@@ -748,7 +748,7 @@ class ScriptedRedis {
 };
 }  // namespace
 
-TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no crash, no hang") {
+TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no crash and no hang") {
   ScriptedRedis redis;
   redis.delay = 300ms;
   RedisJobStoreOptions options;
@@ -836,4 +836,52 @@ TEST_CASE("redis: a job marked running and finished in one batch is marked by it
   CHECK(x->started_at == started);  // kept, though the mark itself was not sent
   CHECK_FALSE(store.queue_position("x").has_value());
   CHECK(store.queue_position("behind") == std::optional<std::size_t>(0));  // x left the queue
+}
+
+TEST_CASE("redis: a call that fails in a batch fails alone - the others in it stand") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  // Something else wrote a key where a job's hash would be: the put of that id fails there.
+  REQUIRE(redis_cli(server, "SET rebound:job:broken x") == "OK");
+  server.pause();  // the three puts below gather behind this one
+  auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
+  std::this_thread::sleep_for(100ms);
+  auto before = std::async(std::launch::async, [&] { return store.put(make("before")); });
+  auto broken = std::async(std::launch::async, [&] { return store.put(make("broken")); });
+  auto after = std::async(std::launch::async, [&] { return store.put(make("after")); });
+  std::this_thread::sleep_for(100ms);
+  server.resume();
+  CHECK(blocker.get() == PutOutcome::created);
+  CHECK(before.get() == PutOutcome::created);
+  CHECK_THROWS_AS(broken.get(), rebound::StoreUnavailable);
+  CHECK(after.get() == PutOutcome::created);
+  CHECK(store.get("after")->status == JobStatus::queued);
+}
+
+TEST_CASE("redis: resubmitting a large job does not send its input back") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const nlohmann::json big = {{"blob", std::string(1 << 20, 'x')}};
+  REQUIRE(store.put(make("large", big)) == PutOutcome::created);
+  const auto sent = [&] {
+    const std::string line =
+        "redis-cli -p " + std::to_string(server.port()) + " INFO stats 2>/dev/null";
+    long long bytes = -1;
+    if (FILE* pipe = ::popen(line.c_str(), "r")) {
+      char buffer[512];
+      while (std::fgets(buffer, sizeof buffer, pipe)) {
+        const std::string text(buffer);
+        if (text.rfind("total_net_output_bytes:", 0) == 0) bytes = std::stoll(text.substr(23));
+      }
+      ::pclose(pipe);
+    }
+    return bytes;
+  };
+  const long long start = sent();
+  REQUIRE(start >= 0);
+  for (int i = 0; i < 20; ++i) {
+    CHECK(store.put(make("large", big)) == PutOutcome::duplicate);
+    CHECK(store.put(make("large", {{"blob", "other"}})) == PutOutcome::conflict);
+  }
+  CHECK(sent() - start < (1 << 20));  // 40 answers, not 40 MiB
 }

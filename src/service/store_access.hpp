@@ -57,8 +57,8 @@ class StoreAccess {
   /// thread posts the rest to the executor): before the executor goes away. Every store answers
   /// each call, a failing one within its timeouts.
   void wait_answered() {
-    std::unique_lock<std::mutex> lock(out_mutex_);
-    all_answered_.wait(lock, [&] { return out_ == 0; });
+    std::unique_lock<std::mutex> lock(out_->mutex);
+    out_->none.wait(lock, [&] { return out_->count == 0; });
   }
   bool stopped() const { return stopped_; }
 
@@ -188,38 +188,33 @@ class StoreAccess {
     const auto caller = std::this_thread::get_id();
     // Answered once per try; a `then` that throws on the caller's thread is not a failed write.
     auto answered = std::make_shared<std::atomic<bool>>(false);
-    {
-      std::lock_guard<std::mutex> lock(out_mutex_);
-      ++out_;
-    }
+    out_->started();
     // On a store's thread it hands its reference on to the executor, and only then counts the
     // write as answered: the store's thread never holds the last reference (the pipeline it keeps
     // alive owns the store), and the executor is not torn down under a post (wait_answered).
-    auto done = [this, pending, caller, answered](std::exception_ptr error, bool answer) mutable {
+    // After the post the store's thread touches only the count, which it shares: the handler may
+    // run at once and end the pipeline, this StoreAccess with it.
+    auto done = [this, pending, caller, answered, out = out_, executor = executor_](
+                    std::exception_ptr error, bool answer) mutable {
       if (answered->exchange(true)) return;
       auto mine = std::move(pending);
       if (std::this_thread::get_id() == caller) {
-        answered_one();
+        out->answered();
         written(mine, error, answer);
       } else {
-        boost::asio::post(executor_, [this, mine = std::move(mine), error, answer] {
+        boost::asio::post(executor, [this, mine = std::move(mine), error, answer] {
           written(mine, error, answer);
         });
-        answered_one();
+        out->answered();
       }
     };
     try {
       pending->write(store_, std::move(done));
     } catch (...) {
       if (answered->exchange(true)) throw;  // from `then`, run inline: the caller's to handle
-      answered_one();
+      out_->answered();
       written(pending, std::current_exception(), false);
     }
-  }
-
-  void answered_one() {
-    std::lock_guard<std::mutex> lock(out_mutex_);
-    if (--out_ == 0) all_answered_.notify_all();
   }
 
   void written(const std::shared_ptr<PendingWrite>& pending, std::exception_ptr error,
@@ -249,9 +244,21 @@ class StoreAccess {
                           const boost::system::error_code&) mutable { start(std::move(pending)); });
   }
 
-  std::mutex out_mutex_;
-  std::condition_variable all_answered_;
-  std::size_t out_ = 0;  // writes started and not answered by the store yet
+  // Writes started and not answered by the store yet.
+  struct Out {
+    std::mutex mutex;
+    std::condition_variable none;
+    std::size_t count = 0;
+    void started() {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++count;
+    }
+    void answered() {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (--count == 0) none.notify_all();
+    }
+  };
+  const std::shared_ptr<Out> out_ = std::make_shared<Out>();
   JobStore& store_;
   Observers& observe_;
   boost::asio::any_io_executor executor_;

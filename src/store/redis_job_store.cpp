@@ -172,11 +172,21 @@ end
 
 // put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
 // traceparent, retention ms, then its scores (job_score, made by the caller) in JOBS_DUE (by the
-// due time) and in QUEUED (by creation). {0}: created; {1, url, input, priority, max queue, events}: taken.
+// due time) and in QUEUED (by creation). {0}: created; {1}: the same request was there; {2}:
+// another request has the id. {0}: created; {1, url, input, priority, max queue, events}: taken.
 constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
 local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
-if old[1] then return {1, old[1], old[2], old[3] or '5', old[4] or '0', old[5] or '2'} end
+if old[1] then
+  -- The same request again ({1}), or another under a taken id ({2}): told apart here, so that the
+  -- answer is a number whatever the size of the stored input. (An input compares as the caller
+  -- wrote it: the same canonical JSON.)
+  if old[1] == ARGV[3] and old[2] == ARGV[4] and (old[3] or '5') == ARGV[9] and
+     (old[4] or '0') == ARGV[10] and (old[5] or '2') == ARGV[11] then
+    return {1}
+  end
+  return {2}
+end
 -- (cb_state and finished at their defaults too: older servers on the same Redis read them.)
 local fields = {'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
                 'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11], 'cb_state', 'none',
@@ -602,15 +612,23 @@ return 1
 
 // Many calls in one (RedisJobStoreOptions::batch_writes): ARGV prefix, then for each call its
 // script (a Script number), its argument count and its arguments. Each script in OPS is one above,
-// made a function of its ARGV (script_text). Answers one reply per call, in order; the calls run
-// one after another, as they would have one call each.
+// made a function of its ARGV (script_text). Answers one reply per call, in order (an error reply
+// for a call that failed); the calls run one after another, as they would have one call each.
 constexpr const char* kDispatch = R"lua(
 BATCH = true
 local out = {}
 local at, n = 2, #ARGV
 while at <= n do
   local op, count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
-  out[#out + 1] = OPS[op]({P, unpack(ARGV, at + 2, at + 1 + count)})
+  -- A call that fails answers its error; the calls before it stand, and those after it run.
+  local ok, answer = pcall(OPS[op], {P, unpack(ARGV, at + 2, at + 1 + count)})
+  if ok then
+    out[#out + 1] = answer
+  elseif type(answer) == 'table' and answer.err then
+    out[#out + 1] = answer
+  else
+    out[#out + 1] = {err = tostring(answer)}
+  end
   at = at + 2 + count
 end
 if PUTS > 0 then sweep(2 * PUTS, PUT_NOW, PUT_RETENTION) end
@@ -1299,11 +1317,7 @@ struct RedisJobStore::Impl {
 
   // One queued call. `done` runs once, on the connection thread: with its reply (alive only
   // during the call) or the error. Null for a call nobody waits for (mark_running).
-  // `owner` holds the batch's whole reply, for a caller that reads `reply` later on its own
-  // thread (put: a duplicate's stored input is parsed there, not here).
-  using OpDone = std::function<void(std::exception_ptr error,
-                                    const std::shared_ptr<redisReply>& owner,
-                                    const redisReply* reply)>;
+  using OpDone = std::function<void(std::exception_ptr error, const redisReply* reply)>;
   struct Op {
     Script which;
     std::vector<std::string> args;
@@ -1353,8 +1367,9 @@ struct RedisJobStore::Impl {
       if (batch_stop) throw StoreUnavailable("redis job store: closed");
       for (auto& op : ops) {
         op.unwaited = !op.done;
-        if (op.unwaited) last_unwaited = ++unwaited_queued;
+        const bool unwaited = op.unwaited;
         batch_queue.push_back(std::move(op));
+        if (unwaited) last_unwaited = ++unwaited_queued;
       }
     }
     if (last_unwaited > 0) my_unwaited() = {serial, last_unwaited};
@@ -1380,12 +1395,10 @@ struct RedisJobStore::Impl {
     auto promise = std::make_shared<std::promise<T>>();
     std::future<T> out = promise->get_future();
     enqueue(which, std::move(args),
-            [promise, read = std::move(read)](std::exception_ptr error,
-                                              const std::shared_ptr<redisReply>& owner,
-                                              const redisReply* r) {
+            [promise, read = std::move(read)](std::exception_ptr error, const redisReply* r) {
               if (error) return promise->set_exception(error);
               try {
-                promise->set_value(read(owner, r));
+                promise->set_value(read(r));
               } catch (...) {
                 promise->set_exception(std::current_exception());
               }
@@ -1398,8 +1411,7 @@ struct RedisJobStore::Impl {
     auto shared = std::make_shared<JobStore::WriteDone>(std::move(done));
     try {
       enqueue(which, std::move(args),
-              [shared](std::exception_ptr error, const std::shared_ptr<redisReply>&,
-                       const redisReply* r) {
+              [shared](std::exception_ptr error, const redisReply* r) {
                 JobStore::WriteDone call = std::move(*shared);
                 if (error) return call(error, false);
                 call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
@@ -1440,7 +1452,9 @@ struct RedisJobStore::Impl {
       try {
         lost = !send(batch);
       } catch (...) {
-        // Out of memory, say: the calls not answered yet fail, the thread goes on.
+        // Out of memory, say: the calls not answered yet fail, and the connection goes (its
+        // answers may be unread), the thread goes on.
+        batch_connection.reset();
         fail(batch, std::make_exception_ptr(StoreUnavailable("redis job store: batch failed")));
       }
       if (lost) {
@@ -1494,16 +1508,15 @@ struct RedisJobStore::Impl {
   // Answers `error` to the calls not answered yet.
   static void fail(std::vector<Op>& ops, const std::exception_ptr& error) {
     for (auto& op : ops)
-      answer(op, error, nullptr, nullptr);
+      answer(op, error, nullptr);
   }
 
-  static void answer(Op& op, std::exception_ptr error, const std::shared_ptr<redisReply>& owner,
-                     const redisReply* reply) {
+  static void answer(Op& op, std::exception_ptr error, const redisReply* reply) {
     if (!op.done) return;
     auto done = std::move(op.done);
     op.done = nullptr;
     try {
-      done(error, owner, reply);
+      done(error, reply);
     } catch (...) {
       // A caller's continuation: not this thread's to handle.
     }
@@ -1583,7 +1596,7 @@ struct RedisJobStore::Impl {
             answer(*op,
                    std::make_exception_ptr(
                        StoreUnavailable(std::string("redis job store: ") + e.what())),
-                   nullptr, nullptr);
+                   nullptr);
           }
         }
         if (!batch_connection) {
@@ -1596,31 +1609,43 @@ struct RedisJobStore::Impl {
     return true;
   }
 
-  // Answers a group's calls from its reply. False when the reply is an error (then each call
-  // fails with it; one that says the connection cannot serve drops it).
+  // What an error reply means for the calls it answers (one that says the connection cannot
+  // serve drops it).
+  std::exception_ptr error_of(const std::string& what, bool puts) {
+    if (connection_state_error(what.c_str())) {
+      batch_connection.reset();
+      failed(what);
+      return std::make_exception_ptr(StoreUnavailable(failure_text()));
+    }
+    if (out_of_memory_error(what.c_str()) && puts) return std::make_exception_ptr(OutOfMemory(what));
+    if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
+      failed(what);
+    return std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
+  }
+
+  // Answers a group's calls from its reply: each its own element, which may be an error of its
+  // own (kDispatch catches a call's error; the calls before and after it stand). False when a
+  // call or the whole reply is an error.
   bool answer_group(std::size_t g, const std::vector<Op*>& group,
                     const std::shared_ptr<redisReply>& reply) {
     std::exception_ptr error;
     if (reply->type == REDIS_REPLY_ERROR) {
-      const std::string what(text(reply.get()));
-      if (connection_state_error(what.c_str())) {
-        batch_connection.reset();
-        failed(what);
-        error = std::make_exception_ptr(StoreUnavailable(failure_text()));
-      } else if (out_of_memory_error(what.c_str()) && g == 0) {
-        error = std::make_exception_ptr(OutOfMemory(what));
-      } else {
-        if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
-          failed(what);
-        error = std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
-      }
+      error = error_of(std::string(text(reply.get())), g == 0);
     } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != group.size()) {
       error =
           std::make_exception_ptr(StoreUnavailable("redis job store: unexpected answer to a batch"));
     }
-    for (std::size_t i = 0; i < group.size(); ++i)
-      answer(*group[i], error, reply, error ? nullptr : reply->element[i]);
-    return !error;
+    bool all_worked = !error;
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      const redisReply* element = error ? nullptr : reply->element[i];
+      if (element && element->type == REDIS_REPLY_ERROR) {
+        all_worked = false;
+        answer(*group[i], error_of(std::string(text(element)), g == 0), nullptr);
+      } else {
+        answer(*group[i], error, element);
+      }
+    }
+    return all_worked;
   }
 
   // A connection for the batches, unless a failed connect is still backing off.
@@ -1721,30 +1746,27 @@ RedisJobStore::~RedisJobStore() {
 
 namespace {
 
-// What put's reply says of `job`.
-PutOutcome put_outcome(const Job& job, const redisReply* r) {
+// What put's reply says.
+PutOutcome put_outcome(const redisReply* r) {
   if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 ||
       r->element[0]->type != REDIS_REPLY_INTEGER) {
     throw StoreUnavailable("redis job store: unexpected answer to put");
   }
-  if (r->element[0]->integer == 0) return PutOutcome::created;
-  Job existing;
-  existing.id = job.id;
-  existing.callback_url = r->elements > 1 ? std::string(text(r->element[1])) : "";
-  existing.input = r->elements > 2 ? parse_json(text(r->element[2])) : nullptr;
-  if (r->elements > 5) {
-    existing.priority = static_cast<int>(number(text(r->element[3])));
-    existing.max_queue = std::chrono::milliseconds(number(text(r->element[4])));
-    existing.webhook_events = static_cast<std::uint8_t>(number(text(r->element[5])));
+  switch (r->element[0]->integer) {
+    case 0:
+      return PutOutcome::created;
+    case 1:
+      return PutOutcome::duplicate;
+    default:
+      return PutOutcome::conflict;
   }
-  return existing.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
 }
 
 bool is_one(const redisReply* r) {
   return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
-bool read_one(const std::shared_ptr<redisReply>&, const redisReply* r) {
+bool read_one(const redisReply* r) {
   return is_one(r);
 }
 
@@ -1762,17 +1784,14 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
       job_score(job.priority, job.created_at)};
   try {
     if (impl_->options.batch_writes) {
-      // The reply is read here, on the caller's thread: a duplicate's stored input may be large.
-      using Held = std::pair<std::shared_ptr<redisReply>, const redisReply*>;
-      const Held held = impl_
-                            ->start<Held>(kScriptPut, std::move(args),
-                                          [](const std::shared_ptr<redisReply>& owner,
-                                             const redisReply* r) { return Held{owner, r}; })
-                            .get();
-      return put_outcome(job, held.second);
+      return impl_
+          ->start<PutOutcome>(
+              kScriptPut, std::move(args),
+              [](const redisReply* r) { return put_outcome(r); })
+          .get();
     }
     Reply r = impl_->script(kScriptPut, std::move(args));
-    return put_outcome(job, r.get());
+    return put_outcome(r.get());
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
@@ -1827,8 +1846,7 @@ std::vector<bool> RedisJobStore::renew_all(
     ops.push_back(Impl::Op{
         kScriptRenew,
         {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)},
-        [answers, i](std::exception_ptr error, const std::shared_ptr<redisReply>&,
-                     const redisReply* r) {
+        [answers, i](std::exception_ptr error, const redisReply* r) {
           // Every continuation runs on the connection thread, one after another.
           if (error && !answers->error) answers->error = error;
           if (!error) answers->renewed[i] = is_one(r);

@@ -67,7 +67,9 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
 /// callbacks (`<prefix>:callbacks:failed`) and the jobs not finished (`<prefix>:unfinished`), by
 /// creation time. Every call is one Lua script, atomic in Redis: the same id put on two servers at
 /// once is one job, two redeliveries at once are one, and a late acknowledgement is refused.
-/// Finished jobs expire after `retention`.
+/// Finished jobs expire after `retention`. A put of a taken id is told a duplicate or a conflict
+/// inside Redis (the input compared as its canonical JSON text), so its answer stays small
+/// whatever the stored input's size.
 ///
 /// Durability follows Redis's persistence: with `appendonly yes` and `appendfsync always` an
 /// accepted job survives a crash of Redis; with `everysec` up to a second of writes can be lost
