@@ -540,7 +540,7 @@ TEST_CASE("redis: writes of many callers share round trips - each caller gets it
     CHECK(answers[n].get() == std::pair<bool, bool>{true, n % 2 == 0});
   }
   const long long calls = scripts_run(server);
-  CHECK(calls >= 2);    // at most 256 in one
+  CHECK(calls >= 2);  // at most 256 in one
   MESSAGE("400 acknowledgements in " << calls << " calls");
   CHECK(calls <= 200);  // not one each
   CHECK(store.get("job-3-10")->status == JobStatus::succeeded);
@@ -721,7 +721,8 @@ class ScriptedRedis {
   std::string answer(const std::vector<std::string>& args) {
     auto bulk = [](const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s; };
     if (args[0] == "INFO") return bulk("redis_version:7.0.15");
-    if (args[0] == "CONFIG") return "*2\r\n" + bulk("maxmemory-policy") + "\r\n" + bulk("noeviction");
+    if (args[0] == "CONFIG")
+      return "*2\r\n" + bulk("maxmemory-policy") + "\r\n" + bulk("noeviction");
     if (args[0] == "SCRIPT") return bulk(std::string(40, 'a'));
     if (args[0] != "EVALSHA" || args.size() <= 4) return ":1";  // the index script
     // A batch: (op, count, args...) after the prefix; a put (op 0) answers {0}, the rest 1.

@@ -320,8 +320,7 @@ void BatchRunner::finish(const JobRecord& record, Claim claim) {
   store_.write_until_stored(
       owner(), "finish_job", record.job.id,
       [this, kept, holder, deliver](JobStore& s, JobStore::WriteDone done) {
-        s.async_finish_job(kept->job.id, holder, kept->outcome, deliver, clock_(),
-                           std::move(done));
+        s.async_finish_job(kept->job.id, holder, kept->outcome, deliver, clock_(), std::move(done));
       },
       [this, kept, held, deliver](bool acknowledged) {
         held->drop_lease();

@@ -95,7 +95,8 @@ class Leases {
     }
     // A failed call renewed some or none: their leases stand until the next try.
     for (std::size_t i = 0; i < held.size() && i < renewed.size(); ++i) {
-      if (!renewed[i] && held[i].second.is_job) lost.emplace_back(held[i].first, held[i].second.holder);
+      if (!renewed[i] && held[i].second.is_job)
+        lost.emplace_back(held[i].first, held[i].second.holder);
     }
     return lost;
   }

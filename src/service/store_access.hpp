@@ -155,9 +155,9 @@ class StoreAccess {
   void write_until_stored(std::shared_ptr<const void> keep_alive, const char* during,
                           std::string job_id, Write write, Written then,
                           std::function<void()> abandon) {
-    auto pending = std::make_shared<PendingWrite>(PendingWrite{
-        std::move(keep_alive), during, std::move(job_id), std::move(write), std::move(then),
-        std::move(abandon)});
+    auto pending = std::make_shared<PendingWrite>(
+        PendingWrite{std::move(keep_alive), during, std::move(job_id), std::move(write),
+                     std::move(then), std::move(abandon)});
     start(std::move(pending));
   }
 

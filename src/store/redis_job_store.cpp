@@ -42,9 +42,8 @@ std::string ms_text(TimePoint t) {
 // The score of a job filed by priority, then time (the scripts' job_score): priority * 2^42 + ms.
 std::string job_score(int priority, TimePoint t) {
   // (Clamped far outside 0..9 only so that the product cannot overflow.)
-  return std::to_string(static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) *
-                            4398046511104LL +
-                        to_ms(t));
+  return std::to_string(
+      static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) * 4398046511104LL + to_ms(t));
 }
 
 // The helpers every script starts with. ARGV[1] is the key prefix in every script; the helpers
@@ -1341,7 +1340,9 @@ struct RedisJobStore::Impl {
   Context batch_connection;  // the connection thread's own
   std::thread batch_thread;
 
-  void start_batches() { batch_thread = std::thread([this] { send_batches(); }); }
+  void start_batches() {
+    batch_thread = std::thread([this] { send_batches(); });
+  }
 
   // Sends what is queued, then ends. (The destructor's.)
   void stop_batches() {
@@ -1410,12 +1411,11 @@ struct RedisJobStore::Impl {
   void start_write(Script which, std::vector<std::string> args, JobStore::WriteDone done) {
     auto shared = std::make_shared<JobStore::WriteDone>(std::move(done));
     try {
-      enqueue(which, std::move(args),
-              [shared](std::exception_ptr error, const redisReply* r) {
-                JobStore::WriteDone call = std::move(*shared);
-                if (error) return call(error, false);
-                call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
-              });
+      enqueue(which, std::move(args), [shared](std::exception_ptr error, const redisReply* r) {
+        JobStore::WriteDone call = std::move(*shared);
+        if (error) return call(error, false);
+        call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+      });
     } catch (...) {
       if (*shared) (*shared)(std::current_exception(), false);
     }
@@ -1471,10 +1471,8 @@ struct RedisJobStore::Impl {
         fail(queued, std::make_exception_ptr(StoreUnavailable(failure_text())));
         std::move(queued.begin(), queued.end(), std::back_inserter(batch));
       }
-      const auto unwaited =
-          static_cast<std::uint64_t>(std::count_if(batch.begin(), batch.end(), [](const Op& op) {
-            return op.unwaited;
-          }));
+      const auto unwaited = static_cast<std::uint64_t>(
+          std::count_if(batch.begin(), batch.end(), [](const Op& op) { return op.unwaited; }));
       batch.clear();  // nothing of a caller's stays on this thread
       if (unwaited > 0) {
         {
@@ -1617,7 +1615,8 @@ struct RedisJobStore::Impl {
       failed(what);
       return std::make_exception_ptr(StoreUnavailable(failure_text()));
     }
-    if (out_of_memory_error(what.c_str()) && puts) return std::make_exception_ptr(OutOfMemory(what));
+    if (out_of_memory_error(what.c_str()) && puts)
+      return std::make_exception_ptr(OutOfMemory(what));
     if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
       failed(what);
     return std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
@@ -1632,8 +1631,8 @@ struct RedisJobStore::Impl {
     if (reply->type == REDIS_REPLY_ERROR) {
       error = error_of(std::string(text(reply.get())), g == 0);
     } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != group.size()) {
-      error =
-          std::make_exception_ptr(StoreUnavailable("redis job store: unexpected answer to a batch"));
+      error = std::make_exception_ptr(
+          StoreUnavailable("redis job store: unexpected answer to a batch"));
     }
     bool all_worked = !error;
     for (std::size_t i = 0; i < group.size(); ++i) {
@@ -1775,19 +1774,25 @@ bool read_one(const redisReply* r) {
 PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
   const std::string created = ms_text(job.created_at);
   const TimePoint due = claim ? claim->until : job.created_at;
-  std::vector<std::string> args{
-      job.id, job.callback_url, detail::dump_json(job.input), created,
-      claim ? claim->holder : "", claim ? ms_text(claim->until) : "0",
-      ms_text(due), std::to_string(job.priority),
-      std::to_string(job.max_queue.count()), std::to_string(job.webhook_events),
-      job.traceparent, impl_->retention_ms(), job_score(job.priority, due),
-      job_score(job.priority, job.created_at)};
+  std::vector<std::string> args{job.id,
+                                job.callback_url,
+                                detail::dump_json(job.input),
+                                created,
+                                claim ? claim->holder : "",
+                                claim ? ms_text(claim->until) : "0",
+                                ms_text(due),
+                                std::to_string(job.priority),
+                                std::to_string(job.max_queue.count()),
+                                std::to_string(job.webhook_events),
+                                job.traceparent,
+                                impl_->retention_ms(),
+                                job_score(job.priority, due),
+                                job_score(job.priority, job.created_at)};
   try {
     if (impl_->options.batch_writes) {
       return impl_
-          ->start<PutOutcome>(
-              kScriptPut, std::move(args),
-              [](const redisReply* r) { return put_outcome(r); })
+          ->start<PutOutcome>(kScriptPut, std::move(args),
+                              [](const redisReply* r) { return put_outcome(r); })
           .get();
     }
     Reply r = impl_->script(kScriptPut, std::move(args));
@@ -1824,8 +1829,8 @@ bool RedisJobStore::renew(const std::string& id, const Lease& lease, TimePoint n
   return is_one(r.get());
 }
 
-std::vector<bool> RedisJobStore::renew_all(
-    const std::vector<std::pair<std::string, Lease>>& leases, TimePoint now) {
+std::vector<bool> RedisJobStore::renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
+                                           TimePoint now) {
   if (!impl_->options.batch_writes) return JobStore::renew_all(leases, now);
   // One promise for them all, kept by every call's continuation: the answers, and the first
   // error.
@@ -1843,15 +1848,15 @@ std::vector<bool> RedisJobStore::renew_all(
   ops.reserve(leases.size());
   for (std::size_t i = 0; i < leases.size(); ++i) {
     const auto& lease = leases[i];
-    ops.push_back(Impl::Op{
-        kScriptRenew,
-        {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)},
-        [answers, i](std::exception_ptr error, const redisReply* r) {
-          // Every continuation runs on the connection thread, one after another.
-          if (error && !answers->error) answers->error = error;
-          if (!error) answers->renewed[i] = is_one(r);
-          if (--answers->left == 0) answers->all.set_value();
-        }});
+    ops.push_back(
+        Impl::Op{kScriptRenew,
+                 {lease.first, lease.second.holder, ms_text(lease.second.until), ms_text(now)},
+                 [answers, i](std::exception_ptr error, const redisReply* r) {
+                   // Every continuation runs on the connection thread, one after another.
+                   if (error && !answers->error) answers->error = error;
+                   if (!error) answers->renewed[i] = is_one(r);
+                   if (--answers->left == 0) answers->all.set_value();
+                 }});
   }
   if (ops.empty()) return {};
   impl_->enqueue(std::move(ops));
@@ -1863,7 +1868,8 @@ std::vector<bool> RedisJobStore::renew_all(
 void RedisJobStore::mark_running(const std::string& id, TimePoint now) {
   // Nobody waits for it (only what polling shows lags when it fails): queued behind the puts and
   // before the acknowledgements of the same job, which the connection sends in order.
-  if (impl_->options.batch_writes) return impl_->enqueue(kScriptMarkRunning, {id, ms_text(now)}, nullptr);
+  if (impl_->options.batch_writes)
+    return impl_->enqueue(kScriptMarkRunning, {id, ms_text(now)}, nullptr);
   impl_->script(kScriptMarkRunning, {id, ms_text(now)});
 }
 
@@ -1876,8 +1882,7 @@ std::optional<std::size_t> RedisJobStore::queue_position(const std::string& id) 
 namespace {
 
 std::vector<std::string> finish_args(const std::string& id, const std::string& holder,
-                                     const JobOutcome& outcome,
-                                     const std::optional<Lease>& deliver,
+                                     const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                      JobStore::TimePoint now, std::string retention) {
   std::vector<std::string> args{id, holder, ms_text(now)};
   append_outcome(args, outcome);
@@ -1913,9 +1918,8 @@ bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
 }
 
 void RedisJobStore::async_finish_job(const std::string& id, const std::string& holder,
-                                     const JobOutcome& outcome,
-                                     const std::optional<Lease>& deliver, TimePoint now,
-                                     WriteDone done) {
+                                     const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                                     TimePoint now, WriteDone done) {
   if (!impl_->options.batch_writes)
     return JobStore::async_finish_job(id, holder, outcome, deliver, now, std::move(done));
   impl_->start_write(kScriptFinish,

@@ -223,8 +223,7 @@ class JobStore {
   /// record_attempt without waiting for it, as async_finish_job.
   virtual void async_record_attempt(const std::string& id, const std::string& holder,
                                     const CallbackInfo& after, TimePoint now,
-                                    const std::optional<CallbackAttempt>& attempt,
-                                    WriteDone done) {
+                                    const std::optional<CallbackAttempt>& attempt, WriteDone done) {
     bool answer = false;
     std::exception_ptr error;
     try {

@@ -111,13 +111,12 @@ class RedisJobStore final : public JobStore {
                   const std::optional<Lease>& deliver, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override;
-  void async_finish_job(const std::string& id, const std::string& holder,
-                        const JobOutcome& outcome, const std::optional<Lease>& deliver,
-                        TimePoint now, WriteDone done) override;
+  void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                        const std::optional<Lease>& deliver, TimePoint now,
+                        WriteDone done) override;
   void async_record_attempt(const std::string& id, const std::string& holder,
                             const CallbackInfo& after, TimePoint now,
-                            const std::optional<CallbackAttempt>& attempt,
-                            WriteDone done) override;
+                            const std::optional<CallbackAttempt>& attempt, WriteDone done) override;
   using JobStore::record_attempt;
   bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
                       TimePoint now, const std::optional<CallbackAttempt>& attempt) override;
