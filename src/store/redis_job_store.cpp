@@ -835,6 +835,11 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
   return r;
 }
 
+// A script's 1 (held, renewed, recorded).
+bool is_one(const redisReply* r) {
+  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+}
+
 // (id, fields, id, fields, ...) as records.
 std::vector<JobRecord> read_records(const redisReply* r) {
   std::vector<JobRecord> out;
@@ -994,21 +999,8 @@ struct RedisJobStore::Impl {
 
   // One command on a connection. Throws ConnectionLost or ErrorReply.
   static Reply command(redisContext* c, const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lengths;
-    argv.reserve(args.size());
-    lengths.reserve(args.size());
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lengths.push_back(a.size());
-    }
-    Reply reply(static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lengths.data())));
-    if (!reply) {
-      throw ConnectionLost(c->err == REDIS_ERR_IO && c->errstr[0] == '\0'
-                               ? std::string("I/O error: ") + std::strerror(errno)
-                               : std::string(c->errstr));
-    }
+    append(c, args);
+    Reply reply = read_reply(c);
     if (reply->type == REDIS_REPLY_ERROR) throw ErrorReply(std::string(text(reply.get())));
     return reply;
   }
@@ -1030,14 +1022,14 @@ struct RedisJobStore::Impl {
     }
   }
 
-  static std::shared_ptr<redisReply> read_reply(redisContext* c) {
+  static Reply read_reply(redisContext* c) {
     void* reply = nullptr;
     if (redisGetReply(c, &reply) != REDIS_OK || !reply) {
       throw ConnectionLost(c->err == REDIS_ERR_IO && c->errstr[0] == '\0'
                                ? std::string("I/O error: ") + std::strerror(errno)
                                : std::string(c->errstr));
     }
-    return std::shared_ptr<redisReply>(static_cast<redisReply*>(reply), ReplyDeleter());
+    return Reply(static_cast<redisReply*>(reply));
   }
 
   std::string script_text(std::size_t which) const {
@@ -1414,7 +1406,7 @@ struct RedisJobStore::Impl {
       enqueue(which, std::move(args), [shared](std::exception_ptr error, const redisReply* r) {
         JobStore::WriteDone call = std::move(*shared);
         if (error) return call(error, false);
-        call(nullptr, r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+        call(nullptr, is_one(r));
       });
     } catch (...) {
       if (*shared) (*shared)(std::current_exception(), false);
@@ -1564,12 +1556,12 @@ struct RedisJobStore::Impl {
         for (std::size_t g = 0; g < 2; ++g) {
           // A group's answer may drop the connection (LOADING, READONLY): the rest then fail.
           if (groups[g].empty() || !batch_connection) continue;
-          std::shared_ptr<redisReply> reply = read_reply(batch_connection.get());
+          Reply reply = read_reply(batch_connection.get());
           if (reply->type == REDIS_REPLY_ERROR && std::strncmp(reply->str, "NOSCRIPT", 8) == 0) {
             forgotten[g] = true;
             continue;
           }
-          if (!answer_group(g, groups[g], reply)) all_worked = false;
+          if (!answer_group(g, groups[g], reply.get())) all_worked = false;
         }
       } catch (const ConnectionLost& e) {
         return lose(e.what());
@@ -1585,7 +1577,8 @@ struct RedisJobStore::Impl {
           command(batch_connection.get(),
                   {"SCRIPT", "LOAD", script_text(g == 0 ? kScriptBatchPut : kScriptBatch)});
           append(batch_connection.get(), commands[g]);
-          if (!answer_group(g, groups[g], read_reply(batch_connection.get()))) all_worked = false;
+          if (!answer_group(g, groups[g], read_reply(batch_connection.get()).get()))
+            all_worked = false;
         } catch (const ConnectionLost& e) {
           return lose(e.what());
         } catch (const ErrorReply& e) {
@@ -1625,11 +1618,10 @@ struct RedisJobStore::Impl {
   // Answers a group's calls from its reply: each its own element, which may be an error of its
   // own (kDispatch catches a call's error; the calls before and after it stand). False when a
   // call or the whole reply is an error.
-  bool answer_group(std::size_t g, const std::vector<Op*>& group,
-                    const std::shared_ptr<redisReply>& reply) {
+  bool answer_group(std::size_t g, const std::vector<Op*>& group, const redisReply* reply) {
     std::exception_ptr error;
     if (reply->type == REDIS_REPLY_ERROR) {
-      error = error_of(std::string(text(reply.get())), g == 0);
+      error = error_of(std::string(text(reply)), g == 0);
     } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != group.size()) {
       error = std::make_exception_ptr(
           StoreUnavailable("redis job store: unexpected answer to a batch"));
@@ -1759,14 +1751,6 @@ PutOutcome put_outcome(const redisReply* r) {
     default:
       return PutOutcome::conflict;
   }
-}
-
-bool is_one(const redisReply* r) {
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
-
-bool read_one(const redisReply* r) {
-  return is_one(r);
 }
 
 }  // namespace
@@ -1912,7 +1896,7 @@ bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
                                TimePoint now) {
   auto args = finish_args(id, holder, outcome, deliver, now, impl_->retention_ms());
   if (impl_->options.batch_writes)
-    return impl_->start<bool>(kScriptFinish, std::move(args), read_one).get();
+    return impl_->start<bool>(kScriptFinish, std::move(args), is_one).get();
   Reply r = impl_->script(kScriptFinish, std::move(args));
   return is_one(r.get());
 }
@@ -1932,7 +1916,7 @@ bool RedisJobStore::record_attempt(const std::string& id, const std::string& hol
                                    const std::optional<CallbackAttempt>& attempt) {
   auto args = attempt_args(id, holder, after, now, attempt, impl_->retention_ms());
   if (impl_->options.batch_writes)
-    return impl_->start<bool>(kScriptRecordAttempt, std::move(args), read_one).get();
+    return impl_->start<bool>(kScriptRecordAttempt, std::move(args), is_one).get();
   Reply r = impl_->script(kScriptRecordAttempt, std::move(args));
   return is_one(r.get());
 }

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 int main() {
   const auto sig =
@@ -28,12 +29,31 @@ int main() {
 #ifdef CONSUMER_HAS_REDIS
   // Nothing listens on port 1: the store refuses to start, with a reason.
   try {
-    rebound::RedisJobStore store(rebound::parse_redis_uri("redis://127.0.0.1:1"));
+    rebound::RedisJobStoreOptions options = rebound::parse_redis_uri("redis://127.0.0.1:1");
+    options.batch_writes = false;  // every call its own round trip, on the caller's thread
+    rebound::RedisJobStore store(options);
     ok = false;
   } catch (const rebound::Error& e) {
     ok = ok && std::string(e.what()).find("redis") != std::string::npos;
   }
 #endif
+  {
+    // A store used directly, as a custom store's author would: the renewals of a pass in one
+    // call, and the acknowledgement that answers through a callback.
+    rebound::MemoryJobStore store;
+    const auto now = std::chrono::system_clock::now();
+    ok = ok && store.put(rebound::make_job("held"),
+                         rebound::Lease{"me", now + std::chrono::seconds(30)}) ==
+                   rebound::PutOutcome::created;
+    ok = ok && store.renew_all({{"held", {"me", now + std::chrono::seconds(60)}},
+                                {"other", {"me", now + std::chrono::seconds(60)}}},
+                               now) == std::vector<bool>{true, false};
+    bool acknowledged = false;
+    store.async_finish_job(
+        "held", "me", {rebound::JobStatus::succeeded, 1, std::nullopt, now}, std::nullopt, now,
+        [&](std::exception_ptr error, bool answer) { acknowledged = !error && answer; });
+    ok = ok && acknowledged && store.get("held")->status == rebound::JobStatus::succeeded;
+  }
   const std::string db = "consumer-" + std::to_string(getpid()) + ".db";
   {
     rebound::JobQueueOptions options;

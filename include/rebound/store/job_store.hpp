@@ -210,28 +210,14 @@ class JobStore {
   virtual void async_finish_job(const std::string& id, const std::string& holder,
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                 TimePoint now, WriteDone done) {
-    bool answer = false;
-    std::exception_ptr error;
-    try {
-      answer = finish_job(id, holder, outcome, deliver, now);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    done(error, answer);
+    answer_now(done, [&] { return finish_job(id, holder, outcome, deliver, now); });
   }
 
   /// record_attempt without waiting for it, as async_finish_job.
   virtual void async_record_attempt(const std::string& id, const std::string& holder,
                                     const CallbackInfo& after, TimePoint now,
                                     const std::optional<CallbackAttempt>& attempt, WriteDone done) {
-    bool answer = false;
-    std::exception_ptr error;
-    try {
-      answer = record_attempt(id, holder, after, now, attempt);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    done(error, answer);
+    answer_now(done, [&] { return record_attempt(id, holder, after, now, attempt); });
   }
 
   /// renew for many leases at once (the renewals a server makes every third of a lease): one
@@ -369,6 +355,20 @@ class JobStore {
   virtual std::optional<std::string> failure() const { return std::nullopt; }
 
  protected:
+  /// The asynchronous forms' default: `call` on this thread, then `done` with its answer or its
+  /// error (outside the try: a `done` that throws is not the call's failure).
+  template <typename Call>
+  static void answer_now(const WriteDone& done, Call&& call) {
+    bool answer = false;
+    std::exception_ptr error;
+    try {
+      answer = call();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done(error, answer);
+  }
+
   /// The page of `records` that a listing answers: those matching `filter` after `after`, newest
   /// first by (created_at to the millisecond, id), at most `limit`, without input, result and
   /// attempt log. For stores that list from memory.
