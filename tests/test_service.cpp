@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <thread>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
 #include "rebound/detail/wire.hpp"
@@ -546,7 +548,8 @@ class HoldingTransport final : public rebound::CallbackTransport {
     std::vector<rebound::CallbackResponseHandler> held;
     std::atomic<int> up{0};
     bool released = false;  // under m: from then on every callback is answered at once
-    void release() {
+    // Answers what is held with `status`, on the calling thread.
+    void release(int status = 200) {
       std::vector<rebound::CallbackResponseHandler> all;
       {
         std::lock_guard<std::mutex> lock(m);
@@ -555,7 +558,7 @@ class HoldingTransport final : public rebound::CallbackTransport {
       }
       for (auto& done : all) {
         rebound::CallbackResponse r;
-        r.status = 200;
+        r.status = status;
         done(r);
       }
     }
@@ -608,4 +611,54 @@ TEST_CASE("service: a slow receiver that never fails holds at most a quarter of 
             rebound::SubmitStatus::accepted);
   REQUIRE(eventually([&] { return slow->up == 50; }));
   slow->release();
+}
+
+TEST_CASE("service: an origin whose circuit opens with hundreds waiting is deferred in slices") {
+  // The gate sends back everything that waited for the origin at once, on the thread that heard
+  // the failure: the io thread, which drives every other origin's deliveries. They are recorded
+  // a slice at a time, so that the io thread's other handlers run in between.
+  auto clock = std::make_shared<FakeClock>();
+  auto down = std::make_shared<HoldingTransport::Shared>();
+  rebound::JobQueueOptions so;
+  so.queue_capacity = 2000;
+  so.origins.max_per_origin = 1;
+  so.origins.max_waiting_per_origin = 1000;
+  so.origins.breaker_failures = 1;
+  so.origins.breaker_cooldown = 1h;
+  so.origins.clock = steady_of(clock);
+  Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
+            std::make_unique<rebound::EchoModel>(), std::make_unique<HoldingTransport>(down));
+  auto& queue = *node.service;
+  for (int i = 0; i < 301; ++i)
+    REQUIRE(queue.submit(job("slow-" + std::to_string(i), "http://slow.test/hook")) ==
+            rebound::SubmitStatus::accepted);
+  // One held by the receiver, 300 waiting in memory behind it.
+  REQUIRE(eventually([&] {
+    const auto e = queue.callback_endpoints();
+    return e.size() == 1 && e[0].in_flight == 1 && e[0].waiting == 300;
+  }));
+  std::promise<std::uint64_t> deferred_by_then;
+  auto io = node.io.get_executor();
+  boost::asio::post(io, [&] {
+    down->release(503);  // the circuit opens here: the 300 are sent back
+    // (The sender posts each answer to the io executor: a handler posted now runs after them, and
+    // one it posts after whatever they posted in turn.)
+    boost::asio::post(io, [&] {
+      boost::asio::post(io, [&] {
+        deferred_by_then.set_value(queue.metrics().callback_deferrals.load());
+      });
+    });
+  });
+  auto seen = deferred_by_then.get_future();
+  REQUIRE(seen.wait_for(10s) == std::future_status::ready);
+  const std::uint64_t between = seen.get();
+  CHECK(between > 0);
+  CHECK(between < 300);  // a handler posted after the burst ran before its end
+  REQUIRE(eventually([&] {
+    return queue.metrics().callback_deferrals.load() == 300 && queue.in_flight() == 0;
+  }));
+  const auto waiting = queue.find("slow-300");
+  CHECK(waiting->callback.state == CallbackState::pending);
+  CHECK(waiting->callback.attempts == 0);
+  CHECK(waiting->callback.next_attempt_at >= clock->now() + 1h);
 }

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
+
+#include <boost/asio/post.hpp>
 
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/trace_context.hpp"
@@ -76,8 +79,43 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
   sender_.attempt(
       std::move(message), state,
       [this, keep = owner(), id, before, held, sent_at = clock_()](const AttemptReport& report) {
+        if (report.verdict == AttemptVerdict::deferred) return defer_later(id, held, before, report);
         attempted(id, held, before, report, sent_at);
       });
+}
+
+void Delivery::defer_later(const std::string& id, std::shared_ptr<Claim> claim,
+                           const CallbackInfo& before, const AttemptReport& report) {
+  {
+    std::lock_guard<std::mutex> lock(deferrals_mutex_);
+    deferrals_.push_back({id, std::move(claim), before, report});
+    if (recording_deferrals_) return;
+    recording_deferrals_ = true;
+  }
+  boost::asio::post(sender_.get_executor(), [this, keep = owner()] { record_deferrals(); });
+}
+
+void Delivery::record_deferrals() {
+  std::vector<Deferral> slice;
+  {
+    std::lock_guard<std::mutex> lock(deferrals_mutex_);
+    const std::size_t n = std::min(deferral_slice, deferrals_.size());
+    slice.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      slice.push_back(std::move(deferrals_.front()));
+      deferrals_.pop_front();
+    }
+  }
+  for (Deferral& d : slice) attempted(d.id, d.claim, d.before, d.report, TimePoint{});
+  {
+    std::lock_guard<std::mutex> lock(deferrals_mutex_);
+    if (deferrals_.empty()) {
+      recording_deferrals_ = false;
+      return;
+    }
+  }
+  // The next slice after whatever else is ready on the executor (the reactor's turn included).
+  boost::asio::post(sender_.get_executor(), [this, keep = owner()] { record_deferrals(); });
 }
 
 void Delivery::notify_started(const Job& job) {

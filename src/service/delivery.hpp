@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cassert>
 #include <chrono>
+#include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -73,6 +75,20 @@ class Delivery {
   // attempt and is not logged).
   void attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
                  const CallbackInfo& before, const AttemptReport& report, TimePoint sent_at);
+  // A deferral the transport answered (the gate, as an origin's circuit opens or it is paused,
+  // sends back everything that waited for it at once: thousands in one call on the thread that
+  // drives every other delivery). Recorded `deferral_slice` at a time, each slice a handler of
+  // its own on the sender's executor, so that the other origins' deliveries go on between them.
+  void defer_later(const std::string& id, std::shared_ptr<Claim> claim, const CallbackInfo& before,
+                   const AttemptReport& report);
+  void record_deferrals();
+  struct Deferral {
+    std::string id;
+    std::shared_ptr<Claim> claim;
+    CallbackInfo before;
+    AttemptReport report;
+  };
+  static constexpr std::size_t deferral_slice = 32;
   // The signature schemes a tenant's callbacks carry ("v1", "v1,v1a", ""), for the attempt log.
   std::string signature_schemes(const std::string& tenant);
 
@@ -94,6 +110,9 @@ class Delivery {
   }
   std::weak_ptr<const void> owner_;
   std::atomic<std::size_t> started_in_flight_{0};
+  std::mutex deferrals_mutex_;
+  std::deque<Deferral> deferrals_;  // guarded by deferrals_mutex_, as is:
+  bool recording_deferrals_ = false;  // a record_deferrals is posted or running
   std::mutex schemes_mutex_;
   std::unordered_map<std::string, std::string> schemes_;  // by tenant; guarded by schemes_mutex_
 };
