@@ -644,9 +644,8 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
     // (The sender posts each answer to the io executor: a handler posted now runs after them, and
     // one it posts after whatever they posted in turn.)
     boost::asio::post(io, [&] {
-      boost::asio::post(io, [&] {
-        deferred_by_then.set_value(queue.metrics().callback_deferrals.load());
-      });
+      boost::asio::post(
+          io, [&] { deferred_by_then.set_value(queue.metrics().callback_deferrals.load()); });
     });
   });
   auto seen = deferred_by_then.get_future();
@@ -654,9 +653,8 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
   const std::uint64_t between = seen.get();
   CHECK(between > 0);
   CHECK(between < 300);  // a handler posted after the burst ran before its end
-  REQUIRE(eventually([&] {
-    return queue.metrics().callback_deferrals.load() == 300 && queue.in_flight() == 0;
-  }));
+  REQUIRE(eventually(
+      [&] { return queue.metrics().callback_deferrals.load() == 300 && queue.in_flight() == 0; }));
   const auto waiting = queue.find("slow-300");
   CHECK(waiting->callback.state == CallbackState::pending);
   CHECK(waiting->callback.attempts == 0);

@@ -79,7 +79,8 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
   sender_.attempt(
       std::move(message), state,
       [this, keep = owner(), id, before, held, sent_at = clock_()](const AttemptReport& report) {
-        if (report.verdict == AttemptVerdict::deferred) return defer_later(id, held, before, report);
+        if (report.verdict == AttemptVerdict::deferred)
+          return defer_later(id, held, before, report);
         attempted(id, held, before, report, sent_at);
       });
 }
@@ -106,7 +107,8 @@ void Delivery::record_deferrals() {
       deferrals_.pop_front();
     }
   }
-  for (Deferral& d : slice) attempted(d.id, d.claim, d.before, d.report, TimePoint{});
+  for (Deferral& d : slice)
+    attempted(d.id, d.claim, d.before, d.report, TimePoint{});
   {
     std::lock_guard<std::mutex> lock(deferrals_mutex_);
     if (deferrals_.empty()) {

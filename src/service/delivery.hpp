@@ -111,7 +111,7 @@ class Delivery {
   std::weak_ptr<const void> owner_;
   std::atomic<std::size_t> started_in_flight_{0};
   std::mutex deferrals_mutex_;
-  std::deque<Deferral> deferrals_;  // guarded by deferrals_mutex_, as is:
+  std::deque<Deferral> deferrals_;    // guarded by deferrals_mutex_, as is:
   bool recording_deferrals_ = false;  // a record_deferrals is posted or running
   std::mutex schemes_mutex_;
   std::unordered_map<std::string, std::string> schemes_;  // by tenant; guarded by schemes_mutex_
