@@ -128,3 +128,39 @@ TEST_CASE("a put that cannot fit even without the finished jobs evicts none of t
   CHECK(store.put(big("fits-after-eviction", 2)) == PutOutcome::created);
   CHECK_FALSE(store.get("finished").has_value());
 }
+
+TEST_CASE("a claim steps over hundreds of renewed leases to the job due behind them") {
+  // A renewal that makes a lease longer leaves the job filed under the lease's first end; the
+  // claim that finds it there, still held, files it again (a slice at a time).
+  using namespace std::chrono_literals;
+  rebound::MemoryJobStore store;
+  const auto t0 = std::chrono::system_clock::time_point(std::chrono::seconds(1764000000));
+  for (int i = 0; i < 600; ++i) {
+    Job j = make("held-" + std::to_string(1000 + i));
+    j.created_at = t0;
+    REQUIRE(store.put(j) == PutOutcome::created);
+  }
+  const auto held = store.claim_jobs(600, {"s/1", t0 + 30s}, t0);
+  REQUIRE(held.size() == 600);
+  std::vector<std::pair<std::string, rebound::Lease>> leases;
+  for (const auto& r : held)
+    leases.push_back({r.job.id, {"s/1", t0 + 90s}});
+  CHECK(store.renew_all(leases, t0 + 10s) == std::vector<bool>(600, true));
+  Job late = make("late");
+  late.created_at = t0 + 40s;  // due after the first end of the 600 leases
+  REQUIRE(store.put(late) == PutOutcome::created);
+
+  const auto got = store.claim_jobs(10, {"s/2", t0 + 120s}, t0 + 60s);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].job.id == "late");
+  CHECK(store.claim_jobs(10, {"s/2", t0 + 120s}, t0 + 80s).empty());  // all still held
+  // Once the renewed leases run out, the 600 are claimable again, oldest first.
+  const auto again = store.claim_jobs(1000, {"s/3", t0 + 200s}, t0 + 91s);
+  REQUIRE(again.size() == 600);
+  CHECK(again.front().job.id == "held-1000");
+  // A lease handed back (renewed to now) is claimable at once.
+  CHECK(store.renew("held-1000", {"s/3", t0 + 92s}, t0 + 92s));
+  const auto handed = store.claim_jobs(10, {"s/4", t0 + 300s}, t0 + 92s);
+  REQUIRE(handed.size() == 1);
+  CHECK(handed[0].job.id == "held-1000");
+}
