@@ -163,4 +163,38 @@ TEST_CASE("a claim steps over hundreds of renewed leases to the job due behind t
   const auto handed = store.claim_jobs(10, {"s/4", t0 + 300s}, t0 + 92s);
   REQUIRE(handed.size() == 1);
   CHECK(handed[0].job.id == "held-1000");
+  // Made longer, then shorter but still past where it is filed: held until the shorter end.
+  CHECK(store.renew("held-1000", {"s/4", t0 + 400s}, t0 + 100s));
+  CHECK(store.renew("held-1000", {"s/4", t0 + 350s}, t0 + 110s));
+  // (the other 599 and "late", whose leases ran out at t0 + 200 s and 120 s, are claimed; it is
+  // not)
+  const auto others = store.claim_jobs(1000, {"s/5", t0 + 500s}, t0 + 320s);
+  CHECK(others.size() == 600);
+  for (const auto& r : others)
+    CHECK(r.job.id != "held-1000");
+  const auto after = store.claim_jobs(1000, {"s/6", t0 + 600s}, t0 + 351s);
+  REQUIRE(after.size() == 1);
+  CHECK(after[0].job.id == "held-1000");
+}
+
+TEST_CASE("a callback whose lease was renewed is claimed again only once the renewal runs out") {
+  using namespace std::chrono_literals;
+  rebound::MemoryJobStore store;
+  const auto t0 = std::chrono::system_clock::time_point(std::chrono::seconds(1764000000));
+  for (int i = 0; i < 300; ++i) {
+    const std::string id = "cb-" + std::to_string(1000 + i);
+    Job j = make(id);
+    j.created_at = t0;
+    REQUIRE(store.put(j) == PutOutcome::created);
+    store.complete(id, {JobStatus::succeeded, 1, std::nullopt});
+    store.update_callback(id, {CallbackState::pending, 1, "HTTP 503"});  // due at once
+  }
+  const auto held = store.claim_callbacks(300, {"s/1", t0 + 30s}, t0);
+  REQUIRE(held.size() == 300);
+  std::vector<std::pair<std::string, rebound::Lease>> leases;
+  for (const auto& r : held)
+    leases.push_back({r.job.id, {"s/1", t0 + 90s}});
+  CHECK(store.renew_all(leases, t0 + 10s) == std::vector<bool>(300, true));
+  CHECK(store.claim_callbacks(10, {"s/2", t0 + 200s}, t0 + 60s).empty());
+  CHECK(store.claim_callbacks(1000, {"s/2", t0 + 200s}, t0 + 91s).size() == 300);
 }

@@ -637,18 +637,20 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
     const auto e = queue.callback_endpoints();
     return e.size() == 1 && e[0].in_flight == 1 && e[0].waiting == 300;
   }));
-  std::promise<std::uint64_t> deferred_by_then;
+  // (Shared with the handlers: they may outlive a failed REQUIRE here.)
+  auto deferred_by_then = std::make_shared<std::promise<std::uint64_t>>();
+  auto seen = deferred_by_then->get_future();
   auto io = node.io.get_executor();
-  boost::asio::post(io, [&] {
+  boost::asio::post(io, [&queue, io, down, deferred_by_then] {
     down->release(503);  // the circuit opens here: the 300 are sent back
     // (The sender posts each answer to the io executor: a handler posted now runs after them, and
     // one it posts after whatever they posted in turn.)
-    boost::asio::post(io, [&] {
-      boost::asio::post(
-          io, [&] { deferred_by_then.set_value(queue.metrics().callback_deferrals.load()); });
+    boost::asio::post(io, [&queue, io, deferred_by_then] {
+      boost::asio::post(io, [&queue, deferred_by_then] {
+        deferred_by_then->set_value(queue.metrics().callback_deferrals.load());
+      });
     });
   });
-  auto seen = deferred_by_then.get_future();
   REQUIRE(seen.wait_for(10s) == std::future_status::ready);
   const std::uint64_t between = seen.get();
   CHECK(between > 0);

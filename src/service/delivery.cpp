@@ -87,13 +87,25 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
 
 void Delivery::defer_later(const std::string& id, std::shared_ptr<Claim> claim,
                            const CallbackInfo& before, const AttemptReport& report) {
+  claim->charge(0);  // its request is gone: nothing of it stays in memory while it waits here
   {
     std::lock_guard<std::mutex> lock(deferrals_mutex_);
     deferrals_.push_back({id, std::move(claim), before, report});
     if (recording_deferrals_) return;
     recording_deferrals_ = true;
   }
-  boost::asio::post(sender_.get_executor(), [this, keep = owner()] { record_deferrals(); });
+  post_deferrals();
+}
+
+void Delivery::post_deferrals() {
+  try {
+    boost::asio::post(sender_.get_executor(), [this, keep = owner()] { record_deferrals(); });
+  } catch (...) {
+    // Not posted (out of memory): the next deferral posts again. Until then the queued claims
+    // keep their slots, and their leases are renewed.
+    std::lock_guard<std::mutex> lock(deferrals_mutex_);
+    recording_deferrals_ = false;
+  }
 }
 
 void Delivery::record_deferrals() {
@@ -101,14 +113,19 @@ void Delivery::record_deferrals() {
   {
     std::lock_guard<std::mutex> lock(deferrals_mutex_);
     const std::size_t n = std::min(deferral_slice, deferrals_.size());
-    slice.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       slice.push_back(std::move(deferrals_.front()));
       deferrals_.pop_front();
     }
   }
-  for (Deferral& d : slice)
-    attempted(d.id, d.claim, d.before, d.report, TimePoint{});
+  for (Deferral& d : slice) {
+    try {
+      attempted(d.id, d.claim, d.before, d.report, TimePoint{});
+    } catch (...) {
+      // Not recorded (out of memory): the claim goes, its lease runs out in the store, and the
+      // callback is claimed again then. The slices after it still run.
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(deferrals_mutex_);
     if (deferrals_.empty()) {
@@ -117,7 +134,7 @@ void Delivery::record_deferrals() {
     }
   }
   // The next slice after whatever else is ready on the executor (the reactor's turn included).
-  boost::asio::post(sender_.get_executor(), [this, keep = owner()] { record_deferrals(); });
+  post_deferrals();
 }
 
 void Delivery::notify_started(const Job& job) {

@@ -75,12 +75,17 @@ class Delivery {
   // attempt and is not logged).
   void attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
                  const CallbackInfo& before, const AttemptReport& report, TimePoint sent_at);
-  // A deferral the transport answered (the gate, as an origin's circuit opens or it is paused,
-  // sends back everything that waited for it at once: thousands in one call on the thread that
-  // drives every other delivery). Recorded `deferral_slice` at a time, each slice a handler of
-  // its own on the sender's executor, so that the other origins' deliveries go on between them.
+  // A deferral the transport answered. As an origin's circuit opens (or it is paused), the gate
+  // sends back everything that waited for it at once: thousands of answers, each its own handler
+  // on the io executor, one after another before the reactor's next turn. Each only queues its
+  // deferral here; the store writes that follow run `deferral_slice` at a time, each slice a
+  // handler of its own, so that the other origins' deliveries go on between them. A deferral
+  // still queued when the JobQueue goes is dropped with its claim (its lease runs out in the
+  // store; ~JobQueue stops the store access before the parts go, so the slot it frees wakes no
+  // pump).
   void defer_later(const std::string& id, std::shared_ptr<Claim> claim, const CallbackInfo& before,
                    const AttemptReport& report);
+  void post_deferrals();
   void record_deferrals();
   struct Deferral {
     std::string id;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -107,7 +108,10 @@ class MemoryJobStore final : public JobStore {
     std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
     for (std::size_t i = 0; i < leases.size(); ++i) {
       if (i % 256 == 0) {
-        if (lock.owns_lock()) lock.unlock();
+        if (lock.owns_lock()) {
+          lock.unlock();
+          std::this_thread::yield();  // (a mutex is not fair: let a waiting caller in)
+        }
         lock.lock();
       }
       out.push_back(renew_locked(leases[i].first, leases[i].second, now));
@@ -447,7 +451,9 @@ class MemoryJobStore final : public JobStore {
   // Called under mutex_. A lease made longer leaves its entry filed under the old end: the claim
   // that finds it there still held files it again, under the lease's end then. A renewal costs a
   // lookup, not two tree operations: a server with 200,000 callbacks waiting for slow receivers
-  // renews them all every third of a lease. A lease made shorter (handed back) is filed at once.
+  // renews them all every third of a lease, and while claims run, an entry is filed again about
+  // once a lease instead of three times (while none run, a full queue, the next claim does what
+  // has gathered, in slices). A lease made shorter (handed back) is filed at once.
   void extend(Queue& queue, Map::iterator it, Lease& held, TimePoint until) {
     held.until = until;
     const std::optional<TimePoint>& key = key_of(queue, it->second);
@@ -482,8 +488,10 @@ class MemoryJobStore final : public JobStore {
         schedule(queue, it, lease.until);
         out.push_back(it->second.record);
       }
-      if (renewed.size() < refile_slice || out.size() >= max) return out;
+      // (A lease already over at `now` would find what it just claimed due again.)
+      if (renewed.size() < refile_slice || out.size() >= max || lease.until <= now) return out;
       lock.unlock();
+      std::this_thread::yield();
       lock.lock();
     }
   }
