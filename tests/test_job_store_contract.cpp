@@ -110,6 +110,11 @@ TEST_CASE_TEMPLATE("store contract: put creates once - a duplicate and a conflic
   CHECK(store->put(make("a", 1764000000000, "http://example.com/cb", 2)) == PutOutcome::conflict);
   CHECK(store->put(make("a", 1764000000000, "http://example.com/other")) == PutOutcome::conflict);
   CHECK(store->put(make("b", 1764000000000, "")) == PutOutcome::created);
+  // An input written differently that parses to the same JSON is the same request.
+  CHECK(store->put(make("n", 1764000000000, "", {{"x", 1}, {"y", 2.5}})) == PutOutcome::created);
+  CHECK(store->put(make("n", 1764000000000, "", {{"x", 1.0}, {"y", 2.5}})) ==
+        PutOutcome::duplicate);
+  CHECK(store->put(make("n", 1764000000000, "", {{"x", 2}, {"y", 2.5}})) == PutOutcome::conflict);
   const auto a = store->get("a");
   REQUIRE(a.has_value());
   CHECK(a->job.id == "a");

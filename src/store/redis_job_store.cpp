@@ -178,11 +178,14 @@ local key = job_key(ARGV[2])
 local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
 if old[1] then
   -- The same request again ({1}), or another under a taken id ({2}): told apart here, so that the
-  -- answer is a number whatever the size of the stored input. (An input compares as the caller
-  -- wrote it: the same canonical JSON.)
-  if old[1] == ARGV[3] and old[2] == ARGV[4] and (old[3] or '5') == ARGV[9] and
-     (old[4] or '0') == ARGV[10] and (old[5] or '2') == ARGV[11] then
-    return {1}
+  -- answer is a number whatever the size of the stored input. An input whose text differs may
+  -- still be the same JSON (1 and 1.0): {3}, and the caller reads the stored one back to compare,
+  -- only when it is not much longer than the one sent (a small request never reads back a large
+  -- input; the same JSON written that differently is told a conflict).
+  if old[1] == ARGV[3] and (old[3] or '5') == ARGV[9] and (old[4] or '0') == ARGV[10] and
+     (old[5] or '2') == ARGV[11] then
+    if old[2] == ARGV[4] then return {1} end
+    if #old[2] <= 2 * #ARGV[4] + 64 then return {3} end
   end
   return {2}
 end
@@ -1738,19 +1741,14 @@ RedisJobStore::~RedisJobStore() {
 namespace {
 
 // What put's reply says.
-PutOutcome put_outcome(const redisReply* r) {
+// The put script's answer: 0 created, 1 the same request, 2 another, 3 the same but for the
+// input's text.
+long long put_answer(const redisReply* r) {
   if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 ||
       r->element[0]->type != REDIS_REPLY_INTEGER) {
     throw StoreUnavailable("redis job store: unexpected answer to put");
   }
-  switch (r->element[0]->integer) {
-    case 0:
-      return PutOutcome::created;
-    case 1:
-      return PutOutcome::duplicate;
-    default:
-      return PutOutcome::conflict;
-  }
+  return r->element[0]->integer;
 }
 
 }  // namespace
@@ -1772,18 +1770,48 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
                                 impl_->retention_ms(),
                                 job_score(job.priority, due),
                                 job_score(job.priority, job.created_at)};
+  long long answer = 0;
   try {
     if (impl_->options.batch_writes) {
-      return impl_
-          ->start<PutOutcome>(kScriptPut, std::move(args),
-                              [](const redisReply* r) { return put_outcome(r); })
-          .get();
+      answer = impl_
+                   ->start<long long>(kScriptPut, std::move(args),
+                                      [](const redisReply* r) { return put_answer(r); })
+                   .get();
+    } else {
+      Reply r = impl_->script(kScriptPut, std::move(args));
+      answer = put_answer(r.get());
     }
-    Reply r = impl_->script(kScriptPut, std::move(args));
-    return put_outcome(r.get());
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
+  switch (answer) {
+    case 0:
+      return PutOutcome::created;
+    case 1:
+      return PutOutcome::duplicate;
+    case 3:
+      // The input written differently (1 and 1.0, keys in another order): the same request
+      // when the two parse to the same JSON, as the other stores decide. Only this case reads
+      // the stored input back.
+      return same_input_as_stored(job) ? PutOutcome::duplicate : PutOutcome::conflict;
+    default:
+      return PutOutcome::conflict;
+  }
+}
+
+bool RedisJobStore::same_input_as_stored(const Job& job) const {
+  Reply r;
+  try {
+    r = impl_->run({"HGET", impl_->options.key_prefix + ":job:" + job.id, "input"});
+  } catch (const ErrorReply& e) {
+    impl_->failed(e.what());
+    throw StoreUnavailable(impl_->failure_text());
+  }
+  if (r->type != REDIS_REPLY_STRING) return false;  // gone meanwhile: not the same job
+  nlohmann::json stored;  // (bounded as a request is: a shared Redis is not trusted)
+  return detail::parse_untrusted_json(std::string_view(r->str, r->len), stored, SIZE_MAX) ==
+             detail::JsonParseError::none &&
+         stored == job.input;
 }
 
 std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {
