@@ -415,6 +415,29 @@ TEST_CASE("redis: every job is listed however old - expired ones leave the listi
   CHECK(redis_cli(server, "ZCARD rebound:jobs") == "11");
 }
 
+TEST_CASE("redis: a dead letter that expired leaves the count of failed callbacks") {
+  rebound::test::RedisServer server;
+  auto options = options_for(server);
+  options.retention = 1s;
+  RedisJobStore store(options);
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  REQUIRE(store.put(Job{"dead", "http://receiver.test/cb", 1, now - 1h}, Lease{"w", now + 60s}) ==
+          PutOutcome::created);
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  REQUIRE(store.finish_job("dead", "w", done, Lease{"cb", now + 60s}, now));
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  given_up.attempts = 5;
+  REQUIRE(store.record_attempt("dead", "cb", given_up, now));
+  CHECK(store.queue_stats()->callbacks_failed == 1);
+  REQUIRE(eventually([&] { return !store.get("dead").has_value(); }, 5000ms));
+  // The puts' sweep of the listing finds it gone: /metrics' rebound_callbacks_failed falls back.
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(store.put(Job{"new-" + std::to_string(i), "", 1, now}) == PutOutcome::created);
+  CHECK(store.queue_stats()->callbacks_failed == 0);
+  CHECK(redis_cli(server, "ZCARD rebound:callbacks:failed") == "0");
+}
+
 TEST_CASE("redis: a store written before the listing's set gets it from its unfinished jobs") {
   rebound::test::RedisServer server;
   {

@@ -99,6 +99,8 @@ local function sweep(count, now, retention)
     if tonumber(members[i + 1]) >= horizon then restart = true; break end
     if redis.call('EXISTS', job_key(members[i])) == 0 then
       redis.call('ZREM', ALL, members[i])
+      -- A dead letter that expired leaves the count of failed callbacks too.
+      redis.call('ZREM', FAILED, members[i])
     else
       at = at + 1
     end
