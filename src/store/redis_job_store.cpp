@@ -174,20 +174,21 @@ end
 // put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
 // traceparent, retention ms, then its scores (job_score, made by the caller) in JOBS_DUE (by the
 // due time) and in QUEUED (by creation). {0}: created; {1}: the same request was there; {2}:
-// another request has the id. {0}: created; {1, url, input, priority, max queue, events}: taken.
+// another request has the id; {3, stored input}: the same but for the input's text.
 constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
 local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
 if old[1] then
   -- The same request again ({1}), or another under a taken id ({2}): told apart here, so that the
   -- answer is a number whatever the size of the stored input. An input whose text differs may
-  -- still be the same JSON (1 and 1.0): {3}, and the caller reads the stored one back to compare,
-  -- only when it is not much longer than the one sent (a small request never reads back a large
+  -- still be the same JSON (1 and 1.0): {3, the stored input}, for the caller to compare, only
+  -- when it is not much longer than the one sent (a small request never brings back a large
   -- input; the same JSON written that differently is told a conflict).
+  local input = old[2] or ''
   if old[1] == ARGV[3] and (old[3] or '5') == ARGV[9] and (old[4] or '0') == ARGV[10] and
      (old[5] or '2') == ARGV[11] then
-    if old[2] == ARGV[4] then return {1} end
-    if #old[2] <= 2 * #ARGV[4] + 64 then return {3} end
+    if input == ARGV[4] then return {1} end
+    if #input <= 2 * #ARGV[4] + 64 then return {3, input} end
   end
   return {2}
 end
@@ -1742,15 +1743,36 @@ RedisJobStore::~RedisJobStore() {
 
 namespace {
 
-// What put's reply says.
-// The put script's answer: 0 created, 1 the same request, 2 another, 3 the same but for the
-// input's text.
-long long put_answer(const redisReply* r) {
+// What put's reply says: 0 created, 1 the same request, 2 another; 3 the same but for the
+// input's text, with the stored input (bounded by the script to about twice the one sent).
+struct PutAnswer {
+  long long code = 0;
+  std::string stored_input;
+};
+
+PutAnswer put_answer(const redisReply* r) {
   if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 ||
       r->element[0]->type != REDIS_REPLY_INTEGER) {
     throw StoreUnavailable("redis job store: unexpected answer to put");
   }
-  return r->element[0]->integer;
+  PutAnswer a;
+  a.code = r->element[0]->integer;
+  if (a.code == 3) {
+    if (r->elements < 2 || r->element[1]->type != REDIS_REPLY_STRING)
+      throw StoreUnavailable("redis job store: unexpected answer to put");
+    a.stored_input.assign(r->element[1]->str, r->element[1]->len);
+  }
+  return a;
+}
+
+// Whether the input stored under a job's id (put's answer 3) parses to the same JSON as `input`.
+// Its length is bounded by the script; its depth as a request's is (a shared Redis is not
+// trusted).
+bool same_input(const std::string& stored_text, const nlohmann::json& input) {
+  nlohmann::json stored;
+  return detail::parse_untrusted_json(stored_text, stored, SIZE_MAX) ==
+             detail::JsonParseError::none &&
+         stored == input;
 }
 
 }  // namespace
@@ -1772,11 +1794,11 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
                                 impl_->retention_ms(),
                                 job_score(job.priority, due),
                                 job_score(job.priority, job.created_at)};
-  long long answer = 0;
+  PutAnswer answer;
   try {
     if (impl_->options.batch_writes) {
       answer = impl_
-                   ->start<long long>(kScriptPut, std::move(args),
+                   ->start<PutAnswer>(kScriptPut, std::move(args),
                                       [](const redisReply* r) { return put_answer(r); })
                    .get();
     } else {
@@ -1786,34 +1808,19 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
-  switch (answer) {
+  switch (answer.code) {
     case 0:
       return PutOutcome::created;
     case 1:
       return PutOutcome::duplicate;
     case 3:
-      // The input written differently (1 and 1.0, keys in another order): the same request
-      // when the two parse to the same JSON, as the other stores decide. Only this case reads
-      // the stored input back.
-      return same_input_as_stored(job) ? PutOutcome::duplicate : PutOutcome::conflict;
+      // The input written differently (1 and 1.0): the same request when the two parse to the
+      // same JSON, as the other stores decide (parsed here, on the caller's thread).
+      return same_input(answer.stored_input, job.input) ? PutOutcome::duplicate
+                                                        : PutOutcome::conflict;
     default:
       return PutOutcome::conflict;
   }
-}
-
-bool RedisJobStore::same_input_as_stored(const Job& job) const {
-  Reply r;
-  try {
-    r = impl_->run({"HGET", impl_->options.key_prefix + ":job:" + job.id, "input"});
-  } catch (const ErrorReply& e) {
-    impl_->failed(e.what());
-    throw StoreUnavailable(impl_->failure_text());
-  }
-  if (r->type != REDIS_REPLY_STRING) return false;  // gone meanwhile: not the same job
-  nlohmann::json stored;  // (bounded as a request is: a shared Redis is not trusted)
-  return detail::parse_untrusted_json(std::string_view(r->str, r->len), stored, SIZE_MAX) ==
-             detail::JsonParseError::none &&
-         stored == job.input;
 }
 
 std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {

@@ -142,9 +142,6 @@ class RedisJobStore final : public JobStore {
   std::optional<std::string> failure() const override;
 
  private:
-  // Whether `job.input` parses the same as the input stored under its id (put's answer when only
-  // the input's text differs).
-  bool same_input_as_stored(const Job& job) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
