@@ -268,19 +268,26 @@ TEST_CASE("redis: at maxmemory a put answers full - the work already accepted st
   CHECK(store.get("accepted")->callback.state == rebound::CallbackState::delivered);
 }
 
+namespace {
+// Makes `job` (with a callback URL) a dead letter at `now`: stored, run, its callback given up.
+void give_up_callback(RedisJobStore& store, const Job& job,
+                      std::chrono::system_clock::time_point now) {
+  REQUIRE(store.put(job, Lease{"w", now + 60s}) == PutOutcome::created);
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  REQUIRE(store.finish_job(job.id, "w", done, Lease{"cb", now + 60s}, now));
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  given_up.attempts = 3;
+  REQUIRE(store.record_attempt(job.id, "cb", given_up, now));
+}
+}  // namespace
+
 TEST_CASE("redis: a dead letter that expired is not listed again when its id is reused") {
   rebound::test::RedisServer server;
   auto options = options_for(server);
   options.retention = 1s;
   RedisJobStore store(options);
-  const auto now = std::chrono::system_clock::now();
-  REQUIRE(store.put(make("reused"), Lease{"w", now + 60s}) == PutOutcome::created);
-  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
-  REQUIRE(store.finish_job("reused", "w", done, Lease{"cb", now + 60s}, now));
-  rebound::CallbackInfo given_up;
-  given_up.state = rebound::CallbackState::failed;
-  given_up.attempts = 3;
-  REQUIRE(store.record_attempt("reused", "cb", given_up, now));
+  give_up_callback(store, make("reused"), std::chrono::system_clock::now());
   REQUIRE(store.list_failed_callbacks(10).size() == 1);
   REQUIRE(eventually([&] { return !store.get("reused").has_value(); }, 5000ms));
   REQUIRE(store.put(make("reused")) == PutOutcome::created);
@@ -421,14 +428,7 @@ TEST_CASE("redis: a dead letter that expired leaves the count of failed callback
   options.retention = 1s;
   RedisJobStore store(options);
   const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
-  REQUIRE(store.put(Job{"dead", "http://receiver.test/cb", 1, now - 1h}, Lease{"w", now + 60s}) ==
-          PutOutcome::created);
-  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
-  REQUIRE(store.finish_job("dead", "w", done, Lease{"cb", now + 60s}, now));
-  rebound::CallbackInfo given_up;
-  given_up.state = rebound::CallbackState::failed;
-  given_up.attempts = 5;
-  REQUIRE(store.record_attempt("dead", "cb", given_up, now));
+  give_up_callback(store, Job{"dead", "http://receiver.test/cb", 1, now - 1h}, now);
   CHECK(store.queue_stats()->callbacks_failed == 1);
   REQUIRE(eventually([&] { return !store.get("dead").has_value(); }, 5000ms));
   // The puts' sweep of the listing finds it gone: /metrics' rebound_callbacks_failed falls back.
