@@ -4,6 +4,7 @@
     bench/receivers_timeline.py                       # memory store, with the hung receiver
     bench/receivers_timeline.py --no-hung             # the same without it (bench/run.py's "slow")
     bench/receivers_timeline.py --binary /tmp/before/rebound-server --store sqlite:jobs.db
+    bench/receivers_timeline.py --server-args "--callback-timeout 6"   # the circuit opens at 6 s
 
 bench/run.py gives one figure per run (callbacks answered per second over 10 s); this shows how
 they are spread in time, so that a moment when deliveries stall (a circuit opening, a renewal
@@ -32,6 +33,8 @@ def main() -> None:
     p.add_argument("--store", default="memory", help="--store of the server (default memory)")
     p.add_argument("--no-hung", action="store_true", help="no hung receiver")
     p.add_argument("--seconds", type=float, default=22, help="seconds shown (default 22)")
+    p.add_argument("--server-args", default="",
+                   help="more rebound-server options, one string (\"--callback-timeout 6\")")
     a = p.parse_args()
     binary = str(Path(a.binary or Path(a.build_dir) / "examples" / "rebound-server").resolve())
     receivers = bench.SlowReceivers(a.build_dir, not a.no_hung)
@@ -42,7 +45,7 @@ def main() -> None:
         server = bench.Server("rebound", [
             binary, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "echo",
             "--store", a.store, "--workers", "2", "--queue-capacity", "1000000",
-            "--allow-private-callbacks", "--log-level", "warn"], port)
+            "--allow-private-callbacks", "--log-level", "warn", *a.server_args.split()], port)
         urls = receivers.urls()
         load = subprocess.Popen(
             ["wrk", "-t1", "-c32", f"-d{round(a.seconds + 3)}s", "-s", str(bench.BENCH / "submit.lua"),
