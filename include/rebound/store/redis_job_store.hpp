@@ -68,8 +68,10 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
 /// creation time. Every call is one Lua script, atomic in Redis: the same id put on two servers at
 /// once is one job, two redeliveries at once are one, and a late acknowledgement is refused.
 /// Finished jobs expire after `retention`. A put of a taken id is told a duplicate or a conflict
-/// inside Redis (the input compared as its canonical JSON text), so its answer stays small
-/// whatever the stored input's size.
+/// inside Redis when the inputs' texts match or the request differs elsewhere, so its answer
+/// stays small whatever the stored input's size. Inputs whose texts differ (1 and 1.0) are
+/// compared as JSON here, with the stored one sent back only when it is at most twice as long as
+/// the new one plus 64 bytes (beyond that: a conflict).
 ///
 /// Durability follows Redis's persistence: with `appendonly yes` and `appendfsync always` an
 /// accepted job survives a crash of Redis; with `everysec` up to a second of writes can be lost
