@@ -84,102 +84,224 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
   }
 }
 
-// A submission: validated, admitted, stored with this queue's claim, and queued. `done` (for
-// async_submit) is registered for the job's end before the job can run, so no end is missed.
+// A submission on its way in: what `prepare` decided before the store's put.
+struct Pending {
+  SubmitStatus status = SubmitStatus::accepted;  // anything else: refused before the put
+  Claim claim;                                   // the slot, freed on every way out but the queue
+  bool park = false;                             // stored unclaimed, for the pump to claim later
+  std::string holder;                            // the lease it is stored with, unless parked
+};
+
+// What the jobs of one call before this one were given (submit_many): they count as queued for
+// the prefetch window, and a parked one parks the jobs behind it that are not more urgent.
+struct Admitted {
+  std::size_t held = 0;
+  int parked_floor = std::numeric_limits<int>::max();
+};
+
+// Before the put (under admission.enter()): the job validated and admitted, its defaults set,
+// and whether this queue holds it at once. `waited`: a waiter (async_submit) wants its end.
+Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
+                bool waited, Admitted& before, StoreAccess::News& news) {
+  Pending p;
+  const std::string& id = job.id;
+  const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
+  if (!job.callback_url.empty() && !core.delivers_callbacks) {
+    p.status = SubmitStatus::no_transport;
+    return p;
+  }
+  if (auto refused = validate(*core.model, job.input)) {
+    if (invalid) *invalid = std::move(*refused);
+    p.status = SubmitStatus::invalid_input;
+    return p;
+  }
+  const std::size_t bytes = work_bytes(job);
+  const SubmitStatus admitted = core.admission.admit(tenant, bytes);
+  if (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota) {
+    // A resubmission of a stored job is still answered as a duplicate when the queue is full.
+    std::optional<JobRecord> existing;
+    try {
+      existing = core.store.call(
+          "get", id, [&](JobStore& s) { return s.get(id); }, &news);
+    } catch (const StoreUnavailable&) {
+      p.status = SubmitStatus::store_unavailable;
+      return p;
+    }
+    if (existing) {
+      p.status = existing->job.same_request_as(job) ? SubmitStatus::duplicate
+                                                    : SubmitStatus::conflict;
+      return p;
+    }
+  }
+  if (admitted != SubmitStatus::accepted) {
+    p.status = admitted;
+    return p;
+  }
+  p.claim = Claim::slot(core.admission, tenant, bytes);
+  if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
+  job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
+  // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
+  // arithmetic).
+  job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
+                             std::chrono::milliseconds(std::chrono::hours(24 * 366)));
+  // The accepting server claims the job as it stores it: no claim round trip on the way in.
+  // With a prefetch, a job beyond it (or behind jobs parked already, first come first served)
+  // waits in the store on a parked slot instead, claimed by the pump as the queue drains. A
+  // job with a waiter (async_submit) is held at once, so that its end cannot pass unseen.
+  // A job more urgent than every job parked, and than some job in memory, is held at once
+  // (up to twice the prefetch), so that priorities still come first.
+  const std::size_t prefetch = core.pump.prefetch();
+  if (prefetch > 0 && !waited) {
+    const std::size_t depth = queue.depth() + before.held;
+    const int floor = std::min(core.admission.parked() > 0 ? core.admission.parked_floor()
+                                                            : std::numeric_limits<int>::max(),
+                               before.parked_floor);
+    const bool behind_parked = job.priority >= floor;
+    const bool window_full =
+        depth >= prefetch && !(depth < 2 * prefetch && job.priority < queue.least_urgent_level());
+    p.park = behind_parked || window_full;
+  }
+  if (p.park) {
+    before.parked_floor = std::min(before.parked_floor, job.priority);
+  } else {
+    ++before.held;
+    p.holder = core.leases.next_holder();
+  }
+  return p;
+}
+
+// After the put: the job parked in the store or queued here with its claim; `done` (for
+// async_submit) registered for the job's end before the job can run, so no end is missed.
+SubmitStatus settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& p,
+                    PutOutcome outcome, Completion<JobRecord>* done) {
+  switch (outcome) {
+    case PutOutcome::created:
+      break;
+    case PutOutcome::duplicate:
+      return SubmitStatus::duplicate;
+    case PutOutcome::full:
+      return SubmitStatus::queue_full;
+    case PutOutcome::conflict:
+      return SubmitStatus::conflict;
+  }
+  if (p.park) {
+    p.claim.park(job.priority);
+    // The queue may have drained since it was read.
+    if (queue.depth() <= core.pump.prefetch() / 2) core.pump.wake(core.clock());
+    return SubmitStatus::accepted;
+  }
+  const std::string id = job.id;
+  // Never closed here (closing follows admission.close(), which waits for `enter()`), but a
+  // handler is answered whatever happens.
+  if (done && core.async_waiters.add(id, *done, false) != AsyncWaiters::Added::added) {
+    (*done)(errc::shutting_down, JobRecord{});
+  }
+  // Cannot be full (admission bounds it) nor closed (shutdown waits for `enter()`).
+  p.claim.take_lease(core.leases, id, p.holder);
+  const int priority = job.priority;
+  queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim)}, priority, tenant_of(id));
+  return SubmitStatus::accepted;
+}
+
+// A submission: validated, admitted, stored with this queue's claim, and queued.
 SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
                        Completion<JobRecord>* done) {
   const std::string id = job.id;
-  const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
   const SubmitStatus status = [&] {
-    if (has_callback && !core.delivers_callbacks) return SubmitStatus::no_transport;
-    if (auto refused = validate(*core.model, job.input)) {
-      if (invalid) *invalid = std::move(*refused);
-      return SubmitStatus::invalid_input;
-    }
-    const std::size_t bytes = work_bytes(job);
     auto entered = core.admission.enter();
-    const SubmitStatus admitted = core.admission.admit(tenant, bytes);
-    if (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota) {
-      // A resubmission of a stored job is still answered as a duplicate when the queue is full.
-      std::optional<JobRecord> existing;
-      try {
-        existing = core.store.call(
-            "get", id, [&](JobStore& s) { return s.get(id); }, &news);
-      } catch (const StoreUnavailable&) {
-        return SubmitStatus::store_unavailable;
-      }
-      if (existing) {
-        return existing->job.same_request_as(job) ? SubmitStatus::duplicate
-                                                  : SubmitStatus::conflict;
-      }
-    }
-    if (admitted != SubmitStatus::accepted) return admitted;
-    // Freed on every way out but the queue.
-    Claim claim = Claim::slot(core.admission, tenant, bytes);
-    if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
-    job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
-    // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
-    // arithmetic).
-    job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
-                               std::chrono::milliseconds(std::chrono::hours(24 * 366)));
-    // The accepting server claims the job as it stores it: no claim round trip on the way in.
-    // With a prefetch, a job beyond it (or behind jobs parked already, first come first served)
-    // waits in the store on a parked slot instead, claimed by the pump as the queue drains. A
-    // job with a waiter (async_submit) is held at once, so that its end cannot pass unseen.
-    // A job more urgent than every job parked, and than some job in memory, is held at once
-    // (up to twice the prefetch), so that priorities still come first.
-    const std::size_t prefetch = core.pump.prefetch();
-    bool park = false;
-    if (prefetch > 0 && !done) {
-      const std::size_t depth = queue.depth();
-      const bool behind_parked =
-          core.admission.parked() > 0 && job.priority >= core.admission.parked_floor();
-      const bool window_full =
-          depth >= prefetch && !(depth < 2 * prefetch && job.priority < queue.least_urgent_level());
-      park = behind_parked || window_full;
-    }
-    const std::string holder = park ? std::string() : core.leases.next_holder();
+    Admitted before;
+    Pending p = prepare(core, queue, job, invalid, done != nullptr, before, news);
+    if (p.status != SubmitStatus::accepted) return p.status;
     PutOutcome outcome;
     try {
       outcome = core.store.call(
           "put", id,
-          [&](JobStore& s) { return park ? s.put(job) : s.put(job, core.leases.from_now(holder)); },
+          [&](JobStore& s) {
+            return p.park ? s.put(job) : s.put(job, core.leases.from_now(p.holder));
+          },
           &news);
     } catch (const StoreUnavailable&) {
       return SubmitStatus::store_unavailable;
     }
-    switch (outcome) {
-      case PutOutcome::created:
-        break;
-      case PutOutcome::duplicate:
-        return SubmitStatus::duplicate;
-      case PutOutcome::full:
-        return SubmitStatus::queue_full;
-      case PutOutcome::conflict:
-        return SubmitStatus::conflict;
-    }
-    if (park) {
-      claim.park(job.priority);
-      // The queue may have drained since it was read.
-      if (queue.depth() <= prefetch / 2) core.pump.wake(core.clock());
-      return SubmitStatus::accepted;
-    }
-    // Before the job can run: its end completes the wait. Never closed here (closing follows
-    // admission.close(), which waits for `entered`), but a handler is answered whatever happens.
-    if (done && core.async_waiters.add(id, *done, false) != AsyncWaiters::Added::added) {
-      (*done)(errc::shutting_down, JobRecord{});
-    }
-    // Cannot be full (admission bounds it) nor closed (shutdown waits for `entered`).
-    claim.take_lease(core.leases, id, holder);
-    const int priority = job.priority;
-    queue.try_push(WorkItem{std::move(job), nullptr, std::move(claim)}, priority, tenant);
-    return SubmitStatus::accepted;
+    return settle(core, queue, job, p, outcome, done);
   }();
   core.store.tell(news);
   core.observe_submission(status, id, has_callback);
   return status;
+}
+
+// Many submissions with one store call (JobStore::put_many): each job as submit_to would take
+// it, in order. Every job takes its slot before the store answers, so a duplicate or a conflict
+// holds one until then: the jobs refused for room while it did are tried again (another store
+// call) once the slots are back.
+std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
+                                        std::vector<Job>& jobs, std::vector<ErrorInfo>* invalid) {
+  std::vector<SubmitStatus> statuses(jobs.size(), SubmitStatus::accepted);
+  if (invalid) invalid->assign(jobs.size(), ErrorInfo{});
+  std::vector<std::string> ids;
+  std::vector<bool> callbacks;
+  ids.reserve(jobs.size());
+  callbacks.reserve(jobs.size());
+  for (const Job& job : jobs) {
+    ids.push_back(job.id);
+    callbacks.push_back(!job.callback_url.empty());
+  }
+  StoreAccess::News news;
+  {
+    auto entered = core.admission.enter();
+    Admitted before;
+    std::vector<std::size_t> round(jobs.size());
+    for (std::size_t i = 0; i < jobs.size(); ++i) round[i] = i;
+    while (!round.empty()) {
+      std::vector<Pending> pending;
+      pending.reserve(round.size());
+      std::vector<PutRequest> puts;
+      std::vector<std::size_t> put_of;        // the job of each put
+      std::vector<std::size_t> without_room;  // refused by admission
+      for (std::size_t i : round) {
+        pending.push_back(prepare(core, queue, jobs[i], invalid ? &(*invalid)[i] : nullptr,
+                                  false, before, news));
+        Pending& p = pending.back();
+        statuses[i] = p.status;
+        if (p.status == SubmitStatus::queue_full || p.status == SubmitStatus::tenant_quota)
+          without_room.push_back(i);
+        if (p.status != SubmitStatus::accepted) continue;
+        puts.push_back({&jobs[i], p.park ? std::nullopt
+                                         : std::optional<Lease>(core.leases.from_now(p.holder))});
+        put_of.push_back(pending.size() - 1);
+      }
+      if (puts.empty()) break;
+      std::vector<PutOutcome> outcomes;
+      try {
+        outcomes = core.store.call(
+            "put", ids[round[put_of.front()]], [&](JobStore& s) { return s.put_many(puts); },
+            &news);
+      } catch (const StoreUnavailable&) {
+        // Some may be stored, as with a put whose answer was lost: their leases run out, and a
+        // claim takes them then; a resubmission is answered as a duplicate.
+        for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
+        break;
+      }
+      if (outcomes.size() != puts.size()) {
+        for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
+        break;
+      }
+      bool freed = false;  // a slot taken in this round and given back
+      for (std::size_t n = 0; n < puts.size(); ++n) {
+        const std::size_t i = round[put_of[n]];
+        statuses[i] = settle(core, queue, jobs[i], pending[put_of[n]], outcomes[n], nullptr);
+        freed = freed || outcomes[n] != PutOutcome::created;
+      }
+      if (!freed) break;
+      round = std::move(without_room);
+    }
+  }
+  core.store.tell(news);
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    core.observe_submission(statuses[i], ids[i], callbacks[i]);
+  return statuses;
 }
 
 }  // namespace
@@ -338,6 +460,11 @@ JobQueue::executor_type JobQueue::get_executor() const noexcept {
 
 SubmitStatus JobQueue::submit(Job job, ErrorInfo* invalid) {
   return detail::submit_to(*core_, *queue_, job, invalid, nullptr);
+}
+
+std::vector<SubmitStatus> JobQueue::submit_many(std::vector<Job> jobs,
+                                                std::vector<ErrorInfo>* invalid) {
+  return detail::submit_all_to(*core_, *queue_, jobs, invalid);
 }
 
 void JobQueue::start_submit(Job job, detail::Completion<JobRecord> done) {

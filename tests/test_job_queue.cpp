@@ -111,6 +111,48 @@ TEST_CASE("job queue: one line builds it - use_future gives the job's final reco
   CHECK(stored->outcome.result == 42);
 }
 
+TEST_CASE("job queue: submit_many answers each job as submit would - with one store write") {
+  rebound::test::TempDir dir;
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.queue_capacity = 4;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), std::make_unique<rebound::SqliteJobStore>(dir.file("j.db")),
+                 options);
+  REQUIRE(queue.submit(job("old", 1)) == rebound::SubmitStatus::accepted);
+  std::vector<rebound::ErrorInfo> why;
+  using S = rebound::SubmitStatus;
+  CHECK(queue.submit_many({job("a", 1), job("old", 1), job("old", 2), job("b", 2)}, &why) ==
+        std::vector<S>{S::accepted, S::duplicate, S::conflict, S::accepted});
+  REQUIRE(why.size() == 4);
+  CHECK(queue.in_flight() == 3);
+  // Capacity 4: one more fits, the rest of the call is refused.
+  CHECK(queue.submit_many({job("c", 3), job("d", 4), job("e", 5)}) ==
+        std::vector<S>{S::accepted, S::queue_full, S::queue_full});
+  CHECK(queue.in_flight() == 4);
+  CHECK_FALSE(queue.find("d"));
+  held->open();
+  for (const char* id : {"a", "b", "c"})
+    CHECK(queue.async_wait(id, boost::asio::use_future).get().status == JobStatus::succeeded);
+  CHECK(queue.find("b")->outcome.result == nlohmann::json{{"echo", 2}});
+}
+
+TEST_CASE("job queue: submit_many refuses an invalid input alone - the others go on") {
+  JobQueue queue(std::make_unique<Doubler>());
+  std::vector<rebound::ErrorInfo> why;
+  const auto statuses = queue.submit_many({job("x", 1), job("y", "text"), job("z", 3)}, &why);
+  using S = rebound::SubmitStatus;
+  CHECK(statuses == std::vector<S>{S::accepted, S::invalid_input, S::accepted});
+  REQUIRE(why.size() == 3);
+  CHECK(why[1].message == "must be an integer");
+  CHECK(why[0].code.empty());
+  CHECK(queue.async_wait("z", boost::asio::use_future).get().outcome.result == 6);
+  CHECK(queue.async_wait("x", boost::asio::use_future).get().outcome.result == 2);
+  CHECK_FALSE(queue.find("y"));
+  CHECK(queue.submit_many({}).empty());
+}
+
 TEST_CASE("job queue: a model's error message is kept to 4 KiB - whatever the model threw") {
   class Thrower final : public rebound::Model {
    public:

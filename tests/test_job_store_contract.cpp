@@ -128,6 +128,49 @@ TEST_CASE_TEMPLATE("store contract: put creates once - a duplicate and a conflic
   CHECK_FALSE(store->failure().has_value());
 }
 
+TEST_CASE_TEMPLATE("store contract: put_many answers each job as put would - in order", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  REQUIRE(store->put(make("taken")) == PutOutcome::created);
+  const rebound::Lease worker{"worker", at_ms(1764000060000)};
+  std::vector<Job> jobs;
+  jobs.reserve(300);
+  jobs.push_back(make("held"));
+  jobs.push_back(make("taken"));                                   // the same request: duplicate
+  jobs.push_back(make("taken", 1764000000000, "", {{"x", 2}}));    // another: conflict
+  jobs.push_back(make("twice", 1764000000001));
+  jobs.push_back(make("twice", 1764000000001));                    // the same, in one call
+  jobs.push_back(make("twice", 1764000000001, "", {{"x", 3}}));    // another, in one call
+  // More than one batch of the Redis store's (256 calls).
+  for (int i = 0; i < 294; ++i) jobs.push_back(make("n" + std::to_string(i), 1764000000002 + i));
+  std::vector<rebound::PutRequest> puts;
+  for (const Job& job : jobs) puts.push_back({&job, std::nullopt});
+  puts[0].claim = worker;
+  const std::vector<PutOutcome> outcomes = store->put_many(puts);
+  REQUIRE(outcomes.size() == jobs.size());
+  CHECK(outcomes[0] == PutOutcome::created);
+  CHECK(outcomes[1] == PutOutcome::duplicate);
+  CHECK(outcomes[2] == PutOutcome::conflict);
+  CHECK(outcomes[3] == PutOutcome::created);
+  CHECK(outcomes[4] == PutOutcome::duplicate);
+  CHECK(outcomes[5] == PutOutcome::conflict);
+  CHECK(std::count(outcomes.begin() + 6, outcomes.end(), PutOutcome::created) == 294);
+  CHECK(store->get("n293")->job.created_at == at_ms(1764000000002 + 293));
+  CHECK(store->get("twice")->job.input == make("twice").input);
+  CHECK(store->put(make("n7", 1764000000002 + 7)) == PutOutcome::duplicate);
+  // The claimed job is the worker's; the others wait for a claim, oldest first.
+  const auto claimed =
+      ids_of(store->claim_jobs(400, {"other", at_ms(1764000200000)}, at_ms(1764000001000)));
+  CHECK(claimed.size() == 296);  // taken, twice, n0..n293
+  CHECK(std::find(claimed.begin(), claimed.end(), "held") == claimed.end());
+  CHECK(claimed.front() == "taken");
+  CHECK(claimed.back() == "n293");
+  CHECK(store->renew("held", {"worker", at_ms(1764000090000)}, t0));
+  CHECK(store->put_many({}).empty());
+}
+
 // What an asynchronous write answered, waited for (a store may answer on its own thread).
 std::pair<bool, bool> answer_of(const std::function<void(JobStore::WriteDone)>& write) {
   auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();

@@ -345,6 +345,84 @@ TEST_CASE("a full queue answers 503 queue_full with Retry-After - and recovers")
   CHECK(h.submit({{"id", "q3"}})->status == 202);
 }
 
+TEST_CASE("a batch answers each job as its own submission would - in one request") {
+  Harness h({1, 3, 5, false});  // the model held; 3 jobs fit
+  rebound::test::Receiver receiver;
+  REQUIRE(h.submit({{"id", "old"}})->status == 202);
+  const json batch = {
+      {"jobs",
+       {{{"id", "b1"}, {"callback_url", receiver.url("/hook")}, {"input", 1}},
+        {{"id", "old"}},                  // the same request again
+        {{"id", "old"}, {"input", 2}},    // another under its id
+        {{"id", "bad id"}},               // invalid
+        7,                                // not a submission
+        {{"id", "b2"}, {"priority", 0}},  // the last that fits
+        {{"id", "b3"}}}}};                // no room
+  auto res = h.client().Post("/v1/inferences:batch", batch.dump(), "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Retry-After") == "1");
+  const json answer = json::parse(res->body);
+  CHECK(answer["accepted"] == 3);
+  CHECK(answer["refused"] == 4);
+  const json& r = answer["results"];
+  REQUIRE(r.size() == 7);
+  CHECK(r[0] == json({{"status", 202},
+                      {"message", "Received"},
+                      {"id", "b1"},
+                      {"status_url", "/v1/inferences/b1"}}));
+  CHECK(r[1]["status"] == 202);
+  CHECK(r[2]["status"] == 409);
+  CHECK(r[2]["id"] == "old");
+  CHECK(r[2]["error"]["code"] == "id_conflict");
+  CHECK(r[3]["status"] == 422);
+  CHECK(r[3]["error"]["field"] == "id");
+  CHECK_FALSE(r[3].contains("id"));
+  CHECK(r[4]["status"] == 422);
+  CHECK(r[4]["error"]["field"] == "jobs");
+  CHECK(r[5]["status"] == 202);
+  CHECK(r[6]["status"] == 503);
+  CHECK(r[6]["error"]["code"] == "queue_full");
+  CHECK(h.poll("b2")["priority"] == 0);
+  check_error(h.client().Get("/v1/inferences/b3"), 404, "not_found");
+  // The accepted jobs run, and b1 is called back as a job submitted alone is.
+  h.model->open();
+  REQUIRE(receiver.wait_for(1));
+  CHECK(json::parse(receiver.received().at(0).body) ==
+        json({{"id", "b1"}, {"status", "succeeded"}, {"result", {{"echo", 1}}}}));
+  CHECK(h.wait_callback_final("b1")["callback"]["state"] == "delivered");
+  REQUIRE(rebound::test::eventually([&] { return h.poll("b2")["status"] == "succeeded"; }));
+  CHECK(h.poll("old")["result"] == json({{"echo", nullptr}}));
+}
+
+TEST_CASE("a batch that is not one gets its error - a bounded count of jobs") {
+  Harness h;
+  auto post = [&](const std::string& body) {
+    return h.client().Post("/v1/inferences:batch", body, "application/json");
+  };
+  check_error(post("not json"), 400, "invalid_json");
+  check_error(post("[{\"id\": \"a\"}]"), 400, "invalid_json");
+  check_error(post("{}"), 422, "invalid_field", "jobs");
+  check_error(post(R"({"jobs": []})"), 422, "invalid_field", "jobs");
+  check_error(post(R"({"jobs": {"id": "a"}})"), 422, "invalid_field", "jobs");
+  json many = {{"jobs", json::array()}};
+  for (int i = 0; i < 1001; ++i) many["jobs"].push_back({{"id", "m" + std::to_string(i)}});
+  check_error(post(many.dump()), 422, "invalid_field", "jobs");
+  CHECK(h.client().Get("/v1/inferences/m0")->status == 404);  // nothing of it was taken
+  many["jobs"].erase(1000);
+  auto res = post(many.dump());
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body)["accepted"] == 1000);
+  CHECK_FALSE(res->has_header("Retry-After"));
+  auto get = h.client().Get("/v1/inferences:batch");
+  check_error(get, 405, "method_not_allowed");
+  CHECK(get->get_header_value("Allow") == "POST");
+  auto form = h.client().Post("/v1/inferences:batch", "jobs=1", "application/x-www-form-urlencoded");
+  check_error(form, 415, "unsupported_media_type");
+  REQUIRE(rebound::test::eventually([&] { return h.poll("m999")["status"] == "succeeded"; }));
+}
+
 TEST_CASE("/ping and submissions follow the model's readiness") {
   Harness h;
   auto ping = h.client().Get("/ping");
@@ -927,6 +1005,26 @@ HarnessOptions two_tenants() {
 }
 
 }  // namespace
+
+TEST_CASE("tenants: a batch's jobs are its tenant's - as one submission's are") {
+  Harness h(two_tenants());
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  REQUIRE(acme.submit({{"id", "shared"}, {"input", 1}})->status == 202);
+  const json batch = {{"jobs", {{{"id", "shared"}, {"input", 2}}, {{"id", "g-only"}}}}};
+  auto res = globex.client().Post("/v1/inferences:batch", batch.dump(), "application/json");
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(json::parse(res->body)["accepted"] == 2);  // its own "shared": no conflict
+  REQUIRE(rebound::test::eventually([&] {
+    return json::parse(globex.get("/v1/inferences/shared")->body)["status"] == "succeeded";
+  }));
+  CHECK(json::parse(globex.get("/v1/inferences/shared")->body)["result"] == json{{"echo", 2}});
+  CHECK(json::parse(acme.get("/v1/inferences/shared")->body)["result"] == json{{"echo", 1}});
+  check_error(acme.get("/v1/inferences/g-only"), 404, "not_found");
+  // Unauthenticated: refused before anything is read.
+  auto anonymous = h.client().Post("/v1/inferences:batch", batch.dump(), "application/json");
+  check_error(anonymous, 401, "unauthorized");
+}
 
 TEST_CASE("tenants: two keys cannot see each other's jobs - the same id is used by both") {
   Harness h(two_tenants());

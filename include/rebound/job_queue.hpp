@@ -178,6 +178,17 @@ class JobQueue final {
   /// stores it, queues it. `job.created_at` is set here when it is left at its default.
   SubmitStatus submit(Job job, ErrorInfo* invalid = nullptr);
 
+  /// Accepts many jobs as `submit` would, in order, with one write to the store for them all
+  /// (`JobStore::put_many`: one SQLite transaction, one Redis batch): one status per job, and,
+  /// when `invalid` is given, one ErrorInfo per job (set where the status is `invalid_input`).
+  /// Each job is admitted on its own (a full queue refuses the rest of the call, not the
+  /// jobs before), so the statuses may differ. When the store fails, every job that reached it
+  /// is `store_unavailable`; some of them may be stored nonetheless, and submitting them again
+  /// answers `duplicate`. The same id twice in one call is a duplicate (or a conflict) the
+  /// second time.
+  std::vector<SubmitStatus> submit_many(std::vector<Job> jobs,
+                                        std::vector<ErrorInfo>* invalid = nullptr);
+
   /// Runs one input through the model without storing it: it joins the same queue and batches as
   /// jobs. `on_result` is called exactly once when the status is `accepted`, and never otherwise.
   /// Statuses as for `submit` (never duplicate or conflict).

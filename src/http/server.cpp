@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <future>
 #include <mutex>
 #include <set>
@@ -84,31 +85,70 @@ ApiError error_for_status(int status) {
 }
 
 // The 503 answers shared by submissions, invocations and redeliveries.
+// Why a submission was refused, as its answer says it (the route's, or one job's of a batch), and
+// the Retry-After that goes with it (nullptr: none). For a refusal only (not accepted, not a
+// duplicate).
+struct RefusalAnswer {
+  ApiError error;
+  const char* retry_after = nullptr;
+};
+
+RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
+                   const ErrorInfo& invalid = {}) {
+  switch (status) {
+    case SubmitStatus::conflict:
+      return {{409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
+               "id"}};
+    case SubmitStatus::queue_full:
+      return {{503, "queue_full", "The queue is full; retry later.", {}}, "1"};
+    case SubmitStatus::tenant_quota:
+      return {{429,
+               "tenant_quota",
+               "Your jobs hold your share of the queue; retry when some are done.",
+               {}},
+              "1"};
+    case SubmitStatus::not_ready:
+      return {{503, "not_ready", "The model is not ready yet.", {}}, "5"};
+    case SubmitStatus::store_unavailable:
+      return {{503, "store_unavailable", "The job store is failing; retry later.", {}}, "5"};
+    case SubmitStatus::invalid_input:
+      return {{422, invalid.code, "The field 'input' " + invalid.message, "input"}};
+    case SubmitStatus::no_transport:
+      return {{422,
+               "invalid_field",
+               "This server cannot deliver callbacks; leave 'callback_url' out and poll the job.",
+               "callback_url"}};
+    case SubmitStatus::shutting_down:
+    case SubmitStatus::accepted:
+    case SubmitStatus::duplicate:
+      break;
+  }
+  return {{503, "shutting_down", "The server is shutting down.", {}}};
+}
+
+void send_refusal(httplib::Response& res, const RefusalAnswer& refusal) {
+  if (refusal.retry_after) res.set_header("Retry-After", refusal.retry_after);
+  send_error(res, refusal.error);
+}
+
 void send_tenant_quota(httplib::Response& res) {
-  res.set_header("Retry-After", "1");
-  send_error(res, {429,
-                   "tenant_quota",
-                   "Your jobs hold your share of the queue; retry when some are done.",
-                   {}});
+  send_refusal(res, refusal_of(SubmitStatus::tenant_quota));
 }
 
 void send_queue_full(httplib::Response& res) {
-  res.set_header("Retry-After", "1");
-  send_error(res, {503, "queue_full", "The queue is full; retry later.", {}});
+  send_refusal(res, refusal_of(SubmitStatus::queue_full));
 }
 
 void send_not_ready(httplib::Response& res) {
-  res.set_header("Retry-After", "5");
-  send_error(res, {503, "not_ready", "The model is not ready yet.", {}});
+  send_refusal(res, refusal_of(SubmitStatus::not_ready));
 }
 
 void send_store_unavailable(httplib::Response& res) {
-  res.set_header("Retry-After", "5");
-  send_error(res, {503, "store_unavailable", "The job store is failing; retry later.", {}});
+  send_refusal(res, refusal_of(SubmitStatus::store_unavailable));
 }
 
 void send_shutting_down(httplib::Response& res) {
-  send_error(res, {503, "shutting_down", "The server is shutting down.", {}});
+  send_refusal(res, refusal_of(SubmitStatus::shutting_down));
 }
 
 // Longest `Prefer: wait=N` honoured, in seconds.
@@ -159,6 +199,7 @@ std::optional<int> preferred_wait(const httplib::Request& req) {
 enum class Resource {
   unknown,
   inferences,
+  inferences_batch,
   inference,
   redeliver,
   invocations,
@@ -230,6 +271,7 @@ Target locate_console(const std::string& path) {
 Target locate(const std::string& path) {
   static const std::pair<std::string_view, Resource> fixed[] = {
       {"/v1/inferences", Resource::inferences},
+      {"/v1/inferences:batch", Resource::inferences_batch},
       {"/invocations", Resource::invocations},
       {"/ping", Resource::ping},
       {"/metrics", Resource::metrics},
@@ -265,6 +307,7 @@ const char* allowed_methods(Resource resource) {
       return "GET, HEAD, POST";
     case Resource::inference:
       return "GET, HEAD, DELETE";
+    case Resource::inferences_batch:
     case Resource::redeliver:
     case Resource::invocations:
     case Resource::pause_origin:
@@ -281,8 +324,8 @@ const char* allowed_methods(Resource resource) {
 }
 
 bool has_body_method(Resource resource) {
-  return resource == Resource::inferences || resource == Resource::redeliver ||
-         resource == Resource::invocations || resource == Resource::pause_origin ||
+  return resource == Resource::inferences || resource == Resource::inferences_batch ||
+         resource == Resource::redeliver || resource == Resource::invocations || resource == Resource::pause_origin ||
          resource == Resource::resume_origin || is_console_action(resource);
 }
 
@@ -657,7 +700,9 @@ struct Server::Impl {
     const std::string type = req.get_header_value("Content-Type");
     const bool multipart = detail::starts_with_ignoring_case(type, "multipart/");
     const bool form = detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
-    if (multipart || (form && target.resource == Resource::inferences)) {
+    const bool submission = target.resource == Resource::inferences ||
+                            target.resource == Resource::inferences_batch;
+    if (multipart || (form && submission)) {
       return send_error(res, {415,
                               "unsupported_media_type",
                               "Send the body as JSON with Content-Type: application/json (with "
@@ -674,12 +719,14 @@ struct Server::Impl {
     if (read != detail::BodyRead::ok && !body_ignored) {
       return send_error(res, *body_error(read, options.max_body_bytes));
     }
-    if (target.resource == Resource::inferences || target.resource == Resource::invocations) {
+    if (submission || target.resource == Resource::invocations) {
       // The tree this body will take, reserved before it is built.
       const auto shape = detail::scan_json_text(body, detail::max_json_depth, json_cost_limit);
       ParsingReservation reserved(parsing_bytes, shape.bytes, options.max_parsing_bytes);
       if (!reserved) return send_queue_full(res);
       if (target.resource == Resource::inferences) return submit(req, tenant, body, res, reserved);
+      if (target.resource == Resource::inferences_batch)
+        return submit_batch(req, tenant, body, res, reserved);
       return invoke(req, body, res, reserved);
     }
     switch (target.resource) {
@@ -836,30 +883,77 @@ struct Server::Impl {
         return send_json(res, 202,
                          {{"message", "Received"}, {"id", id}, {"status_url", status_url}});
       }
-      case SubmitStatus::conflict:
-        return send_error(
-            res, {409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
-                  "id"});
-      case SubmitStatus::queue_full:
-        return send_queue_full(res);
-      case SubmitStatus::tenant_quota:
-        return send_tenant_quota(res);
-      case SubmitStatus::not_ready:
-        return send_not_ready(res);
-      case SubmitStatus::shutting_down:
-        return send_shutting_down(res);
-      case SubmitStatus::store_unavailable:
-        return send_store_unavailable(res);
-      case SubmitStatus::invalid_input:
-        return send_error(res,
-                          {422, invalid.code, "The field 'input' " + invalid.message, "input"});
-      case SubmitStatus::no_transport:
-        return send_error(res,
-                          {422, "invalid_field",
-                           "This server cannot deliver callbacks; leave 'callback_url' out and "
-                           "poll the job.",
-                           "callback_url"});
+      default:
+        return send_refusal(res, refusal_of(submitted, id, invalid));
     }
+  }
+
+  // POST /v1/inferences:batch: many submissions in one request and one write to the store
+  // (JobQueue::submit_many). 200 with one result per job, in order: what the job's own
+  // POST /v1/inferences would have answered (its status, and its body). Prefer: wait is not
+  // honoured here; a traceparent header goes with every job.
+  void submit_batch(const httplib::Request& req, const std::string& tenant,
+                    const std::string& body, httplib::Response& res,
+                    ParsingReservation& reserved) {
+    detail::BatchSubmissionParse parsed =
+        detail::parse_batch_submission(body, service.callback_guard());
+    if (parsed.error) return send_error(res, *parsed.error);
+    const std::string traceparent = req.get_header_value("traceparent");
+    const bool traced = detail::is_valid_traceparent(traceparent);
+    std::vector<Job> jobs;
+    std::vector<std::string> ids;  // as the caller gave them
+    jobs.reserve(parsed.jobs.size());
+    ids.reserve(parsed.jobs.size());
+    for (SubmissionParse& item : parsed.jobs) {
+      if (!item.job) continue;
+      Job& job = *item.job;
+      ids.push_back(job.id);
+      job.id = job_key(tenant, job.id);  // the tenant's own, as for one submission
+      if (traced) job.traceparent = traceparent;
+      jobs.push_back(std::move(job));
+    }
+    std::vector<ErrorInfo> invalid;
+    const std::vector<SubmitStatus> statuses =
+        jobs.empty() ? std::vector<SubmitStatus>{}
+                     : service.submit_many(std::move(jobs), &invalid);
+    reserved.release();
+    nlohmann::json results = nlohmann::json::array();
+    std::size_t accepted = 0;
+    const char* retry_after = nullptr;  // the longest a refused job asks for
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < parsed.jobs.size(); ++i) {
+      if (!parsed.jobs[i].job) {
+        const detail::ApiError& error = *parsed.jobs[i].error;
+        nlohmann::json result = error.to_json();
+        result["status"] = error.status;
+        results.push_back(std::move(result));
+        continue;
+      }
+      const std::size_t k = next++;
+      const std::string& id = ids[k];
+      const SubmitStatus status = statuses[k];
+      if (status == SubmitStatus::accepted || status == SubmitStatus::duplicate) {
+        ++accepted;
+        results.push_back({{"status", 202},
+                           {"message", "Received"},
+                           {"id", id},
+                           {"status_url", "/v1/inferences/" + id}});
+        continue;
+      }
+      const RefusalAnswer refusal = refusal_of(status, id, invalid[k]);
+      if (refusal.retry_after &&
+          (!retry_after || std::atoi(refusal.retry_after) > std::atoi(retry_after)))
+        retry_after = refusal.retry_after;
+      nlohmann::json result = refusal.error.to_json();
+      result["status"] = refusal.error.status;
+      result["id"] = id;
+      results.push_back(std::move(result));
+    }
+    if (retry_after) res.set_header("Retry-After", retry_after);
+    send_json(res, 200,
+              {{"accepted", accepted},
+               {"refused", parsed.jobs.size() - accepted},
+               {"results", std::move(results)}});
   }
 
   // SageMaker's synchronous inference: the body is the model input, the answer its output.

@@ -1775,25 +1775,48 @@ bool same_input(const std::string& stored_text, const nlohmann::json& input) {
          stored == input;
 }
 
+
+// put's arguments (kPut).
+std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& claim,
+                                  const std::string& retention_ms) {
+  const std::string created = ms_text(job.created_at);
+  const TimePoint due = claim ? claim->until : job.created_at;
+  return {job.id,
+          job.callback_url,
+          detail::dump_json(job.input),
+          created,
+          claim ? claim->holder : "",
+          claim ? ms_text(claim->until) : "0",
+          ms_text(due),
+          std::to_string(job.priority),
+          std::to_string(job.max_queue.count()),
+          std::to_string(job.webhook_events),
+          job.traceparent,
+          retention_ms,
+          job_score(job.priority, due),
+          job_score(job.priority, job.created_at)};
+}
+
+PutOutcome put_outcome(const PutAnswer& answer, const Job& job) {
+  switch (answer.code) {
+    case 0:
+      return PutOutcome::created;
+    case 1:
+      return PutOutcome::duplicate;
+    case 3:
+      // The input written differently (1 and 1.0): the same request when the two parse to the
+      // same JSON, as the other stores decide (parsed here, on the caller's thread).
+      return same_input(answer.stored_input, job.input) ? PutOutcome::duplicate
+                                                        : PutOutcome::conflict;
+    default:
+      return PutOutcome::conflict;
+  }
+}
+
 }  // namespace
 
 PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
-  const std::string created = ms_text(job.created_at);
-  const TimePoint due = claim ? claim->until : job.created_at;
-  std::vector<std::string> args{job.id,
-                                job.callback_url,
-                                detail::dump_json(job.input),
-                                created,
-                                claim ? claim->holder : "",
-                                claim ? ms_text(claim->until) : "0",
-                                ms_text(due),
-                                std::to_string(job.priority),
-                                std::to_string(job.max_queue.count()),
-                                std::to_string(job.webhook_events),
-                                job.traceparent,
-                                impl_->retention_ms(),
-                                job_score(job.priority, due),
-                                job_score(job.priority, job.created_at)};
+  std::vector<std::string> args = put_args(job, claim, impl_->retention_ms());
   PutAnswer answer;
   try {
     if (impl_->options.batch_writes) {
@@ -1808,19 +1831,41 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
-  switch (answer.code) {
-    case 0:
-      return PutOutcome::created;
-    case 1:
-      return PutOutcome::duplicate;
-    case 3:
-      // The input written differently (1 and 1.0): the same request when the two parse to the
-      // same JSON, as the other stores decide (parsed here, on the caller's thread).
-      return same_input(answer.stored_input, job.input) ? PutOutcome::duplicate
-                                                        : PutOutcome::conflict;
-    default:
-      return PutOutcome::conflict;
+  return put_outcome(answer, job);
+}
+
+// All the puts queued for the connection thread at once: they go in as few batches as their
+// number and size allow, instead of one round trip each.
+std::vector<PutOutcome> RedisJobStore::put_many(const std::vector<PutRequest>& requests) {
+  if (!impl_->options.batch_writes) return JobStore::put_many(requests);
+  std::vector<std::future<PutAnswer>> answers;
+  answers.reserve(requests.size());
+  std::exception_ptr failed;
+  for (const PutRequest& r : requests) {
+    try {
+      answers.push_back(impl_->start<PutAnswer>(kScriptPut,
+                                                put_args(*r.job, r.claim, impl_->retention_ms()),
+                                                [](const redisReply* reply) { return put_answer(reply); }));
+    } catch (...) {
+      failed = std::current_exception();
+      break;
+    }
   }
+  // Every answer is waited for, so that none is left to a caller that has gone.
+  std::vector<PutOutcome> out;
+  out.reserve(requests.size());
+  for (std::size_t i = 0; i < answers.size(); ++i) {
+    try {
+      out.push_back(put_outcome(answers[i].get(), *requests[i].job));
+    } catch (const OutOfMemory&) {
+      out.push_back(PutOutcome::full);
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+      out.push_back(PutOutcome::conflict);  // (thrown below)
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  return out;
 }
 
 std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {

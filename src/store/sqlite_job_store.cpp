@@ -302,6 +302,7 @@ struct SqliteJobStore::Impl {
   // when a row changed. In the writer's transaction.
   bool write_finish(const std::string& id, const JobOutcome& outcome, const std::string& result,
                     std::int64_t now_ms, std::int64_t due_ms);
+  PutOutcome insert_job(const Job& job, const std::optional<Lease>& claim);
 
   void exec(const char* sql) {
     char* message = nullptr;
@@ -912,29 +913,53 @@ bool SqliteJobStore::Impl::write_finish(const std::string& id, const JobOutcome&
   return sqlite3_changes(db) == 1;
 }
 
+// Inserts one job in the writer's transaction.
+PutOutcome SqliteJobStore::Impl::insert_job(const Job& job, const std::optional<Lease>& claim) {
+  Statement& s = *insert;
+  s.bind(1, job.id).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
+  s.bind(4, to_ms(job.created_at));
+  s.bind(5, to_ms(claim ? claim->until : job.created_at));
+  s.bind(6, static_cast<std::int64_t>(job.priority));
+  s.bind(7, static_cast<std::int64_t>(job.max_queue.count()));
+  s.bind(8, static_cast<std::int64_t>(job.webhook_events));
+  s.bind(9, job.traceparent);
+  s.step();
+  s.reset();
+  if (sqlite3_changes(db) == 1) return PutOutcome::created;
+  Statement& q = *select_one;
+  q.bind(1, job.id);
+  const bool found = q.step();
+  const JobRecord existing = found ? read_record(q) : JobRecord{};
+  q.reset();
+  return found && existing.job.same_request_as(job) ? PutOutcome::duplicate
+                                                    : PutOutcome::conflict;
+}
+
+// All in one transaction of the writer: one commit (one fsync) for the lot.
+std::vector<PutOutcome> SqliteJobStore::put_many(const std::vector<PutRequest>& requests) {
+  Impl* impl = impl_.get();
+  return impl_->write_and_wait<std::vector<PutOutcome>>(
+      [impl, &requests] {
+        std::vector<PutOutcome> out;
+        out.reserve(requests.size());
+        for (const PutRequest& r : requests) out.push_back(impl->insert_job(*r.job, r.claim));
+        return out;
+      },
+      [impl, &requests](std::vector<PutOutcome>& outcomes) {
+        std::lock_guard<std::mutex> lock(impl->lease_mutex);
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+          const PutRequest& r = requests[i];
+          if (outcomes[i] == PutOutcome::created && r.claim && !impl->cancelling.count(r.job->id))
+            impl->job_leases[r.job->id] = *r.claim;
+        }
+      },
+      true);  // durable once this returns
+}
+
 PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim) {
   Impl* impl = impl_.get();
   return impl_->write_and_wait<PutOutcome>(
-      [impl, job, claim] {
-        Statement& s = *impl->insert;
-        s.bind(1, job.id).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
-        s.bind(4, to_ms(job.created_at));
-        s.bind(5, to_ms(claim ? claim->until : job.created_at));
-        s.bind(6, static_cast<std::int64_t>(job.priority));
-        s.bind(7, static_cast<std::int64_t>(job.max_queue.count()));
-        s.bind(8, static_cast<std::int64_t>(job.webhook_events));
-        s.bind(9, job.traceparent);
-        s.step();
-        s.reset();
-        if (sqlite3_changes(impl->db) == 1) return PutOutcome::created;
-        Statement& q = *impl->select_one;
-        q.bind(1, job.id);
-        const bool found = q.step();
-        const JobRecord existing = found ? read_record(q) : JobRecord{};
-        q.reset();
-        return found && existing.job.same_request_as(job) ? PutOutcome::duplicate
-                                                          : PutOutcome::conflict;
-      },
+      [impl, job, claim] { return impl->insert_job(job, claim); },
       [impl, id = job.id, claim](PutOutcome& outcome) {
         if (outcome != PutOutcome::created || !claim) return;
         std::lock_guard<std::mutex> lock(impl->lease_mutex);

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -95,11 +97,9 @@ inline constexpr double max_queue_seconds_limit = 7 * 86400;
 /// Unknown fields are ignored; `callback_url: null` means no callback, and `null` for the others
 /// means their default. The job's `created_at` is left for the caller to set. Never throws on bad
 /// input.
+inline SubmissionParse parse_submission_object(nlohmann::json& doc, const AddressGuard& guard);
+
 inline SubmissionParse parse_submission(std::string_view body, const AddressGuard& guard) {
-  auto invalid = [](std::string field, std::string message) {
-    return SubmissionParse{std::nullopt,
-                           ApiError{422, "invalid_field", std::move(message), std::move(field)}};
-  };
   nlohmann::json doc;
   if (auto error = json_body_error(
           detail::parse_untrusted_json(body, doc, json_cost_limit, /*limit_amplification=*/true))) {
@@ -109,6 +109,62 @@ inline SubmissionParse parse_submission(std::string_view body, const AddressGuar
     return {std::nullopt,
             ApiError{400, "invalid_json", "The request body must be a JSON object.", {}}};
   }
+  return parse_submission_object(doc, guard);
+}
+
+/// Most jobs in one batch submission (`POST /v1/inferences:batch`).
+inline constexpr std::size_t max_batch_jobs = 1000;
+
+/// The result of parse_batch_submission: one parse per job, in order, or the error that refuses
+/// the whole body.
+struct BatchSubmissionParse {
+  std::vector<SubmissionParse> jobs;
+  std::optional<ApiError> error;
+};
+
+/// Validates a batch submission body, `{"jobs": [submission, ...]}` with 1 to max_batch_jobs
+/// submissions, each checked as parse_submission checks a body (a job that is not an object is
+/// `invalid_field` on its own). The inputs are moved out of the parsed body. Never throws on bad
+/// input.
+inline BatchSubmissionParse parse_batch_submission(std::string_view body,
+                                                   const AddressGuard& guard) {
+  nlohmann::json doc;
+  if (auto error = json_body_error(
+          detail::parse_untrusted_json(body, doc, json_cost_limit, /*limit_amplification=*/true))) {
+    return {{}, std::move(error)};
+  }
+  if (!doc.is_object()) {
+    return {{}, ApiError{400, "invalid_json", "The request body must be a JSON object.", {}}};
+  }
+  auto jobs = doc.find("jobs");
+  if (jobs == doc.end() || !jobs->is_array() || jobs->empty() || jobs->size() > max_batch_jobs) {
+    return {{},
+            ApiError{422, "invalid_field",
+                     "The field 'jobs' must be an array of 1 to " + std::to_string(max_batch_jobs) +
+                         " submissions.",
+                     "jobs"}};
+  }
+  BatchSubmissionParse out;
+  out.jobs.reserve(jobs->size());
+  for (nlohmann::json& item : *jobs) {
+    if (!item.is_object()) {
+      out.jobs.push_back({std::nullopt, ApiError{422, "invalid_field",
+                                                 "Each of 'jobs' must be a submission object.",
+                                                 "jobs"}});
+    } else {
+      out.jobs.push_back(parse_submission_object(item, guard));
+    }
+  }
+  return out;
+}
+
+/// Validates one submission, an object (the body of `POST /v1/inferences`, or one of a batch's
+/// jobs); its input is moved out.
+inline SubmissionParse parse_submission_object(nlohmann::json& doc, const AddressGuard& guard) {
+  auto invalid = [](std::string field, std::string message) {
+    return SubmissionParse{std::nullopt,
+                           ApiError{422, "invalid_field", std::move(message), std::move(field)}};
+  };
   Job job;
   auto id = doc.find("id");
   if (id == doc.end() || id->is_null()) return invalid("id", "The field 'id' is required.");

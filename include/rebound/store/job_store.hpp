@@ -41,6 +41,13 @@ struct Lease {
   std::chrono::system_clock::time_point until;
 };
 
+/// One job of `JobStore::put_many`: the job (not owned; it outlives the call), and the lease its
+/// new record is claimed with (none: it waits for claim_jobs).
+struct PutRequest {
+  const Job* job = nullptr;
+  std::optional<Lease> claim;
+};
+
 /// What `JobStore::cancel` did.
 enum class CancelOutcome {
   cancelled,         ///< the job was queued or running; it is final now, as given
@@ -149,6 +156,19 @@ class JobStore {
   /// for claim_jobs.
   virtual PutOutcome put(const Job& job, const std::optional<Lease>& claim) = 0;
   PutOutcome put(const Job& job) { return put(job, std::nullopt); }
+
+  /// Stores several jobs as `put` would, in order, in as few writes as the store can (SQLite: one
+  /// transaction; Redis: its batched calls, one round trip for up to 256): one outcome per
+  /// request, in the requests' order. An id twice in one call is a duplicate (or a conflict) the
+  /// second time, as with two puts. A failing store throws, and some of the jobs may have been
+  /// stored then, as with a put whose answer was lost: putting them again answers `duplicate`.
+  /// The default calls `put` for each.
+  virtual std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) {
+    std::vector<PutOutcome> out;
+    out.reserve(requests.size());
+    for (const PutRequest& r : requests) out.push_back(put(*r.job, r.claim));
+    return out;
+  }
 
   /// The job's current record, or nullopt when the id is unknown (or was pruned).
   virtual std::optional<JobRecord> get(const std::string& id) const = 0;

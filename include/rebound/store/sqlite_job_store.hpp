@@ -54,6 +54,7 @@ class SqliteJobStore final : public JobStore {
 
   using JobStore::put;
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
+  std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
