@@ -30,6 +30,9 @@ The systems:
              --connections, and stopping once its share is accepted (202). The run ends when the
              servers' own counters (GET /metrics, summed) show N jobs final (poll) or N callbacks
              delivered (callback) and none of the work in flight, the stores' writes included.
+  rebound-1-batch
+             one rebound-server, its jobs submitted --batch at a time (POST /v1/inferences:batch,
+             SUBMIT_BATCH in bench/submit.lua), as BullMQ's producer adds its jobs in bulk.
   bullmq     one Node process (bench/bullmq/bench.mjs): Queue.addBulk in chunks of --bullmq-chunk,
              and one Worker with --bullmq-concurrency jobs at once. The run ends when the Worker
              has seen N jobs completed (its "completed" events: the job is moved to completed in
@@ -94,7 +97,8 @@ REDIS_CONFIGS = {
 }
 MODES = {"poll": "poll only", "callback": "with callback"}
 SYSTEMS = {"rebound-1": "rebound, 1 server", "rebound-2": "rebound, 2 servers",
-           "rebound-3": "rebound, 3 servers", "bullmq": "BullMQ"}
+           "rebound-3": "rebound, 3 servers", "rebound-1-batch": "rebound, 1 server, batches",
+           "bullmq": "BullMQ"}
 
 
 class RespError(Exception):
@@ -425,7 +429,8 @@ COMPLETED = tuple(f'rebound_jobs_completed_total{{status="{s}"}}'
 CALLBACKS_ENDED = ("rebound_callbacks_delivered_total", "rebound_callbacks_given_up_total")
 
 
-def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None) -> dict:
+def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None,
+                batch: int = 0) -> dict:
     servers, wrks = [], []
     try:
         for i in range(count):
@@ -446,7 +451,8 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None) ->
                 ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(a.trial_timeout))}s", "-s",
                  str(BENCH / "submit.lua"), f"http://127.0.0.1:{srv.port}"],
                 env={**os.environ, "SUBMIT_JOBS": str(share),
-                     "CALLBACK_URL": receiver.url if receiver else "", "CALLBACK_URLS": ""},
+                     "CALLBACK_URL": receiver.url if receiver else "", "CALLBACK_URLS": "",
+                     **({"SUBMIT_BATCH": str(batch)} if batch else {})},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         ended = COMPLETED if receiver is None else CALLBACKS_ENDED
         deadline, scrapes = t0 + a.trial_timeout, 0
@@ -583,7 +589,10 @@ def trial(a, config: str, mode: str, system: str) -> dict:
         if system == "bullmq":
             result = run_bullmq(a, redis, receiver)
         else:
-            result = run_rebound(a, redis, int(system.rsplit("-", 1)[1]), receiver)
+            if system == "rebound-1-batch":
+                result = run_rebound(a, redis, 1, receiver, a.batch)
+            else:
+                result = run_rebound(a, redis, int(system.rsplit("-", 1)[1]), receiver)
         if receiver is not None:
             # Cross-check: every callback reached the receiver (its log is flushed every 100 ms).
             deadline = time.monotonic() + 5
@@ -675,6 +684,8 @@ def main() -> None:
     p.add_argument("--bullmq-concurrency", type=int, default=64, help="the BullMQ Worker's concurrency "
                    "(default 64, as many as rebound's callbacks in flight to one receiver)")
     p.add_argument("--bullmq-chunk", type=int, default=1000, help="jobs per Queue.addBulk (default 1,000)")
+    p.add_argument("--batch", type=int, default=100,
+                   help="jobs per request of rebound-1-batch (default 100; at most 1,000)")
     p.add_argument("--settle", type=float, default=0.5, help="seconds between the start and the load")
     p.add_argument("--trial-timeout", type=float, default=300, help="longest trial, in seconds (default 300)")
     p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", str(ROOT / "build")))
@@ -717,7 +728,8 @@ def main() -> None:
     versions = next(((r["bullmq"], r["node"]) for r in results if "bullmq" in r), None)
     print(f"rebound and BullMQ on one Redis, {time.strftime('%Y-%m-%d')}: {a.jobs:,} jobs per trial, "
           f"median of {a.rounds} rounds (range in brackets), a fresh redis-server per trial; "
-          f"rebound-server --workers {a.workers}, echo model, wrk with {a.connections} connections in all; "
+          f"rebound-server --workers {a.workers}, echo model, wrk with {a.connections} connections in all"
+          + (f" (batches of {a.batch})" if "rebound-1-batch" in a.systems else "") + "; "
           + (f"BullMQ {versions[0]} on Node {versions[1]}, one Worker, concurrency {a.bullmq_concurrency}; "
              if versions else "")
           + f"{time.monotonic() - started:.0f} s in all")

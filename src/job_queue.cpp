@@ -10,6 +10,7 @@
 #include <future>
 #include <limits>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -99,25 +100,30 @@ struct Admitted {
   int parked_floor = std::numeric_limits<int>::max();
 };
 
-// Before the put (under admission.enter()): the job validated and admitted, its defaults set,
+// What is refused before admission (and outside its lock): a callback nobody can send, an input
+// the model refuses. `accepted`: neither.
+SubmitStatus check(Pipeline& core, const Job& job, ErrorInfo* invalid) {
+  if (!job.callback_url.empty() && !core.delivers_callbacks) return SubmitStatus::no_transport;
+  if (auto refused = validate(*core.model, job.input)) {
+    if (invalid) *invalid = std::move(*refused);
+    return SubmitStatus::invalid_input;
+  }
+  return SubmitStatus::accepted;
+}
+
+// Before the put (under admission.enter(), after `check`): the job admitted, its defaults set,
 // and whether this queue holds it at once. `waited`: a waiter (async_submit) wants its end.
-Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
-                bool waited, Admitted& before, StoreAccess::News& news) {
+// `look_up`: a job refused for room is looked for in the store, to answer a resubmission as a
+// duplicate.
+Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool waited,
+                Admitted& before, StoreAccess::News& news, bool look_up = true) {
   Pending p;
   const std::string& id = job.id;
   const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
-  if (!job.callback_url.empty() && !core.delivers_callbacks) {
-    p.status = SubmitStatus::no_transport;
-    return p;
-  }
-  if (auto refused = validate(*core.model, job.input)) {
-    if (invalid) *invalid = std::move(*refused);
-    p.status = SubmitStatus::invalid_input;
-    return p;
-  }
   const std::size_t bytes = work_bytes(job);
   const SubmitStatus admitted = core.admission.admit(tenant, bytes);
-  if (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota) {
+  if (look_up &&
+      (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota)) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     std::optional<JobRecord> existing;
     try {
@@ -210,9 +216,11 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
   const SubmitStatus status = [&] {
+    if (const SubmitStatus refused = check(core, job, invalid); refused != SubmitStatus::accepted)
+      return refused;
     auto entered = core.admission.enter();
     Admitted before;
-    Pending p = prepare(core, queue, job, invalid, done != nullptr, before, news);
+    Pending p = prepare(core, queue, job, done != nullptr, before, news);
     if (p.status != SubmitStatus::accepted) return p.status;
     PutOutcome outcome;
     try {
@@ -233,74 +241,100 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
 }
 
 // Many submissions with one store call (JobStore::put_many): each job as submit_to would take
-// it, in order. Every job takes its slot before the store answers, so a duplicate or a conflict
-// holds one until then: the jobs refused for room while it did are tried again (another store
-// call) once the slots are back.
+// it, in order. A job whose id came earlier in the call is not admitted again: it answers as the
+// first did (a duplicate when that one was taken), or `conflict` when it is another request.
+// Every job takes its slot before the store answers, so a duplicate or a conflict holds one until
+// then: the jobs refused for room meanwhile are tried once more (a second store call) when some
+// came back.
 std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
                                         std::vector<Job>& jobs, std::vector<ErrorInfo>* invalid) {
-  std::vector<SubmitStatus> statuses(jobs.size(), SubmitStatus::accepted);
-  if (invalid) invalid->assign(jobs.size(), ErrorInfo{});
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  const std::size_t n = jobs.size();
+  std::vector<SubmitStatus> statuses(n, SubmitStatus::accepted);
+  if (invalid) invalid->assign(n, ErrorInfo{});
   std::vector<std::string> ids;
   std::vector<bool> callbacks;
-  ids.reserve(jobs.size());
-  callbacks.reserve(jobs.size());
+  std::vector<std::size_t> first(n, none);  // for a repeated id: its first job
+  std::vector<bool> same_as_first(n, false);
+  std::unordered_map<std::string_view, std::size_t> seen;
+  ids.reserve(n);
+  callbacks.reserve(n);
   for (const Job& job : jobs) {
     ids.push_back(job.id);
     callbacks.push_back(!job.callback_url.empty());
   }
+  std::vector<std::size_t> round;  // the jobs to admit
+  for (std::size_t i = 0; i < n; ++i) {
+    if (auto [it, added] = seen.emplace(ids[i], i); !added) {
+      first[i] = it->second;
+      same_as_first[i] = jobs[i].same_request_as(jobs[it->second]);
+      continue;
+    }
+    // Outside the admission lock: the model's validation may take its time.
+    statuses[i] = check(core, jobs[i], invalid ? &(*invalid)[i] : nullptr);
+    if (statuses[i] == SubmitStatus::accepted) round.push_back(i);
+  }
   StoreAccess::News news;
   {
     auto entered = core.admission.enter();
-    Admitted before;
-    std::vector<std::size_t> round(jobs.size());
-    for (std::size_t i = 0; i < jobs.size(); ++i) round[i] = i;
-    while (!round.empty()) {
+    for (int pass = 0; pass < 2 && !round.empty(); ++pass) {
+      Admitted before;  // what this round holds: what earlier rounds pushed, the queue counts
       std::vector<Pending> pending;
       pending.reserve(round.size());
-      std::vector<PutRequest> puts;
-      std::vector<std::size_t> put_of;        // the job of each put
-      std::vector<std::size_t> without_room;  // refused by admission
+      std::vector<std::size_t> put_of;        // the round's jobs that go to the store
+      std::vector<std::size_t> without_room;  // refused by admission, not stored
       for (std::size_t i : round) {
-        pending.push_back(prepare(core, queue, jobs[i], invalid ? &(*invalid)[i] : nullptr,
-                                  false, before, news));
-        Pending& p = pending.back();
-        statuses[i] = p.status;
-        if (p.status == SubmitStatus::queue_full || p.status == SubmitStatus::tenant_quota)
+        pending.push_back(prepare(core, queue, jobs[i], false, before, news, pass == 0));
+        const SubmitStatus status = pending.back().status;
+        statuses[i] = status;
+        if (status == SubmitStatus::queue_full || status == SubmitStatus::tenant_quota)
           without_room.push_back(i);
-        if (p.status != SubmitStatus::accepted) continue;
-        puts.push_back({&jobs[i], p.park ? std::nullopt
-                                         : std::optional<Lease>(core.leases.from_now(p.holder))});
-        put_of.push_back(pending.size() - 1);
+        if (status == SubmitStatus::accepted) put_of.push_back(pending.size() - 1);
       }
-      if (puts.empty()) break;
+      if (put_of.empty()) break;
+      // The leases start now, as the store is called, not as the first job was admitted.
+      std::vector<PutRequest> puts;
+      puts.reserve(put_of.size());
+      for (std::size_t k : put_of) {
+        const Pending& p = pending[k];
+        puts.push_back({&jobs[round[k]], p.park ? std::nullopt
+                                                : std::optional<Lease>(
+                                                      core.leases.from_now(p.holder))});
+      }
       std::vector<PutOutcome> outcomes;
       try {
         outcomes = core.store.call(
             "put", ids[round[put_of.front()]], [&](JobStore& s) { return s.put_many(puts); },
             &news);
+        if (outcomes.size() != puts.size())
+          throw StoreUnavailable("the job store answered put_many with the wrong count");
       } catch (const StoreUnavailable&) {
         // Some may be stored, as with a put whose answer was lost: their leases run out, and a
         // claim takes them then; a resubmission is answered as a duplicate.
         for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
         break;
       }
-      if (outcomes.size() != puts.size()) {
-        for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
-        break;
-      }
-      bool freed = false;  // a slot taken in this round and given back
-      for (std::size_t n = 0; n < puts.size(); ++n) {
-        const std::size_t i = round[put_of[n]];
-        statuses[i] = settle(core, queue, jobs[i], pending[put_of[n]], outcomes[n], nullptr);
-        freed = freed || outcomes[n] != PutOutcome::created;
+      bool freed = false;  // a slot taken in this round for a job the store had already
+      for (std::size_t m = 0; m < put_of.size(); ++m) {
+        const std::size_t i = round[put_of[m]];
+        statuses[i] = settle(core, queue, jobs[i], pending[put_of[m]], outcomes[m], nullptr);
+        freed = freed || outcomes[m] == PutOutcome::duplicate ||
+                outcomes[m] == PutOutcome::conflict;
       }
       if (!freed) break;
       round = std::move(without_room);
     }
   }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (first[i] == none) continue;
+    const SubmitStatus earlier = statuses[first[i]];
+    const bool taken = earlier == SubmitStatus::accepted || earlier == SubmitStatus::duplicate;
+    statuses[i] = same_as_first[i] ? (taken ? SubmitStatus::duplicate : earlier)
+                                   : (taken ? SubmitStatus::conflict : earlier);
+    if (invalid) (*invalid)[i] = (*invalid)[first[i]];
+  }
   core.store.tell(news);
-  for (std::size_t i = 0; i < jobs.size(); ++i)
-    core.observe_submission(statuses[i], ids[i], callbacks[i]);
+  for (std::size_t i = 0; i < n; ++i) core.observe_submission(statuses[i], ids[i], callbacks[i]);
   return statuses;
 }
 

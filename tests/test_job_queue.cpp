@@ -127,15 +127,37 @@ TEST_CASE("job queue: submit_many answers each job as submit would - with one st
         std::vector<S>{S::accepted, S::duplicate, S::conflict, S::accepted});
   REQUIRE(why.size() == 4);
   CHECK(queue.in_flight() == 3);
-  // Capacity 4: one more fits, the rest of the call is refused.
+  // Capacity 4: one more fits; the others are refused.
   CHECK(queue.submit_many({job("c", 3), job("d", 4), job("e", 5)}) ==
         std::vector<S>{S::accepted, S::queue_full, S::queue_full});
   CHECK(queue.in_flight() == 4);
   CHECK_FALSE(queue.find("d"));
+  // Full: an id twice in one call is still told a duplicate (or a conflict) of the first.
+  CHECK(queue.submit_many({job("c", 3), job("c", 3), job("c", 4)}) ==
+        std::vector<S>{S::duplicate, S::duplicate, S::conflict});
   held->open();
   for (const char* id : {"a", "b", "c"})
     CHECK(queue.async_wait(id, boost::asio::use_future).get().status == JobStatus::succeeded);
   CHECK(queue.find("b")->outcome.result == nlohmann::json{{"echo", 2}});
+}
+
+TEST_CASE("job queue: submit_many with one slot free takes an id sent twice once") {
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.queue_capacity = 2;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), nullptr, options);
+  REQUIRE(queue.submit(job("first", 1)) == rebound::SubmitStatus::accepted);
+  using S = rebound::SubmitStatus;
+  CHECK(queue.submit_many({job("x", 1), job("x", 1), job("x", 2), job("y", 1)}) ==
+        std::vector<S>{S::accepted, S::duplicate, S::conflict, S::queue_full});
+  CHECK(queue.in_flight() == 2);
+  // A resubmitted call whose jobs are all stored takes nothing; its new job the freed slot.
+  held->open();
+  CHECK(queue.async_wait("x", boost::asio::use_future).get().status == JobStatus::succeeded);
+  REQUIRE(rebound::test::eventually([&] { return queue.in_flight() <= 1; }));
+  CHECK(queue.submit_many({job("x", 1), job("y", 1)}) == std::vector<S>{S::duplicate, S::accepted});
 }
 
 TEST_CASE("job queue: submit_many refuses an invalid input alone - the others go on") {

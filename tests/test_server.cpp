@@ -356,6 +356,7 @@ TEST_CASE("a batch answers each job as its own submission would - in one request
         {{"id", "old"}, {"input", 2}},    // another under its id
         {{"id", "bad id"}},               // invalid
         7,                                // not a submission
+        {{"id", "b4"}, {"callback_url", "ftp://example.com/x"}},  // invalid, with its id
         {{"id", "b2"}, {"priority", 0}},  // the last that fits
         {{"id", "b3"}}}}};                // no room
   auto res = h.client().Post("/v1/inferences:batch", batch.dump(), "application/json");
@@ -364,9 +365,9 @@ TEST_CASE("a batch answers each job as its own submission would - in one request
   CHECK(res->get_header_value("Retry-After") == "1");
   const json answer = json::parse(res->body);
   CHECK(answer["accepted"] == 3);
-  CHECK(answer["refused"] == 4);
+  CHECK(answer["refused"] == 5);
   const json& r = answer["results"];
-  REQUIRE(r.size() == 7);
+  REQUIRE(r.size() == 8);
   CHECK(r[0] == json({{"status", 202},
                       {"message", "Received"},
                       {"id", "b1"},
@@ -378,11 +379,14 @@ TEST_CASE("a batch answers each job as its own submission would - in one request
   CHECK(r[3]["status"] == 422);
   CHECK(r[3]["error"]["field"] == "id");
   CHECK_FALSE(r[3].contains("id"));
-  CHECK(r[4]["status"] == 422);
-  CHECK(r[4]["error"]["field"] == "jobs");
-  CHECK(r[5]["status"] == 202);
-  CHECK(r[6]["status"] == 503);
-  CHECK(r[6]["error"]["code"] == "queue_full");
+  CHECK(r[4]["status"] == 400);  // as its own POST would be answered
+  CHECK(r[4]["error"]["code"] == "invalid_json");
+  CHECK(r[5]["status"] == 422);
+  CHECK(r[5]["id"] == "b4");
+  CHECK(r[5]["error"]["field"] == "callback_url");
+  CHECK(r[6]["status"] == 202);
+  CHECK(r[7]["status"] == 503);
+  CHECK(r[7]["error"]["code"] == "queue_full");
   CHECK(h.poll("b2")["priority"] == 0);
   check_error(h.client().Get("/v1/inferences/b3"), 404, "not_found");
   // The accepted jobs run, and b1 is called back as a job submitted alone is.

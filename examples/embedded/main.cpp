@@ -1,7 +1,10 @@
 // rebound without HTTP: a model of your own in a JobQueue that owns its threads, and results back
 // in C++ through a future and (C++20) a coroutine. Usage: rebound-embedded
+#include <algorithm>
 #include <iostream>
+#include <string>
 #include <utility>  // before Boost 1.74's awaitable.hpp, which needs std::exchange
+#include <vector>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -39,5 +42,17 @@ int main() {
   const rebound::JobPage page = queue.list_jobs(succeeded, std::nullopt, 10);
   for (const rebound::JobRecord& job : page.jobs)
     std::cout << "listed: " << job.job.id << std::endl;  // listed: job-2, listed: job-1
-  return done.outcome.result == 42 && !page.jobs.empty() ? 0 : 1;
+  // Many jobs at once: one write to the store for them all (a SQLite transaction, a Redis batch),
+  // one status each, as submit would answer it.
+  std::vector<rebound::Job> many;
+  for (int i = 3; i <= 5; ++i) many.push_back(rebound::make_job("job-" + std::to_string(i), i));
+  const std::vector<rebound::SubmitStatus> statuses = queue.submit_many(std::move(many));
+  const bool all_in = std::all_of(statuses.begin(), statuses.end(), [](rebound::SubmitStatus s) {
+    return s == rebound::SubmitStatus::accepted;
+  });
+  const auto five = queue.async_wait("job-5", boost::asio::use_future).get();
+  std::cout << "job-5: " << five.outcome.result << std::endl;  // job-5: 10
+  return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10
+             ? 0
+             : 1;
 }

@@ -179,13 +179,14 @@ class JobQueue final {
   SubmitStatus submit(Job job, ErrorInfo* invalid = nullptr);
 
   /// Accepts many jobs as `submit` would, in order, with one write to the store for them all
-  /// (`JobStore::put_many`: one SQLite transaction, one Redis batch): one status per job, and,
-  /// when `invalid` is given, one ErrorInfo per job (set where the status is `invalid_input`).
-  /// Each job is admitted on its own (a full queue refuses the rest of the call, not the
-  /// jobs before), so the statuses may differ. When the store fails, every job that reached it
-  /// is `store_unavailable`; some of them may be stored nonetheless, and submitting them again
-  /// answers `duplicate`. The same id twice in one call is a duplicate (or a conflict) the
-  /// second time.
+  /// (`JobStore::put_many`: one SQLite transaction, a few Redis round trips): one status per job,
+  /// and, when `invalid` is given, one ErrorInfo per job (set where the status is
+  /// `invalid_input`). Each job is validated and admitted on its own: a full queue refuses the
+  /// jobs it has no room for and takes the others. An id that came earlier in the call answers
+  /// as the earlier job did (`duplicate` when that one was taken), or `conflict` when it is
+  /// another request. When the store fails, every job that reached it is `store_unavailable`;
+  /// some of them may be stored nonetheless (Redis, whose batches commit one by one), and
+  /// submitting them again answers `duplicate`.
   std::vector<SubmitStatus> submit_many(std::vector<Job> jobs,
                                         std::vector<ErrorInfo>* invalid = nullptr);
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <future>
 #include <mutex>
 #include <set>
@@ -84,33 +83,32 @@ ApiError error_for_status(int status) {
   }
 }
 
-// The 503 answers shared by submissions, invocations and redeliveries.
 // Why a submission was refused, as its answer says it (the route's, or one job's of a batch), and
-// the Retry-After that goes with it (nullptr: none). For a refusal only (not accepted, not a
-// duplicate).
+// the Retry-After seconds that go with it (0: none). For a refusal only (not accepted, not a
+// duplicate). The 503 answers of invocations and redeliveries are these too.
 struct RefusalAnswer {
   ApiError error;
-  const char* retry_after = nullptr;
+  int retry_after = 0;
 };
 
 RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
-                   const ErrorInfo& invalid = {}) {
+                         const ErrorInfo& invalid = {}) {
   switch (status) {
     case SubmitStatus::conflict:
       return {{409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
                "id"}};
     case SubmitStatus::queue_full:
-      return {{503, "queue_full", "The queue is full; retry later.", {}}, "1"};
+      return {{503, "queue_full", "The queue is full; retry later.", {}}, 1};
     case SubmitStatus::tenant_quota:
       return {{429,
                "tenant_quota",
                "Your jobs hold your share of the queue; retry when some are done.",
                {}},
-              "1"};
+              1};
     case SubmitStatus::not_ready:
-      return {{503, "not_ready", "The model is not ready yet.", {}}, "5"};
+      return {{503, "not_ready", "The model is not ready yet.", {}}, 5};
     case SubmitStatus::store_unavailable:
-      return {{503, "store_unavailable", "The job store is failing; retry later.", {}}, "5"};
+      return {{503, "store_unavailable", "The job store is failing; retry later.", {}}, 5};
     case SubmitStatus::invalid_input:
       return {{422, invalid.code, "The field 'input' " + invalid.message, "input"}};
     case SubmitStatus::no_transport:
@@ -127,7 +125,7 @@ RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
 }
 
 void send_refusal(httplib::Response& res, const RefusalAnswer& refusal) {
-  if (refusal.retry_after) res.set_header("Retry-After", refusal.retry_after);
+  if (refusal.retry_after > 0) res.set_header("Retry-After", std::to_string(refusal.retry_after));
   send_error(res, refusal.error);
 }
 
@@ -325,8 +323,9 @@ const char* allowed_methods(Resource resource) {
 
 bool has_body_method(Resource resource) {
   return resource == Resource::inferences || resource == Resource::inferences_batch ||
-         resource == Resource::redeliver || resource == Resource::invocations || resource == Resource::pause_origin ||
-         resource == Resource::resume_origin || is_console_action(resource);
+         resource == Resource::redeliver || resource == Resource::invocations ||
+         resource == Resource::pause_origin || resource == Resource::resume_origin ||
+         is_console_action(resource);
 }
 
 // The answer to a body that read_body refused; nullopt when it was read.
@@ -895,6 +894,19 @@ struct Server::Impl {
   void submit_batch(const httplib::Request& req, const std::string& tenant,
                     const std::string& body, httplib::Response& res,
                     ParsingReservation& reserved) {
+    // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
+    // threads take batches at once, so that single requests, polls and /ping always have some.
+    const std::size_t limit = std::max<std::size_t>(1, options.http_threads / 4);
+    if (batching.fetch_add(1) >= limit) {
+      --batching;
+      res.set_header("Retry-After", "1");
+      return send_error(res, {503, "queue_full",
+                              "Too many batches are being taken at once; retry later.", {}});
+    }
+    struct Done {
+      std::atomic<std::size_t>& n;
+      ~Done() { --n; }
+    } done{batching};
     detail::BatchSubmissionParse parsed =
         detail::parse_batch_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
@@ -919,13 +931,13 @@ struct Server::Impl {
     reserved.release();
     nlohmann::json results = nlohmann::json::array();
     std::size_t accepted = 0;
-    const char* retry_after = nullptr;  // the longest a refused job asks for
+    int retry_after = 0;  // the longest a refused job asks for
     std::size_t next = 0;
-    for (std::size_t i = 0; i < parsed.jobs.size(); ++i) {
-      if (!parsed.jobs[i].job) {
-        const detail::ApiError& error = *parsed.jobs[i].error;
-        nlohmann::json result = error.to_json();
-        result["status"] = error.status;
+    for (const SubmissionParse& item : parsed.jobs) {
+      if (!item.job) {
+        nlohmann::json result = item.error->to_json();
+        result["status"] = item.error->status;
+        if (!item.id.empty()) result["id"] = item.id;
         results.push_back(std::move(result));
         continue;
       }
@@ -941,15 +953,13 @@ struct Server::Impl {
         continue;
       }
       const RefusalAnswer refusal = refusal_of(status, id, invalid[k]);
-      if (refusal.retry_after &&
-          (!retry_after || std::atoi(refusal.retry_after) > std::atoi(retry_after)))
-        retry_after = refusal.retry_after;
+      retry_after = std::max(retry_after, refusal.retry_after);
       nlohmann::json result = refusal.error.to_json();
       result["status"] = refusal.error.status;
       result["id"] = id;
       results.push_back(std::move(result));
     }
-    if (retry_after) res.set_header("Retry-After", retry_after);
+    if (retry_after > 0) res.set_header("Retry-After", std::to_string(retry_after));
     send_json(res, 200,
               {{"accepted", accepted},
                {"refused", parsed.jobs.size() - accepted},
@@ -1261,7 +1271,8 @@ struct Server::Impl {
   const bool multi_tenant;  // two or more names: each key's jobs are its own
   detail::HttpServer http;
   std::atomic<int> bound_port{0};
-  std::atomic<std::size_t> waiting{0};  // requests in wait_final now
+  std::atomic<std::size_t> waiting{0};   // requests in wait_final now
+  std::atomic<std::size_t> batching{0};  // requests in submit_batch now
   std::atomic<socket_t> listen_socket{INVALID_SOCKET};
   // cpp-httplib's stop() does nothing until its accept loop has marked itself running, so a stop
   // that comes between run() and that moment would be lost and run() would never return.

@@ -87,6 +87,7 @@ inline bool is_valid_job_id(std::string_view id) {
 struct SubmissionParse {
   std::optional<Job> job;
   std::optional<ApiError> error;
+  std::string id;  ///< with an error: the job's id when it was a valid one (else empty)
 };
 
 /// Longest `max_queue_seconds` accepted: a week.
@@ -99,15 +100,17 @@ inline constexpr double max_queue_seconds_limit = 7 * 86400;
 /// input.
 inline SubmissionParse parse_submission_object(nlohmann::json& doc, const AddressGuard& guard);
 
+/// The same, for the body of `POST /v1/inferences`: JSON text that must be one submission object.
 inline SubmissionParse parse_submission(std::string_view body, const AddressGuard& guard) {
   nlohmann::json doc;
   if (auto error = json_body_error(
           detail::parse_untrusted_json(body, doc, json_cost_limit, /*limit_amplification=*/true))) {
-    return {std::nullopt, std::move(error)};
+    return {std::nullopt, std::move(error), {}};
   }
   if (!doc.is_object()) {
     return {std::nullopt,
-            ApiError{400, "invalid_json", "The request body must be a JSON object.", {}}};
+            ApiError{400, "invalid_json", "The request body must be a JSON object.", {}},
+            {}};
   }
   return parse_submission_object(doc, guard);
 }
@@ -148,9 +151,9 @@ inline BatchSubmissionParse parse_batch_submission(std::string_view body,
   out.jobs.reserve(jobs->size());
   for (nlohmann::json& item : *jobs) {
     if (!item.is_object()) {
-      out.jobs.push_back({std::nullopt, ApiError{422, "invalid_field",
-                                                 "Each of 'jobs' must be a submission object.",
-                                                 "jobs"}});
+      // As the job's own POST would be answered.
+      out.jobs.push_back(
+          {std::nullopt, ApiError{400, "invalid_json", "Each job must be a JSON object.", {}}, {}});
     } else {
       out.jobs.push_back(parse_submission_object(item, guard));
     }
@@ -162,8 +165,8 @@ inline BatchSubmissionParse parse_batch_submission(std::string_view body,
 /// jobs); its input is moved out.
 inline SubmissionParse parse_submission_object(nlohmann::json& doc, const AddressGuard& guard) {
   auto invalid = [](std::string field, std::string message) {
-    return SubmissionParse{std::nullopt,
-                           ApiError{422, "invalid_field", std::move(message), std::move(field)}};
+    return SubmissionParse{
+        std::nullopt, ApiError{422, "invalid_field", std::move(message), std::move(field)}, {}};
   };
   Job job;
   auto id = doc.find("id");
@@ -175,23 +178,29 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
                    "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -, and "
                    "not '.' or '..'.");
   }
+  // From here on an error names the job too (a batch's result says whose it is).
+  auto invalid_job = [&job, &invalid](std::string field, std::string message) {
+    SubmissionParse out = invalid(std::move(field), std::move(message));
+    out.id = job.id;
+    return out;
+  };
   auto url = doc.find("callback_url");
   if (url != doc.end() && !url->is_null()) {
     if (!url->is_string())
-      return invalid("callback_url", "The field 'callback_url' must be a string.");
+      return invalid_job("callback_url", "The field 'callback_url' must be a string.");
     job.callback_url = url->get<std::string>();
     const CallbackUrlParse parsed = parse_callback_url(job.callback_url);
     if (!parsed.url)
-      return invalid("callback_url", "The field 'callback_url' " + parsed.error + ".");
+      return invalid_job("callback_url", "The field 'callback_url' " + parsed.error + ".");
     if (auto refused = guard.check_host(parsed.url->host)) {
-      return invalid("callback_url", "The field 'callback_url' " + *refused + ".");
+      return invalid_job("callback_url", "The field 'callback_url' " + *refused + ".");
     }
   }
   auto priority = doc.find("priority");
   if (priority != doc.end() && !priority->is_null()) {
     if (!priority->is_number_integer() || *priority < highest_priority ||
         *priority > lowest_priority) {
-      return invalid("priority",
+      return invalid_job("priority",
                      "The field 'priority' must be an integer from 0 (runs first) to 9.");
     }
     job.priority = priority->get<int>();
@@ -200,7 +209,7 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
   if (max_queue != doc.end() && !max_queue->is_null()) {
     const double seconds = max_queue->is_number() ? max_queue->get<double>() : -1;
     if (!max_queue->is_number() || !(seconds >= 0.001) || seconds > max_queue_seconds_limit) {
-      return invalid("max_queue_seconds",
+      return invalid_job("max_queue_seconds",
                      "The field 'max_queue_seconds' must be a number of seconds from 0.001 to "
                      "604800.");
     }
@@ -211,7 +220,7 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
     const char* wrong =
         "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
     if (!events->is_array() || events->empty() || events->size() > 2) {
-      return invalid("webhook_events", wrong);
+      return invalid_job("webhook_events", wrong);
     }
     job.webhook_events = 0;
     for (const auto& event : *events) {
@@ -220,13 +229,13 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
       } else if (event == "completed") {
         job.webhook_events |= webhook_completed;
       } else {
-        return invalid("webhook_events", wrong);
+        return invalid_job("webhook_events", wrong);
       }
     }
   }
   auto input = doc.find("input");
   if (input != doc.end()) job.input = std::move(*input);
-  return {std::move(job), std::nullopt};
+  return {std::move(job), std::nullopt, {}};
 }
 
 }  // namespace rebound::detail
