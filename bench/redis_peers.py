@@ -677,7 +677,7 @@ def main() -> None:
     p.add_argument("--modes", choices=list(MODES), action="append",
                    help="only this mode (repeatable; default poll and callback)")
     p.add_argument("--systems", choices=list(SYSTEMS), action="append",
-                   help="only this system (repeatable; default all four)")
+                   help="only this system (repeatable; default all five)")
     p.add_argument("--connections", type=int, default=32,
                    help="wrk connections in all, shared among rebound's servers (default 32)")
     p.add_argument("--workers", type=int, default=2, help="rebound-server --workers (default 2, its own)")

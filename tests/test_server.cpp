@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -425,6 +426,65 @@ TEST_CASE("a batch that is not one gets its error - a bounded count of jobs") {
   auto form = h.client().Post("/v1/inferences:batch", "jobs=1", "application/x-www-form-urlencoded");
   check_error(form, 415, "unsupported_media_type");
   REQUIRE(rebound::test::eventually([&] { return h.poll("m999")["status"] == "succeeded"; }));
+}
+
+TEST_CASE("batches take at most a quarter of the HTTP threads - the rest still answer") {
+  // A model whose validation holds until released: a batch stays on its thread meanwhile.
+  class SlowToValidate final : public rebound::Model {
+   public:
+    std::string name() const override { return "slow-to-validate"; }
+    std::optional<rebound::ErrorInfo> validate(const json&) const override {
+      std::unique_lock<std::mutex> lock(m_);
+      ++validating_;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return open_; });
+      return std::nullopt;
+    }
+    rebound::Prediction predict(const json& input) override {
+      return rebound::Prediction::success(input);
+    }
+    void open() {
+      std::lock_guard<std::mutex> lock(m_);
+      open_ = true;
+      cv_.notify_all();
+    }
+    bool wait_validating() {
+      std::unique_lock<std::mutex> lock(m_);
+      return cv_.wait_for(lock, 10s, [this] { return validating_ > 0; });
+    }
+
+   private:
+    mutable std::mutex m_;
+    mutable std::condition_variable cv_;
+    mutable int validating_ = 0;
+    bool open_ = false;
+  };
+  HarnessOptions o;
+  o.http_threads = 4;  // one batch at a time
+  auto model = std::make_unique<SlowToValidate>();
+  auto* gate = model.get();
+  rebound::test::ServerHarness h(std::move(model), o);
+  const std::string batch = json({{"jobs", {{{"id", "held"}, {"input", 1}}}}}).dump();
+  auto first = std::async(std::launch::async, [&] {
+    return h.client().Post("/v1/inferences:batch", batch, "application/json");
+  });
+  REQUIRE(gate->wait_validating());
+  auto second = h.client().Post("/v1/inferences:batch",
+                                json({{"jobs", {{{"id", "other"}}}}}).dump(), "application/json");
+  check_error(second, 503, "queue_full");
+  CHECK(second->get_header_value("Retry-After") == "1");
+  CHECK(h.client().Get("/ping")->status == 200);
+  check_error(h.client().Get("/v1/inferences/held"), 404, "not_found");
+  gate->open();
+  auto answered = first.get();
+  REQUIRE(answered);
+  CHECK(answered->status == 200);
+  CHECK(json::parse(answered->body)["accepted"] == 1);
+  // The slot is back: the next batch is taken.
+  auto third = h.client().Post("/v1/inferences:batch",
+                               json({{"jobs", {{{"id", "other"}}}}}).dump(), "application/json");
+  REQUIRE(third);
+  CHECK(third->status == 200);
 }
 
 TEST_CASE("/ping and submissions follow the model's readiness") {
