@@ -241,8 +241,9 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
 }
 
 // Many submissions with one store call (JobStore::put_many): each job as submit_to would take
-// it, in order. A job whose id came earlier in the call is not admitted again: it answers as the
-// first did (a duplicate when that one was taken), or `conflict` when it is another request.
+// it, in order. A job whose id came earlier in the call (in a job that passed `check`) is not
+// admitted again: it is a duplicate (or `conflict`, another request) when that job was taken,
+// and answers as that job did when it was refused for room or by the store.
 // Every job takes its slot before the store answers, so a duplicate or a conflict holds one until
 // then: the jobs refused for room meanwhile are tried once more (a second store call) when some
 // came back.
@@ -265,14 +266,17 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
   }
   std::vector<std::size_t> round;  // the jobs to admit
   for (std::size_t i = 0; i < n; ++i) {
+    // Outside the admission lock: the model's validation may take its time. Every job is
+    // checked, as its own submission would be; an id counts as taken from its first job that
+    // passes.
+    statuses[i] = check(core, jobs[i], invalid ? &(*invalid)[i] : nullptr);
+    if (statuses[i] != SubmitStatus::accepted) continue;
     if (auto [it, added] = seen.emplace(ids[i], i); !added) {
       first[i] = it->second;
       same_as_first[i] = jobs[i].same_request_as(jobs[it->second]);
       continue;
     }
-    // Outside the admission lock: the model's validation may take its time.
-    statuses[i] = check(core, jobs[i], invalid ? &(*invalid)[i] : nullptr);
-    if (statuses[i] == SubmitStatus::accepted) round.push_back(i);
+    round.push_back(i);
   }
   StoreAccess::News news;
   {
@@ -283,13 +287,23 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
       pending.reserve(round.size());
       std::vector<std::size_t> put_of;        // the round's jobs that go to the store
       std::vector<std::size_t> without_room;  // refused by admission, not stored
+      bool failing = false;  // a store read failed: the rest of the round is not tried
       for (std::size_t i : round) {
+        if (failing) {
+          statuses[i] = SubmitStatus::store_unavailable;
+          continue;
+        }
         pending.push_back(prepare(core, queue, jobs[i], false, before, news, pass == 0));
         const SubmitStatus status = pending.back().status;
         statuses[i] = status;
         if (status == SubmitStatus::queue_full || status == SubmitStatus::tenant_quota)
           without_room.push_back(i);
         if (status == SubmitStatus::accepted) put_of.push_back(pending.size() - 1);
+        failing = status == SubmitStatus::store_unavailable;
+      }
+      if (failing) {
+        for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
+        break;
       }
       if (put_of.empty()) break;
       // The leases start now, as the store is called, not as the first job was admitted.
@@ -331,7 +345,6 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
     const bool taken = earlier == SubmitStatus::accepted || earlier == SubmitStatus::duplicate;
     statuses[i] = same_as_first[i] ? (taken ? SubmitStatus::duplicate : earlier)
                                    : (taken ? SubmitStatus::conflict : earlier);
-    if (invalid) (*invalid)[i] = (*invalid)[first[i]];
   }
   core.store.tell(news);
   for (std::size_t i = 0; i < n; ++i) core.observe_submission(statuses[i], ids[i], callbacks[i]);

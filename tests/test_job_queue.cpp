@@ -172,6 +172,13 @@ TEST_CASE("job queue: submit_many refuses an invalid input alone - the others go
   CHECK(queue.async_wait("z", boost::asio::use_future).get().outcome.result == 6);
   CHECK(queue.async_wait("x", boost::asio::use_future).get().outcome.result == 2);
   CHECK_FALSE(queue.find("y"));
+  // A repeated id is checked as its own submission would be: the invalid one is refused, the
+  // valid one taken, whichever comes first.
+  CHECK(queue.submit_many({job("r", "text"), job("r", 4), job("s", 5), job("s", "text")}, &why) ==
+        std::vector<S>{S::invalid_input, S::accepted, S::accepted, S::invalid_input});
+  CHECK(why[1].code.empty());
+  CHECK(why[3].message == "must be an integer");
+  CHECK(queue.async_wait("r", boost::asio::use_future).get().outcome.result == 8);
   CHECK(queue.submit_many({}).empty());
 }
 

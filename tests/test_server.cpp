@@ -465,7 +465,12 @@ TEST_CASE("batches take at most a quarter of the HTTP threads - the rest still a
   auto* gate = model.get();
   rebound::test::ServerHarness h(std::move(model), o);
   const std::string batch = json({{"jobs", {{{"id", "held"}, {"input", 1}}}}}).dump();
-  auto first = std::async(std::launch::async, [&] {
+  std::future<httplib::Result> first;
+  struct Opens {  // whatever fails below, the held batch is let go before `first` is waited for
+    SlowToValidate* gate;
+    ~Opens() { gate->open(); }
+  } opens{gate};
+  first = std::async(std::launch::async, [&] {
     return h.client().Post("/v1/inferences:batch", batch, "application/json");
   });
   REQUIRE(gate->wait_validating());

@@ -127,7 +127,7 @@ struct BatchSubmissionParse {
 
 /// Validates a batch submission body, `{"jobs": [submission, ...]}` with 1 to max_batch_jobs
 /// submissions, each checked as parse_submission checks a body (a job that is not an object is
-/// `invalid_field` on its own). The inputs are moved out of the parsed body. Never throws on bad
+/// `400 invalid_json` on its own, as its own body would be). The inputs are moved out of the parsed body. Never throws on bad
 /// input.
 inline BatchSubmissionParse parse_batch_submission(std::string_view body,
                                                    const AddressGuard& guard) {
