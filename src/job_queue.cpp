@@ -122,8 +122,7 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
   const std::size_t bytes = work_bytes(job);
   const SubmitStatus admitted = core.admission.admit(tenant, bytes);
-  if (look_up &&
-      (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota)) {
+  if (look_up && (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota)) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     std::optional<JobRecord> existing;
     try {
@@ -134,8 +133,8 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
       return p;
     }
     if (existing) {
-      p.status = existing->job.same_request_as(job) ? SubmitStatus::duplicate
-                                                    : SubmitStatus::conflict;
+      p.status =
+          existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
       return p;
     }
   }
@@ -160,7 +159,7 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   if (prefetch > 0 && !waited) {
     const std::size_t depth = queue.depth() + before.held;
     const int floor = std::min(core.admission.parked() > 0 ? core.admission.parked_floor()
-                                                            : std::numeric_limits<int>::max(),
+                                                           : std::numeric_limits<int>::max(),
                                before.parked_floor);
     const bool behind_parked = job.priority >= floor;
     const bool window_full =
@@ -302,7 +301,8 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
         failing = status == SubmitStatus::store_unavailable;
       }
       if (failing) {
-        for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
+        for (std::size_t k : put_of)
+          statuses[round[k]] = SubmitStatus::store_unavailable;
         break;
       }
       if (put_of.empty()) break;
@@ -311,9 +311,9 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
       puts.reserve(put_of.size());
       for (std::size_t k : put_of) {
         const Pending& p = pending[k];
-        puts.push_back({&jobs[round[k]], p.park ? std::nullopt
-                                                : std::optional<Lease>(
-                                                      core.leases.from_now(p.holder))});
+        puts.push_back(
+            {&jobs[round[k]],
+             p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder))});
       }
       std::vector<PutOutcome> outcomes;
       try {
@@ -325,15 +325,16 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
       } catch (const StoreUnavailable&) {
         // Some may be stored, as with a put whose answer was lost: their leases run out, and a
         // claim takes them then; a resubmission is answered as a duplicate.
-        for (std::size_t k : put_of) statuses[round[k]] = SubmitStatus::store_unavailable;
+        for (std::size_t k : put_of)
+          statuses[round[k]] = SubmitStatus::store_unavailable;
         break;
       }
       bool freed = false;  // a slot taken in this round for a job the store had already
       for (std::size_t m = 0; m < put_of.size(); ++m) {
         const std::size_t i = round[put_of[m]];
         statuses[i] = settle(core, queue, jobs[i], pending[put_of[m]], outcomes[m], nullptr);
-        freed = freed || outcomes[m] == PutOutcome::duplicate ||
-                outcomes[m] == PutOutcome::conflict;
+        freed =
+            freed || outcomes[m] == PutOutcome::duplicate || outcomes[m] == PutOutcome::conflict;
       }
       if (!freed) break;
       round = std::move(without_room);
@@ -347,7 +348,8 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
                                    : (taken ? SubmitStatus::conflict : earlier);
   }
   core.store.tell(news);
-  for (std::size_t i = 0; i < n; ++i) core.observe_submission(statuses[i], ids[i], callbacks[i]);
+  for (std::size_t i = 0; i < n; ++i)
+    core.observe_submission(statuses[i], ids[i], callbacks[i]);
   return statuses;
 }
 

@@ -138,15 +138,17 @@ TEST_CASE_TEMPLATE("store contract: put_many answers each job as put would - in 
   std::vector<Job> jobs;
   jobs.reserve(300);
   jobs.push_back(make("held"));
-  jobs.push_back(make("taken"));                                   // the same request: duplicate
-  jobs.push_back(make("taken", 1764000000000, "", {{"x", 2}}));    // another: conflict
+  jobs.push_back(make("taken"));                                 // the same request: duplicate
+  jobs.push_back(make("taken", 1764000000000, "", {{"x", 2}}));  // another: conflict
   jobs.push_back(make("twice", 1764000000001));
-  jobs.push_back(make("twice", 1764000000001));                    // the same, in one call
-  jobs.push_back(make("twice", 1764000000001, "", {{"x", 3}}));    // another, in one call
+  jobs.push_back(make("twice", 1764000000001));                  // the same, in one call
+  jobs.push_back(make("twice", 1764000000001, "", {{"x", 3}}));  // another, in one call
   // More than one batch of the Redis store's (256 calls).
-  for (int i = 0; i < 294; ++i) jobs.push_back(make("n" + std::to_string(i), 1764000000002 + i));
+  for (int i = 0; i < 294; ++i)
+    jobs.push_back(make("n" + std::to_string(i), 1764000000002 + i));
   std::vector<rebound::PutRequest> puts;
-  for (const Job& job : jobs) puts.push_back({&job, std::nullopt});
+  for (const Job& job : jobs)
+    puts.push_back({&job, std::nullopt});
   puts[0].claim = worker;
   const std::vector<PutOutcome> outcomes = store->put_many(puts);
   REQUIRE(outcomes.size() == jobs.size());

@@ -353,13 +353,13 @@ TEST_CASE("a batch answers each job as its own submission would - in one request
   const json batch = {
       {"jobs",
        {{{"id", "b1"}, {"callback_url", receiver.url("/hook")}, {"input", 1}},
-        {{"id", "old"}},                  // the same request again
-        {{"id", "old"}, {"input", 2}},    // another under its id
-        {{"id", "bad id"}},               // invalid
-        7,                                // not a submission
+        {{"id", "old"}},                                          // the same request again
+        {{"id", "old"}, {"input", 2}},                            // another under its id
+        {{"id", "bad id"}},                                       // invalid
+        7,                                                        // not a submission
         {{"id", "b4"}, {"callback_url", "ftp://example.com/x"}},  // invalid, with its id
-        {{"id", "b2"}, {"priority", 0}},  // the last that fits
-        {{"id", "b3"}}}}};                // no room
+        {{"id", "b2"}, {"priority", 0}},                          // the last that fits
+        {{"id", "b3"}}}}};                                        // no room
   auto res = h.client().Post("/v1/inferences:batch", batch.dump(), "application/json");
   REQUIRE(res);
   CHECK(res->status == 200);
@@ -411,7 +411,8 @@ TEST_CASE("a batch that is not one gets its error - a bounded count of jobs") {
   check_error(post(R"({"jobs": []})"), 422, "invalid_field", "jobs");
   check_error(post(R"({"jobs": {"id": "a"}})"), 422, "invalid_field", "jobs");
   json many = {{"jobs", json::array()}};
-  for (int i = 0; i < 1001; ++i) many["jobs"].push_back({{"id", "m" + std::to_string(i)}});
+  for (int i = 0; i < 1001; ++i)
+    many["jobs"].push_back({{"id", "m" + std::to_string(i)}});
   check_error(post(many.dump()), 422, "invalid_field", "jobs");
   CHECK(h.client().Get("/v1/inferences/m0")->status == 404);  // nothing of it was taken
   many["jobs"].erase(1000);
@@ -423,7 +424,8 @@ TEST_CASE("a batch that is not one gets its error - a bounded count of jobs") {
   auto get = h.client().Get("/v1/inferences:batch");
   check_error(get, 405, "method_not_allowed");
   CHECK(get->get_header_value("Allow") == "POST");
-  auto form = h.client().Post("/v1/inferences:batch", "jobs=1", "application/x-www-form-urlencoded");
+  auto form =
+      h.client().Post("/v1/inferences:batch", "jobs=1", "application/x-www-form-urlencoded");
   check_error(form, 415, "unsupported_media_type");
   REQUIRE(rebound::test::eventually([&] { return h.poll("m999")["status"] == "succeeded"; }));
 }
@@ -486,8 +488,8 @@ TEST_CASE("batches take at most a quarter of the HTTP threads - the rest still a
   CHECK(answered->status == 200);
   CHECK(json::parse(answered->body)["accepted"] == 1);
   // The slot is back: the next batch is taken.
-  auto third = h.client().Post("/v1/inferences:batch",
-                               json({{"jobs", {{{"id", "other"}}}}}).dump(), "application/json");
+  auto third = h.client().Post("/v1/inferences:batch", json({{"jobs", {{{"id", "other"}}}}}).dump(),
+                               "application/json");
   REQUIRE(third);
   CHECK(third->status == 200);
 }

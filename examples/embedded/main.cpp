@@ -45,14 +45,14 @@ int main() {
   // Many jobs at once: one write to the store for them all (a SQLite transaction, a Redis batch),
   // one status each, as submit would answer it.
   std::vector<rebound::Job> many;
-  for (int i = 3; i <= 5; ++i) many.push_back(rebound::make_job("job-" + std::to_string(i), i));
+  for (int i = 3; i <= 5; ++i)
+    many.push_back(rebound::make_job("job-" + std::to_string(i), i));
   const std::vector<rebound::SubmitStatus> statuses = queue.submit_many(std::move(many));
   const bool all_in = std::all_of(statuses.begin(), statuses.end(), [](rebound::SubmitStatus s) {
     return s == rebound::SubmitStatus::accepted;
   });
   const auto five = queue.async_wait("job-5", boost::asio::use_future).get();
   std::cout << "job-5: " << five.outcome.result << std::endl;  // job-5: 10
-  return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10
-             ? 0
-             : 1;
+  return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10 ? 0
+                                                                                                : 1;
 }

@@ -112,8 +112,7 @@ RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
     case SubmitStatus::invalid_input:
       return {{422, invalid.code, "The field 'input' " + invalid.message, "input"}};
     case SubmitStatus::no_transport:
-      return {{422,
-               "invalid_field",
+      return {{422, "invalid_field",
                "This server cannot deliver callbacks; leave 'callback_url' out and poll the job.",
                "callback_url"}};
     case SubmitStatus::shutting_down:
@@ -699,8 +698,8 @@ struct Server::Impl {
     const std::string type = req.get_header_value("Content-Type");
     const bool multipart = detail::starts_with_ignoring_case(type, "multipart/");
     const bool form = detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
-    const bool submission = target.resource == Resource::inferences ||
-                            target.resource == Resource::inferences_batch;
+    const bool submission =
+        target.resource == Resource::inferences || target.resource == Resource::inferences_batch;
     if (multipart || (form && submission)) {
       return send_error(res, {415,
                               "unsupported_media_type",
@@ -891,17 +890,16 @@ struct Server::Impl {
   // (JobQueue::submit_many). 200 with one result per job, in order: what the job's own
   // POST /v1/inferences would have answered (its status, and its body). Prefer: wait is not
   // honoured here; a traceparent header goes with every job.
-  void submit_batch(const httplib::Request& req, const std::string& tenant,
-                    const std::string& body, httplib::Response& res,
-                    ParsingReservation& reserved) {
+  void submit_batch(const httplib::Request& req, const std::string& tenant, const std::string& body,
+                    httplib::Response& res, ParsingReservation& reserved) {
     // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
     // threads take batches at once, so that single requests, polls and /ping always have some.
     const std::size_t limit = std::max<std::size_t>(1, options.http_threads / 4);
     if (batching.fetch_add(1) >= limit) {
       --batching;
       res.set_header("Retry-After", "1");
-      return send_error(res, {503, "queue_full",
-                              "Too many batches are being taken at once; retry later.", {}});
+      return send_error(
+          res, {503, "queue_full", "Too many batches are being taken at once; retry later.", {}});
     }
     struct Done {
       std::atomic<std::size_t>& n;
@@ -926,8 +924,7 @@ struct Server::Impl {
     }
     std::vector<ErrorInfo> invalid;
     const std::vector<SubmitStatus> statuses =
-        jobs.empty() ? std::vector<SubmitStatus>{}
-                     : service.submit_many(std::move(jobs), &invalid);
+        jobs.empty() ? std::vector<SubmitStatus>{} : service.submit_many(std::move(jobs), &invalid);
     reserved.release();
     nlohmann::json results = nlohmann::json::array();
     std::size_t accepted = 0;

@@ -1775,7 +1775,6 @@ bool same_input(const std::string& stored_text, const nlohmann::json& input) {
          stored == input;
 }
 
-
 // put's arguments (kPut).
 std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& claim,
                                   const std::string& retention_ms) {
@@ -1843,9 +1842,9 @@ std::vector<PutOutcome> RedisJobStore::put_many(const std::vector<PutRequest>& r
   std::exception_ptr failed;
   for (const PutRequest& r : requests) {
     try {
-      answers.push_back(impl_->start<PutAnswer>(kScriptPut,
-                                                put_args(*r.job, r.claim, impl_->retention_ms()),
-                                                [](const redisReply* reply) { return put_answer(reply); }));
+      answers.push_back(
+          impl_->start<PutAnswer>(kScriptPut, put_args(*r.job, r.claim, impl_->retention_ms()),
+                                  [](const redisReply* reply) { return put_answer(reply); }));
     } catch (...) {
       failed = std::current_exception();
       break;

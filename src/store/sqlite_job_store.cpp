@@ -931,8 +931,7 @@ PutOutcome SqliteJobStore::Impl::insert_job(const Job& job, const std::optional<
   const bool found = q.step();
   const JobRecord existing = found ? read_record(q) : JobRecord{};
   q.reset();
-  return found && existing.job.same_request_as(job) ? PutOutcome::duplicate
-                                                    : PutOutcome::conflict;
+  return found && existing.job.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
 }
 
 // All in one transaction of the writer: one commit (one fsync) for the lot.
@@ -942,7 +941,8 @@ std::vector<PutOutcome> SqliteJobStore::put_many(const std::vector<PutRequest>& 
       [impl, &requests] {
         std::vector<PutOutcome> out;
         out.reserve(requests.size());
-        for (const PutRequest& r : requests) out.push_back(impl->insert_job(*r.job, r.claim));
+        for (const PutRequest& r : requests)
+          out.push_back(impl->insert_job(*r.job, r.claim));
         return out;
       },
       [impl, &requests](std::vector<PutOutcome>& outcomes) {

@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check_error(*batch.error);
     } else {
       if (batch.jobs.empty() || batch.jobs.size() > rebound::detail::max_batch_jobs) std::abort();
-      for (const auto& job : batch.jobs) check(job);
+      for (const auto& job : batch.jobs)
+        check(job);
     }
   }
   return 0;

@@ -127,8 +127,8 @@ struct BatchSubmissionParse {
 
 /// Validates a batch submission body, `{"jobs": [submission, ...]}` with 1 to max_batch_jobs
 /// submissions, each checked as parse_submission checks a body (a job that is not an object is
-/// `400 invalid_json` on its own, as its own body would be). The inputs are moved out of the parsed body. Never throws on bad
-/// input.
+/// `400 invalid_json` on its own, as its own body would be). The inputs are moved out of the parsed
+/// body. Never throws on bad input.
 inline BatchSubmissionParse parse_batch_submission(std::string_view body,
                                                    const AddressGuard& guard) {
   nlohmann::json doc;
@@ -201,7 +201,7 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
     if (!priority->is_number_integer() || *priority < highest_priority ||
         *priority > lowest_priority) {
       return invalid_job("priority",
-                     "The field 'priority' must be an integer from 0 (runs first) to 9.");
+                         "The field 'priority' must be an integer from 0 (runs first) to 9.");
     }
     job.priority = priority->get<int>();
   }
@@ -210,8 +210,8 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
     const double seconds = max_queue->is_number() ? max_queue->get<double>() : -1;
     if (!max_queue->is_number() || !(seconds >= 0.001) || seconds > max_queue_seconds_limit) {
       return invalid_job("max_queue_seconds",
-                     "The field 'max_queue_seconds' must be a number of seconds from 0.001 to "
-                     "604800.");
+                         "The field 'max_queue_seconds' must be a number of seconds from 0.001 to "
+                         "604800.");
     }
     job.max_queue = std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
   }

@@ -159,14 +159,15 @@ class JobStore {
 
   /// Stores several jobs as `put` would, in order, in as few writes as the store can (SQLite: one
   /// transaction; Redis: its batched calls, up to 256 puts or 1 MiB a round trip): one outcome
-  /// per request, in the requests' order. An id twice in one call is a duplicate (or a conflict) the
-  /// second time, as with two puts. A failing store throws, and some of the jobs may have been
+  /// per request, in the requests' order. An id twice in one call is a duplicate (or a conflict)
+  /// the second time, as with two puts. A failing store throws, and some of the jobs may have been
   /// stored then, as with a put whose answer was lost: putting them again answers `duplicate`.
   /// The default calls `put` for each.
   virtual std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) {
     std::vector<PutOutcome> out;
     out.reserve(requests.size());
-    for (const PutRequest& r : requests) out.push_back(put(*r.job, r.claim));
+    for (const PutRequest& r : requests)
+      out.push_back(put(*r.job, r.claim));
     return out;
   }
 
