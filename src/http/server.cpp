@@ -83,6 +83,31 @@ ApiError error_for_status(int status) {
   }
 }
 
+// A place among at most `limit` requests that do one thing at once (Prefer: wait, batches), so
+// that they never take every HTTP thread; false when all are taken. Given back when it goes.
+class Place {
+ public:
+  Place(std::atomic<std::size_t>& taken, std::size_t limit) : taken_(taken) {
+    held_ = taken_.fetch_add(1) < limit;
+    if (!held_) --taken_;
+  }
+  Place(const Place&) = delete;
+  Place& operator=(const Place&) = delete;
+  ~Place() {
+    if (held_) --taken_;
+  }
+  explicit operator bool() const { return held_; }
+
+ private:
+  std::atomic<std::size_t>& taken_;
+  bool held_;
+};
+
+// The 202 answer to a job accepted (or the same request again), under the id its caller gave.
+nlohmann::json accepted_json(const std::string& id) {
+  return {{"message", "Received"}, {"id", id}, {"status_url", "/v1/inferences/" + id}};
+}
+
 // Why a submission was refused, as its answer says it (the route's, or one job's of a batch), and
 // the Retry-After seconds that go with it (0: none). For a refusal only (not accepted, not a
 // duplicate). The 503 answers of invocations and redeliveries are these too.
@@ -878,8 +903,7 @@ struct Server::Impl {
           if (record && is_final(record->status))
             return send_json(res, 200, to_status_json(*record));
         }
-        return send_json(res, 202,
-                         {{"message", "Received"}, {"id", id}, {"status_url", status_url}});
+        return send_json(res, 202, accepted_json(id));
       }
       default:
         return send_refusal(res, refusal_of(submitted, id, invalid));
@@ -894,17 +918,12 @@ struct Server::Impl {
                     httplib::Response& res, ParsingReservation& reserved) {
     // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
     // threads take batches at once, so that single requests, polls and /ping always have some.
-    const std::size_t limit = std::max<std::size_t>(1, options.http_threads / 4);
-    if (batching.fetch_add(1) >= limit) {
-      --batching;
+    const Place place(batching, std::max<std::size_t>(1, options.http_threads / 4));
+    if (!place) {
       res.set_header("Retry-After", "1");
       return send_error(
           res, {503, "queue_full", "Too many batches are being taken at once; retry later.", {}});
     }
-    struct Done {
-      std::atomic<std::size_t>& n;
-      ~Done() { --n; }
-    } done{batching};
     detail::BatchSubmissionParse parsed =
         detail::parse_batch_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
@@ -943,10 +962,9 @@ struct Server::Impl {
       const SubmitStatus status = statuses[k];
       if (status == SubmitStatus::accepted || status == SubmitStatus::duplicate) {
         ++accepted;
-        results.push_back({{"status", 202},
-                           {"message", "Received"},
-                           {"id", id},
-                           {"status_url", "/v1/inferences/" + id}});
+        nlohmann::json result = accepted_json(id);
+        result["status"] = 202;
+        results.push_back(std::move(result));
         continue;
       }
       const RefusalAnswer refusal = refusal_of(status, id, invalid[k]);
@@ -1228,15 +1246,8 @@ struct Server::Impl {
   // waiting at once, so that waits never take every thread (/ping must still answer). Sets
   // Preference-Applied when it waited.
   std::optional<JobRecord> wait_final(const std::string& id, int seconds, httplib::Response& res) {
-    const std::size_t limit = options.http_threads / 2;  // 1 thread: nobody waits
-    if (waiting.fetch_add(1) >= limit) {
-      --waiting;
-      return service.find(id);
-    }
-    struct Done {
-      std::atomic<std::size_t>& n;
-      ~Done() { --n; }
-    } done{waiting};
+    const Place place(waiting, options.http_threads / 2);  // 1 thread: nobody waits
+    if (!place) return service.find(id);
     bool waited = false;
     auto record = service.wait_final(id, std::chrono::seconds(seconds), &waited);
     if (waited || (record && is_final(record->status))) {

@@ -1840,10 +1840,11 @@ std::vector<PutOutcome> RedisJobStore::put_many(const std::vector<PutRequest>& r
   std::vector<std::future<PutAnswer>> answers;
   answers.reserve(requests.size());
   std::exception_ptr failed;
+  const std::string retention = impl_->retention_ms();
   for (const PutRequest& r : requests) {
     try {
       answers.push_back(
-          impl_->start<PutAnswer>(kScriptPut, put_args(*r.job, r.claim, impl_->retention_ms()),
+          impl_->start<PutAnswer>(kScriptPut, put_args(*r.job, r.claim, retention),
                                   [](const redisReply* reply) { return put_answer(reply); }));
     } catch (...) {
       failed = std::current_exception();

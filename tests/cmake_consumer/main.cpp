@@ -45,6 +45,11 @@ int main() {
     ok = ok && store.put(rebound::make_job("held"),
                          rebound::Lease{"me", now + std::chrono::seconds(30)}) ==
                    rebound::PutOutcome::created;
+    // Several jobs in one call, as a batch submission stores them: one outcome each, in order.
+    const rebound::Job fresh = rebound::make_job("fresh"), again = rebound::make_job("held");
+    ok = ok && store.put_many({{&fresh, std::nullopt}, {&again, std::nullopt}}) ==
+                   std::vector<rebound::PutOutcome>{rebound::PutOutcome::created,
+                                                    rebound::PutOutcome::duplicate};
     ok = ok && store.renew_all({{"held", {"me", now + std::chrono::seconds(60)}},
                                 {"other", {"me", now + std::chrono::seconds(60)}}},
                                now) == std::vector<bool>{true, false};
@@ -108,10 +113,16 @@ int main() {
     succeeded.id_prefix.clear();
     ok = ok && queue.list_jobs(succeeded, std::nullopt, 10).jobs.size() == 2;
     ok = ok && queue.find("job-1") && queue.find("job-1")->attempt_log.empty();
-    // A burst beyond the prefetch: parked in the store, claimed back as the workers drain.
-    for (int n = 2; n < 40; ++n)
+    // A burst beyond the prefetch: parked in the store, claimed back as the workers drain. Half
+    // one by one, half in one call (one SQLite transaction).
+    for (int n = 2; n < 21; ++n)
       ok = ok && queue.submit(rebound::make_job("job-" + std::to_string(n), {{"x", n}})) ==
                      rebound::SubmitStatus::accepted;
+    std::vector<rebound::Job> rest;
+    for (int n = 21; n < 40; ++n)
+      rest.push_back(rebound::make_job("job-" + std::to_string(n), {{"x", n}}));
+    for (const rebound::SubmitStatus status : queue.submit_many(std::move(rest)))
+      ok = ok && status == rebound::SubmitStatus::accepted;
     const auto burst_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     auto last = queue.find("job-39");
     while (ok && (!last || last->status != rebound::JobStatus::succeeded) &&
