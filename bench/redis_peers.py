@@ -32,7 +32,9 @@ The systems:
              delivered (callback) and none of the work in flight, the stores' writes included.
   rebound-1-batch
              one rebound-server, its jobs submitted --batch at a time (POST /v1/inferences:batch,
-             SUBMIT_BATCH in bench/submit.lua), as BullMQ's producer adds its jobs in bulk.
+             SUBMIT_BATCH in bench/submit.lua), as BullMQ's producer adds its jobs in bulk,
+             over --batch-connections connections (a server takes a quarter of its
+             --http-threads batches at once and answers 503 to more: 16 with the default 64).
   bullmq     one Node process (bench/bullmq/bench.mjs): Queue.addBulk in chunks of --bullmq-chunk,
              and one Worker with --bullmq-concurrency jobs at once. The run ends when the Worker
              has seen N jobs completed (its "completed" events: the job is moved to completed in
@@ -442,7 +444,7 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None,
                 "--log-level", "warn"], port))
         time.sleep(a.settle)  # past the servers' start: their first claims and reports
         shares = [a.jobs // count + (i < a.jobs % count) for i in range(count)]
-        connections = max(1, a.connections // count)
+        connections = max(1, (a.batch_connections if batch else a.connections) // count)
         before = redis.usage()
         start = redis.costs_mark() if a.costs else None
         t0 = time.monotonic()
@@ -686,6 +688,9 @@ def main() -> None:
     p.add_argument("--bullmq-chunk", type=int, default=1000, help="jobs per Queue.addBulk (default 1,000)")
     p.add_argument("--batch", type=int, default=100,
                    help="jobs per request of rebound-1-batch (default 100; at most 1,000)")
+    p.add_argument("--batch-connections", type=int, default=8,
+                   help="wrk connections of rebound-1-batch (default 8; a server takes 16 batches at "
+                   "once with its default --http-threads, and refuses more)")
     p.add_argument("--settle", type=float, default=0.5, help="seconds between the start and the load")
     p.add_argument("--trial-timeout", type=float, default=300, help="longest trial, in seconds (default 300)")
     p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", str(ROOT / "build")))

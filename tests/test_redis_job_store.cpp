@@ -862,6 +862,91 @@ TEST_CASE("redis: a job marked running and finished in one batch is marked by it
   CHECK(store.queue_position("behind") == std::optional<std::size_t>(0));  // x left the queue
 }
 
+TEST_CASE("redis: a batch writes each sorted set once - the last write of each job wins") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  const Lease worker{"worker", now + 60s};
+  const std::string url = "http://receiver.test/cb";
+  // held: finished, then its callback's lease renewed; sent: finished, then delivered; kept: held
+  // and renewed. All of it in one batch, behind a put that Redis stalls under.
+  for (const char* id : {"held", "sent", "kept"})
+    REQUIRE(store.put(Job{id, url, 1, now}, worker) == PutOutcome::created);
+  REQUIRE(redis_cli(server, "CONFIG RESETSTAT") == "OK");
+  server.pause();
+  auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
+  std::this_thread::sleep_for(100ms);
+  std::vector<std::future<PutOutcome>> puts;
+  for (int i = 0; i < 20; ++i) {
+    puts.push_back(std::async(std::launch::async,
+                              [&store, i] { return store.put(make("new-" + std::to_string(i))); }));
+  }
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
+  std::vector<Answer> answers;
+  auto answer = [&answers] {
+    auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+    answers.push_back(promise->get_future());
+    return into(promise);
+  };
+  store.mark_running("held", now);
+  store.async_finish_job("held", "worker", done, Lease{"sender", now + 30s}, now, answer());
+  store.async_finish_job("sent", "worker", done, Lease{"sender", now + 30s}, now, answer());
+  rebound::CallbackInfo delivered;
+  delivered.state = rebound::CallbackState::delivered;
+  delivered.attempts = 1;
+  store.async_record_attempt("sent", "sender", delivered, now,
+                             rebound::CallbackAttempt{now, 200, "", 2ms, ""}, answer());
+  // Queued after the writes above: the callback's lease is renewed after it was filed.
+  auto renewed = std::async(std::launch::async, [&] {
+    return store.renew_all(
+        {{"held", Lease{"sender", now + 90s}}, {"kept", Lease{"worker", now + 120s}}}, now);
+  });
+  std::this_thread::sleep_for(100ms);
+  server.resume();
+  REQUIRE(blocker.wait_for(10s) == std::future_status::ready);
+  CHECK(blocker.get() == PutOutcome::created);
+  for (auto& put : puts) {
+    REQUIRE(put.wait_for(10s) == std::future_status::ready);
+    CHECK(put.get() == PutOutcome::created);
+  }
+  for (auto& a : answers) {
+    REQUIRE(a.wait_for(10s) == std::future_status::ready);
+    CHECK(a.get() == std::pair<bool, bool>{true, true});
+  }
+  REQUIRE(renewed.wait_for(10s) == std::future_status::ready);
+  CHECK(renewed.get() == std::vector<bool>{true, true});
+
+  // Two batches (the blocker's, then everything else): a few ZADDs and ZREMs, not four a put.
+  const long long zadds = calls_of(server, "zadd");
+  const long long zrems = calls_of(server, "zrem");
+  MESSAGE("21 puts, 2 finishes, a delivery and 2 renewals: " << zadds << " ZADD, " << zrems
+                                                             << " ZREM");
+  CHECK(zadds <= 11);
+  CHECK(zrems <= 4);
+
+  // What each job's last write said.
+  CHECK(store.get("sent")->callback.state == rebound::CallbackState::delivered);
+  CHECK(store.get("held")->callback.state == rebound::CallbackState::pending);
+  CHECK_FALSE(store.queue_position("held").has_value());
+  // (make()'s jobs were created long before kept.)
+  CHECK(store.queue_position("kept") == std::optional<std::size_t>(21));
+  CHECK(redis_cli(server, "ZSCORE rebound:unfinished sent").empty());
+  CHECK(redis_cli(server, "ZCARD rebound:unfinished") == "23");
+  CHECK(redis_cli(server, "ZCARD rebound:jobs") == "24");
+  CHECK(redis_cli(server, "ZCARD rebound:queued") == "22");
+  // held's callback is due when its renewed lease ends, not when the first one did.
+  CHECK(store.claim_callbacks(10, Lease{"other", now + 200s}, now + 60s).empty());
+  const auto callbacks = store.claim_callbacks(10, Lease{"other", now + 200s}, now + 100s);
+  REQUIRE(callbacks.size() == 1);
+  CHECK(callbacks[0].job.id == "held");
+  // kept stays leased until its renewal's end; the new jobs are there to claim.
+  const auto claimed = store.claim_jobs(100, Lease{"other", now + 200s}, now + 90s);
+  CHECK(claimed.size() == 21);
+  for (const auto& record : claimed)
+    CHECK(record.job.id != "kept");
+  CHECK(store.claim_jobs(100, Lease{"other", now + 200s}, now + 121s).size() == 1);
+}
+
 TEST_CASE("redis: a call that fails in a batch fails alone - the others in it stand") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));

@@ -92,11 +92,12 @@ local function sweep(count, now, retention)
   local SWEEP = ALL .. ':sweep'
   local from = tonumber(redis.call('GET', SWEEP) or '0')
   local at = from
-  local horizon = tonumber(now) - tonumber(retention)
-  local members = redis.call('ZRANGE', ALL, at, at + count - 1, 'WITHSCORES')
+  -- Only the members old enough to have expired: ALL is in creation order, so those from rank
+  -- `at` created before the horizon (the score range's offset is a rank too).
+  local horizon = string.format('(%.0f', tonumber(now) - tonumber(retention))
+  local members = redis.call('ZRANGEBYSCORE', ALL, '-inf', horizon, 'WITHSCORES', 'LIMIT', at, count)
   local restart = #members < 2 * count
   for i = 1, #members, 2 do
-    if tonumber(members[i + 1]) >= horizon then restart = true; break end
     if redis.call('EXISTS', job_key(members[i])) == 0 then
       redis.call('ZREM', ALL, members[i])
       -- A dead letter that expired leaves the count of failed callbacks too.
@@ -110,18 +111,87 @@ local function sweep(count, now, retention)
 end
 -- Within kDispatch: the puts of the call sweep ALL once, after them (two members a put).
 local BATCH, PUTS, PUT_NOW, PUT_RETENTION = false, 0, '0', '0'
+-- The sorted-set writes of the calls a kDispatch runs: gathered, and sent by zflush as one ZADD
+-- and one ZREM per set (a ZADD XX too, for renewals), so that a batch of N jobs costs Redis a few
+-- commands a set rather than N (each command is also an entry in the AOF). The last write of a
+-- member wins, as it would have in order; zflush runs before anything reads a set (the sweep) and
+-- at the end. Outside kDispatch they are written at once. ZW: set -> {v = member -> score, or
+-- false for removed; xx = member -> true while its only write is a ZADD XX; m = members in order}.
+local ZW, ZSETS = {}, {}
+local function zwrite(set, id, score, xx)
+  if not BATCH then
+    if score == false then
+      redis.call('ZREM', set, id)
+    elseif xx then
+      redis.call('ZADD', set, 'XX', score, id)
+    else
+      redis.call('ZADD', set, score, id)
+    end
+    return
+  end
+  local w = ZW[set]
+  if not w then
+    w = {v = {}, xx = {}, m = {}}
+    ZW[set] = w
+    ZSETS[#ZSETS + 1] = set
+  end
+  local was = w.v[id]
+  if was == nil then
+    w.m[#w.m + 1] = id
+  elseif xx then
+    -- XX after a removal: nothing to update; after an add: the add, with this score.
+    if was ~= false then w.v[id] = score end
+    return
+  end
+  w.v[id] = score
+  w.xx[id] = xx or nil
+end
+local function zadd(set, score, id) zwrite(set, id, score, false) end
+local function zadd_xx(set, score, id) zwrite(set, id, score, true) end
+local function zrem(set, id) zwrite(set, id, false, false) end
+-- (unpack passes at most a few thousand values: the members go out in slices.)
+local function zsend(command, set, xx, values)
+  for i = 1, #values, 2000 do
+    local last = math.min(i + 1999, #values)
+    if xx then
+      redis.call(command, set, 'XX', unpack(values, i, last))
+    else
+      redis.call(command, set, unpack(values, i, last))
+    end
+  end
+end
+local function zflush()
+  for _, set in ipairs(ZSETS) do
+    local w = ZW[set]
+    local add, add_xx, rem = {}, {}, {}
+    for _, id in ipairs(w.m) do
+      local score = w.v[id]
+      if score == false then
+        rem[#rem + 1] = id
+      else
+        local to = w.xx[id] and add_xx or add
+        to[#to + 1] = score
+        to[#to + 1] = id
+      end
+    end
+    zsend('ZREM', set, false, rem)
+    zsend('ZADD', set, false, add)
+    zsend('ZADD', set, true, add_xx)
+  end
+  ZW, ZSETS = {}, {}
+end
 -- Fields at their defaults are not written (a job's hash holds what it needs): a missing field
 -- reads as its default here and in read_record.
 -- A finished job (final, its callback delivered, given up or not wanted) expires.
 local function finish(key, id, now, retention)
-  redis.call('ZREM', UNFINISHED, id)
+  zrem(UNFINISHED, id)
   redis.call('HSET', key, 'finished', now)
   if tonumber(retention) > 0 then redis.call('PEXPIRE', key, retention) end
 end
 local function unfinish(key, id)
   redis.call('PERSIST', key)
   redis.call('HSET', key, 'finished', '')
-  redis.call('ZADD', UNFINISHED, redis.call('HGET', key, 'created'), id)
+  zadd(UNFINISHED, redis.call('HGET', key, 'created'), id)
 end
 -- Writes a callback's state from A[first ..] (state, attempts, last error, next attempt,
 -- delivery attempts, delivery start, previous delay) and files the job by it.
@@ -203,10 +273,10 @@ end
 if ARGV[12] ~= '' then fields[#fields + 1] = 'trace'; fields[#fields + 1] = ARGV[12] end
 redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
-redis.call('ZADD', JOBS_DUE, ARGV[14], ARGV[2])
-redis.call('ZADD', QUEUED, ARGV[15], ARGV[2])
-redis.call('ZADD', UNFINISHED, ARGV[5], ARGV[2])
-redis.call('ZADD', ALL, ARGV[5], ARGV[2])
+zadd(JOBS_DUE, ARGV[14], ARGV[2])
+zadd(QUEUED, ARGV[15], ARGV[2])
+zadd(UNFINISHED, ARGV[5], ARGV[2])
+zadd(ALL, ARGV[5], ARGV[2])
 -- Finished jobs expire after the retention (ARGV[13], ms; 0: never): ALL forgets them in a sweep
 -- of two of its oldest members a put.
 if BATCH then
@@ -260,9 +330,9 @@ local key = job_key(ARGV[2])
 if not holds(key, ARGV[3], ARGV[5]) then return 0 end
 redis.call('HSET', key, 'until', ARGV[4])
 if is_final(redis.call('HGET', key, 'status')) then
-  redis.call('ZADD', CB_DUE, 'XX', ARGV[4], ARGV[2])
+  zadd_xx(CB_DUE, ARGV[4], ARGV[2])
 else
-  redis.call('ZADD', JOBS_DUE, 'XX', job_score(job_priority(key), ARGV[4]), ARGV[2])
+  zadd_xx(JOBS_DUE, job_score(job_priority(key), ARGV[4]), ARGV[2])
 end
 return 1
 )lua";
@@ -272,7 +342,7 @@ constexpr const char* kMarkRunning = R"lua(
 local key = job_key(ARGV[2])
 if redis.call('HGET', key, 'status') == 'queued' then
   redis.call('HSET', key, 'status', 'running', 'started', ARGV[3])
-  redis.call('ZREM', QUEUED, ARGV[2])
+  zrem(QUEUED, ARGV[2])
 end
 return 1
 )lua";
@@ -300,13 +370,13 @@ if ARGV[7] == '1' then
   fields[#fields + 1] = 'err_code'; fields[#fields + 1] = ARGV[8]
   fields[#fields + 1] = 'err_msg'; fields[#fields + 1] = ARGV[9]
 end
-redis.call('ZREM', JOBS_DUE, id)
-if f[5] == 'queued' then redis.call('ZREM', QUEUED, id) end  -- (mark_running took it out)
+zrem(JOBS_DUE, id)
+if f[5] == 'queued' then zrem(QUEUED, id) end  -- (mark_running took it out)
 -- Called back when there is a URL and `completed` (2) is among its events (1..3).
 if not (f[3] and f[3] ~= '' and tonumber(f[4] or '2') % 4 >= 2) then
   for _, v in ipairs({'holder', '', 'until', '0', 'finished', ARGV[4]}) do fields[#fields + 1] = v end
   redis.call('HSET', key, unpack(fields))
-  redis.call('ZREM', UNFINISHED, id)
+  zrem(UNFINISHED, id)
   if tonumber(ARGV[12]) > 0 then redis.call('PEXPIRE', key, ARGV[12]) end
   return 1
 end
@@ -322,7 +392,7 @@ else
   for _, v in ipairs({'holder', '', 'until', '0'}) do fields[#fields + 1] = v end
 end
 redis.call('HSET', key, unpack(fields))
-redis.call('ZADD', CB_DUE, due, id)
+zadd(CB_DUE, due, id)
 return 1
 )lua";
 
@@ -375,22 +445,22 @@ if attempt ~= '' then
 end
 if state == 'pending' then
   redis.call('HSET', key, unpack(fields))
-  redis.call('ZADD', CB_DUE, ARGV[9], id)
-  if f[6] == 'failed' then redis.call('ZREM', FAILED, id) end
+  zadd(CB_DUE, ARGV[9], id)
+  if f[6] == 'failed' then zrem(FAILED, id) end
   if f[7] and f[7] ~= '' then unfinish(key, id) end
   return 1
 end
-redis.call('ZREM', CB_DUE, id)
+zrem(CB_DUE, id)
 if state == 'failed' then
-  redis.call('ZADD', FAILED, f[4], id)
+  zadd(FAILED, f[4], id)
 elseif f[6] == 'failed' then
-  redis.call('ZREM', FAILED, id)
+  zrem(FAILED, id)
 end
 local ends = is_final(f[3]) and (state == 'delivered' or state == 'failed')
 if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[4] end
 redis.call('HSET', key, unpack(fields))
 if ends then
-  redis.call('ZREM', UNFINISHED, id)
+  zrem(UNFINISHED, id)
   if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', key, ARGV[5]) end
 end
 return 1
@@ -636,6 +706,7 @@ while at <= n do
   end
   at = at + 2 + count
 end
+zflush()
 if PUTS > 0 then sweep(2 * PUTS, PUT_NOW, PUT_RETENTION) end
 return out
 )lua";
