@@ -247,7 +247,9 @@ end
 // another request has the id; {3, stored input}: the same but for the input's text.
 constexpr const char* kPut = R"lua(
 local key = job_key(ARGV[2])
-local old = redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events')
+-- (EXISTS first: most puts are of new jobs, and it costs less than reading five missing fields.)
+local old = redis.call('EXISTS', key) == 1 and
+            redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events') or {}
 if old[1] then
   -- The same request again ({1}), or another under a taken id ({2}): told apart here, so that the
   -- answer is a number whatever the size of the stored input. An input whose text differs may
@@ -262,15 +264,19 @@ if old[1] then
   end
   return {2}
 end
--- (cb_state and finished at their defaults too: older servers on the same Redis read them.)
+-- Priority, max queue time and events only when not at their defaults (5, 0, 2). cb_state and
+-- finished at their defaults all the same: older servers on the same Redis test them.
 local fields = {'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
-                'priority', ARGV[9], 'maxq', ARGV[10], 'events', ARGV[11], 'cb_state', 'none',
-                'finished', ''}
+                'cb_state', 'none', 'finished', ''}
+local n = 12
+if ARGV[9] ~= '5' then fields[n + 1], fields[n + 2] = 'priority', ARGV[9]; n = n + 2 end
+if ARGV[10] ~= '0' then fields[n + 1], fields[n + 2] = 'maxq', ARGV[10]; n = n + 2 end
+if ARGV[11] ~= '2' then fields[n + 1], fields[n + 2] = 'events', ARGV[11]; n = n + 2 end
 if ARGV[6] ~= '' then
-  fields[#fields + 1] = 'holder'; fields[#fields + 1] = ARGV[6]
-  fields[#fields + 1] = 'until'; fields[#fields + 1] = ARGV[7]
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', ARGV[6], 'until', ARGV[7]
+  n = n + 4
 end
-if ARGV[12] ~= '' then fields[#fields + 1] = 'trace'; fields[#fields + 1] = ARGV[12] end
+if ARGV[12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[12] end
 redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
 zadd(JOBS_DUE, ARGV[14], ARGV[2])
@@ -359,37 +365,43 @@ return redis.call('ZRANK', QUEUED, ARGV[2]) or -1
 constexpr const char* kFinish = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
-local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status')
+local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status', 'cb_da', 'cb_prev')
 if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
 -- One write of the hash. (A job under a live lease has no outcome yet: no error fields to drop.)
+-- (The fields are appended at n: no temporary tables, which cost as much as a command here.)
 local fields = {'status', ARGV[5], 'result', ARGV[6], 'ended', ARGV[13]}
+local n = 6
 if ARGV[14] ~= '' and f[5] == 'queued' then
-  fields[#fields + 1] = 'started'; fields[#fields + 1] = ARGV[14]
+  fields[n + 1], fields[n + 2] = 'started', ARGV[14]; n = n + 2
 end
 if ARGV[7] == '1' then
-  fields[#fields + 1] = 'err_code'; fields[#fields + 1] = ARGV[8]
-  fields[#fields + 1] = 'err_msg'; fields[#fields + 1] = ARGV[9]
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'err_code', ARGV[8], 'err_msg', ARGV[9]
+  n = n + 4
 end
 zrem(JOBS_DUE, id)
 if f[5] == 'queued' then zrem(QUEUED, id) end  -- (mark_running took it out)
 -- Called back when there is a URL and `completed` (2) is among its events (1..3).
 if not (f[3] and f[3] ~= '' and tonumber(f[4] or '2') % 4 >= 2) then
-  for _, v in ipairs({'holder', '', 'until', '0', 'finished', ARGV[4]}) do fields[#fields + 1] = v end
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
+  fields[n + 5], fields[n + 6] = 'finished', ARGV[4]
   redis.call('HSET', key, unpack(fields))
   zrem(UNFINISHED, id)
   if tonumber(ARGV[12]) > 0 then redis.call('PEXPIRE', key, ARGV[12]) end
   return 1
 end
-for _, v in ipairs({'cb_state', 'pending', 'cb_next', ARGV[4], 'cb_da', '0', 'cb_started', ARGV[4],
-                    'cb_prev', '0'}) do
-  fields[#fields + 1] = v
-end
+fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'cb_state', 'pending', 'cb_next', ARGV[4]
+fields[n + 5], fields[n + 6] = 'cb_started', ARGV[4]
+n = n + 6
+-- A new delivery's attempts and previous delay are 0: written only over another value (a missing
+-- field reads as 0; the service writes no callback field before a job's outcome).
+if f[6] and f[6] ~= '0' then fields[n + 1], fields[n + 2] = 'cb_da', '0'; n = n + 2 end
+if f[7] and f[7] ~= '0' then fields[n + 1], fields[n + 2] = 'cb_prev', '0'; n = n + 2 end
 local due = ARGV[4]
 if ARGV[10] ~= '' then
   due = ARGV[11]
-  for _, v in ipairs({'holder', ARGV[10], 'until', ARGV[11]}) do fields[#fields + 1] = v end
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', ARGV[10], 'until', ARGV[11]
 else
-  for _, v in ipairs({'holder', '', 'until', '0'}) do fields[#fields + 1] = v end
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
 end
 redis.call('HSET', key, unpack(fields))
 zadd(CB_DUE, due, id)
@@ -428,6 +440,8 @@ local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'created', 'atte
                      'finished')
 if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
 -- One write of the hash: the lease ended, the callback's state (ARGV[6 .. 12]), the attempt log.
+-- (Every callback field: reading them to write only those that changed cost Redis more than
+-- writing them, measured in instructions a job: docs/benchmarks.md.)
 local state = ARGV[6]
 local fields = {'holder', '', 'until', '0', 'cb_state', state, 'cb_attempts', ARGV[7],
                 'cb_error', ARGV[8], 'cb_next', ARGV[9], 'cb_da', ARGV[10], 'cb_started', ARGV[11],
