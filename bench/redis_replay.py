@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""What a job costs Redis in instructions: one trial's commands, recorded and replayed under callgrind.
+
+    bench/redis_replay.py --build-dir build-core
+    bench/redis_replay.py --build-dir /tmp/before/build --build-dir build-core --jobs 5000
+
+Redis CPU per job (bench/redis_peers.py) is time on a shared machine, and moves by 10 to 30 % from
+one trial to the next. This counts instructions instead, which do not move: for each build, one
+trial of bench/redis_peers.py's `rebound-1-batch` system (one rebound-server, its jobs submitted in
+batches, --mode poll or callback, on a fresh redis-server without persistence) runs with a MONITOR
+connection that records every command the server sends. The record is then replayed, in order,
+into a fresh redis-server run under `valgrind --tool=callgrind` (--hz 1, so that its timers add
+little), once without persistence and once with AOF everysec, with the same scripts: the figure is
+redis-server's instructions over the replay, less those of a replay of nothing (its start and
+stop), divided by the jobs. The replay sends the commands on one connection, eight at a time,
+and reads every reply; it checks that every job ended (no key of the prefix is left unfinished).
+
+Two builds side by side (repeat --build-dir) compare what their scripts cost Redis for the same
+work. The figures count only instructions of redis-server's own process (not the kernel's part of
+its AOF writes), and valgrind's start is the same in every run.
+
+Needs valgrind, and what bench/redis_peers.py needs for one rebound trial (redis-server, wrk,
+nginx-light for --mode callback). About a minute a build.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import redis_peers  # noqa: E402
+
+ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", '"': b'"', "\\": b"\\"}
+SKIPPED = {b"MONITOR", b"INFO", b"CLIENT", b"CONFIG", b"SLOWLOG", b"HELLO", b"PING", b"AUTH", b"SELECT",
+           b"QUIT"}
+
+
+def unquote(text: str) -> bytes:
+    """One argument as MONITOR quotes it (sdscatrepr) back to its bytes."""
+    out, i = bytearray(), 0
+    while i < len(text):
+        if text[i] == "\\":
+            if text[i + 1] == "x":
+                out.append(int(text[i + 2:i + 4], 16))
+                i += 4
+            else:
+                out += ESCAPES[text[i + 1]]
+                i += 2
+        else:
+            out.append(ord(text[i]))
+            i += 1
+    return bytes(out)
+
+
+def commands_of(record: bytes) -> list[list[bytes]]:
+    """The commands clients sent, in order (those scripts ran, and the connection's own, left out)."""
+    out = []
+    for line in record.decode("latin-1").split("\r\n"):
+        m = re.match(r'\+[\d.]+ \[\d+ ([^\]]+)\] (.*)$', line)
+        if not m or m.group(1) == "lua":
+            continue
+        args = [unquote(a) for a in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))]
+        if args and args[0].upper() not in SKIPPED:
+            out.append(args)
+    return out
+
+
+def record_trial(build_dir: Path, jobs: int, mode: str) -> list[list[bytes]]:
+    """One rebound-1-batch trial of bench/redis_peers.py, every command the server sent recorded."""
+    a = argparse.Namespace(jobs=jobs, rounds=1, connections=32, workers=2, bullmq_concurrency=64,
+                           bullmq_chunk=1000, batch=100, batch_connections=8, settle=1.0,
+                           trial_timeout=120, costs=False, build_dir=str(build_dir),
+                           server=str(build_dir / "examples" / "rebound-server"))
+    monitor: dict = {}
+    start, stop = redis_peers.RedisServer.__init__, redis_peers.RedisServer.stop
+
+    def started(self, config, costs=False):
+        start(self, config, costs)
+        s = socket.create_connection(("127.0.0.1", self.port))
+        s.sendall(b"MONITOR\r\n")
+        data = bytearray()
+
+        def read():
+            while chunk := s.recv(1 << 20):
+                data.extend(chunk)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        monitor.update(sock=s, data=data, reader=reader)
+
+    def stopped(self):
+        time.sleep(0.5)  # the last replies of the trial reach the monitor
+        monitor["sock"].shutdown(socket.SHUT_RDWR)
+        monitor["reader"].join(5)
+        monitor["sock"].close()
+        stop(self)
+
+    redis_peers.RedisServer.__init__, redis_peers.RedisServer.stop = started, stopped
+    try:
+        result = redis_peers.trial(a, "none", mode, "rebound-1-batch")
+    finally:
+        redis_peers.RedisServer.__init__, redis_peers.RedisServer.stop = start, stop
+    if "error" in result:
+        raise RuntimeError(f"the trial failed: {result['error']}")
+    return commands_of(bytes(monitor["data"]))
+
+
+class Connection:
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+        self.file = self.sock.makefile("rb")
+
+    def send(self, commands: list[list[bytes]]) -> None:
+        out = []
+        for args in commands:
+            out.append(b"*%d\r\n" % len(args))
+            for arg in args:
+                out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+        self.sock.sendall(b"".join(out))
+
+    def read(self):
+        line = self.file.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind in (b"+", b":"):
+            return rest
+        if kind == b"-":
+            return RuntimeError(rest.decode())
+        if kind == b"$":
+            return None if int(rest) < 0 else self.file.read(int(rest) + 2)[:-2]
+        if kind == b"*":
+            return [self.read() for _ in range(max(0, int(rest)))]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+    def call(self, *args: bytes):
+        self.send([list(args)])
+        return self.read()
+
+
+def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
+    """Instructions redis-server ran for `commands`, under callgrind; and its unfinished set's size."""
+    folder = Path(tempfile.mkdtemp(prefix="rebound-replay-"))
+    port = redis_peers.free_port()
+    out = folder / "callgrind.out"
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port",
+         str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "", "--hz", "1",
+         "--appendonly", "yes" if aof else "no", "--appendfsync", "everysec"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = Connection(port)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server under valgrind did not start")
+                time.sleep(0.1)
+        pending: list[list[bytes]] = []
+
+        def flush():
+            conn.send(pending)
+            for _ in pending:
+                conn.read()
+            pending.clear()
+        for args in commands:
+            pending.append(args)
+            if len(pending) == 8:
+                flush()
+        flush()
+        unfinished = conn.call(b"ZCARD", b"rebound:unfinished")
+        conn.send([[b"SHUTDOWN", b"NOSAVE"]])  # (no answer: the connection closes)
+    finally:
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    total = 0
+    for line in out.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            total = int(line.split()[1])
+    for f in folder.rglob("*"):
+        if f.is_file():
+            f.unlink()
+    for d in sorted(folder.rglob("*"), reverse=True):
+        d.rmdir()
+    folder.rmdir()
+    return total, unfinished
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build-dir", action="append", required=True,
+                   help="a build with examples/rebound-server (repeatable: builds side by side)")
+    p.add_argument("--jobs", type=int, default=5000, help="jobs in the recorded trial (default 5,000)")
+    p.add_argument("--mode", choices=("poll", "callback"), default="callback")
+    a = p.parse_args()
+    idle = {aof: replay([], aof)[0] for aof in (False, True)}
+    rows = []
+    for build in a.build_dir:
+        build_dir = Path(build).resolve()
+        commands = record_trial(build_dir, a.jobs, a.mode)
+        scripts = sum(1 for c in commands if c[0].upper() == b"EVALSHA")
+        figures = []
+        for aof in (False, True):
+            total, unfinished = replay(commands, aof)
+            if unfinished not in (b"0", 0):
+                raise RuntimeError(f"{build}: the replay left {unfinished!r} jobs unfinished")
+            figures.append((total - idle[aof]) / a.jobs / 1000)
+        rows.append(f"| {build} | {scripts / a.jobs:.3f} | {figures[0]:,.0f} | {figures[1]:,.0f} |")
+        print(rows[-1], file=sys.stderr)
+    print(f"redis-server instructions a job ({a.jobs:,} jobs, {a.mode}, batches of 100, replayed "
+          f"under callgrind)\n")
+    print("| build | script calls a job | thousand instructions a job, no persistence | with AOF everysec |")
+    print("|---|---:|---:|---:|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
