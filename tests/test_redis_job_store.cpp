@@ -864,7 +864,9 @@ TEST_CASE("redis: a job marked running and finished in one batch is marked by it
 
 TEST_CASE("redis: a batch writes each sorted set once - the last write of each job wins") {
   rebound::test::RedisServer server;
-  RedisJobStore store(options_for(server));
+  auto options = options_for(server);
+  options.command_timeout = 10s;  // Redis is held still below while 21 threads queue their calls
+  RedisJobStore store(options);
   const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
   const Lease worker{"worker", now + 60s};
   const std::string url = "http://receiver.test/cb";
@@ -901,7 +903,7 @@ TEST_CASE("redis: a batch writes each sorted set once - the last write of each j
     return store.renew_all(
         {{"held", Lease{"sender", now + 90s}}, {"kept", Lease{"worker", now + 120s}}}, now);
   });
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(500ms);
   server.resume();
   REQUIRE(blocker.wait_for(10s) == std::future_status::ready);
   CHECK(blocker.get() == PutOutcome::created);
@@ -945,6 +947,28 @@ TEST_CASE("redis: a batch writes each sorted set once - the last write of each j
   for (const auto& record : claimed)
     CHECK(record.job.id != "kept");
   CHECK(store.claim_jobs(100, Lease{"other", now + 200s}, now + 121s).size() == 1);
+}
+
+TEST_CASE("redis: a call that fails in a batch leaves the sorted sets as it found them") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  REQUIRE(store.put(Job{"x", "http://receiver.test/cb", 1, now}, Lease{"worker", now + 60s}) ==
+          PutOutcome::created);
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
+  REQUIRE(store.finish_job("x", "worker", done, Lease{"sender", now + 30s}, now));
+  // Something else dropped the field a given-up callback is filed by: the record fails midway,
+  // after it noted that the callback leaves the due set.
+  REQUIRE(redis_cli(server, "HDEL rebound:job:x created") == "1");
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  given_up.attempts = 3;
+  CHECK_THROWS_AS(store.record_attempt("x", "sender", given_up, now), rebound::StoreUnavailable);
+  // Still owed, and claimed again once the sender's lease runs out.
+  CHECK_FALSE(redis_cli(server, "ZSCORE rebound:callbacks:due x").empty());
+  const auto again = store.claim_callbacks(10, Lease{"other", now + 90s}, now + 31s);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].job.id == "x");
 }
 
 TEST_CASE("redis: a call that fails in a batch fails alone - the others in it stand") {

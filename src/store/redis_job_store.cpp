@@ -92,12 +92,18 @@ local function sweep(count, now, retention)
   local SWEEP = ALL .. ':sweep'
   local from = tonumber(redis.call('GET', SWEEP) or '0')
   local at = from
-  -- Only the members old enough to have expired: ALL is in creation order, so those from rank
-  -- `at` created before the horizon (the score range's offset is a rank too).
-  local horizon = string.format('(%.0f', tonumber(now) - tonumber(retention))
-  local members = redis.call('ZRANGEBYSCORE', ALL, '-inf', horizon, 'WITHSCORES', 'LIMIT', at, count)
+  local horizon = tonumber(now) - tonumber(retention)
+  -- The member at `at` first: most often it is too young to have expired, and the sweep is done
+  -- without fetching the others. (By rank: a score range's LIMIT offset walks the set before
+  -- Redis 7.2.)
+  local first = redis.call('ZRANGE', ALL, at, at, 'WITHSCORES')
+  local members = {}
+  if #first == 2 and tonumber(first[2]) < horizon then
+    members = redis.call('ZRANGE', ALL, at, at + count - 1, 'WITHSCORES')
+  end
   local restart = #members < 2 * count
   for i = 1, #members, 2 do
+    if tonumber(members[i + 1]) >= horizon then restart = true; break end
     if redis.call('EXISTS', job_key(members[i])) == 0 then
       redis.call('ZREM', ALL, members[i])
       -- A dead letter that expired leaves the count of failed callbacks too.
@@ -115,20 +121,14 @@ local BATCH, PUTS, PUT_NOW, PUT_RETENTION = false, 0, '0', '0'
 -- and one ZREM per set (a ZADD XX too, for renewals), so that a batch of N jobs costs Redis a few
 -- commands a set rather than N (each command is also an entry in the AOF). The last write of a
 -- member wins, as it would have in order; zflush runs before anything reads a set (the sweep) and
--- at the end. Outside kDispatch they are written at once. ZW: set -> {v = member -> score, or
--- false for removed; xx = member -> true while its only write is a ZADD XX; m = members in order}.
+-- at the end. A call's writes are noted apart (NOTED) and gathered only once it succeeded: a
+-- call that fails (a hash write refused at maxmemory, say) leaves the sets as it found them.
+-- Outside kDispatch they are written at once. ZW: set -> {v = member -> score, or REMOVED;
+-- xx = member -> true while its only write is a ZADD XX; m = members in order}.
+local REMOVED = {}
 local ZW, ZSETS = {}, {}
-local function zwrite(set, id, score, xx)
-  if not BATCH then
-    if score == false then
-      redis.call('ZREM', set, id)
-    elseif xx then
-      redis.call('ZADD', set, 'XX', score, id)
-    else
-      redis.call('ZADD', set, score, id)
-    end
-    return
-  end
+local NOTED, NOTED_ID, NOTED_SCORE, NOTED_XX, NOTES = {}, {}, {}, {}, 0
+local function gather(set, id, score, xx)
   local w = ZW[set]
   if not w then
     w = {v = {}, xx = {}, m = {}}
@@ -140,15 +140,38 @@ local function zwrite(set, id, score, xx)
     w.m[#w.m + 1] = id
   elseif xx then
     -- XX after a removal: nothing to update; after an add: the add, with this score.
-    if was ~= false then w.v[id] = score end
+    if was ~= REMOVED then w.v[id] = score end
     return
   end
   w.v[id] = score
   w.xx[id] = xx or nil
 end
+-- The writes of the call that just succeeded, gathered; or (`keep` false) forgotten.
+local function settle_notes(keep)
+  if keep then
+    for i = 1, NOTES do gather(NOTED[i], NOTED_ID[i], NOTED_SCORE[i], NOTED_XX[i]) end
+  end
+  NOTES = 0
+end
+local function zwrite(set, id, score, xx)
+  -- A score that is not a number (a field missing from a job's hash) fails its call here.
+  if score ~= REMOVED and not tonumber(score) then error('not a score: ' .. tostring(score)) end
+  if not BATCH then
+    if score == REMOVED then
+      redis.call('ZREM', set, id)
+    elseif xx then
+      redis.call('ZADD', set, 'XX', score, id)
+    else
+      redis.call('ZADD', set, score, id)
+    end
+    return
+  end
+  NOTES = NOTES + 1
+  NOTED[NOTES], NOTED_ID[NOTES], NOTED_SCORE[NOTES], NOTED_XX[NOTES] = set, id, score, xx
+end
 local function zadd(set, score, id) zwrite(set, id, score, false) end
 local function zadd_xx(set, score, id) zwrite(set, id, score, true) end
-local function zrem(set, id) zwrite(set, id, false, false) end
+local function zrem(set, id) zwrite(set, id, REMOVED, false) end
 -- (unpack passes at most a few thousand values: the members go out in slices.)
 local function zsend(command, set, xx, values)
   for i = 1, #values, 2000 do
@@ -166,7 +189,7 @@ local function zflush()
     local add, add_xx, rem = {}, {}, {}
     for _, id in ipairs(w.m) do
       local score = w.v[id]
-      if score == false then
+      if score == REMOVED then
         rem[#rem + 1] = id
       else
         local to = w.xx[id] and add_xx or add
@@ -711,6 +734,7 @@ while at <= n do
   local op, count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
   -- A call that fails answers its error; the calls before it stand, and those after it run.
   local ok, answer = pcall(OPS[op], {P, unpack(ARGV, at + 2, at + 1 + count)})
+  settle_notes(ok)
   if ok then
     out[#out + 1] = answer
   elseif type(answer) == 'table' and answer.err then
