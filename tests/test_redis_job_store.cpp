@@ -957,8 +957,8 @@ TEST_CASE("redis: a call that fails in a batch leaves the sorted sets as it foun
           PutOutcome::created);
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
   REQUIRE(store.finish_job("x", "worker", done, Lease{"sender", now + 30s}, now));
-  // Something else dropped the field a given-up callback is filed by: the record fails midway,
-  // after it noted that the callback leaves the due set.
+  // Something else dropped the field a given-up callback is filed by: the record fails, and
+  // writes nothing (the callback stays in the due set, under its lease).
   REQUIRE(redis_cli(server, "HDEL rebound:job:x created") == "1");
   rebound::CallbackInfo given_up;
   given_up.state = rebound::CallbackState::failed;

@@ -121,14 +121,26 @@ local BATCH, PUTS, PUT_NOW, PUT_RETENTION = false, 0, '0', '0'
 -- and one ZREM per set (a ZADD XX too, for renewals), so that a batch of N jobs costs Redis a few
 -- commands a set rather than N (each command is also an entry in the AOF). The last write of a
 -- member wins, as it would have in order; zflush runs before anything reads a set (the sweep) and
--- at the end. A call's writes are noted apart (NOTED) and gathered only once it succeeded: a
--- call that fails (a hash write refused at maxmemory, say) leaves the sets as it found them.
--- Outside kDispatch they are written at once. ZW: set -> {v = member -> score, or REMOVED;
--- xx = member -> true while its only write is a ZADD XX; m = members in order}.
+-- at the end. Outside kDispatch they are written at once. Every transition writes the sets after
+-- its hash, and checks what could fail before either: a call refused (its hash write at
+-- maxmemory, say) has noted nothing. ZW: set -> {v = member -> score, or REMOVED; xx = member ->
+-- true while its only write is a ZADD XX; m = members in order}.
 local REMOVED = {}
 local ZW, ZSETS = {}, {}
-local NOTED, NOTED_ID, NOTED_SCORE, NOTED_XX, NOTES = {}, {}, {}, {}, 0
-local function gather(set, id, score, xx)
+local function zwrite(set, id, score, xx)
+  -- (A missing field, as a score, fails its call here. Checking that a text is a number would
+  -- cost Redis more than the rest of this function.)
+  if score ~= REMOVED and type(score) ~= 'string' then error('not a score: ' .. tostring(score)) end
+  if not BATCH then
+    if score == REMOVED then
+      redis.call('ZREM', set, id)
+    elseif xx then
+      redis.call('ZADD', set, 'XX', score, id)
+    else
+      redis.call('ZADD', set, score, id)
+    end
+    return
+  end
   local w = ZW[set]
   if not w then
     w = {v = {}, xx = {}, m = {}}
@@ -145,29 +157,6 @@ local function gather(set, id, score, xx)
   end
   w.v[id] = score
   w.xx[id] = xx or nil
-end
--- The writes of the call that just succeeded, gathered; or (`keep` false) forgotten.
-local function settle_notes(keep)
-  if keep then
-    for i = 1, NOTES do gather(NOTED[i], NOTED_ID[i], NOTED_SCORE[i], NOTED_XX[i]) end
-  end
-  NOTES = 0
-end
-local function zwrite(set, id, score, xx)
-  -- A score that is not a number (a field missing from a job's hash) fails its call here.
-  if score ~= REMOVED and not tonumber(score) then error('not a score: ' .. tostring(score)) end
-  if not BATCH then
-    if score == REMOVED then
-      redis.call('ZREM', set, id)
-    elseif xx then
-      redis.call('ZADD', set, 'XX', score, id)
-    else
-      redis.call('ZADD', set, score, id)
-    end
-    return
-  end
-  NOTES = NOTES + 1
-  NOTED[NOTES], NOTED_ID[NOTES], NOTED_SCORE[NOTES], NOTED_XX[NOTES] = set, id, score, xx
 end
 local function zadd(set, score, id) zwrite(set, id, score, false) end
 local function zadd_xx(set, score, id) zwrite(set, id, score, true) end
@@ -401,13 +390,15 @@ if ARGV[7] == '1' then
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'err_code', ARGV[8], 'err_msg', ARGV[9]
   n = n + 4
 end
-zrem(JOBS_DUE, id)
-if f[5] == 'queued' then zrem(QUEUED, id) end  -- (mark_running took it out)
+-- (Every sorted-set write after the hash's: see zwrite.)
+local queued = f[5] == 'queued'  -- (else mark_running took it out of QUEUED)
 -- Called back when there is a URL and `completed` (2) is among its events (1..3).
 if not (f[3] and f[3] ~= '' and tonumber(f[4] or '2') % 4 >= 2) then
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
   fields[n + 5], fields[n + 6] = 'finished', ARGV[4]
   redis.call('HSET', key, unpack(fields))
+  zrem(JOBS_DUE, id)
+  if queued then zrem(QUEUED, id) end
   zrem(UNFINISHED, id)
   if tonumber(ARGV[12]) > 0 then redis.call('PEXPIRE', key, ARGV[12]) end
   return 1
@@ -427,6 +418,8 @@ else
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
 end
 redis.call('HSET', key, unpack(fields))
+zrem(JOBS_DUE, id)
+if queued then zrem(QUEUED, id) end
 zadd(CB_DUE, due, id)
 return 1
 )lua";
@@ -480,6 +473,8 @@ if attempt ~= '' then
   end
   fields[#fields + 1] = 'attempts'; fields[#fields + 1] = log
 end
+-- (What the sets are filed by is checked before anything is written: see zwrite.)
+if not f[4] then error('job ' .. id .. ' has no creation time') end
 if state == 'pending' then
   redis.call('HSET', key, unpack(fields))
   zadd(CB_DUE, ARGV[9], id)
@@ -487,15 +482,15 @@ if state == 'pending' then
   if f[7] and f[7] ~= '' then unfinish(key, id) end
   return 1
 end
+local ends = is_final(f[3]) and (state == 'delivered' or state == 'failed')
+if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[4] end
+redis.call('HSET', key, unpack(fields))
 zrem(CB_DUE, id)
 if state == 'failed' then
   zadd(FAILED, f[4], id)
 elseif f[6] == 'failed' then
   zrem(FAILED, id)
 end
-local ends = is_final(f[3]) and (state == 'delivered' or state == 'failed')
-if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[4] end
-redis.call('HSET', key, unpack(fields))
 if ends then
   zrem(UNFINISHED, id)
   if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', key, ARGV[5]) end
@@ -734,7 +729,6 @@ while at <= n do
   local op, count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
   -- A call that fails answers its error; the calls before it stand, and those after it run.
   local ok, answer = pcall(OPS[op], {P, unpack(ARGV, at + 2, at + 1 + count)})
-  settle_notes(ok)
   if ok then
     out[#out + 1] = answer
   elseif type(answer) == 'table' and answer.err then
