@@ -15,9 +15,14 @@ redis-server's instructions over the replay, less those of a replay of nothing (
 stop), divided by the jobs. The replay sends the commands on one connection, eight at a time,
 and reads every reply; it checks that every job ended (no key of the prefix is left unfinished).
 
-Two builds side by side (repeat --build-dir) compare what their scripts cost Redis for the same
-work. The figures count only instructions of redis-server's own process (not the kernel's part of
-its AOF writes), and valgrind's start is the same in every run.
+Two builds side by side (repeat --build-dir): records of different trials differ (how the writes
+fall into batches depends on timing: a job's mark_running costs two commands when it is not folded
+into its finish), so each build also replays the first build's record with its own scripts, which
+is the same work to the command ("first build's trial" column). For that, each later build's
+rebound-server is started once against an empty redis-server to record the scripts it loads (in
+the same order; builds whose scripts take other arguments cannot be compared this way). The
+figures count only instructions of redis-server's own process (not the kernel's part of its AOF
+writes), and valgrind's start is the same in every run.
 
 Needs valgrind, and what bench/redis_peers.py needs for one rebound trial (redis-server, wrk,
 nginx-light for --mode callback). About a minute a build.
@@ -112,6 +117,43 @@ def record_trial(build_dir: Path, jobs: int, mode: str) -> list[list[bytes]]:
     return commands_of(bytes(monitor["data"]))
 
 
+def record_scripts(build_dir: Path) -> list[bytes]:
+    """The scripts a build's rebound-server loads at its start, in order."""
+    redis = redis_peers.RedisServer("none")
+    try:
+        s = socket.create_connection(("127.0.0.1", redis.port))
+        s.sendall(b"MONITOR\r\n")
+        data = bytearray()
+
+        def read():
+            while chunk := s.recv(1 << 20):
+                data.extend(chunk)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        port = redis_peers.free_port()
+        server = redis_peers.Server("rebound-server (its scripts)", [
+            str(build_dir / "examples" / "rebound-server"), "serve", "--host", "127.0.0.1", "--port",
+            str(port), "--model", "echo", "--store", redis.url, "--log-level", "warn"], port)
+        server.stop()
+        time.sleep(0.3)
+        s.shutdown(socket.SHUT_RDWR)
+        reader.join(5)
+        s.close()
+    finally:
+        redis.stop()
+    return [c[2] for c in commands_of(bytes(data)) if c[0].upper() == b"SCRIPT"]
+
+
+def with_scripts(commands: list[list[bytes]], scripts: list[bytes]) -> list[list[bytes]]:
+    """`commands` with the scripts they load (in order) replaced by `scripts`."""
+    loads = [c for c in commands if c[0].upper() == b"SCRIPT"]
+    if len(loads) != len(scripts):
+        raise RuntimeError(f"the builds load {len(loads)} and {len(scripts)} scripts: not comparable")
+    for load, text in zip(loads, scripts):
+        load[2] = text
+    return commands
+
+
 class Connection:
     def __init__(self, port: int):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=600)
@@ -204,23 +246,34 @@ def main() -> int:
     p.add_argument("--mode", choices=("poll", "callback"), default="callback")
     a = p.parse_args()
     idle = {aof: replay([], aof)[0] for aof in (False, True)}
-    rows = []
-    for build in a.build_dir:
-        build_dir = Path(build).resolve()
-        commands = record_trial(build_dir, a.jobs, a.mode)
-        scripts = sum(1 for c in commands if c[0].upper() == b"EVALSHA")
+
+    def per_job(commands: list[list[bytes]], build: str) -> list[float]:
         figures = []
         for aof in (False, True):
             total, unfinished = replay(commands, aof)
             if unfinished not in (b"0", 0):
                 raise RuntimeError(f"{build}: the replay left {unfinished!r} jobs unfinished")
             figures.append((total - idle[aof]) / a.jobs / 1000)
-        rows.append(f"| {build} | {scripts / a.jobs:.3f} | {figures[0]:,.0f} | {figures[1]:,.0f} |")
+        return figures
+
+    rows, first = [], None
+    for build in a.build_dir:
+        build_dir = Path(build).resolve()
+        commands = record_trial(build_dir, a.jobs, a.mode)
+        scripts = sum(1 for c in commands if c[0].upper() == b"EVALSHA")
+        own = per_job(commands, build)
+        if first is None:
+            first, same = commands, own
+        else:
+            same = per_job(with_scripts([list(c) for c in first], record_scripts(build_dir)), build)
+        rows.append(f"| {build} | {scripts / a.jobs:.3f} | {own[0]:,.0f} | {own[1]:,.0f} | "
+                    f"{same[0]:,.0f} | {same[1]:,.0f} |")
         print(rows[-1], file=sys.stderr)
-    print(f"redis-server instructions a job ({a.jobs:,} jobs, {a.mode}, batches of 100, replayed "
-          f"under callgrind)\n")
-    print("| build | script calls a job | thousand instructions a job, no persistence | with AOF everysec |")
-    print("|---|---:|---:|---:|")
+    print(f"redis-server instructions a job, thousands ({a.jobs:,} jobs, {a.mode}, batches of 100, "
+          f"replayed under callgrind)\n")
+    print("| build | script calls a job | its own trial, no persistence | its own trial, AOF everysec "
+          "| the first build's trial, no persistence | the first build's trial, AOF everysec |")
+    print("|---|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     return 0
 
