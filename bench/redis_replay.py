@@ -30,6 +30,7 @@ nginx-light for --mode callback). About a minute a build.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import socket
@@ -149,8 +150,14 @@ def with_scripts(commands: list[list[bytes]], scripts: list[bytes]) -> list[list
     loads = [c for c in commands if c[0].upper() == b"SCRIPT"]
     if len(loads) != len(scripts):
         raise RuntimeError(f"the builds load {len(loads)} and {len(scripts)} scripts: not comparable")
+    sha = lambda text: hashlib.sha1(text).hexdigest().encode()
+    renamed = {}
     for load, text in zip(loads, scripts):
+        renamed[sha(load[2])] = sha(text)
         load[2] = text
+    for c in commands:
+        if c[0].upper() == b"EVALSHA":
+            c[1] = renamed.get(c[1].lower(), c[1])
     return commands
 
 
@@ -207,16 +214,22 @@ def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
                 time.sleep(0.1)
         pending: list[list[bytes]] = []
 
+        errors = []
+
         def flush():
             conn.send(pending)
             for _ in pending:
-                conn.read()
+                reply = conn.read()
+                if isinstance(reply, RuntimeError):
+                    errors.append(str(reply))
             pending.clear()
         for args in commands:
             pending.append(args)
             if len(pending) == 8:
                 flush()
         flush()
+        if errors:
+            raise RuntimeError(f"{len(errors)} commands failed in the replay, the first: {errors[0]}")
         unfinished = conn.call(b"ZCARD", b"rebound:unfinished")
         conn.send([[b"SHUTDOWN", b"NOSAVE"]])  # (no answer: the connection closes)
     finally:

@@ -456,12 +456,17 @@ local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'created', 'atte
                      'finished')
 if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
 -- One write of the hash: the lease ended, the callback's state (ARGV[6 .. 12]), the attempt log.
--- (Every callback field: reading them to write only those that changed cost Redis more than
--- writing them, measured in instructions a job: docs/benchmarks.md.)
+-- The schedule (next attempt, delivery attempts, delivery start, previous delay) only while the
+-- callback stays pending: nothing reads it once the callback ended, and a redelivery writes it
+-- afresh. (Every other callback field: reading them to write only those that changed cost Redis
+-- more than writing them, measured in instructions a job: docs/benchmarks.md.)
 local state = ARGV[6]
 local fields = {'holder', '', 'until', '0', 'cb_state', state, 'cb_attempts', ARGV[7],
-                'cb_error', ARGV[8], 'cb_next', ARGV[9], 'cb_da', ARGV[10], 'cb_started', ARGV[11],
-                'cb_prev', ARGV[12]}
+                'cb_error', ARGV[8]}
+if state == 'pending' then
+  fields[11], fields[12], fields[13], fields[14] = 'cb_next', ARGV[9], 'cb_da', ARGV[10]
+  fields[15], fields[16], fields[17], fields[18] = 'cb_started', ARGV[11], 'cb_prev', ARGV[12]
+end
 local attempt = ARGV[13]
 if attempt ~= '' then
   local log = f[5]
