@@ -13,7 +13,8 @@ into a fresh redis-server run under `valgrind --tool=callgrind` (--hz 1, so that
 little), once without persistence and once with AOF everysec, with the same scripts: the figure is
 redis-server's instructions over the replay, less those of a replay of nothing (its start and
 stop), divided by the jobs. The replay sends the commands on one connection, eight at a time,
-and reads every reply; it checks that every job ended (no key of the prefix is left unfinished).
+and reads every reply: it stops at an error anywhere in a reply (a dispatch call answers each of
+its calls apart), and checks that every job ended (`rebound:unfinished` is empty at the end).
 
 Two builds side by side (repeat --build-dir): records of different trials differ (how the writes
 fall into batches depends on timing: a job's mark_running costs two commands when it is not folded
@@ -200,7 +201,8 @@ def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port",
          str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "", "--hz", "1",
-         "--appendonly", "yes" if aof else "no", "--appendfsync", "everysec"],
+         "--appendonly", "yes" if aof else "no", "--appendfsync", "everysec",
+         "--auto-aof-rewrite-percentage", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -216,12 +218,17 @@ def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
 
         errors = []
 
+        def collect(reply) -> None:
+            if isinstance(reply, RuntimeError):
+                errors.append(str(reply))
+            elif isinstance(reply, list):
+                for element in reply:
+                    collect(element)
+
         def flush():
             conn.send(pending)
             for _ in pending:
-                reply = conn.read()
-                if isinstance(reply, RuntimeError):
-                    errors.append(str(reply))
+                collect(conn.read())
             pending.clear()
         for args in commands:
             pending.append(args)
@@ -232,6 +239,9 @@ def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
             raise RuntimeError(f"{len(errors)} commands failed in the replay, the first: {errors[0]}")
         unfinished = conn.call(b"ZCARD", b"rebound:unfinished")
         conn.send([[b"SHUTDOWN", b"NOSAVE"]])  # (no answer: the connection closes)
+    except BaseException:
+        server.kill()
+        raise
     finally:
         try:
             server.wait(timeout=120)

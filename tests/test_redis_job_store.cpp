@@ -971,6 +971,49 @@ TEST_CASE("redis: a call that fails in a batch leaves the sorted sets as it foun
   CHECK(again[0].job.id == "x");
 }
 
+TEST_CASE("redis: a score Redis refuses costs only that job's place in a set - the batch stands") {
+  rebound::test::RedisServer server;
+  auto options = options_for(server);
+  options.command_timeout = 10s;  // Redis is held still below while the records queue
+  RedisJobStore store(options);
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
+  for (const char* id : {"bad", "good"}) {
+    REQUIRE(store.put(Job{id, "http://receiver.test/cb", 1, now}, Lease{"worker", now + 60s}) ==
+            PutOutcome::created);
+    REQUIRE(store.finish_job(id, "worker", done, Lease{"sender", now + 30s}, now));
+  }
+  // Something else wrote a creation time that is not a number: a given-up callback is filed by it.
+  REQUIRE(redis_cli(server, "HSET rebound:job:bad created not-a-time") == "0");
+  server.pause();
+  auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
+  std::this_thread::sleep_for(300ms);
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  given_up.attempts = 3;
+  std::vector<Answer> answers;
+  for (const char* id : {"bad", "good"}) {
+    auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+    answers.push_back(promise->get_future());
+    store.async_record_attempt(id, "sender", given_up, now, std::nullopt, into(promise));
+  }
+  std::this_thread::sleep_for(300ms);
+  server.resume();
+  REQUIRE(blocker.wait_for(10s) == std::future_status::ready);
+  CHECK(blocker.get() == PutOutcome::created);
+  for (auto& a : answers) {
+    REQUIRE(a.wait_for(10s) == std::future_status::ready);
+    CHECK(a.get() == std::pair<bool, bool>{true, true});
+  }
+  // Both recorded and out of the due set; the good one is listed as given up, the bad one cannot
+  // be.
+  CHECK(store.get("good")->callback.state == rebound::CallbackState::failed);
+  CHECK(store.get("bad")->callback.state == rebound::CallbackState::failed);
+  CHECK(redis_cli(server, "ZCARD rebound:callbacks:due") == "0");
+  CHECK_FALSE(redis_cli(server, "ZSCORE rebound:callbacks:failed good").empty());
+  CHECK(redis_cli(server, "ZSCORE rebound:callbacks:failed bad").empty());
+}
+
 TEST_CASE("redis: a call that fails in a batch fails alone - the others in it stand") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));

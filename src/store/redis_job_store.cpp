@@ -128,8 +128,9 @@ local BATCH, PUTS, PUT_NOW, PUT_RETENTION = false, 0, '0', '0'
 local REMOVED = {}
 local ZW, ZSETS = {}, {}
 local function zwrite(set, id, score, xx)
-  -- (A missing field, as a score, fails its call here. Checking that a text is a number would
-  -- cost Redis more than the rest of this function.)
+  -- (A missing field, as a score, fails its call here. A text that is not a number is left to
+  -- Redis: checking it here would cost more than the rest of this function, and zsend loses only
+  -- that member's write.)
   if score ~= REMOVED and type(score) ~= 'string' then error('not a score: ' .. tostring(score)) end
   if not BATCH then
     if score == REMOVED then
@@ -162,13 +163,27 @@ local function zadd(set, score, id) zwrite(set, id, score, false) end
 local function zadd_xx(set, score, id) zwrite(set, id, score, true) end
 local function zrem(set, id) zwrite(set, id, REMOVED, false) end
 -- (unpack passes at most a few thousand values: the members go out in slices.)
+-- A slice Redis refuses (a ZADD checks every score first: one it does not take, from a job's hash
+-- that something else wrote, fails them all) goes again member by member, so that only that
+-- member's write is lost, not the batch's.
 local function zsend(command, set, xx, values)
+  local per = command == 'ZREM' and 1 or 2
   for i = 1, #values, 2000 do
     local last = math.min(i + 1999, #values)
+    local answer
     if xx then
-      redis.call(command, set, 'XX', unpack(values, i, last))
+      answer = redis.pcall(command, set, 'XX', unpack(values, i, last))
     else
-      redis.call(command, set, unpack(values, i, last))
+      answer = redis.pcall(command, set, unpack(values, i, last))
+    end
+    if type(answer) == 'table' and answer.err then
+      for k = i, last, per do
+        if xx then
+          redis.pcall(command, set, 'XX', values[k], values[k + 1])
+        else
+          redis.pcall(command, set, unpack(values, k, k + per - 1))
+        end
+      end
     end
   end
 end
@@ -478,8 +493,11 @@ if attempt ~= '' then
   end
   fields[#fields + 1] = 'attempts'; fields[#fields + 1] = log
 end
--- (What the sets are filed by is checked before anything is written: see zwrite.)
-if not f[4] then error('job ' .. id .. ' has no creation time') end
+-- (What the sets are filed by is checked before anything is written: see zwrite. The creation
+-- time files a given-up callback, and a job that is unfinished again.)
+if not f[4] and (state == 'failed' or (state == 'pending' and f[7] and f[7] ~= '')) then
+  error('job ' .. id .. ' has no creation time')
+end
 if state == 'pending' then
   redis.call('HSET', key, unpack(fields))
   zadd(CB_DUE, ARGV[9], id)

@@ -73,8 +73,8 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
 /// compared as JSON here, with the stored one sent back only when it is at most twice as long as
 /// the new one plus 64 bytes (beyond that: a conflict).
 ///
-/// A callback that ended (delivered or failed) keeps the retry schedule it had while pending
-/// (`CallbackInfo::next_attempt_at`, `delivery_attempts`, `delivery_started_at`,
+/// `record_attempt` of a callback that ended (delivered or failed) keeps the retry schedule it had
+/// while pending (`CallbackInfo::next_attempt_at`, `delivery_attempts`, `delivery_started_at`,
 /// `previous_delay`): only a pending callback's schedule is used, and a redelivery starts it again.
 /// Its state, attempts and last error are written as given.
 ///
