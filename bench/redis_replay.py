@@ -19,7 +19,8 @@ its calls apart), and checks that every job ended (`rebound:unfinished` is empty
 Two builds side by side (repeat --build-dir): records of different trials differ (how the writes
 fall into batches depends on timing: a job's mark_running costs two commands when it is not folded
 into its finish), so each build also replays the first build's record with its own scripts, which
-is the same work to the command ("first build's trial" column). For that, each later build's
+is the same work to the command ("first build's trial" columns); the last column says whether
+that replay left every sorted set (members and scores) as the first build's own did. For that, each later build's
 rebound-server is started once against an empty redis-server to record the scripts it loads (in
 the same order; builds whose scripts take other arguments cannot be compared this way). The
 figures count only instructions of redis-server's own process (not the kernel's part of its AOF
@@ -193,8 +194,13 @@ class Connection:
         return self.read()
 
 
-def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
-    """Instructions redis-server ran for `commands`, under callgrind; and its unfinished set's size."""
+SETS = (b"rebound:jobs:due", b"rebound:queued", b"rebound:unfinished", b"rebound:jobs",
+        b"rebound:callbacks:due", b"rebound:callbacks:failed")
+
+
+def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes, str]:
+    """Instructions redis-server ran for `commands`, under callgrind; its unfinished set's size; and
+    a digest of its sorted sets at the end (members and scores)."""
     folder = Path(tempfile.mkdtemp(prefix="rebound-replay-"))
     port = redis_peers.free_port()
     out = folder / "callgrind.out"
@@ -238,6 +244,11 @@ def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
         if errors:
             raise RuntimeError(f"{len(errors)} commands failed in the replay, the first: {errors[0]}")
         unfinished = conn.call(b"ZCARD", b"rebound:unfinished")
+        digest = hashlib.sha1()
+        for key in SETS:
+            for item in conn.call(b"ZRANGE", key, b"0", b"-1", b"WITHSCORES") or []:
+                digest.update(item + b"\0")
+            digest.update(b"\1")
         conn.send([[b"SHUTDOWN", b"NOSAVE"]])  # (no answer: the connection closes)
     except BaseException:
         server.kill()
@@ -258,7 +269,7 @@ def replay(commands: list[list[bytes]], aof: bool) -> tuple[int, bytes]:
     for d in sorted(folder.rglob("*"), reverse=True):
         d.rmdir()
     folder.rmdir()
-    return total, unfinished
+    return total, unfinished, digest.hexdigest()
 
 
 def main() -> int:
@@ -270,33 +281,36 @@ def main() -> int:
     a = p.parse_args()
     idle = {aof: replay([], aof)[0] for aof in (False, True)}
 
-    def per_job(commands: list[list[bytes]], build: str) -> list[float]:
-        figures = []
+    def per_job(commands: list[list[bytes]], build: str) -> tuple[list[float], str]:
+        figures, digests = [], set()
         for aof in (False, True):
-            total, unfinished = replay(commands, aof)
+            total, unfinished, digest = replay(commands, aof)
             if unfinished not in (b"0", 0):
                 raise RuntimeError(f"{build}: the replay left {unfinished!r} jobs unfinished")
             figures.append((total - idle[aof]) / a.jobs / 1000)
-        return figures
+            digests.add(digest)
+        return figures, digests.pop() if len(digests) == 1 else "differs with AOF"
 
     rows, first = [], None
     for build in a.build_dir:
         build_dir = Path(build).resolve()
         commands = record_trial(build_dir, a.jobs, a.mode)
         scripts = sum(1 for c in commands if c[0].upper() == b"EVALSHA")
-        own = per_job(commands, build)
+        own, sets = per_job(commands, build)
         if first is None:
-            first, same = commands, own
+            first, same, first_sets, match = commands, own, sets, "(the reference)"
         else:
-            same = per_job(with_scripts([list(c) for c in first], record_scripts(build_dir)), build)
+            same, sets = per_job(with_scripts([list(c) for c in first], record_scripts(build_dir)), build)
+            match = "yes" if sets == first_sets else "NO"
         rows.append(f"| {build} | {scripts / a.jobs:.3f} | {own[0]:,.0f} | {own[1]:,.0f} | "
-                    f"{same[0]:,.0f} | {same[1]:,.0f} |")
+                    f"{same[0]:,.0f} | {same[1]:,.0f} | {match} |")
         print(rows[-1], file=sys.stderr)
     print(f"redis-server instructions a job, thousands ({a.jobs:,} jobs, {a.mode}, batches of 100, "
           f"replayed under callgrind)\n")
     print("| build | script calls a job | its own trial, no persistence | its own trial, AOF everysec "
-          "| the first build's trial, no persistence | the first build's trial, AOF everysec |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "| the first build's trial, no persistence | the first build's trial, AOF everysec "
+          "| its sorted sets after the first build's trial as the first build's |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     print("\n".join(rows))
     return 0
 
