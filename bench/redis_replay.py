@@ -81,6 +81,29 @@ def commands_of(record: bytes) -> list[list[bytes]]:
     return out
 
 
+class Monitor:
+    """A MONITOR connection to a redis-server, reading everything it is sent on a thread of its own."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(b"MONITOR\r\n")
+        self.data = bytearray()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while chunk := self.sock.recv(1 << 20):
+            self.data.extend(chunk)
+
+    def stop(self) -> list[list[bytes]]:
+        """The commands seen, once the last replies have come in (half a second)."""
+        time.sleep(0.5)
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.reader.join(5)
+        self.sock.close()
+        return commands_of(bytes(self.data))
+
+
 def record_trial(build_dir: Path, jobs: int, mode: str) -> list[list[bytes]]:
     """One rebound-1-batch trial of bench/redis_peers.py, every command the server sent recorded."""
     a = argparse.Namespace(jobs=jobs, rounds=1, connections=32, workers=2, bullmq_concurrency=64,
@@ -92,22 +115,10 @@ def record_trial(build_dir: Path, jobs: int, mode: str) -> list[list[bytes]]:
 
     def started(self, config, costs=False):
         start(self, config, costs)
-        s = socket.create_connection(("127.0.0.1", self.port))
-        s.sendall(b"MONITOR\r\n")
-        data = bytearray()
-
-        def read():
-            while chunk := s.recv(1 << 20):
-                data.extend(chunk)
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        monitor.update(sock=s, data=data, reader=reader)
+        monitor["on"] = Monitor(self.port)
 
     def stopped(self):
-        time.sleep(0.5)  # the last replies of the trial reach the monitor
-        monitor["sock"].shutdown(socket.SHUT_RDWR)
-        monitor["reader"].join(5)
-        monitor["sock"].close()
+        monitor["commands"] = monitor["on"].stop()
         stop(self)
 
     redis_peers.RedisServer.__init__, redis_peers.RedisServer.stop = started, stopped
@@ -117,34 +128,23 @@ def record_trial(build_dir: Path, jobs: int, mode: str) -> list[list[bytes]]:
         redis_peers.RedisServer.__init__, redis_peers.RedisServer.stop = start, stop
     if "error" in result:
         raise RuntimeError(f"the trial failed: {result['error']}")
-    return commands_of(bytes(monitor["data"]))
+    return monitor["commands"]
 
 
 def record_scripts(build_dir: Path) -> list[bytes]:
     """The scripts a build's rebound-server loads at its start, in order."""
     redis = redis_peers.RedisServer("none")
     try:
-        s = socket.create_connection(("127.0.0.1", redis.port))
-        s.sendall(b"MONITOR\r\n")
-        data = bytearray()
-
-        def read():
-            while chunk := s.recv(1 << 20):
-                data.extend(chunk)
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        monitor = Monitor(redis.port)
         port = redis_peers.free_port()
         server = redis_peers.Server("rebound-server (its scripts)", [
             str(build_dir / "examples" / "rebound-server"), "serve", "--host", "127.0.0.1", "--port",
             str(port), "--model", "echo", "--store", redis.url, "--log-level", "warn"], port)
         server.stop()
-        time.sleep(0.3)
-        s.shutdown(socket.SHUT_RDWR)
-        reader.join(5)
-        s.close()
+        commands = monitor.stop()
     finally:
         redis.stop()
-    return [c[2] for c in commands_of(bytes(data)) if c[0].upper() == b"SCRIPT"]
+    return [c[2] for c in commands if c[0].upper() == b"SCRIPT"]
 
 
 def with_scripts(commands: list[list[bytes]], scripts: list[bytes]) -> list[list[bytes]]:
