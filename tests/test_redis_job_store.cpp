@@ -514,6 +514,13 @@ rebound::JobStore::WriteDone into(std::shared_ptr<std::promise<std::pair<bool, b
     promise->set_value({error == nullptr, answer});
   };
 }
+
+// A write's `done`, whose answer comes to the last future in `answers`.
+rebound::JobStore::WriteDone into(std::vector<Answer>& answers) {
+  auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+  answers.push_back(promise->get_future());
+  return into(promise);
+}
 }  // namespace
 
 TEST_CASE("redis: writes of many callers share round trips - each caller gets its own answer") {
@@ -551,11 +558,9 @@ TEST_CASE("redis: writes of many callers share round trips - each caller gets it
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
   for (int t = 0; t < 8; ++t) {
     for (int i = 0; i < 50; ++i) {
-      auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
-      answers.push_back(promise->get_future());
       store.async_finish_job("job-" + std::to_string(t) + "-" + std::to_string(i),
                              i % 2 == 0 ? "worker" : "stranger", done, std::nullopt, now,
-                             into(promise));
+                             into(answers));
     }
   }
   for (std::size_t n = 0; n < answers.size(); ++n) {
@@ -593,10 +598,8 @@ TEST_CASE("redis: a Redis that hangs under a batch fails every call in it - none
   std::vector<Answer> answers;
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
   for (int i = 0; i < 20; ++i) {
-    auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
-    answers.push_back(promise->get_future());
     store.async_finish_job("held-" + std::to_string(i), "worker", done, std::nullopt, now,
-                           into(promise));
+                           into(answers));
   }
   auto put = std::async(std::launch::async, [&] { return store.put(make("during")); });
   for (auto& answer : answers) {
@@ -885,19 +888,14 @@ TEST_CASE("redis: a batch writes each sorted set once - the last write of each j
   }
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
   std::vector<Answer> answers;
-  auto answer = [&answers] {
-    auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
-    answers.push_back(promise->get_future());
-    return into(promise);
-  };
   store.mark_running("held", now);
-  store.async_finish_job("held", "worker", done, Lease{"sender", now + 30s}, now, answer());
-  store.async_finish_job("sent", "worker", done, Lease{"sender", now + 30s}, now, answer());
+  store.async_finish_job("held", "worker", done, Lease{"sender", now + 30s}, now, into(answers));
+  store.async_finish_job("sent", "worker", done, Lease{"sender", now + 30s}, now, into(answers));
   rebound::CallbackInfo delivered;
   delivered.state = rebound::CallbackState::delivered;
   delivered.attempts = 1;
   store.async_record_attempt("sent", "sender", delivered, now,
-                             rebound::CallbackAttempt{now, 200, "", 2ms, ""}, answer());
+                             rebound::CallbackAttempt{now, 200, "", 2ms, ""}, into(answers));
   // Queued after the writes above: the callback's lease is renewed after it was filed.
   auto renewed = std::async(std::launch::async, [&] {
     return store.renew_all(
@@ -993,9 +991,7 @@ TEST_CASE("redis: a score Redis refuses costs only that job's place in a set - t
   given_up.attempts = 3;
   std::vector<Answer> answers;
   for (const char* id : {"bad", "good"}) {
-    auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
-    answers.push_back(promise->get_future());
-    store.async_record_attempt(id, "sender", given_up, now, std::nullopt, into(promise));
+    store.async_record_attempt(id, "sender", given_up, now, std::nullopt, into(answers));
   }
   std::this_thread::sleep_for(300ms);
   server.resume();
