@@ -46,12 +46,11 @@ std::string job_score(int priority, TimePoint t) {
       static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) * 4398046511104LL + to_ms(t));
 }
 
-// The helpers every script starts with. ARGV[1] is the key prefix in every script; the helpers
-// read the call's arguments from A.
+// The helpers every script starts with. ARGV[1] is the key prefix in every script. A script that
+// kDispatch runs (batched_scripts) reads its call's arguments as ARGV[O + n]: O is 0 when it runs
+// alone, and where its call's arguments start in kDispatch's ARGV when it is one call of many.
 constexpr const char* kPrelude = R"lua(
 local P = ARGV[1]
--- The call's arguments: ARGV, or one call's of many (kDispatch).
-local A = ARGV
 local JOBS_DUE = P .. ':jobs:due'
 local CB_DUE = P .. ':callbacks:due'
 local FAILED = P .. ':callbacks:failed'
@@ -76,8 +75,10 @@ local function is_final(status)
 end
 -- The lease on a job (before its outcome) or on its callback (after): held by `holder`, live.
 local function held_by(holder_field, until_field, holder, now)
+  -- (`+ 0` rather than tonumber: Lua 5.1's tonumber reads a text twice, and this runs at every
+  -- transition.)
   return holder_field and holder_field ~= '' and holder_field == holder and
-         tonumber(until_field or '0') > tonumber(now)
+         (until_field or 0) + 0 > now + 0
 end
 local function holds(key, holder, now)
   local f = redis.call('HMGET', key, 'holder', 'until')
@@ -220,15 +221,15 @@ local function unfinish(key, id)
   redis.call('HSET', key, 'finished', '')
   zadd(UNFINISHED, redis.call('HGET', key, 'created'), id)
 end
--- Writes a callback's state from A[first ..] (state, attempts, last error, next attempt,
+-- Writes a callback's state from ARGV[first ..] (state, attempts, last error, next attempt,
 -- delivery attempts, delivery start, previous delay) and files the job by it.
 local function write_callback(key, id, first, now, retention)
-  local state = A[first]
-  redis.call('HSET', key, 'cb_state', state, 'cb_attempts', A[first + 1],
-             'cb_error', A[first + 2], 'cb_next', A[first + 3], 'cb_da', A[first + 4],
-             'cb_started', A[first + 5], 'cb_prev', A[first + 6])
+  local state = ARGV[first]
+  redis.call('HSET', key, 'cb_state', state, 'cb_attempts', ARGV[first + 1],
+             'cb_error', ARGV[first + 2], 'cb_next', ARGV[first + 3], 'cb_da', ARGV[first + 4],
+             'cb_started', ARGV[first + 5], 'cb_prev', ARGV[first + 6])
   if state == 'pending' then
-    redis.call('ZADD', CB_DUE, A[first + 3], id)
+    redis.call('ZADD', CB_DUE, ARGV[first + 3], id)
     redis.call('ZREM', FAILED, id)
     local finished = redis.call('HGET', key, 'finished')
     if finished and finished ~= '' then unfinish(key, id) end
@@ -244,11 +245,11 @@ local function write_callback(key, id, first, now, retention)
     finish(key, id, now, retention)
   end
 end
--- Writes an outcome from A[first ..] (status, result, has error, code, message).
+-- Writes an outcome from ARGV[first ..] (status, result, has error, code, message).
 local function write_outcome(key, first)
-  redis.call('HSET', key, 'status', A[first], 'result', A[first + 1])
-  if A[first + 2] == '1' then
-    redis.call('HSET', key, 'err_code', A[first + 3], 'err_msg', A[first + 4])
+  redis.call('HSET', key, 'status', ARGV[first], 'result', ARGV[first + 1])
+  if ARGV[first + 2] == '1' then
+    redis.call('HSET', key, 'err_code', ARGV[first + 3], 'err_msg', ARGV[first + 4])
   else
     redis.call('HDEL', key, 'err_code', 'err_msg')
   end
@@ -273,7 +274,7 @@ end
 // due time) and in QUEUED (by creation). {0}: created; {1}: the same request was there; {2}:
 // another request has the id; {3, stored input}: the same but for the input's text.
 constexpr const char* kPut = R"lua(
-local key = job_key(ARGV[2])
+local key = job_key(ARGV[O + 2])
 -- (EXISTS first: most puts are of new jobs, and it costs less than reading five missing fields.)
 local old = redis.call('EXISTS', key) == 1 and
             redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events') or {}
@@ -284,38 +285,43 @@ if old[1] then
   -- when it is not much longer than the one sent (a small request never brings back a large
   -- input; the same JSON written that differently is told a conflict).
   local input = old[2] or ''
-  if old[1] == ARGV[3] and (old[3] or '5') == ARGV[9] and (old[4] or '0') == ARGV[10] and
-     (old[5] or '2') == ARGV[11] then
-    if input == ARGV[4] then return {1} end
-    if #input <= 2 * #ARGV[4] + 64 then return {3, input} end
+  if old[1] == ARGV[O + 3] and (old[3] or '5') == ARGV[O + 9] and
+     (old[4] or '0') == ARGV[O + 10] and (old[5] or '2') == ARGV[O + 11] then
+    if input == ARGV[O + 4] then return {1} end
+    if #input <= 2 * #ARGV[O + 4] + 64 then return {3, input} end
   end
   return {2}
 end
 -- Priority, max queue time and events only when not at their defaults (5, 0, 2). cb_state and
 -- finished at their defaults all the same: older servers on the same Redis test them.
-local fields = {'url', ARGV[3], 'input', ARGV[4], 'created', ARGV[5], 'status', 'queued',
-                'cb_state', 'none', 'finished', ''}
-local n = 12
-if ARGV[9] ~= '5' then fields[n + 1], fields[n + 2] = 'priority', ARGV[9]; n = n + 2 end
-if ARGV[10] ~= '0' then fields[n + 1], fields[n + 2] = 'maxq', ARGV[10]; n = n + 2 end
-if ARGV[11] ~= '2' then fields[n + 1], fields[n + 2] = 'events', ARGV[11]; n = n + 2 end
-if ARGV[6] ~= '' then
-  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', ARGV[6], 'until', ARGV[7]
-  n = n + 4
+-- The fields every transition reads come first (the lease, the status): Redis looks a field up in
+-- a small hash (a listpack) by reading it from the start, and the large input last.
+local fields, n
+if ARGV[O + 6] ~= '' then
+  fields = {'holder', ARGV[O + 6], 'until', ARGV[O + 7], 'status', 'queued', 'url', ARGV[O + 3],
+            'cb_state', 'none', 'created', ARGV[O + 5], 'finished', '', 'input', ARGV[O + 4]}
+  n = 16
+else
+  fields = {'status', 'queued', 'url', ARGV[O + 3], 'cb_state', 'none', 'created', ARGV[O + 5],
+            'finished', '', 'input', ARGV[O + 4]}
+  n = 12
 end
-if ARGV[12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[12] end
+if ARGV[O + 9] ~= '5' then fields[n + 1], fields[n + 2] = 'priority', ARGV[O + 9]; n = n + 2 end
+if ARGV[O + 10] ~= '0' then fields[n + 1], fields[n + 2] = 'maxq', ARGV[O + 10]; n = n + 2 end
+if ARGV[O + 11] ~= '2' then fields[n + 1], fields[n + 2] = 'events', ARGV[O + 11]; n = n + 2 end
+if ARGV[O + 12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[O + 12] end
 redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
-zadd(JOBS_DUE, ARGV[14], ARGV[2])
-zadd(QUEUED, ARGV[15], ARGV[2])
-zadd(UNFINISHED, ARGV[5], ARGV[2])
-zadd(ALL, ARGV[5], ARGV[2])
+zadd(JOBS_DUE, ARGV[O + 14], ARGV[O + 2])
+zadd(QUEUED, ARGV[O + 15], ARGV[O + 2])
+zadd(UNFINISHED, ARGV[O + 5], ARGV[O + 2])
+zadd(ALL, ARGV[O + 5], ARGV[O + 2])
 -- Finished jobs expire after the retention (ARGV[13], ms; 0: never): ALL forgets them in a sweep
 -- of two of its oldest members a put.
 if BATCH then
-  PUTS, PUT_NOW, PUT_RETENTION = PUTS + 1, ARGV[5], ARGV[13]
+  PUTS, PUT_NOW, PUT_RETENTION = PUTS + 1, ARGV[O + 5], ARGV[O + 13]
 else
-  sweep(2, ARGV[5], ARGV[13])
+  sweep(2, ARGV[O + 5], ARGV[O + 13])
 end
 -- (The id of a dead letter that expired may still be in FAILED: listings and pages skip a member
 -- whose job's callback is not failed, and drop it. Never in CB_DUE: a job whose callback is
@@ -359,23 +365,23 @@ return out
 
 // renew: ARGV id, holder, until, now. 1: renewed.
 constexpr const char* kRenew = R"lua(
-local key = job_key(ARGV[2])
-if not holds(key, ARGV[3], ARGV[5]) then return 0 end
-redis.call('HSET', key, 'until', ARGV[4])
+local key = job_key(ARGV[O + 2])
+if not holds(key, ARGV[O + 3], ARGV[O + 5]) then return 0 end
+redis.call('HSET', key, 'until', ARGV[O + 4])
 if is_final(redis.call('HGET', key, 'status')) then
-  zadd_xx(CB_DUE, ARGV[4], ARGV[2])
+  zadd_xx(CB_DUE, ARGV[O + 4], ARGV[O + 2])
 else
-  zadd_xx(JOBS_DUE, job_score(job_priority(key), ARGV[4]), ARGV[2])
+  zadd_xx(JOBS_DUE, job_score(job_priority(key), ARGV[O + 4]), ARGV[O + 2])
 end
 return 1
 )lua";
 
 // mark_running: ARGV id, now.
 constexpr const char* kMarkRunning = R"lua(
-local key = job_key(ARGV[2])
+local key = job_key(ARGV[O + 2])
 if redis.call('HGET', key, 'status') == 'queued' then
-  redis.call('HSET', key, 'status', 'running', 'started', ARGV[3])
-  zrem(QUEUED, ARGV[2])
+  redis.call('HSET', key, 'status', 'running', 'started', ARGV[O + 3])
+  zrem(QUEUED, ARGV[O + 2])
 end
 return 1
 )lua";
@@ -390,45 +396,48 @@ return redis.call('ZRANK', QUEUED, ARGV[2]) or -1
 // deliver until, retention, finished at, and when it started ('' when mark_running said so
 // already; a batch folds a job's mark_running into its finish_job). 1: acknowledged.
 constexpr const char* kFinish = R"lua(
-local id = ARGV[2]
+local id = ARGV[O + 2]
 local key = job_key(id)
 local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status', 'cb_da', 'cb_prev')
-if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
+if not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
 -- One write of the hash. (A job under a live lease has no outcome yet: no error fields to drop.)
 -- (The fields are appended at n: no temporary tables, which cost as much as a command here.)
-local fields = {'status', ARGV[5], 'result', ARGV[6], 'ended', ARGV[13]}
+local fields = {'status', ARGV[O + 5], 'result', ARGV[O + 6], 'ended', ARGV[O + 13]}
 local n = 6
-if ARGV[14] ~= '' and f[5] == 'queued' then
-  fields[n + 1], fields[n + 2] = 'started', ARGV[14]; n = n + 2
+if ARGV[O + 14] ~= '' and f[5] == 'queued' then
+  fields[n + 1], fields[n + 2] = 'started', ARGV[O + 14]; n = n + 2
 end
-if ARGV[7] == '1' then
-  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'err_code', ARGV[8], 'err_msg', ARGV[9]
+if ARGV[O + 7] == '1' then
+  fields[n + 1], fields[n + 2] = 'err_code', ARGV[O + 8]
+  fields[n + 3], fields[n + 4] = 'err_msg', ARGV[O + 9]
   n = n + 4
 end
 -- (Every sorted-set write after the hash's: see zwrite.)
 local queued = f[5] == 'queued'  -- (else mark_running took it out of QUEUED)
 -- Called back when there is a URL and `completed` (2) is among its events (1..3).
-if not (f[3] and f[3] ~= '' and tonumber(f[4] or '2') % 4 >= 2) then
+if not (f[3] and f[3] ~= '' and (f[4] or 2) % 4 >= 2) then
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
-  fields[n + 5], fields[n + 6] = 'finished', ARGV[4]
+  fields[n + 5], fields[n + 6] = 'finished', ARGV[O + 4]
   redis.call('HSET', key, unpack(fields))
   zrem(JOBS_DUE, id)
   if queued then zrem(QUEUED, id) end
   zrem(UNFINISHED, id)
-  if tonumber(ARGV[12]) > 0 then redis.call('PEXPIRE', key, ARGV[12]) end
+  if ARGV[O + 12] + 0 > 0 then redis.call('PEXPIRE', key, ARGV[O + 12]) end
   return 1
 end
-fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'cb_state', 'pending', 'cb_next', ARGV[4]
-fields[n + 5], fields[n + 6] = 'cb_started', ARGV[4]
+fields[n + 1], fields[n + 2] = 'cb_state', 'pending'
+fields[n + 3], fields[n + 4] = 'cb_next', ARGV[O + 4]
+fields[n + 5], fields[n + 6] = 'cb_started', ARGV[O + 4]
 n = n + 6
 -- A new delivery's attempts and previous delay are 0: written only over another value (a missing
 -- field reads as 0; the service writes no callback field before a job's outcome).
 if f[6] and f[6] ~= '0' then fields[n + 1], fields[n + 2] = 'cb_da', '0'; n = n + 2 end
 if f[7] and f[7] ~= '0' then fields[n + 1], fields[n + 2] = 'cb_prev', '0'; n = n + 2 end
-local due = ARGV[4]
-if ARGV[10] ~= '' then
-  due = ARGV[11]
-  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', ARGV[10], 'until', ARGV[11]
+local due = ARGV[O + 4]
+if ARGV[O + 10] ~= '' then
+  due = ARGV[O + 11]
+  fields[n + 1], fields[n + 2] = 'holder', ARGV[O + 10]
+  fields[n + 3], fields[n + 4] = 'until', ARGV[O + 11]
 else
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
 end
@@ -465,29 +474,45 @@ return 1
 // ('' for a deferral; else one JSON object) and the most attempts kept. 1: recorded.
 // The attempt log is one field: the latest attempts, one JSON object a line, oldest first.
 constexpr const char* kRecordAttempt = R"lua(
-local id = ARGV[2]
+local id = ARGV[O + 2]
 local key = job_key(id)
-local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'created', 'attempts', 'cb_state',
-                     'finished')
-if not held_by(f[1], f[2], ARGV[3], ARGV[4]) then return 0 end
+local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'attempts', 'cb_state')
+if not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
+local status, log, was = f[3], f[4], f[5]
+local state = ARGV[O + 6]
+-- The creation time (which a given-up callback is filed by) and whether the job had finished (a
+-- callback pending again makes it unfinished) only where they count: most attempts deliver, and
+-- every field read is a lookup in the hash.
+local created, finished = false, false
+if state == 'failed' or state == 'pending' then
+  local g = redis.call('HMGET', key, 'created', 'finished')
+  created, finished = g[1], g[2]
+end
 -- One write of the hash: the lease ended, the callback's state (ARGV[6 .. 12]), the attempt log.
 -- The schedule (next attempt, delivery attempts, delivery start, previous delay) only while the
 -- callback stays pending: nothing reads it once the callback ended, and a redelivery writes it
 -- afresh. (Every other callback field: reading them to write only those that changed cost Redis
 -- more than writing them, measured in instructions a job: docs/benchmarks.md.)
-local state = ARGV[6]
-local fields = {'holder', '', 'until', '0', 'cb_state', state, 'cb_attempts', ARGV[7],
-                'cb_error', ARGV[8]}
+local fields = {'holder', '', 'until', '0', 'cb_state', state, 'cb_attempts', ARGV[O + 7],
+                'cb_error', ARGV[O + 8]}
 if state == 'pending' then
-  fields[11], fields[12], fields[13], fields[14] = 'cb_next', ARGV[9], 'cb_da', ARGV[10]
-  fields[15], fields[16], fields[17], fields[18] = 'cb_started', ARGV[11], 'cb_prev', ARGV[12]
+  fields[11], fields[12], fields[13], fields[14] = 'cb_next', ARGV[O + 9], 'cb_da', ARGV[O + 10]
+  fields[15], fields[16] = 'cb_started', ARGV[O + 11]
+  fields[17], fields[18] = 'cb_prev', ARGV[O + 12]
 end
-local attempt = ARGV[13]
+local attempt = ARGV[O + 13]
 if attempt ~= '' then
-  local log = f[5]
-  if log and log ~= '' then log = log .. '\n' .. attempt else log = attempt end
-  local _, lines = string.gsub(log, '\n', '')
-  while lines + 1 > tonumber(ARGV[14]) do
+  -- (An attempt is one line: JSON has no line break outside its strings, where it is escaped.)
+  local lines = 0
+  if log and log ~= '' then
+    log = log .. '\n' .. attempt
+    local _, breaks = string.gsub(log, '\n', '')
+    lines = breaks
+  else
+    log = attempt
+  end
+  local keep = ARGV[O + 14] + 0
+  while lines + 1 > keep do
     log = string.sub(log, string.find(log, '\n', 1, true) + 1)
     lines = lines - 1
   end
@@ -495,28 +520,28 @@ if attempt ~= '' then
 end
 -- (What the sets are filed by is checked before anything is written: see zwrite. The creation
 -- time files a given-up callback, and a job that is unfinished again.)
-if not f[4] and (state == 'failed' or (state == 'pending' and f[7] and f[7] ~= '')) then
+if not created and (state == 'failed' or (state == 'pending' and finished and finished ~= '')) then
   error('job ' .. id .. ' has no creation time')
 end
 if state == 'pending' then
   redis.call('HSET', key, unpack(fields))
-  zadd(CB_DUE, ARGV[9], id)
-  if f[6] == 'failed' then zrem(FAILED, id) end
-  if f[7] and f[7] ~= '' then unfinish(key, id) end
+  zadd(CB_DUE, ARGV[O + 9], id)
+  if was == 'failed' then zrem(FAILED, id) end
+  if finished and finished ~= '' then unfinish(key, id) end
   return 1
 end
-local ends = is_final(f[3]) and (state == 'delivered' or state == 'failed')
-if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[4] end
+local ends = is_final(status) and (state == 'delivered' or state == 'failed')
+if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[O + 4] end
 redis.call('HSET', key, unpack(fields))
 zrem(CB_DUE, id)
 if state == 'failed' then
-  zadd(FAILED, f[4], id)
-elseif f[6] == 'failed' then
+  zadd(FAILED, created, id)
+elseif was == 'failed' then
   zrem(FAILED, id)
 end
 if ends then
   zrem(UNFINISHED, id)
-  if tonumber(ARGV[5]) > 0 then redis.call('PEXPIRE', key, ARGV[5]) end
+  if ARGV[O + 5] + 0 > 0 then redis.call('PEXPIRE', key, ARGV[O + 5]) end
 end
 return 1
 )lua";
@@ -742,16 +767,20 @@ return 1
 
 // Many calls in one (RedisJobStoreOptions::batch_writes): ARGV prefix, then for each call its
 // script (a Script number), its argument count and its arguments. Each script in OPS is one above,
-// made a function of its ARGV (script_text). Answers one reply per call, in order (an error reply
-// for a call that failed); the calls run one after another, as they would have one call each.
+// made a function of where its call's arguments are (script_text): its ARGV[O + 2] is the call's
+// first argument, kDispatch's ARGV[at + 2]. (Not a table of each call's arguments: making one
+// cost a few percent of a job's instructions.) Answers one reply per call, in order (an error
+// reply for a call that failed); the calls run one after another, as they would have one call
+// each.
 constexpr const char* kDispatch = R"lua(
 BATCH = true
 local out = {}
 local at, n = 2, #ARGV
 while at <= n do
-  local op, count = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  -- (OPS is keyed by the script's number as text: no conversion.)
+  local op, count = ARGV[at], ARGV[at + 1] + 0
   -- A call that fails answers its error; the calls before it stand, and those after it run.
-  local ok, answer = pcall(OPS[op], {P, unpack(ARGV, at + 2, at + 1 + count)})
+  local ok, answer = pcall(OPS[op], ARGV, at)
   if ok then
     out[#out + 1] = answer
   elseif type(answer) == 'table' and answer.err then
@@ -1168,17 +1197,19 @@ struct RedisJobStore::Impl {
     const bool puts = which == kScriptPut || which == kScriptBatchPut;
     std::string text = allow_oom && !puts ? "#!lua flags=allow-oom\n" : "";
     text += kPrelude;
-    if (which < kStandaloneCount) return text + kScripts[which];
+    if (which < kStandaloneCount) return text + "local O = 0\n" + kScripts[which];
     text += "local OPS = {}\n";
     for (const Script op : batched_scripts(puts)) {
-      text += "OPS[" + std::to_string(op) + "] = function(ARGV)\nA = ARGV\n";
+      text += "OPS['" + std::to_string(op) + "'] = function(ARGV, O)\n";
       text += kScripts[op];
       text += "\nend\n";
     }
     return text + kDispatch;
   }
 
-  // The scripts that kScriptBatchPut (`puts`) or kScriptBatch run.
+  // The scripts that kScriptBatchPut (`puts`) or kScriptBatch run. Each reads its arguments as
+  // ARGV[O + n] (kPrelude), and none through a helper that reads ARGV itself (write_callback,
+  // write_outcome: their positions are those of a script run alone).
   static std::vector<Script> batched_scripts(bool puts) {
     if (puts) return {kScriptPut};
     return {kScriptMarkRunning, kScriptFinish, kScriptRecordAttempt, kScriptRenew};
