@@ -24,8 +24,8 @@ and in one of two modes:
 
 The systems:
 
-  rebound-K  K rebound-servers (1, 2, 3) on the one Redis (--store redis://...), the echo model,
-             --workers W each. The jobs are submitted over HTTP: one wrk per server
+  rebound-K  K rebound-servers (1, 2, 3) on the one Redis (--store redis://...), the echo model
+             (or --model), --workers W each. The jobs are submitted over HTTP: one wrk per server
              (bench/submit.lua with SUBMIT_JOBS), each with its share of the N jobs and of
              --connections, and stopping once its share is accepted (202). The run ends when the
              servers' own counters (GET /metrics, summed) show N jobs final (poll) or N callbacks
@@ -438,7 +438,7 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None,
         for i in range(count):
             port = free_port()
             servers.append(Server(f"rebound-server {i + 1} of {count}", [
-                a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "echo",
+                a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", a.model,
                 "--store", redis.url, "--workers", str(a.workers),
                 "--queue-capacity", str(max(1_000_000, a.jobs)), "--allow-private-callbacks",
                 "--log-level", "warn"], port))
@@ -683,6 +683,10 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=32,
                    help="wrk connections in all, shared among rebound's servers (default 32)")
     p.add_argument("--workers", type=int, default=2, help="rebound-server --workers (default 2, its own)")
+    p.add_argument("--model", default="echo",
+                   help="rebound-server --model (default echo; sleep:<seconds> for jobs that take the "
+                   "time of a model without its CPU: what a fleet of servers adds when the model, not "
+                   "the machine, is the limit). rebound's systems only: BullMQ's job is a no-op")
     p.add_argument("--bullmq-concurrency", type=int, default=64, help="the BullMQ Worker's concurrency "
                    "(default 64, as many as rebound's callbacks in flight to one receiver)")
     p.add_argument("--bullmq-chunk", type=int, default=1000, help="jobs per Queue.addBulk (default 1,000)")
@@ -705,6 +709,9 @@ def main() -> None:
     a.server = str(Path(a.build_dir).resolve() / "examples" / "rebound-server")
     if a.jobs < 1 or a.rounds < 1:
         sys.exit("bench/redis_peers.py: --jobs and --rounds must be at least 1")
+    if a.model != "echo" and "bullmq" in a.systems:
+        sys.exit("bench/redis_peers.py: --model is for rebound's systems (BullMQ's job is a no-op): "
+                 "name them with --systems")
     check_prerequisites(a)
     a.rebound_names = rebound_script_names() if a.costs else {}
     a.bullmq_names = bullmq_script_names() if a.costs and "bullmq" in a.systems else {}
@@ -733,7 +740,7 @@ def main() -> None:
     versions = next(((r["bullmq"], r["node"]) for r in results if "bullmq" in r), None)
     print(f"rebound and BullMQ on one Redis, {time.strftime('%Y-%m-%d')}: {a.jobs:,} jobs per trial, "
           f"median of {a.rounds} rounds (range in brackets), a fresh redis-server per trial; "
-          f"rebound-server --workers {a.workers}, echo model, wrk with {a.connections} connections in all"
+          f"rebound-server --workers {a.workers}, {a.model} model, wrk with {a.connections} connections in all"
           + (f" (batches of {a.batch})" if "rebound-1-batch" in a.systems else "") + "; "
           + (f"BullMQ {versions[0]} on Node {versions[1]}, one Worker, concurrency {a.bullmq_concurrency}; "
              if versions else "")
