@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -46,9 +49,11 @@ std::string job_score(int priority, TimePoint t) {
       static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) * 4398046511104LL + to_ms(t));
 }
 
-// The helpers every script starts with. ARGV[1] is the key prefix in every script. A script that
-// kDispatch runs (batched_scripts) reads its call's arguments as ARGV[O + n]: O is 0 when it runs
-// alone, and where its call's arguments start in kDispatch's ARGV when it is one call of many.
+// The helpers every script starts with. ARGV[1] is the key prefix in every script (P). A script
+// that kDispatch runs (batched_scripts) reads its call's arguments as ARGV[O + n], n from 2: O is
+// 0 when it runs alone, and where its call's arguments start in kDispatch's ARGV when it is one
+// call of many (there ARGV[O] and ARGV[O + 1] are the call's script and argument count, not the
+// prefix). A helper that reads arguments itself takes their position in ARGV: O + n.
 constexpr const char* kPrelude = R"lua(
 local P = ARGV[1]
 local JOBS_DUE = P .. ':jobs:due'
@@ -221,7 +226,7 @@ local function unfinish(key, id)
   redis.call('HSET', key, 'finished', '')
   zadd(UNFINISHED, redis.call('HGET', key, 'created'), id)
 end
--- Writes a callback's state from ARGV[first ..] (state, attempts, last error, next attempt,
+-- Writes a callback's state from ARGV[first ..] (first: O + n; state, attempts, last error, next attempt,
 -- delivery attempts, delivery start, previous delay) and files the job by it.
 local function write_callback(key, id, first, now, retention)
   local state = ARGV[first]
@@ -245,7 +250,7 @@ local function write_callback(key, id, first, now, retention)
     finish(key, id, now, retention)
   end
 end
--- Writes an outcome from ARGV[first ..] (status, result, has error, code, message).
+-- Writes an outcome from ARGV[first ..] (first: O + n; status, result, has error, code, message).
 local function write_outcome(key, first)
   redis.call('HSET', key, 'status', ARGV[first], 'result', ARGV[first + 1])
   if ARGV[first + 2] == '1' then
@@ -316,7 +321,7 @@ zadd(JOBS_DUE, ARGV[O + 14], ARGV[O + 2])
 zadd(QUEUED, ARGV[O + 15], ARGV[O + 2])
 zadd(UNFINISHED, ARGV[O + 5], ARGV[O + 2])
 zadd(ALL, ARGV[O + 5], ARGV[O + 2])
--- Finished jobs expire after the retention (ARGV[13], ms; 0: never): ALL forgets them in a sweep
+-- Finished jobs expire after the retention (ARGV[O + 13], ms; 0: never): ALL forgets them in a sweep
 -- of two of its oldest members a put.
 if BATCH then
   PUTS, PUT_NOW, PUT_RETENTION = PUTS + 1, ARGV[O + 5], ARGV[O + 13]
@@ -456,7 +461,7 @@ local key = job_key(id)
 local status = redis.call('HGET', key, 'status')
 if not status then return 0 end
 if is_final(status) then return 2 end
-write_outcome(key, 5)
+write_outcome(key, O + 5)
 redis.call('HSET', key, 'ended', ARGV[10], 'holder', '', 'until', '0')
 redis.call('ZREM', JOBS_DUE, id)
 redis.call('ZREM', QUEUED, id)
@@ -488,7 +493,7 @@ if state == 'failed' or state == 'pending' then
   local g = redis.call('HMGET', key, 'created', 'finished')
   created, finished = g[1], g[2]
 end
--- One write of the hash: the lease ended, the callback's state (ARGV[6 .. 12]), the attempt log.
+-- One write of the hash: the lease ended, the callback's state (ARGV[O + 6 ..]), the attempt log.
 -- The schedule (next attempt, delivery attempts, delivery start, previous delay) only while the
 -- callback stays pending: nothing reads it once the callback ended, and a redelivery writes it
 -- afresh. (Every other callback field: reading them to write only those that changed cost Redis
@@ -566,7 +571,7 @@ constexpr const char* kComplete = R"lua(
 local id = ARGV[2]
 local key = job_key(id)
 if redis.call('EXISTS', key) == 0 then return 0 end
-write_outcome(key, 5)
+write_outcome(key, O + 5)
 redis.call('HSET', key, 'holder', '', 'until', '0', 'ended', ARGV[10])
 redis.call('ZREM', JOBS_DUE, id)
 redis.call('ZREM', QUEUED, id)
@@ -585,7 +590,7 @@ if redis.call('EXISTS', key) == 0 then return 0 end
 if is_final(redis.call('HGET', key, 'status')) then
   redis.call('HSET', key, 'holder', '', 'until', '0')
 end
-write_callback(key, id, 5, ARGV[3], ARGV[4])
+write_callback(key, id, O + 5, ARGV[3], ARGV[4])
 return 1
 )lua";
 
@@ -1193,6 +1198,18 @@ struct RedisJobStore::Impl {
     return Reply(static_cast<redisReply*>(reply));
   }
 
+  // True when `script` reads no argument by its position alone (ARGV[<digit>]): in a batch, its
+  // arguments start at ARGV[O + 2]. (Comments included, which say positions as O + n too.)
+  static bool reads_in_place(std::string_view script) {
+    for (auto at = script.find("ARGV["); at != std::string_view::npos;
+         at = script.find("ARGV[", at + 5)) {
+      if (at + 5 < script.size() && std::isdigit(static_cast<unsigned char>(script[at + 5]))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   std::string script_text(std::size_t which) const {
     const bool puts = which == kScriptPut || which == kScriptBatchPut;
     std::string text = allow_oom && !puts ? "#!lua flags=allow-oom\n" : "";
@@ -1200,6 +1217,9 @@ struct RedisJobStore::Impl {
     if (which < kStandaloneCount) return text + "local O = 0\n" + kScripts[which];
     text += "local OPS = {}\n";
     for (const Script op : batched_scripts(puts)) {
+      if (!reads_in_place(kScripts[op])) {
+        throw std::logic_error("a batched Redis script reads ARGV[n] without O");
+      }
       text += "OPS['" + std::to_string(op) + "'] = function(ARGV, O)\n";
       text += kScripts[op];
       text += "\nend\n";
@@ -1208,8 +1228,7 @@ struct RedisJobStore::Impl {
   }
 
   // The scripts that kScriptBatchPut (`puts`) or kScriptBatch run. Each reads its arguments as
-  // ARGV[O + n] (kPrelude), and none through a helper that reads ARGV itself (write_callback,
-  // write_outcome: their positions are those of a script run alone).
+  // ARGV[O + n] (kPrelude): reads_in_place checks it, in script_text.
   static std::vector<Script> batched_scripts(bool puts) {
     if (puts) return {kScriptPut};
     return {kScriptMarkRunning, kScriptFinish, kScriptRecordAttempt, kScriptRenew};
