@@ -340,16 +340,38 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
       round = std::move(without_room);
     }
   }
+  // A repeated id is answered from its first job: taken, it makes the same request a duplicate
+  // and another a conflict; refused for room or by the store, it refuses them alike. A first job
+  // that conflicted with a stored one says nothing of another request under its id, which may be
+  // the stored one: those are submitted again, after the others, as their own submissions.
+  std::vector<std::size_t> again;
   for (std::size_t i = 0; i < n; ++i) {
     if (first[i] == none) continue;
     const SubmitStatus earlier = statuses[first[i]];
+    if (earlier == SubmitStatus::conflict && !same_as_first[i]) {
+      again.push_back(i);
+      continue;
+    }
     const bool taken = earlier == SubmitStatus::accepted || earlier == SubmitStatus::duplicate;
     statuses[i] = same_as_first[i] ? (taken ? SubmitStatus::duplicate : earlier)
                                    : (taken ? SubmitStatus::conflict : earlier);
   }
   core.store.tell(news);
-  for (std::size_t i = 0; i < n; ++i)
-    core.observe_submission(statuses[i], ids[i], callbacks[i]);
+  std::vector<bool> observed(n, false);
+  if (!again.empty()) {
+    std::vector<Job> copies;
+    copies.reserve(again.size());
+    for (std::size_t i : again)
+      copies.push_back(jobs[i]);
+    const std::vector<SubmitStatus> answers = submit_all_to(core, queue, copies, nullptr);
+    for (std::size_t k = 0; k < again.size(); ++k) {
+      statuses[again[k]] = answers[k];
+      observed[again[k]] = true;  // (by that call)
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!observed[i]) core.observe_submission(statuses[i], ids[i], callbacks[i]);
+  }
   return statuses;
 }
 

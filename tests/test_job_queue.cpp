@@ -135,6 +135,10 @@ TEST_CASE("job queue: submit_many answers each job as submit would - with one st
   // Full: an id twice in one call is still told a duplicate (or a conflict) of the first.
   CHECK(queue.submit_many({job("c", 3), job("c", 3), job("c", 4)}) ==
         std::vector<S>{S::duplicate, S::duplicate, S::conflict});
+  // A first job in conflict with the stored one says nothing of the others under its id: the
+  // stored request among them is a duplicate, as it would be alone.
+  CHECK(queue.submit_many({job("c", 5), job("c", 3), job("c", 5), job("c", 6), job("c", 3)}) ==
+        std::vector<S>{S::conflict, S::duplicate, S::conflict, S::conflict, S::duplicate});
   held->open();
   for (const char* id : {"a", "b", "c"})
     CHECK(queue.async_wait(id, boost::asio::use_future).get().status == JobStatus::succeeded);
