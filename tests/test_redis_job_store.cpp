@@ -191,6 +191,28 @@ TEST_CASE("redis: a Redis that stops fails the store at once - it recovers when 
   CHECK(store.put(make("after")) == PutOutcome::created);
 }
 
+TEST_CASE(
+    "redis: a Redis restarted between two calls costs no failed call - idle connections are "
+    "replaced") {
+  for (const bool batches : {true, false}) {
+    CAPTURE(batches);
+    rebound::test::RedisServer server({"--appendonly", "yes", "--appendfsync", "always"});
+    auto options = options_for(server);
+    options.batch_writes = batches;
+    RedisJobStore store(options);
+    REQUIRE(store.put(make("before")) == PutOutcome::created);
+    REQUIRE(store.get("before").has_value());  // (the connections it used now idle)
+
+    server.stop();  // SIGTERM: Redis closes every connection once its file is written
+    server.start();
+    // The first calls after the restart go out on new connections: none fails.
+    CHECK(store.put(make("after")) == PutOutcome::created);
+    CHECK(store.get("before").has_value());
+    CHECK(store.get("after").has_value());
+    CHECK_FALSE(store.failure());
+  }
+}
+
 TEST_CASE("redis: a hung Redis times out instead of hanging the caller") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));

@@ -2,6 +2,7 @@
 #include "rebound/store/redis_job_store.hpp"
 
 #include <hiredis.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <array>
@@ -1262,13 +1263,23 @@ struct RedisJobStore::Impl {
     return c;
   }
 
+  // True when Redis closed a connection that awaits no answer (a restart closes them all): it is
+  // readable, hung up or in error. Checked before an idle connection is used, so that a Redis
+  // restarted between two calls costs no failed call. (A connection cut without a word, by a
+  // network, still fails the call that finds it.)
+  static bool closed_by_redis(const redisContext* c) {
+    pollfd p{c->fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) != 0;
+  }
+
   Context acquire() {
     std::unique_lock<std::mutex> lock(pool_mutex);
     pool_returned.wait(lock, [&] { return !idle.empty() || open < options.connections; });
-    if (!idle.empty()) {
+    while (!idle.empty()) {
       Context c = std::move(idle.back());
       idle.pop_back();
-      return c;
+      if (!closed_by_redis(c.get())) return c;
+      --open;  // (closed as `c` goes; a new one takes its place below)
     }
     ++open;
     lock.unlock();
@@ -1722,6 +1733,7 @@ struct RedisJobStore::Impl {
       return false;
     };
     try {
+      if (batch_connection && closed_by_redis(batch_connection.get())) batch_connection.reset();
       if (!batch_connection) batch_connection = connect_after_backoff();
     } catch (const std::exception&) {
       // (connect_after_backoff noted why.)
