@@ -265,6 +265,9 @@ TEST_CASE("bodies parsed at once share max_parsing_bytes - one beyond it gets 50
       round_trip(server.port, post("/v1/inferences", R"({"id":"second","input":)" + many + "}"));
   check_error_body(second, 503, "queue_full");
   CHECK(second.has_header("Retry-After: "));
+  // The queue has room: the message says what is full.
+  CHECK(json::parse(second.body)["error"]["message"] ==
+        "Too many large requests are being read at once; retry later.");
   // Once the first is through, the next one goes in.
   model->release();
   first.join();

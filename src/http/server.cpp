@@ -746,7 +746,14 @@ struct Server::Impl {
       // The tree this body will take, reserved before it is built.
       const auto shape = detail::scan_json_text(body, detail::max_json_depth, json_cost_limit);
       ParsingReservation reserved(parsing_bytes, shape.bytes, options.max_parsing_bytes);
-      if (!reserved) return send_queue_full(res);
+      if (!reserved) {
+        // (The queue may have room: the message says what is full.)
+        return send_refusal(res, {{503,
+                                   "queue_full",
+                                   "Too many large requests are being read at once; retry later.",
+                                   {}},
+                                  1});
+      }
       if (target.resource == Resource::inferences) return submit(req, tenant, body, res, reserved);
       if (target.resource == Resource::inferences_batch)
         return submit_batch(req, tenant, body, res, reserved);
