@@ -80,7 +80,10 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
        {"127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
         "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "[::1]", "[::]", "[fe80::1]",
         "[fd00::1]", "[::ffff:127.0.0.1]", "[::ffff:169.254.169.254]", "[64:ff9b::10.0.0.1]",
-        "localhost", "api.localhost"}) {
+        "localhost", "api.localhost",
+        // As resolvers and libcurl read them too: a trailing dot, and the other IPv4 forms.
+        "localhost.", "api.localhost.", "127.0.0.1.", "0", "2130706433", "0x7f000001", "127.1",
+        "017700000001", "0177.0.0.1", "10.1", "0xa9fea9fe"}) {
     const std::string body =
         std::string(R"({"id":"a","callback_url":"http://)") + host + R"(:8080/cb"})";
     check_invalid(body, 422, "invalid_field", "callback_url");
@@ -88,6 +91,13 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
     CHECK(parse_submission(body, permissive).job.has_value());
   }
   CHECK(parse_submission(R"({"id":"a","callback_url":"https://93.184.216.34/cb"})", strict).job);
+  // Names that only look like numbers, and a public address in another form, pass.
+  for (const char* host : {"1e3.example", "deadbeef", "0x.example", "1572395042", "example.com."}) {
+    CAPTURE(host);
+    CHECK(parse_submission(std::string(R"({"id":"a","callback_url":"https://)") + host + "/cb\"}",
+                           strict)
+              .job);
+  }
   CHECK(parse_submission(R"({"id":"a","callback_url":"https://[2606:4700::1]/cb"})", strict).job);
 }
 

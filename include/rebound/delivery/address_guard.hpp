@@ -161,17 +161,33 @@ class AddressGuard {
     return false;
   }
 
-  /// Checks a host as written in a URL, without resolving it: refuses IP literals outside the
-  /// global range and the name "localhost", unless allowed. Returns the reason, or nullopt.
+  /// Checks a host as written in a URL (lower case), without resolving it: refuses IP literals
+  /// outside the global range and the name "localhost", unless allowed. An IPv4 address counts
+  /// in every form a resolver or libcurl reads as one (127.1, 2130706433, 0x7f000001, 0177.0.0.1),
+  /// and a name with a trailing dot (the DNS root) as the same name. Returns the reason, or
+  /// nullopt. (The addresses a name resolves to are checked again as a callback is sent.)
   std::optional<std::string> check_host(const std::string& host) const {
     if (allow_private_ || host_listed(host)) return std::nullopt;
-    if (auto bytes = literal_bytes(host)) {
-      if (permits_address(bytes->data(), bytes->size() == 4 ? 4 : 16)) return std::nullopt;
-      return std::string("points to a ") + to_string(*classify_ip_literal(host)) +
+    std::string name = host;
+    while (name.size() > 1 && name.back() == '.')
+      name.pop_back();
+    auto bytes = literal_bytes(name);
+    if (!bytes) bytes = other_ipv4_bytes(name);
+    if (bytes) {
+      if (permits_address(bytes->data(), bytes->size())) return std::nullopt;
+      AddressClass what;
+      if (bytes->size() == 4) {
+        what = classify_ipv4({(*bytes)[0], (*bytes)[1], (*bytes)[2], (*bytes)[3]});
+      } else {
+        std::array<std::uint8_t, 16> v6{};
+        std::memcpy(v6.data(), bytes->data(), v6.size());
+        what = classify_ipv6(v6);
+      }
+      return std::string("points to a ") + to_string(what) +
              " address, which callbacks may not use";
     }
-    if (host == "localhost" ||
-        (host.size() > 10 && host.compare(host.size() - 10, 10, ".localhost") == 0)) {
+    if (name == "localhost" ||
+        (name.size() > 10 && name.compare(name.size() - 10, 10, ".localhost") == 0)) {
       return "points to a loopback address, which callbacks may not use";
     }
     return std::nullopt;
@@ -253,6 +269,18 @@ class AddressGuard {
     const std::string bare = host.substr(0, host.find('%'));
     if (inet_pton(AF_INET6, bare.c_str(), v6.data()) == 1) return v6;
     return std::nullopt;
+  }
+
+  // The other ways to write an IPv4 address that resolvers (inet_aton) and libcurl take: fewer
+  // parts (127.1), one number (2130706433), octal or hex parts (0177.0.0.1, 0x7f000001).
+  static std::optional<std::vector<std::uint8_t>> other_ipv4_bytes(const std::string& host) {
+    if (host.empty() || host.find_first_not_of("0123456789abcdefx.") != std::string::npos)
+      return std::nullopt;
+    in_addr address{};
+    if (inet_aton(host.c_str(), &address) == 0) return std::nullopt;
+    std::vector<std::uint8_t> v4(4);
+    std::memcpy(v4.data(), &address, v4.size());
+    return v4;
   }
 
   static std::optional<Range> parse_range(const std::string& entry) {
