@@ -946,6 +946,10 @@ const Model& JobQueue::model() const {
   return *core_->model;
 }
 
+void JobQueue::abandon_running() {
+  core_->runner.abandon_running();
+}
+
 bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   shut_down_ = true;
   core_->waiters.close();

@@ -502,6 +502,36 @@ TEST_CASE("job queue: shutdown completes waits that cannot end here - new ones a
   REQUIRE(rebound::test::eventually([&] { return calls_of(running) == 1; }));
 }
 
+TEST_CASE(
+    "job queue: abandon_running stops a model that polls its flag - the job runs at the next "
+    "start") {
+  rebound::test::TempDir dir;
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  const auto started = std::chrono::steady_clock::now();
+  {
+    JobQueue queue(rebound::make_builtin_model("sleep:60"),
+                   std::make_unique<rebound::SqliteJobStore>(dir.file("j.db")), o);
+    REQUIRE(queue.submit(job("long", 1)) == rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::eventually([&] {
+      const auto record = queue.find("long");
+      return record && record->status == JobStatus::running;
+    }));
+    CHECK_FALSE(queue.shutdown(50ms));  // the model call is still running
+    queue.abandon_running();
+  }  // (the queue's threads end with the model call)
+  // The built-in sleep model polls the flag: the call ended long before its 60 s.
+  CHECK(std::chrono::steady_clock::now() - started < 30s);
+  // Its job was left unfinished, its lease ended: the next start runs it at once.
+  JobQueue again(std::make_unique<Doubler>(),
+                 std::make_unique<rebound::SqliteJobStore>(dir.file("j.db")), o);
+  const auto done = again.async_wait("long", boost::asio::use_future);
+  REQUIRE(done.wait_for(10s) == std::future_status::ready);
+  const JobRecord record = again.find("long").value();
+  CHECK(record.status == JobStatus::succeeded);
+  CHECK(record.outcome.result == 2);
+}
+
 TEST_CASE("job queue: async_wait completes when the job ends - also when it was cancelled") {
   auto model = std::make_unique<rebound::test::HeldModel>();
   auto* held = model.get();

@@ -339,13 +339,23 @@ class JobQueue final {
   /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
   /// included. True when nothing was left in flight. At the deadline, jobs that have not started
   /// are taken off the queue and stay `queued` in the store (a durable store runs them on the
-  /// next start; the memory store loses them); running inferences and deliveries go on.
+  /// next start; the memory store loses them); running inferences and deliveries go on (see
+  /// `abandon_running`).
   /// Asynchronous waits still registered complete with errc::shutting_down.
   bool shutdown(std::chrono::steady_clock::duration timeout);
 
   /// Ends a `shutdown` waiting on another thread at once, as if its deadline had passed (a second
   /// SIGTERM). Later shutdowns do not wait either.
   void end_drain();
+
+  /// Gives up the running inferences, for a process that must end now (after `shutdown` returned
+  /// false): `rebound::cancellation_requested()` turns true in their model calls, so that a model
+  /// that polls it returns early; their results are discarded, and their jobs stay unfinished in
+  /// the store with their leases ended (another server takes them at once; a durable store runs
+  /// them on the next start; the memory store loses them). So for any batch that starts later.
+  /// A model call that does not poll the flag still runs to its end. `Server::run_until_signal`
+  /// calls it when the drain's deadline passes.
+  void abandon_running();
 
  private:
   void build(boost::asio::any_io_executor inference_executor,

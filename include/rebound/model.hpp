@@ -1,6 +1,7 @@
 // The model backend interface, and the two built-in models (echo and sleep) for demos and benches.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -123,7 +124,8 @@ class EchoModel final : public Model {
 };
 
 /// The seed's "heavy work": waits a fixed time, then answers "OK". Thread-safe.
-/// The wait occupies the worker thread, as a real model's computation would.
+/// The wait occupies the worker thread, as a real model's computation would, and ends early when
+/// its job is cancelled or given up (`rebound::cancellation_requested()`).
 class SleepModel final : public Model {
  public:
   explicit SleepModel(std::chrono::microseconds duration) : duration_(duration) {
@@ -131,7 +133,16 @@ class SleepModel final : public Model {
   }
   std::string name() const override { return "sleep"; }
   Prediction predict(const nlohmann::json&) override {
-    if (duration_.count() > 0) std::this_thread::sleep_for(duration_);
+    // In steps of at most 10 ms, so that a cancelled or given-up job (a stopping server) ends
+    // within one.
+    const auto end = std::chrono::steady_clock::now() + duration_;
+    for (auto now = std::chrono::steady_clock::now(); now < end;
+         now = std::chrono::steady_clock::now()) {
+      if (cancellation_requested())
+        return Prediction::failure("cancelled", "the job was cancelled");
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(end - now, std::chrono::milliseconds(10)));
+    }
     return Prediction::success("OK");
   }
   std::chrono::microseconds duration() const { return duration_; }

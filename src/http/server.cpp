@@ -1377,6 +1377,9 @@ int Server::run_until_signal() {
     signalled = true;
     drainer = std::thread([&] {
       const bool idle = impl_->service.shutdown(impl_->options.drain_timeout);
+      // Past the deadline the process ends: a model that polls its cancellation flag stops now,
+      // and its jobs stay in the store for another server or the next start.
+      if (!idle) impl_->service.abandon_running();
       boost::asio::post(loop, [&, idle] {
         drained = idle;
         signals.cancel();  // no second signal to wait for

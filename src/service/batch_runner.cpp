@@ -125,7 +125,8 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
     std::lock_guard<std::mutex> lock(runs_mutex_);
     for (const auto& item : batch) {
       if (item.reply) continue;
-      auto flag = std::make_shared<std::atomic<bool>>(false);
+      // (Raised from the start once the process gave its running jobs up.)
+      auto flag = std::make_shared<std::atomic<bool>>(abandoned_);
       running_[item.job.id] = Running{item.claim.holder(), flag};
       flags.push_back(std::move(flag));
     }
@@ -221,13 +222,21 @@ bool BatchRunner::revoked_locked(const WorkItem& item, bool take) {
          cancelled_unheld_.count(item.job.id) > 0;
 }
 
+void BatchRunner::abandon_running() {
+  std::lock_guard<std::mutex> lock(runs_mutex_);
+  abandoned_ = true;
+  for (auto& [id, run] : running_)
+    run.cancelled->store(true);
+}
+
 void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseconds keep) {
   std::lock_guard<std::mutex> lock(runs_mutex_);
   cancelled_unheld_[id] = std::chrono::steady_clock::now() + keep;
 }
 
-bool BatchRunner::end_run(const WorkItem& item) {
+bool BatchRunner::end_run(const WorkItem& item, bool& abandoned) {
   std::lock_guard<std::mutex> lock(runs_mutex_);
+  abandoned = abandoned_;
   auto it = running_.find(item.job.id);
   if (it == running_.end() || it->second.holder != item.claim.holder()) return true;
   const bool revoked = it->second.cancelled->load();
@@ -288,10 +297,17 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
     item.claim.release();
     return;
   }
-  if (!end_run(item)) {
-    // Cancelled, or taken over by another claim: the store has its outcome already.
+  bool abandoned = false;
+  if (!end_run(item, abandoned)) {
+    // Cancelled, or taken over by another claim: the store has its outcome already. Given up by
+    // a stopping process: the job stays unfinished in the store, and its lease ends now, for
+    // another server (or the next start) to take at once.
     observe_([&](auto& o) { o.on_discarded(item.job.id); });
-    item.claim.release();
+    if (abandoned) {
+      item.claim.hand_back(store_, "renew");
+    } else {
+      item.claim.release();
+    }
     return;
   }
   JobRecord record;

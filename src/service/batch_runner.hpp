@@ -76,6 +76,12 @@ class BatchRunner {
   /// worker takes it, without running.
   void revoke(const std::string& id, const std::string& holder, bool queued_too);
 
+  /// A stopping process gives up its running jobs (JobQueue::abandon_running): every running
+  /// job's cancellation flag is set and its result discarded, its lease handed back (the job stays
+  /// unfinished in the store, for another server or the next start); and so for any run that
+  /// starts later.
+  void abandon_running();
+
   /// The job `id` was cancelled while this server held no claim on it that it knew of: a claim
   /// taken in the moment between the store's answer and its note here (a submission, the pump)
   /// is dropped when a worker or the sweep meets it. Forgotten after `keep`.
@@ -131,13 +137,15 @@ class BatchRunner {
   };
   std::mutex runs_mutex_;
   std::unordered_map<std::string, Running> running_;
+  bool abandoned_ = false;  // (under runs_mutex_) abandon_running was called
   std::set<std::pair<std::string, std::string>> revoked_;  // (id, holder)
   // Jobs cancelled with no claim here (see cancelled_unheld): id -> until when it is kept.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> cancelled_unheld_;
   // Under runs_mutex_: whether the waiting item's run is revoked; with `take`, the note is used up.
   bool revoked_locked(const WorkItem& item, bool take);
-  // Ends an item's run: false when it was revoked (its result is to be discarded).
-  bool end_run(const WorkItem& item);
+  // Ends an item's run: false when it was revoked (its result is to be discarded); `abandoned`
+  // says whether the process gave its running jobs up (abandon_running).
+  bool end_run(const WorkItem& item, bool& abandoned);
 };
 
 }  // namespace rebound::detail

@@ -113,7 +113,9 @@ class Server final {
   /// Serves until SIGINT or SIGTERM (binding first if `bind()` was not called), then stops
   /// taking work (submissions and `/ping` answer 503 while polls are still answered), drains the
   /// queue for up to `drain_timeout`, stops serving and returns 0; 1 when work was still in flight
-  /// at the deadline. A second signal during the drain ends it at once (status 1). While it runs,
+  /// at the deadline, whose running inferences it then gives up (JobQueue::abandon_running: a
+  /// model that polls `rebound::cancellation_requested()` returns, and their jobs stay in the
+  /// store). A second signal during the drain ends it at once (status 1). While it runs,
   /// SIGINT and SIGTERM are handled through Asio's signal_set (whichever thread receives them);
   /// afterwards their former handling is back. Throws rebound::Error when it cannot bind.
   int run_until_signal();
