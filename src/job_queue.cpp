@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <future>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -343,13 +344,31 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
   // A repeated id is answered from its first job: taken, it makes the same request a duplicate
   // and another a conflict; refused for room or by the store, it refuses them alike. A first job
   // that conflicted with a stored one says nothing of another request under its id, which may be
-  // the stored one: those are submitted again, after the others, as their own submissions.
-  std::vector<std::size_t> again;
+  // the stored one: those are told apart by the stored job (one read an id).
+  struct Stored {
+    bool read = false;  // false: the store failed to answer
+    std::optional<JobRecord> record;
+  };
+  std::unordered_map<std::string_view, Stored> stored;
   for (std::size_t i = 0; i < n; ++i) {
     if (first[i] == none) continue;
     const SubmitStatus earlier = statuses[first[i]];
     if (earlier == SubmitStatus::conflict && !same_as_first[i]) {
-      again.push_back(i);
+      auto [at, added] = stored.try_emplace(ids[i]);
+      if (added) {
+        try {
+          at->second.record = core.store.call(
+              "get", ids[i], [&](JobStore& s) { return s.get(ids[i]); }, &news);
+          at->second.read = true;
+        } catch (const StoreUnavailable&) {
+        }
+      }
+      // (Gone since the first job's put: as the first job was told, a conflict.)
+      const Stored& found = at->second;
+      statuses[i] = !found.read ? SubmitStatus::store_unavailable
+                    : found.record && jobs[i].same_request_as(found.record->job)
+                        ? SubmitStatus::duplicate
+                        : SubmitStatus::conflict;
       continue;
     }
     const bool taken = earlier == SubmitStatus::accepted || earlier == SubmitStatus::duplicate;
@@ -357,21 +376,8 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
                                    : (taken ? SubmitStatus::conflict : earlier);
   }
   core.store.tell(news);
-  std::vector<bool> observed(n, false);
-  if (!again.empty()) {
-    std::vector<Job> copies;
-    copies.reserve(again.size());
-    for (std::size_t i : again)
-      copies.push_back(jobs[i]);
-    const std::vector<SubmitStatus> answers = submit_all_to(core, queue, copies, nullptr);
-    for (std::size_t k = 0; k < again.size(); ++k) {
-      statuses[again[k]] = answers[k];
-      observed[again[k]] = true;  // (by that call)
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!observed[i]) core.observe_submission(statuses[i], ids[i], callbacks[i]);
-  }
+  for (std::size_t i = 0; i < n; ++i)
+    core.observe_submission(statuses[i], ids[i], callbacks[i]);
   return statuses;
 }
 

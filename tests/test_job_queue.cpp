@@ -532,6 +532,23 @@ TEST_CASE(
   CHECK(record.outcome.result == 2);
 }
 
+TEST_CASE(
+    "job queue: a model call past the inference timeout is told to stop - the worker is free "
+    "again") {
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  o.inference_timeout = 100ms;
+  JobQueue queue(rebound::make_builtin_model("sleep:60"), nullptr, o);
+  auto first = queue.async_submit(job("first", 1), boost::asio::use_future);
+  REQUIRE(first.wait_for(10s) == std::future_status::ready);
+  CHECK(first.get().outcome.error->code == "inference_timeout");
+  // The one worker is not held for the rest of the first call's 60 s: the sleep model polls its
+  // flag, raised at the timeout, so the second job runs (and times out) in turn.
+  auto second = queue.async_submit(job("second", 2), boost::asio::use_future);
+  REQUIRE(second.wait_for(10s) == std::future_status::ready);
+  CHECK(second.get().outcome.error->code == "inference_timeout");
+}
+
 TEST_CASE("job queue: async_wait completes when the job ends - also when it was cancelled") {
   auto model = std::make_unique<rebound::test::HeldModel>();
   auto* held = model.get();

@@ -185,8 +185,8 @@ class JobQueue final {
   /// jobs it has no room for and takes the others. An id that came earlier in the call (in a
   /// valid job) is `duplicate` (or `conflict`, another request) when that job was taken, and is
   /// refused as it was when it was refused for room or by the store; when that job was a
-  /// `conflict`, the same request is too, and another is submitted as its own (a `duplicate` when
-  /// it is the stored request). When the store fails, every
+  /// `conflict`, the same request is too, and another is told by the stored job (`duplicate` when
+  /// it is the stored request, else `conflict`). When the store fails, every
   /// job that reached it is `store_unavailable`; some of them may be stored nonetheless (Redis,
   /// whose batches commit one by one), and submitting them again answers `duplicate`.
   std::vector<SubmitStatus> submit_many(std::vector<Job> jobs,

@@ -55,7 +55,8 @@ struct BatchingPreference {
 };
 
 /// True while the model call running on this thread serves only jobs that were cancelled
-/// (`DELETE /v1/inferences/{id}`, `JobQueue::cancel`) or taken over by another server: their
+/// (`DELETE /v1/inferences/{id}`, `JobQueue::cancel`), taken over by another server, past their
+/// inference timeout or given up by a stopping server (`JobQueue::abandon_running`): their
 /// results will be discarded, so a long `predict` may poll this and return early (any
 /// Prediction; it is thrown away). For a batch, true once every job in it is cancelled; never for
 /// a batch with an invocation. False outside a model call. Cheap and thread-safe.

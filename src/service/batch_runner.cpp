@@ -121,8 +121,10 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   if (batch.empty()) return;
   // The jobs running now, each with its cancellation flag.
   std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  bool given_up = false;  // the process gave its running jobs up before this batch began
   {
     std::lock_guard<std::mutex> lock(runs_mutex_);
+    given_up = abandoned_;
     for (const auto& item : batch) {
       if (item.reply) continue;
       // (Raised from the start once the process gave its running jobs up.)
@@ -134,8 +136,9 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   std::vector<nlohmann::json> inputs;
   inputs.reserve(batch.size());
   for (auto& item : batch) {
-    if (!item.reply) {
-      // Only the displayed status lags when this fails; the job still runs and completes.
+    if (!item.reply && !given_up) {
+      // Only the displayed status lags when this fails; the job still runs and completes. (Not
+      // for a job already given up: it is handed back, unstarted.)
       store_.write_or_note("mark_running", item.job.id,
                            [&](JobStore& store) { store.mark_running(item.job.id, now); });
       delivery_.notify_started(item.job);
@@ -165,7 +168,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   if (inference_timeout_.count() > 0) {
     watchdog = std::make_shared<boost::asio::steady_timer>(timer_executor_, inference_timeout_);
     watchdog->async_wait(
-        [this, keep = owner(), items, settled](const boost::system::error_code& ec) {
+        [this, keep = owner(), items, settled, flags](const boost::system::error_code& ec) {
           if (ec || settled->exchange(true)) return;
           const std::string message = "The model did not answer within the inference timeout of " +
                                       std::to_string(inference_timeout_.count() / 1000.0) + " s.";
@@ -173,6 +176,11 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
             Prediction timeout = Prediction::failure("inference_timeout", message);
             settle(item, timeout, items->size(), -1);
           }
+          // The late result will be discarded: a model that polls its flag may stop now (and a
+          // stopping process, whose abandon_running no longer sees these jobs, need not wait).
+          // (Raised once the jobs are settled: a raised flag would have discarded their outcome.)
+          for (const auto& flag : flags)
+            flag->store(true);
         });
   }
   std::vector<Prediction> predictions;

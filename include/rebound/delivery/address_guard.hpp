@@ -171,6 +171,7 @@ class AddressGuard {
     std::string name = host;
     while (name.size() > 1 && name.back() == '.')
       name.pop_back();
+    if (host_listed(name)) return std::nullopt;
     auto bytes = literal_bytes(name);
     if (!bytes) bytes = other_ipv4_bytes(name);
     if (bytes) {
