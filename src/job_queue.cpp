@@ -361,6 +361,7 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
               "get", ids[i], [&](JobStore& s) { return s.get(ids[i]); }, &news);
           at->second.read = true;
         } catch (const StoreUnavailable&) {
+          // (Left unread: its copies are store_unavailable, below.)
         }
       }
       // (Gone since the first job's put: as the first job was told, a conflict.)
