@@ -508,7 +508,7 @@ if state == 'pending' then
 end
 local attempt = ARGV[O + 13]
 if attempt ~= '' then
-  -- (An attempt is one line: JSON has no line break outside its strings, where it is escaped.)
+  -- (An attempt is one line: its JSON is written compact, a line break in a string escaped.)
   local lines = 0
   if log and log ~= '' then
     log = log .. '\n' .. attempt
