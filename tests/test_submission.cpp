@@ -33,6 +33,15 @@ TEST_CASE("the seed's request - id and callback_url only - is accepted as is") {
   CHECK(r.job->input.is_null());
 }
 
+TEST_CASE(
+    "a name twice in one object counts with its last value - a number past a double is refused") {
+  auto r = parse_submission(R"({"id":"first","input":1,"id":"last","input":2})", strict);
+  REQUIRE(r.job.has_value());
+  CHECK(r.job->id == "last");
+  CHECK(r.job->input == 2);
+  check_invalid(R"({"id":"a","input":1e400})", 400, "invalid_json", "");
+}
+
 TEST_CASE("input of any JSON type is kept - unknown fields and a null callback are ignored") {
   auto r = parse_submission(
       R"({"id":"a.b_c:d-1","input":[[1,2],[3,4]],"extra":true,"callback_url":null})", strict);
