@@ -92,7 +92,9 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
         "localhost", "api.localhost",
         // As resolvers and libcurl read them too: a trailing dot, and the other IPv4 forms.
         "localhost.", "api.localhost.", "127.0.0.1.", "0", "2130706433", "0x7f000001", "127.1",
-        "017700000001", "0177.0.0.1", "10.1", "0xa9fea9fe"}) {
+        "017700000001", "0177.0.0.1", "10.1", "0xa9fea9fe",
+        // 6to4 around a loopback or private IPv4 address.
+        "[2002:7f00:1::]", "[2002:a00:1::1]", "[2002:a9fe:a9fe::]"}) {
     const std::string body =
         std::string(R"({"id":"a","callback_url":"http://)") + host + R"(:8080/cb"})";
     check_invalid(body, 422, "invalid_field", "callback_url");
@@ -108,6 +110,9 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
               .job);
   }
   CHECK(parse_submission(R"({"id":"a","callback_url":"https://[2606:4700::1]/cb"})", strict).job);
+  // 6to4 around a public IPv4 address is as public.
+  CHECK(parse_submission(R"({"id":"a","callback_url":"https://[2002:5db8:d822::1]/cb"})", strict)
+            .job);
 }
 
 TEST_CASE("callback URLs are taken apart for the transport") {
@@ -145,6 +150,9 @@ TEST_CASE("addresses are classified in IPv4 - IPv6 and IPv4-mapped forms") {
   CHECK(c("ff02::1") == AddressClass::multicast);
   CHECK(c("fe80::1%eth0") == AddressClass::link_local);
   CHECK(c("2606:4700::1111") == AddressClass::global);
+  CHECK(c("2002:7f00:1::") == AddressClass::loopback);       // 6to4 of 127.0.0.1
+  CHECK(c("2002:c0a8:101::") == AddressClass::private_use);  // of 192.168.1.1
+  CHECK(c("2002:5db8:d822::1") == AddressClass::global);     // of 93.184.216.34
   CHECK_FALSE(c("example.com").has_value());
 }
 

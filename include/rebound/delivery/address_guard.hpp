@@ -73,7 +73,9 @@ inline AddressClass classify_ipv4(const std::array<std::uint8_t, 4>& a) {
 }
 
 /// Classifies an IPv6 address (16 bytes). IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible
-/// (::a.b.c.d) and NAT64 (64:ff9b::a.b.c.d) addresses are judged by the IPv4 address inside.
+/// (::a.b.c.d) and NAT64 (64:ff9b::a.b.c.d) addresses are judged by the IPv4 address inside; a
+/// 6to4 address (2002:aabb:ccdd::/48) whose IPv4 address is not global by that address (a relay
+/// or a host that routes 6to4 would pass it on to it).
 inline AddressClass classify_ipv6(const std::array<std::uint8_t, 16>& a) {
   auto zeros = [&](int from, int to) {
     for (int i = from; i < to; ++i)
@@ -87,6 +89,10 @@ inline AddressClass classify_ipv6(const std::array<std::uint8_t, 16>& a) {
   if (zeros(0, 12)) return inner_v4();
   if (a[0] == 0x00 && a[1] == 0x64 && a[2] == 0xff && a[3] == 0x9b && zeros(4, 12)) {
     return inner_v4();
+  }
+  if (a[0] == 0x20 && a[1] == 0x02) {
+    const AddressClass embedded = classify_ipv4({a[2], a[3], a[4], a[5]});
+    if (embedded != AddressClass::global) return embedded;
   }
   if ((a[0] & 0xfe) == 0xfc) return AddressClass::private_use;
   if (a[0] == 0xfe && (a[1] & 0xc0) == 0x80) return AddressClass::link_local;
