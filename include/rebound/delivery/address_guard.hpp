@@ -149,9 +149,7 @@ class AddressGuard {
 
   /// Whether an address (4 or 16 bytes) may be contacted: global, allowed by the flag, or listed.
   bool permits_address(const std::uint8_t* bytes, std::size_t size) const {
-    const AddressClass c = size == 4 ? classify_ipv4({bytes[0], bytes[1], bytes[2], bytes[3]})
-                                     : classify_ipv6(to_v6(bytes, size));
-    return permits(c) || in_ranges(to_v6(bytes, size));
+    return permits(class_of(bytes, size)) || in_ranges(to_v6(bytes, size));
   }
 
   /// Whether the host name itself is on the allowlist (exactly or by a *.domain entry).
@@ -182,15 +180,7 @@ class AddressGuard {
     if (!bytes) bytes = other_ipv4_bytes(name);
     if (bytes) {
       if (permits_address(bytes->data(), bytes->size())) return std::nullopt;
-      AddressClass what;
-      if (bytes->size() == 4) {
-        what = classify_ipv4({(*bytes)[0], (*bytes)[1], (*bytes)[2], (*bytes)[3]});
-      } else {
-        std::array<std::uint8_t, 16> v6{};
-        std::memcpy(v6.data(), bytes->data(), v6.size());
-        what = classify_ipv6(v6);
-      }
-      return std::string("points to a ") + to_string(what) +
+      return std::string("points to a ") + to_string(class_of(bytes->data(), bytes->size())) +
              " address, which callbacks may not use";
     }
     if (name == "localhost" ||
@@ -239,8 +229,7 @@ class AddressGuard {
         result.address = text;
         break;
       }
-      refused_class = size == 4 ? to_string(classify_ipv4({bytes[0], bytes[1], bytes[2], bytes[3]}))
-                                : to_string(classify_ipv6(bytes));
+      refused_class = to_string(class_of(bytes.data(), size));
     }
     freeaddrinfo(found);
     if (result.address.empty()) {
@@ -257,6 +246,12 @@ class AddressGuard {
     std::array<std::uint8_t, 16> prefix{};
     int bits = 0;
   };
+
+  // The class of an address given as 4 (IPv4) or 16 (IPv6) bytes.
+  static AddressClass class_of(const std::uint8_t* bytes, std::size_t size) {
+    return size == 4 ? classify_ipv4({bytes[0], bytes[1], bytes[2], bytes[3]})
+                     : classify_ipv6(to_v6(bytes, size));
+  }
 
   static std::array<std::uint8_t, 16> to_v6(const std::uint8_t* bytes, std::size_t size) {
     std::array<std::uint8_t, 16> v6{};
