@@ -2,6 +2,11 @@
 """rebound's benchmark: one command, one table, with the seed's FastAPI server measured in the same run.
 
     bench/run.py                    # what docs/benchmarks.md shows: 3 rounds, about 8 minutes
+    bench/run.py --baseline 981b6cc --only e2e --skip-peer   # this build beside an older one
+
+--baseline REV builds rebound-server at REV in a tree of its own (the server only: no torch, no
+tests; cached under BUILD_DIR/baselines/<commit>, so the second run costs nothing) and measures it
+beside this build, round after round, with the memory store.
 
 Needs a build (scripts/build.sh) and, from Debian: wrk nginx-light python3-fastapi python3-uvicorn
 python3-httpx python3-backoff python3-uvloop python3-httptools (see docs/benchmarks.md).
@@ -15,7 +20,9 @@ rebound-server with the SQLite store. Each round measures, for each server:
                seconds (bench/submit.lua); an nginx receiver answers and logs every callback
                (bench/receiver.nginx.conf); the round then waits (up to --drain-timeout s) until
                every accepted job has been called back. End-to-end jobs/s is callbacks received /
-               (load time + drain time). Echo model (the peer sleeps 0 s).
+               (load time + drain time). Echo model (the peer sleeps 0 s). The servers run with
+               their shipped defaults (queue capacity, workers, connections): what a user runs,
+               so submissions beyond the queue's capacity are refused (503) and counted.
   queued       a server whose model never finishes is filled with jobs (bench/submit.lua, STOP_ON_REFUSAL=1): rebound to
                --queued jobs (its --queue-capacity, so the first 503 marks the end), the peer for
                --peer-fill-seconds (it takes jobs at a few thousand per second). Memory per queued
@@ -280,7 +287,7 @@ def metric(port: int, name: str) -> float:
 class Systems:
     """The servers to compare, as command lines for each measurement."""
 
-    def __init__(self, args):
+    def __init__(self, args, baselines: dict[str, Path]):
         self.args = args
         self.server = str(Path(args.build_dir).resolve() / "examples" / "rebound-server")
         self.peer_dir = str(Path(args.peer_dir).resolve())
@@ -288,6 +295,9 @@ class Systems:
             "memory": {"title": "rebound, memory store", "store": "memory"},
             "sqlite": {"title": "rebound, SQLite store", "store": "sqlite:jobs.db"},
         }
+        for rev, binary in baselines.items():
+            self.rebound[f"baseline-{rev}"] = {"title": f"rebound {rev}, memory store", "store": "memory",
+                                               "binary": str(binary)}
         for i, spec in enumerate(args.also or [], start=1):
             self.rebound[f"also{i}"] = json.loads(spec)
         self.names = ([] if args.skip_peer else ["peer"]) + list(self.rebound)
@@ -295,7 +305,9 @@ class Systems:
     def title(self, name: str) -> str:
         return "FastAPI seed (shared client)" if name == "peer" else self.rebound[name]["title"]
 
-    def start(self, name: str, model: str, queue_capacity: int, workers: int = 2) -> Server:
+    def start(self, name: str, model: str, queue_capacity: int | None = None,
+              workers: int | None = None) -> Server:
+        """Starts `name` with `model`; a capacity or worker count left out is the server's default."""
         port = free_port()
         if name == "peer":
             sleep = "0" if model == "echo" else "100000"
@@ -305,9 +317,10 @@ class Systems:
         spec = self.rebound[name]
 
         def argv(port: int, store: str) -> list[str]:
+            sizes = ([] if workers is None else ["--workers", str(workers)]) + \
+                    ([] if queue_capacity is None else ["--queue-capacity", str(queue_capacity)])
             return [spec.get("binary", self.server), "serve", "--host", "127.0.0.1", "--port", str(port),
-                    "--model", model, "--store", store, "--workers", str(workers),
-                    "--queue-capacity", str(queue_capacity), "--allow-private-callbacks",
+                    "--model", model, "--store", store, *sizes, "--allow-private-callbacks",
                     "--log-level", "warn", *spec.get("args", [])]
 
         if spec.get("store") == "redis":
@@ -318,7 +331,7 @@ class Systems:
 def measure_e2e(systems: Systems, name: str) -> dict:
     a = systems.args
     receiver = Receiver()
-    server = systems.start(name, "echo", queue_capacity=1_000_000)
+    server = systems.start(name, "echo")
     try:
         time.sleep(0.5)
         ports = getattr(server, "ports", [server.port])
@@ -407,7 +420,7 @@ def measure_queued(systems: Systems, name: str) -> dict:
 def measure_invocations(systems: Systems, name: str) -> dict:
     a = systems.args
     load = str(Path(a.build_dir).resolve() / "bench" / "rebound-invocations-load")
-    server = systems.start(name, "echo", queue_capacity=10_000)
+    server = systems.start(name, "echo")
     try:
         body = '{"x": [1, 2, 3]}'
         subprocess.run([load, "127.0.0.1", str(server.port), "1", "1", body], check=True,
@@ -480,6 +493,36 @@ def measure_receivers(systems: Systems, name: str, hung: bool) -> dict:
 MEASUREMENTS = {"e2e": measure_e2e, "queued": measure_queued, "invocations": measure_invocations,
                 "slow": lambda s, n: measure_receivers(s, n, hung=False),
                 "hung": lambda s, n: measure_receivers(s, n, hung=True)}
+
+
+def build_baseline(rev: str, build_dir: str) -> Path:
+    """rebound-server as of `rev`, built in a tree of its own (server only: no torch, no tests, no
+    benchmarks), cached by commit under BUILD_DIR/baselines, so that it is built once."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode != 0:
+        sys.exit(f"bench/run.py: --baseline {rev}: not a commit of this repository")
+    commit = commit.stdout.strip()
+    home = Path(build_dir).resolve() / "baselines" / commit
+    binary = home / "build" / "examples" / "rebound-server"
+    if binary.exists():
+        return binary
+    log(f"building rebound-server at {rev} ({commit[:12]}) in {home} (once; a few minutes)")
+    source = home / "src"
+    shutil.rmtree(source, ignore_errors=True)
+    source.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", commit], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(source)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        sys.exit(f"bench/run.py: git archive {commit} failed")
+    launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
+    subprocess.run(["cmake", "-S", str(source), "-B", str(home / "build"), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DREBOUND_WITH_TORCH=OFF",
+                    "-DREBOUND_BUILD_TESTS=OFF", "-DREBOUND_BUILD_BENCH=OFF", *launcher],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(home / "build"), "--target", "rebound-server"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return binary
 
 
 def check_prerequisites(args) -> None:
@@ -583,6 +626,21 @@ def targets(results: dict) -> list[tuple[str, bool]]:
         check("bytes per queued job <= 1024", median(name, "queued", "bytes_per_queued_job"),
               lambda v: v <= 1024)
         check("/invocations p50 <= 200 us", median(name, "invocations", "p50_us"), lambda v: v <= 200)
+        e2e = median(name, "e2e", "e2e_jobs_per_s")
+        peer_e2e = median("peer", "e2e", "e2e_jobs_per_s")
+        if e2e is not None and peer_e2e:
+            check("end-to-end jobs/s >= 30x the seed's FastAPI server", e2e / peer_e2e, lambda v: v >= 30)
+        memory_e2e = median("memory", "e2e", "e2e_jobs_per_s")
+        if name == "sqlite" and e2e is not None and memory_e2e:
+            check("end-to-end jobs/s >= 0.8x the memory store's", e2e / memory_e2e, lambda v: v >= 0.8)
+        for base in (n for n in results if n.startswith("baseline-")):
+            rev = base[len("baseline-"):]
+            base_e2e, base_rss = median(base, "e2e", "e2e_jobs_per_s"), median(base, "e2e", "peak_rss_kib")
+            if name == "memory" and e2e is not None and base_e2e:
+                check(f"end-to-end jobs/s >= 2x rebound {rev}'s", e2e / base_e2e, lambda v: v >= 2)
+            rss = median(name, "e2e", "peak_rss_kib")
+            if name == "memory" and rss is not None and base_rss:
+                check(f"peak RSS <= 1.2x rebound {rev}'s", rss / base_rss, lambda v: v <= 1.2)
         slow, hung = median(name, "slow", "delivered_per_s"), median(name, "hung", "delivered_per_s")
         peer = median("peer", "slow", "delivered_per_s")
         check("deliveries/s to 200 ms receivers >= 2,000", slow, lambda v: v >= 2000)
@@ -609,6 +667,9 @@ def machine() -> str:
             total = int(line.split()[1]) // (1024 * 1024)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "unknown"
+    if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                      capture_output=True, text=True).stdout.strip():
+        commit += " with uncommitted changes"
     return (f"{os.cpu_count()} cores ({cpu}), {total} GiB, {platform.system()} {platform.release()}; "
             f"rebound {commit}; server, wrk and nginx share the cores")
 
@@ -630,6 +691,9 @@ def main() -> None:
     p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", str(ROOT / "build")))
     p.add_argument("--peer-dir", default=str(ROOT.parent / "shared" / "peers" / "fastapi_seed"))
     p.add_argument("--json", help="write every round's figures to this file")
+    p.add_argument("--baseline", action="append", metavar="REV", default=[],
+                   help="also measure rebound-server as of commit REV (memory store), built once in a "
+                        "tree of its own, side by side in the same rounds (repeatable), e.g. 981b6cc")
     p.add_argument("--also", action="append", metavar="JSON",
                    help='another rebound-server to compare, e.g. \'{"title": "memory, 4 callback '
                         'connections", "store": "memory", "args": ["--callback-connections", "4"], '
@@ -638,8 +702,9 @@ def main() -> None:
                         'end-to-end run loads N rebound-servers on that one Redis')
     args = p.parse_args()
     check_prerequisites(args)
+    baselines = {rev: build_baseline(rev, args.build_dir) for rev in args.baseline}
 
-    systems = Systems(args)
+    systems = Systems(args, baselines)
     kinds = args.only or list(MEASUREMENTS)
     results = {n: {k: [] for k in kinds} for n in systems.names}
     started = time.monotonic()

@@ -171,6 +171,48 @@ TEST_CASE("gate: the pace of deferrals follows how long the origin's attempts ta
   CHECK((*capped)->retry_in == 300ms);
 }
 
+TEST_CASE("gate: a fast origin keeps its backlog in memory - a slow one is held to the bound") {
+  OriginGateOptions o;
+  o.max_per_origin = 2;
+  o.max_waiting_per_origin = 3;
+  o.quick_backlog = 1s;
+  SUBCASE("answers in 10 ms: 200 waiting would go in 1 s - all wait, none is deferred") {
+    Fixture f(o);
+    f.send(a);
+    f.send(a);  // (one stays in flight: an idle origin is forgotten, its latency too)
+    f.advance(10ms);
+    f.answer(200);  // measured: 10 ms an attempt, so 2 in flight send 200 a second
+    std::vector<std::shared_ptr<std::optional<CallbackResponse>>> answers;
+    for (int i = 0; i < 202; ++i)
+      answers.push_back(f.send(a));
+    CHECK(f.held() == 2);
+    CHECK(f.endpoint(a_origin).waiting == 200);  // far over the count bound, within the time
+    CHECK(f.endpoint(a_origin).deferred == 1);
+    CHECK(std::none_of(answers.begin(), answers.end() - 1, deferred));
+    REQUIRE(deferred(answers.back()));  // a 201st waiting would pass the second
+  }
+  SUBCASE("answers in 2 s: the bound of 3 holds, the rest go to the store") {
+    Fixture f(o);
+    f.send(a);
+    f.send(a);
+    f.advance(2s);
+    f.answer(200);
+    f.send(a);
+    auto w1 = f.send(a), w2 = f.send(a), w3 = f.send(a), d = f.send(a);
+    CHECK(f.endpoint(a_origin).waiting == 3);
+    CHECK(!*w1);
+    CHECK(!*w3);
+    REQUIRE(deferred(d));
+  }
+  SUBCASE("a new origin is not known to be fast: the bound holds") {
+    Fixture f(o);
+    for (int i = 0; i < 5; ++i)
+      f.send(a);
+    auto d = f.send(a);
+    REQUIRE(deferred(d));
+  }
+}
+
 TEST_CASE("gate: failures open the circuit - nothing is sent - deferred to the probe") {
   OriginGateOptions o;
   o.breaker_failures = 3;

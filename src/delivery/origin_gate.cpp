@@ -240,13 +240,23 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     refresh(o, now);
     if (can_start(o)) return start(key, o, std::move(pending), acts);
     if (!paused(o) && o.state == CircuitState::closed &&
-        o.waiting.size() < options.max_waiting_per_origin && total_waiting < options.max_waiting) {
+        (o.waiting.size() < options.max_waiting_per_origin || clears_quickly(o)) &&
+        total_waiting < options.max_waiting) {
       o.waiting.push_back(std::move(pending));
       ++total_waiting;
       list_if_ready(key, o);
       return;
     }
     defer_for_now(o, std::move(pending), now, acts);
+  }
+
+  // Whether everything waiting for `o`, and one more, would be sent within quick_backlog at the
+  // pace of its recent attempts (an origin not yet measured is not known to be quick).
+  bool clears_quickly(const Origin& o) const {
+    if (!o.has_latency) return false;
+    const auto per_request = std::max(o.latency, milliseconds(1));
+    return per_request * static_cast<long>(o.waiting.size() + 1) <=
+           options.quick_backlog * static_cast<long>(std::max<std::size_t>(1, options.max_per_origin));
   }
 
   void list_if_ready(const std::string& key, Origin& o) {

@@ -29,6 +29,12 @@ struct OriginGateOptions {
   /// to a quarter of its capacity unless it is set.
   std::size_t max_waiting_per_origin = std::numeric_limits<std::size_t>::max();
   std::size_t max_waiting = std::numeric_limits<std::size_t>::max();
+  /// A healthy origin fast enough to send everything waiting for it within this time (at the
+  /// pace of its recent attempts: their latency / max_per_origin a request) may keep more than
+  /// `max_waiting_per_origin` waiting in memory: such a backlog holds its slots only briefly, and
+  /// sending it to the store and back would slow the receiver that is fastest of all. The bound
+  /// is for slow receivers. (`max_waiting` still holds.)
+  std::chrono::milliseconds quick_backlog{5000};
   /// Consecutive failures (timeouts, refused or broken connections, TLS failures, 5xx) that open
   /// an origin's circuit. 0 disables the breaker.
   std::size_t breaker_failures = 5;
