@@ -1,4 +1,5 @@
 // rebound-server: the library wired into a runnable server (the README's command line).
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -8,6 +9,8 @@
 #include <set>
 #include <string>
 #include <thread>
+
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 
@@ -33,6 +36,27 @@ std::string default_model_dir() {
   return env && *env ? env : "/opt/ml/model";
 }
 
+}  // namespace
+
+namespace {
+// Each connection is a file descriptor: the soft limit (often 1,024) goes up to the hard one, so
+// that --max-connections, not the process, bounds what the server holds. Says so when even the
+// hard limit is lower.
+void raise_open_files_limit(std::size_t connections) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+  // Descriptors beyond the connections: the store, the callbacks' connections, the logs.
+  const rlim_t wanted = static_cast<rlim_t>(connections) + 2048;
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < wanted) {
+    std::cerr << "rebound-server: warning: the open files limit (" << limit.rlim_cur
+              << ") is below --max-connections plus room for the rest (" << wanted
+              << "): raise it (ulimit -n) or lower --max-connections" << std::endl;
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,7 +92,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> operator_keys;
   std::vector<std::string> viewer_keys;
   std::optional<double> tenant_share;
-  std::size_t http_threads = 64;
+  std::optional<std::size_t> http_threads;
+  std::size_t max_connections = 10000;
+  std::size_t max_connections_per_address = 0;
+  std::size_t max_waiters = 10000;
   double callback_timeout_s = 10;
   std::size_t callback_connections = 1024;
   std::size_t callback_per_origin = 64;
@@ -154,8 +181,24 @@ int main(int argc, char** argv) {
                  "(0: no limit)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-  app.add_option("--http-threads", http_threads, "HTTP connections served at once")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+  app.add_option("--http-threads", http_threads,
+                 "Threads of the HTTP front (Boost.Beast): they serve every connection "
+                 "asynchronously and run the routes' store calls; no thread waits for a job "
+                 "(default: 2 with the memory store, whose calls never wait; 16 with SQLite or "
+                 "Redis, so that submissions waiting for a commit share it)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+  app.add_option("--max-connections", max_connections,
+                 "HTTP connections open at once; one more is closed at once")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--max-connections-per-address", max_connections_per_address,
+                 "HTTP connections open at once from one client address (0: no limit; behind a "
+                 "proxy every connection comes from its address)")
+      ->capture_default_str();
+  app.add_option("--max-waiters", max_waiters,
+                 "Requests waiting for a job at once (Prefer: wait); beyond it a poll gets 503 "
+                 "too_many_waiters and a submission its 202 at once")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000000}))
       ->capture_default_str();
   app.add_option("--api-key", api_keys,
                  "[NAME:]KEY: require Authorization: Bearer <key> on every route but /ping, "
@@ -346,6 +389,8 @@ int main(int argc, char** argv) {
     // A shared store's queue is claimed by every server: there each keeps what it accepts.
     options.prefetch = prefetch.value_or(store_uri.rfind("redis", 0) == 0 ? 0 : 1024);
     options.max_work_bytes = max_work_mib << 20;
+    // Every HTTP request that waits (Prefer: wait) is one of the queue's registered waits.
+    options.max_waiting = std::max(options.max_waiting, max_waiters);
     {
       std::set<std::string_view> names;
       for (const auto* keys : {&api_keys, &operator_keys, &viewer_keys})
@@ -401,7 +446,11 @@ int main(int argc, char** argv) {
     rebound::ServerOptions server_options;
     server_options.host = host;
     server_options.port = port;
-    server_options.http_threads = http_threads;
+    server_options.http_threads = http_threads.value_or(store_uri == "memory" ? 2 : 16);
+    server_options.max_connections = max_connections;
+    server_options.max_connections_per_address = max_connections_per_address;
+    server_options.max_waiters = max_waiters;
+    raise_open_files_limit(max_connections);
     server_options.api_keys = api_keys;
     server_options.operator_keys = operator_keys;
     server_options.viewer_keys = viewer_keys;

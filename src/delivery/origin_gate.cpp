@@ -256,7 +256,8 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     if (!o.has_latency) return false;
     const auto per_request = std::max(o.latency, milliseconds(1));
     return per_request * static_cast<long>(o.waiting.size() + 1) <=
-           options.quick_backlog * static_cast<long>(std::max<std::size_t>(1, options.max_per_origin));
+           options.quick_backlog *
+               static_cast<long>(std::max<std::size_t>(1, options.max_per_origin));
   }
 
   void list_if_ready(const std::string& key, Origin& o) {

@@ -24,12 +24,12 @@ constexpr const char* content_security_policy =
 constexpr std::chrono::seconds sample_every{5};
 constexpr std::size_t samples_kept = 121;  // 10 minutes of 5 s steps, and the one before
 
-void send(httplib::Response& res, int status, const nlohmann::json& body) {
+void send(HttpResponse& res, int status, const nlohmann::json& body) {
   res.status = status;  // Cache-Control: no-store is the Server's, on every console answer
   res.set_content(dump_json(body), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& error) {
+void send_error(HttpResponse& res, const ApiError& error) {
   send(res, error.status, error.to_json());
 }
 
@@ -126,7 +126,7 @@ void Console::sample() {
     samples_.pop_front();
 }
 
-bool Console::asset(const std::string& file, httplib::Response& res) const {
+bool Console::asset(const std::string& file, HttpResponse& res) const {
   const std::string_view name = file.empty() ? "index.html" : std::string_view(file);
   for (const ConsoleAsset& a : console_assets()) {
     if (a.name != name) continue;
@@ -142,15 +142,15 @@ bool Console::asset(const std::string& file, httplib::Response& res) const {
   return false;
 }
 
-std::optional<std::string> Console::tenant_param(const httplib::Request& req) const {
-  const std::string tenant = req.get_param_value("tenant");
+std::optional<std::string> Console::tenant_param(const HttpRequest& req) const {
+  const std::string tenant = req.param("tenant");
   // None: the default tenant's (one tenant; or, with several, jobs stored before they were named).
   if (tenant.empty()) return tenant;
   if (std::find(tenants_.begin(), tenants_.end(), tenant) == tenants_.end()) return std::nullopt;
   return tenant;
 }
 
-void Console::session(const std::string& name, bool is_operator, httplib::Response& res) const {
+void Console::session(const std::string& name, bool is_operator, HttpResponse& res) const {
   send(res, 200,
        {{"role", is_operator ? "operator" : "viewer"},
         {"name", name},
@@ -158,7 +158,7 @@ void Console::session(const std::string& name, bool is_operator, httplib::Respon
         {"server_id", queue_.server_id()}});
 }
 
-void Console::overview(httplib::Response& res) const {
+void Console::overview(HttpResponse& res) const {
   nlohmann::json queue = nullptr;
   if (const auto s = queue_.queue_stats()) queue = queue_stats_json(*s);
   const Metrics& m = queue_.metrics();
@@ -190,13 +190,12 @@ void Console::overview(httplib::Response& res) const {
   send(res, 200, {{"queue", std::move(queue)}, {"server", std::move(server)}, {"rates", rates}});
 }
 
-void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
+void Console::jobs(const HttpRequest& req, HttpResponse& res) const {
   JobFilter filter;
-  if (req.has_param("status") && !req.get_param_value("status").empty()) {
-    filter.status =
-        parse_enum<JobStatus>(req.get_param_value("status"),
-                              {JobStatus::queued, JobStatus::running, JobStatus::succeeded,
-                               JobStatus::failed, JobStatus::expired, JobStatus::cancelled});
+  if (req.has_param("status") && !req.param("status").empty()) {
+    filter.status = parse_enum<JobStatus>(
+        req.param("status"), {JobStatus::queued, JobStatus::running, JobStatus::succeeded,
+                              JobStatus::failed, JobStatus::expired, JobStatus::cancelled});
     if (!filter.status) {
       return send_error(res, {422, "invalid_field",
                               "status must be queued, running, succeeded, failed, expired or "
@@ -204,18 +203,18 @@ void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
                               "status"});
     }
   }
-  if (req.has_param("callback_state") && !req.get_param_value("callback_state").empty()) {
+  if (req.has_param("callback_state") && !req.param("callback_state").empty()) {
     filter.callback_state = parse_enum<CallbackState>(
-        req.get_param_value("callback_state"), {CallbackState::none, CallbackState::pending,
-                                                CallbackState::delivered, CallbackState::failed});
+        req.param("callback_state"), {CallbackState::none, CallbackState::pending,
+                                      CallbackState::delivered, CallbackState::failed});
     if (!filter.callback_state) {
       return send_error(
           res, {422, "invalid_field", "callback_state must be none, pending, delivered or failed.",
                 "callback_state"});
     }
   }
-  if (req.has_param("priority") && !req.get_param_value("priority").empty()) {
-    const std::string p = req.get_param_value("priority");
+  if (req.has_param("priority") && !req.param("priority").empty()) {
+    const std::string p = req.param("priority");
     if (p.size() != 1 || p[0] < '0' || p[0] > '9') {
       return send_error(res, {422, "invalid_field", "priority must be 0 to 9.", "priority"});
     }
@@ -223,15 +222,15 @@ void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
   }
   std::size_t limit = 50;
   if (req.has_param("limit")) {
-    const auto given = parse_list_limit(req.get_param_value("limit"), 200);
+    const auto given = parse_list_limit(req.param("limit"), 200);
     if (!given) return send_error(res, {422, "invalid_field", "limit must be 1 to 200.", "limit"});
     limit = *given;
   }
-  const std::string tenant = req.get_param_value("tenant");
+  const std::string tenant = req.param("tenant");
   if (!tenant.empty() && !tenant_param(req)) {
     return send_error(res, {422, "invalid_field", "tenant is not one of this server's.", "tenant"});
   }
-  const std::string id_prefix = req.get_param_value("id_prefix");
+  const std::string id_prefix = req.param("id_prefix");
   if (!valid_id_prefix(id_prefix)) {
     return send_error(
         res, {422, "invalid_field", "id_prefix must be up to 128 characters of A-Z a-z 0-9 . _ : -",
@@ -243,7 +242,7 @@ void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
   filter.id_prefix = store_prefix ? std::string() : job_key(tenant, id_prefix);
   std::optional<ListCursor> after;
   if (req.has_param("cursor")) {
-    after = parse_list_cursor_text(req.get_param_value("cursor"));
+    after = parse_list_cursor_text(req.param("cursor"));
     if (!after) {
       return send_error(res, {422, "invalid_field",
                               "cursor must be a next_cursor of this listing, as given.", "cursor"});
@@ -268,7 +267,7 @@ void Console::jobs(const httplib::Request& req, httplib::Response& res) const {
          next ? nlohmann::json(list_cursor_text(*next, next->id)) : nlohmann::json(nullptr)}});
 }
 
-void Console::job(const std::string& key, httplib::Response& res) const {
+void Console::job(const std::string& key, HttpResponse& res) const {
   const std::optional<JobRecord> record = queue_.find(key);
   if (!record) {
     return send_error(res,
@@ -305,8 +304,7 @@ void Console::job(const std::string& key, httplib::Response& res) const {
   send(res, 200, out);
 }
 
-void Console::redeliver_all(const std::string& body, const std::string& who,
-                            httplib::Response& res) {
+void Console::redeliver_all(const std::string& body, const std::string& who, HttpResponse& res) {
   nlohmann::json parsed;
   if (auto error = json_body_error(parse_untrusted_json(body, parsed))) {
     return send_error(res, *error);
@@ -395,7 +393,7 @@ void Console::redeliver_all(const std::string& body, const std::string& who,
   send(res, 200, out);
 }
 
-void Console::servers(httplib::Response& res) const {
+void Console::servers(HttpResponse& res) const {
   nlohmann::json out = nlohmann::json::array();
   for (const ServerSeen& s : queue_.servers()) {
     out.push_back({{"id", s.id},
@@ -406,7 +404,7 @@ void Console::servers(httplib::Response& res) const {
   send(res, 200, {{"servers", std::move(out)}});
 }
 
-void Console::paused(httplib::Response& res) const {
+void Console::paused(HttpResponse& res) const {
   send(res, 200, {{"origins", queue_.paused_origins()}});
 }
 

@@ -2,7 +2,7 @@
 // reads (docs/console.md). Who may call what is the Server's to decide; this answers.
 #pragma once
 
-#include <httplib.h>
+#include "http_message.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -31,26 +31,26 @@ class Console {
   Console& operator=(const Console&) = delete;
 
   /// GET /console/<file> (`file` empty: the page itself). False: no such file.
-  bool asset(const std::string& file, httplib::Response& res) const;
+  bool asset(const std::string& file, HttpResponse& res) const;
 
   /// GET /v1/console/session: who the caller is.
-  void session(const std::string& name, bool is_operator, httplib::Response& res) const;
+  void session(const std::string& name, bool is_operator, HttpResponse& res) const;
   /// GET /v1/console/overview: the queue's numbers, this server's counters and its rates.
-  void overview(httplib::Response& res) const;
+  void overview(HttpResponse& res) const;
   /// GET /v1/console/jobs: a filtered page of jobs.
-  void jobs(const httplib::Request& req, httplib::Response& res) const;
+  void jobs(const HttpRequest& req, HttpResponse& res) const;
   /// GET /v1/console/jobs/{id}?tenant=T: one job, whole, with its attempt log.
-  void job(const std::string& key, httplib::Response& res) const;
+  void job(const std::string& key, HttpResponse& res) const;
   /// POST /v1/console/dead-letters/redeliver: counts (dry_run) or redelivers the dead letters
   /// that match a filter. `who` names the key in the log line.
-  void redeliver_all(const std::string& body, const std::string& who, httplib::Response& res);
+  void redeliver_all(const std::string& body, const std::string& who, HttpResponse& res);
   /// GET /v1/console/servers.
-  void servers(httplib::Response& res) const;
+  void servers(HttpResponse& res) const;
   /// GET /v1/console/paused-origins.
-  void paused(httplib::Response& res) const;
+  void paused(HttpResponse& res) const;
 
   /// The tenant a console request names (?tenant=), checked; nullopt when it is not one.
-  std::optional<std::string> tenant_param(const httplib::Request& req) const;
+  std::optional<std::string> tenant_param(const HttpRequest& req) const;
 
   /// Most dead letters one redeliver_all counts or redelivers (each is a store write: a thousand
   /// take seconds on a busy disk, well inside a proxy's timeout).

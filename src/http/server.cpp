@@ -1,13 +1,12 @@
-// Server: the HTTP routes of docs/http-api.md on cpp-httplib, translating to and from a JobQueue.
+// Server: the HTTP routes of docs/http-api.md on the Beast front (http_front.hpp), translating to
+// and from a JobQueue. Routes that wait for a job answer through its async_wait or async_invoke.
 #include "rebound/http/server.hpp"
 
-#include <httplib.h>
 #include <openssl/crypto.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <future>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -17,10 +16,12 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <nlohmann/json.hpp>
 
 #include "console.hpp"
-#include "http_server.hpp"
+#include "http_front.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/submission.hpp"
@@ -49,12 +50,12 @@ const std::string& openapi_document() {
   return doc;
 }
 
-void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
+void send_json(HttpResponse& res, int status, const nlohmann::json& body) {
   res.status = status;
   res.set_content(detail::dump_json(body), json_type);
 }
 
-void send_json_text(httplib::Response& res, int status, std::string body) {
+void send_json_text(HttpResponse& res, int status, std::string body) {
   res.status = status;
   res.set_content(std::move(body), json_type);
 }
@@ -63,11 +64,11 @@ void send_json_text(httplib::Response& res, int status, std::string body) {
 // next_cursor.
 constexpr std::size_t max_list_answer_bytes = 1 << 20;
 
-void send_error(httplib::Response& res, const ApiError& error) {
+void send_error(HttpResponse& res, const ApiError& error) {
   send_json(res, error.status, error.to_json());
 }
 
-// The error body for statuses that cpp-httplib produces itself, before any route runs.
+// The error body for what the front answers itself, before any route runs.
 ApiError error_for_status(int status) {
   switch (status) {
     case 413:
@@ -83,24 +84,34 @@ ApiError error_for_status(int status) {
   }
 }
 
-// A place among at most `limit` requests that do one thing at once (Prefer: wait, batches), so
-// that they never take every HTTP thread; false when all are taken. Given back when it goes.
+// A place among at most `limit` requests that do one thing at once (wait for a job, submit a
+// batch); false when all are taken. Given back when it goes, or by `release`. Movable, so that
+// it travels with a wait.
 class Place {
  public:
-  Place(std::atomic<std::size_t>& taken, std::size_t limit) : taken_(taken) {
-    held_ = taken_.fetch_add(1) < limit;
-    if (!held_) --taken_;
+  Place() = default;
+  Place(std::atomic<std::size_t>& taken, std::size_t limit) : taken_(&taken) {
+    if (taken.fetch_add(1) >= limit) {
+      --taken;
+      taken_ = nullptr;
+    }
   }
-  Place(const Place&) = delete;
-  Place& operator=(const Place&) = delete;
-  ~Place() {
-    if (held_) --taken_;
+  Place(Place&& other) noexcept : taken_(std::exchange(other.taken_, nullptr)) {}
+  Place& operator=(Place&& other) noexcept {
+    if (this != &other) {
+      release();
+      taken_ = std::exchange(other.taken_, nullptr);
+    }
+    return *this;
   }
-  explicit operator bool() const { return held_; }
+  ~Place() { release(); }
+  void release() {
+    if (taken_) --*std::exchange(taken_, nullptr);
+  }
+  explicit operator bool() const { return taken_ != nullptr; }
 
  private:
-  std::atomic<std::size_t>& taken_;
-  bool held_;
+  std::atomic<std::size_t>* taken_ = nullptr;
 };
 
 // The 202 answer to a job accepted (or the same request again), under the id its caller gave.
@@ -109,67 +120,80 @@ nlohmann::json accepted_json(const std::string& id) {
 }
 
 // Why a submission was refused, as its answer says it (the route's, or one job's of a batch), and
-// the Retry-After seconds that go with it (0: none). For a refusal only (not accepted, not a
-// duplicate). The 503 answers of invocations and redeliveries are these too.
+// the Retry-After seconds that go with it (0: none). The 503 answers of invocations, waits and
+// redeliveries are these too.
 struct RefusalAnswer {
   ApiError error;
   int retry_after = 0;
 };
 
-RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
-                         const ErrorInfo& invalid = {}) {
-  switch (status) {
-    case SubmitStatus::conflict:
-      return {{409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
-               "id"}};
-    case SubmitStatus::queue_full:
-      return {{503, "queue_full", "The queue is full; retry later.", {}}, 1};
-    case SubmitStatus::tenant_quota:
-      return {{429,
-               "tenant_quota",
-               "Your jobs hold your share of the queue; retry when some are done.",
-               {}},
-              1};
-    case SubmitStatus::not_ready:
-      return {{503, "not_ready", "The model is not ready yet.", {}}, 5};
-    case SubmitStatus::store_unavailable:
-      return {{503, "store_unavailable", "The job store is failing; retry later.", {}}, 5};
-    case SubmitStatus::invalid_input:
-      return {{422, invalid.code, "The field 'input' " + invalid.message, "input"}};
-    case SubmitStatus::no_transport:
-      return {{422, "invalid_field",
-               "This server cannot deliver callbacks; leave 'callback_url' out and poll the job.",
-               "callback_url"}};
-    case SubmitStatus::shutting_down:
-    case SubmitStatus::accepted:
-    case SubmitStatus::duplicate:
-      break;
+// The one table from rebound::errc to HTTP: status, error code, message, Retry-After. Every
+// route's refusal comes from here. (`id` names the job where the message mentions it; `invalid`
+// is the model's reason for invalid_input.)
+RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = {},
+                          const ErrorInfo& invalid = {}) {
+  if (ec.category() == error_category()) {
+    switch (static_cast<errc>(ec.value())) {
+      case errc::id_conflict:
+        return {{409, "id_conflict", "A different job with id '" + id + "' was already submitted.",
+                 "id"}};
+      case errc::queue_full:
+        return {{503, "queue_full", "The queue is full; retry later.", {}}, 1};
+      case errc::tenant_quota:
+        return {{429,
+                 "tenant_quota",
+                 "Your jobs hold your share of the queue; retry when some are done.",
+                 {}},
+                1};
+      case errc::not_ready:
+        return {{503, "not_ready", "The model is not ready yet.", {}}, 5};
+      case errc::store_unavailable:
+        return {{503, "store_unavailable", "The job store is failing; retry later.", {}}, 5};
+      case errc::invalid_input:
+        return {{422, invalid.code, "The field 'input' " + invalid.message, "input"}};
+      case errc::no_transport:
+        return {{422, "invalid_field",
+                 "This server cannot deliver callbacks; leave 'callback_url' out and poll the job.",
+                 "callback_url"}};
+      case errc::not_found:
+        return {{404, "not_found", "No job with id '" + id + "'.", {}}};
+      case errc::too_many_waiters:
+        return {{503,
+                 "too_many_waiters",
+                 "Too many requests wait for jobs at once (Prefer: wait); retry, or poll without "
+                 "waiting.",
+                 {}},
+                1};
+      case errc::shutting_down:
+        break;
+    }
   }
   return {{503, "shutting_down", "The server is shutting down.", {}}};
 }
 
-void send_refusal(httplib::Response& res, const RefusalAnswer& refusal) {
+RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
+                         const ErrorInfo& invalid = {}) {
+  return refusal_for(to_error_code(status), id, invalid);
+}
+
+void send_refusal(HttpResponse& res, const RefusalAnswer& refusal) {
   if (refusal.retry_after > 0) res.set_header("Retry-After", std::to_string(refusal.retry_after));
   send_error(res, refusal.error);
 }
 
-void send_tenant_quota(httplib::Response& res) {
+void send_tenant_quota(HttpResponse& res) {
   send_refusal(res, refusal_of(SubmitStatus::tenant_quota));
 }
 
-void send_queue_full(httplib::Response& res) {
+void send_queue_full(HttpResponse& res) {
   send_refusal(res, refusal_of(SubmitStatus::queue_full));
 }
 
-void send_not_ready(httplib::Response& res) {
-  send_refusal(res, refusal_of(SubmitStatus::not_ready));
-}
-
-void send_store_unavailable(httplib::Response& res) {
+void send_store_unavailable(HttpResponse& res) {
   send_refusal(res, refusal_of(SubmitStatus::store_unavailable));
 }
 
-void send_shutting_down(httplib::Response& res) {
+void send_shutting_down(HttpResponse& res) {
   send_refusal(res, refusal_of(SubmitStatus::shutting_down));
 }
 
@@ -179,10 +203,10 @@ constexpr int max_preferred_wait = 60;
 // The N of a `Prefer: wait=N` preference (RFC 7240: comma-separated preferences in one or more
 // Prefer headers, names case-insensitive, an optional quoted value), capped at 60 s; nullopt when
 // there is none or it is not a number.
-std::optional<int> preferred_wait(const httplib::Request& req) {
-  const std::size_t headers = std::min<std::size_t>(req.get_header_value_count("Prefer"), 16);
+std::optional<int> preferred_wait(const HttpRequest& req) {
+  const std::size_t headers = std::min<std::size_t>(req.header_count("Prefer"), 16);
   for (std::size_t h = 0; h < headers; ++h) {
-    const std::string value = req.get_header_value("Prefer", h);
+    const std::string value = req.header("Prefer", h);
     std::size_t pos = 0;
     while (pos <= value.size()) {
       std::size_t end = value.find(',', pos);
@@ -352,31 +376,19 @@ bool has_body_method(Resource resource) {
          is_console_action(resource);
 }
 
-// The answer to a body that read_body refused; nullopt when it was read.
-std::optional<ApiError> body_error(detail::BodyRead read, std::size_t limit) {
-  switch (read) {
-    case detail::BodyRead::ok:
-      return std::nullopt;
-    case detail::BodyRead::too_large:
-      return ApiError{413,
-                      "payload_too_large",
-                      "The request body is over the limit of " + std::to_string(limit) + " bytes.",
-                      {}};
-    case detail::BodyRead::unsupported:
-      return ApiError{415,
-                      "unsupported_encoding",
-                      "Send the body as is or chunked: no Content-Encoding, and no "
-                      "Transfer-Encoding but chunked.",
-                      {}};
-    case detail::BodyRead::timed_out:
-      return ApiError{408, "request_timeout", "The request body did not arrive in time.", {}};
-    case detail::BodyRead::malformed:
-      break;
-  }
-  return ApiError{400,
-                  "bad_request",
-                  "The request body could not be read (its Content-Length or chunked framing "
-                  "is not valid).",
+// A body sent compressed, or with a transfer coding other than plain chunked, is refused rather
+// than guessed at (the front read it, within the limit); nullopt when it is plain.
+std::optional<ApiError> encoding_error(const HttpRequest& req) {
+  const std::string encoding = req.header("Content-Encoding");
+  const bool compressed = !encoding.empty() && !detail::equals_ignoring_case(encoding, "identity");
+  const bool coded = req.has_header("Transfer-Encoding") &&
+                     (req.header_count("Transfer-Encoding") != 1 ||
+                      !detail::equals_ignoring_case(req.header("Transfer-Encoding"), "chunked"));
+  if (!compressed && !coded) return std::nullopt;
+  return ApiError{415,
+                  "unsupported_encoding",
+                  "Send the body as is or chunked: no Content-Encoding, and no "
+                  "Transfer-Encoding but chunked.",
                   {}};
 }
 
@@ -502,13 +514,74 @@ class ParsingReservation {
 };
 }  // namespace
 
+namespace {
+// An answer that a route gives later (a wait, an invocation): the first of the library's
+// completion and a timer answers, on one strand; whatever comes second finds it answered.
+struct PendingAnswer {
+  using Build = std::function<void(HttpResponse&)>;
+
+  PendingAnswer(boost::asio::any_io_executor executor, HttpResponse r, detail::Reply rep,
+                Place s = {})
+      : strand(boost::asio::make_strand(std::move(executor))),
+        timer(strand),
+        res(std::move(r)),
+        reply(std::move(rep)),
+        slot(std::move(s)) {}
+
+  // After `timeout`, answers with what `build` writes (unless answered before).
+  void start_timer(std::chrono::milliseconds timeout, Build build) {
+    timer.expires_after(timeout);
+    timer.async_wait(
+        [self = shared_from_this_(), build = std::move(build)](boost::system::error_code ec) {
+          if (!ec) self->conclude(build);
+        });
+  }
+
+  // Answers with what `build` writes; on the strand. Once.
+  void conclude(const Build& build) {
+    if (done) return;
+    done = true;
+    timer.cancel();
+    try {
+      build(res);
+    } catch (...) {
+      res = HttpResponse{};
+      send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
+    }
+    reply(std::move(res));
+    slot.release();  // a wait the queue still holds (until its job ends) no longer counts here
+  }
+
+  std::shared_ptr<PendingAnswer> shared_from_this_() { return self.lock(); }
+
+  boost::asio::strand<boost::asio::any_io_executor> strand;
+  boost::asio::steady_timer timer;
+  HttpResponse res;
+  detail::Reply reply;
+  Place slot;
+  bool done = false;
+  std::weak_ptr<PendingAnswer> self;
+
+  static std::shared_ptr<PendingAnswer> make(boost::asio::any_io_executor executor, HttpResponse r,
+                                             detail::Reply rep, Place s = {}) {
+    auto made = std::make_shared<PendingAnswer>(std::move(executor), std::move(r), std::move(rep),
+                                                std::move(s));
+    made->self = made;
+    return made;
+  }
+};
+}  // namespace
+
 struct Server::Impl {
   Impl(JobQueue& s, ServerOptions o, std::vector<Credential> creds)
       : service(s),
         options(std::move(o)),
         credentials(std::move(creds)),
         multi_tenant(!credentials.empty() && !credentials.front().tenant.empty()),
-        http(limits_of(options), options.http_threads) {
+        http(
+            limits_of(options), options.http_threads,
+            [this](HttpRequest& req, detail::Reply reply) { handle(req, std::move(reply)); },
+            &front_error) {
     if (std::any_of(credentials.begin(), credentials.end(),
                     [](const Credential& c) { return c.reads_everything(); })) {
       std::vector<std::string> tenants;
@@ -520,55 +593,21 @@ struct Server::Impl {
       }
       console = std::make_unique<detail::Console>(service, std::move(tenants));
     }
-    http.set_tcp_nodelay(true);
-    // cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
-    // and silently take half the traffic. Reuse the address only.
-    // The listening socket is remembered so that bind() can raise its backlog (see there).
-    http.set_socket_options([this](socket_t sock) {
-      int yes = 1;
-      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-      listen_socket = sock;
-    });
-    http.set_error_handler(
-        httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-          const detail::ConnectionStream* connection = detail::current_connection();
-          if (res.status == 400 && connection && connection->over_limit()) res.status = 431;
-          if (res.status == 400 && connection && connection->timed_out()) res.status = 408;
-          send_error(res, error_for_status(res.status));
-          return httplib::Server::HandlerResponse::Handled;
-        }));
-    http.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
-          try {
-            std::rethrow_exception(error);
-          } catch (const StoreUnavailable&) {
-            // A poll, a redelivery or a listing when the store fails: the failing-store answer.
-            return send_store_unavailable(res);
-          } catch (...) {
-          }
-          send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
-        });
-    // A client that announces an oversized body and waits for 100 Continue is answered at once.
-    // (cpp-httplib writes `res` as it is for any status but 100: the status must be set there.)
-    http.set_expect_100_continue_handler(
-        [this](const httplib::Request& req, httplib::Response& res) {
-          const std::string length = req.get_header_value("Content-Length");
-          const bool too_large = !length.empty() && length.size() < 19 &&
-                                 length.find_first_not_of("0123456789") == std::string::npos &&
-                                 std::stoull(length) > options.max_body_bytes;
-          if (!too_large) return 100;
-          res.status = 413;
-          return 413;
-        });
-    // Every request is routed here, before cpp-httplib reads a body: answers that need none
-    // (GET, errors) are given at once; POSTs to a known route go on to `receive` below.
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      return route(req, res) ? httplib::Server::HandlerResponse::Handled
-                             : httplib::Server::HandlerResponse::Unhandled;
-    });
-    http.Post(".*", [this](const httplib::Request& req, httplib::Response& res,
-                           const httplib::ContentReader& reader) { receive(req, res, reader); });
+  }
+
+  // What the front answers before any route: a head or body it could not take.
+  static HttpResponse front_error(int status, const std::string& code) {
+    HttpResponse res;
+    if (code == "invalid_header") {
+      send_error(res, {400,
+                       "invalid_header",
+                       "The request's head has a control character (NUL, a bare CR, DEL or "
+                       "another).",
+                       {}});
+    } else {
+      send_error(res, error_for_status(status));
+    }
+    return res;
   }
 
   static detail::HttpLimits limits_of(const ServerOptions& o) {
@@ -579,33 +618,41 @@ struct Server::Impl {
     limits.header_timeout = o.header_timeout;
     limits.body_timeout = o.body_timeout;
     limits.response_timeout = o.response_timeout;
+    limits.max_connections = o.max_connections;
+    limits.max_connections_per_address = o.max_connections_per_address;
     return limits;
   }
 
-  // Answers everything but a POST to a known route; returns false to let that POST through.
-  bool route(const httplib::Request& req, httplib::Response& res) {
-    // RFC 9110 5.5: a field value has no control bytes but HTAB. NUL or a bare CR in the head
-    // are how requests get smuggled past proxies; refused before anything reads them. (The
-    // stream looked at the bytes as sent: cpp-httplib percent-decodes values, so %00 is fine.)
-    const detail::ConnectionStream* connection = detail::current_connection();
-    if (connection && connection->control_in_head()) {
-      send_error(res, {400,
-                       "invalid_header",
-                       "The request's head has a control character (NUL, a bare CR, DEL or "
-                       "another).",
-                       {}});
-      res.set_header("Connection", "close");
-      return true;
+  // Every request, on a thread of the front: answered through `reply` now, or later by a route
+  // that waits for a job (and then took `reply` with it).
+  void handle(HttpRequest& req, detail::Reply reply) {
+    HttpResponse res;
+    try {
+      if (route(req, res, reply)) receive(req, res, reply);
+    } catch (const StoreUnavailable&) {
+      // A poll, a redelivery or a listing when the store fails: the failing-store answer.
+      res = HttpResponse{};
+      send_store_unavailable(res);
+    } catch (...) {
+      res = HttpResponse{};
+      send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
     }
+    if (reply) reply(std::move(res));
+  }
+
+  // Answers everything but a POST to a known route (with its body); returns true to send that
+  // POST on to `receive`. (Control bytes in the head were refused by the front, as sent: a
+  // percent-encoded %00 in the path is fine.)
+  bool route(const HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
     const Target target = locate(req.path);
     // What the console's routes answer is never kept by a cache, errors included.
     if (req.path.compare(0, 12, "/v1/console/") == 0) res.set_header("Cache-Control", "no-store");
     const Credential* caller = nullptr;
-    if (!admitted(req, target.resource, res, caller)) return true;
+    if (!admitted(req, target.resource, res, caller)) return false;
     const std::string tenant = caller ? caller->tenant : std::string();
     if (target.resource == Resource::unknown) {
       send_error(res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
-      return true;
+      return false;
     }
     const std::string_view allow = allowed_methods(target.resource);
     const bool is_get = req.method == "GET" || req.method == "HEAD";
@@ -615,17 +662,17 @@ struct Server::Impl {
       } else if (!console->asset(target.id, res)) {
         send_error(res, {404, "not_found", "No such file of the console.", {}});
       }
-      return true;
+      return false;
     }
     if (req.method == "OPTIONS") {
       res.status = 204;
       res.set_header("Allow", std::string(allow));
-      return true;
+      return false;
     }
-    if (req.method == "POST" && has_body_method(target.resource)) return false;
+    if (req.method == "POST" && has_body_method(target.resource)) return true;
     if (req.method == "DELETE" && target.resource == Resource::inference) {
       cancel(tenant, target.id, res);
-      return true;
+      return false;
     }
     if (!is_get || allow.find("GET") == std::string_view::npos) {
       res.set_header("Allow", std::string(allow));
@@ -634,14 +681,14 @@ struct Server::Impl {
                        "Method " + req.method + " is not allowed on " + req.path + "; use " +
                            std::string(allow) + ".",
                        {}});
-      return true;
+      return false;
     }
     switch (target.resource) {
       case Resource::inferences:
         list_failed(req, tenant, res);
         break;
       case Resource::inference:
-        poll(req, tenant, target.id, res);
+        poll(req, tenant, target.id, res, reply);
         break;
       case Resource::callback_endpoints:
         list_endpoints(res);
@@ -653,7 +700,7 @@ struct Server::Impl {
         webhook_secret(tenant, res);
         break;
       case Resource::metrics:
-        res.set_content(service.render_metrics(), "text/plain; version=0.0.4");
+        res.set_content(service.render_metrics() + http_metrics(), "text/plain; version=0.0.4");
         break;
       case Resource::stats:
         stats(res);
@@ -685,13 +732,13 @@ struct Server::Impl {
       default:
         break;
     }
-    return true;
+    return false;
   }
 
   // The store key of the job a console route names (its id, and ?tenant=); nullopt, with the
   // 404 sent, when there is none such.
-  std::optional<std::string> console_job_key(const httplib::Request& req, const std::string& id,
-                                             httplib::Response& res) const {
+  std::optional<std::string> console_job_key(const HttpRequest& req, const std::string& id,
+                                             HttpResponse& res) const {
     const auto tenant = console->tenant_param(req);
     if (!tenant || !is_valid_job_id(id)) {
       send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
@@ -715,12 +762,11 @@ struct Server::Impl {
   }
 
   // A POST to a known route: its body, held to the limit, then the route.
-  void receive(const httplib::Request& req, httplib::Response& res,
-               const httplib::ContentReader& reader) {
+  void receive(const HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
     const Target target = locate(req.path);
-    // A submission is JSON; a form-encoded one is almost always `curl -d` without -H. Multipart
-    // bodies cpp-httplib parses itself and cannot hand over as bytes, so no route takes them.
-    const std::string type = req.get_header_value("Content-Type");
+    // A submission is JSON; a form-encoded one is almost always `curl -d` without -H. No route
+    // takes multipart bodies.
+    const std::string type = req.header("Content-Type");
     const bool multipart = detail::starts_with_ignoring_case(type, "multipart/");
     const bool form = detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
     const bool submission =
@@ -734,13 +780,12 @@ struct Server::Impl {
     }
     const Credential* caller = authenticate(req);  // route() admitted the request already
     const std::string tenant = caller ? caller->tenant : std::string();
-    std::string body;
-    const detail::BodyRead read = detail::read_body(req, reader, options.max_body_bytes, body);
+    const std::string& body = req.body();
     const bool body_ignored = target.resource == Resource::redeliver ||
                               target.resource == Resource::console_cancel ||
                               target.resource == Resource::console_redeliver;
-    if (read != detail::BodyRead::ok && !body_ignored) {
-      return send_error(res, *body_error(read, options.max_body_bytes));
+    if (!body_ignored) {
+      if (auto error = encoding_error(req)) return send_error(res, *error);
     }
     if (submission || target.resource == Resource::invocations) {
       // The tree this body will take, reserved before it is built.
@@ -754,10 +799,11 @@ struct Server::Impl {
                                    {}},
                                   1});
       }
-      if (target.resource == Resource::inferences) return submit(req, tenant, body, res, reserved);
+      if (target.resource == Resource::inferences)
+        return submit(req, tenant, body, res, reserved, reply);
       if (target.resource == Resource::inferences_batch)
         return submit_batch(req, tenant, body, res, reserved);
-      return invoke(req, body, res, reserved);
+      return invoke(req, body, res, reserved, reply);
     }
     switch (target.resource) {
       case Resource::redeliver:
@@ -799,9 +845,21 @@ struct Server::Impl {
     }
   }
 
+  // This server's HTTP front, for /metrics: connections open and requests waiting for a job.
+  std::string http_metrics() const {
+    return "# HELP rebound_http_connections HTTP connections open now.\n"
+           "# TYPE rebound_http_connections gauge\n"
+           "rebound_http_connections " +
+           std::to_string(http.connections()) +
+           "\n# HELP rebound_http_waiting Requests waiting for a job now (Prefer: wait).\n"
+           "# TYPE rebound_http_waiting gauge\n"
+           "rebound_http_waiting " +
+           std::to_string(waiting.load()) + "\n";
+  }
+
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
   // server of a shared store), and this server's own. A failing store throws: 503.
-  void stats(httplib::Response& res) {
+  void stats(HttpResponse& res) {
     const std::optional<QueueStats> s = service.queue_stats();
     if (!s) {
       return send_error(
@@ -815,7 +873,7 @@ struct Server::Impl {
     send_json(res, 200, body);
   }
 
-  void list_endpoints(httplib::Response& res) {
+  void list_endpoints(HttpResponse& res) {
     nlohmann::json endpoints = nlohmann::json::array();
     for (const EndpointStatus& e : service.callback_endpoints()) {
       endpoints.push_back({{"origin", e.origin},
@@ -834,7 +892,7 @@ struct Server::Impl {
   }
 
   // POST /v1/callback-endpoints/pause and /resume, with {"origin": "https://hooks.example.com"}.
-  void pause_or_resume(const std::string& body, bool pause, httplib::Response& res) {
+  void pause_or_resume(const std::string& body, bool pause, HttpResponse& res) {
     nlohmann::json parsed;
     if (auto error = json_body_error(detail::parse_untrusted_json(body, parsed))) {
       return send_error(res, *error);
@@ -866,7 +924,7 @@ struct Server::Impl {
     send_json(res, 200, {{"origin", key}, {"paused", pause}});
   }
 
-  void ping(httplib::Response& res) {
+  void ping(HttpResponse& res) {
     if (service.ready()) {
       res.status = 200;
       res.set_content("", "text/plain");
@@ -879,8 +937,8 @@ struct Server::Impl {
 
   // `reserved` (the tree's share of max_parsing_bytes) ends once the queue has the job: waits
   // (Prefer: wait) do not hold it.
-  void submit(const httplib::Request& req, const std::string& tenant, const std::string& body,
-              httplib::Response& res, ParsingReservation& reserved) {
+  void submit(const HttpRequest& req, const std::string& tenant, const std::string& body,
+              HttpResponse& res, ParsingReservation& reserved, detail::Reply& reply) {
     SubmissionParse parsed = parse_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
@@ -888,7 +946,7 @@ struct Server::Impl {
     job.id = job_key(tenant, id);  // the tenant's own: nobody else can name it
     // W3C Trace Context: kept with the job for its callbacks and log lines; an invalid header is
     // ignored, as the specification asks.
-    const std::string traceparent = req.get_header_value("traceparent");
+    const std::string traceparent = req.header("traceparent");
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
     const std::string key = job.id;  // the tenant's id, as the store keys it
     ErrorInfo invalid;
@@ -900,15 +958,18 @@ struct Server::Impl {
         const std::string status_url = "/v1/inferences/" + id;
         res.set_header("Location", status_url);
         // Prefer: wait=N: the final status at once when it comes within N seconds. The job is
-        // accepted whatever happens while waiting: a store failing then still answers 202.
+        // accepted whatever happens while waiting: a store failing then still answers 202, and
+        // so does a request beyond max_waiters (without Preference-Applied).
         if (const auto wait = preferred_wait(req)) {
-          std::optional<JobRecord> record;
-          try {
-            record = wait_final(key, *wait, res);
-          } catch (const StoreUnavailable&) {
-          }
-          if (record && is_final(record->status))
-            return send_json(res, 200, to_status_json(*record));
+          const bool waiting = await_final(
+              key, *wait, res, reply,
+              [id](HttpResponse& answer, const std::optional<JobRecord>& record) {
+                if (record && is_final(record->status))
+                  return send_json(answer, 200, to_status_json(*record));
+                send_json(answer, 202, accepted_json(id));
+              },
+              [id](HttpResponse& answer) { send_json(answer, 202, accepted_json(id)); });
+          if (waiting) return;
         }
         return send_json(res, 202, accepted_json(id));
       }
@@ -921,8 +982,8 @@ struct Server::Impl {
   // (JobQueue::submit_many). 200 with one result per job, in order: what the job's own
   // POST /v1/inferences would have answered (its status, and its body). Prefer: wait is not
   // honoured here; a traceparent header goes with every job.
-  void submit_batch(const httplib::Request& req, const std::string& tenant, const std::string& body,
-                    httplib::Response& res, ParsingReservation& reserved) {
+  void submit_batch(const HttpRequest& req, const std::string& tenant, const std::string& body,
+                    HttpResponse& res, ParsingReservation& reserved) {
     // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
     // threads take batches at once, so that single requests, polls and /ping always have some.
     const Place place(batching, std::max<std::size_t>(1, options.http_threads / 4));
@@ -934,7 +995,7 @@ struct Server::Impl {
     detail::BatchSubmissionParse parsed =
         detail::parse_batch_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
-    const std::string traceparent = req.get_header_value("traceparent");
+    const std::string traceparent = req.header("traceparent");
     const bool traced = detail::is_valid_traceparent(traceparent);
     std::vector<Job> jobs;
     std::vector<std::string> ids;  // as the caller gave them
@@ -989,55 +1050,54 @@ struct Server::Impl {
   }
 
   // SageMaker's synchronous inference: the body is the model input, the answer its output.
-  void invoke(const httplib::Request& req, const std::string& body, httplib::Response& res,
-              ParsingReservation& reserved) {
-    const std::string attributes = req.get_header_value("X-Amzn-SageMaker-Custom-Attributes");
+  void invoke(const HttpRequest& req, const std::string& body, HttpResponse& res,
+              ParsingReservation& reserved, detail::Reply& reply) {
+    const std::string attributes = req.header("X-Amzn-SageMaker-Custom-Attributes");
     if (!attributes.empty()) res.set_header("X-Amzn-SageMaker-Custom-Attributes", attributes);
     nlohmann::json input;
     if (auto error = json_body_error(detail::parse_untrusted_json(body, input, json_cost_limit,
                                                                   /*limit_amplification=*/true))) {
       return send_error(res, *error);
     }
-    // The HTTP thread waits for the batch its request joins; the promise outlives a timeout.
-    auto result = std::make_shared<std::promise<Prediction>>();
-    auto future = result->get_future();
-    ErrorInfo invalid;
-    const SubmitStatus status = service.invoke(
-        std::move(input), [result](const Prediction& p) { result->set_value(p); }, &invalid);
+    // No thread waits: the queue's async_invoke against a timer, whichever ends first.
+    auto call = PendingAnswer::make(service.get_executor(), std::move(res), std::move(reply));
+    call->start_timer(options.invocation_timeout, [](HttpResponse& answer) {
+      send_error(answer, {504,
+                          "inference_timeout",
+                          "The model did not answer within the invocation timeout.",
+                          {}});
+    });
+    // (The queue completes on its io executor; the answer is decided on the call's strand,
+    // where the timer runs too.)
+    service.async_invoke(
+        std::move(input), [call](boost::system::error_code ec, Prediction prediction) {
+          boost::asio::post(call->strand, [call, ec, prediction = std::move(prediction)] {
+            call->conclude([&](HttpResponse& answer) {
+              if (ec) {
+                if (ec == errc::invalid_input) {
+                  const ErrorInfo& why = prediction.error();
+                  return send_error(answer, {422, why.code, "The input " + why.message, {}});
+                }
+                return send_refusal(answer, refusal_for(ec));
+              }
+              if (prediction.ok()) return send_json(answer, 200, prediction.output());
+              const ErrorInfo& error = prediction.error();
+              const int http_status = error.code == "invalid_input"       ? 422
+                                      : error.code == "shutting_down"     ? 503
+                                      : error.code == "inference_timeout" ? 504
+                                                                          : 500;
+              send_error(answer, {http_status, error.code, error.message, {}});
+            });
+          });
+        });
     reserved.release();  // the queue counts the input from here
-    switch (status) {
-      case SubmitStatus::accepted:
-        break;
-      case SubmitStatus::invalid_input:
-        return send_error(res, {422, invalid.code, "The input " + invalid.message, {}});
-      case SubmitStatus::queue_full:
-        return send_queue_full(res);
-      case SubmitStatus::not_ready:
-        return send_not_ready(res);
-      default:
-        return send_shutting_down(res);
-    }
-    if (future.wait_for(options.invocation_timeout) != std::future_status::ready) {
-      return send_error(res, {504,
-                              "inference_timeout",
-                              "The model did not answer within the invocation timeout.",
-                              {}});
-    }
-    const Prediction prediction = future.get();
-    if (prediction.ok()) return send_json(res, 200, prediction.output());
-    const ErrorInfo& error = prediction.error();
-    const int http_status = error.code == "invalid_input"       ? 422
-                            : error.code == "shutting_down"     ? 503
-                            : error.code == "inference_timeout" ? 504
-                                                                : 500;
-    send_error(res, {http_status, error.code, error.message, {}});
   }
 
   // The credential whose key the request carries; null for none, or when no key is configured.
-  const Credential* authenticate(const httplib::Request& req) const {
+  const Credential* authenticate(const HttpRequest& req) const {
     if (credentials.empty()) return nullptr;
     // The scheme is case-insensitive (RFC 9110 11.1); one or more spaces precede the key.
-    const std::string header = req.get_header_value("Authorization");
+    const std::string header = req.header("Authorization");
     if (!detail::starts_with_ignoring_case(header, "Bearer ")) return nullptr;
     std::string_view given = std::string_view(header).substr(std::string_view("Bearer").size());
     given.remove_prefix(std::min(given.find_first_not_of(' '), given.size()));
@@ -1052,7 +1112,7 @@ struct Server::Impl {
   }
 
   // Whether the request may go on to its route, with `caller` set; else the 401 or 403 is sent.
-  bool admitted(const httplib::Request& req, Resource resource, httplib::Response& res,
+  bool admitted(const HttpRequest& req, Resource resource, HttpResponse& res,
                 const Credential*& caller) const {
     caller = authenticate(req);
     if (is_console(resource) && !console) {
@@ -1110,10 +1170,10 @@ struct Server::Impl {
 
   // The public keys that verify the caller's callbacks (its tenant's), or those of ?tenant=NAME
   // for a receiver without an API key.
-  void webhook_keys(const httplib::Request& req, const Credential* caller, httplib::Response& res) {
+  void webhook_keys(const HttpRequest& req, const Credential* caller, HttpResponse& res) {
     std::string tenant = caller ? caller->tenant : std::string();
     if (multi_tenant && !caller) {
-      tenant = req.get_param_value("tenant");
+      tenant = req.param("tenant");
       const bool known = std::any_of(credentials.begin(), credentials.end(),
                                      [&](const Credential& c) { return c.tenant == tenant; });
       if (!known) {
@@ -1127,7 +1187,7 @@ struct Server::Impl {
   }
 
   // The shared secret a tenant's receivers verify its callbacks with.
-  void webhook_secret(const std::string& tenant, httplib::Response& res) {
+  void webhook_secret(const std::string& tenant, HttpResponse& res) {
     if (credentials.empty()) {
       // Without keys anyone could ask, and forge callbacks with what they got.
       return send_error(res, {403,
@@ -1146,7 +1206,7 @@ struct Server::Impl {
                      {}});
   }
 
-  void redeliver(const std::string& tenant, const std::string& id, httplib::Response& res) {
+  void redeliver(const std::string& tenant, const std::string& id, HttpResponse& res) {
     switch (is_valid_job_id(id) ? service.redeliver(job_key(tenant, id))
                                 : RedeliverStatus::not_found) {
       case RedeliverStatus::accepted:
@@ -1175,7 +1235,7 @@ struct Server::Impl {
     }
   }
 
-  void cancel(const std::string& tenant, const std::string& id, httplib::Response& res) {
+  void cancel(const std::string& tenant, const std::string& id, HttpResponse& res) {
     const std::string key = job_key(tenant, id);
     switch (is_valid_job_id(id) ? service.cancel(key) : CancelStatus::not_found) {
       case CancelStatus::cancelled:
@@ -1193,8 +1253,8 @@ struct Server::Impl {
     send_json(res, 200, to_status_json(*record));
   }
 
-  void list_failed(const httplib::Request& req, const std::string& tenant, httplib::Response& res) {
-    const std::string state = req.get_param_value("callback_state");
+  void list_failed(const HttpRequest& req, const std::string& tenant, HttpResponse& res) {
+    const std::string state = req.param("callback_state");
     if (state != "failed") {
       return send_error(res, {422, "invalid_field",
                               "List jobs with callback_state=failed (the only listing offered).",
@@ -1202,7 +1262,7 @@ struct Server::Impl {
     }
     std::size_t limit = 100;
     if (req.has_param("limit")) {
-      const auto given = detail::parse_list_limit(req.get_param_value("limit"), 1000);
+      const auto given = detail::parse_list_limit(req.param("limit"), 1000);
       if (!given) {
         return send_error(res, {422, "invalid_field", "limit must be 1 to 1000.", "limit"});
       }
@@ -1210,7 +1270,7 @@ struct Server::Impl {
     }
     std::optional<ListCursor> after;
     if (req.has_param("cursor")) {
-      after = parse_list_cursor(req.get_param_value("cursor"), tenant);
+      after = parse_list_cursor(req.param("cursor"), tenant);
       if (!after) {
         return send_error(
             res, {422, "invalid_field", "cursor must be a next_cursor of this listing, as given.",
@@ -1249,33 +1309,70 @@ struct Server::Impl {
     return cursor;
   }
 
-  // Waits for the job to be final (JobQueue::wait_final), with at most half the HTTP threads
-  // waiting at once, so that waits never take every thread (/ping must still answer). Sets
-  // Preference-Applied when it waited.
-  std::optional<JobRecord> wait_final(const std::string& id, int seconds, httplib::Response& res) {
-    const Place place(waiting, options.http_threads / 2);  // 1 thread: nobody waits
-    if (!place) return service.find(id);
-    bool waited = false;
-    auto record = service.wait_final(id, std::chrono::seconds(seconds), &waited);
-    if (waited || (record && is_final(record->status))) {
-      res.set_header("Preference-Applied", "wait=" + std::to_string(seconds));
-    }
-    return record;
+  // Prefer: wait=N. Waits up to `seconds` for the job `key` to be final without holding a thread
+  // (the queue's async_wait against a timer, whichever comes first), then builds the answer with
+  // `answer` (given the final record, or nullopt when the time ran out or the queue would not
+  // wait) and sends it through `reply`, with Preference-Applied. At most max_waiters requests
+  // wait at once: false when this one would be past it, and `res` and `reply` are left to the
+  // caller. A store that fails meanwhile answers what `store_failed` sets.
+  using Answer = std::function<void(HttpResponse&, const std::optional<JobRecord>&)>;
+  bool await_final(const std::string& key, int seconds, HttpResponse& res, detail::Reply& reply,
+                   Answer answer, std::function<void(HttpResponse&)> store_failed) {
+    Place slot(waiting, options.max_waiters);
+    if (!slot) return false;
+    res.set_header("Preference-Applied", "wait=" + std::to_string(seconds));
+    auto call = PendingAnswer::make(service.get_executor(), std::move(res), std::move(reply),
+                                    std::move(slot));
+    // The answer to a final record, or (nullopt) to none within the time.
+    auto build = [answer = std::move(answer),
+                  store_failed = std::move(store_failed)](const std::optional<JobRecord>& record) {
+      return [&answer, &store_failed, record](HttpResponse& out) {
+        try {
+          answer(out, record);
+        } catch (const StoreUnavailable&) {
+          out.body.clear();
+          store_failed(out);
+        }
+      };
+    };
+    auto shared_build = std::make_shared<decltype(build)>(std::move(build));
+    call->start_timer(std::chrono::seconds(seconds),
+                      [shared_build](HttpResponse& out) { (*shared_build)(std::nullopt)(out); });
+    service.async_wait(key, [call, shared_build](boost::system::error_code ec, JobRecord record) {
+      boost::asio::post(call->strand, [call, shared_build, ec, record = std::move(record)] {
+        // Not final: unknown, or the queue would not wait.
+        std::optional<JobRecord> final_record;
+        if (!ec) final_record = record;
+        call->conclude((*shared_build)(final_record));
+      });
+    });
+    return true;
   }
 
-  void poll(const httplib::Request& req, const std::string& tenant, const std::string& id,
-            httplib::Response& res) {
-    std::optional<JobRecord> record;
-    const auto wait = preferred_wait(req);
+  void poll(const HttpRequest& req, const std::string& tenant, const std::string& id,
+            HttpResponse& res, detail::Reply& reply) {
+    if (!is_valid_job_id(id)) {
+      return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
+    }
     const std::string key = job_key(tenant, id);
-    if (is_valid_job_id(id)) record = wait ? wait_final(key, *wait, res) : service.find(key);
-    if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
-    std::optional<std::size_t> position;
-    // With several tenants the store's count would tell one tenant of the others' queue, and
-    // turns make it wrong anyway: left out.
-    if (record->status == JobStatus::queued && !multi_tenant)
-      position = service.queue_position(key);
-    send_json(res, 200, to_status_json(*record, position));
+    Answer answer = [this, key, id](HttpResponse& out, std::optional<JobRecord> record) {
+      if (!record) record = service.find(key);
+      if (!record) return send_error(out, {404, "not_found", "No job with id '" + id + "'.", {}});
+      std::optional<std::size_t> position;
+      // With several tenants the store's count would tell one tenant of the others' queue, and
+      // turns make it wrong anyway: left out.
+      if (record->status == JobStatus::queued && !multi_tenant)
+        position = service.queue_position(key);
+      send_json(out, 200, to_status_json(*record, position));
+    };
+    if (const auto wait = preferred_wait(req)) {
+      if (await_final(key, *wait, res, reply, answer,
+                      [](HttpResponse& out) { send_store_unavailable(out); })) {
+        return;
+      }
+      return send_refusal(res, refusal_for(errc::too_many_waiters));
+    }
+    answer(res, std::nullopt);
   }
 
   JobQueue& service;
@@ -1283,19 +1380,10 @@ struct Server::Impl {
   std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
-  const bool multi_tenant;  // two or more names: each key's jobs are its own
-  detail::HttpServer http;
-  std::atomic<int> bound_port{0};
-  std::atomic<std::size_t> waiting{0};   // requests in wait_final now
+  const bool multi_tenant;               // two or more names: each key's jobs are its own
+  std::atomic<std::size_t> waiting{0};   // requests waiting for a job now (Prefer: wait)
   std::atomic<std::size_t> batching{0};  // requests in submit_batch now
-  std::atomic<socket_t> listen_socket{INVALID_SOCKET};
-  // cpp-httplib's stop() does nothing until its accept loop has marked itself running, so a stop
-  // that comes between run() and that moment would be lost and run() would never return.
-  // The flags below close that gap: stop() waits (briefly) until the loop runs or has returned.
-  std::mutex run_mutex;
-  bool stop_requested = false;  // guarded by run_mutex
-  bool running = false;         // run() is inside listen_after_bind; guarded by run_mutex
-  bool ran = false;             // run() entered listen_after_bind once; guarded by run_mutex
+  detail::HttpFront http;                // last: its threads call into the members above
 };
 
 Server::Server(JobQueue& service, ServerOptions options) {
@@ -1310,55 +1398,20 @@ Server::~Server() {
 }
 
 int Server::bind() {
-  const auto& o = impl_->options;
-  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
-                               : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (port <= 0) {
-    impl_->listen_socket = INVALID_SOCKET;  // httplib closed what it opened
-    throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
-                " (address in use, or not an address of this machine)");
-  }
-  // cpp-httplib 0.11 listens with a backlog of 5: a burst of new connections overflows it and
-  // clients see resets. Listening again on the bound socket raises the backlog.
-  if (impl_->listen_socket != INVALID_SOCKET) ::listen(impl_->listen_socket, SOMAXCONN);
-  impl_->bound_port = port;
-  return port;
+  return impl_->http.bind(impl_->options.host, impl_->options.port);
 }
 
 void Server::run() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->run_mutex);
-    if (impl_->stop_requested) return;
-    if (impl_->bound_port == 0) bind();
-    impl_->running = impl_->ran = true;
-  }
-  impl_->http.listen_after_bind();
-  std::lock_guard<std::mutex> lock(impl_->run_mutex);
-  impl_->running = false;
+  if (impl_->http.port() == 0) bind();
+  impl_->http.run();
 }
 
 void Server::stop() {
-  if (!impl_) return;
-  std::unique_lock<std::mutex> lock(impl_->run_mutex);
-  impl_->stop_requested = true;
-  // Between `running = true` and httplib's own flag there are a few instructions; wait them out.
-  while (impl_->running && !impl_->http.is_running()) {
-    lock.unlock();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    lock.lock();
-  }
-  if (!impl_->ran) {
-    // Bound but never served: httplib would leave the socket open, and connections would queue
-    // in its backlog unanswered. Closed here, so that they are refused.
-    const socket_t sock = impl_->listen_socket.exchange(INVALID_SOCKET);
-    if (sock != INVALID_SOCKET) ::close(sock);
-  }
-  lock.unlock();
-  impl_->http.shutdown();
+  if (impl_) impl_->http.stop();
 }
 
 int Server::run_until_signal() {
-  if (impl_->bound_port == 0) bind();
+  if (impl_->http.port() == 0) bind();
   // The signals are heard through Asio's handler (whichever thread receives them) on a loop of
   // this thread; serving goes on on another thread, and the drain on a third.
   boost::asio::io_context loop(1);
@@ -1399,7 +1452,7 @@ int Server::run_until_signal() {
 }
 
 int Server::port() const {
-  return impl_->bound_port;
+  return impl_->http.port();
 }
 
 std::string Server::serve_connection_bytes(std::string bytes) {

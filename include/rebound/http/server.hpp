@@ -1,4 +1,4 @@
-// Server: the HTTP front of a JobQueue (the routes of docs/http-api.md), on cpp-httplib.
+// Server: the HTTP front of a JobQueue (the routes of docs/http-api.md), on Boost.Beast.
 #pragma once
 
 #include <chrono>
@@ -32,10 +32,23 @@ struct ServerOptions {
   std::size_t max_parsing_bytes = std::size_t{256} << 20;
   /// Request line and headers together; beyond it 431 (414 for a request line over 8 KiB).
   std::size_t max_header_bytes = 65536;
-  /// HTTP connections served at once. cpp-httplib gives each connection a thread, so this is
-  /// also the most concurrent clients served without queueing. A kept-alive connection gives its
-  /// thread up at once (after 100 ms idle) while other connections wait for one.
-  std::size_t http_threads = 64;
+  /// Threads that run the HTTP front: they read and write every connection (asynchronously: a
+  /// connection costs a socket and its buffers, never a thread) and run the routes, whose store
+  /// calls (a submission's write, a poll's read) may block them briefly. No thread ever waits for
+  /// a job: `Prefer: wait` and `POST /invocations` complete through the queue's `async_wait` and
+  /// `async_invoke`. A quarter of them at most take batches at once.
+  std::size_t http_threads = 16;
+  /// Connections open at once; one more is closed as soon as it is accepted (the process needs as
+  /// many file descriptors: rebound-server raises its soft RLIMIT_NOFILE to the hard limit).
+  std::size_t max_connections = 10000;
+  /// Connections open at once from one client address; 0, the default, is no limit (behind a
+  /// proxy or a load balancer every connection comes from its address).
+  std::size_t max_connections_per_address = 0;
+  /// Requests that wait for a job at once (`Prefer: wait`); beyond it a poll gets 503
+  /// `too_many_waiters` (with Retry-After) and a submission its 202 at once. Each costs its
+  /// connection and a few hundred bytes. The queue's own bound on registered waits
+  /// (JobQueueOptions::max_waiting) must be at least as large for all of them to wait.
+  std::size_t max_waiters = 10000;
   /// Idle time allowed before a request's first byte, on a new or a kept-alive connection.
   std::chrono::milliseconds keep_alive_timeout{5000};
   /// From a request's first byte: to the end of its headers (else the connection is closed) and
@@ -77,8 +90,9 @@ struct ServerOptions {
 ///   GET /openapi.json
 /// Errors have the shape {"error": {"code", "message", "field"?}} (see docs/http-api.md); a known
 /// path with another method gets 405 with `Allow`. No request can crash it or make it hold
-/// memory beyond the limits of ServerOptions. One thread serves one connection (cpp-httplib):
-/// facing the internet, put a proxy in front (examples/sagemaker/serve, docs/operations.md).
+/// memory beyond the limits of ServerOptions. HTTP/1.1 on Boost.Beast: every connection is
+/// served asynchronously by `http_threads` threads, so slow and idle clients cost sockets, not
+/// threads (docs/operations.md says what it withstands bare, and what nginx adds in front).
 ///
 /// Callback URLs are checked at submission with the queue's address policy
 /// (`JobQueue::callback_guard`, set by `JobQueueOptions::allow_private_callbacks`).
@@ -94,7 +108,7 @@ struct ServerOptions {
 ///   ...
 ///   server.stop(); t.join();
 ///
-/// Threads: `run` serves on the calling thread and starts `http_threads` threads of its own.
+/// Threads: `run` serves on the calling thread and `http_threads - 1` threads of its own.
 /// Thread-safety: `stop` and `port` may be called from any thread; `bind` and `run` (or
 /// `run_until_signal`) once each. The JobQueue must outlive the Server.
 class Server final {
