@@ -241,139 +241,41 @@ std::optional<int> preferred_wait(const HttpRequest& req) {
   return std::nullopt;
 }
 
-// What a request path names. The routing table of the server: every route is here once.
-enum class Resource {
-  unknown,
-  inferences,
-  inferences_batch,
-  inference,
-  redeliver,
-  invocations,
-  callback_endpoints,
-  pause_origin,
-  resume_origin,
-  webhook_keys,
-  webhook_secret,
-  stats,
-  metrics,
-  ping,
-  openapi,
-  // The operator console (docs/console.md): its page, and its JSON routes.
-  console_page,
-  console_session,
-  console_overview,
-  console_jobs,
-  console_job,
-  console_cancel,
-  console_redeliver,
-  console_redeliver_all,
-  console_servers,
-  console_paused
+// Who may call a route, as flags; none (any_key): any API key, as its tenant. Without keys
+// configured, everyone may call every route but the console's.
+enum Access : unsigned {
+  any_key = 0,
+  open = 1,          // no key needed: /ping, /openapi.json, /v1/webhook-keys, the console's page
+  acts = 2,          // not with a viewer key: it changes something, or hands out the secret
+  spans = 4,         // with several tenants, an operator or a viewer key: it spans them all
+  console_page = 8,  // only while the console is on (an operator or a viewer key is configured)
+  console_json = 16  // the console on, and an operator or a viewer key
 };
 
-struct Target {
-  Resource resource = Resource::unknown;
-  std::string id;  // for inference, redeliver and the console's job routes; a console_page's file
-};
+// What a route does with a request body: none, JSON (a submission's JSON, where a form-encoded
+// body is refused with a hint), or a body it reads not at all.
+enum class Body { none, json, submission, ignored };
 
-bool is_console(Resource r) {
-  return r >= Resource::console_page;
-}
-
-// The console routes that act: for operators only.
-bool is_console_action(Resource r) {
-  return r == Resource::console_cancel || r == Resource::console_redeliver ||
-         r == Resource::console_redeliver_all;
-}
-
-Target locate_console(const std::string& path) {
-  if (path == "/console") return {Resource::console_page, "/"};  // redirected to /console/
-  constexpr std::string_view page = "/console/";
-  if (path.compare(0, page.size(), page) == 0) {
-    return {Resource::console_page, path.substr(page.size())};
+// Matches `path` against a route's pattern: literal text, `{name}` for one non-empty segment
+// and `{name...}` for the rest of the path (possibly empty). The value captured goes to `param`.
+bool match_route(std::string_view pattern, std::string_view path, std::string& param) {
+  std::size_t p = 0, q = 0;
+  while (p < pattern.size()) {
+    if (pattern[p] != '{') {
+      if (q >= path.size() || path[q] != pattern[p]) return false;
+      ++p;
+      ++q;
+      continue;
+    }
+    const std::size_t close = pattern.find('}', p);
+    const bool rest = pattern.compare(close - 3, 3, "...") == 0;
+    const std::size_t end = rest ? path.size() : std::min(path.find('/', q), path.size());
+    if (!rest && end == q) return false;  // a segment is never empty
+    param.assign(path.substr(q, end - q));
+    p = close + 1;
+    q = end;
   }
-  static const std::pair<std::string_view, Resource> fixed[] = {
-      {"/v1/console/session", Resource::console_session},
-      {"/v1/console/overview", Resource::console_overview},
-      {"/v1/console/jobs", Resource::console_jobs},
-      {"/v1/console/dead-letters/redeliver", Resource::console_redeliver_all},
-      {"/v1/console/servers", Resource::console_servers},
-      {"/v1/console/paused-origins", Resource::console_paused}};
-  for (const auto& [name, resource] : fixed) {
-    if (path == name) return {resource, {}};
-  }
-  constexpr std::string_view jobs = "/v1/console/jobs/";
-  if (path.size() <= jobs.size() || path.compare(0, jobs.size(), jobs) != 0) return {};
-  std::string rest = path.substr(jobs.size());
-  const auto slash = rest.find('/');
-  if (slash == std::string::npos) return {Resource::console_job, std::move(rest)};
-  const std::string action = rest.substr(slash + 1);
-  rest.resize(slash);
-  if (action == "cancel") return {Resource::console_cancel, std::move(rest)};
-  if (action == "redeliver") return {Resource::console_redeliver, std::move(rest)};
-  return {};
-}
-
-Target locate(const std::string& path) {
-  static const std::pair<std::string_view, Resource> fixed[] = {
-      {"/v1/inferences", Resource::inferences},
-      {"/v1/inferences:batch", Resource::inferences_batch},
-      {"/invocations", Resource::invocations},
-      {"/ping", Resource::ping},
-      {"/metrics", Resource::metrics},
-      {"/openapi.json", Resource::openapi},
-      {"/v1/callback-endpoints", Resource::callback_endpoints},
-      {"/v1/callback-endpoints/pause", Resource::pause_origin},
-      {"/v1/callback-endpoints/resume", Resource::resume_origin},
-      {"/v1/webhook-keys", Resource::webhook_keys},
-      {"/v1/webhook-secret", Resource::webhook_secret},
-      {"/v1/stats", Resource::stats}};
-  for (const auto& [name, resource] : fixed) {
-    if (path == name) return {resource, {}};
-  }
-  if (path.compare(0, 8, "/console") == 0 || path.compare(0, 12, "/v1/console/") == 0)
-    return locate_console(path);
-  constexpr std::string_view prefix = "/v1/inferences/";
-  constexpr std::string_view redeliver = "/redeliver";
-  if (path.size() <= prefix.size() || path.compare(0, prefix.size(), prefix) != 0) return {};
-  std::string rest = path.substr(prefix.size());
-  const auto slash = rest.find('/');
-  if (slash == std::string::npos) return {Resource::inference, std::move(rest)};
-  if (slash > 0 && rest.compare(slash, std::string::npos, redeliver) == 0) {
-    rest.resize(slash);
-    return {Resource::redeliver, std::move(rest)};
-  }
-  return {};
-}
-
-// The methods a resource answers, as an Allow header lists them.
-const char* allowed_methods(Resource resource) {
-  switch (resource) {
-    case Resource::inferences:
-      return "GET, HEAD, POST";
-    case Resource::inference:
-      return "GET, HEAD, DELETE";
-    case Resource::inferences_batch:
-    case Resource::redeliver:
-    case Resource::invocations:
-    case Resource::pause_origin:
-    case Resource::resume_origin:
-    case Resource::console_cancel:
-    case Resource::console_redeliver:
-    case Resource::console_redeliver_all:
-      return "POST";
-    case Resource::unknown:
-      return "";
-    default:
-      return "GET, HEAD";
-  }
-}
-
-bool has_body_method(Resource resource) {
-  return resource == Resource::inferences || resource == Resource::inferences_batch ||
-         resource == Resource::redeliver || resource == Resource::invocations ||
-         resource == Resource::pause_origin || resource == Resource::resume_origin ||
-         is_console_action(resource);
+  return q == path.size();
 }
 
 // A body sent compressed, or with a transfer coding other than plain chunked, is refused rather
@@ -628,7 +530,7 @@ struct Server::Impl {
   void handle(HttpRequest& req, detail::Reply reply) {
     HttpResponse res;
     try {
-      if (route(req, res, reply)) receive(req, res, reply);
+      dispatch(req, res, reply);
     } catch (const StoreUnavailable&) {
       // A poll, a redelivery or a listing when the store fails: the failing-store answer.
       res = HttpResponse{};
@@ -640,99 +542,155 @@ struct Server::Impl {
     if (reply) reply(std::move(res));
   }
 
-  // Answers everything but a POST to a known route (with its body); returns true to send that
-  // POST on to `receive`. (Control bytes in the head were refused by the front, as sent: a
-  // percent-encoded %00 in the path is fine.)
-  bool route(const HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
-    const Target target = locate(req.path);
+  // A request as a route sees it: who calls, as which tenant, and what `{id}` or `{file...}`
+  // named in its path. `reply` may be taken by a route that answers later (a wait).
+  struct Call {
+    const HttpRequest& req;
+    HttpResponse& res;
+    detail::Reply& reply;
+    const Credential* caller;
+    std::string tenant;
+    std::string param;
+  };
+
+  struct Route {
+    const char* method;
+    const char* pattern;
+    unsigned access;
+    Body body;
+    void (*handle)(Impl&, Call&);
+  };
+
+  // The routes of docs/http-api.md, each once: the router, the Allow lists of 405 and OPTIONS,
+  // and who may call what all come from here (tests/http_api_docs.py holds /openapi.json and the
+  // doc to it). A GET route answers HEAD too.
+  static const std::vector<Route>& routes() {
+    static const std::vector<Route> table = {
+        {"GET", "/v1/inferences", any_key, Body::none,
+         [](Impl& s, Call& c) { s.list_failed(c.req, c.tenant, c.res); }},
+        {"POST", "/v1/inferences", any_key, Body::submission,
+         [](Impl& s, Call& c) { s.submit(c); }},
+        {"POST", "/v1/inferences:batch", any_key, Body::submission,
+         [](Impl& s, Call& c) { s.submit_batch(c); }},
+        {"GET", "/v1/inferences/{id}", any_key, Body::none,
+         [](Impl& s, Call& c) { s.poll(c.req, c.tenant, c.param, c.res, c.reply); }},
+        {"DELETE", "/v1/inferences/{id}", acts, Body::none,
+         [](Impl& s, Call& c) { s.cancel(c.tenant, c.param, c.res); }},
+        {"POST", "/v1/inferences/{id}/redeliver", acts, Body::ignored,
+         [](Impl& s, Call& c) { s.redeliver(c.tenant, c.param, c.res); }},
+        {"POST", "/invocations", any_key, Body::json, [](Impl& s, Call& c) { s.invoke(c); }},
+        {"GET", "/ping", open, Body::none, [](Impl& s, Call& c) { s.ping(c.res); }},
+        {"GET", "/metrics", spans, Body::none,
+         [](Impl& s, Call& c) {
+           c.res.set_content(s.service.render_metrics() + s.http_metrics(),
+                             "text/plain; version=0.0.4");
+         }},
+        {"GET", "/openapi.json", open, Body::none,
+         [](Impl&, Call& c) { c.res.set_content(openapi_document(), json_type); }},
+        {"GET", "/v1/callback-endpoints", spans, Body::none,
+         [](Impl& s, Call& c) { s.list_endpoints(c.res); }},
+        {"POST", "/v1/callback-endpoints/pause", spans | acts, Body::json,
+         [](Impl& s, Call& c) { s.pause_or_resume(c, true); }},
+        {"POST", "/v1/callback-endpoints/resume", spans | acts, Body::json,
+         [](Impl& s, Call& c) { s.pause_or_resume(c, false); }},
+        {"GET", "/v1/webhook-keys", open, Body::none,
+         [](Impl& s, Call& c) { s.webhook_keys(c.req, c.caller, c.res); }},
+        {"GET", "/v1/webhook-secret", acts, Body::none,
+         [](Impl& s, Call& c) { s.webhook_secret(c.tenant, c.res); }},
+        {"GET", "/v1/stats", spans, Body::none, [](Impl& s, Call& c) { s.stats(c.res); }},
+        // The operator console (docs/console.md): its page, and the JSON it reads.
+        {"GET", "/console", console_page, Body::none,
+         [](Impl&, Call& c) { c.res.set_redirect("/console/", 301); }},
+        {"GET", "/console/{file...}", console_page, Body::none,
+         [](Impl& s, Call& c) {
+           if (!s.console->asset(c.param, c.res)) {
+             send_error(c.res, {404, "not_found", "No such file of the console.", {}});
+           }
+         }},
+        {"GET", "/v1/console/session", console_json, Body::none,
+         [](Impl& s, Call& c) {
+           s.console->session(c.caller->name, c.caller->is_operator(), c.res);
+         }},
+        {"GET", "/v1/console/overview", console_json, Body::none,
+         [](Impl& s, Call& c) { s.console->overview(c.res); }},
+        {"GET", "/v1/console/jobs", console_json, Body::none,
+         [](Impl& s, Call& c) { s.console->jobs(c.req, c.res); }},
+        {"GET", "/v1/console/jobs/{id}", console_json, Body::none,
+         [](Impl& s, Call& c) {
+           if (auto key = s.console_job_key(c.req, c.param, c.res)) s.console->job(*key, c.res);
+         }},
+        {"POST", "/v1/console/jobs/{id}/cancel", console_json | acts, Body::ignored,
+         [](Impl& s, Call& c) { s.console_act(c, true); }},
+        {"POST", "/v1/console/jobs/{id}/redeliver", console_json | acts, Body::ignored,
+         [](Impl& s, Call& c) { s.console_act(c, false); }},
+        {"POST", "/v1/console/dead-letters/redeliver", console_json | acts, Body::json,
+         [](Impl& s, Call& c) { s.console->redeliver_all(c.req.body(), c.caller->name, c.res); }},
+        {"GET", "/v1/console/servers", console_json, Body::none,
+         [](Impl& s, Call& c) { s.console->servers(c.res); }},
+        {"GET", "/v1/console/paused-origins", console_json, Body::none,
+         [](Impl& s, Call& c) { s.console->paused(c.res); }},
+    };
+    return table;
+  }
+
+  // Finds the route, decides who may call it, checks the body's form, and runs it.
+  void dispatch(const HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
     // What the console's routes answer is never kept by a cache, errors included.
     if (req.path.compare(0, 12, "/v1/console/") == 0) res.set_header("Cache-Control", "no-store");
-    const Credential* caller = nullptr;
-    if (!admitted(req, target.resource, res, caller)) return false;
-    const std::string tenant = caller ? caller->tenant : std::string();
-    if (target.resource == Resource::unknown) {
-      send_error(res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
-      return false;
-    }
-    const std::string_view allow = allowed_methods(target.resource);
-    const bool is_get = req.method == "GET" || req.method == "HEAD";
-    if (target.resource == Resource::console_page && is_get) {
-      if (target.id == "/") {
-        res.set_redirect("/console/", 301);
-      } else if (!console->asset(target.id, res)) {
-        send_error(res, {404, "not_found", "No such file of the console.", {}});
+    const std::string& method = req.method == "HEAD" ? std::string("GET") : req.method;
+    const Route* found = nullptr;  // the route of this method and path
+    const Route* first = nullptr;  // the first route of this path, whatever its method
+    std::string allow, param;
+    for (const Route& route : routes()) {
+      std::string captured;
+      if (!match_route(route.pattern, req.path, captured)) continue;
+      if (!first) first = &route;
+      if (!allow.empty()) allow += ", ";
+      allow += route.method;
+      if (std::string_view(route.method) == "GET") allow += ", HEAD";
+      if (!found && method == route.method) {
+        found = &route;
+        param = std::move(captured);
       }
-      return false;
     }
-    if (req.method == "OPTIONS") {
-      res.status = 204;
-      res.set_header("Allow", std::string(allow));
-      return false;
+    // Who may call: by the route asked for; for a method the path does not take (405, OPTIONS),
+    // by the path's first route; an unknown path needs a key like any route.
+    const Route* judged = found ? found : first;
+    const Credential* caller = authenticate(req);
+    if (!allowed(judged ? judged->access : any_key, caller, res)) return;
+    if (!first) {
+      return send_error(
+          res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
     }
-    if (req.method == "POST" && has_body_method(target.resource)) return true;
-    if (req.method == "DELETE" && target.resource == Resource::inference) {
-      cancel(tenant, target.id, res);
-      return false;
+    if (!found) {
+      res.set_header("Allow", allow);
+      if (req.method == "OPTIONS") {
+        res.status = 204;
+        return;
+      }
+      return send_error(
+          res, {405,
+                "method_not_allowed",
+                "Method " + req.method + " is not allowed on " + req.path + "; use " + allow + ".",
+                {}});
     }
-    if (!is_get || allow.find("GET") == std::string_view::npos) {
-      res.set_header("Allow", std::string(allow));
-      send_error(res, {405,
-                       "method_not_allowed",
-                       "Method " + req.method + " is not allowed on " + req.path + "; use " +
-                           std::string(allow) + ".",
-                       {}});
-      return false;
+    if (found->body == Body::json || found->body == Body::submission) {
+      // A body is JSON; a form-encoded submission is almost always `curl -d` without -H. No
+      // route takes multipart bodies.
+      const std::string type = req.header("Content-Type");
+      if (detail::starts_with_ignoring_case(type, "multipart/") ||
+          (found->body == Body::submission &&
+           detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded"))) {
+        return send_error(res, {415,
+                                "unsupported_media_type",
+                                "Send the body as JSON with Content-Type: application/json (with "
+                                "curl -d, add -H 'Content-Type: application/json').",
+                                {}});
+      }
+      if (auto error = encoding_error(req)) return send_error(res, *error);
     }
-    switch (target.resource) {
-      case Resource::inferences:
-        list_failed(req, tenant, res);
-        break;
-      case Resource::inference:
-        poll(req, tenant, target.id, res, reply);
-        break;
-      case Resource::callback_endpoints:
-        list_endpoints(res);
-        break;
-      case Resource::webhook_keys:
-        webhook_keys(req, caller, res);
-        break;
-      case Resource::webhook_secret:
-        webhook_secret(tenant, res);
-        break;
-      case Resource::metrics:
-        res.set_content(service.render_metrics() + http_metrics(), "text/plain; version=0.0.4");
-        break;
-      case Resource::stats:
-        stats(res);
-        break;
-      case Resource::ping:
-        ping(res);
-        break;
-      case Resource::openapi:
-        res.set_content(openapi_document(), json_type);
-        break;
-      case Resource::console_session:
-        console->session(caller->name, caller->is_operator(), res);
-        break;
-      case Resource::console_overview:
-        console->overview(res);
-        break;
-      case Resource::console_jobs:
-        console->jobs(req, res);
-        break;
-      case Resource::console_job:
-        if (auto key = console_job_key(req, target.id, res)) console->job(*key, res);
-        break;
-      case Resource::console_servers:
-        console->servers(res);
-        break;
-      case Resource::console_paused:
-        console->paused(res);
-        break;
-      default:
-        break;
-    }
-    return false;
+    Call call{req, res, reply, caller, caller ? caller->tenant : std::string(), std::move(param)};
+    found->handle(*this, call);
   }
 
   // The store key of the job a console route names (its id, and ?tenant=); nullopt, with the
@@ -761,88 +719,33 @@ struct Server::Impl {
     service.logger().log(LogLevel::info, "operator_action", fields);
   }
 
-  // A POST to a known route: its body, held to the limit, then the route.
-  void receive(const HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
-    const Target target = locate(req.path);
-    // A submission is JSON; a form-encoded one is almost always `curl -d` without -H. No route
-    // takes multipart bodies.
-    const std::string type = req.header("Content-Type");
-    const bool multipart = detail::starts_with_ignoring_case(type, "multipart/");
-    const bool form = detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded");
-    const bool submission =
-        target.resource == Resource::inferences || target.resource == Resource::inferences_batch;
-    if (multipart || (form && submission)) {
-      return send_error(res, {415,
-                              "unsupported_media_type",
-                              "Send the body as JSON with Content-Type: application/json (with "
-                              "curl -d, add -H 'Content-Type: application/json').",
-                              {}});
+  // POST /v1/console/jobs/{id}/cancel and /redeliver: an operator's act on any tenant's job,
+  // logged with the key's name.
+  void console_act(Call& c, bool cancelling) {
+    const auto key = console_job_key(c.req, c.param, c.res);
+    if (!key) return;
+    const std::string job_tenant(tenant_of(*key));
+    if (cancelling) {
+      cancel(job_tenant, c.param, c.res);
+    } else {
+      redeliver(job_tenant, c.param, c.res);
     }
-    const Credential* caller = authenticate(req);  // route() admitted the request already
-    const std::string tenant = caller ? caller->tenant : std::string();
-    const std::string& body = req.body();
-    const bool body_ignored = target.resource == Resource::redeliver ||
-                              target.resource == Resource::console_cancel ||
-                              target.resource == Resource::console_redeliver;
-    if (!body_ignored) {
-      if (auto error = encoding_error(req)) return send_error(res, *error);
-    }
-    if (submission || target.resource == Resource::invocations) {
-      // The tree this body will take, reserved before it is built.
-      const auto shape = detail::scan_json_text(body, detail::max_json_depth, json_cost_limit);
-      ParsingReservation reserved(parsing_bytes, shape.bytes, options.max_parsing_bytes);
-      if (!reserved) {
-        // (The queue may have room: the message says what is full.)
-        return send_refusal(res, {{503,
-                                   "queue_full",
-                                   "Too many large requests are being read at once; retry later.",
-                                   {}},
-                                  1});
-      }
-      if (target.resource == Resource::inferences)
-        return submit(req, tenant, body, res, reserved, reply);
-      if (target.resource == Resource::inferences_batch)
-        return submit_batch(req, tenant, body, res, reserved);
-      return invoke(req, body, res, reserved, reply);
-    }
-    switch (target.resource) {
-      case Resource::redeliver:
-        // The body means nothing here; an unread one just ends the connection after the answer.
-        return redeliver(tenant, target.id, res);
-      case Resource::pause_origin:
-      case Resource::resume_origin: {
-        const char* action =
-            target.resource == Resource::pause_origin ? "pause_origin" : "resume_origin";
-        const bool logged = caller && caller->reads_everything();
-        try {
-          pause_or_resume(body, target.resource == Resource::pause_origin, res);
-        } catch (...) {
-          // A failing store answers 503 from the exception handler: the attempt is logged too.
-          if (logged) log_action(caller, action, {{"body", truncated_utf8(body, 512)}}, 503);
-          throw;
-        }
-        if (logged) log_action(caller, action, {{"body", truncated_utf8(body, 512)}}, res.status);
-        return;
-      }
-      case Resource::console_cancel:
-      case Resource::console_redeliver: {
-        const auto key = console_job_key(req, target.id, res);
-        if (!key) return;
-        const std::string job_tenant(tenant_of(*key));
-        if (target.resource == Resource::console_cancel) {
-          cancel(job_tenant, target.id, res);
-        } else {
-          redeliver(job_tenant, target.id, res);
-        }
-        return log_action(caller,
-                          target.resource == Resource::console_cancel ? "cancel" : "redeliver",
-                          {{"tenant", job_tenant}, {"id", target.id}}, res.status);
-      }
-      case Resource::console_redeliver_all:
-        return console->redeliver_all(body, caller->name, res);
-      default:
-        return send_error(res, {404, "not_found", "No route for POST " + req.path + ".", {}});
-    }
+    log_action(c.caller, cancelling ? "cancel" : "redeliver",
+               {{"tenant", job_tenant}, {"id", c.param}}, c.res.status);
+  }
+
+  // The bytes a JSON body's tree will take, estimated from its text before it is built.
+  static std::size_t tree_bytes(const std::string& body) {
+    return detail::scan_json_text(body, detail::max_json_depth, json_cost_limit).bytes;
+  }
+
+  // The answer to a body refused for max_parsing_bytes (the queue may have room: it says what is
+  // full).
+  static void refuse_parsing(HttpResponse& res) {
+    send_refusal(
+        res,
+        {{503, "queue_full", "Too many large requests are being read at once; retry later.", {}},
+         1});
   }
 
   // This server's HTTP front, for /metrics: connections open and requests waiting for a job.
@@ -892,7 +795,22 @@ struct Server::Impl {
   }
 
   // POST /v1/callback-endpoints/pause and /resume, with {"origin": "https://hooks.example.com"}.
-  void pause_or_resume(const std::string& body, bool pause, HttpResponse& res) {
+  // Logged with the key's name when an operator or a viewer key calls it, whatever the answer.
+  void pause_or_resume(Call& c, bool pause) {
+    const char* action = pause ? "pause_origin" : "resume_origin";
+    const bool logged = c.caller && c.caller->reads_everything();
+    const std::string& body = c.req.body();
+    try {
+      set_paused(body, pause, c.res);
+    } catch (...) {
+      // A failing store answers 503 from the exception handler: the attempt is logged too.
+      if (logged) log_action(c.caller, action, {{"body", truncated_utf8(body, 512)}}, 503);
+      throw;
+    }
+    if (logged) log_action(c.caller, action, {{"body", truncated_utf8(body, 512)}}, c.res.status);
+  }
+
+  void set_paused(const std::string& body, bool pause, HttpResponse& res) {
     nlohmann::json parsed;
     if (auto error = json_body_error(detail::parse_untrusted_json(body, parsed))) {
       return send_error(res, *error);
@@ -937,8 +855,14 @@ struct Server::Impl {
 
   // `reserved` (the tree's share of max_parsing_bytes) ends once the queue has the job: waits
   // (Prefer: wait) do not hold it.
-  void submit(const HttpRequest& req, const std::string& tenant, const std::string& body,
-              HttpResponse& res, ParsingReservation& reserved, detail::Reply& reply) {
+  void submit(Call& c) {
+    const HttpRequest& req = c.req;
+    HttpResponse& res = c.res;
+    ParsingReservation reserved(parsing_bytes, tree_bytes(req.body()), options.max_parsing_bytes);
+    if (!reserved) return refuse_parsing(res);
+    const std::string& body = req.body();
+    const std::string& tenant = c.tenant;
+    detail::Reply& reply = c.reply;
     SubmissionParse parsed = parse_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
@@ -982,8 +906,11 @@ struct Server::Impl {
   // (JobQueue::submit_many). 200 with one result per job, in order: what the job's own
   // POST /v1/inferences would have answered (its status, and its body). Prefer: wait is not
   // honoured here; a traceparent header goes with every job.
-  void submit_batch(const HttpRequest& req, const std::string& tenant, const std::string& body,
-                    HttpResponse& res, ParsingReservation& reserved) {
+  void submit_batch(Call& c) {
+    const HttpRequest& req = c.req;
+    HttpResponse& res = c.res;
+    const std::string& body = req.body();
+    const std::string& tenant = c.tenant;
     // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
     // threads take batches at once, so that single requests, polls and /ping always have some.
     const Place place(batching, std::max<std::size_t>(1, options.http_threads / 4));
@@ -992,6 +919,8 @@ struct Server::Impl {
       return send_error(
           res, {503, "queue_full", "Too many batches are being taken at once; retry later.", {}});
     }
+    ParsingReservation reserved(parsing_bytes, tree_bytes(body), options.max_parsing_bytes);
+    if (!reserved) return refuse_parsing(res);
     detail::BatchSubmissionParse parsed =
         detail::parse_batch_submission(body, service.callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
@@ -1050,8 +979,13 @@ struct Server::Impl {
   }
 
   // SageMaker's synchronous inference: the body is the model input, the answer its output.
-  void invoke(const HttpRequest& req, const std::string& body, HttpResponse& res,
-              ParsingReservation& reserved, detail::Reply& reply) {
+  void invoke(Call& c) {
+    const HttpRequest& req = c.req;
+    HttpResponse& res = c.res;
+    const std::string& body = req.body();
+    ParsingReservation reserved(parsing_bytes, tree_bytes(body), options.max_parsing_bytes);
+    if (!reserved) return refuse_parsing(res);
+    detail::Reply& reply = c.reply;
     const std::string attributes = req.header("X-Amzn-SageMaker-Custom-Attributes");
     if (!attributes.empty()) res.set_header("X-Amzn-SageMaker-Custom-Attributes", attributes);
     nlohmann::json input;
@@ -1112,10 +1046,9 @@ struct Server::Impl {
   }
 
   // Whether the request may go on to its route, with `caller` set; else the 401 or 403 is sent.
-  bool admitted(const HttpRequest& req, Resource resource, HttpResponse& res,
-                const Credential*& caller) const {
-    caller = authenticate(req);
-    if (is_console(resource) && !console) {
+  // Whether `caller` may call a route of `access`; else the 401, 403 or 404 is sent.
+  bool allowed(unsigned access, const Credential* caller, HttpResponse& res) const {
+    if ((access & (console_page | console_json)) && !console) {
       send_error(res, {404,
                        "not_found",
                        "The operator console is off: start the server with --operator-key or "
@@ -1125,10 +1058,7 @@ struct Server::Impl {
     }
     // Public keys are public: a receiver fetches them without an API key. The console's page is
     // static; what it shows comes from routes that need a key.
-    const bool open = credentials.empty() || resource == Resource::ping ||
-                      resource == Resource::openapi || resource == Resource::webhook_keys ||
-                      resource == Resource::console_page;
-    if (!open && !caller) {
+    if (!credentials.empty() && !(access & (open | console_page)) && !caller) {
       res.set_header("WWW-Authenticate", "Bearer");
       send_error(res, {401,
                        "unauthorized",
@@ -1137,27 +1067,19 @@ struct Server::Impl {
       return false;
     }
     // A viewer never acts: not on receivers, not on jobs (its own tenant's included, which with
-    // one tenant are everyone's); it may submit and poll as its tenant.
-    // Nor does it get the signing secret: with it, it could sign callbacks as rebound does.
-    const bool acts = resource == Resource::pause_origin || resource == Resource::resume_origin ||
-                      resource == Resource::redeliver || resource == Resource::webhook_secret ||
-                      (resource == Resource::inference && req.method == "DELETE") ||
-                      is_console_action(resource);
-    if (caller && caller->role == Credential::Role::viewer && acts) {
+    // one tenant are everyone's); it may submit and poll as its tenant. Nor does it get the
+    // signing secret: with it, it could sign callbacks as rebound does.
+    if ((access & acts) && caller && caller->role == Credential::Role::viewer) {
       send_error(res, {403, "forbidden", "A viewer key reads; acting needs an operator key.", {}});
       return false;
     }
-    if (resource != Resource::console_page && is_console(resource) && !caller->reads_everything()) {
+    if ((access & console_json) && !caller->reads_everything()) {
       send_error(res, {403, "forbidden", "The console needs an operator or a viewer key.", {}});
       return false;
     }
     // What spans tenants (their receivers, the queue's numbers, pausing a receiver) is for
     // operators and viewers when there are several.
-    const bool spans_tenants = resource == Resource::callback_endpoints ||
-                               resource == Resource::pause_origin ||
-                               resource == Resource::resume_origin ||
-                               resource == Resource::metrics || resource == Resource::stats;
-    if (multi_tenant && spans_tenants && !caller->reads_everything()) {
+    if ((access & spans) && multi_tenant && !caller->reads_everything()) {
       send_error(res,
                  {403,
                   "forbidden",
