@@ -5,7 +5,7 @@
 #include <cmath>
 #include <utility>
 
-#include "console_assets.hpp"
+#include "embedded_files.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/submission.hpp"
@@ -128,7 +128,7 @@ void Console::sample() {
 
 bool Console::asset(const std::string& file, HttpResponse& res) const {
   const std::string_view name = file.empty() ? "index.html" : std::string_view(file);
-  for (const ConsoleAsset& a : console_assets()) {
+  for (const EmbeddedFile& a : console_assets()) {
     if (a.name != name) continue;
     res.status = 200;
     res.set_header("Content-Security-Policy", content_security_policy);

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "console.hpp"
+#include "embedded_files.hpp"
 #include "http_front.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
@@ -38,13 +39,13 @@ namespace {
 
 constexpr const char* json_type = "application/json";
 
+// docs/openapi.json, embedded at build time, with this build's version in it.
 const std::string& openapi_document() {
   static const std::string doc = [] {
-    std::string text =
-#include "openapi.json.inc"
-        ;
-    const std::string placeholder = "VERSION";
-    text.replace(text.find(placeholder), placeholder.size(), version);
+    const detail::EmbeddedFile& file = detail::openapi_files().at(0);
+    std::string text(file.data, file.size);
+    const std::string placeholder = "\"VERSION\"";
+    text.replace(text.find(placeholder), placeholder.size(), "\"" + std::string(version) + "\"");
     return text;
   }();
   return doc;
