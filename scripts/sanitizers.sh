@@ -13,7 +13,7 @@ common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DREBOUND_WITH_TORCH=OFF -DREBOUND_BUI
         "${launcher[@]}")
 # The consumer project links the installed library without sanitizers; the kill -9 test runs in
 # the main suite.
-skip="cmake_consumer|crash_recovery|noisy_neighbours|memory_budget"  # load tests: timed, and RSS-bounded
+skip="cmake_consumer|crash_recovery|noisy_neighbours|memory_budget|bare_server"  # load tests: timed, and RSS-bounded
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan "${common[@]}" \

@@ -574,6 +574,29 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
   CHECK(std::chrono::steady_clock::now() - started >= 2s);
 }
 
+TEST_CASE("job api: a Server destroyed while requests wait - the queue ends their waits later") {
+  Harness h({});  // the model stays closed: the job never finishes while the Server stands
+  REQUIRE(h.submit({{"id", "j"}})->status == 202);
+  auto short_wait = std::async(std::launch::async, [&] {
+    return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=1"}});
+  });
+  auto long_wait = std::async(std::launch::async, [&] {
+    return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=30"}});
+  });
+  REQUIRE(rebound::test::eventually([&] {
+    auto metrics = h.client().Get("/metrics");
+    return metrics && metrics->body.find("rebound_http_waiting 2") != std::string::npos;
+  }));
+  h.server->stop();
+  h.server_thread.join();
+  h.server.reset();  // both waits outlive it: one's timer, the other's registration in the queue
+  CHECK_FALSE(short_wait.get());  // the connection went with the Server: no answer
+  CHECK_FALSE(long_wait.get());
+  std::this_thread::sleep_for(1500ms);  // the short wait's timer fires with no Server
+  h.model->open();  // the job ends: the queue completes the long wait's registration
+  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+}
+
 TEST_CASE("job api: a store that fails during a Prefer wait leaves the accepted job answered 202") {
   auto control = std::make_shared<rebound::test::FailingStore::Switch>();
   HarnessOptions o;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -90,21 +91,24 @@ ApiError error_for_status(int status) {
 // it travels with a wait.
 class Place {
  public:
+  using Count = std::shared_ptr<std::atomic<std::size_t>>;
   Place() = default;
-  Place(std::atomic<std::size_t>& taken, std::size_t limit) : taken_(&taken) {
-    if (taken.fetch_add(1) >= limit) {
-      --taken;
-      taken_ = nullptr;
+  Place(Count taken, std::size_t limit) : taken_(std::move(taken)) {
+    if (taken_->fetch_add(1) >= limit) {
+      --*taken_;
+      taken_.reset();
     }
   }
-  Place(Place&& other) noexcept : taken_(std::exchange(other.taken_, nullptr)) {}
+  Place(Place&& other) noexcept = default;
   Place& operator=(Place&& other) noexcept {
     if (this != &other) {
       release();
-      taken_ = std::exchange(other.taken_, nullptr);
+      taken_ = std::move(other.taken_);
     }
     return *this;
   }
+  Place(const Place&) = delete;
+  Place& operator=(const Place&) = delete;
   ~Place() { release(); }
   void release() {
     if (taken_) --*std::exchange(taken_, nullptr);
@@ -112,7 +116,7 @@ class Place {
   explicit operator bool() const { return taken_ != nullptr; }
 
  private:
-  std::atomic<std::size_t>* taken_ = nullptr;
+  Count taken_;  // shared: a wait may end after the Server that counted it
 };
 
 // The 202 answer to a job accepted (or the same request again), under the id its caller gave.
@@ -418,14 +422,23 @@ class ParsingReservation {
 }  // namespace
 
 namespace {
+// Whether the Server still stands: an answer given later (below) builds itself only while it
+// does, under a shared lock that the Server's destructor takes exclusively, so that no answer
+// reads a Server being destroyed. The queue (which completes the waits) may outlive the Server.
+struct ServerLife {
+  std::shared_mutex mutex;
+  bool alive = true;
+};
+
 // An answer that a route gives later (a wait, an invocation): the first of the library's
 // completion and a timer answers, on one strand; whatever comes second finds it answered.
-struct PendingAnswer {
+struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   using Build = std::function<void(HttpResponse&)>;
 
-  PendingAnswer(boost::asio::any_io_executor executor, HttpResponse r, detail::Reply rep,
-                Place s = {})
-      : strand(boost::asio::make_strand(std::move(executor))),
+  PendingAnswer(std::shared_ptr<ServerLife> server, boost::asio::any_io_executor executor,
+                HttpResponse r, detail::Reply rep, Place s = {})
+      : life(std::move(server)),
+        strand(boost::asio::make_strand(std::move(executor))),
         timer(strand),
         res(std::move(r)),
         reply(std::move(rep)),
@@ -435,16 +448,18 @@ struct PendingAnswer {
   void start_timer(std::chrono::milliseconds timeout, Build build) {
     timer.expires_after(timeout);
     timer.async_wait(
-        [self = shared_from_this_(), build = std::move(build)](boost::system::error_code ec) {
+        [self = shared_from_this(), build = std::move(build)](boost::system::error_code ec) {
           if (!ec) self->conclude(build);
         });
   }
 
-  // Answers with what `build` writes; on the strand. Once.
+  // Answers with what `build` writes; on the strand. Once. Nothing, once the Server is gone.
   void conclude(const Build& build) {
     if (done) return;
     done = true;
     timer.cancel();
+    std::shared_lock<std::shared_mutex> lock(life->mutex);
+    if (!life->alive) return;
     try {
       build(res);
     } catch (...) {
@@ -455,23 +470,13 @@ struct PendingAnswer {
     slot.release();  // a wait the queue still holds (until its job ends) no longer counts here
   }
 
-  std::shared_ptr<PendingAnswer> shared_from_this_() { return self.lock(); }
-
+  std::shared_ptr<ServerLife> life;
   boost::asio::strand<boost::asio::any_io_executor> strand;
   boost::asio::steady_timer timer;
   HttpResponse res;
   detail::Reply reply;
   Place slot;
   bool done = false;
-  std::weak_ptr<PendingAnswer> self;
-
-  static std::shared_ptr<PendingAnswer> make(boost::asio::any_io_executor executor, HttpResponse r,
-                                             detail::Reply rep, Place s = {}) {
-    auto made = std::make_shared<PendingAnswer>(std::move(executor), std::move(r), std::move(rep),
-                                                std::move(s));
-    made->self = made;
-    return made;
-  }
 };
 }  // namespace
 
@@ -758,7 +763,7 @@ struct Server::Impl {
            "\n# HELP rebound_http_waiting Requests waiting for a job now (Prefer: wait).\n"
            "# TYPE rebound_http_waiting gauge\n"
            "rebound_http_waiting " +
-           std::to_string(waiting.load()) + "\n";
+           std::to_string(waiting->load()) + "\n";
   }
 
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
@@ -995,7 +1000,8 @@ struct Server::Impl {
       return send_error(res, *error);
     }
     // No thread waits: the queue's async_invoke against a timer, whichever ends first.
-    auto call = PendingAnswer::make(service.get_executor(), std::move(res), std::move(reply));
+    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
+                                                std::move(reply));
     call->start_timer(options.invocation_timeout, [](HttpResponse& answer) {
       send_error(answer, {504,
                           "inference_timeout",
@@ -1244,8 +1250,8 @@ struct Server::Impl {
     Place slot(waiting, options.max_waiters);
     if (!slot) return false;
     res.set_header("Preference-Applied", "wait=" + std::to_string(seconds));
-    auto call = PendingAnswer::make(service.get_executor(), std::move(res), std::move(reply),
-                                    std::move(slot));
+    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
+                                                std::move(reply), std::move(slot));
     // The answer to a final record, or (nullopt) to none within the time.
     auto build = [answer = std::move(answer),
                   store_failed = std::move(store_failed)](const std::optional<JobRecord>& record) {
@@ -1303,10 +1309,12 @@ struct Server::Impl {
   std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
-  const bool multi_tenant;               // two or more names: each key's jobs are its own
-  std::atomic<std::size_t> waiting{0};   // requests waiting for a job now (Prefer: wait)
-  std::atomic<std::size_t> batching{0};  // requests in submit_batch now
-  detail::HttpFront http;                // last: its threads call into the members above
+  const bool multi_tenant;  // two or more names: each key's jobs are its own
+  // Requests waiting for a job now (Prefer: wait), and in submit_batch now.
+  Place::Count waiting = std::make_shared<std::atomic<std::size_t>>(0);
+  Place::Count batching = std::make_shared<std::atomic<std::size_t>>(0);
+  std::shared_ptr<ServerLife> life = std::make_shared<ServerLife>();
+  detail::HttpFront http;  // last: its threads call into the members above
 };
 
 Server::Server(JobQueue& service, ServerOptions options) {
@@ -1318,6 +1326,9 @@ Server::Server(JobQueue& service, ServerOptions options) {
 
 Server::~Server() {
   stop();
+  // Answers still to come (waits the queue completes later) find the Server gone.
+  std::unique_lock<std::shared_mutex> lock(impl_->life->mutex);
+  impl_->life->alive = false;
 }
 
 int Server::bind() {

@@ -102,8 +102,8 @@ class ServerHarness {
   }
 
   ~ServerHarness() {
-    server->stop();
-    server_thread.join();
+    if (server) server->stop();
+    if (server_thread.joinable()) server_thread.join();
     service->shutdown(std::chrono::seconds(10));
     server.reset();
     service.reset();
