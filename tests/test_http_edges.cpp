@@ -627,3 +627,60 @@ TEST_CASE("a client that does not read its answer gives its thread up at the res
   REQUIRE(next.send("GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"));
   CHECK(first_response(next.read(3000ms, "\r\n\r\n")).status == 200);
 }
+
+TEST_CASE("a body that does not arrive in time gets 408 - the connection is kept for the answer") {
+  HarnessOptions o;
+  o.body_timeout = 300ms;
+  EchoServer server(o);
+  RawConnection c(server.port);
+  REQUIRE(
+      c.send("POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: 100\r\n\r\n{"));
+  check_error_body(first_response(c.read(3000ms, "}}")), 408, "request_timeout");
+  CHECK(server.alive());
+}
+
+TEST_CASE("a request line over 8 KiB gets 414 - whatever room the rest of the head leaves") {
+  EchoServer server;
+  const RawResponse r = round_trip(
+      server.port, "GET /ping?" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  check_error_body(r, 414, "uri_too_long");
+}
+
+TEST_CASE("bodies being received share max_receiving_bytes - one beyond gets 503 server_busy") {
+  HarnessOptions o;
+  o.max_receiving_bytes = 1000;
+  EchoServer server(o);
+  const std::string head =
+      "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: 800\r\n\r\n";
+  RawConnection slow(server.port);  // declares 800 bytes and sends a few: they are counted
+  REQUIRE(slow.send(head + "{\"id\""));
+  std::this_thread::sleep_for(200ms);
+  const RawResponse refused = round_trip(server.port, head + std::string(800, ' '));
+  check_error_body(refused, 503, "server_busy");
+  CHECK(refused.has_header("Retry-After: 1"));
+  // The first body ends (a JSON of 800 bytes): its bytes are given back.
+  const std::string rest = ": \"busy\"}";
+  REQUIRE(slow.send(rest + std::string(800 - 5 - rest.size(), ' ')));
+  CHECK(first_response(slow.read(2000ms, "}")).status == 202);
+  const std::string body = "{\"id\": \"after\"}";
+  const RawResponse after = round_trip(server.port,
+                                       "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                       "application/json\r\nContent-Length: " +
+                                           std::to_string(body.size()) + "\r\n\r\n" + body);
+  CHECK(after.status == 202);
+}
+
+TEST_CASE("a request in absolute form is routed by its path - HTTP/1.0 keep-alive is kept") {
+  EchoServer server;
+  CHECK(round_trip(server.port, "GET http://example.com/ping HTTP/1.1\r\nHost: x\r\n\r\n").status ==
+        200);
+  RawConnection c(server.port);
+  REQUIRE(c.send("GET /ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+  const std::string first = c.read(2000ms, "\r\n\r\n");
+  CHECK(first.rfind("HTTP/1.0 200", 0) == 0);
+  CHECK(first.find("Connection: keep-alive") != std::string::npos);
+  REQUIRE(c.send("GET /ping HTTP/1.0\r\n\r\n"));  // the same connection serves another
+  CHECK(c.read(2000ms, "\r\n\r\n").rfind("HTTP/1.0 200", 0) == 0);
+}

@@ -18,6 +18,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/fake_clock.hpp"
+#include "support/raw_client.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 #include "support/temp_dir.hpp"
@@ -574,7 +575,8 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
   CHECK(std::chrono::steady_clock::now() - started >= 2s);
 }
 
-TEST_CASE("job api: a Server destroyed while requests wait - the queue ends their waits later") {
+TEST_CASE(
+    "job api: a stopping Server answers its waits - the queue ends their registrations later") {
   Harness h({});  // the model stays closed: the job never finishes while the Server stands
   REQUIRE(h.submit({{"id", "j"}})->status == 202);
   auto short_wait = std::async(std::launch::async, [&] {
@@ -589,12 +591,44 @@ TEST_CASE("job api: a Server destroyed while requests wait - the queue ends thei
   }));
   h.server->stop();
   h.server_thread.join();
-  h.server.reset();  // both waits outlive it: one's timer, the other's registration in the queue
-  CHECK_FALSE(short_wait.get());  // the connection went with the Server: no answer
-  CHECK_FALSE(long_wait.get());
-  std::this_thread::sleep_for(1500ms);  // the short wait's timer fires with no Server
-  h.model->open();  // the job ends: the queue completes the long wait's registration
+  h.server.reset();  // the waits' registrations in the queue outlive it
+  // A stopping Server answers its waits at once, with the job as it is then.
+  for (auto* wait : {&short_wait, &long_wait}) {
+    auto res = wait->get();
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    CHECK(json::parse(res->body)["status"] == "running");
+  }
+  std::this_thread::sleep_for(1500ms);  // past the short wait's time, with no Server
+  h.model->open();                      // the job ends: the queue completes both registrations
   REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+}
+
+TEST_CASE("job api: a client gone while its request waits gives its connection and place back") {
+  HarnessOptions o;
+  o.max_waiters = 5;
+  Harness h(o);  // the model stays closed: the job never finishes
+  REQUIRE(h.submit({{"id", "j"}})->status == 202);
+  auto gauge = [&](const std::string& name) {
+    auto metrics = h.client().Get("/metrics");
+    REQUIRE(metrics);
+    const auto at = metrics->body.find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::stoul(metrics->body.substr(at + name.size() + 2));
+  };
+  // Twenty clients ask to wait and hang up at once: more than max_waiters.
+  for (int i = 0; i < 20; ++i) {
+    rebound::test::RawConnection c(h.port);
+    REQUIRE(c.send("GET /v1/inferences/j HTTP/1.1\r\nHost: x\r\nPrefer: wait=30\r\n\r\n"));
+  }
+  CHECK(rebound::test::eventually([&] {
+    return gauge("rebound_http_waiting") == 0 && gauge("rebound_http_connections") <= 1;
+  }));
+  // A client that stays is served as if they had never come.
+  auto res = h.client().Get("/v1/inferences/j", {{"Prefer", "wait=1"}});
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Preference-Applied") == "wait=1");
 }
 
 TEST_CASE("job api: a store that fails during a Prefer wait leaves the accepted job answered 202") {

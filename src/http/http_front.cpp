@@ -91,7 +91,24 @@ struct Reply::State {
   std::weak_ptr<Session> session;
   std::shared_ptr<Liveness> liveness;
   bool answered = false;
+  std::mutex mutex;  // guards the two below: the route sets one, the session the other
+  std::function<void()> abandoned;
+  bool gone = false;  // the client went away, or the front stopped, before the answer
 };
+
+namespace {
+// Tells a route that its request's client is gone, once.
+void abandon(const std::shared_ptr<Reply::State>& state) {
+  std::function<void()> tell;
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (state->gone) return;
+    state->gone = true;
+    tell = std::move(state->abandoned);
+  }
+  if (tell) tell();
+}
+}  // namespace
 
 struct HttpFront::Impl {
   Impl(HttpLimits l, std::size_t t, HttpHandler h, HttpErrorBody e)
@@ -108,6 +125,11 @@ struct HttpFront::Impl {
   void leave(const std::string& address);
   void remember(const std::shared_ptr<Session>& session);
   void forget(Session* session);
+  std::vector<std::shared_ptr<Session>> live_sessions();
+  // Bytes of bodies being received: false when `bytes` more would pass the limit.
+  bool reserve_receiving(std::size_t bytes);
+  // Stops run() once every connection is gone or the grace is over.
+  void finish_stopping(std::chrono::steady_clock::time_point until);
 
   // Declared before the io_context, so destroyed after it: a session that its handlers held
   // until then still counts itself out.
@@ -120,6 +142,7 @@ struct HttpFront::Impl {
   std::atomic<bool> running{false};
   std::atomic<int> port{0};
   std::atomic<std::size_t> open{0};
+  std::atomic<std::size_t> receiving{0};
   std::mutex run_mutex;  // orders run() and stop()
   std::mutex mutex;      // guards the two maps below
   std::unordered_map<std::string, std::size_t> per_address;
@@ -127,38 +150,48 @@ struct HttpFront::Impl {
   net::io_context io;
   tcp::acceptor acceptor;
   std::unique_ptr<net::steady_timer> accept_retry;
+  std::unique_ptr<net::steady_timer> stop_timer;
 };
 
 // One connection: reads a request, hands it to the routes, writes their answer, and again.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(HttpFront::Impl& front, tcp::socket socket, std::string address)
+  // `eof_is_gone`: a client that stops sending while its request waits has gone away (a real
+  // socket); serve_bytes' peer half-closes after its input and still reads.
+  Session(HttpFront::Impl& front, tcp::socket socket, std::string address, bool eof_is_gone)
       : front_(front),
         limits_(front.limits),
         stream_(std::move(socket)),
         address_(std::move(address)),
-        buffer_(limits_.max_head_bytes + first_read) {}
+        buffer_(limits_.max_head_bytes + first_read),
+        body_timer_(stream_.get_executor()),
+        eof_is_gone_(eof_is_gone) {}
 
-  ~Session() { front_.leave(address_); }
+  ~Session() {
+    release_receiving();
+    front_.leave(address_);
+  }
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_request(); });
   }
 
-  // The front stops: no more requests; a route's pending answer is not awaited.
-  void end() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      self->closing_ = true;
-      self->awaiting_.reset();
-      boost::system::error_code ignored;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-      self->stream_.close();
+  // The front stops: a connection between requests, or still sending one, ends now; one whose
+  // answer is under way or still to come ends after it. `force` (the front is going): a route
+  // still holding a request hears it is abandoned, and the connection ends now.
+  void stop(bool force) {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this(), force] {
+      self->close_after_ = true;
+      if (!force && (self->writing_ || self->awaiting_)) return;
+      if (auto pending = self->pending_.lock()) abandon(pending);
+      self->close();
     });
   }
 
   // A route's answer, on the session's strand.
   void answer(HttpResponse response) {
     auto self = std::move(awaiting_);
+    pending_.reset();
     if (!self || closing_) return;
     write(std::move(response));
   }
@@ -173,6 +206,7 @@ class Session : public std::enable_shared_from_this<Session> {
         std::min<std::size_t>(limits_.max_head_bytes, std::numeric_limits<std::uint32_t>::max())));
     parser_->body_limit(limits_.max_body_bytes);
     request_started_ = false;
+    body_read_ = false;
     if (buffer_.size() > 0) return read_head();
     // Idle until the first byte: a kept-alive or new connection gets keep_alive_timeout.
     stream_.expires_after(limits_.keep_alive_timeout);
@@ -222,9 +256,13 @@ class Session : public std::enable_shared_from_this<Session> {
       return refuse(400,
                     control_in_head(seen.substr(0, head_end)) ? "invalid_header" : "bad_request");
     }
+    const auto& message = parser_->get();
+    // A request line over 8 KiB is refused whole, also when the rest of the head leaves room.
+    if (message.method_string().size() + 1 + message.target().size() + 9 > max_request_line) {
+      return refuse(414, "uri_too_long");
+    }
     // A head Beast accepts may still hold a control byte it allows (obs-text aside), or a line
     // longer than a header line may be.
-    const auto& message = parser_->get();
     for (const auto& field : message) {
       for (const char c : field.value()) {
         if (is_control(static_cast<unsigned char>(c))) return refuse(400, "invalid_header");
@@ -256,6 +294,11 @@ class Session : public std::enable_shared_from_this<Session> {
       close_after_ = true;
       return dispatch_without_body();
     }
+    // What bodies being received hold at once is bounded: a chunked one counts as the limit.
+    const std::size_t expected =
+        length ? static_cast<std::size_t>(*length) : limits_.max_body_bytes;
+    if (!front_.reserve_receiving(expected)) return refuse(503, "server_busy");
+    receiving_ = expected;
     if (beast::iequals(message[http::field::expect], "100-continue")) {
       auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
       stream_.expires_after(limits_.response_timeout);
@@ -269,17 +312,28 @@ class Session : public std::enable_shared_from_this<Session> {
     read_body();
   }
 
+  // The body within body_timeout, on a timer of its own: when it runs out the socket stays open
+  // for the 408 (the stream's own deadline would close it).
   void read_body() {
-    stream_.expires_after(limits_.body_timeout);
+    stream_.expires_never();
+    body_timed_out_ = false;
+    body_timer_.expires_after(limits_.body_timeout);
+    body_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec) return;
+      self->body_timed_out_ = true;
+      boost::system::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                       self->body_timer_.cancel();
                        self->on_body(ec);
                      });
   }
 
   void on_body(boost::system::error_code ec) {
+    if (body_timed_out_) return refuse(408, "request_timeout");
     if (ec == http::error::body_limit) return refuse(413, "payload_too_large");
-    if (ec == beast::error::timeout) return refuse(408, "request_timeout");
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::connection_reset || ec == net::error::operation_aborted) {
       return close();
@@ -298,23 +352,46 @@ class Session : public std::enable_shared_from_this<Session> {
   void dispatch() { dispatch(parser_->release(), true); }
 
   void dispatch(http::request<http::string_body> message, bool body_read) {
+    release_receiving();  // the body is the request's now: the routes count what it becomes
     body_read_ = body_read;
     ++served_;
     const bool keep =
         message.keep_alive() && !close_after_ && served_ < limits_.max_requests_per_connection;
     close_after_ = !keep;
     head_ = message.method() == http::verb::head;
+    version_ = message.version();
     HttpRequest request(std::move(message));
     parser_.reset();
     auto state = std::make_shared<Reply::State>();
     state->session = weak_from_this();
     state->liveness = front_.liveness;
+    pending_ = state;
     awaiting_ = shared_from_this();
     try {
       front_.handler(request, Reply(std::move(state)));
     } catch (...) {
       // The Reply was destroyed by the unwinding: it answered 500 already.
     }
+    // An answer given at once is queued on this strand before this check runs; one given later
+    // (a wait) is not, and then the client is watched: gone, it abandons its request.
+    net::post(stream_.get_executor(), [self = shared_from_this()] { self->watch_client(); });
+  }
+
+  // While a route holds the request: a client that closes its end (or resets) is gone, and the
+  // route hears so. Bytes it sends meanwhile (a pipelined request) stay for later.
+  void watch_client() {
+    if (!awaiting_ || closing_ || watching_ || !eof_is_gone_) return;
+    watching_ = true;
+    stream_.socket().async_wait(tcp::socket::wait_read,
+                                [self = shared_from_this()](boost::system::error_code ec) {
+                                  self->watching_ = false;
+                                  if (ec || !self->awaiting_ || self->closing_) return;
+                                  boost::system::error_code error;
+                                  if (self->stream_.socket().available(error) > 0 && !error)
+                                    return;  // more requests
+                                  if (auto pending = self->pending_.lock()) abandon(pending);
+                                  self->close();
+                                });
   }
 
   // An answer the front gives itself; the connection ends after it.
@@ -327,7 +404,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void write(HttpResponse r) {
     auto message = std::make_shared<http::response<http::string_body>>();
-    message->version(11);
+    message->version(version_ == 10 ? 10 : 11);
     message->result(static_cast<unsigned>(r.status));
     for (auto& [name, value] : r.headers)
       message->insert(name, value);
@@ -335,13 +412,15 @@ class Session : public std::enable_shared_from_this<Session> {
     message->body() = std::move(r.body);
     message->prepare_payload();
     if (head_) message->body().clear();  // HEAD: the length of the GET's body, none of it
-    message->keep_alive(!close_after_);
+    message->keep_alive(!close_after_ && !front_.stopping);
     stream_.expires_after(limits_.response_timeout);
+    writing_ = true;
     http::async_write(
         stream_, *message,
         [self = shared_from_this(), message](boost::system::error_code ec, std::size_t) {
+          self->writing_ = false;
           if (ec) return self->close();
-          if (self->close_after_) return self->finish();
+          if (self->close_after_ || self->front_.stopping) return self->finish();
           self->read_request();
         });
   }
@@ -372,9 +451,17 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
+  void release_receiving() {
+    if (receiving_ == 0) return;
+    front_.receiving -= receiving_;
+    receiving_ = 0;
+  }
+
   void close() {
     closing_ = true;
     awaiting_.reset();
+    release_receiving();
+    body_timer_.cancel();
     boost::system::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
@@ -386,17 +473,23 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   const std::string address_;
   beast::flat_buffer buffer_;
+  net::steady_timer body_timer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::shared_ptr<Session> awaiting_;  // itself, while a route holds its request
+  std::shared_ptr<Session> awaiting_;    // itself, while a route holds its request
+  std::weak_ptr<Reply::State> pending_;  // that request's Reply, to tell it when abandoned
   std::size_t served_ = 0;
   std::size_t drained_ = 0;
+  std::size_t receiving_ = 0;  // bytes of receiving counted for the body being read
+  unsigned version_ = 11;
+  const bool eof_is_gone_;
   bool request_started_ = false;  // a byte of the current request arrived
   bool body_read_ = false;        // ... and it was read to its end
+  bool body_timed_out_ = false;
   bool close_after_ = false;
   bool head_ = false;
   bool closing_ = false;
-
-  friend class Reply;
+  bool writing_ = false;
+  bool watching_ = false;
 };
 
 // --- Reply
@@ -433,33 +526,45 @@ void Reply::operator()(HttpResponse response) {
   });
 }
 
+void Reply::on_abandoned(std::function<void()> abandoned) {
+  if (!state_) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->gone) {
+      state_->abandoned = std::move(abandoned);
+      return;
+    }
+  }
+  abandoned();
+}
+
 // --- HttpFront::Impl
 
 void HttpFront::Impl::accept() {
-  acceptor.async_accept(
-      net::make_strand(io), [this](boost::system::error_code ec, tcp::socket socket) {
-        if (stopping || !acceptor.is_open()) return;
-        if (ec) {
-          // Out of descriptors (EMFILE) and the like: try again shortly rather than spin.
-          accept_retry = std::make_unique<net::steady_timer>(io, milliseconds(10));
-          accept_retry->async_wait([this](boost::system::error_code) {
-            if (!stopping) accept();
-          });
-          return;
-        }
-        std::string address = peer_address(socket);
-        if (admit(address)) {
-          boost::system::error_code ignored;
-          socket.set_option(tcp::no_delay(true), ignored);
-          auto session = std::make_shared<Session>(*this, std::move(socket), std::move(address));
-          remember(session);
-          session->start();
-        } else {
-          boost::system::error_code ignored;
-          socket.close(ignored);  // over a cap: closed at once, costing nothing
-        }
-        accept();
+  acceptor.async_accept(net::make_strand(io), [this](boost::system::error_code ec,
+                                                     tcp::socket socket) {
+    if (stopping || !acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors (EMFILE) and the like: try again shortly rather than spin.
+      accept_retry = std::make_unique<net::steady_timer>(io, milliseconds(10));
+      accept_retry->async_wait([this](boost::system::error_code) {
+        if (!stopping) accept();
       });
+      return;
+    }
+    std::string address = peer_address(socket);
+    if (admit(address)) {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto session = std::make_shared<Session>(*this, std::move(socket), std::move(address), true);
+      remember(session);
+      session->start();
+    } else {
+      boost::system::error_code ignored;
+      socket.close(ignored);  // over a cap: closed at once, costing nothing
+    }
+    accept();
+  });
 }
 
 bool HttpFront::Impl::admit(const std::string& address) {
@@ -493,6 +598,29 @@ void HttpFront::Impl::forget(Session* session) {
   sessions.erase(session);
 }
 
+std::vector<std::shared_ptr<Session>> HttpFront::Impl::live_sessions() {
+  std::vector<std::shared_ptr<Session>> live;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto& [raw, weak] : sessions)
+    if (auto s = weak.lock()) live.push_back(std::move(s));
+  return live;
+}
+
+bool HttpFront::Impl::reserve_receiving(std::size_t bytes) {
+  std::size_t now = receiving.load();
+  do {
+    if (now > 0 && (bytes > limits.max_receiving_bytes || now > limits.max_receiving_bytes - bytes))
+      return false;
+  } while (!receiving.compare_exchange_weak(now, now + bytes));
+  return true;
+}
+
+void HttpFront::Impl::finish_stopping(std::chrono::steady_clock::time_point until) {
+  if (open.load() == 0 || std::chrono::steady_clock::now() >= until) return io.stop();
+  stop_timer->expires_after(milliseconds(10));
+  stop_timer->async_wait([this, until](boost::system::error_code) { finish_stopping(until); });
+}
+
 // --- HttpFront
 
 HttpFront::HttpFront(HttpLimits limits, std::size_t threads, HttpHandler handler,
@@ -501,21 +629,15 @@ HttpFront::HttpFront(HttpLimits limits, std::size_t threads, HttpHandler handler
 
 HttpFront::~HttpFront() {
   stop();
+  impl_->io.stop();  // run() has returned (its caller joined it), or never ran
   {
     // From here no Reply posts: the io_context and its sessions go with the Impl.
     std::lock_guard<std::mutex> lock(impl_->liveness->mutex);
     impl_->liveness->alive = false;
   }
-  std::vector<std::shared_ptr<Session>> left;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    for (auto& [raw, weak] : impl_->sessions)
-      if (auto s = weak.lock()) left.push_back(std::move(s));
-  }
-  for (auto& s : left)
-    s->end();
-  left.clear();
-  // What end() posted runs here, and then no handler is left to keep a session.
+  for (auto& s : impl_->live_sessions())
+    s->stop(true);
+  // What stop() posted runs here, and then no handler is left to keep a session.
   impl_->io.restart();
   impl_->io.poll();
 }
@@ -565,13 +687,20 @@ void HttpFront::stop() {
     // in the backlog unanswered.
     boost::system::error_code ignored;
     impl_->acceptor.close(ignored);
-  } else {
-    net::post(impl_->io, [impl = impl_.get()] {
-      boost::system::error_code ignored;
-      impl->acceptor.close(ignored);
-    });
+    impl_->io.stop();
+    return;
   }
-  impl_->io.stop();
+  // Served: no new connection; each one ends as soon as it has no answer under way; run()
+  // returns once they are gone, or after the grace.
+  net::post(impl_->io, [impl = impl_.get()] {
+    boost::system::error_code ignored;
+    impl->acceptor.close(ignored);
+    if (impl->accept_retry) impl->accept_retry->cancel();
+    for (auto& s : impl->live_sessions())
+      s->stop(false);
+    impl->stop_timer = std::make_unique<net::steady_timer>(impl->io);
+    impl->finish_stopping(std::chrono::steady_clock::now() + impl->limits.stop_grace);
+  });
 }
 
 int HttpFront::port() const {
@@ -593,7 +722,7 @@ std::string HttpFront::serve_bytes(std::string input) {
   tcp::socket server_end(impl_->io);
   server_end.assign(tcp::v4(), theirs.release());
   if (!impl_->admit({})) return {};
-  auto session = std::make_shared<Session>(*impl_, std::move(server_end), std::string());
+  auto session = std::make_shared<Session>(*impl_, std::move(server_end), std::string(), false);
   impl_->remember(session);
   session->start();
   session.reset();

@@ -30,6 +30,11 @@ struct HttpLimits {
   /// Connections open at once from one client address (0: no limit; behind a proxy every
   /// connection comes from the proxy's address).
   std::size_t max_connections_per_address = 0;
+  /// Bytes of request bodies being received at once, as declared (a chunked body counts as
+  /// max_body_bytes); one more gets 503 `server_busy` unread. One body is always received.
+  std::size_t max_receiving_bytes = std::size_t{256} << 20;
+  /// How long a stopping front lets the answers under way be written before it closes them.
+  std::chrono::milliseconds stop_grace{2000};
 };
 
 /// Answers one request, exactly once, from any thread: a route answers at once or later (when
@@ -48,6 +53,11 @@ class Reply {
 
   void operator()(HttpResponse response);
   explicit operator bool() const { return static_cast<bool>(state_); }
+
+  /// `abandoned` runs once if the client goes away (or the front stops) before the answer: the
+  /// route may then give up what it holds for the request. Runs at once when it went already;
+  /// else later, on the session's thread. Set it before handing the Reply on.
+  void on_abandoned(std::function<void()> abandoned);
 
  private:
   std::shared_ptr<State> state_;
@@ -74,7 +84,9 @@ class HttpFront {
   int bind(const std::string& host, int port);
   /// Serves until `stop`: the calling thread is one of the `threads`. Blocks.
   void run();
-  /// Stops accepting, closes every connection, and makes `run` return. Idempotent.
+  /// Stops accepting and closes idle connections; answers under way are written (for up to
+  /// `stop_grace`), routes still holding a request hear `on_abandoned`; then `run` returns.
+  /// Idempotent.
   void stop();
   int port() const;
 

@@ -35,7 +35,18 @@ std::string percent_decode(std::string_view text, bool plus_is_space) {
 
 HttpRequest::HttpRequest(Message message) : message_(std::move(message)) {
   method = std::string(message_.method_string());
-  const std::string_view target(message_.target().data(), message_.target().size());
+  std::string_view target(message_.target().data(), message_.target().size());
+  // The absolute form (RFC 9112 3.2.2: "GET http://host/ping"), which a server must accept:
+  // routed by its path.
+  for (const std::string_view scheme : {"http://", "https://"}) {
+    if (target.size() > scheme.size() &&
+        boost::beast::iequals(boost::beast::string_view(target.data(), scheme.size()),
+                              boost::beast::string_view(scheme.data(), scheme.size()))) {
+      const std::size_t path_at = target.find_first_of("/?", scheme.size());
+      target = path_at == std::string_view::npos ? std::string_view("/") : target.substr(path_at);
+      break;
+    }
+  }
   const std::size_t question = target.find('?');
   path = percent_decode(target.substr(0, question), false);
   if (question == std::string_view::npos) return;

@@ -444,13 +444,33 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
         reply(std::move(rep)),
         slot(std::move(s)) {}
 
-  // After `timeout`, answers with what `build` writes (unless answered before).
-  void start_timer(std::chrono::milliseconds timeout, Build build) {
+  // After `timeout`, answers with what `on_time` writes (unless answered before); `on_stop`
+  // answers if the Server stops first. A client that goes away first gives up the answer.
+  void start(std::chrono::milliseconds timeout, Build on_time, Build on_stop) {
+    when_stopping = std::move(on_stop);
     timer.expires_after(timeout);
     timer.async_wait(
-        [self = shared_from_this(), build = std::move(build)](boost::system::error_code ec) {
+        [self = shared_from_this(), build = std::move(on_time)](boost::system::error_code ec) {
           if (!ec) self->conclude(build);
         });
+    reply.on_abandoned([weak = std::weak_ptr<PendingAnswer>(shared_from_this())] {
+      if (auto self = weak.lock()) {
+        boost::asio::post(self->strand, [self] { self->give_up(); });
+      }
+    });
+  }
+
+  // The Server stops: the answer is given now.
+  void stop() {
+    boost::asio::post(strand, [self = shared_from_this()] { self->conclude(self->when_stopping); });
+  }
+
+  // The client went away: nothing to answer, and the place is free.
+  void give_up() {
+    if (done) return;
+    done = true;
+    timer.cancel();
+    slot.release();
   }
 
   // Answers with what `build` writes; on the strand. Once. Nothing, once the Server is gone.
@@ -471,6 +491,7 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   }
 
   std::shared_ptr<ServerLife> life;
+  Build when_stopping;
   boost::asio::strand<boost::asio::any_io_executor> strand;
   boost::asio::steady_timer timer;
   HttpResponse res;
@@ -512,6 +533,12 @@ struct Server::Impl {
                        "The request's head has a control character (NUL, a bare CR, DEL or "
                        "another).",
                        {}});
+    } else if (code == "server_busy") {
+      send_refusal(res, {{503,
+                          "server_busy",
+                          "Too many request bodies are being received at once; retry later.",
+                          {}},
+                         1});
     } else {
       send_error(res, error_for_status(status));
     }
@@ -528,6 +555,7 @@ struct Server::Impl {
     limits.response_timeout = o.response_timeout;
     limits.max_connections = o.max_connections;
     limits.max_connections_per_address = o.max_connections_per_address;
+    limits.max_receiving_bytes = o.max_receiving_bytes;
     return limits;
   }
 
@@ -752,6 +780,31 @@ struct Server::Impl {
         res,
         {{503, "queue_full", "Too many large requests are being read at once; retry later.", {}},
          1});
+  }
+
+  // Answers given later are answered at once when the Server stops (stop_pending).
+  void remember(const std::shared_ptr<PendingAnswer>& call) {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    if (pending.size() >= 64 && pending.size() >= 2 * live_pending) {
+      pending.erase(
+          std::remove_if(pending.begin(), pending.end(),
+                         [](const std::weak_ptr<PendingAnswer>& p) { return p.expired(); }),
+          pending.end());
+      live_pending = pending.size();
+    }
+    pending.push_back(call);
+    ++live_pending;
+  }
+
+  void stop_pending() {
+    std::vector<std::weak_ptr<PendingAnswer>> all;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      all.swap(pending);
+      live_pending = 0;
+    }
+    for (auto& weak : all)
+      if (auto call = weak.lock()) call->stop();
   }
 
   // This server's HTTP front, for /metrics: connections open and requests waiting for a job.
@@ -1002,12 +1055,16 @@ struct Server::Impl {
     // No thread waits: the queue's async_invoke against a timer, whichever ends first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply));
-    call->start_timer(options.invocation_timeout, [](HttpResponse& answer) {
-      send_error(answer, {504,
-                          "inference_timeout",
-                          "The model did not answer within the invocation timeout.",
-                          {}});
-    });
+    call->start(
+        options.invocation_timeout,
+        [](HttpResponse& answer) {
+          send_error(answer, {504,
+                              "inference_timeout",
+                              "The model did not answer within the invocation timeout.",
+                              {}});
+        },
+        [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
+    remember(call);
     // (The queue completes on its io executor; the answer is decided on the call's strand,
     // where the timer runs too.)
     service.async_invoke(
@@ -1265,8 +1322,9 @@ struct Server::Impl {
       };
     };
     auto shared_build = std::make_shared<decltype(build)>(std::move(build));
-    call->start_timer(std::chrono::seconds(seconds),
-                      [shared_build](HttpResponse& out) { (*shared_build)(std::nullopt)(out); });
+    const auto now = [shared_build](HttpResponse& out) { (*shared_build)(std::nullopt)(out); };
+    call->start(std::chrono::seconds(seconds), now, now);  // stopping: the state as it is then
+    remember(call);
     service.async_wait(key, [call, shared_build](boost::system::error_code ec, JobRecord record) {
       boost::asio::post(call->strand, [call, shared_build, ec, record = std::move(record)] {
         // Not final: unknown, or the queue would not wait.
@@ -1314,7 +1372,10 @@ struct Server::Impl {
   Place::Count waiting = std::make_shared<std::atomic<std::size_t>>(0);
   Place::Count batching = std::make_shared<std::atomic<std::size_t>>(0);
   std::shared_ptr<ServerLife> life = std::make_shared<ServerLife>();
-  detail::HttpFront http;  // last: its threads call into the members above
+  std::mutex pending_mutex;                           // guards the two below
+  std::vector<std::weak_ptr<PendingAnswer>> pending;  // answers to give later, some gone
+  std::size_t live_pending = 0;  // pending's size after its last pruning, plus those added
+  detail::HttpFront http;        // last: its threads call into the members above
 };
 
 Server::Server(JobQueue& service, ServerOptions options) {
@@ -1341,7 +1402,9 @@ void Server::run() {
 }
 
 void Server::stop() {
-  if (impl_) impl_->http.stop();
+  if (!impl_) return;
+  impl_->stop_pending();  // waits and invocations are answered now, and written before it ends
+  impl_->http.stop();
 }
 
 int Server::run_until_signal() {

@@ -43,6 +43,9 @@ struct HarnessOptions {
   /// JobQueueOptions::max_work_bytes.
   std::size_t max_work_bytes = std::size_t{512} << 20;
   std::chrono::milliseconds response_timeout{60000};
+  std::chrono::milliseconds body_timeout{60000};
+  std::size_t max_receiving_bytes = std::size_t{256} << 20;
+  std::size_t max_waiters = 10000;
   /// The job store; unset: a MemoryJobStore.
   std::function<std::unique_ptr<rebound::JobStore>()> make_store = {};
   std::chrono::milliseconds store_retry_interval{1000};
@@ -93,6 +96,9 @@ class ServerHarness {
     sv.max_header_bytes = o.max_header_bytes;
     sv.max_parsing_bytes = o.max_parsing_bytes;
     sv.response_timeout = o.response_timeout;
+    sv.body_timeout = o.body_timeout;
+    sv.max_receiving_bytes = o.max_receiving_bytes;
+    sv.max_waiters = o.max_waiters;
     sv.api_keys = o.api_keys;
     sv.operator_keys = o.operator_keys;
     sv.viewer_keys = o.viewer_keys;

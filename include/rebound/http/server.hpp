@@ -30,6 +30,10 @@ struct ServerOptions {
   /// bodies cost before the queue's own budget (JobQueueOptions::max_work_bytes) counts them.
   /// One body is always parsed when no other is.
   std::size_t max_parsing_bytes = std::size_t{256} << 20;
+  /// The bytes of request bodies being received at once, as their Content-Length declares (a
+  /// chunked body counts as max_body_bytes); a body that would pass it gets 503 `server_busy`
+  /// with Retry-After, unread, and its connection closes. One body is always received.
+  std::size_t max_receiving_bytes = std::size_t{256} << 20;
   /// Request line and headers together; beyond it 431 (414 for a request line over 8 KiB).
   std::size_t max_header_bytes = 65536;
   /// Threads that run the HTTP front: they read and write every connection (asynchronously: a
