@@ -447,17 +447,19 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   // After `timeout`, answers with what `on_time` writes (unless answered before); `on_stop`
   // answers if the Server stops first. A client that goes away first gives up the answer.
   void start(std::chrono::milliseconds timeout, Build on_time, Build on_stop) {
+    // Everything but the timer first: once it is armed (a wait of 0 s runs out at once) the
+    // strand owns this object.
     when_stopping = std::move(on_stop);
-    timer.expires_after(timeout);
-    timer.async_wait(
-        [self = shared_from_this(), build = std::move(on_time)](boost::system::error_code ec) {
-          if (!ec) self->conclude(build);
-        });
     reply.on_abandoned([weak = std::weak_ptr<PendingAnswer>(shared_from_this())] {
       if (auto self = weak.lock()) {
         boost::asio::post(self->strand, [self] { self->give_up(); });
       }
     });
+    timer.expires_after(timeout);
+    timer.async_wait(
+        [self = shared_from_this(), build = std::move(on_time)](boost::system::error_code ec) {
+          if (!ec) self->conclude(build);
+        });
   }
 
   // The Server stops: the answer is given now.
