@@ -117,7 +117,8 @@ struct HttpFront::Impl {
         handler(std::move(h)),
         errors(std::move(e)),
         io(static_cast<int>(threads)),
-        acceptor(io) {}
+        accept_strand(net::make_strand(io)),
+        acceptor(accept_strand) {}
 
   void accept();
   // Counts a connection in; false (and nothing counted) when a cap refuses it.
@@ -148,6 +149,8 @@ struct HttpFront::Impl {
   std::unordered_map<std::string, std::size_t> per_address;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
   net::io_context io;
+  // The acceptor, its retry timer and the stop's closing of it run on this strand only.
+  net::strand<net::io_context::executor_type> accept_strand;
   tcp::acceptor acceptor;
   std::unique_ptr<net::steady_timer> accept_retry;
   std::unique_ptr<net::steady_timer> stop_timer;
@@ -546,7 +549,7 @@ void HttpFront::Impl::accept() {
     if (stopping || !acceptor.is_open()) return;
     if (ec) {
       // Out of descriptors (EMFILE) and the like: try again shortly rather than spin.
-      accept_retry = std::make_unique<net::steady_timer>(io, milliseconds(10));
+      accept_retry = std::make_unique<net::steady_timer>(accept_strand, milliseconds(10));
       accept_retry->async_wait([this](boost::system::error_code) {
         if (!stopping) accept();
       });
@@ -692,7 +695,7 @@ void HttpFront::stop() {
   }
   // Served: no new connection; each one ends as soon as it has no answer under way; run()
   // returns once they are gone, or after the grace.
-  net::post(impl_->io, [impl = impl_.get()] {
+  net::post(impl_->accept_strand, [impl = impl_.get()] {
     boost::system::error_code ignored;
     impl->acceptor.close(ignored);
     if (impl->accept_retry) impl->accept_retry->cancel();
@@ -719,7 +722,7 @@ std::string HttpFront::serve_bytes(std::string input) {
   net::local::stream_protocol::socket ours(impl_->io), theirs(impl_->io);
   net::local::connect_pair(ours, theirs);
   // The server's end as a TCP socket: Asio reads and writes any stream descriptor the same way.
-  tcp::socket server_end(impl_->io);
+  tcp::socket server_end(net::make_strand(impl_->io));  // a session's handlers never overlap
   server_end.assign(tcp::v4(), theirs.release());
   if (!impl_->admit({})) return {};
   auto session = std::make_shared<Session>(*impl_, std::move(server_end), std::string(), false);
