@@ -204,6 +204,14 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void read_request() {
     if (front_.stopping || closing_) return close();
+    if (watching_) {
+      // The watch's read ends first (cancelled: the next request may be in the buffer already,
+      // and nothing more may come), then this goes on.
+      read_after_watch_ = true;
+      boost::system::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(limits_.max_head_bytes, std::numeric_limits<std::uint32_t>::max())));
@@ -380,21 +388,30 @@ class Session : public std::enable_shared_from_this<Session> {
     net::post(stream_.get_executor(), [self = shared_from_this()] { self->watch_client(); });
   }
 
-  // While a route holds the request: a client that closes its end (or resets) is gone, and the
-  // route hears so. Bytes it sends meanwhile (a pipelined request) stay for later.
+  // While a route holds the request, a read stays pending: a client that closes its end (or
+  // resets) is gone, and the route hears so. Bytes it sends meanwhile (a pipelined request) are
+  // kept for later, and the watch ends there. (A readiness wait cannot tell: Asio may complete
+  // one at once, speculatively.) read_request waits for this read to end before its own.
   void watch_client() {
     if (!awaiting_ || closing_ || watching_ || !eof_is_gone_) return;
+    const std::size_t room = std::min(first_read, buffer_.max_size() - buffer_.size());
+    if (room == 0) return;
     watching_ = true;
-    stream_.socket().async_wait(tcp::socket::wait_read,
-                                [self = shared_from_this()](boost::system::error_code ec) {
-                                  self->watching_ = false;
-                                  if (ec || !self->awaiting_ || self->closing_) return;
-                                  boost::system::error_code error;
-                                  if (self->stream_.socket().available(error) > 0 && !error)
-                                    return;  // more requests
-                                  if (auto pending = self->pending_.lock()) abandon(pending);
-                                  self->close();
-                                });
+    stream_.socket().async_read_some(
+        buffer_.prepare(room),
+        [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+          self->watching_ = false;
+          self->buffer_.commit(n);
+          if (self->closing_) return;
+          if (ec && !(ec == net::error::operation_aborted && self->read_after_watch_)) {
+            if (auto pending = self->pending_.lock()) abandon(pending);
+            return self->close();
+          }
+          if (self->read_after_watch_) {
+            self->read_after_watch_ = false;
+            self->read_request();
+          }
+        });
   }
 
   // An answer the front gives itself; the connection ends after it.
@@ -434,7 +451,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // 2 s, and the body limit plus 1 MiB.
   void finish() {
     boost::system::error_code ignored;
-    if (!request_started_ || body_read_ || front_.stopping) return close();
+    if (!request_started_ || body_read_ || front_.stopping || watching_) return close();
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
     drained_ = 0;
     stream_.expires_after(std::chrono::seconds(2));
@@ -493,6 +510,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closing_ = false;
   bool writing_ = false;
   bool watching_ = false;
+  bool read_after_watch_ = false;
 };
 
 // --- Reply
