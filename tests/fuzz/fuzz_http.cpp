@@ -1,7 +1,8 @@
 // libFuzzer target: arbitrary bytes as one client connection (request lines, methods, path bytes,
 // headers, bodies, pipelined requests) through the server's own connection handling (the Beast
-// front's session, over a local socket pair), routing and handlers, on a real JobQueue (echo model, memory store; a transport that delivers at once).
-// Never a crash, never a 500, and every answer starts with a status line.
+// front's session, over a local socket pair), routing and handlers, on a real JobQueue (echo model,
+// memory store; a transport that delivers at once). Never a crash, never a 500, and every answer
+// starts with a status line.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
