@@ -732,10 +732,6 @@ std::size_t HttpFront::connections() const {
   return impl_->open;
 }
 
-const HttpLimits& HttpFront::limits() const {
-  return impl_->limits;
-}
-
 std::string HttpFront::serve_bytes(std::string input) {
   net::local::stream_protocol::socket ours(impl_->io), theirs(impl_->io);
   net::local::connect_pair(ours, theirs);

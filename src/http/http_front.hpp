@@ -98,8 +98,6 @@ class HttpFront {
   /// Connections open now.
   std::size_t connections() const;
 
-  const HttpLimits& limits() const;
-
   struct Impl;  // (named by the sessions of http_front.cpp)
 
  private:

@@ -84,18 +84,4 @@ void HttpResponse::set_header(std::string name, std::string value) {
   headers.emplace_back(std::move(name), std::move(value));
 }
 
-std::string HttpResponse::header(std::string_view name) const {
-  for (const auto& [key, value] : headers)
-    if (boost::beast::iequals(key, boost::beast::string_view(name.data(), name.size())))
-      return value;
-  return {};
-}
-
-bool HttpResponse::has_header(std::string_view name) const {
-  for (const auto& [key, value] : headers)
-    if (boost::beast::iequals(key, boost::beast::string_view(name.data(), name.size())))
-      return true;
-  return false;
-}
-
 }  // namespace rebound::detail

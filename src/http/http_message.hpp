@@ -53,8 +53,6 @@ struct HttpResponse {
   std::vector<std::pair<std::string, std::string>> headers;
 
   void set_header(std::string name, std::string value);
-  std::string header(std::string_view name) const;
-  bool has_header(std::string_view name) const;
   void set_content(std::string content, std::string type) {
     body = std::move(content);
     content_type = std::move(type);
