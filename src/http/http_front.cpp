@@ -547,6 +547,12 @@ void Reply::operator()(HttpResponse response) {
   });
 }
 
+net::any_io_executor Reply::executor() const {
+  if (!state_) return {};
+  auto session = state_->session.lock();
+  return session ? session->executor() : net::any_io_executor{};
+}
+
 void Reply::on_abandoned(std::function<void()> abandoned) {
   if (!state_) return;
   {

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include <boost/asio/any_io_executor.hpp>
+
 #include "http_message.hpp"
 
 namespace rebound::detail {
@@ -53,6 +55,11 @@ class Reply {
 
   void operator()(HttpResponse response);
   explicit operator bool() const { return static_cast<bool>(state_); }
+
+  /// The executor of the request's connection (a strand on the front's threads): work that
+  /// answers later can run there without another hand-over. Empty once the connection is gone.
+  /// Post to it only while the front lives.
+  boost::asio::any_io_executor executor() const;
 
   /// `abandoned` runs once if the client goes away (or the front stops) before the answer: the
   /// route may then give up what it holds for the request. Runs at once when it went already;

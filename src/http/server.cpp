@@ -431,14 +431,20 @@ struct ServerLife {
 };
 
 // An answer that a route gives later (a wait, an invocation): the first of the library's
-// completion and a timer answers, on one strand; whatever comes second finds it answered.
+// completion and a timer answers, on the connection's strand (on the HTTP front's threads: no
+// other hand-over before the answer is written); whatever comes second finds it answered.
+// Only handlers of the front hold it, so it never outlives the front's io_context; the library's
+// side reaches it through `when_alive`.
 struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   using Build = std::function<void(HttpResponse&)>;
 
-  PendingAnswer(std::shared_ptr<ServerLife> server, boost::asio::any_io_executor executor,
+  // `fallback`: the strand's executor when the connection is gone already (the answer is then
+  // dropped anyway).
+  PendingAnswer(std::shared_ptr<ServerLife> server, const boost::asio::any_io_executor& fallback,
                 HttpResponse r, detail::Reply rep, Place s = {})
       : life(std::move(server)),
-        strand(boost::asio::make_strand(std::move(executor))),
+        strand(rep.executor() ? rep.executor()
+                              : boost::asio::any_io_executor(boost::asio::make_strand(fallback))),
         timer(strand),
         res(std::move(r)),
         reply(std::move(rep)),
@@ -492,9 +498,24 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
     slot.release();  // a wait the queue still holds (until its job ends) no longer counts here
   }
 
+  // Runs `then(call)` on the call's strand, from any thread (the library's completion), unless
+  // the Server is gone (and its io_context with it) or the call was answered and released.
+  template <typename Then>
+  static void when_alive(const std::shared_ptr<ServerLife>& life,
+                         const std::weak_ptr<PendingAnswer>& weak, Then then) {
+    std::shared_lock<std::shared_mutex> lock(life->mutex);
+    if (!life->alive) return;
+    std::shared_ptr<PendingAnswer> call = weak.lock();
+    if (!call) return;
+    const boost::asio::any_io_executor strand = call->strand;
+    boost::asio::post(strand, [call = std::move(call), then = std::move(then)]() mutable {
+      then(*call);
+    });
+  }
+
   std::shared_ptr<ServerLife> life;
   Build when_stopping;
-  boost::asio::strand<boost::asio::any_io_executor> strand;
+  boost::asio::any_io_executor strand;  // the connection's (a strand)
   boost::asio::steady_timer timer;
   HttpResponse res;
   detail::Reply reply;
@@ -1054,7 +1075,7 @@ struct Server::Impl {
                                                                   /*limit_amplification=*/true))) {
       return send_error(res, *error);
     }
-    // No thread waits: the queue's async_invoke against a timer, whichever ends first.
+    // No thread waits: the model's answer against a timer, whichever comes first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply));
     call->start(
@@ -1067,19 +1088,15 @@ struct Server::Impl {
         },
         [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
     remember(call);
-    // (The queue completes on its io executor; the answer is decided on the call's strand,
-    // where the timer runs too.)
-    service.async_invoke(
-        std::move(input), [call](boost::system::error_code ec, Prediction prediction) {
-          boost::asio::post(call->strand, [call, ec, prediction = std::move(prediction)] {
-            call->conclude([&](HttpResponse& answer) {
-              if (ec) {
-                if (ec == errc::invalid_input) {
-                  const ErrorInfo& why = prediction.error();
-                  return send_error(answer, {422, why.code, "The input " + why.message, {}});
-                }
-                return send_refusal(answer, refusal_for(ec));
-              }
+    // The result handler runs on the worker that ran the model and hands the answer straight to
+    // the connection's strand (JobQueue::async_invoke would complete on the queue's io thread
+    // first: one hand-over more, about 70 us at one connection; docs/benchmarks.md).
+    ErrorInfo invalid;
+    const SubmitStatus status = service.invoke(
+        std::move(input),
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call)](const Prediction& prediction) {
+          PendingAnswer::when_alive(life, weak, [prediction](PendingAnswer& pending) {
+            pending.conclude([&](HttpResponse& answer) {
               if (prediction.ok()) return send_json(answer, 200, prediction.output());
               const ErrorInfo& error = prediction.error();
               const int http_status = error.code == "invalid_input"       ? 422
@@ -1089,8 +1106,18 @@ struct Server::Impl {
               send_error(answer, {http_status, error.code, error.message, {}});
             });
           });
-        });
+        },
+        &invalid);
     reserved.release();  // the queue counts the input from here
+    if (status == SubmitStatus::accepted) return;
+    boost::asio::post(call->strand, [call, status, invalid = std::move(invalid)] {
+      call->conclude([&](HttpResponse& answer) {
+        if (status == SubmitStatus::invalid_input) {
+          return send_error(answer, {422, invalid.code, "The input " + invalid.message, {}});
+        }
+        send_refusal(answer, refusal_of(status));
+      });
+    });
   }
 
   // The credential whose key the request carries; null for none, or when no key is configured.
@@ -1327,12 +1354,15 @@ struct Server::Impl {
     const auto now = [shared_build](HttpResponse& out) { (*shared_build)(std::nullopt)(out); };
     call->start(std::chrono::seconds(seconds), now, now);  // stopping: the state as it is then
     remember(call);
-    service.async_wait(key, [call, shared_build](boost::system::error_code ec, JobRecord record) {
-      boost::asio::post(call->strand, [call, shared_build, ec, record = std::move(record)] {
+    // (The queue completes on its io thread; the answer is decided on the connection's strand.)
+    service.async_wait(key, [life = life, weak = std::weak_ptr<PendingAnswer>(call), shared_build](
+                                boost::system::error_code ec, JobRecord record) {
+      PendingAnswer::when_alive(life, weak, [shared_build, ec, record = std::move(record)](
+                                                PendingAnswer& pending) {
         // Not final: unknown, or the queue would not wait.
         std::optional<JobRecord> final_record;
         if (!ec) final_record = record;
-        call->conclude((*shared_build)(final_record));
+        pending.conclude((*shared_build)(final_record));
       });
     });
     return true;
