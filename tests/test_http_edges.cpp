@@ -419,7 +419,7 @@ TEST_CASE("control bytes in a header value get 400 invalid_header") {
     c.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Note: " + value + "\r\n\r\n", 2000ms);
     const std::string answer = c.read(3000ms, "}}");
     CAPTURE(answer);
-    // cpp-httplib may refuse a bare CR itself (400 bad_request): refused either way.
+    // Beast's parser refuses a bare CR itself (400 bad_request): refused either way.
     CHECK(answer.rfind("HTTP/1.1 400", 0) == 0);
   }
   {
@@ -427,7 +427,7 @@ TEST_CASE("control bytes in a header value get 400 invalid_header") {
     c.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Note: a\x01b\r\n\r\n", 2000ms);
     check_error_body(first_response(c.read(3000ms, "}}")), 400, "invalid_header");
   }
-  // Percent-encoded bytes are text as sent (cpp-httplib decodes them): not refused.
+  // Percent-encoded bytes in a header are text as sent: not refused.
   {
     RawConnection c(server.port);
     c.send("GET /ping HTTP/1.1\r\nHost: x\r\nReferer: /a?q=%00%0A\r\nConnection: close\r\n\r\n",
@@ -438,6 +438,33 @@ TEST_CASE("control bytes in a header value get 400 invalid_header") {
   RawConnection ok(server.port);
   ok.send("GET /ping HTTP/1.1\r\nHost: x\r\nX-Note: a\tb\r\nConnection: close\r\n\r\n", 2000ms);
   CHECK(ok.read(3000ms).rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(server.alive());
+}
+
+TEST_CASE("an HTTP/1.1 request without a Host, or with two, gets 400 invalid_host") {
+  EchoServer server;
+  check_error_body(round_trip(server.port, "GET /ping HTTP/1.1\r\n\r\n"), 400, "invalid_host");
+  check_error_body(round_trip(server.port, "GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+                   400, "invalid_host");
+  // The body of a refused request is never read as a request of its own.
+  {
+    const std::string inner = "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n";
+    RawConnection c(server.port);
+    REQUIRE(c.send("POST /invocations HTTP/1.1\r\nContent-Length: " +
+                   std::to_string(inner.size()) + "\r\n\r\n" + inner));
+    std::string all = c.read(2000ms);
+    while (!c.closed())
+      all += c.read(2000ms);
+    CHECK(count_responses(all) == 1);
+    check_error_body(first_response(all), 400, "invalid_host");
+  }
+  // HTTP/1.0 needs none; one Host is the rule.
+  {
+    RawConnection c(server.port);
+    REQUIRE(c.send("GET /ping HTTP/1.0\r\n\r\n"));
+    CHECK(c.read(2000ms).rfind("HTTP/1.0 200", 0) == 0);
+  }
+  CHECK(round_trip(server.port, "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n").status == 200);
   CHECK(server.alive());
 }
 

@@ -282,6 +282,10 @@ class Session : public std::enable_shared_from_this<Session> {
         return refuse(431, "header_too_large");
       }
     }
+    // An HTTP/1.1 request names its host exactly once (RFC 9112 3.2): one without it, or with two,
+    // is refused as a proxy in front would refuse it.
+    const std::size_t hosts = message.count(http::field::host);
+    if (hosts > 1 || (hosts == 0 && message.version() >= 11)) return refuse(400, "invalid_host");
     // Framing that another hop could read differently (request smuggling) gets one request per
     // connection: a chunked body, or more than one Content-Length.
     if (parser_->chunked() || message.count(http::field::content_length) > 1) {

@@ -556,6 +556,11 @@ struct Server::Impl {
                        "The request's head has a control character (NUL, a bare CR, DEL or "
                        "another).",
                        {}});
+    } else if (code == "invalid_host") {
+      send_error(res, {400,
+                       "invalid_host",
+                       "The request needs exactly one Host header (RFC 9112, section 3.2).",
+                       {}});
     } else if (code == "server_busy") {
       send_refusal(res, {{503,
                           "server_busy",
