@@ -240,6 +240,54 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
   return status;
 }
 
+// A submission as submit_to takes it, answered through `done` with the store's asynchronous put
+// (JobStore::async_put): the admission entry and the job's slot travel with the put until the
+// store answers. `done` runs on the caller's thread when the store answers at once, else on the
+// queue's executor.
+void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, SubmitHandler done) {
+  const std::string id = job.id;
+  const bool has_callback = !job.callback_url.empty();
+  auto answer = [&core, id, has_callback](const SubmitHandler& to, SubmitStatus status,
+                                           const ErrorInfo& why) {
+    core.observe_submission(status, id, has_callback);
+    to(status, why);
+  };
+  ErrorInfo invalid;
+  if (const SubmitStatus refused = check(core, job, &invalid); refused != SubmitStatus::accepted)
+    return answer(done, refused, invalid);
+  struct Underway {
+    Job job;
+    Pending pending;
+    Admission::Entry entered;
+  };
+  auto underway = std::make_shared<Underway>();
+  underway->entered = core.admission.enter();
+  Admitted before;
+  StoreAccess::News news;
+  underway->pending = prepare(core, queue, job, false, before, news);
+  core.store.tell(news);
+  if (underway->pending.status != SubmitStatus::accepted) {
+    const SubmitStatus refused = underway->pending.status;
+    underway.reset();  // the entry ends before the answer
+    return answer(done, refused, {});
+  }
+  underway->job = std::move(job);
+  const Pending& p = underway->pending;
+  const std::optional<Lease> claim =
+      p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder));
+  const Job& stored = underway->job;
+  core.store.put(stored, claim,
+                 [&core, &queue, underway = std::move(underway), answer, done = std::move(done)](
+                     std::exception_ptr error, PutOutcome outcome) mutable {
+                   const SubmitStatus status =
+                       error ? SubmitStatus::store_unavailable
+                             : settle(core, queue, underway->job, underway->pending, outcome,
+                                      nullptr);
+                   underway.reset();  // the slot (unless queued) and the entry end here
+                   answer(done, status, {});
+                 });
+}
+
 // Many submissions with one store call (JobStore::put_many): each job as submit_to would take
 // it, in order. A job whose id came earlier in the call (in a job that passed `check`) is not
 // admitted again: it is a duplicate (or `conflict`, another request) when that job was taken,
@@ -538,6 +586,11 @@ JobQueue::executor_type JobQueue::get_executor() const noexcept {
 
 SubmitStatus JobQueue::submit(Job job, ErrorInfo* invalid) {
   return detail::submit_to(*core_, *queue_, job, invalid, nullptr);
+}
+
+void JobQueue::submit(Job job, SubmitHandler on_submitted) {
+  if (!on_submitted) throw Error("JobQueue::submit: a handler is required");
+  detail::submit_async_to(*core_, *queue_, std::move(job), std::move(on_submitted));
 }
 
 std::vector<SubmitStatus> JobQueue::submit_many(std::vector<Job> jobs,

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/use_future.hpp>
+
 #include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
@@ -573,6 +575,49 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
   CHECK(res->status == 202);  // not final within its 2 s: the usual answer, after the wait
   CHECK(res->get_header_value("Preference-Applied") == "wait=2");
   CHECK(std::chrono::steady_clock::now() - started >= 2s);
+}
+
+TEST_CASE("job api: a submission waiting for its store holds no thread - 202 once it is stored") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  gate->hold_puts();
+  HarnessOptions o;
+  o.http_threads = 1;
+  o.make_store = [gate] { return std::make_unique<rebound::test::FailingStore>(gate); };
+  Harness h(o);
+  h.model->open();
+  auto submitted = std::async(std::launch::async, [&] { return h.submit({{"id", "j"}}); });
+  REQUIRE(rebound::test::eventually([&] { return gate->held_puts() == 1; }));
+  // The only HTTP thread is free while the store has the job: /ping and a poll answer at once.
+  CHECK(h.client().Get("/ping")->status == 200);
+  CHECK(h.client().Get("/v1/inferences/j")->status == 404);  // not stored yet
+  CHECK(submitted.wait_for(0s) == std::future_status::timeout);
+  gate->let_puts_through();
+  auto res = submitted.get();
+  REQUIRE(res);
+  CHECK(res->status == 202);
+  CHECK(res->get_header_value("Location") == "/v1/inferences/j");
+  REQUIRE(rebound::test::eventually([&] { return h.poll("j")["status"] == "succeeded"; }));
+}
+
+TEST_CASE("job api: a Server that goes while a submission waits for its store - nothing breaks") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  gate->hold_puts();
+  HarnessOptions o;
+  o.make_store = [gate] { return std::make_unique<rebound::test::FailingStore>(gate); };
+  Harness h(o);
+  h.model->open();
+  auto submitted = std::async(std::launch::async, [&] { return h.submit({{"id", "late"}}); });
+  REQUIRE(rebound::test::eventually([&] { return gate->held_puts() == 1; }));
+  h.server->stop();
+  h.server_thread.join();
+  h.server.reset();
+  // The store answers with the Server gone: the queue takes the job, nobody is answered.
+  gate->let_puts_through();
+  REQUIRE(rebound::test::eventually([&] { return h.service->find("late").has_value(); }));
+  CHECK(h.service->async_wait("late", boost::asio::use_future).get().status ==
+        rebound::JobStatus::succeeded);
+  auto res = submitted.get();
+  CHECK((!res || res->status == 500));  // the connection ended unanswered, or the front's 500
 }
 
 TEST_CASE(

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <map>
 #include <memory>
@@ -583,6 +584,68 @@ TEST_CASE("job queue: async_invoke answers through the same queue - invalid inpu
   });
   CHECK(refused.get_future().get() == errc::invalid_input);
   CHECK_FALSE(queue.find(""));  // nothing stored
+}
+
+// What submit(job, handler) answered: each answer, and the thread it came on.
+struct Submitted {
+  std::mutex m;
+  std::condition_variable answered;
+  std::vector<std::pair<rebound::SubmitStatus, std::string>> answers;  // status, invalid.code
+  std::vector<std::thread::id> threads;
+  rebound::SubmitHandler handler() {
+    return [this](rebound::SubmitStatus status, const rebound::ErrorInfo& invalid) {
+      std::lock_guard<std::mutex> lock(m);
+      answers.emplace_back(status, invalid.code);
+      threads.push_back(std::this_thread::get_id());
+      answered.notify_all();
+    };
+  }
+  bool wait_for(std::size_t n) {
+    std::unique_lock<std::mutex> lock(m);
+    return answered.wait_for(lock, std::chrono::seconds(10), [&] { return answers.size() >= n; });
+  }
+};
+
+TEST_CASE("job queue: submit with a handler answers once the store holds the job - no wait") {
+  using rebound::SubmitStatus;
+  const auto caller = std::this_thread::get_id();
+  SUBCASE("SQLite: answered from the io thread after the commit") {
+    rebound::test::TempDir dir;
+    JobQueue queue(std::make_unique<Doubler>(), rebound::make_store("sqlite:" + dir.file("j.db")));
+    Submitted s;
+    queue.submit(job("a", 21), s.handler());
+    queue.submit(job("a", 21), s.handler());  // the same request again
+    queue.submit(job("bad", "x"), s.handler());
+    REQUIRE(s.wait_for(3));
+    std::lock_guard<std::mutex> lock(s.m);
+    // The refusal of the input is answered at once; the two puts after their commit, in order.
+    CHECK(s.answers[0] == std::pair<SubmitStatus, std::string>{SubmitStatus::invalid_input,
+                                                               "invalid_input"});
+    CHECK(s.threads[0] == caller);
+    CHECK(s.answers[1].first == SubmitStatus::accepted);
+    CHECK(s.answers[2].first == SubmitStatus::duplicate);
+    CHECK(s.threads[1] != caller);
+    CHECK(s.threads[2] != caller);
+    CHECK(queue.async_wait("a", boost::asio::use_future).get().outcome.result == 42);
+    CHECK(queue.find("a")->status == JobStatus::succeeded);
+  }
+  SUBCASE("memory: answered before submit returns; refused after shutdown") {
+    JobQueue queue(std::make_unique<Doubler>());
+    Submitted s;
+    queue.submit(job("b", 2), s.handler());
+    {
+      std::lock_guard<std::mutex> lock(s.m);
+      REQUIRE(s.answers.size() == 1);
+      CHECK(s.answers[0].first == SubmitStatus::accepted);
+      CHECK(s.threads[0] == caller);
+    }
+    CHECK(queue.async_wait("b", boost::asio::use_future).get().outcome.result == 4);
+    CHECK(queue.shutdown(std::chrono::seconds(5)));
+    queue.submit(job("c", 2), s.handler());
+    std::lock_guard<std::mutex> lock(s.m);
+    REQUIRE(s.answers.size() == 2);
+    CHECK(s.answers[1].first == SubmitStatus::shutting_down);
+  }
 }
 
 TEST_CASE("job queue: a SQLite store from make_store keeps results across queues") {

@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -182,6 +184,43 @@ std::pair<bool, bool> answer_of(const std::function<void(JobStore::WriteDone)>& 
   });
   REQUIRE(answered.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   return answered.get();
+}
+
+// What async_put answered (nullopt: it failed), waiting for it; a second answer fails the test.
+std::optional<PutOutcome> async_put(JobStore& store, const Job& job,
+                                    const std::optional<rebound::Lease>& claim = std::nullopt) {
+  auto promise = std::make_shared<std::promise<std::optional<PutOutcome>>>();
+  auto answers = std::make_shared<std::atomic<int>>(0);
+  auto answered = promise->get_future();
+  store.async_put(job, claim, [promise, answers](std::exception_ptr error, PutOutcome outcome) {
+    if (++*answers > 1) return;
+    promise->set_value(error ? std::nullopt : std::optional<PutOutcome>(outcome));
+  });
+  REQUIRE(answered.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  const auto out = answered.get();
+  CHECK(answers->load() == 1);
+  return out;
+}
+
+TEST_CASE_TEMPLATE("store contract: async_put answers once as put would - claimed when asked",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  CHECK(async_put(*store, make("a")) == PutOutcome::created);
+  CHECK(async_put(*store, make("a")) == PutOutcome::duplicate);
+  CHECK(async_put(*store, make("a", 1764000000000, "http://example.com/other")) ==
+        PutOutcome::conflict);
+  // Answered once the job is stored: the next read sees it.
+  REQUIRE(store->get("a").has_value());
+  CHECK(store->get("a")->job.input == make("a").input);
+  // With a claim the job is leased at once: nobody claims it before the lease ends.
+  CHECK(async_put(*store, make("b"), rebound::Lease{"worker", at_ms(1764000060000)}) ==
+        PutOutcome::created);
+  CHECK(ids_of(store->claim_jobs(10, {"other", at_ms(1764000200000)}, at_ms(1764000000000))) ==
+        std::vector<std::string>{"a"});
+  CHECK(ids_of(store->claim_jobs(10, {"other", at_ms(1764000200000)}, at_ms(1764000060001))) ==
+        std::vector<std::string>{"b"});
 }
 
 TEST_CASE_TEMPLATE(

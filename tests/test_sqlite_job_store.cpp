@@ -4,8 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -99,6 +101,34 @@ TEST_CASE("sqlite: concurrent submissions share commits (group commit)") {
   MESSAGE((threads * per_thread) << " durable puts in " << commits << " commits");
   CHECK(commits < static_cast<std::size_t>(threads * per_thread));
   CHECK(store.list_unfinished(1000).size() == threads * per_thread);
+}
+
+TEST_CASE("sqlite: one thread's asynchronous puts wait for no commit - they share commits") {
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const std::size_t before = store.commits();
+  constexpr int jobs = 400;
+  std::mutex mutex;
+  std::condition_variable all_answered;
+  int created = 0, answered = 0, on_caller = 0;
+  const auto caller = std::this_thread::get_id();
+  for (int i = 0; i < jobs; ++i) {
+    store.async_put(make("a-" + std::to_string(i)), std::nullopt,
+                    [&](std::exception_ptr error, PutOutcome outcome) {
+                      std::lock_guard<std::mutex> lock(mutex);
+                      created += !error && outcome == PutOutcome::created;
+                      on_caller += std::this_thread::get_id() == caller;
+                      if (++answered == jobs) all_answered.notify_all();
+                    });
+  }
+  std::unique_lock<std::mutex> lock(mutex);
+  REQUIRE(all_answered.wait_for(lock, std::chrono::seconds(30), [&] { return answered == jobs; }));
+  CHECK(created == jobs);
+  CHECK(on_caller == 0);  // answered from the writer, after the commit
+  const std::size_t commits = store.commits() - before;
+  MESSAGE(jobs << " asynchronous puts from one thread in " << commits << " commits");
+  CHECK(commits < static_cast<std::size_t>(jobs) / 4);
+  CHECK(store.list_unfinished(1000).size() == jobs);
 }
 
 TEST_CASE("sqlite: a second store on the same file is refused") {

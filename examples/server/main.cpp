@@ -184,9 +184,9 @@ int main(int argc, char** argv) {
   app.add_option("--http-threads", http_threads,
                  "Threads of the HTTP front (Boost.Beast): they serve every connection "
                  "asynchronously and run the routes' store calls; no thread waits for a job "
-                 "(default: one per four cores, at least 1, with the memory store, whose calls "
-                 "never wait; 16 with SQLite or Redis, so that submissions waiting for a commit "
-                 "share it)")
+                 "(default: one per four cores, at least 1, with the memory and SQLite stores, "
+                 "whose submissions hold no thread; 16 with Redis, whose store calls are round "
+                 "trips made on them)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
   app.add_option("--max-connections", max_connections,
                  "HTTP connections open at once; one more is closed at once")
@@ -447,12 +447,15 @@ int main(int argc, char** argv) {
     rebound::ServerOptions server_options;
     server_options.host = host;
     server_options.port = port;
-    // With the memory store no route waits, so a few threads keep up with the rest of the
-    // pipeline (the queue's io thread, the workers); more only take cores from them: on 2 cores,
-    // 1 thread ran 16,700 jobs/s end to end, 2 threads 14,300 (docs/benchmarks.md).
+    // With the memory and SQLite stores no submission waits on its thread (SQLite answers after
+    // its group commit), so a few threads keep up with the rest of the pipeline (the queue's io
+    // thread, the workers); more only take cores from them: on 2 cores, 1 thread ran 16,700
+    // jobs/s end to end with the memory store and 10,600 with SQLite, 2 threads 14,300 and 9,300
+    // (docs/benchmarks.md). Redis's calls are round trips that hold the thread: 16.
+    const bool redis = store_uri.rfind("redis", 0) == 0;
     const std::size_t quarter_of_cores = std::thread::hardware_concurrency() / 4;
     server_options.http_threads =
-        http_threads.value_or(store_uri == "memory" ? std::max<std::size_t>(1, quarter_of_cores) : 16);
+        http_threads.value_or(redis ? 16 : std::max<std::size_t>(1, quarter_of_cores));
     server_options.max_connections = max_connections;
     server_options.max_connections_per_address = max_connections_per_address;
     server_options.max_waiters = max_waiters;

@@ -178,6 +178,13 @@ class JobQueue final {
   /// stores it, queues it. `job.created_at` is set here when it is left at its default.
   SubmitStatus submit(Job job, ErrorInfo* invalid = nullptr);
 
+  /// Accepts a job as `submit` does, and answers through `on_submitted(status, invalid)` once the
+  /// store holds it, so that no thread waits for the store: on this thread before `submit`
+  /// returns when the store answers at once (memory, Redis), else on the io executor (SQLite
+  /// answers after the group commit its job went in). Called exactly once. What rebound-server's
+  /// POST /v1/inferences uses: an HTTP thread takes the next request while the commit is made.
+  void submit(Job job, SubmitHandler on_submitted);
+
   /// Accepts many jobs as `submit` would, in order, with one write to the store for them all
   /// (`JobStore::put_many`: one SQLite transaction, a few Redis round trips): one status per job,
   /// and, when `invalid` is given, one ErrorInfo per job (set where the status is

@@ -55,6 +55,10 @@ inline boost::system::error_code to_error_code(SubmitStatus status) noexcept {
 /// Called once with the result of a synchronous invocation, on an inference thread.
 using InvocationHandler = std::function<void(const Prediction&)>;
 
+/// How `JobQueue::submit(Job, SubmitHandler)` answers: the status, and (for `invalid_input`)
+/// what the model said of the input.
+using SubmitHandler = std::function<void(SubmitStatus, const ErrorInfo& invalid)>;
+
 /// Counters of the batches run so far.
 struct BatchStats {
   std::uint64_t batches = 0;  ///< predict_batch calls

@@ -960,33 +960,51 @@ struct Server::Impl {
     const std::string traceparent = req.header("traceparent");
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
     const std::string key = job.id;  // the tenant's id, as the store keys it
-    ErrorInfo invalid;
-    const SubmitStatus submitted = service.submit(std::move(job), &invalid);
-    reserved.release();
-    switch (submitted) {
-      case SubmitStatus::accepted:
-      case SubmitStatus::duplicate: {
-        const std::string status_url = "/v1/inferences/" + id;
-        res.set_header("Location", status_url);
-        // Prefer: wait=N: the final status at once when it comes within N seconds. The job is
-        // accepted whatever happens while waiting: a store failing then still answers 202, and
-        // so does a request beyond max_waiters (without Preference-Applied).
-        if (const auto wait = preferred_wait(req)) {
-          const bool waiting = await_final(
-              key, *wait, res, reply,
-              [id](HttpResponse& answer, const std::optional<JobRecord>& record) {
-                if (record && is_final(record->status))
-                  return send_json(answer, 200, to_status_json(*record));
-                send_json(answer, 202, accepted_json(id));
-              },
-              [id](HttpResponse& answer) { send_json(answer, 202, accepted_json(id)); });
-          if (waiting) return;
-        }
-        return send_json(res, 202, accepted_json(id));
+    // Answered once the store holds the job: at once with the memory store, after the group
+    // commit (on the queue's io thread) with SQLite; this thread takes the next request meanwhile.
+    struct Answer {
+      HttpResponse res;
+      detail::Reply reply;
+    };
+    auto later = std::make_shared<Answer>(Answer{std::move(res), std::move(reply)});
+    service.submit(std::move(job), [this, life = life, id, key, wait = preferred_wait(req), later](
+                                       SubmitStatus submitted, const ErrorInfo& invalid) {
+      std::shared_lock<std::shared_mutex> alive(life->mutex);
+      if (!life->alive) return;  // the Server is gone: the Reply answers for itself
+      try {
+        answer_submission(submitted, invalid, id, key, wait, later->res, later->reply);
+      } catch (...) {
+        later->res = HttpResponse{};
+        send_error(later->res,
+                   {500, "internal_error", "The server failed to handle the request.", {}});
       }
-      default:
-        return send_refusal(res, refusal_of(submitted, id, invalid));
+      if (later->reply) later->reply(std::move(later->res));
+    });
+    reserved.release();
+  }
+
+  // The answer to a submission the queue has answered.
+  void answer_submission(SubmitStatus submitted, const ErrorInfo& invalid, const std::string& id,
+                         const std::string& key, std::optional<int> wait, HttpResponse& res,
+                         detail::Reply& reply) {
+    if (submitted != SubmitStatus::accepted && submitted != SubmitStatus::duplicate)
+      return send_refusal(res, refusal_of(submitted, id, invalid));
+    res.set_header("Location", "/v1/inferences/" + id);
+    // Prefer: wait=N: the final status at once when it comes within N seconds. The job is
+    // accepted whatever happens while waiting: a store failing then still answers 202, and so
+    // does a request beyond max_waiters (without Preference-Applied).
+    if (wait) {
+      const bool waiting = await_final(
+          key, *wait, res, reply,
+          [id](HttpResponse& answer, const std::optional<JobRecord>& record) {
+            if (record && is_final(record->status))
+              return send_json(answer, 200, to_status_json(*record));
+            send_json(answer, 202, accepted_json(id));
+          },
+          [id](HttpResponse& answer) { send_json(answer, 202, accepted_json(id)); });
+      if (waiting) return;
     }
+    send_json(res, 202, accepted_json(id));
   }
 
   // POST /v1/inferences:batch: many submissions in one request and one write to the store

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -11,7 +12,6 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,10 +38,36 @@ class Admission {
         model_(model),
         on_slot_freed_(std::move(on_slot_freed)) {}
 
-  /// Held (shared) while a submission is admitted and stored, so that `close` waits for those
-  /// under way: after it, nothing new reaches the queue.
-  [[nodiscard]] std::shared_lock<std::shared_mutex> enter() {
-    return std::shared_lock<std::shared_mutex>(accepting_mutex_);
+  /// Held while a submission is admitted and stored (also across a store's asynchronous put, so
+  /// it moves), so that `close` waits for those under way: after it, nothing new reaches the
+  /// queue.
+  class Entry {
+   public:
+    Entry() = default;
+    explicit Entry(Admission& admission) : admission_(&admission) {}
+    Entry(Entry&& other) noexcept : admission_(std::exchange(other.admission_, nullptr)) {}
+    Entry& operator=(Entry&& other) noexcept {
+      if (this != &other) {
+        release();
+        admission_ = std::exchange(other.admission_, nullptr);
+      }
+      return *this;
+    }
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+    ~Entry() { release(); }
+    void release() {
+      if (admission_) std::exchange(admission_, nullptr)->leave();
+    }
+
+   private:
+    Admission* admission_ = nullptr;
+  };
+
+  [[nodiscard]] Entry enter() {
+    std::lock_guard<std::mutex> lock(entry_mutex_);
+    ++entries_;
+    return Entry(*this);
   }
 
   /// Under `enter()`: `accepted` means a slot was taken for `tenant`, charged with `bytes`, to be
@@ -215,21 +241,17 @@ class Admission {
   }
   std::size_t max_bytes() const { return max_bytes_; }
 
-  bool accepting() const {
-    std::shared_lock<std::shared_mutex> lock(accepting_mutex_);
-    return accepting_;
-  }
+  bool accepting() const { return accepting_.load(); }
 
   /// Accepting and the model ready.
-  bool open() const {
-    std::shared_lock<std::shared_mutex> lock(accepting_mutex_);
-    return accepting_ && model_.ready();
-  }
+  bool open() const { return accepting_.load() && model_.ready(); }
 
-  /// Refuses new work from now on; waits for the submissions under way.
+  /// Refuses new work from now on; waits for the submissions under way (an asynchronous put's
+  /// answer included: not from the executor it is posted to).
   void close() {
-    std::unique_lock<std::shared_mutex> lock(accepting_mutex_);
+    std::unique_lock<std::mutex> lock(entry_mutex_);
     accepting_ = false;
+    left_.wait(lock, [this] { return entries_ == 0; });
   }
 
   /// Waits up to `timeout` for every slot to be free, or until `end_wait`. True when they all are.
@@ -283,8 +305,15 @@ class Admission {
   std::map<std::string, std::size_t, std::less<>> tenants_;  // under mutex_, when by_tenant_
   const Model& model_;
   const std::function<void()> on_slot_freed_;
-  mutable std::shared_mutex accepting_mutex_;
-  bool accepting_ = true;
+  void leave() {
+    std::lock_guard<std::mutex> lock(entry_mutex_);
+    if (--entries_ == 0) left_.notify_all();
+  }
+
+  std::atomic<bool> accepting_{true};
+  std::mutex entry_mutex_;  // guards entries_
+  std::condition_variable left_;
+  std::size_t entries_ = 0;  // submissions under way (Entry)
   mutable std::mutex mutex_;
   std::condition_variable idle_;
   std::size_t in_flight_ = 0;  // slots taken, parked ones included

@@ -161,6 +161,54 @@ class StoreAccess {
     start(std::move(pending));
   }
 
+  /// What `put` answers: a StoreUnavailable in `error` when the store failed (noted as `call`
+  /// notes it), else the outcome.
+  using PutThen = std::function<void(std::exception_ptr error, PutOutcome outcome)>;
+
+  /// A put that answers through `then` instead of waiting (JobStore::async_put): on the caller's
+  /// thread before this returns when the store answers at once (memory, Redis); posted to the
+  /// executor when it answers from its own thread (SQLite's writer, after the commit), so that no
+  /// store thread runs the queue's work. The pipeline must outlive the answer (wait_answered).
+  void put(const Job& job, const std::optional<Lease>& claim, PutThen then) {
+    const auto caller = std::this_thread::get_id();
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    out_->started();
+    auto done = [this, caller, answered, out = out_, executor = executor_, id = job.id,
+                 then = std::move(then)](std::exception_ptr error, PutOutcome outcome) mutable {
+      if (answered->exchange(true)) return;
+      auto finish = [this, id = std::move(id), error, outcome, then = std::move(then)] {
+        if (!error) {
+          worked();
+          return then(nullptr, outcome);
+        }
+        std::exception_ptr refused;
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          failed("put", id, e.what());
+          refused = std::make_exception_ptr(StoreUnavailable(e.what()));
+        } catch (...) {
+          failed("put", id, "unknown error");
+          refused = std::make_exception_ptr(StoreUnavailable("the job store failed"));
+        }
+        then(refused, outcome);
+      };
+      if (std::this_thread::get_id() == caller) {
+        out->answered();
+        finish();
+      } else {
+        boost::asio::post(executor, std::move(finish));
+        out->answered();
+      }
+    };
+    try {
+      store_.async_put(job, claim, done);
+    } catch (...) {
+      // A store that threw instead of answering: its error is the answer.
+      done(std::current_exception(), PutOutcome::created);
+    }
+  }
+
   /// A bookkeeping write whose loss costs only a lagging display (running, a lease handed back).
   void write_or_note(const char* during, const std::string& job_id,
                      const std::function<void(JobStore&)>& write) {

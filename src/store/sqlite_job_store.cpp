@@ -968,6 +968,27 @@ PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim
       true);  // durable once this returns created
 }
 
+void SqliteJobStore::async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
+  Impl* impl = impl_.get();
+  auto outcome = std::make_shared<PutOutcome>(PutOutcome::created);
+  auto answer = std::make_shared<PutDone>(std::move(done));
+  Impl::Write write{[impl, job, claim, outcome] { *outcome = impl->insert_job(job, claim); },
+                    [impl, id = job.id, claim, outcome, answer] {
+                      if (*outcome == PutOutcome::created && claim) {
+                        std::lock_guard<std::mutex> lock(impl->lease_mutex);
+                        if (!impl->cancelling.count(id)) impl->job_leases[id] = *claim;
+                      }
+                      (*answer)(nullptr, *outcome);
+                    },
+                    [answer](std::exception_ptr error) { (*answer)(error, PutOutcome::created); },
+                    true, true};  // durable once answered created; ahead of the bookkeeping
+  try {
+    impl_->enqueue(std::move(write));
+  } catch (...) {
+    (*answer)(std::current_exception(), PutOutcome::created);  // the store is closed
+  }
+}
+
 std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
   impl_->wait_for_writes();
   std::lock_guard<std::mutex> lock(impl_->db_mutex);

@@ -1,11 +1,16 @@
 // FailingStore: a JobStore fake that works like the memory store until told to fail, then throws
 // StoreUnavailable from every call (and reports why through failure()) until told to work again.
+// Told to hold puts, it keeps each async_put unanswered until let through, then answers it from a
+// thread of its own, as SQLite's writer answers after its commit.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rebound/store/memory_job_store.hpp"
@@ -20,9 +25,51 @@ class FailingStore final : public JobStore {
     std::atomic<int> calls_failed{0};
     void fail() { failing = true; }
     void heal() { failing = false; }
+
+    void hold_puts() {
+      std::lock_guard<std::mutex> lock(m);
+      holding = true;
+    }
+    void let_puts_through() {
+      std::lock_guard<std::mutex> lock(m);
+      holding = false;
+      changed.notify_all();
+    }
+    /// async_puts waiting to be let through.
+    int held_puts() {
+      std::lock_guard<std::mutex> lock(m);
+      return held;
+    }
+    std::mutex m;
+    std::condition_variable changed;
+    bool holding = false;
+    int held = 0;
   };
 
   explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
+  ~FailingStore() override {
+    control_->let_puts_through();
+    std::lock_guard<std::mutex> lock(answering_mutex_);
+    for (auto& t : answering_)
+      t.join();
+  }
+
+  void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(control_->m);
+      if (!control_->holding) return answer_now(done, [&] { return put(job, claim); });
+      ++control_->held;
+    }
+    std::lock_guard<std::mutex> lock(answering_mutex_);
+    answering_.emplace_back([this, job, claim, done = std::move(done)] {
+      {
+        std::unique_lock<std::mutex> lock(control_->m);
+        control_->changed.wait(lock, [&] { return !control_->holding; });
+        --control_->held;
+      }
+      answer_now(done, [&] { return put(job, claim); });
+    });
+  }
 
   using JobStore::put;
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override {
@@ -102,6 +149,8 @@ class FailingStore final : public JobStore {
 
   std::shared_ptr<Switch> control_;
   MemoryJobStore inner_;
+  std::mutex answering_mutex_;
+  std::vector<std::thread> answering_;  // held puts' answers
 };
 
 }  // namespace rebound::test

@@ -157,6 +157,19 @@ class JobStore {
   virtual PutOutcome put(const Job& job, const std::optional<Lease>& claim) = 0;
   PutOutcome put(const Job& job) { return put(job, std::nullopt); }
 
+  /// How `async_put` ends: the exception `put` would have thrown (null when it answered), and
+  /// what it answered.
+  using PutDone = std::function<void(std::exception_ptr error, PutOutcome outcome)>;
+
+  /// put without waiting for it: `done` gets its answer or its error, exactly once. The default
+  /// runs put on the caller's thread and calls `done` before returning; a store that commits the
+  /// puts of many callers together (SqliteJobStore) calls `done` from its own thread once the job
+  /// is stored, so that no caller's thread waits for the commit. There `done` must be quick and
+  /// must not call the store (the JobQueue posts its work to an executor).
+  virtual void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
+    answer_now(done, [&] { return put(job, claim); });
+  }
+
   /// Stores several jobs as `put` would, in order, in as few writes as the store can (SQLite: one
   /// transaction; Redis: its batched calls, up to 256 puts or 1 MiB a round trip): one outcome
   /// per request, in the requests' order. An id twice in one call is a duplicate (or a conflict)
@@ -378,9 +391,9 @@ class JobStore {
  protected:
   /// The asynchronous forms' default: `call` on this thread, then `done` with its answer or its
   /// error (outside the try: a `done` that throws is not the call's failure).
-  template <typename Call>
-  static void answer_now(const WriteDone& done, Call&& call) {
-    bool answer = false;
+  template <typename Done, typename Call>
+  static void answer_now(const Done& done, Call&& call) {
+    decltype(call()) answer{};
     std::exception_ptr error;
     try {
       answer = call();

@@ -54,6 +54,9 @@ class SqliteJobStore final : public JobStore {
 
   using JobStore::put;
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
+  /// Answered from the writer thread once the job is committed, with the other writes of its
+  /// transaction: submissions wait for a commit without holding a thread each.
+  void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override;
   std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
