@@ -158,7 +158,7 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   // (up to twice the prefetch), so that priorities still come first.
   const std::size_t prefetch = core.pump.prefetch();
   if (prefetch > 0 && !waited) {
-    const std::size_t depth = queue.depth() + before.held;
+    const std::size_t depth = queue.depth() + before.held + core.held_unsettled.load();
     const int floor = std::min(core.admission.parked() > 0 ? core.admission.parked_floor()
                                                            : std::numeric_limits<int>::max(),
                                before.parked_floor);
@@ -273,16 +273,20 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
   }
   underway->job = std::move(job);
   const Pending& p = underway->pending;
+  const bool held = !p.park;
+  if (held) ++core.held_unsettled;
   const std::optional<Lease> claim =
       p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder));
   const Job& stored = underway->job;
   core.store.put(stored, claim,
-                 [&core, &queue, underway = std::move(underway), answer, done = std::move(done)](
+                 [&core, &queue, held, underway = std::move(underway), answer,
+                  done = std::move(done)](
                      std::exception_ptr error, PutOutcome outcome) mutable {
                    const SubmitStatus status =
                        error ? SubmitStatus::store_unavailable
                              : settle(core, queue, underway->job, underway->pending, outcome,
                                       nullptr);
+                   if (held) --core.held_unsettled;
                    underway.reset();  // the slot (unless queued) and the entry end here
                    answer(done, status, {});
                  });

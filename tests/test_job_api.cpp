@@ -599,6 +599,29 @@ TEST_CASE("job api: a submission waiting for its store holds no thread - 202 onc
   REQUIRE(rebound::test::eventually([&] { return h.poll("j")["status"] == "succeeded"; }));
 }
 
+TEST_CASE("job api: a poll that waits for its store runs on a store-call thread - /ping answers") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  HarnessOptions o;
+  o.http_threads = 1;
+  o.store_call_threads = 2;
+  o.make_store = [gate] { return std::make_unique<rebound::test::FailingStore>(gate); };
+  Harness h(o);
+  h.model->open();
+  REQUIRE(h.submit({{"id", "j"}})->status == 202);
+  gate->hold_reads();
+  auto polled = std::async(std::launch::async, [&] { return h.client().Get("/v1/inferences/j"); });
+  REQUIRE(rebound::test::eventually([&] { return gate->held_reads() >= 1; }));
+  // The front's only thread is free while the poll waits: /ping and a submission answer.
+  CHECK(h.client().Get("/ping")->status == 200);
+  CHECK(h.submit({{"id", "k"}})->status == 202);
+  CHECK(polled.wait_for(0s) == std::future_status::timeout);
+  gate->let_reads_through();
+  auto res = polled.get();
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body)["id"] == "j");
+}
+
 TEST_CASE("job api: a Server that goes while a submission waits for its store - nothing breaks") {
   auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
   gate->hold_puts();

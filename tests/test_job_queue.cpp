@@ -618,14 +618,19 @@ TEST_CASE("job queue: submit with a handler answers once the store holds the job
     queue.submit(job("bad", "x"), s.handler());
     REQUIRE(s.wait_for(3));
     std::lock_guard<std::mutex> lock(s.m);
-    // The refusal of the input is answered at once; the two puts after their commit, in order.
-    CHECK(s.answers[0] == std::pair<SubmitStatus, std::string>{SubmitStatus::invalid_input,
-                                                               "invalid_input"});
-    CHECK(s.threads[0] == caller);
-    CHECK(s.answers[1].first == SubmitStatus::accepted);
-    CHECK(s.answers[2].first == SubmitStatus::duplicate);
-    CHECK(s.threads[1] != caller);
-    CHECK(s.threads[2] != caller);
+    // The refusal of the input is answered at once, on this thread; the two puts after their
+    // commit, in order, from the queue's io thread.
+    std::vector<SubmitStatus> from_store;
+    for (std::size_t i = 0; i < s.answers.size(); ++i) {
+      if (s.answers[i].first == SubmitStatus::invalid_input) {
+        CHECK(s.answers[i].second == "invalid_input");
+        CHECK(s.threads[i] == caller);
+      } else {
+        from_store.push_back(s.answers[i].first);
+        CHECK(s.threads[i] != caller);
+      }
+    }
+    CHECK(from_store == std::vector<SubmitStatus>{SubmitStatus::accepted, SubmitStatus::duplicate});
     CHECK(queue.async_wait("a", boost::asio::use_future).get().outcome.result == 42);
     CHECK(queue.find("a")->status == JobStatus::succeeded);
   }

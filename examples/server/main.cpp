@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> viewer_keys;
   std::optional<double> tenant_share;
   std::optional<std::size_t> http_threads;
+  std::optional<std::size_t> store_threads;
   std::size_t max_connections = 10000;
   std::size_t max_connections_per_address = 0;
   std::size_t max_waiters = 10000;
@@ -188,6 +189,12 @@ int main(int argc, char** argv) {
                  "whose submissions hold no thread; 16 with Redis, whose store calls are round "
                  "trips made on them)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+  app.add_option("--store-threads", store_threads,
+                 "Threads for the routes whose store calls may wait (polls, cancels, redeliveries, "
+                 "batches, /metrics, the console's listings), so that the HTTP threads never do "
+                 "(default: 16 with SQLite, whose reads wait for the writes queued before them; "
+                 "0 with the memory store and Redis: those routes run on the HTTP threads)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1024}));
   app.add_option("--max-connections", max_connections,
                  "HTTP connections open at once; one more is closed at once")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1000000}))
@@ -456,6 +463,8 @@ int main(int argc, char** argv) {
     const std::size_t quarter_of_cores = std::thread::hardware_concurrency() / 4;
     server_options.http_threads =
         http_threads.value_or(redis ? 16 : std::max<std::size_t>(1, quarter_of_cores));
+    server_options.store_call_threads =
+        store_threads.value_or(store_uri.rfind("sqlite", 0) == 0 ? 16 : 0);
     server_options.max_connections = max_connections;
     server_options.max_connections_per_address = max_connections_per_address;
     server_options.max_waiters = max_waiters;

@@ -349,6 +349,8 @@ class JobQueue final {
   /// next start; the memory store loses them); running inferences and deliveries go on (see
   /// `abandon_running`).
   /// Asynchronous waits still registered complete with errc::shutting_down.
+  /// Not from a handler on the queue's io executor: it waits for what runs there (deliveries, and
+  /// the submissions whose store answers are posted there).
   bool shutdown(std::chrono::steady_clock::duration timeout);
 
   /// Ends a `shutdown` waiting on another thread at once, as if its deadline had passed (a second

@@ -16,6 +16,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
@@ -254,7 +255,8 @@ enum Access : unsigned {
   acts = 2,          // not with a viewer key: it changes something, or hands out the secret
   spans = 4,         // with several tenants, an operator or a viewer key: it spans them all
   console_page = 8,  // only while the console is on (an operator or a viewer key is configured)
-  console_json = 16  // the console on, and an operator or a viewer key
+  console_json = 16,  // the console on, and an operator or a viewer key
+  on_front = 32       // never waits for the store: runs on the HTTP thread, store_call_threads or not
 };
 
 // What a route does with a request body: none, JSON (a submission's JSON, where a form-encoded
@@ -443,29 +445,38 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   PendingAnswer(std::shared_ptr<ServerLife> server, const boost::asio::any_io_executor& fallback,
                 HttpResponse r, detail::Reply rep, Place s = {})
       : life(std::move(server)),
-        strand(rep.executor() ? rep.executor()
-                              : boost::asio::any_io_executor(boost::asio::make_strand(fallback))),
+        strand(strand_for(rep, fallback)),
         timer(strand),
         res(std::move(r)),
         reply(std::move(rep)),
         slot(std::move(s)) {}
 
+  static boost::asio::any_io_executor strand_for(const detail::Reply& reply,
+                                                 const boost::asio::any_io_executor& fallback) {
+    boost::asio::any_io_executor connection = reply.executor();
+    return connection ? connection : boost::asio::any_io_executor(boost::asio::make_strand(fallback));
+  }
+
   // After `timeout`, answers with what `on_time` writes (unless answered before); `on_stop`
-  // answers if the Server stops first. A client that goes away first gives up the answer.
+  // answers if the Server stops first. A client that goes away first gives up the answer. From
+  // any thread: the timer is armed on the strand, where everything else touches it.
   void start(std::chrono::milliseconds timeout, Build on_time, Build on_stop) {
-    // Everything but the timer first: once it is armed (a wait of 0 s runs out at once) the
-    // strand owns this object.
+    // Everything but the timer first: from here the strand owns this object.
     when_stopping = std::move(on_stop);
     reply.on_abandoned([weak = std::weak_ptr<PendingAnswer>(shared_from_this())] {
       if (auto self = weak.lock()) {
         boost::asio::post(self->strand, [self] { self->give_up(); });
       }
     });
-    timer.expires_after(timeout);
-    timer.async_wait(
-        [self = shared_from_this(), build = std::move(on_time)](boost::system::error_code ec) {
-          if (!ec) self->conclude(build);
-        });
+    boost::asio::post(strand, [self = shared_from_this(), timeout,
+                               build = std::move(on_time)]() mutable {
+      if (self->done) return;  // answered, or given up, before the timer was armed
+      self->timer.expires_after(timeout);
+      self->timer.async_wait(
+          [self, build = std::move(build)](boost::system::error_code ec) {
+            if (!ec) self->conclude(build);
+          });
+    });
   }
 
   // The Server stops: the answer is given now.
@@ -630,7 +641,7 @@ struct Server::Impl {
     static const std::vector<Route> table = {
         {"GET", "/v1/inferences", any_key, Body::none,
          [](Impl& s, Call& c) { s.list_failed(c.req, c.tenant, c.res); }},
-        {"POST", "/v1/inferences", any_key, Body::submission,
+        {"POST", "/v1/inferences", any_key | on_front, Body::submission,
          [](Impl& s, Call& c) { s.submit(c); }},
         {"POST", "/v1/inferences:batch", any_key, Body::submission,
          [](Impl& s, Call& c) { s.submit_batch(c); }},
@@ -640,14 +651,15 @@ struct Server::Impl {
          [](Impl& s, Call& c) { s.cancel(c.tenant, c.param, c.res); }},
         {"POST", "/v1/inferences/{id}/redeliver", acts, Body::ignored,
          [](Impl& s, Call& c) { s.redeliver(c.tenant, c.param, c.res); }},
-        {"POST", "/invocations", any_key, Body::json, [](Impl& s, Call& c) { s.invoke(c); }},
-        {"GET", "/ping", open, Body::none, [](Impl& s, Call& c) { s.ping(c.res); }},
+        {"POST", "/invocations", any_key | on_front, Body::json,
+         [](Impl& s, Call& c) { s.invoke(c); }},
+        {"GET", "/ping", open | on_front, Body::none, [](Impl& s, Call& c) { s.ping(c.res); }},
         {"GET", "/metrics", spans, Body::none,
          [](Impl& s, Call& c) {
            c.res.set_content(s.service.render_metrics() + s.http_metrics(),
                              "text/plain; version=0.0.4");
          }},
-        {"GET", "/openapi.json", open, Body::none,
+        {"GET", "/openapi.json", open | on_front, Body::none,
          [](Impl&, Call& c) { c.res.set_content(openapi_document(), json_type); }},
         {"GET", "/v1/callback-endpoints", spans, Body::none,
          [](Impl& s, Call& c) { s.list_endpoints(c.res); }},
@@ -655,21 +667,21 @@ struct Server::Impl {
          [](Impl& s, Call& c) { s.pause_or_resume(c, true); }},
         {"POST", "/v1/callback-endpoints/resume", spans | acts, Body::json,
          [](Impl& s, Call& c) { s.pause_or_resume(c, false); }},
-        {"GET", "/v1/webhook-keys", open, Body::none,
+        {"GET", "/v1/webhook-keys", open | on_front, Body::none,
          [](Impl& s, Call& c) { s.webhook_keys(c.req, c.caller, c.res); }},
-        {"GET", "/v1/webhook-secret", acts, Body::none,
+        {"GET", "/v1/webhook-secret", acts | on_front, Body::none,
          [](Impl& s, Call& c) { s.webhook_secret(c.tenant, c.res); }},
         {"GET", "/v1/stats", spans, Body::none, [](Impl& s, Call& c) { s.stats(c.res); }},
         // The operator console (docs/console.md): its page, and the JSON it reads.
-        {"GET", "/console", console_page, Body::none,
+        {"GET", "/console", console_page | on_front, Body::none,
          [](Impl&, Call& c) { c.res.set_redirect("/console/", 301); }},
-        {"GET", "/console/{file...}", console_page, Body::none,
+        {"GET", "/console/{file...}", console_page | on_front, Body::none,
          [](Impl& s, Call& c) {
            if (!s.console->asset(c.param, c.res)) {
              send_error(c.res, {404, "not_found", "No such file of the console.", {}});
            }
          }},
-        {"GET", "/v1/console/session", console_json, Body::none,
+        {"GET", "/v1/console/session", console_json | on_front, Body::none,
          [](Impl& s, Call& c) {
            s.console->session(c.caller->name, c.caller->is_operator(), c.res);
          }},
@@ -696,7 +708,7 @@ struct Server::Impl {
   }
 
   // Finds the route, decides who may call it, checks the body's form, and runs it.
-  void dispatch(const HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
+  void dispatch(HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
     // What the console's routes answer is never kept by a cache, errors included.
     if (req.path.compare(0, 12, "/v1/console/") == 0) res.set_header("Cache-Control", "no-store");
     const std::string& method = req.method == "HEAD" ? std::string("GET") : req.method;
@@ -751,8 +763,42 @@ struct Server::Impl {
       }
       if (auto error = encoding_error(req)) return send_error(res, *error);
     }
-    Call call{req, res, reply, caller, caller ? caller->tenant : std::string(), std::move(param)};
+    std::string tenant = caller ? caller->tenant : std::string();
+    if (store_calls && !(found->access & on_front)) {
+      // A route whose store calls may wait runs on the store-call threads: the front's thread
+      // goes on reading and writing. The answer goes back through the Reply.
+      struct Offloaded {
+        HttpRequest req;
+        HttpResponse res;
+        detail::Reply reply;
+      };
+      auto task = std::make_shared<Offloaded>(Offloaded{std::move(req), std::move(res),
+                                                        std::move(reply)});
+      boost::asio::post(*store_calls, [this, life = life, task, found, caller,
+                                       tenant = std::move(tenant), param = std::move(param)] {
+        std::shared_lock<std::shared_mutex> alive(life->mutex);
+        if (!life->alive) return;  // the Server is going: nobody is answered
+        Call call{task->req, task->res, task->reply, caller, tenant, param};
+        run_route(*found, call);
+        if (task->reply) task->reply(std::move(task->res));
+      });
+      return;
+    }
+    Call call{req, res, reply, caller, std::move(tenant), std::move(param)};
     found->handle(*this, call);
+  }
+
+  // Runs a route on a store-call thread, answering what `handle` would answer on its failure.
+  void run_route(const Route& route, Call& call) {
+    try {
+      route.handle(*this, call);
+    } catch (const StoreUnavailable&) {
+      call.res = HttpResponse{};
+      send_store_unavailable(call.res);
+    } catch (...) {
+      call.res = HttpResponse{};
+      send_error(call.res, {500, "internal_error", "The server failed to handle the request.", {}});
+    }
   }
 
   // The store key of the job a console route names (its id, and ?tenant=); nullopt, with the
@@ -967,10 +1013,10 @@ struct Server::Impl {
       detail::Reply reply;
     };
     auto later = std::make_shared<Answer>(Answer{std::move(res), std::move(reply)});
-    service.submit(std::move(job), [this, life = life, id, key, wait = preferred_wait(req), later](
-                                       SubmitStatus submitted, const ErrorInfo& invalid) {
+    auto answer = [this, life = life, id, key, wait = preferred_wait(req), later](
+                      SubmitStatus submitted, const ErrorInfo& invalid) {
       std::shared_lock<std::shared_mutex> alive(life->mutex);
-      if (!life->alive) return;  // the Server is gone: the Reply answers for itself
+      if (!life->alive) return;  // the Server is gone: nobody is answered
       try {
         answer_submission(submitted, invalid, id, key, wait, later->res, later->reply);
       } catch (...) {
@@ -979,6 +1025,20 @@ struct Server::Impl {
                    {500, "internal_error", "The server failed to handle the request.", {}});
       }
       if (later->reply) later->reply(std::move(later->res));
+    };
+    const bool waits = preferred_wait(req).has_value();
+    service.submit(std::move(job), [this, life = life, waits, later, answer](
+                                       SubmitStatus submitted, const ErrorInfo& invalid) {
+      // A Prefer: wait reads the store (async_wait): not on the queue's io thread, where SQLite's
+      // answer comes, but on a store-call thread (or the connection's, when there are none).
+      std::shared_lock<std::shared_mutex> alive(life->mutex);
+      if (!life->alive) return;
+      const boost::asio::any_io_executor elsewhere =
+          !waits ? boost::asio::any_io_executor()
+                 : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
+                               : later->reply.executor();
+      if (!elsewhere) return answer(submitted, invalid);
+      boost::asio::post(elsewhere, [answer, submitted, invalid] { answer(submitted, invalid); });
     });
     reserved.release();
   }
@@ -1018,7 +1078,10 @@ struct Server::Impl {
     const std::string& tenant = c.tenant;
     // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
     // threads take batches at once, so that single requests, polls and /ping always have some.
-    const Place place(batching, std::max<std::size_t>(1, options.http_threads / 4));
+    const Place place(batching,
+                      std::max<std::size_t>(1, (store_calls ? options.store_call_threads
+                                                            : options.http_threads) /
+                                                   4));
     if (!place) {
       res.set_header("Retry-After", "1");
       return send_error(
@@ -1430,7 +1493,13 @@ struct Server::Impl {
   std::mutex pending_mutex;                           // guards the two below
   std::vector<std::weak_ptr<PendingAnswer>> pending;  // answers to give later, some gone
   std::size_t live_pending = 0;  // pending's size after its last pruning, plus those added
-  detail::HttpFront http;        // last: its threads call into the members above
+  detail::HttpFront http;        // its threads call into the members above
+  // The store-call threads (store_call_threads; null: none), destroyed first: what they still
+  // run finishes, what is queued is dropped (the Server is gone by then).
+  std::unique_ptr<boost::asio::thread_pool> store_calls =
+      options.store_call_threads > 0
+          ? std::make_unique<boost::asio::thread_pool>(options.store_call_threads)
+          : nullptr;
 };
 
 Server::Server(JobQueue& service, ServerOptions options) {

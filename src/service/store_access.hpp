@@ -170,13 +170,22 @@ class StoreAccess {
   /// executor when it answers from its own thread (SQLite's writer, after the commit), so that no
   /// store thread runs the queue's work. The pipeline must outlive the answer (wait_answered).
   void put(const Job& job, const std::optional<Lease>& claim, PutThen then) {
+    // The answer's one owner: whichever copy of `done` answers first moves `then` out, so that
+    // nothing it holds (the submission's slot, its entry) outlives the answer.
+    struct Answer {
+      std::atomic<bool> given{false};
+      PutThen then;
+      std::string job_id;
+    };
+    auto state = std::make_shared<Answer>();
+    state->then = std::move(then);
+    state->job_id = job.id;
     const auto caller = std::this_thread::get_id();
-    auto answered = std::make_shared<std::atomic<bool>>(false);
     out_->started();
-    auto done = [this, caller, answered, out = out_, executor = executor_, id = job.id,
-                 then = std::move(then)](std::exception_ptr error, PutOutcome outcome) mutable {
-      if (answered->exchange(true)) return;
-      auto finish = [this, id = std::move(id), error, outcome, then = std::move(then)] {
+    auto done = [this, caller, state, out = out_, executor = executor_](std::exception_ptr error,
+                                                                        PutOutcome outcome) {
+      if (state->given.exchange(true)) return;
+      auto finish = [this, id = state->job_id, then = std::move(state->then), error, outcome] {
         if (!error) {
           worked();
           return then(nullptr, outcome);
@@ -204,8 +213,8 @@ class StoreAccess {
     try {
       store_.async_put(job, claim, done);
     } catch (...) {
-      // A store that threw instead of answering: its error is the answer.
-      done(std::current_exception(), PutOutcome::created);
+      if (state->given.load()) throw;  // from `then`, run inline: the caller's to handle
+      done(std::current_exception(), PutOutcome::created);  // a store that threw, unanswered
     }
   }
 

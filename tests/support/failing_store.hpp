@@ -1,7 +1,8 @@
 // FailingStore: a JobStore fake that works like the memory store until told to fail, then throws
 // StoreUnavailable from every call (and reports why through failure()) until told to work again.
 // Told to hold puts, it keeps each async_put unanswered until let through, then answers it from a
-// thread of its own, as SQLite's writer answers after its commit.
+// thread of its own, as SQLite's writer answers after its commit. Told to hold reads, `get` waits
+// until let through (a read behind a slow commit).
 #pragma once
 
 #include <atomic>
@@ -40,6 +41,22 @@ class FailingStore final : public JobStore {
       std::lock_guard<std::mutex> lock(m);
       return held;
     }
+    void hold_reads() {
+      std::lock_guard<std::mutex> lock(m);
+      holding_reads = true;
+    }
+    void let_reads_through() {
+      std::lock_guard<std::mutex> lock(m);
+      holding_reads = false;
+      changed.notify_all();
+    }
+    /// gets waiting to be let through.
+    int held_reads() {
+      std::lock_guard<std::mutex> lock(m);
+      return reads_waiting;
+    }
+    bool holding_reads = false;
+    int reads_waiting = 0;
     std::mutex m;
     std::condition_variable changed;
     bool holding = false;
@@ -49,6 +66,7 @@ class FailingStore final : public JobStore {
   explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
   ~FailingStore() override {
     control_->let_puts_through();
+    control_->let_reads_through();
     std::lock_guard<std::mutex> lock(answering_mutex_);
     for (auto& t : answering_)
       t.join();
@@ -76,6 +94,12 @@ class FailingStore final : public JobStore {
     return check(), inner_.put(job, claim);
   }
   std::optional<JobRecord> get(const std::string& id) const override {
+    {
+      std::unique_lock<std::mutex> lock(control_->m);
+      ++control_->reads_waiting;
+      control_->changed.wait(lock, [&] { return !control_->holding_reads; });
+      --control_->reads_waiting;
+    }
     return check(), inner_.get(id);
   }
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {

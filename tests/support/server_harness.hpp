@@ -37,6 +37,7 @@ struct HarnessOptions {
   std::chrono::milliseconds inference_timeout{0};
   rebound::Logger logger = {};
   std::size_t http_threads = 80;
+  std::size_t store_call_threads = 0;  ///< ServerOptions::store_call_threads
   std::size_t max_body_bytes = 6291456;
   std::size_t max_header_bytes = 65536;
   std::size_t max_parsing_bytes = std::size_t{256} << 20;
@@ -92,6 +93,7 @@ class ServerHarness {
     sv.host = "127.0.0.1";
     sv.port = 0;
     sv.http_threads = o.http_threads;
+    sv.store_call_threads = o.store_call_threads;
     sv.max_body_bytes = o.max_body_bytes;
     sv.max_header_bytes = o.max_header_bytes;
     sv.max_parsing_bytes = o.max_parsing_bytes;

@@ -42,6 +42,12 @@ struct ServerOptions {
   /// a job: `Prefer: wait` and `POST /invocations` complete through the queue's `async_wait` and
   /// `async_invoke`. A quarter of them at most take batches at once.
   std::size_t http_threads = 16;
+  /// Threads of their own for the routes whose store calls may wait (a poll, a cancel, a
+  /// redelivery, a batch, /metrics, the console's listings: with SQLite each read waits for the
+  /// writes queued before it), so that the `http_threads` only read, route and write. 0, the
+  /// default: those routes run on the HTTP threads. Submissions (answered through
+  /// `JobQueue::submit(job, handler)`), `/invocations` and `/ping` always stay on the front.
+  std::size_t store_call_threads = 0;
   /// Connections open at once; one more is closed as soon as it is accepted (the process needs as
   /// many file descriptors: rebound-server raises its soft RLIMIT_NOFILE to the hard limit).
   std::size_t max_connections = 10000;
