@@ -73,11 +73,13 @@ class FailingStore final : public JobStore {
   }
 
   void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override {
+    bool hold = false;
     {
       std::lock_guard<std::mutex> lock(control_->m);
-      if (!control_->holding) return answer_now(done, [&] { return put(job, claim); });
-      ++control_->held;
+      hold = control_->holding;
+      if (hold) ++control_->held;
     }
+    if (!hold) return answer_now(done, [&] { return put(job, claim); });  // no lock held
     std::lock_guard<std::mutex> lock(answering_mutex_);
     answering_.emplace_back([this, job, claim, done = std::move(done)] {
       {

@@ -38,9 +38,11 @@ struct ServerOptions {
   std::size_t max_header_bytes = 65536;
   /// Threads that run the HTTP front: they read and write every connection (asynchronously: a
   /// connection costs a socket and its buffers, never a thread) and run the routes, whose store
-  /// calls (a submission's write, a poll's read) may block them briefly. No thread ever waits for
-  /// a job: `Prefer: wait` and `POST /invocations` complete through the queue's `async_wait` and
-  /// `async_invoke`. A quarter of them at most take batches at once.
+  /// calls (a poll's read, a batch's write) may block them briefly unless `store_call_threads`
+  /// takes those routes. No thread ever waits for a job or for a submission's commit: a
+  /// submission is answered through `JobQueue::submit(job, handler)`, `Prefer: wait` through
+  /// `async_wait`, `POST /invocations` from the worker that ran the model. A quarter of them at
+  /// most (of the store-call threads, when there are some) take batches at once.
   std::size_t http_threads = 16;
   /// Threads of their own for the routes whose store calls may wait (a poll, a cancel, a
   /// redelivery, a batch, /metrics, the console's listings: with SQLite each read waits for the
