@@ -15,6 +15,7 @@
 #include "rebound/job_queue.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
+#include "support/failing_store.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
 
@@ -139,6 +140,36 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     // The slots are free again.
     CHECK(queue.submit(numbered(100)) == SubmitStatus::accepted);
   }
+}
+
+TEST_CASE("prefetch: submissions whose store answer is still to come count in it") {
+  auto store = std::make_shared<rebound::test::FailingStore::Switch>();
+  auto shared = std::make_shared<OrderModel::Shared>();
+  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+                          std::make_unique<rebound::test::FailingStore>(store), options(8, 100));
+  REQUIRE(queue.submit(numbered(0)) == SubmitStatus::accepted);
+  const std::size_t one = queue.work_bytes();
+  REQUIRE(one > 0);
+  // 49 submissions at once, each waiting for its put (as SQLite's wait for the group commit).
+  store->hold_puts();
+  std::mutex m;
+  int accepted = 0;
+  for (int n = 1; n < 50; ++n) {
+    queue.submit(numbered(n), [&](SubmitStatus status, const rebound::ErrorInfo&) {
+      std::lock_guard<std::mutex> lock(m);
+      accepted += status == SubmitStatus::accepted;
+    });
+  }
+  REQUIRE(eventually([&] { return store->held_puts() == 49; }));
+  store->let_puts_through();
+  REQUIRE(eventually([&] {
+    std::lock_guard<std::mutex> lock(m);
+    return accepted == 49;
+  }));
+  // Memory holds the prefetch (and the job running), not the 50: the rest wait in the store.
+  CHECK(queue.work_bytes() <= 10 * one);
+  open(*shared);
+  REQUIRE(eventually([&] { return ran(*shared) == 50; }, 30s));
 }
 
 TEST_CASE("prefetch: a parked job that is cancelled gives its slot back once the store drains") {
