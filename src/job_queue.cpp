@@ -158,7 +158,7 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   // (up to twice the prefetch), so that priorities still come first.
   const std::size_t prefetch = core.pump.prefetch();
   if (prefetch > 0 && !waited) {
-    const std::size_t depth = queue.depth() + before.held + core.held_unsettled.load();
+    const std::size_t depth = queue.depth() + before.held + core.admission.arriving();
     const int floor = std::min(core.admission.parked() > 0 ? core.admission.parked_floor()
                                                            : std::numeric_limits<int>::max(),
                                before.parked_floor);
@@ -274,7 +274,7 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
   underway->job = std::move(job);
   const Pending& p = underway->pending;
   const bool held = !p.park;
-  if (held) ++core.held_unsettled;
+  if (held) core.admission.arriving_began();
   const std::optional<Lease> claim =
       p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder));
   const Job& stored = underway->job;
@@ -286,7 +286,7 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
                        error ? SubmitStatus::store_unavailable
                              : settle(core, queue, underway->job, underway->pending, outcome,
                                       nullptr);
-                   if (held) --core.held_unsettled;
+                   if (held) core.admission.arriving_ended();
                    underway.reset();  // the slot (unless queued) and the entry end here
                    answer(done, status, {});
                  });

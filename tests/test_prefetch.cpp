@@ -166,8 +166,10 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
     std::lock_guard<std::mutex> lock(m);
     return accepted == 49;
   }));
-  // Memory holds the prefetch (and the job running), not the 50: the rest wait in the store.
-  CHECK(queue.work_bytes() <= 10 * one);
+  // Memory holds about the prefetch (and the job running), not the 50: the rest wait in the
+  // store. (A parked job is in the store before its submission has marked its slot parked: the
+  // pump may claim a few of them then, so the bound is twice the prefetch, not the prefetch.)
+  CHECK(queue.work_bytes() <= 18 * one);
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 50; }, 30s));
 }

@@ -241,6 +241,12 @@ class Admission {
   }
   std::size_t max_bytes() const { return max_bytes_; }
 
+  /// Jobs admitted to be held in memory whose store put is still under way (JobQueue::submit with
+  /// a handler): the prefetch window (the submissions' and the pump's) counts them as queued.
+  void arriving_began() { ++arriving_; }
+  void arriving_ended() { --arriving_; }
+  std::size_t arriving() const { return arriving_.load(); }
+
   bool accepting() const { return accepting_.load(); }
 
   /// Accepting and the model ready.
@@ -311,6 +317,7 @@ class Admission {
   }
 
   std::atomic<bool> accepting_{true};
+  std::atomic<std::size_t> arriving_{0};
   std::mutex entry_mutex_;  // guards entries_
   std::condition_variable left_;
   std::size_t entries_ = 0;  // submissions under way (Entry)

@@ -233,9 +233,6 @@ struct Pipeline {
   std::unique_ptr<CallbackSender> sender;
   OriginGate* gate = nullptr;  // in front of the transport, owned by the sender; null without one
   const bool delivers_callbacks;
-  // Jobs admitted to be held in memory whose asynchronous put is under way (submit with a
-  // handler): the prefetch window counts them as queued already.
-  std::atomic<std::size_t> held_unsettled{0};
   const AddressGuard guard;
   Clock clock;
   Logger logger;  // JobQueueOptions::logger, for what the front ends log (JobQueue::logger)

@@ -167,7 +167,8 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
   // With a prefetch, only the room left in it; jobs parked in the store take their own slots.
   std::size_t room = max_claim;
   if (prefetch_ > 0) {
-    const std::size_t depth = queue_ ? queue_->depth() : 0;
+    // Submissions on their way to the queue (their put under way) count as queued.
+    const std::size_t depth = (queue_ ? queue_->depth() : 0) + admission_.arriving();
     room = depth >= prefetch_ ? 0 : std::min(room, prefetch_ - depth);
   }
   const std::size_t parked_before = admission_.parked();
