@@ -248,7 +248,7 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
   const std::string id = job.id;
   const bool has_callback = !job.callback_url.empty();
   auto answer = [&core, id, has_callback](const SubmitHandler& to, SubmitStatus status,
-                                           const ErrorInfo& why) {
+                                          const ErrorInfo& why) {
     core.observe_submission(status, id, has_callback);
     to(status, why);
   };
@@ -280,12 +280,10 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
   const Job& stored = underway->job;
   core.store.put(stored, claim,
                  [&core, &queue, held, underway = std::move(underway), answer,
-                  done = std::move(done)](
-                     std::exception_ptr error, PutOutcome outcome) mutable {
-                   const SubmitStatus status =
-                       error ? SubmitStatus::store_unavailable
-                             : settle(core, queue, underway->job, underway->pending, outcome,
-                                      nullptr);
+                  done = std::move(done)](std::exception_ptr error, PutOutcome outcome) mutable {
+                   const SubmitStatus status = error ? SubmitStatus::store_unavailable
+                                                     : settle(core, queue, underway->job,
+                                                              underway->pending, outcome, nullptr);
                    if (held) core.admission.arriving_ended();
                    underway.reset();  // the slot (unless queued) and the entry end here
                    answer(done, status, {});

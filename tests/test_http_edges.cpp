@@ -444,14 +444,14 @@ TEST_CASE("control bytes in a header value get 400 invalid_header") {
 TEST_CASE("an HTTP/1.1 request without a Host or with two gets 400 invalid_host") {
   EchoServer server;
   check_error_body(round_trip(server.port, "GET /ping HTTP/1.1\r\n\r\n"), 400, "invalid_host");
-  check_error_body(round_trip(server.port, "GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
-                   400, "invalid_host");
+  check_error_body(round_trip(server.port, "GET /ping HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400,
+                   "invalid_host");
   // The body of a refused request is never read as a request of its own.
   {
     const std::string inner = "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n";
     RawConnection c(server.port);
-    REQUIRE(c.send("POST /invocations HTTP/1.1\r\nContent-Length: " +
-                   std::to_string(inner.size()) + "\r\n\r\n" + inner));
+    REQUIRE(c.send("POST /invocations HTTP/1.1\r\nContent-Length: " + std::to_string(inner.size()) +
+                   "\r\n\r\n" + inner));
     std::string all = c.read(2000ms);
     while (!c.closed())
       all += c.read(2000ms);

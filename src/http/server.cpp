@@ -16,10 +16,10 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
 #include "console.hpp"
@@ -251,12 +251,12 @@ std::optional<int> preferred_wait(const HttpRequest& req) {
 // configured, everyone may call every route but the console's.
 enum Access : unsigned {
   any_key = 0,
-  open = 1,          // no key needed: /ping, /openapi.json, /v1/webhook-keys, the console's page
-  acts = 2,          // not with a viewer key: it changes something, or hands out the secret
-  spans = 4,         // with several tenants, an operator or a viewer key: it spans them all
-  console_page = 8,  // only while the console is on (an operator or a viewer key is configured)
+  open = 1,           // no key needed: /ping, /openapi.json, /v1/webhook-keys, the console's page
+  acts = 2,           // not with a viewer key: it changes something, or hands out the secret
+  spans = 4,          // with several tenants, an operator or a viewer key: it spans them all
+  console_page = 8,   // only while the console is on (an operator or a viewer key is configured)
   console_json = 16,  // the console on, and an operator or a viewer key
-  on_front = 32       // never waits for the store: runs on the HTTP thread, store_call_threads or not
+  on_front = 32       // never waits for the store: on the HTTP thread, store-call threads or not
 };
 
 // What a route does with a request body: none, JSON (a submission's JSON, where a form-encoded
@@ -454,7 +454,8 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   static boost::asio::any_io_executor strand_for(const detail::Reply& reply,
                                                  const boost::asio::any_io_executor& fallback) {
     boost::asio::any_io_executor connection = reply.executor();
-    return connection ? connection : boost::asio::any_io_executor(boost::asio::make_strand(fallback));
+    return connection ? connection
+                      : boost::asio::any_io_executor(boost::asio::make_strand(fallback));
   }
 
   // After `timeout`, answers with what `on_time` writes (unless answered before); `on_stop`
@@ -468,15 +469,14 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
         boost::asio::post(self->strand, [self] { self->give_up(); });
       }
     });
-    boost::asio::post(strand, [self = shared_from_this(), timeout,
-                               build = std::move(on_time)]() mutable {
-      if (self->done) return;  // answered, or given up, before the timer was armed
-      self->timer.expires_after(timeout);
-      self->timer.async_wait(
-          [self, build = std::move(build)](boost::system::error_code ec) {
+    boost::asio::post(
+        strand, [self = shared_from_this(), timeout, build = std::move(on_time)]() mutable {
+          if (self->done) return;  // answered, or given up, before the timer was armed
+          self->timer.expires_after(timeout);
+          self->timer.async_wait([self, build = std::move(build)](boost::system::error_code ec) {
             if (!ec) self->conclude(build);
           });
-    });
+        });
   }
 
   // The Server stops: the answer is given now.
@@ -519,9 +519,8 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
     std::shared_ptr<PendingAnswer> call = weak.lock();
     if (!call) return;
     const boost::asio::any_io_executor strand = call->strand;
-    boost::asio::post(strand, [call = std::move(call), then = std::move(then)]() mutable {
-      then(*call);
-    });
+    boost::asio::post(strand,
+                      [call = std::move(call), then = std::move(then)]() mutable { then(*call); });
   }
 
   std::shared_ptr<ServerLife> life;
@@ -772,8 +771,8 @@ struct Server::Impl {
         HttpResponse res;
         detail::Reply reply;
       };
-      auto task = std::make_shared<Offloaded>(Offloaded{std::move(req), std::move(res),
-                                                        std::move(reply)});
+      auto task =
+          std::make_shared<Offloaded>(Offloaded{std::move(req), std::move(res), std::move(reply)});
       boost::asio::post(*store_calls, [this, life = life, task, found, caller,
                                        tenant = std::move(tenant), param = std::move(param)] {
         std::shared_lock<std::shared_mutex> alive(life->mutex);
@@ -1034,9 +1033,9 @@ struct Server::Impl {
       std::shared_lock<std::shared_mutex> alive(life->mutex);
       if (!life->alive) return;
       const boost::asio::any_io_executor elsewhere =
-          !waits ? boost::asio::any_io_executor()
-                 : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
-                               : later->reply.executor();
+          !waits        ? boost::asio::any_io_executor()
+          : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
+                        : later->reply.executor();
       if (!elsewhere) return answer(submitted, invalid);
       boost::asio::post(elsewhere, [answer, submitted, invalid] { answer(submitted, invalid); });
     });
@@ -1078,10 +1077,9 @@ struct Server::Impl {
     const std::string& tenant = c.tenant;
     // A batch holds its HTTP thread for many jobs' store writes: at most a quarter of the
     // threads take batches at once, so that single requests, polls and /ping always have some.
-    const Place place(batching,
-                      std::max<std::size_t>(1, (store_calls ? options.store_call_threads
-                                                            : options.http_threads) /
-                                                   4));
+    const Place place(
+        batching, std::max<std::size_t>(
+                      1, (store_calls ? options.store_call_threads : options.http_threads) / 4));
     if (!place) {
       res.set_header("Retry-After", "1");
       return send_error(
@@ -1443,13 +1441,13 @@ struct Server::Impl {
     // (The queue completes on its io thread; the answer is decided on the connection's strand.)
     service.async_wait(key, [life = life, weak = std::weak_ptr<PendingAnswer>(call), shared_build](
                                 boost::system::error_code ec, JobRecord record) {
-      PendingAnswer::when_alive(life, weak, [shared_build, ec, record = std::move(record)](
-                                                PendingAnswer& pending) {
-        // Not final: unknown, or the queue would not wait.
-        std::optional<JobRecord> final_record;
-        if (!ec) final_record = record;
-        pending.conclude((*shared_build)(final_record));
-      });
+      PendingAnswer::when_alive(
+          life, weak, [shared_build, ec, record = std::move(record)](PendingAnswer& pending) {
+            // Not final: unknown, or the queue would not wait.
+            std::optional<JobRecord> final_record;
+            if (!ec) final_record = record;
+            pending.conclude((*shared_build)(final_record));
+          });
     });
     return true;
   }
