@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -469,7 +470,8 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
         boost::asio::post(self->strand, [self] { self->give_up(); });
       }
     });
-    boost::asio::post(
+    // (At once when called on the strand, as a route on the connection's thread is.)
+    boost::asio::dispatch(
         strand, [self = shared_from_this(), timeout, build = std::move(on_time)]() mutable {
           if (self->done) return;  // answered, or given up, before the timer was armed
           self->timer.expires_after(timeout);
