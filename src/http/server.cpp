@@ -1038,8 +1038,12 @@ struct Server::Impl {
           !waits        ? boost::asio::any_io_executor()
           : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
                         : later->reply.executor();
-      if (!elsewhere) return answer(submitted, invalid);
-      boost::asio::post(elsewhere, [answer, submitted, invalid] { answer(submitted, invalid); });
+      if (elsewhere) {
+        boost::asio::post(elsewhere, [answer, submitted, invalid] { answer(submitted, invalid); });
+        return;
+      }
+      alive.unlock();  // `answer` takes it again (a shared_mutex is not taken twice by a thread)
+      answer(submitted, invalid);
     });
     reserved.release();
   }
