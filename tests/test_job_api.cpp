@@ -579,19 +579,19 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
 
 TEST_CASE("job api: a submission waiting for its store holds no thread - 202 once it is stored") {
   auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
-  gate->hold_puts();
+  gate->puts.close();
   HarnessOptions o;
   o.http_threads = 1;
   o.make_store = [gate] { return std::make_unique<rebound::test::FailingStore>(gate); };
   Harness h(o);
   h.model->open();
   auto submitted = std::async(std::launch::async, [&] { return h.submit({{"id", "j"}}); });
-  REQUIRE(rebound::test::eventually([&] { return gate->held_puts() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return gate->puts.waiting() == 1; }));
   // The only HTTP thread is free while the store has the job: /ping and a poll answer at once.
   CHECK(h.client().Get("/ping")->status == 200);
   CHECK(h.client().Get("/v1/inferences/j")->status == 404);  // not stored yet
   CHECK(submitted.wait_for(0s) == std::future_status::timeout);
-  gate->let_puts_through();
+  gate->puts.open();
   auto res = submitted.get();
   REQUIRE(res);
   CHECK(res->status == 202);
@@ -608,14 +608,14 @@ TEST_CASE("job api: a poll that waits for its store runs on a store-call thread 
   Harness h(o);
   h.model->open();
   REQUIRE(h.submit({{"id", "j"}})->status == 202);
-  gate->hold_reads();
+  gate->reads.close();
   auto polled = std::async(std::launch::async, [&] { return h.client().Get("/v1/inferences/j"); });
-  REQUIRE(rebound::test::eventually([&] { return gate->held_reads() >= 1; }));
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 1; }));
   // The front's only thread is free while the poll waits: /ping and a submission answer.
   CHECK(h.client().Get("/ping")->status == 200);
   CHECK(h.submit({{"id", "k"}})->status == 202);
   CHECK(polled.wait_for(0s) == std::future_status::timeout);
-  gate->let_reads_through();
+  gate->reads.open();
   auto res = polled.get();
   REQUIRE(res);
   CHECK(res->status == 200);
@@ -624,18 +624,18 @@ TEST_CASE("job api: a poll that waits for its store runs on a store-call thread 
 
 TEST_CASE("job api: a Server that goes while a submission waits for its store - nothing breaks") {
   auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
-  gate->hold_puts();
+  gate->puts.close();
   HarnessOptions o;
   o.make_store = [gate] { return std::make_unique<rebound::test::FailingStore>(gate); };
   Harness h(o);
   h.model->open();
   auto submitted = std::async(std::launch::async, [&] { return h.submit({{"id", "late"}}); });
-  REQUIRE(rebound::test::eventually([&] { return gate->held_puts() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return gate->puts.waiting() == 1; }));
   h.server->stop();
   h.server_thread.join();
   h.server.reset();
   // The store answers with the Server gone: the queue takes the job, nobody is answered.
-  gate->let_puts_through();
+  gate->puts.open();
   REQUIRE(rebound::test::eventually([&] { return h.service->find("late").has_value(); }));
   CHECK(h.service->async_wait("late", boost::asio::use_future).get().status ==
         rebound::JobStatus::succeeded);

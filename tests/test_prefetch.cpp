@@ -151,7 +151,7 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
   const std::size_t one = queue.work_bytes();
   REQUIRE(one > 0);
   // 49 submissions at once, each waiting for its put (as SQLite's wait for the group commit).
-  store->hold_puts();
+  store->puts.close();
   std::mutex m;
   int accepted = 0;
   for (int n = 1; n < 50; ++n) {
@@ -160,8 +160,8 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
       accepted += status == SubmitStatus::accepted;
     });
   }
-  REQUIRE(eventually([&] { return store->held_puts() == 49; }));
-  store->let_puts_through();
+  REQUIRE(eventually([&] { return store->puts.waiting() == 49; }));
+  store->puts.open();
   REQUIRE(eventually([&] {
     std::lock_guard<std::mutex> lock(m);
     return accepted == 49;

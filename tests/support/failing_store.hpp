@@ -1,8 +1,8 @@
 // FailingStore: a JobStore fake that works like the memory store until told to fail, then throws
 // StoreUnavailable from every call (and reports why through failure()) until told to work again.
-// Told to hold puts, it keeps each async_put unanswered until let through, then answers it from a
-// thread of its own, as SQLite's writer answers after its commit. Told to hold reads, `get` waits
-// until let through (a read behind a slow commit).
+// With its `puts` gate closed it keeps each async_put unanswered until the gate opens, then answers
+// it from a thread of its own, as SQLite's writer answers after its commit; with `reads` closed,
+// `get` waits for it to open (a read behind a slow commit).
 #pragma once
 
 #include <atomic>
@@ -27,66 +27,59 @@ class FailingStore final : public JobStore {
     void fail() { failing = true; }
     void heal() { failing = false; }
 
-    void hold_puts() {
-      std::lock_guard<std::mutex> lock(m);
-      holding = true;
-    }
-    void let_puts_through() {
-      std::lock_guard<std::mutex> lock(m);
-      holding = false;
-      changed.notify_all();
-    }
-    /// async_puts waiting to be let through.
-    int held_puts() {
-      std::lock_guard<std::mutex> lock(m);
-      return held;
-    }
-    void hold_reads() {
-      std::lock_guard<std::mutex> lock(m);
-      holding_reads = true;
-    }
-    void let_reads_through() {
-      std::lock_guard<std::mutex> lock(m);
-      holding_reads = false;
-      changed.notify_all();
-    }
-    /// gets waiting to be let through.
-    int held_reads() {
-      std::lock_guard<std::mutex> lock(m);
-      return reads_waiting;
-    }
-    bool holding_reads = false;
-    int reads_waiting = 0;
-    std::mutex m;
-    std::condition_variable changed;
-    bool holding = false;
-    int held = 0;
+    /// Closed, it holds each caller of `pass` until it opens again.
+    class Gate {
+     public:
+      void close() {
+        std::lock_guard<std::mutex> lock(m_);
+        closed_ = true;
+      }
+      void open() {
+        std::lock_guard<std::mutex> lock(m_);
+        closed_ = false;
+        changed_.notify_all();
+      }
+      bool closed() {
+        std::lock_guard<std::mutex> lock(m_);
+        return closed_;
+      }
+      /// Callers held in `pass` now.
+      int waiting() {
+        std::lock_guard<std::mutex> lock(m_);
+        return waiting_;
+      }
+      /// Returns at once while open; else waits until it opens.
+      void pass() {
+        std::unique_lock<std::mutex> lock(m_);
+        ++waiting_;
+        changed_.wait(lock, [this] { return !closed_; });
+        --waiting_;
+      }
+
+     private:
+      std::mutex m_;
+      std::condition_variable changed_;
+      bool closed_ = false;
+      int waiting_ = 0;
+    };
+    Gate puts;   ///< async_put's answers
+    Gate reads;  ///< get
   };
 
   explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
   ~FailingStore() override {
-    control_->let_puts_through();
-    control_->let_reads_through();
+    control_->puts.open();
+    control_->reads.open();
     std::lock_guard<std::mutex> lock(answering_mutex_);
     for (auto& t : answering_)
       t.join();
   }
 
   void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override {
-    bool hold = false;
-    {
-      std::lock_guard<std::mutex> lock(control_->m);
-      hold = control_->holding;
-      if (hold) ++control_->held;
-    }
-    if (!hold) return answer_now(done, [&] { return put(job, claim); });  // no lock held
+    if (!control_->puts.closed()) return answer_now(done, [&] { return put(job, claim); });
     std::lock_guard<std::mutex> lock(answering_mutex_);
     answering_.emplace_back([this, job, claim, done = std::move(done)] {
-      {
-        std::unique_lock<std::mutex> lock(control_->m);
-        control_->changed.wait(lock, [&] { return !control_->holding; });
-        --control_->held;
-      }
+      control_->puts.pass();
       answer_now(done, [&] { return put(job, claim); });
     });
   }
@@ -96,12 +89,7 @@ class FailingStore final : public JobStore {
     return check(), inner_.put(job, claim);
   }
   std::optional<JobRecord> get(const std::string& id) const override {
-    {
-      std::unique_lock<std::mutex> lock(control_->m);
-      ++control_->reads_waiting;
-      control_->changed.wait(lock, [&] { return !control_->holding_reads; });
-      --control_->reads_waiting;
-    }
+    control_->reads.pass();
     return check(), inner_.get(id);
   }
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
