@@ -23,24 +23,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from rawhttp import free_port, get  # noqa: E402
+from rawhttp import exchange, free_port, get  # noqa: E402
 
 
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-
-
-async def exchange(port, raw, timeout=10.0):
-    """(status, body, seconds) of one request on a new connection."""
-    started = time.monotonic()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
-    writer.write(raw)
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
-    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
-    body = await asyncio.wait_for(reader.readexactly(length), timeout)
-    writer.close()
-    return int(head.split()[1]), body, time.monotonic() - started
 
 
 async def one_round(port, pid, clients):

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from rawhttp import free_port, get  # noqa: E402
+from rawhttp import exchange, free_port, get  # noqa: E402
 
 server_bin = sys.argv[1]
 failures = []
@@ -86,12 +86,7 @@ async def timed(port, raw, timeout=2.0):
 async def fetch(port, raw, timeout=5.0):
     """The body of the answer to one request (as text), or "" when none came in time."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
-        writer.write(raw)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
-        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
-        body = await asyncio.wait_for(reader.readexactly(length), timeout)
-        writer.close()
+        _, body, _ = await exchange(port, raw, timeout)
         return body.decode()
     except (asyncio.TimeoutError, OSError, AttributeError):
         return ""

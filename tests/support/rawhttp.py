@@ -1,5 +1,7 @@
 """Raw HTTP/1.1 over loopback sockets for the scripted tests: what no HTTP library would send."""
+import asyncio
 import json
+import re
 import socket
 import time
 
@@ -59,3 +61,16 @@ def error_code(body):
         return json.loads(body)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+async def exchange(port, raw, timeout=10.0):
+    """(status, body, seconds) of one request on a new connection, with asyncio (for many clients
+    at once); raises asyncio.TimeoutError past `timeout` for each step."""
+    started = time.monotonic()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    writer.write(raw)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    body = await asyncio.wait_for(reader.readexactly(length), timeout)
+    writer.close()
+    return int(head.split()[1]), body, time.monotonic() - started
