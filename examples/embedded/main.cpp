@@ -1,6 +1,7 @@
 // rebound without HTTP: a model of your own in a JobQueue that owns its threads, and results back
 // in C++ through a future and (C++20) a coroutine. Usage: rebound-embedded
 #include <algorithm>
+#include <future>
 #include <iostream>
 #include <string>
 #include <utility>  // before Boost 1.74's awaitable.hpp, which needs std::exchange
@@ -53,6 +54,17 @@ int main() {
   });
   const auto five = queue.async_wait("job-5", boost::asio::use_future).get();
   std::cout << "job-5: " << five.outcome.result << std::endl;  // job-5: 10
-  return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10 ? 0
-                                                                                                : 1;
+  // Fire and forget: told once the store holds the job (a durable store's commit holds no thread
+  // meanwhile); its end is for async_wait, or its callback.
+  std::promise<rebound::SubmitStatus> stored;
+  queue.submit(
+      rebound::make_job("job-6", 3),
+      [&stored](rebound::SubmitStatus s, const rebound::ErrorInfo&) { stored.set_value(s); });
+  const bool six_in = stored.get_future().get() == rebound::SubmitStatus::accepted;
+  const auto six = queue.async_wait("job-6", boost::asio::use_future).get();
+  std::cout << "job-6: " << six.outcome.result << std::endl;  // job-6: 6
+  return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10 &&
+                 six_in && six.outcome.result == 6
+             ? 0
+             : 1;
 }
