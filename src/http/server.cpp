@@ -1014,7 +1014,8 @@ struct Server::Impl {
       detail::Reply reply;
     };
     auto later = std::make_shared<Answer>(Answer{std::move(res), std::move(reply)});
-    auto answer = [this, life = life, id, key, wait = preferred_wait(req), later](
+    const std::optional<int> wait = preferred_wait(req);
+    auto answer = [this, life = life, id, key, wait, later](
                       SubmitStatus submitted, const ErrorInfo& invalid) {
       std::shared_lock<std::shared_mutex> alive(life->mutex);
       if (!life->alive) return;  // the Server is gone: nobody is answered
@@ -1027,7 +1028,7 @@ struct Server::Impl {
       }
       if (later->reply) later->reply(std::move(later->res));
     };
-    const bool waits = preferred_wait(req).has_value();
+    const bool waits = wait.has_value();
     service.submit(std::move(job), [this, life = life, waits, later, answer](
                                        SubmitStatus submitted, const ErrorInfo& invalid) {
       // A Prefer: wait reads the store (async_wait): not on the queue's io thread, where SQLite's
