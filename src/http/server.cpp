@@ -1015,8 +1015,8 @@ struct Server::Impl {
     };
     auto later = std::make_shared<Answer>(Answer{std::move(res), std::move(reply)});
     const std::optional<int> wait = preferred_wait(req);
-    auto answer = [this, life = life, id, key, wait, later](
-                      SubmitStatus submitted, const ErrorInfo& invalid) {
+    auto answer = [this, life = life, id, key, wait, later](SubmitStatus submitted,
+                                                            const ErrorInfo& invalid) {
       std::shared_lock<std::shared_mutex> alive(life->mutex);
       if (!life->alive) return;  // the Server is gone: nobody is answered
       try {
