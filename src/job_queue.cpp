@@ -19,10 +19,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "rebound/detail/job_rules.hpp"
 #include "rebound/detail/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/tenant.hpp"
+#include "service/front_door.hpp"
 #include "service/pipeline.hpp"
 
 namespace rebound {
@@ -86,12 +88,28 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
   }
 }
 
+// What a submission came to.
+Submitted refused(boost::system::error_code why) {
+  Submitted s;
+  s.error = why;
+  return s;
+}
+Submitted taken(bool duplicate = false) {
+  Submitted s;
+  s.duplicate = duplicate;
+  return s;
+}
+// Taken, and not the same request again: it goes to the store.
+bool goes_on(const Submitted& s) {
+  return !s.error && !s.duplicate;
+}
+
 // A submission on its way in: what `prepare` decided before the store's put.
 struct Pending {
-  SubmitStatus status = SubmitStatus::accepted;  // anything else: refused before the put
-  Claim claim;                                   // the slot, freed on every way out but the queue
-  bool park = false;                             // stored unclaimed, for the pump to claim later
-  std::string holder;                            // the lease it is stored with, unless parked
+  Submitted verdict;   // anything but a new job: answered before the put
+  Claim claim;         // the slot, freed on every way out but the queue
+  bool park = false;   // stored unclaimed, for the pump to claim later
+  std::string holder;  // the lease it is stored with, unless parked
 };
 
 // What the jobs of one call before this one were given (submit_many): they count as queued for
@@ -101,15 +119,24 @@ struct Admitted {
   int parked_floor = std::numeric_limits<int>::max();
 };
 
-// What is refused before admission (and outside its lock): a callback nobody can send, an input
-// the model refuses. `accepted`: neither.
-SubmitStatus check(Pipeline& core, const Job& job, ErrorInfo* invalid) {
-  if (!job.callback_url.empty() && !core.delivers_callbacks) return SubmitStatus::no_transport;
-  if (auto refused = validate(*core.model, job.input)) {
-    if (invalid) *invalid = std::move(*refused);
-    return SubmitStatus::invalid_input;
+// What is refused before admission (and outside its lock): a job that breaks a rule
+// (detail/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
+// send, an input the model refuses. Taken: none of them.
+Submitted check(Pipeline& core, const Job& job) {
+  if (auto broken = check_job(job, core.guard)) {
+    Submitted s = refused(errc::invalid_job);
+    s.reason = ErrorInfo{"invalid_field", std::move(broken->message)};
+    s.field = std::move(broken->field);
+    return s;
   }
-  return SubmitStatus::accepted;
+  if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
+  if (auto invalid = validate(*core.model, job.input)) {
+    Submitted s = refused(errc::invalid_input);
+    s.reason = std::move(*invalid);
+    s.field = "input";
+    return s;
+  }
+  return taken();
 }
 
 // Before the put (under admission.enter(), after `check`): the job admitted, its defaults set,
@@ -122,34 +149,28 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   const std::string& id = job.id;
   const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
   const std::size_t bytes = work_bytes(job);
-  const SubmitStatus admitted = core.admission.admit(tenant, bytes);
-  if (look_up && (admitted == SubmitStatus::queue_full || admitted == SubmitStatus::tenant_quota)) {
+  const boost::system::error_code admitted = core.admission.admit(tenant, bytes);
+  if (look_up && (admitted == errc::queue_full || admitted == errc::tenant_quota)) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     std::optional<JobRecord> existing;
     try {
       existing = core.store.call(
           "get", id, [&](JobStore& s) { return s.get(id); }, &news);
     } catch (const StoreUnavailable&) {
-      p.status = SubmitStatus::store_unavailable;
+      p.verdict = refused(errc::store_unavailable);
       return p;
     }
     if (existing) {
-      p.status =
-          existing->job.same_request_as(job) ? SubmitStatus::duplicate : SubmitStatus::conflict;
+      p.verdict = existing->job.same_request_as(job) ? taken(true) : refused(errc::id_conflict);
       return p;
     }
   }
-  if (admitted != SubmitStatus::accepted) {
-    p.status = admitted;
+  if (admitted) {
+    p.verdict = refused(admitted);
     return p;
   }
   p.claim = Claim::slot(core.admission, tenant, bytes);
   if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
-  job.priority = std::clamp(job.priority, highest_priority, lowest_priority);
-  // 0: the time-to-live; at most a year (a time far beyond would overflow the clock's
-  // arithmetic).
-  job.max_queue = std::clamp(job.max_queue, std::chrono::milliseconds(0),
-                             std::chrono::milliseconds(std::chrono::hours(24 * 366)));
   // The accepting server claims the job as it stores it: no claim round trip on the way in.
   // With a prefetch, a job beyond it (or behind jobs parked already, first come first served)
   // waits in the store on a parked slot instead, claimed by the pump as the queue drains. A
@@ -178,23 +199,23 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
 
 // After the put: the job parked in the store or queued here with its claim; `done` (for
 // async_submit) registered for the job's end before the job can run, so no end is missed.
-SubmitStatus settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& p,
-                    PutOutcome outcome, Completion<JobRecord>* done) {
+Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& p,
+                 PutOutcome outcome, Completion<JobRecord>* done) {
   switch (outcome) {
     case PutOutcome::created:
       break;
     case PutOutcome::duplicate:
-      return SubmitStatus::duplicate;
+      return taken(true);
     case PutOutcome::full:
-      return SubmitStatus::queue_full;
+      return refused(errc::queue_full);
     case PutOutcome::conflict:
-      return SubmitStatus::conflict;
+      return refused(errc::id_conflict);
   }
   if (p.park) {
     p.claim.park(job.priority);
     // The queue may have drained since it was read.
     if (queue.depth() <= core.pump.prefetch() / 2) core.pump.wake(core.clock());
-    return SubmitStatus::accepted;
+    return taken();
   }
   const std::string id = job.id;
   // Never closed here (closing follows admission.close(), which waits for `enter()`), but a
@@ -206,22 +227,21 @@ SubmitStatus settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pendin
   p.claim.take_lease(core.leases, id, p.holder);
   const int priority = job.priority;
   queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim)}, priority, tenant_of(id));
-  return SubmitStatus::accepted;
+  return taken();
 }
 
 // A submission: validated, admitted, stored with this queue's claim, and queued.
-SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, ErrorInfo* invalid,
-                       Completion<JobRecord>* done) {
+Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
+                    Completion<JobRecord>* done) {
   const std::string id = job.id;
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
-  const SubmitStatus status = [&] {
-    if (const SubmitStatus refused = check(core, job, invalid); refused != SubmitStatus::accepted)
-      return refused;
+  const Submitted verdict = [&] {
+    if (Submitted checked = check(core, job); checked.error) return checked;
     auto entered = core.admission.enter();
     Admitted before;
     Pending p = prepare(core, queue, job, done != nullptr, before, news);
-    if (p.status != SubmitStatus::accepted) return p.status;
+    if (!goes_on(p.verdict)) return p.verdict;
     PutOutcome outcome;
     try {
       outcome = core.store.call(
@@ -231,30 +251,29 @@ SubmitStatus submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Err
           },
           &news);
     } catch (const StoreUnavailable&) {
-      return SubmitStatus::store_unavailable;
+      return refused(errc::store_unavailable);
     }
     return settle(core, queue, job, p, outcome, done);
   }();
   core.store.tell(news);
-  core.observe_submission(status, id, has_callback);
-  return status;
+  core.observe_submission(verdict, id, has_callback);
+  return verdict;
 }
 
 // A submission as submit_to takes it, answered through `done` with the store's asynchronous put
 // (JobStore::async_put): the admission entry and the job's slot travel with the put until the
 // store answers. `done` runs on the caller's thread when the store answers at once, else on the
 // queue's executor.
-void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, SubmitHandler done) {
+void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
+                     FrontDoor::SubmitAnswer done) {
   const std::string id = job.id;
   const bool has_callback = !job.callback_url.empty();
-  auto answer = [&core, id, has_callback](const SubmitHandler& to, SubmitStatus status,
-                                          const ErrorInfo& why) {
-    core.observe_submission(status, id, has_callback);
-    to(status, why);
+  auto answer = [&core, id, has_callback](const FrontDoor::SubmitAnswer& to,
+                                          const Submitted& verdict) {
+    core.observe_submission(verdict, id, has_callback);
+    to(verdict);
   };
-  ErrorInfo invalid;
-  if (const SubmitStatus refused = check(core, job, &invalid); refused != SubmitStatus::accepted)
-    return answer(done, refused, invalid);
+  if (Submitted checked = check(core, job); checked.error) return answer(done, checked);
   struct Underway {
     Job job;
     Pending pending;
@@ -266,10 +285,10 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
   StoreAccess::News news;
   underway->pending = prepare(core, queue, job, false, before, news);
   core.store.tell(news);
-  if (underway->pending.status != SubmitStatus::accepted) {
-    const SubmitStatus refused = underway->pending.status;
+  if (!goes_on(underway->pending.verdict)) {
+    const Submitted verdict = underway->pending.verdict;
     underway.reset();  // the entry ends before the answer
-    return answer(done, refused, {});
+    return answer(done, verdict);
   }
   underway->job = std::move(job);
   const Pending& p = underway->pending;
@@ -281,12 +300,12 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
   core.store.put(stored, claim,
                  [&core, &queue, held, underway = std::move(underway), answer,
                   done = std::move(done)](std::exception_ptr error, PutOutcome outcome) mutable {
-                   const SubmitStatus status = error ? SubmitStatus::store_unavailable
-                                                     : settle(core, queue, underway->job,
-                                                              underway->pending, outcome, nullptr);
+                   const Submitted verdict = error ? refused(errc::store_unavailable)
+                                                   : settle(core, queue, underway->job,
+                                                            underway->pending, outcome, nullptr);
                    if (held) core.admission.arriving_ended();
                    underway.reset();  // the slot (unless queued) and the entry end here
-                   answer(done, status, {});
+                   answer(done, verdict);
                  });
 }
 
@@ -297,12 +316,11 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job, Submit
 // Every job takes its slot before the store answers, so a duplicate or a conflict holds one until
 // then: the jobs refused for room meanwhile are tried once more (a second store call) when some
 // came back.
-std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
-                                        std::vector<Job>& jobs, std::vector<ErrorInfo>* invalid) {
+std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
+                                     std::vector<Job>& jobs) {
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   const std::size_t n = jobs.size();
-  std::vector<SubmitStatus> statuses(n, SubmitStatus::accepted);
-  if (invalid) invalid->assign(n, ErrorInfo{});
+  std::vector<Submitted> statuses(n);
   std::vector<std::string> ids;
   std::vector<bool> callbacks;
   std::vector<std::size_t> first(n, none);  // for a repeated id: its first job
@@ -319,8 +337,8 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
     // Outside the admission lock: the model's validation may take its time. Every job is
     // checked, as its own submission would be; an id counts as taken from its first job that
     // passes.
-    statuses[i] = check(core, jobs[i], invalid ? &(*invalid)[i] : nullptr);
-    if (statuses[i] != SubmitStatus::accepted) continue;
+    statuses[i] = check(core, jobs[i]);
+    if (statuses[i].error) continue;
     if (auto [it, added] = seen.emplace(ids[i], i); !added) {
       first[i] = it->second;
       same_as_first[i] = jobs[i].same_request_as(jobs[it->second]);
@@ -340,20 +358,20 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
       bool failing = false;  // a store read failed: the rest of the round is not tried
       for (std::size_t i : round) {
         if (failing) {
-          statuses[i] = SubmitStatus::store_unavailable;
+          statuses[i] = refused(errc::store_unavailable);
           continue;
         }
         pending.push_back(prepare(core, queue, jobs[i], false, before, news, pass == 0));
-        const SubmitStatus status = pending.back().status;
-        statuses[i] = status;
-        if (status == SubmitStatus::queue_full || status == SubmitStatus::tenant_quota)
+        const Submitted& verdict = pending.back().verdict;
+        statuses[i] = verdict;
+        if (verdict.error == errc::queue_full || verdict.error == errc::tenant_quota)
           without_room.push_back(i);
-        if (status == SubmitStatus::accepted) put_of.push_back(pending.size() - 1);
-        failing = status == SubmitStatus::store_unavailable;
+        if (goes_on(verdict)) put_of.push_back(pending.size() - 1);
+        failing = verdict.error == errc::store_unavailable;
       }
       if (failing) {
         for (std::size_t k : put_of)
-          statuses[round[k]] = SubmitStatus::store_unavailable;
+          statuses[round[k]] = refused(errc::store_unavailable);
         break;
       }
       if (put_of.empty()) break;
@@ -377,7 +395,7 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
         // Some may be stored, as with a put whose answer was lost: their leases run out, and a
         // claim takes them then; a resubmission is answered as a duplicate.
         for (std::size_t k : put_of)
-          statuses[round[k]] = SubmitStatus::store_unavailable;
+          statuses[round[k]] = refused(errc::store_unavailable);
         break;
       }
       bool freed = false;  // a slot taken in this round for a job the store had already
@@ -402,8 +420,8 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
   std::unordered_map<std::string_view, Stored> stored;
   for (std::size_t i = 0; i < n; ++i) {
     if (first[i] == none) continue;
-    const SubmitStatus earlier = statuses[first[i]];
-    if (earlier == SubmitStatus::conflict && !same_as_first[i]) {
+    const Submitted earlier = statuses[first[i]];
+    if (earlier.error == errc::id_conflict && !same_as_first[i]) {
       auto [at, added] = stored.try_emplace(ids[i]);
       if (added) {
         try {
@@ -416,15 +434,15 @@ std::vector<SubmitStatus> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& que
       }
       // (Gone since the first job's put: as the first job was told, a conflict.)
       const Stored& found = at->second;
-      statuses[i] = !found.read ? SubmitStatus::store_unavailable
+      statuses[i] = !found.read ? refused(errc::store_unavailable)
                     : found.record && jobs[i].same_request_as(found.record->job)
-                        ? SubmitStatus::duplicate
-                        : SubmitStatus::conflict;
+                        ? taken(true)
+                        : refused(errc::id_conflict);
       continue;
     }
-    const bool taken = earlier == SubmitStatus::accepted || earlier == SubmitStatus::duplicate;
-    statuses[i] = same_as_first[i] ? (taken ? SubmitStatus::duplicate : earlier)
-                                   : (taken ? SubmitStatus::conflict : earlier);
+    const bool was_taken = !earlier.error;
+    statuses[i] = same_as_first[i] ? (was_taken ? taken(true) : earlier)
+                                   : (was_taken ? refused(errc::id_conflict) : earlier);
   }
   core.store.tell(news);
   for (std::size_t i = 0; i < n; ++i)
@@ -567,7 +585,6 @@ JobQueue::~JobQueue() {
   // Drain (the owning constructor's promise), or at least answer the invocations still queued
   // and hand the leases of jobs not started back to the store.
   shutdown(threads_ && !shut_down_ ? drain_on_destroy_ : std::chrono::milliseconds(0));
-  core_->waiters.close();
   core_->async_waiters.close();
   core_->store.stop();
   core_->pump.stop();
@@ -586,27 +603,30 @@ JobQueue::executor_type JobQueue::get_executor() const noexcept {
   return core_->sender->get_executor();
 }
 
-SubmitStatus JobQueue::submit(Job job, ErrorInfo* invalid) {
-  return detail::submit_to(*core_, *queue_, job, invalid, nullptr);
+void detail::FrontDoor::submit(JobQueue& queue, Job job, SubmitAnswer answer) {
+  if (!answer) throw Error("JobQueue::submit: a handler is required");
+  detail::submit_async_to(*queue.core_, *queue.queue_, std::move(job), std::move(answer));
 }
 
-void JobQueue::submit(Job job, SubmitHandler on_submitted) {
-  if (!on_submitted) throw Error("JobQueue::submit: a handler is required");
-  detail::submit_async_to(*core_, *queue_, std::move(job), std::move(on_submitted));
+void JobQueue::start_accept(Job job, detail::Completion<Submitted> done) {
+  // The answer may come on another thread (the store's); Completion is move-only.
+  auto shared = std::make_shared<detail::Completion<Submitted>>(std::move(done));
+  detail::submit_async_to(*core_, *queue_, std::move(job), [shared](const Submitted& verdict) {
+    (*shared)(verdict.error, verdict);
+  });
 }
 
-std::vector<SubmitStatus> JobQueue::submit_many(std::vector<Job> jobs,
-                                                std::vector<ErrorInfo>* invalid) {
-  return detail::submit_all_to(*core_, *queue_, jobs, invalid);
+std::vector<Submitted> JobQueue::submit_many(std::vector<Job> jobs) {
+  return detail::submit_all_to(*core_, *queue_, jobs);
 }
 
 void JobQueue::start_submit(Job job, detail::Completion<JobRecord> done) {
   const std::string id = job.id;
-  const SubmitStatus status = detail::submit_to(*core_, *queue_, job, nullptr, &done);
-  if (status == SubmitStatus::accepted) return;  // `done` waits for the job's end
+  const Submitted verdict = detail::submit_to(*core_, *queue_, job, &done);
   // The same request again: it completes with the first one's end, and never runs twice.
-  if (status == SubmitStatus::duplicate) return start_wait(id, std::move(done));
-  done(to_error_code(status), JobRecord{});
+  if (verdict.duplicate) return start_wait(id, std::move(done));
+  if (verdict.error) done(verdict.error, JobRecord{});
+  // Else `done` waits for the job's end.
 }
 
 void JobQueue::start_wait(std::string id, detail::Completion<JobRecord> done) {
@@ -646,26 +666,20 @@ struct InvokeReply {
 
 void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction> done) {
   auto shared = std::make_shared<InvokeReply>(std::move(done));
-  ErrorInfo invalid;
-  const SubmitStatus status = invoke(
-      std::move(input),
-      [shared](const Prediction& p) {
-        // Taken off the queue at shutdown: an error, as for every other handler then.
-        const bool stopped = !p.ok() && p.error().code == "shutting_down";
-        shared->done(
-            stopped ? boost::system::error_code(errc::shutting_down) : boost::system::error_code(),
-            p);
-      },
-      &invalid);
-  if (status == SubmitStatus::accepted) return;
-  const char* code = status == SubmitStatus::queue_full          ? "queue_full"
-                     : status == SubmitStatus::not_ready         ? "not_ready"
-                     : status == SubmitStatus::store_unavailable ? "store_unavailable"
-                                                                 : "shutting_down";
-  Prediction refused = status == SubmitStatus::invalid_input
-                           ? Prediction::failure(invalid.code, invalid.message)
-                           : Prediction::failure(code, to_error_code(status).message());
-  shared->done(to_error_code(status), std::move(refused));
+  const Submitted verdict = detail::FrontDoor::invoke(
+      *this, std::move(input), [shared](boost::system::error_code ec, const Prediction& p) {
+        // The model's answer, whatever its code (a model may fail with
+        // any code it likes), or the queue's refusal at shutdown.
+        shared->done(ec, p);
+      });
+  if (!verdict.error) return;
+  // A refusal: the Prediction says why too (the model's sentence for invalid_input).
+  Prediction refused =
+      verdict.error == errc::invalid_input
+          ? Prediction::failure(verdict.reason.code, verdict.reason.message)
+          : Prediction::failure(to_string(static_cast<errc>(verdict.error.value())),
+                                verdict.error.message());
+  shared->done(verdict.error, std::move(refused));
 }
 
 void JobQueue::end_drain() {
@@ -680,28 +694,29 @@ bool JobQueue::delivers_callbacks() const {
   return core_->delivers_callbacks;
 }
 
-SubmitStatus JobQueue::invoke(nlohmann::json input, InvocationHandler on_result,
-                              ErrorInfo* invalid) {
+Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result) {
   if (!on_result) throw Error("JobQueue::invoke: a result handler is required");
-  const SubmitStatus status = [&] {
-    if (auto refused = detail::validate(*core_->model, input)) {
-      if (invalid) *invalid = std::move(*refused);
-      return SubmitStatus::invalid_input;
+  detail::Pipeline& core = *queue.core_;
+  const Submitted verdict = [&] {
+    if (auto invalid = detail::validate(*core.model, input)) {
+      Submitted s = detail::refused(errc::invalid_input);
+      s.reason = std::move(*invalid);
+      s.field = "input";
+      return s;
     }
     Job job;
     job.input = std::move(input);
     const std::size_t bytes = detail::work_bytes(job);
-    auto entered = core_->admission.enter();
-    const SubmitStatus admitted = core_->admission.admit({}, bytes);
-    if (admitted != SubmitStatus::accepted) return admitted;
+    auto entered = core.admission.enter();
+    if (const auto admitted = core.admission.admit({}, bytes)) return detail::refused(admitted);
     // Synchronous invocations queue at the default priority, beside jobs submitted without one.
-    queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result),
-                                      detail::Claim::slot(core_->admission, {}, bytes)},
-                     default_priority);
-    return SubmitStatus::accepted;
+    queue.queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result),
+                                            detail::Claim::slot(core.admission, {}, bytes)},
+                           default_priority);
+    return detail::taken();
   }();
-  if (status != SubmitStatus::accepted) core_->observe_submission(status, {}, false);
-  return status;
+  if (verdict.error) core.observe_submission(verdict, {}, false);
+  return verdict;
 }
 
 std::size_t JobQueue::max_batch_size() const {
@@ -835,17 +850,15 @@ BatchStats JobQueue::batch_stats() const {
   return stats;
 }
 
-RedeliverStatus JobQueue::redeliver(const std::string& id) {
-  if (!core_->admission.accepting()) return RedeliverStatus::shutting_down;
-  if (!core_->delivers_callbacks) return RedeliverStatus::no_transport;
-  const SubmitStatus slot = core_->admission.take_slot_within_share(tenant_of(id));
-  if (slot != SubmitStatus::accepted) {
+boost::system::error_code JobQueue::redeliver(const std::string& id) {
+  if (!core_->admission.accepting()) return errc::shutting_down;
+  if (!core_->delivers_callbacks) return errc::no_transport;
+  if (const auto slot = core_->admission.take_slot_within_share(tenant_of(id))) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
     auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
-    if (!record) return RedeliverStatus::not_found;
-    if (record->callback.state != CallbackState::failed) return RedeliverStatus::not_failed;
-    return slot == SubmitStatus::tenant_quota ? RedeliverStatus::tenant_quota
-                                              : RedeliverStatus::queue_full;
+    if (!record) return errc::not_found;
+    if (record->callback.state != CallbackState::failed) return errc::not_failed;
+    return slot;
   }
   detail::Claim claim = detail::Claim::slot(core_->admission, tenant_of(id));  // freed on all ways
   const Lease lease = core_->leases.from_now(core_->leases.next_holder());
@@ -858,15 +871,14 @@ RedeliverStatus JobQueue::redeliver(const std::string& id) {
     record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
   }
   if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
-    return outcome == RedeliverOutcome::not_failed ? RedeliverStatus::not_failed
-                                                   : RedeliverStatus::not_found;
+    return outcome == RedeliverOutcome::not_failed ? errc::not_failed : errc::not_found;
   }
   core_->observe([&](auto& o) { o.on_redelivery(id, record->callback.attempts); });
   core_->delivery.attempt(*record, lease.holder, std::move(claim));
-  return RedeliverStatus::accepted;
+  return {};
 }
 
-CancelStatus JobQueue::cancel(const std::string& id) {
+boost::system::error_code JobQueue::cancel(const std::string& id) {
   const auto now = core_->clock();
   const JobOutcome outcome{JobStatus::cancelled, nullptr,
                            ErrorInfo{"cancelled", "The job was cancelled before it finished."},
@@ -875,9 +887,9 @@ CancelStatus JobQueue::cancel(const std::string& id) {
       core_->store.call("cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
   switch (result) {
     case CancelOutcome::not_found:
-      return CancelStatus::not_found;
+      return errc::not_found;
     case CancelOutcome::already_finished:
-      return CancelStatus::already_finished;
+      return errc::already_final;
     case CancelOutcome::cancelled:
       break;
   }
@@ -893,11 +905,10 @@ CancelStatus JobQueue::cancel(const std::string& id) {
         id, std::max(core_->leases.duration(), std::chrono::milliseconds(5000)));
   }
   core_->observe([&](auto& o) { o.on_cancelled(id); });
-  core_->waiters.notify(id);
   if (!core_->async_waiters.empty()) core_->complete_from_store(id);
   // Its callback ("cancelled") is due now, in the store.
   core_->pump.wake(now);
-  return CancelStatus::cancelled;
+  return {};
 }
 
 JobPage JobQueue::failed_callbacks_page(const std::string& tenant,
@@ -933,14 +944,6 @@ const std::string& JobQueue::server_id() const {
   return core_->leases.server_id();
 }
 
-std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit,
-                                                  const std::string& tenant) const {
-  const std::string prefix = tenant.empty() ? std::string() : tenant + "/";
-  return core_->store.call("list_failed_callbacks", {}, [&](JobStore& s) {
-    return s.list_failed_callbacks_with_prefix(prefix, limit);
-  });
-}
-
 std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit) const {
   return core_->store.call("list_failed_callbacks", {},
                            [&](JobStore& s) { return s.list_failed_callbacks(limit); });
@@ -948,32 +951,6 @@ std::vector<JobRecord> JobQueue::failed_callbacks(std::size_t limit) const {
 
 std::optional<JobRecord> JobQueue::find(const std::string& id) const {
   return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
-}
-
-std::optional<JobRecord> JobQueue::wait_final(const std::string& id,
-                                              std::chrono::milliseconds timeout, bool* waited) {
-  if (waited) *waited = false;
-  std::optional<JobRecord> record = find(id);
-  if (!record || is_final(record->status) || timeout.count() <= 0) return record;
-  detail::FinalWaiters::Ticket ticket{id};
-  if (!core_->waiters.join(ticket)) return record;
-  if (waited) *waited = true;
-  struct Leave {
-    detail::FinalWaiters& w;
-    detail::FinalWaiters::Ticket& t;
-    ~Leave() { w.leave(t); }
-  } leave{core_->waiters, ticket};
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // Woken at once by this server's own outcomes; every second the store is asked again, for the
-  // outcomes of the other servers.
-  constexpr auto poll = std::chrono::seconds(1);
-  for (;;) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline || core_->waiters.closed()) return record;
-    core_->waiters.wait(ticket, std::min(deadline, now + poll));
-    record = find(id);
-    if (!record || is_final(record->status)) return record;
-  }
 }
 
 std::optional<std::size_t> JobQueue::queue_position(const std::string& id) const {
@@ -1014,7 +991,6 @@ void JobQueue::abandon_running() {
 
 bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   shut_down_ = true;
-  core_->waiters.close();
   core_->admission.close();
   const auto started = std::chrono::steady_clock::now();
   // Jobs parked in the store (JobQueueOptions::prefetch) run too while the time lasts: the pump
@@ -1043,7 +1019,8 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   for (auto& item : queue_->take_pending()) {
     if (item.reply) {
       try {
-        item.reply(Prediction::failure("shutting_down", "the server is shutting down"));
+        item.reply(errc::shutting_down,
+                   Prediction::failure("shutting_down", "the server is shutting down"));
       } catch (...) {
       }
     }

@@ -12,6 +12,7 @@
 #include "support/log_lines.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
+#include "support/submitting.hpp"
 
 using namespace std::chrono_literals;
 using nlohmann::json;
@@ -232,7 +233,7 @@ TEST_CASE("console: dead letters are found - inspected and redelivered - each ac
   check_error(ops.get("/v1/console/jobs/dl-1"), 404, "not_found");
   check_error(ops.get("/v1/console/jobs/dl-1?tenant=nobody"), 404, "not_found");
   // A job of no tenant (stored before the tenants were named) is opened without one.
-  REQUIRE(h.service->submit(rebound::make_job("legacy", 7)) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(*h.service, rebound::make_job("legacy", 7)) == "accepted");
   REQUIRE(eventually(
       [&] { return h.service->find("legacy")->status == rebound::JobStatus::succeeded; }));
   CHECK(ops.get_json("/v1/console/jobs/legacy")["tenant"] == "");

@@ -17,11 +17,13 @@
 #include <vector>
 
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include "../src/service/front_door.hpp"
 #include "rebound/errc.hpp"
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
@@ -35,6 +37,7 @@
 #include "support/temp_dir.hpp"
 #ifdef REBOUND_TEST_REDIS
 #include "support/redis_server.hpp"
+#include "support/submitting.hpp"
 #endif
 
 using boost::system::error_code;
@@ -121,25 +124,25 @@ TEST_CASE("job queue: submit_many answers each job as submit would - with one st
   auto* held = model.get();
   JobQueue queue(std::move(model), std::make_unique<rebound::SqliteJobStore>(dir.file("j.db")),
                  options);
-  REQUIRE(queue.submit(job("old", 1)) == rebound::SubmitStatus::accepted);
-  std::vector<rebound::ErrorInfo> why;
-  using S = rebound::SubmitStatus;
-  CHECK(queue.submit_many({job("a", 1), job("old", 1), job("old", 2), job("b", 2)}, &why) ==
-        std::vector<S>{S::accepted, S::duplicate, S::conflict, S::accepted});
-  REQUIRE(why.size() == 4);
+  REQUIRE(rebound::test::submitted(queue, job("old", 1)) == "accepted");
+  using rebound::test::outcomes_of;
+  using V = std::vector<std::string>;
+  CHECK(outcomes_of(queue.submit_many({job("a", 1), job("old", 1), job("old", 2), job("b", 2)})) ==
+        V{"accepted", "duplicate", "id_conflict", "accepted"});
   CHECK(queue.in_flight() == 3);
   // Capacity 4: one more fits; the others are refused.
-  CHECK(queue.submit_many({job("c", 3), job("d", 4), job("e", 5)}) ==
-        std::vector<S>{S::accepted, S::queue_full, S::queue_full});
+  CHECK(outcomes_of(queue.submit_many({job("c", 3), job("d", 4), job("e", 5)})) ==
+        V{"accepted", "queue_full", "queue_full"});
   CHECK(queue.in_flight() == 4);
   CHECK_FALSE(queue.find("d"));
   // Full: an id twice in one call is still told a duplicate (or a conflict) of the first.
-  CHECK(queue.submit_many({job("c", 3), job("c", 3), job("c", 4)}) ==
-        std::vector<S>{S::duplicate, S::duplicate, S::conflict});
+  CHECK(outcomes_of(queue.submit_many({job("c", 3), job("c", 3), job("c", 4)})) ==
+        V{"duplicate", "duplicate", "id_conflict"});
   // A first job in conflict with the stored one says nothing of the others under its id: the
   // stored request among them is a duplicate, as it would be alone.
-  CHECK(queue.submit_many({job("c", 5), job("c", 3), job("c", 5), job("c", 6), job("c", 3)}) ==
-        std::vector<S>{S::conflict, S::duplicate, S::conflict, S::conflict, S::duplicate});
+  CHECK(outcomes_of(
+            queue.submit_many({job("c", 5), job("c", 3), job("c", 5), job("c", 6), job("c", 3)})) ==
+        V{"id_conflict", "duplicate", "id_conflict", "id_conflict", "duplicate"});
   held->open();
   for (const char* id : {"a", "b", "c"})
     CHECK(queue.async_wait(id, boost::asio::use_future).get().status == JobStatus::succeeded);
@@ -153,36 +156,38 @@ TEST_CASE("job queue: submit_many with one slot free takes an id sent twice once
   auto model = std::make_unique<rebound::test::HeldModel>();
   auto* held = model.get();
   JobQueue queue(std::move(model), nullptr, options);
-  REQUIRE(queue.submit(job("first", 1)) == rebound::SubmitStatus::accepted);
-  using S = rebound::SubmitStatus;
-  CHECK(queue.submit_many({job("x", 1), job("x", 1), job("x", 2), job("y", 1)}) ==
-        std::vector<S>{S::accepted, S::duplicate, S::conflict, S::queue_full});
+  REQUIRE(rebound::test::submitted(queue, job("first", 1)) == "accepted");
+  using rebound::test::outcomes_of;
+  using V = std::vector<std::string>;
+  CHECK(outcomes_of(queue.submit_many({job("x", 1), job("x", 1), job("x", 2), job("y", 1)})) ==
+        V{"accepted", "duplicate", "id_conflict", "queue_full"});
   CHECK(queue.in_flight() == 2);
   // A resubmitted call whose jobs are all stored takes nothing; its new job the freed slot.
   held->open();
   CHECK(queue.async_wait("x", boost::asio::use_future).get().status == JobStatus::succeeded);
   REQUIRE(rebound::test::eventually([&] { return queue.in_flight() <= 1; }));
-  CHECK(queue.submit_many({job("x", 1), job("y", 1)}) == std::vector<S>{S::duplicate, S::accepted});
+  CHECK(outcomes_of(queue.submit_many({job("x", 1), job("y", 1)})) == V{"duplicate", "accepted"});
 }
 
 TEST_CASE("job queue: submit_many refuses an invalid input alone - the others go on") {
   JobQueue queue(std::make_unique<Doubler>());
-  std::vector<rebound::ErrorInfo> why;
-  const auto statuses = queue.submit_many({job("x", 1), job("y", "text"), job("z", 3)}, &why);
-  using S = rebound::SubmitStatus;
-  CHECK(statuses == std::vector<S>{S::accepted, S::invalid_input, S::accepted});
+  using rebound::test::outcomes_of;
+  using V = std::vector<std::string>;
+  auto why = queue.submit_many({job("x", 1), job("y", "text"), job("z", 3)});
+  CHECK(outcomes_of(why) == V{"accepted", "invalid_input", "accepted"});
   REQUIRE(why.size() == 3);
-  CHECK(why[1].message == "must be an integer");
-  CHECK(why[0].code.empty());
+  CHECK(why[1].reason.message == "must be an integer");
+  CHECK(why[1].field == "input");
+  CHECK(why[0].reason.code.empty());
   CHECK(queue.async_wait("z", boost::asio::use_future).get().outcome.result == 6);
   CHECK(queue.async_wait("x", boost::asio::use_future).get().outcome.result == 2);
   CHECK_FALSE(queue.find("y"));
   // A repeated id is checked as its own submission would be: the invalid one is refused, the
   // valid one taken, whichever comes first.
-  CHECK(queue.submit_many({job("r", "text"), job("r", 4), job("s", 5), job("s", "text")}, &why) ==
-        std::vector<S>{S::invalid_input, S::accepted, S::accepted, S::invalid_input});
-  CHECK(why[1].code.empty());
-  CHECK(why[3].message == "must be an integer");
+  why = queue.submit_many({job("r", "text"), job("r", 4), job("s", 5), job("s", "text")});
+  CHECK(outcomes_of(why) == V{"invalid_input", "accepted", "accepted", "invalid_input"});
+  CHECK(why[1].reason.code.empty());
+  CHECK(why[3].reason.message == "must be an integer");
   CHECK(queue.async_wait("r", boost::asio::use_future).get().outcome.result == 8);
   CHECK(queue.submit_many({}).empty());
 }
@@ -224,21 +229,21 @@ TEST_CASE("job queue: work in memory is bounded in bytes - as the inputs really 
       s += i ? ",0" : "0";
     return s;
   }() + "]");
-  CHECK(queue.submit(job("one", big)) == rebound::SubmitStatus::accepted);
-  CHECK(queue.submit(job("two", big)) == rebound::SubmitStatus::accepted);
+  CHECK(rebound::test::submitted(queue, job("one", big)) == "accepted");
+  CHECK(rebound::test::submitted(queue, job("two", big)) == "accepted");
   // A third would pass 8 MiB: refused, as a full queue is, whatever the count of jobs.
-  CHECK(queue.submit(job("three", big)) == rebound::SubmitStatus::queue_full);
+  CHECK(rebound::test::submitted(queue, job("three", big)) == "queue_full");
   auto refused = queue.async_submit(job("three", big), boost::asio::use_future);
   CHECK_THROWS_AS(refused.get(), boost::system::system_error);
   // Small work still fits beside them.
-  CHECK(queue.submit(job("small", 1)) == rebound::SubmitStatus::accepted);
+  CHECK(rebound::test::submitted(queue, job("small", 1)) == "accepted");
   CHECK(queue.in_flight() == 3);
   held->open();
   CHECK(queue.async_wait("two", boost::asio::use_future).get().status == JobStatus::succeeded);
   CHECK(queue.async_wait("small", boost::asio::use_future).get().status == JobStatus::succeeded);
   for (int i = 0; i < 500 && queue.in_flight() > 0; ++i)  // slots go back after the record
     std::this_thread::sleep_for(10ms);
-  CHECK(queue.submit(job("three", big)) == rebound::SubmitStatus::accepted);
+  CHECK(rebound::test::submitted(queue, job("three", big)) == "accepted");
   CHECK(queue.async_wait("three", boost::asio::use_future).get().status == JobStatus::succeeded);
 }
 
@@ -291,13 +296,13 @@ TEST_CASE("job queue: one job larger than the whole byte budget is taken when no
   auto* held = model.get();
   JobQueue queue(std::move(model), nullptr, options);
   const nlohmann::json big = nlohmann::json::array({1, 2, 3, "a string longer than sixteen"});
-  CHECK(queue.submit(job("alone", std::string(4096, 'x'))) == rebound::SubmitStatus::accepted);
-  CHECK(queue.submit(job("beside", big)) == rebound::SubmitStatus::queue_full);
+  CHECK(rebound::test::submitted(queue, job("alone", std::string(4096, 'x'))) == "accepted");
+  CHECK(rebound::test::submitted(queue, job("beside", big)) == "queue_full");
   held->open();
   CHECK(queue.async_wait("alone", boost::asio::use_future).get().status == JobStatus::succeeded);
   for (int i = 0; i < 500 && queue.in_flight() > 0; ++i)  // slots go back after the record
     std::this_thread::sleep_for(10ms);
-  CHECK(queue.submit(job("beside", big)) == rebound::SubmitStatus::accepted);
+  CHECK(rebound::test::submitted(queue, job("beside", big)) == "accepted");
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {
@@ -340,10 +345,11 @@ TEST_CASE("job queue: refusals are rebound::errc codes with messages") {
       CHECK(std::string(e.code().category().name()) == "rebound");
       CHECK(e.code().message() == "the model refused the input");
     }
-    rebound::ErrorInfo why;
-    CHECK(queue.submit(job("bad2", "text"), &why) == rebound::SubmitStatus::invalid_input);
-    CHECK(why.code == "invalid_input");
-    CHECK(why.message == "must be an integer");
+    rebound::Submitted why;
+    CHECK(rebound::test::submitted(queue, job("bad2", "text"), &why) == "invalid_input");
+    CHECK(why.reason.code == "invalid_input");
+    CHECK(why.reason.message == "must be an integer");
+    CHECK(why.field == "input");
     CHECK_FALSE(queue.find("bad"));
     CHECK_FALSE(queue.find("bad2"));
   }
@@ -361,11 +367,11 @@ TEST_CASE("job queue: refusals are rebound::errc codes with messages") {
     JobQueue bare(pool.get_executor(), io.get_executor(), std::make_unique<Doubler>(), nullptr,
                   nullptr);
     CHECK_FALSE(bare.delivers_callbacks());
-    CHECK(bare.submit(job("cb", 1, "https://example.com/hook")) ==
-          rebound::SubmitStatus::no_transport);
+    CHECK(rebound::test::submitted(bare, job("cb", 1, "https://example.com/hook")) ==
+          "no_transport");
     CHECK_FALSE(bare.find("cb"));
     // Nor does it take a dead letter it could not send.
-    CHECK(bare.redeliver("cb") == rebound::RedeliverStatus::no_transport);
+    CHECK(bare.redeliver("cb") == errc::no_transport);
   }
   SUBCASE("async_wait for an unknown id: not_found") {
     auto f = queue.async_wait("nobody", boost::asio::use_future);
@@ -513,7 +519,7 @@ TEST_CASE(
   {
     JobQueue queue(rebound::make_builtin_model("sleep:60"),
                    std::make_unique<rebound::SqliteJobStore>(dir.file("j.db")), o);
-    REQUIRE(queue.submit(job("long", 1)) == rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(queue, job("long", 1)) == "accepted");
     REQUIRE(rebound::test::eventually([&] {
       const auto record = queue.find("long");
       return record && record->status == JobStatus::running;
@@ -556,12 +562,12 @@ TEST_CASE("job queue: async_wait completes when the job ends - also when it was 
   rebound::JobQueueOptions o;
   o.workers = 1;
   JobQueue queue(std::move(model), nullptr, o);
-  REQUIRE(queue.submit(job("first", 1)) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, job("first", 1)) == "accepted");
   REQUIRE(held->wait_started(1));
-  REQUIRE(queue.submit(job("second", 2)) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, job("second", 2)) == "accepted");
   auto first = queue.async_wait("first", boost::asio::use_future);
   auto second = queue.async_wait("second", boost::asio::use_future);
-  CHECK(queue.cancel("second") == rebound::CancelStatus::cancelled);
+  CHECK_FALSE(queue.cancel("second"));
   REQUIRE(second.wait_for(10s) == std::future_status::ready);
   CHECK(second.get().status == JobStatus::cancelled);
   CHECK(first.wait_for(50ms) == std::future_status::timeout);
@@ -586,71 +592,177 @@ TEST_CASE("job queue: async_invoke answers through the same queue - invalid inpu
   CHECK_FALSE(queue.find(""));  // nothing stored
 }
 
-// What submit(job, handler) answered: each answer, and the thread it came on.
-struct Submitted {
+// What a submission's handler answered: each answer, and the thread it came on.
+struct Answers {
   std::mutex m;
   std::condition_variable answered;
-  std::vector<std::pair<rebound::SubmitStatus, std::string>> answers;  // status, invalid.code
+  std::vector<rebound::Submitted> answers;
   std::vector<std::thread::id> threads;
-  rebound::SubmitHandler handler() {
-    return [this](rebound::SubmitStatus status, const rebound::ErrorInfo& invalid) {
-      std::lock_guard<std::mutex> lock(m);
-      answers.emplace_back(status, invalid.code);
-      threads.push_back(std::this_thread::get_id());
-      answered.notify_all();
+  void take(const rebound::Submitted& s) {
+    std::lock_guard<std::mutex> lock(m);
+    answers.push_back(s);
+    threads.push_back(std::this_thread::get_id());
+    answered.notify_all();
+  }
+  // For JobQueue::submit.
+  auto handler() {
+    return [this](boost::system::error_code ec, rebound::Submitted s) {
+      CHECK(ec == s.error);
+      take(s);
     };
   }
   bool wait_for(std::size_t n) {
     std::unique_lock<std::mutex> lock(m);
     return answered.wait_for(lock, std::chrono::seconds(10), [&] { return answers.size() >= n; });
   }
+  std::vector<std::string> outcomes() {
+    std::lock_guard<std::mutex> lock(m);
+    return rebound::test::outcomes_of(answers);
+  }
 };
 
-TEST_CASE("job queue: submit with a handler answers once the store holds the job - no wait") {
-  using rebound::SubmitStatus;
+// The io thread of a queue: where its handlers run by default.
+std::thread::id io_thread_of(JobQueue& queue) {
+  std::promise<std::thread::id> id;
+  boost::asio::post(queue.get_executor(), [&id] { id.set_value(std::this_thread::get_id()); });
+  return id.get_future().get();
+}
+
+TEST_CASE("job queue: submit completes once the store holds the job - on the handler's executor") {
+  using V = std::vector<std::string>;
   const auto caller = std::this_thread::get_id();
-  SUBCASE("SQLite: answered from the io thread after the commit") {
+  for (const bool sqlite : {false, true}) {
+    CAPTURE(sqlite);
     rebound::test::TempDir dir;
-    JobQueue queue(std::make_unique<Doubler>(), rebound::make_store("sqlite:" + dir.file("j.db")));
-    Submitted s;
+    JobQueue queue(std::make_unique<Doubler>(),
+                   sqlite ? rebound::make_store("sqlite:" + dir.file("j.db")) : nullptr);
+    const auto io = io_thread_of(queue);
+    Answers s;
     queue.submit(job("a", 21), s.handler());
     queue.submit(job("a", 21), s.handler());  // the same request again
     queue.submit(job("bad", "x"), s.handler());
-    REQUIRE(s.wait_for(3));
-    std::lock_guard<std::mutex> lock(s.m);
-    // The refusal of the input is answered at once, on this thread; the two puts after their
-    // commit, in order, from the queue's io thread.
-    std::vector<SubmitStatus> from_store;
-    for (std::size_t i = 0; i < s.answers.size(); ++i) {
-      if (s.answers[i].first == SubmitStatus::invalid_input) {
-        CHECK(s.answers[i].second == "invalid_input");
-        CHECK(s.threads[i] == caller);
-      } else {
-        from_store.push_back(s.answers[i].first);
-        CHECK(s.threads[i] != caller);
+    queue.submit(job("a/b/c", 1), s.handler());  // breaks the id rule
+    REQUIRE(s.wait_for(4));
+    {
+      std::lock_guard<std::mutex> lock(s.m);
+      // Never inline, always on the io executor (the handler names none), refusals included.
+      for (const auto thread : s.threads) {
+        CHECK(thread != caller);
+        CHECK(thread == io);
       }
     }
-    CHECK(from_store == std::vector<SubmitStatus>{SubmitStatus::accepted, SubmitStatus::duplicate});
+    // Refusals come at once; the puts after the store answered (SQLite: its commit), in order.
+    V outcomes = s.outcomes();
+    std::sort(outcomes.begin(), outcomes.end());
+    CHECK(outcomes == V{"accepted", "duplicate", "invalid_input", "invalid_job"});
     CHECK(queue.async_wait("a", boost::asio::use_future).get().outcome.result == 42);
-    CHECK(queue.find("a")->status == JobStatus::succeeded);
+    // Fire and forget: nobody is told; the job runs all the same.
+    queue.submit(job("d", 4), boost::asio::detached);
+    CHECK(queue.async_wait("d", boost::asio::use_future).get().outcome.result == 8);
+    // With a future: the Submitted, or the refusal thrown.
+    CHECK_FALSE(queue.submit(job("a", 21), boost::asio::use_future).get().error);
+    CHECK_THROWS_AS(queue.submit(job("a", 22), boost::asio::use_future).get(),
+                    boost::system::system_error);
+    CHECK(queue.shutdown(std::chrono::seconds(5)));
+    queue.submit(job("c", 2), s.handler());
+    REQUIRE(s.wait_for(5));
+    CHECK(s.outcomes().back() == "shutting_down");
   }
-  SUBCASE("memory: answered before submit returns; refused after shutdown") {
+}
+
+TEST_CASE("job queue: the front door answers a submission without a hop - inline when it can") {
+  const auto caller = std::this_thread::get_id();
+  auto answer = [](Answers& s) {
+    return [&s](const rebound::Submitted& verdict) { s.take(verdict); };
+  };
+  SUBCASE("memory: before submit returns, on this thread") {
     JobQueue queue(std::make_unique<Doubler>());
-    Submitted s;
-    queue.submit(job("b", 2), s.handler());
+    Answers s;
+    rebound::detail::FrontDoor::submit(queue, job("b", 2), answer(s));
+    std::lock_guard<std::mutex> lock(s.m);
+    REQUIRE(s.answers.size() == 1);
+    CHECK(rebound::test::outcome_of(s.answers[0]) == "accepted");
+    CHECK(s.threads[0] == caller);
+  }
+  SUBCASE("SQLite: refusals at once; the put from the io thread after the commit") {
+    rebound::test::TempDir dir;
+    JobQueue queue(std::make_unique<Doubler>(), rebound::make_store("sqlite:" + dir.file("j.db")));
+    const auto io = io_thread_of(queue);
+    Answers s;
+    rebound::detail::FrontDoor::submit(queue, job("bad", "x"), answer(s));
     {
       std::lock_guard<std::mutex> lock(s.m);
       REQUIRE(s.answers.size() == 1);
-      CHECK(s.answers[0].first == SubmitStatus::accepted);
       CHECK(s.threads[0] == caller);
     }
-    CHECK(queue.async_wait("b", boost::asio::use_future).get().outcome.result == 4);
-    CHECK(queue.shutdown(std::chrono::seconds(5)));
-    queue.submit(job("c", 2), s.handler());
+    rebound::detail::FrontDoor::submit(queue, job("a", 21), answer(s));
+    REQUIRE(s.wait_for(2));
     std::lock_guard<std::mutex> lock(s.m);
-    REQUIRE(s.answers.size() == 2);
-    CHECK(s.answers[1].first == SubmitStatus::shutting_down);
+    CHECK(rebound::test::outcome_of(s.answers[1]) == "accepted");
+    CHECK(s.threads[1] == io);
   }
+}
+
+TEST_CASE("job queue: submit guards every rule a job has over HTTP - invalid_job names the field") {
+  rebound::JobQueueOptions options;  // private addresses refused, as rebound-server's default
+  options.allow_private_callbacks = false;
+  JobQueue queue(std::make_unique<Doubler>(), nullptr, options);
+  struct Case {
+    rebound::Job job;
+    std::string field;
+  };
+  auto with = [](auto change) {
+    rebound::Job j = job("ok", 1);
+    change(j);
+    return j;
+  };
+  const std::vector<Case> broken = {
+      {job("", 1), "id"},
+      {job("has space", 1), "id"},
+      {job("..", 1), "id"},
+      {job(std::string(129, 'x'), 1), "id"},
+      {job("/x", 1), "id"},
+      {job("no tenant/x", 1), "id"},
+      {job("a/b/c", 1), "id"},
+      {job("x", 1, "ftp://hooks.example.com/x"), "callback_url"},
+      {job("x", 1, "https://user@hooks.example.com/x"), "callback_url"},
+      {job("x", 1, "http://127.0.0.1:9/x"), "callback_url"},  // the SSRF literal check
+      {job("x", 1, "http://[::1]/x"), "callback_url"},
+      {with([](rebound::Job& j) { j.priority = -1; }), "priority"},
+      {with([](rebound::Job& j) { j.priority = 10; }), "priority"},
+      {with([](rebound::Job& j) { j.max_queue = std::chrono::milliseconds(-1); }),
+       "max_queue_seconds"},
+      {with([](rebound::Job& j) { j.max_queue = std::chrono::hours(24 * 8); }),
+       "max_queue_seconds"},
+      {with([](rebound::Job& j) { j.webhook_events = 0; }), "webhook_events"},
+      {with([](rebound::Job& j) { j.webhook_events = 4; }), "webhook_events"},
+  };
+  for (const Case& c : broken) {
+    CAPTURE(c.job.id);
+    CAPTURE(c.field);
+    rebound::Submitted why;
+    CHECK(rebound::test::submitted(queue, c.job, &why) == "invalid_job");
+    CHECK(why.field == c.field);
+    CHECK(why.reason.code == "invalid_field");
+    CHECK(why.reason.message.find("'" + c.field + "'") != std::string::npos);
+    // async_submit and submit_many refuse it alike.
+    auto f = queue.async_submit(c.job, boost::asio::use_future);
+    CHECK_THROWS_AS(f.get(), boost::system::system_error);
+    const auto many = queue.submit_many({c.job});
+    REQUIRE(many.size() == 1);
+    CHECK(many[0].error == errc::invalid_job);
+    CHECK(many[0].field == c.field);
+  }
+  CHECK(queue.in_flight() == 0);
+  // The edges of each rule are inside it.
+  CHECK(rebound::test::submitted(queue, with([](rebound::Job& j) {
+                                   j.id = "tenant-1/A.b_c:d-9";
+                                   j.priority = 0;
+                                   j.max_queue = std::chrono::hours(24 * 7);
+                                   j.webhook_events =
+                                       rebound::webhook_started | rebound::webhook_completed;
+                                 })) == "accepted");
+  CHECK(rebound::test::submitted(queue, job(std::string(128, 'x'), 1)) == "accepted");
 }
 
 TEST_CASE("job queue: a SQLite store from make_store keeps results across queues") {
@@ -713,7 +825,7 @@ TEST_CASE("job queue: async_wait for a job another server on Redis finishes") {
   o.poll_interval = 100ms;
   JobQueue runs(std::move(model), rebound::make_store(redis.uri()), o);
   JobQueue waits(std::make_unique<Doubler>(), rebound::make_store(redis.uri()), o);
-  REQUIRE(runs.submit(job("elsewhere", 3)) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(runs, job("elsewhere", 3)) == "accepted");
   REQUIRE(held->wait_started(1));
   auto done = waits.async_wait("elsewhere", boost::asio::use_future);
   CHECK(done.wait_for(200ms) == std::future_status::timeout);  // still running on the other
@@ -748,16 +860,15 @@ TEST_CASE("job queue: a tenant's flood delays another tenant's job by one of its
   o.workers = 1;
   o.observers = {order};
   JobQueue queue(std::move(model), nullptr, o);
-  REQUIRE(queue.submit(job(rebound::job_key("acme", "first"), 0)) ==
-          rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, job(rebound::job_key("acme", "first"), 0)) == "accepted");
   REQUIRE(held->wait_started(1));  // the one worker is busy
   for (int i = 0; i < 2000; ++i) {
-    REQUIRE(queue.submit(job(rebound::job_key("acme", std::to_string(i)), i)) ==
-            rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(queue, job(rebound::job_key("acme", std::to_string(i)), i)) ==
+            "accepted");
   }
   for (int i = 0; i < 5; ++i) {
-    REQUIRE(queue.submit(job(rebound::job_key("globex", std::to_string(i)), i)) ==
-            rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(
+                queue, job(rebound::job_key("globex", std::to_string(i)), i)) == "accepted");
   }
   held->open();
   REQUIRE(rebound::test::eventually([&] {

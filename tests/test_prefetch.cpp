@@ -17,11 +17,11 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/receiver.hpp"
+#include "support/submitting.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
 using rebound::JobStatus;
-using rebound::SubmitStatus;
 using rebound::test::eventually;
 
 namespace {
@@ -84,7 +84,7 @@ std::unique_ptr<rebound::JobStore> make(const std::string& kind, const std::stri
 // Submits jobs 0 to count - 1, each accepted.
 void submit_all(rebound::JobQueue& queue, int count) {
   for (int n = 0; n < count; ++n)
-    REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(queue, numbered(n)) == "accepted");
 }
 
 // A queue on a SQLite file of its own, with the order model held until opened.
@@ -107,13 +107,13 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     auto shared = std::make_shared<OrderModel::Shared>();
     rebound::JobQueue queue(std::make_unique<OrderModel>(shared), make(kind, dir.file("q.db")),
                             options(8, 100));
-    REQUIRE(queue.submit(numbered(0)) == SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(queue, numbered(0)) == "accepted");
     const std::size_t one = queue.work_bytes();
     REQUIRE(one > 0);
     for (int n = 1; n < 100; ++n)
-      REQUIRE(queue.submit(numbered(n)) == SubmitStatus::accepted);
+      REQUIRE(rebound::test::submitted(queue, numbered(n)) == "accepted");
     // Every accepted job holds its slot, the parked ones included: the 101st is refused.
-    CHECK(queue.submit(numbered(100)) == SubmitStatus::queue_full);
+    CHECK(rebound::test::submitted(queue, numbered(100)) == "queue_full");
     CHECK(queue.in_flight() == 100);
     CHECK(queue.queue_depth() >= 99);
     // Memory holds the prefetch and the job running, not the 100 accepted.
@@ -138,7 +138,7 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     // Claimed back from the store, not taken over from another run.
     CHECK(queue.batch_stats().resumed == 0);
     // The slots are free again.
-    CHECK(queue.submit(numbered(100)) == SubmitStatus::accepted);
+    CHECK(rebound::test::submitted(queue, numbered(100)) == "accepted");
   }
 }
 
@@ -147,7 +147,7 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
   auto shared = std::make_shared<OrderModel::Shared>();
   rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
                           std::make_unique<rebound::test::FailingStore>(store), options(8, 100));
-  REQUIRE(queue.submit(numbered(0)) == SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, numbered(0)) == "accepted");
   const std::size_t one = queue.work_bytes();
   REQUIRE(one > 0);
   // 49 submissions at once, each waiting for its put (as SQLite's wait for the group commit).
@@ -155,9 +155,9 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
   std::mutex m;
   int accepted = 0;
   for (int n = 1; n < 50; ++n) {
-    queue.submit(numbered(n), [&](SubmitStatus status, const rebound::ErrorInfo&) {
+    queue.submit(numbered(n), [&](boost::system::error_code ec, const rebound::Submitted& s) {
       std::lock_guard<std::mutex> lock(m);
-      accepted += status == SubmitStatus::accepted;
+      accepted += !ec && !s.duplicate;
     });
   }
   REQUIRE(eventually([&] { return store->puts.waiting() == 49; }));
@@ -179,16 +179,16 @@ TEST_CASE("prefetch: a parked job that is cancelled gives its slot back once the
   rebound::JobQueue& queue = q.queue;
   auto shared = q.shared;
   submit_all(queue, 10);
-  CHECK(queue.submit(numbered(10)) == SubmitStatus::queue_full);
+  CHECK(rebound::test::submitted(queue, numbered(10)) == "queue_full");
   // The last ones wait in the store: cancelled there, they never come back to this queue.
   for (int n = 5; n < 10; ++n)
-    CHECK(queue.cancel("job-" + std::to_string(n)) == rebound::CancelStatus::cancelled);
+    CHECK_FALSE(queue.cancel("job-" + std::to_string(n)));
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 5; }, 30s));
   // Once the store has no job left to claim, the cancelled ones' slots are free.
   REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
   for (int n = 10; n < 20; ++n)
-    CHECK(queue.submit(numbered(n)) == SubmitStatus::accepted);
+    CHECK(rebound::test::submitted(queue, numbered(n)) == "accepted");
   REQUIRE(eventually([&] { return ran(*shared) == 15; }, 30s));
 }
 
@@ -238,7 +238,7 @@ TEST_CASE("prefetch: an urgent job is not parked behind less urgent ones") {
   rebound::JobQueue& queue = q.queue;
   auto shared = q.shared;
   submit_all(queue, 20);
-  REQUIRE(queue.submit(numbered(1000, rebound::highest_priority)) == SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, numbered(1000, rebound::highest_priority)) == "accepted");
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 21; }, 30s));
   std::lock_guard<std::mutex> lock(shared->m);

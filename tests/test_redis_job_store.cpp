@@ -23,6 +23,7 @@
 #include "rebound/job_queue.hpp"
 #include "rebound/store/redis_job_store.hpp"
 #include "support/redis_server.hpp"
+#include "support/submitting.hpp"
 
 using rebound::Job;
 using rebound::JobStatus;
@@ -840,7 +841,7 @@ TEST_CASE("redis: a JobQueue destroyed with acknowledgements in flight ends clea
     for (int i = 0; i < 300; ++i) {
       ids.push_back("r" + std::to_string(round) + "-" + std::to_string(i));
       Job job{ids.back(), "", {{"x", i}}, std::chrono::system_clock::now()};
-      REQUIRE(queue.submit(job) == rebound::SubmitStatus::accepted);
+      REQUIRE(rebound::test::submitted(queue, job) == "accepted");
     }
     // Destroyed at once: the workers' acknowledgements are still queued for Redis, and their
     // answers come back after the queue's io thread has stopped.

@@ -22,6 +22,7 @@
 #include "support/fake_clock.hpp"
 #include "support/held_model.hpp"
 #include "support/receiver.hpp"
+#include "support/submitting.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -172,7 +173,7 @@ TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
     const std::string id = "job-" + std::to_string(i);
     // Two in memory at most; a job whose callback waits is out of memory, so the next one fits.
     REQUIRE(eventually([&] { return node.service->in_flight() < 2; }));
-    REQUIRE(node.service->submit(job(id)) == rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(*node.service, job(id)) == "accepted");
   }
   REQUIRE(eventually([&] { return sent->count() == 20 && node.service->in_flight() == 0; }));
   const auto record = node.service->find("job-7");
@@ -198,7 +199,7 @@ TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
   sent->script = {503};
   {
     Node node(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
-    REQUIRE(node.service->submit(job("slow-receiver")) == rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(*node.service, job("slow-receiver")) == "accepted");
     REQUIRE(eventually([&] {
       auto r = node.service->find("slow-receiver");
       return r && r->callback.attempts == 1 && node.service->in_flight() == 0;
@@ -241,7 +242,7 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   so.server_id = "first";
   so.queue_capacity = 1;  // its stuck job holds its only slot: it cannot claim the job back itself
   Node first(std::make_unique<SharedStore>(store), clock, sent, so, std::move(stuck_model));
-  REQUIRE(first.service->submit(job("contested")) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(*first.service, job("contested")) == "accepted");
   REQUIRE(stuck->wait_started(1));
 
   so.server_id = "second";
@@ -277,7 +278,7 @@ struct CountingObserver final : rebound::ServiceObserver {
     if (throws) throw std::runtime_error("observer bug");
   }
   void on_accepted(const std::string&, bool) override { hit(accepted); }
-  void on_refused(rebound::Refusal) override { hit(refused); }
+  void on_refused(rebound::errc) override { hit(refused); }
   void on_completed(const rebound::JobRecord& r, std::size_t, double) override {
     if (r.status == JobStatus::succeeded) hit(completed);
   }
@@ -299,9 +300,9 @@ TEST_CASE("service: observers hear the walk of a job - and one that throws chang
   auto model = std::make_unique<HeldModel>();
   HeldModel* held = model.get();
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, sent, so, std::move(model));
-  REQUIRE(node.service->submit(job("observed")) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(*node.service, job("observed")) == "accepted");
   REQUIRE(held->wait_started(1));
-  CHECK(node.service->submit(job("refused")) == rebound::SubmitStatus::queue_full);
+  CHECK(rebound::test::submitted(*node.service, job("refused")) == "queue_full");
   held->open();
   REQUIRE(eventually([&] { return counting->retried == 1 && node.service->in_flight() == 0; }));
   clock->advance(1h);
@@ -353,7 +354,7 @@ TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never se
   SlowTransport* slow = transport.get();
   Node node(std::make_unique<rebound::MemoryJobStore>(), nullptr, sent, so,
             std::make_unique<rebound::EchoModel>(), std::move(transport));
-  REQUIRE(node.service->submit(job("slow")) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(*node.service, job("slow")) == "accepted");
   REQUIRE(eventually(
       [&] { return node.service->find("slow")->callback.state == CallbackState::delivered; }));
   CHECK(slow->sent == 1);  // the pump (every 10 ms) never found it unheld
@@ -420,8 +421,8 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
     // Four in memory at most: each callback to the down receiver must leave memory for the next
     // job to fit.
     REQUIRE(eventually([&] { return queue.in_flight() < 4; }));
-    REQUIRE(queue.submit(job("down-" + std::to_string(i), "http://down.test/hook")) ==
-            rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(
+                queue, job("down-" + std::to_string(i), "http://down.test/hook")) == "accepted");
   }
   REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
   CHECK(split->to_down == 2);  // the two failures that opened the circuit, nothing since
@@ -442,8 +443,8 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   // Another receiver is not touched: its callbacks go at once, with every slot free for them.
   for (int i = 0; i < 20; ++i) {
     REQUIRE(eventually([&] { return queue.in_flight() < 4; }));
-    REQUIRE(queue.submit(job("up-" + std::to_string(i), "http://up.test/hook")) ==
-            rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(
+                queue, job("up-" + std::to_string(i), "http://up.test/hook")) == "accepted");
   }
   REQUIRE(
       eventually([&] { return queue.find("up-19")->callback.state == CallbackState::delivered; }));
@@ -488,7 +489,7 @@ TEST_CASE("service: a paused origin's callbacks wait in the store until it is re
   auto& queue = *node.service;
   CHECK(queue.pause_origin("http://up.test") == "http://up.test:80");
   CHECK(queue.paused_origins() == std::vector<std::string>{"http://up.test:80"});
-  REQUIRE(queue.submit(job("p-1", "http://up.test/hook")) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, job("p-1", "http://up.test/hook")) == "accepted");
   REQUIRE(eventually([&] {
     auto r = queue.find("p-1");
     return r && r->status == JobStatus::succeeded && queue.in_flight() == 0;
@@ -516,9 +517,9 @@ TEST_CASE("service: a callback deferred longer than callback_max_deferral become
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
             std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
   auto& queue = *node.service;
-  REQUIRE(queue.submit(job("opens", "http://down.test/hook")) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, job("opens", "http://down.test/hook")) == "accepted");
   REQUIRE(eventually([&] { return split->to_down == 1; }));  // fails: the circuit opens
-  REQUIRE(queue.submit(job("waits", "http://down.test/hook")) == rebound::SubmitStatus::accepted);
+  REQUIRE(rebound::test::submitted(queue, job("waits", "http://down.test/hook")) == "accepted");
   REQUIRE(eventually([&] {
     auto r = queue.find("waits");
     return r->callback.state == CallbackState::pending && queue.in_flight() == 0;
@@ -595,8 +596,8 @@ TEST_CASE("service: a slow receiver that never fails holds at most a quarter of 
   auto& queue = *node.service;
   int accepted = 0;
   for (int i = 0; i < 600; ++i) {
-    accepted += queue.submit(job("slow-" + std::to_string(i), "http://slow.test/hook")) ==
-                rebound::SubmitStatus::accepted;
+    accepted += rebound::test::submitted(
+                    queue, job("slow-" + std::to_string(i), "http://slow.test/hook")) == "accepted";
   }
   // 64 in flight and 100 waiting hold slots; the rest went back to the store.
   REQUIRE(eventually([&] { return queue.in_flight() <= 164; }));
@@ -607,8 +608,8 @@ TEST_CASE("service: a slow receiver that never fails holds at most a quarter of 
   CHECK(e.deferred > 0);
   // Another receiver's callbacks still find slots.
   for (int i = 0; i < 50; ++i)
-    REQUIRE(queue.submit(job("up-" + std::to_string(i), "http://up.test/hook")) ==
-            rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(
+                queue, job("up-" + std::to_string(i), "http://up.test/hook")) == "accepted");
   REQUIRE(eventually([&] { return slow->up == 50; }));
   slow->release();
 }
@@ -630,8 +631,8 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
             std::make_unique<rebound::EchoModel>(), std::make_unique<HoldingTransport>(down));
   auto& queue = *node.service;
   for (int i = 0; i < 301; ++i)
-    REQUIRE(queue.submit(job("slow-" + std::to_string(i), "http://slow.test/hook")) ==
-            rebound::SubmitStatus::accepted);
+    REQUIRE(rebound::test::submitted(
+                queue, job("slow-" + std::to_string(i), "http://slow.test/hook")) == "accepted");
   // One held by the receiver, 300 waiting in memory behind it.
   REQUIRE(eventually([&] {
     const auto e = queue.callback_endpoints();

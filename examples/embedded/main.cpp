@@ -48,23 +48,29 @@ int main() {
   std::vector<rebound::Job> many;
   for (int i = 3; i <= 5; ++i)
     many.push_back(rebound::make_job("job-" + std::to_string(i), i));
-  const std::vector<rebound::SubmitStatus> statuses = queue.submit_many(std::move(many));
-  const bool all_in = std::all_of(statuses.begin(), statuses.end(), [](rebound::SubmitStatus s) {
-    return s == rebound::SubmitStatus::accepted;
-  });
+  const std::vector<rebound::Submitted> statuses = queue.submit_many(std::move(many));
+  const bool all_in = std::all_of(statuses.begin(), statuses.end(),
+                                  [](const rebound::Submitted& s) { return s && !s.duplicate; });
   const auto five = queue.async_wait("job-5", boost::asio::use_future).get();
   std::cout << "job-5: " << five.outcome.result << std::endl;  // job-5: 10
-  // Fire and forget: told once the store holds the job (a durable store's commit holds no thread
-  // meanwhile); its end is for async_wait, or its callback.
-  std::promise<rebound::SubmitStatus> stored;
-  queue.submit(
-      rebound::make_job("job-6", 3),
-      [&stored](rebound::SubmitStatus s, const rebound::ErrorInfo&) { stored.set_value(s); });
-  const bool six_in = stored.get_future().get() == rebound::SubmitStatus::accepted;
+  // Without waiting for the end: told once the store holds the job (a durable store's commit
+  // holds no thread meanwhile); its end is for async_wait, or its callback. (With
+  // boost::asio::detached nobody is told.) A refusal throws from get().
+  const rebound::Submitted six_in =
+      queue.submit(rebound::make_job("job-6", 3), boost::asio::use_future).get();
   const auto six = queue.async_wait("job-6", boost::asio::use_future).get();
   std::cout << "job-6: " << six.outcome.result << std::endl;  // job-6: 6
+  // A job that breaks a rule is refused as rebound-server refuses it over HTTP, and a handler
+  // reads which field: "job 7: the field 'id' must be ..." (an id holds no space).
+  std::promise<bool> seven;
+  queue.submit(rebound::make_job("job 7", 7),
+               [&seven](boost::system::error_code ec, const rebound::Submitted& s) {
+                 std::cout << "job 7: " << ec.message() << " (" << s.field << ")" << std::endl;
+                 seven.set_value(ec == rebound::errc::invalid_job && s.field == "id");
+               });
+  const bool seven_refused = seven.get_future().get();
   return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10 &&
-                 six_in && six.outcome.result == 6
+                 six_in && !six_in.duplicate && six.outcome.result == 6 && seven_refused
              ? 0
              : 1;
 }

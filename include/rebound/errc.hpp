@@ -9,8 +9,12 @@
 
 namespace rebound {
 
-/// The error codes of `JobQueue::async_submit`, `async_wait` and `async_invoke`. Zero is success;
-/// every other value is a refusal or an operation that could not finish. Compare with `==`:
+/// The one vocabulary of refusals: every JobQueue call that can say no (submit, async_submit,
+/// submit_many, async_wait, async_invoke, cancel, redeliver) says it with one of these, and
+/// rebound::Server answers each with one HTTP status and code (docs/http-api.md). Zero is
+/// success; every other value is a refusal or an operation that could not finish. A model's own
+/// failures are not among them: they are `Prediction::failure` codes, in the job's outcome.
+/// Compare with `==`:
 ///   if (ec == rebound::errc::queue_full) { ... try again later ... }
 enum class errc {
   id_conflict = 1,    ///< the id is taken by a different request (HTTP 409 id_conflict)
@@ -23,7 +27,44 @@ enum class errc {
   not_found,          ///< `async_wait` for an id the store does not know (HTTP 404)
   too_many_waiters,   ///< `max_waiting` asynchronous waits are registered already
   tenant_quota,       ///< the job's tenant holds its share of the queue (HTTP 429)
+  invalid_job,        ///< the Job breaks a rule (id, callback URL, priority...): Submitted::reason
+                      ///< names the field (HTTP 422 invalid_field)
+  not_failed,         ///< `redeliver` of a job whose callback has not failed (HTTP 409)
+  already_final,      ///< `cancel` of a job that had ended already (HTTP 409)
 };
+
+/// The snake_case name of `e`, as rebound::Server's error answers spell it ("queue_full").
+inline const char* to_string(errc e) noexcept {
+  switch (e) {
+    case errc::id_conflict:
+      return "id_conflict";
+    case errc::invalid_input:
+      return "invalid_input";
+    case errc::queue_full:
+      return "queue_full";
+    case errc::not_ready:
+      return "not_ready";
+    case errc::store_unavailable:
+      return "store_unavailable";
+    case errc::shutting_down:
+      return "shutting_down";
+    case errc::no_transport:
+      return "no_transport";
+    case errc::not_found:
+      return "not_found";
+    case errc::too_many_waiters:
+      return "too_many_waiters";
+    case errc::tenant_quota:
+      return "tenant_quota";
+    case errc::invalid_job:
+      return "invalid_job";
+    case errc::not_failed:
+      return "not_failed";
+    case errc::already_final:
+      return "already_final";
+  }
+  return "unknown";
+}
 
 namespace detail {
 class ErrorCategory final : public boost::system::error_category {
@@ -51,6 +92,12 @@ class ErrorCategory final : public boost::system::error_category {
         return "too many asynchronous waits at once";
       case errc::tenant_quota:
         return "the tenant holds its share of the queue; try again later";
+      case errc::invalid_job:
+        return "the job breaks a rule of submission";
+      case errc::not_failed:
+        return "the job's callback has not failed";
+      case errc::already_final:
+        return "the job had ended already";
     }
     return "unknown rebound error";
   }

@@ -35,6 +35,7 @@ struct WorkItem;
 template <typename Item>
 class WorkQueue;
 struct OwnedThreads;
+struct FrontDoor;
 using TransportFactory = decltype(JobQueueOptions::transport);
 using DefaultTransport = std::unique_ptr<CallbackTransport> (*)(boost::asio::any_io_executor io,
                                                                 const AddressGuard& guard);
@@ -125,10 +126,9 @@ class JobQueue final {
   /// Submits a job and completes when it is final and the store has its final state, with the
   /// job's record (status, result or error). Signature `void(boost::system::error_code,
   /// JobRecord)`, with the record as the store keeps it. A refusal completes at once with its
-  /// rebound::errc (id_conflict, invalid_input, queue_full, not_ready, store_unavailable,
-  /// shutting_down, no_transport) and an empty record. The same request submitted again never
-  /// runs twice: it completes as `async_wait` for the first job does (so also with not_found if
-  /// the job was pruned meanwhile, or too_many_waiters).
+  /// rebound::errc (as `submit` refuses) and an empty record. The same request submitted again
+  /// never runs twice: it completes as `async_wait` for the first job does (so also with not_found
+  /// if the job was pruned meanwhile, or too_many_waiters).
   ///
   /// Example:
   ///   queue.async_submit(job, [](boost::system::error_code ec, rebound::JobRecord r) {
@@ -160,8 +160,9 @@ class JobQueue final {
 
   /// Runs one input through the model without storing it (SageMaker's `/invocations`), in the
   /// same queue and batches as jobs. Signature `void(boost::system::error_code, Prediction)`. The
-  /// error code is for refusals (invalid_input, queue_full, not_ready, shutting_down); a model
-  /// that fails answers success with a failed Prediction.
+  /// error code is for refusals (invalid_input, queue_full, not_ready, shutting_down), with a
+  /// failed Prediction that says why (for invalid_input, what `Model::validate` said); a model
+  /// that fails answers success with its failed Prediction, whatever its code.
   template <typename CompletionToken>
   auto async_invoke(nlohmann::json input, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken,
@@ -173,47 +174,47 @@ class JobQueue final {
         token, std::move(input));
   }
 
-  /// Accepts a job without waiting for its end (fire and forget): checks readiness and capacity,
-  /// validates the input (`Model::validate`; `invalid`, when given, says why it was refused),
-  /// stores it, queues it. `job.created_at` is set here when it is left at its default.
-  SubmitStatus submit(Job job, ErrorInfo* invalid = nullptr);
-
-  /// Accepts a job as `submit` does, and answers through `on_submitted(status, invalid)` once the
-  /// store holds it, so that no thread waits for the store: on this thread before `submit`
-  /// returns when the store answers at once (memory, Redis), else on the io executor (SQLite
-  /// answers after the group commit its job went in). Called exactly once. What rebound-server's
-  /// POST /v1/inferences uses: an HTTP thread takes the next request while the commit is made.
-  void submit(Job job, SubmitHandler on_submitted);
+  /// Accepts a job without waiting for its end, and completes once the store holds it (with a
+  /// durable store: after it is written), or at once when it is refused. Signature
+  /// `void(boost::system::error_code, Submitted)`: success for a job taken (`duplicate` when the
+  /// same request came before: nothing new is queued), else the rebound::errc that refused it:
+  /// invalid_job (the Job breaks a rule; `Submitted::field` and `reason` say which),
+  /// invalid_input (`Model::validate` refused it), id_conflict, queue_full, tenant_quota,
+  /// not_ready, store_unavailable, shutting_down, no_transport. `job.created_at` is set here when
+  /// it is left at its default. Every rule a Job has over HTTP is checked here too, so C++ and
+  /// HTTP refuse the same jobs.
+  ///
+  /// Fire and forget with `boost::asio::detached`; wait for the answer with `use_future` (a
+  /// refusal throws boost::system::system_error); read the reason of a refusal with a handler:
+  ///   queue.submit(rebound::make_job("job-1", {{"x", 1}}, "https://hooks.example.com/done"),
+  ///                [](boost::system::error_code ec, const rebound::Submitted& s) {
+  ///                  if (ec) std::cerr << ec.message() << ": " << s.reason.message << "\n";
+  ///                });
+  template <typename CompletionToken>
+  auto submit(Job job, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, Submitted)>(
+        [this](auto handler, Job j) {
+          start_accept(std::move(j),
+                       detail::Completion<Submitted>(std::move(handler), get_executor(), live_));
+        },
+        token, std::move(job));
+  }
 
   /// Accepts many jobs as `submit` would, in order, with one write to the store for them all
-  /// (`JobStore::put_many`: one SQLite transaction, a few Redis round trips): one status per job,
-  /// and, when `invalid` is given, one ErrorInfo per job (set where the status is
-  /// `invalid_input`). Each job is validated and admitted on its own: a full queue refuses the
-  /// jobs it has no room for and takes the others. An id that came earlier in the call (in a
-  /// valid job) is `duplicate` (or `conflict`, another request) when that job was taken, and is
-  /// refused as it was when it was refused for room or by the store; when that job was a
-  /// `conflict`, the same request is too, and another is told by the stored job (`duplicate` when
-  /// it is the stored request, else `conflict`). When the store fails, every
-  /// job that reached it is `store_unavailable`; some of them may be stored nonetheless (Redis,
-  /// whose batches commit one by one), and submitting them again answers `duplicate`.
-  std::vector<SubmitStatus> submit_many(std::vector<Job> jobs,
-                                        std::vector<ErrorInfo>* invalid = nullptr);
-
-  /// Runs one input through the model without storing it: it joins the same queue and batches as
-  /// jobs. `on_result` is called exactly once when the status is `accepted`, and never otherwise.
-  /// Statuses as for `submit` (never duplicate or conflict).
-  SubmitStatus invoke(nlohmann::json input, InvocationHandler on_result,
-                      ErrorInfo* invalid = nullptr);
+  /// (`JobStore::put_many`: one SQLite transaction, a few Redis round trips), and returns what
+  /// each came to when the store has answered (this call waits for it). Each job is checked and
+  /// admitted on its own: a full queue refuses the jobs it has no room for and takes the others.
+  /// An id that came earlier in the call (in a valid job) is a duplicate (or id_conflict,
+  /// another request) when that job was taken, and is refused as it was when it was refused for
+  /// room or by the store; when that job was an id_conflict, the same request is too, and
+  /// another is told by the stored job (a duplicate when it is the stored request, else
+  /// id_conflict). When the store fails, every job that reached it is store_unavailable; some of
+  /// them may be stored nonetheless (Redis, whose batches commit one by one), and submitting them
+  /// again answers a duplicate.
+  std::vector<Submitted> submit_many(std::vector<Job> jobs);
 
   /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
   std::optional<JobRecord> find(const std::string& id) const;
-
-  /// Blocks up to `timeout` for the job to become final, and returns its record as it is then
-  /// (nullopt for an unknown id); prefer `async_wait`, which holds no thread. `waited` (optional)
-  /// says whether it waited: not when `max_waiting` callers wait already, nor during shutdown.
-  /// Throws StoreUnavailable when the store fails.
-  std::optional<JobRecord> wait_final(const std::string& id, std::chrono::milliseconds timeout,
-                                      bool* waited = nullptr);
 
   /// How many queued jobs run before the queued job `id` (JobStore::queue_position): nullopt
   /// when it is not queued or the store cannot tell. Throws StoreUnavailable when the store fails.
@@ -222,22 +223,21 @@ class JobQueue final {
   /// Cancels a job that is not final yet, on whichever server of the store it waits or runs: a
   /// queued job never runs; a running one is told through `rebound::cancellation_requested()`
   /// and its result is discarded. It ends `cancelled` (error code "cancelled"), and a callback
-  /// that hears its end says so. Throws StoreUnavailable when the store fails.
-  CancelStatus cancel(const std::string& id);
+  /// that hears its end says so. Returns success when it cancelled the job, errc::not_found for
+  /// an unknown id, errc::already_final for a job that had ended. Throws StoreUnavailable when
+  /// the store fails.
+  boost::system::error_code cancel(const std::string& id);
 
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
-  /// the same `webhook-id`. Throws StoreUnavailable when the store fails.
-  RedeliverStatus redeliver(const std::string& id);
+  /// the same `webhook-id`. Returns success when it is being delivered again, else
+  /// errc::not_found, not_failed (its callback is none, pending or delivered), queue_full,
+  /// tenant_quota, shutting_down or no_transport (this queue delivers no callbacks: another
+  /// server of the store must). Throws StoreUnavailable when the store fails.
+  boost::system::error_code redeliver(const std::string& id);
 
   /// Jobs whose callback was given up, most recent first, at most `limit`. Throws
   /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
-
-  /// The failed callbacks of one tenant's jobs (ids "tenant/...", rebound/tenant.hpp; "" is
-  /// every job), whole records (inputs and results): use failed_callbacks_page, whose memory
-  /// does not grow with what the jobs hold.
-  [[deprecated("use failed_callbacks_page")]] std::vector<JobRecord> failed_callbacks(
-      std::size_t limit, const std::string& tenant) const;
 
   /// A page of the jobs whose callback was given up, newest first, from `after` (none: the
   /// newest; a page's `next` goes on), at most `limit`, of one tenant (ids "tenant/...",
@@ -371,7 +371,9 @@ class JobQueue final {
              boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
              std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
              JobQueueOptions options);
+  friend struct detail::FrontDoor;
   void start_submit(Job job, detail::Completion<JobRecord> done);
+  void start_accept(Job job, detail::Completion<Submitted> done);
   void start_wait(std::string id, detail::Completion<JobRecord> done);
   void start_invoke(nlohmann::json input, detail::Completion<Prediction> done);
 

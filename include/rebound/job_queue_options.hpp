@@ -90,8 +90,7 @@ struct JobQueueOptions {
   /// How often the store is asked for due work that this server did not schedule itself (other
   /// servers' jobs, leases that ran out). Retries this server scheduled wake it on time.
   std::chrono::milliseconds poll_interval{1000};
-  /// Callers of `wait_final` waiting at once, at most; beyond, `wait_final` answers at once. The
-  /// same bound holds for `async_wait` calls registered at once (beyond: errc::too_many_waiters);
+  /// `async_wait` calls registered at once, at most (beyond: errc::too_many_waiters);
   /// `async_submit` is bounded by `queue_capacity` instead.
   std::size_t max_waiting = 1024;
   /// The callback address policy (SSRF, docs/delivery.md): false refuses loopback, private,

@@ -10,12 +10,10 @@
 #include <vector>
 
 #include "rebound/delivery/attempt.hpp"
+#include "rebound/errc.hpp"
 #include "rebound/job.hpp"
 
 namespace rebound {
-
-/// Why a submission or an invocation was refused (see SubmitStatus).
-enum class Refusal { queue_full, not_ready, store_unavailable, tenant_quota };
 
 /// Hears the events of a JobQueue's pipeline, in the order of a job's walk:
 /// accepted -> (claimed) -> batch started -> completed | expired -> attempt ... -> (redelivery).
@@ -38,8 +36,8 @@ class ServiceObserver {
 
   /// A job was stored and claimed by this server (a 202; an identical resubmission is not).
   virtual void on_accepted(const std::string& /*job_id*/, bool /*has_callback*/) {}
-  /// A submission or invocation was refused.
-  virtual void on_refused(Refusal /*why*/) {}
+  /// A submission or invocation was refused, and why (a duplicate is not a refusal).
+  virtual void on_refused(errc /*why*/) {}
   /// Work was claimed from the store that this server did not accept or schedule itself: `jobs`
   /// to run, `callbacks` owed from an earlier run (`at_start`: by the constructor).
   virtual void on_claimed(std::size_t /*jobs*/, std::size_t /*callbacks*/, bool /*at_start*/) {}

@@ -355,25 +355,11 @@ void Console::redeliver_all(const std::string& body, const std::string& who, Htt
       }
       ++matched;
       if (dry_run || !stopped_by.empty()) continue;
-      switch (queue_.redeliver(record.job.id)) {
-        case RedeliverStatus::accepted:
-          ++redelivered;
-          break;
-        case RedeliverStatus::not_found:
-        case RedeliverStatus::not_failed:
-          break;  // redelivered or pruned meanwhile
-        case RedeliverStatus::queue_full:
-          stopped_by = "queue_full";
-          break;
-        case RedeliverStatus::tenant_quota:
-          stopped_by = "tenant_quota";
-          break;
-        case RedeliverStatus::shutting_down:
-          stopped_by = "shutting_down";
-          break;
-        case RedeliverStatus::no_transport:
-          stopped_by = "no_transport";
-          break;
+      const boost::system::error_code ec = queue_.redeliver(record.job.id);
+      if (!ec) {
+        ++redelivered;
+      } else if (ec != errc::not_found && ec != errc::not_failed) {  // (redelivered or pruned
+        stopped_by = to_string(static_cast<errc>(ec.value()));       // meanwhile: passed over)
       }
     }
     after = page.next;

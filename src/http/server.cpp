@@ -23,6 +23,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
+#include "../service/front_door.hpp"
 #include "console.hpp"
 #include "embedded_files.hpp"
 #include "http_front.hpp"
@@ -135,10 +136,10 @@ struct RefusalAnswer {
 };
 
 // The one table from rebound::errc to HTTP: status, error code, message, Retry-After. Every
-// route's refusal comes from here. (`id` names the job where the message mentions it; `invalid`
-// is the model's reason for invalid_input.)
+// route's refusal comes from here. (`id` names the job where the message mentions it; `why` is
+// the queue's reason for invalid_job and invalid_input.)
 RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = {},
-                          const ErrorInfo& invalid = {}) {
+                          const Submitted& why = {}) {
   if (ec.category() == error_category()) {
     switch (static_cast<errc>(ec.value())) {
       case errc::id_conflict:
@@ -157,7 +158,19 @@ RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = 
       case errc::store_unavailable:
         return {{503, "store_unavailable", "The job store is failing; retry later.", {}}, 5};
       case errc::invalid_input:
-        return {{422, invalid.code, "The field 'input' " + invalid.message, "input"}};
+        return {{422, why.reason.code, "The field 'input' " + why.reason.message, "input"}};
+      case errc::invalid_job:
+        return {{422, "invalid_field", why.reason.message, why.field}};
+      case errc::not_failed:
+        return {{409,
+                 "callback_not_failed",
+                 "Only a callback that was given up can be redelivered.",
+                 {}}};
+      case errc::already_final:
+        return {{409,
+                 "already_finished",
+                 "The job '" + id + "' is final already and cannot be cancelled.",
+                 {}}};
       case errc::no_transport:
         return {{422, "invalid_field",
                  "This server cannot deliver callbacks; leave 'callback_url' out and poll the job.",
@@ -178,30 +191,17 @@ RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = 
   return {{503, "shutting_down", "The server is shutting down.", {}}};
 }
 
-RefusalAnswer refusal_of(SubmitStatus status, const std::string& id = {},
-                         const ErrorInfo& invalid = {}) {
-  return refusal_for(to_error_code(status), id, invalid);
-}
-
 void send_refusal(HttpResponse& res, const RefusalAnswer& refusal) {
   if (refusal.retry_after > 0) res.set_header("Retry-After", std::to_string(refusal.retry_after));
   send_error(res, refusal.error);
 }
 
-void send_tenant_quota(HttpResponse& res) {
-  send_refusal(res, refusal_of(SubmitStatus::tenant_quota));
-}
-
 void send_queue_full(HttpResponse& res) {
-  send_refusal(res, refusal_of(SubmitStatus::queue_full));
+  send_refusal(res, refusal_for(errc::queue_full));
 }
 
 void send_store_unavailable(HttpResponse& res) {
-  send_refusal(res, refusal_of(SubmitStatus::store_unavailable));
-}
-
-void send_shutting_down(HttpResponse& res) {
-  send_refusal(res, refusal_of(SubmitStatus::shutting_down));
+  send_refusal(res, refusal_for(errc::store_unavailable));
 }
 
 // Longest `Prefer: wait=N` honoured, in seconds.
@@ -1015,12 +1015,11 @@ struct Server::Impl {
     };
     auto later = std::make_shared<Answer>(Answer{std::move(res), std::move(reply)});
     const std::optional<int> wait = preferred_wait(req);
-    auto answer = [this, life = life, id, key, wait, later](SubmitStatus submitted,
-                                                            const ErrorInfo& invalid) {
+    auto answer = [this, life = life, id, key, wait, later](const Submitted& submitted) {
       std::shared_lock<std::shared_mutex> alive(life->mutex);
       if (!life->alive) return;  // the Server is gone: nobody is answered
       try {
-        answer_submission(submitted, invalid, id, key, wait, later->res, later->reply);
+        answer_submission(submitted, id, key, wait, later->res, later->reply);
       } catch (...) {
         later->res = HttpResponse{};
         send_error(later->res,
@@ -1029,32 +1028,33 @@ struct Server::Impl {
       if (later->reply) later->reply(std::move(later->res));
     };
     const bool waits = wait.has_value();
-    service.submit(std::move(job), [this, life = life, waits, later, answer](
-                                       SubmitStatus submitted, const ErrorInfo& invalid) {
-      // A Prefer: wait reads the store (async_wait): not on the queue's io thread, where SQLite's
-      // answer comes, but on a store-call thread (or the connection's, when there are none).
-      std::shared_lock<std::shared_mutex> alive(life->mutex);
-      if (!life->alive) return;
-      const boost::asio::any_io_executor elsewhere =
-          !waits        ? boost::asio::any_io_executor()
-          : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
-                        : later->reply.executor();
-      if (elsewhere) {
-        boost::asio::post(elsewhere, [answer, submitted, invalid] { answer(submitted, invalid); });
-        return;
-      }
-      alive.unlock();  // `answer` takes it again (a shared_mutex is not taken twice by a thread)
-      answer(submitted, invalid);
-    });
+    detail::FrontDoor::submit(
+        service, std::move(job),
+        [this, life = life, waits, later, answer](const Submitted& submitted) {
+          // A Prefer: wait reads the store (async_wait): not on the queue's io thread, where
+          // SQLite's answer comes, but on a store-call thread (or the connection's, when there are
+          // none).
+          std::shared_lock<std::shared_mutex> alive(life->mutex);
+          if (!life->alive) return;
+          const boost::asio::any_io_executor elsewhere =
+              !waits        ? boost::asio::any_io_executor()
+              : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
+                            : later->reply.executor();
+          if (elsewhere) {
+            boost::asio::post(elsewhere, [answer, submitted] { answer(submitted); });
+            return;
+          }
+          alive
+              .unlock();  // `answer` takes it again (a shared_mutex is not taken twice by a thread)
+          answer(submitted);
+        });
     reserved.release();
   }
 
   // The answer to a submission the queue has answered.
-  void answer_submission(SubmitStatus submitted, const ErrorInfo& invalid, const std::string& id,
-                         const std::string& key, std::optional<int> wait, HttpResponse& res,
-                         detail::Reply& reply) {
-    if (submitted != SubmitStatus::accepted && submitted != SubmitStatus::duplicate)
-      return send_refusal(res, refusal_of(submitted, id, invalid));
+  void answer_submission(const Submitted& submitted, const std::string& id, const std::string& key,
+                         std::optional<int> wait, HttpResponse& res, detail::Reply& reply) {
+    if (submitted.error) return send_refusal(res, refusal_for(submitted.error, id, submitted));
     res.set_header("Location", "/v1/inferences/" + id);
     // Prefer: wait=N: the final status at once when it comes within N seconds. The job is
     // accepted whatever happens while waiting: a store failing then still answers 202, and so
@@ -1111,9 +1111,8 @@ struct Server::Impl {
       if (traced) job.traceparent = traceparent;
       jobs.push_back(std::move(job));
     }
-    std::vector<ErrorInfo> invalid;
-    const std::vector<SubmitStatus> statuses =
-        jobs.empty() ? std::vector<SubmitStatus>{} : service.submit_many(std::move(jobs), &invalid);
+    const std::vector<Submitted> statuses =
+        jobs.empty() ? std::vector<Submitted>{} : service.submit_many(std::move(jobs));
     reserved.release();
     nlohmann::json results = nlohmann::json::array();
     std::size_t accepted = 0;
@@ -1129,15 +1128,15 @@ struct Server::Impl {
       }
       const std::size_t k = next++;
       const std::string& id = ids[k];
-      const SubmitStatus status = statuses[k];
-      if (status == SubmitStatus::accepted || status == SubmitStatus::duplicate) {
+      const Submitted& status = statuses[k];
+      if (!status.error) {
         ++accepted;
         nlohmann::json result = accepted_json(id);
         result["status"] = 202;
         results.push_back(std::move(result));
         continue;
       }
-      const RefusalAnswer refusal = refusal_of(status, id, invalid[k]);
+      const RefusalAnswer refusal = refusal_for(status.error, id, status);
       retry_after = std::max(retry_after, refusal.retry_after);
       nlohmann::json result = refusal.error.to_json();
       result["status"] = refusal.error.status;
@@ -1182,31 +1181,33 @@ struct Server::Impl {
     // The result handler runs on the worker that ran the model and hands the answer straight to
     // the connection's strand (JobQueue::async_invoke would complete on the queue's io thread
     // first: one hand-over more, about 70 us at one connection; docs/benchmarks.md).
-    ErrorInfo invalid;
-    const SubmitStatus status = service.invoke(
-        std::move(input),
-        [life = life, weak = std::weak_ptr<PendingAnswer>(call)](const Prediction& prediction) {
-          PendingAnswer::when_alive(life, weak, [prediction](PendingAnswer& pending) {
+    const Submitted status = detail::FrontDoor::invoke(
+        service, std::move(input),
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call)](boost::system::error_code ec,
+                                                                 const Prediction& prediction) {
+          PendingAnswer::when_alive(life, weak, [ec, prediction](PendingAnswer& pending) {
             pending.conclude([&](HttpResponse& answer) {
+              // The queue's refusal (taken off the queue at shutdown) is told apart from a model
+              // that fails with whatever code it likes.
+              if (ec) return send_refusal(answer, refusal_for(ec));
               if (prediction.ok()) return send_json(answer, 200, prediction.output());
               const ErrorInfo& error = prediction.error();
               const int http_status = error.code == "invalid_input"       ? 422
-                                      : error.code == "shutting_down"     ? 503
                                       : error.code == "inference_timeout" ? 504
                                                                           : 500;
               send_error(answer, {http_status, error.code, error.message, {}});
             });
           });
-        },
-        &invalid);
+        });
     reserved.release();  // the queue counts the input from here
-    if (status == SubmitStatus::accepted) return;
-    boost::asio::post(call->strand, [call, status, invalid = std::move(invalid)] {
+    if (!status.error) return;
+    boost::asio::post(call->strand, [call, status] {
       call->conclude([&](HttpResponse& answer) {
-        if (status == SubmitStatus::invalid_input) {
-          return send_error(answer, {422, invalid.code, "The input " + invalid.message, {}});
+        if (status.error == errc::invalid_input) {
+          return send_error(answer,
+                            {422, status.reason.code, "The input " + status.reason.message, {}});
         }
-        send_refusal(answer, refusal_of(status));
+        send_refusal(answer, refusal_for(status.error));
       });
     });
   }
@@ -1313,47 +1314,27 @@ struct Server::Impl {
   }
 
   void redeliver(const std::string& tenant, const std::string& id, HttpResponse& res) {
-    switch (is_valid_job_id(id) ? service.redeliver(job_key(tenant, id))
-                                : RedeliverStatus::not_found) {
-      case RedeliverStatus::accepted:
-        return send_json(
-            res, 202,
-            {{"message", "Redelivering"}, {"id", id}, {"status_url", "/v1/inferences/" + id}});
-      case RedeliverStatus::not_found:
-        return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
-      case RedeliverStatus::not_failed:
-        return send_error(res, {409,
-                                "callback_not_failed",
-                                "Only a callback that was given up can be redelivered.",
-                                {}});
-      case RedeliverStatus::queue_full:
-        return send_queue_full(res);
-      case RedeliverStatus::tenant_quota:
-        return send_tenant_quota(res);
-      case RedeliverStatus::shutting_down:
-        return send_shutting_down(res);
-      case RedeliverStatus::no_transport:  // a JobQueue built without one, behind this Server
-        return send_error(res, {409,
-                                "no_transport",
-                                "This server cannot deliver callbacks; another server on the "
-                                "same store can redeliver it.",
-                                {}});
+    const boost::system::error_code ec =
+        is_valid_job_id(id) ? service.redeliver(job_key(tenant, id)) : errc::not_found;
+    if (!ec) {
+      return send_json(
+          res, 202,
+          {{"message", "Redelivering"}, {"id", id}, {"status_url", "/v1/inferences/" + id}});
     }
+    if (ec == errc::no_transport) {  // a JobQueue built without one, behind this Server
+      return send_error(res, {409,
+                              "no_transport",
+                              "This server cannot deliver callbacks; another server on the "
+                              "same store can redeliver it.",
+                              {}});
+    }
+    send_refusal(res, refusal_for(ec, id));
   }
 
   void cancel(const std::string& tenant, const std::string& id, HttpResponse& res) {
     const std::string key = job_key(tenant, id);
-    switch (is_valid_job_id(id) ? service.cancel(key) : CancelStatus::not_found) {
-      case CancelStatus::cancelled:
-        break;
-      case CancelStatus::not_found:
-        return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
-      case CancelStatus::already_finished:
-        return send_error(res, {409,
-                                "already_finished",
-                                "The job '" + id + "' is final already and cannot be cancelled.",
-                                {}});
-    }
+    if (const auto ec = is_valid_job_id(id) ? service.cancel(key) : errc::not_found)
+      return send_refusal(res, refusal_for(ec, id));
     const std::optional<JobRecord> record = service.find(key);
     if (!record) return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
     send_json(res, 200, to_status_json(*record));

@@ -70,13 +70,14 @@ class Admission {
     return Entry(*this);
   }
 
-  /// Under `enter()`: `accepted` means a slot was taken for `tenant`, charged with `bytes`, to be
-  /// released (with the same tenant and bytes) when the work is done. `tenant_quota` when the
-  /// tenant holds its share already; `queue_full` when the slots or the bytes are taken (work
-  /// larger than the whole budget is admitted only when nothing else is in memory).
-  SubmitStatus admit(std::string_view tenant = {}, std::size_t bytes = 0) {
-    if (!accepting_) return SubmitStatus::shutting_down;
-    if (!model_.ready()) return SubmitStatus::not_ready;
+  /// Under `enter()`: success means a slot was taken for `tenant`, charged with `bytes`, to be
+  /// released (with the same tenant and bytes) when the work is done. errc::tenant_quota when the
+  /// tenant holds its share already; queue_full when the slots or the bytes are taken (work
+  /// larger than the whole budget is admitted only when nothing else is in memory);
+  /// shutting_down, not_ready.
+  boost::system::error_code admit(std::string_view tenant = {}, std::size_t bytes = 0) {
+    if (!accepting_) return errc::shutting_down;
+    if (!model_.ready()) return errc::not_ready;
     return take_slot_within_share(tenant, bytes);
   }
 
@@ -94,17 +95,17 @@ class Admission {
 
   /// Takes a slot for work `tenant` asks for again (a redelivery): held to its share as a
   /// submission is, but not gated on the model.
-  SubmitStatus take_slot_within_share(std::string_view tenant, std::size_t bytes = 0) {
+  boost::system::error_code take_slot_within_share(std::string_view tenant, std::size_t bytes = 0) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= capacity_ || !fits_locked(bytes)) return SubmitStatus::queue_full;
+    if (in_flight_ >= capacity_ || !fits_locked(bytes)) return errc::queue_full;
     if (by_tenant_ && !tenant.empty()) {  // the default tenant (invocations) has no share
       auto it = tenants_.find(tenant);
-      if (it != tenants_.end() && it->second >= tenant_slots_) return SubmitStatus::tenant_quota;
+      if (it != tenants_.end() && it->second >= tenant_slots_) return errc::tenant_quota;
     }
     take_locked(tenant);
     bytes_ += bytes;
     note_charge(bytes);
-    return SubmitStatus::accepted;
+    return {};
   }
 
   /// Changes what a slot's work is charged with, from `from` to `to` bytes (work read from the

@@ -298,7 +298,7 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   if (item.reply) {
     observe_([&](auto& o) { o.on_invocation(prediction.ok()); });
     try {
-      item.reply(prediction);
+      item.reply({}, prediction);
     } catch (...) {
       // The invocation's owner failed to take its answer; nothing else to do.
     }

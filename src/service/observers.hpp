@@ -22,19 +22,21 @@ class MetricsObserver final : public ServiceObserver {
  public:
   explicit MetricsObserver(Metrics& m) : m_(m) {}
   void on_accepted(const std::string&, bool) override { ++m_.jobs_accepted; }
-  void on_refused(Refusal why) override {
+  void on_refused(errc why) override {
     switch (why) {
-      case Refusal::queue_full:
+      case errc::queue_full:
         ++m_.submissions_refused_queue_full;
         break;
-      case Refusal::not_ready:
+      case errc::not_ready:
         ++m_.submissions_refused_not_ready;
         break;
-      case Refusal::store_unavailable:
+      case errc::store_unavailable:
         ++m_.submissions_refused_store_unavailable;
         break;
-      case Refusal::tenant_quota:
+      case errc::tenant_quota:
         ++m_.submissions_refused_tenant_quota;
+        break;
+      default:  // the caller's own mistakes and conflicts: not the queue's load
         break;
     }
   }

@@ -22,7 +22,6 @@
 #include "admission.hpp"
 #include "batch_runner.hpp"
 #include "delivery.hpp"
-#include "final_waiters.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/delivery/address_guard.hpp"
@@ -200,11 +199,9 @@ struct Pipeline {
             [this](StorePump::Queue& queue) { runner.sweep(queue); }),
         runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
                options.job_ttl, options.inference_timeout),
-        waiters(options.max_waiting),
         async_waiters(options.max_waiting),
         poll_interval(options.poll_interval) {
     runner.set_on_final([this](const JobRecord& record) {
-      waiters.notify(record.job.id);
       // The record as the store keeps it (input, started_at, callback state): the same answer a
       // wait gets for a job another server finished; the one in hand when the store cannot say.
       if (!async_waiters.empty() && async_waiters.waiting(record.job.id)) {
@@ -244,7 +241,6 @@ struct Pipeline {
   Delivery delivery;
   StorePump pump;
   BatchRunner runner;
-  FinalWaiters waiters;
   AsyncWaiters async_waiters;
   const std::chrono::milliseconds poll_interval;
   std::chrono::steady_clock::time_point last_wait_poll{};   // on the pump's thread only
@@ -332,27 +328,14 @@ struct Pipeline {
     }
   }
 
-  // Tells the observers how a submission (or, without an id, an invocation) was answered; called
-  // outside every lock.
-  void observe_submission(SubmitStatus status, const std::string& id, bool has_callback) {
-    switch (status) {
-      case SubmitStatus::accepted:
-        if (!id.empty()) observe([&](auto& o) { o.on_accepted(id, has_callback); });
-        break;
-      case SubmitStatus::queue_full:
-        observe([](auto& o) { o.on_refused(Refusal::queue_full); });
-        break;
-      case SubmitStatus::not_ready:
-        observe([](auto& o) { o.on_refused(Refusal::not_ready); });
-        break;
-      case SubmitStatus::store_unavailable:
-        observe([](auto& o) { o.on_refused(Refusal::store_unavailable); });
-        break;
-      case SubmitStatus::tenant_quota:
-        observe([](auto& o) { o.on_refused(Refusal::tenant_quota); });
-        break;
-      default:
-        break;
+  // Tells the observers how a submission (or, without an id, an invocation) was answered: a new
+  // job accepted, or a refusal (a duplicate is neither); called outside every lock.
+  void observe_submission(const Submitted& s, const std::string& id, bool has_callback) {
+    if (s.error) {
+      const errc why = static_cast<errc>(s.error.value());
+      observe([why](auto& o) { o.on_refused(why); });
+    } else if (!s.duplicate && !id.empty()) {
+      observe([&](auto& o) { o.on_accepted(id, has_callback); });
     }
   }
 };

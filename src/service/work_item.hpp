@@ -2,21 +2,29 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
+
+#include <boost/system/error_code.hpp>
 
 #include "claim.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/job.hpp"
-#include "rebound/job_queue_status.hpp"
+#include "rebound/model.hpp"
 
 namespace rebound::detail {
+
+/// How an invocation is answered, exactly once: success with the model's Prediction (failed or
+/// not, whatever its code), or a refusal of the queue's (errc::shutting_down: taken off the queue
+/// at shutdown) with a failed Prediction that says so.
+using InvokeAnswer = std::function<void(boost::system::error_code, const Prediction&)>;
 
 /// Move-only: its claim (the slot, and a job's lease) goes with it and is given back when the
 /// item is done with, whatever path it takes.
 struct WorkItem {
   Job job;
-  InvocationHandler reply;  // set for an invocation: no store, no callback
-  Claim claim;              // the slot; for a job also the lease it is run under
+  InvokeAnswer reply;  // set for an invocation: no store, no callback
+  Claim claim;         // the slot; for a job also the lease it is run under
   std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
 };
 

@@ -115,14 +115,19 @@ int main() {
     ok = ok && queue.find("job-1") && queue.find("job-1")->attempt_log.empty();
     // A burst beyond the prefetch: parked in the store, claimed back as the workers drain. Half
     // one by one, half in one call (one SQLite transaction).
-    for (int n = 2; n < 21; ++n)
-      ok = ok && queue.submit(rebound::make_job("job-" + std::to_string(n), {{"x", n}})) ==
-                     rebound::SubmitStatus::accepted;
+    for (int n = 2; n < 21; ++n) {
+      const rebound::Submitted taken =
+          queue
+              .submit(rebound::make_job("job-" + std::to_string(n), {{"x", n}}),
+                      boost::asio::use_future)
+              .get();
+      ok = ok && taken && !taken.duplicate;
+    }
     std::vector<rebound::Job> rest;
     for (int n = 21; n < 40; ++n)
       rest.push_back(rebound::make_job("job-" + std::to_string(n), {{"x", n}}));
-    for (const rebound::SubmitStatus status : queue.submit_many(std::move(rest)))
-      ok = ok && status == rebound::SubmitStatus::accepted;
+    for (const rebound::Submitted& taken : queue.submit_many(std::move(rest)))
+      ok = ok && taken && !taken.duplicate;
     const auto burst_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     auto last = queue.find("job-39");
     while (ok && (!last || last->status != rebound::JobStatus::succeeded) &&

@@ -68,7 +68,7 @@ run("install --component dev" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR}
   --prefix ${WORK_DIR}/dev --component dev)
 expect_exists(${WORK_DIR}/dev/include/rebound/rebound.hpp)
 expect_exists(${WORK_DIR}/dev/include/rebound/job_queue.hpp)
-expect_exists(${WORK_DIR}/dev/include/rebound/service.hpp)
+expect_absent(${WORK_DIR}/dev/include/rebound/service.hpp)
 expect_exists(${WORK_DIR}/dev/include/rebound/store/sqlite_job_store.hpp)
 expect_exists(${WORK_DIR}/dev/include/rebound/detail/work_queue.hpp)
 expect_exists(${WORK_DIR}/dev/share/doc/rebound/LICENSE)

@@ -81,7 +81,7 @@ int main() {
     job.id = "job-1";
     job.callback_url = "https://receiver.example/hook";
     job.input = {{"x", 1}};
-    ok = service.submit(job) == rebound::SubmitStatus::accepted;
+    ok = !service.submit(job, boost::asio::use_future).get().duplicate;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     std::optional<rebound::JobRecord> record;
     while (ok && std::chrono::steady_clock::now() < deadline) {
@@ -111,8 +111,13 @@ int main() {
     rebound::Job job;
     job.id = "with-callback";
     job.callback_url = "https://receiver.example/hook";
-    ok =
-        ok && !bare.delivers_callbacks() && bare.submit(job) == rebound::SubmitStatus::no_transport;
+    ok = ok && !bare.delivers_callbacks();
+    try {
+      bare.submit(job, boost::asio::use_future).get();
+      ok = false;
+    } catch (const boost::system::system_error& e) {
+      ok = ok && e.code() == rebound::errc::no_transport;
+    }
     try {
       bare.async_submit(job, boost::asio::use_future).get();
       ok = false;

@@ -13,6 +13,7 @@
 
 #include "rebound/delivery/address_guard.hpp"
 #include "rebound/detail/callback_url.hpp"
+#include "rebound/detail/job_rules.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/job.hpp"
 
@@ -66,32 +67,12 @@ inline std::optional<ApiError> json_body_error(JsonParseError error) {
   return std::nullopt;
 }
 
-/// Longest job id accepted.
-inline constexpr std::size_t max_job_id_length = 128;
-
-/// A job id is 1 to 128 characters from `A-Z a-z 0-9 . _ : -`.
-inline bool is_valid_job_id(std::string_view id) {
-  if (id.empty() || id.size() > max_job_id_length) return false;
-  // A path segment of "." or ".." is not itself in a URL (RFC 3986 removes it): no status URL
-  // could name such a job.
-  if (id == "." || id == "..") return false;
-  for (char c : id) {
-    const bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == ':' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 /// The result of parse_submission: a job ready to store, or the error to answer with.
 struct SubmissionParse {
   std::optional<Job> job;
   std::optional<ApiError> error;
   std::string id;  ///< with an error: the job's id when it was a valid one (else empty)
 };
-
-/// Longest `max_queue_seconds` accepted: a week.
-inline constexpr double max_queue_seconds_limit = 7 * 86400;
 
 /// Validates a submission body: `{"id": string, "callback_url"?: string, "input"?: any,
 /// "priority"?: 0-9, "max_queue_seconds"?: number, "webhook_events"?: ["started", "completed"]}`.
@@ -173,11 +154,7 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
   if (id == doc.end() || id->is_null()) return invalid("id", "The field 'id' is required.");
   if (!id->is_string()) return invalid("id", "The field 'id' must be a string.");
   job.id = id->get<std::string>();
-  if (!is_valid_job_id(job.id)) {
-    return invalid("id",
-                   "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -, and "
-                   "not '.' or '..'.");
-  }
+  if (!is_valid_job_id(job.id)) return invalid("id", job_id_rule());
   // From here on an error names the job too (a batch's result says whose it is).
   auto invalid_job = [&job, &invalid](std::string field, std::string message) {
     SubmissionParse out = invalid(std::move(field), std::move(message));
@@ -189,19 +166,14 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
     if (!url->is_string())
       return invalid_job("callback_url", "The field 'callback_url' must be a string.");
     job.callback_url = url->get<std::string>();
-    const CallbackUrlParse parsed = parse_callback_url(job.callback_url);
-    if (!parsed.url)
-      return invalid_job("callback_url", "The field 'callback_url' " + parsed.error + ".");
-    if (auto refused = guard.check_host(parsed.url->host)) {
-      return invalid_job("callback_url", "The field 'callback_url' " + *refused + ".");
-    }
+    if (auto broken = check_callback_url(job.callback_url, guard))
+      return invalid_job(std::move(broken->field), std::move(broken->message));
   }
   auto priority = doc.find("priority");
   if (priority != doc.end() && !priority->is_null()) {
     if (!priority->is_number_integer() || *priority < highest_priority ||
         *priority > lowest_priority) {
-      return invalid_job("priority",
-                         "The field 'priority' must be an integer from 0 (runs first) to 9.");
+      return invalid_job("priority", priority_rule());
     }
     job.priority = priority->get<int>();
   }
@@ -209,16 +181,13 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
   if (max_queue != doc.end() && !max_queue->is_null()) {
     const double seconds = max_queue->is_number() ? max_queue->get<double>() : -1;
     if (!max_queue->is_number() || !(seconds >= 0.001) || seconds > max_queue_seconds_limit) {
-      return invalid_job("max_queue_seconds",
-                         "The field 'max_queue_seconds' must be a number of seconds from 0.001 to "
-                         "604800.");
+      return invalid_job("max_queue_seconds", max_queue_rule());
     }
     job.max_queue = std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
   }
   auto events = doc.find("webhook_events");
   if (events != doc.end() && !events->is_null()) {
-    const char* wrong =
-        "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
+    const char* wrong = webhook_events_rule();
     if (!events->is_array() || events->empty() || events->size() > 2) {
       return invalid_job("webhook_events", wrong);
     }

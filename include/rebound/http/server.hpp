@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "rebound/delivery/address_guard.hpp"
-#include "rebound/service.hpp"
+#include "rebound/job_queue.hpp"
 
 namespace rebound {
 
@@ -40,7 +40,7 @@ struct ServerOptions {
   /// connection costs a socket and its buffers, never a thread) and run the routes, whose store
   /// calls (a poll's read, a batch's write) may block them briefly unless `store_call_threads`
   /// takes those routes. No thread ever waits for a job or for a submission's commit: a
-  /// submission is answered through `JobQueue::submit(job, handler)`, `Prefer: wait` through
+  /// submission is answered through `JobQueue::submit`, `Prefer: wait` through
   /// `async_wait`, `POST /invocations` from the worker that ran the model. A quarter of them at
   /// most (of the store-call threads, when there are some) take batches at once.
   std::size_t http_threads = 16;
@@ -48,7 +48,7 @@ struct ServerOptions {
   /// redelivery, a batch, /metrics, the console's listings: with SQLite each read waits for the
   /// writes queued before it), so that the `http_threads` only read, route and write. 0, the
   /// default: those routes run on the HTTP threads. Submissions (answered through
-  /// `JobQueue::submit(job, handler)`), `/invocations` and `/ping` always stay on the front.
+  /// `JobQueue::submit`), `/invocations` and `/ping` always stay on the front.
   std::size_t store_call_threads = 0;
   /// Connections open at once; one more is closed as soon as it is accepted (the process needs as
   /// many file descriptors: rebound-server raises its soft RLIMIT_NOFILE to the hard limit).

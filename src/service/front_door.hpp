@@ -1,0 +1,37 @@
+// FrontDoor: the two calls of JobQueue that rebound::Server makes without an Asio completion, so
+// that its answers need no hop through the queue's io executor: a submission answered on the
+// calling thread when the store answers at once, and an invocation answered on the inference
+// worker that ran it. Internal to rebound (src/): users call JobQueue::submit and async_invoke.
+#pragma once
+
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "rebound/job.hpp"
+#include "rebound/job_queue_status.hpp"
+#include "rebound/model.hpp"
+#include "work_item.hpp"
+
+namespace rebound {
+class JobQueue;
+
+namespace detail {
+
+struct FrontDoor {
+  /// Called exactly once with what the submission came to.
+  using SubmitAnswer = std::function<void(const Submitted&)>;
+
+  /// JobQueue::submit: `answer` runs on this thread before the call returns when the store
+  /// answers at once (memory, Redis), else on the queue's io executor (SQLite answers after the
+  /// group commit its job went in).
+  static void submit(JobQueue& queue, Job job, SubmitAnswer answer);
+
+  /// Runs `input` through the model as `async_invoke` does; `on_result` is called exactly once
+  /// (InvokeAnswer: on the worker that ran it, or at shutdown) when the answer is success, and
+  /// never otherwise.
+  static Submitted invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result);
+};
+
+}  // namespace detail
+}  // namespace rebound
