@@ -137,13 +137,26 @@ struct CallbackInfo {
   std::chrono::milliseconds previous_delay{0};
 };
 
-/// How a job ended: its final status and either its result or its error.
-struct JobOutcome {
-  JobStatus status = JobStatus::failed;
-  nlohmann::json result;           ///< The model's output when `status` is `succeeded`.
-  std::optional<ErrorInfo> error;  ///< Set when `status` is `failed`, `expired` or `cancelled`.
+/// How a job ended, as its record keeps it: its result or its error, and when. Its final status is
+/// the record's own (`JobRecord::status`), kept once.
+struct JobEnd {
+  nlohmann::json result;           ///< The model's output when the job `succeeded`.
+  std::optional<ErrorInfo> error;  ///< Set when it `failed`, `expired` or was `cancelled`.
   /// When the job became final (the epoch: not recorded).
   std::chrono::system_clock::time_point finished_at{};
+};
+
+/// How a job ended, as it is handed to a JobStore: its final status, with the JobEnd the record
+/// keeps.
+struct JobOutcome : JobEnd {
+  JobStatus status = JobStatus::failed;
+
+  JobOutcome() = default;
+  JobOutcome(JobStatus final_status, nlohmann::json output, std::optional<ErrorInfo> why,
+             std::chrono::system_clock::time_point at = {})
+      : JobEnd{std::move(output), std::move(why), at}, status(final_status) {}
+  /// The outcome of a final record.
+  JobOutcome(JobStatus final_status, JobEnd end) : JobEnd(std::move(end)), status(final_status) {}
 };
 
 /// One callback attempt as the store keeps it for the people who look at a job later (the
@@ -167,7 +180,7 @@ inline constexpr std::size_t max_attempt_error_bytes = 256;
 struct JobRecord {
   Job job;
   JobStatus status = JobStatus::queued;
-  JobOutcome outcome;  ///< Meaningful once `status` is final.
+  JobEnd outcome;  ///< Meaningful once `status` is final.
   CallbackInfo callback;
   /// When the job started running (the epoch: it has not, or the store does not know).
   std::chrono::system_clock::time_point started_at{};

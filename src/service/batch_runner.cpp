@@ -76,12 +76,12 @@ void BatchRunner::screen(std::vector<WorkItem>& batch, TimePoint now) {
     JobRecord record;
     record.job = std::move(it->job);
     record.status = JobStatus::expired;
-    record.outcome = {JobStatus::expired, nullptr,
-                      ErrorInfo{"expired", "The job was not started within its time in queue of " +
-                                               seconds_text(limit) + " s."},
-                      now};
+    record.outcome.error =
+        ErrorInfo{"expired", "The job was not started within its time in queue of " +
+                                 seconds_text(limit) + " s."};
+    record.outcome.finished_at = now;
     observe_([&](auto& o) { o.on_expired(record, limit); });
-    finish(record, std::move(it->claim));
+    finish(std::move(record), std::move(it->claim));
   }
   batch.erase(expired, batch.end());
 }
@@ -320,31 +320,35 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   }
   JobRecord record;
   record.job = std::move(item.job);
+  record.outcome.finished_at = clock_();
   if (prediction.ok()) {
-    record.outcome = {JobStatus::succeeded, std::move(prediction.output()), std::nullopt, clock_()};
+    record.status = JobStatus::succeeded;
+    record.outcome.result = std::move(prediction.output());
   } else {
     // A model's message may be anything it threw: kept to a bound, like every stored string.
     ErrorInfo error = prediction.error();
     error.code = truncated_utf8(std::move(error.code), max_error_code_bytes);
     error.message = truncated_utf8(std::move(error.message), max_error_message_bytes);
-    record.outcome = {JobStatus::failed, nullptr, std::move(error), clock_()};
+    record.status = JobStatus::failed;
+    record.outcome.error = std::move(error);
   }
-  record.status = record.outcome.status;
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
-  finish(record, std::move(item.claim));
+  finish(std::move(record), std::move(item.claim));
 }
 
-void BatchRunner::finish(const JobRecord& record, Claim claim) {
-  auto kept = std::make_shared<JobRecord>(record);
+void BatchRunner::finish(JobRecord record, Claim claim) {
+  // What the store is told (the final status with the result), kept for the write's retries.
+  auto outcome = std::make_shared<const JobOutcome>(record.status, record.outcome);
+  auto kept = std::make_shared<JobRecord>(std::move(record));
   // Shared by the write's continuations (copied into std::function); whichever runs ends it.
   auto held = std::make_shared<Claim>(std::move(claim));
   const std::string holder = held->holder();
   std::optional<Lease> deliver;
-  if (record.job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
+  if (kept->job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
   store_.write_until_stored(
-      owner(), "finish_job", record.job.id,
-      [this, kept, holder, deliver](JobStore& s, JobStore::WriteDone done) {
-        s.async_finish_job(kept->job.id, holder, kept->outcome, deliver, clock_(), std::move(done));
+      owner(), "finish_job", kept->job.id,
+      [this, kept, outcome, holder, deliver](JobStore& s, JobStore::WriteDone done) {
+        s.async_finish_job(kept->job.id, holder, *outcome, deliver, clock_(), std::move(done));
       },
       [this, kept, held, deliver](bool acknowledged) {
         held->drop_lease();

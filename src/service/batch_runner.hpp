@@ -106,7 +106,7 @@ class BatchRunner {
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
   // none is wanted, or when the lease was lost: another claim has the job).
-  void finish(const JobRecord& record, Claim claim);
+  void finish(JobRecord record, Claim claim);
 
   Model& model_;
   StoreAccess& store_;

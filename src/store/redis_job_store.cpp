@@ -996,7 +996,6 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
       r.attempt_log = detail::attempt_log_from_json(array + "]");
     }
   }
-  r.outcome.status = r.status;
   if (r.status != JobStatus::succeeded) r.outcome.result = nullptr;
   if (err_code) r.outcome.error = ErrorInfo{*err_code, err_msg.value_or("")};
   return r;

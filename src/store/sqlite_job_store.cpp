@@ -199,7 +199,6 @@ JobRecord read_record(const Statement& s) {
     r.job.input = nullptr;
   r.job.created_at = from_ms(s.integer(3));
   r.status = static_cast<JobStatus>(s.integer(4));
-  r.outcome.status = r.status;
   if (!s.is_null(5) && detail::parse_untrusted_json(s.text(5), r.outcome.result, SIZE_MAX) !=
                            detail::JsonParseError::none)
     r.outcome.result = nullptr;

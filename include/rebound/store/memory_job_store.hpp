@@ -322,7 +322,6 @@ class MemoryJobStore final : public JobStore {
       entry.job.traceparent = full.job.traceparent;
       entry.status = full.status;
       entry.started_at = full.started_at;
-      entry.outcome.status = full.outcome.status;
       entry.outcome.error = full.outcome.error;
       entry.outcome.finished_at = full.outcome.finished_at;
       entry.callback = full.callback;
