@@ -12,7 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
-#include "rebound/http/curl_transport.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

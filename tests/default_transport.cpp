@@ -7,11 +7,13 @@
 
 namespace {
 // Built before main, in this translation unit's static initialisation.
-const bool early = rebound::JobQueue(std::make_unique<rebound::EchoModel>()).delivers_callbacks();
+const bool early =
+    rebound::JobQueue(std::make_unique<rebound::EchoModel>()).operations().delivers_callbacks();
 }  // namespace
 
 int main() {
-  const bool later = rebound::JobQueue(std::make_unique<rebound::EchoModel>()).delivers_callbacks();
+  const bool later =
+      rebound::JobQueue(std::make_unique<rebound::EchoModel>()).operations().delivers_callbacks();
   std::cout << "default transport: before main " << early << ", in main " << later << std::endl;
   return early && later ? 0 : 1;
 }

@@ -10,8 +10,8 @@
 #include <boost/asio/io_context.hpp>
 
 #include "rebound/delivery/callback_sender.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 #include "rebound/delivery/webhook_signature.hpp"
-#include "rebound/http/curl_transport.hpp"
 #include "rebound/version.hpp"
 #include "support/io_thread.hpp"
 #include "support/receiver.hpp"

@@ -115,7 +115,7 @@ TEST_CASE("console: an operator and a viewer sign in - a tenant's key does not")
   CHECK(ops["role"] == "operator");
   CHECK(ops["name"] == "ops");
   CHECK(ops["tenants"] == json{"acme", "globex", "ops", "watch"});
-  CHECK(ops["server_id"] == h.service->server_id());
+  CHECK(ops["server_id"] == h.service->operations().server_id());
   const json watch = As{h, "k-watch"}.get_json("/v1/console/session");
   CHECK(watch["role"] == "viewer");
   CHECK(watch["name"] == "watch");
@@ -132,7 +132,7 @@ TEST_CASE("console: an operator and a viewer sign in - a tenant's key does not")
   check_error(viewer.post("/v1/console/jobs/x/redeliver?tenant=acme"), 403, "forbidden");
   check_error(viewer.post("/v1/console/dead-letters/redeliver", {{"dry_run", true}}), 403,
               "forbidden");
-  CHECK(h.service->paused_origins().empty());
+  CHECK(h.service->operations().paused_origins().empty());
   // Both keys are tenants of the ordinary API as well: a viewer submits and polls its own jobs,
   // and acts on none, its own included.
   auto own = viewer.post("/v1/inferences", {{"id", "mine"}, {"input", 1}});
@@ -338,7 +338,7 @@ TEST_CASE("console: an operator cancels a queued job - the overview and servers 
 
   const json servers = ops.get_json("/v1/console/servers")["servers"];
   REQUIRE(servers.size() == 1);
-  CHECK(servers[0]["id"] == h.service->server_id());
+  CHECK(servers[0]["id"] == h.service->operations().server_id());
   CHECK(servers[0]["this"] == true);
   const auto actions = lines.of("operator_action");
   REQUIRE(actions.size() == 3);

@@ -14,8 +14,8 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include "rebound/delivery/curl_transport.hpp"
 #include "rebound/delivery/origin_gate.hpp"
-#include "rebound/http/curl_transport.hpp"
 #include "support/io_thread.hpp"
 #include "support/raw_receiver.hpp"
 #include "support/receiver.hpp"

@@ -7,7 +7,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "rebound/delivery/callback_sender.hpp"
-#include "rebound/http/curl_transport.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 #include "support/receiver.hpp"
 #include "support/tls.hpp"
 

@@ -381,7 +381,7 @@ TEST_CASE_TEMPLATE(
   CHECK(receiver.received().size() == 1);
   const std::string metrics = h.client().Get("/metrics")->body;
   CHECK(metrics.find("rebound_jobs_completed_total{status=\"cancelled\"} 1") != std::string::npos);
-  CHECK(h.service->in_flight() == 0);  // the dropped job gave its slot back
+  CHECK(h.service->telemetry().in_flight() == 0);  // the dropped job gave its slot back
 }
 
 TEST_CASE_TEMPLATE("job api: DELETE tells a running model through its cancellation flag", Store,
@@ -406,7 +406,7 @@ TEST_CASE_TEMPLATE("job api: DELETE tells a running model through its cancellati
   CHECK(state["status"] == "cancelled");
   CHECK(state["error"]["code"] == "cancelled");
   CHECK(state["started_at"].is_string());
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   std::this_thread::sleep_for(100ms);
   CHECK(receiver.received().size() == 1);  // never a second, "failed" or "succeeded", callback
   CHECK(h.client().Get("/metrics")->body.find("rebound_results_discarded_total 1") !=
@@ -549,7 +549,7 @@ TEST_CASE(
   REQUIRE(h.submit({{"id", "victim"}, {"input", "victim"}})->status == 202);
   check_error(h.submit({{"id", "refused"}}), 503, "queue_full");
   REQUIRE(h.client().Delete("/v1/inferences/victim")->status == 200);
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 1; }));
   CHECK(h.submit({{"id", "after"}, {"input", "after"}})->status == 202);
   h.model->open();
   REQUIRE(rebound::test::eventually([&] { return h.poll("after")["status"] == "succeeded"; }));
@@ -565,7 +565,7 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
     return h.client().Post("/v1/inferences", {{"Prefer", "wait=2"}}, json({{"id", "j"}}).dump(),
                            "application/json");
   });
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 1; }));
   // The only HTTP thread is free: /ping and a poll answer at once while the submission waits.
   CHECK(h.client().Get("/ping")->status == 200);
   CHECK(h.poll("j")["status"] == "running");  // held by the closed model
@@ -669,7 +669,7 @@ TEST_CASE(
   }
   std::this_thread::sleep_for(1500ms);  // past the short wait's time, with no Server
   h.model->open();                      // the job ends: the queue completes both registrations
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
 }
 
 TEST_CASE("job api: a client gone while its request waits gives its connection and place back") {

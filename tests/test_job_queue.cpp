@@ -23,7 +23,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_future.hpp>
 
-#include "../src/service/front_door.hpp"
+#include "../src/pipeline/front_door.hpp"
 #include "rebound/errc.hpp"
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
@@ -129,11 +129,11 @@ TEST_CASE("job queue: submit_many answers each job as submit would - with one st
   using V = std::vector<std::string>;
   CHECK(outcomes_of(queue.submit_many({job("a", 1), job("old", 1), job("old", 2), job("b", 2)})) ==
         V{"accepted", "duplicate", "id_conflict", "accepted"});
-  CHECK(queue.in_flight() == 3);
+  CHECK(queue.telemetry().in_flight() == 3);
   // Capacity 4: one more fits; the others are refused.
   CHECK(outcomes_of(queue.submit_many({job("c", 3), job("d", 4), job("e", 5)})) ==
         V{"accepted", "queue_full", "queue_full"});
-  CHECK(queue.in_flight() == 4);
+  CHECK(queue.telemetry().in_flight() == 4);
   CHECK_FALSE(queue.find("d"));
   // Full: an id twice in one call is still told a duplicate (or a conflict) of the first.
   CHECK(outcomes_of(queue.submit_many({job("c", 3), job("c", 3), job("c", 4)})) ==
@@ -161,11 +161,11 @@ TEST_CASE("job queue: submit_many with one slot free takes an id sent twice once
   using V = std::vector<std::string>;
   CHECK(outcomes_of(queue.submit_many({job("x", 1), job("x", 1), job("x", 2), job("y", 1)})) ==
         V{"accepted", "duplicate", "id_conflict", "queue_full"});
-  CHECK(queue.in_flight() == 2);
+  CHECK(queue.telemetry().in_flight() == 2);
   // A resubmitted call whose jobs are all stored takes nothing; its new job the freed slot.
   held->open();
   CHECK(queue.async_wait("x", boost::asio::use_future).get().status == JobStatus::succeeded);
-  REQUIRE(rebound::test::eventually([&] { return queue.in_flight() <= 1; }));
+  REQUIRE(rebound::test::eventually([&] { return queue.telemetry().in_flight() <= 1; }));
   CHECK(outcomes_of(queue.submit_many({job("x", 1), job("y", 1)})) == V{"duplicate", "accepted"});
 }
 
@@ -237,11 +237,12 @@ TEST_CASE("job queue: work in memory is bounded in bytes - as the inputs really 
   CHECK_THROWS_AS(refused.get(), boost::system::system_error);
   // Small work still fits beside them.
   CHECK(rebound::test::submitted(queue, job("small", 1)) == "accepted");
-  CHECK(queue.in_flight() == 3);
+  CHECK(queue.telemetry().in_flight() == 3);
   held->open();
   CHECK(queue.async_wait("two", boost::asio::use_future).get().status == JobStatus::succeeded);
   CHECK(queue.async_wait("small", boost::asio::use_future).get().status == JobStatus::succeeded);
-  for (int i = 0; i < 500 && queue.in_flight() > 0; ++i)  // slots go back after the record
+  for (int i = 0; i < 500 && queue.telemetry().in_flight() > 0;
+       ++i)  // slots go back after the record
     std::this_thread::sleep_for(10ms);
   CHECK(rebound::test::submitted(queue, job("three", big)) == "accepted");
   CHECK(queue.async_wait("three", boost::asio::use_future).get().status == JobStatus::succeeded);
@@ -269,18 +270,18 @@ TEST_CASE("job queue: jobs claimed from the store take no more than the free byt
   JobQueue queue(std::move(model), std::make_unique<rebound::SqliteJobStore>(path), options);
   REQUIRE(held->wait_started(1));
   auto work_bytes = [&] {
-    const std::string metrics = queue.render_metrics();
+    const std::string metrics = queue.telemetry().render_metrics();
     const auto at = metrics.find("\nrebound_work_bytes ");
     REQUIRE(at != std::string::npos);
     return std::stoull(metrics.substr(at + 20));
   };
   // Two fit in 11 MiB, a third would not: it stays in the store, through several polls.
   for (int i = 0; i < 30; ++i) {
-    CHECK(queue.in_flight() <= 2);
+    CHECK(queue.telemetry().in_flight() <= 2);
     CHECK(work_bytes() <= (11u << 20));
     std::this_thread::sleep_for(100ms);
   }
-  CHECK(queue.in_flight() == 2);
+  CHECK(queue.telemetry().in_flight() == 2);
   held->open();
   for (int i = 0; i < 12; ++i) {
     CHECK(queue.async_wait("stored-" + std::to_string(i), boost::asio::use_future).get().status ==
@@ -300,7 +301,8 @@ TEST_CASE("job queue: one job larger than the whole byte budget is taken when no
   CHECK(rebound::test::submitted(queue, job("beside", big)) == "queue_full");
   held->open();
   CHECK(queue.async_wait("alone", boost::asio::use_future).get().status == JobStatus::succeeded);
-  for (int i = 0; i < 500 && queue.in_flight() > 0; ++i)  // slots go back after the record
+  for (int i = 0; i < 500 && queue.telemetry().in_flight() > 0;
+       ++i)  // slots go back after the record
     std::this_thread::sleep_for(10ms);
   CHECK(rebound::test::submitted(queue, job("beside", big)) == "accepted");
 }
@@ -366,7 +368,7 @@ TEST_CASE("job queue: refusals are rebound::errc codes with messages") {
     boost::asio::io_context io;
     JobQueue bare(pool.get_executor(), io.get_executor(), std::make_unique<Doubler>(), nullptr,
                   nullptr);
-    CHECK_FALSE(bare.delivers_callbacks());
+    CHECK_FALSE(bare.operations().delivers_callbacks());
     CHECK(rebound::test::submitted(bare, job("cb", 1, "https://example.com/hook")) ==
           "no_transport");
     CHECK_FALSE(bare.find("cb"));
@@ -397,7 +399,7 @@ TEST_CASE(
   // And once it is final, at once.
   const JobRecord again = queue.async_submit(job("dup", 7), boost::asio::use_future).get();
   CHECK(again.status == JobStatus::succeeded);
-  CHECK(queue.batch_stats().items == 1);
+  CHECK(queue.telemetry().batch_stats().items == 1);
 }
 
 TEST_CASE("job queue: 4 threads submit 500 jobs each - every handler fires exactly once") {
@@ -753,7 +755,7 @@ TEST_CASE("job queue: submit guards every rule a job has over HTTP - invalid_job
     CHECK(many[0].error == errc::invalid_job);
     CHECK(many[0].field == c.field);
   }
-  CHECK(queue.in_flight() == 0);
+  CHECK(queue.telemetry().in_flight() == 0);
   // The edges of each rule are inside it.
   CHECK(rebound::test::submitted(queue, with([](rebound::Job& j) {
                                    j.id = "tenant-1/A.b_c:d-9";
@@ -786,7 +788,7 @@ TEST_CASE("job queue: what a store holds at start is resumed and counted - not 2
   rebound::JobQueueOptions o;
   o.queue_capacity = 1000;
   JobQueue queue(std::make_unique<Doubler>(), std::move(store), o);
-  CHECK(queue.batch_stats().resumed == 600);  // when the constructor returns
+  CHECK(queue.telemetry().batch_stats().resumed == 600);  // when the constructor returns
   CHECK(queue.async_wait("left-599", boost::asio::use_future).get().outcome.result == 1198);
 }
 
@@ -842,7 +844,7 @@ TEST_CASE("job queue: async_wait for a job another server on Redis finishes") {
 
 namespace {
 // Hears the order in which jobs complete.
-struct CompletionOrder final : rebound::ServiceObserver {
+struct CompletionOrder final : rebound::Observer {
   std::mutex m;
   std::vector<std::string> ids;
   void on_completed(const JobRecord& record, std::size_t, double) override {

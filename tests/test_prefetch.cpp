@@ -108,17 +108,17 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     rebound::JobQueue queue(std::make_unique<OrderModel>(shared), make(kind, dir.file("q.db")),
                             options(8, 100));
     REQUIRE(rebound::test::submitted(queue, numbered(0)) == "accepted");
-    const std::size_t one = queue.work_bytes();
+    const std::size_t one = queue.telemetry().work_bytes();
     REQUIRE(one > 0);
     for (int n = 1; n < 100; ++n)
       REQUIRE(rebound::test::submitted(queue, numbered(n)) == "accepted");
     // Every accepted job holds its slot, the parked ones included: the 101st is refused.
     CHECK(rebound::test::submitted(queue, numbered(100)) == "queue_full");
-    CHECK(queue.in_flight() == 100);
-    CHECK(queue.queue_depth() >= 99);
+    CHECK(queue.telemetry().in_flight() == 100);
+    CHECK(queue.telemetry().queue_depth() >= 99);
     // Memory holds the prefetch and the job running, not the 100 accepted.
-    CHECK(queue.work_bytes() <= 10 * one);
-    const auto stats = queue.queue_stats();
+    CHECK(queue.telemetry().work_bytes() <= 10 * one);
+    const auto stats = queue.telemetry().queue_stats();
     REQUIRE(stats);
     CHECK(stats->queued + stats->running == 100);  // the worker holds one
     // The store keeps the parked ones as any queued job: polls see them.
@@ -128,7 +128,7 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
 
     open(*shared);
     REQUIRE(eventually([&] { return ran(*shared) == 100; }, 30s));
-    REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
+    REQUIRE(eventually([&] { return queue.telemetry().in_flight() == 0; }));
     {
       std::lock_guard<std::mutex> lock(shared->m);
       // One worker and one priority: first come, first served, across memory and the store.
@@ -136,7 +136,7 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     }
     CHECK(queue.find("job-99")->status == JobStatus::succeeded);
     // Claimed back from the store, not taken over from another run.
-    CHECK(queue.batch_stats().resumed == 0);
+    CHECK(queue.telemetry().batch_stats().resumed == 0);
     // The slots are free again.
     CHECK(rebound::test::submitted(queue, numbered(100)) == "accepted");
   }
@@ -148,7 +148,7 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
   rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
                           std::make_unique<rebound::test::FailingStore>(store), options(8, 100));
   REQUIRE(rebound::test::submitted(queue, numbered(0)) == "accepted");
-  const std::size_t one = queue.work_bytes();
+  const std::size_t one = queue.telemetry().work_bytes();
   REQUIRE(one > 0);
   // 49 submissions at once, each waiting for its put (as SQLite's wait for the group commit).
   store->puts.close();
@@ -169,7 +169,7 @@ TEST_CASE("prefetch: submissions whose store answer is still to come count in it
   // Memory holds about the prefetch (and the job running), not the 50: the rest wait in the
   // store. (A parked job is in the store before its submission has marked its slot parked: the
   // pump may claim a few of them then, so the bound is twice the prefetch, not the prefetch.)
-  CHECK(queue.work_bytes() <= 18 * one);
+  CHECK(queue.telemetry().work_bytes() <= 18 * one);
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 50; }, 30s));
 }
@@ -186,7 +186,7 @@ TEST_CASE("prefetch: a parked job that is cancelled gives its slot back once the
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 5; }, 30s));
   // Once the store has no job left to claim, the cancelled ones' slots are free.
-  REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
+  REQUIRE(eventually([&] { return queue.telemetry().in_flight() == 0; }));
   for (int n = 10; n < 20; ++n)
     CHECK(rebound::test::submitted(queue, numbered(n)) == "accepted");
   REQUIRE(eventually([&] { return ran(*shared) == 15; }, 30s));
@@ -213,7 +213,7 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
     submit_all(queue, 40);
     // Nothing can run: the deadline passes with jobs parked, and shutdown does not wait for them.
     CHECK_FALSE(queue.shutdown(0ms));
-    CHECK(queue.in_flight() <= 1);  // at most the one the worker holds
+    CHECK(queue.telemetry().in_flight() <= 1);  // at most the one the worker holds
     open(*shared);
   }
   // The next start on the same file finds every job that had not run, queued, and runs them.
@@ -262,7 +262,7 @@ TEST_CASE("prefetch: a restart with a backlog many times the prefetch drains wit
   // Claimed a prefetch at a time as the worker drains: with polls an hour apart, only the
   // wake-ups of the drain can bring them all in.
   REQUIRE(eventually([&] { return ran(*shared) == 300; }, 30s));
-  CHECK(queue.batch_stats().resumed == 300);
+  CHECK(queue.telemetry().batch_stats().resumed == 300);
 }
 
 TEST_CASE("prefetch: a shutdown past its deadline leaves the parked jobs queued and says so") {

@@ -370,17 +370,17 @@ TEST_CASE("redis: pauses are kept in the store - every server holds them") {
                                                o);
   };
   auto one = queue("one"), two = queue("two");
-  CHECK(one->pause_origin("https://hooks.example/x") == "https://hooks.example:443");
+  CHECK(one->operations().pause_origin("https://hooks.example/x") == "https://hooks.example:443");
   CHECK(eventually(
       [&] {
-        const auto paused = two->paused_origins();
+        const auto paused = two->operations().paused_origins();
         return std::find(paused.begin(), paused.end(), "https://hooks.example:443") != paused.end();
       },
       5000ms));
-  CHECK(two->resume_origin("https://hooks.example"));
+  CHECK(two->operations().resume_origin("https://hooks.example"));
   CHECK(eventually(
       [&] {
-        const auto paused = one->paused_origins();
+        const auto paused = one->operations().paused_origins();
         return std::find(paused.begin(), paused.end(), "https://hooks.example:443") == paused.end();
       },
       5000ms));
@@ -388,7 +388,7 @@ TEST_CASE("redis: pauses are kept in the store - every server holds them") {
   // The origins another writer left in the store hold here as well.
   CHECK(eventually(
       [&] {
-        const auto paused = one->paused_origins();
+        const auto paused = one->operations().paused_origins();
         return std::find(paused.begin(), paused.end(), "http://a.example:80") != paused.end();
       },
       5000ms));
@@ -485,10 +485,10 @@ TEST_CASE(
   rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
                           std::make_unique<RedisJobStore>(options_for(server)), o);
   // Before anything was claimed or sent: the constructor read them.
-  CHECK(queue.paused_origins() ==
+  CHECK(queue.operations().paused_origins() ==
         std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
   std::this_thread::sleep_for(1500ms);  // a pass of its pump: nothing flaps
-  CHECK(queue.paused_origins() ==
+  CHECK(queue.operations().paused_origins() ==
         std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
 
   // At most 10,000 are kept: one more is refused, not taken for a failing store.
@@ -497,8 +497,8 @@ TEST_CASE(
                     "'http://h' .. i .. '.test:80') end return 1\" 1 rebound:paused") == "1");
   CHECK_FALSE(store.set_origin_paused("http://one-more.test:80", true));
   CHECK(store.set_origin_paused("https://hooks.example:443", true));  // already kept: fine
-  CHECK_THROWS_AS(queue.pause_origin("http://one-more.test"), rebound::Error);
-  CHECK_FALSE(queue.store_failure().has_value());
+  CHECK_THROWS_AS(queue.operations().pause_origin("http://one-more.test"), rebound::Error);
+  CHECK_FALSE(queue.telemetry().store_failure().has_value());
   // 10,003 kept (the three above too): room again once four go.
   for (const char* origin : {"http://h1.test:80", "http://h2.test:80", "http://h3.test:80"})
     CHECK(store.set_origin_paused(origin, false));

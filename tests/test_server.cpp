@@ -14,8 +14,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "rebound/delivery/curl_transport.hpp"
 #include "rebound/delivery/webhook_signature.hpp"
-#include "rebound/http/curl_transport.hpp"
 #include "rebound/http/server.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/version.hpp"
@@ -342,7 +342,7 @@ TEST_CASE("a full queue answers 503 queue_full with Retry-After - and recovers")
   CHECK(full->get_header_value("Retry-After") == "1");
   CHECK(h.submit({{"id", "q0"}})->status == 202);  // a resubmission is still recognised
   h.model->open();
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   CHECK(h.submit({{"id", "q3"}})->status == 202);
 }
 
@@ -555,12 +555,12 @@ TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running o
     REQUIRE(h.submit({{"id", "late" + std::to_string(i)}})->status == 202);
   REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
   CHECK_FALSE(h.service->shutdown(100ms));
-  CHECK(h.service->queue_depth() == 0);
-  CHECK(h.service->in_flight() == 1);  // only the running job still holds a slot
+  CHECK(h.service->telemetry().queue_depth() == 0);
+  CHECK(h.service->telemetry().in_flight() == 1);  // only the running job still holds a slot
   CHECK(h.poll("late0")["status"] == "running");
   CHECK(h.poll("late1")["status"] == "queued");  // kept as it was: a durable store resumes it
   h.model->open();
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   CHECK(h.poll("late0")["status"] == "succeeded");
   CHECK(h.poll("late2")["status"] == "queued");
 }
@@ -942,7 +942,7 @@ TEST_CASE(
   CHECK(body["error"]["code"] == "inference_timeout");
   check_error(h.client().Post("/invocations", "[1]", "application/json"), 504, "inference_timeout");
   h.model->open();  // the late results arrive and are discarded
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   CHECK(h.poll("slow")["status"] == "failed");
   CHECK(h.poll("slow")["error"]["code"] == "inference_timeout");
   CHECK(receiver.count() == 1);
@@ -964,7 +964,7 @@ TEST_CASE("at log level warn a failed job is still logged - a succeeded one is n
     Harness h(o);
     REQUIRE(h.submit({{"id", "fails"}, {"input", "bad"}})->status == 202);
     REQUIRE(h.submit({{"id", "works"}, {"input", 1}})->status == 202);
-    REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+    REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   }
   std::lock_guard<std::mutex> lock(m);
   std::set<std::string> completed;
@@ -1307,13 +1307,13 @@ TEST_CASE(
   for (int i = 0; i < 4; ++i)
     CHECK(globex.submit({{"id", "g" + std::to_string(i)}, {"input", i}})->status == 202);
   check_error(globex.submit({{"id", "g4"}, {"input", 4}}), 429, "tenant_quota");
-  CHECK(h.service->metrics().submissions_refused_tenant_quota == 2);
+  CHECK(h.service->telemetry().metrics().submissions_refused_tenant_quota == 2);
   // A redelivery is work the tenant asks for as well: held to its share.
   check_error(acme.client().Post("/v1/inferences/dead/redeliver", "", "application/json"), 429,
               "tenant_quota");
   // As its jobs finish, the tenant may submit again.
   h.model->open();
-  REQUIRE(rebound::test::eventually([&] { return h.service->in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   CHECK(acme.submit({{"id", "a4"}, {"input", 4}})->status == 202);
 }
 

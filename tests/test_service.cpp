@@ -172,10 +172,11 @@ TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
   for (int i = 0; i < 20; ++i) {
     const std::string id = "job-" + std::to_string(i);
     // Two in memory at most; a job whose callback waits is out of memory, so the next one fits.
-    REQUIRE(eventually([&] { return node.service->in_flight() < 2; }));
+    REQUIRE(eventually([&] { return node.service->telemetry().in_flight() < 2; }));
     REQUIRE(rebound::test::submitted(*node.service, job(id)) == "accepted");
   }
-  REQUIRE(eventually([&] { return sent->count() == 20 && node.service->in_flight() == 0; }));
+  REQUIRE(eventually(
+      [&] { return sent->count() == 20 && node.service->telemetry().in_flight() == 0; }));
   const auto record = node.service->find("job-7");
   CHECK(record->callback.state == CallbackState::pending);
   CHECK(record->callback.attempts == 1);
@@ -202,13 +203,13 @@ TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
     REQUIRE(rebound::test::submitted(*node.service, job("slow-receiver")) == "accepted");
     REQUIRE(eventually([&] {
       auto r = node.service->find("slow-receiver");
-      return r && r->callback.attempts == 1 && node.service->in_flight() == 0;
+      return r && r->callback.attempts == 1 && node.service->telemetry().in_flight() == 0;
     }));
   }
   clock->advance(10min);
   Node restarted(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
-  CHECK(restarted.service->batch_stats().resumed == 0);  // nothing due yet
-  std::this_thread::sleep_for(100ms);                    // ten polls
+  CHECK(restarted.service->telemetry().batch_stats().resumed == 0);  // nothing due yet
+  std::this_thread::sleep_for(100ms);                                // ten polls
   CHECK(sent->count() == 1);
   auto record = restarted.service->find("slow-receiver");
   CHECK(record->callback.state == CallbackState::pending);
@@ -250,26 +251,26 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   Node second(std::make_unique<SharedStore>(store), clock, sent, so,
               std::make_unique<rebound::EchoModel>());
   std::this_thread::sleep_for(50ms);  // polls: the job is held
-  CHECK(second.service->batch_stats().resumed == 0);
+  CHECK(second.service->telemetry().batch_stats().resumed == 0);
 
   clock->advance(61min);  // the first server's lease ran out
   REQUIRE(eventually([&] {
     auto r = store->get("contested");
     return r->status == JobStatus::succeeded && r->callback.state == CallbackState::delivered;
   }));
-  CHECK(second.service->batch_stats().resumed == 1);
+  CHECK(second.service->telemetry().batch_stats().resumed == 1);
   CHECK(store->get("contested")->outcome.result == 1);  // the echo model's answer
 
   stuck->open();  // the first server's model answers at last: its acknowledgement is refused
-  REQUIRE(eventually([&] { return first.service->metrics().leases_lost.load() == 1; }));
+  REQUIRE(eventually([&] { return first.service->telemetry().metrics().leases_lost.load() == 1; }));
   CHECK(store->get("contested")->outcome.result == 1);
   CHECK(sent->count() == 1);  // one callback, from the server whose result was kept
-  CHECK(first.service->in_flight() == 0);
+  CHECK(first.service->telemetry().in_flight() == 0);
 }
 
 namespace {
 // Counts what it hears; `throws` makes every hook throw, which must not matter.
-struct CountingObserver final : rebound::ServiceObserver {
+struct CountingObserver final : rebound::Observer {
   explicit CountingObserver(bool throws = false) : throws(throws) {}
   bool throws;
   std::atomic<int> accepted{0}, completed{0}, delivered{0}, retried{0}, refused{0};
@@ -304,7 +305,8 @@ TEST_CASE("service: observers hear the walk of a job - and one that throws chang
   REQUIRE(held->wait_started(1));
   CHECK(rebound::test::submitted(*node.service, job("refused")) == "queue_full");
   held->open();
-  REQUIRE(eventually([&] { return counting->retried == 1 && node.service->in_flight() == 0; }));
+  REQUIRE(eventually(
+      [&] { return counting->retried == 1 && node.service->telemetry().in_flight() == 0; }));
   clock->advance(1h);
   REQUIRE(eventually([&] { return counting->delivered == 1; }));
   for (const auto& o : {counting, throwing}) {
@@ -315,8 +317,8 @@ TEST_CASE("service: observers hear the walk of a job - and one that throws chang
     CHECK(o->delivered == 1);
   }
   // The built-in metrics heard the same events.
-  CHECK(node.service->metrics().jobs_accepted.load() == 1);
-  CHECK(node.service->metrics().callbacks_delivered.load() == 1);
+  CHECK(node.service->telemetry().metrics().jobs_accepted.load() == 1);
+  CHECK(node.service->telemetry().metrics().callbacks_delivered.load() == 1);
   CHECK(node.service->find("observed")->callback.state == CallbackState::delivered);
 }
 
@@ -358,7 +360,7 @@ TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never se
   REQUIRE(eventually(
       [&] { return node.service->find("slow")->callback.state == CallbackState::delivered; }));
   CHECK(slow->sent == 1);  // the pump (every 10 ms) never found it unheld
-  CHECK(node.service->metrics().leases_lost.load() == 0);
+  CHECK(node.service->telemetry().metrics().leases_lost.load() == 0);
   CHECK(node.service->find("slow")->callback.attempts == 1);
 }
 
@@ -420,13 +422,13 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   for (int i = 0; i < 40; ++i) {
     // Four in memory at most: each callback to the down receiver must leave memory for the next
     // job to fit.
-    REQUIRE(eventually([&] { return queue.in_flight() < 4; }));
+    REQUIRE(eventually([&] { return queue.telemetry().in_flight() < 4; }));
     REQUIRE(rebound::test::submitted(
                 queue, job("down-" + std::to_string(i), "http://down.test/hook")) == "accepted");
   }
-  REQUIRE(eventually([&] { return queue.in_flight() == 0; }));
+  REQUIRE(eventually([&] { return queue.telemetry().in_flight() == 0; }));
   CHECK(split->to_down == 2);  // the two failures that opened the circuit, nothing since
-  const auto endpoints = queue.callback_endpoints();
+  const auto endpoints = queue.operations().callback_endpoints();
   REQUIRE(endpoints.size() == 1);
   CHECK(endpoints[0].origin == "http://down.test:80");
   CHECK(endpoints[0].state == rebound::CircuitState::open);
@@ -437,12 +439,13 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   // Due when the cool-down ends, one after another at the origin's pace, not all at once.
   CHECK(waiting->callback.next_attempt_at >= clock->now() + 1h);
   CHECK(waiting->callback.next_attempt_at <= clock->now() + 1h + 1s);
-  CHECK(queue.metrics().callback_deferrals >= 38);
-  CHECK(queue.render_metrics().find("rebound_callback_deferrals_total ") != std::string::npos);
+  CHECK(queue.telemetry().metrics().callback_deferrals >= 38);
+  CHECK(queue.telemetry().render_metrics().find("rebound_callback_deferrals_total ") !=
+        std::string::npos);
 
   // Another receiver is not touched: its callbacks go at once, with every slot free for them.
   for (int i = 0; i < 20; ++i) {
-    REQUIRE(eventually([&] { return queue.in_flight() < 4; }));
+    REQUIRE(eventually([&] { return queue.telemetry().in_flight() < 4; }));
     REQUIRE(rebound::test::submitted(
                 queue, job("up-" + std::to_string(i), "http://up.test/hook")) == "accepted");
   }
@@ -464,7 +467,8 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   }));
   CHECK(split->to_down == 42);
   CHECK(queue.find("down-30")->callback.attempts == 1);
-  for (const auto& e : queue.callback_endpoints()) {  // idle again: listed with its counts only
+  for (const auto& e :
+       queue.operations().callback_endpoints()) {  // idle again: listed with its counts only
     CHECK(e.state == rebound::CircuitState::closed);
     CHECK(e.in_flight == 0);
     CHECK(e.deferred == 0);
@@ -487,23 +491,23 @@ TEST_CASE("service: a paused origin's callbacks wait in the store until it is re
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
             std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
   auto& queue = *node.service;
-  CHECK(queue.pause_origin("http://up.test") == "http://up.test:80");
-  CHECK(queue.paused_origins() == std::vector<std::string>{"http://up.test:80"});
+  CHECK(queue.operations().pause_origin("http://up.test") == "http://up.test:80");
+  CHECK(queue.operations().paused_origins() == std::vector<std::string>{"http://up.test:80"});
   REQUIRE(rebound::test::submitted(queue, job("p-1", "http://up.test/hook")) == "accepted");
   REQUIRE(eventually([&] {
     auto r = queue.find("p-1");
-    return r && r->status == JobStatus::succeeded && queue.in_flight() == 0;
+    return r && r->status == JobStatus::succeeded && queue.telemetry().in_flight() == 0;
   }));
   CHECK(split->to_up == 0);
   CHECK(queue.find("p-1")->callback.next_attempt_at == clock->now() + 10min);
-  CHECK(queue.callback_endpoints().at(0).paused);
-  CHECK(queue.resume_origin("http://up.test:80/anything"));
-  CHECK(!queue.resume_origin("http://up.test"));
+  CHECK(queue.operations().callback_endpoints().at(0).paused);
+  CHECK(queue.operations().resume_origin("http://up.test:80/anything"));
+  CHECK(!queue.operations().resume_origin("http://up.test"));
   clock->advance(10min);
   REQUIRE(
       eventually([&] { return queue.find("p-1")->callback.state == CallbackState::delivered; }));
   CHECK(split->to_up == 1);
-  CHECK_THROWS_AS(queue.pause_origin("mailto:x"), rebound::Error);
+  CHECK_THROWS_AS(queue.operations().pause_origin("mailto:x"), rebound::Error);
 }
 
 TEST_CASE("service: a callback deferred longer than callback_max_deferral becomes a dead letter") {
@@ -522,11 +526,11 @@ TEST_CASE("service: a callback deferred longer than callback_max_deferral become
   REQUIRE(rebound::test::submitted(queue, job("waits", "http://down.test/hook")) == "accepted");
   REQUIRE(eventually([&] {
     auto r = queue.find("waits");
-    return r->callback.state == CallbackState::pending && queue.in_flight() == 0;
+    return r->callback.state == CallbackState::pending && queue.telemetry().in_flight() == 0;
   }));
   clock->advance(1h);  // the probe (one of them) fails; the other is deferred again
   REQUIRE(eventually([&] {
-    return split->to_down == 2 && queue.in_flight() == 0 &&
+    return split->to_down == 2 && queue.telemetry().in_flight() == 0 &&
            queue.find("waits")->callback.next_attempt_at > clock->now();
   }));
   clock->advance(2h);  // past the longest deferral: a dead letter, with the reason
@@ -534,7 +538,7 @@ TEST_CASE("service: a callback deferred longer than callback_max_deferral become
     auto a = queue.find("opens"), b = queue.find("waits");
     return a->callback.state == CallbackState::failed || b->callback.state == CallbackState::failed;
   }));
-  const auto failed = queue.failed_callbacks(10);
+  const auto failed = queue.operations().failed_callbacks(10);
   REQUIRE(!failed.empty());
   CHECK(failed[0].callback.last_error.find("deferred for longer") != std::string::npos);
   CHECK(split->to_down <= 3);
@@ -600,9 +604,9 @@ TEST_CASE("service: a slow receiver that never fails holds at most a quarter of 
                     queue, job("slow-" + std::to_string(i), "http://slow.test/hook")) == "accepted";
   }
   // 64 in flight and 100 waiting hold slots; the rest went back to the store.
-  REQUIRE(eventually([&] { return queue.in_flight() <= 164; }));
+  REQUIRE(eventually([&] { return queue.telemetry().in_flight() <= 164; }));
   CHECK(accepted >= 400);
-  const auto e = queue.callback_endpoints().at(0);
+  const auto e = queue.operations().callback_endpoints().at(0);
   CHECK(e.in_flight == 64);
   CHECK(e.waiting == 100);
   CHECK(e.deferred > 0);
@@ -635,7 +639,7 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
                 queue, job("slow-" + std::to_string(i), "http://slow.test/hook")) == "accepted");
   // One held by the receiver, 300 waiting in memory behind it.
   REQUIRE(eventually([&] {
-    const auto e = queue.callback_endpoints();
+    const auto e = queue.operations().callback_endpoints();
     return e.size() == 1 && e[0].in_flight == 1 && e[0].waiting == 300;
   }));
   // (Shared with the handlers: they may outlive a failed REQUIRE here.)
@@ -648,7 +652,7 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
     // one it posts after whatever they posted in turn.)
     boost::asio::post(io, [&queue, io, deferred_by_then] {
       boost::asio::post(io, [&queue, deferred_by_then] {
-        deferred_by_then->set_value(queue.metrics().callback_deferrals.load());
+        deferred_by_then->set_value(queue.telemetry().metrics().callback_deferrals.load());
       });
     });
   });
@@ -656,8 +660,10 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
   const std::uint64_t between = seen.get();
   CHECK(between > 0);
   CHECK(between < 300);  // a handler posted after the burst ran before its end
-  REQUIRE(eventually(
-      [&] { return queue.metrics().callback_deferrals.load() == 300 && queue.in_flight() == 0; }));
+  REQUIRE(eventually([&] {
+    return queue.telemetry().metrics().callback_deferrals.load() == 300 &&
+           queue.telemetry().in_flight() == 0;
+  }));
   const auto waiting = queue.find("slow-300");
   CHECK(waiting->callback.state == CallbackState::pending);
   CHECK(waiting->callback.attempts == 0);

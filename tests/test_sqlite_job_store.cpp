@@ -16,7 +16,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/http/curl_transport.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/receiver.hpp"
@@ -208,7 +208,7 @@ TEST_CASE("a JobQueue on a store with unfinished jobs runs them again and delive
                               std::make_unique<CountingModel>(calls),
                               std::make_unique<SqliteJobStore>(db.path()),
                               std::make_unique<rebound::CurlTransport>(io.get_executor(), to), so);
-    CHECK(service.batch_stats().resumed == 3);
+    CHECK(service.telemetry().batch_stats().resumed == 3);
     REQUIRE(receiver.wait_for(3));
     REQUIRE(service.shutdown(10s));
     CHECK(calls == 2);  // the queued and the running job ran again; the finished one did not

@@ -261,8 +261,9 @@ TEST_CASE("concurrent requests are grouped into batches") {
   for (auto& t : clients)
     t.join();
   CHECK(ok == requests);
-  MESSAGE("depth " << s.service->queue_depth() << " in flight " << s.service->in_flight());
-  const auto stats = s.service->batch_stats();
+  MESSAGE("depth " << s.service->telemetry().queue_depth() << " in flight "
+                   << s.service->telemetry().in_flight());
+  const auto stats = s.service->telemetry().batch_stats();
   MESSAGE("batches: " << stats.batches << ", largest: " << stats.largest_batch);
   CHECK(stats.items == requests);
   CHECK(stats.largest_batch > 1);

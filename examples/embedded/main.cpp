@@ -40,7 +40,7 @@ int main() {
   // What an operator console reads: every job, filtered and paged, newest first.
   rebound::JobFilter succeeded;
   succeeded.status = rebound::JobStatus::succeeded;
-  const rebound::JobPage page = queue.list_jobs(succeeded, std::nullopt, 10);
+  const rebound::JobPage page = queue.operations().list_jobs(succeeded, std::nullopt, 10);
   for (const rebound::JobRecord& job : page.jobs)
     std::cout << "listed: " << job.job.id << std::endl;  // listed: job-2, listed: job-1
   // Many jobs at once: one write to the store for them all (a SQLite transaction, a Redis batch),

@@ -479,20 +479,20 @@ int main(int argc, char** argv) {
     rebound::JobQueue queue(rebound::make_model(model_spec), std::move(store), options);
     rebound::Server server(queue, server_options);
     const int bound = server.bind();
-    if (const auto resumed = queue.batch_stats().resumed) {
+    if (const auto resumed = queue.telemetry().batch_stats().resumed) {
       std::cout << "rebound-server: resumed " << resumed << " unfinished jobs from " << store_uri
                 << std::endl;
     }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
               << " (model " << queue.model().name() << ", store " << store_uri << ", workers "
-              << workers << ", batches up to " << queue.max_batch_size() << " within "
-              << queue.max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
+              << workers << ", batches up to " << queue.telemetry().max_batch_size() << " within "
+              << queue.telemetry().max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
     const int status = server.run_until_signal();
     if (status != 0) {
       std::cerr << "rebound-server: jobs still in flight at the deadline; with the memory store "
                    "they are lost\n";
     }
-    const rebound::BatchStats stats = queue.batch_stats();
+    const rebound::BatchStats stats = queue.telemetry().batch_stats();
     if (stats.batches > 0) {
       std::cout << "rebound-server: " << stats.items << " inferences in " << stats.batches
                 << " batches, mean batch "

@@ -25,7 +25,9 @@
 #include "rebound/job_queue_status.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
+#include "rebound/operations.hpp"
 #include "rebound/store/job_store.hpp"
+#include "rebound/telemetry.hpp"
 
 namespace rebound {
 
@@ -216,10 +218,6 @@ class JobQueue final {
   /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
   std::optional<JobRecord> find(const std::string& id) const;
 
-  /// How many queued jobs run before the queued job `id` (JobStore::queue_position): nullopt
-  /// when it is not queued or the store cannot tell. Throws StoreUnavailable when the store fails.
-  std::optional<std::size_t> queue_position(const std::string& id) const;
-
   /// Cancels a job that is not final yet, on whichever server of the store it waits or runs: a
   /// queued job never runs; a running one is told through `rebound::cancellation_requested()`
   /// and its result is discarded. It ends `cancelled` (error code "cancelled"), and a callback
@@ -235,113 +233,20 @@ class JobQueue final {
   /// server of the store must). Throws StoreUnavailable when the store fails.
   boost::system::error_code redeliver(const std::string& id);
 
-  /// Jobs whose callback was given up, most recent first, at most `limit`. Throws
-  /// StoreUnavailable when the store fails.
-  std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
-
-  /// A page of the jobs whose callback was given up, newest first, from `after` (none: the
-  /// newest; a page's `next` goes on), at most `limit`, of one tenant (ids "tenant/...",
-  /// rebound/tenant.hpp; "" is every job). Entries carry no input and no result (`find` has
-  /// them), so one page's memory depends on `limit`, not on the jobs. Throws StoreUnavailable
-  /// when the store fails.
-  JobPage failed_callbacks_page(const std::string& tenant, const std::optional<ListCursor>& after,
-                                std::size_t limit) const;
-
-  /// A page of the jobs that match `filter` (JobFilter: status, callback state, priority, and an
-  /// id prefix, "tenant/" for one tenant's), newest first, from `after`, at most `limit`
-  /// (JobStore::list_jobs); entries without input, result or attempt log. What the operator
-  /// console lists. Throws StoreUnavailable when the store fails.
-  JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
-                    std::size_t limit) const;
-
-  /// The servers working on this queue's store in the last hour, this one among them (on a
-  /// shared store, every server's), most recently seen first; each reports every third of a
-  /// lease. Throws StoreUnavailable when the store fails.
-  std::vector<ServerSeen> servers() const;
-
-  /// The logger of JobQueueOptions::logger: front ends (rebound::Server) log what operators do
-  /// with it.
-  const Logger& logger() const;
-
-  /// This queue's server id (JobQueueOptions::server_id, or the one made for it): what its
-  /// leases are named after.
-  const std::string& server_id() const;
-
-  /// The callback receivers' origins being delivered to, failing, open or paused: circuit state,
-  /// failures, requests in flight and deferred (OriginGate::endpoints).
-  std::vector<EndpointStatus> callback_endpoints() const;
-
-  /// Stops sending callbacks to `origin` ("https://hooks.example.com", or any URL of it) until
-  /// `resume_origin`: its callbacks wait in the store, due again every
-  /// `origins.paused_retry`, spending no attempts. Returns the origin as endpoints name it
-  /// ("https://hooks.example.com:443"). Throws rebound::Error for a value that is not an http(s)
-  /// URL, or when the queue delivers no callbacks, and StoreUnavailable when the store fails.
-  /// On a store that shares pauses (JobStore::set_origin_paused: Redis) every queue of the store
-  /// holds it within a second, and it outlives restarts; otherwise it is this queue's.
-  std::string pause_origin(const std::string& origin);
-
-  /// Sends to `origin` again, here and (on a store that shares pauses) on every queue of the
-  /// store; its waiting callbacks go out as they come due (within `origins.paused_retry`). False
-  /// when it was not paused here. Throws StoreUnavailable when the store fails.
-  bool resume_origin(const std::string& origin);
-
-  /// The origins paused now, sorted.
-  std::vector<std::string> paused_origins() const;
-
-  /// The callback address policy in force (`allow_private_callbacks`, `callback_allow`): the
-  /// transport connects only where it allows, and rebound::Server checks submissions with it.
-  const AddressGuard& callback_guard() const;
-
-  /// True when callback jobs can be accepted: a transport was given or built.
-  bool delivers_callbacks() const;
-
-  /// The "whpk_..." public keys that verify this queue's Ed25519 (`v1a`) callback signatures.
-  const std::vector<std::string>& webhook_public_keys() const;
-
-  /// The keys the callbacks of `tenant`'s jobs are signed with ("whsec_..." and "whsk_...":
-  /// derived from `delivery.signing_secrets` and the name, or set in
-  /// `delivery.tenant_signing_secrets`; "" is the queue's own). What GET /v1/webhook-secret hands
-  /// to the tenant.
-  std::vector<std::string> webhook_signing_keys(const std::string& tenant) const;
-
-  /// The public keys of `tenant`'s signing keys.
-  std::vector<std::string> webhook_public_keys(const std::string& tenant) const;
-
   /// True while the model is ready, the store works and the queue accepts work.
   bool ready() const;
 
-  /// Why the job store cannot be used now (JobStore::failure), or nullopt while it works.
-  std::optional<std::string> store_failure() const;
-
-  /// Capacity slots taken now: jobs accepted and not finished (in memory, or parked in the store:
-  /// JobQueueOptions::prefetch) and callback attempts (see JobQueueOptions::queue_capacity).
-  std::size_t in_flight() const;
-
-  /// The bytes work in memory holds now (JobQueueOptions::max_work_bytes).
-  std::size_t work_bytes() const;
-
-  /// Jobs this queue accepted or claimed that wait for a worker now: in its memory, and parked in
-  /// the store beyond its prefetch (JobQueueOptions::prefetch).
-  std::size_t queue_depth() const;
-
-  /// The whole queue's numbers as the store counts them (JobStore::queue_stats): the same on
-  /// every server of a shared store, for autoscalers. nullopt when the store cannot tell. Throws
-  /// StoreUnavailable when the store fails.
-  std::optional<QueueStats> queue_stats() const;
-
   const Model& model() const;
 
-  /// The batch size and delay in force (from the options, else the model's preference).
-  std::size_t max_batch_size() const;
-  std::chrono::microseconds max_queue_delay() const;
+  /// What operators and the operator console need: listings and their pages, dead letters,
+  /// queue positions, receiver origins and their pause and resume, servers, keys, the address
+  /// policy and the logger (rebound/operations.hpp).
+  Operations& operations() noexcept { return *operations_; }
+  const Operations& operations() const noexcept { return *operations_; }
 
-  BatchStats batch_stats() const;
-
-  /// The counters and histograms of this queue (see docs/operations.md).
-  const Metrics& metrics() const;
-
-  /// All metrics in the Prometheus text format, gauges included (what `GET /metrics` serves).
-  std::string render_metrics() const;
+  /// The numbers: metrics and their Prometheus text, slots in flight, bytes, depth, the store's
+  /// queue statistics, batches (rebound/telemetry.hpp).
+  const Telemetry& telemetry() const noexcept { return *telemetry_; }
 
   /// Stops accepting jobs, then waits up to `timeout` for jobs in flight to finish, deliveries
   /// included. True when nothing was left in flight. At the deadline, jobs that have not started
@@ -382,6 +287,8 @@ class JobQueue final {
   detail::LiveCount live_ = std::make_shared<std::atomic<long>>(0);
   std::shared_ptr<detail::Pipeline> core_;
   std::unique_ptr<detail::WorkQueue<detail::WorkItem>> queue_;  // destroyed first
+  std::unique_ptr<Operations> operations_;
+  std::unique_ptr<Telemetry> telemetry_;
   std::chrono::milliseconds drain_on_destroy_{0};
   std::atomic<bool> shut_down_{false};  // `shutdown` ran: the destructor does not drain again
 };

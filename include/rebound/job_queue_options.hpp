@@ -17,7 +17,7 @@
 #include "rebound/delivery/callback_transport.hpp"
 #include "rebound/delivery/origin_gate.hpp"
 #include "rebound/log.hpp"
-#include "rebound/service_observer.hpp"
+#include "rebound/observer.hpp"
 
 namespace rebound {
 
@@ -120,8 +120,8 @@ struct JobQueueOptions {
   /// resumed jobs, store errors). The default logs nothing.
   Logger logger;
   /// More listeners to the pipeline's events, after the metrics and the log (see
-  /// ServiceObserver: thread-safe, short, never called under a queue lock).
-  std::vector<std::shared_ptr<ServiceObserver>> observers;
+  /// Observer: thread-safe, short, never called under a queue lock).
+  std::vector<std::shared_ptr<Observer>> observers;
 };
 
 }  // namespace rebound

@@ -20,14 +20,14 @@
 #include "rebound/make_model.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
-#include "rebound/service_observer.hpp"
+#include "rebound/observer.hpp"
 #include "rebound/store/job_store.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/tenant.hpp"
 #include "rebound/version.hpp"
 #if defined(REBOUND_HAS_HTTP)
-#include "rebound/http/curl_transport.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 #include "rebound/http/server.hpp"
 #endif
 #if defined(REBOUND_HAS_SQLITE)

@@ -113,7 +113,7 @@ Console::~Console() {
 }
 
 void Console::sample() {
-  const Metrics& m = queue_.metrics();
+  const Metrics& m = queue_.telemetry().metrics();
   const Sample s{std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count(),
@@ -155,13 +155,13 @@ void Console::session(const std::string& name, bool is_operator, HttpResponse& r
        {{"role", is_operator ? "operator" : "viewer"},
         {"name", name},
         {"tenants", tenants_},
-        {"server_id", queue_.server_id()}});
+        {"server_id", queue_.operations().server_id()}});
 }
 
 void Console::overview(HttpResponse& res) const {
   nlohmann::json queue = nullptr;
-  if (const auto s = queue_.queue_stats()) queue = queue_stats_json(*s);
-  const Metrics& m = queue_.metrics();
+  if (const auto s = queue_.telemetry().queue_stats()) queue = queue_stats_json(*s);
+  const Metrics& m = queue_.telemetry().metrics();
   nlohmann::json server = {{"accepted", m.jobs_accepted.load()},
                            {"succeeded", m.jobs_succeeded.load()},
                            {"failed", m.jobs_failed.load()},
@@ -170,8 +170,8 @@ void Console::overview(HttpResponse& res) const {
                            {"callbacks_delivered", m.callbacks_delivered.load()},
                            {"callbacks_given_up", m.callbacks_given_up.load()},
                            {"callback_attempts_retried", m.callback_attempts_retried.load()},
-                           {"in_flight", queue_.in_flight()},
-                           {"queue_depth", queue_.queue_depth()}};
+                           {"in_flight", queue_.telemetry().in_flight()},
+                           {"queue_depth", queue_.telemetry().queue_depth()}};
   nlohmann::json rates = nlohmann::json::array();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -253,7 +253,7 @@ void Console::jobs(const HttpRequest& req, HttpResponse& res) const {
   nlohmann::json jobs = nlohmann::json::array();
   std::optional<ListCursor> next = after;
   for (int pages = 0; pages < 20 && jobs.size() < limit; ++pages) {
-    const JobPage page = queue_.list_jobs(filter, next, limit - jobs.size());
+    const JobPage page = queue_.operations().list_jobs(filter, next, limit - jobs.size());
     for (const JobRecord& record : page.jobs) {
       if (store_prefix && id_of(record.job.id).substr(0, id_prefix.size()) != id_prefix) continue;
       jobs.push_back(entry_json(record));
@@ -346,7 +346,7 @@ void Console::redeliver_all(const std::string& body, const std::string& who, Htt
     JobFilter filter;
     filter.callback_state = CallbackState::failed;
     filter.id_prefix = prefix;
-    const JobPage page = queue_.list_jobs(filter, after, 500);
+    const JobPage page = queue_.operations().list_jobs(filter, after, 500);
     for (const JobRecord& record : page.jobs) {
       if (here && id_of(record.job.id).substr(0, id_prefix->size()) != *id_prefix) continue;
       if (matched == max_bulk) {
@@ -366,13 +366,13 @@ void Console::redeliver_all(const std::string& body, const std::string& who, Htt
   } while (after && !more);
   if (!stopped_by.empty()) more = true;
   if (!dry_run) {
-    queue_.logger().log(LogLevel::info, "console_redeliver_all",
-                        {{"key", who},
-                         {"tenant", *tenant},
-                         {"id_prefix", *id_prefix},
-                         {"matched", matched},
-                         {"redelivered", redelivered},
-                         {"stopped_by", stopped_by}});
+    queue_.operations().logger().log(LogLevel::info, "console_redeliver_all",
+                                     {{"key", who},
+                                      {"tenant", *tenant},
+                                      {"id_prefix", *id_prefix},
+                                      {"matched", matched},
+                                      {"redelivered", redelivered},
+                                      {"stopped_by", stopped_by}});
   }
   nlohmann::json out = {{"matched", matched}, {"redelivered", redelivered}, {"more", more}};
   if (!stopped_by.empty()) out["stopped_by"] = stopped_by;
@@ -381,17 +381,17 @@ void Console::redeliver_all(const std::string& body, const std::string& who, Htt
 
 void Console::servers(HttpResponse& res) const {
   nlohmann::json out = nlohmann::json::array();
-  for (const ServerSeen& s : queue_.servers()) {
+  for (const ServerSeen& s : queue_.operations().servers()) {
     out.push_back({{"id", s.id},
                    {"last_seen", format_rfc3339(s.last_seen)},
                    {"leases", s.leases},
-                   {"this", s.id == queue_.server_id()}});
+                   {"this", s.id == queue_.operations().server_id()}});
   }
   send(res, 200, {{"servers", std::move(out)}});
 }
 
 void Console::paused(HttpResponse& res) const {
-  send(res, 200, {{"origins", queue_.paused_origins()}});
+  send(res, 200, {{"origins", queue_.operations().paused_origins()}});
 }
 
 }  // namespace rebound::detail

@@ -23,7 +23,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
-#include "../service/front_door.hpp"
+#include "../pipeline/front_door.hpp"
 #include "console.hpp"
 #include "embedded_files.hpp"
 #include "http_front.hpp"
@@ -657,7 +657,7 @@ struct Server::Impl {
         {"GET", "/ping", open | on_front, Body::none, [](Impl& s, Call& c) { s.ping(c.res); }},
         {"GET", "/metrics", spans, Body::none,
          [](Impl& s, Call& c) {
-           c.res.set_content(s.service.render_metrics() + s.http_metrics(),
+           c.res.set_content(s.service.telemetry().render_metrics() + s.http_metrics(),
                              "text/plain; version=0.0.4");
          }},
         {"GET", "/openapi.json", open | on_front, Body::none,
@@ -825,7 +825,7 @@ struct Server::Impl {
                      : caller->role == Credential::Role::viewer ? "viewer"
                                                                 : "tenant";
     fields["status"] = status;
-    service.logger().log(LogLevel::info, "operator_action", fields);
+    service.operations().logger().log(LogLevel::info, "operator_action", fields);
   }
 
   // POST /v1/console/jobs/{id}/cancel and /redeliver: an operator's act on any tenant's job,
@@ -897,22 +897,22 @@ struct Server::Impl {
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
   // server of a shared store), and this server's own. A failing store throws: 503.
   void stats(HttpResponse& res) {
-    const std::optional<QueueStats> s = service.queue_stats();
+    const std::optional<QueueStats> s = service.telemetry().queue_stats();
     if (!s) {
       return send_error(
           res, {404, "not_found", "This server's job store does not count its queue.", {}});
     }
     nlohmann::json body = detail::queue_stats_json(*s);
-    body["server"] = {{"in_flight", service.in_flight()},
-                      {"queue_depth", service.queue_depth()},
-                      {"work_bytes", service.work_bytes()}};
+    body["server"] = {{"in_flight", service.telemetry().in_flight()},
+                      {"queue_depth", service.telemetry().queue_depth()},
+                      {"work_bytes", service.telemetry().work_bytes()}};
     res.set_header("Cache-Control", "no-store");
     send_json(res, 200, body);
   }
 
   void list_endpoints(HttpResponse& res) {
     nlohmann::json endpoints = nlohmann::json::array();
-    for (const EndpointStatus& e : service.callback_endpoints()) {
+    for (const EndpointStatus& e : service.operations().callback_endpoints()) {
       endpoints.push_back({{"origin", e.origin},
                            {"state", to_string(e.state)},
                            {"consecutive_failures", e.consecutive_failures},
@@ -957,21 +957,21 @@ struct Server::Impl {
                               "callback URL.",
                               "origin"});
     }
-    if (!service.delivers_callbacks()) {
+    if (!service.operations().delivers_callbacks()) {
       return send_error(res, {409, "no_transport", "This server delivers no callbacks.", {}});
     }
     const std::string value = origin->get<std::string>();
     std::string key = OriginGate::origin_of(value);
     if (pause) {
       try {
-        key = service.pause_origin(value);
+        key = service.operations().pause_origin(value);
       } catch (const StoreUnavailable&) {
         throw;
       } catch (const Error& e) {  // what is checked above aside: the store's cap on pauses
         return send_error(res, {409, "too_many_paused", e.what(), "origin"});
       }
     } else {
-      service.resume_origin(value);
+      service.operations().resume_origin(value);
     }
     send_json(res, 200, {{"origin", key}, {"paused", pause}});
   }
@@ -980,7 +980,7 @@ struct Server::Impl {
     if (service.ready()) {
       res.status = 200;
       res.set_content("", "text/plain");
-    } else if (auto why = service.store_failure()) {
+    } else if (auto why = service.telemetry().store_failure()) {
       send_error(res, {503, "store_unavailable", "The job store is failing: " + *why, {}});
     } else {
       send_error(res, {503, "not_ready", "The model is not ready or the server is stopping.", {}});
@@ -997,7 +997,7 @@ struct Server::Impl {
     const std::string& body = req.body();
     const std::string& tenant = c.tenant;
     detail::Reply& reply = c.reply;
-    SubmissionParse parsed = parse_submission(body, service.callback_guard());
+    SubmissionParse parsed = parse_submission(body, service.operations().callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
     const std::string id = job.id;
@@ -1095,7 +1095,7 @@ struct Server::Impl {
     ParsingReservation reserved(parsing_bytes, tree_bytes(body), options.max_parsing_bytes);
     if (!reserved) return refuse_parsing(res);
     detail::BatchSubmissionParse parsed =
-        detail::parse_batch_submission(body, service.callback_guard());
+        detail::parse_batch_submission(body, service.operations().callback_guard());
     if (parsed.error) return send_error(res, *parsed.error);
     const std::string traceparent = req.header("traceparent");
     const bool traced = detail::is_valid_traceparent(traceparent);
@@ -1290,7 +1290,7 @@ struct Server::Impl {
                                 "tenant"});
       }
     }
-    send_json(res, 200, {{"keys", service.webhook_public_keys(tenant)}});
+    send_json(res, 200, {{"keys", service.operations().webhook_public_keys(tenant)}});
   }
 
   // The shared secret a tenant's receivers verify its callbacks with.
@@ -1303,7 +1303,7 @@ struct Server::Impl {
                               "none (--api-key).",
                               {}});
     }
-    for (const auto& key : service.webhook_signing_keys(tenant)) {
+    for (const auto& key : service.operations().webhook_signing_keys(tenant)) {
       if (key.rfind("whsec_", 0) == 0) return send_json(res, 200, {{"secret", key}});
     }
     send_error(res, {404,
@@ -1364,7 +1364,7 @@ struct Server::Impl {
                   "cursor"});
       }
     }
-    JobPage page = service.failed_callbacks_page(tenant, after, limit);
+    JobPage page = service.operations().failed_callbacks_page(tenant, after, limit);
     // At most max_list_answer_bytes of entries: the page ends early, its cursor at the last one.
     std::string jobs = "[";
     std::size_t shown = 0;
@@ -1453,7 +1453,7 @@ struct Server::Impl {
       // With several tenants the store's count would tell one tenant of the others' queue, and
       // turns make it wrong anyway: left out.
       if (record->status == JobStatus::queued && !multi_tenant)
-        position = service.queue_position(key);
+        position = service.operations().queue_position(key);
       send_json(out, 200, to_status_json(*record, position));
     };
     if (const auto wait = preferred_wait(req)) {

@@ -69,7 +69,7 @@ int main() {
     rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
                             rebound::make_store("sqlite:" + db), options);
     // The full library delivers callbacks without being told how.
-    ok = ok && queue.delivers_callbacks();
+    ok = ok && queue.operations().delivers_callbacks();
     rebound::Job job;
     job.id = "job-0";
     job.input = {{"x", 0}};
@@ -99,19 +99,19 @@ int main() {
     }
     ok = ok && status.find(R"("result":{"x":1})") != std::string::npos;
     // The queue's numbers as the store counts them, and a page of dead letters (none here).
-    const std::optional<rebound::QueueStats> stats = queue.queue_stats();
+    const std::optional<rebound::QueueStats> stats = queue.telemetry().queue_stats();
     ok = ok && stats && stats->queued == 0 && stats->running == 0;
-    const rebound::JobPage dead = queue.failed_callbacks_page("", std::nullopt, 10);
+    const rebound::JobPage dead = queue.operations().failed_callbacks_page("", std::nullopt, 10);
     ok = ok && dead.jobs.empty() && !dead.next;
     // What the operator console lists: every job by filter, here the two that succeeded, with
     // their attempt logs kept (none: they had no callback).
     rebound::JobFilter succeeded;
     succeeded.status = rebound::JobStatus::succeeded;
     succeeded.id_prefix = "job-1";
-    const rebound::JobPage listed = queue.list_jobs(succeeded, std::nullopt, 10);
+    const rebound::JobPage listed = queue.operations().list_jobs(succeeded, std::nullopt, 10);
     ok = ok && listed.jobs.size() == 1 && listed.jobs[0].job.id == "job-1";
     succeeded.id_prefix.clear();
-    ok = ok && queue.list_jobs(succeeded, std::nullopt, 10).jobs.size() == 2;
+    ok = ok && queue.operations().list_jobs(succeeded, std::nullopt, 10).jobs.size() == 2;
     ok = ok && queue.find("job-1") && queue.find("job-1")->attempt_log.empty();
     // A burst beyond the prefetch: parked in the store, claimed back as the workers drain. Half
     // one by one, half in one call (one SQLite transaction).

@@ -111,7 +111,7 @@ int main() {
     rebound::Job job;
     job.id = "with-callback";
     job.callback_url = "https://receiver.example/hook";
-    ok = ok && !bare.delivers_callbacks();
+    ok = ok && !bare.operations().delivers_callbacks();
     try {
       bare.submit(job, boost::asio::use_future).get();
       ok = false;

@@ -16,7 +16,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
-#include "rebound/http/curl_transport.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 #include "rebound/http/server.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "support/receiver.hpp"

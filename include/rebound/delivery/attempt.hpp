@@ -1,5 +1,5 @@
 // The value types of callback attempts: what one attempt reports, how a delivery ends, and how a
-// response is judged. Observers (service_observer.hpp) read them without the sender.
+// response is judged. Observers (observer.hpp) read them without the sender.
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,6 @@
 // CurlTransport: libcurl's multi interface on an Asio strand (curl's socket and timer callbacks
 // become async_wait calls). Per-origin limits and breakers are OriginGate's, in front of it.
-#include "rebound/http/curl_transport.hpp"
+#include "rebound/delivery/curl_transport.hpp"
 
 #include <curl/curl.h>
 #include <netinet/in.h>

@@ -13,12 +13,12 @@
 #include "rebound/detail/trace_context.hpp"
 #include "rebound/log.hpp"
 #include "rebound/metrics.hpp"
-#include "rebound/service_observer.hpp"
+#include "rebound/observer.hpp"
 
 namespace rebound::detail {
 
 // The counters and histograms of GET /metrics, kept by hearing the pipeline's events.
-class MetricsObserver final : public ServiceObserver {
+class MetricsObserver final : public Observer {
  public:
   explicit MetricsObserver(Metrics& m) : m_(m) {}
   void on_accepted(const std::string&, bool) override { ++m_.jobs_accepted; }
@@ -91,7 +91,7 @@ class MetricsObserver final : public ServiceObserver {
 };
 
 // The JSON log lines of docs/operations.md. Fields are built only when the line is wanted.
-class LogObserver final : public ServiceObserver {
+class LogObserver final : public Observer {
  public:
   explicit LogObserver(Logger log) : log_(std::move(log)) {}
   void on_accepted(const std::string& id, bool has_callback) override {
@@ -206,7 +206,7 @@ struct Observers {
   explicit Observers(Metrics& metrics) : metrics(metrics) {}
   MetricsObserver metrics;
   LogObserver log{Logger()};
-  std::vector<std::shared_ptr<ServiceObserver>> user;
+  std::vector<std::shared_ptr<Observer>> user;
 
   template <typename Event>
   void operator()(const Event& event) noexcept {

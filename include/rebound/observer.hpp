@@ -1,4 +1,4 @@
-// ServiceObserver: what a JobQueue tells about the work going through it. Metrics and logs are
+// Observer: what a JobQueue tells about the work going through it. Metrics and logs are
 // observers; add your own (tracing, an audit trail, a dashboard) through
 // JobQueueOptions::observers.
 #pragma once
@@ -24,15 +24,15 @@ namespace rebound {
 /// hook throws is swallowed. Keep hooks short: they run on the pipeline's threads.
 ///
 /// Example:
-///   struct Audit final : rebound::ServiceObserver {
+///   struct Audit final : rebound::Observer {
 ///     void on_completed(const rebound::JobRecord& r, std::size_t, double) override {
 ///       audit_log.write(r.job.id, rebound::to_string(r.status));
 ///     }
 ///   };
 ///   options.observers.push_back(std::make_shared<Audit>());
-class ServiceObserver {
+class Observer {
  public:
-  virtual ~ServiceObserver() = default;
+  virtual ~Observer() = default;
 
   /// A job was stored and claimed by this server (a 202; an identical resubmission is not).
   virtual void on_accepted(const std::string& /*job_id*/, bool /*has_callback*/) {}

@@ -1,4 +1,4 @@
-// The Pipeline: the parts of a JobQueue (src/service/), built in order and wired together, shared
+// The Pipeline: the parts of a JobQueue (src/pipeline/), built in order and wired together, shared
 // with the work in flight. JobQueue (src/job_queue.cpp) is its public face.
 #pragma once
 

@@ -1,0 +1,74 @@
+// rebound::Telemetry: the numbers of a JobQueue: its metrics and their Prometheus text, the
+// slots and bytes in flight, its depth, the store's queue statistics (the same on every server of
+// a shared store, for autoscalers), its batches. Reached through `JobQueue::telemetry()`; lives as
+// long as its queue.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "rebound/job_queue_status.hpp"
+#include "rebound/metrics.hpp"
+#include "rebound/store/job_store.hpp"
+
+namespace rebound {
+
+class JobQueue;
+namespace detail {
+struct Pipeline;
+struct WorkItem;
+template <typename Item>
+class WorkQueue;
+}  // namespace detail
+
+/// Thread-safety: every method is thread-safe.
+///
+/// Example (an autoscaler's probe):
+///   if (auto stats = queue.telemetry().queue_stats()) scale_to(stats->queued / per_server);
+class Telemetry {
+ public:
+  Telemetry(const Telemetry&) = delete;
+  Telemetry& operator=(const Telemetry&) = delete;
+
+  /// Why the job store cannot be used now (JobStore::failure), or nullopt while it works.
+  std::optional<std::string> store_failure() const;
+
+  /// Capacity slots taken now: jobs accepted and not finished (in memory, or parked in the store:
+  /// JobQueueOptions::prefetch) and callback attempts (see JobQueueOptions::queue_capacity).
+  std::size_t in_flight() const;
+
+  /// The bytes work in memory holds now (JobQueueOptions::max_work_bytes).
+  std::size_t work_bytes() const;
+
+  /// Jobs this queue accepted or claimed that wait for a worker now: in its memory, and parked in
+  /// the store beyond its prefetch (JobQueueOptions::prefetch).
+  std::size_t queue_depth() const;
+
+  /// The whole queue's numbers as the store counts them (JobStore::queue_stats): the same on
+  /// every server of a shared store, for autoscalers. nullopt when the store cannot tell. Throws
+  /// StoreUnavailable when the store fails.
+  std::optional<QueueStats> queue_stats() const;
+
+  /// The batch size and delay in force (from the options, else the model's preference).
+  std::size_t max_batch_size() const;
+  std::chrono::microseconds max_queue_delay() const;
+
+  BatchStats batch_stats() const;
+
+  /// The counters and histograms of this queue (see docs/operations.md).
+  const Metrics& metrics() const;
+
+  /// All metrics in the Prometheus text format, gauges included (what `GET /metrics` serves).
+  std::string render_metrics() const;
+
+ private:
+  friend class JobQueue;
+  Telemetry(detail::Pipeline& core, const detail::WorkQueue<detail::WorkItem>& queue)
+      : core_(core), queue_(queue) {}
+  detail::Pipeline& core_;
+  const detail::WorkQueue<detail::WorkItem>& queue_;
+};
+
+}  // namespace rebound

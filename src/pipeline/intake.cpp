@@ -1,0 +1,383 @@
+// The intake: a submission's way from the caller to the queue (detail/job_rules.hpp's rules, the
+// model's validation, admission, the store's put with this queue's claim, the work queue), for one
+// job (submit_to, submit_async_to) and for many with one store write (submit_all_to).
+#include "intake.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "rebound/detail/job_rules.hpp"
+#include "rebound/tenant.hpp"
+
+namespace rebound::detail {
+
+std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& input) {
+  try {
+    return model.validate(input);
+  } catch (const std::exception& e) {
+    return ErrorInfo{"invalid_input", std::string("could not be validated: ") + e.what()};
+  } catch (...) {
+    return ErrorInfo{"invalid_input", "could not be validated"};
+  }
+}
+
+namespace {
+
+// Taken, and not the same request again: it goes to the store.
+bool goes_on(const Submitted& s) {
+  return !s.error && !s.duplicate;
+}
+
+// A submission on its way in: what `prepare` decided before the store's put.
+struct Pending {
+  Submitted verdict;   // anything but a new job: answered before the put
+  Claim claim;         // the slot, freed on every way out but the queue
+  bool park = false;   // stored unclaimed, for the pump to claim later
+  std::string holder;  // the lease it is stored with, unless parked
+};
+
+// What the jobs of one call before this one were given (submit_many): they count as queued for
+// the prefetch window, and a parked one parks the jobs behind it that are not more urgent.
+struct Admitted {
+  std::size_t held = 0;
+  int parked_floor = std::numeric_limits<int>::max();
+};
+
+// What is refused before admission (and outside its lock): a job that breaks a rule
+// (detail/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
+// send, an input the model refuses. Taken: none of them.
+Submitted check(Pipeline& core, const Job& job) {
+  if (auto broken = check_job(job, core.guard)) {
+    Submitted s = refused(errc::invalid_job);
+    s.reason = ErrorInfo{"invalid_field", std::move(broken->message)};
+    s.field = std::move(broken->field);
+    return s;
+  }
+  if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
+  if (auto invalid = validate(*core.model, job.input)) {
+    Submitted s = refused(errc::invalid_input);
+    s.reason = std::move(*invalid);
+    s.field = "input";
+    return s;
+  }
+  return taken();
+}
+
+// Before the put (under admission.enter(), after `check`): the job admitted, its defaults set,
+// and whether this queue holds it at once. `waited`: a waiter (async_submit) wants its end.
+// `look_up`: a job refused for room is looked for in the store, to answer a resubmission as a
+// duplicate.
+Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool waited,
+                Admitted& before, StoreAccess::News& news, bool look_up = true) {
+  Pending p;
+  const std::string& id = job.id;
+  const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
+  const std::size_t bytes = work_bytes(job);
+  const boost::system::error_code admitted = core.admission.admit(tenant, bytes);
+  if (look_up && (admitted == errc::queue_full || admitted == errc::tenant_quota)) {
+    // A resubmission of a stored job is still answered as a duplicate when the queue is full.
+    std::optional<JobRecord> existing;
+    try {
+      existing = core.store.call(
+          "get", id, [&](JobStore& s) { return s.get(id); }, &news);
+    } catch (const StoreUnavailable&) {
+      p.verdict = refused(errc::store_unavailable);
+      return p;
+    }
+    if (existing) {
+      p.verdict = existing->job.same_request_as(job) ? taken(true) : refused(errc::id_conflict);
+      return p;
+    }
+  }
+  if (admitted) {
+    p.verdict = refused(admitted);
+    return p;
+  }
+  p.claim = Claim::slot(core.admission, tenant, bytes);
+  if (job.created_at == std::chrono::system_clock::time_point{}) job.created_at = core.clock();
+  // The accepting server claims the job as it stores it: no claim round trip on the way in.
+  // With a prefetch, a job beyond it (or behind jobs parked already, first come first served)
+  // waits in the store on a parked slot instead, claimed by the pump as the queue drains. A
+  // job with a waiter (async_submit) is held at once, so that its end cannot pass unseen.
+  // A job more urgent than every job parked, and than some job in memory, is held at once
+  // (up to twice the prefetch), so that priorities still come first.
+  const std::size_t prefetch = core.pump.prefetch();
+  if (prefetch > 0 && !waited) {
+    const std::size_t depth = queue.depth() + before.held + core.admission.arriving();
+    const int floor = std::min(core.admission.parked() > 0 ? core.admission.parked_floor()
+                                                           : std::numeric_limits<int>::max(),
+                               before.parked_floor);
+    const bool behind_parked = job.priority >= floor;
+    const bool window_full =
+        depth >= prefetch && !(depth < 2 * prefetch && job.priority < queue.least_urgent_level());
+    p.park = behind_parked || window_full;
+  }
+  if (p.park) {
+    before.parked_floor = std::min(before.parked_floor, job.priority);
+  } else {
+    ++before.held;
+    p.holder = core.leases.next_holder();
+  }
+  return p;
+}
+
+// After the put: the job parked in the store or queued here with its claim; `done` (for
+// async_submit) registered for the job's end before the job can run, so no end is missed.
+Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& p,
+                 PutOutcome outcome, Completion<JobRecord>* done) {
+  switch (outcome) {
+    case PutOutcome::created:
+      break;
+    case PutOutcome::duplicate:
+      return taken(true);
+    case PutOutcome::full:
+      return refused(errc::queue_full);
+    case PutOutcome::conflict:
+      return refused(errc::id_conflict);
+  }
+  if (p.park) {
+    p.claim.park(job.priority);
+    // The queue may have drained since it was read.
+    if (queue.depth() <= core.pump.prefetch() / 2) core.pump.wake(core.clock());
+    return taken();
+  }
+  const std::string id = job.id;
+  // Never closed here (closing follows admission.close(), which waits for `enter()`), but a
+  // handler is answered whatever happens.
+  if (done && core.async_waiters.add(id, *done, false) != AsyncWaiters::Added::added) {
+    (*done)(errc::shutting_down, JobRecord{});
+  }
+  // Cannot be full (admission bounds it) nor closed (shutdown waits for `enter()`).
+  p.claim.take_lease(core.leases, id, p.holder);
+  const int priority = job.priority;
+  queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim)}, priority, tenant_of(id));
+  return taken();
+}
+
+}  // namespace
+
+// A submission: validated, admitted, stored with this queue's claim, and queued.
+Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
+                    Completion<JobRecord>* done) {
+  const std::string id = job.id;
+  const bool has_callback = !job.callback_url.empty();
+  StoreAccess::News news;
+  const Submitted verdict = [&] {
+    if (Submitted checked = check(core, job); checked.error) return checked;
+    auto entered = core.admission.enter();
+    Admitted before;
+    Pending p = prepare(core, queue, job, done != nullptr, before, news);
+    if (!goes_on(p.verdict)) return p.verdict;
+    PutOutcome outcome;
+    try {
+      outcome = core.store.call(
+          "put", id,
+          [&](JobStore& s) {
+            return p.park ? s.put(job) : s.put(job, core.leases.from_now(p.holder));
+          },
+          &news);
+    } catch (const StoreUnavailable&) {
+      return refused(errc::store_unavailable);
+    }
+    return settle(core, queue, job, p, outcome, done);
+  }();
+  core.store.tell(news);
+  core.observe_submission(verdict, id, has_callback);
+  return verdict;
+}
+
+// A submission as submit_to takes it, answered through `done` with the store's asynchronous put
+// (JobStore::async_put): the admission entry and the job's slot travel with the put until the
+// store answers. `done` runs on the caller's thread when the store answers at once, else on the
+// queue's executor.
+void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
+                     FrontDoor::SubmitAnswer done) {
+  const std::string id = job.id;
+  const bool has_callback = !job.callback_url.empty();
+  auto answer = [&core, id, has_callback](const FrontDoor::SubmitAnswer& to,
+                                          const Submitted& verdict) {
+    core.observe_submission(verdict, id, has_callback);
+    to(verdict);
+  };
+  if (Submitted checked = check(core, job); checked.error) return answer(done, checked);
+  struct Underway {
+    Job job;
+    Pending pending;
+    Admission::Entry entered;
+  };
+  auto underway = std::make_shared<Underway>();
+  underway->entered = core.admission.enter();
+  Admitted before;
+  StoreAccess::News news;
+  underway->pending = prepare(core, queue, job, false, before, news);
+  core.store.tell(news);
+  if (!goes_on(underway->pending.verdict)) {
+    const Submitted verdict = underway->pending.verdict;
+    underway.reset();  // the entry ends before the answer
+    return answer(done, verdict);
+  }
+  underway->job = std::move(job);
+  const Pending& p = underway->pending;
+  const bool held = !p.park;
+  if (held) core.admission.arriving_began();
+  const std::optional<Lease> claim =
+      p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder));
+  const Job& stored = underway->job;
+  core.store.put(stored, claim,
+                 [&core, &queue, held, underway = std::move(underway), answer,
+                  done = std::move(done)](std::exception_ptr error, PutOutcome outcome) mutable {
+                   const Submitted verdict = error ? refused(errc::store_unavailable)
+                                                   : settle(core, queue, underway->job,
+                                                            underway->pending, outcome, nullptr);
+                   if (held) core.admission.arriving_ended();
+                   underway.reset();  // the slot (unless queued) and the entry end here
+                   answer(done, verdict);
+                 });
+}
+
+// Many submissions with one store call (JobStore::put_many): each job as submit_to would take
+// it, in order. A job whose id came earlier in the call (in a job that passed `check`) is not
+// admitted again: it is a duplicate (or `conflict`, another request) when that job was taken,
+// and answers as that job did when it was refused for room or by the store.
+// Every job takes its slot before the store answers, so a duplicate or a conflict holds one until
+// then: the jobs refused for room meanwhile are tried once more (a second store call) when some
+// came back.
+std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
+                                     std::vector<Job>& jobs) {
+  constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  const std::size_t n = jobs.size();
+  std::vector<Submitted> statuses(n);
+  std::vector<std::string> ids;
+  std::vector<bool> callbacks;
+  std::vector<std::size_t> first(n, none);  // for a repeated id: its first job
+  std::vector<bool> same_as_first(n, false);
+  std::unordered_map<std::string_view, std::size_t> seen;
+  ids.reserve(n);
+  callbacks.reserve(n);
+  for (const Job& job : jobs) {
+    ids.push_back(job.id);
+    callbacks.push_back(!job.callback_url.empty());
+  }
+  std::vector<std::size_t> round;  // the jobs to admit
+  for (std::size_t i = 0; i < n; ++i) {
+    // Outside the admission lock: the model's validation may take its time. Every job is
+    // checked, as its own submission would be; an id counts as taken from its first job that
+    // passes.
+    statuses[i] = check(core, jobs[i]);
+    if (statuses[i].error) continue;
+    if (auto [it, added] = seen.emplace(ids[i], i); !added) {
+      first[i] = it->second;
+      same_as_first[i] = jobs[i].same_request_as(jobs[it->second]);
+      continue;
+    }
+    round.push_back(i);
+  }
+  StoreAccess::News news;
+  {
+    auto entered = core.admission.enter();
+    for (int pass = 0; pass < 2 && !round.empty(); ++pass) {
+      Admitted before;  // what this round holds: what earlier rounds pushed, the queue counts
+      std::vector<Pending> pending;
+      pending.reserve(round.size());
+      std::vector<std::size_t> put_of;        // the round's jobs that go to the store
+      std::vector<std::size_t> without_room;  // refused by admission, not stored
+      bool failing = false;  // a store read failed: the rest of the round is not tried
+      for (std::size_t i : round) {
+        if (failing) {
+          statuses[i] = refused(errc::store_unavailable);
+          continue;
+        }
+        pending.push_back(prepare(core, queue, jobs[i], false, before, news, pass == 0));
+        const Submitted& verdict = pending.back().verdict;
+        statuses[i] = verdict;
+        if (verdict.error == errc::queue_full || verdict.error == errc::tenant_quota)
+          without_room.push_back(i);
+        if (goes_on(verdict)) put_of.push_back(pending.size() - 1);
+        failing = verdict.error == errc::store_unavailable;
+      }
+      if (failing) {
+        for (std::size_t k : put_of)
+          statuses[round[k]] = refused(errc::store_unavailable);
+        break;
+      }
+      if (put_of.empty()) break;
+      // The leases start now, as the store is called, not as the first job was admitted.
+      std::vector<PutRequest> puts;
+      puts.reserve(put_of.size());
+      for (std::size_t k : put_of) {
+        const Pending& p = pending[k];
+        puts.push_back(
+            {&jobs[round[k]],
+             p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder))});
+      }
+      std::vector<PutOutcome> outcomes;
+      try {
+        outcomes = core.store.call(
+            "put", ids[round[put_of.front()]], [&](JobStore& s) { return s.put_many(puts); },
+            &news);
+        if (outcomes.size() != puts.size())
+          throw StoreUnavailable("the job store answered put_many with the wrong count");
+      } catch (const StoreUnavailable&) {
+        // Some may be stored, as with a put whose answer was lost: their leases run out, and a
+        // claim takes them then; a resubmission is answered as a duplicate.
+        for (std::size_t k : put_of)
+          statuses[round[k]] = refused(errc::store_unavailable);
+        break;
+      }
+      bool freed = false;  // a slot taken in this round for a job the store had already
+      for (std::size_t m = 0; m < put_of.size(); ++m) {
+        const std::size_t i = round[put_of[m]];
+        statuses[i] = settle(core, queue, jobs[i], pending[put_of[m]], outcomes[m], nullptr);
+        freed =
+            freed || outcomes[m] == PutOutcome::duplicate || outcomes[m] == PutOutcome::conflict;
+      }
+      if (!freed) break;
+      round = std::move(without_room);
+    }
+  }
+  // A repeated id is answered from its first job: taken, it makes the same request a duplicate
+  // and another a conflict; refused for room or by the store, it refuses them alike. A first job
+  // that conflicted with a stored one says nothing of another request under its id, which may be
+  // the stored one: those are told apart by the stored job (one read an id).
+  struct Stored {
+    bool read = false;  // false: the store failed to answer
+    std::optional<JobRecord> record;
+  };
+  std::unordered_map<std::string_view, Stored> stored;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (first[i] == none) continue;
+    const Submitted earlier = statuses[first[i]];
+    if (earlier.error == errc::id_conflict && !same_as_first[i]) {
+      auto [at, added] = stored.try_emplace(ids[i]);
+      if (added) {
+        try {
+          at->second.record = core.store.call(
+              "get", ids[i], [&](JobStore& s) { return s.get(ids[i]); }, &news);
+          at->second.read = true;
+        } catch (const StoreUnavailable&) {
+          // (Left unread: its copies are store_unavailable, below.)
+        }
+      }
+      // (Gone since the first job's put: as the first job was told, a conflict.)
+      const Stored& found = at->second;
+      statuses[i] = !found.read ? refused(errc::store_unavailable)
+                    : found.record && jobs[i].same_request_as(found.record->job)
+                        ? taken(true)
+                        : refused(errc::id_conflict);
+      continue;
+    }
+    const bool was_taken = !earlier.error;
+    statuses[i] = same_as_first[i] ? (was_taken ? taken(true) : earlier)
+                                   : (was_taken ? refused(errc::id_conflict) : earlier);
+  }
+  core.store.tell(news);
+  for (std::size_t i = 0; i < n; ++i)
+    core.observe_submission(statuses[i], ids[i], callbacks[i]);
+  return statuses;
+}
+
+}  // namespace rebound::detail

@@ -1,0 +1,53 @@
+// The intake: how a submission comes in (src/pipeline/intake.cpp). Internal to rebound.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include <boost/system/error_code.hpp>
+#include <nlohmann/json.hpp>
+
+#include "front_door.hpp"
+#include "pipeline.hpp"
+#include "rebound/detail/completion.hpp"
+#include "rebound/detail/work_queue.hpp"
+#include "rebound/job.hpp"
+#include "rebound/job_queue_status.hpp"
+#include "work_item.hpp"
+
+namespace rebound::detail {
+
+/// A refusal, and a job taken (a `duplicate` of the same request, or new).
+inline Submitted refused(boost::system::error_code why) {
+  Submitted s;
+  s.error = why;
+  return s;
+}
+inline Submitted taken(bool duplicate = false) {
+  Submitted s;
+  s.duplicate = duplicate;
+  return s;
+}
+
+/// The model's verdict on an input; one that throws refuses it too.
+std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& input);
+
+/// One submission: checked (the job's rules, a transport for its callback, the model's
+/// validation), admitted, stored with this queue's claim (or parked in the store beyond the
+/// prefetch), and queued. `done` (async_submit) is registered for the job's end before it can run.
+/// Waits for the store's put.
+Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
+                    Completion<JobRecord>* done);
+
+/// The same, answered through `done` once the store's asynchronous put answers
+/// (JobStore::async_put): on this thread when the store answers at once, else on the queue's
+/// executor. The admission entry and the job's slot travel with the put.
+void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
+                     FrontDoor::SubmitAnswer done);
+
+/// Many submissions with one store write (JobStore::put_many), each answered as submit_to would
+/// answer it alone (JobQueue::submit_many says how repeated ids are told).
+std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
+                                     std::vector<Job>& jobs);
+
+}  // namespace rebound::detail
