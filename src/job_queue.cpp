@@ -22,6 +22,7 @@
 #include "pipeline/front_door.hpp"
 #include "pipeline/intake.hpp"
 #include "pipeline/pipeline.hpp"
+#include "pipeline/probe.hpp"
 #include "rebound/detail/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"
@@ -306,6 +307,28 @@ void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction>
           : Prediction::failure(to_string(static_cast<errc>(verdict.error.value())),
                                 verdict.error.message());
   shared->done(verdict.error, std::move(refused));
+}
+
+bool detail::Probe::quiesce(JobQueue& queue, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::steady_clock::duration::zero(),
+                    deadline - std::chrono::steady_clock::now());
+  };
+  for (int round = 0; round < 2; ++round) {
+    if (!queue.core_->pump.pass_now(left())) return false;
+    if (!queue.queue_->wait_idle(left())) return false;
+    if (!queue.core_->admission.wait_idle(left())) return false;
+    auto ran = std::make_shared<std::promise<void>>();
+    std::future<void> done = ran->get_future();
+    boost::asio::post(queue.get_executor(), [ran] { ran->set_value(); });
+    if (done.wait_for(left()) != std::future_status::ready) return false;
+  }
+  return true;
+}
+
+bool detail::Probe::pump_pass(JobQueue& queue, std::chrono::milliseconds timeout) {
+  return queue.core_->pump.pass_now(timeout);
 }
 
 void JobQueue::end_drain() {

@@ -20,6 +20,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/fake_clock.hpp"
+#include "support/quiesce.hpp"
 #include "support/raw_client.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
@@ -375,7 +376,7 @@ TEST_CASE_TEMPLATE(
   h.model->open();
   REQUIRE(rebound::test::eventually([&] { return h.poll("blocker")["status"] == "succeeded"; }));
   check_error(h.client().Delete("/v1/inferences/blocker"), 409, "already_finished");
-  std::this_thread::sleep_for(200ms);  // the worker took "victim" from the queue and dropped it
+  REQUIRE(rebound::test::quiesce(*h.service));  // the worker took "victim" and dropped it
   CHECK(h.model->order() == std::vector<std::string>{"blocker"});
   CHECK(h.poll("victim")["status"] == "cancelled");
   CHECK(receiver.received().size() == 1);
@@ -406,8 +407,7 @@ TEST_CASE_TEMPLATE("job api: DELETE tells a running model through its cancellati
   CHECK(state["status"] == "cancelled");
   CHECK(state["error"]["code"] == "cancelled");
   CHECK(state["started_at"].is_string());
-  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
-  std::this_thread::sleep_for(100ms);
+  REQUIRE(rebound::test::quiesce(*h.service));
   CHECK(receiver.received().size() == 1);  // never a second, "failed" or "succeeded", callback
   CHECK(h.client().Get("/metrics")->body.find("rebound_results_discarded_total 1") !=
         std::string::npos);
@@ -452,7 +452,7 @@ TEST_CASE("job api: webhook_events - started sends a running callback - complete
   REQUIRE(rebound::test::eventually(
       [&] { return (state = h.poll("started-only"))["status"] == "succeeded"; }));
   CHECK(state["callback"]["state"] == "none");  // nobody hears its end
-  std::this_thread::sleep_for(200ms);
+  REQUIRE(rebound::test::quiesce(*h.service));
   CHECK(started_only.received().size() == 1);
   CHECK(json::parse(started_only.received().at(0).body)["status"] == "running");
   CHECK(completed_only.received().size() == 1);

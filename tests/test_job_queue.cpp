@@ -36,6 +36,7 @@
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
 #ifdef REBOUND_TEST_REDIS
+#include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
 #include "support/submitting.hpp"
 #endif
@@ -241,9 +242,7 @@ TEST_CASE("job queue: work in memory is bounded in bytes - as the inputs really 
   held->open();
   CHECK(queue.async_wait("two", boost::asio::use_future).get().status == JobStatus::succeeded);
   CHECK(queue.async_wait("small", boost::asio::use_future).get().status == JobStatus::succeeded);
-  for (int i = 0; i < 500 && queue.telemetry().in_flight() > 0;
-       ++i)  // slots go back after the record
-    std::this_thread::sleep_for(10ms);
+  REQUIRE(rebound::test::quiesce(queue));  // slots go back after the record
   CHECK(rebound::test::submitted(queue, job("three", big)) == "accepted");
   CHECK(queue.async_wait("three", boost::asio::use_future).get().status == JobStatus::succeeded);
 }
@@ -276,10 +275,10 @@ TEST_CASE("job queue: jobs claimed from the store take no more than the free byt
     return std::stoull(metrics.substr(at + 20));
   };
   // Two fit in 11 MiB, a third would not: it stays in the store, through several polls.
-  for (int i = 0; i < 30; ++i) {
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(rebound::test::pump_pass(queue));
     CHECK(queue.telemetry().in_flight() <= 2);
     CHECK(work_bytes() <= (11u << 20));
-    std::this_thread::sleep_for(100ms);
   }
   CHECK(queue.telemetry().in_flight() == 2);
   held->open();
@@ -301,9 +300,7 @@ TEST_CASE("job queue: one job larger than the whole byte budget is taken when no
   CHECK(rebound::test::submitted(queue, job("beside", big)) == "queue_full");
   held->open();
   CHECK(queue.async_wait("alone", boost::asio::use_future).get().status == JobStatus::succeeded);
-  for (int i = 0; i < 500 && queue.telemetry().in_flight() > 0;
-       ++i)  // slots go back after the record
-    std::this_thread::sleep_for(10ms);
+  REQUIRE(rebound::test::quiesce(queue));  // slots go back after the record
   CHECK(rebound::test::submitted(queue, job("beside", big)) == "accepted");
 }
 
@@ -314,7 +311,7 @@ TEST_CASE("job queue: a plain handler runs once on the queue's executor by defau
   boost::asio::post(queue.get_executor(), [&] { io_thread.set_value(std::this_thread::get_id()); });
   queue.async_submit(job("h", 2), recorder(out));
   REQUIRE(rebound::test::eventually([&] { return calls_of(out) == 1; }));
-  std::this_thread::sleep_for(50ms);  // a second call would come now
+  REQUIRE(rebound::test::quiesce(queue));  // a second call would have come by now
   std::lock_guard<std::mutex> lock(out->m);
   CHECK(out->calls == 1);
   CHECK_FALSE(out->ec);
@@ -429,7 +426,7 @@ TEST_CASE("job queue: 4 threads submit 500 jobs each - every handler fires exact
   for (auto& s : submitters)
     s.join();
   REQUIRE(rebound::test::eventually([&] { return done == threads * each; }));
-  std::this_thread::sleep_for(100ms);  // any second call would land now
+  REQUIRE(rebound::test::quiesce(queue));  // any second call would have landed by now
   int once = 0;
   for (auto& c : calls)
     once += c == 1 ? 1 : 0;
@@ -885,4 +882,20 @@ TEST_CASE("job queue: a tenant's flood delays another tenant's job by one of its
     CAPTURE(i);
     CHECK(at <= 2 + 2 * i);  // after "first", one of acme's before each of globex's
   }
+}
+
+TEST_CASE("job queue: quiesce is false while a job is held - true once all has run out") {
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model));
+  auto out = std::make_shared<Outcome>();
+  queue.async_submit(job("held", 1), recorder(out));
+  REQUIRE(held->wait_started(1));
+  CHECK_FALSE(rebound::test::quiesce(queue, std::chrono::milliseconds(200)));
+  CHECK(rebound::test::pump_pass(queue));  // the pump goes on meanwhile
+  held->open();
+  REQUIRE(rebound::test::quiesce(queue));
+  // Quiet means the handler has run too: nothing is left to arrive.
+  CHECK(calls_of(out) == 1);
+  CHECK(queue.telemetry().in_flight() == 0);
 }

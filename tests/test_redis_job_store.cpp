@@ -22,6 +22,7 @@
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/redis_job_store.hpp"
+#include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
 #include "support/submitting.hpp"
 
@@ -487,7 +488,7 @@ TEST_CASE(
   // Before anything was claimed or sent: the constructor read them.
   CHECK(queue.operations().paused_origins() ==
         std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
-  std::this_thread::sleep_for(1500ms);  // a pass of its pump: nothing flaps
+  REQUIRE(rebound::test::pump_pass(queue));  // a pass of its pump (it syncs pauses): no flap
   CHECK(queue.operations().paused_origins() ==
         std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
 

@@ -21,6 +21,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/fake_clock.hpp"
 #include "support/held_model.hpp"
+#include "support/quiesce.hpp"
 #include "support/receiver.hpp"
 #include "support/submitting.hpp"
 #include "support/temp_dir.hpp"
@@ -209,7 +210,8 @@ TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
   clock->advance(10min);
   Node restarted(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
   CHECK(restarted.service->telemetry().batch_stats().resumed == 0);  // nothing due yet
-  std::this_thread::sleep_for(100ms);                                // ten polls
+  for (int i = 0; i < 3; ++i)                                        // polls: nothing is due yet
+    REQUIRE(rebound::test::pump_pass(*restarted.service));
   CHECK(sent->count() == 1);
   auto record = restarted.service->find("slow-receiver");
   CHECK(record->callback.state == CallbackState::pending);
@@ -250,7 +252,7 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   so.queue_capacity = 100;
   Node second(std::make_unique<SharedStore>(store), clock, sent, so,
               std::make_unique<rebound::EchoModel>());
-  std::this_thread::sleep_for(50ms);  // polls: the job is held
+  REQUIRE(rebound::test::pump_pass(*second.service));  // a poll: the job is held
   CHECK(second.service->telemetry().batch_stats().resumed == 0);
 
   clock->advance(61min);  // the first server's lease ran out

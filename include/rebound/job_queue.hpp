@@ -38,6 +38,7 @@ template <typename Item>
 class WorkQueue;
 struct OwnedThreads;
 struct FrontDoor;
+struct Probe;
 using TransportFactory = decltype(JobQueueOptions::transport);
 using DefaultTransport = std::unique_ptr<CallbackTransport> (*)(boost::asio::any_io_executor io,
                                                                 const AddressGuard& guard);
@@ -277,6 +278,7 @@ class JobQueue final {
              std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
              JobQueueOptions options);
   friend struct detail::FrontDoor;
+  friend struct detail::Probe;
   void start_submit(Job job, detail::Completion<JobRecord> done);
   void start_accept(Job job, detail::Completion<Submitted> done);
   void start_wait(std::string id, detail::Completion<JobRecord> done);

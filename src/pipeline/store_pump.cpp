@@ -50,6 +50,7 @@ void StorePump::run() {
     });
     if (stop_) return;
     const bool due_now = std::chrono::steady_clock::now() >= due_;  // read under the lock
+    if (due_now) ++passes_begun_;
     lock.unlock();
     if (std::chrono::steady_clock::now() >= next_renewal) {
       for (const auto& [id, holder] : leases_.renew_held(store_))
@@ -58,7 +59,24 @@ void StorePump::run() {
     }
     if (due_now) pump();
     lock.lock();
+    if (due_now) {
+      ++passes_ended_;
+      pass_ended_.notify_all();
+    }
   }
+}
+
+bool StorePump::pass_now(std::chrono::steady_clock::duration timeout) {
+  std::uint64_t ours = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) return false;
+    ours = passes_begun_ + 1;  // the next to begin: after this call
+  }
+  wake(clock_());
+  std::unique_lock<std::mutex> lock(mutex_);
+  return pass_ended_.wait_for(lock, timeout, [&] { return stop_ || passes_ended_ >= ours; }) &&
+         !stop_;
 }
 
 // Callbacks first (results already paid for), then jobs. True when the store had more than one

@@ -77,6 +77,11 @@ class StorePump {
   /// Returns once the pass under way (if any) has queued what it claimed. Thread-safe.
   void barrier();
 
+  /// Runs a whole pass that begins after this call (claims, renewals due, the poll hook) and
+  /// waits up to `timeout` for it to end. False when it did not end in time (or the pump is
+  /// stopped). What a test's quiesce waits for. Thread-safe.
+  bool pass_now(std::chrono::steady_clock::duration timeout);
+
   /// Called on the pump's thread each time it looks for work. Before `start`.
   void set_on_poll(std::function<void()> on_poll) { on_poll_ = std::move(on_poll); }
 
@@ -126,6 +131,8 @@ class StorePump {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::chrono::steady_clock::time_point due_ = std::chrono::steady_clock::time_point::max();
+  std::uint64_t passes_begun_ = 0, passes_ended_ = 0;  // passes of the thread, under mutex_
+  std::condition_variable pass_ended_;
   bool stop_ = false;
   std::thread thread_;
 };
