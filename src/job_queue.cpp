@@ -232,7 +232,12 @@ JobQueue::executor_type JobQueue::get_executor() const noexcept {
 
 void detail::FrontDoor::submit(JobQueue& queue, Job job, SubmitAnswer answer) {
   if (!answer) throw Error("JobQueue::submit: a handler is required");
-  detail::submit_async_to(*queue.core_, *queue.queue_, std::move(job), std::move(answer));
+  detail::submit_async_to(*queue.core_, *queue.queue_, std::move(job), std::move(answer),
+                          /*rules_checked=*/true);
+}
+
+std::vector<Submitted> detail::FrontDoor::submit_many(JobQueue& queue, std::vector<Job> jobs) {
+  return detail::submit_all_to(*queue.core_, *queue.queue_, jobs, /*rules_checked=*/true);
 }
 
 void JobQueue::start_accept(Job job, detail::Completion<Submitted> done) {
@@ -319,6 +324,7 @@ bool detail::Probe::quiesce(JobQueue& queue, std::chrono::milliseconds timeout) 
     if (!queue.core_->pump.pass_now(left())) return false;
     if (!queue.queue_->wait_idle(left())) return false;
     if (!queue.core_->admission.wait_idle(left())) return false;
+    if (!queue.core_->sender->wait_idle(left())) return false;  // `started` callbacks too
     auto ran = std::make_shared<std::promise<void>>();
     std::future<void> done = ran->get_future();
     boost::asio::post(queue.get_executor(), [ran] { ran->set_value(); });
@@ -344,7 +350,7 @@ bool Operations::delivers_callbacks() const {
 }
 
 Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result) {
-  if (!on_result) throw Error("JobQueue::invoke: a result handler is required");
+  if (!on_result) throw Error("FrontDoor::invoke: a result handler is required");
   detail::Pipeline& core = *queue.core_;
   const Submitted verdict = [&] {
     if (auto invalid = detail::validate(*core.model, input)) {
@@ -443,15 +449,15 @@ std::vector<EndpointStatus> Operations::callback_endpoints() const {
 }
 
 std::string Operations::pause_origin(const std::string& origin) {
-  if (!core_.gate) throw Error("JobQueue::pause_origin: this queue delivers no callbacks");
+  if (!core_.gate) throw Error("Operations::pause_origin: this queue delivers no callbacks");
   const std::string key = OriginGate::origin_of(origin);
-  if (key.empty()) throw Error("JobQueue::pause_origin: not an http(s) URL or origin: " + origin);
+  if (key.empty()) throw Error("Operations::pause_origin: not an http(s) URL or origin: " + origin);
   // In the store first (a shared store holds it for every server), then here at once.
   const bool kept = core_.store.call("set_origin_paused", {},
                                      [&](JobStore& s) { return s.set_origin_paused(key, true); });
   if (!kept) {
     throw Error(
-        "JobQueue::pause_origin: the store keeps as many paused origins as it will; "
+        "Operations::pause_origin: the store keeps as many paused origins as it will; "
         "resume some first");
   }
   core_.gate->pause(key);

@@ -33,12 +33,12 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "rebound/tenant.hpp"
 #include "support/held_model.hpp"
+#include "support/quiesce.hpp"
 #include "support/receiver.hpp"
+#include "support/submitting.hpp"
 #include "support/temp_dir.hpp"
 #ifdef REBOUND_TEST_REDIS
-#include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
-#include "support/submitting.hpp"
 #endif
 
 using boost::system::error_code;
@@ -735,6 +735,7 @@ TEST_CASE("job queue: submit guards every rule a job has over HTTP - invalid_job
        "max_queue_seconds"},
       {with([](rebound::Job& j) { j.webhook_events = 0; }), "webhook_events"},
       {with([](rebound::Job& j) { j.webhook_events = 4; }), "webhook_events"},
+      {with([](rebound::Job& j) { j.traceparent = "00-not-a-trace"; }), "traceparent"},
   };
   for (const Case& c : broken) {
     CAPTURE(c.job.id);
@@ -898,4 +899,34 @@ TEST_CASE("job queue: quiesce is false while a job is held - true once all has r
   // Quiet means the handler has run too: nothing is left to arrive.
   CHECK(calls_of(out) == 1);
   CHECK(queue.telemetry().in_flight() == 0);
+}
+
+TEST_CASE("job queue: a model that fails with the code shutting_down is the model's failure") {
+  // The queue's own refusal and a model's failure are told apart by the error code, not by the
+  // Prediction's code: a model may name its failures as it likes.
+  class Stopping final : public rebound::Model {
+   public:
+    std::string name() const override { return "stopping"; }
+    rebound::Prediction predict(const nlohmann::json&) override {
+      return rebound::Prediction::failure("shutting_down", "the model's own words");
+    }
+  };
+  JobQueue queue(std::make_unique<Stopping>());
+  std::promise<std::pair<error_code, rebound::Prediction>> answer;
+  queue.async_invoke(1, [&](error_code ec, rebound::Prediction p) {
+    answer.set_value({ec, std::move(p)});
+  });
+  auto [ec, prediction] = answer.get_future().get();
+  CHECK_FALSE(ec);
+  REQUIRE_FALSE(prediction.ok());
+  CHECK(prediction.error().code == "shutting_down");
+  CHECK(prediction.error().message == "the model's own words");
+  // A job fails with it, as with any model failure.
+  const rebound::JobRecord r = queue.async_submit(job("stops", 1), boost::asio::use_future).get();
+  CHECK(r.status == JobStatus::failed);
+  CHECK(r.outcome.error->code == "shutting_down");
+  // The queue's own refusal after shutdown is errc::shutting_down.
+  CHECK(queue.shutdown(std::chrono::seconds(5)));
+  CHECK_THROWS_AS(queue.async_invoke(1, boost::asio::use_future).get(),
+                  boost::system::system_error);
 }

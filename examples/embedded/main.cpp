@@ -61,7 +61,8 @@ int main() {
   const auto six = queue.async_wait("job-6", boost::asio::use_future).get();
   std::cout << "job-6: " << six.outcome.result << std::endl;  // job-6: 6
   // A job that breaks a rule is refused as rebound-server refuses it over HTTP, and a handler
-  // reads which field: "job 7: the field 'id' must be ..." (an id holds no space).
+  // reads which field and why (an id holds no space):
+  //   job 7: the job breaks a rule of submission (id)
   std::promise<bool> seven;
   queue.submit(rebound::make_job("job 7", 7),
                [&seven](boost::system::error_code ec, const rebound::Submitted& s) {

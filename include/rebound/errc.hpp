@@ -24,7 +24,7 @@ enum class errc {
   store_unavailable,  ///< the JobStore fails; nothing was accepted (HTTP 503)
   shutting_down,      ///< the queue is stopping, or was destroyed before the job was final
   no_transport,       ///< the job has a callback URL and no CallbackTransport can send it
-  not_found,          ///< `async_wait` for an id the store does not know (HTTP 404)
+  not_found,          ///< an id the store does not know: async_wait, cancel, redeliver (HTTP 404)
   too_many_waiters,   ///< `max_waiting` asynchronous waits are registered already
   tenant_quota,       ///< the job's tenant holds its share of the queue (HTTP 429)
   invalid_job,        ///< the Job breaks a rule (id, callback URL, priority...): Submitted::reason

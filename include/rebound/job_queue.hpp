@@ -129,7 +129,8 @@ class JobQueue final {
   /// Submits a job and completes when it is final and the store has its final state, with the
   /// job's record (status, result or error). Signature `void(boost::system::error_code,
   /// JobRecord)`, with the record as the store keeps it. A refusal completes at once with its
-  /// rebound::errc (as `submit` refuses) and an empty record. The same request submitted again
+  /// rebound::errc (as `submit` refuses) and an empty record (a handler of `submit` reads which
+  /// rule a job broke: `Submitted::field`). The same request submitted again
   /// never runs twice: it completes as `async_wait` for the first job does (so also with not_found
   /// if the job was pruned meanwhile, or too_many_waiters).
   ///
@@ -225,14 +226,14 @@ class JobQueue final {
   /// that hears its end says so. Returns success when it cancelled the job, errc::not_found for
   /// an unknown id, errc::already_final for a job that had ended. Throws StoreUnavailable when
   /// the store fails.
-  boost::system::error_code cancel(const std::string& id);
+  [[nodiscard]] boost::system::error_code cancel(const std::string& id);
 
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
   /// the same `webhook-id`. Returns success when it is being delivered again, else
   /// errc::not_found, not_failed (its callback is none, pending or delivered), queue_full,
   /// tenant_quota, shutting_down or no_transport (this queue delivers no callbacks: another
   /// server of the store must). Throws StoreUnavailable when the store fails.
-  boost::system::error_code redeliver(const std::string& id);
+  [[nodiscard]] boost::system::error_code redeliver(const std::string& id);
 
   /// True while the model is ready, the store works and the queue accepts work.
   bool ready() const;

@@ -95,7 +95,8 @@ struct JobQueueOptions {
   std::size_t max_waiting = 1024;
   /// The callback address policy (SSRF, docs/delivery.md): false refuses loopback, private,
   /// link-local, CGNAT, unspecified and multicast addresses. The only place it is set: the
-  /// default transport and rebound::Server read it from here (`JobQueue::callback_guard`).
+  /// default transport and rebound::Server read it from here
+  /// (`queue.operations().callback_guard()`).
   bool allow_private_callbacks = false;
   /// Hosts, `*.domains`, addresses and CIDR ranges allowed even when private.
   std::vector<std::string> callback_allow;

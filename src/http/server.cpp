@@ -196,10 +196,6 @@ void send_refusal(HttpResponse& res, const RefusalAnswer& refusal) {
   send_error(res, refusal.error);
 }
 
-void send_queue_full(HttpResponse& res) {
-  send_refusal(res, refusal_for(errc::queue_full));
-}
-
 void send_store_unavailable(HttpResponse& res) {
   send_refusal(res, refusal_for(errc::store_unavailable));
 }
@@ -1112,7 +1108,8 @@ struct Server::Impl {
       jobs.push_back(std::move(job));
     }
     const std::vector<Submitted> statuses =
-        jobs.empty() ? std::vector<Submitted>{} : service.submit_many(std::move(jobs));
+        jobs.empty() ? std::vector<Submitted>{}
+                     : detail::FrontDoor::submit_many(service, std::move(jobs));  // parsed: checked
     reserved.release();
     nlohmann::json results = nlohmann::json::array();
     std::size_t accepted = 0;

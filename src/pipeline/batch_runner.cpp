@@ -337,8 +337,9 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
 }
 
 void BatchRunner::finish(JobRecord record, Claim claim) {
-  // What the store is told (the final status with the result), kept for the write's retries.
-  auto outcome = std::make_shared<const JobOutcome>(record.status, record.outcome);
+  // What the store is told (the final status with the result), moved out of the record for the
+  // write and its retries, and back into it once acknowledged: the result is never copied.
+  auto outcome = std::make_shared<JobOutcome>(record.status, std::move(record.outcome));
   auto kept = std::make_shared<JobRecord>(std::move(record));
   // Shared by the write's continuations (copied into std::function); whichever runs ends it.
   auto held = std::make_shared<Claim>(std::move(claim));
@@ -350,7 +351,7 @@ void BatchRunner::finish(JobRecord record, Claim claim) {
       [this, kept, outcome, holder, deliver](JobStore& s, JobStore::WriteDone done) {
         s.async_finish_job(kept->job.id, holder, *outcome, deliver, clock_(), std::move(done));
       },
-      [this, kept, held, deliver](bool acknowledged) {
+      [this, kept, outcome, held, deliver](bool acknowledged) {
         held->drop_lease();
         if (!acknowledged) {
           // The lease ran out and another claim has the job: this result is not the one kept.
@@ -358,6 +359,7 @@ void BatchRunner::finish(JobRecord record, Claim claim) {
           held->release();
           return;
         }
+        kept->outcome = std::move(static_cast<JobEnd&>(*outcome));
         if (on_final_) {
           kept->callback.state = deliver ? CallbackState::pending : CallbackState::none;
           on_final_(*kept);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,10 +23,15 @@ struct FrontDoor {
   /// Called exactly once with what the submission came to.
   using SubmitAnswer = std::function<void(const Submitted&)>;
 
-  /// JobQueue::submit: `answer` runs on this thread before the call returns when the store
-  /// answers at once (memory, Redis), else on the queue's io executor (SQLite answers after the
-  /// group commit its job went in).
+  /// JobQueue::submit for a job whose rules the caller has checked already, with the same
+  /// functions and the queue's own guard (detail/submission.hpp's parser does): they are not
+  /// checked twice. `answer` runs on this thread before the call returns when the store answers
+  /// at once (memory, Redis), else on the queue's io executor (SQLite answers after the group
+  /// commit its job went in).
   static void submit(JobQueue& queue, Job job, SubmitAnswer answer);
+
+  /// JobQueue::submit_many for jobs whose rules the caller has checked already.
+  static std::vector<Submitted> submit_many(JobQueue& queue, std::vector<Job> jobs);
 
   /// Runs `input` through the model as `async_invoke` does; `on_result` is called exactly once
   /// (InvokeAnswer: on the worker that ran it, or at shutdown) when the answer is success, and

@@ -50,8 +50,8 @@ struct Admitted {
 // What is refused before admission (and outside its lock): a job that breaks a rule
 // (detail/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
 // send, an input the model refuses. Taken: none of them.
-Submitted check(Pipeline& core, const Job& job) {
-  if (auto broken = check_job(job, core.guard)) {
+Submitted check(Pipeline& core, const Job& job, bool rules_checked) {
+  if (auto broken = rules_checked ? std::nullopt : check_job(job, core.guard)) {
     Submitted s = refused(errc::invalid_job);
     s.reason = ErrorInfo{"invalid_field", std::move(broken->message)};
     s.field = std::move(broken->field);
@@ -167,7 +167,7 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
   const Submitted verdict = [&] {
-    if (Submitted checked = check(core, job); checked.error) return checked;
+    if (Submitted checked = check(core, job, false); checked.error) return checked;
     auto entered = core.admission.enter();
     Admitted before;
     Pending p = prepare(core, queue, job, done != nullptr, before, news);
@@ -195,7 +195,7 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
 // store answers. `done` runs on the caller's thread when the store answers at once, else on the
 // queue's executor.
 void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
-                     FrontDoor::SubmitAnswer done) {
+                     FrontDoor::SubmitAnswer done, bool rules_checked) {
   const std::string id = job.id;
   const bool has_callback = !job.callback_url.empty();
   auto answer = [&core, id, has_callback](const FrontDoor::SubmitAnswer& to,
@@ -203,7 +203,8 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
     core.observe_submission(verdict, id, has_callback);
     to(verdict);
   };
-  if (Submitted checked = check(core, job); checked.error) return answer(done, checked);
+  if (Submitted checked = check(core, job, rules_checked); checked.error)
+    return answer(done, checked);
   struct Underway {
     Job job;
     Pending pending;
@@ -247,7 +248,7 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
 // then: the jobs refused for room meanwhile are tried once more (a second store call) when some
 // came back.
 std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
-                                     std::vector<Job>& jobs) {
+                                     std::vector<Job>& jobs, bool rules_checked) {
   constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
   const std::size_t n = jobs.size();
   std::vector<Submitted> statuses(n);
@@ -267,7 +268,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
     // Outside the admission lock: the model's validation may take its time. Every job is
     // checked, as its own submission would be; an id counts as taken from its first job that
     // passes.
-    statuses[i] = check(core, jobs[i]);
+    statuses[i] = check(core, jobs[i], rules_checked);
     if (statuses[i].error) continue;
     if (auto [it, added] = seen.emplace(ids[i], i); !added) {
       first[i] = it->second;

@@ -41,13 +41,14 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
 
 /// The same, answered through `done` once the store's asynchronous put answers
 /// (JobStore::async_put): on this thread when the store answers at once, else on the queue's
-/// executor. The admission entry and the job's slot travel with the put.
+/// executor. The admission entry and the job's slot travel with the put. `rules_checked`: the
+/// caller has checked the job's rules (check_job) already, with the queue's guard.
 void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
-                     FrontDoor::SubmitAnswer done);
+                     FrontDoor::SubmitAnswer done, bool rules_checked = false);
 
 /// Many submissions with one store write (JobStore::put_many), each answered as submit_to would
 /// answer it alone (JobQueue::submit_many says how repeated ids are told).
 std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
-                                     std::vector<Job>& jobs);
+                                     std::vector<Job>& jobs, bool rules_checked = false);
 
 }  // namespace rebound::detail

@@ -232,7 +232,7 @@ struct Pipeline {
   const bool delivers_callbacks;
   const AddressGuard guard;
   Clock clock;
-  Logger logger;  // JobQueueOptions::logger, for what the front ends log (JobQueue::logger)
+  Logger logger;  // JobQueueOptions::logger, for what the front ends log (Operations::logger)
   Metrics metrics;
   Observers observe{metrics};
   StoreAccess store;

@@ -13,8 +13,9 @@ namespace detail {
 struct Probe {
   /// Waits up to `timeout` until `queue` is quiet: a pump pass that began after the call has
   /// ended (whatever was due then is claimed), no capacity slot is taken (no job waits or runs,
-  /// no callback attempt is under way), and every handler posted to its io executor before that
-  /// has run; twice over, for what one round set going. False when it did not get quiet in time
+  /// no callback attempt is under way), the sender has nothing in flight (`started` callbacks
+  /// included), and every handler posted to its io executor before that has run; twice over, for
+  /// what one round set going. False when it did not get quiet in time
   /// (a held model, a receiver that does not answer).
   static bool quiesce(JobQueue& queue, std::chrono::milliseconds timeout);
 

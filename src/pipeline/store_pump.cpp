@@ -26,6 +26,7 @@ void StorePump::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
     wake_.notify_one();
+    pass_ended_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -50,7 +51,12 @@ void StorePump::run() {
     });
     if (stop_) return;
     const bool due_now = std::chrono::steady_clock::now() >= due_;  // read under the lock
-    if (due_now) ++passes_begun_;
+    if (due_now) {
+      // Taken under the same lock as the wake that asked for it: a wake from now on asks for
+      // the next pass, and is never lost to this one.
+      due_ = std::chrono::steady_clock::time_point::max();
+      ++passes_begun_;
+    }
     lock.unlock();
     if (std::chrono::steady_clock::now() >= next_renewal) {
       for (const auto& [id, holder] : leases_.renew_held(store_))
@@ -82,10 +88,6 @@ bool StorePump::pass_now(std::chrono::steady_clock::duration timeout) {
 // Callbacks first (results already paid for), then jobs. True when the store had more than one
 // claim took. Jobs are counted as resumed (taken over) unless this queue parked them itself.
 bool StorePump::pump() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    due_ = std::chrono::steady_clock::time_point::max();
-  }
   if (store_.stopped()) return false;
   if (std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(250)) {
     last_sweep_ = std::chrono::steady_clock::now();

@@ -11,6 +11,7 @@
 
 #include "rebound/delivery/address_guard.hpp"
 #include "rebound/detail/callback_url.hpp"
+#include "rebound/detail/trace_context.hpp"
 #include "rebound/job.hpp"
 #include "rebound/tenant.hpp"
 
@@ -52,6 +53,9 @@ inline const char* priority_rule() {
 inline const char* max_queue_rule() {
   return "The field 'max_queue_seconds' must be a number of seconds from 0.001 to 604800.";
 }
+inline const char* traceparent_rule() {
+  return "The field 'traceparent' must be a W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>.";
+}
 inline const char* webhook_events_rule() {
   return "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
 }
@@ -70,8 +74,9 @@ inline std::optional<BrokenRule> check_callback_url(std::string_view url,
 
 /// The first rule `job` breaks, or nullopt: its id (a job id, after the "tenant/" of a tenant's
 /// job: rebound/tenant.hpp), its callback URL (when it has one) under `guard`, its priority
-/// (0-9), its `max_queue` (0: the queue's time-to-live, else 1 ms to a week) and its webhook
-/// events (a non-empty set of `webhook_started` and `webhook_completed`).
+/// (0-9), its `max_queue` (0: the queue's time-to-live, else 1 ms to a week), its webhook
+/// events (a non-empty set of `webhook_started` and `webhook_completed`) and its traceparent
+/// (empty, or a valid W3C one: over HTTP an invalid header is ignored, as the specification asks).
 inline std::optional<BrokenRule> check_job(const Job& job, const AddressGuard& guard) {
   const std::string_view tenant = tenant_of(job.id);
   if (!is_valid_job_id(id_of(job.id)) || (!tenant.empty() && !is_valid_tenant_name(tenant)) ||
@@ -90,6 +95,8 @@ inline std::optional<BrokenRule> check_job(const Job& job, const AddressGuard& g
     return BrokenRule{"max_queue_seconds", max_queue_rule()};
   if (job.webhook_events == 0 || (job.webhook_events & ~(webhook_started | webhook_completed)) != 0)
     return BrokenRule{"webhook_events", webhook_events_rule()};
+  if (!job.traceparent.empty() && !is_valid_traceparent(job.traceparent))
+    return BrokenRule{"traceparent", traceparent_rule()};
   return std::nullopt;
 }
 

@@ -107,7 +107,7 @@ struct ServerOptions {
 /// threads (docs/operations.md says what it withstands bare, and what nginx adds in front).
 ///
 /// Callback URLs are checked at submission with the queue's address policy
-/// (`JobQueue::callback_guard`, set by `JobQueueOptions::allow_private_callbacks`).
+/// (`queue.operations().callback_guard()`, set by `JobQueueOptions::allow_private_callbacks`).
 ///
 /// Example (a whole server: serves until SIGINT or SIGTERM, then drains and returns 0):
 ///   rebound::JobQueue queue(std::make_unique<MyModel>(), rebound::make_store("sqlite:jobs.db"));
