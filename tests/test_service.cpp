@@ -7,6 +7,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -20,6 +21,7 @@
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/fake_clock.hpp"
+#include "support/fake_transport.hpp"
 #include "support/held_model.hpp"
 #include "support/quiesce.hpp"
 #include "support/receiver.hpp"
@@ -37,34 +39,7 @@ namespace {
 
 using rebound::test::FakeClock;
 
-// Answers every callback at once with the next scripted status (200 once the script is empty),
-// and keeps the requests.
-class ScriptedTransport final : public rebound::CallbackTransport {
- public:
-  struct Shared {
-    std::mutex m;
-    std::deque<int> script;
-    std::vector<rebound::CallbackRequest> sent;
-    std::size_t count() {
-      std::lock_guard<std::mutex> lock(m);
-      return sent.size();
-    }
-  };
-  explicit ScriptedTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
-    rebound::CallbackResponse response;
-    {
-      std::lock_guard<std::mutex> lock(shared_->m);
-      response.status = shared_->script.empty() ? 200 : shared_->script.front();
-      if (!shared_->script.empty()) shared_->script.pop_front();
-      shared_->sent.push_back(std::move(request));
-    }
-    on_done(response);
-  }
-
- private:
-  std::shared_ptr<Shared> shared_;
-};
+using rebound::test::FakeTransport;
 
 // A store shared by several Services, as several servers share one Redis.
 class SharedStore final : public rebound::JobStore {
@@ -131,13 +106,13 @@ class SharedStore final : public rebound::JobStore {
 // One JobQueue with its executors, a fake clock and a scripted transport.
 struct Node {
   Node(std::unique_ptr<rebound::JobStore> store, std::shared_ptr<FakeClock> clock,
-       std::shared_ptr<ScriptedTransport::Shared> sent, rebound::JobQueueOptions so = {},
+       std::shared_ptr<FakeTransport::Shared> sent, rebound::JobQueueOptions so = {},
        std::unique_ptr<rebound::Model> model = std::make_unique<rebound::EchoModel>(),
        std::unique_ptr<rebound::CallbackTransport> transport = nullptr) {
     if (clock) so.clock = [clock] { return clock->now(); };
     so.poll_interval = 10ms;
     so.delivery.backoff = rebound::backoff::max_tries(rebound::backoff::constant(1h), 5);
-    if (!transport) transport = std::make_unique<ScriptedTransport>(sent);
+    if (!transport) transport = std::make_unique<FakeTransport>(sent);
     service = std::make_unique<rebound::JobQueue>(pool.get_executor(), io.get_executor(),
                                                   std::move(model), std::move(store),
                                                   std::move(transport), so);
@@ -164,7 +139,7 @@ rebound::Job job(const std::string& id, const std::string& url = "http://receive
 
 TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
   auto clock = std::make_shared<FakeClock>();
-  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  auto sent = std::make_shared<FakeTransport::Shared>();
   sent->script.assign(20, 503);  // every first attempt fails; the next is an hour away
   rebound::JobQueueOptions so;
   so.queue_capacity = 2;
@@ -197,7 +172,7 @@ TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
 TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
   rebound::test::TempDir dir;
   auto clock = std::make_shared<FakeClock>();
-  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  auto sent = std::make_shared<FakeTransport::Shared>();
   sent->script = {503};
   {
     Node node(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
@@ -236,7 +211,7 @@ TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
 
 TEST_CASE("service: a job whose lease runs out is taken over - the late result is refused") {
   auto clock = std::make_shared<FakeClock>();
-  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  auto sent = std::make_shared<FakeTransport::Shared>();
   auto store = std::make_shared<rebound::MemoryJobStore>();
   rebound::JobQueueOptions so;
   so.lease = 1h;  // renewed every 20 real minutes: never during this test
@@ -293,7 +268,7 @@ struct CountingObserver final : rebound::Observer {
 
 TEST_CASE("service: observers hear the walk of a job - and one that throws changes nothing") {
   auto clock = std::make_shared<FakeClock>();
-  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  auto sent = std::make_shared<FakeTransport::Shared>();
   sent->script = {503};
   auto counting = std::make_shared<CountingObserver>();
   auto throwing = std::make_shared<CountingObserver>(true);
@@ -351,7 +326,7 @@ class SlowTransport final : public rebound::CallbackTransport {
 }  // namespace
 
 TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never sent twice") {
-  auto sent = std::make_shared<ScriptedTransport::Shared>();
+  auto sent = std::make_shared<FakeTransport::Shared>();
   rebound::JobQueueOptions so;
   so.lease = 150ms;  // renewed every 50 ms; the receiver takes 600 ms
   auto transport = std::make_unique<SlowTransport>(600ms);
@@ -368,25 +343,18 @@ TEST_CASE("service: an attempt that outlasts its lease keeps it - it is never se
 
 namespace {
 
-// Answers callbacks to hosts named "down..." with 503 while `down` is true, everything else 200.
-class SplitTransport final : public rebound::CallbackTransport {
- public:
-  struct Shared {
-    std::atomic<bool> down{true};
-    std::atomic<int> to_down{0};
-    std::atomic<int> to_up{0};
-  };
-  explicit SplitTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
-    rebound::CallbackResponse response;
-    const bool to_down = request.url.find("//down") != std::string::npos;
-    ++(to_down ? shared_->to_down : shared_->to_up);
-    response.status = to_down && shared_->down ? 503 : 200;
-    on_done(response);
+// Callbacks to hosts named "down..." answer 503 while `down` is true, everything else 200.
+struct Split {
+  std::shared_ptr<FakeTransport::Shared> shared = std::make_shared<FakeTransport::Shared>();
+  std::shared_ptr<std::atomic<bool>> down = std::make_shared<std::atomic<bool>>(true);
+  Split() {
+    shared->rule = [down = down](const rebound::CallbackRequest& r) -> std::optional<int> {
+      return r.url.find("//down") != std::string::npos && *down ? 503 : 200;
+    };
   }
-
- private:
-  std::shared_ptr<Shared> shared_;
+  std::size_t to_down() { return shared->count_to("//down"); }
+  std::size_t to_up() { return shared->count() - to_down(); }
+  std::unique_ptr<FakeTransport> transport() { return std::make_unique<FakeTransport>(shared); }
 };
 
 // The gate's steady clock, moved by the same fake clock as the queue's.
@@ -399,7 +367,7 @@ std::function<std::chrono::steady_clock::time_point()> steady_of(
 
 TEST_CASE("service: callbacks behind an open circuit wait in the store - not in a slot") {
   auto clock = std::make_shared<FakeClock>();
-  auto split = std::make_shared<SplitTransport::Shared>();
+  Split split;
   rebound::JobQueueOptions so;
   so.queue_capacity = 4;
   so.origins.breaker_failures = 2;
@@ -419,7 +387,7 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
         if (line.find("circuit_") != std::string::npos) log.push_back(line);
       });
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
-            std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
+            std::make_unique<rebound::EchoModel>(), split.transport());
   auto& queue = *node.service;
   for (int i = 0; i < 40; ++i) {
     // Four in memory at most: each callback to the down receiver must leave memory for the next
@@ -429,7 +397,7 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
                 queue, job("down-" + std::to_string(i), "http://down.test/hook")) == "accepted");
   }
   REQUIRE(eventually([&] { return queue.telemetry().in_flight() == 0; }));
-  CHECK(split->to_down == 2);  // the two failures that opened the circuit, nothing since
+  CHECK(split.to_down() == 2);  // the two failures that opened the circuit, nothing since
   const auto endpoints = queue.operations().callback_endpoints();
   REQUIRE(endpoints.size() == 1);
   CHECK(endpoints[0].origin == "http://down.test:80");
@@ -453,11 +421,11 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
   }
   REQUIRE(
       eventually([&] { return queue.find("up-19")->callback.state == CallbackState::delivered; }));
-  CHECK(split->to_up == 20);
+  CHECK(split.to_up() == 20);
 
   // The receiver recovers; at the end of the cool-down one probe goes, succeeds, and the rest
   // follow: every callback is delivered, each once.
-  split->down = false;
+  *split.down = false;
   clock->advance(1h);
   REQUIRE(eventually([&] {
     clock->advance(100ms);  // they come due one after another
@@ -467,7 +435,7 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
     }
     return true;
   }));
-  CHECK(split->to_down == 42);
+  CHECK(split.to_down() == 42);
   CHECK(queue.find("down-30")->callback.attempts == 1);
   for (const auto& e :
        queue.operations().callback_endpoints()) {  // idle again: listed with its counts only
@@ -486,12 +454,12 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
 
 TEST_CASE("service: a paused origin's callbacks wait in the store until it is resumed") {
   auto clock = std::make_shared<FakeClock>();
-  auto split = std::make_shared<SplitTransport::Shared>();
+  Split split;
   rebound::JobQueueOptions so;
   so.origins.paused_retry = 10min;
   so.origins.clock = steady_of(clock);
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
-            std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
+            std::make_unique<rebound::EchoModel>(), split.transport());
   auto& queue = *node.service;
   CHECK(queue.operations().pause_origin("http://up.test") == "http://up.test:80");
   CHECK(queue.operations().paused_origins() == std::vector<std::string>{"http://up.test:80"});
@@ -500,7 +468,7 @@ TEST_CASE("service: a paused origin's callbacks wait in the store until it is re
     auto r = queue.find("p-1");
     return r && r->status == JobStatus::succeeded && queue.telemetry().in_flight() == 0;
   }));
-  CHECK(split->to_up == 0);
+  CHECK(split.to_up() == 0);
   CHECK(queue.find("p-1")->callback.next_attempt_at == clock->now() + 10min);
   CHECK(queue.operations().callback_endpoints().at(0).paused);
   CHECK(queue.operations().resume_origin("http://up.test:80/anything"));
@@ -508,23 +476,23 @@ TEST_CASE("service: a paused origin's callbacks wait in the store until it is re
   clock->advance(10min);
   REQUIRE(
       eventually([&] { return queue.find("p-1")->callback.state == CallbackState::delivered; }));
-  CHECK(split->to_up == 1);
+  CHECK(split.to_up() == 1);
   CHECK_THROWS_AS(queue.operations().pause_origin("mailto:x"), rebound::Error);
 }
 
 TEST_CASE("service: a callback deferred longer than callback_max_deferral becomes a dead letter") {
   auto clock = std::make_shared<FakeClock>();
-  auto split = std::make_shared<SplitTransport::Shared>();
+  Split split;
   rebound::JobQueueOptions so;
   so.origins.breaker_failures = 1;
   so.origins.breaker_cooldown = 1h;
   so.origins.clock = steady_of(clock);
   so.callback_max_deferral = 90min;
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
-            std::make_unique<rebound::EchoModel>(), std::make_unique<SplitTransport>(split));
+            std::make_unique<rebound::EchoModel>(), split.transport());
   auto& queue = *node.service;
   REQUIRE(rebound::test::submitted(queue, job("opens", "http://down.test/hook")) == "accepted");
-  REQUIRE(eventually([&] { return split->to_down == 1; }));  // fails: the circuit opens
+  REQUIRE(eventually([&] { return split.to_down() == 1; }));  // fails: the circuit opens
   REQUIRE(rebound::test::submitted(queue, job("waits", "http://down.test/hook")) == "accepted");
   REQUIRE(eventually([&] {
     auto r = queue.find("waits");
@@ -532,7 +500,7 @@ TEST_CASE("service: a callback deferred longer than callback_max_deferral become
   }));
   clock->advance(1h);  // the probe (one of them) fails; the other is deferred again
   REQUIRE(eventually([&] {
-    return split->to_down == 2 && queue.telemetry().in_flight() == 0 &&
+    return split.to_down() == 2 && queue.telemetry().in_flight() == 0 &&
            queue.find("waits")->callback.next_attempt_at > clock->now();
   }));
   clock->advance(2h);  // past the longest deferral: a dead letter, with the reason
@@ -543,62 +511,30 @@ TEST_CASE("service: a callback deferred longer than callback_max_deferral become
   const auto failed = queue.operations().failed_callbacks(10);
   REQUIRE(!failed.empty());
   CHECK(failed[0].callback.last_error.find("deferred for longer") != std::string::npos);
-  CHECK(split->to_down <= 3);
+  CHECK(split.to_down() <= 3);
 }
 
 namespace {
 // Holds every callback to a host named "slow..." unanswered until `release`; answers others 200.
-class HoldingTransport final : public rebound::CallbackTransport {
- public:
-  struct Shared {
-    std::mutex m;
-    std::vector<rebound::CallbackResponseHandler> held;
-    std::atomic<int> up{0};
-    bool released = false;  // under m: from then on every callback is answered at once
-    // Answers what is held with `status`, on the calling thread.
-    void release(int status = 200) {
-      std::vector<rebound::CallbackResponseHandler> all;
-      {
-        std::lock_guard<std::mutex> lock(m);
-        released = true;
-        all.swap(held);
-      }
-      for (auto& done : all) {
-        rebound::CallbackResponse r;
-        r.status = status;
-        done(r);
-      }
-    }
+std::shared_ptr<FakeTransport::Shared> holding_slow() {
+  auto shared = std::make_shared<FakeTransport::Shared>();
+  shared->rule = [](const rebound::CallbackRequest& r) -> std::optional<int> {
+    if (r.url.find("//slow") != std::string::npos) return std::nullopt;
+    return 200;
   };
-  explicit HoldingTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
-    if (request.url.find("//slow") != std::string::npos) {
-      std::unique_lock<std::mutex> lock(shared_->m);
-      if (!shared_->released) {
-        shared_->held.push_back(std::move(on_done));
-        return;
-      }
-    }
-    ++shared_->up;
-    rebound::CallbackResponse r;
-    r.status = 200;
-    on_done(r);
-  }
-
- private:
-  std::shared_ptr<Shared> shared_;
-};
+  return shared;
+}
 }  // namespace
 
 TEST_CASE("service: a slow receiver that never fails holds at most a quarter of the slots") {
   auto clock = std::make_shared<FakeClock>();
-  auto slow = std::make_shared<HoldingTransport::Shared>();
+  auto slow = holding_slow();
   rebound::JobQueueOptions so;
   so.queue_capacity = 400;          // 100 may wait in memory for one origin
   so.origins.breaker_failures = 0;  // it never fails: no circuit opens
   so.origins.clock = steady_of(clock);
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
-            std::make_unique<rebound::EchoModel>(), std::make_unique<HoldingTransport>(slow));
+            std::make_unique<rebound::EchoModel>(), std::make_unique<FakeTransport>(slow));
   auto& queue = *node.service;
   int accepted = 0;
   for (int i = 0; i < 600; ++i) {
@@ -616,7 +552,7 @@ TEST_CASE("service: a slow receiver that never fails holds at most a quarter of 
   for (int i = 0; i < 50; ++i)
     REQUIRE(rebound::test::submitted(
                 queue, job("up-" + std::to_string(i), "http://up.test/hook")) == "accepted");
-  REQUIRE(eventually([&] { return slow->up == 50; }));
+  REQUIRE(eventually([&] { return slow->count_to("//up") == 50; }));
   slow->release();
 }
 
@@ -625,7 +561,7 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
   // the failure: the io thread, which drives every other origin's deliveries. They are recorded
   // a slice at a time, so that the io thread's other handlers run in between.
   auto clock = std::make_shared<FakeClock>();
-  auto down = std::make_shared<HoldingTransport::Shared>();
+  auto down = holding_slow();
   rebound::JobQueueOptions so;
   so.queue_capacity = 2000;
   so.origins.max_per_origin = 1;
@@ -634,7 +570,7 @@ TEST_CASE("service: an origin whose circuit opens with hundreds waiting is defer
   so.origins.breaker_cooldown = 1h;
   so.origins.clock = steady_of(clock);
   Node node(std::make_unique<rebound::MemoryJobStore>(), clock, nullptr, so,
-            std::make_unique<rebound::EchoModel>(), std::make_unique<HoldingTransport>(down));
+            std::make_unique<rebound::EchoModel>(), std::make_unique<FakeTransport>(down));
   auto& queue = *node.service;
   for (int i = 0; i < 301; ++i)
     REQUIRE(rebound::test::submitted(
