@@ -20,6 +20,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
 #include "support/fake_clock.hpp"
+#include "support/held_model.hpp"
 #include "support/quiesce.hpp"
 #include "support/raw_client.hpp"
 #include "support/receiver.hpp"
@@ -37,55 +38,14 @@ using rebound::test::HarnessOptions;
 
 namespace {
 
-// Holds every prediction until opened, and records the order in which inputs reached it.
-class OrderModel final : public rebound::Model {
- public:
-  std::string name() const override { return "order"; }
-  // Waits until opened; an input "cooperative" also stops when its job is cancelled.
-  rebound::Prediction predict(const json& input) override {
-    std::unique_lock<std::mutex> lock(m_);
-    order_.push_back(input.is_string() ? input.get<std::string>() : input.dump());
-    cv_.notify_all();
-    while (!open_) {
-      if (input == "cooperative" && rebound::cancellation_requested()) {
-        ++stopped_early_;
-        cv_.notify_all();
-        return rebound::Prediction::failure("stopped", "cancelled");
-      }
-      cv_.wait_for(lock, 10ms);
-    }
-    return rebound::Prediction::success(input);
-  }
-  int stopped_early() {
-    std::lock_guard<std::mutex> lock(m_);
-    return stopped_early_;
-  }
-  void open() {
-    std::lock_guard<std::mutex> lock(m_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  std::vector<std::string> order() {
-    std::lock_guard<std::mutex> lock(m_);
-    return order_;
-  }
-  bool wait_started(std::size_t n) {
-    std::unique_lock<std::mutex> lock(m_);
-    return cv_.wait_for(lock, 10s, [&] { return order_.size() >= n; });
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int stopped_early_ = 0;
-  std::vector<std::string> order_;
-};
-
 struct Harness : rebound::test::ServerHarness {
-  explicit Harness(HarnessOptions o) : ServerHarness(std::make_unique<OrderModel>(), o) {}
+  // Held until opened; answers with its input as it is.
+  explicit Harness(HarnessOptions o)
+      : ServerHarness(std::make_unique<rebound::test::HeldModel>(
+                          [](const json& input) { return rebound::Prediction::success(input); }),
+                      o) {}
   ~Harness() { model->open(); }
-  OrderModel* model = static_cast<OrderModel*>(model_ptr);
+  rebound::test::HeldModel* model = static_cast<rebound::test::HeldModel*>(model_ptr);
 };
 
 struct MemoryStore {

@@ -1,11 +1,16 @@
 // HeldModel: a Model whose predictions wait until the test opens it, to hold work in flight on
-// purpose; it answers {"echo": input}.
+// purpose. It keeps the inputs in the order they reached it, answers {"echo": input} (or what the
+// test's `answer` says), and a held input "cooperative" gives up when its job is cancelled
+// (rebound::cancellation_requested), as a model that polls the flag does.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rebound/model.hpp"
 
@@ -13,13 +18,25 @@ namespace rebound::test {
 
 class HeldModel final : public rebound::Model {
  public:
+  using Answer = std::function<rebound::Prediction(const nlohmann::json&)>;
+  explicit HeldModel(Answer answer = nullptr) : answer_(std::move(answer)) {}
+
   std::string name() const override { return "held"; }
   rebound::Prediction predict(const nlohmann::json& input) override {
     std::unique_lock<std::mutex> lock(m_);
     ++started_;
+    order_.push_back(input.is_string() ? input.get<std::string>() : input.dump());
     changed_.notify_all();
-    changed_.wait(lock, [this] { return open_; });
-    return rebound::Prediction::success({{"echo", input}});
+    while (!open_) {
+      if (input == "cooperative" && rebound::cancellation_requested()) {
+        ++stopped_early_;
+        changed_.notify_all();
+        return rebound::Prediction::failure("stopped", "cancelled");
+      }
+      changed_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    lock.unlock();
+    return answer_ ? answer_(input) : rebound::Prediction::success({{"echo", input}});
   }
   /// Lets every prediction, waiting or to come, answer.
   void open() {
@@ -32,12 +49,25 @@ class HeldModel final : public rebound::Model {
     std::unique_lock<std::mutex> lock(m_);
     return changed_.wait_for(lock, std::chrono::seconds(10), [&] { return started_ >= n; });
   }
+  /// The inputs in the order they reached the model (strings as they are, others as JSON text).
+  std::vector<std::string> order() {
+    std::lock_guard<std::mutex> lock(m_);
+    return order_;
+  }
+  /// Held "cooperative" inputs that gave up on their cancellation.
+  int stopped_early() {
+    std::lock_guard<std::mutex> lock(m_);
+    return stopped_early_;
+  }
 
  private:
+  Answer answer_;
   std::mutex m_;
   std::condition_variable changed_;
   bool open_ = false;
   int started_ = 0;
+  int stopped_early_ = 0;
+  std::vector<std::string> order_;
 };
 
 }  // namespace rebound::test
