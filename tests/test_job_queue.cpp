@@ -24,6 +24,7 @@
 #include <boost/asio/use_future.hpp>
 
 #include "../src/pipeline/front_door.hpp"
+#include "rebound/delivery/backoff.hpp"
 #include "rebound/errc.hpp"
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
@@ -32,6 +33,7 @@
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "rebound/tenant.hpp"
+#include "support/fake_transport.hpp"
 #include "support/held_model.hpp"
 #include "support/quiesce.hpp"
 #include "support/receiver.hpp"
@@ -929,4 +931,26 @@ TEST_CASE("job queue: a model that fails with the code shutting_down is the mode
   CHECK(queue.shutdown(std::chrono::seconds(5)));
   CHECK_THROWS_AS(queue.async_invoke(1, boost::asio::use_future).get(),
                   boost::system::system_error);
+}
+
+TEST_CASE("job queue: a retry due before the pump's next poll goes out on time - not at the poll") {
+  // The pump sleeps towards its next poll (an hour here); a retry scheduled sooner must move that
+  // deadline, not wait for it.
+  auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
+  sent->script = {503};  // the first attempt fails; the retry is due 200 ms later
+  rebound::JobQueueOptions options;
+  options.poll_interval = std::chrono::hours(1);
+  options.lease = std::chrono::hours(3);  // renewals (a third of it) never wake the pump either
+  options.delivery.backoff =
+      rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(200)), 3);
+  options.transport = [sent](boost::asio::any_io_executor, const rebound::AddressGuard&) {
+    return std::make_unique<rebound::test::FakeTransport>(sent);
+  };
+  JobQueue queue(std::make_unique<Doubler>(), nullptr, options);
+  REQUIRE(rebound::test::submitted(queue, job("retried", 1, "https://hooks.example.com/x")) ==
+          "accepted");
+  REQUIRE(rebound::test::eventually(
+      [&] { return queue.find("retried")->callback.state == rebound::CallbackState::delivered; },
+      std::chrono::seconds(20)));
+  CHECK(sent->count() == 2);
 }

@@ -353,7 +353,7 @@ struct Split {
     };
   }
   std::size_t to_down() { return shared->count_to("//down"); }
-  std::size_t to_up() { return shared->count() - to_down(); }
+  std::size_t to_up() { return shared->count_to("//down", false); }
   std::unique_ptr<FakeTransport> transport() { return std::make_unique<FakeTransport>(shared); }
 };
 

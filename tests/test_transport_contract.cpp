@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/post.hpp>
+
 #include "rebound/delivery/curl_transport.hpp"
 #include "rebound/delivery/origin_gate.hpp"
 #include "support/fake_transport.hpp"
@@ -35,6 +37,12 @@ struct CurlFixture {
     transport = std::make_unique<rebound::CurlTransport>(io.io.get_executor(), o);
   }
   std::string url() const { return receiver.url(); }
+  bool settle() {
+    auto ran = std::make_shared<std::promise<void>>();
+    auto done = ran->get_future();
+    boost::asio::post(io.io, [ran] { ran->set_value(); });
+    return done.wait_for(10s) == std::future_status::ready;
+  }
 };
 
 struct FakeFixture {
@@ -46,6 +54,7 @@ struct FakeFixture {
     transport = std::make_unique<rebound::test::FakeTransport>(shared);
   }
   std::string url() const { return "http://receiver.test/hook"; }
+  bool settle() { return true; }  // answers inline: nothing runs later
 };
 
 struct GateFixture {
@@ -60,6 +69,7 @@ struct GateFixture {
         std::make_unique<rebound::test::FakeTransport>(shared), o);
   }
   std::string url() const { return "http://receiver.test/hook"; }
+  bool settle() { return true; }  // answers inline: nothing runs later
 };
 
 rebound::CallbackRequest request(const std::string& url) {
@@ -116,6 +126,7 @@ TEST_CASE_TEMPLATE("transport contract: fifty in flight at once - each answered 
   auto sent = send_all(*f.transport, f.url(), 50);
   REQUIRE(sent->all.get_future().wait_for(30s) == std::future_status::ready);
   f.transport.reset();  // nothing more comes, also not at destruction
+  REQUIRE(f.settle());  // what the destruction set going (curl: on its io thread) has run
   std::lock_guard<std::mutex> lock(sent->m);
   CHECK(sent->statuses.size() == 50);
   CHECK(sent->calls.size() == 50);

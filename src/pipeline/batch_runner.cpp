@@ -340,6 +340,7 @@ void BatchRunner::finish(JobRecord record, Claim claim) {
   // What the store is told (the final status with the result), moved out of the record for the
   // write and its retries, and back into it once acknowledged: the result is never copied.
   auto outcome = std::make_shared<JobOutcome>(record.status, std::move(record.outcome));
+  record.outcome = JobEnd{};  // (not a moved-from one: nothing reads it until it comes back)
   auto kept = std::make_shared<JobRecord>(std::move(record));
   // Shared by the write's continuations (copied into std::function); whichever runs ends it.
   auto held = std::make_shared<Claim>(std::move(claim));

@@ -4,6 +4,7 @@
 #include "intake.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <limits>
 #include <optional>
 #include <string>
@@ -51,6 +52,8 @@ struct Admitted {
 // (detail/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
 // send, an input the model refuses. Taken: none of them.
 Submitted check(Pipeline& core, const Job& job, bool rules_checked) {
+  // A caller that says it checked them (rebound::Server's parser) did, with the same guard.
+  assert(!rules_checked || !check_job(job, core.guard));
   if (auto broken = rules_checked ? std::nullopt : check_job(job, core.guard)) {
     Submitted s = refused(errc::invalid_job);
     s.reason = ErrorInfo{"invalid_field", std::move(broken->message)};

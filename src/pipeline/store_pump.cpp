@@ -45,10 +45,12 @@ void StorePump::run() {
   auto next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    wake_.wait_until(lock, std::min(due_, next_renewal), [&] {
-      return stop_ || std::chrono::steady_clock::now() >= due_ ||
-             std::chrono::steady_clock::now() >= next_renewal;
-    });
+    // The deadline is read again after every wake: a wake for a time before the one slept
+    // towards (a retry due in 5 s under a poll interval of a minute) moves it.
+    while (!stop_ && std::chrono::steady_clock::now() < due_ &&
+           std::chrono::steady_clock::now() < next_renewal) {
+      wake_.wait_until(lock, std::min(due_, next_renewal));
+    }
     if (stop_) return;
     const bool due_now = std::chrono::steady_clock::now() >= due_;  // read under the lock
     if (due_now) {

@@ -24,7 +24,7 @@ class FakeTransport final : public CallbackTransport {
     std::mutex m;
     std::deque<int> script;  ///< statuses answered first, in order
     /// After the script: a status for the request, or nullopt to hold it until `release` (null
-    /// rule: 200). Called under `m`.
+    /// rule: 200). Set before the transport sends; called outside `m`.
     std::function<std::optional<int>(const CallbackRequest&)> rule;
     std::vector<CallbackRequest> sent;  ///< every request, in order
     std::vector<CallbackResponseHandler> held;
@@ -34,12 +34,12 @@ class FakeTransport final : public CallbackTransport {
       std::lock_guard<std::mutex> lock(m);
       return sent.size();
     }
-    /// Requests whose URL holds `part` ("//down").
-    std::size_t count_to(std::string_view part) {
+    /// Requests whose URL holds `part` ("//down"), or (`holds` false) does not.
+    std::size_t count_to(std::string_view part, bool holds = true) {
       std::lock_guard<std::mutex> lock(m);
       std::size_t n = 0;
       for (const auto& r : sent)
-        n += r.url.find(part) != std::string::npos ? 1 : 0;
+        n += (r.url.find(part) != std::string::npos) == holds ? 1 : 0;
       return n;
     }
     /// Answers what is held with `status`, on the calling thread; from now on nothing is held.
@@ -57,17 +57,25 @@ class FakeTransport final : public CallbackTransport {
 
   explicit FakeTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
 
+  // What is still held when it is destroyed is dropped unanswered (its handlers belong to parts
+  // being destroyed with it): a test that holds requests releases them first.
+
   void send(CallbackRequest request, CallbackResponseHandler done) override {
     std::optional<int> status = 200;
+    std::function<std::optional<int>(const CallbackRequest&)> rule;
     {
       std::lock_guard<std::mutex> lock(shared_->m);
       if (!shared_->script.empty()) {
         status = shared_->script.front();
         shared_->script.pop_front();
-      } else if (shared_->rule) {
-        status = shared_->rule(request);
-        if (!status && shared_->released) status = 200;
+      } else {
+        rule = shared_->rule;  // called outside the lock: a rule may read the counts
       }
+    }
+    if (rule) status = rule(request);
+    {
+      std::lock_guard<std::mutex> lock(shared_->m);
+      if (!status && shared_->released) status = 200;
       shared_->sent.push_back(std::move(request));
       if (!status) {
         shared_->held.push_back(std::move(done));
