@@ -231,7 +231,7 @@ JobQueue::executor_type JobQueue::get_executor() const noexcept {
 }
 
 void detail::FrontDoor::submit(JobQueue& queue, Job job, SubmitAnswer answer) {
-  if (!answer) throw Error("JobQueue::submit: a handler is required");
+  if (!answer) throw Error("FrontDoor::submit: a handler is required");
   detail::submit_async_to(*queue.core_, *queue.queue_, std::move(job), std::move(answer),
                           /*rules_checked=*/true);
 }

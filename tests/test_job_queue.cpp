@@ -306,11 +306,17 @@ TEST_CASE("job queue: one job larger than the whole byte budget is taken when no
   CHECK(rebound::test::submitted(queue, job("beside", big)) == "accepted");
 }
 
+// The io thread of a queue: where its handlers run by default.
+std::thread::id io_thread_of(JobQueue& queue) {
+  std::promise<std::thread::id> id;
+  boost::asio::post(queue.get_executor(), [&id] { id.set_value(std::this_thread::get_id()); });
+  return id.get_future().get();
+}
+
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {
   JobQueue queue(std::make_unique<Doubler>());
   auto out = std::make_shared<Outcome>();
-  std::promise<std::thread::id> io_thread;
-  boost::asio::post(queue.get_executor(), [&] { io_thread.set_value(std::this_thread::get_id()); });
+  const std::thread::id io_thread = io_thread_of(queue);
   queue.async_submit(job("h", 2), recorder(out));
   REQUIRE(rebound::test::eventually([&] { return calls_of(out) == 1; }));
   REQUIRE(rebound::test::quiesce(queue));  // a second call would have come by now
@@ -318,7 +324,7 @@ TEST_CASE("job queue: a plain handler runs once on the queue's executor by defau
   CHECK(out->calls == 1);
   CHECK_FALSE(out->ec);
   CHECK(out->record.outcome.result == 4);
-  CHECK(out->thread == io_thread.get_future().get());
+  CHECK(out->thread == io_thread);
 }
 
 TEST_CASE("job queue: a handler bound to another executor runs there") {
@@ -621,13 +627,6 @@ struct Answers {
     return rebound::test::outcomes_of(answers);
   }
 };
-
-// The io thread of a queue: where its handlers run by default.
-std::thread::id io_thread_of(JobQueue& queue) {
-  std::promise<std::thread::id> id;
-  boost::asio::post(queue.get_executor(), [&id] { id.set_value(std::this_thread::get_id()); });
-  return id.get_future().get();
-}
 
 TEST_CASE("job queue: submit completes once the store holds the job - on the handler's executor") {
   using V = std::vector<std::string>;
