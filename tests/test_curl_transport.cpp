@@ -172,8 +172,9 @@ TEST_CASE("curl: a huge answer is read up to the cap - and a 2xx with it is a de
   const Answer a = wait(send(transport, request(huge.url())));
   CHECK(a.response.error == TransportError::none);
   CHECK(a.response.status == 200);
-  // 64 KiB read, plus what the kernel's socket buffers held: far from the gigabyte offered.
-  std::this_thread::sleep_for(200ms);
+  // 64 KiB read, plus what the kernel's socket buffers held: far from the gigabyte offered. The
+  // receiver stops sending once the transport has closed the connection.
+  REQUIRE(rebound::test::eventually([&] { return huge.ended() == 1; }));
   CHECK(sent < (32u << 20));
 }
 
@@ -185,7 +186,7 @@ TEST_CASE("curl: endless response headers fail the attempt - bounded") {
   const Answer a = wait(send(transport, request(endless.url())));
   CHECK(a.response.error == TransportError::io);
   CHECK(a.response.message.find("headers") != std::string::npos);
-  std::this_thread::sleep_for(200ms);
+  REQUIRE(rebound::test::eventually([&] { return endless.ended() == 1; }));  // closed on it
   CHECK(sent < (32u << 20));
 }
 
@@ -382,8 +383,8 @@ TEST_CASE("curl: destroying the transport ends every request once - cancelled") 
     }
     REQUIRE(rebound::test::eventually([&] { return hung.connections() == 2; }));
   }
-  REQUIRE(rebound::test::eventually([&] { return calls == 5; }));
-  std::this_thread::sleep_for(100ms);
+  // Once the io context has run out of work, no late second call can come.
+  REQUIRE(io.run_out());
   CHECK(calls == 5);
   CHECK(cancelled == 5);
 }

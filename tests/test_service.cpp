@@ -41,10 +41,13 @@ using rebound::test::FakeClock;
 
 using rebound::test::FakeTransport;
 
-// A store shared by several Services, as several servers share one Redis.
+// A store shared by several Services, as several servers share one Redis. While `cut_off` is set,
+// this server's lease renewals do not reach it (a network partition): its leases run out.
 class SharedStore final : public rebound::JobStore {
  public:
-  explicit SharedStore(std::shared_ptr<rebound::JobStore> inner) : inner_(std::move(inner)) {}
+  explicit SharedStore(std::shared_ptr<rebound::JobStore> inner,
+                       std::shared_ptr<std::atomic<bool>> cut_off = nullptr)
+      : inner_(std::move(inner)), cut_off_(std::move(cut_off)) {}
   using JobStore::put;
   rebound::PutOutcome put(const rebound::Job& job,
                           const std::optional<rebound::Lease>& claim) override {
@@ -58,6 +61,7 @@ class SharedStore final : public rebound::JobStore {
     return inner_->claim_jobs(max, lease, now);
   }
   bool renew(const std::string& id, const rebound::Lease& lease, TimePoint now) override {
+    if (cut_off_ && *cut_off_) throw rebound::StoreUnavailable("partitioned");
     return inner_->renew(id, lease, now);
   }
   void mark_running(const std::string& id, TimePoint now) override {
@@ -101,6 +105,7 @@ class SharedStore final : public rebound::JobStore {
 
  private:
   std::shared_ptr<rebound::JobStore> inner_;
+  std::shared_ptr<std::atomic<bool>> cut_off_;
 };
 
 // One JobQueue with its executors, a fake clock and a scripted transport.
@@ -214,12 +219,14 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   auto sent = std::make_shared<FakeTransport::Shared>();
   auto store = std::make_shared<rebound::MemoryJobStore>();
   rebound::JobQueueOptions so;
-  so.lease = 1h;  // renewed every 20 real minutes: never during this test
+  so.lease = 1h;  // renewed every 20 minutes of the injected clock
   auto stuck_model = std::make_unique<HeldModel>();
   HeldModel* stuck = stuck_model.get();
   so.server_id = "first";
   so.queue_capacity = 1;  // its stuck job holds its only slot: it cannot claim the job back itself
-  Node first(std::make_unique<SharedStore>(store), clock, sent, so, std::move(stuck_model));
+  auto partitioned = std::make_shared<std::atomic<bool>>(false);
+  Node first(std::make_unique<SharedStore>(store, partitioned), clock, sent, so,
+             std::move(stuck_model));
   REQUIRE(rebound::test::submitted(*first.service, job("contested")) == "accepted");
   REQUIRE(stuck->wait_started(1));
 
@@ -230,7 +237,9 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   REQUIRE(rebound::test::pump_pass(*second.service));  // a poll: the job is held
   CHECK(second.service->telemetry().batch_stats().resumed == 0);
 
-  clock->advance(61min);  // the first server's lease ran out
+  // Cut off from the store, the first server cannot renew: its lease runs out.
+  *partitioned = true;
+  clock->advance(61min);
   REQUIRE(eventually([&] {
     auto r = store->get("contested");
     return r->status == JobStatus::succeeded && r->callback.state == CallbackState::delivered;
@@ -243,6 +252,37 @@ TEST_CASE("service: a job whose lease runs out is taken over - the late result i
   CHECK(store->get("contested")->outcome.result == 1);
   CHECK(sent->count() == 1);  // one callback, from the server whose result was kept
   CHECK(first.service->telemetry().in_flight() == 0);
+}
+
+TEST_CASE("service: a live server renews its lease on the injected clock - nobody takes the job") {
+  auto clock = std::make_shared<FakeClock>();
+  auto sent = std::make_shared<FakeTransport::Shared>();
+  auto store = std::make_shared<rebound::MemoryJobStore>();
+  rebound::JobQueueOptions so;
+  so.lease = 1h;  // renewed every 20 minutes of the injected clock
+  auto slow_model = std::make_unique<HeldModel>();
+  HeldModel* slow = slow_model.get();
+  so.server_id = "first";
+  so.queue_capacity = 1;
+  Node first(std::make_unique<SharedStore>(store), clock, sent, so, std::move(slow_model));
+  REQUIRE(rebound::test::submitted(*first.service, job("long")) == "accepted");
+  REQUIRE(slow->wait_started(1));
+  so.server_id = "second";
+  so.queue_capacity = 100;
+  Node second(std::make_unique<SharedStore>(store), clock, sent, so,
+              std::make_unique<rebound::EchoModel>());
+  // Three hours of the injected clock, ten minutes at a time: the first server's pump renews as
+  // the clock passes each third of its lease, so the second never finds the lease run out.
+  for (int step = 0; step < 18; ++step) {
+    clock->advance(10min);
+    REQUIRE(rebound::test::pump_pass(*first.service));
+    REQUIRE(rebound::test::pump_pass(*second.service));
+  }
+  CHECK(store->get("long")->status == JobStatus::running);
+  CHECK(second.service->telemetry().batch_stats().resumed == 0);
+  slow->open();
+  REQUIRE(eventually([&] { return store->get("long")->status == JobStatus::succeeded; }));
+  CHECK(first.service->telemetry().metrics().leases_lost.load() == 0);
 }
 
 namespace {

@@ -32,38 +32,44 @@ void StorePump::stop() {
 }
 
 void StorePump::wake(TimePoint at) {
-  const auto delay = std::chrono::duration_cast<std::chrono::steady_clock::duration>(at - clock_());
-  const auto when = std::chrono::steady_clock::now() +
-                    std::max(std::chrono::steady_clock::duration::zero(), delay);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (when >= due_) return;
-  due_ = when;
+  if (at >= due_) return;
+  due_ = at;
   wake_.notify_one();
 }
 
+// Every time the pump keeps (the next pass, the next renewal, the next sweep) is on the queue's
+// clock, the one the store's leases and due times are on: a test that moves an injected clock
+// moves the pump with it. The thread sleeps in real time, towards the nearest of them, and never
+// longer than a quarter second at once, so that a clock moved by hand (or a wall clock that was
+// stepped) is seen within that.
 void StorePump::run() {
-  auto next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
+  constexpr auto longest_sleep = std::chrono::milliseconds(250);
+  TimePoint next_renewal = clock_() + leases_.duration() / 3;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     // The deadline is read again after every wake: a wake for a time before the one slept
     // towards (a retry due in 5 s under a poll interval of a minute) moves it.
-    while (!stop_ && std::chrono::steady_clock::now() < due_ &&
-           std::chrono::steady_clock::now() < next_renewal) {
-      wake_.wait_until(lock, std::min(due_, next_renewal));
+    for (TimePoint now = clock_(); !stop_ && now < due_ && now < next_renewal; now = clock_()) {
+      const auto until = std::min(due_, next_renewal) - now;
+      wake_.wait_for(lock,
+                     std::min<std::chrono::steady_clock::duration>(
+                         longest_sleep,
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(until)));
     }
     if (stop_) return;
-    const bool due_now = std::chrono::steady_clock::now() >= due_;  // read under the lock
+    const bool due_now = clock_() >= due_;  // read under the lock
     if (due_now) {
       // Taken under the same lock as the wake that asked for it: a wake from now on asks for
       // the next pass, and is never lost to this one.
-      due_ = std::chrono::steady_clock::time_point::max();
+      due_ = TimePoint::max();
       ++passes_begun_;
     }
     lock.unlock();
-    if (std::chrono::steady_clock::now() >= next_renewal) {
+    if (clock_() >= next_renewal) {
       for (const auto& [id, holder] : leases_.renew_held(store_))
         on_lost_(id, holder);
-      next_renewal = std::chrono::steady_clock::now() + leases_.duration() / 3;
+      next_renewal = clock_() + leases_.duration() / 3;
     }
     if (due_now) pump();
     lock.lock();
@@ -91,8 +97,9 @@ bool StorePump::pass_now(std::chrono::steady_clock::duration timeout) {
 // claim took. Jobs are counted as resumed (taken over) unless this queue parked them itself.
 bool StorePump::pump() {
   if (store_.stopped()) return false;
-  if (std::chrono::steady_clock::now() - last_sweep_ >= std::chrono::milliseconds(250)) {
-    last_sweep_ = std::chrono::steady_clock::now();
+  if (const TimePoint now = clock_();
+      now - last_sweep_ >= std::chrono::milliseconds(250) || now < last_sweep_) {
+    last_sweep_ = now;
     if (queue_) sweep_(*queue_);
     // A fault the store got over by itself (its own retries) is seen here, with its log line,
     // even when no call and no health check met it.

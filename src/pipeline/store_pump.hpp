@@ -116,7 +116,7 @@ class StorePump {
   const std::chrono::milliseconds poll_interval_;
   const std::function<void(const std::string&, const std::string&)> on_lost_;
   const std::function<void(Queue&)> sweep_;
-  std::chrono::steady_clock::time_point last_sweep_{};
+  TimePoint last_sweep_{};  // on clock_
   Queue* queue_ = nullptr;
   bool claims_callbacks_ = true;
   std::size_t prefetch_ = 0;
@@ -127,10 +127,10 @@ class StorePump {
   bool starting_ = true;  // during the first claims, before the thread starts
 
   // It wakes at the next due time it knows of (a retry this server scheduled, a freed slot),
-  // else every poll interval; it renews leases every third of a lease.
+  // else every poll interval; it renews leases every third of a lease. All on clock_.
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::chrono::steady_clock::time_point due_ = std::chrono::steady_clock::time_point::max();
+  TimePoint due_ = TimePoint::max();
   std::uint64_t passes_begun_ = 0, passes_ended_ = 0;  // passes of the thread, under mutex_
   std::condition_variable pass_ended_;
   bool stop_ = false;

@@ -65,6 +65,8 @@ class RawReceiver {
     return "http://" + address_ + ":" + std::to_string(port_) + path;
   }
   int connections() const { return accepted_; }
+  /// Connections whose behaviour has returned (the peer closed, or the behaviour gave up).
+  int ended() const { return ended_; }
   int most_at_once() const { return most_at_once_; }
 
   /// Reads one request (head and Content-Length body); false when the peer closed or stopping.
@@ -131,6 +133,7 @@ class RawReceiver {
       threads_.emplace_back([this, fd] {
         behaviour_(fd, stopping_);
         --open_;
+        ++ended_;
         ::close(fd);
       });
     }
@@ -143,6 +146,7 @@ class RawReceiver {
   std::atomic<bool> stopping_{false};
   std::atomic<int> accepted_{0};
   std::atomic<int> open_{0};
+  std::atomic<int> ended_{0};
   std::atomic<int> most_at_once_{0};
   std::mutex mutex_;
   std::vector<std::thread> threads_;
