@@ -112,8 +112,10 @@ struct JobQueueOptions {
   /// a random suffix.
   std::string server_id;
   /// The clock of every time the queue stores or compares (created_at, leases, next attempts,
-  /// time-to-live). Tests inject one to move time on without sleeping; timers still wait in real
-  /// time for the difference to the injected clock.
+  /// time-to-live) and of the store pump's schedule (its polls, lease renewals and sweeps). Tests
+  /// inject one to move time on without sleeping: the pump sees a moved clock within a quarter
+  /// second, and a frozen one never polls by itself (a submission or a freed slot still wakes
+  /// it). Other timers wait in real time for the difference to the injected clock.
   std::function<std::chrono::system_clock::time_point()> clock = [] {
     return std::chrono::system_clock::now();
   };
