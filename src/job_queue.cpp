@@ -23,6 +23,7 @@
 #include "pipeline/intake.hpp"
 #include "pipeline/pipeline.hpp"
 #include "pipeline/probe.hpp"
+#include "rebound/detail/job_rules.hpp"
 #include "rebound/detail/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"
@@ -253,18 +254,20 @@ std::vector<Submitted> JobQueue::submit_many(std::vector<Job> jobs) {
 }
 
 void JobQueue::start_submit(Job job, detail::Completion<JobRecord> done) {
-  const std::string id = job.id;
+  const JobRef ref(job.id, job.tenant);
   const Submitted verdict = detail::submit_to(*core_, *queue_, job, &done);
   // The same request again: it completes with the first one's end, and never runs twice.
-  if (verdict.duplicate) return start_wait(id, std::move(done));
+  if (verdict.duplicate) return start_wait(ref, std::move(done));
   if (verdict.error) done(verdict.error, JobRecord{});
   // Else `done` waits for the job's end.
 }
 
-void JobQueue::start_wait(std::string id, detail::Completion<JobRecord> done) {
+void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done) {
+  if (!detail::is_valid_ref(job)) return done(errc::not_found, JobRecord{});
+  const std::string id = key_of(job);
   std::optional<JobRecord> record;
   try {
-    record = find(id);
+    record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
   } catch (const StoreUnavailable&) {
     return done(errc::store_unavailable, JobRecord{});
   }
@@ -504,17 +507,19 @@ BatchStats Telemetry::batch_stats() const {
   return stats;
 }
 
-boost::system::error_code JobQueue::redeliver(const std::string& id) {
+boost::system::error_code JobQueue::redeliver(const JobRef& job) {
   if (!core_->admission.accepting()) return errc::shutting_down;
   if (!core_->delivers_callbacks) return errc::no_transport;
-  if (const auto slot = core_->admission.take_slot_within_share(tenant_of(id))) {
+  if (!detail::is_valid_ref(job)) return errc::not_found;
+  const std::string id = key_of(job);
+  if (const auto slot = core_->admission.take_slot_within_share(job.tenant)) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
     auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
     if (!record) return errc::not_found;
     if (record->callback.state != CallbackState::failed) return errc::not_failed;
     return slot;
   }
-  detail::Claim claim = detail::Claim::slot(core_->admission, tenant_of(id));  // freed on all ways
+  detail::Claim claim = detail::Claim::slot(core_->admission, job.tenant);  // freed on all ways
   const Lease lease = core_->leases.from_now(core_->leases.next_holder());
   // The store moves failed -> pending atomically: of two redeliveries at once (on this server
   // or another), one wins and the other answers not_failed.
@@ -532,7 +537,9 @@ boost::system::error_code JobQueue::redeliver(const std::string& id) {
   return {};
 }
 
-boost::system::error_code JobQueue::cancel(const std::string& id) {
+boost::system::error_code JobQueue::cancel(const JobRef& job) {
+  if (!detail::is_valid_ref(job)) return errc::not_found;
+  const std::string id = key_of(job);
   const auto now = core_->clock();
   const JobOutcome outcome{JobStatus::cancelled, nullptr,
                            ErrorInfo{"cancelled", "The job was cancelled before it finished."},
@@ -603,11 +610,15 @@ std::vector<JobRecord> Operations::failed_callbacks(std::size_t limit) const {
                           [&](JobStore& s) { return s.list_failed_callbacks(limit); });
 }
 
-std::optional<JobRecord> JobQueue::find(const std::string& id) const {
+std::optional<JobRecord> JobQueue::find(const JobRef& job) const {
+  if (!detail::is_valid_ref(job)) return std::nullopt;  // no key of another job's
+  const std::string id = key_of(job);
   return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
 }
 
-std::optional<std::size_t> Operations::queue_position(const std::string& id) const {
+std::optional<std::size_t> Operations::queue_position(const JobRef& job) const {
+  if (!detail::is_valid_ref(job)) return std::nullopt;
+  const std::string id = key_of(job);
   return core_.store.call("queue_position", id, [&](JobStore& s) { return s.queue_position(id); });
 }
 

@@ -722,8 +722,11 @@ TEST_CASE("job queue: submit guards every rule a job has over HTTP - invalid_job
       {job("..", 1), "id"},
       {job(std::string(129, 'x'), 1), "id"},
       {job("/x", 1), "id"},
-      {job("no tenant/x", 1), "id"},
+      {job("acme/42", 1), "id"},  // never a tenant's job by its id: the tenant is a field
       {job("a/b/c", 1), "id"},
+      {with([](rebound::Job& j) { j.tenant = "has space"; }), "tenant"},
+      {with([](rebound::Job& j) { j.tenant = "a/b"; }), "tenant"},
+      {with([](rebound::Job& j) { j.tenant = std::string(65, 't'); }), "tenant"},
       {job("x", 1, "ftp://hooks.example.com/x"), "callback_url"},
       {job("x", 1, "https://user@hooks.example.com/x"), "callback_url"},
       {job("x", 1, "http://127.0.0.1:9/x"), "callback_url"},  // the SSRF literal check
@@ -757,13 +760,54 @@ TEST_CASE("job queue: submit guards every rule a job has over HTTP - invalid_job
   CHECK(queue.telemetry().in_flight() == 0);
   // The edges of each rule are inside it.
   CHECK(rebound::test::submitted(queue, with([](rebound::Job& j) {
-                                   j.id = "tenant-1/A.b_c:d-9";
+                                   j.id = "A.b_c:d-9";
+                                   j.tenant = "tenant-1";
                                    j.priority = 0;
                                    j.max_queue = std::chrono::hours(24 * 7);
                                    j.webhook_events =
                                        rebound::webhook_started | rebound::webhook_completed;
                                  })) == "accepted");
   CHECK(rebound::test::submitted(queue, job(std::string(128, 'x'), 1)) == "accepted");
+  CHECK(rebound::test::submitted(
+            queue, with([](rebound::Job& j) { j.tenant = std::string(64, 't'); })) == "accepted");
+}
+
+TEST_CASE("job queue: the tenant is a field - two tenants' jobs with one id are each their own") {
+  for (const bool on_sqlite : {false, true}) {
+    CAPTURE(on_sqlite);
+    rebound::test::TempDir dir;
+    JobQueue queue(std::make_unique<Doubler>(),
+                   on_sqlite ? rebound::make_store("sqlite:" + dir.file("jobs.db")) : nullptr);
+    rebound::Job acme = job("42", 1);
+    acme.tenant = "acme";
+    rebound::Job globex = job("42", 10);
+    globex.tenant = "globex";
+    const JobRecord a = queue.async_submit(acme, boost::asio::use_future).get();
+    const JobRecord g = queue.async_submit(globex, boost::asio::use_future).get();
+    CHECK(a.job.id == "42");
+    CHECK(a.job.tenant == "acme");
+    CHECK(a.outcome.result == 2);
+    CHECK(g.job.tenant == "globex");
+    CHECK(g.outcome.result == 20);
+    // Each is found by its id and tenant, never by a string that joins them.
+    CHECK(queue.find({"42", "acme"})->outcome.result == 2);
+    CHECK(queue.find({"42", "globex"})->job.tenant == "globex");
+    CHECK_FALSE(queue.find("42").has_value());
+    CHECK_FALSE(queue.find("acme/42").has_value());
+    CHECK(queue.async_wait(rebound::JobRef("42", "globex"), boost::asio::use_future)
+              .get()
+              .outcome.result == 20);
+    // The same request again is a duplicate of its own tenant's job only.
+    rebound::Submitted again;
+    CHECK(rebound::test::submitted(queue, acme, &again) == "duplicate");
+    rebound::Job other = acme;
+    other.input = 3;
+    CHECK(rebound::test::submitted(queue, other) == "id_conflict");
+    other.tenant = "initech";
+    CHECK(rebound::test::submitted(queue, other) == "accepted");
+    CHECK(queue.cancel({"42", "acme"}) == errc::already_final);
+    CHECK(queue.cancel({"43", "acme"}) == errc::not_found);
+  }
 }
 
 TEST_CASE("job queue: a SQLite store from make_store keeps results across queues") {
@@ -848,9 +892,15 @@ struct CompletionOrder final : rebound::Observer {
   std::vector<std::string> ids;
   void on_completed(const JobRecord& record, std::size_t, double) override {
     std::lock_guard<std::mutex> lock(m);
-    ids.push_back(record.job.id);
+    ids.push_back(rebound::key_of(record.job));
   }
 };
+
+rebound::Job tenant_job(std::string tenant, std::string id, nlohmann::json input) {
+  rebound::Job j = job(std::move(id), std::move(input));
+  j.tenant = std::move(tenant);
+  return j;
+}
 }  // namespace
 
 TEST_CASE("job queue: a tenant's flood delays another tenant's job by one of its own per turn") {
@@ -861,15 +911,15 @@ TEST_CASE("job queue: a tenant's flood delays another tenant's job by one of its
   o.workers = 1;
   o.observers = {order};
   JobQueue queue(std::move(model), nullptr, o);
-  REQUIRE(rebound::test::submitted(queue, job(rebound::job_key("acme", "first"), 0)) == "accepted");
+  REQUIRE(rebound::test::submitted(queue, tenant_job("acme", "first", 0)) == "accepted");
   REQUIRE(held->wait_started(1));  // the one worker is busy
   for (int i = 0; i < 2000; ++i) {
-    REQUIRE(rebound::test::submitted(queue, job(rebound::job_key("acme", std::to_string(i)), i)) ==
+    REQUIRE(rebound::test::submitted(queue, tenant_job("acme", std::to_string(i), i)) ==
             "accepted");
   }
   for (int i = 0; i < 5; ++i) {
-    REQUIRE(rebound::test::submitted(
-                queue, job(rebound::job_key("globex", std::to_string(i)), i)) == "accepted");
+    REQUIRE(rebound::test::submitted(queue, tenant_job("globex", std::to_string(i), i)) ==
+            "accepted");
   }
   held->open();
   REQUIRE(rebound::test::eventually([&] {

@@ -80,17 +80,28 @@ time_point at_ms(long long ms) {
 
 const time_point t0 = at_ms(1764000000000);
 
+// A job named "tenant/id" is that tenant's (its tenant and its id apart, as a JobQueue hands a
+// job to a store, whose key is then the name); any other name is the single tenant's id.
+Job tenanted(Job job) {
+  const auto slash = job.id.find('/');
+  if (slash != std::string::npos) {
+    job.tenant = job.id.substr(0, slash);
+    job.id.erase(0, slash + 1);
+  }
+  return job;
+}
+
 Job make(const std::string& id, long long created_ms = 1764000000000,
          const std::string& url = "http://example.com/cb",
          nlohmann::json input = {{"x", 1}, {"text", "naïve ✓"}}) {
-  return Job{id, url, std::move(input), at_ms(created_ms)};
+  return tenanted(Job{id, url, std::move(input), at_ms(created_ms)});
 }
 
 const rebound::JobOutcome succeeded{JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt};
 std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) {
   std::vector<std::string> ids;
   for (const auto& r : records)
-    ids.push_back(r.job.id);
+    ids.push_back(rebound::key_of(r.job));
   return ids;
 }
 
@@ -333,7 +344,7 @@ TEST_CASE_TEMPLATE("store contract: unfinished jobs are listed oldest first - fi
 
   std::vector<std::string> ids;
   for (const auto& r : store->list_unfinished(100))
-    ids.push_back(r.job.id);
+    ids.push_back(rebound::key_of(r.job));
   CHECK(ids == std::vector<std::string>{"queued", "running", "undelivered"});
   CHECK(store->list_unfinished(2).size() == 2);
   CHECK(store->list_unfinished(0).empty());
@@ -352,7 +363,7 @@ TEST_CASE_TEMPLATE("store contract: given-up callbacks are listed newest first",
   }
   std::vector<std::string> ids;
   for (const auto& r : store->list_failed_callbacks(100))
-    ids.push_back(r.job.id);
+    ids.push_back(rebound::key_of(r.job));
   CHECK(ids == std::vector<std::string>{"job-3", "job-1", "job-0"});
   CHECK(store->list_failed_callbacks(1).front().job.id == "job-3");
   CHECK(store->list_failed_callbacks(1).front().callback.last_error == "HTTP 500");
@@ -368,19 +379,57 @@ TEST_CASE_TEMPLATE("store contract: a tenant's given-up callbacks are listed apa
   CAPTURE(Factory::name);
   // Many of another tenant's, newer, before the few of this one's.
   for (int i = 0; i < 300; ++i) {
-    const std::string id = (i < 3 ? "acme/" : "globex/") + std::to_string(i);
-    store->put(make(id, 1764000000000 + i));
-    store->complete(id, succeeded);
-    store->update_callback(id, {CallbackState::failed, 5, "HTTP 500"});
+    Job job = make(std::to_string(i), 1764000000000 + i);
+    job.tenant = i < 3 ? "acme" : "globex";
+    store->put(job);
+    const std::string key = rebound::key_of(job);
+    store->complete(key, succeeded);
+    store->update_callback(key, {CallbackState::failed, 5, "HTTP 500"});
   }
   std::vector<std::string> ids;
-  for (const auto& r : store->list_failed_callbacks_with_prefix("acme/", 10))
+  for (const auto& r : store->list_failed_callbacks_with_prefix("acme/", 10)) {
+    CHECK(r.job.tenant == "acme");
     ids.push_back(r.job.id);
-  CHECK(ids == std::vector<std::string>{"acme/2", "acme/1", "acme/0"});
+  }
+  CHECK(ids == std::vector<std::string>{"2", "1", "0"});
   CHECK(store->list_failed_callbacks_with_prefix("acme/", 2).size() == 2);
   CHECK(store->list_failed_callbacks_with_prefix("globex/", 500).size() == 297);
   CHECK(store->list_failed_callbacks_with_prefix("", 500).size() == 300);
   CHECK(store->list_failed_callbacks_with_prefix("initech/", 10).empty());
+}
+
+TEST_CASE_TEMPLATE("store contract: a job's tenant is a field of its own - kept apart from its id",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  Job acme = make("7", 1764000000001);
+  acme.tenant = "acme";
+  const Job mine = make("7", 1764000000002);  // the single tenant's job of the same id
+  REQUIRE(store->put(acme) == PutOutcome::created);
+  REQUIRE(store->put(mine) == PutOutcome::created);
+  CHECK(store->put(acme) == PutOutcome::duplicate);
+  auto a = store->get("acme/7");
+  REQUIRE(a);
+  CHECK(a->job.tenant == "acme");
+  CHECK(a->job.id == "7");
+  auto m = store->get("7");
+  REQUIRE(m);
+  CHECK(m->job.tenant.empty());
+  CHECK(m->job.id == "7");
+  // Claims and listings hand the tenant back as well.
+  const auto claimed = store->claim_jobs(10, rebound::Lease{"worker", t0 + std::chrono::hours(1)},
+                                         t0 + std::chrono::seconds(1));
+  REQUIRE(claimed.size() == 2);
+  for (const auto& r : claimed)
+    CHECK(rebound::key_of(r.job) == (r.job.tenant.empty() ? "7" : "acme/7"));
+  rebound::JobFilter filter;
+  filter.id_prefix = "acme/";
+  const rebound::JobPage page = store->list_jobs(filter, std::nullopt, 10);
+  REQUIRE(page.jobs.size() == 1);
+  CHECK(page.jobs[0].job.tenant == "acme");
+  CHECK(page.jobs[0].job.id == "7");
+  CHECK(store->list_jobs(rebound::JobFilter{}, std::nullopt, 10).jobs.size() == 2);
 }
 
 TEST_CASE_TEMPLATE(
@@ -406,10 +455,10 @@ TEST_CASE_TEMPLATE(
   // cursors keep milliseconds, so both are in their place, by id.
   for (const auto& [id, us] :
        {std::pair<std::string, int>{"acme/sub-2", 300}, {"acme/sub-1", 700}}) {
-    store->put(Job{id,
-                   "http://example.com/cb",
-                   {{"big", std::string(1000, 'i')}},
-                   at_ms(1764000000045) + std::chrono::microseconds(us)});
+    store->put(tenanted(Job{id,
+                            "http://example.com/cb",
+                            {{"big", std::string(1000, 'i')}},
+                            at_ms(1764000000045) + std::chrono::microseconds(us)}));
     store->complete(id, {JobStatus::succeeded, {{"big", std::string(1000, 'r')}}, std::nullopt});
     store->update_callback(id, {CallbackState::failed, 5, "HTTP 500"});
   }
@@ -420,7 +469,8 @@ TEST_CASE_TEMPLATE(
       const rebound::JobPage page = store->failed_callbacks_page(prefix, after, limit);
       CHECK(page.jobs.size() <= limit);
       for (const auto& r : page.jobs) {
-        ids.push_back(r.job.id);
+        ids.push_back(rebound::key_of(r.job));
+        CHECK(r.job.id.find('/') == std::string::npos);  // the tenant apart, never in the id
         CHECK(r.job.input.is_null());
         CHECK(r.outcome.result.is_null());
         CHECK(r.status == JobStatus::succeeded);
@@ -841,7 +891,7 @@ TEST_CASE_TEMPLATE("store contract: jobs are listed newest first - filtered - in
       CHECK(page.jobs.size() <= limit);
       for (const auto& r : page.jobs) {
         CHECK(r.job.input.is_null());
-        ids.push_back(r.job.id);
+        ids.push_back(rebound::key_of(r.job));
       }
       if (!page.next) break;
       after = page.next;
@@ -929,7 +979,7 @@ TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches 
     const rebound::JobPage page = store->list_jobs(filter, after, 1);
     CHECK(page.jobs.size() <= 1);
     for (const auto& r : page.jobs)
-      found.push_back(r.job.id);
+      found.push_back(rebound::key_of(r.job));
     after = page.next;
   } while (after && ++calls < 100);
   CHECK(found == std::vector<std::string>{"match"});

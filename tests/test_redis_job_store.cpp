@@ -778,6 +778,8 @@ class ScriptedRedis {
       return "*2\r\n" + bulk("maxmemory-policy") + "\r\n" + bulk("noeviction");
     if (args[0] == "SCRIPT") return bulk(std::string(40, 'a'));
     if (args[0] != "EVALSHA" || args.size() <= 4) return ":1";  // the index script
+    if (args.size() == 6 && args[4] == "0" && args[5].empty())
+      return "*1\r\n:-1";  // the tenants migration's first call: nothing to do
     // A batch: (op, count, args...) after the prefix; a put (op 0) answers {0}, the rest 1.
     if (batches++ > 0) {
       if (loading) return "-LOADING Redis is loading the dataset in memory";
@@ -890,6 +892,42 @@ TEST_CASE("redis: a job marked running and finished in one batch is marked by it
   CHECK(x->started_at == started);  // kept, though the mark itself was not sent
   CHECK_FALSE(store.queue_position("x").has_value());
   CHECK(store.queue_position("behind") == std::optional<std::size_t>(0));  // x left the queue
+}
+
+TEST_CASE("redis: jobs stored before the tenant field get theirs from their key - once") {
+  rebound::test::RedisServer server;
+  {
+    RedisJobStore store(options_for(server));
+    Job acme = make("7");
+    acme.tenant = "acme";
+    REQUIRE(store.put(acme) == PutOutcome::created);
+    REQUIRE(store.put(make("plain")) == PutOutcome::created);
+    CHECK(redis_cli(server, "HGET rebound:job:acme/7 tenant") == "acme");
+    CHECK(redis_cli(server, "GET rebound:schema") == "2");  // a new store is marked at once
+  }
+  // As an older build wrote it: no tenant field, and no mark; and a listing entry whose job has
+  // expired meanwhile (its hash gone), which the migration must not bring back.
+  REQUIRE(redis_cli(server, "HDEL rebound:job:acme/7 tenant") == "1");
+  REQUIRE(redis_cli(server, "DEL rebound:schema") == "1");
+  REQUIRE(redis_cli(server, "ZADD rebound:jobs 1764000000000 gone/1") == "1");
+  {
+    RedisJobStore store(options_for(server));
+    CHECK(redis_cli(server, "HGET rebound:job:acme/7 tenant") == "acme");  // migrated in place
+    const auto acme = store.get("acme/7");
+    REQUIRE(acme);
+    CHECK(acme->job.tenant == "acme");
+    CHECK(acme->job.id == "7");
+    CHECK(store.get("plain")->job.tenant.empty());
+    CHECK(redis_cli(server, "HGET rebound:job:plain tenant").empty());
+    CHECK(redis_cli(server, "EXISTS rebound:job:gone/1") == "0");
+    CHECK_FALSE(store.get("gone/1"));
+    CHECK(redis_cli(server, "GET rebound:schema") == "2");
+  }
+  // One an older server writes after the migration (a rolling upgrade) is read as its key says.
+  REQUIRE(redis_cli(server, "HDEL rebound:job:acme/7 tenant") == "1");
+  RedisJobStore store(options_for(server));
+  CHECK(store.get("acme/7")->job.tenant == "acme");
+  CHECK(store.get("acme/7")->job.id == "7");
 }
 
 TEST_CASE("redis: a batch writes each sorted set once - the last write of each job wins") {

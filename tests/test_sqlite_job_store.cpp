@@ -79,6 +79,33 @@ TEST_CASE("sqlite: everything survives closing and reopening the file") {
   CHECK(store.get("done")->callback.state == CallbackState::delivered);
 }
 
+TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant - once, in place") {
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    Job acme = make("7");
+    acme.tenant = "acme";
+    REQUIRE(store.put(acme) == PutOutcome::created);
+    REQUIRE(store.put(make("plain")) == PutOutcome::created);
+  }
+  {  // What a file of version 4 held: the key alone said whose job it was.
+    sqlite3* raw = nullptr;
+    REQUIRE(sqlite3_open(db.path().c_str(), &raw) == SQLITE_OK);
+    CHECK(sqlite3_exec(raw, "ALTER TABLE jobs DROP COLUMN tenant; PRAGMA user_version = 4;",
+                       nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  SqliteJobStore store(db.path());
+  const auto acme = store.get("acme/7");
+  REQUIRE(acme);
+  CHECK(acme->job.tenant == "acme");
+  CHECK(acme->job.id == "7");
+  const auto plain = store.get("plain");
+  REQUIRE(plain);
+  CHECK(plain->job.tenant.empty());
+  CHECK(plain->job.id == "plain");
+}
+
 TEST_CASE("sqlite: concurrent submissions share commits (group commit)") {
   TempDb db;
   SqliteJobStore store(db.path());

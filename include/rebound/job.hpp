@@ -78,7 +78,8 @@ enum WebhookEvent : std::uint8_t {
 
 /// What a caller submitted: the unit of work that flows from the HTTP route to the model.
 struct Job {
-  std::string id;            ///< The caller's id, unique within a store.
+  /// The id its tenant gave it: unique per tenant within a store; never holds a '/'.
+  std::string id;
   std::string callback_url;  ///< Empty: the result is kept for polling only.
   nlohmann::json input;      ///< Handed to the model as is; `null` when absent.
   std::chrono::system_clock::time_point created_at{};
@@ -92,6 +93,10 @@ struct Job {
   /// The W3C `traceparent` the job was submitted with (empty: none); its callbacks carry the same
   /// trace id with a new parent id, and its log lines name the trace.
   std::string traceparent;
+  /// The tenant that owns the job (rebound-server: the name of the API key that submitted it);
+  /// empty: the single tenant. Two tenants' jobs may share an id (rebound/tenant.hpp). Last, so
+  /// that a braced Job of the fields above reads as before.
+  std::string tenant;
 
   /// True when the callback URL hears the job's end (the callback a JobStore keeps the delivery
   /// state of): a URL, with `completed` among its events.
@@ -106,8 +111,8 @@ struct Job {
   /// True when `other` is the same request (used for idempotent resubmission). The trace context
   /// is not part of the request: a retry from another span is still the same job.
   bool same_request_as(const Job& other) const {
-    return id == other.id && callback_url == other.callback_url && input == other.input &&
-           priority == other.priority && max_queue == other.max_queue &&
+    return id == other.id && tenant == other.tenant && callback_url == other.callback_url &&
+           input == other.input && priority == other.priority && max_queue == other.max_queue &&
            webhook_events == other.webhook_events;
   }
 };

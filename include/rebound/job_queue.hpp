@@ -28,6 +28,7 @@
 #include "rebound/operations.hpp"
 #include "rebound/store/job_store.hpp"
 #include "rebound/telemetry.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound {
 
@@ -148,18 +149,17 @@ class JobQueue final {
         token, std::move(job));
   }
 
-  /// Completes when the job `id`, accepted by this queue or by any other server on the same
-  /// store, is final (at once when it is already), with its record. errc::not_found for an
-  /// unknown id. A job this queue finishes completes it at once; one finished elsewhere is seen
-  /// by the store pump within `poll_interval` (no thread waits for it).
+  /// Completes when the job `job` names (an id, or {id, tenant}), accepted by this queue or by
+  /// any other server on the same store, is final (at once when it is already), with its record.
+  /// errc::not_found for an unknown job. A job this queue finishes completes it at once; one
+  /// finished elsewhere is seen by the store pump within `poll_interval` (no thread waits for it).
   template <typename CompletionToken>
-  auto async_wait(std::string id, CompletionToken&& token) {
+  auto async_wait(JobRef job, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, JobRecord)>(
-        [this](auto handler, std::string i) {
-          start_wait(std::move(i),
-                     detail::Completion<JobRecord>(std::move(handler), get_executor(), live_));
+        [this](auto handler, JobRef j) {
+          start_wait(j, detail::Completion<JobRecord>(std::move(handler), get_executor(), live_));
         },
-        token, std::move(id));
+        token, std::move(job));
   }
 
   /// Runs one input through the model without storing it (SageMaker's `/invocations`), in the
@@ -217,23 +217,24 @@ class JobQueue final {
   /// again answers a duplicate.
   std::vector<Submitted> submit_many(std::vector<Job> jobs);
 
-  /// The job's record, or nullopt for an unknown id. Throws StoreUnavailable when the store fails.
-  std::optional<JobRecord> find(const std::string& id) const;
+  /// The record of the job `job` names (an id, or {id, tenant}), or nullopt for an unknown job.
+  /// Throws StoreUnavailable when the store fails.
+  std::optional<JobRecord> find(const JobRef& job) const;
 
   /// Cancels a job that is not final yet, on whichever server of the store it waits or runs: a
   /// queued job never runs; a running one is told through `rebound::cancellation_requested()`
   /// and its result is discarded. It ends `cancelled` (error code "cancelled"), and a callback
   /// that hears its end says so. Returns success when it cancelled the job, errc::not_found for
-  /// an unknown id, errc::already_final for a job that had ended. Throws StoreUnavailable when
+  /// an unknown job, errc::already_final for a job that had ended. Throws StoreUnavailable when
   /// the store fails.
-  [[nodiscard]] boost::system::error_code cancel(const std::string& id);
+  [[nodiscard]] boost::system::error_code cancel(const JobRef& job);
 
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
   /// the same `webhook-id`. Returns success when it is being delivered again, else
   /// errc::not_found, not_failed (its callback is none, pending or delivered), queue_full,
   /// tenant_quota, shutting_down or no_transport (this queue delivers no callbacks: another
   /// server of the store must). Throws StoreUnavailable when the store fails.
-  [[nodiscard]] boost::system::error_code redeliver(const std::string& id);
+  [[nodiscard]] boost::system::error_code redeliver(const JobRef& job);
 
   /// True while the model is ready, the store works and the queue accepts work.
   bool ready() const;
@@ -282,7 +283,7 @@ class JobQueue final {
   friend struct detail::Probe;
   void start_submit(Job job, detail::Completion<JobRecord> done);
   void start_accept(Job job, detail::Completion<Submitted> done);
-  void start_wait(std::string id, detail::Completion<JobRecord> done);
+  void start_wait(const JobRef& job, detail::Completion<JobRecord> done);
   void start_invoke(nlohmann::json input, detail::Completion<Prediction> done);
 
   std::unique_ptr<detail::OwnedThreads> threads_;  // the owning constructor's; destroyed last

@@ -30,6 +30,9 @@ namespace rebound {
 ///     }
 ///   };
 ///   options.observers.push_back(std::make_shared<Audit>());
+///
+/// A `job_id` these hooks are given is the job's store key (rebound::key_of: the id, or
+/// "tenant/id" for a named tenant's job), as log lines show it.
 class Observer {
  public:
   virtual ~Observer() = default;

@@ -15,6 +15,7 @@
 #include "rebound/job.hpp"
 #include "rebound/log.hpp"
 #include "rebound/store/job_store.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound {
 
@@ -27,25 +28,26 @@ struct Pipeline;
 ///
 /// Example (what the console's dead-letter page reads):
 ///   const rebound::JobPage page = queue.operations().failed_callbacks_page("", std::nullopt, 50);
-///   for (const rebound::JobRecord& r : page.jobs) queue.redeliver(r.job.id);
+///   for (const rebound::JobRecord& r : page.jobs) queue.redeliver({r.job.id, r.job.tenant});
 class Operations {
  public:
   Operations(const Operations&) = delete;
   Operations& operator=(const Operations&) = delete;
 
-  /// How many queued jobs run before the queued job `id` (JobStore::queue_position): nullopt
-  /// when it is not queued or the store cannot tell. Throws StoreUnavailable when the store fails.
-  std::optional<std::size_t> queue_position(const std::string& id) const;
+  /// How many queued jobs run before the queued job `job` names (JobStore::queue_position):
+  /// nullopt when it is not queued or the store cannot tell. Throws StoreUnavailable when the
+  /// store fails.
+  std::optional<std::size_t> queue_position(const JobRef& job) const;
 
   /// Jobs whose callback was given up, most recent first, at most `limit`. Throws
   /// StoreUnavailable when the store fails.
   std::vector<JobRecord> failed_callbacks(std::size_t limit) const;
 
   /// A page of the jobs whose callback was given up, newest first, from `after` (none: the
-  /// newest; a page's `next` goes on), at most `limit`, of one tenant (ids "tenant/...",
-  /// rebound/tenant.hpp; "" is every job). Entries carry no input and no result (`find` has
-  /// them), so one page's memory depends on `limit`, not on the jobs. Throws StoreUnavailable
-  /// when the store fails.
+  /// newest; a page's `next` goes on), at most `limit`, of the jobs whose key starts with
+  /// `id_prefix` ("tenant/" for one tenant's: rebound::key_of; "" is every job). Entries carry no
+  /// input and no result (`find` has them), so one page's memory depends on `limit`, not on the
+  /// jobs. Throws StoreUnavailable when the store fails.
   JobPage failed_callbacks_page(const std::string& tenant, const std::optional<ListCursor>& after,
                                 std::size_t limit) const;
 

@@ -55,7 +55,7 @@ std::optional<Enum> parse_enum(const std::string& text, std::initializer_list<En
 // One entry of the console's listing: the status without result, and whose job it is.
 nlohmann::json entry_json(const JobRecord& record) {
   nlohmann::json out = to_list_entry_json(record);
-  out["tenant"] = std::string(tenant_of(record.job.id));
+  out["tenant"] = record.job.tenant;
   return out;
 }
 
@@ -255,7 +255,7 @@ void Console::jobs(const HttpRequest& req, HttpResponse& res) const {
   for (int pages = 0; pages < 20 && jobs.size() < limit; ++pages) {
     const JobPage page = queue_.operations().list_jobs(filter, next, limit - jobs.size());
     for (const JobRecord& record : page.jobs) {
-      if (store_prefix && id_of(record.job.id).substr(0, id_prefix.size()) != id_prefix) continue;
+      if (store_prefix && record.job.id.compare(0, id_prefix.size(), id_prefix) != 0) continue;
       jobs.push_back(entry_json(record));
     }
     next = page.next;
@@ -267,14 +267,13 @@ void Console::jobs(const HttpRequest& req, HttpResponse& res) const {
          next ? nlohmann::json(list_cursor_text(*next, next->id)) : nlohmann::json(nullptr)}});
 }
 
-void Console::job(const std::string& key, HttpResponse& res) const {
-  const std::optional<JobRecord> record = queue_.find(key);
+void Console::job(const JobRef& job, HttpResponse& res) const {
+  const std::optional<JobRecord> record = queue_.find(job);
   if (!record) {
-    return send_error(res,
-                      {404, "not_found", "No job with id '" + std::string(id_of(key)) + "'.", {}});
+    return send_error(res, {404, "not_found", "No job with id '" + job.id + "'.", {}});
   }
   nlohmann::json out = to_status_json(*record);
-  out["tenant"] = std::string(tenant_of(key));
+  out["tenant"] = record->job.tenant;
   out["input"] = record->job.input;
   out["webhook_events"] = events_json(record->job.webhook_events);
   const std::chrono::system_clock::time_point never{};
@@ -348,14 +347,14 @@ void Console::redeliver_all(const std::string& body, const std::string& who, Htt
     filter.id_prefix = prefix;
     const JobPage page = queue_.operations().list_jobs(filter, after, 500);
     for (const JobRecord& record : page.jobs) {
-      if (here && id_of(record.job.id).substr(0, id_prefix->size()) != *id_prefix) continue;
+      if (here && record.job.id.compare(0, id_prefix->size(), *id_prefix) != 0) continue;
       if (matched == max_bulk) {
         more = true;
         break;
       }
       ++matched;
       if (dry_run || !stopped_by.empty()) continue;
-      const boost::system::error_code ec = queue_.redeliver(record.job.id);
+      const boost::system::error_code ec = queue_.redeliver({record.job.id, record.job.tenant});
       if (!ec) {
         ++redelivered;
       } else if (ec != errc::not_found && ec != errc::not_failed) {  // (redelivered or pruned

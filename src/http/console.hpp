@@ -40,7 +40,7 @@ class Console {
   /// GET /v1/console/jobs: a filtered page of jobs.
   void jobs(const HttpRequest& req, HttpResponse& res) const;
   /// GET /v1/console/jobs/{id}?tenant=T: one job, whole, with its attempt log.
-  void job(const std::string& key, HttpResponse& res) const;
+  void job(const JobRef& job, HttpResponse& res) const;
   /// POST /v1/console/dead-letters/redeliver: counts (dry_run) or redelivers the dead letters
   /// that match a filter. `who` names the key in the log line.
   void redeliver_all(const std::string& body, const std::string& who, HttpResponse& res);

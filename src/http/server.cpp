@@ -688,7 +688,7 @@ struct Server::Impl {
          [](Impl& s, Call& c) { s.console->jobs(c.req, c.res); }},
         {"GET", "/v1/console/jobs/{id}", console_json, Body::none,
          [](Impl& s, Call& c) {
-           if (auto key = s.console_job_key(c.req, c.param, c.res)) s.console->job(*key, c.res);
+           if (auto job = s.console_job(c.req, c.param, c.res)) s.console->job(*job, c.res);
          }},
         {"POST", "/v1/console/jobs/{id}/cancel", console_json | acts, Body::ignored,
          [](Impl& s, Call& c) { s.console_act(c, true); }},
@@ -798,16 +798,16 @@ struct Server::Impl {
     }
   }
 
-  // The store key of the job a console route names (its id, and ?tenant=); nullopt, with the
-  // 404 sent, when there is none such.
-  std::optional<std::string> console_job_key(const HttpRequest& req, const std::string& id,
-                                             HttpResponse& res) const {
+  // The job a console route names (its id, and ?tenant=); nullopt, with the 404 sent, when there
+  // is none such.
+  std::optional<JobRef> console_job(const HttpRequest& req, const std::string& id,
+                                    HttpResponse& res) const {
     const auto tenant = console->tenant_param(req);
     if (!tenant || !is_valid_job_id(id)) {
       send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
       return std::nullopt;
     }
-    return job_key(*tenant, id);
+    return JobRef(id, *tenant);
   }
 
   // An operator's action, in the log with the key's name (never the key).
@@ -827,9 +827,9 @@ struct Server::Impl {
   // POST /v1/console/jobs/{id}/cancel and /redeliver: an operator's act on any tenant's job,
   // logged with the key's name.
   void console_act(Call& c, bool cancelling) {
-    const auto key = console_job_key(c.req, c.param, c.res);
-    if (!key) return;
-    const std::string job_tenant(tenant_of(*key));
+    const auto job = console_job(c.req, c.param, c.res);
+    if (!job) return;
+    const std::string& job_tenant = job->tenant;
     if (cancelling) {
       cancel(job_tenant, c.param, c.res);
     } else {
@@ -997,12 +997,12 @@ struct Server::Impl {
     if (parsed.error) return send_error(res, *parsed.error);
     Job& job = *parsed.job;
     const std::string id = job.id;
-    job.id = job_key(tenant, id);  // the tenant's own: nobody else can name it
+    job.tenant = tenant;  // the tenant's own: nobody else can name it
     // W3C Trace Context: kept with the job for its callbacks and log lines; an invalid header is
     // ignored, as the specification asks.
     const std::string traceparent = req.header("traceparent");
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
-    const std::string key = job.id;  // the tenant's id, as the store keys it
+    const JobRef key(id, tenant);
     // Answered once the store holds the job: at once with the memory store, after the group
     // commit (on the queue's io thread) with SQLite; this thread takes the next request meanwhile.
     struct Answer {
@@ -1048,7 +1048,7 @@ struct Server::Impl {
   }
 
   // The answer to a submission the queue has answered.
-  void answer_submission(const Submitted& submitted, const std::string& id, const std::string& key,
+  void answer_submission(const Submitted& submitted, const std::string& id, const JobRef& key,
                          std::optional<int> wait, HttpResponse& res, detail::Reply& reply) {
     if (submitted.error) return send_refusal(res, refusal_for(submitted.error, id, submitted));
     res.set_header("Location", "/v1/inferences/" + id);
@@ -1103,7 +1103,7 @@ struct Server::Impl {
       if (!item.job) continue;
       Job& job = *item.job;
       ids.push_back(job.id);
-      job.id = job_key(tenant, job.id);  // the tenant's own, as for one submission
+      job.tenant = tenant;  // the tenant's own, as for one submission
       if (traced) job.traceparent = traceparent;
       jobs.push_back(std::move(job));
     }
@@ -1312,7 +1312,7 @@ struct Server::Impl {
 
   void redeliver(const std::string& tenant, const std::string& id, HttpResponse& res) {
     const boost::system::error_code ec =
-        is_valid_job_id(id) ? service.redeliver(job_key(tenant, id)) : errc::not_found;
+        is_valid_job_id(id) ? service.redeliver({id, tenant}) : errc::not_found;
     if (!ec) {
       return send_json(
           res, 202,
@@ -1329,7 +1329,7 @@ struct Server::Impl {
   }
 
   void cancel(const std::string& tenant, const std::string& id, HttpResponse& res) {
-    const std::string key = job_key(tenant, id);
+    const JobRef key(id, tenant);
     if (const auto ec = is_valid_job_id(id) ? service.cancel(key) : errc::not_found)
       return send_refusal(res, refusal_for(ec, id));
     const std::optional<JobRecord> record = service.find(key);
@@ -1369,7 +1369,7 @@ struct Server::Impl {
       const std::string entry = dump_json(to_list_entry_json(record));
       if (shown > 0 && jobs.size() + entry.size() + 2 > max_list_answer_bytes) {
         const JobRecord& last = page.jobs[shown - 1];
-        page.next = ListCursor{last.job.created_at, last.job.id};
+        page.next = ListCursor{last.job.created_at, key_of(last.job)};
         break;
       }
       if (shown++ > 0) jobs += ',';
@@ -1377,13 +1377,13 @@ struct Server::Impl {
     }
     jobs += ']';
     const std::string next =
-        page.next ? dump_json(list_cursor_text(*page.next)) : std::string("null");
+        page.next ? dump_json(list_cursor_text(*page.next, tenant)) : std::string("null");
     send_json_text(res, 200, "{\"jobs\":" + jobs + ",\"next_cursor\":" + next + "}");
   }
 
   // A cursor as clients see it (list_cursor.hpp), the tenant left out (it is the caller's).
-  static std::string list_cursor_text(const ListCursor& cursor) {
-    return detail::list_cursor_text(cursor, id_of(cursor.id));
+  static std::string list_cursor_text(const ListCursor& cursor, const std::string& tenant) {
+    return detail::list_cursor_text(cursor, id_in_key(cursor.id, tenant));
   }
 
   static std::optional<ListCursor> parse_list_cursor(const std::string& text,
@@ -1400,7 +1400,7 @@ struct Server::Impl {
   // wait at once: false when this one would be past it, and `res` and `reply` are left to the
   // caller. A store that fails meanwhile answers what `store_failed` sets.
   using Answer = std::function<void(HttpResponse&, const std::optional<JobRecord>&)>;
-  bool await_final(const std::string& key, int seconds, HttpResponse& res, detail::Reply& reply,
+  bool await_final(const JobRef& key, int seconds, HttpResponse& res, detail::Reply& reply,
                    Answer answer, std::function<void(HttpResponse&)> store_failed) {
     Place slot(waiting, options.max_waiters);
     if (!slot) return false;
@@ -1442,7 +1442,7 @@ struct Server::Impl {
     if (!is_valid_job_id(id)) {
       return send_error(res, {404, "not_found", "No job with id '" + id + "'.", {}});
     }
-    const std::string key = job_key(tenant, id);
+    const JobRef key(id, tenant);
     Answer answer = [this, key, id](HttpResponse& out, std::optional<JobRecord> record) {
       if (!record) record = service.find(key);
       if (!record) return send_error(out, {404, "not_found", "No job with id '" + id + "'.", {}});

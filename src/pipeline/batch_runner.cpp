@@ -109,7 +109,7 @@ void BatchRunner::sweep(WorkQueue<WorkItem>& queue) {
   screen(taken, now);
   for (auto& item : taken) {  // nothing, unless a revocation was undone meanwhile: run it after all
     const int priority = item.job.priority;
-    const std::string tenant(tenant_of(item.job.id));  // back into its tenant's turn
+    const std::string tenant = item.job.tenant;  // back into its tenant's turn
     // Closed by a shutdown: the claim goes with the item, the lease runs out, the store keeps it.
     queue.try_push(std::move(item), priority, tenant);
   }
@@ -129,7 +129,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
       if (item.reply) continue;
       // (Raised from the start once the process gave its running jobs up.)
       auto flag = std::make_shared<std::atomic<bool>>(abandoned_);
-      running_[item.job.id] = Running{item.claim.holder(), flag};
+      running_[key_of(item.job)] = Running{item.claim.holder(), flag};
       flags.push_back(std::move(flag));
     }
   }
@@ -139,8 +139,9 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
     if (!item.reply && !given_up) {
       // Only the displayed status lags when this fails; the job still runs and completes. (Not
       // for a job already given up: it is handed back, unstarted.)
-      store_.write_or_note("mark_running", item.job.id,
-                           [&](JobStore& store) { store.mark_running(item.job.id, now); });
+      const std::string key = key_of(item.job);
+      store_.write_or_note("mark_running", key,
+                           [&](JobStore& store) { store.mark_running(key, now); });
       delivery_.notify_started(item.job);
     }
     inputs.push_back(std::move(item.job.input));  // the record does not need it any more
@@ -222,12 +223,12 @@ void BatchRunner::revoke(const std::string& id, const std::string& holder, bool 
 }
 
 bool BatchRunner::revoked_locked(const WorkItem& item, bool take) {
+  if (revoked_.empty() && cancelled_unheld_.empty()) return false;
+  std::string key = key_of(item.job);
   if (take) {
-    return revoked_.erase({item.job.id, item.claim.holder()}) > 0 ||
-           cancelled_unheld_.erase(item.job.id) > 0;
+    return revoked_.erase({key, item.claim.holder()}) > 0 || cancelled_unheld_.erase(key) > 0;
   }
-  return revoked_.count({item.job.id, item.claim.holder()}) > 0 ||
-         cancelled_unheld_.count(item.job.id) > 0;
+  return revoked_.count({key, item.claim.holder()}) > 0 || cancelled_unheld_.count(key) > 0;
 }
 
 void BatchRunner::abandon_running() {
@@ -245,7 +246,7 @@ void BatchRunner::cancelled_unheld(const std::string& id, std::chrono::milliseco
 bool BatchRunner::end_run(const WorkItem& item, bool& abandoned) {
   std::lock_guard<std::mutex> lock(runs_mutex_);
   abandoned = abandoned_;
-  auto it = running_.find(item.job.id);
+  auto it = running_.find(key_of(item.job));
   if (it == running_.end() || it->second.holder != item.claim.holder()) return true;
   const bool revoked = it->second.cancelled->load();
   running_.erase(it);
@@ -310,7 +311,7 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
     // Cancelled, or taken over by another claim: the store has its outcome already. Given up by
     // a stopping process: the job stays unfinished in the store, and its lease ends now, for
     // another server (or the next start) to take at once.
-    observe_([&](auto& o) { o.on_discarded(item.job.id); });
+    observe_([&](auto& o) { o.on_discarded(key_of(item.job)); });
     if (abandoned) {
       item.claim.hand_back(store_, "renew");
     } else {
@@ -347,16 +348,17 @@ void BatchRunner::finish(JobRecord record, Claim claim) {
   const std::string holder = held->holder();
   std::optional<Lease> deliver;
   if (kept->job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
+  const std::string key = key_of(kept->job);
   store_.write_until_stored(
-      owner(), "finish_job", kept->job.id,
-      [this, kept, outcome, holder, deliver](JobStore& s, JobStore::WriteDone done) {
-        s.async_finish_job(kept->job.id, holder, *outcome, deliver, clock_(), std::move(done));
+      owner(), "finish_job", key,
+      [this, key, outcome, holder, deliver](JobStore& s, JobStore::WriteDone done) {
+        s.async_finish_job(key, holder, *outcome, deliver, clock_(), std::move(done));
       },
-      [this, kept, outcome, held, deliver](bool acknowledged) {
+      [this, kept, key, outcome, held, deliver](bool acknowledged) {
         held->drop_lease();
         if (!acknowledged) {
           // The lease ran out and another claim has the job: this result is not the one kept.
-          observe_([&](auto& o) { o.on_lease_lost(kept->job.id, "finish_job"); });
+          observe_([&](auto& o) { o.on_lease_lost(key, "finish_job"); });
           held->release();
           return;
         }

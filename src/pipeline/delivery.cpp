@@ -35,13 +35,13 @@ void Delivery::start(JobRecord record, std::string holder, Claim claim) {
 }
 
 void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim) {
-  const std::string id = record.job.id;
+  const std::string id = key_of(record.job);
+  const std::string& tenant = record.job.tenant;
   const CallbackInfo before = record.callback;
   if (gate_) {
     // Its receiver's circuit is open or it is paused: back to the store from here, without
     // building a request that would not be sent.
-    if (auto deferred = gate_->defer_now(record.job.callback_url, std::string(tenant_of(id)),
-                                         attempt_timeout_)) {
+    if (auto deferred = gate_->defer_now(record.job.callback_url, tenant, attempt_timeout_)) {
       claim.take_lease(leases_, id, std::move(holder), false);
       claim.charge(0);  // nothing of it stays in memory
       AttemptReport report;
@@ -50,17 +50,17 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
       report.next_delay = deferred->retry_in;
       report.error = deferred->message;
       report.response = std::move(*deferred);
-      attempted(id, std::make_shared<Claim>(std::move(claim)), before, report, TimePoint{});
+      attempted(id, tenant, std::make_shared<Claim>(std::move(claim)), before, report, TimePoint{});
       return;
     }
   }
   CallbackMessage message{id,
                           record.job.callback_url,
                           dump_json(to_callback_json(record)),
-                          webhook_id_of(id),
+                          webhook_id_of(record.job),
                           before.attempts,
                           {},
-                          std::string(tenant_of(id))};
+                          tenant};
   continue_trace(message, record.job);
   RetryState state;
   state.attempts = before.delivery_attempts;
@@ -76,21 +76,22 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
   // The attempt holds its body (and the transport a copy of it) instead of the job's input.
   claim.charge(2 * message.body.capacity() + message.url.capacity() + sizeof(CallbackMessage));
   auto held = std::make_shared<Claim>(std::move(claim));
-  sender_.attempt(
-      std::move(message), state,
-      [this, keep = owner(), id, before, held, sent_at = clock_()](const AttemptReport& report) {
-        if (report.verdict == AttemptVerdict::deferred)
-          return defer_later(id, held, before, report);
-        attempted(id, held, before, report, sent_at);
-      });
+  sender_.attempt(std::move(message), state,
+                  [this, keep = owner(), id, tenant, before, held,
+                   sent_at = clock_()](const AttemptReport& report) {
+                    if (report.verdict == AttemptVerdict::deferred)
+                      return defer_later(id, tenant, held, before, report);
+                    attempted(id, tenant, held, before, report, sent_at);
+                  });
 }
 
-void Delivery::defer_later(const std::string& id, std::shared_ptr<Claim> claim,
-                           const CallbackInfo& before, const AttemptReport& report) {
+void Delivery::defer_later(const std::string& id, const std::string& tenant,
+                           std::shared_ptr<Claim> claim, const CallbackInfo& before,
+                           const AttemptReport& report) {
   claim->charge(0);  // its request is gone: nothing of it stays in memory while it waits here
   {
     std::lock_guard<std::mutex> lock(deferrals_mutex_);
-    deferrals_.push_back({id, std::move(claim), before, report});
+    deferrals_.push_back({id, tenant, std::move(claim), before, report});
     if (recording_deferrals_) return;
     recording_deferrals_ = true;
   }
@@ -120,7 +121,7 @@ void Delivery::record_deferrals() {
   }
   for (Deferral& d : slice) {
     try {
-      attempted(d.id, d.claim, d.before, d.report, TimePoint{});
+      attempted(d.id, d.tenant, d.claim, d.before, d.report, TimePoint{});
     } catch (...) {
       // Not recorded (out of memory): the claim goes, its lease runs out in the store, and the
       // callback is claimed again then. The slices after it still run.
@@ -143,14 +144,10 @@ void Delivery::notify_started(const Job& job) {
     --started_in_flight_;
     return;
   }
-  nlohmann::json body = {{"id", id_of(job.id)}, {"status", "running"}};
-  CallbackMessage message{job.id,
-                          job.callback_url,
-                          dump_json(body),
-                          webhook_id_of(job.id) + "_started",
-                          0,
-                          {},
-                          std::string(tenant_of(job.id))};
+  nlohmann::json body = {{"id", job.id}, {"status", "running"}};
+  CallbackMessage message{
+      key_of(job), job.callback_url, dump_json(body), webhook_id_of(job) + "_started", 0,
+      {},          job.tenant};
   continue_trace(message, job);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
@@ -171,9 +168,9 @@ std::string Delivery::signature_schemes(const std::string& tenant) {
   return schemes_.emplace(tenant, std::move(schemes)).first->second;
 }
 
-void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
-                         const CallbackInfo& before, const AttemptReport& report,
-                         TimePoint sent_at) {
+void Delivery::attempted(const std::string& id, const std::string& tenant,
+                         const std::shared_ptr<Claim>& claim, const CallbackInfo& before,
+                         const AttemptReport& report, TimePoint sent_at) {
   const std::string holder = claim->holder();
   std::optional<CallbackAttempt> made;
   if (report.verdict != AttemptVerdict::deferred && sent_at != TimePoint{}) {
@@ -185,7 +182,7 @@ void Delivery::attempted(const std::string& id, const std::shared_ptr<Claim>& cl
     made->latency =
         std::max(std::chrono::milliseconds(0),
                  std::chrono::duration_cast<std::chrono::milliseconds>(clock_() - sent_at));
-    made->signatures = signature_schemes(std::string(tenant_of(id)));
+    made->signatures = signature_schemes(tenant);
   }
   CallbackInfo after = before;
   AttemptReport given_up;

@@ -73,8 +73,10 @@ class Delivery {
   // failed) and the observers.
   // `sent_at`: when the attempt went to the transport (the epoch for a deferral, which is no
   // attempt and is not logged).
-  void attempted(const std::string& id, const std::shared_ptr<Claim>& claim,
-                 const CallbackInfo& before, const AttemptReport& report, TimePoint sent_at);
+  // `id`: the job's store key; `tenant`: whose keys signed the attempt.
+  void attempted(const std::string& id, const std::string& tenant,
+                 const std::shared_ptr<Claim>& claim, const CallbackInfo& before,
+                 const AttemptReport& report, TimePoint sent_at);
   // A deferral the transport answered. As an origin's circuit opens (or it is paused), the gate
   // sends back everything that waited for it at once: thousands of answers, each its own handler
   // on the io executor, one after another before the reactor's next turn. Each only queues its
@@ -83,12 +85,13 @@ class Delivery {
   // still queued when the JobQueue goes is dropped with its claim (its lease runs out in the
   // store; ~JobQueue stops the store access before the parts go, so the slot it frees wakes no
   // pump).
-  void defer_later(const std::string& id, std::shared_ptr<Claim> claim, const CallbackInfo& before,
-                   const AttemptReport& report);
+  void defer_later(const std::string& id, const std::string& tenant, std::shared_ptr<Claim> claim,
+                   const CallbackInfo& before, const AttemptReport& report);
   void post_deferrals();
   void record_deferrals();
   struct Deferral {
     std::string id;
+    std::string tenant;
     std::shared_ptr<Claim> claim;
     CallbackInfo before;
     AttemptReport report;

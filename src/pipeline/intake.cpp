@@ -77,8 +77,8 @@ Submitted check(Pipeline& core, const Job& job, bool rules_checked) {
 Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool waited,
                 Admitted& before, StoreAccess::News& news, bool look_up = true) {
   Pending p;
-  const std::string& id = job.id;
-  const std::string_view tenant = tenant_of(id);  // its slots count to its share; its turn
+  const std::string id = key_of(job);
+  const std::string_view tenant = job.tenant;  // its slots count to its share; its turn
   const std::size_t bytes = work_bytes(job);
   const boost::system::error_code admitted = core.admission.admit(tenant, bytes);
   if (look_up && (admitted == errc::queue_full || admitted == errc::tenant_quota)) {
@@ -148,7 +148,7 @@ Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& 
     if (queue.depth() <= core.pump.prefetch() / 2) core.pump.wake(core.clock());
     return taken();
   }
-  const std::string id = job.id;
+  const std::string id = key_of(job);
   // Never closed here (closing follows admission.close(), which waits for `enter()`), but a
   // handler is answered whatever happens.
   if (done && core.async_waiters.add(id, *done, false) != AsyncWaiters::Added::added) {
@@ -157,7 +157,8 @@ Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& 
   // Cannot be full (admission bounds it) nor closed (shutdown waits for `enter()`).
   p.claim.take_lease(core.leases, id, p.holder);
   const int priority = job.priority;
-  queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim)}, priority, tenant_of(id));
+  const std::string tenant = job.tenant;  // its turn
+  queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim)}, priority, tenant);
   return taken();
 }
 
@@ -166,7 +167,7 @@ Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& 
 // A submission: validated, admitted, stored with this queue's claim, and queued.
 Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
                     Completion<JobRecord>* done) {
-  const std::string id = job.id;
+  const std::string id = key_of(job);
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
   const Submitted verdict = [&] {
@@ -199,7 +200,7 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
 // queue's executor.
 void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
                      FrontDoor::SubmitAnswer done, bool rules_checked) {
-  const std::string id = job.id;
+  const std::string id = key_of(job);
   const bool has_callback = !job.callback_url.empty();
   auto answer = [&core, id, has_callback](const FrontDoor::SubmitAnswer& to,
                                           const Submitted& verdict) {
@@ -263,7 +264,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
   ids.reserve(n);
   callbacks.reserve(n);
   for (const Job& job : jobs) {
-    ids.push_back(job.id);
+    ids.push_back(key_of(job));
     callbacks.push_back(!job.callback_url.empty());
   }
   std::vector<std::size_t> round;  // the jobs to admit

@@ -113,12 +113,12 @@ class LogObserver final : public Observer {
     if (inference_ms >= 0) fields["inference_ms"] = inference_ms;
     if (record.outcome.error) fields["error_code"] = record.outcome.error->code;
     add_trace(fields, record.job);
-    log_.job(level, "job_completed", record.job.id, fields);
+    log_.job(level, "job_completed", key_of(record.job), fields);
   }
   void on_expired(const JobRecord& record, std::chrono::milliseconds ttl) override {
     nlohmann::json fields = {{"ttl_ms", ttl.count()}};
     add_trace(fields, record.job);
-    log_.job(LogLevel::warn, "job_expired", record.job.id, fields);
+    log_.job(LogLevel::warn, "job_expired", key_of(record.job), fields);
   }
   // The submission's trace, so that a log search finds the job from the caller's trace.
   static void add_trace(nlohmann::json& fields, const Job& job) {

@@ -204,16 +204,15 @@ struct Pipeline {
     runner.set_on_final([this](const JobRecord& record) {
       // The record as the store keeps it (input, started_at, callback state): the same answer a
       // wait gets for a job another server finished; the one in hand when the store cannot say.
-      if (!async_waiters.empty() && async_waiters.waiting(record.job.id)) {
-        std::optional<JobRecord> stored;
-        try {
-          stored =
-              store.call("get", record.job.id, [&](JobStore& s) { return s.get(record.job.id); });
-        } catch (const StoreUnavailable&) {
-        }
-        async_waiters.complete(record.job.id,
-                               stored && is_final(stored->status) ? *stored : record);
+      if (async_waiters.empty()) return;
+      const std::string key = key_of(record.job);
+      if (!async_waiters.waiting(key)) return;
+      std::optional<JobRecord> stored;
+      try {
+        stored = store.call("get", key, [&](JobStore& s) { return s.get(key); });
+      } catch (const StoreUnavailable&) {
       }
+      async_waiters.complete(key, stored && is_final(stored->status) ? *stored : record);
     });
     pump.set_claims_callbacks(delivers_callbacks);
     pump.set_on_poll([this] {

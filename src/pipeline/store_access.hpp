@@ -179,7 +179,7 @@ class StoreAccess {
     };
     auto state = std::make_shared<Answer>();
     state->then = std::move(then);
-    state->job_id = job.id;
+    state->job_id = key_of(job);
     const auto caller = std::this_thread::get_id();
     out_->started();
     auto done = [this, caller, state, out = out_, executor = executor_](std::exception_ptr error,

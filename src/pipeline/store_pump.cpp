@@ -161,16 +161,17 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
   std::vector<std::pair<JobRecord, Claim>> kept;
   kept.reserve(due.size());
   for (auto& record : due) {
-    const std::string_view tenant = tenant_of(record.job.id);
+    const std::string& tenant = record.job.tenant;
     const std::size_t bytes = bytes_of(record);
     const auto parked = unparking ? admission_.unpark(bytes) : Admission::Unpark::none;
     if (parked == Admission::Unpark::taken) ++unparking->unparked;
     if (parked == Admission::Unpark::taken ||
         (parked == Admission::Unpark::none && free_slots && admission_.take_slot(tenant, bytes))) {
       // From here the slot is the claim's: given back on every way out, an exception's included.
-      kept.emplace_back(std::move(record), Claim::slot(admission_, tenant, bytes));
+      Claim slot = Claim::slot(admission_, tenant, bytes);
+      kept.emplace_back(std::move(record), std::move(slot));
     } else {
-      leases_.hand_back(store_, what, record.job.id, holder);
+      leases_.hand_back(store_, what, key_of(record.job), holder);
       if (unparking) unparking->handed_back = true;
       more = false;
     }
@@ -224,11 +225,11 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
   if (want > 0) backlog_ = prefetch_ > 0 && due.size() == want;
   std::size_t queued = 0;
   for (auto& [record, claim] : due) {
-    const std::string id = record.job.id;
     const int priority = record.job.priority;
-    claim.take_lease(leases_, id, holder);
+    const std::string tenant = record.job.tenant;  // its turn
+    claim.take_lease(leases_, key_of(record.job), holder);
     WorkItem item{std::move(record.job), nullptr, std::move(claim)};
-    if (queue_->try_push(std::move(item), priority, tenant_of(id)) == PushResult::accepted) {
+    if (queue_->try_push(std::move(item), priority, tenant) == PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;
     }

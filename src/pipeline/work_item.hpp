@@ -30,7 +30,7 @@ struct WorkItem {
 
 /// What a job holds in memory while it waits or runs: its input's tree, its strings, the item.
 inline std::size_t work_bytes(const Job& job) {
-  return sizeof(WorkItem) + json_footprint(job.input) + job.id.capacity() +
+  return sizeof(WorkItem) + json_footprint(job.input) + job.id.capacity() + job.tenant.capacity() +
          job.callback_url.capacity() + job.traceparent.capacity();
 }
 

@@ -315,7 +315,9 @@ end
 if ARGV[O + 9] ~= '5' then fields[n + 1], fields[n + 2] = 'priority', ARGV[O + 9]; n = n + 2 end
 if ARGV[O + 10] ~= '0' then fields[n + 1], fields[n + 2] = 'maxq', ARGV[O + 10]; n = n + 2 end
 if ARGV[O + 11] ~= '2' then fields[n + 1], fields[n + 2] = 'events', ARGV[O + 11]; n = n + 2 end
-if ARGV[O + 12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[O + 12] end
+if ARGV[O + 12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[O + 12]; n = n + 2 end
+-- The tenant, a field of its own (the key holds it too, but nothing splits a key).
+if ARGV[O + 16] ~= '' then fields[n + 1], fields[n + 2] = 'tenant', ARGV[O + 16] end
 redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
 zadd(JOBS_DUE, ARGV[O + 14], ARGV[O + 2])
@@ -647,7 +649,7 @@ local SET = ARGV[6] == 'failed' and FAILED or (ARGV[6] == 'unfinished' and UNFIN
 local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
 local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
   'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
-  'started', 'ended'}
+  'started', 'ended', 'tenant'}
 -- Byte order, as the sorted set compares members (Lua's '<' follows the locale).
 local function before(a, b)
   for i = 1, math.min(#a, #b) do
@@ -771,6 +773,35 @@ end
 return 1
 )lua";
 
+// A store written before the tenant was a field of its own: from ARGV[2] on, the next 1,000 jobs
+// of ALL get a 'tenant' field from their key ("tenant/id": tenant names and ids hold no '/'),
+// where their hash exists and has none. ARGV[3]: where ALL ended when the migration began (empty
+// on the first call), so that puts of other servers meanwhile do not keep it going. Answers {the
+// next start, that end}, or {-1} once done, after which P:schema says so and later starts skip
+// it. In slices, so that no one call holds Redis long. Best effort: a record it does not reach
+// (an older server's, during a rolling upgrade) reads its tenant from its key (read_record).
+constexpr const char* kTenants = R"lua(
+local SCHEMA = P .. ':schema'
+if (tonumber(redis.call('GET', SCHEMA)) or 0) >= 2 then return {-1} end
+local from = tonumber(ARGV[2])
+local stop = tonumber(ARGV[3]) or redis.call('ZCARD', ALL)
+local last = math.min(from + 999, stop - 1)
+if last >= from then
+  for _, id in ipairs(redis.call('ZRANGE', ALL, from, last)) do
+    local slash = string.find(id, '/', 1, true)
+    local key = job_key(id)
+    if slash and slash > 1 and redis.call('EXISTS', key) == 1 then
+      redis.call('HSETNX', key, 'tenant', string.sub(id, 1, slash - 1))
+    end
+  end
+end
+if last + 1 >= stop then
+  redis.call('SET', SCHEMA, '2')
+  return {-1}
+end
+return {last + 1, stop}
+)lua";
+
 // Many calls in one (RedisJobStoreOptions::batch_writes): ARGV prefix, then for each call its
 // script (a Script number), its argument count and its arguments. Each script in OPS is one above,
 // made a function of where its call's arguments are (script_text): its ARGV[O + 2] is the call's
@@ -819,6 +850,7 @@ enum Script : std::size_t {
   kScriptServers,
   kScriptPaused,
   kScriptIndex,
+  kScriptTenants,
   // kDispatch over kScriptPut only (which is refused at maxmemory), and over the other writes
   // that many callers make at once.
   kScriptBatchPut,
@@ -831,7 +863,7 @@ constexpr std::size_t kStandaloneCount = kScriptBatchPut;
 constexpr std::array<const char*, kStandaloneCount> kScripts = {
     kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
     kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel,
-    kPage,      kStats,    kServers,        kPaused,      kIndex};
+    kPage,      kStats,    kServers,        kPaused,      kIndex,         kTenants};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -945,6 +977,7 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
   r.job.id = std::string(id);
   if (!fields || fields->type != REDIS_REPLY_ARRAY) return r;
   std::optional<std::string> err_code, err_msg;
+  bool has_tenant = false;
   for (std::size_t i = 0; i + 1 < fields->elements; i += 2) {
     const std::string_view name = text(fields->element[i]);
     const std::string_view value = text(fields->element[i + 1]);
@@ -984,6 +1017,9 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
       r.job.webhook_events = static_cast<std::uint8_t>(number(value));
     } else if (name == "trace") {
       r.job.traceparent = std::string(value);
+    } else if (name == "tenant") {
+      r.job.tenant = std::string(value);
+      has_tenant = true;
     } else if (name == "started") {
       r.started_at = from_ms(number(value));
     } else if (name == "ended") {
@@ -998,6 +1034,13 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
   }
   if (r.status != JobStatus::succeeded) r.outcome.result = nullptr;
   if (err_code) r.outcome.error = ErrorInfo{*err_code, err_msg.value_or("")};
+  if (!has_tenant) {
+    // Written before the tenant was a field (an older build, or not reached yet by kTenants):
+    // its key is all there is to say whose job it is.
+    const auto slash = r.job.id.find('/');
+    if (slash != std::string::npos && slash > 0) r.job.tenant = r.job.id.substr(0, slash);
+  }
+  if (!r.job.tenant.empty()) r.job.id = std::string(id_in_key(r.job.id, r.job.tenant));
   return r;
 }
 
@@ -1921,6 +1964,21 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   } catch (const std::exception& e) {
     throw Error(std::string("redis store: cannot index its jobs: ") + e.what());
   }
+  // And one written before the tenant was a field gets the field, once (kTenants). Best effort:
+  // what it cannot write (a full Redis) is read from the key all the same.
+  try {
+    std::string from = "0", stop;
+    for (int slices = 0; slices < 1000000; ++slices) {
+      Reply next = impl_->script(kScriptTenants, {from, stop});
+      if (next->type != REDIS_REPLY_ARRAY || next->elements < 2 ||
+          next->element[0]->type != REDIS_REPLY_INTEGER || next->element[0]->integer < 0)
+        break;
+      from = std::to_string(next->element[0]->integer);
+      stop = std::to_string(next->element[1]->integer);
+    }
+  } catch (const std::exception&) {
+    // Refused (out of memory before Redis 7) or failed: the next start tries again.
+  }
   if (o.batch_writes) impl_->start_batches();
 }
 
@@ -1967,7 +2025,7 @@ std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& cl
                                   const std::string& retention_ms) {
   const std::string created = ms_text(job.created_at);
   const TimePoint due = claim ? claim->until : job.created_at;
-  return {job.id,
+  return {key_of(job),
           job.callback_url,
           detail::dump_json(job.input),
           created,
@@ -1980,7 +2038,8 @@ std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& cl
           job.traceparent,
           retention_ms,
           job_score(job.priority, due),
-          job_score(job.priority, job.created_at)};
+          job_score(job.priority, job.created_at),
+          job.tenant};
 }
 
 PutOutcome put_outcome(const PutAnswer& answer, const Job& job) {

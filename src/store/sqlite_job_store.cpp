@@ -90,6 +90,15 @@ CREATE INDEX jobs_created ON jobs (created_at_ms, id);
 PRAGMA user_version = 4;
 )sql";
 
+// Version 5: the tenant is a field of the job (Job::tenant). The id column keeps the job's key
+// ("tenant/id", rebound/tenant.hpp); a file of version 4 gets each key's tenant from its one '/'
+// (tenant names and ids hold none), once, here.
+constexpr const char* schema_v5 = R"sql(
+ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+UPDATE jobs SET tenant = substr(id, 1, instr(id, '/') - 1) WHERE instr(id, '/') > 0;
+PRAGMA user_version = 5;
+)sql";
+
 // True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
 // or `completed` (bit 2) not among its webhook events.
 #define NO_CALLBACK "(callback_url = '' OR (webhook_events & 2) = 0)"
@@ -170,11 +179,12 @@ class Statement {
   "webhook_events, traceparent, started_at_ms, ended_at_ms"
 constexpr const char* record_columns =
     "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
-    ", attempt_log";
+    ", attempt_log, tenant";
 // The same columns for a list entry: no input, result or attempts are read (read_record sees
 // null and an empty log).
 constexpr const char* entry_columns =
-    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT ", '[]'";
+    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT
+    ", '[]', tenant";
 #undef RECORD_COLUMNS_AFTER_RESULT
 
 using TimePoint = std::chrono::system_clock::time_point;
@@ -189,7 +199,8 @@ TimePoint from_ms(std::int64_t ms) {
 
 JobRecord read_record(const Statement& s) {
   JobRecord r;
-  r.job.id = s.text(0);
+  r.job.tenant = s.text(22);
+  r.job.id = std::string(id_in_key(s.text(0), r.job.tenant));  // the id column holds the key
   r.job.callback_url = s.text(1);
   // Stored by this store after validation; parsed with the same depth bound all the same, as the
   // file may come from elsewhere (a model's output may be large: no cost bound). What is refused
@@ -352,12 +363,17 @@ struct SqliteJobStore::Impl {
         exec(schema_v4);
         exec("COMMIT");
       }
+      if (user_version() < 5) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v5);
+        exec("COMMIT");
+      }
       exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
           "INSERT INTO jobs (id, callback_url, input, created_at_ms, status, job_due_ms, priority, "
-          "max_queue_ms, webhook_events, traceparent) "
-          "VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING");
+          "max_queue_ms, webhook_events, traceparent, tenant) "
+          "VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING");
       select_one = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
       set_running = std::make_unique<Statement>(
@@ -833,8 +849,10 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
       [this, callbacks, lease](std::vector<JobRecord>& claimed) {
         std::lock_guard<std::mutex> lock(lease_mutex);
         auto& leases = callbacks ? callback_leases : job_leases;
-        for (const auto& r : claimed)
-          if (callbacks || !cancelling.count(r.job.id)) leases[r.job.id] = lease;
+        for (const auto& r : claimed) {
+          std::string key = key_of(r.job);
+          if (callbacks || !cancelling.count(key)) leases[std::move(key)] = lease;
+        }
       });
 }
 
@@ -915,18 +933,20 @@ bool SqliteJobStore::Impl::write_finish(const std::string& id, const JobOutcome&
 // Inserts one job in the writer's transaction.
 PutOutcome SqliteJobStore::Impl::insert_job(const Job& job, const std::optional<Lease>& claim) {
   Statement& s = *insert;
-  s.bind(1, job.id).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
+  const std::string key = key_of(job);
+  s.bind(1, key).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
   s.bind(4, to_ms(job.created_at));
   s.bind(5, to_ms(claim ? claim->until : job.created_at));
   s.bind(6, static_cast<std::int64_t>(job.priority));
   s.bind(7, static_cast<std::int64_t>(job.max_queue.count()));
   s.bind(8, static_cast<std::int64_t>(job.webhook_events));
   s.bind(9, job.traceparent);
+  s.bind(10, job.tenant);
   s.step();
   s.reset();
   if (sqlite3_changes(db) == 1) return PutOutcome::created;
   Statement& q = *select_one;
-  q.bind(1, job.id);
+  q.bind(1, key);
   const bool found = q.step();
   const JobRecord existing = found ? read_record(q) : JobRecord{};
   q.reset();
@@ -948,8 +968,9 @@ std::vector<PutOutcome> SqliteJobStore::put_many(const std::vector<PutRequest>& 
         std::lock_guard<std::mutex> lock(impl->lease_mutex);
         for (std::size_t i = 0; i < requests.size(); ++i) {
           const PutRequest& r = requests[i];
-          if (outcomes[i] == PutOutcome::created && r.claim && !impl->cancelling.count(r.job->id))
-            impl->job_leases[r.job->id] = *r.claim;
+          if (outcomes[i] != PutOutcome::created || !r.claim) continue;
+          std::string key = key_of(*r.job);
+          if (!impl->cancelling.count(key)) impl->job_leases[std::move(key)] = *r.claim;
         }
       },
       true);  // durable once this returns
@@ -959,7 +980,7 @@ PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim
   Impl* impl = impl_.get();
   return impl_->write_and_wait<PutOutcome>(
       [impl, job, claim] { return impl->insert_job(job, claim); },
-      [impl, id = job.id, claim](PutOutcome& outcome) {
+      [impl, id = key_of(job), claim](PutOutcome& outcome) {
         if (outcome != PutOutcome::created || !claim) return;
         std::lock_guard<std::mutex> lock(impl->lease_mutex);
         if (!impl->cancelling.count(id)) impl->job_leases[id] = *claim;
@@ -972,7 +993,7 @@ void SqliteJobStore::async_put(const Job& job, const std::optional<Lease>& claim
   auto outcome = std::make_shared<PutOutcome>(PutOutcome::created);
   auto answer = std::make_shared<PutDone>(std::move(done));
   Impl::Write write{[impl, job, claim, outcome] { *outcome = impl->insert_job(job, claim); },
-                    [impl, id = job.id, claim, outcome, answer] {
+                    [impl, id = key_of(job), claim, outcome, answer] {
                       if (*outcome == PutOutcome::created && claim) {
                         std::lock_guard<std::mutex> lock(impl->lease_mutex);
                         if (!impl->cancelling.count(id)) impl->job_leases[id] = *claim;
@@ -1226,7 +1247,7 @@ JobPage SqliteJobStore::failed_callbacks_page(const std::string& id_prefix,
       std::make_pair(after ? to_ms(after->created_at) : INT64_MAX, after ? after->id : ""));
   if (page.jobs.size() > limit) {
     page.jobs.pop_back();
-    page.next = ListCursor{page.jobs.back().job.created_at, page.jobs.back().job.id};
+    page.next = ListCursor{page.jobs.back().job.created_at, key_of(page.jobs.back().job)};
   }
   return page;
 }
@@ -1287,7 +1308,7 @@ JobPage SqliteJobStore::list_jobs(const JobFilter& filter, const std::optional<L
     while (page.jobs.size() <= limit && s.step()) {
       JobRecord record = read_record(s);
       ++scanned;
-      last = ListCursor{record.job.created_at, record.job.id};
+      last = ListCursor{record.job.created_at, key_of(record.job)};
       if (filter.matches(record)) page.jobs.push_back(std::move(record));
     }
   } catch (const std::exception& e) {
@@ -1295,7 +1316,7 @@ JobPage SqliteJobStore::list_jobs(const JobFilter& filter, const std::optional<L
   }
   if (page.jobs.size() > limit) {
     page.jobs.pop_back();
-    page.next = ListCursor{page.jobs.back().job.created_at, page.jobs.back().job.id};
+    page.next = ListCursor{page.jobs.back().job.created_at, key_of(page.jobs.back().job)};
   } else if (scanned == scan) {
     page.next = last;
   }

@@ -148,9 +148,11 @@ int main() {
     }
     ok = ok && answers.size() == 2 && answers[0].status == 503 &&
          answers[1].error == rebound::TransportError::deferred && reached->requests().size() == 1;
-    // Tenants: a job's key, and each tenant's own signing secret.
-    const std::string key = rebound::job_key("acme", "1234");
-    ok = ok && rebound::tenant_of(key) == "acme" && rebound::id_of(key) == "1234" &&
+    // Tenants: a job's tenant and its key, and each tenant's own signing secret.
+    rebound::Job job = rebound::make_job("1234");
+    job.tenant = "acme";
+    ok = ok && rebound::key_of(job) == "acme/1234" &&
+         rebound::webhook_id_of(job) == "msg_acme.1234" &&
          rebound::derive_webhook_keys({kSecret}, "acme") !=
              rebound::derive_webhook_keys({kSecret}, "globex");
   }

@@ -47,6 +47,9 @@ inline const char* job_id_rule() {
   return "The field 'id' must be 1 to 128 characters from A-Z a-z 0-9 . _ : -, and not '.' or "
          "'..'.";
 }
+inline const char* tenant_rule() {
+  return "The field 'tenant' must be empty or 1 to 64 characters from A-Z a-z 0-9 _ -.";
+}
 inline const char* priority_rule() {
   return "The field 'priority' must be an integer from 0 (runs first) to 9.";
 }
@@ -58,6 +61,12 @@ inline const char* traceparent_rule() {
 }
 inline const char* webhook_events_rule() {
   return "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
+}
+
+/// Whether `job` can name a job at all: a valid id and an empty or valid tenant. A JobRef that
+/// cannot (an id with a '/') names none: it is never taken for another tenant's key.
+inline bool is_valid_ref(const JobRef& job) {
+  return is_valid_job_id(job.id) && (job.tenant.empty() || is_valid_tenant_name(job.tenant));
 }
 
 /// Why `url` cannot be a callback URL under `guard` (its syntax, or an address the guard refuses
@@ -72,17 +81,15 @@ inline std::optional<BrokenRule> check_callback_url(std::string_view url,
   return std::nullopt;
 }
 
-/// The first rule `job` breaks, or nullopt: its id (a job id, after the "tenant/" of a tenant's
-/// job: rebound/tenant.hpp), its callback URL (when it has one) under `guard`, its priority
+/// The first rule `job` breaks, or nullopt: its id (a job id: no '/'), its tenant (empty, or a
+/// tenant name: rebound/tenant.hpp), its callback URL (when it has one) under `guard`, its priority
 /// (0-9), its `max_queue` (0: the queue's time-to-live, else 1 ms to a week), its webhook
 /// events (a non-empty set of `webhook_started` and `webhook_completed`) and its traceparent
 /// (empty, or a valid W3C one: over HTTP an invalid header is ignored, as the specification asks).
 inline std::optional<BrokenRule> check_job(const Job& job, const AddressGuard& guard) {
-  const std::string_view tenant = tenant_of(job.id);
-  if (!is_valid_job_id(id_of(job.id)) || (!tenant.empty() && !is_valid_tenant_name(tenant)) ||
-      (tenant.empty() && job.id.find('/') != std::string::npos)) {
-    return BrokenRule{"id", job_id_rule()};
-  }
+  if (!is_valid_job_id(job.id)) return BrokenRule{"id", job_id_rule()};
+  if (!job.tenant.empty() && !is_valid_tenant_name(job.tenant))
+    return BrokenRule{"tenant", tenant_rule()};
   if (!job.callback_url.empty()) {
     if (auto broken = check_callback_url(job.callback_url, guard)) return broken;
   }

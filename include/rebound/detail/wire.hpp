@@ -33,7 +33,7 @@ inline std::string format_rfc3339(std::chrono::system_clock::time_point tp) {
 /// position while it is queued and the store can tell.
 inline nlohmann::json to_status_json(const JobRecord& record,
                                      std::optional<std::size_t> queue_position = std::nullopt) {
-  nlohmann::json out = {{"id", id_of(record.job.id)},
+  nlohmann::json out = {{"id", record.job.id},
                         {"status", to_string(record.status)},
                         {"priority", record.job.priority},
                         {"created_at", format_rfc3339(record.job.created_at)}};
@@ -95,7 +95,7 @@ inline nlohmann::json to_list_entry_json(const JobRecord& record) {
 
 /// The body POSTed to the callback URL once a job is final (see docs/delivery.md).
 inline nlohmann::json to_callback_json(const JobRecord& record) {
-  nlohmann::json out = {{"id", id_of(record.job.id)}, {"status", to_string(record.status)}};
+  nlohmann::json out = {{"id", record.job.id}, {"status", to_string(record.status)}};
   if (record.status == JobStatus::succeeded) {
     out["result"] = record.outcome.result;
   } else if (record.outcome.error) {

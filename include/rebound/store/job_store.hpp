@@ -9,10 +9,12 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "rebound/job.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound {
 
@@ -67,7 +69,7 @@ enum class RedeliverOutcome {
 /// pages neither repeats nor shifts the others.
 struct ListCursor {
   std::chrono::system_clock::time_point created_at{};
-  std::string id;
+  std::string id;  ///< the key of the last job listed (rebound::key_of)
 };
 
 /// One page of a listing. Its entries carry no input and no result (their fields stay empty or
@@ -101,11 +103,15 @@ struct JobFilter {
   /// start with "abc" (rebound/tenant.hpp). Empty: every job.
   std::string id_prefix;
 
-  bool matches(const JobRecord& r) const {
+  /// Whether `r`, whose key is `key` (rebound::key_of), is listed.
+  bool matches(const JobRecord& r, std::string_view key) const {
     return (!status || r.status == *status) &&
            (!callback_state || r.callback.state == *callback_state) &&
            (!priority || r.job.priority == *priority) &&
-           r.job.id.compare(0, id_prefix.size(), id_prefix) == 0;
+           key.substr(0, id_prefix.size()) == id_prefix;
+  }
+  bool matches(const JobRecord& r) const {
+    return id_prefix.empty() ? matches(r, {}) : matches(r, key_of(r.job));
   }
 };
 
@@ -138,6 +144,12 @@ struct ServerSeen {
 ///
 /// Time comes in as `now` on every call that depends on it, so that tests and simulations can
 /// drive a store with their own clock.
+///
+/// Tenants: a job is named by its key (rebound::key_of: "tenant/id", or the id for the single
+/// tenant), unique in the store. Every call that takes an `id` takes that key, and list
+/// prefixes and cursors are of keys; every record a store hands back carries the job's tenant
+/// and id as their own fields (Job::tenant, Job::id), as `put` was given them. A store keeps the
+/// tenant as a field: it never splits a key to find it.
 ///
 /// Thread-safety: every method may be called concurrently from any thread.
 /// Errors: a store that cannot do its job (disk full, file deleted, connection lost) throws, and
@@ -292,7 +304,7 @@ class JobStore {
     std::vector<JobRecord> out;
     for (auto& record : list_failed_callbacks(limit * 10 + 1000)) {
       if (out.size() >= limit) break;
-      if (record.job.id.compare(0, id_prefix.size(), id_prefix) == 0)
+      if (key_of(record.job).compare(0, id_prefix.size(), id_prefix) == 0)
         out.push_back(std::move(record));
     }
     return out;
@@ -314,15 +326,15 @@ class JobStore {
     };
     std::vector<JobRecord> all = list_failed_callbacks_with_prefix(id_prefix, 10000);
     std::sort(all.begin(), all.end(), [&](const JobRecord& a, const JobRecord& b) {
-      return ms(a) != ms(b) ? ms(a) > ms(b) : a.job.id > b.job.id;
+      return ms(a) != ms(b) ? ms(a) > ms(b) : key_of(a.job) > key_of(b.job);
     });
     for (auto& record : all) {
       if (after && !(ms(record) < after->created_at ||
-                     (ms(record) == after->created_at && record.job.id < after->id)))
+                     (ms(record) == after->created_at && key_of(record.job) < after->id)))
         continue;
       if (page.jobs.size() == limit) {
         const JobRecord& last = page.jobs.back();
-        page.next = ListCursor{ms(last), last.job.id};
+        page.next = ListCursor{ms(last), key_of(last.job)};
         break;
       }
       record.job.input = nullptr;
@@ -417,16 +429,16 @@ class JobStore {
     for (auto& r : records) {
       if (!filter.matches(r)) continue;
       if (after &&
-          !(ms(r) < after->created_at || (ms(r) == after->created_at && r.job.id < after->id)))
+          !(ms(r) < after->created_at || (ms(r) == after->created_at && key_of(r.job) < after->id)))
         continue;
       kept.push_back(std::move(r));
     }
     std::sort(kept.begin(), kept.end(), [&](const JobRecord& a, const JobRecord& b) {
-      return ms(a) != ms(b) ? ms(a) > ms(b) : a.job.id > b.job.id;
+      return ms(a) != ms(b) ? ms(a) > ms(b) : key_of(a.job) > key_of(b.job);
     });
     if (kept.size() > limit) {
       kept.resize(limit);
-      page.next = ListCursor{ms(kept.back()), kept.back().job.id};
+      page.next = ListCursor{ms(kept.back()), key_of(kept.back().job)};
     }
     for (auto& r : kept) {
       r.job.input = nullptr;

@@ -57,8 +57,9 @@ class MemoryJobStore final : public JobStore {
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override {
     // Measured outside the lock: the input may be large.
     const std::size_t input_bytes = detail::json_footprint(job.input);
+    std::string key = rebound::key_of(job);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = jobs_.find(job.id); it != jobs_.end()) {
+    if (auto it = jobs_.find(key); it != jobs_.end()) {
       return it->second.record.job.same_request_as(job) ? PutOutcome::duplicate
                                                         : PutOutcome::conflict;
     }
@@ -72,7 +73,7 @@ class MemoryJobStore final : public JobStore {
     evict_finished_until(options_.max_bytes - std::min(options_.max_bytes, entry.bytes));
     if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     bytes_ += entry.bytes;
-    auto it = jobs_.emplace(job.id, std::move(entry)).first;
+    auto it = jobs_.emplace(std::move(key), std::move(entry)).first;
     queued_set(it->second.record.job).insert(queued_key(it));
     if (claim) {
       it->second.job_lease = *claim;
@@ -299,7 +300,7 @@ class MemoryJobStore final : public JobStore {
     if (limit == 0) return page;
     std::vector<Key> keys;
     for (const auto& [id, entry] : jobs_) {
-      if (!filter.matches(entry.record)) continue;
+      if (!filter.matches(entry.record, id)) continue;
       // To the millisecond, as cursors and the other stores keep it.
       const Key key{std::chrono::floor<std::chrono::milliseconds>(entry.record.job.created_at),
                     &id};
@@ -314,6 +315,7 @@ class MemoryJobStore final : public JobStore {
       const JobRecord& full = jobs_.at(*keys[i].second).record;
       JobRecord entry;
       entry.job.id = full.job.id;
+      entry.job.tenant = full.job.tenant;
       entry.job.callback_url = full.job.callback_url;
       entry.job.created_at = full.job.created_at;
       entry.job.priority = full.job.priority;
@@ -541,7 +543,7 @@ class MemoryJobStore final : public JobStore {
   static std::size_t footprint(const Entry& e) {
     constexpr std::size_t per_entry = sizeof(Map::value_type) + 4 * sizeof(void*) + 64;
     const JobRecord& r = e.record;
-    std::size_t strings = 2 * r.job.id.size() + r.job.callback_url.size() +
+    std::size_t strings = 2 * (r.job.id.size() + r.job.tenant.size()) + r.job.callback_url.size() +
                           r.callback.last_error.size() + r.job.traceparent.size();
     if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
     strings += r.attempt_log.capacity() * sizeof(CallbackAttempt);
