@@ -172,21 +172,18 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   const std::chrono::milliseconds attempt_timeout = options.delivery.timeout;
   auto sender = std::make_unique<CallbackSender>(std::move(io_executor), std::move(transport),
                                                  std::move(options.delivery));
-  core_ = std::make_shared<detail::Pipeline>(std::move(model), std::move(store), std::move(sender),
-                                             has_transport, std::move(guard), options);
-  core_->gate = gate;
-  core_->delivery.set_gate(gate, attempt_timeout);
-  *pipeline = core_;
-  core_->delivery.set_owner(core_);
-  core_->runner.set_owner(core_);
   // Parked slots belong to no tenant: with tenant shares, every accepted job is held in memory,
-  // where the tenants take turns.
-  // At least a batch for every worker, or the workers would wait on claims.
-  const std::size_t batch = std::max<std::size_t>(
-      1, options.max_batch_size.value_or(core_->model->batching().max_batch_size));
-  core_->pump.set_prefetch(options.tenant_share >= 1.0 && options.prefetch > 0
-                               ? std::max(options.prefetch, options.workers * batch)
-                               : 0);
+  // where the tenants take turns. At least a batch for every worker, or the workers would wait
+  // on claims.
+  const std::size_t batch =
+      std::max<std::size_t>(1, options.max_batch_size.value_or(model->batching().max_batch_size));
+  const std::size_t prefetch = options.tenant_share >= 1.0 && options.prefetch > 0
+                                   ? std::max(options.prefetch, options.workers * batch)
+                                   : 0;
+  core_ = std::make_shared<detail::Pipeline>(std::move(model), std::move(store), std::move(sender),
+                                             has_transport, gate, attempt_timeout, prefetch,
+                                             std::move(guard), options);
+  *pipeline = core_;
   const BatchingPreference preferred = core_->model->batching();
   detail::WorkQueueOptions queue_options;
   // The queue's own bound equals the admission bound, so an admitted item always fits.

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <utility>
 
+#include "events.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "rebound/model.hpp"
 
@@ -28,7 +29,8 @@ class Admission {
   /// `tenant_slots`: the slots one tenant's submissions may hold at once (rebound/tenant.hpp);
   /// `capacity` or more: no limit, and no count per tenant is kept.
   /// `max_bytes`: the bytes that work in memory may hold at once (what it is charged with).
-  Admission(std::size_t capacity, const Model& model, std::function<void()> on_slot_freed,
+  /// `events` hears each slot given back (PipelineEvents::slot_freed).
+  Admission(std::size_t capacity, const Model& model, PipelineEvents& events,
             std::size_t tenant_slots = std::numeric_limits<std::size_t>::max(),
             std::size_t max_bytes = std::numeric_limits<std::size_t>::max())
       : capacity_(capacity),
@@ -36,7 +38,7 @@ class Admission {
         tenant_slots_(tenant_slots),
         by_tenant_(tenant_slots < capacity),
         model_(model),
-        on_slot_freed_(std::move(on_slot_freed)) {}
+        events_(events) {}
 
   /// Held while a submission is admitted and stored (also across a store's asynchronous put, so
   /// it moves), so that `close` waits for those under way: after it, nothing new reaches the
@@ -118,7 +120,7 @@ class Admission {
       bytes_ = bytes_ - std::min(bytes_, from) + to;
       freed = freed && bytes_ < max_bytes_;
     }
-    if (freed) on_slot_freed_();
+    if (freed) events_.slot_freed();
   }
 
   /// How many items a claim from the store may ask for now: the free slots, at most `max`, and
@@ -144,7 +146,7 @@ class Admission {
       ++parked_;
       parked_floor_ = std::min(parked_floor_, priority);
     }
-    if (freed) on_slot_freed_();
+    if (freed) events_.slot_freed();
   }
 
   enum class Unpark { none, taken, no_room };
@@ -186,7 +188,7 @@ class Admission {
       if (parked_ == 0) parked_floor_ = std::numeric_limits<int>::max();
       if (in_flight_ == 0 || parked_ == 0) idle_.notify_all();
     }
-    if (freed) on_slot_freed_();
+    if (freed) events_.slot_freed();
     return n;
   }
 
@@ -220,7 +222,7 @@ class Admission {
       }
       if (in_flight_ == 0) idle_.notify_all();
     }
-    if (freed) on_slot_freed_();
+    if (freed) events_.slot_freed();
   }
 
   std::size_t capacity() const { return capacity_; }
@@ -311,7 +313,7 @@ class Admission {
   const bool by_tenant_;
   std::map<std::string, std::size_t, std::less<>> tenants_;  // under mutex_, when by_tenant_
   const Model& model_;
-  const std::function<void()> on_slot_freed_;
+  PipelineEvents& events_;
   void leave() {
     std::lock_guard<std::mutex> lock(entry_mutex_);
     if (--entries_ == 0) left_.notify_all();

@@ -363,10 +363,8 @@ void BatchRunner::finish(JobRecord record, Claim claim) {
           return;
         }
         kept->outcome = std::move(static_cast<JobEnd&>(*outcome));
-        if (on_final_) {
-          kept->callback.state = deliver ? CallbackState::pending : CallbackState::none;
-          on_final_(*kept);
-        }
+        kept->callback.state = deliver ? CallbackState::pending : CallbackState::none;
+        events_.job_final(*kept);
         if (!deliver) {
           held->release();
           return;

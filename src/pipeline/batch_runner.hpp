@@ -21,6 +21,7 @@
 
 #include "admission.hpp"
 #include "delivery.hpp"
+#include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/detail/work_queue.hpp"
@@ -36,8 +37,10 @@ namespace rebound::detail {
 /// flight (a watchdog, a write being retried).
 class BatchRunner {
  public:
+  /// `events` hears each job whose outcome this runner got acknowledged (job_final: it is final
+  /// in the store) and keeps the parts alive while a watchdog or a write is under way.
   BatchRunner(Model& model, StoreAccess& store, Leases& leases, Delivery& delivery,
-              Admission& admission, Observers& observe, Clock clock,
+              Admission& admission, Observers& observe, Clock clock, PipelineEvents& events,
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,
               std::chrono::milliseconds inference_timeout)
       : model_(model),
@@ -47,17 +50,10 @@ class BatchRunner {
         admission_(admission),
         observe_(observe),
         clock_(std::move(clock)),
+        events_(events),
         timer_executor_(std::move(timer_executor)),
         job_ttl_(job_ttl),
         inference_timeout_(inference_timeout) {}
-
-  void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
-
-  /// Hears each job whose outcome this runner got acknowledged (it is final in the store), with
-  /// its record as this runner finished it (the callback `pending` when one is due).
-  void set_on_final(std::function<void(const JobRecord&)> on_final) {
-    on_final_ = std::move(on_final);
-  }
 
   /// The worker step for one batch.
   void run(std::vector<WorkItem> batch);
@@ -115,17 +111,12 @@ class BatchRunner {
   Admission& admission_;
   Observers& observe_;
   const Clock clock_;
+  PipelineEvents& events_;
   boost::asio::any_io_executor timer_executor_;
   const std::chrono::milliseconds job_ttl_;
   const std::chrono::milliseconds inference_timeout_;
-  // What async work holds to keep the parts alive; set_owner comes before any work.
-  std::shared_ptr<const void> owner() const {
-    auto keep = owner_.lock();
-    assert(keep);
-    return keep;
-  }
-  std::weak_ptr<const void> owner_;
-  std::function<void(const JobRecord&)> on_final_;
+  // What async work holds to keep the parts alive.
+  std::shared_ptr<const void> owner() const { return events_.keep_alive(); }
   mutable std::mutex stats_mutex_;
   BatchStats stats_;
 

@@ -230,7 +230,8 @@ void Delivery::attempted(const std::string& id, const std::string& tenant,
       [this, id, claim, after](bool recorded) {
         claim->release();
         if (!recorded) observe_([&](auto& o) { o.on_lease_lost(id, "record_attempt"); });
-        if (recorded && after.state == CallbackState::pending) schedule_(after.next_attempt_at);
+        if (recorded && after.state == CallbackState::pending)
+          events_.wake_pump(after.next_attempt_at);
       },
       [claim] { claim->release(); });
 }

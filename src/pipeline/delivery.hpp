@@ -15,6 +15,7 @@
 
 #include "admission.hpp"
 #include "claim.hpp"
+#include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/delivery/callback_sender.hpp"
@@ -32,28 +33,23 @@ class Delivery {
   using TimePoint = std::chrono::system_clock::time_point;
 
   /// `max_deferral`: a callback deferred (its receiver's circuit open, paused) this long after
-  /// its delivery started is given up.
+  /// its delivery started is given up. `gate`: the gate in front of the transport (null: none),
+  /// asked before each attempt whether it would be deferred (then no request is built and nothing
+  /// goes through the io thread); `attempt_timeout`: the attempts' timeout. `events` hears each
+  /// retry's time (wake_pump) and keeps the parts alive while an attempt is in flight.
   Delivery(CallbackSender& sender, StoreAccess& store, Leases& leases, Admission& admission,
-           Observers& observe, Clock clock, std::function<void(TimePoint)> schedule,
-           std::chrono::milliseconds max_deferral)
+           Observers& observe, Clock clock, PipelineEvents& events, OriginGate* gate,
+           std::chrono::milliseconds attempt_timeout, std::chrono::milliseconds max_deferral)
       : sender_(sender),
         store_(store),
         leases_(leases),
         admission_(admission),
         observe_(observe),
         clock_(std::move(clock)),
-        schedule_(std::move(schedule)),
+        events_(events),
+        gate_(gate),
+        attempt_timeout_(attempt_timeout),
         max_deferral_(max_deferral) {}
-
-  void set_owner(std::weak_ptr<const void> owner) { owner_ = std::move(owner); }
-
-  /// The gate in front of the transport, asked before each attempt whether it would be deferred
-  /// (then no request is built and nothing goes through the io thread); `timeout` is the
-  /// attempts' timeout. Before any work.
-  void set_gate(OriginGate* gate, std::chrono::milliseconds timeout) {
-    gate_ = gate;
-    attempt_timeout_ = timeout;
-  }
 
   /// Sends the first attempt of a callback `holder` has just claimed with the job's outcome, in
   /// the slot of `claim` (the job's, whose lease it replaces).
@@ -106,17 +102,12 @@ class Delivery {
   Admission& admission_;
   Observers& observe_;
   const Clock clock_;
-  const std::function<void(TimePoint)> schedule_;
+  PipelineEvents& events_;
+  OriginGate* const gate_;
+  const std::chrono::milliseconds attempt_timeout_;
   const std::chrono::milliseconds max_deferral_;
-  OriginGate* gate_ = nullptr;
-  std::chrono::milliseconds attempt_timeout_{10000};
-  // What async work holds to keep the parts alive; set_owner comes before any work.
-  std::shared_ptr<const void> owner() const {
-    auto keep = owner_.lock();
-    assert(keep);
-    return keep;
-  }
-  std::weak_ptr<const void> owner_;
+  // What async work holds to keep the parts alive.
+  std::shared_ptr<const void> owner() const { return events_.keep_alive(); }
   std::atomic<std::size_t> started_in_flight_{0};
   std::mutex deferrals_mutex_;
   std::deque<Deferral> deferrals_;    // guarded by deferrals_mutex_, as is:

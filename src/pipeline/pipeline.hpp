@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cstdio>
 #include <iterator>
@@ -22,6 +23,7 @@
 #include "admission.hpp"
 #include "batch_runner.hpp"
 #include "delivery.hpp"
+#include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/delivery/address_guard.hpp"
@@ -156,78 +158,84 @@ inline std::string default_server_id() {
   return std::string(host[0] ? host : "rebound") + "-" + std::to_string(::getpid()) + "-" + suffix;
 }
 
-/// The parts, in the order they are built: each is handed those above it. Admission and Delivery
-/// also wake the pump (below them) through a lambda, which runs only once the Pipeline is built.
-/// Shared with the work in flight (deliveries, watchdogs, writes being retried), which keeps it
-/// alive through the owner Delivery and BatchRunner are given.
-struct Pipeline {
+/// The parts, in the order they are built: each is handed those above it, and the Pipeline itself
+/// as the PipelineEvents through which they reach back up (which runs only once the Pipeline is
+/// built: no part calls back during construction). Shared with the work in flight (deliveries,
+/// watchdogs, writes being retried), which keeps it alive through keep_alive().
+struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
+  /// `gate`: in front of the transport, owned by the sender (null without one); `attempt_timeout`:
+  /// the callback attempts' timeout; `prefetch`: the StorePump's (0: none).
   Pipeline(std::unique_ptr<Model> model_in, std::unique_ptr<JobStore> store_in,
-           std::unique_ptr<CallbackSender> sender_in, bool has_transport, AddressGuard guard_in,
+           std::unique_ptr<CallbackSender> sender_in, bool has_transport, OriginGate* gate_in,
+           std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
       : model(std::move(model_in)),
         job_store(std::move(store_in)),
         sender(std::move(sender_in)),
+        gate(gate_in),
         delivers_callbacks(has_transport),
         guard(std::move(guard_in)),
         clock(options.clock),
         store(*job_store, observe, sender->get_executor(), options.store_retry_interval),
-        admission(
-            options.queue_capacity, *model,
-            [this] {
-              // Work may be waiting in the store for a free slot: look now.
-              if (!store.stopped()) pump.wake(clock());
-            },
-            options.tenant_share >= 1.0
-                ? std::numeric_limits<std::size_t>::max()
-                : std::max<std::size_t>(
-                      1, static_cast<std::size_t>(options.tenant_share *
-                                                  static_cast<double>(options.queue_capacity))),
-            options.max_work_bytes),
+        admission(options.queue_capacity, *model, *this,
+                  options.tenant_share >= 1.0
+                      ? std::numeric_limits<std::size_t>::max()
+                      : std::max<std::size_t>(1, static_cast<std::size_t>(
+                                                     options.tenant_share *
+                                                     static_cast<double>(options.queue_capacity))),
+                  options.max_work_bytes),
         leases(options.server_id.empty() ? default_server_id() : options.server_id, options.lease,
                clock),
-        delivery(
-            *sender, store, leases, admission, observe, clock,
-            [this](std::chrono::system_clock::time_point at) { pump.wake(at); },
-            options.callback_max_deferral),
-        pump(
-            store, admission, leases, delivery, observe, clock, options.poll_interval,
-            [this](const std::string& id, const std::string& holder) {
-              // Cancelled, or claimed by another: a waiting job is not run, a running one is
-              // told to stop.
-              runner.revoke(id, holder, true);
-            },
-            [this](StorePump::Queue& queue) { runner.sweep(queue); }),
-        runner(*model, store, leases, delivery, admission, observe, clock, sender->get_executor(),
-               options.job_ttl, options.inference_timeout),
+        delivery(*sender, store, leases, admission, observe, clock, *this, gate, attempt_timeout,
+                 options.callback_max_deferral),
+        pump(store, admission, leases, delivery, observe, clock, *this, options.poll_interval,
+             delivers_callbacks, prefetch),
+        runner(*model, store, leases, delivery, admission, observe, clock, *this,
+               sender->get_executor(), options.job_ttl, options.inference_timeout),
         async_waiters(options.max_waiting),
         poll_interval(options.poll_interval) {
-    runner.set_on_final([this](const JobRecord& record) {
-      // The record as the store keeps it (input, started_at, callback state): the same answer a
-      // wait gets for a job another server finished; the one in hand when the store cannot say.
-      if (async_waiters.empty()) return;
-      const std::string key = key_of(record.job);
-      if (!async_waiters.waiting(key)) return;
-      std::optional<JobRecord> stored;
-      try {
-        stored = store.call("get", key, [&](JobStore& s) { return s.get(key); });
-      } catch (const StoreUnavailable&) {
-      }
-      async_waiters.complete(key, stored && is_final(stored->status) ? *stored : record);
-    });
-    pump.set_claims_callbacks(delivers_callbacks);
-    pump.set_on_poll([this] {
-      poll_async_waits();
-      sync_pauses();
-    });
     observe.log = LogObserver(options.logger);
     logger = options.logger;
     observe.user = std::move(options.observers);
   }
 
+  // PipelineEvents: what the parts tell the Pipeline.
+  std::shared_ptr<const void> keep_alive() const override {
+    auto keep = weak_from_this().lock();
+    assert(keep);
+    return keep;
+  }
+  void slot_freed() override {
+    // Work may be waiting in the store for a free slot: look now.
+    if (!store.stopped()) pump.wake(clock());
+  }
+  void wake_pump(std::chrono::system_clock::time_point at) override { pump.wake(at); }
+  void lease_lost(const std::string& key, const std::string& holder) override {
+    runner.revoke(key, holder, true);
+  }
+  void sweep(WorkQueue<WorkItem>& queue) override { runner.sweep(queue); }
+  void pump_polled() override {
+    poll_async_waits();
+    sync_pauses();
+  }
+  void job_final(const JobRecord& record) override {
+    // The record as the store keeps it (input, started_at, callback state): the same answer a
+    // wait gets for a job another server finished; the one in hand when the store cannot say.
+    if (async_waiters.empty()) return;
+    const std::string key = key_of(record.job);
+    if (!async_waiters.waiting(key)) return;
+    std::optional<JobRecord> stored;
+    try {
+      stored = store.call("get", key, [&](JobStore& s) { return s.get(key); });
+    } catch (const StoreUnavailable&) {
+    }
+    async_waiters.complete(key, stored && is_final(stored->status) ? *stored : record);
+  }
+
   std::unique_ptr<Model> model;
   std::unique_ptr<JobStore> job_store;
   std::unique_ptr<CallbackSender> sender;
-  OriginGate* gate = nullptr;  // in front of the transport, owned by the sender; null without one
+  OriginGate* const gate;  // in front of the transport, owned by the sender; null without one
   const bool delivers_callbacks;
   const AddressGuard guard;
   Clock clock;

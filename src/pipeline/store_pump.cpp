@@ -68,7 +68,7 @@ void StorePump::run() {
     lock.unlock();
     if (clock_() >= next_renewal) {
       for (const auto& [id, holder] : leases_.renew_held(store_))
-        on_lost_(id, holder);
+        events_.lease_lost(id, holder);
       next_renewal = clock_() + leases_.duration() / 3;
     }
     if (due_now) pump();
@@ -100,18 +100,16 @@ bool StorePump::pump() {
   if (const TimePoint now = clock_();
       now - last_sweep_ >= std::chrono::milliseconds(250) || now < last_sweep_) {
     last_sweep_ = now;
-    if (queue_) sweep_(*queue_);
+    if (queue_) events_.sweep(*queue_);
     // A fault the store got over by itself (its own retries) is seen here, with its log line,
     // even when no call and no health check met it.
     store_.failure();
   }
   // First what the pass must know (pauses a shared store keeps), then the claims.
-  if (on_poll_) {
-    try {
-      on_poll_();
-    } catch (...) {
-      // A wait that could not be checked now is checked at the next poll.
-    }
+  try {
+    events_.pump_polled();
+  } catch (...) {
+    // A wait that could not be checked now is checked at the next poll.
   }
   std::size_t jobs = 0, callbacks = 0;
   bool more = false;

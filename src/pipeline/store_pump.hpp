@@ -17,6 +17,7 @@
 #include "admission.hpp"
 #include "claim.hpp"
 #include "delivery.hpp"
+#include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
 #include "rebound/detail/work_queue.hpp"
@@ -34,21 +35,25 @@ class StorePump {
   using TimePoint = std::chrono::system_clock::time_point;
   using Queue = WorkQueue<WorkItem>;
 
-  /// `on_lost(id, holder)` hears of each claim whose renewal the store refused; `sweep(queue)`
-  /// runs at most every quarter second, when the pump looks for work (expired and revoked jobs).
+  /// `events` hears of each claim whose renewal the store refused (lease_lost), is asked to
+  /// sweep the queue (at most every quarter second, when the pump looks for work) and is told of
+  /// each pass (pump_polled). `claims_callbacks`: whether due callbacks are claimed (not by a
+  /// queue without a transport). `prefetch`: the most jobs held in memory waiting for a worker
+  /// (JobQueueOptions::prefetch; 0: no bound); with one, accepted jobs beyond it wait in the
+  /// store on parked slots (Admission::park), and the pump claims them as the queue drains.
   StorePump(StoreAccess& store, Admission& admission, Leases& leases, Delivery& delivery,
-            Observers& observe, Clock clock, std::chrono::milliseconds poll_interval,
-            std::function<void(const std::string&, const std::string&)> on_lost,
-            std::function<void(Queue&)> sweep)
+            Observers& observe, Clock clock, PipelineEvents& events,
+            std::chrono::milliseconds poll_interval, bool claims_callbacks, std::size_t prefetch)
       : store_(store),
         admission_(admission),
         leases_(leases),
         delivery_(delivery),
         observe_(observe),
         clock_(std::move(clock)),
+        events_(events),
         poll_interval_(poll_interval),
-        on_lost_(std::move(on_lost)),
-        sweep_(std::move(sweep)) {}
+        claims_callbacks_(claims_callbacks),
+        prefetch_(prefetch) {}
   ~StorePump() { stop(); }
 
   /// Claims what the store holds (from an earlier run, or from servers gone) once, on the
@@ -61,13 +66,6 @@ class StorePump {
   /// Runs the pump at `at` (at once when it has come), unless it runs earlier already.
   void wake(TimePoint at);
 
-  /// Whether due callbacks are claimed (not by a queue without a transport). Before `start`.
-  void set_claims_callbacks(bool claims) { claims_callbacks_ = claims; }
-
-  /// The most jobs held in memory waiting for a worker (JobQueueOptions::prefetch); 0: no bound.
-  /// With one, accepted jobs beyond it wait in the store on parked slots (Admission::park), and
-  /// the pump claims them as the queue drains. Before `start`.
-  void set_prefetch(std::size_t prefetch) { prefetch_ = prefetch; }
   std::size_t prefetch() const { return prefetch_; }
 
   /// A worker took a batch: with jobs parked in the store and the queue below half its prefetch,
@@ -81,9 +79,6 @@ class StorePump {
   /// waits up to `timeout` for it to end. False when it did not end in time (or the pump is
   /// stopped). What a test's quiesce waits for. Thread-safe.
   bool pass_now(std::chrono::steady_clock::duration timeout);
-
-  /// Called on the pump's thread each time it looks for work. Before `start`.
-  void set_on_poll(std::function<void()> on_poll) { on_poll_ = std::move(on_poll); }
 
   /// Jobs and callbacks taken over from the store so far (see BatchStats::resumed).
   std::uint64_t resumed() const { return resumed_; }
@@ -113,16 +108,14 @@ class StorePump {
   Delivery& delivery_;
   Observers& observe_;
   const Clock clock_;
+  PipelineEvents& events_;
   const std::chrono::milliseconds poll_interval_;
-  const std::function<void(const std::string&, const std::string&)> on_lost_;
-  const std::function<void(Queue&)> sweep_;
   TimePoint last_sweep_{};  // on clock_
   Queue* queue_ = nullptr;
-  bool claims_callbacks_ = true;
-  std::size_t prefetch_ = 0;
+  const bool claims_callbacks_;
+  const std::size_t prefetch_;
   std::atomic<bool> backlog_{false};  // the last claim of jobs filled the room it had
   std::mutex pass_mutex_;             // held while a pass claims and queues
-  std::function<void()> on_poll_;
   std::atomic<std::uint64_t> resumed_{0};
   bool starting_ = true;  // during the first claims, before the thread starts
 
