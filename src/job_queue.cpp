@@ -133,7 +133,9 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   if (options.store_retry_interval.count() <= 0) {
     throw Error("JobQueue: store_retry_interval must be positive");
   }
-  if (options.lease.count() <= 0) throw Error("JobQueue: lease must be positive");
+  // (Times are computed as now + lease in nanoseconds: a bound far from their range.)
+  if (options.lease.count() <= 0 || options.lease > std::chrono::hours(24 * 366))
+    throw Error("JobQueue: lease must be positive and at most a year");
   if (options.poll_interval.count() <= 0) throw Error("JobQueue: poll_interval must be positive");
   if (options.drain_on_destroy.count() < 0) {
     throw Error("JobQueue: drain_on_destroy must not be negative");

@@ -22,6 +22,7 @@
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/redis_job_store.hpp"
+#include "support/fake_clock.hpp"
 #include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
 #include "support/submitting.hpp"
@@ -483,14 +484,16 @@ TEST_CASE(
   REQUIRE(redis_cli(server, "SADD rebound:paused not-an-origin") == "1");
   rebound::JobQueueOptions o;
   o.server_id = "fresh";
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  o.clock = rebound::test::clock_of(clock);
   rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
                           std::make_unique<RedisJobStore>(options_for(server)), o);
   // Before anything was claimed or sent: the constructor read them.
   CHECK(queue.operations().paused_origins() ==
         std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});
-  // Pauses are synced at most once a second: past that bound, a whole pass of the pump syncs
-  // them. Nothing flaps.
-  std::this_thread::sleep_for(1100ms);
+  // Pauses are synced at most once a second (of the queue's clock): past that bound, a whole
+  // pass of the pump syncs them. Nothing flaps.
+  clock->advance(1100ms);
   REQUIRE(rebound::test::pump_pass(queue));
   CHECK(queue.operations().paused_origins() ==
         std::vector<std::string>{"https://hooks.example:443", "https://other.example:443"});

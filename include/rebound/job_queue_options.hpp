@@ -115,7 +115,9 @@ struct JobQueueOptions {
   /// time-to-live) and of the store pump's schedule (its polls, lease renewals and sweeps). Tests
   /// inject one to move time on without sleeping: the pump sees a moved clock within a quarter
   /// second, and a frozen one never polls by itself (a submission or a freed slot still wakes
-  /// it). Other timers wait in real time for the difference to the injected clock.
+  /// it). A clock stepped back (an NTP step) delays no poll or renewal by the step. Other timers
+  /// wait in real time for the difference to the injected clock. Called often, from several
+  /// threads, some under a lock: it must be cheap and never block.
   std::function<std::chrono::system_clock::time_point()> clock = [] {
     return std::chrono::system_clock::now();
   };

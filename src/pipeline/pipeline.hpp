@@ -250,9 +250,10 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   BatchRunner runner;
   AsyncWaiters async_waiters;
   const std::chrono::milliseconds poll_interval;
-  std::chrono::steady_clock::time_point last_wait_poll{};   // on the pump's thread only
-  std::chrono::steady_clock::time_point last_pause_sync{};  // on the pump's thread only
-  std::size_t wait_poll_offset = 0;                         // on the pump's thread only
+  // On the pump's thread only, on `clock` as the pump's schedule is.
+  std::chrono::system_clock::time_point last_wait_poll{};
+  std::chrono::system_clock::time_point last_pause_sync{};
+  std::size_t wait_poll_offset = 0;  // on the pump's thread only
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {
@@ -276,8 +277,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// thread never wait long behind them.
   void poll_async_waits() {
     if (async_waiters.empty()) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_wait_poll < poll_interval / 2) return;
+    const auto now = clock();  // the pump's clock: a clock stepped back does not stop it
+    if (now >= last_wait_poll && now - last_wait_poll < poll_interval / 2) return;
     last_wait_poll = now;
     const std::vector<std::string> ids = async_waiters.ids();
     const std::size_t n = std::min(ids.size(), max_wait_polls);
@@ -297,8 +298,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// holds on this one too. A store that shares none leaves the gate's own pauses alone.
   void sync_pauses() {
     if (!gate) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_pause_sync < std::chrono::seconds(1)) return;
+    const auto now = clock();
+    if (now >= last_pause_sync && now - last_pause_sync < std::chrono::seconds(1)) return;
     last_pause_sync = now;
     // The gate first: a pause or resume made here between the two reads is then redone, never
     // undone.

@@ -42,20 +42,34 @@ void StorePump::wake(TimePoint at) {
 // clock, the one the store's leases and due times are on: a test that moves an injected clock
 // moves the pump with it. The thread sleeps in real time, towards the nearest of them, and never
 // longer than a quarter second at once, so that a clock moved by hand (or a wall clock that was
-// stepped) is seen within that.
+// stepped) is seen within that. A clock stepped back keeps no deadline further away than the
+// interval that set it; a clock that stands still (a test's) is slept on a quarter second at a
+// time, not polled.
 void StorePump::run() {
   constexpr auto longest_sleep = std::chrono::milliseconds(250);
-  TimePoint next_renewal = clock_() + leases_.duration() / 3;
+  // At least a millisecond: a lease of under 3 ms would renew without pause.
+  const auto renew_every = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(1),
+      std::chrono::duration_cast<std::chrono::milliseconds>(leases_.duration()) / 3);
+  TimePoint next_renewal = clock_() + renew_every;
+  TimePoint slept_at = TimePoint::min(), seen = clock_();
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     // The deadline is read again after every wake: a wake for a time before the one slept
     // towards (a retry due in 5 s under a poll interval of a minute) moves it.
-    for (TimePoint now = clock_(); !stop_ && now < due_ && now < next_renewal; now = clock_()) {
-      const auto until = std::min(due_, next_renewal) - now;
-      wake_.wait_for(lock,
-                     std::min<std::chrono::steady_clock::duration>(
-                         longest_sleep,
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(until)));
+    for (TimePoint now = clock_(); !stop_; now = clock_()) {
+      if (now < seen) {  // stepped back: the deadlines set before are that much further away
+        next_renewal = std::min(next_renewal, now + renew_every);
+        if (due_ != TimePoint::max() && due_ - now > poll_interval_) due_ = now + poll_interval_;
+      }
+      seen = now;
+      if (now >= due_ || now >= next_renewal) break;
+      const auto until = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::min(due_, next_renewal) - now);
+      wake_.wait_for(lock, now == slept_at ? std::chrono::steady_clock::duration(longest_sleep)
+                                           : std::min<std::chrono::steady_clock::duration>(
+                                                 longest_sleep, until));
+      slept_at = now;
     }
     if (stop_) return;
     const bool due_now = clock_() >= due_;  // read under the lock
@@ -69,7 +83,7 @@ void StorePump::run() {
     if (clock_() >= next_renewal) {
       for (const auto& [id, holder] : leases_.renew_held(store_))
         events_.lease_lost(id, holder);
-      next_renewal = clock_() + leases_.duration() / 3;
+      next_renewal = clock_() + renew_every;
     }
     if (due_now) pump();
     lock.lock();
