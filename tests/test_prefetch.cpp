@@ -16,6 +16,7 @@
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
+#include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/submitting.hpp"
 #include "support/temp_dir.hpp"
@@ -26,37 +27,23 @@ using rebound::test::eventually;
 
 namespace {
 
-// Holds every prediction until opened, and keeps the order in which jobs ran (their input "n").
-class OrderModel final : public rebound::Model {
- public:
-  struct Shared {
-    std::mutex m;
-    std::condition_variable changed;
-    bool open = false;
-    std::vector<int> ran;
-  };
-  explicit OrderModel(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
-  std::string name() const override { return "order"; }
-  rebound::Prediction predict(const nlohmann::json& input) override {
-    std::unique_lock<std::mutex> lock(shared_->m);
-    shared_->changed.wait(lock, [this] { return shared_->open; });
-    shared_->ran.push_back(input.value("n", -1));
-    return rebound::Prediction::success({{"n", input.value("n", -1)}});
-  }
+using rebound::test::Held;
+using rebound::test::HeldModel;
 
- private:
-  std::shared_ptr<Shared> shared_;
-};
-
-void open(OrderModel::Shared& shared) {
-  std::lock_guard<std::mutex> lock(shared.m);
-  shared.open = true;
-  shared.changed.notify_all();
+void open(Held& held) {
+  held.open();
 }
 
-std::size_t ran(OrderModel::Shared& shared) {
-  std::lock_guard<std::mutex> lock(shared.m);
-  return shared.ran.size();
+// The jobs' numbers (their input "n") in the order they reached the model.
+std::vector<int> ran_order(Held& held) {
+  std::vector<int> out;
+  for (const std::string& input : held.order())
+    out.push_back(nlohmann::json::parse(input).value("n", -1));
+  return out;
+}
+
+std::size_t ran(Held& held) {
+  return held.order().size();
 }
 
 rebound::Job numbered(int n, int priority = rebound::default_priority) {
@@ -90,11 +77,11 @@ void submit_all(rebound::JobQueue& queue, int count) {
 // A queue on a SQLite file of its own, with the order model held until opened.
 struct OnSqlite {
   OnSqlite(std::size_t prefetch, std::size_t capacity)
-      : queue(std::make_unique<OrderModel>(shared),
+      : queue(std::make_unique<HeldModel>(shared),
               std::make_unique<rebound::SqliteJobStore>(dir.file("q.db")),
               options(prefetch, capacity)) {}
   rebound::test::TempDir dir;
-  std::shared_ptr<OrderModel::Shared> shared = std::make_shared<OrderModel::Shared>();
+  std::shared_ptr<Held> shared = std::make_shared<Held>();
   rebound::JobQueue queue;
 };
 
@@ -104,8 +91,8 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
   for (const std::string kind : {"memory", "sqlite"}) {
     CAPTURE(kind);
     rebound::test::TempDir dir;
-    auto shared = std::make_shared<OrderModel::Shared>();
-    rebound::JobQueue queue(std::make_unique<OrderModel>(shared), make(kind, dir.file("q.db")),
+    auto shared = std::make_shared<Held>();
+    rebound::JobQueue queue(std::make_unique<HeldModel>(shared), make(kind, dir.file("q.db")),
                             options(8, 100));
     REQUIRE(rebound::test::submitted(queue, numbered(0)) == "accepted");
     const std::size_t one = queue.telemetry().work_bytes();
@@ -129,11 +116,9 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     open(*shared);
     REQUIRE(eventually([&] { return ran(*shared) == 100; }, 30s));
     REQUIRE(eventually([&] { return queue.telemetry().in_flight() == 0; }));
-    {
-      std::lock_guard<std::mutex> lock(shared->m);
-      // One worker and one priority: first come, first served, across memory and the store.
-      CHECK(std::is_sorted(shared->ran.begin(), shared->ran.end()));
-    }
+    // One worker and one priority: first come, first served, across memory and the store.
+    const std::vector<int> order = ran_order(*shared);
+    CHECK(std::is_sorted(order.begin(), order.end()));
     CHECK(queue.find("job-99")->status == JobStatus::succeeded);
     // Claimed back from the store, not taken over from another run.
     CHECK(queue.telemetry().batch_stats().resumed == 0);
@@ -144,8 +129,8 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
 
 TEST_CASE("prefetch: submissions whose store answer is still to come count in it") {
   auto store = std::make_shared<rebound::test::FailingStore::Switch>();
-  auto shared = std::make_shared<OrderModel::Shared>();
-  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+  auto shared = std::make_shared<Held>();
+  rebound::JobQueue queue(std::make_unique<HeldModel>(shared),
                           std::make_unique<rebound::test::FailingStore>(store), options(8, 100));
   REQUIRE(rebound::test::submitted(queue, numbered(0)) == "accepted");
   const std::size_t one = queue.telemetry().work_bytes();
@@ -196,8 +181,8 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
   rebound::test::TempDir dir;
   const std::string path = dir.file("q.db");
   {
-    auto shared = std::make_shared<OrderModel::Shared>();
-    rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+    auto shared = std::make_shared<Held>();
+    rebound::JobQueue queue(std::make_unique<HeldModel>(shared),
                             std::make_unique<rebound::MemoryJobStore>(), options(4, 100));
     submit_all(queue, 40);
     open(*shared);
@@ -207,8 +192,8 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
     CHECK(queue.find("job-39")->status == JobStatus::succeeded);
   }
   {
-    auto shared = std::make_shared<OrderModel::Shared>();
-    rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+    auto shared = std::make_shared<Held>();
+    rebound::JobQueue queue(std::make_unique<HeldModel>(shared),
                             std::make_unique<rebound::SqliteJobStore>(path), options(4, 100));
     submit_all(queue, 40);
     // Nothing can run: the deadline passes with jobs parked, and shutdown does not wait for them.
@@ -217,9 +202,9 @@ TEST_CASE("prefetch: shutdown runs the parked jobs too - past its deadline they 
     open(*shared);
   }
   // The next start on the same file finds every job that had not run, queued, and runs them.
-  auto shared = std::make_shared<OrderModel::Shared>();
+  auto shared = std::make_shared<Held>();
   open(*shared);
-  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+  rebound::JobQueue queue(std::make_unique<HeldModel>(shared),
                           std::make_unique<rebound::SqliteJobStore>(path), options(4, 100));
   REQUIRE(eventually(
       [&] {
@@ -241,9 +226,9 @@ TEST_CASE("prefetch: an urgent job is not parked behind less urgent ones") {
   REQUIRE(rebound::test::submitted(queue, numbered(1000, rebound::highest_priority)) == "accepted");
   open(*shared);
   REQUIRE(eventually([&] { return ran(*shared) == 21; }, 30s));
-  std::lock_guard<std::mutex> lock(shared->m);
   // The worker held job 0 when it came; the urgent one runs next, before the 19 waiting.
-  const auto at = std::find(shared->ran.begin(), shared->ran.end(), 1000) - shared->ran.begin();
+  const std::vector<int> order = ran_order(*shared);
+  const auto at = std::find(order.begin(), order.end(), 1000) - order.begin();
   CHECK(at <= 1);
 }
 
@@ -255,9 +240,9 @@ TEST_CASE("prefetch: a restart with a backlog many times the prefetch drains wit
     for (int n = 0; n < 300; ++n)
       REQUIRE(store.put(numbered(n)) == rebound::PutOutcome::created);
   }
-  auto shared = std::make_shared<OrderModel::Shared>();
+  auto shared = std::make_shared<Held>();
   open(*shared);
-  rebound::JobQueue queue(std::make_unique<OrderModel>(shared),
+  rebound::JobQueue queue(std::make_unique<HeldModel>(shared),
                           std::make_unique<rebound::SqliteJobStore>(path), options(4, 1000));
   // Claimed a prefetch at a time as the worker drains: with polls an hour apart, only the
   // wake-ups of the drain can bring them all in.

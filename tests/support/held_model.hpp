@@ -1,12 +1,15 @@
 // HeldModel: a Model whose predictions wait until the test opens it, to hold work in flight on
 // purpose. It keeps the inputs in the order they reached it, answers {"echo": input} (or what the
 // test's `answer` says), and a held input "cooperative" gives up when its job is cancelled
-// (rebound::cancellation_requested), as a model that polls the flag does.
+// (rebound::cancellation_requested), as a model that polls the flag does. Its state (`Held`) may
+// be shared by the models of several queues, one after another: a test that restarts a queue on
+// the same store sees one order across both.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -16,13 +19,10 @@
 
 namespace rebound::test {
 
-class HeldModel final : public rebound::Model {
+class Held {
  public:
-  using Answer = std::function<rebound::Prediction(const nlohmann::json&)>;
-  explicit HeldModel(Answer answer = nullptr) : answer_(std::move(answer)) {}
-
-  std::string name() const override { return "held"; }
-  rebound::Prediction predict(const nlohmann::json& input) override {
+  /// Notes `input`, then waits until opened: false when a "cooperative" input gave up first.
+  bool hold(const nlohmann::json& input) {
     std::unique_lock<std::mutex> lock(m_);
     ++started_;
     order_.push_back(input.is_string() ? input.get<std::string>() : input.dump());
@@ -31,12 +31,11 @@ class HeldModel final : public rebound::Model {
       if (input == "cooperative" && rebound::cancellation_requested()) {
         ++stopped_early_;
         changed_.notify_all();
-        return rebound::Prediction::failure("stopped", "cancelled");
+        return false;
       }
       changed_.wait_for(lock, std::chrono::milliseconds(10));
     }
-    lock.unlock();
-    return answer_ ? answer_(input) : rebound::Prediction::success({{"echo", input}});
+    return true;
   }
   /// Lets every prediction, waiting or to come, answer.
   void open() {
@@ -61,13 +60,35 @@ class HeldModel final : public rebound::Model {
   }
 
  private:
-  Answer answer_;
   std::mutex m_;
   std::condition_variable changed_;
   bool open_ = false;
   int started_ = 0;
   int stopped_early_ = 0;
   std::vector<std::string> order_;
+};
+
+class HeldModel final : public rebound::Model {
+ public:
+  using Answer = std::function<rebound::Prediction(const nlohmann::json&)>;
+  explicit HeldModel(Answer answer = nullptr)
+      : HeldModel(std::make_shared<Held>(), std::move(answer)) {}
+  explicit HeldModel(std::shared_ptr<Held> held, Answer answer = nullptr)
+      : held_(std::move(held)), answer_(std::move(answer)) {}
+
+  std::string name() const override { return "held"; }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    if (!held_->hold(input)) return rebound::Prediction::failure("stopped", "cancelled");
+    return answer_ ? answer_(input) : rebound::Prediction::success({{"echo", input}});
+  }
+  void open() { held_->open(); }
+  bool wait_started(int n) { return held_->wait_started(n); }
+  std::vector<std::string> order() { return held_->order(); }
+  int stopped_early() { return held_->stopped_early(); }
+
+ private:
+  std::shared_ptr<Held> held_;
+  Answer answer_;
 };
 
 }  // namespace rebound::test
