@@ -21,6 +21,8 @@ struct Doubler final : rebound::Model {
 };
 
 #if defined(BOOST_ASIO_HAS_CO_AWAIT)
+// make_job, not a braced rebound::Job{...}: GCC 12 miscompiles a braced aggregate temporary
+// inside co_await (it frees a bad pointer).
 boost::asio::awaitable<int> doubled(rebound::JobQueue& queue, int x) {
   auto done =
       co_await queue.async_submit(rebound::make_job("job-2", x), boost::asio::use_awaitable);
