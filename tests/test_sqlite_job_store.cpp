@@ -79,7 +79,7 @@ TEST_CASE("sqlite: everything survives closing and reopening the file") {
   CHECK(store.get("done")->callback.state == CallbackState::delivered);
 }
 
-TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant - once, in place") {
+TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant in place - once") {
   TempDb db;
   {
     SqliteJobStore store(db.path());
