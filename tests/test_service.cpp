@@ -214,75 +214,74 @@ TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
   CHECK(webhook_id(sent->sent[1]) == "msg_slow-receiver");
 }
 
-TEST_CASE("service: a job whose lease runs out is taken over - the late result is refused") {
-  auto clock = std::make_shared<FakeClock>();
-  auto sent = std::make_shared<FakeTransport::Shared>();
-  auto store = std::make_shared<rebound::MemoryJobStore>();
-  rebound::JobQueueOptions so;
-  so.lease = 1h;  // renewed every 20 minutes of the injected clock
-  auto stuck_model = std::make_unique<HeldModel>();
-  HeldModel* stuck = stuck_model.get();
-  so.server_id = "first";
-  so.queue_capacity = 1;  // its stuck job holds its only slot: it cannot claim the job back itself
-  auto partitioned = std::make_shared<std::atomic<bool>>(false);
-  Node first(std::make_unique<SharedStore>(store, partitioned), clock, sent, so,
-             std::move(stuck_model));
-  REQUIRE(rebound::test::submitted(*first.service, job("contested")) == "accepted");
-  REQUIRE(stuck->wait_started(1));
+namespace {
+// Two servers on one store, with a lease of an hour (renewed every 20 minutes of the injected
+// clock): the first runs `id` in its held model, which takes its only slot (it cannot claim the
+// job back itself); the second has room. While `partitioned` is set, the first's renewals do not
+// reach the store.
+struct Contest {
+  explicit Contest(const std::string& id) {
+    rebound::JobQueueOptions so;
+    so.lease = 1h;
+    so.server_id = "first";
+    so.queue_capacity = 1;
+    auto model = std::make_unique<HeldModel>();
+    held = model.get();
+    first = std::make_unique<Node>(std::make_unique<SharedStore>(store, partitioned), clock, sent,
+                                   so, std::move(model));
+    REQUIRE(rebound::test::submitted(*first->service, job(id)) == "accepted");
+    REQUIRE(held->wait_started(1));
+    so.server_id = "second";
+    so.queue_capacity = 100;
+    second = std::make_unique<Node>(std::make_unique<SharedStore>(store), clock, sent, so,
+                                    std::make_unique<rebound::EchoModel>());
+  }
+  std::shared_ptr<FakeClock> clock = std::make_shared<FakeClock>();
+  std::shared_ptr<FakeTransport::Shared> sent = std::make_shared<FakeTransport::Shared>();
+  std::shared_ptr<rebound::MemoryJobStore> store = std::make_shared<rebound::MemoryJobStore>();
+  std::shared_ptr<std::atomic<bool>> partitioned = std::make_shared<std::atomic<bool>>(false);
+  HeldModel* held = nullptr;
+  std::unique_ptr<Node> first, second;
+};
+}  // namespace
 
-  so.server_id = "second";
-  so.queue_capacity = 100;
-  Node second(std::make_unique<SharedStore>(store), clock, sent, so,
-              std::make_unique<rebound::EchoModel>());
-  REQUIRE(rebound::test::pump_pass(*second.service));  // a poll: the job is held
-  CHECK(second.service->telemetry().batch_stats().resumed == 0);
+TEST_CASE("service: a job whose lease runs out is taken over - the late result is refused") {
+  Contest c("contested");
+  REQUIRE(rebound::test::pump_pass(*c.second->service));  // a poll: the job is held
+  CHECK(c.second->service->telemetry().batch_stats().resumed == 0);
 
   // Cut off from the store, the first server cannot renew: its lease runs out.
-  *partitioned = true;
-  clock->advance(61min);
+  *c.partitioned = true;
+  c.clock->advance(61min);
   REQUIRE(eventually([&] {
-    auto r = store->get("contested");
+    auto r = c.store->get("contested");
     return r->status == JobStatus::succeeded && r->callback.state == CallbackState::delivered;
   }));
-  CHECK(second.service->telemetry().batch_stats().resumed == 1);
-  CHECK(store->get("contested")->outcome.result == 1);  // the echo model's answer
+  CHECK(c.second->service->telemetry().batch_stats().resumed == 1);
+  CHECK(c.store->get("contested")->outcome.result == 1);  // the echo model's answer
 
-  stuck->open();  // the first server's model answers at last: its acknowledgement is refused
-  REQUIRE(eventually([&] { return first.service->telemetry().metrics().leases_lost.load() == 1; }));
-  CHECK(store->get("contested")->outcome.result == 1);
-  CHECK(sent->count() == 1);  // one callback, from the server whose result was kept
-  CHECK(first.service->telemetry().in_flight() == 0);
+  c.held->open();  // the first server's model answers at last: its acknowledgement is refused
+  REQUIRE(
+      eventually([&] { return c.first->service->telemetry().metrics().leases_lost.load() == 1; }));
+  CHECK(c.store->get("contested")->outcome.result == 1);
+  CHECK(c.sent->count() == 1);  // one callback, from the server whose result was kept
+  CHECK(c.first->service->telemetry().in_flight() == 0);
 }
 
 TEST_CASE("service: a live server renews its lease on the injected clock - nobody takes the job") {
-  auto clock = std::make_shared<FakeClock>();
-  auto sent = std::make_shared<FakeTransport::Shared>();
-  auto store = std::make_shared<rebound::MemoryJobStore>();
-  rebound::JobQueueOptions so;
-  so.lease = 1h;  // renewed every 20 minutes of the injected clock
-  auto slow_model = std::make_unique<HeldModel>();
-  HeldModel* slow = slow_model.get();
-  so.server_id = "first";
-  so.queue_capacity = 1;
-  Node first(std::make_unique<SharedStore>(store), clock, sent, so, std::move(slow_model));
-  REQUIRE(rebound::test::submitted(*first.service, job("long")) == "accepted");
-  REQUIRE(slow->wait_started(1));
-  so.server_id = "second";
-  so.queue_capacity = 100;
-  Node second(std::make_unique<SharedStore>(store), clock, sent, so,
-              std::make_unique<rebound::EchoModel>());
+  Contest c("long");
   // Three hours of the injected clock, ten minutes at a time: the first server's pump renews as
   // the clock passes each third of its lease, so the second never finds the lease run out.
   for (int step = 0; step < 18; ++step) {
-    clock->advance(10min);
-    REQUIRE(rebound::test::pump_pass(*first.service));
-    REQUIRE(rebound::test::pump_pass(*second.service));
+    c.clock->advance(10min);
+    REQUIRE(rebound::test::pump_pass(*c.first->service));
+    REQUIRE(rebound::test::pump_pass(*c.second->service));
   }
-  CHECK(store->get("long")->status == JobStatus::running);
-  CHECK(second.service->telemetry().batch_stats().resumed == 0);
-  slow->open();
-  REQUIRE(eventually([&] { return store->get("long")->status == JobStatus::succeeded; }));
-  CHECK(first.service->telemetry().metrics().leases_lost.load() == 0);
+  CHECK(c.store->get("long")->status == JobStatus::running);
+  CHECK(c.second->service->telemetry().batch_stats().resumed == 0);
+  c.held->open();
+  REQUIRE(eventually([&] { return c.store->get("long")->status == JobStatus::succeeded; }));
+  CHECK(c.first->service->telemetry().metrics().leases_lost.load() == 0);
 }
 
 TEST_CASE("service: a clock stepped back does not hold the pump's polls up for the step") {
