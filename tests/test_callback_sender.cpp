@@ -13,6 +13,7 @@
 #include "rebound/delivery/curl_transport.hpp"
 #include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/version.hpp"
+#include "support/fake_transport.hpp"
 #include "support/io_thread.hpp"
 #include "support/receiver.hpp"
 
@@ -24,33 +25,17 @@ using rebound::CallbackSender;
 using rebound::DeliveryReport;
 using rebound::TransportError;
 
+using rebound::test::FakeTransport;
 using rebound::test::IoThread;
 
 namespace {
 
-// Answers from a script and records every request.
-class FakeTransport final : public rebound::CallbackTransport {
- public:
-  explicit FakeTransport(std::vector<CallbackResponse> script) : script_(std::move(script)) {}
-  void send(rebound::CallbackRequest request, rebound::CallbackResponseHandler done) override {
-    CallbackResponse response;
-    {
-      std::lock_guard<std::mutex> lock(*mutex_);
-      requests_->push_back(request);
-      response = next_ < script_.size() ? script_[next_++]
-                                        : CallbackResponse{TransportError::none, 200, {}, {}};
-    }
-    done(response);
-  }
-  // Shared so the test can read them after the transport moved into the sender.
-  std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
-  std::shared_ptr<std::vector<rebound::CallbackRequest>> requests_ =
-      std::make_shared<std::vector<rebound::CallbackRequest>>();
-
- private:
-  std::vector<CallbackResponse> script_;
-  std::size_t next_ = 0;
-};
+// A FakeTransport that answers `script` in order, then 200.
+std::unique_ptr<FakeTransport> scripted(std::vector<CallbackResponse> script) {
+  auto transport = std::make_unique<FakeTransport>();
+  transport->shared()->script.assign(script.begin(), script.end());
+  return transport;
+}
 
 CallbackResponse status(int code, std::string retry_after = {}) {
   return {TransportError::none, code, std::move(retry_after), {}};
@@ -106,22 +91,22 @@ rebound::CallbackSenderOptions fast_options(int tries = 5) {
 
 TEST_CASE("a 2xx on the first attempt is delivered at once") {
   IoThread io;
-  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(204)});
-  auto requests = transport->requests_;
+  auto transport = scripted(std::vector<CallbackResponse>{status(204)});
+  auto sent = transport->shared();
   CallbackSender sender(io.io.get_executor(), std::move(transport), fast_options());
   auto out = deliver(sender, message());
   CHECK(out.report.delivered);
   CHECK(out.report.attempts == 1);
-  CHECK(requests->size() == 1);
+  CHECK(sent->count() == 1);
   CHECK(sender.wait_idle(5s));
   CHECK(sender.in_flight() == 0);
 }
 
 TEST_CASE("failed attempts are retried after the policy's delays until one succeeds") {
   IoThread io;
-  auto transport = std::make_unique<FakeTransport>(
+  auto transport = scripted(
       std::vector<CallbackResponse>{status(500), refused(), status(429, "1"), status(200)});
-  auto requests = transport->requests_;
+  auto sent = transport->shared();
   auto policy = std::make_shared<RecordingPolicy>(std::vector{20ms, 40ms, 10ms, 10ms});
   auto options = fast_options();
   options.backoff = policy;
@@ -141,15 +126,13 @@ TEST_CASE("failed attempts are retried after the policy's delays until one succe
   CHECK(policy->seen[0].attempts == 1);
   CHECK(policy->seen[1].previous_delay == 20ms);
   CHECK(policy->seen[2].retry_after == std::optional<std::chrono::milliseconds>(1000ms));
-  CHECK(requests->size() == 4);
+  CHECK(sent->count() == 4);
 }
 
 TEST_CASE("delivery gives up after max tries and reports the last error") {
   IoThread io;
-  CallbackSender sender(
-      io.io.get_executor(),
-      std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(503))),
-      fast_options(3));
+  CallbackSender sender(io.io.get_executor(),
+                        scripted(std::vector<CallbackResponse>(10, status(503))), fast_options(3));
   auto out = deliver(sender, message());
   CHECK_FALSE(out.report.delivered);
   CHECK(out.report.attempts == 3);
@@ -160,10 +143,8 @@ TEST_CASE("delivery gives up after max tries and reports the last error") {
 TEST_CASE("410 Gone and refused addresses stop at once - redirects are retried - not followed") {
   IoThread io;
   SUBCASE("410") {
-    CallbackSender sender(
-        io.io.get_executor(),
-        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(410)}),
-        fast_options());
+    CallbackSender sender(io.io.get_executor(),
+                          scripted(std::vector<CallbackResponse>{status(410)}), fast_options());
     auto out = deliver(sender, message());
     CHECK_FALSE(out.report.delivered);
     CHECK(out.report.attempts == 1);
@@ -171,7 +152,7 @@ TEST_CASE("410 Gone and refused addresses stop at once - redirects are retried -
   SUBCASE("refused address") {
     CallbackSender sender(
         io.io.get_executor(),
-        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{
+        scripted(std::vector<CallbackResponse>{
             {TransportError::refused_address, 0, {}, "10.0.0.1 is a private address"}}),
         fast_options());
     auto out = deliver(sender, message());
@@ -180,10 +161,10 @@ TEST_CASE("410 Gone and refused addresses stop at once - redirects are retried -
     CHECK(out.report.last_error == "10.0.0.1 is a private address");
   }
   SUBCASE("302") {
-    CallbackSender sender(io.io.get_executor(),
-                          std::make_unique<FakeTransport>(
-                              std::vector<CallbackResponse>{status(302), status(301), status(200)}),
-                          fast_options());
+    CallbackSender sender(
+        io.io.get_executor(),
+        scripted(std::vector<CallbackResponse>{status(302), status(301), status(200)}),
+        fast_options());
     auto out = deliver(sender, message());
     CHECK(out.report.delivered);
     CHECK(out.report.attempts == 3);
@@ -196,8 +177,7 @@ TEST_CASE("the classifier is a policy the user can replace") {
   options.classifier = [](const CallbackResponse& r) {
     return r.status == 404 ? AttemptVerdict::give_up : rebound::default_classifier(r);
   };
-  CallbackSender sender(io.io.get_executor(),
-                        std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(404)}),
+  CallbackSender sender(io.io.get_executor(), scripted(std::vector<CallbackResponse>{status(404)}),
                         options);
   auto out = deliver(sender, message());
   CHECK_FALSE(out.report.delivered);
@@ -207,9 +187,8 @@ TEST_CASE("the classifier is a policy the user can replace") {
 TEST_CASE(
     "every attempt carries the callback headers - webhook-id stays - the signature verifies") {
   IoThread io;
-  auto transport =
-      std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)});
-  auto requests = transport->requests_;
+  auto transport = scripted(std::vector<CallbackResponse>{status(500), status(200)});
+  auto sent = transport->shared();
   auto options = fast_options();
   options.signing_secrets = {"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
                              "whsec_bmV3LXNlY3JldC1rZXk="};
@@ -219,9 +198,9 @@ TEST_CASE(
   auto msg = message();
   auto out = deliver(sender, msg);
   REQUIRE(out.report.delivered);
-  REQUIRE(requests->size() == 2);
+  REQUIRE(sent->count() == 2);
   std::set<std::string> timestamps;
-  for (const auto& req : *requests) {
+  for (const auto& req : sent->requests()) {
     std::map<std::string, std::string> h(req.headers.begin(), req.headers.end());
     CHECK(h["Content-Type"] == "application/json");
     CHECK(h["User-Agent"] == std::string("rebound/") + rebound::version);
@@ -243,10 +222,9 @@ TEST_CASE(
 
 TEST_CASE("observers and handlers that throw do not stop a delivery") {
   IoThread io;
-  CallbackSender sender(
-      io.io.get_executor(),
-      std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(500), status(200)}),
-      fast_options());
+  CallbackSender sender(io.io.get_executor(),
+                        scripted(std::vector<CallbackResponse>{status(500), status(200)}),
+                        fast_options());
   std::promise<int> done;
   sender.deliver(
       message(), [](const AttemptReport&) { throw std::runtime_error("observer"); },
@@ -263,9 +241,7 @@ TEST_CASE("observers and handlers that throw do not stop a delivery") {
 TEST_CASE("bad sender options are refused") {
   IoThread io;
   auto make = [&](rebound::CallbackSenderOptions o) {
-    CallbackSender s(io.io.get_executor(),
-                     std::make_unique<FakeTransport>(std::vector<CallbackResponse>{}),
-                     std::move(o));
+    CallbackSender s(io.io.get_executor(), scripted(std::vector<CallbackResponse>{}), std::move(o));
   };
   auto o = fast_options();
   o.signing_secrets = {"not-a-secret"};
@@ -449,9 +425,8 @@ TEST_CASE("the policy sees the time elapsed since the first attempt") {
         return std::optional<std::chrono::milliseconds>(60ms);
       }),
       100ms);
-  CallbackSender sender(
-      io.io.get_executor(),
-      std::make_unique<FakeTransport>(std::vector<CallbackResponse>(10, status(500))), options);
+  CallbackSender sender(io.io.get_executor(),
+                        scripted(std::vector<CallbackResponse>(10, status(500))), options);
   auto out = deliver(sender, message());
   CHECK_FALSE(out.report.delivered);
   CHECK(out.report.attempts == 2);  // the third would start past 100 ms
@@ -471,9 +446,9 @@ CallbackResponse deferral(std::chrono::milliseconds retry_in) {
 
 TEST_CASE("a deferred request is sent again when the transport asks - no attempt spent") {
   IoThread io;
-  auto transport = std::make_unique<FakeTransport>(
+  auto transport = scripted(
       std::vector<CallbackResponse>{deferral(20ms), deferral(20ms), status(503), status(200)});
-  auto requests = transport->requests_;
+  auto sent = transport->shared();
   auto policy = std::make_shared<RecordingPolicy>(std::vector<std::chrono::milliseconds>{5ms});
   auto o = fast_options();
   o.backoff = policy;
@@ -486,7 +461,7 @@ TEST_CASE("a deferred request is sent again when the transport asks - no attempt
   REQUIRE(out.attempts.size() == 2);
   CHECK(out.attempts[0].attempt == 1);
   CHECK(out.attempts[0].verdict == AttemptVerdict::retry);
-  CHECK(requests->size() == 4);
+  CHECK(sent->count() == 4);
   std::lock_guard<std::mutex> lock(policy->m);
   REQUIRE(policy->seen.size() == 1);  // the policy heard of the failed attempt only
   CHECK(policy->seen[0].attempts == 1);
@@ -494,7 +469,7 @@ TEST_CASE("a deferred request is sent again when the transport asks - no attempt
 
 TEST_CASE("attempt: a deferral is reported as deferred - with the transport's delay") {
   IoThread io;
-  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{deferral(1500ms)});
+  auto transport = scripted(std::vector<CallbackResponse>{deferral(1500ms)});
   CallbackSender sender(io.io.get_executor(), std::move(transport), fast_options());
   std::promise<AttemptReport> reported;
   auto m = message();
@@ -513,7 +488,7 @@ TEST_CASE("attempt: a deferral is reported as deferred - with the transport's de
 TEST_CASE("deliver gives up a message deferred longer than max_deferral") {
   IoThread io;
   std::vector<CallbackResponse> script(20, deferral(20ms));
-  auto transport = std::make_unique<FakeTransport>(script);
+  auto transport = scripted(script);
   auto o = fast_options();
   o.max_deferral = 50ms;
   CallbackSender sender(io.io.get_executor(), std::move(transport), o);
@@ -525,7 +500,7 @@ TEST_CASE("deliver gives up a message deferred longer than max_deferral") {
 
 TEST_CASE("a classifier that answers deferred for a request that was sent gets a retry") {
   IoThread io;
-  auto transport = std::make_unique<FakeTransport>(std::vector<CallbackResponse>{status(202)});
+  auto transport = scripted(std::vector<CallbackResponse>{status(202)});
   auto o = fast_options(2);
   o.classifier = [](const CallbackResponse& r) {
     return r.status == 202 ? AttemptVerdict::deferred : AttemptVerdict::delivered;

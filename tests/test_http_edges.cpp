@@ -11,6 +11,7 @@
 
 #include "rebound/detail/json.hpp"
 #include "rebound/model.hpp"
+#include "support/held_model.hpp"
 #include "support/raw_client.hpp"
 #include "support/server_harness.hpp"
 
@@ -221,38 +222,11 @@ TEST_CASE("a body whose tree would be far larger than its text is refused 413 - 
 }
 
 TEST_CASE("bodies parsed at once share max_parsing_bytes - one beyond it gets 503 queue_full") {
-  // A model whose validation waits for the test: the first body's tree stays reserved meanwhile.
-  class HeldValidation final : public rebound::Model {
-   public:
-    std::string name() const override { return "held-validation"; }
-    std::optional<rebound::ErrorInfo> validate(const json&) const override {
-      std::unique_lock<std::mutex> lock(m);
-      ++entered;
-      cv.notify_all();
-      cv.wait(lock, [&] { return open; });
-      return std::nullopt;
-    }
-    rebound::Prediction predict(const json& input) override {
-      return rebound::Prediction::success(input.size());
-    }
-    void release() {
-      std::lock_guard<std::mutex> lock(m);
-      open = true;
-      cv.notify_all();
-    }
-    bool wait_entered() const {
-      std::unique_lock<std::mutex> lock(m);
-      return cv.wait_for(lock, 10s, [&] { return entered > 0; });
-    }
-    mutable std::mutex m;
-    mutable std::condition_variable cv;
-    mutable int entered = 0;
-    bool open = false;
-  };
+  // The model's validation waits for the test: the first body's tree stays reserved meanwhile.
   HarnessOptions o;
   o.max_parsing_bytes = 4u << 20;
-  ServerHarness server(std::make_unique<HeldValidation>(), o);
-  auto* model = static_cast<HeldValidation*>(server.model_ptr);
+  ServerHarness server(std::make_unique<rebound::test::HeldValidationModel>(), o);
+  auto* model = static_cast<rebound::test::HeldValidationModel*>(server.model_ptr);
   std::string many = "[";
   for (int i = 0; i < 100000; ++i)
     many += i ? ",0" : "0";
@@ -262,7 +236,7 @@ TEST_CASE("bodies parsed at once share max_parsing_bytes - one beyond it gets 50
         round_trip(server.port, post("/v1/inferences", R"({"id":"first","input":)" + many + "}"));
     CHECK(r.status == 202);
   });
-  REQUIRE(model->wait_entered());
+  REQUIRE(model->wait_started(1));
   const RawResponse second =
       round_trip(server.port, post("/v1/inferences", R"({"id":"second","input":)" + many + "}"));
   check_error_body(second, 503, "queue_full");
@@ -271,7 +245,7 @@ TEST_CASE("bodies parsed at once share max_parsing_bytes - one beyond it gets 50
   CHECK(json::parse(second.body)["error"]["message"] ==
         "Too many large requests are being read at once; retry later.");
   // Once the first is through, the next one goes in.
-  model->release();
+  model->open();
   first.join();
   CHECK(round_trip(server.port, post("/v1/inferences", R"({"id":"third","input":)" + many + "}"))
             .status == 202);

@@ -986,7 +986,7 @@ TEST_CASE("job queue: a retry due before the pump's next poll goes out on time -
   // The pump sleeps towards its next poll (an hour here); a retry scheduled sooner must move that
   // deadline, not wait for it.
   auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
-  sent->script = {503};  // the first attempt fails; the retry is due 200 ms later
+  sent->script_statuses({503});  // the first attempt fails; the retry is due 200 ms later
   rebound::JobQueueOptions options;
   options.poll_interval = std::chrono::hours(1);
   options.lease = std::chrono::hours(3);  // renewals (a third of it) never wake the pump either

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +13,7 @@
 
 #include "rebound/delivery/origin_gate.hpp"
 #include "rebound/error.hpp"
+#include "support/fake_transport.hpp"
 
 using namespace std::chrono_literals;
 using rebound::CallbackRequest;
@@ -22,26 +22,9 @@ using rebound::CircuitState;
 using rebound::OriginGate;
 using rebound::OriginGateOptions;
 using rebound::TransportError;
+using rebound::test::FakeTransport;
 
 namespace {
-
-// Holds every request it is sent until the test answers it.
-class HeldTransport final : public rebound::CallbackTransport {
- public:
-  struct Sent {
-    CallbackRequest request;
-    rebound::CallbackResponseHandler on_done;
-  };
-  void send(CallbackRequest request, rebound::CallbackResponseHandler on_done) override {
-    std::lock_guard<std::mutex> lock(*mutex_);
-    sent_->push_back({std::move(request), std::move(on_done)});
-    ++*total_;
-  }
-  // Shared with the test, which keeps them after the gate owns the transport.
-  std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
-  std::shared_ptr<std::deque<Sent>> sent_ = std::make_shared<std::deque<Sent>>();
-  std::shared_ptr<int> total_ = std::make_shared<int>(0);
-};
 
 struct Steady {
   std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point{} + 1h;
@@ -49,18 +32,14 @@ struct Steady {
 
 struct Fixture {
   std::shared_ptr<Steady> clock = std::make_shared<Steady>();
-  std::shared_ptr<std::mutex> mutex;
-  std::shared_ptr<std::deque<HeldTransport::Sent>> sent;
-  std::shared_ptr<int> total;
+  // The inner transport holds every request until the test answers it.
+  std::shared_ptr<FakeTransport::Shared> inner = std::make_shared<FakeTransport::Shared>();
   std::unique_ptr<OriginGate> gate;
 
   explicit Fixture(OriginGateOptions o = {}) {
-    auto inner = std::make_unique<HeldTransport>();
-    mutex = inner->mutex_;
-    sent = inner->sent_;
-    total = inner->total_;
+    inner->hold_all();
     o.clock = [c = clock] { return c->now; };
-    gate = std::make_unique<OriginGate>(std::move(inner), o);
+    gate = std::make_unique<OriginGate>(std::make_unique<FakeTransport>(inner), o);
   }
 
   // Sends to `url`; the answer lands in the returned slot.
@@ -76,25 +55,18 @@ struct Fixture {
     return answer;
   }
 
-  std::size_t held() const {
-    std::lock_guard<std::mutex> lock(*mutex);
-    return sent->size();
-  }
+  std::size_t held() const { return inner->held_count(); }
+  std::size_t total() const { return inner->count(); }
 
   // Answers the oldest request the inner transport holds with `status` (or `error`).
-  std::string answer(int status, TransportError error = TransportError::none) {
-    HeldTransport::Sent s;
-    {
-      std::lock_guard<std::mutex> lock(*mutex);
-      REQUIRE(!sent->empty());
-      s = std::move(sent->front());
-      sent->pop_front();
-    }
+  std::string answer(int status, TransportError error = TransportError::none, bool local = false) {
     CallbackResponse r;
     r.error = error;
     r.status = status;
-    s.on_done(r);
-    return s.request.url;
+    r.local = local;
+    auto request = inner->answer_oldest(r);
+    REQUIRE(request.has_value());
+    return request->url;
   }
 
   rebound::EndpointStatus endpoint(const std::string& origin) const {
@@ -233,7 +205,7 @@ TEST_CASE("gate: failures open the circuit - nothing is sent - deferred to the p
   REQUIRE(deferred(later));
   CHECK((*later)->retry_in == 20s);  // due when the cool-down ends
   CHECK((*later)->message.find("circuit is open") != std::string::npos);
-  CHECK(*f.total == 3);  // nothing more reached the receiver
+  CHECK(f.total() == 3);  // nothing more reached the receiver
   CHECK(f.endpoint(a_origin).deferred == 1);
   // Other origins are not touched.
   f.send(b);
@@ -315,19 +287,7 @@ TEST_CASE("gate: answers that say nothing of the receiver neither open nor close
   f.answer(503);
   f.answer(0, TransportError::cancelled);
   f.answer(0, TransportError::refused_address);
-  {
-    // This side's own trouble (out of descriptors, say).
-    HeldTransport::Sent s;
-    {
-      std::lock_guard<std::mutex> lock(*f.mutex);
-      s = std::move(f.sent->front());
-      f.sent->pop_front();
-    }
-    CallbackResponse r;
-    r.error = TransportError::io;
-    r.local = true;
-    s.on_done(r);
-  }
+  f.answer(0, TransportError::io, /*local=*/true);  // this side's own trouble (no descriptors)
   CHECK(f.endpoint(a_origin).consecutive_failures == 1);
   CHECK(f.endpoint(a_origin).state == CircuitState::closed);
   // A 404 is an answer: the receiver is up.
@@ -460,7 +420,7 @@ TEST_CASE("gate: bad options and a bad URL") {
   CHECK_THROWS_AS(OriginGate(nullptr), rebound::Error);
   OriginGateOptions o;
   o.max_per_origin = 0;
-  CHECK_THROWS_AS(OriginGate(std::make_unique<HeldTransport>(), o), rebound::Error);
+  CHECK_THROWS_AS(OriginGate(std::make_unique<FakeTransport>(), o), rebound::Error);
   Fixture f;
   f.send("ftp://x/y");  // passed on as it is: the transport says what is wrong
   CHECK(f.held() == 1);
@@ -534,5 +494,5 @@ TEST_CASE("gate: defer_now answers for an open circuit or a pause - nothing for 
   auto paused = f.gate->defer_now(b, "", 10s);
   REQUIRE(paused);
   CHECK(paused->message.find("paused") != std::string::npos);
-  CHECK(*f.total == 1);  // nothing was sent for any of it
+  CHECK(f.total() == 1);  // nothing was sent for any of it
 }

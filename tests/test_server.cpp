@@ -20,6 +20,7 @@
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/version.hpp"
 #include "support/fake_clock.hpp"
+#include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 #ifdef REBOUND_TEST_REDIS
@@ -34,51 +35,21 @@ using rebound::test::HarnessOptions;
 
 namespace {
 
-// A model that holds every prediction until released, to fill queues on purpose.
-class GatedModel final : public rebound::Model {
- public:
-  std::string name() const override { return "gated"; }
-  bool ready() const override { return ready_; }
-  rebound::Prediction predict(const json& input) override {
-    std::unique_lock<std::mutex> lock(m_);
-    ++waiting_;
-    cv_.wait(lock, [this] { return open_; });
-    if (input == "throw") throw std::runtime_error("weights missing");
-    if (input == "bad")
-      return rebound::Prediction::failure("invalid_input", "input must not be bad");
-    return rebound::Prediction::success({{"echo", input}});
-  }
-  void open() {
-    std::lock_guard<std::mutex> lock(m_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  /// Holds predictions again from now on.
-  void close() {
-    std::lock_guard<std::mutex> lock(m_);
-    open_ = false;
-  }
-  int waiting() {
-    std::lock_guard<std::mutex> lock(m_);
-    return waiting_;
-  }
-  std::atomic<bool> ready_{true};
+// Answers as the HeldModel does, but "throw" throws and "bad" is refused by the model.
+rebound::Prediction echo_or_fail(const json& input) {
+  if (input == "throw") throw std::runtime_error("weights missing");
+  if (input == "bad") return rebound::Prediction::failure("invalid_input", "input must not be bad");
+  return rebound::Prediction::success({{"echo", input}});
+}
 
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int waiting_ = 0;
-};
-
-// The shared harness, around a GatedModel that tests open and close.
+// The shared harness, around a HeldModel that tests open and close.
 struct Harness : rebound::test::ServerHarness {
   explicit Harness(HarnessOptions o = HarnessOptions())
-      : ServerHarness(std::make_unique<GatedModel>(), o) {
+      : ServerHarness(std::make_unique<rebound::test::HeldModel>(echo_or_fail), o) {
     if (o.open_model) model->open();
   }
   ~Harness() { model->open(); }  // nothing may stay blocked while the server stops
-  GatedModel* model = static_cast<GatedModel*>(model_ptr);
+  rebound::test::HeldModel* model = static_cast<rebound::test::HeldModel*>(model_ptr);
 };
 
 // An echo JobQueue with default options and an io_context nobody runs, for a Server of the test's
@@ -145,7 +116,7 @@ TEST_CASE("polling shows queued and running jobs before they finish") {
   Harness h({1, 100, 5, false});
   REQUIRE(h.submit({{"id", "first"}})->status == 202);
   REQUIRE(h.submit({{"id", "second"}})->status == 202);
-  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return h.model->started() == 1; }));
   CHECK(h.poll("first")["status"] == "running");
   CHECK(h.poll("second")["status"] == "queued");
   CHECK_FALSE(h.poll("second").contains("result"));
@@ -431,51 +402,22 @@ TEST_CASE("a batch that is not one gets its error - a bounded count of jobs") {
 }
 
 TEST_CASE("batches take at most a quarter of the HTTP threads - the rest still answer") {
-  // A model whose validation holds until released: a batch stays on its thread meanwhile.
-  class SlowToValidate final : public rebound::Model {
-   public:
-    std::string name() const override { return "slow-to-validate"; }
-    std::optional<rebound::ErrorInfo> validate(const json&) const override {
-      std::unique_lock<std::mutex> lock(m_);
-      ++validating_;
-      cv_.notify_all();
-      cv_.wait(lock, [this] { return open_; });
-      return std::nullopt;
-    }
-    rebound::Prediction predict(const json& input) override {
-      return rebound::Prediction::success(input);
-    }
-    void open() {
-      std::lock_guard<std::mutex> lock(m_);
-      open_ = true;
-      cv_.notify_all();
-    }
-    bool wait_validating() {
-      std::unique_lock<std::mutex> lock(m_);
-      return cv_.wait_for(lock, 10s, [this] { return validating_ > 0; });
-    }
-
-   private:
-    mutable std::mutex m_;
-    mutable std::condition_variable cv_;
-    mutable int validating_ = 0;
-    bool open_ = false;
-  };
+  // The model's validation holds until opened: a batch stays on its thread meanwhile.
   HarnessOptions o;
   o.http_threads = 4;  // one batch at a time
-  auto model = std::make_unique<SlowToValidate>();
+  auto model = std::make_unique<rebound::test::HeldValidationModel>();
   auto* gate = model.get();
   rebound::test::ServerHarness h(std::move(model), o);
   const std::string batch = json({{"jobs", {{{"id", "held"}, {"input", 1}}}}}).dump();
   std::future<httplib::Result> first;
   struct Opens {  // whatever fails below, the held batch is let go before `first` is waited for
-    SlowToValidate* gate;
+    rebound::test::HeldValidationModel* gate;
     ~Opens() { gate->open(); }
   } opens{gate};
   first = std::async(std::launch::async, [&] {
     return h.client().Post("/v1/inferences:batch", batch, "application/json");
   });
-  REQUIRE(gate->wait_validating());
+  REQUIRE(gate->wait_started(1));
   auto second = h.client().Post("/v1/inferences:batch",
                                 json({{"jobs", {{{"id", "other"}}}}}).dump(), "application/json");
   check_error(second, 503, "queue_full");
@@ -500,10 +442,10 @@ TEST_CASE("/ping and submissions follow the model's readiness") {
   REQUIRE(ping);
   CHECK(ping->status == 200);
   CHECK(ping->body.empty());
-  h.model->ready_ = false;
+  h.model->set_ready(false);
   CHECK(h.client().Get("/ping")->status == 503);
   check_error(h.submit({{"id", "early"}}), 503, "not_ready");
-  h.model->ready_ = true;
+  h.model->set_ready(true);
   CHECK(h.client().Get("/ping")->status == 200);
 }
 
@@ -511,7 +453,7 @@ TEST_CASE("/ping answers while every worker is busy") {
   Harness h({2, 100, 5, false});
   for (int i = 0; i < 5; ++i)
     REQUIRE(h.submit({{"id", "busy" + std::to_string(i)}})->status == 202);
-  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 2; }));
+  REQUIRE(rebound::test::eventually([&] { return h.model->started() == 2; }));
   auto ping = h.client().Get("/ping");
   REQUIRE(ping);
   CHECK(ping->status == 200);
@@ -553,7 +495,7 @@ TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running o
   Harness h({1, 100, 5, false});
   for (int i = 0; i < 3; ++i)
     REQUIRE(h.submit({{"id", "late" + std::to_string(i)}})->status == 202);
-  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return h.model->started() == 1; }));
   CHECK_FALSE(h.service->shutdown(100ms));
   CHECK(h.service->telemetry().queue_depth() == 0);
   CHECK(h.service->telemetry().in_flight() == 1);  // only the running job still holds a slot
@@ -800,9 +742,9 @@ TEST_CASE("/metrics counts jobs - callbacks - invocations - batches and shows th
   for (int i = 0; i < 3; ++i)
     h.wait_callback_final("m" + std::to_string(i));
   REQUIRE(h.client().Post("/invocations", "[1]", "application/json")->status == 200);
-  h.model->ready_ = false;
+  h.model->set_ready(false);
   REQUIRE(h.submit({{"id", "refused"}})->status == 503);
-  h.model->ready_ = true;
+  h.model->set_ready(true);
 
   auto res = h.client().Get("/metrics");
   REQUIRE(res);
@@ -832,7 +774,7 @@ TEST_CASE("/metrics shows the queue depth while work waits") {
   Harness h({1, 100, 5, false});
   for (int i = 0; i < 4; ++i)
     REQUIRE(h.submit({{"id", "w" + std::to_string(i)}})->status == 202);
-  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return h.model->started() == 1; }));
   auto m = parse_metrics(h.client().Get("/metrics")->body);
   CHECK(m["rebound_queue_depth"] == 3);
   CHECK(m["rebound_jobs_in_flight"] == 4);
@@ -848,7 +790,7 @@ TEST_CASE("a job that waited past its time-to-live ends expired and is not run")
   Harness h(o);
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "first"}, {"callback_url", receiver.url()}})->status == 202);
-  REQUIRE(rebound::test::eventually([&] { return h.model->waiting() == 1; }));
+  REQUIRE(rebound::test::eventually([&] { return h.model->started() == 1; }));
   REQUIRE(h.submit({{"id", "late"}, {"callback_url", receiver.url()}})->status == 202);
   clock->advance(300ms);  // "late" waits behind "first" past its TTL
   h.model->open();
@@ -862,7 +804,7 @@ TEST_CASE("a job that waited past its time-to-live ends expired and is not run")
   CHECK(bodies["late"]["status"] == "expired");
   CHECK(bodies["late"]["error"]["code"] == "expired");
   CHECK_FALSE(bodies["late"].contains("result"));
-  CHECK(h.model->waiting() == 1);  // the model saw only "first"
+  CHECK(h.model->started() == 1);  // the model saw only "first"
   const json state = h.poll("late");
   CHECK(state["status"] == "expired");
   CHECK(state["error"]["code"] == "expired");
@@ -936,7 +878,7 @@ TEST_CASE(
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "slow"}, {"callback_url", receiver.url()}})->status == 202);
   REQUIRE(receiver.wait_for(1));  // answered while the model is still blocked
-  REQUIRE(h.model->waiting() == 1);
+  REQUIRE(h.model->started() == 1);
   auto body = json::parse(receiver.received().at(0).body);
   CHECK(body["status"] == "failed");
   CHECK(body["error"]["code"] == "inference_timeout");

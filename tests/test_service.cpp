@@ -145,7 +145,8 @@ rebound::Job job(const std::string& id, const std::string& url = "http://receive
 TEST_CASE("service: callbacks waiting for their next attempt hold no slot") {
   auto clock = std::make_shared<FakeClock>();
   auto sent = std::make_shared<FakeTransport::Shared>();
-  sent->script.assign(20, 503);  // every first attempt fails; the next is an hour away
+  sent->script_statuses(
+      std::vector<int>(20, 503));  // every first attempt fails; the next is an hour away
   rebound::JobQueueOptions so;
   so.queue_capacity = 2;
   so.origins.breaker_failures = 0;  // every first attempt goes out (the breaker's test is below)
@@ -178,7 +179,7 @@ TEST_CASE("service: a restart resumes a retry schedule on time - not at once") {
   rebound::test::TempDir dir;
   auto clock = std::make_shared<FakeClock>();
   auto sent = std::make_shared<FakeTransport::Shared>();
-  sent->script = {503};
+  sent->script_statuses({503});
   {
     Node node(std::make_unique<rebound::SqliteJobStore>(dir.file("jobs.db")), clock, sent);
     REQUIRE(rebound::test::submitted(*node.service, job("slow-receiver")) == "accepted");
@@ -328,7 +329,7 @@ struct CountingObserver final : rebound::Observer {
 TEST_CASE("service: observers hear the walk of a job - and one that throws changes nothing") {
   auto clock = std::make_shared<FakeClock>();
   auto sent = std::make_shared<FakeTransport::Shared>();
-  sent->script = {503};
+  sent->script_statuses({503});
   auto counting = std::make_shared<CountingObserver>();
   auto throwing = std::make_shared<CountingObserver>(true);
   rebound::JobQueueOptions so;

@@ -50,7 +50,7 @@ struct FakeFixture {
       std::make_shared<rebound::test::FakeTransport::Shared>();
   std::unique_ptr<rebound::CallbackTransport> transport;
   explicit FakeFixture(const std::vector<int>& statuses) {
-    shared->script.assign(statuses.begin(), statuses.end());
+    shared->script_statuses(statuses);
     transport = std::make_unique<rebound::test::FakeTransport>(shared);
   }
   std::string url() const { return "http://receiver.test/hook"; }
@@ -62,7 +62,7 @@ struct GateFixture {
       std::make_shared<rebound::test::FakeTransport::Shared>();
   std::unique_ptr<rebound::CallbackTransport> transport;
   explicit GateFixture(const std::vector<int>& statuses) {
-    shared->script.assign(statuses.begin(), statuses.end());
+    shared->script_statuses(statuses);
     rebound::OriginGateOptions o;
     o.breaker_failures = 0;  // the contract, not the breaker: every request goes through
     transport = std::make_unique<rebound::OriginGate>(

@@ -1,7 +1,8 @@
-// FakeTransport: the tests' one CallbackTransport fake. It records every request and answers each
-// at once: first from a script of statuses, in order, then by a rule per request (a status, or
-// nothing: the request is held unanswered until `release`), else 200. Its state is shared, so
-// that a test reads it after the transport moved into a queue.
+// FakeTransport: the tests' one CallbackTransport fake. It records every request and answers it:
+// first from a script of responses, in order, then by a rule per request (a status, or nothing:
+// the request is held until the test answers it with `answer_oldest` or `release`), else 200.
+// Its state is shared, so that a test reads it after the transport moved into a sender, a gate
+// or a queue.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -18,21 +20,54 @@
 
 namespace rebound::test {
 
+/// A response with `status` and no transport error.
+inline CallbackResponse response(int status) {
+  CallbackResponse r;
+  r.status = status;
+  return r;
+}
+
 class FakeTransport final : public CallbackTransport {
  public:
+  /// A request the rule held, with the handler that answers it.
+  struct Held {
+    CallbackRequest request;
+    CallbackResponseHandler done;
+  };
+
   struct Shared {
     std::mutex m;
-    std::deque<int> script;  ///< statuses answered first, in order
-    /// After the script: a status for the request, or nullopt to hold it until `release` (null
-    /// rule: 200). Set before the transport sends; called outside `m`.
+    std::deque<CallbackResponse> script;  ///< responses answered first, in order
+    /// After the script: a status for the request, or nullopt to hold it (null rule: 200). Set
+    /// before the transport sends; called outside `m`.
     std::function<std::optional<int>(const CallbackRequest&)> rule;
     std::vector<CallbackRequest> sent;  ///< every request, in order
-    std::vector<CallbackResponseHandler> held;
+    std::deque<Held> held;              ///< oldest first
     bool released = false;  ///< from `release` on, what the rule would hold is answered 200
 
+    /// Scripts these statuses, in order, after what is scripted already.
+    void script_statuses(const std::vector<int>& statuses) {
+      std::lock_guard<std::mutex> lock(m);
+      for (int s : statuses)
+        script.push_back(response(s));
+    }
+    /// Holds every request that the script does not answer.
+    void hold_all() {
+      std::lock_guard<std::mutex> lock(m);
+      rule = [](const CallbackRequest&) { return std::optional<int>(); };
+    }
     std::size_t count() {
       std::lock_guard<std::mutex> lock(m);
       return sent.size();
+    }
+    std::size_t held_count() {
+      std::lock_guard<std::mutex> lock(m);
+      return held.size();
+    }
+    /// A copy of every request sent so far.
+    std::vector<CallbackRequest> requests() {
+      std::lock_guard<std::mutex> lock(m);
+      return sent;
     }
     /// Requests whose URL holds `part` ("//down"), or (`holds` false) does not.
     std::size_t count_to(std::string_view part, bool holds = true) {
@@ -42,53 +77,66 @@ class FakeTransport final : public CallbackTransport {
         n += (r.url.find(part) != std::string::npos) == holds ? 1 : 0;
       return n;
     }
+    /// Answers the oldest held request with `r`, on the calling thread, and returns that
+    /// request; nullopt when nothing is held.
+    std::optional<CallbackRequest> answer_oldest(const CallbackResponse& r) {
+      Held h;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (held.empty()) return std::nullopt;
+        h = std::move(held.front());
+        held.pop_front();
+      }
+      h.done(r);
+      return std::move(h.request);
+    }
     /// Answers what is held with `status`, on the calling thread; from now on nothing is held.
     void release(int status = 200) {
-      std::vector<CallbackResponseHandler> all;
+      std::deque<Held> all;
       {
         std::lock_guard<std::mutex> lock(m);
         released = true;
         all.swap(held);
       }
-      for (auto& done : all)
-        done(response(status));
+      for (auto& h : all)
+        h.done(response(status));
     }
   };
 
-  explicit FakeTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  explicit FakeTransport(std::shared_ptr<Shared> shared = std::make_shared<Shared>())
+      : shared_(std::move(shared)) {}
+
+  const std::shared_ptr<Shared>& shared() const { return shared_; }
 
   // What is still held when it is destroyed is dropped unanswered (its handlers belong to parts
-  // being destroyed with it): a test that holds requests releases them first.
+  // being destroyed with it): a test that holds requests answers them first.
 
   void send(CallbackRequest request, CallbackResponseHandler done) override {
-    std::optional<int> status = 200;
+    std::optional<CallbackResponse> answer = response(200);
     std::function<std::optional<int>(const CallbackRequest&)> rule;
     {
       std::lock_guard<std::mutex> lock(shared_->m);
       if (!shared_->script.empty()) {
-        status = shared_->script.front();
+        answer = shared_->script.front();
         shared_->script.pop_front();
       } else {
         rule = shared_->rule;  // called outside the lock: a rule may read the counts
       }
     }
-    if (rule) status = rule(request);
+    if (rule) {
+      const std::optional<int> status = rule(request);
+      answer = status ? std::optional<CallbackResponse>(response(*status)) : std::nullopt;
+    }
     {
       std::lock_guard<std::mutex> lock(shared_->m);
-      if (!status && shared_->released) status = 200;
-      shared_->sent.push_back(std::move(request));
-      if (!status) {
-        shared_->held.push_back(std::move(done));
+      if (!answer && shared_->released) answer = response(200);
+      shared_->sent.push_back(request);
+      if (!answer) {
+        shared_->held.push_back({std::move(request), std::move(done)});
         return;
       }
     }
-    done(response(*status));
-  }
-
-  static CallbackResponse response(int status) {
-    CallbackResponse r;
-    r.status = status;
-    return r;
+    done(*answer);
   }
 
  private:

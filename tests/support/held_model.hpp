@@ -3,14 +3,17 @@
 // test's `answer` says), and a held input "cooperative" gives up when its job is cancelled
 // (rebound::cancellation_requested), as a model that polls the flag does. Its state (`Held`) may
 // be shared by the models of several queues, one after another: a test that restarts a queue on
-// the same store sees one order across both.
+// the same store sees one order across both. `set_ready(false)` makes it report not ready
+// (`/ping` answers 503).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +45,16 @@ class Held {
     std::lock_guard<std::mutex> lock(m_);
     open_ = true;
     changed_.notify_all();
+  }
+  /// Holds predictions again from now on (those answered already stay answered).
+  void close() {
+    std::lock_guard<std::mutex> lock(m_);
+    open_ = false;
+  }
+  /// Predictions started so far (held, answered or given up).
+  int started() {
+    std::lock_guard<std::mutex> lock(m_);
+    return started_;
   }
   /// Waits (up to 10 s) until `n` predictions have started.
   bool wait_started(int n) {
@@ -77,11 +90,15 @@ class HeldModel final : public rebound::Model {
       : held_(std::move(held)), answer_(std::move(answer)) {}
 
   std::string name() const override { return "held"; }
+  bool ready() const override { return ready_; }
   rebound::Prediction predict(const nlohmann::json& input) override {
     if (!held_->hold(input)) return rebound::Prediction::failure("stopped", "cancelled");
     return answer_ ? answer_(input) : rebound::Prediction::success({{"echo", input}});
   }
   void open() { held_->open(); }
+  void close() { held_->close(); }
+  int started() { return held_->started(); }
+  void set_ready(bool ready) { ready_ = ready; }
   bool wait_started(int n) { return held_->wait_started(n); }
   std::vector<std::string> order() { return held_->order(); }
   int stopped_early() { return held_->stopped_early(); }
@@ -89,6 +106,27 @@ class HeldModel final : public rebound::Model {
  private:
   std::shared_ptr<Held> held_;
   Answer answer_;
+  std::atomic<bool> ready_{true};
+};
+
+/// A model whose validation waits until the test opens it (so a request stays on its thread,
+/// its body parsed, meanwhile); its predictions answer {"echo": input} at once.
+class HeldValidationModel final : public rebound::Model {
+ public:
+  std::string name() const override { return "held-validation"; }
+  std::optional<rebound::ErrorInfo> validate(const nlohmann::json& input) const override {
+    held_->hold(input);
+    return std::nullopt;
+  }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    return rebound::Prediction::success({{"echo", input}});
+  }
+  void open() { held_->open(); }
+  /// Waits (up to 10 s) until `n` validations have started.
+  bool wait_started(int n) { return held_->wait_started(n); }
+
+ private:
+  std::shared_ptr<Held> held_ = std::make_shared<Held>();
 };
 
 }  // namespace rebound::test
