@@ -24,7 +24,7 @@
 #include "pipeline/pipeline.hpp"
 #include "pipeline/probe.hpp"
 #include "rebound/detail/job_rules.hpp"
-#include "rebound/detail/work_queue.hpp"
+#include "pipeline/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/tenant.hpp"

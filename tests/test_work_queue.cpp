@@ -12,7 +12,7 @@
 
 #include <boost/asio/thread_pool.hpp>
 
-#include "rebound/detail/work_queue.hpp"
+#include "pipeline/work_queue.hpp"
 #include "support/receiver.hpp"
 
 using namespace std::chrono_literals;

@@ -12,7 +12,7 @@
 
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/wire.hpp"
-#include "rebound/detail/work_queue.hpp"
+#include "work_queue.hpp"
 #include "rebound/tenant.hpp"
 
 namespace rebound {

@@ -24,7 +24,7 @@
 #include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
-#include "rebound/detail/work_queue.hpp"
+#include "work_queue.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "rebound/model.hpp"
 #include "store_access.hpp"

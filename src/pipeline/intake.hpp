@@ -10,7 +10,7 @@
 #include "front_door.hpp"
 #include "pipeline.hpp"
 #include "rebound/detail/completion.hpp"
-#include "rebound/detail/work_queue.hpp"
+#include "work_queue.hpp"
 #include "rebound/job.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "work_item.hpp"

@@ -5,7 +5,7 @@
 #include <exception>
 #include <utility>
 
-#include "rebound/detail/work_queue.hpp"
+#include "work_queue.hpp"
 #include "rebound/tenant.hpp"
 
 namespace rebound::detail {

@@ -20,7 +20,7 @@
 #include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
-#include "rebound/detail/work_queue.hpp"
+#include "work_queue.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"

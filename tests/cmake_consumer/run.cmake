@@ -70,7 +70,7 @@ expect_exists(${WORK_DIR}/dev/include/rebound/rebound.hpp)
 expect_exists(${WORK_DIR}/dev/include/rebound/job_queue.hpp)
 expect_absent(${WORK_DIR}/dev/include/rebound/service.hpp)
 expect_exists(${WORK_DIR}/dev/include/rebound/store/sqlite_job_store.hpp)
-expect_exists(${WORK_DIR}/dev/include/rebound/detail/work_queue.hpp)
+expect_absent(${WORK_DIR}/dev/include/rebound/detail/work_queue.hpp)  # internal: src/pipeline
 expect_exists(${WORK_DIR}/dev/share/doc/rebound/LICENSE)
 expect_absent(${WORK_DIR}/dev/bin/rebound-server)
 if(EXISTS ${prefix}/bin/rebound-server)
