@@ -13,6 +13,7 @@
 
 #include "rebound/delivery/origin_gate.hpp"
 #include "rebound/error.hpp"
+#include "support/fake_clock.hpp"
 #include "support/fake_transport.hpp"
 
 using namespace std::chrono_literals;
@@ -26,19 +27,15 @@ using rebound::test::FakeTransport;
 
 namespace {
 
-struct Steady {
-  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point{} + 1h;
-};
-
 struct Fixture {
-  std::shared_ptr<Steady> clock = std::make_shared<Steady>();
+  std::shared_ptr<rebound::test::FakeClock> clock = std::make_shared<rebound::test::FakeClock>();
   // The inner transport holds every request until the test answers it.
   std::shared_ptr<FakeTransport::Shared> inner = std::make_shared<FakeTransport::Shared>();
   std::unique_ptr<OriginGate> gate;
 
   explicit Fixture(OriginGateOptions o = {}) {
     inner->hold_all();
-    o.clock = [c = clock] { return c->now; };
+    o.clock = rebound::test::steady_of(clock);
     gate = std::make_unique<OriginGate>(std::make_unique<FakeTransport>(inner), o);
   }
 
@@ -75,7 +72,7 @@ struct Fixture {
     return {origin};
   }
 
-  void advance(std::chrono::milliseconds d) { clock->now += d; }
+  void advance(std::chrono::milliseconds d) { clock->advance(d); }
 };
 
 const std::string a = "http://a.example:8080/hook";

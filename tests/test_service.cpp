@@ -38,6 +38,7 @@ using rebound::test::HeldModel;
 namespace {
 
 using rebound::test::FakeClock;
+using rebound::test::steady_of;
 
 using rebound::test::FakeTransport;
 
@@ -396,12 +397,6 @@ struct Split {
   std::size_t to_up() { return shared->count_to("//down", false); }
   std::unique_ptr<FakeTransport> transport() { return std::make_unique<FakeTransport>(shared); }
 };
-
-// The gate's steady clock, moved by the same fake clock as the queue's.
-std::function<std::chrono::steady_clock::time_point()> steady_of(
-    const std::shared_ptr<FakeClock>& clock) {
-  return [clock] { return std::chrono::steady_clock::time_point(clock->now().time_since_epoch()); };
-}
 
 }  // namespace
 

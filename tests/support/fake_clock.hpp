@@ -1,5 +1,6 @@
-// A clock the test moves by hand, for JobQueueOptions::clock: time-dependent behaviour (time in
-// queue, retry schedules, leases) is tested without sleeping.
+// The tests' one clock, moved by hand, for JobQueueOptions::clock (and, as a steady clock, for
+// OriginGateOptions::clock): time-dependent behaviour (time in queue, retry schedules, leases,
+// breakers) is tested without sleeping.
 #pragma once
 
 #include <atomic>
@@ -26,6 +27,12 @@ struct FakeClock {
 inline std::function<std::chrono::system_clock::time_point()> clock_of(
     const std::shared_ptr<FakeClock>& clock) {
   return [clock] { return clock->now(); };
+}
+
+/// The same clock as a steady one (for OriginGateOptions::clock): it moves with `clock`.
+inline std::function<std::chrono::steady_clock::time_point()> steady_of(
+    const std::shared_ptr<FakeClock>& clock) {
+  return [clock] { return std::chrono::steady_clock::time_point(clock->now().time_since_epoch()); };
 }
 
 }  // namespace rebound::test

@@ -5,7 +5,7 @@
 
 #include <chrono>
 
-#include "../src/pipeline/probe.hpp"
+#include "pipeline/probe.hpp"
 #include "rebound/job_queue.hpp"
 
 namespace rebound::test {
