@@ -23,6 +23,7 @@
 #include "support/held_model.hpp"
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
+#include "support/submitting.hpp"
 #ifdef REBOUND_TEST_REDIS
 #include "rebound/store/make_store.hpp"
 #include "support/redis_server.hpp"
@@ -150,6 +151,58 @@ TEST_CASE("a failing model ends the job failed - and the callback says why") {
   // The worker survived: the next job still runs.
   REQUIRE(h.submit({{"id", "after"}, {"callback_url", receiver.url()}})->status == 202);
   CHECK(receiver.wait_for(3));
+}
+
+TEST_CASE(
+    "a job that breaks a rule is refused over HTTP exactly as from C++ - field and sentence") {
+  HarnessOptions o;
+  o.allow_private_callbacks = false;  // rebound-server's default: the SSRF literal check refuses
+  Harness h(o);
+  struct Case {
+    json body;  // the fields beside "input"
+    rebound::Job job;
+  };
+  auto with = [](auto change) {
+    rebound::Job j = rebound::make_job("ok", 1);
+    change(j);
+    return j;
+  };
+  const std::vector<Case> cases = {
+      {{{"id", "acme/42"}}, rebound::make_job("acme/42", 1)},
+      {{{"id", std::string(129, 'x')}}, rebound::make_job(std::string(129, 'x'), 1)},
+      {{{"id", "ok"}, {"callback_url", "ftp://hooks.example.com/x"}},
+       rebound::make_job("ok", 1, "ftp://hooks.example.com/x")},
+      {{{"id", "ok"}, {"callback_url", "http://127.0.0.1:9/x"}},
+       rebound::make_job("ok", 1, "http://127.0.0.1:9/x")},
+      {{{"id", "ok"}, {"callback_url", "http://[::1]/x"}},
+       rebound::make_job("ok", 1, "http://[::1]/x")},
+      {{{"id", "ok"}, {"priority", 10}}, with([](rebound::Job& j) { j.priority = 10; })},
+      {{{"id", "ok"}, {"priority", -1}}, with([](rebound::Job& j) { j.priority = -1; })},
+      // 2^32 + 5 would be 5 if it were cut to an int: it is refused as out of range.
+      {{{"id", "ok"}, {"priority", 4294967301LL}},
+       with([](rebound::Job& j) { j.priority = 1000; })},
+      {{{"id", "ok"}, {"max_queue_seconds", 8 * 86400}},
+       with([](rebound::Job& j) { j.max_queue = std::chrono::hours(24 * 8); })},
+      {{{"id", "ok"}, {"max_queue_seconds", 1e300}},
+       with([](rebound::Job& j) { j.max_queue = std::chrono::hours(24 * 8); })},
+      {{{"id", "ok"}, {"webhook_events", json::array()}},
+       with([](rebound::Job& j) { j.webhook_events = 0; })},
+  };
+  for (const Case& c : cases) {
+    json body = c.body;
+    body["input"] = 1;
+    CAPTURE(body.dump());
+    auto res = h.client().Post("/v1/inferences", body.dump(), "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 422);
+    const json error = json::parse(res->body)["error"];
+    rebound::Submitted why;
+    CHECK(rebound::test::submitted(*h.service, c.job, &why) == "invalid_job");
+    CHECK(error["code"] == why.reason.code);
+    CHECK(error["field"] == why.field);
+    CHECK(error["message"] == why.reason.message);
+  }
+  CHECK(h.service->telemetry().in_flight() == 0);
 }
 
 TEST_CASE("resubmitting the same request is idempotent - a different one is a 409") {

@@ -54,6 +54,8 @@ struct HarnessOptions {
   std::vector<std::string> signing_secrets = {};
   /// The queue's clock (JobQueueOptions::clock); unset: the system clock.
   std::function<std::chrono::system_clock::time_point()> clock = {};
+  /// JobQueueOptions::allow_private_callbacks: on, as the receivers are on loopback.
+  bool allow_private_callbacks = true;
   /// JobQueueOptions::tenant_share.
   double tenant_share = 1.0;
   /// The receiver origins' limits and breakers (JobQueueOptions::origins).
@@ -79,7 +81,7 @@ class ServerHarness {
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
     so.delivery.timeout = 2s;
     so.delivery.signing_secrets = o.signing_secrets;
-    so.allow_private_callbacks = true;  // the receivers are on loopback
+    so.allow_private_callbacks = o.allow_private_callbacks;
     if (o.clock) so.clock = o.clock;
     so.origins = o.origins;
     so.tenant_share = o.tenant_share;

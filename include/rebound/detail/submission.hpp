@@ -1,8 +1,10 @@
 // Validation of a job submission (the body of POST /v1/inferences) and the API's error shape.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -143,7 +145,10 @@ inline BatchSubmissionParse parse_batch_submission(std::string_view body,
 }
 
 /// Validates one submission, an object (the body of `POST /v1/inferences`, or one of a batch's
-/// jobs); its input is moved out.
+/// jobs); its input is moved out. The JSON's shape is checked here (types, the event names, a
+/// `max_queue_seconds` of at least 1 ms: over HTTP an absent field is the default); what the Job
+/// may hold is decided by `check_job`, the rule `JobQueue::submit` applies from C++, so both
+/// refuse the same jobs with the same field and sentence.
 inline SubmissionParse parse_submission_object(nlohmann::json& doc, const AddressGuard& guard) {
   auto invalid = [](std::string field, std::string message) {
     return SubmissionParse{
@@ -166,32 +171,35 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
     if (!url->is_string())
       return invalid_job("callback_url", "The field 'callback_url' must be a string.");
     job.callback_url = url->get<std::string>();
-    if (auto broken = check_callback_url(job.callback_url, guard))
-      return invalid_job(std::move(broken->field), std::move(broken->message));
+    // Over HTTP no callback is null or absent; "" is a URL that is not one (to C++, "" is none).
+    if (job.callback_url.empty()) {
+      auto broken = check_callback_url(job.callback_url, guard);
+      return invalid_job("callback_url", broken ? std::move(broken->message) : std::string());
+    }
   }
   auto priority = doc.find("priority");
   if (priority != doc.end() && !priority->is_null()) {
-    if (!priority->is_number_integer() || *priority < highest_priority ||
-        *priority > lowest_priority) {
-      return invalid_job("priority", priority_rule());
-    }
-    job.priority = priority->get<int>();
+    if (!priority->is_number_integer()) return invalid_job("priority", priority_rule());
+    // Far outside 0-9 is as wrong as 10: saturated, so that no value wraps into the range.
+    job.priority = priority->is_number_unsigned()
+                       ? static_cast<int>(std::min<std::uint64_t>(priority->get<std::uint64_t>(),
+                                                                  std::uint64_t{1000}))
+                       : static_cast<int>(
+                             std::clamp<std::int64_t>(priority->get<std::int64_t>(), -1000, 1000));
   }
   auto max_queue = doc.find("max_queue_seconds");
   if (max_queue != doc.end() && !max_queue->is_null()) {
     const double seconds = max_queue->is_number() ? max_queue->get<double>() : -1;
-    if (!max_queue->is_number() || !(seconds >= 0.001) || seconds > max_queue_seconds_limit) {
-      return invalid_job("max_queue_seconds", max_queue_rule());
-    }
-    job.max_queue = std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
+    if (!(seconds >= 0.001)) return invalid_job("max_queue_seconds", max_queue_rule());
+    // (Beyond the limit, a week and a second: check_job refuses it, and nothing overflows.)
+    job.max_queue = std::chrono::milliseconds(
+        static_cast<long long>(std::min(seconds, max_queue_seconds_limit + 1) * 1000 + 0.5));
   }
   auto events = doc.find("webhook_events");
   if (events != doc.end() && !events->is_null()) {
     const char* wrong = webhook_events_rule();
-    if (!events->is_array() || events->empty() || events->size() > 2) {
-      return invalid_job("webhook_events", wrong);
-    }
-    job.webhook_events = 0;
+    if (!events->is_array() || events->size() > 2) return invalid_job("webhook_events", wrong);
+    job.webhook_events = 0;  // an empty array stays empty: check_job refuses it
     for (const auto& event : *events) {
       if (event == "started") {
         job.webhook_events |= webhook_started;
@@ -202,6 +210,8 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
       }
     }
   }
+  if (auto broken = check_job(job, guard))
+    return invalid_job(std::move(broken->field), std::move(broken->message));
   auto input = doc.find("input");
   if (input != doc.end()) job.input = std::move(*input);
   return {std::move(job), std::nullopt, {}};
