@@ -23,7 +23,7 @@
 #include "pipeline/intake.hpp"
 #include "pipeline/pipeline.hpp"
 #include "pipeline/probe.hpp"
-#include "rebound/detail/job_rules.hpp"
+#include "common/job_rules.hpp"
 #include "pipeline/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"

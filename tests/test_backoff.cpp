@@ -3,7 +3,7 @@
 
 #include "rebound/delivery/backoff.hpp"
 #include "rebound/delivery/callback_transport.hpp"
-#include "rebound/detail/retry_after.hpp"
+#include "common/retry_after.hpp"
 
 using namespace std::chrono_literals;
 using rebound::RetryContext;

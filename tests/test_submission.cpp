@@ -1,7 +1,7 @@
 // Submission validation, callback URL parsing and the SSRF address classification.
 #include <doctest/doctest.h>
 
-#include "rebound/detail/submission.hpp"
+#include "common/submission.hpp"
 
 using rebound::AddressClass;
 using rebound::AddressGuard;

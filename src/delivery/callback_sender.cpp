@@ -12,7 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "rebound/delivery/webhook_signature.hpp"
-#include "rebound/detail/retry_after.hpp"
+#include "common/retry_after.hpp"
 #include "rebound/version.hpp"
 
 namespace rebound {

@@ -19,8 +19,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
-#include "rebound/detail/callback_url.hpp"
-#include "rebound/detail/text.hpp"
+#include "common/callback_url.hpp"
+#include "common/text.hpp"
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 

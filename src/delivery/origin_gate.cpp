@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "rebound/detail/callback_url.hpp"
+#include "common/callback_url.hpp"
 #include "rebound/error.hpp"
 
 namespace rebound {

@@ -8,7 +8,7 @@
 #include "embedded_files.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
-#include "rebound/detail/submission.hpp"
+#include "common/submission.hpp"
 #include "rebound/detail/wire.hpp"
 #include "rebound/tenant.hpp"
 

@@ -34,7 +34,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 
-#include "rebound/detail/text.hpp"
+#include "common/text.hpp"
 #include "rebound/error.hpp"
 
 namespace rebound::detail {

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "rebound/detail/job_rules.hpp"
+#include "common/job_rules.hpp"
 #include "rebound/tenant.hpp"
 
 namespace rebound::detail {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "rebound/detail/trace_context.hpp"
+#include "common/trace_context.hpp"
 #include "rebound/log.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/observer.hpp"

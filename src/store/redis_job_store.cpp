@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "rebound/detail/attempt_log.hpp"
+#include "common/attempt_log.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 

@@ -17,7 +17,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "rebound/detail/attempt_log.hpp"
+#include "common/attempt_log.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "rebound/delivery/address_guard.hpp"
-#include "rebound/detail/callback_url.hpp"
+#include "common/callback_url.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "rebound/delivery/callback_transport.hpp"
-#include "rebound/detail/retry_after.hpp"
+#include "common/retry_after.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view value(reinterpret_cast<const char*>(data), size);

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "rebound/detail/submission.hpp"
+#include "common/submission.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string_view>
 
-#include "rebound/detail/text.hpp"
+#include "common/text.hpp"
 
 namespace rebound::detail {
 

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "rebound/delivery/address_guard.hpp"
-#include "rebound/detail/callback_url.hpp"
-#include "rebound/detail/job_rules.hpp"
+#include "common/callback_url.hpp"
+#include "common/job_rules.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/job.hpp"
 

@@ -10,8 +10,8 @@
 #include <string_view>
 
 #include "rebound/delivery/address_guard.hpp"
-#include "rebound/detail/callback_url.hpp"
-#include "rebound/detail/trace_context.hpp"
+#include "common/callback_url.hpp"
+#include "common/trace_context.hpp"
 #include "rebound/job.hpp"
 #include "rebound/tenant.hpp"
 

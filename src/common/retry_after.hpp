@@ -8,7 +8,7 @@
 #include <optional>
 #include <string_view>
 
-#include "rebound/detail/http_date.hpp"
+#include "common/http_date.hpp"
 
 namespace rebound::detail {
 
