@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Only what the demo runs (the server, with the TorchScript support, and the client): the test
-# suite's 70 targets are built by the test command, not here.
+# suite's 70 targets, and the tools only tests use (Redis, nginx, clang, podman, node, chromium),
+# are the test command's, not the demo's.
+export REBOUND_SKIP_TEST_TOOLS=${REBOUND_SKIP_TEST_TOOLS:-1}
+export REBOUND_SKIP_CONTAINER=${REBOUND_SKIP_CONTAINER:-1}
+export REBOUND_SKIP_NODE_TOOLS=${REBOUND_SKIP_NODE_TOOLS:-1}
 BUILD_TARGETS="rebound-server rebound-demo-client" ./scripts/build.sh
 bin=${BUILD_DIR:-build}/examples
 port=${PORT:-8080}

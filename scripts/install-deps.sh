@@ -7,11 +7,14 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
   libsqlite3-dev libjemalloc-dev libcurl4-openssl-dev
-  libhiredis-dev redis-server
-  curl python3 python3-cryptography
-  clang-14 libclang-rt-14-dev
-  nginx-light
+  libhiredis-dev
+  curl python3
 )
+# What only the tests run: a real Redis, nginx (the container's front), clang's sanitizers, the
+# receivers' signature checks in Python. REBOUND_SKIP_TEST_TOOLS=1 (the demo's) leaves them out.
+if [ "${REBOUND_SKIP_TEST_TOOLS:-0}" != 1 ]; then
+  packages+=(redis-server clang-14 libclang-rt-14-dev nginx-light python3-cryptography)
+fi
 # The container image test (tests/container_image.sh) builds and runs the SageMaker image:
 # podman (rootful, runc) with a base image made by debootstrap. REBOUND_SKIP_CONTAINER=1 leaves
 # them out.
@@ -27,7 +30,7 @@ fi
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then
-    exec sudo --preserve-env=DEBIAN_FRONTEND,REBOUND_SKIP_CONTAINER,REBOUND_SKIP_TORCH,REBOUND_SKIP_NODE_TOOLS,REBOUND_NODE_TOOLS,http_proxy,https_proxy,no_proxy \
+    exec sudo --preserve-env=DEBIAN_FRONTEND,REBOUND_SKIP_TEST_TOOLS,REBOUND_SKIP_CONTAINER,REBOUND_SKIP_TORCH,REBOUND_SKIP_NODE_TOOLS,REBOUND_NODE_TOOLS,http_proxy,https_proxy,no_proxy \
       "$0" "$@"
   fi
   echo "install-deps.sh: run as root or install sudo" >&2
