@@ -19,11 +19,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "common/job_rules.hpp"
 #include "pipeline/front_door.hpp"
 #include "pipeline/intake.hpp"
 #include "pipeline/pipeline.hpp"
 #include "pipeline/probe.hpp"
-#include "common/job_rules.hpp"
 #include "pipeline/work_queue.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/memory_job_store.hpp"
@@ -507,6 +507,14 @@ BatchStats Telemetry::batch_stats() const {
 }
 
 boost::system::error_code JobQueue::redeliver(const JobRef& job) {
+  try {
+    return redeliver_stored(job);
+  } catch (const StoreUnavailable&) {
+    return errc::store_unavailable;
+  }
+}
+
+boost::system::error_code JobQueue::redeliver_stored(const JobRef& job) {
   if (!core_->admission.accepting()) return errc::shutting_down;
   if (!core_->delivers_callbacks) return errc::no_transport;
   if (!detail::is_valid_ref(job)) return errc::not_found;
@@ -543,8 +551,13 @@ boost::system::error_code JobQueue::cancel(const JobRef& job) {
   const JobOutcome outcome{JobStatus::cancelled, nullptr,
                            ErrorInfo{"cancelled", "The job was cancelled before it finished."},
                            now};
-  const CancelOutcome result =
-      core_->store.call("cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
+  CancelOutcome result;
+  try {
+    result =
+        core_->store.call("cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
+  } catch (const StoreUnavailable&) {
+    return errc::store_unavailable;
+  }
   switch (result) {
     case CancelOutcome::not_found:
       return errc::not_found;

@@ -71,6 +71,10 @@ TEST_CASE("a failing store: 503 store_unavailable - /ping 503 - one log line - t
   check_error(h.client().Post("/v1/inferences/before/redeliver", "", "application/json"), 503,
               "store_unavailable");
   check_error(h.client().Get("/v1/inferences?callback_state=failed"), 503, "store_unavailable");
+  check_error(h.client().Delete("/v1/inferences/before"), 503, "store_unavailable");
+  // From C++ the same calls answer the same code (no exception).
+  CHECK(h.service->cancel("before") == rebound::errc::store_unavailable);
+  CHECK(h.service->redeliver("before") == rebound::errc::store_unavailable);
   auto ping = h.client().Get("/ping");
   check_error(ping, 503, "store_unavailable");
   CHECK(json::parse(ping->body)["error"]["message"].get<std::string>().find("told to fail") !=

@@ -225,15 +225,15 @@ class JobQueue final {
   /// queued job never runs; a running one is told through `rebound::cancellation_requested()`
   /// and its result is discarded. It ends `cancelled` (error code "cancelled"), and a callback
   /// that hears its end says so. Returns success when it cancelled the job, errc::not_found for
-  /// an unknown job, errc::already_final for a job that had ended. Throws StoreUnavailable when
+  /// an unknown job, errc::already_final for a job that had ended, errc::store_unavailable when
   /// the store fails.
   [[nodiscard]] boost::system::error_code cancel(const JobRef& job);
 
   /// Puts a job whose callback was given up back into delivery, with a fresh attempt budget and
   /// the same `webhook-id`. Returns success when it is being delivered again, else
   /// errc::not_found, not_failed (its callback is none, pending or delivered), queue_full,
-  /// tenant_quota, shutting_down or no_transport (this queue delivers no callbacks: another
-  /// server of the store must). Throws StoreUnavailable when the store fails.
+  /// tenant_quota, shutting_down, no_transport (this queue delivers no callbacks: another
+  /// server of the store must) or store_unavailable.
   [[nodiscard]] boost::system::error_code redeliver(const JobRef& job);
 
   /// True while the model is ready, the store works and the queue accepts work.
@@ -281,6 +281,7 @@ class JobQueue final {
              JobQueueOptions options);
   friend struct detail::FrontDoor;
   friend struct detail::Probe;
+  boost::system::error_code redeliver_stored(const JobRef& job);
   void start_submit(Job job, detail::Completion<JobRecord> done);
   void start_accept(Job job, detail::Completion<Submitted> done);
   void start_wait(const JobRef& job, detail::Completion<JobRecord> done);
