@@ -193,3 +193,19 @@ TEST_CASE("the allowlist admits named hosts - domains - addresses and ranges ins
     CHECK_THROWS_AS(AddressGuard(false, {bad}), rebound::Error);
   }
 }
+
+TEST_CASE("a status and a callback state read back from the text to_string spells - nothing else") {
+  for (auto s :
+       {rebound::JobStatus::queued, rebound::JobStatus::running, rebound::JobStatus::succeeded,
+        rebound::JobStatus::failed, rebound::JobStatus::expired, rebound::JobStatus::cancelled}) {
+    CHECK(rebound::from_string<rebound::JobStatus>(rebound::to_string(s)) == s);
+  }
+  for (auto s : {rebound::CallbackState::none, rebound::CallbackState::pending,
+                 rebound::CallbackState::delivered, rebound::CallbackState::failed}) {
+    CHECK(rebound::from_string<rebound::CallbackState>(rebound::to_string(s)) == s);
+  }
+  CHECK_FALSE(rebound::from_string<rebound::JobStatus>("Queued").has_value());
+  CHECK_FALSE(rebound::from_string<rebound::JobStatus>("").has_value());
+  CHECK_FALSE(rebound::from_string<rebound::JobStatus>("none").has_value());  // a callback state
+  CHECK_FALSE(rebound::from_string<rebound::CallbackState>("queued").has_value());
+}

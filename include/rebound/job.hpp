@@ -53,6 +53,30 @@ inline std::string_view to_string(CallbackState state) {
   return "unknown";
 }
 
+/// The text `to_string` spells, read back: `from_string<JobStatus>("queued")`,
+/// `from_string<CallbackState>("failed")`; nullopt for any other text. (The names are spelled
+/// once, in `to_string`; the stores and the HTTP API read them with this.)
+template <typename Enum>
+std::optional<Enum> from_string(std::string_view text);
+
+template <>
+inline std::optional<JobStatus> from_string<JobStatus>(std::string_view text) {
+  for (JobStatus s : {JobStatus::queued, JobStatus::running, JobStatus::succeeded,
+                      JobStatus::failed, JobStatus::expired, JobStatus::cancelled}) {
+    if (to_string(s) == text) return s;
+  }
+  return std::nullopt;
+}
+
+template <>
+inline std::optional<CallbackState> from_string<CallbackState>(std::string_view text) {
+  for (CallbackState s : {CallbackState::none, CallbackState::pending, CallbackState::delivered,
+                          CallbackState::failed}) {
+    if (to_string(s) == text) return s;
+  }
+  return std::nullopt;
+}
+
 /// True for the statuses a job never leaves.
 inline bool is_final(JobStatus status) {
   return status == JobStatus::succeeded || status == JobStatus::failed ||

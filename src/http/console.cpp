@@ -5,10 +5,10 @@
 #include <cmath>
 #include <utility>
 
-#include "embedded_files.hpp"
+#include "common/embedded_files.hpp"
+#include "common/submission.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
-#include "common/submission.hpp"
 #include "rebound/detail/wire.hpp"
 #include "rebound/tenant.hpp"
 
@@ -43,13 +43,6 @@ std::string_view content_type_of(std::string_view name) {
   if (ext == "png") return "image/png";
   if (ext == "ico") return "image/x-icon";
   return "application/octet-stream";
-}
-
-template <typename Enum>
-std::optional<Enum> parse_enum(const std::string& text, std::initializer_list<Enum> values) {
-  for (Enum v : values)
-    if (text == to_string(v)) return v;
-  return std::nullopt;
 }
 
 // One entry of the console's listing: the status without result, and whose job it is.
@@ -193,9 +186,7 @@ void Console::overview(HttpResponse& res) const {
 void Console::jobs(const HttpRequest& req, HttpResponse& res) const {
   JobFilter filter;
   if (req.has_param("status") && !req.param("status").empty()) {
-    filter.status = parse_enum<JobStatus>(
-        req.param("status"), {JobStatus::queued, JobStatus::running, JobStatus::succeeded,
-                              JobStatus::failed, JobStatus::expired, JobStatus::cancelled});
+    filter.status = from_string<JobStatus>(req.param("status"));
     if (!filter.status) {
       return send_error(res, {422, "invalid_field",
                               "status must be queued, running, succeeded, failed, expired or "
@@ -204,9 +195,7 @@ void Console::jobs(const HttpRequest& req, HttpResponse& res) const {
     }
   }
   if (req.has_param("callback_state") && !req.param("callback_state").empty()) {
-    filter.callback_state = parse_enum<CallbackState>(
-        req.param("callback_state"), {CallbackState::none, CallbackState::pending,
-                                      CallbackState::delivered, CallbackState::failed});
+    filter.callback_state = from_string<CallbackState>(req.param("callback_state"));
     if (!filter.callback_state) {
       return send_error(
           res, {422, "invalid_field", "callback_state must be none, pending, delivered or failed.",

@@ -25,7 +25,7 @@
 
 #include "../pipeline/front_door.hpp"
 #include "console.hpp"
-#include "embedded_files.hpp"
+#include "common/embedded_files.hpp"
 #include "http_front.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "common/attempt_log.hpp"
+#include "common/embedded_files.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
 
@@ -50,787 +51,9 @@ std::string job_score(int priority, TimePoint t) {
       static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) * 4398046511104LL + to_ms(t));
 }
 
-// The helpers every script starts with. ARGV[1] is the key prefix in every script (P). A script
-// that kDispatch runs (batched_scripts) reads its call's arguments as ARGV[O + n], n from 2: O is
-// 0 when it runs alone, and where its call's arguments start in kDispatch's ARGV when it is one
-// call of many (there ARGV[O] and ARGV[O + 1] are the call's script and argument count, not the
-// prefix). A helper that reads arguments itself takes their position in ARGV: O + n.
-constexpr const char* kPrelude = R"lua(
-local P = ARGV[1]
-local JOBS_DUE = P .. ':jobs:due'
-local CB_DUE = P .. ':callbacks:due'
-local FAILED = P .. ':callbacks:failed'
-local UNFINISHED = P .. ':unfinished'
-local QUEUED = P .. ':queued'
--- Every job by creation time, for listings: trimmed past the retention as jobs are put.
-local ALL = P .. ':jobs'
--- Jobs are filed in JOBS_DUE by priority, then due time: a score of priority * BAND + ms, exact in
--- a double (below 2^53) for every priority 0..9 and any time before the year 2109.
-local BAND = 4398046511104
-local function job_score(priority, ms) return string.format('%.0f', tonumber(priority) * BAND + tonumber(ms)) end
-local function job_priority(key) return tonumber(redis.call('HGET', key, 'priority') or '5') end
--- True when the job's end is called back: a URL, and `completed` (2) among its events (1..3).
-local function wants_callback(key)
-  local f = redis.call('HMGET', key, 'url', 'events')
-  return f[1] ~= nil and f[1] ~= false and f[1] ~= '' and tonumber(f[2] or '2') % 4 >= 2
-end
-local function job_key(id) return P .. ':job:' .. id end
-local function is_final(status)
-  return status == 'succeeded' or status == 'failed' or status == 'expired' or
-         status == 'cancelled'
-end
--- The lease on a job (before its outcome) or on its callback (after): held by `holder`, live.
-local function held_by(holder_field, until_field, holder, now)
-  -- (`+ 0` rather than tonumber: Lua 5.1's tonumber reads a text twice, and this runs at every
-  -- transition.)
-  return holder_field and holder_field ~= '' and holder_field == holder and
-         (until_field or 0) + 0 > now + 0
-end
-local function holds(key, holder, now)
-  local f = redis.call('HMGET', key, 'holder', 'until')
-  return held_by(f[1], f[2], holder, now)
-end
--- ALL forgets the jobs that expired: `count` of its oldest members looked at, from a rank kept in
--- SWEEP. A member whose job lives on (not finished, or within its retention) is stepped over; the
--- sweep starts again from the oldest at the members too young to have expired (created within
--- the retention, `now` - `retention` ms), or at the end.
-local function sweep(count, now, retention)
-  if tonumber(retention) <= 0 then return end
-  local SWEEP = ALL .. ':sweep'
-  local from = tonumber(redis.call('GET', SWEEP) or '0')
-  local at = from
-  local horizon = tonumber(now) - tonumber(retention)
-  -- The member at `at` first: most often it is too young to have expired, and the sweep is done
-  -- without fetching the others. (By rank: a score range's LIMIT offset walks the set before
-  -- Redis 7.2.)
-  local first = redis.call('ZRANGE', ALL, at, at, 'WITHSCORES')
-  local members = {}
-  if #first == 2 and tonumber(first[2]) < horizon then
-    members = redis.call('ZRANGE', ALL, at, at + count - 1, 'WITHSCORES')
-  end
-  local restart = #members < 2 * count
-  for i = 1, #members, 2 do
-    if tonumber(members[i + 1]) >= horizon then restart = true; break end
-    if redis.call('EXISTS', job_key(members[i])) == 0 then
-      redis.call('ZREM', ALL, members[i])
-      -- A dead letter that expired leaves the count of failed callbacks too.
-      redis.call('ZREM', FAILED, members[i])
-    else
-      at = at + 1
-    end
-  end
-  local next_at = restart and 0 or at
-  if next_at ~= from then redis.call('SET', SWEEP, next_at) end
-end
--- Within kDispatch: the puts of the call sweep ALL once, after them (two members a put).
-local BATCH, PUTS, PUT_NOW, PUT_RETENTION = false, 0, '0', '0'
--- The sorted-set writes of the calls a kDispatch runs: gathered, and sent by zflush as one ZADD
--- and one ZREM per set (a ZADD XX too, for renewals), so that a batch of N jobs costs Redis a few
--- commands a set rather than N (each command is also an entry in the AOF). The last write of a
--- member wins, as it would have in order; zflush runs before anything reads a set (the sweep) and
--- at the end. Outside kDispatch they are written at once. Every transition writes the sets after
--- its hash, and checks what could fail before either: a call refused (its hash write at
--- maxmemory, say) has noted nothing. ZW: set -> {v = member -> score, or REMOVED; xx = member ->
--- true while its only write is a ZADD XX; m = members in order}.
-local REMOVED = {}
-local ZW, ZSETS = {}, {}
-local function zwrite(set, id, score, xx)
-  -- (A missing field, as a score, fails its call here. A text that is not a number is left to
-  -- Redis: checking it here would cost more than the rest of this function, and zsend loses only
-  -- that member's write.)
-  if score ~= REMOVED and type(score) ~= 'string' then error('not a score: ' .. tostring(score)) end
-  if not BATCH then
-    if score == REMOVED then
-      redis.call('ZREM', set, id)
-    elseif xx then
-      redis.call('ZADD', set, 'XX', score, id)
-    else
-      redis.call('ZADD', set, score, id)
-    end
-    return
-  end
-  local w = ZW[set]
-  if not w then
-    w = {v = {}, xx = {}, m = {}}
-    ZW[set] = w
-    ZSETS[#ZSETS + 1] = set
-  end
-  local was = w.v[id]
-  if was == nil then
-    w.m[#w.m + 1] = id
-  elseif xx then
-    -- XX after a removal: nothing to update; after an add: the add, with this score.
-    if was ~= REMOVED then w.v[id] = score end
-    return
-  end
-  w.v[id] = score
-  w.xx[id] = xx or nil
-end
-local function zadd(set, score, id) zwrite(set, id, score, false) end
-local function zadd_xx(set, score, id) zwrite(set, id, score, true) end
-local function zrem(set, id) zwrite(set, id, REMOVED, false) end
--- (unpack passes at most a few thousand values: the members go out in slices.)
--- A slice Redis refuses (a ZADD checks every score first: one it does not take, from a job's hash
--- that something else wrote, fails them all) goes again member by member, so that only that
--- member's write is lost, not the batch's.
-local function zsend(command, set, xx, values)
-  local per = command == 'ZREM' and 1 or 2
-  for i = 1, #values, 2000 do
-    local last = math.min(i + 1999, #values)
-    local answer
-    if xx then
-      answer = redis.pcall(command, set, 'XX', unpack(values, i, last))
-    else
-      answer = redis.pcall(command, set, unpack(values, i, last))
-    end
-    if type(answer) == 'table' and answer.err then
-      for k = i, last, per do
-        if xx then
-          redis.pcall(command, set, 'XX', values[k], values[k + 1])
-        else
-          redis.pcall(command, set, unpack(values, k, k + per - 1))
-        end
-      end
-    end
-  end
-end
-local function zflush()
-  for _, set in ipairs(ZSETS) do
-    local w = ZW[set]
-    local add, add_xx, rem = {}, {}, {}
-    for _, id in ipairs(w.m) do
-      local score = w.v[id]
-      if score == REMOVED then
-        rem[#rem + 1] = id
-      else
-        local to = w.xx[id] and add_xx or add
-        to[#to + 1] = score
-        to[#to + 1] = id
-      end
-    end
-    zsend('ZREM', set, false, rem)
-    zsend('ZADD', set, false, add)
-    zsend('ZADD', set, true, add_xx)
-  end
-  ZW, ZSETS = {}, {}
-end
--- Fields at their defaults are not written (a job's hash holds what it needs): a missing field
--- reads as its default here and in read_record.
--- A finished job (final, its callback delivered, given up or not wanted) expires.
-local function finish(key, id, now, retention)
-  zrem(UNFINISHED, id)
-  redis.call('HSET', key, 'finished', now)
-  if tonumber(retention) > 0 then redis.call('PEXPIRE', key, retention) end
-end
-local function unfinish(key, id)
-  redis.call('PERSIST', key)
-  redis.call('HSET', key, 'finished', '')
-  zadd(UNFINISHED, redis.call('HGET', key, 'created'), id)
-end
--- Writes a callback's state from ARGV[first ..] (first: O + n; state, attempts, last error, next attempt,
--- delivery attempts, delivery start, previous delay) and files the job by it.
-local function write_callback(key, id, first, now, retention)
-  local state = ARGV[first]
-  redis.call('HSET', key, 'cb_state', state, 'cb_attempts', ARGV[first + 1],
-             'cb_error', ARGV[first + 2], 'cb_next', ARGV[first + 3], 'cb_da', ARGV[first + 4],
-             'cb_started', ARGV[first + 5], 'cb_prev', ARGV[first + 6])
-  if state == 'pending' then
-    redis.call('ZADD', CB_DUE, ARGV[first + 3], id)
-    redis.call('ZREM', FAILED, id)
-    local finished = redis.call('HGET', key, 'finished')
-    if finished and finished ~= '' then unfinish(key, id) end
-    return
-  end
-  redis.call('ZREM', CB_DUE, id)
-  if state == 'failed' then
-    redis.call('ZADD', FAILED, redis.call('HGET', key, 'created'), id)
-  else
-    redis.call('ZREM', FAILED, id)
-  end
-  if is_final(redis.call('HGET', key, 'status')) and (state == 'delivered' or state == 'failed') then
-    finish(key, id, now, retention)
-  end
-end
--- Writes an outcome from ARGV[first ..] (first: O + n; status, result, has error, code, message).
-local function write_outcome(key, first)
-  redis.call('HSET', key, 'status', ARGV[first], 'result', ARGV[first + 1])
-  if ARGV[first + 2] == '1' then
-    redis.call('HSET', key, 'err_code', ARGV[first + 3], 'err_msg', ARGV[first + 4])
-  else
-    redis.call('HDEL', key, 'err_code', 'err_msg')
-  end
-end
--- Records (id, fields, id, fields, ...) of the members `ids`, dropping those that expired.
-local function records(set, ids, out, limit)
-  for _, id in ipairs(ids) do
-    if #out >= 2 * limit then return end
-    local fields = redis.call('HGETALL', job_key(id))
-    if #fields == 0 or (set == FAILED and redis.call('HGET', job_key(id), 'cb_state') ~= 'failed') then
-      redis.call('ZREM', set, id)
-    else
-      out[#out + 1] = id
-      out[#out + 1] = fields
-    end
-  end
-end
-)lua";
-
-// put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
-// traceparent, retention ms, then its scores (job_score, made by the caller) in JOBS_DUE (by the
-// due time) and in QUEUED (by creation). {0}: created; {1}: the same request was there; {2}:
-// another request has the id; {3, stored input}: the same but for the input's text.
-constexpr const char* kPut = R"lua(
-local key = job_key(ARGV[O + 2])
--- (EXISTS first: most puts are of new jobs, and it costs less than reading five missing fields.)
-local old = redis.call('EXISTS', key) == 1 and
-            redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events') or {}
-if old[1] then
-  -- The same request again ({1}), or another under a taken id ({2}): told apart here, so that the
-  -- answer is a number whatever the size of the stored input. An input whose text differs may
-  -- still be the same JSON (1 and 1.0): {3, the stored input}, for the caller to compare, only
-  -- when it is not much longer than the one sent (a small request never brings back a large
-  -- input; the same JSON written that differently is told a conflict).
-  local input = old[2] or ''
-  if old[1] == ARGV[O + 3] and (old[3] or '5') == ARGV[O + 9] and
-     (old[4] or '0') == ARGV[O + 10] and (old[5] or '2') == ARGV[O + 11] then
-    if input == ARGV[O + 4] then return {1} end
-    if #input <= 2 * #ARGV[O + 4] + 64 then return {3, input} end
-  end
-  return {2}
-end
--- Priority, max queue time and events only when not at their defaults (5, 0, 2). cb_state and
--- finished at their defaults all the same: older servers on the same Redis test them.
--- The fields every transition reads come first (the lease, the status): Redis looks a field up in
--- a small hash (a listpack) by reading it from the start, and the large input last.
-local fields, n
-if ARGV[O + 6] ~= '' then
-  fields = {'holder', ARGV[O + 6], 'until', ARGV[O + 7], 'status', 'queued', 'url', ARGV[O + 3],
-            'cb_state', 'none', 'created', ARGV[O + 5], 'finished', '', 'input', ARGV[O + 4]}
-  n = 16
-else
-  fields = {'status', 'queued', 'url', ARGV[O + 3], 'cb_state', 'none', 'created', ARGV[O + 5],
-            'finished', '', 'input', ARGV[O + 4]}
-  n = 12
-end
-if ARGV[O + 9] ~= '5' then fields[n + 1], fields[n + 2] = 'priority', ARGV[O + 9]; n = n + 2 end
-if ARGV[O + 10] ~= '0' then fields[n + 1], fields[n + 2] = 'maxq', ARGV[O + 10]; n = n + 2 end
-if ARGV[O + 11] ~= '2' then fields[n + 1], fields[n + 2] = 'events', ARGV[O + 11]; n = n + 2 end
-if ARGV[O + 12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[O + 12]; n = n + 2 end
--- The tenant, a field of its own (the key holds it too, but nothing splits a key).
-if ARGV[O + 16] ~= '' then fields[n + 1], fields[n + 2] = 'tenant', ARGV[O + 16] end
-redis.call('HSET', key, unpack(fields))
--- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
-zadd(JOBS_DUE, ARGV[O + 14], ARGV[O + 2])
-zadd(QUEUED, ARGV[O + 15], ARGV[O + 2])
-zadd(UNFINISHED, ARGV[O + 5], ARGV[O + 2])
-zadd(ALL, ARGV[O + 5], ARGV[O + 2])
--- Finished jobs expire after the retention (ARGV[O + 13], ms; 0: never): ALL forgets them in a sweep
--- of two of its oldest members a put.
-if BATCH then
-  PUTS, PUT_NOW, PUT_RETENTION = PUTS + 1, ARGV[O + 5], ARGV[O + 13]
-else
-  sweep(2, ARGV[O + 5], ARGV[O + 13])
-end
--- (The id of a dead letter that expired may still be in FAILED: listings and pages skip a member
--- whose job's callback is not failed, and drop it. Never in CB_DUE: a job whose callback is
--- pending does not expire.)
-return {0}
-)lua";
-
-// claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until. Jobs one priority band at
-// a time, 0 first.
-constexpr const char* kClaim = R"lua(
-local jobs = ARGV[2] == 'jobs'
-local due = jobs and JOBS_DUE or CB_DUE
-local out = {}
-local max = tonumber(ARGV[4])
-for p = 0, jobs and 9 or 0 do
-  if #out >= 2 * max then break end
-  local ids
-  if jobs then
-    ids = redis.call('ZRANGEBYSCORE', due, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT', 0,
-                     max - #out / 2)
-  else
-    ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, max)
-  end
-  for _, id in ipairs(ids) do
-    local key = job_key(id)
-    -- Gone, or (callbacks) not pending: a stale member, of a job that expired and whose id was
-    -- used again, say.
-    if redis.call('EXISTS', key) == 0 or
-       (not jobs and redis.call('HGET', key, 'cb_state') ~= 'pending') then
-      redis.call('ZREM', due, id)
-    else
-      redis.call('ZADD', due, jobs and job_score(p, ARGV[6]) or ARGV[6], id)
-      redis.call('HSET', key, 'holder', ARGV[5], 'until', ARGV[6])
-      out[#out + 1] = id
-      out[#out + 1] = redis.call('HGETALL', key)
-    end
-  end
-end
-return out
-)lua";
-
-// renew: ARGV id, holder, until, now. 1: renewed.
-constexpr const char* kRenew = R"lua(
-local key = job_key(ARGV[O + 2])
-if not holds(key, ARGV[O + 3], ARGV[O + 5]) then return 0 end
-redis.call('HSET', key, 'until', ARGV[O + 4])
-if is_final(redis.call('HGET', key, 'status')) then
-  zadd_xx(CB_DUE, ARGV[O + 4], ARGV[O + 2])
-else
-  zadd_xx(JOBS_DUE, job_score(job_priority(key), ARGV[O + 4]), ARGV[O + 2])
-end
-return 1
-)lua";
-
-// mark_running: ARGV id, now.
-constexpr const char* kMarkRunning = R"lua(
-local key = job_key(ARGV[O + 2])
-if redis.call('HGET', key, 'status') == 'queued' then
-  redis.call('HSET', key, 'status', 'running', 'started', ARGV[O + 3])
-  zrem(QUEUED, ARGV[O + 2])
-end
-return 1
-)lua";
-
-// queue_position: ARGV id. The jobs queued ahead, or -1 when it is not queued.
-constexpr const char* kQueuePosition = R"lua(
-if redis.call('HGET', job_key(ARGV[2]), 'status') ~= 'queued' then return -1 end
-return redis.call('ZRANK', QUEUED, ARGV[2]) or -1
-)lua";
-
-// finish_job: ARGV id, holder, now, status, result, has error, code, message, deliver holder,
-// deliver until, retention, finished at, and when it started ('' when mark_running said so
-// already; a batch folds a job's mark_running into its finish_job). 1: acknowledged.
-constexpr const char* kFinish = R"lua(
-local id = ARGV[O + 2]
-local key = job_key(id)
-local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status', 'cb_da', 'cb_prev')
-if not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
--- One write of the hash. (A job under a live lease has no outcome yet: no error fields to drop.)
--- (The fields are appended at n: no temporary tables, which cost as much as a command here.)
-local fields = {'status', ARGV[O + 5], 'result', ARGV[O + 6], 'ended', ARGV[O + 13]}
-local n = 6
-if ARGV[O + 14] ~= '' and f[5] == 'queued' then
-  fields[n + 1], fields[n + 2] = 'started', ARGV[O + 14]; n = n + 2
-end
-if ARGV[O + 7] == '1' then
-  fields[n + 1], fields[n + 2] = 'err_code', ARGV[O + 8]
-  fields[n + 3], fields[n + 4] = 'err_msg', ARGV[O + 9]
-  n = n + 4
-end
--- (Every sorted-set write after the hash's: see zwrite.)
-local queued = f[5] == 'queued'  -- (else mark_running took it out of QUEUED)
--- Called back when there is a URL and `completed` (2) is among its events (1..3).
-if not (f[3] and f[3] ~= '' and (f[4] or 2) % 4 >= 2) then
-  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
-  fields[n + 5], fields[n + 6] = 'finished', ARGV[O + 4]
-  redis.call('HSET', key, unpack(fields))
-  zrem(JOBS_DUE, id)
-  if queued then zrem(QUEUED, id) end
-  zrem(UNFINISHED, id)
-  if ARGV[O + 12] + 0 > 0 then redis.call('PEXPIRE', key, ARGV[O + 12]) end
-  return 1
-end
-fields[n + 1], fields[n + 2] = 'cb_state', 'pending'
-fields[n + 3], fields[n + 4] = 'cb_next', ARGV[O + 4]
-fields[n + 5], fields[n + 6] = 'cb_started', ARGV[O + 4]
-n = n + 6
--- A new delivery's attempts and previous delay are 0: written only over another value (a missing
--- field reads as 0; the service writes no callback field before a job's outcome).
-if f[6] and f[6] ~= '0' then fields[n + 1], fields[n + 2] = 'cb_da', '0'; n = n + 2 end
-if f[7] and f[7] ~= '0' then fields[n + 1], fields[n + 2] = 'cb_prev', '0'; n = n + 2 end
-local due = ARGV[O + 4]
-if ARGV[O + 10] ~= '' then
-  due = ARGV[O + 11]
-  fields[n + 1], fields[n + 2] = 'holder', ARGV[O + 10]
-  fields[n + 3], fields[n + 4] = 'until', ARGV[O + 11]
-else
-  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
-end
-redis.call('HSET', key, unpack(fields))
-zrem(JOBS_DUE, id)
-if queued then zrem(QUEUED, id) end
-zadd(CB_DUE, due, id)
-return 1
-)lua";
-
-// cancel: ARGV id, now, retention, then the outcome (5 fields), then when it finished.
-// 0: not found; 1: cancelled; 2: already final.
-constexpr const char* kCancel = R"lua(
-local id = ARGV[2]
-local key = job_key(id)
-local status = redis.call('HGET', key, 'status')
-if not status then return 0 end
-if is_final(status) then return 2 end
-write_outcome(key, O + 5)
-redis.call('HSET', key, 'ended', ARGV[10], 'holder', '', 'until', '0')
-redis.call('ZREM', JOBS_DUE, id)
-redis.call('ZREM', QUEUED, id)
-if not wants_callback(key) then
-  finish(key, id, ARGV[3], ARGV[4])
-  return 1
-end
-redis.call('HSET', key, 'cb_state', 'pending', 'cb_next', ARGV[3], 'cb_da', '0',
-           'cb_started', ARGV[3], 'cb_prev', '0')
-redis.call('ZADD', CB_DUE, ARGV[3], id)
-return 1
-)lua";
-
-// record_attempt: ARGV id, holder, now, retention, then the callback (7 fields), then the attempt
-// ('' for a deferral; else one JSON object) and the most attempts kept. 1: recorded.
-// The attempt log is one field: the latest attempts, one JSON object a line, oldest first.
-constexpr const char* kRecordAttempt = R"lua(
-local id = ARGV[O + 2]
-local key = job_key(id)
-local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'attempts', 'cb_state')
-if not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
-local status, log, was = f[3], f[4], f[5]
-local state = ARGV[O + 6]
--- The creation time (which a given-up callback is filed by) and whether the job had finished (a
--- callback pending again makes it unfinished) only where they count: most attempts deliver, and
--- every field read is a lookup in the hash.
-local created, finished = false, false
-if state == 'failed' or state == 'pending' then
-  local g = redis.call('HMGET', key, 'created', 'finished')
-  created, finished = g[1], g[2]
-end
--- One write of the hash: the lease ended, the callback's state (ARGV[O + 6 ..]), the attempt log.
--- The schedule (next attempt, delivery attempts, delivery start, previous delay) only while the
--- callback stays pending: nothing reads it once the callback ended, and a redelivery writes it
--- afresh. (Every other callback field: reading them to write only those that changed cost Redis
--- more than writing them, measured in instructions a job: docs/benchmarks.md.)
-local fields = {'holder', '', 'until', '0', 'cb_state', state, 'cb_attempts', ARGV[O + 7],
-                'cb_error', ARGV[O + 8]}
-if state == 'pending' then
-  fields[11], fields[12], fields[13], fields[14] = 'cb_next', ARGV[O + 9], 'cb_da', ARGV[O + 10]
-  fields[15], fields[16] = 'cb_started', ARGV[O + 11]
-  fields[17], fields[18] = 'cb_prev', ARGV[O + 12]
-end
-local attempt = ARGV[O + 13]
-if attempt ~= '' then
-  -- (An attempt is one line: its JSON is written compact, a line break in a string escaped.)
-  local lines = 0
-  if log and log ~= '' then
-    log = log .. '\n' .. attempt
-    local _, breaks = string.gsub(log, '\n', '')
-    lines = breaks
-  else
-    log = attempt
-  end
-  local keep = ARGV[O + 14] + 0
-  while lines + 1 > keep do
-    log = string.sub(log, string.find(log, '\n', 1, true) + 1)
-    lines = lines - 1
-  end
-  fields[#fields + 1] = 'attempts'; fields[#fields + 1] = log
-end
--- (What the sets are filed by is checked before anything is written: see zwrite. The creation
--- time files a given-up callback, and a job that is unfinished again.)
-if not created and (state == 'failed' or (state == 'pending' and finished and finished ~= '')) then
-  error('job ' .. id .. ' has no creation time')
-end
-if state == 'pending' then
-  redis.call('HSET', key, unpack(fields))
-  zadd(CB_DUE, ARGV[O + 9], id)
-  if was == 'failed' then zrem(FAILED, id) end
-  if finished and finished ~= '' then unfinish(key, id) end
-  return 1
-end
-local ends = is_final(status) and (state == 'delivered' or state == 'failed')
-if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[O + 4] end
-redis.call('HSET', key, unpack(fields))
-zrem(CB_DUE, id)
-if state == 'failed' then
-  zadd(FAILED, created, id)
-elseif was == 'failed' then
-  zrem(FAILED, id)
-end
-if ends then
-  zrem(UNFINISHED, id)
-  if ARGV[O + 5] + 0 > 0 then redis.call('PEXPIRE', key, ARGV[O + 5]) end
-end
-return 1
-)lua";
-
-// redeliver: ARGV id, holder, until, now. 0: not found; 1: redelivered; 2: not failed.
-constexpr const char* kRedeliver = R"lua(
-local id = ARGV[2]
-local key = job_key(id)
-local f = redis.call('HMGET', key, 'created', 'cb_state')
-if not f[1] then return 0 end
-if f[2] ~= 'failed' then return 2 end
-redis.call('HSET', key, 'cb_state', 'pending', 'cb_error', '', 'cb_next', ARGV[5], 'cb_da', '0',
-           'cb_started', ARGV[5], 'cb_prev', '0', 'holder', ARGV[3], 'until', ARGV[4])
-redis.call('ZADD', CB_DUE, ARGV[4], id)
-redis.call('ZREM', FAILED, id)
-unfinish(key, id)
-return 1
-)lua";
-
-// complete: ARGV id, now, retention, then the outcome (5 fields), then when it finished.
-constexpr const char* kComplete = R"lua(
-local id = ARGV[2]
-local key = job_key(id)
-if redis.call('EXISTS', key) == 0 then return 0 end
-write_outcome(key, O + 5)
-redis.call('HSET', key, 'holder', '', 'until', '0', 'ended', ARGV[10])
-redis.call('ZREM', JOBS_DUE, id)
-redis.call('ZREM', QUEUED, id)
-local state = redis.call('HGET', key, 'cb_state')
-if not wants_callback(key) or state == 'delivered' or state == 'failed' then
-  finish(key, id, ARGV[3], ARGV[4])
-end
-return 1
-)lua";
-
-// update_callback: ARGV id, now, retention, then the callback (7 fields).
-constexpr const char* kUpdateCallback = R"lua(
-local id = ARGV[2]
-local key = job_key(id)
-if redis.call('EXISTS', key) == 0 then return 0 end
-if is_final(redis.call('HGET', key, 'status')) then
-  redis.call('HSET', key, 'holder', '', 'until', '0')
-end
-write_callback(key, id, O + 5, ARGV[3], ARGV[4])
-return 1
-)lua";
-
-// list: ARGV which ("failed": most recently created first; "unfinished": oldest first), limit.
-constexpr const char* kList = R"lua(
-local limit = tonumber(ARGV[3])
-local prefix = ARGV[4] or ''
-local set = ARGV[2] == 'failed' and FAILED or UNFINISHED
-local out = {}
-local start = 0
--- Another tenant's entries are skipped, up to a bound: one script blocks Redis for every server.
-local scanned = 0
-while #out < 2 * limit and scanned < 20 * limit + 1000 do
-  local ids
-  if ARGV[2] == 'failed' then
-    ids = redis.call('ZREVRANGE', set, start, start + limit - 1)
-  else
-    ids = redis.call('ZRANGE', set, start, start + limit - 1)
-  end
-  if #ids == 0 then break end
-  scanned = scanned + #ids
-  local mine, skipped = ids, 0
-  if prefix ~= '' then
-    mine = {}
-    for _, id in ipairs(ids) do
-      if string.sub(id, 1, #prefix) == prefix then
-        mine[#mine + 1] = id
-      else
-        skipped = skipped + 1
-      end
-    end
-  end
-  local before = #out
-  records(set, mine, out, limit)
-  -- Expired members were removed from the set: what follows moved up.
-  start = start + (#out - before) / 2 + skipped
-end
-return out
-)lua";
-
-// page: ARGV limit, id prefix, cursor ms ('' from the newest), cursor id, the set to walk
-// ('failed', 'unfinished' or 'jobs', each scored by creation), and the filter: status, callback
-// state, priority ('' for any). Newest first by (created, id), as the sorted set orders equal
-// scores (bytes). Reads only: stale members are skipped, not removed, so offsets stay put. Answers
-// the next cursor (ms, id; '' at the end), then (id, fields, ...) without input or result. What
-// does not match is scanned up to a bound; past it the answer is short and its cursor goes on from
-// the last entry scanned.
-constexpr const char* kPage = R"lua(
-local limit = tonumber(ARGV[2])
-local prefix = ARGV[3]
-local cursor_ms, cursor_id = ARGV[4], ARGV[5]
-local SET = ARGV[6] == 'failed' and FAILED or (ARGV[6] == 'unfinished' and UNFINISHED or ALL)
-local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
-local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
-  'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
-  'started', 'ended', 'tenant'}
--- Byte order, as the sorted set compares members (Lua's '<' follows the locale).
-local function before(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
-local found = {}
-local offset, scanned, budget = 0, 0, 20 * limit + 1000
-local last_ms, last_id = '', ''
-local max = cursor_ms == '' and '+inf' or cursor_ms
-while #found <= limit and scanned < budget do
-  local batch = redis.call('ZREVRANGEBYSCORE', SET, max, '-inf', 'WITHSCORES', 'LIMIT', offset,
-                           limit + 1)
-  if #batch == 0 then last_ms = ''; break end
-  offset = offset + #batch / 2
-  for i = 1, #batch, 2 do
-    local id, ms = batch[i], string.format('%.0f', tonumber(batch[i + 1]))
-    scanned = scanned + 1
-    local newer = cursor_ms ~= '' and ms == cursor_ms and not before(id, cursor_id)
-    if not newer and string.sub(id, 1, #prefix) == prefix then
-      local values = redis.call('HMGET', job_key(id), unpack(FIELDS))
-      if values[2] and (want_status == '' or values[3] == want_status) and
-         (want_cb == '' or (values[6] or 'none') == want_cb) and
-         (want_priority == '' or (values[13] or '5') == want_priority) then
-        local fields = {}
-        for f = 1, #FIELDS do
-          if values[f] then
-            fields[#fields + 1] = FIELDS[f]
-            fields[#fields + 1] = values[f]
-          end
-        end
-        found[#found + 1] = {id, fields, ms}
-        if #found > limit then break end
-      end
-    end
-    if not newer then last_ms, last_id = ms, id end
-    if scanned >= budget then break end
-  end
-end
-local out = {'', ''}
-if #found > limit then
-  found[#found] = nil
-  out[1], out[2] = found[#found][3], found[#found][1]
-elseif last_ms ~= '' and scanned >= budget then
-  out[1], out[2] = last_ms, last_id
-end
-for _, e in ipairs(found) do
-  out[#out + 1] = e[1]
-  out[#out + 1] = e[2]
-end
-return out
-)lua";
-
-// stats: no ARGV. {queued, running, callbacks waiting, oldest queued ms ('' none), callbacks
-// failed, then per priority with jobs: priority, count}. QUEUED holds the jobs not started
-// (priority * BAND + creation), JOBS_DUE every job not final: what is in the second and not the
-// first runs.
-constexpr const char* kStats = R"lua(
-local queued = redis.call('ZCARD', QUEUED)
-local out = {queued, math.max(0, redis.call('ZCARD', JOBS_DUE) - queued), redis.call('ZCARD', CB_DUE), '',
-             redis.call('ZCARD', FAILED)}
-local oldest = nil
-for p = 0, 9 do
-  local low, high = job_score(p, 0), job_score(p + 1, 0)
-  local n = redis.call('ZCOUNT', QUEUED, low, '(' .. high)
-  if n > 0 then
-    out[#out + 1] = p
-    out[#out + 1] = n
-    local first = redis.call('ZRANGEBYSCORE', QUEUED, low, '(' .. high, 'WITHSCORES', 'LIMIT', 0, 1)
-    local ms = tonumber(first[2]) - p * BAND
-    if not oldest or ms < oldest then oldest = ms end
-  end
-end
-if oldest then out[4] = string.format('%.0f', oldest) end
-return out
-)lua";
-
-// servers: ARGV server id ('' to only read), now, leases. Notes the server as seen now, forgets
-// those not seen for an hour, and answers (id, "last seen ms:leases", ...).
-constexpr const char* kServers = R"lua(
-local SERVERS = P .. ':servers'
-local now = tonumber(ARGV[3])
-if ARGV[2] ~= '' then redis.call('HSET', SERVERS, ARGV[2], ARGV[3] .. ':' .. ARGV[4]) end
-local all = redis.call('HGETALL', SERVERS)
-local out = {}
-for i = 1, #all, 2 do
-  local seen = tonumber(string.match(all[i + 1], '^(%d+)') or '0')
-  if seen < now - 3600000 then
-    if ARGV[2] ~= '' then redis.call('HDEL', SERVERS, all[i]) end
-  else
-    out[#out + 1] = all[i]
-    out[#out + 1] = all[i + 1]
-  end
-end
-return out
-)lua";
-
-// paused: ARGV origin ('' to only read), '1' pause / '0' resume. Answers every origin paused.
-constexpr const char* kPaused = R"lua(
-local PAUSED = P .. ':paused'
-if ARGV[2] ~= '' then
-  if ARGV[3] == '1' then
-    if redis.call('SISMEMBER', PAUSED, ARGV[2]) == 0 and redis.call('SCARD', PAUSED) >= 10000 then
-      return 0
-    end
-    redis.call('SADD', PAUSED, ARGV[2])
-  else
-    redis.call('SREM', PAUSED, ARGV[2])
-  end
-end
-return redis.call('SMEMBERS', PAUSED)
-)lua";
-
-// index: no ARGV. Makes ALL from the unfinished jobs and the dead letters when it does not exist.
-constexpr const char* kIndex = R"lua(
-if redis.call('EXISTS', ALL) == 0 then
-  redis.call('ZUNIONSTORE', ALL, 2, UNFINISHED, FAILED, 'AGGREGATE', 'MIN')
-end
-return 1
-)lua";
-
-// A store written before the tenant was a field of its own: from ARGV[2] on, the next 1,000 jobs
-// of ALL get a 'tenant' field from their key ("tenant/id": tenant names and ids hold no '/'),
-// where their hash exists and has none. ARGV[3]: where ALL ended when the migration began (empty
-// on the first call), so that puts of other servers meanwhile do not keep it going. Answers {the
-// next start, that end}, or {-1} once done, after which P:schema says so and later starts skip
-// it. In slices, so that no one call holds Redis long. Best effort: a record it does not reach
-// (an older server's, during a rolling upgrade) reads its tenant from its key (read_record).
-constexpr const char* kTenants = R"lua(
-local SCHEMA = P .. ':schema'
-if (tonumber(redis.call('GET', SCHEMA)) or 0) >= 2 then return {-1} end
-local from = tonumber(ARGV[2])
-local stop = tonumber(ARGV[3]) or redis.call('ZCARD', ALL)
-local last = math.min(from + 999, stop - 1)
-if last >= from then
-  for _, id in ipairs(redis.call('ZRANGE', ALL, from, last)) do
-    local slash = string.find(id, '/', 1, true)
-    local key = job_key(id)
-    if slash and slash > 1 and redis.call('EXISTS', key) == 1 then
-      redis.call('HSETNX', key, 'tenant', string.sub(id, 1, slash - 1))
-    end
-  end
-end
-if last + 1 >= stop then
-  redis.call('SET', SCHEMA, '2')
-  return {-1}
-end
-return {last + 1, stop}
-)lua";
-
-// Many calls in one (RedisJobStoreOptions::batch_writes): ARGV prefix, then for each call its
-// script (a Script number), its argument count and its arguments. Each script in OPS is one above,
-// made a function of where its call's arguments are (script_text): its ARGV[O + 2] is the call's
-// first argument, kDispatch's ARGV[at + 2]. (Not a table of each call's arguments: making one
-// cost a few percent of a job's instructions.) Answers one reply per call, in order (an error
-// reply for a call that failed); the calls run one after another, as they would have one call
-// each.
-constexpr const char* kDispatch = R"lua(
-BATCH = true
-local out = {}
-local at, n = 2, #ARGV
-while at <= n do
-  -- (OPS is keyed by the script's number as text: no conversion.)
-  local op, count = ARGV[at], ARGV[at + 1] + 0
-  -- A call that fails answers its error; the calls before it stand, and those after it run.
-  local ok, answer = pcall(OPS[op], ARGV, at)
-  if ok then
-    out[#out + 1] = answer
-  elseif type(answer) == 'table' and answer.err then
-    out[#out + 1] = answer
-  else
-    out[#out + 1] = {err = tostring(answer)}
-  end
-  at = at + 2 + count
-end
-zflush()
-if PUTS > 0 then sweep(2 * PUTS, PUT_NOW, PUT_RETENTION) end
-return out
-)lua";
+// The Lua scripts live in src/store/redis/*.lua, embedded at build time (redis_scripts(), by file
+// name) and joined by script_text: prelude.lua first, then the script, or for a batch the
+// scripts it runs as functions of OPS followed by dispatch.lua.
 
 enum Script : std::size_t {
   kScriptPut,
@@ -851,7 +74,7 @@ enum Script : std::size_t {
   kScriptPaused,
   kScriptIndex,
   kScriptTenants,
-  // kDispatch over kScriptPut only (which is refused at maxmemory), and over the other writes
+  // dispatch.lua over kScriptPut only (which is refused at maxmemory), and over the other writes
   // that many callers make at once.
   kScriptBatchPut,
   kScriptBatch,
@@ -860,10 +83,22 @@ enum Script : std::size_t {
 
 constexpr std::size_t kStandaloneCount = kScriptBatchPut;
 
-constexpr std::array<const char*, kStandaloneCount> kScripts = {
-    kPut,       kClaim,    kRenew,          kMarkRunning, kFinish,        kRecordAttempt,
-    kRedeliver, kComplete, kUpdateCallback, kList,        kQueuePosition, kCancel,
-    kPage,      kStats,    kServers,        kPaused,      kIndex,         kTenants};
+// Each Script's file in src/store/redis, without ".lua".
+constexpr std::array<const char*, kStandaloneCount> kScriptNames = {
+    "put",       "claim",    "renew",           "mark_running", "finish",         "record_attempt",
+    "redeliver", "complete", "update_callback", "list",         "queue_position", "cancel",
+    "page",      "stats",    "servers",         "paused",       "index",          "tenants"};
+
+// The text of src/store/redis/<name>.lua, as embedded at build time.
+std::string_view lua(std::string_view name) {
+  for (const detail::EmbeddedFile& f : detail::redis_scripts()) {
+    if (f.name.size() == name.size() + 4 && f.name.substr(0, name.size()) == name &&
+        f.name.substr(name.size()) == ".lua") {
+      return {f.data, f.size};
+    }
+  }
+  throw std::logic_error("no Redis script " + std::string(name) + ".lua was embedded");
+}
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -902,52 +137,14 @@ struct OutOfMemory : StoreUnavailable {
   using StoreUnavailable::StoreUnavailable;
 };
 
+// The enum texts are job.hpp's (to_string, from_string). An unknown status reads as failed, an
+// unknown callback state as none (a field another program wrote).
 const char* to_text(JobStatus s) {
-  switch (s) {
-    case JobStatus::queued:
-      return "queued";
-    case JobStatus::running:
-      return "running";
-    case JobStatus::succeeded:
-      return "succeeded";
-    case JobStatus::failed:
-      return "failed";
-    case JobStatus::expired:
-      return "expired";
-    case JobStatus::cancelled:
-      return "cancelled";
-  }
-  return "failed";
-}
-
-JobStatus status_from(std::string_view s) {
-  if (s == "queued") return JobStatus::queued;
-  if (s == "running") return JobStatus::running;
-  if (s == "succeeded") return JobStatus::succeeded;
-  if (s == "expired") return JobStatus::expired;
-  if (s == "cancelled") return JobStatus::cancelled;
-  return JobStatus::failed;
+  return to_string(s).data();  // (to_string's views are of string literals)
 }
 
 const char* to_text(CallbackState s) {
-  switch (s) {
-    case CallbackState::none:
-      return "none";
-    case CallbackState::pending:
-      return "pending";
-    case CallbackState::delivered:
-      return "delivered";
-    case CallbackState::failed:
-      return "failed";
-  }
-  return "none";
-}
-
-CallbackState callback_state_from(std::string_view s) {
-  if (s == "pending") return CallbackState::pending;
-  if (s == "delivered") return CallbackState::delivered;
-  if (s == "failed") return CallbackState::failed;
-  return CallbackState::none;
+  return to_string(s).data();
 }
 
 std::int64_t number(std::string_view s) {
@@ -988,7 +185,7 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
     } else if (name == "created") {
       r.job.created_at = from_ms(number(value));
     } else if (name == "status") {
-      r.status = status_from(value);
+      r.status = from_string<JobStatus>(value).value_or(JobStatus::failed);
     } else if (name == "result") {
       r.outcome.result = parse_json(value);
     } else if (name == "err_code") {
@@ -996,7 +193,7 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
     } else if (name == "err_msg") {
       err_msg = std::string(value);
     } else if (name == "cb_state") {
-      r.callback.state = callback_state_from(value);
+      r.callback.state = from_string<CallbackState>(value).value_or(CallbackState::none);
     } else if (name == "cb_attempts") {
       r.callback.attempts = static_cast<int>(number(value));
     } else if (name == "cb_error") {
@@ -1035,7 +232,7 @@ JobRecord read_record(std::string_view id, const redisReply* fields) {
   if (r.status != JobStatus::succeeded) r.outcome.result = nullptr;
   if (err_code) r.outcome.error = ErrorInfo{*err_code, err_msg.value_or("")};
   if (!has_tenant) {
-    // Written before the tenant was a field (an older build, or not reached yet by kTenants):
+    // Written before the tenant was a field (an older build, or not reached yet by tenants.lua):
     // its key is all there is to say whose job it is.
     const auto slash = r.job.id.find('/');
     if (slash != std::string::npos && slash > 0) r.job.tenant = r.job.id.substr(0, slash);
@@ -1256,22 +453,25 @@ struct RedisJobStore::Impl {
   std::string script_text(std::size_t which) const {
     const bool puts = which == kScriptPut || which == kScriptBatchPut;
     std::string text = allow_oom && !puts ? "#!lua flags=allow-oom\n" : "";
-    text += kPrelude;
-    if (which < kStandaloneCount) return text + "local O = 0\n" + kScripts[which];
+    text += lua("prelude");
+    if (which < kStandaloneCount) {
+      text += "local O = 0\n";
+      return text += lua(kScriptNames[which]);
+    }
     text += "local OPS = {}\n";
     for (const Script op : batched_scripts(puts)) {
-      if (!reads_in_place(kScripts[op])) {
+      if (!reads_in_place(lua(kScriptNames[op]))) {
         throw std::logic_error("a batched Redis script reads ARGV[n] without O");
       }
       text += "OPS['" + std::to_string(op) + "'] = function(ARGV, O)\n";
-      text += kScripts[op];
+      text += lua(kScriptNames[op]);
       text += "\nend\n";
     }
-    return text + kDispatch;
+    return text += lua("dispatch");
   }
 
   // The scripts that kScriptBatchPut (`puts`) or kScriptBatch run. Each reads its arguments as
-  // ARGV[O + n] (kPrelude): reads_in_place checks it, in script_text.
+  // ARGV[O + n] (prelude.lua): reads_in_place checks it, in script_text.
   static std::vector<Script> batched_scripts(bool puts) {
     if (puts) return {kScriptPut};
     return {kScriptMarkRunning, kScriptFinish, kScriptRecordAttempt, kScriptRenew};
@@ -1537,7 +737,7 @@ struct RedisJobStore::Impl {
   }
 
   // ---- Batched writes (options.batch_writes): the calls of every thread are queued for one
-  // connection thread, which sends what has gathered as one kDispatch call per kind (puts, the
+  // connection thread, which sends what has gathered as one dispatch.lua call per kind (puts, the
   // rest), pipelined: one round trip and one script for many jobs. While a batch is out the next
   // one gathers, so the cost per job falls as the load rises, and an idle store sends at once.
 
@@ -1747,7 +947,7 @@ struct RedisJobStore::Impl {
     }
   }
 
-  // One batch: a kDispatch call for its puts and one for the rest, pipelined; each group is
+  // One batch: a dispatch.lua call for its puts and one for the rest, pipelined; each group is
   // answered as its reply is read. False when the connection was lost (every call not answered
   // has failed).
   bool send(std::vector<Op>& batch) {
@@ -1852,7 +1052,7 @@ struct RedisJobStore::Impl {
   }
 
   // Answers a group's calls from its reply: each its own element, which may be an error of its
-  // own (kDispatch catches a call's error; the calls before and after it stand). False when a
+  // own (dispatch.lua catches a call's error; the calls before and after it stand). False when a
   // call or the whole reply is an error.
   bool answer_group(std::size_t g, const std::vector<Op*>& group, const redisReply* reply) {
     std::exception_ptr error;
@@ -1964,7 +1164,7 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   } catch (const std::exception& e) {
     throw Error(std::string("redis store: cannot index its jobs: ") + e.what());
   }
-  // And one written before the tenant was a field gets the field, once (kTenants). Best effort:
+  // And one written before the tenant was a field gets the field, once (tenants.lua). Best effort:
   // what it cannot write (a full Redis) is read from the key all the same.
   try {
     std::string from = "0", stop;
@@ -2020,7 +1220,7 @@ bool same_input(const std::string& stored_text, const nlohmann::json& input) {
          stored == input;
 }
 
-// put's arguments (kPut).
+// put's arguments (put.lua).
 std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& claim,
                                   const std::string& retention_ms) {
   const std::string created = ms_text(job.created_at);

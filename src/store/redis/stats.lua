@@ -1,0 +1,21 @@
+-- stats: no ARGV. {queued, running, callbacks waiting, oldest queued ms ('' none), callbacks
+-- failed, then per priority with jobs: priority, count}. QUEUED holds the jobs not started
+-- (priority * BAND + creation), JOBS_DUE every job not final: what is in the second and not the
+-- first runs.
+local queued = redis.call('ZCARD', QUEUED)
+local out = {queued, math.max(0, redis.call('ZCARD', JOBS_DUE) - queued), redis.call('ZCARD', CB_DUE), '',
+             redis.call('ZCARD', FAILED)}
+local oldest = nil
+for p = 0, 9 do
+  local low, high = job_score(p, 0), job_score(p + 1, 0)
+  local n = redis.call('ZCOUNT', QUEUED, low, '(' .. high)
+  if n > 0 then
+    out[#out + 1] = p
+    out[#out + 1] = n
+    local first = redis.call('ZRANGEBYSCORE', QUEUED, low, '(' .. high, 'WITHSCORES', 'LIMIT', 0, 1)
+    local ms = tonumber(first[2]) - p * BAND
+    if not oldest or ms < oldest then oldest = ms end
+  end
+end
+if oldest then out[4] = string.format('%.0f', oldest) end
+return out
