@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "rebound/delivery/address_guard.hpp"
 #include "common/callback_url.hpp"
+#include "rebound/delivery/address_guard.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

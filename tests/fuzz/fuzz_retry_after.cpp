@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "rebound/delivery/callback_transport.hpp"
 #include "common/retry_after.hpp"
+#include "rebound/delivery/callback_transport.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view value(reinterpret_cast<const char*>(data), size);
