@@ -28,7 +28,7 @@ shows N jobs accepted (rebound_jobs_accepted_total; queued), or N final
 (rebound_jobs_completed_total summed over its statuses) with none in flight (rebound_jobs_in_flight
 0; finished); then, after a second for Redis to settle, used_memory and DBSIZE are read again.
 Bytes per job = used_memory's growth / N; keys per job = DBSIZE's growth / N. For one job in the
-state measured (queued, or succeeded), MEMORY USAGE rebound:job:<id> (SAMPLES 0: exact) and HLEN
+state measured (queued, or succeeded), MEMORY USAGE {rebound}:job:<id> (SAMPLES 0: exact) and HLEN
 show the job's hash's share; the rest is the keys every job is a member of (sorted sets by due
 time, creation, ...), listed with their MEMORY USAGE per job, and the entries of Redis's main
 dictionary (and, for finished jobs, of its expiry dictionary). Those dictionaries grow by doubling,
@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import BENCH, ROOT, Server, free_port, log, machine, parse_wrk  # noqa: E402
 from redis_peers import COMPLETED, RedisServer, Resp, scrape, total  # noqa: E402
 
-KEY_PREFIX = "rebound"  # RedisJobStoreOptions::key_prefix's default; a job is rebound:job:<id>
+KEY_PREFIX = "{rebound}"  # RedisJobStoreOptions::key_prefix's default; a job is {rebound}:job:<id>
 
 CASES = {
     "queued": {"title": "queued", "model": "sleep:3600"},

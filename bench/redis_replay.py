@@ -14,7 +14,7 @@ little), once without persistence and once with AOF everysec, with the same scri
 redis-server's instructions over the replay, less those of a replay of nothing (its start and
 stop), divided by the jobs. The replay sends the commands on one connection, eight at a time,
 and reads every reply: it stops at an error anywhere in a reply (a dispatch call answers each of
-its calls apart), and checks that every job ended (`rebound:unfinished` is empty at the end).
+its calls apart), and checks that every job ended (`{rebound}:unfinished` is empty at the end).
 
 Two builds side by side (repeat --build-dir): records of different trials differ (how the writes
 fall into batches depends on timing: a job's mark_running costs two commands when it is not folded
@@ -225,12 +225,12 @@ class Connection:
 # happens in the replay.)
 EXPECTED_ERRORS = ("NOSCRIPT",)
 
-SETS = (b"rebound:jobs:due", b"rebound:queued", b"rebound:unfinished", b"rebound:jobs",
-        b"rebound:callbacks:due", b"rebound:callbacks:failed")
+SETS = (b"{rebound}:jobs:due", b"{rebound}:queued", b"{rebound}:unfinished", b"{rebound}:jobs",
+        b"{rebound}:callbacks:due", b"{rebound}:callbacks:failed")
 
 
 def replay(commands: list[list[bytes]], aof: bool,
-           count: bytes = b"rebound:unfinished") -> tuple[int, bytes, str]:
+           count: bytes = b"{rebound}:unfinished") -> tuple[int, bytes, str]:
     """Instructions redis-server ran for `commands`, under callgrind; the size of the sorted set
     `count` at the end (rebound's unfinished jobs, BullMQ's completed ones); and a digest of
     rebound's sorted sets at the end (members and scores)."""

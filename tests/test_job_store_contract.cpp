@@ -69,6 +69,15 @@ struct RedisStoreUnbatched {
     return std::make_unique<rebound::RedisJobStore>(options);
   }
 };
+// The same store on a Redis Cluster node (cluster mode, every slot its own): every script must
+// declare a key, and every key it touches must share that key's slot.
+struct RedisClusterStore {
+  static constexpr const char* name = "redis cluster";
+  rebound::test::RedisServer server{rebound::test::RedisServer::ClusterNode{}};
+  std::unique_ptr<JobStore> make() {
+    return std::make_unique<rebound::RedisJobStore>(rebound::parse_redis_uri(server.uri()));
+  }
+};
 #endif
 
 using time_point = std::chrono::system_clock::time_point;
@@ -108,7 +117,9 @@ std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) 
 }  // namespace
 
 #ifdef REBOUND_TEST_REDIS
-#define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks, RedisStore, RedisStoreUnbatched
+#define STORES                                                                         \
+  MemoryStore, SqliteStore, FailingStoreWhileItWorks, RedisStore, RedisStoreUnbatched, \
+      RedisClusterStore
 #else
 #define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks
 #endif

@@ -87,9 +87,19 @@ TEST_CASE("redis URIs: host and port and database and user - never a password") 
   CHECK(o.password.empty());
   CHECK_THROWS_WITH_AS(rebound::parse_redis_uri("redis://worker:secret@10.0.0.5"),
                        doctest::Contains("REBOUND_REDIS_PASSWORD"), rebound::Error);
-  for (const char* bad : {"http://10.0.0.5", "redis://", "redis://:6379", "redis://h:0",
-                          "redis://h:65536", "redis://h:12x", "redis://h:", "redis://h/x",
-                          "redis://h/", "redis://[::1", "redis://[::1]x", "redis://::1"}) {
+  // The key prefix: a Redis Cluster hash tag by default, another by ?prefix=.
+  CHECK(o.key_prefix == "{rebound}");
+  o = rebound::parse_redis_uri("redis://10.0.0.5:6380/3?prefix={eu-queue}");
+  CHECK(o.key_prefix == "{eu-queue}");
+  CHECK(o.db == 3);
+  CHECK(o.port == 6380);
+  CHECK(rebound::parse_redis_uri("redis://h?prefix=rebound").key_prefix == "rebound");
+  for (const char* bad :
+       {"http://10.0.0.5", "redis://", "redis://:6379", "redis://h:0", "redis://h:65536",
+        "redis://h:12x", "redis://h:", "redis://h/x", "redis://h/", "redis://[::1",
+        "redis://[::1]x", "redis://::1", "redis://h?prefix=", "redis://h?prefix=a:b",
+        "redis://h?prefix=a b", "redis://h?prefix={}", "redis://h?prefix={open", "redis://h?db=1",
+        "redis://h?prefix=a&prefix=b"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(rebound::parse_redis_uri(bad), rebound::Error);
   }
@@ -444,7 +454,7 @@ TEST_CASE("redis: every job is listed however old - expired ones leave the listi
   CHECK(ids.back() == "old");
   CHECK(std::find(ids.begin(), ids.end(), "done") == ids.end());
   CHECK(std::find(ids.begin(), ids.end(), "recent") == ids.end());  // expired too
-  CHECK(redis_cli(server, "ZCARD rebound:jobs") == "11");
+  CHECK(redis_cli(server, "ZCARD {rebound}:jobs") == "11");
 }
 
 TEST_CASE("redis: a dead letter that expired leaves the count of failed callbacks") {
@@ -460,7 +470,7 @@ TEST_CASE("redis: a dead letter that expired leaves the count of failed callback
   for (int i = 0; i < 3; ++i)
     REQUIRE(store.put(Job{"new-" + std::to_string(i), "", 1, now}) == PutOutcome::created);
   CHECK(store.queue_stats()->callbacks_failed == 0);
-  CHECK(redis_cli(server, "ZCARD rebound:callbacks:failed") == "0");
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:failed") == "0");
 }
 
 TEST_CASE("redis: a store written before the listing's set gets it from its unfinished jobs") {
@@ -469,7 +479,7 @@ TEST_CASE("redis: a store written before the listing's set gets it from its unfi
     RedisJobStore store(options_for(server));
     REQUIRE(store.put(make("waiting")) == PutOutcome::created);
   }
-  REQUIRE(redis_cli(server, "DEL rebound:jobs") == "1");  // as an older rebound left it
+  REQUIRE(redis_cli(server, "DEL {rebound}:jobs") == "1");  // as an older rebound left it
   RedisJobStore store(options_for(server));
   CHECK(listed(store) == std::vector<std::string>{"waiting"});
 }
@@ -480,8 +490,8 @@ TEST_CASE(
   RedisJobStore store(options_for(server));
   store.set_origin_paused("https://hooks.example:443", true);
   // Written in another form by something else (redis-cli): held as the gate names it, not toggled.
-  REQUIRE(redis_cli(server, "SADD rebound:paused https://Other.example") == "1");
-  REQUIRE(redis_cli(server, "SADD rebound:paused not-an-origin") == "1");
+  REQUIRE(redis_cli(server, "SADD {rebound}:paused https://Other.example") == "1");
+  REQUIRE(redis_cli(server, "SADD {rebound}:paused not-an-origin") == "1");
   rebound::JobQueueOptions o;
   o.server_id = "fresh";
   auto clock = std::make_shared<rebound::test::FakeClock>();
@@ -501,7 +511,7 @@ TEST_CASE(
   // At most 10,000 are kept: one more is refused, not taken for a failing store.
   REQUIRE(redis_cli(server,
                     "EVAL \"for i = 1, 10000 do redis.call('SADD', KEYS[1], "
-                    "'http://h' .. i .. '.test:80') end return 1\" 1 rebound:paused") == "1");
+                    "'http://h' .. i .. '.test:80') end return 1\" 1 {rebound}:paused") == "1");
   CHECK_FALSE(store.set_origin_paused("http://one-more.test:80", true));
   CHECK(store.set_origin_paused("https://hooks.example:443", true));  // already kept: fine
   CHECK_THROWS_AS(queue.operations().pause_origin("http://one-more.test"), rebound::Error);
@@ -780,8 +790,9 @@ class ScriptedRedis {
     if (args[0] == "CONFIG")
       return "*2\r\n" + bulk("maxmemory-policy") + "\r\n" + bulk("noeviction");
     if (args[0] == "SCRIPT") return bulk(std::string(40, 'a'));
-    if (args[0] != "EVALSHA" || args.size() <= 4) return ":1";  // the index script
-    if (args.size() == 6 && args[4] == "0" && args[5].empty())
+    // EVALSHA sha 1 <prefix>:jobs <prefix> (the call's arguments).
+    if (args[0] != "EVALSHA" || args.size() <= 5) return ":1";  // the index script
+    if (args.size() == 7 && args[5] == "0" && args[6].empty())
       return "*1\r\n:-1";  // the tenants migration's first call: nothing to do
     // A batch: (op, count, args...) after the prefix; a put (op 0) answers {0}, the rest 1.
     if (batches++ > 0) {
@@ -791,7 +802,7 @@ class ScriptedRedis {
     }
     std::string out;
     int ops = 0;
-    for (std::size_t i = 4; i + 1 < args.size(); i += 2 + std::stoul(args[i + 1])) {
+    for (std::size_t i = 5; i + 1 < args.size(); i += 2 + std::stoul(args[i + 1])) {
       out += args[i] == "0" ? "*1\r\n:0\r\n" : ":1\r\n";
       ++ops;
     }
@@ -905,29 +916,29 @@ TEST_CASE("redis: jobs stored before the tenant field get theirs from their key 
     acme.tenant = "acme";
     REQUIRE(store.put(acme) == PutOutcome::created);
     REQUIRE(store.put(make("plain")) == PutOutcome::created);
-    CHECK(redis_cli(server, "HGET rebound:job:acme/7 tenant") == "acme");
-    CHECK(redis_cli(server, "GET rebound:schema") == "2");  // a new store is marked at once
+    CHECK(redis_cli(server, "HGET {rebound}:job:acme/7 tenant") == "acme");
+    CHECK(redis_cli(server, "GET {rebound}:schema") == "2");  // a new store is marked at once
   }
   // As an older build wrote it: no tenant field, and no mark; and a listing entry whose job has
   // expired meanwhile (its hash gone), which the migration must not bring back.
-  REQUIRE(redis_cli(server, "HDEL rebound:job:acme/7 tenant") == "1");
-  REQUIRE(redis_cli(server, "DEL rebound:schema") == "1");
-  REQUIRE(redis_cli(server, "ZADD rebound:jobs 1764000000000 gone/1") == "1");
+  REQUIRE(redis_cli(server, "HDEL {rebound}:job:acme/7 tenant") == "1");
+  REQUIRE(redis_cli(server, "DEL {rebound}:schema") == "1");
+  REQUIRE(redis_cli(server, "ZADD {rebound}:jobs 1764000000000 gone/1") == "1");
   {
     RedisJobStore store(options_for(server));
-    CHECK(redis_cli(server, "HGET rebound:job:acme/7 tenant") == "acme");  // migrated in place
+    CHECK(redis_cli(server, "HGET {rebound}:job:acme/7 tenant") == "acme");  // migrated in place
     const auto acme = store.get("acme/7");
     REQUIRE(acme);
     CHECK(acme->job.tenant == "acme");
     CHECK(acme->job.id == "7");
     CHECK(store.get("plain")->job.tenant.empty());
-    CHECK(redis_cli(server, "HGET rebound:job:plain tenant").empty());
-    CHECK(redis_cli(server, "EXISTS rebound:job:gone/1") == "0");
+    CHECK(redis_cli(server, "HGET {rebound}:job:plain tenant").empty());
+    CHECK(redis_cli(server, "EXISTS {rebound}:job:gone/1") == "0");
     CHECK_FALSE(store.get("gone/1"));
-    CHECK(redis_cli(server, "GET rebound:schema") == "2");
+    CHECK(redis_cli(server, "GET {rebound}:schema") == "2");
   }
   // One an older server writes after the migration (a rolling upgrade) is read as its key says.
-  REQUIRE(redis_cli(server, "HDEL rebound:job:acme/7 tenant") == "1");
+  REQUIRE(redis_cli(server, "HDEL {rebound}:job:acme/7 tenant") == "1");
   RedisJobStore store(options_for(server));
   CHECK(store.get("acme/7")->job.tenant == "acme");
   CHECK(store.get("acme/7")->job.id == "7");
@@ -998,10 +1009,10 @@ TEST_CASE("redis: a batch writes each sorted set once - the last write of each j
   CHECK_FALSE(store.queue_position("held").has_value());
   // (make()'s jobs were created long before kept.)
   CHECK(store.queue_position("kept") == std::optional<std::size_t>(21));
-  CHECK(redis_cli(server, "ZSCORE rebound:unfinished sent").empty());
-  CHECK(redis_cli(server, "ZCARD rebound:unfinished") == "23");
-  CHECK(redis_cli(server, "ZCARD rebound:jobs") == "24");
-  CHECK(redis_cli(server, "ZCARD rebound:queued") == "22");
+  CHECK(redis_cli(server, "ZSCORE {rebound}:unfinished sent").empty());
+  CHECK(redis_cli(server, "ZCARD {rebound}:unfinished") == "23");
+  CHECK(redis_cli(server, "ZCARD {rebound}:jobs") == "24");
+  CHECK(redis_cli(server, "ZCARD {rebound}:queued") == "22");
   // held's callback is due when its renewed lease ends, not when the first one did.
   CHECK(store.claim_callbacks(10, Lease{"other", now + 200s}, now + 60s).empty());
   const auto callbacks = store.claim_callbacks(10, Lease{"other", now + 200s}, now + 100s);
@@ -1025,13 +1036,13 @@ TEST_CASE("redis: a call that fails in a batch leaves the sorted sets as it foun
   REQUIRE(store.finish_job("x", "worker", done, Lease{"sender", now + 30s}, now));
   // Something else dropped the field a given-up callback is filed by: the record fails, and
   // writes nothing (the callback stays in the due set, under its lease).
-  REQUIRE(redis_cli(server, "HDEL rebound:job:x created") == "1");
+  REQUIRE(redis_cli(server, "HDEL {rebound}:job:x created") == "1");
   rebound::CallbackInfo given_up;
   given_up.state = rebound::CallbackState::failed;
   given_up.attempts = 3;
   CHECK_THROWS_AS(store.record_attempt("x", "sender", given_up, now), rebound::StoreUnavailable);
   // Still owed, and claimed again once the sender's lease runs out.
-  CHECK_FALSE(redis_cli(server, "ZSCORE rebound:callbacks:due x").empty());
+  CHECK_FALSE(redis_cli(server, "ZSCORE {rebound}:callbacks:due x").empty());
   const auto again = store.claim_callbacks(10, Lease{"other", now + 90s}, now + 31s);
   REQUIRE(again.size() == 1);
   CHECK(again[0].job.id == "x");
@@ -1050,7 +1061,7 @@ TEST_CASE("redis: a score Redis refuses costs only that job's place in a set - t
     REQUIRE(store.finish_job(id, "worker", done, Lease{"sender", now + 30s}, now));
   }
   // Something else wrote a creation time that is not a number: a given-up callback is filed by it.
-  REQUIRE(redis_cli(server, "HSET rebound:job:bad created not-a-time") == "0");
+  REQUIRE(redis_cli(server, "HSET {rebound}:job:bad created not-a-time") == "0");
   server.pause();
   auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
   std::this_thread::sleep_for(300ms);
@@ -1073,16 +1084,16 @@ TEST_CASE("redis: a score Redis refuses costs only that job's place in a set - t
   // be.
   CHECK(store.get("good")->callback.state == rebound::CallbackState::failed);
   CHECK(store.get("bad")->callback.state == rebound::CallbackState::failed);
-  CHECK(redis_cli(server, "ZCARD rebound:callbacks:due") == "0");
-  CHECK_FALSE(redis_cli(server, "ZSCORE rebound:callbacks:failed good").empty());
-  CHECK(redis_cli(server, "ZSCORE rebound:callbacks:failed bad").empty());
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:due") == "0");
+  CHECK_FALSE(redis_cli(server, "ZSCORE {rebound}:callbacks:failed good").empty());
+  CHECK(redis_cli(server, "ZSCORE {rebound}:callbacks:failed bad").empty());
 }
 
 TEST_CASE("redis: a call that fails in a batch fails alone - the others in it stand") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));
   // Something else wrote a key where a job's hash would be: the put of that id fails there.
-  REQUIRE(redis_cli(server, "SET rebound:job:broken x") == "OK");
+  REQUIRE(redis_cli(server, "SET {rebound}:job:broken x") == "OK");
   server.pause();  // the three puts below gather behind this one
   auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
   std::this_thread::sleep_for(100ms);
@@ -1124,4 +1135,21 @@ TEST_CASE("redis: resubmitting a large job does not send its input back") {
     CHECK(store.put(make("large", {{"blob", "other"}})) == PutOutcome::conflict);
   }
   CHECK(sent() - start < (1 << 20));  // 40 answers, not 40 MiB
+}
+
+TEST_CASE("redis cluster: a prefix without a hash tag is refused - one with a tag works") {
+  rebound::test::RedisServer server{rebound::test::RedisServer::ClusterNode{}};
+  auto options = options_for(server);
+  options.key_prefix = "rebound";  // its keys would hash to many slots
+  CHECK_THROWS_WITH_AS(RedisJobStore{options}, doctest::Contains("hash tag"), rebound::Error);
+  // Two queues under two tags on one cluster: each its own.
+  options.key_prefix = "{a}";
+  RedisJobStore a(options);
+  options.key_prefix = "{b}";
+  RedisJobStore b(options);
+  REQUIRE(a.put(make("x")) == PutOutcome::created);
+  CHECK(b.get("x") == std::nullopt);
+  REQUIRE(b.put(make("x")) == PutOutcome::created);
+  CHECK(redis_cli(server, "EXISTS {a}:job:x") == "1");
+  CHECK(redis_cli(server, "EXISTS {b}:job:x") == "1");
 }

@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--store", store_uri,
                  "Job store: sqlite:<path> (durable: accepted jobs survive a crash), memory, or "
-                 "redis://host[:port][/db] (several servers share one queue; a password comes "
+                 "redis://host[:port][/db][?prefix=name] (several servers share one queue; a "
+                 "password comes "
                  "from $REBOUND_REDIS_PASSWORD)")
       ->capture_default_str();
   app.add_option("--lease", lease_s,

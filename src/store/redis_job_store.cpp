@@ -274,15 +274,51 @@ void append_callback(std::vector<std::string>& args, const CallbackInfo& cb) {
   args.push_back(std::to_string(cb.previous_delay.count()));
 }
 
+// True when `prefix` holds a Redis Cluster hash tag: a '{' followed later by a '}' with something
+// between them (the first such pair is what Redis hashes).
+bool has_hash_tag(std::string_view prefix) {
+  const auto open = prefix.find('{');
+  if (open == std::string_view::npos) return false;
+  const auto close = prefix.find('}', open + 1);
+  return close != std::string_view::npos && close > open + 1;
+}
+
+// Why `prefix` cannot be a key prefix, or nullopt: non-empty, at most 64 printable characters
+// without ':' or spaces (every key is "<prefix>:..."), and a '{' only as a whole hash tag.
+std::optional<std::string> prefix_error(std::string_view prefix) {
+  const bool printable = std::all_of(prefix.begin(), prefix.end(),
+                                     [](char c) { return c > ' ' && c < 127 && c != ':'; });
+  if (prefix.empty() || prefix.size() > 64 || !printable) {
+    return "the key prefix must be 1 to 64 printable characters, without ':' or spaces: '" +
+           std::string(prefix) + "'";
+  }
+  if (prefix.find('{') != std::string_view::npos && !has_hash_tag(prefix)) {
+    return "the key prefix '" + std::string(prefix) +
+           "' opens a '{' that is not a hash tag ({name})";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions options) {
   const std::string whole(uri);
   constexpr std::string_view scheme = "redis://";
   if (uri.substr(0, scheme.size()) != scheme) {
-    throw Error("redis store: '" + whole + "' is not redis://host[:port][/db]");
+    throw Error("redis store: '" + whole + "' is not redis://host[:port][/db][?prefix=name]");
   }
   uri.remove_prefix(scheme.size());
+  if (const auto question = uri.find('?'); question != std::string_view::npos) {
+    const std::string_view query = uri.substr(question + 1);
+    uri = uri.substr(0, question);
+    constexpr std::string_view key = "prefix=";
+    if (query.substr(0, key.size()) != key || query.find('&') != std::string_view::npos) {
+      throw Error("redis store: the only option of '" + whole + "' may be ?prefix=name");
+    }
+    const std::string prefix(query.substr(key.size()));
+    if (auto wrong = prefix_error(prefix)) throw Error("redis store: " + *wrong);
+    options.key_prefix = prefix;
+  }
   const auto slash = uri.find('/');
   std::string_view authority = uri.substr(0, slash);
   if (slash != std::string_view::npos) {
@@ -634,10 +670,19 @@ struct RedisJobStore::Impl {
     }
   }
 
+  // The start of every script call: EVALSHA, the script, one key declared (the prefix's listing,
+  // `<prefix>:jobs`: every key a script touches shares its hash tag, so Redis Cluster routes the
+  // call to the node of the prefix's slot) and the prefix as ARGV[1].
+  std::vector<std::string> evalsha(std::size_t which) const {
+    return {"EVALSHA", shas[which], "1", options.key_prefix + ":jobs", options.key_prefix};
+  }
+
   // Runs a script with the prefix and `args` as ARGV. A script Redis forgot (a restart, SCRIPT
   // FLUSH) is loaded again and run once more: it did not run the first time.
   Reply script(Script which, std::vector<std::string> args) {
-    args.insert(args.begin(), {"EVALSHA", shas[which], "0", options.key_prefix});
+    std::vector<std::string> head = evalsha(which);
+    args.insert(args.begin(), std::make_move_iterator(head.begin()),
+                std::make_move_iterator(head.end()));
     try {
       try {
         return run(args);
@@ -960,7 +1005,7 @@ struct RedisJobStore::Impl {
     for (std::size_t g = 0; g < 2; ++g) {
       if (groups[g].empty()) continue;
       auto& args = commands[g];
-      args = {"EVALSHA", shas[g == 0 ? kScriptBatchPut : kScriptBatch], "0", options.key_prefix};
+      args = evalsha(g == 0 ? kScriptBatchPut : kScriptBatch);
       for (Op* op : groups[g]) {
         args.push_back(std::to_string(op->which));
         args.push_back(std::to_string(op->args.size()));
@@ -1095,9 +1140,7 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   auto& o = impl_->options;
   if (o.connections == 0) throw Error("redis store: connections must be at least 1");
-  if (o.key_prefix.empty() || o.key_prefix.find(':') != std::string::npos) {
-    throw Error("redis store: the key prefix must be non-empty, without ':'");
-  }
+  if (auto wrong = prefix_error(o.key_prefix)) throw Error("redis store: " + *wrong);
   if (o.retention.count() < 0) throw Error("redis store: retention must not be negative");
   if (o.connect_timeout.count() <= 0 || o.command_timeout.count() <= 0 ||
       o.unanswered_limit.count() <= 0 || o.reconnect_min.count() <= 0 ||
@@ -1128,6 +1171,21 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     }
   } catch (const ErrorReply&) {
     // INFO refused (a restricted user): go on.
+  } catch (const ConnectionLost& e) {
+    throw Error(std::string("redis store: ") + e.what());
+  }
+  // On Redis Cluster every key of a prefix must hash to one slot: the prefix holds a hash tag.
+  try {
+    Reply info = Impl::command(c.get(), {"INFO", "cluster"});
+    if (text(info.get()).find("cluster_enabled:1") != std::string_view::npos &&
+        !has_hash_tag(o.key_prefix)) {
+      throw Error(
+          "redis store: on Redis Cluster the key prefix must hold a hash tag ({name}), so "
+          "that a queue's keys share one slot: '" +
+          o.key_prefix + "' has none");
+    }
+  } catch (const ErrorReply&) {
+    // INFO refused: go on (a cluster then answers the first script with its error).
   } catch (const ConnectionLost& e) {
     throw Error(std::string("redis store: ") + e.what());
   }

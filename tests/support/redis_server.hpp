@@ -29,6 +29,14 @@ class RedisServer {
     port_ = free_port();
     start();
   }
+
+  /// A one-node Redis Cluster: cluster mode, every slot its own. What a cluster asks of its
+  /// clients (keys declared, one slot a script) is checked as on a cluster of many nodes.
+  struct ClusterNode {};
+  explicit RedisServer(ClusterNode) : cluster_(true) {
+    port_ = free_cluster_port();
+    start();
+  }
   ~RedisServer() { stop(SIGKILL); }
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
@@ -53,6 +61,11 @@ class RedisServer {
                                   "warning",
                                   "--logfile",
                                   dir_.file("redis.log")};
+    if (cluster_) {
+      // (A short node timeout: a node that starts again rejoins at once.)
+      args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file",
+                               dir_.file("nodes.conf"), "--cluster-node-timeout", "500"});
+    }
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     REQUIRE(pid_ >= 0);
@@ -68,6 +81,17 @@ class RedisServer {
     while (!answers_ping()) {
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (cluster_) {
+      // The slots are assigned once (nodes.conf keeps them over a restart); then the node says
+      // the cluster is up.
+      const std::string info = ask("CLUSTER INFO");
+      if (info.find("cluster_slots_assigned:16384") == std::string::npos)
+        REQUIRE(ask("CLUSTER ADDSLOTSRANGE 0 16383").rfind("+OK", 0) == 0);
+      while (ask("CLUSTER INFO").find("cluster_state:ok") == std::string::npos) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     }
   }
 
@@ -85,17 +109,60 @@ class RedisServer {
   void resume() { kill(pid_, SIGCONT); }
 
  private:
-  static int free_port() {
+  // A free loopback port (0: any, picked by the kernel), or -1 when `port` is taken.
+  static int free_port(int port = 0) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(fd >= 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd);
+      REQUIRE(port != 0);
+      return -1;
+    }
     socklen_t len = sizeof addr;
     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
     close(fd);
     return ntohs(addr.sin_port);
+  }
+
+  // A cluster node also listens on its port + 10000 (the cluster bus): a free pair below the
+  // kernel's ephemeral range, so that the bus port exists and no outgoing connection takes it.
+  static int free_cluster_port() {
+    for (int tries = 0; tries < 1000; ++tries) {
+      const int port =
+          20000 +
+          static_cast<int>(
+              (std::chrono::steady_clock::now().time_since_epoch().count() / 1000 + tries * 7919) %
+              10000);
+      if (free_port(port) == port && free_port(port + 10000) == port + 10000) return port;
+    }
+    FAIL("no free port pair for a Redis Cluster node");
+    return 0;
+  }
+
+  // Sends one inline command and returns the first reply's bytes as they came (one read, up to
+  // 4 KB: enough for the short replies it is used for); empty when Redis does not answer.
+  std::string ask(const std::string& command) const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return {};
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    std::string out;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      const std::string line = command + "\r\n";
+      char answer[4096];
+      if (send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
+        const ssize_t n = recv(fd, answer, sizeof answer, 0);
+        if (n > 0) out.assign(answer, static_cast<std::size_t>(n));
+      }
+    }
+    close(fd);
+    return out;
   }
 
   bool answers_ping() const {
@@ -117,6 +184,7 @@ class RedisServer {
   }
 
   std::vector<std::string> extra_;
+  bool cluster_ = false;
   TempDir dir_;
   int port_ = 0;
   pid_t pid_ = -1;

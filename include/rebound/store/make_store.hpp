@@ -50,7 +50,7 @@ inline namespace REBOUND_DETAIL_STORES {
 /// Makes a JobStore from a URI:
 /// - `memory`: a MemoryJobStore (jobs are lost with the process);
 /// - `sqlite:PATH`: a SqliteJobStore in that file (needs rebound::sqlite);
-/// - `redis://[user@]host[:port][/db]`: a RedisJobStore that several servers share (needs
+/// - `redis://[user@]host[:port][/db][?prefix=name]`: a RedisJobStore that several servers share (needs
 ///   rebound::redis).
 /// Throws rebound::Error with a message that names the URI for anything else, for a store this
 /// program was not linked with, and when the store cannot be opened.
@@ -92,7 +92,7 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
 #endif
   }
   throw Error("unsupported store '" + std::string(uri) +
-              "': use memory, sqlite:<path> or redis://host[:port][/db]");
+              "': use memory, sqlite:<path> or redis://host[:port][/db][?prefix=name]");
 }
 
 }  // namespace REBOUND_DETAIL_STORES

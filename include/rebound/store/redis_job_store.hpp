@@ -23,9 +23,13 @@ struct RedisJobStoreOptions {
   /// Empty: no AUTH. rebound-server takes it from $REBOUND_REDIS_PASSWORD, never from its command
   /// line (which every user of the machine can read).
   std::string password;
-  /// Every key starts with it (no ':' in it): servers that share a prefix share one queue; others
-  /// on the same Redis are apart.
-  std::string key_prefix = "rebound";
+  /// Every key starts with it (1 to 64 printable characters, no ':' or space): servers that share
+  /// a prefix share one queue; others on the same Redis are apart. The default is a Redis Cluster
+  /// hash tag, so that all of a queue's keys hash to one slot and each script runs on the node
+  /// that owns it; on a cluster a prefix must hold one (`{name}`, refused otherwise), and several
+  /// prefixes spread queues over the nodes. (Before 0.1's release the default was "rebound": pass
+  /// `?prefix=rebound` to keep a queue stored under it.)
+  std::string key_prefix = "{rebound}";
   /// Connections opened at most, shared by the threads that call the store.
   std::size_t connections = 16;
   std::chrono::milliseconds connect_timeout{2000};
@@ -52,9 +56,10 @@ struct RedisJobStoreOptions {
   bool batch_writes = true;
 };
 
-/// Reads `redis://[username@]host[:port][/db]` (an IPv6 host in brackets) into `options`, keeping
-/// its other fields. Throws rebound::Error for anything else, and for a password in the URI
-/// (give it in RedisJobStoreOptions::password).
+/// Reads `redis://[username@]host[:port][/db][?prefix=name]` (an IPv6 host in brackets; `prefix`:
+/// RedisJobStoreOptions::key_prefix) into `options`, keeping its other fields. Throws
+/// rebound::Error for anything else, and for a password in the URI (give it in
+/// RedisJobStoreOptions::password).
 RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions options = {});
 
 /// A JobStore in Redis: every server on the same Redis (and key prefix) shares one queue.
