@@ -187,6 +187,20 @@ TEST_CASE(
        with([](rebound::Job& j) { j.max_queue = std::chrono::hours(24 * 8); })},
       {{{"id", "ok"}, {"webhook_events", json::array()}},
        with([](rebound::Job& j) { j.webhook_events = 0; })},
+      // Two faults: the one the rules look at first is told, both ways.
+      {{{"id", "ok"}, {"callback_url", "http://127.0.0.1:9/x"}, {"max_queue_seconds", -1}},
+       with([](rebound::Job& j) {
+         j.callback_url = "http://127.0.0.1:9/x";
+         j.max_queue = std::chrono::milliseconds(-1000);
+       })},
+      {{{"id", "ok"}, {"priority", 10}, {"webhook_events", {"bogus"}}}, with([](rebound::Job& j) {
+         j.priority = 10;
+         j.webhook_events = 4;
+       })},
+      {{{"id", "ok"}, {"priority", "high"}, {"max_queue_seconds", 1e9}}, with([](rebound::Job& j) {
+         j.priority = 10;
+         j.max_queue = std::chrono::hours(24 * 8);
+       })},
   };
   for (const Case& c : cases) {
     json body = c.body;
@@ -203,6 +217,12 @@ TEST_CASE(
     CHECK(error["message"] == why.reason.message);
   }
   CHECK(h.service->telemetry().in_flight() == 0);
+  // Events are a set of at most two names: a name given twice is that name.
+  auto res = h.client().Post(
+      "/v1/inferences", json({{"id", "twice"}, {"webhook_events", {"started", "started"}}}).dump(),
+      "application/json");
+  REQUIRE(res);
+  CHECK(res->status == 202);
 }
 
 TEST_CASE("resubmitting the same request is idempotent - a different one is a 409") {

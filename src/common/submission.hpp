@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rebound/delivery/address_guard.hpp"
 #include "common/callback_url.hpp"
 #include "common/job_rules.hpp"
+#include "rebound/delivery/address_guard.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/job.hpp"
 
@@ -166,52 +166,80 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
     out.id = job.id;
     return out;
   };
+  // A field whose JSON cannot be a Job's value is left at its default and noted; check_job then
+  // judges the job, and of its complaint and the note, the one about the field check_job looks at
+  // first is answered: a job with two faults is told the same one as from C++.
+  std::optional<BrokenRule> shape;
+  auto note = [&shape](const char* field, std::string message) {
+    if (!shape) shape = BrokenRule{field, std::move(message)};
+  };
   auto url = doc.find("callback_url");
   if (url != doc.end() && !url->is_null()) {
-    if (!url->is_string())
-      return invalid_job("callback_url", "The field 'callback_url' must be a string.");
-    job.callback_url = url->get<std::string>();
-    // Over HTTP no callback is null or absent; "" is a URL that is not one (to C++, "" is none).
-    if (job.callback_url.empty()) {
-      auto broken = check_callback_url(job.callback_url, guard);
-      return invalid_job("callback_url", broken ? std::move(broken->message) : std::string());
+    if (!url->is_string()) {
+      note("callback_url", "The field 'callback_url' must be a string.");
+    } else if (url->get_ref<const std::string&>().empty()) {
+      // Over HTTP no callback is null or absent; "" is a URL that is not one (to C++: none).
+      auto broken = check_callback_url("", guard);
+      note("callback_url", broken ? std::move(broken->message) : std::string());
+    } else {
+      job.callback_url = url->get<std::string>();
     }
   }
   auto priority = doc.find("priority");
   if (priority != doc.end() && !priority->is_null()) {
-    if (!priority->is_number_integer()) return invalid_job("priority", priority_rule());
-    // Far outside 0-9 is as wrong as 10: saturated, so that no value wraps into the range.
-    job.priority = priority->is_number_unsigned()
-                       ? static_cast<int>(std::min<std::uint64_t>(priority->get<std::uint64_t>(),
-                                                                  std::uint64_t{1000}))
-                       : static_cast<int>(
-                             std::clamp<std::int64_t>(priority->get<std::int64_t>(), -1000, 1000));
+    if (!priority->is_number_integer()) {
+      note("priority", priority_rule());
+    } else {
+      // Far outside 0-9 is as wrong as 10: saturated, so that no value wraps into the range.
+      job.priority = priority->is_number_unsigned()
+                         ? static_cast<int>(std::min<std::uint64_t>(priority->get<std::uint64_t>(),
+                                                                    std::uint64_t{1000}))
+                         : static_cast<int>(std::clamp<std::int64_t>(priority->get<std::int64_t>(),
+                                                                     -1000, 1000));
+    }
   }
   auto max_queue = doc.find("max_queue_seconds");
   if (max_queue != doc.end() && !max_queue->is_null()) {
     const double seconds = max_queue->is_number() ? max_queue->get<double>() : -1;
-    if (!(seconds >= 0.001)) return invalid_job("max_queue_seconds", max_queue_rule());
-    // (Beyond the limit, a week and a second: check_job refuses it, and nothing overflows.)
-    job.max_queue = std::chrono::milliseconds(
-        static_cast<long long>(std::min(seconds, max_queue_seconds_limit + 1) * 1000 + 0.5));
+    if (!(seconds >= 0.001)) {
+      // (0 too: over HTTP the queue's own time-to-live is an absent field.)
+      note("max_queue_seconds", max_queue_rule());
+    } else {
+      // (Beyond the limit, a week and a second: check_job refuses it, and nothing overflows.)
+      job.max_queue = std::chrono::milliseconds(
+          static_cast<long long>(std::min(seconds, max_queue_seconds_limit + 1) * 1000 + 0.5));
+    }
   }
   auto events = doc.find("webhook_events");
   if (events != doc.end() && !events->is_null()) {
-    const char* wrong = webhook_events_rule();
-    if (!events->is_array() || events->size() > 2) return invalid_job("webhook_events", wrong);
-    job.webhook_events = 0;  // an empty array stays empty: check_job refuses it
-    for (const auto& event : *events) {
+    // At most two names (docs/openapi.json: maxItems 2), a name given twice being that name; an
+    // empty array is an empty set, which check_job refuses.
+    std::uint8_t set = 0;
+    bool known = events->is_array() && events->size() <= 2;
+    for (std::size_t i = 0; known && i < events->size(); ++i) {
+      const auto& event = (*events)[i];
       if (event == "started") {
-        job.webhook_events |= webhook_started;
+        set |= webhook_started;
       } else if (event == "completed") {
-        job.webhook_events |= webhook_completed;
+        set |= webhook_completed;
       } else {
-        return invalid_job("webhook_events", wrong);
+        known = false;
       }
     }
+    if (known) {
+      job.webhook_events = set;
+    } else {
+      note("webhook_events", webhook_events_rule());
+    }
   }
-  if (auto broken = check_job(job, guard))
-    return invalid_job(std::move(broken->field), std::move(broken->message));
+  auto order = [](const std::string& field) {
+    constexpr const char* fields[] = {
+        "id", "tenant", "callback_url", "priority", "max_queue_seconds", "webhook_events"};
+    return std::find(std::begin(fields), std::end(fields), field) - std::begin(fields);
+  };
+  std::optional<BrokenRule> broken = check_job(job, guard);
+  if (shape && (!broken || order(shape->field) < order(broken->field))) broken = std::move(shape);
+  if (broken) return invalid_job(std::move(broken->field), std::move(broken->message));
   auto input = doc.find("input");
   if (input != doc.end()) job.input = std::move(*input);
   return {std::move(job), std::nullopt, {}};
