@@ -30,5 +30,7 @@ string(APPEND body "}  // namespace\n\nconst std::vector<EmbeddedFile>& ${FUNCTI
 string(APPEND body "  static const std::vector<EmbeddedFile> files = {\n${table}  };\n  return files;\n}\n\n")
 string(APPEND body "}  // namespace rebound::detail\n")
 file(WRITE "${OUTPUT}.tmp" "${body}")
-file(COPY_FILE "${OUTPUT}.tmp" "${OUTPUT}" ONLY_IF_DIFFERENT)
+# (configure_file rewrites OUTPUT only when it differs, as file(COPY_FILE ... ONLY_IF_DIFFERENT)
+# does from CMake 3.21 on; the project asks for 3.16.)
+configure_file("${OUTPUT}.tmp" "${OUTPUT}" COPYONLY)
 file(REMOVE "${OUTPUT}.tmp")

@@ -94,12 +94,27 @@ TEST_CASE("redis URIs: host and port and database and user - never a password") 
   CHECK(o.db == 3);
   CHECK(o.port == 6380);
   CHECK(rebound::parse_redis_uri("redis://h?prefix=rebound").key_prefix == "rebound");
-  for (const char* bad :
-       {"http://10.0.0.5", "redis://", "redis://:6379", "redis://h:0", "redis://h:65536",
-        "redis://h:12x", "redis://h:", "redis://h/x", "redis://h/", "redis://[::1",
-        "redis://[::1]x", "redis://::1", "redis://h?prefix=", "redis://h?prefix=a:b",
-        "redis://h?prefix=a b", "redis://h?prefix={}", "redis://h?prefix={open", "redis://h?db=1",
-        "redis://h?prefix=a&prefix=b"}) {
+  for (const char* bad : {"http://10.0.0.5",
+                          "redis://",
+                          "redis://:6379",
+                          "redis://h:0",
+                          "redis://h:65536",
+                          "redis://h:12x",
+                          "redis://h:",
+                          "redis://h/x",
+                          "redis://h/",
+                          "redis://[::1",
+                          "redis://[::1]x",
+                          "redis://::1",
+                          "redis://h?prefix=",
+                          "redis://h?prefix=a:b",
+                          "redis://h?prefix=a b",
+                          "redis://h?prefix=%7Beu%7D",
+                          "redis://h?prefix=eu#x",
+                          "redis://h?prefix={}",
+                          "redis://h?prefix={open",
+                          "redis://h?db=1",
+                          "redis://h?prefix=a&prefix=b"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(rebound::parse_redis_uri(bad), rebound::Error);
   }

@@ -283,13 +283,16 @@ bool has_hash_tag(std::string_view prefix) {
   return close != std::string_view::npos && close > open + 1;
 }
 
-// Why `prefix` cannot be a key prefix, or nullopt: non-empty, at most 64 printable characters
-// without ':' or spaces (every key is "<prefix>:..."), and a '{' only as a whole hash tag.
+// Why `prefix` cannot be a key prefix, or nullopt: 1 to 64 letters, digits, '_', '.', '-' and
+// braces (every key is "<prefix>:...": no ':'; nothing a URI would encode), a '{' only as a whole
+// hash tag.
 std::optional<std::string> prefix_error(std::string_view prefix) {
-  const bool printable = std::all_of(prefix.begin(), prefix.end(),
-                                     [](char c) { return c > ' ' && c < 127 && c != ':'; });
-  if (prefix.empty() || prefix.size() > 64 || !printable) {
-    return "the key prefix must be 1 to 64 printable characters, without ':' or spaces: '" +
+  const bool plain = std::all_of(prefix.begin(), prefix.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-' || c == '{' || c == '}';
+  });
+  if (prefix.empty() || prefix.size() > 64 || !plain) {
+    return "the key prefix must be 1 to 64 letters, digits, '_', '.', '-' or braces: '" +
            std::string(prefix) + "'";
   }
   if (prefix.find('{') != std::string_view::npos && !has_hash_tag(prefix)) {
@@ -1175,19 +1178,28 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     throw Error(std::string("redis store: ") + e.what());
   }
   // On Redis Cluster every key of a prefix must hash to one slot: the prefix holds a hash tag.
-  try {
-    Reply info = Impl::command(c.get(), {"INFO", "cluster"});
-    if (text(info.get()).find("cluster_enabled:1") != std::string_view::npos &&
-        !has_hash_tag(o.key_prefix)) {
+  // Asked with INFO, else (a user INFO is denied to) with CLUSTER INFO, which a Redis without
+  // cluster support refuses as such; a Redis that answers neither is taken for a single one.
+  if (!has_hash_tag(o.key_prefix)) {
+    bool cluster = false;
+    try {
+      Reply info = Impl::command(c.get(), {"INFO", "cluster"});
+      cluster = text(info.get()).find("cluster_enabled:1") != std::string_view::npos;
+    } catch (const ErrorReply&) {
+      try {
+        Reply info = Impl::command(c.get(), {"CLUSTER", "INFO"});
+        cluster = text(info.get()).find("cluster_state:") != std::string_view::npos;
+      } catch (const ErrorReply&) {
+      }
+    } catch (const ConnectionLost& e) {
+      throw Error(std::string("redis store: ") + e.what());
+    }
+    if (cluster) {
       throw Error(
           "redis store: on Redis Cluster the key prefix must hold a hash tag ({name}), so "
           "that a queue's keys share one slot: '" +
           o.key_prefix + "' has none");
     }
-  } catch (const ErrorReply&) {
-    // INFO refused: go on (a cluster then answers the first script with its error).
-  } catch (const ConnectionLost& e) {
-    throw Error(std::string("redis store: ") + e.what());
   }
   try {
     Reply policy = Impl::command(c.get(), {"CONFIG", "GET", "maxmemory-policy"});
