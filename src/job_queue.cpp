@@ -534,7 +534,13 @@ boost::system::error_code JobQueue::redeliver_stored(const JobRef& job) {
       "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
   std::optional<JobRecord> record;
   if (outcome == RedeliverOutcome::redelivered) {
-    record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    try {
+      record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    } catch (const StoreUnavailable&) {
+      // Redelivered all the same: its lease runs out unheld, and the pump (here or elsewhere)
+      // delivers it then. Answered as done, or a retry would be told not_failed.
+      return {};
+    }
   }
   if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
     return outcome == RedeliverOutcome::not_failed ? errc::not_failed : errc::not_found;
