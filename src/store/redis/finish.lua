@@ -4,8 +4,9 @@
 local id = ARGV[O + 2]
 local key = job_key(id)
 local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status', 'cb_da', 'cb_prev')
-if not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
--- One write of the hash. (A job under a live lease has no outcome yet: no error fields to drop.)
+-- The lease on the job itself: once final, the lease the hash holds is its callback's.
+if is_final(f[5]) or not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
+-- One write of the hash. (A job not final has no outcome yet: no error fields to drop.)
 -- (The fields are appended at n: no temporary tables, which cost as much as a command here.)
 local fields = {'status', ARGV[O + 5], 'result', ARGV[O + 6], 'ended', ARGV[O + 13]}
 local n = 6

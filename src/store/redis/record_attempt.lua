@@ -4,7 +4,8 @@
 local id = ARGV[O + 2]
 local key = job_key(id)
 local f = redis.call('HMGET', key, 'holder', 'until', 'status', 'attempts', 'cb_state')
-if not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
+-- Only a pending callback's lease: a lease on the job itself (before its outcome) is not one.
+if f[5] ~= 'pending' or not held_by(f[1], f[2], ARGV[O + 3], ARGV[O + 4]) then return 0 end
 local status, log, was = f[3], f[4], f[5]
 local state = ARGV[O + 6]
 -- The creation time (which a given-up callback is filed by) and whether the job had finished (a
