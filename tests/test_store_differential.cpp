@@ -57,19 +57,30 @@ struct Subject {
 std::string view(const std::optional<JobRecord>& r) {
   if (!r) return "absent";
   std::ostringstream out;
-  out << "status=" << rebound::to_string(r->status) << " input=" << r->job.input.dump()
+  out << "id=" << r->job.id << " created=" << r->job.created_at.time_since_epoch() / 1ms
+      << " events=" << static_cast<int>(r->job.webhook_events)
+      << " status=" << rebound::to_string(r->status) << " input=" << r->job.input.dump()
       << " url=" << r->job.callback_url << " tenant=" << r->job.tenant
       << " priority=" << r->job.priority
       << " started=" << (r->started_at == TimePoint{} ? 0 : r->started_at.time_since_epoch() / 1ms)
       << " callback=" << rebound::to_string(r->callback.state)
       << " attempts=" << r->callback.attempts;
-  if (r->callback.state == CallbackState::pending)
-    out << " next=" << r->callback.next_attempt_at.time_since_epoch() / 1ms;
+  if (r->callback.state == CallbackState::pending) {
+    out << " next=" << r->callback.next_attempt_at.time_since_epoch() / 1ms
+        << " delivery_attempts=" << r->callback.delivery_attempts
+        << " delivery_started=" << r->callback.delivery_started_at.time_since_epoch() / 1ms;
+  }
   if (r->callback.state == CallbackState::failed) out << " last_error=" << r->callback.last_error;
   if (rebound::is_final(r->status)) {
-    out << " result=" << r->outcome.result.dump();
-    if (r->outcome.error) out << " error=" << r->outcome.error->code;
+    out << " result=" << r->outcome.result.dump()
+        << " finished=" << r->outcome.finished_at.time_since_epoch() / 1ms;
+    if (r->outcome.error)
+      out << " error=" << r->outcome.error->code << ":" << r->outcome.error->message;
   }
+  out << " log=[";
+  for (const auto& a : r->attempt_log)
+    out << a.at.time_since_epoch() / 1ms << "/" << a.http_status << "/" << a.error << " ";
+  out << "]";
   return out.str();
 }
 
@@ -107,13 +118,23 @@ class Run {
     const int pick = number(0, 99);
     const JobRefs& job = jobs_[number(0, static_cast<int>(jobs_.size()) - 1)];
     const std::string key = rebound::job_key(job.tenant, job.id);
-    const std::string holder = holders_[number(0, 2)];
-    const Lease lease{holder, fresh(now_ + std::chrono::milliseconds(number(10000, 30000)))};
+    // Each lease given has a holder of its own, as a JobQueue's claims do ("server/n"); the calls
+    // that need one (renewals, acknowledgements) name one of the last few given, so that some
+    // are late (the lease ran out or was taken over) and most are not.
+    const std::string holder = next_holder();
+    const std::string recent = recent_holder();
+    const int lease_ms = number(10000, 30000);
+    const Lease lease{holder, fresh(now_ + std::chrono::milliseconds(lease_ms))};
     if (pick < 20) {
-      rebound::Job j = rebound::make_job(job.id, nlohmann::json{{"n", number(0, 1)}},
-                                         number(0, 1) ? "http://cb.test/" + job.id : "");
+      // (Each draw in a statement of its own: the order of a call's arguments is unspecified.)
+      const int n_input = number(0, 1);
+      const bool with_url = number(0, 3) > 0;
+      rebound::Job j = rebound::make_job(job.id, nlohmann::json{{"n", n_input}},
+                                         with_url ? "http://cb.test/" + job.id : "");
       j.tenant = job.tenant;
-      j.priority = number(0, 2) == 0 ? 1 : 5;
+      const int priorities[] = {0, 4, 5, 9};
+      j.priority = priorities[number(0, 3)];
+      j.webhook_events = static_cast<std::uint8_t>(number(1, 3));  // started, completed, both
       j.created_at = now_;
       const bool claimed = number(0, 1) == 1;
       what = "put " + key + (claimed ? " claimed by " + holder : "");
@@ -126,14 +147,27 @@ class Run {
       // the contract suite's to test (the memory store orders a job whose lease was lengthened
       // by the end it had when last filed); here every store must find the same ones claimable.
       const std::size_t max = 16;
-      what = "claim_jobs " + std::to_string(max) + " by " + holder;
-      for (auto& s : subjects_)
-        answers.push_back(keys_of(s.store->claim_jobs(max, lease, now_)));
+      // A small claim, then the rest with the same lease: the union is all that was claimable,
+      // the same in every store; of the small one, how many and of which priorities are
+      // compared (which of equal standing come first is not).
+      const std::size_t small = static_cast<std::size_t>(number(1, 3));
+      what = "claim_jobs " + std::to_string(small) + " then all by " + holder;
+      for (auto& s : subjects_) {
+        auto first = s.store->claim_jobs(small, lease, now_);
+        auto rest = s.store->claim_jobs(max, lease, now_);
+        std::string priorities;
+        for (const auto& r : first)
+          priorities += std::to_string(r.job.priority);
+        std::sort(priorities.begin(), priorities.end());
+        first.insert(first.end(), rest.begin(), rest.end());
+        answers.push_back(keys_of(first) + "| first " + priorities);
+      }
       spread(answers, holder);
     } else if (pick < 40) {
-      what = "renew " + key + " by " + holder;
+      const Lease renewed{recent, lease.until};
+      what = "renew " + key + " by " + recent;
       for (auto& s : subjects_)
-        answers.push_back(s.store->renew(key, lease, now_) ? "renewed" : "refused");
+        answers.push_back(s.store->renew(key, renewed, now_) ? "renewed" : "refused");
     } else if (pick < 46) {
       what = "mark_running " + key;
       for (auto& s : subjects_)
@@ -144,11 +178,14 @@ class Run {
           ok ? rebound::JobOutcome{JobStatus::succeeded, {{"r", number(0, 9)}}, std::nullopt, now_}
              : rebound::JobOutcome{JobStatus::failed, nullptr,
                                    rebound::ErrorInfo{"model_error", "no"}, now_};
-      const bool deliver = number(0, 1) == 1;
-      what = "finish_job " + key + " by " + holder + (deliver ? " delivering" : "");
+      // A JobQueue claims the callback as it acknowledges (a lease of its own) only for a job
+      // whose end is called back, and only sometimes (when it can send it at once).
+      const auto before = subjects_.front().store->get(key);
+      const bool deliver = before && before->job.wants_completion_callback() && number(0, 1) == 1;
+      what = "finish_job " + key + " by " + recent + (deliver ? " delivering" : "");
       for (auto& s : subjects_) {
         const bool out = s.store->finish_job(
-            key, holder, outcome, deliver ? std::optional<Lease>(lease) : std::nullopt, now_);
+            key, recent, outcome, deliver ? std::optional<Lease>(lease) : std::nullopt, now_);
         answers.push_back(out ? "acknowledged" : "refused");
       }
     } else if (pick < 62) {
@@ -181,10 +218,13 @@ class Run {
       after.delivery_started_at = now_;
       const rebound::CallbackAttempt attempt{now_, verdict == 0 ? 200 : 503, after.last_error, 5ms,
                                              ""};
-      what = "record_attempt " + key + " by " + holder + " -> " +
-             std::string(rebound::to_string(after.state));
+      const bool deferral = number(0, 5) == 0;  // sends nothing: no attempt joins the log
+      what = "record_attempt " + key + " by " + recent + " -> " +
+             std::string(rebound::to_string(after.state)) + (deferral ? " (a deferral)" : "");
       for (auto& s : subjects_) {
-        const bool out = s.store->record_attempt(key, holder, after, now_, attempt);
+        const bool out = s.store->record_attempt(
+            key, recent, after, now_,
+            deferral ? std::nullopt : std::optional<rebound::CallbackAttempt>(attempt));
         answers.push_back(out ? "recorded" : "refused");
       }
     } else if (pick < 89) {
@@ -202,7 +242,7 @@ class Run {
       // at open it releases them, and what they held is due at its creation time again, so its
       // claims then take another order than memory's (by when each lease ended); its restarts
       // are tested on their own (test_sqlite_job_store.cpp, crash_recovery.py).
-      what = "restart the shared stores";
+      what = "restart the Redis stores' clients (Redis forgets its scripts)";
       for (auto& s : subjects_) {
         if (!s.reopen) continue;
         s.store.reset();
@@ -228,9 +268,13 @@ class Run {
     for (const auto& j : jobs_) {
       const std::string k = rebound::job_key(j.tenant, j.id);
       before_[k] = subjects_[0].store->get(k);
-      const std::string expected = view(before_[k]);
+      auto position = [&k](JobStore& store) {
+        const auto p = store.queue_position(k);
+        return p ? " position=" + std::to_string(*p) : std::string(" position=none");
+      };
+      const std::string expected = view(before_[k]) + position(*subjects_[0].store);
       for (std::size_t i = 1; i < subjects_.size(); ++i) {
-        const std::string got = view(subjects_[i].store->get(k));
+        const std::string got = view(subjects_[i].store->get(k)) + position(*subjects_[i].store);
         if (got != expected) {
           report(k + " in " + subjects_[i].name + ": " + got + "\n  in " + subjects_[0].name +
                  ": " + expected);
@@ -255,12 +299,21 @@ class Run {
   void spread(const std::vector<std::string>& answers, const std::string& holder) {
     if (std::any_of(answers.begin(), answers.end(), [&](const auto& a) { return a != answers[0]; }))
       return;
-    std::istringstream keys(answers[0]);
+    std::istringstream keys(answers[0].substr(0, answers[0].find('|')));
     for (std::string key; keys >> key;) {
       const Lease own{holder, fresh(now_ + std::chrono::milliseconds(number(10000, 30000)))};
       for (auto& s : subjects_)
-        s.store->renew(key, own, now_);
+        CHECK_MESSAGE(s.store->renew(key, own, now_), s.name << " refused its own claim's renewal");
     }
+  }
+
+  std::string next_holder() {
+    given_.push_back("s" + std::to_string(number(1, 2)) + "/" + std::to_string(++holders_given_));
+    if (given_.size() > 6) given_.pop_front();
+    return given_.back();
+  }
+  std::string recent_holder() {
+    return given_[static_cast<std::size_t>(number(0, static_cast<int>(given_.size()) - 1))];
   }
 
   // `t`, or the first millisecond after it that no step has used yet.
@@ -281,7 +334,8 @@ class Run {
   std::mt19937 random_;
   TimePoint now_;
   std::vector<JobRefs> jobs_;
-  const std::vector<std::string> holders_ = {"s1/1", "s1/2", "s2/1"};
+  std::deque<std::string> given_;  // the holders of the last leases given
+  std::size_t holders_given_ = 0;
   std::deque<std::string> history_;
   std::set<TimePoint> used_;
   std::map<std::string, std::optional<JobRecord>> before_;  // the reference's, after each step
@@ -305,8 +359,12 @@ TEST_CASE("stores: one random sequence of calls - every store answers and keeps 
     auto unbatched = options;
     unbatched.batch_writes = false;
     unbatched.key_prefix = "{unbatched}";
-    subjects.push_back({"redis", std::make_unique<rebound::RedisJobStore>(options),
-                        [options] { return std::make_unique<rebound::RedisJobStore>(options); }});
+    // Its restart: the store's client starts again on a Redis that forgot its scripts.
+    subjects.push_back(
+        {"redis", std::make_unique<rebound::RedisJobStore>(options), [options, &redis] {
+           REQUIRE(redis.ask("SCRIPT FLUSH").rfind("+OK", 0) == 0);
+           return std::make_unique<rebound::RedisJobStore>(options);
+         }});
     subjects.push_back(
         {"redis unbatched", std::make_unique<rebound::RedisJobStore>(unbatched),
          [unbatched] { return std::make_unique<rebound::RedisJobStore>(unbatched); }});

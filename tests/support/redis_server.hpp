@@ -108,6 +108,28 @@ class RedisServer {
   void pause() { kill(pid_, SIGSTOP); }
   void resume() { kill(pid_, SIGCONT); }
 
+  // Sends one inline command and returns the first reply's bytes as they came (one read, up to
+  // 4 KB: enough for the short replies it is used for); empty when Redis does not answer.
+  std::string ask(const std::string& command) const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return {};
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    std::string out;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      const std::string line = command + "\r\n";
+      char answer[4096];
+      if (send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
+        const ssize_t n = recv(fd, answer, sizeof answer, 0);
+        if (n > 0) out.assign(answer, static_cast<std::size_t>(n));
+      }
+    }
+    close(fd);
+    return out;
+  }
+
  private:
   // A free loopback port (0: any, picked by the kernel), or -1 when `port` is taken.
   static int free_port(int port = 0) {
@@ -141,28 +163,6 @@ class RedisServer {
     }
     FAIL("no free port pair for a Redis Cluster node");
     return 0;
-  }
-
-  // Sends one inline command and returns the first reply's bytes as they came (one read, up to
-  // 4 KB: enough for the short replies it is used for); empty when Redis does not answer.
-  std::string ask(const std::string& command) const {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return {};
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    std::string out;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-      const std::string line = command + "\r\n";
-      char answer[4096];
-      if (send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
-        const ssize_t n = recv(fd, answer, sizeof answer, 0);
-        if (n > 0) out.assign(answer, static_cast<std::size_t>(n));
-      }
-    }
-    close(fd);
-    return out;
   }
 
   bool answers_ping() const {
