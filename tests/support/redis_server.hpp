@@ -34,8 +34,13 @@ class RedisServer {
   /// clients (keys declared, one slot a script) is checked as on a cluster of many nodes.
   struct ClusterNode {};
   explicit RedisServer(ClusterNode) : cluster_(true) {
-    port_ = free_cluster_port();
-    start();
+    // A port pair found free may be taken before this node binds it (another test starting one
+    // at the same moment): the node then exits at once, and another pair is tried.
+    for (int tries = 0; tries < 5; ++tries) {
+      port_ = free_cluster_port();
+      if (launch()) return;
+    }
+    FAIL("no Redis Cluster node could start (see its log in " << dir_.path.string() << ")");
   }
   ~RedisServer() { stop(SIGKILL); }
   RedisServer(const RedisServer&) = delete;
@@ -44,7 +49,12 @@ class RedisServer {
   int port() const { return port_; }
   std::string uri() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
-  void start() {
+  void start() { REQUIRE(launch()); }
+
+ private:
+  // Starts it and waits until it answers (and, as a cluster node, says the cluster is up); false
+  // when it exited first (its port was taken).
+  bool launch() {
     REQUIRE(pid_ == -1);
     std::vector<std::string> args{REBOUND_REDIS_SERVER,
                                   "--port",
@@ -79,6 +89,11 @@ class RedisServer {
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!answers_ping()) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -93,8 +108,10 @@ class RedisServer {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
+    return true;
   }
 
+ public:
   /// Ends it: SIGTERM lets it write its data (an append-only file) first, SIGKILL does not.
   void stop(int signal = SIGTERM) {
     if (pid_ <= 0) return;

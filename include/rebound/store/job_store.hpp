@@ -201,7 +201,9 @@ class JobStore {
 
   /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
   /// lease ran out before `now`): lowest priority number first, and within one priority in the
-  /// order they became claimable.
+  /// order they became claimable. Jobs that became claimable at the same moment (one claim's,
+  /// whose lease ended at once) come in an order each store chooses; the memory store may also
+  /// order a job whose lease was lengthened by the end it had before (it refiles it lazily).
   virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;
 
   /// Extends the lease on a job or its callback to `lease.until`. False when `lease.holder` does
