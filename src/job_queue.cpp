@@ -534,13 +534,9 @@ boost::system::error_code JobQueue::redeliver_stored(const JobRef& job) {
       "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
   std::optional<JobRecord> record;
   if (outcome == RedeliverOutcome::redelivered) {
-    try {
-      record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
-    } catch (const StoreUnavailable&) {
-      // Redelivered all the same: its lease runs out unheld, and the pump (here or elsewhere)
-      // delivers it then. Answered as done, or a retry would be told not_failed.
-      return {};
-    }
+    // (When this read fails the answer is store_unavailable although the store redelivered it:
+    // its lease runs out unheld and a pump delivers it then; a retry is told not_failed.)
+    record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
   }
   if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
     return outcome == RedeliverOutcome::not_failed ? errc::not_failed : errc::not_found;

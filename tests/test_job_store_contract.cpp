@@ -995,3 +995,27 @@ TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches 
   } while (after && ++calls < 100);
   CHECK(found == std::vector<std::string>{"match"});
 }
+
+TEST_CASE_TEMPLATE("store contract: a job's lease and its callback's lease are not one another's",
+                   T, STORES) {
+  T fixture;
+  auto store = fixture.make();
+  // One holder name on both (a store used by hand may do it; a JobQueue's claims never do).
+  REQUIRE(store->put(make("a"), lease("h", t0 + 30s)) == PutOutcome::created);
+  rebound::CallbackInfo delivered;
+  delivered.state = rebound::CallbackState::delivered;
+  delivered.attempts = 1;
+  // Under the job's lease, no callback attempt is recorded: the job has no callback yet.
+  CHECK_FALSE(store->record_attempt("a", "h", delivered, t0));
+  CHECK(store->get("a")->callback.state == rebound::CallbackState::none);
+  // Acknowledged, its callback claimed by the same name: a second acknowledgement of the job
+  // under the callback's lease is refused, and the outcome stays the first.
+  REQUIRE(store->finish_job("a", "h", succeeded, lease("h", t0 + 30s), t0));
+  const rebound::JobOutcome other{JobStatus::failed, nullptr, rebound::ErrorInfo{"x", "y"}};
+  CHECK_FALSE(store->finish_job("a", "h", other, std::nullopt, t0));
+  const auto record = store->get("a");
+  CHECK(record->status == JobStatus::succeeded);
+  CHECK(record->callback.state == rebound::CallbackState::pending);
+  // The callback's own acknowledgement goes through.
+  CHECK(store->record_attempt("a", "h", delivered, t0));
+}

@@ -805,6 +805,7 @@ class ScriptedRedis {
     if (args[0] == "CONFIG")
       return "*2\r\n" + bulk("maxmemory-policy") + "\r\n" + bulk("noeviction");
     if (args[0] == "SCRIPT") return bulk(std::string(40, 'a'));
+    if (args[0] == "EXISTS") return ":0";  // no queue under the old default prefix
     // EVALSHA sha 1 <prefix>:jobs <prefix> (the call's arguments).
     if (args[0] != "EVALSHA" || args.size() <= 5) return ":1";  // the index script
     if (args.size() == 7 && args[5] == "0" && args[6].empty())
@@ -1167,4 +1168,19 @@ TEST_CASE("redis cluster: a prefix without a hash tag is refused - one with a ta
   REQUIRE(b.put(make("x")) == PutOutcome::created);
   CHECK(redis_cli(server, "EXISTS {a}:job:x") == "1");
   CHECK(redis_cli(server, "EXISTS {b}:job:x") == "1");
+}
+
+TEST_CASE(
+    "redis: a store on the new default prefix refuses a Redis holding a queue under the old") {
+  rebound::test::RedisServer server;
+  REQUIRE(redis_cli(server, "ZADD rebound:unfinished 1764000000000 old-job") == "1");
+  CHECK_THROWS_WITH_AS(RedisJobStore(options_for(server)), doctest::Contains("?prefix=rebound"),
+                       rebound::Error);
+  auto options = options_for(server);
+  options.key_prefix = "rebound";  // the old queue, as it was
+  RedisJobStore old(options);
+  CHECK(old.get("old-job") == std::nullopt);  // (a listing entry without its hash)
+  options.key_prefix = "{other}";             // or a new queue beside it
+  RedisJobStore other(options);
+  CHECK(other.put(make("x")) == PutOutcome::created);
 }

@@ -1,5 +1,5 @@
 // The rules a Job must keep to be accepted, written once: JobQueue's submit checks them for every
-// caller (C++ and HTTP alike), and the HTTP parser (detail/submission.hpp) uses the same sentences
+// caller (C++ and HTTP alike), and the HTTP parser (common/submission.hpp) uses the same sentences
 // for the JSON it reads.
 #pragma once
 
@@ -9,9 +9,9 @@
 #include <string>
 #include <string_view>
 
-#include "rebound/delivery/address_guard.hpp"
 #include "common/callback_url.hpp"
 #include "common/trace_context.hpp"
+#include "rebound/delivery/address_guard.hpp"
 #include "rebound/job.hpp"
 #include "rebound/tenant.hpp"
 

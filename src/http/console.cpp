@@ -344,6 +344,7 @@ void Console::redeliver_all(const std::string& body, const std::string& who, Htt
       ++matched;
       if (dry_run || !stopped_by.empty()) continue;
       const boost::system::error_code ec = queue_.redeliver({record.job.id, record.job.tenant});
+      if (ec == errc::store_unavailable) throw StoreUnavailable("redeliver: the store fails");
       if (!ec) {
         ++redelivered;
       } else if (ec != errc::not_found && ec != errc::not_failed) {  // (redelivered or pruned

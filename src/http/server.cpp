@@ -24,14 +24,14 @@
 #include <nlohmann/json.hpp>
 
 #include "../pipeline/front_door.hpp"
-#include "console.hpp"
 #include "common/embedded_files.hpp"
-#include "http_front.hpp"
-#include "list_cursor.hpp"
-#include "rebound/detail/json.hpp"
 #include "common/submission.hpp"
 #include "common/text.hpp"
 #include "common/trace_context.hpp"
+#include "console.hpp"
+#include "http_front.hpp"
+#include "list_cursor.hpp"
+#include "rebound/detail/json.hpp"
 #include "rebound/detail/wire.hpp"
 #include "rebound/error.hpp"
 #include "rebound/tenant.hpp"

@@ -24,7 +24,7 @@ struct FrontDoor {
   using SubmitAnswer = std::function<void(const Submitted&)>;
 
   /// JobQueue::submit for a job whose rules the caller has checked already, with the same
-  /// functions and the queue's own guard (detail/submission.hpp's parser does): they are not
+  /// functions and the queue's own guard (common/submission.hpp's parser does): they are not
   /// checked twice. `answer` runs on this thread before the call returns when the store answers
   /// at once (memory, Redis), else on the queue's io executor (SQLite answers after the group
   /// commit its job went in).

@@ -1,4 +1,4 @@
-// The intake: a submission's way from the caller to the queue (detail/job_rules.hpp's rules, the
+// The intake: a submission's way from the caller to the queue (common/job_rules.hpp's rules, the
 // model's validation, admission, the store's put with this queue's claim, the work queue), for one
 // job (submit_to, submit_async_to) and for many with one store write (submit_all_to).
 #include "intake.hpp"
@@ -49,7 +49,7 @@ struct Admitted {
 };
 
 // What is refused before admission (and outside its lock): a job that breaks a rule
-// (detail/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
+// (common/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
 // send, an input the model refuses. Taken: none of them.
 Submitted check(Pipeline& core, const Job& job, bool rules_checked) {
   // A caller that says it checked them (rebound::Server's parser) did, with the same guard.

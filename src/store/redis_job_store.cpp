@@ -1190,6 +1190,8 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
         Reply info = Impl::command(c.get(), {"CLUSTER", "INFO"});
         cluster = text(info.get()).find("cluster_state:") != std::string_view::npos;
       } catch (const ErrorReply&) {
+      } catch (const ConnectionLost& e) {
+        throw Error(std::string("redis store: ") + e.what());
       }
     } catch (const ConnectionLost& e) {
       throw Error(std::string("redis store: ") + e.what());
@@ -1199,6 +1201,27 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
           "redis store: on Redis Cluster the key prefix must hold a hash tag ({name}), so "
           "that a queue's keys share one slot: '" +
           o.key_prefix + "' has none");
+    }
+  }
+  // The default prefix was "rebound" before it was a hash tag: a queue stored under it would be
+  // left behind unseen by a server that starts on the new default, so such a start is refused.
+  if (o.key_prefix == RedisJobStoreOptions{}.key_prefix) {
+    for (const char* old_key : {"rebound:jobs", "rebound:unfinished"}) {
+      bool found = false;
+      try {
+        Reply r = Impl::command(c.get(), {"EXISTS", old_key});
+        found = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
+      } catch (const ErrorReply&) {
+        // (On a cluster whose other node owns that key's slot: not this queue's Redis anyway.)
+      } catch (const ConnectionLost& e) {
+        throw Error(std::string("redis store: ") + e.what());
+      }
+      if (found) {
+        throw Error(
+            "redis store: this Redis holds a queue under the key prefix 'rebound' (the "
+            "default before it became '{rebound}'): give ?prefix=rebound to go on with "
+            "it, or another prefix for a new queue beside it");
+      }
     }
   }
   try {

@@ -97,6 +97,15 @@ class RedisServer {
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    // The answer may come from another test's Redis that took the port first (ours then exits):
+    // only ours counts.
+    if (ask("INFO server").find("process_id:" + std::to_string(pid_) + "\r") == std::string::npos) {
+      kill(pid_, SIGKILL);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+      return false;
+    }
     if (cluster_) {
       // The slots are assigned once (nodes.conf keeps them over a restart); then the node says
       // the cluster is up.
@@ -171,11 +180,12 @@ class RedisServer {
   // kernel's ephemeral range, so that the bus port exists and no outgoing connection takes it.
   static int free_cluster_port() {
     for (int tries = 0; tries < 1000; ++tries) {
+      // 10000-22767: its bus port, 20000-32767, is below the ephemeral range too (32768 on).
       const int port =
-          20000 +
+          10000 +
           static_cast<int>(
               (std::chrono::steady_clock::now().time_since_epoch().count() / 1000 + tries * 7919) %
-              10000);
+              12768);
       if (free_port(port) == port && free_port(port + 10000) == port + 10000) return port;
     }
     FAIL("no free port pair for a Redis Cluster node");

@@ -23,11 +23,12 @@ struct RedisJobStoreOptions {
   /// Empty: no AUTH. rebound-server takes it from $REBOUND_REDIS_PASSWORD, never from its command
   /// line (which every user of the machine can read).
   std::string password;
-  /// Every key starts with it (1 to 64 printable characters, no ':' or space): servers that share
-  /// a prefix share one queue; others on the same Redis are apart. The default is a Redis Cluster
-  /// hash tag, so that all of a queue's keys hash to one slot and each script runs on the node
-  /// that owns it; on a cluster a prefix must hold one (`{name}`, refused otherwise), and several
-  /// prefixes spread queues over the nodes. (Before 0.1's release the default was "rebound": pass
+  /// Every key starts with it (1 to 64 letters, digits, '_', '.', '-' and braces): servers that
+  /// share a prefix share one queue; others on the same Redis are apart. The default is a Redis
+  /// Cluster hash tag, so that all of a queue's keys hash to one slot and each script runs on the
+  /// node that owns it; on a cluster a prefix must hold one (`{name}`, refused otherwise), and
+  /// several prefixes spread queues over the nodes. (Before 0.1's release the default was
+  /// "rebound": pass
   /// `?prefix=rebound` to keep a queue stored under it.)
   std::string key_prefix = "{rebound}";
   /// Connections opened at most, shared by the threads that call the store.
