@@ -106,6 +106,26 @@ TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant in
   CHECK(plain->job.id == "plain");
 }
 
+TEST_CASE("sqlite: a status or callback state another program wrote out of range reads safely") {
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    REQUIRE(store.put(make("odd")) == PutOutcome::created);
+  }
+  {
+    sqlite3* raw = nullptr;
+    REQUIRE(sqlite3_open(db.path().c_str(), &raw) == SQLITE_OK);
+    CHECK(sqlite3_exec(raw, "UPDATE jobs SET status = 9, cb_state = -4 WHERE id = 'odd';", nullptr,
+                       nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  SqliteJobStore store(db.path());
+  const auto odd = store.get("odd");
+  REQUIRE(odd);
+  CHECK(odd->status == rebound::JobStatus::failed);
+  CHECK(odd->callback.state == rebound::CallbackState::none);
+}
+
 TEST_CASE("sqlite: concurrent submissions share commits (group commit)") {
   TempDb db;
   SqliteJobStore store(db.path());

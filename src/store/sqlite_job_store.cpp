@@ -25,6 +25,22 @@
 namespace rebound {
 namespace {
 
+// The file keeps a JobStatus and a CallbackState as their numbers, and the SQL below compares
+// them so ("status < 2": not final; "cb_state = 3": given up). The numbers are on disk: these
+// checks stop a change of either enum's order from silently changing what stored rows mean.
+static_assert(static_cast<int>(JobStatus::queued) == 0 &&
+                  static_cast<int>(JobStatus::running) == 1 &&
+                  static_cast<int>(JobStatus::succeeded) == 2 &&
+                  static_cast<int>(JobStatus::failed) == 3 &&
+                  static_cast<int>(JobStatus::expired) == 4 &&
+                  static_cast<int>(JobStatus::cancelled) == 5,
+              "the SQLite schema stores JobStatus by number: 0-1 not final, 2-5 final");
+static_assert(static_cast<int>(CallbackState::none) == 0 &&
+                  static_cast<int>(CallbackState::pending) == 1 &&
+                  static_cast<int>(CallbackState::delivered) == 2 &&
+                  static_cast<int>(CallbackState::failed) == 3,
+              "the SQLite schema stores CallbackState by number");
+
 constexpr const char* schema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
   id             TEXT PRIMARY KEY,
@@ -209,12 +225,16 @@ JobRecord read_record(const Statement& s) {
       detail::JsonParseError::none)
     r.job.input = nullptr;
   r.job.created_at = from_ms(s.integer(3));
-  r.status = static_cast<JobStatus>(s.integer(4));
+  // (A number outside the enum, which only another program could have written, reads as failed.)
+  const auto status = s.integer(4);
+  r.status = status >= 0 && status <= 5 ? static_cast<JobStatus>(status) : JobStatus::failed;
   if (!s.is_null(5) && detail::parse_untrusted_json(s.text(5), r.outcome.result, SIZE_MAX) !=
                            detail::JsonParseError::none)
     r.outcome.result = nullptr;
   if (!s.is_null(6)) r.outcome.error = ErrorInfo{s.text(6), s.text(7)};
-  r.callback.state = static_cast<CallbackState>(s.integer(8));
+  const auto state = s.integer(8);
+  r.callback.state =
+      state >= 0 && state <= 3 ? static_cast<CallbackState>(state) : CallbackState::none;
   r.callback.attempts = static_cast<int>(s.integer(9));
   r.callback.last_error = s.text(10);
   r.callback.next_attempt_at = from_ms(s.integer(11));
