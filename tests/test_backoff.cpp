@@ -1,9 +1,9 @@
 // Backoff policies: exact schedules with an injected random source, composition, Retry-After.
 #include <doctest/doctest.h>
 
+#include "common/retry_after.hpp"
 #include "rebound/delivery/backoff.hpp"
 #include "rebound/delivery/callback_transport.hpp"
-#include "common/retry_after.hpp"
 
 using namespace std::chrono_literals;
 using rebound::RetryContext;

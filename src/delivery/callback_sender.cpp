@@ -11,8 +11,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "rebound/delivery/webhook_signature.hpp"
 #include "common/retry_after.hpp"
+#include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/version.hpp"
 
 namespace rebound {

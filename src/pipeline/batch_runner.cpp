@@ -12,8 +12,8 @@
 
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/wire.hpp"
-#include "work_queue.hpp"
 #include "rebound/tenant.hpp"
+#include "work_queue.hpp"
 
 namespace rebound {
 namespace {

@@ -24,11 +24,11 @@
 #include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
-#include "work_queue.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "rebound/model.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
+#include "work_queue.hpp"
 
 namespace rebound::detail {
 

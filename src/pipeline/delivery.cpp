@@ -7,8 +7,8 @@
 
 #include <boost/asio/post.hpp>
 
-#include "rebound/detail/json.hpp"
 #include "common/trace_context.hpp"
+#include "rebound/detail/json.hpp"
 #include "rebound/detail/wire.hpp"
 #include "rebound/tenant.hpp"
 

@@ -10,10 +10,10 @@
 #include "front_door.hpp"
 #include "pipeline.hpp"
 #include "rebound/detail/completion.hpp"
-#include "work_queue.hpp"
 #include "rebound/job.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "work_item.hpp"
+#include "work_queue.hpp"
 
 namespace rebound::detail {
 

@@ -5,8 +5,8 @@
 #include <exception>
 #include <utility>
 
-#include "work_queue.hpp"
 #include "rebound/tenant.hpp"
+#include "work_queue.hpp"
 
 namespace rebound::detail {
 

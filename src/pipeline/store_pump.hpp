@@ -20,10 +20,10 @@
 #include "events.hpp"
 #include "leases.hpp"
 #include "observers.hpp"
-#include "work_queue.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
+#include "work_queue.hpp"
 
 namespace rebound::detail {
 

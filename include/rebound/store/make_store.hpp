@@ -50,9 +50,8 @@ inline namespace REBOUND_DETAIL_STORES {
 /// Makes a JobStore from a URI:
 /// - `memory`: a MemoryJobStore (jobs are lost with the process);
 /// - `sqlite:PATH`: a SqliteJobStore in that file (needs rebound::sqlite);
-/// - `redis://[user@]host[:port][/db][?prefix=name]`: a RedisJobStore that several servers share
-/// (needs
-///   rebound::redis).
+/// - `redis://[user@]host[:port][/db][?prefix=name]`: a RedisJobStore that several servers
+///   share (needs rebound::redis).
 /// Throws rebound::Error with a message that names the URI for anything else, for a store this
 /// program was not linked with, and when the store cannot be opened.
 ///

@@ -28,8 +28,7 @@ struct RedisJobStoreOptions {
   /// Cluster hash tag, so that all of a queue's keys hash to one slot and each script runs on the
   /// node that owns it; on a cluster a prefix must hold one (`{name}`, refused otherwise), and
   /// several prefixes spread queues over the nodes. (Before 0.1's release the default was
-  /// "rebound": pass
-  /// `?prefix=rebound` to keep a queue stored under it.)
+  /// "rebound": pass `?prefix=rebound` to keep a queue stored under it.)
   std::string key_prefix = "{rebound}";
   /// Connections opened at most, shared by the threads that call the store.
   std::size_t connections = 16;
