@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,22 +60,26 @@ inline std::string_view to_string(CallbackState state) {
 template <typename Enum>
 std::optional<Enum> from_string(std::string_view text);
 
-template <>
-inline std::optional<JobStatus> from_string<JobStatus>(std::string_view text) {
-  for (JobStatus s : {JobStatus::queued, JobStatus::running, JobStatus::succeeded,
-                      JobStatus::failed, JobStatus::expired, JobStatus::cancelled}) {
-    if (to_string(s) == text) return s;
+namespace detail {
+template <typename Enum>
+std::optional<Enum> spelled_as(std::string_view text, std::initializer_list<Enum> values) {
+  for (Enum v : values) {
+    if (to_string(v) == text) return v;
   }
   return std::nullopt;
+}
+}  // namespace detail
+
+template <>
+inline std::optional<JobStatus> from_string<JobStatus>(std::string_view text) {
+  return detail::spelled_as(text, {JobStatus::queued, JobStatus::running, JobStatus::succeeded,
+                                   JobStatus::failed, JobStatus::expired, JobStatus::cancelled});
 }
 
 template <>
 inline std::optional<CallbackState> from_string<CallbackState>(std::string_view text) {
-  for (CallbackState s : {CallbackState::none, CallbackState::pending, CallbackState::delivered,
-                          CallbackState::failed}) {
-    if (to_string(s) == text) return s;
-  }
-  return std::nullopt;
+  return detail::spelled_as(text, {CallbackState::none, CallbackState::pending,
+                                   CallbackState::delivered, CallbackState::failed});
 }
 
 /// True for the statuses a job never leaves.

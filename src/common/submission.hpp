@@ -232,13 +232,9 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
       note("webhook_events", webhook_events_rule());
     }
   }
-  auto order = [](const std::string& field) {
-    constexpr const char* fields[] = {
-        "id", "tenant", "callback_url", "priority", "max_queue_seconds", "webhook_events"};
-    return std::find(std::begin(fields), std::end(fields), field) - std::begin(fields);
-  };
   std::optional<BrokenRule> broken = check_job(job, guard);
-  if (shape && (!broken || order(shape->field) < order(broken->field))) broken = std::move(shape);
+  if (shape && (!broken || rule_rank(shape->field) < rule_rank(broken->field)))
+    broken = std::move(shape);
   if (broken) return invalid_job(std::move(broken->field), std::move(broken->message));
   auto input = doc.find("input");
   if (input != doc.end()) job.input = std::move(*input);

@@ -390,6 +390,8 @@ bool out_of_memory_error(const char* what) {
 
 struct RedisJobStore::Impl {
   RedisJobStoreOptions options;
+  // The key every script call declares (`<prefix>:jobs`: see start_evalsha), made once.
+  std::string declared_key = options.key_prefix + ":jobs";
   std::array<std::string, kScriptCount> shas;  // written by the constructor only
   // Redis 7 runs scripts marked allow-oom at maxmemory: only a put is refused when it is full,
   // so the work already accepted can finish and free memory. (Set by the constructor.)
@@ -676,16 +678,14 @@ struct RedisJobStore::Impl {
   // The start of every script call: EVALSHA, the script, one key declared (the prefix's listing,
   // `<prefix>:jobs`: every key a script touches shares its hash tag, so Redis Cluster routes the
   // call to the node of the prefix's slot) and the prefix as ARGV[1].
-  std::vector<std::string> evalsha(std::size_t which) const {
-    return {"EVALSHA", shas[which], "1", options.key_prefix + ":jobs", options.key_prefix};
+  void start_evalsha(std::vector<std::string>& args, std::size_t which) const {
+    args.insert(args.begin(), {"EVALSHA", shas[which], "1", declared_key, options.key_prefix});
   }
 
   // Runs a script with the prefix and `args` as ARGV. A script Redis forgot (a restart, SCRIPT
   // FLUSH) is loaded again and run once more: it did not run the first time.
   Reply script(Script which, std::vector<std::string> args) {
-    std::vector<std::string> head = evalsha(which);
-    args.insert(args.begin(), std::make_move_iterator(head.begin()),
-                std::make_move_iterator(head.end()));
+    start_evalsha(args, which);
     try {
       try {
         return run(args);
@@ -1008,7 +1008,8 @@ struct RedisJobStore::Impl {
     for (std::size_t g = 0; g < 2; ++g) {
       if (groups[g].empty()) continue;
       auto& args = commands[g];
-      args = evalsha(g == 0 ? kScriptBatchPut : kScriptBatch);
+      args.clear();
+      start_evalsha(args, g == 0 ? kScriptBatchPut : kScriptBatch);
       for (Op* op : groups[g]) {
         args.push_back(std::to_string(op->which));
         args.push_back(std::to_string(op->args.size()));
