@@ -53,9 +53,8 @@ the system under test starts, is set to log every command (CONFIG SET slowlog-lo
 slowlog-max-len 2000000, then CONFIG RESETSTAT and SLOWLOG RESET). The entries logged within the
 measured window (the slowlog ids at its two ends; this script's own connection, named
 redis-peers-costs, left out) are grouped by command, and an EVALSHA by the script it runs: rebound's
-by name (put, claim, finish, ...: the SHA1 of every script text in src/store/redis_job_store.cpp,
-both with and without Redis 7's "#!lua flags=allow-oom" line, read from that file as it is and as
-last committed), BullMQ's as "bullmq <SHA1's first 8 hex> <its name>" (the names from the installed
+by name (put, claim, finish, batch, ...: the SHA1 of every script text as put together from the .lua
+files of src/store/redis, both with and without Redis 7's "#!lua flags=allow-oom" line), BullMQ's as "bullmq <SHA1's first 8 hex> <its name>" (the names from the installed
 BullMQ), and any other as "script <8 hex>". Redis 7 logs the commands a script runs too (client
 "?:0", just before the script's own entry): they are counted with their script, not on their own. A
 table per trial, after the main one, gives for each group the calls and the execution time (the
@@ -347,39 +346,36 @@ def command_group(args: list, names: dict[str, str], unknown: str) -> str:
     return cmd
 
 
-REBOUND_SCRIPTS = ROOT / "src" / "store" / "redis_job_store.cpp"
-# Every `constexpr const char* kName = R"delim(...)delim";` of that file: the prelude and the scripts.
-RAW_STRING = re.compile(r'constexpr\s+const\s+char\s*\*\s*k(\w+)\s*=\s*R"(\w*)\((.*?)\)\2"\s*;', re.S)
+REBOUND_SCRIPTS = ROOT / "src" / "store" / "redis"
 ALLOW_OOM = "#!lua flags=allow-oom\n"
 
 
-def rebound_script_names(source: Path = REBOUND_SCRIPTS) -> dict[str, str]:
-    """SHA1 -> script name ("put", "mark_running", ...) for every script of the Redis store. Redis
-    sees kPrelude + the script, with "#!lua flags=allow-oom\n" in front on Redis 7 and later (but for
-    put: see script_text there); both texts of every script are mapped, so whichever it loaded is
-    named, and the bare script too, in case one is ever loaded without the prelude. The file as it is
-    and as last committed: the build may be of either."""
-    texts = []
+def rebound_script_names(folder: Path = REBOUND_SCRIPTS) -> dict[str, str]:
+    """SHA1 -> script name ("put", "mark_running", "batch", ...) for every script of the Redis store,
+    its text put together as script_text (src/store/redis/scripts.hpp) does from the .lua files:
+    prelude.lua, then "local O = 0" and the script; a batch ("batch_put": puts; "batch": the rest)
+    is each script it runs as a function of OPS, keyed by its number in kScriptNames, then
+    dispatch.lua. Both with and without Redis 7's "#!lua flags=allow-oom" line (a put has none)."""
     try:
-        texts.append(source.read_text())
-    except OSError as e:
-        log(f"--costs: cannot read {source} ({e})")
-    try:  # the committed file too: the build may predate the working tree's changes
-        texts.append(subprocess.run(["git", "show", f"HEAD:{source.relative_to(ROOT)}"], cwd=ROOT,
-                                    capture_output=True, text=True, timeout=30, check=True).stdout)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
+        lua = {f.stem: f.read_text() for f in folder.glob("*.lua")}
+        order = re.search(r"kScriptNames = \{(.*?)\};", (folder / "scripts.hpp").read_text(), re.S)
+        numbers = {name: i for i, name in enumerate(re.findall(r'"(\w+)"', order.group(1)))}
+    except (OSError, AttributeError) as e:
+        log(f"--costs: cannot read the scripts in {folder} ({e}); rebound's are named by SHA1 only")
+        return {}
+    prelude = lua.get("prelude", "")
+    texts = {name: prelude + "local O = 0\n" + lua[name] for name in numbers if name in lua}
+    # (batched_scripts in scripts.hpp)
+    for label, ops in (("batch_put", ["put"]),
+                       ("batch", ["mark_running", "finish", "record_attempt", "renew"])):
+        text = prelude + "local OPS = {}\n"
+        for op in ops:
+            text += f"OPS['{numbers[op]}'] = function(ARGV, O)\n" + lua[op] + "\nend\n"
+        texts[label] = text + lua.get("dispatch", "")
     names = {}
-    for source_text in texts:
-        strings = {name: body for name, _, body in RAW_STRING.findall(source_text)}
-        prelude = strings.pop("Prelude", "")
-        for name, body in strings.items():
-            label = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()  # MarkRunning -> mark_running
-            for text in (prelude + body, body):
-                for flags in ("", ALLOW_OOM):
-                    names.setdefault(hashlib.sha1((flags + text).encode()).hexdigest(), label)
-    if not names:
-        log(f"--costs: no scripts found in {source}; rebound's scripts are named by SHA1 only")
+    for label, text in texts.items():
+        for flags in ("", ALLOW_OOM):
+            names.setdefault(hashlib.sha1((flags + text).encode()).hexdigest(), label)
     return names
 
 
@@ -692,9 +688,10 @@ def main() -> None:
     p.add_argument("--bullmq-chunk", type=int, default=1000, help="jobs per Queue.addBulk (default 1,000)")
     p.add_argument("--batch", type=int, default=100,
                    help="jobs per request of rebound-1-batch (default 100; at most 1,000)")
-    p.add_argument("--batch-connections", type=int, default=8,
-                   help="wrk connections of rebound-1-batch (default 8; a server takes 16 batches at "
-                   "once with its default --http-threads, and refuses more)")
+    p.add_argument("--batch-connections", type=int, default=4,
+                   help="wrk connections of rebound-1-batch (default 4: a server takes a quarter of "
+                   "its --http-threads (16) in batches at once, and refuses more with 503, which "
+                   "stops a wrk connection)")
     p.add_argument("--settle", type=float, default=0.5, help="seconds between the start and the load")
     p.add_argument("--trial-timeout", type=float, default=300, help="longest trial, in seconds (default 300)")
     p.add_argument("--build-dir", default=os.environ.get("BUILD_DIR", str(ROOT / "build")))

@@ -193,6 +193,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   queue_options.workers = options.workers;
   queue_options.max_batch_size = options.max_batch_size.value_or(preferred.max_batch_size);
   queue_options.max_queue_delay = options.max_queue_delay.value_or(preferred.max_queue_delay);
+  // Tenants take turns for the workers, each its weight's worth of jobs in a row.
+  queue_options.default_weight = options.tenant_defaults.weight;
+  for (const auto& [name, tenant] : options.tenants)
+    queue_options.weights[name] = tenant.weight;
   queue_ = std::make_unique<detail::WorkQueue<detail::WorkItem>>(
       std::move(inference_executor), queue_options,
       [core = core_](std::vector<detail::WorkItem> batch) {
@@ -351,7 +355,8 @@ bool Operations::delivers_callbacks() const {
   return core_.delivers_callbacks;
 }
 
-Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result) {
+Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result,
+                                    const std::string& tenant) {
   if (!on_result) throw Error("FrontDoor::invoke: a result handler is required");
   detail::Pipeline& core = *queue.core_;
   const Submitted verdict = [&] {
@@ -364,12 +369,17 @@ Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, Invok
     Job job;
     job.input = std::move(input);
     const std::size_t bytes = detail::work_bytes(job);
+    // The caller's tenant's rate, share and turn hold for its invocations as for its jobs.
+    if (!core.rates.take(tenant, core.clock())) return detail::refused(errc::tenant_rate);
     auto entered = core.admission.enter();
-    if (const auto admitted = core.admission.admit({}, bytes)) return detail::refused(admitted);
+    if (const auto admitted = core.admission.admit(tenant, bytes)) {
+      core.rates.give_back(tenant);
+      return detail::refused(admitted);
+    }
     // Synchronous invocations queue at the default priority, beside jobs submitted without one.
     queue.queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result),
-                                            detail::Claim::slot(core.admission, {}, bytes)},
-                           default_priority);
+                                            detail::Claim::slot(core.admission, tenant, bytes)},
+                           default_priority, tenant);
     return detail::taken();
   }();
   if (verdict.error) core.observe_submission(verdict, {}, false);

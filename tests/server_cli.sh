@@ -11,7 +11,7 @@ for opt in --host --port --model --store --workers --queue-capacity --http-threa
            --signing-secret --signing-key --callback-timeout --max-tries --backoff --backoff-base --backoff-factor \
            --backoff-cap --jitter --max-elapsed --retry-after-cap --allow-private-callbacks \
            --callback-allow --callback-connections --callback-ca-file --retention --memory-store-mib --job-ttl \
-           --log-level --inference-timeout --lease --server-id serve; do
+           --log-level --inference-timeout --lease --server-id --tenant --tenant-rate --tenant-burst serve; do
   grep -q -- "$opt" <<<"$help" || fail "--help does not list $opt"
 done
 grep -q -- '--max-tries INT:INT in \[1 - 1000\]=5' <<<"$help" || fail "--help does not show the --max-tries default"
@@ -51,6 +51,15 @@ expect_refusal "not in range" --port 70000
 expect_refusal "not in range" --memory-store-mib 0
 expect_refusal "callback-timeout" --callback-timeout soon
 expect_refusal "not expected" --no-such-flag
+# A tenant's turns and rate: each setting checked, and only for a tenant that has a key.
+expect_refusal "no --api-key" --model echo --tenant acme:rate=5
+expect_refusal "weight must be from 1 to 1000" --model echo --api-key acme:k1 --api-key b:k2 --tenant acme:weight=0
+expect_refusal "rate must be a number" --model echo --api-key acme:k1 --api-key b:k2 --tenant acme:rate=fast
+expect_refusal "unknown setting" --model echo --api-key acme:k1 --api-key b:k2 --tenant acme:speed=1
+expect_refusal "given twice" --model echo --api-key acme:k1 --api-key b:k2 --tenant acme:rate=1,rate=2
+expect_refusal "twice" --model echo --api-key acme:k1 --api-key b:k2 --tenant acme:rate=1 --tenant acme:weight=2
+expect_refusal "not in range" --model echo --tenant-rate -1
+expect_refusal "burst must be 0" --model echo --api-key acme:k1 --api-key b:k2 --tenant acme:burst=0.5
 # Authentication or signing cannot be turned off by an empty value.
 expect_refusal "must not be empty" --api-key ""
 expect_refusal "must not be empty" --api-key " "
@@ -104,4 +113,35 @@ wait_port
 code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -X POST \
   -d '{"id":"b","callback_url":"http://127.0.0.1:9/x"}' "http://127.0.0.1:$port/v1/inferences")
 [ "$code" = 202 ] || fail "allowlisted callback: $code"
+
+# --tenant NAME:rate=R,burst=B holds that tenant (the one tenant here) to its rate.
+: >"$log"
+"$server_bin" --model echo --store memory --host 127.0.0.1 --port 0 --api-key acme:k1 \
+  --tenant acme:rate=0.01,burst=2 >"$log" 2>&1 &
+pids+=($!)
+wait_port
+codes=""
+for id in r1 r2 r3; do
+  codes+=$(curl -s -o /dev/null -w '%{http_code} ' -H 'Authorization: Bearer k1' -H 'Content-Type: application/json' \
+    -X POST -d "{\"id\":\"$id\"}" "http://127.0.0.1:$port/v1/inferences")
+done
+[ "$codes" = "202 202 429 " ] || fail "--tenant rate: $codes"
+
+# A drain that leaves work exits 1, and says what becomes of it for the store it ran on.
+drained() {  # drained STORE "message part"
+  : >"$log"
+  "$server_bin" --model sleep:60 --store "$1" --host 127.0.0.1 --port 0 >"$log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  wait_port
+  curl -s -o /dev/null -H 'Content-Type: application/json' -X POST -d '{"id":"slow"}' \
+    "http://127.0.0.1:$port/v1/inferences"
+  sleep 0.3
+  kill -TERM "$pid"; sleep 0.3; kill -TERM "$pid"  # the second signal ends the drain at once
+  set +e; wait "$pid"; local rc=$?; set -e
+  [ "$rc" = 1 ] || { cat "$log"; fail "a drain that left work with $1 exited $rc"; }
+  grep -q -- "$2" "$log" || { cat "$log"; fail "the drain's words with $1"; }
+}
+drained memory "are lost"
+drained "sqlite:$(mktemp -d)/jobs.db" "stay in the store"
 echo "server command line: ok"

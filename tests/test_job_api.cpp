@@ -526,6 +526,8 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
                            "application/json");
   });
   REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 1; }));
+  // (Accepted is not yet started: the worker marks it running as the model takes it.)
+  REQUIRE(h.model->wait_started(1));
   // The only HTTP thread is free: /ping and a poll answer at once while the submission waits.
   CHECK(h.client().Get("/ping")->status == 200);
   CHECK(h.poll("j")["status"] == "running");  // held by the closed model

@@ -2,6 +2,11 @@
 // memory, in finished jobs kept and in bytes.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "rebound/store/memory_job_store.hpp"
 
 using rebound::CallbackState;
@@ -197,4 +202,179 @@ TEST_CASE("a callback whose lease was renewed is claimed again only once the ren
   CHECK(store.renew_all(leases, t0 + 10s) == std::vector<bool>(300, true));
   CHECK(store.claim_callbacks(10, {"s/2", t0 + 200s}, t0 + 60s).empty());
   CHECK(store.claim_callbacks(1000, {"s/2", t0 + 200s}, t0 + 91s).size() == 300);
+}
+
+// The state rules themselves (job_state.hpp), with no store around them: what a store of one's
+// own builds on.
+TEST_CASE("job state: each rule answers and changes one stored job as a store must") {
+  namespace js = rebound::job_state;
+  using namespace std::chrono_literals;
+  const auto t0 = std::chrono::system_clock::time_point(std::chrono::milliseconds(1764000000000));
+  Job job{"j", "http://example.com/cb", {{"x", 1}}, t0};
+  rebound::StoredJob s = js::created(job, std::nullopt);
+  CHECK(s.record.status == JobStatus::queued);
+  CHECK(js::job_due(s) == t0);
+  CHECK(js::put_again(s, job) == PutOutcome::duplicate);
+  Job other = job;
+  other.input = {{"x", 2}};
+  CHECK(js::put_again(s, other) == PutOutcome::conflict);
+
+  // Claimed by a; not again while a holds it; renewed only by a.
+  const rebound::Lease a{"a", t0 + 10s}, b{"b", t0 + 20s};
+  CHECK_FALSE(js::claim_job(s, a, t0 - 1s));  // not due yet
+  REQUIRE(js::claim_job(s, a, t0));
+  CHECK_FALSE(js::claim_job(s, b, t0 + 5s));
+  CHECK(js::job_due(s) == t0 + 10s);
+  CHECK(js::renew(s, rebound::Lease{"b", t0 + 30s}, t0 + 5s) == js::Renewed::none);
+  CHECK(js::renew(s, rebound::Lease{"a", t0 + 15s}, t0 + 5s) == js::Renewed::job);
+  CHECK(js::mark_running(s, t0 + 6s));
+  CHECK_FALSE(js::mark_running(s, t0 + 7s));  // running already
+  CHECK(s.record.started_at == t0 + 6s);
+
+  // A finish after the lease ran out is refused; b, which took it over, finishes it.
+  rebound::JobOutcome ok;
+  ok.status = JobStatus::succeeded;
+  ok.result = "OK";
+  CHECK_FALSE(js::finish(s, "a", ok, std::nullopt, t0 + 15s));
+  REQUIRE(js::claim_job(s, b, t0 + 15s));
+  const rebound::Lease deliver{"d", t0 + 40s};
+  REQUIRE(js::finish(s, "b", ok, deliver, t0 + 16s));
+  CHECK(s.record.status == JobStatus::succeeded);
+  CHECK_FALSE(s.job_lease);
+  CHECK_FALSE(js::job_due(s));
+  CHECK(s.record.callback.state == CallbackState::pending);
+  CHECK(js::callback_due(s) == t0 + 40s);  // the deliverer's lease
+  CHECK(js::cancel(s, ok, t0 + 17s) == rebound::CancelOutcome::already_finished);
+  CHECK_FALSE(js::is_finished(s.record));
+
+  // An attempt by someone else is refused; the deliverer's is logged, its error cut.
+  rebound::CallbackInfo failed = s.record.callback;
+  failed.state = CallbackState::failed;
+  failed.attempts = 1;
+  rebound::CallbackAttempt attempt;
+  attempt.error = std::string(1000, 'e');
+  CHECK_FALSE(js::record_attempt(s, "a", failed, t0 + 18s, attempt));
+  REQUIRE(js::record_attempt(s, "d", failed, t0 + 18s, attempt));
+  CHECK(s.record.attempt_log.size() == 1);
+  CHECK(s.record.attempt_log.back().error.size() == rebound::max_attempt_error_bytes);
+  CHECK_FALSE(s.callback_lease);
+  CHECK(js::is_finished(s.record));
+  CHECK_FALSE(js::callback_due(s));
+
+  // A given-up callback is redelivered, once.
+  CHECK(js::redeliver(s, rebound::Lease{"r", t0 + 60s}, t0 + 19s) ==
+        rebound::RedeliverOutcome::redelivered);
+  CHECK(s.record.callback.delivery_attempts == 0);
+  CHECK(s.record.callback.last_error.empty());
+  CHECK(js::redeliver(s, rebound::Lease{"r2", t0 + 60s}, t0 + 19s) ==
+        rebound::RedeliverOutcome::not_failed);
+
+  // A job that failed keeps no result; its cancellation ends whoever held it.
+  rebound::StoredJob c = js::created(job, rebound::Lease{"a", t0 + 10s});
+  rebound::JobOutcome cancelled;
+  cancelled.status = JobStatus::cancelled;
+  cancelled.result = "ignored";
+  CHECK(js::cancel(c, cancelled, t0 + 1s) == rebound::CancelOutcome::cancelled);
+  CHECK(c.record.outcome.result.is_null());
+  CHECK_FALSE(c.job_lease);
+  CHECK(js::callback_due(c) == t0 + 1s);  // its callback says so at once
+}
+
+namespace {
+// Gives up the callback of `tenant`'s job `id`, created at `ms` (update_callback, as a sender
+// without leases would).
+void dead_letter(rebound::MemoryJobStore& store, const std::string& tenant, const std::string& id,
+                 long long ms) {
+  Job job = make(id);
+  job.tenant = tenant;
+  job.created_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+  REQUIRE(store.put(job) == PutOutcome::created);
+  store.complete(rebound::key_of(job), {JobStatus::succeeded, 1, std::nullopt});
+  store.update_callback(rebound::key_of(job), {CallbackState::failed, 3, "HTTP 500"});
+}
+
+// Every page of `prefix`'s dead letters, `per_page` at a time, as keys.
+std::vector<std::string> pages_of(const rebound::JobStore& store, const std::string& prefix,
+                                  std::size_t per_page, bool generic) {
+  std::vector<std::string> out;
+  std::optional<rebound::ListCursor> after;
+  for (int guard = 0; guard < 1000; ++guard) {
+    rebound::JobFilter filter;
+    filter.callback_state = CallbackState::failed;
+    filter.id_prefix = prefix;
+    const auto page = generic ? store.list_jobs(filter, after, per_page)
+                              : store.failed_callbacks_page(prefix, after, per_page);
+    for (const auto& r : page.jobs) {
+      CHECK(r.callback.state == CallbackState::failed);
+      CHECK(r.job.input.is_null());  // a listing carries no input
+      out.push_back(rebound::key_of(r.job));
+    }
+    if (!page.next) break;
+    after = page.next;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("dead-letter pages read a tenant's own index - the same pages as a scan of every job") {
+  rebound::MemoryJobStore store(1000);
+  // Three tenants, interleaved, several at the same millisecond (ordered by key there).
+  for (int i = 0; i < 25; ++i) {
+    dead_letter(store, "acme", "a" + std::to_string(i), 1764000000000 + i / 3);
+    dead_letter(store, "evil", "e" + std::to_string(i), 1764000000000 + i / 2);
+  }
+  for (int i = 0; i < 5; ++i)
+    dead_letter(store, "", "plain" + std::to_string(i), 1764000000000 + i);
+  store.put(make("not-dead"));  // not a dead letter: never listed
+  for (const std::string prefix : {"acme/", "evil/", "acme/a1", "", "acme", "nobody/"}) {
+    for (const std::size_t per_page : {1, 7, 100}) {
+      CAPTURE(prefix);
+      CAPTURE(per_page);
+      CHECK(pages_of(store, prefix, per_page, false) == pages_of(store, prefix, per_page, true));
+    }
+  }
+  CHECK(pages_of(store, "acme/", 10, false).size() == 25);
+  CHECK(pages_of(store, "acme/a1", 10, false).size() == 11);  // a1, a10..a19
+  CHECK(pages_of(store, "", 10, false).size() == 55);
+  CHECK(pages_of(store, "nobody/", 10, false).empty());
+  // A redelivered dead letter leaves the index; given up again, it is back.
+  REQUIRE(store.redeliver(
+              "acme/a3",
+              rebound::Lease{"cb", std::chrono::system_clock::now() + std::chrono::minutes(1)},
+              std::chrono::system_clock::now()) == rebound::RedeliverOutcome::redelivered);
+  CHECK(pages_of(store, "acme/", 10, false).size() == 24);
+  store.update_callback("acme/a3", {CallbackState::failed, 4, "HTTP 500"});
+  CHECK(pages_of(store, "acme/", 10, false) == pages_of(store, "acme/", 10, true));
+  CHECK(pages_of(store, "acme/", 10, false).size() == 25);
+  // Given up through the lease protocol (finish_job, then record_attempt), as a JobQueue does.
+  const auto now = std::chrono::system_clock::now();
+  Job leased = make("leased");
+  leased.tenant = "acme";
+  leased.created_at =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1764000000100));
+  REQUIRE(store.put(leased, rebound::Lease{"w", now + std::chrono::minutes(1)}) ==
+          PutOutcome::created);
+  REQUIRE(store.finish_job("acme/leased", "w", {JobStatus::succeeded, 1, std::nullopt},
+                           rebound::Lease{"cb", now + std::chrono::minutes(1)}, now));
+  rebound::CallbackInfo given_up;
+  given_up.state = CallbackState::failed;
+  given_up.attempts = 3;
+  REQUIRE(store.record_attempt("acme/leased", "cb", given_up, now));
+  const auto acme = pages_of(store, "acme/", 10, false);
+  REQUIRE(acme.size() == 26);
+  CHECK(acme.front() == "acme/leased");  // the newest
+}
+
+TEST_CASE("a dead letter forgotten beyond max_finished leaves the dead-letter pages") {
+  rebound::MemoryJobStore store(10);
+  for (int i = 0; i < 8; ++i)
+    dead_letter(store, "acme", "a" + std::to_string(i), 1764000000000 + i);
+  for (int i = 0; i < 8; ++i)
+    dead_letter(store, "evil", "e" + std::to_string(i), 1764000001000 + i);
+  // 16 finished, 10 kept: the six oldest (acme's) went.
+  const auto acme = pages_of(store, "acme/", 5, false);
+  CHECK(acme == std::vector<std::string>{"acme/a7", "acme/a6"});
+  for (const auto& key : pages_of(store, "", 100, false))
+    CHECK(store.get(key).has_value());
+  CHECK(pages_of(store, "", 100, false).size() == 10);
 }

@@ -73,6 +73,20 @@ struct Fixture {
   }
 
   void advance(std::chrono::milliseconds d) { clock->advance(d); }
+
+  // One request of `tenant` to each of `n` origins: http://<host>0.example, <host>1, ...
+  void send_each(const std::string& host, int n, const std::string& tenant) {
+    for (int i = 0; i < n; ++i)
+      send(url_of(host, i), 10s, tenant);
+  }
+  static std::string url_of(const std::string& host, int i) {
+    return "http://" + host + std::to_string(i) + ".example/hook";
+  }
+
+  // Answers the oldest request of `tenant` the inner transport holds with `status`.
+  void answer_of(const std::string& tenant, int status = 200) {
+    REQUIRE(inner->answer_oldest_of(tenant, rebound::test::response(status)).has_value());
+  }
 };
 
 const std::string a = "http://a.example:8080/hook";
@@ -337,6 +351,117 @@ TEST_CASE("gate: origins waiting only for the total limit take turns") {
   for (int i = 0; i < 6; ++i)
     order.push_back(f.answer(200));
   CHECK(order == std::vector<std::string>{a, a, a, a, b, a});
+}
+
+TEST_CASE("gate: tenants waiting only for the total limit take turns - not their origins") {
+  OriginGateOptions o;
+  o.max_total = 2;
+  Fixture f(o);
+  std::vector<std::string> evil;
+  for (int i = 0; i < 4; ++i)
+    evil.push_back(Fixture::url_of("e", i));
+  for (const auto& url : evil) {
+    f.send(url, 10s, "evil");  // e0 twice in flight; e1, e2 and e3 wait, listed in that order
+    f.send(url, 10s, "evil");
+  }
+  for (int i = 0; i < 3; ++i)
+    f.send(a, 10s, "acme");  // waits behind evil's three origins
+  REQUIRE(f.held() == 2);
+  // Each freed place goes to the next tenant: evil's many origins count as one turn. (acme's
+  // first: evil holds more than its share, one of the two places, until e0's second answer.)
+  std::vector<std::string> order;
+  for (int i = 0; i < 8; ++i)
+    order.push_back(f.answer(200));
+  CHECK(order == std::vector<std::string>{evil[0], evil[0], a, evil[1], a, evil[2], a, evil[3]});
+}
+
+TEST_CASE("gate: a tenant alone has every place - beside another its share") {
+  OriginGateOptions o;
+  o.max_total = 4;
+  Fixture f(o);
+  f.send_each("e", 6, "evil");  // slow receivers that will answer: no circuit opens
+  CHECK(f.held() == 4);         // alone: the whole pool
+  f.send(a, 10s, "acme");       // no place free: waits
+  CHECK(f.held() == 4);
+  // The next place freed goes to acme, not to evil's waiting ones: evil is over its half.
+  f.answer_of("evil");
+  CHECK(f.inner->held_tenants() == std::vector<std::string>{"evil", "evil", "evil", "acme"});
+  // acme's receiver answers: it keeps a reservation of one place, which evil does not take...
+  f.answer_of("acme");
+  CHECK(f.held() == 3);
+  // ...so acme's next callback goes out at once, though evil still has callbacks waiting.
+  auto next = f.send(a, 10s, "acme");
+  CHECK(f.held() == 4);
+  CHECK(f.inner->held_tenants().back() == "acme");
+  CHECK(!deferred(next));
+  // evil gets places back only below its share (two of four while acme is busy).
+  f.answer_of("evil");
+  CHECK(f.held() == 3);
+  f.answer_of("evil");
+  CHECK(f.held() == 3);  // evil had 1 in flight, below its 2: its waiting one went
+  CHECK(f.inner->count_to("//e4.") == 1);
+}
+
+TEST_CASE("gate: a tenant's reservation ends with its window - then the other has every place") {
+  OriginGateOptions o;
+  o.max_total = 4;
+  o.tenant_share_window = 1s;
+  Fixture f(o);
+  f.send(a, 10s, "acme");
+  f.answer_of("acme");  // acme idle, reserving one
+  f.send_each("e", 6, "evil");
+  CHECK(f.held() == 3);  // all but acme's reserved place
+  f.advance(1001ms);
+  f.answer_of("evil");
+  CHECK(f.held() == 4);  // the reservation is over: evil fills the pool again
+  CHECK(f.inner->held_tenants() == std::vector<std::string>(4, "evil"));
+}
+
+TEST_CASE("gate: a share that grows is filled at once - in the order the requests came") {
+  OriginGateOptions o;
+  o.max_total = 8;
+  Fixture f(o);
+  auto url = [](int i) { return "http://e.example/hook?n=" + std::to_string(i); };
+  f.send(a, 10s, "acme");
+  for (int i = 0; i < 10; ++i)
+    f.send(url(i), 10s, "evil");  // one origin: half the total while acme is busy, 6 wait
+  CHECK(f.held() == 5);
+  // acme is answered: it reserves one place, and evil's share grows from 4 to 7 at once.
+  f.answer_of("acme");
+  CHECK(f.held() == 7);
+  f.send(url(10), 10s, "evil");  // waits behind the three still waiting
+  CHECK(f.held() == 7);
+  std::vector<std::string> sent;
+  for (const auto& r : f.inner->requests())
+    if (r.tenant == "evil") sent.push_back(r.url);
+  CHECK(sent == std::vector<std::string>{url(0), url(1), url(2), url(3), url(4), url(5), url(6)});
+  // A place freed goes to the oldest waiting.
+  f.answer_of("evil");
+  CHECK(f.inner->requests().back().url == url(7));
+}
+
+TEST_CASE("gate: a tenant that had every place reserves at most half of them") {
+  OriginGateOptions o;
+  o.max_total = 8;
+  Fixture f(o);
+  f.send_each("b", 8, "burst");
+  CHECK(f.held() == 8);
+  for (int i = 0; i < 8; ++i)
+    f.answer_of("burst");
+  // Within burst's window: another tenant still gets the half burst does not reserve.
+  f.send_each("s", 6, "steady");
+  CHECK(f.held() == 4);
+}
+
+TEST_CASE("gate: one tenant - the shares change nothing") {
+  OriginGateOptions o;
+  o.max_total = 3;
+  Fixture f(o);
+  f.send_each("o", 3, "acme");
+  CHECK(f.held() == 3);
+  f.answer(200);
+  f.send(a, 10s, "acme");
+  CHECK(f.held() == 3);
 }
 
 TEST_CASE("gate: a probe waiting only for the total limit goes out when a place frees") {

@@ -247,7 +247,8 @@ TEST_CASE("prefetch: a restart with a backlog many times the prefetch drains wit
   // Claimed a prefetch at a time as the worker drains: with polls an hour apart, only the
   // wake-ups of the drain can bring them all in.
   REQUIRE(eventually([&] { return ran(*shared) == 300; }, 30s));
-  CHECK(queue.telemetry().batch_stats().resumed == 300);
+  // Counted after each claim is handed on: the last count can trail the last job.
+  CHECK(eventually([&] { return queue.telemetry().batch_stats().resumed == 300; }));
 }
 
 TEST_CASE("prefetch: a shutdown past its deadline leaves the parked jobs queued and says so") {

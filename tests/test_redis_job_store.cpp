@@ -22,6 +22,7 @@
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/redis_job_store.hpp"
+#include "store/redis/cluster.hpp"
 #include "support/fake_clock.hpp"
 #include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
@@ -94,6 +95,12 @@ TEST_CASE("redis URIs: host and port and database and user - never a password") 
   CHECK(o.db == 3);
   CHECK(o.port == 6380);
   CHECK(rebound::parse_redis_uri("redis://h?prefix=rebound").key_prefix == "rebound");
+  // Writes acknowledged once N replicas have them (WAIT): none asked for unless given.
+  CHECK(o.replicas == 0);
+  o = rebound::parse_redis_uri("redis://h?replicas=2&prefix={eu}");
+  CHECK(o.replicas == 2);
+  CHECK(o.key_prefix == "{eu}");
+  CHECK(rebound::parse_redis_uri("redis://h?prefix={eu}&replicas=1").replicas == 1);
   for (const char* bad : {"http://10.0.0.5",
                           "redis://",
                           "redis://:6379",
@@ -114,7 +121,15 @@ TEST_CASE("redis URIs: host and port and database and user - never a password") 
                           "redis://h?prefix={}",
                           "redis://h?prefix={open",
                           "redis://h?db=1",
-                          "redis://h?prefix=a&prefix=b"}) {
+                          "redis://h?prefix=a&prefix=b",
+                          "redis://h?replicas=",
+                          "redis://h?replicas=17",
+                          "redis://h?replicas=-1",
+                          "redis://h?replicas=1x",
+                          "redis://h?replicas=1&replicas=2",
+                          "redis://h?prefix={a}&",
+                          "redis://h?",
+                          "redis://h?prefix={a}&wait=1"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(rebound::parse_redis_uri(bad), rebound::Error);
   }
@@ -320,15 +335,17 @@ TEST_CASE("redis: at maxmemory a put answers full - the work already accepted st
 
 namespace {
 // Makes `job` (with a callback URL) a dead letter at `now`: stored, run, its callback given up.
+// Puts `job` (of its tenant) and gives its callback up, as a JobQueue would.
 void give_up_callback(RedisJobStore& store, const Job& job,
                       std::chrono::system_clock::time_point now) {
+  const std::string key = rebound::key_of(job);
   REQUIRE(store.put(job, Lease{"w", now + 60s}) == PutOutcome::created);
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
-  REQUIRE(store.finish_job(job.id, "w", done, Lease{"cb", now + 60s}, now));
+  REQUIRE(store.finish_job(key, "w", done, Lease{"cb", now + 60s}, now));
   rebound::CallbackInfo given_up;
   given_up.state = rebound::CallbackState::failed;
   given_up.attempts = 3;
-  REQUIRE(store.record_attempt(job.id, "cb", given_up, now));
+  REQUIRE(store.record_attempt(key, "cb", given_up, now));
 }
 }  // namespace
 
@@ -860,9 +877,17 @@ TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no c
   CHECK_THROWS_AS(put.get(), rebound::StoreUnavailable);
   REQUIRE(second_answer.wait_for(5s) == std::future_status::ready);
   CHECK(second_answer.get().first == false);
-  // Redis is back: the next batch goes out on a new connection.
+  // Redis is back: the next batch goes out on a new connection. (A put queued while the failed
+  // batch was still being answered fails with it, as what waits behind a failed batch does: the
+  // first that goes out after it is created.)
   redis.loading = false;
-  CHECK(store.put(make("d")) == PutOutcome::created);
+  CHECK(eventually([&] {
+    try {
+      return store.put(make("d")) == PutOutcome::created;
+    } catch (const rebound::StoreUnavailable&) {
+      return false;
+    }
+  }));
 }
 
 TEST_CASE("redis: a JobQueue destroyed with acknowledgements in flight ends cleanly") {
@@ -933,7 +958,7 @@ TEST_CASE("redis: jobs stored before the tenant field get theirs from their key 
     REQUIRE(store.put(acme) == PutOutcome::created);
     REQUIRE(store.put(make("plain")) == PutOutcome::created);
     CHECK(redis_cli(server, "HGET {rebound}:job:acme/7 tenant") == "acme");
-    CHECK(redis_cli(server, "GET {rebound}:schema") == "2");  // a new store is marked at once
+    CHECK(redis_cli(server, "GET {rebound}:schema") == "3");  // a new store is marked at once
   }
   // As an older build wrote it: no tenant field, and no mark; and a listing entry whose job has
   // expired meanwhile (its hash gone), which the migration must not bring back.
@@ -951,13 +976,79 @@ TEST_CASE("redis: jobs stored before the tenant field get theirs from their key 
     CHECK(redis_cli(server, "HGET {rebound}:job:plain tenant").empty());
     CHECK(redis_cli(server, "EXISTS {rebound}:job:gone/1") == "0");
     CHECK_FALSE(store.get("gone/1"));
-    CHECK(redis_cli(server, "GET {rebound}:schema") == "2");
+    CHECK(redis_cli(server, "GET {rebound}:schema") == "3");
   }
   // One an older server writes after the migration (a rolling upgrade) is read as its key says.
   REQUIRE(redis_cli(server, "HDEL {rebound}:job:acme/7 tenant") == "1");
   RedisJobStore store(options_for(server));
   CHECK(store.get("acme/7")->job.tenant == "acme");
   CHECK(store.get("acme/7")->job.id == "7");
+}
+
+TEST_CASE("redis: a tenant's dead letters are paged from its own set - whatever another holds") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::system_clock::now();
+  // Gives up the callback of `tenant`'s job `id`, created at `ms`.
+  auto dead_letter = [&](const std::string& tenant, const std::string& id, std::int64_t ms) {
+    Job job = make(id);
+    job.tenant = tenant;
+    job.created_at = at_ms(ms);
+    give_up_callback(store, job, now);
+  };
+  dead_letter("acme", "old", 1764000000000);
+  // More of evil's, all newer, than a page looks through in one call (20 * limit + 1,000).
+  for (int i = 0; i < 1300; ++i)
+    dead_letter("evil", "e" + std::to_string(i), 1764000000001 + i);
+  auto page = store.failed_callbacks_page("acme/", std::nullopt, 10);
+  REQUIRE(page.jobs.size() == 1);  // on its first page, not behind a cursor through evil's
+  CHECK(page.jobs[0].job.id == "old");
+  CHECK_FALSE(page.next);
+  CHECK(store.list_failed_callbacks_with_prefix("acme/", 10).size() == 1);
+  auto evil = store.failed_callbacks_page("evil/", std::nullopt, 10);
+  CHECK(evil.jobs.size() == 10);
+  CHECK(evil.jobs[0].job.id == "e1299");
+  CHECK(evil.next);
+  CHECK(store.failed_callbacks_page("", std::nullopt, 5).jobs.size() == 5);  // everyone's
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:failed-of:evil") == "1300");
+  // A redelivered dead letter leaves its tenant's set; given up again, it is back.
+  REQUIRE(store.redeliver("acme/old", Lease{"cb", now + 60s}, now) ==
+          rebound::RedeliverOutcome::redelivered);
+  CHECK(store.failed_callbacks_page("acme/", std::nullopt, 10).jobs.empty());
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:failed-of:acme") == "0");
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  given_up.attempts = 3;
+  REQUIRE(store.record_attempt("acme/old", "cb", given_up, now));
+  CHECK(store.failed_callbacks_page("acme/", std::nullopt, 10).jobs.size() == 1);
+}
+
+TEST_CASE("redis: dead letters stored before the tenants' sets get them on the next start - once") {
+  rebound::test::RedisServer server;
+  const auto now = std::chrono::system_clock::now();
+  {
+    RedisJobStore old(options_for(server));
+    for (int i = 0; i < 2500; ++i) {  // more than one slice of the migration's walk
+      Job job = make(std::to_string(i));
+      job.tenant = i % 2 ? "acme" : "globex";
+      give_up_callback(old, job, now);
+    }
+    // As an older build left it: every tenant's dead letters in the one set, and no mark (so the
+    // start below takes both steps, the tenant fields, then the sets).
+    REQUIRE(redis_cli(server, "DEL {rebound}:callbacks:failed-of:acme") == "1");
+    REQUIRE(redis_cli(server, "DEL {rebound}:callbacks:failed-of:globex") == "1");
+    REQUIRE(redis_cli(server, "DEL {rebound}:schema") == "1");
+    // Until a start has walked them, listings walk everyone's set: nothing is hidden.
+    CHECK(old.failed_callbacks_page("acme/", std::nullopt, 3000).jobs.size() == 1250);
+    CHECK(old.list_failed_callbacks_with_prefix("globex/", 3000).size() == 1250);
+  }
+  RedisJobStore store(options_for(server));
+  CHECK(redis_cli(server, "GET {rebound}:schema") == "3");
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:failed-of:acme") == "1250");
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:failed-of:globex") == "1250");
+  CHECK(redis_cli(server, "ZCARD {rebound}:callbacks:failed") == "2500");
+  const auto page = store.failed_callbacks_page("acme/", std::nullopt, 3000);
+  CHECK(page.jobs.size() == 1250);
 }
 
 TEST_CASE("redis: a batch writes each sorted set once - the last write of each job wins") {
@@ -1183,4 +1274,85 @@ TEST_CASE(
   options.key_prefix = "{other}";             // or a new queue beside it
   RedisJobStore other(options);
   CHECK(other.put(make("x")) == PutOutcome::created);
+}
+
+TEST_CASE("redis cluster: slots and redirections are read as Redis Cluster writes them") {
+  namespace rc = rebound::detail::redis;
+  CHECK(rc::crc16("123456789") == 0x31C3);  // CRC-16/XMODEM's check value
+  CHECK(rc::key_slot("foo") == 12182);
+  CHECK(rc::key_slot("{user1000}.following") == rc::key_slot("{user1000}.followers"));
+  CHECK(rc::key_slot("foo{}{bar}") == rc::crc16("foo{}{bar}") % 16384);  // an empty tag hashes all
+  CHECK(rc::key_slot("foo{{bar}}zap") == rc::key_slot("{bar"));
+  // And as a real node counts: the store's keys all go to its prefix's slot.
+  rebound::test::RedisServer node{rebound::test::RedisServer::ClusterNode{}};
+  CHECK(redis_cli(node, "CLUSTER KEYSLOT {rebound}:jobs") ==
+        std::to_string(rc::key_slot("{rebound}:jobs")));
+  CHECK(redis_cli(node, "CLUSTER KEYSLOT {eu}:job:42") == std::to_string(rc::key_slot("{eu}")));
+
+  auto moved = rc::parse_redirect("MOVED 3999 127.0.0.1:6381");
+  REQUIRE(moved);
+  CHECK_FALSE(moved->ask);
+  CHECK(moved->slot == 3999);
+  CHECK(moved->node == rc::NodeAddress{"127.0.0.1", 6381});
+  auto ask = rc::parse_redirect("ASK 16383 ::1:7000");
+  REQUIRE(ask);
+  CHECK(ask->ask);
+  CHECK(ask->node == rc::NodeAddress{"::1", 7000});
+  CHECK(ask->node.text() == "[::1]:7000");
+  // A cluster that announces no address: the node is the one that answered.
+  auto unnamed = rc::parse_redirect("MOVED 7 :7001");
+  REQUIRE(unnamed);
+  CHECK(unnamed->node == rc::NodeAddress{"", 7001});
+  for (const char* not_one :
+       {"MOVED", "MOVED 3999", "MOVED 16384 h:1", "MOVED x h:1", "MOVED 1 h", "MOVED 1 h:0",
+        "MOVED 1 h:65536", "MOVED 1 h:", "ERR MOVED 1 h:1", "ASKING 1 h:1", "MOVED 1 h:1x"}) {
+    CAPTURE(not_one);
+    CHECK_FALSE(rc::parse_redirect(not_one));
+  }
+}
+
+TEST_CASE(
+    "redis: with replicas=1 a write counts once a replica has it - the store fails without one") {
+  // (No delay before a full copy to a replica that comes back: Redis 7 waits 5 s by default.)
+  rebound::test::RedisServer master({"--repl-diskless-sync-delay", "0"});
+  rebound::test::RedisServer replica({"--replicaof", "127.0.0.1", std::to_string(master.port())});
+  // (Linked, and past its first full copy.)
+  REQUIRE(eventually(
+      [&] {
+        return redis_cli(replica, "INFO replication | grep master_link_status") ==
+               "master_link_status:up";
+      },
+      10000ms));
+  for (const bool batched : {true, false}) {
+    CAPTURE(batched);
+    auto o = options_for(master);
+    o.replicas = 1;
+    o.command_timeout = 2000ms;
+    o.replica_timeout = 1000ms;
+    o.batch_writes = batched;
+    RedisJobStore store(o);
+    const std::string id = batched ? "batched" : "direct";
+    REQUIRE(store.put(make(id + "-1")) == PutOutcome::created);
+    // Acknowledged: the replica has it (WAIT answered after it did).
+    CHECK(redis_cli(replica, "EXISTS {rebound}:job:" + id + "-1") == "1");
+    CHECK_FALSE(store.failure());
+
+    replica.stop(SIGKILL);
+    CHECK_THROWS_AS(store.put(make(id + "-2")), rebound::StoreUnavailable);
+    const auto why = store.failure();
+    REQUIRE(why);
+    CHECK(why->find("replicas") != std::string::npos);
+    CHECK(store.get(id + "-1"));  // reads go on, and do not make the store look well
+    CHECK(store.failure());
+
+    replica.start();  // back as a replica: it copies the master, then acknowledges again
+    REQUIRE(eventually([&] { return !store.failure(); }, 10000ms));
+    // The refused put stands on the master: sent again, it is the same job.
+    CHECK(store.put(make(id + "-2")) == PutOutcome::duplicate);
+    CHECK(redis_cli(replica, "EXISTS {rebound}:job:" + id + "-2") == "1");
+  }
+  auto o = options_for(master);
+  o.replicas = 1;
+  o.replica_timeout = o.command_timeout;
+  CHECK_THROWS_WITH_AS(RedisJobStore{o}, doctest::Contains("replica timeout"), rebound::Error);
 }

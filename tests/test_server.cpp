@@ -101,6 +101,24 @@ TEST_CASE("the seed's request is answered Received and its result is called back
   CHECK(state["created_at"].get<std::string>().size() == 24);
 }
 
+TEST_CASE("every answer that carries a job or a result says Cache-Control: no-store") {
+  Harness h;
+  auto no_store = [](const httplib::Result& res) {
+    REQUIRE(res);
+    return res->get_header_value("Cache-Control") == "no-store" &&
+           res->get_header_value_count("Cache-Control") == 1;
+  };
+  CHECK(no_store(h.submit({{"id", "c1"}, {"input", 1}})));
+  CHECK(no_store(h.client().Get("/v1/inferences/c1")));
+  CHECK(no_store(h.client().Get("/v1/inferences/c1", {{"Prefer", "wait=1"}})));
+  CHECK(no_store(h.client().Get("/v1/inferences/nothing")));  // errors too
+  CHECK(no_store(
+      h.client().Post("/v1/inferences:batch", R"({"jobs": [{"id": "c2"}]})", "application/json")));
+  CHECK(no_store(h.client().Post("/invocations", "3", "application/json")));
+  CHECK(no_store(h.client().Get("/v1/inferences?callback_state=failed")));
+  CHECK_FALSE(no_store(h.client().Get("/ping")));
+}
+
 TEST_CASE("a job without a callback is kept for polling") {
   Harness h;
   auto res = h.submit({{"id", "poll-me"}, {"input", {1, 2, 3}}});
@@ -742,12 +760,13 @@ TEST_CASE("the failed-callback listing pages with a cursor - without results - w
     CHECK(ids[static_cast<std::size_t>(i)] == id);
   }
 
-  for (const char* bad : {"abc", "123", "_64", "12x_64", "1_", "1_6", "1_zz", "1_6G", "1_a%2Fb",
-                          "99999999999999_64", "99999999999999999_64"}) {
+  for (const char* bad :
+       {"abc", "123", "_64", "12x_64", "1_", "1_6", "1_zz", "1_6G", "1_a%2Fb", "99999999999999_64",
+        "99999999999999999_64", "9999999999999_64"}) {  // 13 digits past what the clock can hold
     CAPTURE(bad);
     check_error(
         h.client().Get((std::string("/v1/inferences?callback_state=failed&cursor=") + bad).c_str()),
-        422, "invalid_field", "cursor");
+        400, "invalid_cursor", "cursor");
   }
 }
 
@@ -768,6 +787,13 @@ TEST_CASE("with API keys every route but /ping and /openapi.json needs a bearer 
   check_error(h.submit({{"id", "a"}}), 401, "unauthorized");
   h.bearer = "new-key";
   CHECK(h.submit({{"id", "a"}})->status == 202);
+  // Without a key an existing job and a missing one answer alike.
+  h.bearer.clear();
+  for (const char* path : {"/v1/inferences/a", "/v1/inferences/missing"}) {
+    check_error(h.client().Get(path), 401, "unauthorized");
+    check_error(h.client().Delete(path), 401, "unauthorized");
+  }
+  h.bearer = "new-key";
   h.bearer = "old-key";  // both keys work during a rotation
   CHECK(h.client().Get("/v1/inferences/a")->status == 200);
 }
@@ -1014,6 +1040,41 @@ TEST_CASE("GET /v1/callback-endpoints and /metrics show a receiver whose circuit
   CHECK(metrics->body.find("rebound_callback_endpoints{state=\"closed\"} 0") != std::string::npos);
 }
 
+TEST_CASE("GET /v1/callback-endpoints lists at most 1024 origins - the paused ones first") {
+  HarnessOptions o;
+  o.max_tries = 1;
+  Harness s(o);
+  for (int i = 0; i < 200; ++i) {
+    const std::string origin = "http://paused-" + std::to_string(i) + ".example";
+    REQUIRE(s.client()
+                .Post("/v1/callback-endpoints/pause", json{{"origin", origin}}.dump(),
+                      "application/json")
+                ->status == 200);
+  }
+  // 1,030 origins sent to once each: port 9 (discard) of as many loopback addresses, where
+  // nothing listens (each attempt fails at once; never another test's server on an ephemeral
+  // port).
+  constexpr int sent = 1030;
+  for (int i = 0; i < sent; ++i) {
+    const std::string url =
+        "http://127.0." + std::to_string(1 + i / 250) + "." + std::to_string(1 + i % 250) + ":9/cb";
+    REQUIRE(s.submit({{"id", "e" + std::to_string(i)}, {"callback_url", url}})->status == 202);
+  }
+  REQUIRE(rebound::test::eventually(
+      [&] {
+        return s.service->telemetry().in_flight() == 0 &&
+               s.service->telemetry().metrics().callbacks_given_up.load() == sent;
+      },
+      60s));
+  const json answer = json::parse(s.client().Get("/v1/callback-endpoints")->body);
+  CHECK(answer["endpoints"].size() == 1024);
+  CHECK(answer["total"].get<int>() >= 1200);  // 200 paused and the 1,024 most recent tallies
+  int paused = 0;
+  for (const json& e : answer["endpoints"])
+    paused += e["paused"].get<bool>();
+  CHECK(paused == 200);
+}
+
 TEST_CASE("POST /v1/callback-endpoints/pause holds an origin's callbacks - resume sends them") {
   HarnessOptions o;
   o.origins.paused_retry = 200ms;
@@ -1091,6 +1152,49 @@ HarnessOptions two_tenants() {
 }
 
 }  // namespace
+
+TEST_CASE("tenants: listing cursors are sealed - opaque - and refused to another tenant") {
+  Harness h(two_tenants());
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  rebound::test::Receiver down;
+  down.set_fallback([](const auto&, httplib::Response& res) { res.status = 500; });
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(acme.submit({{"id", "a" + std::to_string(i)}, {"callback_url", down.url()}})->status ==
+            202);
+    REQUIRE(
+        globex.submit({{"id", "g" + std::to_string(i)}, {"callback_url", down.url()}})->status ==
+        202);
+  }
+  REQUIRE(rebound::test::eventually(
+      [&] { return h.service->telemetry().metrics().callbacks_given_up.load() == 6; }));
+  auto list = [](const As& who, const std::string& cursor) {
+    return who.get("/v1/inferences?callback_state=failed&limit=1" +
+                   (cursor.empty() ? std::string() : "&cursor=" + cursor));
+  };
+  // globex pages through its own three, one at a time, and never sees acme's.
+  std::vector<std::string> seen, cursors;
+  std::string cursor;
+  for (int page = 0; page < 5; ++page) {
+    const json answer = json::parse(list(globex, cursor)->body);
+    for (const json& job : answer["jobs"])
+      seen.push_back(job["id"]);
+    if (answer["next_cursor"].is_null()) break;
+    cursor = answer["next_cursor"];
+    cursors.push_back(cursor);
+  }
+  CHECK(seen == std::vector<std::string>{"g2", "g1", "g0"});
+  REQUIRE_FALSE(cursors.empty());
+  // Opaque: the cursor does not spell the id it stands for (in hex, as it used to).
+  CHECK(cursors[0].find("676c6f626578") == std::string::npos);  // "globex"
+  // Another tenant's cursor, an altered one and a made-up one are refused.
+  check_error(list(acme, cursors[0]), 400, "invalid_cursor", "cursor");
+  std::string altered = cursors[0];
+  altered[altered.size() / 2] = altered[altered.size() / 2] == 'A' ? 'B' : 'A';
+  check_error(list(globex, altered), 400, "invalid_cursor", "cursor");
+  check_error(list(globex, "1700000000000_676c6f6265782f6732"), 400, "invalid_cursor", "cursor");
+  // The cursor as given still goes on.
+  CHECK(json::parse(list(globex, cursors[0])->body)["jobs"][0]["id"] == "g1");
+}
 
 TEST_CASE("tenants: a batch's jobs are its tenant's - as one submission's are") {
   Harness h(two_tenants());
@@ -1193,6 +1297,14 @@ TEST_CASE("tenants: a callback made for one tenant does not verify with another'
   CHECK(json::parse(globex.get("/v1/webhook-keys")->body)["keys"] != acme_keys);
   CHECK(acme_keys[0] != rebound::webhook_public_key(server_key));
   check_error(h.client().Get("/v1/webhook-keys"), 422, "invalid_field", "tenant");
+  // No oracle on names: a name the server does not have is answered as one it has (the keys it
+  // would have), and only a malformed name is refused, whatever the server's tenants.
+  auto unknown = h.client().Get("/v1/webhook-keys?tenant=nobody-here");
+  REQUIRE(unknown);
+  CHECK(unknown->status == 200);
+  CHECK(json::parse(unknown->body)["keys"].size() == acme_keys.size());
+  CHECK(json::parse(unknown->body)["keys"] != acme_keys);
+  check_error(h.client().Get("/v1/webhook-keys?tenant=no%20such"), 422, "invalid_field", "tenant");
 
   // globex submits the id acme will use next, pointed at acme's receiver: the receiver gets it,
   // but it does not verify with acme's secret or keys, and acme's own job is still its own.
@@ -1330,6 +1442,163 @@ TEST_CASE(
   h.model->open();
   REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   CHECK(acme.submit({{"id", "a4"}, {"input", 4}})->status == 202);
+}
+
+TEST_CASE("tenants: a flood at priority 0 does not starve another tenant's default-priority job") {
+  HarnessOptions o = two_tenants();
+  o.workers = 1;
+  o.open_model = false;
+  Harness h(o);
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  REQUIRE(globex.submit({{"id", "g-first"}, {"input", "g-first"}, {"priority", 0}})->status == 202);
+  REQUIRE(h.model->wait_started(1));  // the one worker holds it
+  for (int i = 0; i < 50; ++i) {
+    const std::string id = "g" + std::to_string(i);
+    REQUIRE(globex.submit({{"id", id}, {"input", id}, {"priority", 0}})->status == 202);
+  }
+  REQUIRE(acme.submit({{"id", "a-late"}, {"input", "a-late"}})->status == 202);  // priority 5
+  REQUIRE(globex.submit({{"id", "g-urgent"}, {"input", "g-urgent"}, {"priority", 0}})->status ==
+          202);
+  h.model->open();
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
+  const auto order = h.model->order();
+  REQUIRE(order.size() == 53);
+  // The tenants take turns: acme's job runs right after globex's next one, not after all 51.
+  const auto at = std::find(order.begin(), order.end(), "a-late") - order.begin();
+  CHECK(at <= 2);
+  CHECK(order.back() == "g-urgent");  // a priority orders globex's own jobs, FIFO within it
+}
+
+TEST_CASE("tenants: a tenant's weight is the jobs it takes in a row at its turn") {
+  HarnessOptions o = two_tenants();
+  o.workers = 1;
+  o.open_model = false;
+  o.tenants["acme"].weight = 3;
+  Harness h(o);
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  REQUIRE(globex.submit({{"id", "first"}, {"input", "first"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  for (int i = 0; i < 6; ++i) {
+    const std::string a = "a" + std::to_string(i), g = "g" + std::to_string(i);
+    REQUIRE(globex.submit({{"id", g}, {"input", g}})->status == 202);
+    REQUIRE(acme.submit({{"id", a}, {"input", a}})->status == 202);
+  }
+  h.model->open();
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
+  CHECK(h.model->order() == std::vector<std::string>{"first", "g0", "a0", "a1", "a2", "g1", "a3",
+                                                     "a4", "a5", "g2", "g3", "g4", "g5"});
+}
+
+TEST_CASE("tenants: receivers that are slow but answer hold at most their tenant's share") {
+  HarnessOptions o = two_tenants();
+  o.origins.max_total = 8;
+  o.origins.tenant_share_window = std::chrono::minutes(1);  // acme stays known throughout
+  o.callback_timeout = std::chrono::seconds(60);            // globex's wait for the test
+  Harness h(o);
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  rebound::test::Receiver fast;
+  // globex's receiver holds every callback until the test lets it answer 200: slow, never
+  // failing, so no circuit opens.
+  rebound::test::Receiver slow;
+  std::mutex m;
+  std::condition_variable cv;
+  bool let_go = false;
+  std::size_t holding = 0, most = 0;
+  slow.set_fallback([&](const auto&, httplib::Response&) {
+    std::unique_lock<std::mutex> lock(m);
+    most = std::max(most, ++holding);
+    cv.notify_all();
+    cv.wait(lock, [&] { return let_go; });
+    --holding;
+  });
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(m);
+    let_go = true;
+    cv.notify_all();
+  };
+  auto held = [&] {
+    std::lock_guard<std::mutex> lock(m);
+    return holding;
+  };
+  REQUIRE(acme.submit({{"id", "a-first"}, {"input", 0}, {"callback_url", fast.url()}})->status ==
+          202);
+  // Delivered as the queue knows it (the receiver records a request before its answer is sent).
+  REQUIRE(rebound::test::eventually([&] {
+    return json::parse(acme.get("/v1/inferences/a-first")->body)["callback"]["state"] ==
+           "delivered";
+  }));
+  for (int i = 0; i < 20; ++i) {
+    const std::string id = "g" + std::to_string(i);
+    if (globex.submit({{"id", id}, {"input", i}, {"callback_url", slow.url()}})->status != 202) {
+      release();
+      FAIL("globex's submission was refused");
+    }
+  }
+  // globex has every place but the one acme reserves (it had one in flight).
+  const bool filled = rebound::test::eventually([&] { return held() == 7; });
+  // acme's callbacks go out while globex's are all held: one at a time, each answered.
+  bool delivered = filled;
+  for (int i = 0; delivered && i < 5; ++i) {
+    const std::string id = "a" + std::to_string(i);
+    delivered =
+        acme.submit({{"id", id}, {"input", i}, {"callback_url", fast.url()}})->status == 202 &&
+        fast.wait_for(static_cast<std::size_t>(i) + 2, std::chrono::seconds(10));
+  }
+  const std::size_t held_then = held();
+  release();
+  CHECK(filled);
+  CHECK(delivered);
+  CHECK(held_then == 7);  // none of globex's went out in the places acme's freed
+  REQUIRE(slow.wait_for(20));
+  CHECK(most == 7);
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
+}
+
+TEST_CASE(
+    "tenants: a tenant past its rate gets 429 tenant_rate - per job in batches - the others "
+    "do not") {
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  HarnessOptions o = two_tenants();
+  o.clock = rebound::test::clock_of(clock);
+  o.tenants["globex"].rate = 5;
+  o.tenants["globex"].burst = 10;
+  Harness h(o);
+  const As acme{h, "k-acme"}, globex{h, "k-globex"};
+  json jobs = json::array();
+  for (int i = 0; i < 30; ++i)
+    jobs.push_back({{"id", "g" + std::to_string(i)}});
+  auto res =
+      globex.client().Post("/v1/inferences:batch", json{{"jobs", jobs}}.dump(), "application/json");
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  const json answer = json::parse(res->body);
+  CHECK(answer["accepted"] == 10);  // the burst
+  CHECK(answer["refused"] == 20);
+  CHECK(answer["results"][10]["status"] == 429);
+  CHECK(answer["results"][10]["error"]["code"] == "tenant_rate");
+  CHECK(res->get_header_value("Retry-After") == "1");
+  auto one = globex.submit({{"id", "single"}});
+  check_error(one, 429, "tenant_rate");
+  CHECK(one->get_header_value("Retry-After") == "1");
+  // The other tenant is not held to globex's rate (nor to any: none is set for it).
+  for (int i = 0; i < 40; ++i)
+    CHECK(acme.submit({{"id", "a" + std::to_string(i)}})->status == 202);
+  // A second of the queue's clock brings globex five more.
+  clock->advance(std::chrono::seconds(1));
+  for (int i = 0; i < 5; ++i)
+    CHECK(globex.submit({{"id", "later" + std::to_string(i)}})->status == 202);
+  check_error(globex.submit({{"id", "later5"}}), 429, "tenant_rate");
+  CHECK(h.service->telemetry().metrics().submissions_refused_tenant_rate == 22);
+  // A clock stepped back gives nothing for the step, and refills from the new time on.
+  clock->advance(-std::chrono::seconds(30));
+  check_error(globex.submit({{"id", "stepped"}}), 429, "tenant_rate");
+  clock->advance(std::chrono::seconds(1));
+  CHECK(globex.submit({{"id", "stepped"}})->status == 202);
+  // Its invocations are its jobs too: held to the same rate.
+  for (int i = 0; i < 4; ++i)
+    CHECK(globex.client().Post("/invocations", "1", "application/json")->status == 200);
+  check_error(globex.client().Post("/invocations", "1", "application/json"), 429, "tenant_rate");
+  CHECK(acme.client().Post("/invocations", "1", "application/json")->status == 200);
 }
 
 #ifdef REBOUND_TEST_REDIS

@@ -37,6 +37,15 @@ struct TempDb {
   std::string path() const { return dir.file("jobs.db"); }
 };
 
+// Runs `sql` on the store's file as another program would (the store closed): true when it ran.
+bool exec_on_file(const std::string& path, const char* sql) {
+  sqlite3* raw = nullptr;
+  const bool ran = sqlite3_open(path.c_str(), &raw) == SQLITE_OK &&
+                   sqlite3_exec(raw, sql, nullptr, nullptr, nullptr) == SQLITE_OK;
+  sqlite3_close(raw);
+  return ran;
+}
+
 Job make(const std::string& id, const std::string& url = "http://example.com/cb",
          nlohmann::json input = {{"x", 1}}) {
   return Job{id, url, std::move(input), std::chrono::system_clock::now()};
@@ -88,13 +97,10 @@ TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant in
     REQUIRE(store.put(acme) == PutOutcome::created);
     REQUIRE(store.put(make("plain")) == PutOutcome::created);
   }
-  {  // What a file of version 4 held: the key alone said whose job it was.
-    sqlite3* raw = nullptr;
-    REQUIRE(sqlite3_open(db.path().c_str(), &raw) == SQLITE_OK);
-    CHECK(sqlite3_exec(raw, "ALTER TABLE jobs DROP COLUMN tenant; PRAGMA user_version = 4;",
-                       nullptr, nullptr, nullptr) == SQLITE_OK);
-    sqlite3_close(raw);
-  }
+  // What a file of version 4 held: the key alone said whose job it was.
+  CHECK(exec_on_file(db.path(),
+                     "DROP INDEX jobs_failed_tenant; ALTER TABLE jobs DROP COLUMN tenant; "
+                     "PRAGMA user_version = 4;"));
   SqliteJobStore store(db.path());
   const auto acme = store.get("acme/7");
   REQUIRE(acme);
@@ -106,19 +112,73 @@ TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant in
   CHECK(plain->job.id == "plain");
 }
 
+TEST_CASE("sqlite: a tenant's dead-letter page is its own index range - nobody else's rows") {
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    REQUIRE(store.put(make("x")) == PutOutcome::created);
+  }
+  // What the store asks for one tenant's page, as SQLite plans it: a range of the tenant's own
+  // index, newest first, with no sort and no other tenant's rows in the walk.
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(db.path().c_str(), &raw) == SQLITE_OK);
+  sqlite3_stmt* plan = nullptr;
+  REQUIRE(sqlite3_prepare_v2(raw,
+                             "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE cb_state = 3 AND "
+                             "tenant = 'globex' AND (created_at_ms, id) < (9000000000000, '') "
+                             "ORDER BY created_at_ms DESC, id DESC LIMIT 10",
+                             -1, &plan, nullptr) == SQLITE_OK);
+  std::string steps;
+  while (sqlite3_step(plan) == SQLITE_ROW)
+    steps += std::string(reinterpret_cast<const char*>(sqlite3_column_text(plan, 3))) + "\n";
+  sqlite3_finalize(plan);
+  sqlite3_close(raw);
+  CAPTURE(steps);
+  CHECK(steps.find("jobs_failed_tenant (tenant=? AND") != std::string::npos);
+  CHECK(steps.find("TEMP B-TREE") == std::string::npos);
+}
+
+TEST_CASE("sqlite: a file of schema 5 gets the tenants' dead-letter index in place") {
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    Job acme = make("7");
+    acme.tenant = "acme";
+    REQUIRE(store.put(acme) == PutOutcome::created);
+  }
+  auto has_index = [&] {
+    sqlite3* raw = nullptr;
+    REQUIRE(sqlite3_open(db.path().c_str(), &raw) == SQLITE_OK);
+    sqlite3_stmt* s = nullptr;
+    REQUIRE(sqlite3_prepare_v2(raw,
+                               "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
+                               "name = 'jobs_failed_tenant'",
+                               -1, &s, nullptr) == SQLITE_OK);
+    REQUIRE(sqlite3_step(s) == SQLITE_ROW);
+    const bool found = sqlite3_column_int(s, 0) == 1;
+    sqlite3_finalize(s);
+    sqlite3_close(raw);
+    return found;
+  };
+  CHECK(has_index());
+  // What a file of version 5 held: no such index.
+  CHECK(exec_on_file(db.path(), "DROP INDEX jobs_failed_tenant; PRAGMA user_version = 5;"));
+  CHECK_FALSE(has_index());
+  {
+    SqliteJobStore store(db.path());
+    CHECK(store.get("acme/7"));
+    CHECK(store.failed_callbacks_page("acme/", std::nullopt, 10).jobs.empty());
+  }
+  CHECK(has_index());
+}
+
 TEST_CASE("sqlite: a status or callback state another program wrote out of range reads safely") {
   TempDb db;
   {
     SqliteJobStore store(db.path());
     REQUIRE(store.put(make("odd")) == PutOutcome::created);
   }
-  {
-    sqlite3* raw = nullptr;
-    REQUIRE(sqlite3_open(db.path().c_str(), &raw) == SQLITE_OK);
-    CHECK(sqlite3_exec(raw, "UPDATE jobs SET status = 9, cb_state = -4 WHERE id = 'odd';", nullptr,
-                       nullptr, nullptr) == SQLITE_OK);
-    sqlite3_close(raw);
-  }
+  CHECK(exec_on_file(db.path(), "UPDATE jobs SET status = 9, cb_state = -4 WHERE id = 'odd';"));
   SqliteJobStore store(db.path());
   const auto odd = store.get("odd");
   REQUIRE(odd);
@@ -176,6 +236,46 @@ TEST_CASE("sqlite: one thread's asynchronous puts wait for no commit - they shar
   MESSAGE(jobs << " asynchronous puts from one thread in " << commits << " commits");
   CHECK(commits < static_cast<std::size_t>(jobs) / 4);
   CHECK(store.list_unfinished(1000).size() == jobs);
+}
+
+TEST_CASE("sqlite: a job marked running and finished in one transaction keeps when it started") {
+  // A short model under load: the mark and the finish reach the writer together and are written
+  // as one row write (fold_marks). Whether folded or not, what a reader sees is the same.
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const auto t0 =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const rebound::Lease lease{"worker", t0 + 1h};
+  constexpr int jobs = 300;
+  for (int i = 0; i < jobs; ++i)
+    REQUIRE(store.put(make("f-" + std::to_string(i)), lease) == PutOutcome::created);
+  REQUIRE(store.put(make("only-marked"), lease) == PutOutcome::created);
+  REQUIRE(store.put(make("never-marked"), lease) == PutOutcome::created);
+  const rebound::JobOutcome done(JobStatus::succeeded, nlohmann::json{{"y", 2}}, std::nullopt,
+                                 t0 + 5s);
+  const std::size_t before = store.commits();
+  for (int i = 0; i < jobs; ++i) {
+    const std::string id = "f-" + std::to_string(i);
+    store.mark_running(id, t0 + std::chrono::milliseconds(i));
+    REQUIRE(store.finish_job(id, "worker", done, std::nullopt, t0 + 5s));
+  }
+  store.mark_running("only-marked", t0 + 7s);
+  REQUIRE(store.finish_job("never-marked", "worker", done, std::nullopt, t0 + 5s));
+  store.mark_running("never-marked", t0 + 9s);  // after its finish: changes nothing
+  for (int i = 0; i < jobs; ++i) {
+    const auto r = store.get("f-" + std::to_string(i));
+    REQUIRE(r);
+    CHECK(r->status == JobStatus::succeeded);
+    CHECK(r->started_at == t0 + std::chrono::milliseconds(i));
+    CHECK(r->outcome.result == nlohmann::json{{"y", 2}});
+  }
+  MESSAGE((2 * jobs) << " marks and finishes in " << store.commits() - before << " commits");
+  const auto marked = store.get("only-marked");
+  CHECK(marked->status == JobStatus::running);
+  CHECK(marked->started_at == t0 + 7s);
+  const auto unmarked = store.get("never-marked");
+  CHECK(unmarked->status == JobStatus::succeeded);
+  CHECK(unmarked->started_at == std::chrono::system_clock::time_point{});
 }
 
 TEST_CASE("sqlite: a second store on the same file is refused") {

@@ -94,7 +94,10 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
         "localhost.", "api.localhost.", "127.0.0.1.", "0", "2130706433", "0x7f000001", "127.1",
         "017700000001", "0177.0.0.1", "10.1", "0xa9fea9fe",
         // 6to4 around a loopback or private IPv4 address.
-        "[2002:7f00:1::]", "[2002:a00:1::1]", "[2002:a9fe:a9fe::]"}) {
+        "[2002:7f00:1::]", "[2002:a00:1::1]", "[2002:a9fe:a9fe::]",
+        // IPv4-translated, local-use NAT64 and Teredo around internal IPv4 addresses.
+        "[::ffff:0:127.0.0.1]", "[::ffff:0:a9fe:a9fe]", "[64:ff9b:1::a00:1]",
+        "[2001:0:4136:e378:8000:63bf:80ff:fffe]", "[2001:0:a00:1::1]"}) {
     const std::string body =
         std::string(R"({"id":"a","callback_url":"http://)") + host + R"(:8080/cb"})";
     check_invalid(body, 422, "invalid_field", "callback_url");
@@ -153,6 +156,13 @@ TEST_CASE("addresses are classified in IPv4 - IPv6 and IPv4-mapped forms") {
   CHECK(c("2002:7f00:1::") == AddressClass::loopback);       // 6to4 of 127.0.0.1
   CHECK(c("2002:c0a8:101::") == AddressClass::private_use);  // of 192.168.1.1
   CHECK(c("2002:5db8:d822::1") == AddressClass::global);     // of 93.184.216.34
+  CHECK(c("::ffff:0:127.0.0.1") == AddressClass::loopback);  // IPv4-translated
+  CHECK(c("::ffff:0:808:808") == AddressClass::global);
+  CHECK(c("64:ff9b:1::808:808") == AddressClass::private_use);  // local-use NAT64
+  // Teredo: the client 127.0.0.1 stored inverted (80ff:fffe), behind a global server.
+  CHECK(c("2001:0:4136:e378:8000:63bf:80ff:fffe") == AddressClass::loopback);
+  CHECK(c("2001:0:4136:e378:8000:63bf:f7f7:f7f7") == AddressClass::global);  // 8.8.8.8
+  CHECK(c("2001:0:a00:1::1") == AddressClass::private_use);                  // its server 10.0.0.1
   CHECK_FALSE(c("example.com").has_value());
 }
 

@@ -240,40 +240,69 @@ TEST_CASE("bad options are refused") {
   CHECK_THROWS_AS(JobQueue(pool.get_executor(), opts(1, 1), nullptr), rebound::Error);
 }
 
-TEST_CASE("groups take turns within a priority - priorities still come first") {
-  boost::asio::thread_pool pool(2);
+namespace {
+// A queue of one worker whose handler records the order items run in, held at the gate while
+// the test fills the queue: the first item pushed (to `first_group`) is the one it holds.
+struct TurnRecorder {
+  TurnRecorder(rebound::detail::WorkQueueOptions o, const std::string& first_group)
+      : queue(pool.get_executor(), o, [this](std::vector<Job> batch) {
+          if (!started.exchange(true)) first_started.set_value();
+          gate.wait();
+          std::lock_guard<std::mutex> lock(m);
+          for (auto& j : batch)
+            order.push_back(j.id);
+        }) {
+    push("first", 5, first_group);
+    REQUIRE(first_started.get_future().wait_for(10s) == std::future_status::ready);
+  }
+  void push(const std::string& id, int level, const std::string& group) {
+    Job j{id, {}, 0, {}};
+    REQUIRE(queue.try_push(std::move(j), level, group) == PushResult::accepted);
+  }
+  // Lets everything run; the order it ran in.
+  std::vector<std::string> run() {
+    gate.open();
+    REQUIRE(queue.wait_idle(10s));
+    std::lock_guard<std::mutex> lock(m);
+    return order;
+  }
+
+  boost::asio::thread_pool pool{2};
   Gate gate;
   std::mutex m;
   std::vector<std::string> order;
   std::promise<void> first_started;
   std::atomic<bool> started{false};
-  JobQueue queue(pool.get_executor(), opts(1000, 1), [&](std::vector<Job> batch) {
-    if (!started.exchange(true)) first_started.set_value();
-    gate.wait();
-    std::lock_guard<std::mutex> lock(m);
-    for (auto& j : batch)
-      order.push_back(j.id);
-  });
-  auto push = [&](const std::string& id, int level, const std::string& group) {
-    Job j{id, {}, 0, {}};
-    REQUIRE(queue.try_push(std::move(j), level, group) == PushResult::accepted);
-  };
-  push("first", 5, "a");  // taken by the one worker, held by the gate
-  REQUIRE(first_started.get_future().wait_for(10s) == std::future_status::ready);
+  JobQueue queue;
+};
+}  // namespace
+
+TEST_CASE("groups take turns - a priority orders a group's own items and never another's") {
+  TurnRecorder r(opts(1000, 1), "a");
   for (int i = 0; i < 100; ++i)
-    push("a" + std::to_string(i), 5, "a");  // a flood from one group
+    r.push("a" + std::to_string(i), 5, "a");  // a flood from one group
   for (int i = 0; i < 3; ++i)
-    push("b" + std::to_string(i), 5, "b");  // then another group's few
-  push("c0", 5, "c");
-  push("urgent", 0, "a");  // a lower level number still goes first
-  // What a pass of take_if sees, in the order they would run: a0 leads, b and c take turns.
-  auto taken = queue.take_if([](const Job& j) { return j.id == "a99"; });
+    r.push("b" + std::to_string(i), 5, "b");  // then another group's few
+  r.push("c0", 5, "c");
+  r.push("urgent", 0, "a");  // goes first among a's items, not before b's and c's turns
+  // What a pass of take_if sees, in the order they would run: a, b and c take turns.
+  auto taken = r.queue.take_if([](const Job& j) { return j.id == "a99"; });
   REQUIRE(taken.size() == 1);
-  gate.open();
-  REQUIRE(queue.wait_idle(10s));
-  std::lock_guard<std::mutex> lock(m);
+  const std::vector<std::string> order = r.run();
   REQUIRE(order.size() == 105);
   CHECK(std::vector<std::string>(order.begin(), order.begin() + 9) ==
-        std::vector<std::string>{"first", "urgent", "a0", "b0", "c0", "a1", "b1", "a2", "b2"});
+        std::vector<std::string>{"first", "urgent", "b0", "c0", "a0", "b1", "a1", "b2", "a2"});
   CHECK(order.back() == "a98");
+}
+
+TEST_CASE("a group's weight is the items it takes in a row at its turn") {
+  auto o = opts(1000, 1);
+  o.weights["heavy"] = 3;
+  TurnRecorder r(o, "x");
+  for (int i = 0; i < 6; ++i)
+    r.push("h" + std::to_string(i), 5, "heavy");
+  for (int i = 0; i < 4; ++i)
+    r.push("l" + std::to_string(i), 0, "light");  // urgent, but only within its own turn
+  CHECK(r.run() == std::vector<std::string>{"first", "h0", "h1", "h2", "l0", "h3", "h4", "h5", "l1",
+                                            "l2", "l3"});
 }

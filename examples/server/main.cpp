@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> operator_keys;
   std::vector<std::string> viewer_keys;
   std::optional<double> tenant_share;
+  std::vector<std::string> tenant_specs;
+  double tenant_rate = 0, tenant_burst = 0;
   std::optional<std::size_t> http_threads;
   std::optional<std::size_t> store_threads;
   std::size_t max_connections = 10000;
@@ -129,9 +131,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--store", store_uri,
                  "Job store: sqlite:<path> (durable: accepted jobs survive a crash), memory, or "
-                 "redis://host[:port][/db][?prefix=name] (several servers share one queue; a "
-                 "password comes "
-                 "from $REBOUND_REDIS_PASSWORD)")
+                 "redis://host[:port][/db][?prefix=name][&replicas=N] (several servers share one "
+                 "queue; on a Redis Cluster any node; replicas: each write acknowledged once N "
+                 "replicas have it; a password comes from $REBOUND_REDIS_PASSWORD)")
       ->capture_default_str();
   app.add_option("--lease", lease_s,
                  "Seconds a claim on a job or a callback lasts without renewal: how soon another "
@@ -219,6 +221,19 @@ int main(int argc, char** argv) {
                  "The share of --queue-capacity one tenant's jobs may hold at once; beyond it "
                  "its submissions get 429 tenant_quota (default 0.5 with several tenants, else 1)")
       ->check(CLI::Range(0.0001, 1.0));
+  app.add_option("--tenant", tenant_specs,
+                 "NAME:weight=W,rate=R,burst=B (any of them; repeatable): one tenant's turns for "
+                 "the workers (W jobs in a row, default 1) and its submissions per second (R, "
+                 "with bursts of B; beyond it 429 tenant_rate), in place of the defaults below");
+  app.add_option("--tenant-rate", tenant_rate,
+                 "Jobs per second each tenant may submit to this server, sustained (0: no "
+                 "limit); beyond it 429 tenant_rate")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--tenant-burst", tenant_burst,
+                 "Jobs each tenant may submit at once above --tenant-rate (0: one second's worth)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   app.add_option("--operator-key", operator_keys,
                  "[NAME:]KEY: an API key that may also, with several tenants, list receiver "
                  "origins, read /metrics and pause or resume origins, and that uses the operator "
@@ -406,6 +421,20 @@ int main(int argc, char** argv) {
         for (const auto& key : *keys)
           names.insert(rebound::key_name(key));
       options.tenant_share = tenant_share.value_or(names.size() > 1 ? 0.5 : 1.0);
+      options.tenant_defaults.rate = tenant_rate;
+      options.tenant_defaults.burst = tenant_burst;
+      for (const auto& spec : tenant_specs) {
+        // What a --tenant leaves out is the defaults' (--tenant-rate, --tenant-burst).
+        auto [name, settings] = rebound::parse_tenant_spec(spec, options.tenant_defaults);
+        if (!names.count(name)) {
+          throw rebound::Error("--tenant names '" + name +
+                               "', which no --api-key, --operator-key or --viewer-key names");
+        }
+        // With one name the server has one tenant, the default (empty) one.
+        const std::string key = names.size() > 1 ? name : std::string();
+        if (options.tenants.count(key)) throw rebound::Error("--tenant names '" + name + "' twice");
+        options.tenants.emplace(key, settings);
+      }
       if (names.size() > 1) {
         for (const auto* keys : {&api_keys, &operator_keys, &viewer_keys}) {
           for (const auto& key : *keys) {
@@ -490,8 +519,15 @@ int main(int argc, char** argv) {
               << queue.telemetry().max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
     const int status = server.run_until_signal();
     if (status != 0) {
-      std::cerr << "rebound-server: jobs still in flight at the deadline; with the memory store "
-                   "they are lost\n";
+      if (store_uri.rfind("memory", 0) == 0) {
+        std::cerr << "rebound-server: jobs still in flight at the end of the drain are lost (the "
+                     "memory store)\n";
+      } else {
+        std::cerr << "rebound-server: jobs still in flight at the end of the drain stay in the "
+                     "store ("
+                  << store_uri
+                  << "): they run again at the next start, or on another server of the store\n";
+      }
     }
     const rebound::BatchStats stats = queue.telemetry().batch_stats();
     if (stats.batches > 0) {
@@ -500,7 +536,7 @@ int main(int argc, char** argv) {
                 << static_cast<double>(stats.items) / static_cast<double>(stats.batches)
                 << ", largest " << stats.largest_batch << std::endl;
     }
-    return 0;
+    return status;  // 1: work was left at the end of the drain
   } catch (const rebound::Error& e) {
     std::cerr << "rebound-server: " << e.what() << "\n";
     return 2;

@@ -31,6 +31,7 @@ enum class errc {
                       ///< names the field (HTTP 422 invalid_field)
   not_failed,         ///< `redeliver` of a job whose callback has not failed (HTTP 409)
   already_final,      ///< `cancel` of a job that had ended already (HTTP 409)
+  tenant_rate,        ///< the job's tenant submits faster than its rate allows (HTTP 429)
 };
 
 /// The snake_case name of `e`, as rebound::Server's error answers spell it ("queue_full").
@@ -56,6 +57,8 @@ inline const char* to_string(errc e) noexcept {
       return "too_many_waiters";
     case errc::tenant_quota:
       return "tenant_quota";
+    case errc::tenant_rate:
+      return "tenant_rate";
     case errc::invalid_job:
       return "invalid_job";
     case errc::not_failed:
@@ -92,6 +95,8 @@ class ErrorCategory final : public boost::system::error_category {
         return "too many asynchronous waits at once";
       case errc::tenant_quota:
         return "the tenant holds its share of the queue; try again later";
+      case errc::tenant_rate:
+        return "the tenant submits faster than its rate allows; try again later";
       case errc::invalid_job:
         return "the job breaks a rule of submission";
       case errc::not_failed:

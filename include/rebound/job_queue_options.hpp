@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "rebound/delivery/origin_gate.hpp"
 #include "rebound/log.hpp"
 #include "rebound/observer.hpp"
+#include "rebound/tenant.hpp"
 
 namespace rebound {
 
@@ -68,6 +70,11 @@ struct JobQueueOptions {
   /// with `tenant_quota` while the others are still accepted. 1: no limit (one tenant).
   /// rebound-server sets 0.5 when it has several tenants (--tenant-share).
   double tenant_share = 1.0;
+  /// What every tenant gets unless `tenants` names it (the default: equal turns, no rate limit).
+  /// The default tenant of a queue without names (the empty one) is a tenant here too.
+  TenantOptions tenant_defaults;
+  /// Per tenant (by name), in place of `tenant_defaults`.
+  std::map<std::string, TenantOptions, std::less<>> tenants;
   CallbackSenderOptions delivery;
   /// Each callback receiver origin's limits and circuit breaker (rebound::OriginGate, put in
   /// front of the transport). A callback that cannot go now (its origin's circuit open, paused,

@@ -74,6 +74,7 @@ struct Metrics {
   Counter results_discarded{0};
   Counter submissions_refused_queue_full{0};
   Counter submissions_refused_tenant_quota{0};
+  Counter submissions_refused_tenant_rate{0};
   Counter submissions_refused_not_ready{0};
   Counter submissions_refused_store_unavailable{0};
   Counter store_errors{0};
@@ -138,6 +139,8 @@ struct Metrics {
             submissions_refused_store_unavailable);
     counter("rebound_submissions_refused_total", nullptr, "{reason=\"tenant_quota\"}",
             submissions_refused_tenant_quota);
+    counter("rebound_submissions_refused_total", nullptr, "{reason=\"tenant_rate\"}",
+            submissions_refused_tenant_rate);
     counter("rebound_store_errors_total",
             "Job store calls that failed (each is retried or refused; see the store_failed log).",
             "", store_errors);

@@ -276,8 +276,11 @@ std::vector<std::string> CallbackSender::signing_keys_for(const std::string& ten
   return state_->keys_for(tenant);
 }
 
+// Derived at each call, not cached: a name nobody signs for costs what a tenant's does, and
+// never pushes a tenant's signer out of the cache (GET /v1/webhook-keys?tenant= is open).
 std::vector<std::string> CallbackSender::public_keys_for(const std::string& tenant) const {
-  return state_->signer_for(tenant).public_keys();
+  if (tenant.empty()) return state_->signer.public_keys();
+  return WebhookSigner(state_->keys_for(tenant)).public_keys();
 }
 
 std::vector<EndpointStatus> CallbackSender::endpoints() const {

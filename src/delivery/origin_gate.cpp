@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -121,7 +122,32 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     it->second.last = ++tally_sequence;
   }
   std::set<std::string> paused_origins;  // paused by hand, for every tenant
-  std::deque<std::string> ready;         // keys waiting only for the total limit, in turn
+  // Origins waiting only for the total limit, by tenant (CallbackRequest::tenant): the tenants
+  // take turns for each place that frees, and within a tenant its origins do, so that a tenant
+  // with many busy origins gets no more of the freed places than one with a single origin. A
+  // tenant is in ready_turn exactly when its queue in ready_of is not empty.
+  std::map<std::string, std::deque<std::string>> ready_of;
+  std::deque<std::string> ready_turn;
+
+  // Each tenant's part of the total (CallbackRequest::tenant). A tenant is busy while it has
+  // requests in flight or waiting here; for tenant_share_window after that it still holds a
+  // reservation (the most it had in flight while busy, at least one), so that a tenant whose
+  // callbacks come one at a time finds its places free when the next one comes. A busy tenant
+  // may have in flight at most an equal part of what the others' reservations leave; a tenant
+  // alone has it all.
+  struct TenantBooks {
+    std::size_t in_flight = 0;
+    std::size_t waiting = 0;
+    std::size_t peak = 0;         // the most in flight since it last became busy
+    std::size_t reservation = 0;  // counted in `reserved` while idle within the window
+    Clock::time_point idle_since{};
+    bool expiry_queued = false;
+  };
+  std::unordered_map<std::string, TenantBooks> tenant_books;
+  std::size_t busy_tenants = 0;
+  std::size_t reserved = 0;  // the sum of the idle tenants' reservations
+  bool shares_grew = false;  // a tenant went idle or a reservation ended: others may start more
+  std::deque<std::pair<Clock::time_point, std::string>> expiries;  // one per idle tenant at most
   std::size_t total_in_flight = 0;
   std::size_t total_waiting = 0;
   bool stopped = false;
@@ -136,6 +162,85 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   // --- under the lock
 
   bool paused(const Origin& o) const { return paused_origins.count(o.origin) > 0; }
+
+  static bool busy(const TenantBooks& b) { return b.in_flight > 0 || b.waiting > 0; }
+
+  // Moves `tenant`'s counts by the deltas given, and its books between busy and idle.
+  void count(const std::string& tenant, long in_flight, long waiting, Clock::time_point now) {
+    auto [it, added] = tenant_books.try_emplace(tenant);
+    TenantBooks& b = it->second;
+    const bool was_busy = !added && busy(b);
+    b.in_flight = static_cast<std::size_t>(static_cast<long>(b.in_flight) + in_flight);
+    b.waiting = static_cast<std::size_t>(static_cast<long>(b.waiting) + waiting);
+    const bool is_busy = busy(b);
+    if (is_busy && !was_busy) {
+      ++busy_tenants;
+      reserved -= b.reservation;
+      b.reservation = 0;
+      b.peak = 0;
+    } else if (!is_busy && was_busy) {
+      --busy_tenants;
+      shares_grew = true;
+      b.idle_since = now;
+      if (options.tenant_share_window.count() > 0) {
+        // At most half the total: a tenant that had it all reserves no more than half of it.
+        b.reservation =
+            std::clamp<std::size_t>(b.peak, 1, std::max<std::size_t>(1, options.max_total / 2));
+        reserved += b.reservation;
+        if (!b.expiry_queued) {
+          b.expiry_queued = true;
+          expiries.emplace_back(now + options.tenant_share_window, tenant);
+        }
+      } else {
+        tenant_books.erase(it);
+        return;
+      }
+    }
+    b.peak = std::max(b.peak, b.in_flight);
+  }
+
+  // Idle tenants whose window has passed give their reservation back and are forgotten.
+  void expire(Clock::time_point now) {
+    while (!expiries.empty() && expiries.front().first <= now) {
+      const std::string tenant = std::move(expiries.front().second);
+      expiries.pop_front();
+      auto it = tenant_books.find(tenant);
+      if (it == tenant_books.end()) continue;
+      TenantBooks& b = it->second;
+      b.expiry_queued = false;
+      if (busy(b)) continue;  // busy again: queued again when it next goes idle
+      const auto ends = b.idle_since + options.tenant_share_window;
+      if (ends > now) {  // idle again since: its window runs from then
+        b.expiry_queued = true;
+        expiries.emplace_back(ends, tenant);
+        continue;
+      }
+      reserved -= b.reservation;
+      tenant_books.erase(it);
+      shares_grew = true;
+    }
+  }
+
+  // The most `tenant` may have in flight now: the total when no other tenant is busy or
+  // reserving, else an equal part, among the busy tenants and itself, of what the others'
+  // reservations leave (they leave at least half the total, however many tenants reserve).
+  std::size_t share_of(const TenantBooks* books) const {
+    std::size_t others_busy = busy_tenants, others_reserved = reserved;
+    if (books) {
+      if (busy(*books)) --others_busy;
+      others_reserved -= books->reservation;
+    }
+    if (others_busy == 0 && others_reserved == 0) return options.max_total;
+    const std::size_t left = options.max_total - std::min(options.max_total / 2, others_reserved);
+    return std::max<std::size_t>(1, (left + others_busy) / (others_busy + 1));
+  }
+
+  bool over_share(const std::string& tenant) const {
+    if (tenant_books.size() < 2 && reserved == 0) return false;  // one tenant (or none) counted
+    auto it = tenant_books.find(tenant);
+    if (it == tenant_books.end()) return false;  // nothing in flight: below any share
+    return it->second.in_flight >= share_of(&it->second);
+  }
 
   // An open circuit whose cool-down has passed lets its next request through as the probe.
   void refresh(Origin& o, Clock::time_point now) const {
@@ -169,7 +274,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
 
   bool can_start(const Origin& o) const {
     if (paused(o) || total_in_flight >= options.max_total ||
-        o.in_flight >= options.max_per_origin) {
+        o.in_flight >= options.max_per_origin || over_share(o.tenant)) {
       return false;
     }
     if (o.state == CircuitState::open) return false;
@@ -177,9 +282,11 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     return true;
   }
 
-  void start(const std::string& key, Origin& o, Pending pending, Actions& acts) {
+  void start(const std::string& key, Origin& o, Pending pending, Clock::time_point now,
+             Actions& acts, bool from_waiting = false) {
     ++o.in_flight;
     ++total_in_flight;
+    count(o.tenant, 1, from_waiting ? -1 : 0, now);
     const bool probe = o.state == CircuitState::half_open;
     if (probe) o.probe_out = true;
     acts.sends.push_back({key, std::move(pending), probe});
@@ -219,6 +326,9 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
       delay = pace(o, request, now, now + estimate(o, request));
       why = o.state == CircuitState::half_open && o.probe_out
                 ? "the receiver's circuit probe is out"
+            : o.in_flight < options.max_per_origin && total_in_flight < options.max_total &&
+                    over_share(o.tenant)
+                ? "the tenant has its share of the callback connections"
                 : "the receiver is at its limits";
     }
     ++o.deferred;
@@ -238,12 +348,20 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   void admit(const std::string& key, Origin& o, Pending pending, Clock::time_point now,
              Actions& acts) {
     refresh(o, now);
-    if (can_start(o)) return start(key, o, std::move(pending), acts);
+    if (can_start(o)) {
+      if (o.waiting.empty()) return start(key, o, std::move(pending), now, acts);
+      // Older requests wait here (a share that grew has not reached them yet): they go first.
+      o.waiting.push_back(std::move(pending));
+      ++total_waiting;
+      count(o.tenant, 0, 1, now);
+      return pump_origin(key, o, now, acts);
+    }
     if (!paused(o) && o.state == CircuitState::closed &&
         (o.waiting.size() < options.max_waiting_per_origin || clears_quickly(o)) &&
         total_waiting < options.max_waiting) {
       o.waiting.push_back(std::move(pending));
       ++total_waiting;
+      count(o.tenant, 0, 1, now);
       list_if_ready(key, o);
       return;
     }
@@ -261,10 +379,13 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   }
 
   void list_if_ready(const std::string& key, Origin& o) {
-    if (!o.waiting.empty() && !o.listed_ready && total_in_flight >= options.max_total &&
+    if (!o.waiting.empty() && !o.listed_ready &&
+        (total_in_flight >= options.max_total || over_share(o.tenant)) &&
         o.in_flight < options.max_per_origin && o.state == CircuitState::closed && !paused(o)) {
       o.listed_ready = true;
-      ready.push_back(key);
+      auto& queue = ready_of[o.tenant];
+      if (queue.empty()) ready_turn.push_back(o.tenant);
+      queue.push_back(key);
     }
   }
 
@@ -275,32 +396,70 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     return p;
   }
 
-  // Starts what an origin may start now; lists it as ready when only the total limit holds it.
-  void pump_origin(const std::string& key, Origin& o, Actions& acts) {
+  // Starts what an origin may start now; lists it as ready when only the total limit or its
+  // tenant's share holds it.
+  void pump_origin(const std::string& key, Origin& o, Clock::time_point now, Actions& acts) {
     while (!o.waiting.empty() && can_start(o))
-      start(key, o, pop_waiting(o), acts);
+      start(key, o, pop_waiting(o), now, acts, true);
     list_if_ready(key, o);
   }
 
-  // Total capacity freed: origins that waited only for it take turns, one request each, in the
-  // order they were listed, so that one busy origin cannot keep the others waiting.
-  void pump_ready(Actions& acts) {
-    while (!ready.empty() && total_in_flight < options.max_total) {
-      const std::string key = std::move(ready.front());
-      ready.pop_front();
+  // Total capacity freed: the tenants whose origins waited only for it take turns, one request
+  // each, and within a tenant its origins, in the order they were listed, so that neither one busy
+  // origin nor one tenant with many origins keeps the others waiting. A tenant at its share is
+  // passed over until it is below it.
+  void pump_ready(Clock::time_point now, Actions& acts) {
+    std::size_t passed = 0;  // tenants passed over in a row
+    while (!ready_turn.empty() && total_in_flight < options.max_total &&
+           passed < ready_turn.size()) {
+      const std::string tenant = std::move(ready_turn.front());
+      ready_turn.pop_front();
+      auto queue = ready_of.find(tenant);
+      if (queue == ready_of.end()) continue;
+      if (over_share(tenant)) {
+        ready_turn.push_back(tenant);
+        ++passed;
+        continue;
+      }
+      passed = 0;
+      const std::string key = std::move(queue->second.front());
+      queue->second.pop_front();
+      // Its turn is over: its other origins wait behind the other tenants'.
+      if (queue->second.empty()) {
+        ready_of.erase(queue);
+      } else {
+        ready_turn.push_back(tenant);
+      }
       auto it = origins.find(key);
       if (it == origins.end()) continue;
       Origin& o = it->second;
       o.listed_ready = false;
-      if (!o.waiting.empty() && can_start(o)) start(key, o, pop_waiting(o), acts);
-      list_if_ready(key, o);
+      if (!o.waiting.empty() && can_start(o)) start(key, o, pop_waiting(o), now, acts, true);
+      if (!o.waiting.empty() && can_start(o)) {
+        // More places than one (a share grew): it takes its next turn behind the others.
+        o.listed_ready = true;
+        auto& again = ready_of[o.tenant];
+        if (again.empty()) ready_turn.push_back(o.tenant);
+        again.push_back(key);
+      } else {
+        list_if_ready(key, o);
+      }
     }
+  }
+
+  // A tenant went idle or a reservation ended: the tenants held to their share may start more.
+  void pump_if_shares_grew(Clock::time_point now, Actions& acts) {
+    if (!shares_grew || stopped) return;
+    shares_grew = false;
+    pump_ready(now, acts);
   }
 
   // Whatever waits in memory for `o` goes back to its caller, due when the origin may take it.
   void defer_waiting(Origin& o, Clock::time_point now, Actions& acts) {
-    while (!o.waiting.empty())
+    while (!o.waiting.empty()) {
       defer_for_now(o, pop_waiting(o), now, acts);
+      count(o.tenant, 0, -1, now);
+    }
   }
 
   void forget_if_idle(const std::string& key, Origin& o) {
@@ -361,11 +520,13 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     {
       std::lock_guard<std::mutex> lock(mutex);
       const auto now = options.clock();
+      expire(now);
       --total_in_flight;
       auto it = origins.find(key);
       if (it != origins.end()) {
         Origin& o = it->second;
         --o.in_flight;
+        count(o.tenant, -1, 0, now);
         if (probe) o.probe_out = false;
         if (!says_nothing(response)) {
           tally(key, o, response);
@@ -394,10 +555,11 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         }
       }
       // Origins listed as waiting for the total limit first, in turn; then this one's own.
-      if (!stopped) pump_ready(acts);
+      shares_grew = false;
+      if (!stopped) pump_ready(now, acts);
       it = origins.find(key);
       if (it != origins.end()) {
-        if (!stopped) pump_origin(key, it->second, acts);
+        if (!stopped) pump_origin(key, it->second, now, acts);
         forget_if_idle(key, it->second);
       }
     }
@@ -433,7 +595,8 @@ OriginGate::~OriginGate() {
         acts.answers.push_back({std::move(p.on_done), std::move(r)});
       }
     }
-    state_->ready.clear();
+    state_->ready_of.clear();
+    state_->ready_turn.clear();
     inner = std::move(state_->inner);
   }
   for (auto& a : acts.answers)
@@ -463,9 +626,11 @@ void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) 
       acts.answers.push_back({std::move(on_done), std::move(r)});
     } else {
       const auto now = state_->options.clock();
+      state_->expire(now);
       const std::string key = State::key_of(origin, request.tenant);
       State::Origin& o = state_->find_or_add(key, origin, request.tenant, now);
       state_->admit(key, o, {std::move(request), std::move(on_done)}, now, acts);
+      state_->pump_if_shares_grew(now, acts);
     }
   }
   state_->run(acts);
@@ -545,6 +710,7 @@ std::string OriginGate::pause(const std::string& origin) {
     const auto now = state_->options.clock();
     for (auto& [k, o] : state_->origins)
       if (o.origin == key) state_->defer_waiting(o, now, acts);
+    state_->pump_if_shares_grew(now, acts);
   }
   state_->run(acts);
   return key;
@@ -557,17 +723,20 @@ bool OriginGate::resume(const std::string& origin) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->paused_origins.erase(key) == 0) return false;
+    const auto now = state_->options.clock();
+    state_->expire(now);
     std::vector<std::string> keys;
     for (auto& [k, o] : state_->origins) {
       if (o.origin != key) continue;
       o.deferred = 0;
-      state_->pump_origin(k, o, acts);
+      state_->pump_origin(k, o, now, acts);
       keys.push_back(k);
     }
     for (const auto& k : keys) {
       auto it = state_->origins.find(k);
       if (it != state_->origins.end()) state_->forget_if_idle(k, it->second);
     }
+    state_->pump_if_shares_grew(now, acts);
   }
   state_->run(acts);
   return true;

@@ -701,10 +701,21 @@ void HttpFront::run() {
     impl_->running = true;
     if (impl_->acceptor.is_open()) impl_->accept();
   }
+  // A completion handler that throws must not end a thread (in another thread than this one, the
+  // process): the thread goes back to the loop, as the JobQueue's io thread does.
+  auto serve = [this] {
+    for (;;) {
+      try {
+        impl_->io.run();
+        return;
+      } catch (...) {
+      }
+    }
+  };
   std::vector<std::thread> others;
   for (std::size_t i = 1; i < impl_->threads; ++i)
-    others.emplace_back([this] { impl_->io.run(); });
-  impl_->io.run();
+    others.emplace_back(serve);
+  serve();
   for (auto& t : others)
     t.join();
   impl_->running = false;

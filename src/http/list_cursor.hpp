@@ -37,7 +37,7 @@ inline std::optional<std::size_t> parse_list_limit(const std::string& text, std:
 
 /// The cursor a list_cursor_text made, with the id as it was given; nullopt for anything else.
 inline std::optional<ListCursor> parse_list_cursor_text(const std::string& text) {
-  // At most 13 digits of milliseconds (the year 2286): far from what the clock can hold.
+  // At most 13 digits of milliseconds.
   const auto cut = text.find('_');
   if (cut == 0 || cut == std::string::npos || cut > 13 ||
       text.find_first_not_of("0123456789") != cut)
@@ -49,8 +49,15 @@ inline std::optional<ListCursor> parse_list_cursor_text(const std::string& text)
   std::string id;
   for (std::size_t i = 0; i < hex.size(); i += 2)
     id += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-  const std::chrono::milliseconds ms(std::stoll(text.substr(0, cut)));
-  return ListCursor{std::chrono::system_clock::time_point(ms), std::move(id)};
+  // Within what the clock can hold (nanoseconds since 1970: the year 2262), so that no cursor
+  // wraps around to a time before the caller's entries.
+  const long long ms = std::stoll(text.substr(0, cut));
+  constexpr long long latest = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::time_point::max().time_since_epoch())
+                                   .count();
+  if (ms > latest) return std::nullopt;
+  return ListCursor{std::chrono::system_clock::time_point(std::chrono::milliseconds(ms)),
+                    std::move(id)};
 }
 
 }  // namespace rebound::detail

@@ -29,6 +29,7 @@
 #include "common/text.hpp"
 #include "common/trace_context.hpp"
 #include "console.hpp"
+#include "cursor_seal.hpp"
 #include "http_front.hpp"
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
@@ -153,6 +154,10 @@ RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = 
                  "Your jobs hold your share of the queue; retry when some are done.",
                  {}},
                 1};
+      case errc::tenant_rate:
+        return {
+            {429, "tenant_rate", "You submit jobs faster than your rate allows; retry later.", {}},
+            1};
       case errc::not_ready:
         return {{503, "not_ready", "The model is not ready yet.", {}}, 5};
       case errc::store_unavailable:
@@ -609,7 +614,17 @@ struct Server::Impl {
       res = HttpResponse{};
       send_error(res, {500, "internal_error", "The server failed to handle the request.", {}});
     }
+    no_store_if_api(req, res);  // the failures' answers too
     if (reply) reply(std::move(res));
+  }
+
+  // What the API answers (jobs, results, secrets, the console's data) is never kept by a cache,
+  // errors included; /ping, /openapi.json and the console's page may be.
+  static void no_store_if_api(const HttpRequest& req, HttpResponse& res) {
+    if (req.path.compare(0, 4, "/v1/") != 0 && req.path != "/invocations") return;
+    for (const auto& header : res.headers)
+      if (header.first == "Cache-Control") return;  // once
+    res.set_header("Cache-Control", "no-store");
   }
 
   // A request as a route sees it: who calls, as which tenant, and what `{id}` or `{file...}`
@@ -706,8 +721,7 @@ struct Server::Impl {
 
   // Finds the route, decides who may call it, checks the body's form, and runs it.
   void dispatch(HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
-    // What the console's routes answer is never kept by a cache, errors included.
-    if (req.path.compare(0, 12, "/v1/console/") == 0) res.set_header("Cache-Control", "no-store");
+    no_store_if_api(req, res);  // (answers given later keep it)
     const std::string& method = req.method == "HEAD" ? std::string("GET") : req.method;
     const Route* found = nullptr;  // the route of this method and path
     const Route* first = nullptr;  // the first route of this path, whatever its method
@@ -796,6 +810,7 @@ struct Server::Impl {
       call.res = HttpResponse{};
       send_error(call.res, {500, "internal_error", "The server failed to handle the request.", {}});
     }
+    no_store_if_api(call.req, call.res);
   }
 
   // The job a console route names (its id, and ?tenant=); nullopt, with the 404 sent, when there
@@ -902,13 +917,30 @@ struct Server::Impl {
     body["server"] = {{"in_flight", service.telemetry().in_flight()},
                       {"queue_depth", service.telemetry().queue_depth()},
                       {"work_bytes", service.telemetry().work_bytes()}};
-    res.set_header("Cache-Control", "no-store");
     send_json(res, 200, body);
   }
 
+  // At most max_listed_endpoints origins, those that need an operator's eye first (paused, a
+  // circuit not closed, callbacks in flight, waiting or deferred), then the idle ones.
+  static constexpr std::size_t max_listed_endpoints = 1024;
+
   void list_endpoints(HttpResponse& res) {
+    std::vector<EndpointStatus> all = service.operations().callback_endpoints();
+    const std::size_t total = all.size();
+    if (total > max_listed_endpoints) {
+      const auto busy = [](const EndpointStatus& e) {
+        return e.paused || e.state != CircuitState::closed || e.in_flight > 0 || e.waiting > 0 ||
+               e.deferred > 0;
+      };
+      std::stable_partition(all.begin(), all.end(), busy);
+      all.resize(max_listed_endpoints);
+      std::stable_sort(all.begin(), all.end(),
+                       [](const EndpointStatus& a, const EndpointStatus& b) {
+                         return std::tie(a.origin, a.tenant) < std::tie(b.origin, b.tenant);
+                       });
+    }
     nlohmann::json endpoints = nlohmann::json::array();
-    for (const EndpointStatus& e : service.operations().callback_endpoints()) {
+    for (const EndpointStatus& e : all) {
       endpoints.push_back({{"origin", e.origin},
                            {"state", to_string(e.state)},
                            {"consecutive_failures", e.consecutive_failures},
@@ -920,8 +952,9 @@ struct Server::Impl {
                            {"failed", e.failed}});
       if (!e.tenant.empty()) endpoints.back()["tenant"] = e.tenant;
     }
-    res.set_header("Cache-Control", "no-store");
-    send_json(res, 200, {{"endpoints", std::move(endpoints)}});
+    nlohmann::json body = {{"endpoints", std::move(endpoints)}};
+    if (total > max_listed_endpoints) body["total"] = total;  // the list is cut
+    send_json(res, 200, body);
   }
 
   // POST /v1/callback-endpoints/pause and /resume, with {"origin": "https://hooks.example.com"}.
@@ -1195,7 +1228,8 @@ struct Server::Impl {
               send_error(answer, {http_status, error.code, error.message, {}});
             });
           });
-        });
+        },
+        c.tenant);
     reserved.release();  // the queue counts the input from here
     if (!status.error) return;
     boost::asio::post(call->strand, [call, status] {
@@ -1273,17 +1307,17 @@ struct Server::Impl {
   }
 
   // The public keys that verify the caller's callbacks (its tenant's), or those of ?tenant=NAME
-  // for a receiver without an API key.
+  // for a receiver without an API key. Every well-formed name is answered alike, known or not
+  // (the keys a name would have: derived, never cached), so the route tells nobody which
+  // tenants the server has.
   void webhook_keys(const HttpRequest& req, const Credential* caller, HttpResponse& res) {
     std::string tenant = caller ? caller->tenant : std::string();
     if (multi_tenant && !caller) {
       tenant = req.param("tenant");
-      const bool known = std::any_of(credentials.begin(), credentials.end(),
-                                     [&](const Credential& c) { return c.tenant == tenant; });
-      if (!known) {
+      if (!is_valid_tenant_name(tenant)) {
         return send_error(res, {422, "invalid_field",
                                 "This server has several tenants: send your API key, or name "
-                                "one of its tenants (?tenant=NAME).",
+                                "your tenant (?tenant=NAME).",
                                 "tenant"});
       }
     }
@@ -1354,11 +1388,14 @@ struct Server::Impl {
     }
     std::optional<ListCursor> after;
     if (req.has_param("cursor")) {
-      after = parse_list_cursor(req.param("cursor"), tenant);
+      // Sealed for the caller's tenant: a cursor altered, forged or handed to another tenant
+      // does not open.
+      if (const auto plain = cursor_seal.open(req.param("cursor"), "failed-callbacks\n" + tenant))
+        after = detail::parse_list_cursor_text(*plain);
       if (!after) {
         return send_error(
-            res, {422, "invalid_field", "cursor must be a next_cursor of this listing, as given.",
-                  "cursor"});
+            res, {400, "invalid_cursor",
+                  "cursor must be a next_cursor this listing gave you, as given.", "cursor"});
       }
     }
     JobPage page = service.operations().failed_callbacks_page(tenant, after, limit);
@@ -1376,21 +1413,14 @@ struct Server::Impl {
       jobs += entry;
     }
     jobs += ']';
-    const std::string next =
-        page.next ? dump_json(list_cursor_text(*page.next, tenant)) : std::string("null");
+    std::string next = "null";
+    if (page.next) {
+      const std::string sealed = cursor_seal.seal(
+          detail::list_cursor_text(*page.next, page.next->id), "failed-callbacks\n" + tenant);
+      if (sealed.empty()) throw Error("the listing's cursor could not be sealed");
+      next = dump_json(sealed);
+    }
     send_json_text(res, 200, "{\"jobs\":" + jobs + ",\"next_cursor\":" + next + "}");
-  }
-
-  // A cursor as clients see it (list_cursor.hpp), the tenant left out (it is the caller's).
-  static std::string list_cursor_text(const ListCursor& cursor, const std::string& tenant) {
-    return detail::list_cursor_text(cursor, id_in_key(cursor.id, tenant));
-  }
-
-  static std::optional<ListCursor> parse_list_cursor(const std::string& text,
-                                                     const std::string& tenant) {
-    auto cursor = detail::parse_list_cursor_text(text);
-    if (cursor) cursor->id = job_key(tenant, cursor->id);
-    return cursor;
   }
 
   // Prefer: wait=N. Waits up to `seconds` for the job `key` to be final without holding a thread
@@ -1469,6 +1499,21 @@ struct Server::Impl {
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
   const bool multi_tenant;  // two or more names: each key's jobs are its own
+  // Seals the listing's cursors, with a key derived from the webhook signing keys (random, high
+  // entropy, and the same on every server of a fleet, so each opens the others' cursors; never
+  // the API keys, which a cursor would let a tenant test guesses of offline). Without signing
+  // keys: a random key of this server's.
+  const detail::CursorSeal cursor_seal{
+      [this] {
+        std::vector<std::string> keys = service.operations().webhook_signing_keys("");
+        std::sort(keys.begin(), keys.end());
+        std::string secret;
+        for (const auto& k : keys)
+          secret += k + "\n";
+        return secret;
+      }(),
+      // A cursor's text at its longest: milliseconds, '_', the hex of a tenant's job key.
+      13 + 1 + 2 * (max_tenant_name_length + 1 + detail::max_job_id_length)};
   // Requests waiting for a job now (Prefer: wait), and in submit_batch now.
   Place::Count waiting = std::make_shared<std::atomic<std::size_t>>(0);
   Place::Count batching = std::make_shared<std::atomic<std::size_t>>(0);

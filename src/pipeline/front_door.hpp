@@ -35,8 +35,9 @@ struct FrontDoor {
 
   /// Runs `input` through the model as `async_invoke` does; `on_result` is called exactly once
   /// (InvokeAnswer: on the worker that ran it, or at shutdown) when the answer is success, and
-  /// never otherwise.
-  static Submitted invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result);
+  /// never otherwise. `tenant`: whose invocation it is (its rate, its share, its turn).
+  static Submitted invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result,
+                          const std::string& tenant = {});
 };
 
 }  // namespace detail

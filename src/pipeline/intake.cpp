@@ -80,7 +80,15 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   const std::string id = key_of(job);
   const std::string_view tenant = job.tenant;  // its slots count to its share; its turn
   const std::size_t bytes = work_bytes(job);
+  // A tenant past its rate is refused before anything else is looked at: its token is one job's
+  // (a batch takes one a job), and a job refused for room (queue_full, tenant_quota) gives it
+  // back; one the store then refuses or answers as a duplicate keeps it spent.
+  if (!core.rates.take(tenant, core.clock())) {
+    p.verdict = refused(errc::tenant_rate);
+    return p;
+  }
   const boost::system::error_code admitted = core.admission.admit(tenant, bytes);
+  if (admitted) core.rates.give_back(tenant);
   if (look_up && (admitted == errc::queue_full || admitted == errc::tenant_quota)) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     std::optional<JobRecord> existing;

@@ -36,6 +36,9 @@ class MetricsObserver final : public Observer {
       case errc::tenant_quota:
         ++m_.submissions_refused_tenant_quota;
         break;
+      case errc::tenant_rate:
+        ++m_.submissions_refused_tenant_rate;
+        break;
       default:  // the caller's own mistakes and conflicts: not the queue's load
         break;
     }

@@ -34,6 +34,7 @@
 #include "rebound/job_queue_status.hpp"
 #include "store_access.hpp"
 #include "store_pump.hpp"
+#include "tenant_rates.hpp"
 #include "work_item.hpp"
 
 namespace rebound::detail {
@@ -193,6 +194,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
         runner(*model, store, leases, delivery, admission, observe, clock, *this,
                sender->get_executor(), options.job_ttl, options.inference_timeout),
         async_waiters(options.max_waiting),
+        rates(options.tenant_defaults, options.tenants),
         poll_interval(options.poll_interval) {
     observe.log = LogObserver(options.logger);
     logger = options.logger;
@@ -249,6 +251,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   StorePump pump;
   BatchRunner runner;
   AsyncWaiters async_waiters;
+  TenantRates rates;  // each tenant's submissions per second
   const std::chrono::milliseconds poll_interval;
   // On the pump's thread only, on `clock` as the pump's schedule is.
   std::chrono::system_clock::time_point last_wait_poll{};

@@ -80,12 +80,22 @@ void StorePump::run() {
       ++passes_begun_;
     }
     lock.unlock();
-    if (clock_() >= next_renewal) {
-      for (const auto& [id, holder] : leases_.renew_held(store_))
-        events_.lease_lost(id, holder);
-      next_renewal = clock_() + renew_every;
+    // Nothing thrown here may end the thread (and with it the process): a pass that failed is
+    // noted as the store's failure, and the next one tries again.
+    try {
+      if (clock_() >= next_renewal) {
+        next_renewal = clock_() + renew_every;
+        for (const auto& [id, holder] : leases_.renew_held(store_))
+          events_.lease_lost(id, holder);
+      }
+      if (due_now) pump();
+    } catch (const std::exception& e) {
+      store_.failed("pump", {}, e.what());
+      wake(clock_() + poll_interval_);
+    } catch (...) {
+      store_.failed("pump", {}, "unknown error");
+      wake(clock_() + poll_interval_);
     }
-    if (due_now) pump();
     lock.lock();
     if (due_now) {
       ++passes_ended_;

@@ -10,6 +10,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,10 +36,14 @@ struct WorkQueueOptions {
   /// How long the oldest waiting item may wait for a batch to fill before a smaller batch goes.
   /// 0: never wait; batches form only from what is already queued.
   std::chrono::microseconds max_queue_delay{0};
+  /// Items a group takes in a row at its turn (at least 1), by group; `default_weight` for the
+  /// others. rebound::JobQueue sets them from JobQueueOptions::tenants.
+  std::map<std::string, unsigned, std::less<>> weights{};
+  unsigned default_weight = 1;
 };
 
-/// A bounded FIFO (one per priority level) with a worker pool and dynamic batching (as Triton's
-/// dynamic batcher).
+/// A bounded queue of groups taking turns (a FIFO per priority level within each group) with a
+/// worker pool and dynamic batching (as Triton's dynamic batcher).
 ///
 /// Workers are not threads of their own: each is a drain loop posted to the executor you pass in
 /// (typically a `boost::asio::thread_pool` sized to `workers`), started when work arrives and
@@ -91,12 +96,13 @@ class WorkQueue final {
   }
 
   /// Adds an item at the back of its `group`'s queue in priority `level` (0 to 9, clamped; 0, the
-  /// default here, is taken first). Workers take items from the lowest level that has any; within
-  /// a level, the groups that have items take turns, one item each (round robin), FIFO within a
-  /// group: a group with many items waiting delays another group's item by at most one of its own
-  /// per turn. (rebound::JobQueue makes each tenant a group.) `full` when `capacity` items wait;
-  /// `closed` after `close()`. The item is moved from only when accepted: on `full` or `closed`
-  /// the caller still has it.
+  /// default here, is taken first). The groups that have items take turns (round robin), each
+  /// taking its weight's worth of items in a row (`WorkQueueOptions::weights`, 1 unless set);
+  /// within its turn a group's lowest level goes first, FIFO within a level. So a priority
+  /// orders a group's own items and never another group's: a group with many urgent items
+  /// delays another group's item by at most its weight per turn. (rebound::JobQueue makes each
+  /// tenant a group.) `full` when `capacity` items wait; `closed` after `close()`. The item is
+  /// moved from only when accepted: on `full` or `closed` the caller still has it.
   PushResult try_push(Item&& item, int level = 0, std::string_view group = {}) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return PushResult::closed;
@@ -117,9 +123,9 @@ class WorkQueue final {
     if (start) boost::asio::post(executor_, [this] { drain(); });
   }
 
-  /// Removes and returns the waiting items for which `pred(const Item&)` is true, in the order
-  /// they would have been taken (`pred` runs under the queue's lock: keep it short). For items
-  /// that must not wait any longer (expired, cancelled).
+  /// Removes and returns the waiting items for which `pred(const Item&)` is true, group by group
+  /// in turn order (each group's in the order it would take them) (`pred` runs under the queue's
+  /// lock: keep it short). For items that must not wait any longer (expired, cancelled).
   template <typename Pred>
   std::vector<Item> take_if(Pred pred) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -251,64 +257,100 @@ class WorkQueue final {
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;
-  // Per priority level, one FIFO per group, the groups with items taking turns; items are taken
-  // from the lowest level number that has any.
-  class Levels {
+  // One entry per group, the groups with items taking turns (each its weight's worth of items in
+  // a row); within a group, a FIFO per priority level, the lowest level first.
+  class Turns {
    public:
     static constexpr int count = 10;
+    explicit Turns(const WorkQueueOptions& options) : options_(options) {}
     void push(Pending p, int level, std::string_view group) {
-      Level& l = levels_[static_cast<std::size_t>(std::clamp(level, 0, count - 1))];
-      auto it = l.groups.find(group);
-      if (it == l.groups.end()) {
-        // Groups left empty are kept for reuse; past a bound they go.
-        if (l.groups.size() >= max_idle_groups) l.drop_empty();
-        it = l.groups.emplace(std::string(group), std::deque<Pending>()).first;
+      auto it = groups_.find(group);
+      if (it == groups_.end()) {
+        // Groups left empty are kept for reuse; past a bound of idle ones they go (a sweep only
+        // when there are that many idle groups to drop, not at each new group).
+        if (groups_.size() >= max_idle_groups + turn_.size()) drop_empty();
+        it = groups_.emplace(std::string(group), Group{}).first;
+        const auto weight = options_.weights.find(group);
+        it->second.weight = std::max(
+            1u, weight == options_.weights.end() ? options_.default_weight : weight->second);
       }
-      if (it->second.empty()) l.turn.push_back(&*it);
-      it->second.push_back(std::move(p));
+      Group& g = it->second;
+      const int l = std::clamp(level, 0, count - 1);
+      std::deque<Pending>& lane = g.lane(l);
+      lane.push_back(std::move(p));
+      if (g.size == 0) {  // it joins the turns (the item goes again if that cannot be)
+        try {
+          turn_.push_back(&*it);
+        } catch (...) {
+          lane.pop_back();
+          throw;
+        }
+        g.credit = g.weight;
+      }
+      ++g.size;
       ++size_;
+      ++per_level_[static_cast<std::size_t>(l)];
     }
     Pending pop() {  // precondition: !empty()
-      for (auto& l : levels_) {
-        if (l.turn.empty()) continue;
-        Group* g = l.turn.front();
-        l.turn.pop_front();
-        Pending p = std::move(g->second.front());
-        g->second.pop_front();
-        if (!g->second.empty()) l.turn.push_back(g);  // its next item waits for the others' turn
-        --size_;
-        return p;
+      if (turn_.empty()) throw Error("WorkQueue: pop from an empty queue");
+      Entry* e = turn_.front();
+      Group& g = e->second;
+      Lane& lane = g.first();
+      // Its turn is over after this item (its next ones wait for the others'): it goes to the
+      // back first, so that nothing is taken when that cannot be.
+      const bool rotate = g.size > 1 && g.credit == 1;
+      if (rotate) turn_.push_back(e);
+      Pending p = std::move(lane.items.front());
+      lane.items.pop_front();
+      --g.size;
+      --size_;
+      --per_level_[static_cast<std::size_t>(lane.level)];
+      if (rotate) {
+        turn_.pop_front();  // its place at the back is taken already
+        g.credit = g.weight;
+      } else if (g.size == 0) {
+        turn_.pop_front();  // nothing left: it joins the turns again with its next item
+      } else {
+        --g.credit;  // its turn goes on
       }
-      throw Error("WorkQueue: pop from an empty queue");
+      return p;
     }
     // When the item that has waited longest was queued. Precondition: !empty().
     std::chrono::steady_clock::time_point oldest() const {
       auto out = std::chrono::steady_clock::time_point::max();
-      for (const auto& l : levels_)
-        for (const Group* g : l.turn)
-          out = std::min(out, g->second.front().enqueued);
+      for (const Entry* e : turn_)
+        for (const Lane& lane : e->second.lanes)
+          if (!lane.items.empty()) out = std::min(out, lane.items.front().enqueued);
       return out;
     }
     template <typename Pred>
     std::vector<Item> take_if(Pred& pred) {
       std::vector<Item> out;
-      for (auto& l : levels_) {
-        // In the order they would have been taken: group by group, in turn order.
-        for (Group* g : l.turn) {
-          auto& items = g->second;
-          for (auto it = items.begin(); it != items.end();) {
+      // Groups left without items leave the turns, however this ends.
+      struct Tidy {
+        std::deque<Entry*>& turn;
+        ~Tidy() {
+          turn.erase(std::remove_if(turn.begin(), turn.end(),
+                                    [](const Entry* e) { return e->second.size == 0; }),
+                     turn.end());
+        }
+      } tidy{turn_};
+      // Group by group, in turn order, each group's levels in order.
+      for (Entry* e : turn_) {
+        Group& g = e->second;
+        for (Lane& lane : g.lanes) {
+          for (auto it = lane.items.begin(); it != lane.items.end();) {
             if (!pred(static_cast<const Item&>(it->item))) {
               ++it;
               continue;
             }
             out.push_back(std::move(it->item));
-            it = items.erase(it);
+            it = lane.items.erase(it);
+            --g.size;
             --size_;
+            --per_level_[static_cast<std::size_t>(lane.level)];
           }
         }
-        l.turn.erase(std::remove_if(l.turn.begin(), l.turn.end(),
-                                    [](const Group* g) { return g->second.empty(); }),
-                     l.turn.end());
       }
       return out;
     }
@@ -316,32 +358,52 @@ class WorkQueue final {
     bool empty() const { return size_ == 0; }
     int least_urgent_level() const {
       for (int level = count - 1; level >= 0; --level)
-        if (!levels_[static_cast<std::size_t>(level)].turn.empty()) return level;
+        if (per_level_[static_cast<std::size_t>(level)] > 0) return level;
       return -1;
     }
     void clear() {
-      for (auto& l : levels_) {
-        l.turn.clear();
-        l.groups.clear();
-      }
+      turn_.clear();
+      groups_.clear();
+      per_level_.fill(0);
       size_ = 0;
     }
 
    private:
     static constexpr std::size_t max_idle_groups = 1024;
-    using Group = std::pair<const std::string, std::deque<Pending>>;
-    struct Level {
-      std::map<std::string, std::deque<Pending>, std::less<>> groups;
-      std::deque<Group*> turn;  // the groups with items, in the order they take their turn
-      void drop_empty() {
-        for (auto it = groups.begin(); it != groups.end();)
-          it = it->second.empty() ? groups.erase(it) : std::next(it);
+    struct Lane {
+      int level = 0;
+      std::deque<Pending> items;
+    };
+    struct Group {
+      // By level, the lowest first; a lane left empty is kept for reuse (at most `count`). A
+      // list: its lanes never move (a deque of move-only items cannot be copied).
+      std::list<Lane> lanes;
+      std::size_t size = 0;
+      unsigned weight = 1, credit = 1;
+      std::deque<Pending>& lane(int level) {
+        auto it = std::find_if(lanes.begin(), lanes.end(),
+                               [&](const Lane& l) { return l.level >= level; });
+        if (it == lanes.end() || it->level != level) it = lanes.insert(it, Lane{level, {}});
+        return it->items;
+      }
+      Lane& first() {  // precondition: size > 0
+        for (Lane& l : lanes)
+          if (!l.items.empty()) return l;
+        throw Error("WorkQueue: a group without items took a turn");
       }
     };
-    std::array<Level, count> levels_;
+    using Entry = std::pair<const std::string, Group>;
+    void drop_empty() {
+      for (auto it = groups_.begin(); it != groups_.end();)
+        it = it->second.size == 0 ? groups_.erase(it) : std::next(it);
+    }
+    const WorkQueueOptions& options_;
+    std::map<std::string, Group, std::less<>> groups_;
+    std::deque<Entry*> turn_;  // the groups with items, in the order they take their turn
+    std::array<std::size_t, count> per_level_{};
     std::size_t size_ = 0;
   };
-  Levels pending_;
+  Turns pending_{options_};
   boost::asio::steady_timer timer_;
   bool timer_armed_ = false;
   std::size_t active_workers_ = 0;

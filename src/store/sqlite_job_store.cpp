@@ -115,9 +115,24 @@ UPDATE jobs SET tenant = substr(id, 1, instr(id, '/') - 1) WHERE instr(id, '/') 
 PRAGMA user_version = 5;
 )sql";
 
+// Version 6: a tenant's dead letters are an index range of their own, so that paging through
+// them costs the same however many other tenants have (and never reads theirs).
+constexpr const char* schema_v6 = R"sql(
+CREATE INDEX jobs_failed_tenant ON jobs (tenant, created_at_ms, id) WHERE cb_state = 3;
+PRAGMA user_version = 6;
+)sql";
+
 // True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
 // or `completed` (bit 2) not among its webhook events.
 #define NO_CALLBACK "(callback_url = '' OR (webhook_events & 2) = 0)"
+
+// The callback state a delivery attempt (or a deferral) leaves, as set_callback and
+// set_callback_logged write it.
+constexpr const char* set_callback_columns =
+    "cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, cb_next_at_ms = :cn, "
+    "cb_delivery_attempts = :cd, cb_delivery_started_ms = :cds, cb_previous_delay_ms = :cp, "
+    "cb_due_ms = :due, finished_at_ms = CASE WHEN status >= 2 AND (" NO_CALLBACK
+    " OR :cs >= 2) THEN :now ELSE NULL END";
 
 // Leases live in this process (the file is opened exclusively), so at open nothing holds any
 // work: what a crashed process held is due again at once, and retries keep their schedule.
@@ -126,8 +141,8 @@ UPDATE jobs SET job_due_ms = created_at_ms WHERE job_due_ms IS NOT NULL;
 UPDATE jobs SET cb_due_ms = cb_next_at_ms WHERE cb_due_ms IS NOT NULL;
 )sql";
 
-// A job is finished when final (status 2..4) and its callback is not owed any more (none wanted,
-// or state 2 delivered / 3 failed): the SQL form of MemoryJobStore::is_finished, used by both
+// A job is finished when final (status 2..5) and its callback is not owed any more (none wanted,
+// or state 2 delivered / 3 failed): the SQL form of job_state::is_finished, used by both
 // updates below to keep finished_at_ms.
 std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -262,6 +277,12 @@ struct SqliteJobStore::Impl {
     // Goes ahead of the bookkeeping (a submission: a new id, which no queued write is about).
     // A waited-for write that must see the writes before it (a claim, a redelivery) stays in order.
     bool ahead = false;
+    // A job's mark_running (`marks`) and its finish: when both are in one transaction the mark is
+    // folded into the finish (see fold_marks), one row write instead of two.
+    enum class Fold { none, mark, finish } fold = Fold::none;
+    std::string fold_id{};
+    std::int64_t fold_at = 0;  // a mark's start time; a finish's, once a mark is folded into it
+    bool folded = false;       // a mark: its finish makes it (not applied); a finish: it makes one
   };
 
   SqliteJobStoreOptions options;
@@ -276,8 +297,8 @@ struct SqliteJobStore::Impl {
   mutable std::mutex db_mutex;  // the connection and its statements
   std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
       set_callback, set_job_due, set_callback_due, select_due_jobs, select_due_callbacks,
-      redeliver_failed, select_failed, select_failed_page, select_unfinished, delete_finished,
-      probe, append_attempt;
+      redeliver_failed, select_failed, select_failed_page, select_failed_tenant_page,
+      select_unfinished, delete_finished, probe, set_callback_logged;
   mutable std::mutex servers_mutex;
   detail::ServersSeen servers_seen;  // guarded by servers_mutex
 
@@ -302,6 +323,9 @@ struct SqliteJobStore::Impl {
   // How often an idle writer looks at its files (two stat calls).
   static constexpr std::chrono::milliseconds file_check_interval{1000};
   std::deque<Write> waited_queue, background_queue;
+  // The writer's only: the start time of the mark folded into the finish being applied, which
+  // write_finish binds.
+  std::optional<std::int64_t> folded_start;
   std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
   std::uint64_t committed[2] = {0, 0};  // writes whose transaction ended (committed or rolled back)
   std::size_t commit_count = 0;
@@ -326,7 +350,10 @@ struct SqliteJobStore::Impl {
   static Leases::iterator live(Leases& leases, const std::string& id, const std::string& holder,
                                TimePoint now);
   bool release(Leases& leases, const std::string& id, const std::string& holder, TimePoint now);
-  void write_callback(const std::string& id, const CallbackInfo& callback);
+  // Queues the callback state `callback`, with `attempt` (a JSON entry) joining the attempt log
+  // in the same row write when it is not empty.
+  void write_callback(const std::string& id, const CallbackInfo& callback,
+                      std::string attempt = {});
   static void bind_outcome(Statement& s, const JobOutcome& outcome, const std::string& result);
   // Runs `finish` (a job not final yet gets its outcome, its callback due at `due_ms`); true
   // when a row changed. In the writer's transaction.
@@ -388,6 +415,11 @@ struct SqliteJobStore::Impl {
         exec(schema_v5);
         exec("COMMIT");
       }
+      if (user_version() < 6) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v6);
+        exec("COMMIT");
+      }
       exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
@@ -398,6 +430,8 @@ struct SqliteJobStore::Impl {
           db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
       set_running = std::make_unique<Statement>(
           db, "UPDATE jobs SET status = 1, started_at_ms = ? WHERE id = ? AND status = 0");
+      // A finish with the job's mark_running folded in (:started, when the job was still queued,
+      // as the mark would have found it) or not (:started null).
       count_ahead = std::make_unique<Statement>(
           db,
           "SELECT COUNT(*) FROM jobs WHERE status = 0 AND (priority < :p OR (priority = :p AND "
@@ -414,6 +448,8 @@ struct SqliteJobStore::Impl {
           db,
           "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
           "ended_at_ms = :end, job_due_ms = NULL, "
+          "started_at_ms = CASE WHEN status = 0 AND :started IS NOT NULL THEN :started "
+          "ELSE started_at_ms END, "
           "cb_state = CASE WHEN " NO_CALLBACK
           " THEN cb_state ELSE 1 END, "
           "cb_next_at_ms = :now, cb_delivery_attempts = 0, cb_delivery_started_ms = :now, "
@@ -424,13 +460,7 @@ struct SqliteJobStore::Impl {
           " THEN :now ELSE NULL END "
           "WHERE id = :id AND status < 2");
       set_callback = std::make_unique<Statement>(
-          db,
-          "UPDATE jobs SET cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, "
-          "cb_next_at_ms = :cn, cb_delivery_attempts = :cd, cb_delivery_started_ms = :cds, "
-          "cb_previous_delay_ms = :cp, cb_due_ms = :due, "
-          "finished_at_ms = CASE WHEN status >= 2 AND (" NO_CALLBACK
-          " OR :cs >= 2) "
-          "THEN :now ELSE NULL END WHERE id = :id");
+          db, std::string("UPDATE jobs SET ") + set_callback_columns + " WHERE id = :id");
       set_job_due = std::make_unique<Statement>(
           db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
       set_callback_due = std::make_unique<Statement>(
@@ -456,6 +486,12 @@ struct SqliteJobStore::Impl {
                   " FROM jobs WHERE cb_state = 3 AND (created_at_ms, id) < (?3, ?4)"
                   " AND substr(id, 1, length(?2)) = ?2"
                   " ORDER BY created_at_ms DESC, id DESC LIMIT ?1");
+      // One tenant's page (?5): its own index range (jobs_failed_tenant), nobody else's rows.
+      select_failed_tenant_page = std::make_unique<Statement>(
+          db, std::string("SELECT ") + entry_columns +
+                  " FROM jobs WHERE cb_state = 3 AND tenant = ?5 AND (created_at_ms, id) < (?3, ?4)"
+                  " AND substr(id, 1, length(?2)) = ?2"
+                  " ORDER BY created_at_ms DESC, id DESC LIMIT ?1");
       select_unfinished = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE finished_at_ms IS NULL ORDER BY created_at_ms LIMIT ?");
@@ -464,13 +500,13 @@ struct SqliteJobStore::Impl {
       probe = std::make_unique<Statement>(
           db, "INSERT OR REPLACE INTO store_probe (id, at_ms) VALUES (1, ?)");
       // The attempt joins the log; the oldest leaves it once max_attempt_log are kept.
-      append_attempt = std::make_unique<Statement>(
-          db,
-          "UPDATE jobs SET attempt_log = json_insert(CASE WHEN json_array_length(attempt_log) "
-          ">= " +
-              std::to_string(max_attempt_log) +
-              " THEN json_remove(attempt_log, '$[0]') ELSE attempt_log END, '$[#]', json(:a)) "
-              "WHERE id = :id");
+      // An attempt and the callback state after it, in one row write.
+      set_callback_logged = std::make_unique<Statement>(
+          db, std::string("UPDATE jobs SET ") + set_callback_columns +
+                  ", attempt_log = json_insert(CASE WHEN json_array_length(attempt_log) >= " +
+                  std::to_string(max_attempt_log) +
+                  " THEN json_remove(attempt_log, '$[0]') ELSE attempt_log END, '$[#]', "
+                  "json(:a)) WHERE id = :id");
     } catch (const Error& e) {
       close();
       throw Error("cannot use the job store " + path + ": " + e.what() +
@@ -495,10 +531,11 @@ struct SqliteJobStore::Impl {
     redeliver_failed.reset();
     select_failed.reset();
     select_failed_page.reset();
+    select_failed_tenant_page.reset();
     select_unfinished.reset();
     delete_finished.reset();
     probe.reset();
-    append_attempt.reset();
+    set_callback_logged.reset();
     if (db) sqlite3_close(db);
     db = nullptr;
   }
@@ -665,6 +702,26 @@ struct SqliteJobStore::Impl {
       if (w.failed) w.failed(closed);
   }
 
+  // A job whose mark_running and finish_job are in one transaction (a short model under load)
+  // gets one row write: the finish records when it started, and the mark is not applied. Nobody
+  // could have seen the job running in between (reads wait for the transaction). Called with
+  // db_mutex held; a failed transaction unfolds its writes before they are tried again.
+  static void fold_marks(std::deque<Write>& batch) {
+    std::unordered_map<std::string_view, Write*> marks;
+    for (auto& w : batch) {
+      w.folded = false;
+      if (w.fold == Write::Fold::mark) {
+        marks[w.fold_id] = &w;
+      } else if (w.fold == Write::Fold::finish) {
+        const auto mark = marks.find(w.fold_id);
+        if (mark == marks.end()) continue;
+        mark->second->folded = w.folded = true;
+        w.fold_at = mark->second->fold_at;
+        marks.erase(mark);
+      }
+    }
+  }
+
   // Commits `batch`, whose first `waited` writes are waited for; an empty batch is a probe of a
   // failing store. On failure the waited-for writes are told, and the others go back to the head
   // of their queue, in order, to be tried again.
@@ -677,8 +734,14 @@ struct SqliteJobStore::Impl {
         // A transaction a failure left open (SQLite ends some by itself, not all) ends here.
         if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
         exec("BEGIN IMMEDIATE");
-        for (auto& w : batch)
+        fold_marks(batch);
+        for (auto& w : batch) {
+          if (w.fold == Write::Fold::mark && w.folded) continue;
+          folded_start.reset();
+          if (w.fold == Write::Fold::finish && w.folded) folded_start = w.fold_at;
           w.apply();
+        }
+        folded_start.reset();
         if (batch.empty()) {
           probe->bind(1, now_ms()).step();
           probe->reset();
@@ -753,13 +816,15 @@ struct SqliteJobStore::Impl {
   // `cursor`: the (created_at_ms, id) bound of a page, bound as ?3 and ?4.
   std::vector<JobRecord> select_list(
       Statement& s, std::size_t limit, const std::optional<std::string>& prefix = {},
-      const std::optional<std::pair<std::int64_t, std::string>>& cursor = {}) const {
+      const std::optional<std::pair<std::int64_t, std::string>>& cursor = {},
+      const std::optional<std::string>& tenant = {}) const {
     wait_for_writes();
     std::lock_guard<std::mutex> lock(db_mutex);
     std::vector<JobRecord> out;
     s.bind(1, static_cast<std::int64_t>(std::min<std::size_t>(limit, INT64_MAX)));
     if (prefix) s.bind(2, *prefix);
     if (cursor) s.bind(3, cursor->first).bind(4, cursor->second);
+    if (tenant) s.bind(5, *tenant);
     try {
       while (s.step())
         out.push_back(read_record(s));
@@ -897,9 +962,11 @@ bool SqliteJobStore::Impl::release(Leases& leases, const std::string& id, const 
   return true;
 }
 
-void SqliteJobStore::Impl::write_callback(const std::string& id, const CallbackInfo& callback) {
-  enqueue({[this, id, callback] {
-             Statement& s = *set_callback;
+void SqliteJobStore::Impl::write_callback(const std::string& id, const CallbackInfo& callback,
+                                          std::string attempt) {
+  enqueue({[this, id, callback, attempt = std::move(attempt)] {
+             Statement& s = attempt.empty() ? *set_callback : *set_callback_logged;
+             if (!attempt.empty()) s.bind(s.param(":a"), attempt);
              s.bind(s.param(":cs"), static_cast<std::int64_t>(callback.state));
              s.bind(s.param(":ca"), static_cast<std::int64_t>(callback.attempts));
              s.bind(s.param(":ce"), callback.last_error);
@@ -942,6 +1009,11 @@ bool SqliteJobStore::Impl::write_finish(const std::string& id, const JobOutcome&
                                         std::int64_t due_ms) {
   Statement& s = *finish;
   bind_outcome(s, outcome, result);
+  if (folded_start) {
+    s.bind(s.param(":started"), *folded_start);
+  } else {
+    s.bind_null(s.param(":started"));
+  }
   s.bind(s.param(":now"), now_ms);
   s.bind(s.param(":due"), due_ms);
   s.bind(s.param(":id"), id);
@@ -1107,12 +1179,16 @@ bool SqliteJobStore::renew(const std::string& id, const Lease& lease, TimePoint 
 
 void SqliteJobStore::mark_running(const std::string& id, TimePoint now) {
   Impl* impl = impl_.get();
-  impl_->enqueue({[impl, id, at = to_ms(now)] {
-                    impl->set_running->bind(1, at).bind(2, id).step();
-                    impl->set_running->reset();
-                  },
-                  {},
-                  {}});
+  Impl::Write mark{[impl, id, at = to_ms(now)] {
+                     impl->set_running->bind(1, at).bind(2, id).step();
+                     impl->set_running->reset();
+                   },
+                   {},
+                   {}};
+  mark.fold = Impl::Write::Fold::mark;
+  mark.fold_id = id;
+  mark.fold_at = to_ms(now);
+  impl_->enqueue(std::move(mark));
 }
 
 bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder,
@@ -1127,11 +1203,14 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
   if (impl_->cancelling.count(id) || !impl_->release(impl_->job_leases, id, holder, now)) {
     return false;
   }
-  impl_->enqueue(
-      {[impl, id, outcome, result = std::move(result), due = to_ms(deliver ? deliver->until : now),
-        at = to_ms(now)] { impl->write_finish(id, outcome, result, at, due); },
-       {},
-       {}});
+  Impl::Write finished{
+      [impl, id, outcome, result = std::move(result), due = to_ms(deliver ? deliver->until : now),
+       at = to_ms(now)] { impl->write_finish(id, outcome, result, at, due); },
+      {},
+      {}};
+  finished.fold = Impl::Write::Fold::finish;
+  finished.fold_id = id;
+  impl_->enqueue(std::move(finished));
   if (deliver) impl_->callback_leases[id] = *deliver;
   return true;
 }
@@ -1143,19 +1222,8 @@ bool SqliteJobStore::record_attempt(const std::string& id, const std::string& ho
     std::lock_guard<std::mutex> lock(impl_->lease_mutex);
     if (!impl_->release(impl_->callback_leases, id, holder, now)) return false;
   }
-  if (attempt) {
-    Impl* impl = impl_.get();
-    impl_->enqueue({[impl, id, entry = detail::dump_json(detail::attempt_to_json(*attempt))] {
-                      Statement& s = *impl->append_attempt;
-                      s.bind(s.param(":a"), entry);
-                      s.bind(s.param(":id"), id);
-                      s.step();
-                      s.reset();
-                    },
-                    {},
-                    {}});
-  }
-  impl_->write_callback(id, after);
+  impl_->write_callback(id, after,
+                        attempt ? detail::dump_json(detail::attempt_to_json(*attempt)) : "");
   return true;
 }
 
@@ -1262,9 +1330,13 @@ JobPage SqliteJobStore::failed_callbacks_page(const std::string& id_prefix,
   JobPage page;
   if (limit == 0) return page;
   limit = std::min<std::size_t>(limit, 100000);
+  // A prefix "tenant/..." is one tenant's: its own index range.
+  const auto slash = id_prefix.find('/');
+  std::optional<std::string> tenant;
+  if (slash != std::string::npos) tenant = id_prefix.substr(0, slash);
   page.jobs = impl_->select_list(
-      *impl_->select_failed_page, limit + 1, id_prefix,
-      std::make_pair(after ? to_ms(after->created_at) : INT64_MAX, after ? after->id : ""));
+      tenant ? *impl_->select_failed_tenant_page : *impl_->select_failed_page, limit + 1, id_prefix,
+      std::make_pair(after ? to_ms(after->created_at) : INT64_MAX, after ? after->id : ""), tenant);
   if (page.jobs.size() > limit) {
     page.jobs.pop_back();
     page.next = ListCursor{page.jobs.back().job.created_at, key_of(page.jobs.back().job)};

@@ -59,6 +59,22 @@ int main() {
         [&](std::exception_ptr error, bool answer) { acknowledged = !error && answer; });
     ok = ok && acknowledged && store.get("held")->status == rebound::JobStatus::succeeded;
   }
+  {
+    // An operator's decision per tenant, read as rebound-server's --tenant reads it: the default
+    // tenant may submit two jobs at once, then errc::tenant_rate.
+    rebound::JobQueueOptions options;
+    options.tenants.emplace("", rebound::parse_tenant_spec("acme:rate=0.01,burst=2").second);
+    // A tenant that just sent callbacks keeps its reservation of the connections for 5 s.
+    options.origins.tenant_share_window = std::chrono::seconds(5);
+    rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                            std::make_unique<rebound::MemoryJobStore>(), options);
+    std::vector<rebound::Job> jobs;
+    for (int n = 0; n < 3; ++n)
+      jobs.push_back(rebound::make_job("rated-" + std::to_string(n)));
+    const std::vector<rebound::Submitted> answers = queue.submit_many(std::move(jobs));
+    ok = ok && answers.size() == 3 && answers[0] && answers[1] &&
+         answers[2].error == rebound::errc::tenant_rate;
+  }
   const std::string db = "consumer-" + std::to_string(getpid()) + ".db";
   {
     rebound::JobQueueOptions options;

@@ -5,6 +5,7 @@
 // or a queue.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -80,12 +81,31 @@ class FakeTransport final : public CallbackTransport {
     /// Answers the oldest held request with `r`, on the calling thread, and returns that
     /// request; nullopt when nothing is held.
     std::optional<CallbackRequest> answer_oldest(const CallbackResponse& r) {
+      return answer_oldest_if(r, [](const CallbackRequest&) { return true; });
+    }
+    /// The same for the oldest held request of `tenant` (CallbackRequest::tenant).
+    std::optional<CallbackRequest> answer_oldest_of(const std::string& tenant,
+                                                    const CallbackResponse& r) {
+      return answer_oldest_if(r, [&](const CallbackRequest& q) { return q.tenant == tenant; });
+    }
+    /// Tenants of the requests held now, oldest first.
+    std::vector<std::string> held_tenants() {
+      std::lock_guard<std::mutex> lock(m);
+      std::vector<std::string> out;
+      for (const auto& h : held)
+        out.push_back(h.request.tenant);
+      return out;
+    }
+    template <typename Pick>
+    std::optional<CallbackRequest> answer_oldest_if(const CallbackResponse& r, Pick pick) {
       Held h;
       {
         std::lock_guard<std::mutex> lock(m);
-        if (held.empty()) return std::nullopt;
-        h = std::move(held.front());
-        held.pop_front();
+        auto it =
+            std::find_if(held.begin(), held.end(), [&](const Held& x) { return pick(x.request); });
+        if (it == held.end()) return std::nullopt;
+        h = std::move(*it);
+        held.erase(it);
       }
       h.done(r);
       return std::move(h.request);

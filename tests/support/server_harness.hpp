@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -58,8 +59,13 @@ struct HarnessOptions {
   bool allow_private_callbacks = true;
   /// JobQueueOptions::tenant_share.
   double tenant_share = 1.0;
+  /// How long a callback attempt may take (DeliveryOptions::timeout).
+  std::chrono::milliseconds callback_timeout{2000};
   /// The receiver origins' limits and breakers (JobQueueOptions::origins).
   rebound::OriginGateOptions origins = {};
+  /// JobQueueOptions::tenant_defaults and ::tenants (turns and rates).
+  rebound::TenantOptions tenant_defaults = {};
+  std::map<std::string, rebound::TenantOptions, std::less<>> tenants = {};
 };
 
 class ServerHarness {
@@ -79,12 +85,14 @@ class ServerHarness {
     so.store_retry_interval = o.store_retry_interval;
     so.delivery.backoff =
         rebound::backoff::max_tries(rebound::backoff::exponential(10ms, 2.0, 100ms), o.max_tries);
-    so.delivery.timeout = 2s;
+    so.delivery.timeout = o.callback_timeout;
     so.delivery.signing_secrets = o.signing_secrets;
     so.allow_private_callbacks = o.allow_private_callbacks;
     if (o.clock) so.clock = o.clock;
     so.origins = o.origins;
     so.tenant_share = o.tenant_share;
+    so.tenant_defaults = o.tenant_defaults;
+    so.tenants = o.tenants;
     rebound::CurlTransportOptions to;
     to.guard = rebound::AddressGuard(true);
     service = std::make_unique<rebound::JobQueue>(

@@ -72,10 +72,13 @@ inline AddressClass classify_ipv4(const std::array<std::uint8_t, 4>& a) {
   return AddressClass::global;
 }
 
-/// Classifies an IPv6 address (16 bytes). IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible
-/// (::a.b.c.d) and NAT64 (64:ff9b::a.b.c.d) addresses are judged by the IPv4 address inside; a
-/// 6to4 address (2002:aabb:ccdd::/48) whose IPv4 address is not global by that address (a relay
-/// or a host that routes 6to4 would pass it on to it).
+/// Classifies an IPv6 address (16 bytes). Every form that carries an IPv4 address is judged by
+/// it, since a host or relay that routes the form passes the packet on to that address:
+/// IPv4-mapped (::ffff:a.b.c.d), IPv4-translated (::ffff:0:a.b.c.d), IPv4-compatible (::a.b.c.d)
+/// and NAT64 (64:ff9b::a.b.c.d) by the IPv4 address inside; a 6to4 address (2002:aabb:ccdd::/48)
+/// and a Teredo one (2001:0::/32: its server's address, and its client's, stored inverted) whose
+/// IPv4 address is not global by that address. The local-use NAT64 prefix (64:ff9b:1::/48)
+/// translates into the network it serves: private.
 inline AddressClass classify_ipv6(const std::array<std::uint8_t, 16>& a) {
   auto zeros = [&](int from, int to) {
     for (int i = from; i < to; ++i)
@@ -86,7 +89,19 @@ inline AddressClass classify_ipv6(const std::array<std::uint8_t, 16>& a) {
   if (zeros(0, 16)) return AddressClass::unspecified;
   if (zeros(0, 15) && a[15] == 1) return AddressClass::loopback;
   if (zeros(0, 10) && a[10] == 0xff && a[11] == 0xff) return inner_v4();
+  if (zeros(0, 8) && a[8] == 0xff && a[9] == 0xff && a[10] == 0 && a[11] == 0) return inner_v4();
   if (zeros(0, 12)) return inner_v4();
+  if (a[0] == 0x00 && a[1] == 0x64 && a[2] == 0xff && a[3] == 0x9b && a[4] == 0x00 &&
+      a[5] == 0x01) {
+    return AddressClass::private_use;
+  }
+  if (a[0] == 0x20 && a[1] == 0x01 && a[2] == 0x00 && a[3] == 0x00) {
+    const AddressClass server = classify_ipv4({a[4], a[5], a[6], a[7]});
+    if (server != AddressClass::global) return server;
+    const auto inv = [&](int i) { return static_cast<std::uint8_t>(~a[i]); };
+    const AddressClass client = classify_ipv4({inv(12), inv(13), inv(14), inv(15)});
+    if (client != AddressClass::global) return client;
+  }
   if (a[0] == 0x00 && a[1] == 0x64 && a[2] == 0xff && a[3] == 0x9b && zeros(4, 12)) {
     return inner_v4();
   }

@@ -35,6 +35,15 @@ struct OriginGateOptions {
   /// sending it to the store and back would slow the receiver that is fastest of all. The bound
   /// is for slow receivers. (`max_waiting` still holds.)
   std::chrono::milliseconds quick_backlog{5000};
+  /// How long (at least) a tenant that has just sent its callbacks keeps a reservation of the
+  /// total: the most it had in flight then, at least one place and at most half of them. While
+  /// another tenant has callbacks in flight or waiting, or holds a reservation, a tenant may have
+  /// in flight at most an equal part of what the reservations leave (they leave at least half); a
+  /// tenant alone may use every place. So one tenant's receivers that
+  /// are slow but answer (and so open no circuit) take at most their part, and a tenant whose
+  /// callbacks come now and then finds its places free when the next one comes. 0: a tenant
+  /// counts only while it has callbacks in flight or waiting.
+  std::chrono::milliseconds tenant_share_window{2000};
   /// Consecutive failures (timeouts, refused or broken connections, TLS failures, 5xx) that open
   /// an origin's circuit. 0 disables the breaker.
   std::size_t breaker_failures = 5;
@@ -59,6 +68,9 @@ struct OriginGateOptions {
 /// - **Limits.** At most `max_per_origin` requests in flight to one origin and `max_total` in all.
 ///   More wait in memory, in order (up to `max_waiting_per_origin`); the attempt's timeout starts
 ///   only when the inner transport gets the request.
+/// - **Shares between tenants** (CallbackRequest::tenant): while several tenants have callbacks,
+///   each may have in flight at most its part of `max_total` (see `tenant_share_window`), and the
+///   places that free up go to the tenants below their part first, in turns.
 /// - **A circuit breaker per origin** (and per tenant there: CallbackRequest::tenant). After
 ///   `breaker_failures` failures in a row the circuit opens: for `breaker_cooldown` nothing is
 ///   sent to the origin. Then one request goes out as the probe (`half_open`); its success closes

@@ -50,7 +50,8 @@ inline namespace REBOUND_DETAIL_STORES {
 /// Makes a JobStore from a URI:
 /// - `memory`: a MemoryJobStore (jobs are lost with the process);
 /// - `sqlite:PATH`: a SqliteJobStore in that file (needs rebound::sqlite);
-/// - `redis://[user@]host[:port][/db][?prefix=name]`: a RedisJobStore that several servers
+/// - `redis://[user@]host[:port][/db][?prefix=name][&replicas=N]`: a RedisJobStore that several
+/// servers
 ///   share (needs rebound::redis).
 /// Throws rebound::Error with a message that names the URI for anything else, for a store this
 /// program was not linked with, and when the store cannot be opened.
@@ -91,8 +92,9 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
                 "': this program has no Redis support (link rebound::redis)");
 #endif
   }
-  throw Error("unsupported store '" + std::string(uri) +
-              "': use memory, sqlite:<path> or redis://host[:port][/db][?prefix=name]");
+  throw Error(
+      "unsupported store '" + std::string(uri) +
+      "': use memory, sqlite:<path> or redis://host[:port][/db][?prefix=name][&replicas=N]");
 }
 
 }  // namespace REBOUND_DETAIL_STORES

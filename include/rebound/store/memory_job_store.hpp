@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -20,6 +22,7 @@
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"
+#include "rebound/store/job_state.hpp"
 #include "rebound/store/job_store.hpp"
 
 namespace rebound {
@@ -60,11 +63,10 @@ class MemoryJobStore final : public JobStore {
     std::string key = rebound::key_of(job);
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = jobs_.find(key); it != jobs_.end()) {
-      return it->second.record.job.same_request_as(job) ? PutOutcome::duplicate
-                                                        : PutOutcome::conflict;
+      return job_state::put_again(it->second.stored, job);
     }
     Entry entry;
-    entry.record.job = job;
+    entry.stored = job_state::created(job, claim);
     entry.input_bytes = input_bytes;
     entry.bytes = footprint(entry);
     // Refused before anything is evicted when forgetting every finished job would not make room:
@@ -74,13 +76,8 @@ class MemoryJobStore final : public JobStore {
     if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     bytes_ += entry.bytes;
     auto it = jobs_.emplace(std::move(key), std::move(entry)).first;
-    queued_set(it->second.record.job).insert(queued_key(it));
-    if (claim) {
-      it->second.job_lease = *claim;
-      schedule(job_queue_, it, claim->until);
-    } else {
-      schedule(job_queue_, it, job.created_at);
-    }
+    queued_set(it->second.stored.record.job).insert(queued_key(it));
+    schedule(job_queue_, it, *job_state::job_due(it->second.stored));
     return PutOutcome::created;
   }
 
@@ -88,11 +85,11 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return std::nullopt;
-    return it->second.record;
+    return it->second.stored.record;
   }
 
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
-    return claim(job_queue_, &Entry::job_lease, max, lease, now);
+    return claim(job_queue_, max, lease, now);
   }
 
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override {
@@ -123,10 +120,8 @@ class MemoryJobStore final : public JobStore {
   void mark_running(const std::string& id, TimePoint now) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
-    if (it != jobs_.end() && it->second.record.status == JobStatus::queued) {
-      it->second.record.status = JobStatus::running;
-      it->second.record.started_at = now;
-      queued_set(it->second.record.job).erase(queued_key(it));
+    if (it != jobs_.end() && job_state::mark_running(it->second.stored, now)) {
+      queued_set(it->second.stored.record.job).erase(queued_key(it));
     }
   }
 
@@ -135,8 +130,9 @@ class MemoryJobStore final : public JobStore {
   std::optional<std::size_t> queue_position(const std::string& id) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
-    if (it == jobs_.end() || it->second.record.status != JobStatus::queued) return std::nullopt;
-    const int priority = priority_index(it->second.record.job);
+    if (it == jobs_.end() || it->second.stored.record.status != JobStatus::queued)
+      return std::nullopt;
+    const int priority = priority_index(it->second.stored.record.job);
     std::size_t ahead = 0;
     for (int p = 0; p < priority; ++p)
       ahead += queued_[static_cast<std::size_t>(p)].size();
@@ -164,16 +160,16 @@ class MemoryJobStore final : public JobStore {
 
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override {
-    const std::size_t result_bytes = detail::json_footprint(outcome.result);
+    // (Measured outside the lock; kept only for a job that succeeded, as job_state::complete.)
+    const std::size_t result_bytes =
+        outcome.status == JobStatus::succeeded ? detail::json_footprint(outcome.result) : 0;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
-    if (it == jobs_.end() || is_final(it->second.record.status) ||
-        !holds(it->second.job_lease, holder, now)) {
-      return false;
-    }
-    record_outcome(it, outcome, result_bytes);
-    if (it->second.record.job.wants_completion_callback()) start_delivery(it, deliver, now);
-    changed(it);
+    if (it == jobs_.end()) return false;
+    const Before before(it);
+    if (!job_state::finish(it->second.stored, holder, outcome, deliver, now)) return false;
+    it->second.result_bytes = result_bytes;
+    refile(it, before);
     return true;
   }
 
@@ -181,16 +177,17 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return CancelOutcome::not_found;
-    if (is_final(it->second.record.status)) return CancelOutcome::already_finished;
-    record_outcome(it, outcome, 0);
-    if (it->second.record.job.wants_completion_callback()) start_delivery(it, std::nullopt, now);
-    changed(it);
-    return CancelOutcome::cancelled;
+    const Before before(it);
+    const CancelOutcome out = job_state::cancel(it->second.stored, outcome, now);
+    if (out != CancelOutcome::cancelled) return out;
+    it->second.result_bytes = 0;
+    refile(it, before);
+    return out;
   }
 
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override {
-    return claim(callback_queue_, &Entry::callback_lease, max, lease, now);
+    return claim(callback_queue_, max, lease, now);
   }
 
   using JobStore::record_attempt;
@@ -198,20 +195,10 @@ class MemoryJobStore final : public JobStore {
                       TimePoint now, const std::optional<CallbackAttempt>& attempt) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
-    if (it == jobs_.end() || it->second.record.callback.state != CallbackState::pending ||
-        !holds(it->second.callback_lease, holder, now)) {
-      return false;
-    }
-    if (attempt) {
-      auto& log = it->second.record.attempt_log;
-      if (log.size() >= max_attempt_log)
-        log.erase(log.begin(),
-                  log.begin() + static_cast<std::ptrdiff_t>(log.size() + 1 - max_attempt_log));
-      log.push_back(*attempt);
-      if (log.back().error.size() > max_attempt_error_bytes)
-        log.back().error.resize(max_attempt_error_bytes);
-    }
-    set_callback(it, after);  // recounts the entry's bytes, its attempt log with them
+    if (it == jobs_.end()) return false;
+    const Before before(it);
+    if (!job_state::record_attempt(it->second.stored, holder, after, now, attempt)) return false;
+    refile(it, before);  // recounts the entry's bytes, its attempt log with them
     return true;
   }
 
@@ -219,35 +206,39 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return RedeliverOutcome::not_found;
-    if (it->second.record.callback.state != CallbackState::failed) {
-      return RedeliverOutcome::not_failed;
-    }
-    start_delivery(it, claim, now);
-    changed(it);
-    return RedeliverOutcome::redelivered;
+    const Before before(it);
+    const RedeliverOutcome out = job_state::redeliver(it->second.stored, claim, now);
+    if (out == RedeliverOutcome::redelivered) refile(it, before);
+    return out;
   }
 
   void complete(const std::string& id, const JobOutcome& outcome) override {
-    const std::size_t result_bytes = detail::json_footprint(outcome.result);
+    // (Measured outside the lock; kept only for a job that succeeded, as job_state::complete.)
+    const std::size_t result_bytes =
+        outcome.status == JobStatus::succeeded ? detail::json_footprint(outcome.result) : 0;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
-    record_outcome(it, outcome, result_bytes);
-    changed(it);
+    const Before before(it);
+    job_state::complete(it->second.stored, outcome);
+    it->second.result_bytes = result_bytes;
+    refile(it, before);
   }
 
   void update_callback(const std::string& id, const CallbackInfo& callback) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
-    set_callback(it, callback);
+    const Before before(it);
+    job_state::update_callback(it->second.stored, callback);
+    refile(it, before);
   }
 
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<JobRecord> out;
     for (const auto& [id, entry] : jobs_) {
-      if (!is_finished(entry.record)) out.push_back(entry.record);
+      if (!job_state::is_finished(entry.stored.record)) out.push_back(entry.stored.record);
     }
     std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
       return a.job.created_at < b.job.created_at;
@@ -265,9 +256,9 @@ class MemoryJobStore final : public JobStore {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<JobRecord> out;
     for (const auto& [id, entry] : jobs_) {
-      if (entry.record.callback.state == CallbackState::failed &&
+      if (entry.stored.record.callback.state == CallbackState::failed &&
           id.compare(0, id_prefix.size(), id_prefix) == 0) {
-        out.push_back(entry.record);
+        out.push_back(entry.stored.record);
       }
     }
     std::sort(out.begin(), out.end(), [](const JobRecord& a, const JobRecord& b) {
@@ -277,15 +268,35 @@ class MemoryJobStore final : public JobStore {
     return out;
   }
 
-  /// Scans every job for the page (in memory, no index), copying only the page's entries, without
-  /// input or result.
+  /// Reads the page from the dead letters' index: a prefix that names a tenant ("acme/...") reads
+  /// that tenant's alone, so its cost does not depend on other tenants' dead letters (nor on the
+  /// jobs that are not dead letters). Entries without input or result.
   JobPage failed_callbacks_page(const std::string& id_prefix,
                                 const std::optional<ListCursor>& after,
                                 std::size_t limit) const override {
-    JobFilter filter;
-    filter.callback_state = CallbackState::failed;
-    filter.id_prefix = id_prefix;
-    return list_jobs(filter, after, limit);
+    std::lock_guard<std::mutex> lock(mutex_);
+    JobPage page;
+    if (limit == 0) return page;
+    const FailedIndex* index = &failed_all_;
+    if (const auto slash = id_prefix.find('/'); slash != std::string::npos) {
+      const auto own = failed_of_.find(std::string_view(id_prefix).substr(0, slash));
+      if (own == failed_of_.end()) return page;
+      index = &own->second;
+    }
+    // Newest first: backwards from the end, or from the cursor (exclusive).
+    auto at = after ? index->lower_bound(FailedKey{after->created_at, after->id}) : index->end();
+    const FailedKey* last = nullptr;
+    while (at != index->begin()) {
+      --at;
+      if (at->second.compare(0, id_prefix.size(), id_prefix) != 0) continue;
+      if (page.jobs.size() == limit) {
+        page.next = ListCursor{last->first, last->second};
+        break;
+      }
+      page.jobs.push_back(listed(jobs_.at(at->second).stored.record));
+      last = &*at;
+    }
+    return page;
   }
 
   /// Scans every job for the page (in memory, no index), copying only the page's entries.
@@ -300,10 +311,10 @@ class MemoryJobStore final : public JobStore {
     if (limit == 0) return page;
     std::vector<Key> keys;
     for (const auto& [id, entry] : jobs_) {
-      if (!filter.matches(entry.record, id)) continue;
+      if (!filter.matches(entry.stored.record, id)) continue;
       // To the millisecond, as cursors and the other stores keep it.
-      const Key key{std::chrono::floor<std::chrono::milliseconds>(entry.record.job.created_at),
-                    &id};
+      const Key key{
+          std::chrono::floor<std::chrono::milliseconds>(entry.stored.record.job.created_at), &id};
       if (after && !newer(Key{after->created_at, &after->id}, key)) continue;
       keys.push_back(key);
     }
@@ -311,24 +322,8 @@ class MemoryJobStore final : public JobStore {
     std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(take), keys.end(),
                       newer);
     page.jobs.reserve(take);
-    for (std::size_t i = 0; i < take; ++i) {
-      const JobRecord& full = jobs_.at(*keys[i].second).record;
-      JobRecord entry;
-      entry.job.id = full.job.id;
-      entry.job.tenant = full.job.tenant;
-      entry.job.callback_url = full.job.callback_url;
-      entry.job.created_at = full.job.created_at;
-      entry.job.priority = full.job.priority;
-      entry.job.max_queue = full.job.max_queue;
-      entry.job.webhook_events = full.job.webhook_events;
-      entry.job.traceparent = full.job.traceparent;
-      entry.status = full.status;
-      entry.started_at = full.started_at;
-      entry.outcome.error = full.outcome.error;
-      entry.outcome.finished_at = full.outcome.finished_at;
-      entry.callback = full.callback;
-      page.jobs.push_back(std::move(entry));
-    }
+    for (std::size_t i = 0; i < take; ++i)
+      page.jobs.push_back(listed(jobs_.at(*keys[i].second).stored.record));
     if (keys.size() > limit) page.next = ListCursor{keys[take - 1].first, *keys[take - 1].second};
     return page;
   }
@@ -383,7 +378,7 @@ class MemoryJobStore final : public JobStore {
   };
   using Queued = std::set<QueuedKey, QueuedOrder>;
   struct Entry {
-    JobRecord record;
+    StoredJob stored;  // the record and its leases, as the state rules (job_state.hpp) keep them
     std::size_t input_bytes = 0;
     std::size_t result_bytes = 0;
     std::size_t bytes = 0;          // what this entry counts in bytes_
@@ -391,15 +386,60 @@ class MemoryJobStore final : public JobStore {
     bool failed_callback = false;   // counted in failed_callbacks_
     std::uint64_t finished_as = 0;  // its latest entry in finished_order_, 0: none
     // The queues: a job waiting or running is in job_queue_, a pending callback in
-    // callback_queue_, each under the time it is claimable from (its creation or next attempt,
-    // or the end of the lease that holds it).
-    std::optional<Lease> job_lease, callback_lease;
+    // callback_queue_, each under the time it is claimable from (job_state::job_due and
+    // callback_due; a renewal leaves it filed under the earlier time, see extend).
     std::optional<TimePoint> job_key, callback_key;
   };
   using Map = std::unordered_map<std::string, Entry>;
+  // The dead letters (callback `failed`) by creation, to the millisecond, then key: ascending, so
+  // a page walks it backwards.
+  using FailedKey = std::pair<TimePoint, std::string>;
+  using FailedIndex = std::set<FailedKey>;
 
-  static bool holds(const std::optional<Lease>& lease, const std::string& holder, TimePoint now) {
-    return lease && lease->holder == holder && lease->until > now;
+  // A listing's entry: the record without input or result.
+  static JobRecord listed(const JobRecord& full) {
+    JobRecord entry;
+    entry.job.id = full.job.id;
+    entry.job.tenant = full.job.tenant;
+    entry.job.callback_url = full.job.callback_url;
+    entry.job.created_at = full.job.created_at;
+    entry.job.priority = full.job.priority;
+    entry.job.max_queue = full.job.max_queue;
+    entry.job.webhook_events = full.job.webhook_events;
+    entry.job.traceparent = full.job.traceparent;
+    entry.status = full.status;
+    entry.started_at = full.started_at;
+    entry.outcome.error = full.outcome.error;
+    entry.outcome.finished_at = full.outcome.finished_at;
+    entry.callback = full.callback;
+    return entry;
+  }
+
+  // Called under mutex_: files the entry among the dead letters (everyone's, its tenant's), or
+  // takes it out.
+  void index_failed(Map::const_iterator it, bool in) {
+    const JobRecord& r = it->second.stored.record;
+    FailedKey key{std::chrono::floor<std::chrono::milliseconds>(r.job.created_at), it->first};
+    auto own = failed_of_.find(r.job.tenant);
+    // (What may throw, allocating, comes before any change, or undoes it: a failure leaves the
+    // index as it was, and the caller's flags with it.)
+    if (in) {
+      if (own == failed_of_.end()) own = failed_of_.emplace(r.job.tenant, FailedIndex{}).first;
+      const auto placed = own->second.insert(key).first;
+      try {
+        failed_all_.insert(std::move(key));
+      } catch (...) {
+        own->second.erase(placed);
+        if (own->second.empty()) failed_of_.erase(own);
+        throw;
+      }
+      return;
+    }
+    if (own != failed_of_.end()) {
+      own->second.erase(key);
+      if (own->second.empty()) failed_of_.erase(own);
+    }
+    failed_all_.erase(key);
   }
 
   // Called under mutex_: (re)files the entry in `queue` under `at`.
@@ -422,11 +462,11 @@ class MemoryJobStore final : public JobStore {
     return queued_[static_cast<std::size_t>(priority_index(job))];
   }
   static QueuedKey queued_key(Map::const_iterator it) {
-    return {it->second.record.job.created_at, &it->first};
+    return {it->second.stored.record.job.created_at, &it->first};
   }
 
   int priority_in(const Queue& queue, const Entry& e) const {
-    return &queue == &job_queue_ ? priority_index(e.record.job) : 0;
+    return &queue == &job_queue_ ? priority_index(e.stored.record.job) : 0;
   }
 
   std::optional<TimePoint>& key_of(const Queue& queue, Entry& e) {
@@ -437,40 +477,44 @@ class MemoryJobStore final : public JobStore {
   bool renew_locked(const std::string& id, const Lease& lease, TimePoint now) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return false;
-    Entry& e = it->second;
-    if (holds(e.job_lease, lease.holder, now)) {
-      extend(job_queue_, it, *e.job_lease, lease.until);
-      return true;
-    }
-    if (holds(e.callback_lease, lease.holder, now)) {
-      extend(callback_queue_, it, *e.callback_lease, lease.until);
-      return true;
+    switch (job_state::renew(it->second.stored, lease, now)) {
+      case job_state::Renewed::job:
+        extend(job_queue_, it, lease.until);
+        return true;
+      case job_state::Renewed::callback:
+        extend(callback_queue_, it, lease.until);
+        return true;
+      case job_state::Renewed::none:
+        break;
     }
     return false;
   }
 
-  // Called under mutex_. A lease made longer leaves its entry filed under the old end: the claim
-  // that finds it there still held files it again, under the lease's end then. A renewal costs a
-  // lookup, not two tree operations: a server with 200,000 callbacks waiting for slow receivers
-  // renews them all every third of a lease, and while claims run, an entry is filed again about
-  // once a lease instead of three times (while none run, a full queue, the next claim does what
-  // has gathered, in slices). A lease made shorter (handed back) is filed at once.
-  void extend(Queue& queue, Map::iterator it, Lease& held, TimePoint until) {
-    held.until = until;
+  // Called under mutex_, after a lease was made to end at `until`. A lease made longer leaves its
+  // entry filed under the old end: the claim that finds it there still held files it again, under
+  // the lease's end then. A renewal costs a lookup, not two tree operations: a server with 200,000
+  // callbacks waiting for slow receivers renews them all every third of a lease, and while claims
+  // run, an entry is filed again about once a lease instead of three times (while none run, a full
+  // queue, the next claim does what has gathered, in slices). A lease made shorter (handed back)
+  // is filed at once.
+  void extend(Queue& queue, Map::iterator it, TimePoint until) {
     const std::optional<TimePoint>& key = key_of(queue, it->second);
     if (!key || until < *key) schedule(queue, it, until);
   }
 
   // Leases the entries of `queue` claimable at `now` (at most `max`, first first) to `lease`,
-  // in the entry's lease slot `held`, and files them under the end of the lease. An entry found
-  // due whose lease was renewed since it was filed is filed again under the lease's end; a long
-  // run of those is refiled a slice at a time, the lock let go in between.
-  std::vector<JobRecord> claim(Queue& queue, std::optional<Lease> Entry::*held, std::size_t max,
-                               const Lease& lease, TimePoint now) {
+  // in the entry's job or callback lease (`held`), and files them under the end of the lease. An
+  // entry found due whose lease was renewed since it was filed is filed again under the lease's
+  // end; a long run of those is refiled a slice at a time, the lock let go in between.
+  std::vector<JobRecord> claim(Queue& queue, std::size_t max, const Lease& lease, TimePoint now) {
     constexpr std::size_t refile_slice = 256;
+    const bool callbacks = &queue == &callback_queue_;
+    auto held = [&](const StoredJob& s) -> const std::optional<Lease>& {
+      return callbacks ? s.callback_lease : s.job_lease;
+    };
     std::vector<JobRecord> out;
     std::unique_lock<std::mutex> lock(mutex_);
-    const int lowest = &queue == &job_queue_ ? lowest_priority : 0;
+    const int lowest = callbacks ? 0 : lowest_priority;
     for (;;) {
       std::vector<Map::iterator> due, renewed;
       auto more = [&] { return out.size() + due.size() < max && renewed.size() < refile_slice; };
@@ -478,16 +522,23 @@ class MemoryJobStore final : public JobStore {
         for (auto q = queue.lower_bound(QueueKey{p, TimePoint::min(), nullptr});
              q != queue.end() && q->priority == p && q->at <= now && more(); ++q) {
           Map::iterator it = jobs_.find(*q->id);
-          const std::optional<Lease>& h = it->second.*held;
+          const std::optional<Lease>& h = held(it->second.stored);
           (h && h->until > now ? renewed : due).push_back(it);
         }
       }
       for (Map::iterator it : renewed)
-        schedule(queue, it, (it->second.*held)->until);
+        schedule(queue, it, held(it->second.stored)->until);
       for (Map::iterator it : due) {
-        it->second.*held = lease;
-        schedule(queue, it, lease.until);
-        out.push_back(it->second.record);
+        StoredJob& s = it->second.stored;
+        if (callbacks ? job_state::claim_callback(s, lease, now)
+                      : job_state::claim_job(s, lease, now)) {
+          schedule(queue, it, lease.until);
+          out.push_back(s.record);
+        } else if (const auto at = callbacks ? job_state::callback_due(s) : job_state::job_due(s)) {
+          schedule(queue, it, *at);  // (filed early: never, while the indexes hold)
+        } else {
+          unschedule(queue, it);
+        }
       }
       // (A lease already over at `now` would find what it just claimed due again.)
       if (renewed.size() < refile_slice || out.size() >= max || lease.until <= now) return out;
@@ -497,58 +548,43 @@ class MemoryJobStore final : public JobStore {
     }
   }
 
-  void record_outcome(Map::iterator it, const JobOutcome& outcome, std::size_t result_bytes) {
-    Entry& e = it->second;
-    if (e.record.status == JobStatus::queued) queued_set(e.record.job).erase(queued_key(it));
-    e.record.status = outcome.status;
-    e.record.outcome = outcome;
-    e.result_bytes = result_bytes;
-    e.job_lease.reset();
-    unschedule(job_queue_, it);
-  }
+  // What an entry was before a transition, for refile.
+  struct Before {
+    explicit Before(Map::const_iterator it)
+        : queued(it->second.stored.record.status == JobStatus::queued) {}
+    bool queued;
+  };
 
-  // Called under mutex_: the callback starts a fresh delivery now (its attempt count keeps
-  // adding up), held by `lease` when given, else due at once.
-  void start_delivery(Map::iterator it, const std::optional<Lease>& lease, TimePoint now) {
-    CallbackInfo& cb = it->second.record.callback;
-    cb.state = CallbackState::pending;
-    cb.last_error.clear();
-    cb.next_attempt_at = now;
-    cb.delivery_attempts = 0;
-    cb.delivery_started_at = now;
-    cb.previous_delay = std::chrono::milliseconds(0);
-    it->second.callback_lease = lease;
-    schedule(callback_queue_, it, lease ? lease->until : now);
-  }
-
-  void set_callback(Map::iterator it, const CallbackInfo& callback) {
-    Entry& e = it->second;
-    e.record.callback = callback;
-    e.callback_lease.reset();
-    if (callback.state == CallbackState::pending) {
-      schedule(callback_queue_, it, callback.next_attempt_at);
+  // Called under mutex_ after a transition of the state rules: the entry is filed where its new
+  // state says (a queued job that no longer is leaves its priority's set; a final one leaves the
+  // job queue; a pending callback is filed under callback_due, any other leaves that queue), then
+  // its bytes are counted again (changed).
+  void refile(Map::iterator it, const Before& before) {
+    const StoredJob& s = it->second.stored;
+    if (before.queued && s.record.status != JobStatus::queued)
+      queued_set(s.record.job).erase(queued_key(it));
+    if (!job_state::job_due(s)) unschedule(job_queue_, it);
+    if (const auto due = job_state::callback_due(s)) {
+      schedule(callback_queue_, it, *due);
     } else {
       unschedule(callback_queue_, it);
     }
     changed(it);
   }
 
-  static bool is_finished(const JobRecord& record) {
-    if (!is_final(record.status)) return false;
-    if (!record.job.wants_completion_callback()) return true;
-    return record.callback.state == CallbackState::delivered ||
-           record.callback.state == CallbackState::failed;
-  }
-
   static std::size_t footprint(const Entry& e) {
     constexpr std::size_t per_entry = sizeof(Map::value_type) + 4 * sizeof(void*) + 64;
-    const JobRecord& r = e.record;
+    const JobRecord& r = e.stored.record;
     std::size_t strings = 2 * (r.job.id.size() + r.job.tenant.size()) + r.job.callback_url.size() +
                           r.callback.last_error.size() + r.job.traceparent.size();
     if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
     strings += r.attempt_log.capacity() * sizeof(CallbackAttempt);
     for (const CallbackAttempt& a : r.attempt_log)
       strings += a.error.capacity() + a.signatures.capacity();
+    // A dead letter's two entries in the index (everyone's, its tenant's): a node and its key.
+    if (e.failed_callback)
+      strings +=
+          2 * (sizeof(FailedKey) + 4 * sizeof(void*) + r.job.id.size() + r.job.tenant.size() + 1);
     return per_entry + strings + e.input_bytes + e.result_bytes;
   }
 
@@ -557,13 +593,20 @@ class MemoryJobStore final : public JobStore {
   // can never evict it).
   void changed(Map::iterator it) {
     Entry& e = it->second;
-    if (e.failed_callback) --failed_callbacks_;
-    e.failed_callback = e.record.callback.state == CallbackState::failed;
-    if (e.failed_callback) ++failed_callbacks_;
+    const bool failed = e.stored.record.callback.state == CallbackState::failed;
+    if (failed != e.failed_callback) {
+      index_failed(it, failed);  // first: it may throw, and then nothing changed
+      e.failed_callback = failed;
+      if (failed) {
+        ++failed_callbacks_;
+      } else {
+        --failed_callbacks_;
+      }
+    }
     bytes_ -= e.bytes;
     if (e.finished) finished_bytes_ -= e.bytes;
     e.bytes = footprint(e);
-    e.finished = is_finished(e.record);
+    e.finished = job_state::is_finished(e.stored.record);
     bytes_ += e.bytes;
     if (e.finished) finished_bytes_ += e.bytes;
     if (e.finished) {
@@ -585,10 +628,14 @@ class MemoryJobStore final : public JobStore {
       if (victim == jobs_.end() || victim->second.finished_as != sequence) continue;  // stale
       --finished_;
       victim->second.finished_as = 0;
-      if (is_finished(victim->second.record)) {  // not when redelivery made it pending again
+      if (job_state::is_finished(
+              victim->second.stored.record)) {  // not when redelivery made it pending again
+        if (victim->second.failed_callback) {
+          index_failed(victim, false);  // before the counts: it may throw
+          --failed_callbacks_;
+        }
         bytes_ -= victim->second.bytes;
         finished_bytes_ -= victim->second.bytes;
-        if (victim->second.failed_callback) --failed_callbacks_;
         unschedule(job_queue_, victim);
         unschedule(callback_queue_, victim);
         jobs_.erase(victim);
@@ -608,7 +655,9 @@ class MemoryJobStore final : public JobStore {
   std::deque<std::pair<std::string, std::uint64_t>> finished_order_;
   std::uint64_t finished_sequence_ = 0;
   std::size_t finished_ = 0;
-  std::size_t failed_callbacks_ = 0;  // entries whose callback is `failed`
+  std::size_t failed_callbacks_ = 0;                           // entries whose callback is `failed`
+  FailedIndex failed_all_;                                     // their keys: everyone's
+  std::map<std::string, FailedIndex, std::less<>> failed_of_;  // and each tenant's
   detail::ServersSeen seen_;
 };
 

@@ -54,12 +54,23 @@ struct RedisJobStoreOptions {
   /// at once. mark_running returns without waiting; a call of the same thread made after it sees
   /// it. false: every call is its own round trip on the caller's thread, and no thread is started.
   bool batch_writes = true;
+  /// Redis replicates asynchronously: a master that crashes may take its last writes with it,
+  /// acknowledged or not. With `replicas` = N > 0 every script call is followed by `WAIT N
+  /// replica_timeout`, and a call that reached fewer replicas in that time throws
+  /// StoreUnavailable (its write stands on the master; a put retried with the same id is
+  /// idempotent): what was acknowledged survives the crash of a master whose replica takes over.
+  /// 0: acknowledged once the master has it (a planned failover loses nothing; a crash may lose
+  /// the last writes).
+  std::size_t replicas = 0;
+  /// How long a call waits for its replicas; shorter than `command_timeout`.
+  std::chrono::milliseconds replica_timeout{1000};
 };
 
-/// Reads `redis://[username@]host[:port][/db][?prefix=name]` (an IPv6 host in brackets; `prefix`:
-/// RedisJobStoreOptions::key_prefix) into `options`, keeping its other fields. Throws
-/// rebound::Error for anything else, and for a password in the URI (give it in
-/// RedisJobStoreOptions::password).
+/// Reads `redis://[username@]host[:port][/db][?prefix=name][&replicas=N]` (an IPv6 host in
+/// brackets; `prefix`: RedisJobStoreOptions::key_prefix; `replicas`:
+/// RedisJobStoreOptions::replicas, 0 to 16) into `options`, keeping its other fields. On a Redis
+/// Cluster the host is any node. Throws rebound::Error for anything else, and for a password in the
+/// URI (give it in RedisJobStoreOptions::password).
 RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions options = {});
 
 /// A JobStore in Redis: every server on the same Redis (and key prefix) shares one queue.

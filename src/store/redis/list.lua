@@ -2,6 +2,8 @@
 local limit = tonumber(ARGV[3])
 local prefix = ARGV[4] or ''
 local set = ARGV[2] == 'failed' and FAILED or UNFINISHED
+-- One tenant's dead letters (a prefix "tenant/..."): its own set, whatever the others hold.
+local walked = set == FAILED and failed_walked(prefix) or set
 local out = {}
 local start = 0
 -- Another tenant's entries are skipped, up to a bound: one script blocks Redis for every server.
@@ -9,9 +11,9 @@ local scanned = 0
 while #out < 2 * limit and scanned < 20 * limit + 1000 do
   local ids
   if ARGV[2] == 'failed' then
-    ids = redis.call('ZREVRANGE', set, start, start + limit - 1)
+    ids = redis.call('ZREVRANGE', walked, start, start + limit - 1)
   else
-    ids = redis.call('ZRANGE', set, start, start + limit - 1)
+    ids = redis.call('ZRANGE', walked, start, start + limit - 1)
   end
   if #ids == 0 then break end
   scanned = scanned + #ids

@@ -9,6 +9,8 @@ local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local cursor_ms, cursor_id = ARGV[4], ARGV[5]
 local SET = ARGV[6] == 'failed' and FAILED or (ARGV[6] == 'unfinished' and UNFINISHED or ALL)
+-- One tenant's dead letters (a prefix "tenant/..."): its own set, whatever the others hold.
+if SET == FAILED then SET = failed_walked(prefix) end
 local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
 local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
   'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',

@@ -7,6 +7,31 @@ local P = ARGV[1]
 local JOBS_DUE = P .. ':jobs:due'
 local CB_DUE = P .. ':callbacks:due'
 local FAILED = P .. ':callbacks:failed'
+-- A tenant's own dead letters, beside FAILED (every tenant's): the set of the tenant a key
+-- ("tenant/id"; tenant names and ids hold no '/') or a listing's id prefix ("tenant/...") names,
+-- so that a tenant's listing never walks another's. nil for the default tenant's keys (no '/'):
+-- those are in FAILED alone.
+local function tenant_failed(id)
+  local slash = string.find(id, '/', 1, true)
+  if slash and slash > 1 then return P .. ':callbacks:failed-of:' .. string.sub(id, 1, slash - 1) end
+  return nil
+end
+local function failed_add(score, id)
+  redis.call('ZADD', FAILED, score, id)
+  local own = tenant_failed(id)
+  if own then redis.call('ZADD', own, score, id) end
+end
+local function failed_rem(id)
+  redis.call('ZREM', FAILED, id)
+  local own = tenant_failed(id)
+  if own then redis.call('ZREM', own, id) end
+end
+-- The dead letters a listing with `prefix` walks: its tenant's own set once the store has them
+-- all (P:schema 3, tenants.lua), else everyone's.
+local function failed_walked(prefix)
+  if (tonumber(redis.call('GET', P .. ':schema')) or 0) < 3 then return FAILED end
+  return tenant_failed(prefix) or FAILED
+end
 local UNFINISHED = P .. ':unfinished'
 local QUEUED = P .. ':queued'
 -- Every job by creation time, for listings: trimmed past the retention as jobs are put.
@@ -61,7 +86,7 @@ local function sweep(count, now, retention)
     if redis.call('EXISTS', job_key(members[i])) == 0 then
       redis.call('ZREM', ALL, members[i])
       -- A dead letter that expired leaves the count of failed callbacks too.
-      redis.call('ZREM', FAILED, members[i])
+      failed_rem(members[i])
     else
       at = at + 1
     end
@@ -116,6 +141,17 @@ end
 local function zadd(set, score, id) zwrite(set, id, score, false) end
 local function zadd_xx(set, score, id) zwrite(set, id, score, true) end
 local function zrem(set, id) zwrite(set, id, REMOVED, false) end
+-- failed_add and failed_rem through these writes.
+local function zadd_failed(score, id)
+  zadd(FAILED, score, id)
+  local own = tenant_failed(id)
+  if own then zadd(own, score, id) end
+end
+local function zrem_failed(id)
+  zrem(FAILED, id)
+  local own = tenant_failed(id)
+  if own then zrem(own, id) end
+end
 -- (unpack passes at most a few thousand values: the members go out in slices.)
 -- A slice Redis refuses (a ZADD checks every score first: one it does not take, from a job's hash
 -- that something else wrote, fails them all) goes again member by member, so that only that
@@ -183,16 +219,16 @@ local function write_callback(key, id, first, now, retention)
              'cb_started', ARGV[first + 5], 'cb_prev', ARGV[first + 6])
   if state == 'pending' then
     redis.call('ZADD', CB_DUE, ARGV[first + 3], id)
-    redis.call('ZREM', FAILED, id)
+    failed_rem(id)
     local finished = redis.call('HGET', key, 'finished')
     if finished and finished ~= '' then unfinish(key, id) end
     return
   end
   redis.call('ZREM', CB_DUE, id)
   if state == 'failed' then
-    redis.call('ZADD', FAILED, redis.call('HGET', key, 'created'), id)
+    failed_add(redis.call('HGET', key, 'created'), id)
   else
-    redis.call('ZREM', FAILED, id)
+    failed_rem(id)
   end
   if is_final(redis.call('HGET', key, 'status')) and (state == 'delivered' or state == 'failed') then
     finish(key, id, now, retention)
@@ -213,7 +249,7 @@ local function records(set, ids, out, limit)
     if #out >= 2 * limit then return end
     local fields = redis.call('HGETALL', job_key(id))
     if #fields == 0 or (set == FAILED and redis.call('HGET', job_key(id), 'cb_state') ~= 'failed') then
-      redis.call('ZREM', set, id)
+      if set == FAILED then failed_rem(id) else redis.call('ZREM', set, id) end
     else
       out[#out + 1] = id
       out[#out + 1] = fields

@@ -54,7 +54,7 @@ end
 if state == 'pending' then
   redis.call('HSET', key, unpack(fields))
   zadd(CB_DUE, ARGV[O + 9], id)
-  if was == 'failed' then zrem(FAILED, id) end
+  if was == 'failed' then zrem_failed(id) end
   if finished and finished ~= '' then unfinish(key, id) end
   return 1
 end
@@ -63,9 +63,9 @@ if ends then fields[#fields + 1] = 'finished'; fields[#fields + 1] = ARGV[O + 4]
 redis.call('HSET', key, unpack(fields))
 zrem(CB_DUE, id)
 if state == 'failed' then
-  zadd(FAILED, created, id)
+  zadd_failed(created, id)
 elseif was == 'failed' then
-  zrem(FAILED, id)
+  zrem_failed(id)
 end
 if ends then
   zrem(UNFINISHED, id)

@@ -7,6 +7,6 @@ if f[2] ~= 'failed' then return 2 end
 redis.call('HSET', key, 'cb_state', 'pending', 'cb_error', '', 'cb_next', ARGV[5], 'cb_da', '0',
            'cb_started', ARGV[5], 'cb_prev', '0', 'holder', ARGV[3], 'until', ARGV[4])
 redis.call('ZADD', CB_DUE, ARGV[4], id)
-redis.call('ZREM', FAILED, id)
+failed_rem(id)
 unfinish(key, id)
 return 1

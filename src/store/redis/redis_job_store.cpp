@@ -1,14 +1,11 @@
-// RedisJobStore: one Lua script per call over a small pool of hiredis connections.
+// RedisJobStore, the adapter: each JobStore call as one Lua script (scripts.hpp), its arguments
+// and answers in the codec's terms (codec.hpp), sent by the client (client.hpp: the pool, the
+// failure state, the cluster's routing), or queued for the batch writer below.
 #include "rebound/store/redis_job_store.hpp"
-
-#include <hiredis.h>
-#include <poll.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cctype>
-#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -22,257 +19,22 @@
 #include <unordered_map>
 #include <utility>
 
-#include "common/attempt_log.hpp"
-#include "common/embedded_files.hpp"
-#include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
+#include "store/redis/client.hpp"
+#include "store/redis/codec.hpp"
+#include "store/redis/reply.hpp"
+#include "store/redis/scripts.hpp"
 
 namespace rebound {
+
+using namespace detail::redis;  // (this file is the adapter of src/store/redis)
+
 namespace {
-
-using TimePoint = std::chrono::system_clock::time_point;
-
-std::int64_t to_ms(TimePoint t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-}
-
-TimePoint from_ms(std::int64_t ms) {
-  return TimePoint(std::chrono::milliseconds(ms));
-}
-
-std::string ms_text(TimePoint t) {
-  return std::to_string(to_ms(t));
-}
-
-// The score of a job filed by priority, then time (the scripts' job_score): priority * 2^42 + ms.
-std::string job_score(int priority, TimePoint t) {
-  // (Clamped far outside 0..9 only so that the product cannot overflow.)
-  return std::to_string(
-      static_cast<std::int64_t>(std::clamp(priority, -1000, 1000)) * 4398046511104LL + to_ms(t));
-}
-
-// The Lua scripts live in src/store/redis/*.lua, embedded at build time (redis_scripts(), by file
-// name) and joined by script_text: prelude.lua first, then the script, or for a batch the
-// scripts it runs as functions of OPS followed by dispatch.lua.
-
-enum Script : std::size_t {
-  kScriptPut,
-  kScriptClaim,
-  kScriptRenew,
-  kScriptMarkRunning,
-  kScriptFinish,
-  kScriptRecordAttempt,
-  kScriptRedeliver,
-  kScriptComplete,
-  kScriptUpdateCallback,
-  kScriptList,
-  kScriptQueuePosition,
-  kScriptCancel,
-  kScriptPage,
-  kScriptStats,
-  kScriptServers,
-  kScriptPaused,
-  kScriptIndex,
-  kScriptTenants,
-  // dispatch.lua over kScriptPut only (which is refused at maxmemory), and over the other writes
-  // that many callers make at once.
-  kScriptBatchPut,
-  kScriptBatch,
-  kScriptCount,
-};
-
-constexpr std::size_t kStandaloneCount = kScriptBatchPut;
-
-// Each Script's file in src/store/redis, without ".lua".
-constexpr std::array<const char*, kStandaloneCount> kScriptNames = {
-    "put",       "claim",    "renew",           "mark_running", "finish",         "record_attempt",
-    "redeliver", "complete", "update_callback", "list",         "queue_position", "cancel",
-    "page",      "stats",    "servers",         "paused",       "index",          "tenants"};
-
-// The text of src/store/redis/<name>.lua, as embedded at build time.
-std::string_view lua(std::string_view name) {
-  for (const detail::EmbeddedFile& f : detail::redis_scripts()) {
-    if (f.name.size() == name.size() + 4 && f.name.substr(0, name.size()) == name &&
-        f.name.substr(name.size()) == ".lua") {
-      return {f.data, f.size};
-    }
-  }
-  throw std::logic_error("no Redis script " + std::string(name) + ".lua was embedded");
-}
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-struct ContextDeleter {
-  void operator()(redisContext* c) const { redisFree(c); }
-};
-using Context = std::unique_ptr<redisContext, ContextDeleter>;
-
-timeval to_timeval(std::chrono::milliseconds d) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
-  return tv;
-}
-
-std::string_view text(const redisReply* r) {
-  if (!r || !r->str) return {};
-  return std::string_view(r->str, r->len);
-}
-
-// A connection-level failure (I/O, timeout, protocol): the connection is given up.
-struct ConnectionLost : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// An error reply from Redis; the connection is fine.
-struct ErrorReply : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // Redis at its maxmemory (with noeviction) refused a put: the store is full, not broken.
 struct OutOfMemory : StoreUnavailable {
   using StoreUnavailable::StoreUnavailable;
 };
-
-// The enum texts are job.hpp's (to_string, from_string). An unknown status reads as failed, an
-// unknown callback state as none (a field another program wrote).
-const char* to_text(JobStatus s) {
-  return to_string(s).data();  // (to_string's views are of string literals)
-}
-
-const char* to_text(CallbackState s) {
-  return to_string(s).data();
-}
-
-std::int64_t number(std::string_view s) {
-  std::int64_t out = 0;
-  bool negative = !s.empty() && s.front() == '-';
-  if (negative) s.remove_prefix(1);
-  for (char c : s) {
-    if (c < '0' || c > '9') break;
-    out = out * 10 + (c - '0');
-  }
-  return negative ? -out : out;
-}
-
-// What Redis holds is what this store wrote, but a shared Redis is not trusted to be well formed:
-// depth and cost are bounded as for a request; anything else reads as null.
-nlohmann::json parse_json(std::string_view s) {
-  nlohmann::json out;
-  if (s.empty() || detail::parse_untrusted_json(s, out, SIZE_MAX) != detail::JsonParseError::none) {
-    return nullptr;
-  }
-  return out;
-}
-
-// A job's hash (field, value, ...) as a record.
-JobRecord read_record(std::string_view id, const redisReply* fields) {
-  JobRecord r;
-  r.job.id = std::string(id);
-  if (!fields || fields->type != REDIS_REPLY_ARRAY) return r;
-  std::optional<std::string> err_code, err_msg;
-  bool has_tenant = false;
-  for (std::size_t i = 0; i + 1 < fields->elements; i += 2) {
-    const std::string_view name = text(fields->element[i]);
-    const std::string_view value = text(fields->element[i + 1]);
-    if (name == "url") {
-      r.job.callback_url = std::string(value);
-    } else if (name == "input") {
-      r.job.input = parse_json(value);
-    } else if (name == "created") {
-      r.job.created_at = from_ms(number(value));
-    } else if (name == "status") {
-      r.status = from_string<JobStatus>(value).value_or(JobStatus::failed);
-    } else if (name == "result") {
-      r.outcome.result = parse_json(value);
-    } else if (name == "err_code") {
-      err_code = std::string(value);
-    } else if (name == "err_msg") {
-      err_msg = std::string(value);
-    } else if (name == "cb_state") {
-      r.callback.state = from_string<CallbackState>(value).value_or(CallbackState::none);
-    } else if (name == "cb_attempts") {
-      r.callback.attempts = static_cast<int>(number(value));
-    } else if (name == "cb_error") {
-      r.callback.last_error = std::string(value);
-    } else if (name == "cb_next") {
-      r.callback.next_attempt_at = from_ms(number(value));
-    } else if (name == "cb_da") {
-      r.callback.delivery_attempts = static_cast<int>(number(value));
-    } else if (name == "cb_started") {
-      r.callback.delivery_started_at = from_ms(number(value));
-    } else if (name == "cb_prev") {
-      r.callback.previous_delay = std::chrono::milliseconds(number(value));
-    } else if (name == "priority") {
-      r.job.priority = static_cast<int>(number(value));
-    } else if (name == "maxq") {
-      r.job.max_queue = std::chrono::milliseconds(number(value));
-    } else if (name == "events") {
-      r.job.webhook_events = static_cast<std::uint8_t>(number(value));
-    } else if (name == "trace") {
-      r.job.traceparent = std::string(value);
-    } else if (name == "tenant") {
-      r.job.tenant = std::string(value);
-      has_tenant = true;
-    } else if (name == "started") {
-      r.started_at = from_ms(number(value));
-    } else if (name == "ended") {
-      r.outcome.finished_at = from_ms(number(value));
-    } else if (name == "attempts") {
-      // One JSON object a line (kRecordAttempt): read as the array the durable stores share.
-      std::string array = "[";
-      for (const char c : value)
-        array += c == '\n' ? ',' : c;
-      r.attempt_log = detail::attempt_log_from_json(array + "]");
-    }
-  }
-  if (r.status != JobStatus::succeeded) r.outcome.result = nullptr;
-  if (err_code) r.outcome.error = ErrorInfo{*err_code, err_msg.value_or("")};
-  if (!has_tenant) {
-    // Written before the tenant was a field (an older build, or not reached yet by tenants.lua):
-    // its key is all there is to say whose job it is.
-    const auto slash = r.job.id.find('/');
-    if (slash != std::string::npos && slash > 0) r.job.tenant = r.job.id.substr(0, slash);
-  }
-  if (!r.job.tenant.empty()) r.job.id = std::string(id_in_key(r.job.id, r.job.tenant));
-  return r;
-}
-
-// A script's 1 (held, renewed, recorded).
-bool is_one(const redisReply* r) {
-  return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
-
-// (id, fields, id, fields, ...) as records.
-std::vector<JobRecord> read_records(const redisReply* r) {
-  std::vector<JobRecord> out;
-  if (!r || r->type != REDIS_REPLY_ARRAY) return out;
-  out.reserve(r->elements / 2);
-  for (std::size_t i = 0; i + 1 < r->elements; i += 2)
-    out.push_back(read_record(text(r->element[i]), r->element[i + 1]));
-  return out;
-}
-
-void append_outcome(std::vector<std::string>& args, const JobOutcome& outcome) {
-  args.push_back(to_text(outcome.status));
-  args.push_back(outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "");
-  args.push_back(outcome.error ? "1" : "0");
-  args.push_back(outcome.error ? outcome.error->code : "");
-  args.push_back(outcome.error ? outcome.error->message : "");
-}
-
-void append_callback(std::vector<std::string>& args, const CallbackInfo& cb) {
-  args.push_back(to_text(cb.state));
-  args.push_back(std::to_string(cb.attempts));
-  args.push_back(cb.last_error);
-  args.push_back(ms_text(cb.next_attempt_at));
-  args.push_back(std::to_string(cb.delivery_attempts));
-  args.push_back(ms_text(cb.delivery_started_at));
-  args.push_back(std::to_string(cb.previous_delay.count()));
-}
 
 // True when `prefix` holds a Redis Cluster hash tag: a '{' followed later by a '}' with something
 // between them (the first such pair is what Redis hashes).
@@ -308,19 +70,40 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
   const std::string whole(uri);
   constexpr std::string_view scheme = "redis://";
   if (uri.substr(0, scheme.size()) != scheme) {
-    throw Error("redis store: '" + whole + "' is not redis://host[:port][/db][?prefix=name]");
+    throw Error("redis store: '" + whole +
+                "' is not redis://host[:port][/db][?prefix=name][&replicas=N]");
   }
   uri.remove_prefix(scheme.size());
   if (const auto question = uri.find('?'); question != std::string_view::npos) {
     const std::string_view query = uri.substr(question + 1);
     uri = uri.substr(0, question);
-    constexpr std::string_view key = "prefix=";
-    if (query.substr(0, key.size()) != key || query.find('&') != std::string_view::npos) {
-      throw Error("redis store: the only option of '" + whole + "' may be ?prefix=name");
+    if (query.empty() || query.back() == '&') {
+      throw Error("redis store: an empty option in '" + whole + "'");
     }
-    const std::string prefix(query.substr(key.size()));
-    if (auto wrong = prefix_error(prefix)) throw Error("redis store: " + *wrong);
-    options.key_prefix = prefix;
+    bool prefix_seen = false, replicas_seen = false;
+    for (std::string_view rest = query; !rest.empty();) {
+      const auto amp = rest.find('&');
+      const std::string_view option = rest.substr(0, amp);
+      rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+      if (option.substr(0, 7) == "prefix=" && !prefix_seen) {
+        prefix_seen = true;
+        const std::string prefix(option.substr(7));
+        if (auto wrong = prefix_error(prefix)) throw Error("redis store: " + *wrong);
+        options.key_prefix = prefix;
+      } else if (option.substr(0, 9) == "replicas=" && !replicas_seen) {
+        replicas_seen = true;
+        const std::string_view n = option.substr(9);
+        if (n.empty() || n.size() > 2 ||
+            !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+            number(n) > 16) {
+          throw Error("redis store: replicas in '" + whole + "' must be a number from 0 to 16");
+        }
+        options.replicas = static_cast<std::size_t>(number(n));
+      } else {
+        throw Error("redis store: the options of '" + whole +
+                    "' may be prefix=name and replicas=N, each once, joined by '&'");
+      }
+    }
   }
   const auto slash = uri.find('/');
   std::string_view authority = uri.substr(0, slash);
@@ -374,305 +157,31 @@ RedisJobStoreOptions parse_redis_uri(std::string_view uri, RedisJobStoreOptions 
   return options;
 }
 
-// Error replies that say the server cannot serve this connection now (restarting, a replica, an
-// authentication lost): the connection is dropped, and a new one may reach a new primary.
-bool connection_state_error(const char* what) {
-  for (const char* prefix : {"LOADING", "READONLY", "MASTERDOWN", "NOAUTH", "NOPERM"}) {
-    if (std::strncmp(what, prefix, std::strlen(prefix)) == 0) return true;
-  }
-  return false;
-}
-
 // At maxmemory with noeviction; Redis before 7 wraps it in a script error.
 bool out_of_memory_error(const char* what) {
   return std::strncmp(what, "OOM", 3) == 0 || std::strstr(what, "OOM command not allowed");
 }
 
 struct RedisJobStore::Impl {
-  RedisJobStoreOptions options;
+  // (`client` from `options`, which is declared, so made, first.)
+  explicit Impl(RedisJobStoreOptions o)
+      : options(std::move(o)), client(options, options.key_prefix + ":jobs") {}
+
+  const RedisJobStoreOptions options;
+  // Connections, failure state, and on a cluster the route to the node of the prefix's slot.
+  Client client;
   // The key every script call declares (`<prefix>:jobs`: see start_evalsha), made once.
   std::string declared_key = options.key_prefix + ":jobs";
   std::array<std::string, kScriptCount> shas;  // written by the constructor only
   // Redis 7 runs scripts marked allow-oom at maxmemory: only a put is refused when it is full,
   // so the work already accepted can finish and free memory. (Set by the constructor.)
   bool allow_oom = false;
-  std::atomic<bool> probing{false};
 
-  // The pool: idle connections, and how many are open (idle or in use).
-  std::mutex pool_mutex;
-  std::condition_variable pool_returned;
-  std::vector<Context> idle;
-  std::size_t open = 0;
-
-  // Why the store fails, while it does; new connections wait for `reconnect_at`.
-  mutable std::mutex failure_mutex;
-  std::string failure;
-  std::chrono::steady_clock::time_point reconnect_at{};
-  std::chrono::milliseconds reconnect_delay{0};
-  std::atomic<bool> failing{false};
-
-  // Calls waiting for Redis now, and when Redis last answered one (steady clock, ms): a Redis
-  // that stopped answering (frozen, or cut off by a firewall) is seen within `unanswered_limit`,
-  // long before a command times out.
-  std::atomic<int> waiting_calls{0};
-  std::atomic<std::int64_t> last_answer_ms{steady_ms()};
-
-  static std::int64_t steady_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-
-  // How long calls have been waiting without any answer from Redis; 0 while none waits.
-  std::chrono::milliseconds unanswered_for() const {
-    if (waiting_calls.load(std::memory_order_relaxed) == 0) return std::chrono::milliseconds(0);
-    return std::chrono::milliseconds(steady_ms() - last_answer_ms.load(std::memory_order_relaxed));
-  }
-
-  // Held around one command on a pooled connection.
-  struct Waiting {
-    explicit Waiting(Impl& impl) : impl(impl) {
-      // The first waiter starts the clock: an idle store has nothing outstanding.
-      if (impl.waiting_calls.fetch_add(1) == 0) impl.last_answer_ms = steady_ms();
-    }
-    ~Waiting() {
-      impl.last_answer_ms = steady_ms();
-      impl.waiting_calls.fetch_sub(1);
-    }
-    Impl& impl;
-  };
-
-  explicit Impl(RedisJobStoreOptions o) : options(std::move(o)) {}
-
-  // One command on a connection. Throws ConnectionLost or ErrorReply.
-  static Reply command(redisContext* c, const std::vector<std::string>& args) {
-    append(c, args);
-    Reply reply = read_reply(c);
-    if (reply->type == REDIS_REPLY_ERROR) throw ErrorReply(std::string(text(reply.get())));
-    return reply;
-  }
-
-  // Pipelining: a command written into the connection's buffer, and a reply read (writing what
-  // is buffered first). Throw ConnectionLost; an error reply is returned.
-  static void append(redisContext* c, const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lengths;
-    argv.reserve(args.size());
-    lengths.reserve(args.size());
-    for (const auto& a : args) {
-      argv.push_back(a.data());
-      lengths.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lengths.data()) !=
-        REDIS_OK) {
-      throw ConnectionLost(std::string(c->errstr));
-    }
-  }
-
-  static Reply read_reply(redisContext* c) {
-    void* reply = nullptr;
-    if (redisGetReply(c, &reply) != REDIS_OK || !reply) {
-      throw ConnectionLost(c->err == REDIS_ERR_IO && c->errstr[0] == '\0'
-                               ? std::string("I/O error: ") + std::strerror(errno)
-                               : std::string(c->errstr));
-    }
-    return Reply(static_cast<redisReply*>(reply));
-  }
-
-  // True when `script` reads no argument by its position alone (ARGV[<digit>]): in a batch, its
-  // arguments start at ARGV[O + 2]. (Comments included, which say positions as O + n too.)
-  static bool reads_in_place(std::string_view script) {
-    for (auto at = script.find("ARGV["); at != std::string_view::npos;
-         at = script.find("ARGV[", at + 5)) {
-      if (at + 5 < script.size() && std::isdigit(static_cast<unsigned char>(script[at + 5]))) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  std::string script_text(std::size_t which) const {
-    const bool puts = which == kScriptPut || which == kScriptBatchPut;
-    std::string text = allow_oom && !puts ? "#!lua flags=allow-oom\n" : "";
-    text += lua("prelude");
-    if (which < kStandaloneCount) {
-      text += "local O = 0\n";
-      return text += lua(kScriptNames[which]);
-    }
-    text += "local OPS = {}\n";
-    for (const Script op : batched_scripts(puts)) {
-      if (!reads_in_place(lua(kScriptNames[op]))) {
-        throw std::logic_error("a batched Redis script reads ARGV[n] without O");
-      }
-      text += "OPS['" + std::to_string(op) + "'] = function(ARGV, O)\n";
-      text += lua(kScriptNames[op]);
-      text += "\nend\n";
-    }
-    return text += lua("dispatch");
-  }
-
-  // The scripts that kScriptBatchPut (`puts`) or kScriptBatch run. Each reads its arguments as
-  // ARGV[O + n] (prelude.lua): reads_in_place checks it, in script_text.
-  static std::vector<Script> batched_scripts(bool puts) {
-    if (puts) return {kScriptPut};
-    return {kScriptMarkRunning, kScriptFinish, kScriptRecordAttempt, kScriptRenew};
-  }
-
-  // A new connection: connected, authenticated, the database selected. (Scripts are Redis's, not a
-  // connection's: the constructor loads them, and `script` again when Redis forgot them.)
-  Context connect() { return connect(options.connect_timeout, options.command_timeout); }
-
-  Context connect(std::chrono::milliseconds connect_timeout,
-                  std::chrono::milliseconds command_timeout) {
-    Context c(
-        redisConnectWithTimeout(options.host.c_str(), options.port, to_timeval(connect_timeout)));
-    if (!c) throw ConnectionLost("cannot allocate a connection");
-    if (c->err) throw ConnectionLost(std::string("cannot connect: ") + c->errstr);
-    redisSetTimeout(c.get(), to_timeval(command_timeout));
-    // A connection dropped by a firewall or NAT while idle is noticed instead of waited on.
-    redisEnableKeepAlive(c.get());
-    try {
-      if (!options.password.empty()) {
-        if (options.username.empty()) {
-          command(c.get(), {"AUTH", options.password});
-        } else {
-          command(c.get(), {"AUTH", options.username, options.password});
-        }
-      }
-      if (options.db != 0) command(c.get(), {"SELECT", std::to_string(options.db)});
-    } catch (const ErrorReply& e) {
-      throw ConnectionLost(e.what());
-    }
-    return c;
-  }
-
-  // True when Redis closed a connection that awaits no answer (a restart closes them all): it is
-  // readable, hung up or in error. Checked before an idle connection is used, so that a Redis
-  // restarted between two calls costs no failed call. (A connection cut without a word, by a
-  // network, still fails the call that finds it.)
-  static bool closed_by_redis(const redisContext* c) {
-    pollfd p{c->fd, POLLIN, 0};
-    return ::poll(&p, 1, 0) != 0;
-  }
-
-  Context acquire() {
-    std::unique_lock<std::mutex> lock(pool_mutex);
-    pool_returned.wait(lock, [&] { return !idle.empty() || open < options.connections; });
-    while (!idle.empty()) {
-      Context c = std::move(idle.back());
-      idle.pop_back();
-      if (!closed_by_redis(c.get())) return c;
-      --open;  // (closed as `c` goes; a new one takes its place below)
-    }
-    ++open;
-    lock.unlock();
-    {
-      std::lock_guard<std::mutex> failure_lock(failure_mutex);
-      if (!failure.empty() && std::chrono::steady_clock::now() < reconnect_at) {
-        const std::string why = failure;
-        give_up_slot();
-        throw StoreUnavailable(why);
-      }
-    }
-    try {
-      return connect();
-    } catch (const ConnectionLost& e) {
-      give_up_slot();
-      failed(std::string(e.what()), true);
-      throw StoreUnavailable(failure_text());
-    } catch (...) {
-      give_up_slot();
-      throw;
-    }
-  }
-
-  void give_up_slot() {
-    std::lock_guard<std::mutex> lock(pool_mutex);
-    --open;
-    pool_returned.notify_one();
-  }
-
-  void give_back(Context c) {
-    std::lock_guard<std::mutex> lock(pool_mutex);
-    idle.push_back(std::move(c));
-    pool_returned.notify_one();
-  }
-
-  // A connection was lost: the others idle in the pool went with it (a Redis restart closes them
-  // all), so they are closed now rather than failing one call each.
-  void drop_idle() {
-    std::vector<Context> dropped;
-    {
-      std::lock_guard<std::mutex> lock(pool_mutex);
-      dropped.swap(idle);
-      open -= dropped.size();
-      pool_returned.notify_all();
-    }
-  }
-
-  // Notes why the store fails. Only a failed connect (`connecting`) delays the next ones, with a
-  // backoff: a Redis that is down costs no connection storm, and one that is back is reached at
-  // once by the next call.
-  void failed(const std::string& why, bool connecting = false) {
-    std::lock_guard<std::mutex> lock(failure_mutex);
-    failure = "redis job store (" + options.host + ":" + std::to_string(options.port) + "): " + why;
-    if (connecting) {
-      reconnect_delay = reconnect_delay.count() == 0
-                            ? options.reconnect_min
-                            : std::min(options.reconnect_max, reconnect_delay * 2);
-      reconnect_at = std::chrono::steady_clock::now() + reconnect_delay;
-    }
-    failing = true;
-  }
-
-  void worked() {
-    if (!failing.load(std::memory_order_relaxed)) return;
-    std::lock_guard<std::mutex> lock(failure_mutex);
-    failure.clear();
-    reconnect_delay = std::chrono::milliseconds(0);
-    reconnect_at = {};
-    failing = false;
-  }
-
-  std::string failure_text() const {
-    std::lock_guard<std::mutex> lock(failure_mutex);
-    return failure;
-  }
-
-  // Runs one command on a pooled connection. A lost connection is closed and reported as
-  // StoreUnavailable; an error reply is thrown as ErrorReply (the connection is kept).
-  Reply run(const std::vector<std::string>& args) {
+  // One command on a pooled connection, after this thread's unwaited batched writes (a thread
+  // reads its own writes). `wait`: a script's, acknowledged once `replicas` replicas have it.
+  Reply run(const std::vector<std::string>& args, bool wait = false) {
     if (options.batch_writes) fence();
-    Context c = acquire();
-    try {
-      Reply reply = [&] {
-        Waiting waiting(*this);
-        return command(c.get(), args);
-      }();
-      give_back(std::move(c));
-      worked();
-      return reply;
-    } catch (const ConnectionLost& e) {
-      c.reset();
-      give_up_slot();
-      drop_idle();
-      failed(e.what());
-      throw StoreUnavailable(failure_text());
-    } catch (const ErrorReply& e) {
-      if (connection_state_error(e.what())) {
-        c.reset();
-        give_up_slot();
-        drop_idle();
-        failed(e.what());
-        throw StoreUnavailable(failure_text());
-      }
-      give_back(std::move(c));
-      throw;
-    } catch (...) {
-      c.reset();
-      give_up_slot();
-      throw;
-    }
+    return client.run(args, wait);
   }
 
   // The start of every script call: EVALSHA, the script, one key declared (the prefix's listing,
@@ -683,23 +192,29 @@ struct RedisJobStore::Impl {
   }
 
   // Runs a script with the prefix and `args` as ARGV. A script Redis forgot (a restart, SCRIPT
-  // FLUSH) is loaded again and run once more: it did not run the first time.
+  // FLUSH) is loaded again and run once more: it did not run the first time. With `replicas`, a
+  // script that writes is acknowledged once they have it (reads: reads_only).
   Reply script(Script which, std::vector<std::string> args) {
+    const bool wait = !reads_only(which);
+    return script(which, std::move(args), wait);
+  }
+
+  Reply script(Script which, std::vector<std::string> args, bool wait) {
     start_evalsha(args, which);
     try {
       try {
-        return run(args);
+        return run(args, wait);
       } catch (const ErrorReply& e) {
         if (std::strncmp(e.what(), "NOSCRIPT", 8) != 0) throw;
-        run({"SCRIPT", "LOAD", script_text(which)});
-        return run(args);
+        run({"SCRIPT", "LOAD", script_text(which, allow_oom)});
+        return run(args, wait);
       }
     } catch (const ErrorReply& e) {
       if (out_of_memory_error(e.what())) {
         if (which == kScriptPut) throw OutOfMemory(e.what());
-        failed(e.what());  // Redis before 7, full: accepted work cannot move on
+        client.failed(e.what());  // Redis before 7, full: accepted work cannot move on
       } else if (std::strncmp(e.what(), "BUSY", 4) == 0) {
-        failed(e.what());  // another client's script holds Redis
+        client.failed(e.what());  // another client's script holds Redis
       }
       // Anything else is this call's error, not the store's state.
       throw StoreUnavailable(std::string("redis job store: ") + e.what());
@@ -766,17 +281,6 @@ struct RedisJobStore::Impl {
     for (std::size_t i = 2; i + 1 < r->elements; i += 2)
       page.jobs.push_back(read_record(text(r->element[i]), r->element[i + 1]));
     return page;
-  }
-
-  // A small write on a new connection (connect() with shorter timeouts), each step within
-  // `probe_step` (400 ms): connecting, AUTH, SELECT and the write take 1.6 s at the most. Throws
-  // ConnectionLost or ErrorReply.
-  void probe() {
-    constexpr std::chrono::milliseconds probe_step{400};
-    Context c = connect(std::min(options.connect_timeout, probe_step),
-                        std::min(options.command_timeout, probe_step));
-    command(c.get(), {"SET", options.key_prefix + ":probe",
-                      std::to_string(to_ms(std::chrono::system_clock::now()))});
   }
 
   std::string retention_ms() const {
@@ -943,7 +447,7 @@ struct RedisJobStore::Impl {
                         std::make_move_iterator(batch_queue.end()));
           batch_queue.clear();
         }
-        fail(queued, std::make_exception_ptr(StoreUnavailable(failure_text())));
+        fail(queued, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
         std::move(queued.begin(), queued.end(), std::back_inserter(batch));
       }
       const auto unwaited = static_cast<std::uint64_t>(
@@ -995,9 +499,11 @@ struct RedisJobStore::Impl {
     }
   }
 
-  // One batch: a dispatch.lua call for its puts and one for the rest, pipelined; each group is
-  // answered as its reply is read. False when the connection was lost (every call not answered
-  // has failed).
+  // One batch: a dispatch.lua call for its puts and one for the rest, pipelined (and, with
+  // `replicas`, a WAIT behind them). Without WAIT each group is answered as its reply is read; with
+  // it, once the WAIT's is. A group Redis did not run (its script forgotten: loaded again; its
+  // slot moved: the route follows) is sent again, up to four times. False when the connection was
+  // lost (every call not answered has failed).
   bool send(std::vector<Op>& batch) {
     fold_marks(batch);
     std::array<std::vector<Op*>, 2> groups;  // puts, the rest
@@ -1005,10 +511,11 @@ struct RedisJobStore::Impl {
       if (!op.folded) groups[op.which == kScriptPut ? 0 : 1].push_back(&op);
     }
     std::array<std::vector<std::string>, 2> commands;
+    std::array<bool, 2> pending{false, false};
     for (std::size_t g = 0; g < 2; ++g) {
       if (groups[g].empty()) continue;
+      pending[g] = true;
       auto& args = commands[g];
-      args.clear();
       start_evalsha(args, g == 0 ? kScriptBatchPut : kScriptBatch);
       for (Op* op : groups[g]) {
         args.push_back(std::to_string(op->which));
@@ -1019,69 +526,111 @@ struct RedisJobStore::Impl {
     }
     auto lose = [&](const std::string& why) {
       batch_connection.reset();
-      failed(why);
-      fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
+      client.failed(why);
+      fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
       return false;
     };
-    try {
-      if (batch_connection && closed_by_redis(batch_connection.get())) batch_connection.reset();
-      if (!batch_connection) batch_connection = connect_after_backoff();
-    } catch (const std::exception&) {
-      // (connect_after_backoff noted why.)
-      fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
-      return false;
-    }
+    auto fail_group = [&](std::size_t g, const std::string& why) {
+      for (Op* op : groups[g])
+        answer(*op, std::make_exception_ptr(StoreUnavailable(why)), nullptr);
+      pending[g] = false;
+    };
+    // A reply that says the group did not run, and is to be sent again.
+    auto not_run = [&](const redisReply* reply) {
+      if (reply->type != REDIS_REPLY_ERROR) return false;
+      if (std::strncmp(reply->str, "NOSCRIPT", 8) == 0) return true;
+      const auto redirect = client.cluster() ? parse_redirect(text(reply)) : std::nullopt;
+      return redirect && !redirect->ask;
+    };
+    const bool wait = client.waits_for_replicas();
     bool all_worked = true;
-    std::array<bool, 2> forgotten{false, false};  // NOSCRIPT: sent again once both are read
-    {
-      Waiting waiting(*this);
+    auto settle = [&](std::size_t g, const redisReply* reply,
+                      const std::optional<std::string>& short_of) {
+      if (short_of && reply->type != REDIS_REPLY_ERROR) {
+        all_worked = false;
+        fail_group(g, *short_of);
+        return;
+      }
+      if (!answer_group(g, groups[g], reply)) all_worked = false;
+      pending[g] = false;
+    };
+    for (int round = 0; round < 4 && (pending[0] || pending[1]); ++round) {
       try {
+        if (batch_connection && closed_by_redis(batch_connection.get())) batch_connection.reset();
+        if (!batch_connection) batch_connection = client.connect_after_backoff();
+      } catch (const std::exception&) {
+        // (connect_after_backoff noted why.)
+        fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+        return false;
+      }
+      std::array<Reply, 2> replies;
+      std::optional<std::string> short_of;
+      try {
+        Client::Waiting waiting(client);
         for (std::size_t g = 0; g < 2; ++g)
-          if (!groups[g].empty()) append(batch_connection.get(), commands[g]);
+          if (pending[g]) append(batch_connection.get(), commands[g]);
+        if (wait) append(batch_connection.get(), client.wait_command());
         for (std::size_t g = 0; g < 2; ++g) {
-          // A group's answer may drop the connection (LOADING, READONLY): the rest then fail.
-          if (groups[g].empty() || !batch_connection) continue;
-          Reply reply = read_reply(batch_connection.get());
-          if (reply->type == REDIS_REPLY_ERROR && std::strncmp(reply->str, "NOSCRIPT", 8) == 0) {
-            forgotten[g] = true;
-            continue;
+          if (!pending[g]) continue;
+          replies[g] = read_reply(batch_connection.get());
+          if (!wait && !not_run(replies[g].get())) {
+            settle(g, replies[g].get(), std::nullopt);
+            // Its answer dropped the connection (LOADING, READONLY): the rest fail.
+            if (!batch_connection) {
+              fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+              return false;
+            }
           }
-          if (!answer_group(g, groups[g], reply.get())) all_worked = false;
+        }
+        if (wait) {
+          Reply waited = read_reply(batch_connection.get());
+          short_of = client.short_of_replicas(waited.get());
+          if (short_of) client.replicas_missing(*short_of);
         }
       } catch (const ConnectionLost& e) {
         return lose(e.what());
       }
-      if (!batch_connection) {
-        fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
-        return false;
-      }
-      // Redis forgot the script (a restart, SCRIPT FLUSH): it did not run. Loaded, sent again.
+      bool moved = false;
       for (std::size_t g = 0; g < 2; ++g) {
-        if (!forgotten[g]) continue;
+        if (!pending[g] || !replies[g]) continue;
+        const redisReply* reply = replies[g].get();
+        if (!not_run(reply)) {
+          settle(g, reply, short_of);
+          continue;
+        }
+        if (std::strncmp(reply->str, "NOSCRIPT", 8) != 0) {
+          client.follow(text(reply), batch_connection.get());  // MOVED: a failover, say
+          moved = true;
+          continue;
+        }
+        // Redis forgot the script (a restart, SCRIPT FLUSH, a new master): it did not run.
+        if (!batch_connection || moved) continue;  // (loaded on the next node, if it needs it)
         try {
-          command(batch_connection.get(),
-                  {"SCRIPT", "LOAD", script_text(g == 0 ? kScriptBatchPut : kScriptBatch)});
-          append(batch_connection.get(), commands[g]);
-          if (!answer_group(g, groups[g], read_reply(batch_connection.get()).get()))
-            all_worked = false;
+          command(
+              batch_connection.get(),
+              {"SCRIPT", "LOAD", script_text(g == 0 ? kScriptBatchPut : kScriptBatch, allow_oom)});
         } catch (const ConnectionLost& e) {
           return lose(e.what());
         } catch (const ErrorReply& e) {
           all_worked = false;
-          for (Op* op : groups[g]) {
-            answer(*op,
-                   std::make_exception_ptr(
-                       StoreUnavailable(std::string("redis job store: ") + e.what())),
-                   nullptr);
-          }
-        }
-        if (!batch_connection) {
-          fail(batch, std::make_exception_ptr(StoreUnavailable(failure_text())));
-          return false;
+          fail_group(g, std::string("redis job store: ") + e.what());
         }
       }
+      if (moved) {
+        batch_connection.reset();
+      } else if (!batch_connection) {
+        // An answer dropped the connection (LOADING, READONLY): the rest fail.
+        fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+        return false;
+      }
     }
-    if (all_worked) worked();
+    for (std::size_t g = 0; g < 2; ++g) {
+      if (!pending[g]) continue;
+      all_worked = false;
+      fail_group(g, "redis job store: a batch was not run after four tries (its slot kept moving)");
+    }
+    if (all_worked && !wait) client.worked();
+    if (all_worked && wait) client.replicas_worked();
     return true;
   }
 
@@ -1090,13 +639,13 @@ struct RedisJobStore::Impl {
   std::exception_ptr error_of(const std::string& what, bool puts) {
     if (connection_state_error(what.c_str())) {
       batch_connection.reset();
-      failed(what);
-      return std::make_exception_ptr(StoreUnavailable(failure_text()));
+      client.failed(what);
+      return std::make_exception_ptr(StoreUnavailable(client.failure_text()));
     }
     if (out_of_memory_error(what.c_str()) && puts)
       return std::make_exception_ptr(OutOfMemory(what));
     if (out_of_memory_error(what.c_str()) || std::strncmp(what.c_str(), "BUSY", 4) == 0)
-      failed(what);
+      client.failed(what);
     return std::make_exception_ptr(StoreUnavailable("redis job store: " + what));
   }
 
@@ -1123,26 +672,11 @@ struct RedisJobStore::Impl {
     }
     return all_worked;
   }
-
-  // A connection for the batches, unless a failed connect is still backing off.
-  Context connect_after_backoff() {
-    {
-      std::lock_guard<std::mutex> lock(failure_mutex);
-      if (!failure.empty() && std::chrono::steady_clock::now() < reconnect_at)
-        throw StoreUnavailable(failure);
-    }
-    try {
-      return connect();
-    } catch (const ConnectionLost& e) {
-      failed(e.what(), true);
-      throw StoreUnavailable(failure_text());
-    }
-  }
 };
 
 RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
-  auto& o = impl_->options;
+  const auto& o = impl_->options;
   if (o.connections == 0) throw Error("redis store: connections must be at least 1");
   if (auto wrong = prefix_error(o.key_prefix)) throw Error("redis store: " + *wrong);
   if (o.retention.count() < 0) throw Error("redis store: retention must not be negative");
@@ -1151,9 +685,14 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
       o.reconnect_max < o.reconnect_min) {
     throw Error("redis store: timeouts and reconnect delays must be positive");
   }
+  if (o.replicas > 0 &&
+      (o.replica_timeout.count() <= 0 || o.replica_timeout >= o.command_timeout)) {
+    throw Error(
+        "redis store: the replica timeout must be positive and shorter than the command timeout");
+  }
   Context c;
   try {
-    c = impl_->connect();
+    c = impl_->client.connect_seed();
   } catch (const ConnectionLost& e) {
     throw Error("cannot use the redis job store at " + o.host + ":" + std::to_string(o.port) +
                 ": " + e.what());
@@ -1161,7 +700,7 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   // Version (HSET with several fields needs 4; scripts that write after reading need 5, which
   // replicates their effects) and memory policy. Tested with 7.0.
   try {
-    Reply info = Impl::command(c.get(), {"INFO", "server"});
+    Reply info = command(c.get(), {"INFO", "server"});
     const std::string_view s = text(info.get());
     const auto at = s.find("redis_version:");
     if (at != std::string_view::npos) {
@@ -1179,30 +718,18 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     throw Error(std::string("redis store: ") + e.what());
   }
   // On Redis Cluster every key of a prefix must hash to one slot: the prefix holds a hash tag.
-  // Asked with INFO, else (a user INFO is denied to) with CLUSTER INFO, which a Redis without
-  // cluster support refuses as such; a Redis that answers neither is taken for a single one.
-  if (!has_hash_tag(o.key_prefix)) {
-    bool cluster = false;
-    try {
-      Reply info = Impl::command(c.get(), {"INFO", "cluster"});
-      cluster = text(info.get()).find("cluster_enabled:1") != std::string_view::npos;
-    } catch (const ErrorReply&) {
-      try {
-        Reply info = Impl::command(c.get(), {"CLUSTER", "INFO"});
-        cluster = text(info.get()).find("cluster_state:") != std::string_view::npos;
-      } catch (const ErrorReply&) {
-      } catch (const ConnectionLost& e) {
-        throw Error(std::string("redis store: ") + e.what());
-      }
-    } catch (const ConnectionLost& e) {
-      throw Error(std::string("redis store: ") + e.what());
-    }
-    if (cluster) {
-      throw Error(
-          "redis store: on Redis Cluster the key prefix must hold a hash tag ({name}), so "
-          "that a queue's keys share one slot: '" +
-          o.key_prefix + "' has none");
-    }
+  // The client learns whether this is a cluster and, if so, which node serves the prefix's slot:
+  // the rest is asked of that node.
+  try {
+    c = impl_->client.route_from(std::move(c));
+  } catch (const ConnectionLost& e) {
+    throw Error(std::string("redis store: ") + e.what());
+  }
+  if (impl_->client.cluster() && !has_hash_tag(o.key_prefix)) {
+    throw Error(
+        "redis store: on Redis Cluster the key prefix must hold a hash tag ({name}), so "
+        "that a queue's keys share one slot: '" +
+        o.key_prefix + "' has none");
   }
   // The default prefix was "rebound" before it was a hash tag: a queue stored under it would be
   // left behind unseen by a server that starts on the new default, so such a start is refused.
@@ -1210,7 +737,7 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     for (const char* old_key : {"rebound:jobs", "rebound:unfinished"}) {
       bool found = false;
       try {
-        Reply r = Impl::command(c.get(), {"EXISTS", old_key});
+        Reply r = command(c.get(), {"EXISTS", old_key});
         found = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
       } catch (const ErrorReply&) {
         // (On a cluster whose other node owns that key's slot: not this queue's Redis anyway.)
@@ -1226,7 +753,7 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
     }
   }
   try {
-    Reply policy = Impl::command(c.get(), {"CONFIG", "GET", "maxmemory-policy"});
+    Reply policy = command(c.get(), {"CONFIG", "GET", "maxmemory-policy"});
     if (policy->type == REDIS_REPLY_ARRAY && policy->elements == 2 &&
         text(policy->element[1]).substr(0, 8) == "allkeys-") {
       throw Error("redis store: maxmemory-policy " + std::string(text(policy->element[1])) +
@@ -1240,30 +767,27 @@ RedisJobStore::RedisJobStore(RedisJobStoreOptions options)
   }
   try {
     for (std::size_t i = 0; i < kScriptCount; ++i) {
-      Reply sha = Impl::command(c.get(), {"SCRIPT", "LOAD", impl_->script_text(i)});
+      Reply sha = command(c.get(), {"SCRIPT", "LOAD", script_text(i, impl_->allow_oom)});
       impl_->shas[i] = std::string(text(sha.get()));
     }
   } catch (const std::exception& e) {
     throw Error(std::string("redis store: cannot load its scripts: ") + e.what());
   }
-  {
-    std::lock_guard<std::mutex> lock(impl_->pool_mutex);
-    impl_->idle.push_back(std::move(c));
-    impl_->open = 1;
-  }
+  impl_->client.adopt(std::move(c));
   // A store written before the listing's set existed gets it, once, from what it can know: the
   // unfinished jobs and the dead letters (finished ones were never indexed; they expire anyway).
   try {
-    impl_->script(kScriptIndex, {});
+    impl_->script(kScriptIndex, {}, false);  // (rarely writes; not worth a start refused)
   } catch (const std::exception& e) {
     throw Error(std::string("redis store: cannot index its jobs: ") + e.what());
   }
-  // And one written before the tenant was a field gets the field, once (tenants.lua). Best effort:
-  // what it cannot write (a full Redis) is read from the key all the same.
+  // And one written by an older build is brought up to date, once (tenants.lua): the tenant as a
+  // field of its own, each tenant's dead letters in a set of its own. Best effort: a record it
+  // cannot write (a full Redis) is read from its key all the same; the next start tries again.
   try {
     std::string from = "0", stop;
     for (int slices = 0; slices < 1000000; ++slices) {
-      Reply next = impl_->script(kScriptTenants, {from, stop});
+      Reply next = impl_->script(kScriptTenants, {from, stop}, false);
       if (next->type != REDIS_REPLY_ARRAY || next->elements < 2 ||
           next->element[0]->type != REDIS_REPLY_INTEGER || next->element[0]->integer < 0)
         break;
@@ -1336,7 +860,7 @@ std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& cl
           job.tenant};
 }
 
-PutOutcome put_outcome(const PutAnswer& answer, const Job& job) {
+PutOutcome put_outcome(const PutAnswer& answer, const nlohmann::json& input) {
   switch (answer.code) {
     case 0:
       return PutOutcome::created;
@@ -1345,8 +869,7 @@ PutOutcome put_outcome(const PutAnswer& answer, const Job& job) {
     case 3:
       // The input written differently (1 and 1.0): the same request when the two parse to the
       // same JSON, as the other stores decide (parsed here, on the caller's thread).
-      return same_input(answer.stored_input, job.input) ? PutOutcome::duplicate
-                                                        : PutOutcome::conflict;
+      return same_input(answer.stored_input, input) ? PutOutcome::duplicate : PutOutcome::conflict;
     default:
       return PutOutcome::conflict;
   }
@@ -1370,7 +893,7 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
-  return put_outcome(answer, job);
+  return put_outcome(answer, job.input);
 }
 
 // All the puts queued for the connection thread at once: they go in as few batches as their
@@ -1396,7 +919,7 @@ std::vector<PutOutcome> RedisJobStore::put_many(const std::vector<PutRequest>& r
   out.reserve(requests.size());
   for (std::size_t i = 0; i < answers.size(); ++i) {
     try {
-      out.push_back(put_outcome(answers[i].get(), *requests[i].job));
+      out.push_back(put_outcome(answers[i].get(), requests[i].job->input));
     } catch (const OutOfMemory&) {
       out.push_back(PutOutcome::full);
     } catch (...) {
@@ -1413,8 +936,8 @@ std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {
   try {
     r = impl_->run({"HGETALL", impl_->options.key_prefix + ":job:" + id});
   } catch (const ErrorReply& e) {
-    impl_->failed(e.what());
-    throw StoreUnavailable(impl_->failure_text());
+    impl_->client.failed(e.what());
+    throw StoreUnavailable(impl_->client.failure_text());
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return std::nullopt;
   return read_record(id, r.get());
@@ -1627,7 +1150,7 @@ bool RedisJobStore::set_origin_paused(const std::string& origin, bool paused) {
 }
 
 std::optional<std::vector<std::string>> RedisJobStore::paused_origins() const {
-  Reply r = impl_->script(kScriptPaused, {"", ""});
+  Reply r = impl_->script(kScriptPaused, {"", ""}, false);  // (a read)
   // Not an answer to trust: nothing is resumed on it.
   if (!r || r->type != REDIS_REPLY_ARRAY)
     throw StoreUnavailable("redis job store: unexpected answer to the paused origins");
@@ -1671,36 +1194,7 @@ std::vector<JobRecord> RedisJobStore::list_unfinished(std::size_t limit) const {
 }
 
 std::optional<std::string> RedisJobStore::failure() const {
-  if (!impl_->failing.load(std::memory_order_relaxed)) {
-    const auto silent = impl_->unanswered_for();
-    if (silent < impl_->options.unanswered_limit) return std::nullopt;
-    return "redis job store (" + impl_->options.host + ":" + std::to_string(impl_->options.port) +
-           "): no answer for " + std::to_string(silent.count()) +
-           " ms (Redis is frozen, overloaded or cut off)";
-  }
-  {
-    std::lock_guard<std::mutex> lock(impl_->failure_mutex);
-    if (impl_->failure.empty()) return std::nullopt;
-    if (std::chrono::steady_clock::now() < impl_->reconnect_at) return impl_->failure;
-  }
-  // Time to look again, by one caller at a time (the others answer from the last look): a small
-  // write, since a Redis can answer reads while it refuses writes (a replica, maxmemory).
-  if (impl_->probing.exchange(true)) {
-    const std::string why = impl_->failure_text();
-    return why.empty() ? std::nullopt : std::optional<std::string>(why);
-  }
-  // On a connection of its own with short timeouts, so that a /ping never waits longer than
-  // SageMaker allows (2 s) on a Redis that accepts connections and never answers.
-  std::optional<std::string> out;
-  try {
-    impl_->probe();
-    impl_->worked();
-  } catch (const std::exception& e) {
-    const std::string why = impl_->failure_text();
-    out = why.empty() ? std::string("redis job store: ") + e.what() : why;
-  }
-  impl_->probing = false;
-  return out;
+  return impl_->client.failure(impl_->options.key_prefix + ":probe");
 }
 
 }  // namespace rebound

@@ -1,0 +1,192 @@
+"""What the fleet tests (redis_fleet.py, redis_cluster.py) share: a callback receiver, a
+rebound-server process, a load of submissions that records which were answered 202, and the wait
+for their callbacks. Standard library only; loopback only; every process started is ended by its
+id (`children`)."""
+import http.client
+import http.server
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+
+LEASE_S = 2.0
+children = []
+
+
+def fail(message):
+    print("FAIL:", message)
+    for p in children:
+        if p.poll() is None:
+            p.kill()
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ids = []
+        self.statuses = {}  # id -> the statuses of its callbacks, in order
+        self.failing = True  # what /fail answers: 500 until a test lets it through
+        super().__init__(("127.0.0.1", 0), ReceiverHandler)
+
+    def handle_error(self, request, client_address):
+        pass  # connections cut by kill -9: expected here
+
+    def delivered(self):
+        with self.lock:
+            return set(self.ids)
+
+
+class ReceiverHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        status = 200
+        if self.path == "/fail" and self.server.failing:
+            status = 500
+        else:
+            try:
+                doc = json.loads(body)
+                job_id = doc["id"]
+                with self.server.lock:
+                    self.server.ids.append(job_id)
+                    self.server.statuses.setdefault(job_id, []).append(doc.get("status"))
+            except ValueError:
+                status = 400
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class Server:
+    """A rebound-server on `store` (a redis:// URI), its port read from its log."""
+
+    def __init__(self, server_bin, name, store):
+        self.name = name
+        self.proc = subprocess.Popen(
+            [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", "sleep:0.01",
+             "--workers", "4", "--store", store, "--lease", str(LEASE_S),
+             "--server-id", name, "--allow-private-callbacks", "--backoff-base", "0.05",
+             "--backoff-cap", "0.5", "--max-tries", "3", "--log-level", "warn"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        children.append(self.proc)
+        self.tail = deque(maxlen=40)  # its last lines, printed when a round fails
+        for line in self.proc.stdout:
+            self.tail.append(line)
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                threading.Thread(target=lambda: [self.tail.append(x) for x in self.proc.stdout],
+                                 daemon=True).start()
+                return
+        fail(f"server {name} did not start")
+
+    def report(self):
+        """How it ended (if it did) and its last lines: what a failed round prints of it."""
+        code = self.proc.poll()
+        state = "running" if code is None else f"exited with {code}"
+        return f"  {self.name}: {state}; its last lines:\n" + "".join(
+            "    " + line for line in list(self.tail))
+
+    def request(self, method, path, body=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, None if body is None else json.dumps(body), headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, (json.loads(data) if data else None)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def taken_over(self):
+        """Jobs this server claimed from the store (rebound_jobs_resumed_total)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        m = re.search(r"^rebound_jobs_resumed_total (\d+)", text, re.M)
+        return int(m.group(1)) if m else 0
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def load(server, callback_url, prefix, accepted, refused, stop):
+    n = 0
+    conn = None
+    while not stop.is_set():
+        n += 1
+        job_id = f"{prefix}-{n}"
+        body = json.dumps({"id": job_id, "callback_url": callback_url, "input": n})
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+            conn.request("POST", "/v1/inferences", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status == 202:
+                accepted.append(job_id)
+            else:
+                refused.append(resp.status)
+                time.sleep(0.01)
+        except (OSError, http.client.HTTPException):
+            conn = None  # the server is gone: a job without a 202 was never promised
+            time.sleep(0.01)
+
+
+def run_load(servers, callback_url, prefix, seconds, during=None):
+    """Loads every server from two threads each; `during` runs after `seconds`, then the load goes
+    on for another `seconds`. Returns the ids answered 202 and the statuses of refusals."""
+    stop = threading.Event()
+    accepted, refused = [], []
+    threads = [threading.Thread(target=load, args=(s, callback_url, f"{prefix}-{s.name}-{t}",
+                                                   accepted, refused, stop))
+               for s in servers for t in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    if during:
+        during()
+        time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return set(accepted), refused
+
+
+def wait_delivered(receiver, ids, limit_s):
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        if not ids - receiver.delivered():
+            return set()
+        time.sleep(0.1)
+    return ids - receiver.delivered()
+
+
