@@ -560,6 +560,20 @@ TEST_CASE("serve_connection_bytes serves requests without a socket") {
   CHECK(server.alive());
 }
 
+TEST_CASE("serve_connection_bytes before run - the server still serves connections once it runs") {
+  // Bytes served while nobody ran the server used to leave its io_context stopped (out of work
+  // once that connection ended): run() then returned at once, and nothing was accepted again.
+  HarnessOptions o;
+  o.serving = false;
+  EchoServer server(o);
+  const std::string out =
+      server.server->serve_connection_bytes("GET /ping HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(count_responses(out) == 1);
+  CHECK(first_response(out).status == 200);
+  server.serve();
+  CHECK(server.alive());
+}
+
 TEST_CASE("a Range header is ignored - one request cannot multiply its answer") {
   EchoServer server;
   std::string ranges = "bytes=0-";

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <condition_variable>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -145,7 +146,12 @@ struct HttpFront::Impl {
   std::atomic<std::size_t> open{0};
   std::atomic<std::size_t> receiving{0};
   std::mutex run_mutex;  // orders run() and stop()
-  std::mutex mutex;      // guards the two maps below
+  // A serve_bytes that runs the io_context itself (run() was not running) is a driver: run()
+  // waits for it, then restarts the io_context, which ran out of work and stopped when that
+  // connection ended (a stopped io_context would end every run() thread at once).
+  std::condition_variable drivers_done;
+  std::size_t drivers = 0;  // under run_mutex
+  std::mutex mutex;         // guards the two maps below
   std::unordered_map<std::string, std::size_t> per_address;
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
   net::io_context io;
@@ -696,8 +702,10 @@ int HttpFront::bind(const std::string& host, int port) {
 
 void HttpFront::run() {
   {
-    std::lock_guard<std::mutex> lock(impl_->run_mutex);
+    std::unique_lock<std::mutex> lock(impl_->run_mutex);
+    impl_->drivers_done.wait(lock, [&] { return impl_->drivers == 0 || impl_->stopping; });
     if (impl_->stopping) return;
+    impl_->io.restart();
     impl_->running = true;
     if (impl_->acceptor.is_open()) impl_->accept();
   }
@@ -724,6 +732,7 @@ void HttpFront::run() {
 void HttpFront::stop() {
   std::lock_guard<std::mutex> lock(impl_->run_mutex);
   if (impl_->stopping.exchange(true)) return;
+  impl_->drivers_done.notify_all();  // a run() waiting for a serve_bytes returns now
   if (!impl_->running) {
     // Bound but never served: closed now, so that connections are refused instead of waiting
     // in the backlog unanswered.
@@ -754,6 +763,27 @@ std::size_t HttpFront::connections() const {
 }
 
 std::string HttpFront::serve_bytes(std::string input) {
+  // Decided once, under the lock run() takes: either run() serves this connection, or this thread
+  // does (and run() waits until it is over).
+  bool drive = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->run_mutex);
+    if (impl_->stopping) return {};
+    drive = !impl_->running;
+    if (drive) ++impl_->drivers;
+  }
+  struct Driven {
+    Impl& impl;
+    bool drive;
+    ~Driven() {
+      if (!drive) return;
+      {
+        std::lock_guard<std::mutex> lock(impl.run_mutex);
+        --impl.drivers;
+      }
+      impl.drivers_done.notify_all();
+    }
+  } driven{*impl_, drive};
   net::local::stream_protocol::socket ours(impl_->io), theirs(impl_->io);
   net::local::connect_pair(ours, theirs);
   // The server's end as a TCP socket: Asio reads and writes any stream descriptor the same way.
@@ -787,7 +817,7 @@ std::string HttpFront::serve_bytes(std::string input) {
     }
     done = true;
   });
-  if (!impl_->running) {
+  if (drive) {
     // Nobody runs the io_context: this thread does, until the connection is over.
     while (!done) {
       impl_->io.restart();

@@ -99,7 +99,8 @@ class HttpFront {
 
   /// Serves `input` as the bytes of one connection whose peer then stops sending, and returns
   /// what was written back (over a local socket pair, so the same session code runs). For the
-  /// fuzzer and tests; not concurrently with itself. Works whether or not `run` is running.
+  /// fuzzer and tests; not concurrently with itself. Works whether or not `run` is running: when
+  /// it is not, this thread runs the connection, and a `run` called meanwhile waits for it.
   std::string serve_bytes(std::string input);
 
   /// Connections open now.

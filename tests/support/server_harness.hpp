@@ -66,6 +66,8 @@ struct HarnessOptions {
   /// JobQueueOptions::tenant_defaults and ::tenants (turns and rates).
   rebound::TenantOptions tenant_defaults = {};
   std::map<std::string, rebound::TenantOptions, std::less<>> tenants = {};
+  /// Whether the server starts serving (Server::run on a thread) at once; else at serve().
+  bool serving = true;
 };
 
 class ServerHarness {
@@ -116,6 +118,11 @@ class ServerHarness {
     sv.viewer_keys = o.viewer_keys;
     server = std::make_unique<rebound::Server>(*service, sv);
     port = server->bind();
+    if (o.serving) serve();
+  }
+
+  /// Starts Server::run on a thread (HarnessOptions::serving: at construction).
+  void serve() {
     server_thread = std::thread([this] { server->run(); });
   }
 
