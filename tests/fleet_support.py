@@ -81,6 +81,7 @@ class Server:
 
     def __init__(self, server_bin, name, store):
         self.name = name
+        self.killed = False  # by the test: its exit is expected
         self.proc = subprocess.Popen(
             [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", "sleep:0.01",
              "--workers", "4", "--store", store, "--lease", str(LEASE_S),
@@ -102,7 +103,8 @@ class Server:
     def report(self):
         """How it ended (if it did) and its last lines: what a failed round prints of it."""
         code = self.proc.poll()
-        state = "running" if code is None else f"exited with {code}"
+        state = ("running" if code is None else f"exited with {code}" if code >= 0 else
+                 f"ended by {signal.Signals(-code).name}")
         return f"  {self.name}: {state}; its last lines:\n" + "".join(
             "    " + line for line in list(self.tail))
 
@@ -116,6 +118,7 @@ class Server:
         return resp.status, (json.loads(data) if data else None)
 
     def kill(self):
+        self.killed = True
         self.proc.kill()
         self.proc.wait()
 
@@ -129,6 +132,7 @@ class Server:
         return int(m.group(1)) if m else 0
 
     def stop(self):
+        self.killed = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -178,6 +182,12 @@ def run_load(servers, callback_url, prefix, seconds, during=None):
     stop.set()
     for t in threads:
         t.join()
+    ended = [s for s in servers if not s.killed and s.proc.poll() is not None]
+    if ended:
+        time.sleep(0.5)  # the reader thread takes its last lines
+        for s in ended:
+            print(s.report(), end="", flush=True)
+        fail(f"{', '.join(s.name for s in ended)} ended on its own during the load")
     return set(accepted), refused
 
 

@@ -143,5 +143,20 @@ drained() {  # drained STORE "message part"
   grep -q -- "$2" "$log" || { cat "$log"; fail "the drain's words with $1"; }
 }
 drained memory "are lost"
+
+# A server that dies says why on its log: the signal, and a backtrace. (Under a sanitizer its own
+# handler reports fatal signals instead: not checked there.)
+if ! ldd "$server_bin" | grep -Eq 'lib(asan|tsan)'; then
+  : >"$log"
+  "$server_bin" --model echo --store memory --host 127.0.0.1 --port 0 >"$log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_port
+  kill -SEGV "$pid"
+  set +e; wait "$pid"; rc=$?; set -e
+  [ "$rc" = 139 ] || { cat "$log"; fail "SIGSEGV exit status $rc"; }
+  grep -q "fatal signal SIGSEGV" "$log" || { cat "$log"; fail "a fatal signal was not reported"; }
+  grep -q "rebound-server(" "$log" || { cat "$log"; fail "no backtrace after the fatal signal"; }
+fi
 drained "sqlite:$(mktemp -d)/jobs.db" "stay in the store"
 echo "server command line: ok"

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -10,7 +12,9 @@
 #include <string>
 #include <thread>
 
+#include <execinfo.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -59,7 +63,67 @@ void raise_open_files_limit(std::size_t connections) {
 }
 }  // namespace
 
+namespace {
+// A process that dies says why on stderr, where an operator (or a test's log) reads it: the
+// exception that reached std::terminate, or the fatal signal, each with a backtrace (glibc's
+// execinfo; build with -rdynamic or read the addresses with addr2line for names).
+void write_stderr(const char* text) {
+  for (std::size_t left = std::strlen(text); left > 0;) {
+    const ssize_t n = ::write(STDERR_FILENO, text, left);
+    if (n <= 0) return;
+    text += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+void write_backtrace() {
+  void* frames[64];
+  ::backtrace_symbols_fd(frames, ::backtrace(frames, 64), STDERR_FILENO);
+}
+
+[[noreturn]] void on_terminate() {
+  std::string why = "rebound-server: fatal: std::terminate without an active exception\n";
+  if (const std::exception_ptr current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+      why = std::string("rebound-server: fatal: uncaught exception: ") + e.what() + "\n";
+    } catch (...) {
+      why = "rebound-server: fatal: uncaught exception of an unknown type\n";
+    }
+  }
+  write_stderr(why.c_str());
+  write_backtrace();
+  std::signal(SIGABRT, SIG_DFL);
+  std::abort();
+}
+
+extern "C" void on_fatal_signal(int signal) {
+  // Async-signal-safe only: a fixed text, write(2), backtrace (preloaded at start), re-raise.
+  const char* name = signal == SIGSEGV  ? "SIGSEGV"
+                     : signal == SIGBUS ? "SIGBUS"
+                     : signal == SIGFPE ? "SIGFPE"
+                     : signal == SIGILL ? "SIGILL"
+                                        : "SIGABRT";
+  write_stderr("rebound-server: fatal signal ");
+  write_stderr(name);
+  write_stderr("\n");
+  write_backtrace();
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
+void report_fatal_ends() {
+  void* warm[1];
+  ::backtrace(warm, 1);  // loads libgcc now, not inside a signal handler
+  std::set_terminate(on_terminate);
+  for (const int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT})
+    std::signal(s, on_fatal_signal);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  report_fatal_ends();
   // A peer that closes its end (Redis restarting while hiredis writes to it) must cost an error
   // on that connection, not the process.
   std::signal(SIGPIPE, SIG_IGN);
@@ -540,5 +604,8 @@ int main(int argc, char** argv) {
   } catch (const rebound::Error& e) {
     std::cerr << "rebound-server: " << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "rebound-server: fatal: " << e.what() << "\n";
+    return 3;
   }
 }

@@ -868,6 +868,8 @@ struct Server::Impl {
          1});
   }
 
+  std::atomic<bool> stop_asked{false};  // Server::stop() was called: run() returns as asked
+
   // Answers given later are answered at once when the Server stops (stop_pending).
   void remember(const std::shared_ptr<PendingAnswer>& call) {
     std::lock_guard<std::mutex> lock(pending_mutex);
@@ -883,6 +885,7 @@ struct Server::Impl {
   }
 
   void stop_pending() {
+    stop_asked = true;
     std::vector<std::weak_ptr<PendingAnswer>> all;
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
@@ -1569,6 +1572,13 @@ int Server::run_until_signal() {
   std::thread drainer;
   std::thread serving([&] {
     run();
+    // Neither a signal nor stop() ended it: the front lost its listening socket's loop. Said
+    // loudly, since the process is about to end with status 0.
+    if (!impl_->stop_asked) {
+      impl_->service.operations().logger().log(
+          LogLevel::error, "http_front_ended",
+          {{"message", "the HTTP front stopped serving without a signal or stop()"}});
+    }
     // Stopped by `stop()` without a signal: nothing to wait for any more.
     boost::asio::post(loop, [&] {
       if (!signalled) signals.cancel();
