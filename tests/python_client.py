@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""The Python client (clients/python) against real rebound-servers and a real receiver on
+loopback: installed into a virtual environment from the checkout with no network, then submit,
+wait, run, cancel, batches, dead letters and redelivery, errors as exceptions, retries through a
+proxy that answers 503 and one that drops the connection after the server accepted (never a
+second job), a wait that times out without cancelling, the asyncio client, and the webhook
+verifier on the callbacks the server signed (v1 and v1a, tampering, an old timestamp, a rotated
+secret, a key fetched when unknown).
+
+    python_client.py REBOUND_SERVER            (creates the venv, installs, runs itself in it)
+"""
+import asyncio
+import base64
+import http.client
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SECRET = "whsec_" + base64.b64encode(b"rebound python client test key!!").decode()
+OLD_SECRET = "whsec_" + base64.b64encode(b"the key that was rotated out....").decode()
+SIGNING_KEY = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A="
+PUBLIC_KEY = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="
+API_KEY = "k-python"
+children = []
+
+
+def fail(message):
+    print("FAIL:", message, flush=True)
+    for p in children:
+        if p.poll() is None:
+            p.kill()
+    sys.exit(1)
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+if os.environ.get("REBOUND_CLIENT_TEST_VENV") is None:
+    # Installed as a user would: a venv on the system's packages, pip with no index.
+    # (From a copy: pip builds in the source folder, which stays as checked out.)
+    with tempfile.TemporaryDirectory() as venv:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+        py = os.path.join(venv, "bin", "python")
+        source = os.path.join(venv, "source")
+        shutil.copytree(os.path.join(ROOT, "clients", "python"), source,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        subprocess.run([py, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-index",
+                        source], check=True)
+        env = dict(os.environ, REBOUND_CLIENT_TEST_VENV=venv)
+        sys.exit(subprocess.run([py, os.path.abspath(__file__), *sys.argv[1:]], env=env,
+                                cwd=tempfile.gettempdir()).returncode)
+
+import rebound_client  # noqa: E402  (the installed package, not the checkout)
+from rebound_client import (AlreadyFinished, AsyncClient, CallbackNotFailed, Client,  # noqa: E402
+                            IdConflict, InvalidField, NotFound, QueueFull, Unauthorized,
+                            WaitTimeout, WebhookVerificationError, WebhookVerifier)
+
+check(os.environ["REBOUND_CLIENT_TEST_VENV"] in rebound_client.__file__,
+      f"rebound_client imported from {rebound_client.__file__}, not the venv")
+server_bin = sys.argv[1]
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.calls = []  # (path, headers, raw body)
+        super().__init__(("127.0.0.1", 0), ReceiverHandler)
+
+    def bodies(self, job_id):
+        with self.lock:
+            return [c for c in self.calls if json.loads(c[2]).get("id") == job_id]
+
+
+class ReceiverHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with self.server.lock:
+            self.server.calls.append(
+                (self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+        self.send_response(500 if self.path == "/fail" else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class Proxy(http.server.ThreadingHTTPServer):
+    """Forwards to the server, except: the first `busy` requests are answered 503 queue_full
+    with Retry-After: 0, and the first `drops` submissions are forwarded (the server takes them)
+    and then their connection is closed without an answer."""
+    daemon_threads = True
+
+    def __init__(self, port, busy=0, drops=0):
+        self.port, self.busy, self.drops = port, busy, drops
+        self.lock = threading.Lock()
+        self.seen = 0
+        super().__init__(("127.0.0.1", 0), ProxyHandler)
+
+
+class ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def handle_one(self, method):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        proxy = self.server
+        with proxy.lock:
+            proxy.seen += 1
+            busy = proxy.busy > 0
+            proxy.busy -= busy
+            drop = not busy and method == "POST" and proxy.drops > 0
+            proxy.drops -= drop
+        if busy:
+            data = b'{"error":{"code":"queue_full","message":"busy (the test proxy)"}}'
+            self.send_response(503)
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+        conn.request(method, self.path, body if body else None, headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        if drop:
+            self.close_connection = True
+            self.connection.shutdown(2)  # the server took it; the client never hears so
+            return
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.handle_one("GET")
+
+    def do_POST(self):
+        self.handle_one("POST")
+
+    def do_DELETE(self):
+        self.handle_one("DELETE")
+
+    def log_message(self, *args):
+        pass
+
+
+def start_server(model, *extra):
+    proc = subprocess.Popen(
+        [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", model,
+         "--store", "memory", "--allow-private-callbacks", "--api-key", "acme:" + API_KEY,
+         "--signing-secret", SECRET, "--signing-secret", OLD_SECRET, "--signing-key", SIGNING_KEY,
+         "--max-tries", "1", "--log-level", "warn", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children.append(proc)
+    for line in proc.stdout:
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return proc, int(m.group(1))
+    fail(f"rebound-server ({model}) did not start")
+
+
+def accepted_total(port):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics", headers={"Authorization": "Bearer " + API_KEY})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return int(re.search(r"^rebound_jobs_accepted_total (\d+)", text, re.M).group(1))
+
+
+def wait_for(predicate, what, limit_s=20):
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    fail(f"timed out waiting for {what}")
+
+
+receiver = Receiver()
+threading.Thread(target=receiver.serve_forever, daemon=True).start()
+hook = f"http://127.0.0.1:{receiver.server_address[1]}"
+echo, echo_port = start_server("echo")
+slow, slow_port = start_server("sleep:2", "--workers", "1")
+base = f"http://127.0.0.1:{echo_port}"
+
+with Client(base, api_key=API_KEY, timeout=10) as c:
+    # Submit and wait; run; a callback the verifier accepts.
+    job = c.submit({"x": 1}, id="p-1", callback_url=hook + "/ok")
+    check(job.id == "p-1" and job.status == "queued", f"submit answered {job}")
+    done = c.wait("p-1", timeout=10)
+    check(done.status == "succeeded" and done.result == {"x": 1}, f"wait answered {done}")
+    ran = c.run([5.1, 3.5], timeout=10)
+    check(ran.done and ran.result == [5.1, 3.5] and re.fullmatch(r"[0-9a-f]{32}", ran.id),
+          f"run answered {ran}")
+    check(c.get("p-1").callback["url"] == hook + "/ok", "the poll answer's callback")
+
+    # Errors are exceptions with the server's code.
+    try:
+        c.submit({"x": 2}, id="p-1")
+        fail("a conflicting resubmission was accepted")
+    except IdConflict as e:
+        check(e.status == 409 and e.code == "id_conflict", f"conflict: {e}")
+    check(c.submit({"x": 1}, id="p-1", callback_url=hook + "/ok").id == "p-1",
+          "an identical resubmission is not an error")
+    for call, kind in ((lambda: c.get("nope"), NotFound),
+                       (lambda: c.submit(1, id="bad id!"), InvalidField),
+                       (lambda: c.cancel("p-1"), AlreadyFinished),
+                       (lambda: c.redeliver("p-1"), CallbackNotFailed)):
+        try:
+            call()
+            fail(f"expected {kind.__name__}")
+        except kind:
+            pass
+    try:
+        Client(base, api_key="wrong", max_retries=0).get("p-1")
+        fail("a wrong key was accepted")
+    except Unauthorized as e:
+        check(e.code == "unauthorized", f"unauthorized: {e}")
+
+    # Batches: each job on its own.
+    results = c.submit_batch([{"id": "b-1", "input": 1}, {"id": "b-2", "input": 2, "priority": 42},
+                              {"input": 3}])
+    check([r.status for r in results] == [202, 422, 202], f"batch: {results}")
+    check(isinstance(results[1].error, InvalidField) and results[1].error.field == "priority",
+          f"batch refusal: {results[1].error}")
+    check(c.wait("b-1", timeout=10).result == 1, "a batch job ran")
+
+    # Dead letters, and their redelivery.
+    for n in range(3):
+        c.submit(n, id=f"dl-{n}", callback_url=hook + "/fail")
+    wait_for(lambda: len(list(c.dead_letters(page_size=2))) == 3, "three dead letters")
+    letters = [j.id for j in c.dead_letters(page_size=2)]
+    check(sorted(letters) == ["dl-0", "dl-1", "dl-2"], f"dead letters: {letters}")
+    check(all(j.callback["state"] == "failed" for j in c.dead_letters()), "dead letters' state")
+    again = c.redeliver("dl-1")
+    check(again.callback["state"] in ("pending", "failed") and again.callback["attempts"] >= 1,
+          f"redeliver answered {again.callback}")
+    wait_for(lambda: len(receiver.bodies("dl-1")) == 2, "the redelivered callback")
+    wait_for(lambda: c.get("dl-1").callback["state"] == "failed", "dl-1 given up again")
+
+    # Verifying the callbacks the server signed.
+    path, headers, body = receiver.bodies("p-1")[0]
+    by_secret = WebhookVerifier(secrets=[SECRET])
+    check(by_secret.verify(headers, body) == {"id": "p-1", "status": "succeeded",
+                                               "result": {"x": 1}}, "v1 verification")
+    check(WebhookVerifier(secrets=[OLD_SECRET]).verify(headers, body)["id"] == "p-1",
+          "a secret being rotated out still verifies")
+    check(WebhookVerifier(keys=c.webhook_keys()).verify(headers, body)["id"] == "p-1",
+          "v1a verification with the served public key")
+    check(c.webhook_keys() == [PUBLIC_KEY], f"webhook keys: {c.webhook_keys()}")
+    check(c.webhook_secret() == SECRET, "the webhook secret")
+    fetched = []
+    lazy = WebhookVerifier(fetch_keys=lambda: fetched.append(1) or c.webhook_keys())
+    check(lazy.verify(headers, body)["id"] == "p-1" and fetched == [1],
+          "an unknown key is fetched, once")
+    v1a_only = dict(headers, **{"webhook-signature": " ".join(
+        s for s in headers["webhook-signature"].split(" ") if s.startswith("v1a,"))})
+    check(WebhookVerifier(keys=[PUBLIC_KEY]).verify(v1a_only, body)["id"] == "p-1", "v1a alone")
+    for name, (h, b) in {
+            "a changed body": (headers, body.replace(b"p-1", b"p-2")),
+            "a changed id": (dict(headers, **{"webhook-id": "msg_other"}), body),
+            "an old timestamp": (dict(headers, **{"webhook-timestamp": str(int(time.time()) - 600)}),
+                                 body),
+            "no signature": ({k: v for k, v in headers.items() if k != "webhook-signature"}, body),
+    }.items():
+        try:
+            by_secret.verify(h, b)
+            fail(f"{name} verified")
+        except WebhookVerificationError:
+            pass
+    try:
+        WebhookVerifier(secrets=["whsec_" + base64.b64encode(b"another").decode()]).verify(
+            headers, body)
+        fail("another secret verified")
+    except WebhookVerificationError:
+        pass
+    try:
+        WebhookVerifier(keys=[PUBLIC_KEY]).verify(
+            {k: v for k, v in headers.items() if k != "webhook-signature"} |
+            {"webhook-signature": "v1a," + base64.b64encode(b"\0" * 64).decode()}, body)
+        fail("a forged v1a signature verified")
+    except WebhookVerificationError:
+        pass
+
+# Retries: 503 with Retry-After, then through; and a submission the server took whose answer
+# was lost: sent again, answered as the same job, one job only.
+busy = Proxy(echo_port, busy=3)
+threading.Thread(target=busy.serve_forever, daemon=True).start()
+with Client(f"http://127.0.0.1:{busy.server_address[1]}", api_key=API_KEY) as c:
+    before = accepted_total(echo_port)
+    check(c.run("through", id="r-1", timeout=10).result == "through", "run through a busy proxy")
+    check(busy.seen >= 4, f"the busy proxy saw {busy.seen} requests")
+    check(accepted_total(echo_port) == before + 1, "one job through the busy proxy")
+busy.busy = 10
+with Client(f"http://127.0.0.1:{busy.server_address[1]}", api_key=API_KEY,
+            max_retries=2) as c:
+    try:
+        c.submit(1, id="r-2")
+        fail("a submission through a proxy busy past the retries was accepted")
+    except QueueFull as e:
+        check(e.retry_after == 0, f"Retry-After: {e.retry_after}")
+dropping = Proxy(echo_port, drops=1)
+threading.Thread(target=dropping.serve_forever, daemon=True).start()
+with Client(f"http://127.0.0.1:{dropping.server_address[1]}", api_key=API_KEY) as c:
+    before = accepted_total(echo_port)
+    job = c.submit("once", callback_url=hook + "/ok")
+    check(c.wait(job.id, timeout=10).result == "once", "the dropped submission's job")
+    check(accepted_total(echo_port) == before + 1,
+          f"a retried submission made {accepted_total(echo_port) - before} jobs")
+    wait_for(lambda: len(receiver.bodies(job.id)) >= 1, "its callback")
+
+# A wait that times out: never past its deadline, and the job goes on.
+with Client(f"http://127.0.0.1:{slow_port}", api_key=API_KEY) as c:
+    c.submit(None, id="s-1")
+    started = time.monotonic()
+    try:
+        c.wait("s-1", timeout=1.5)
+        fail("a 2 s job was final within a 1.5 s wait")
+    except WaitTimeout as e:
+        took = time.monotonic() - started
+        check(1.5 <= took < 2.5, f"the wait took {took:.2f} s for a 1.5 s timeout")
+        check(e.job.id == "s-1" and not e.job.done, f"WaitTimeout's job: {e.job}")
+    check(c.wait("s-1", timeout=10).status == "succeeded", "the timed-out job went on")
+    c.submit(None, id="s-2")
+    c.submit(None, id="s-3")
+    cancelled = c.cancel("s-3")
+    check(cancelled.status == "cancelled" and cancelled.error.code == "cancelled",
+          f"cancel answered {cancelled}")
+
+
+# The asyncio client: the same calls.
+async def async_calls():
+    async with AsyncClient(base, api_key=API_KEY) as c:
+        jobs = await asyncio.gather(*(c.run({"n": n}, timeout=10) for n in range(20)))
+        check([j.result["n"] for j in jobs] == list(range(20)), "async runs")
+        try:
+            await c.get("nope")
+            fail("async get of an unknown id")
+        except NotFound:
+            pass
+        letters = [j.id async for j in c.dead_letters(page_size=1)]
+        check(sorted(letters) == ["dl-0", "dl-1", "dl-2"], f"async dead letters: {letters}")
+
+asyncio.run(async_calls())
+
+for p in children:
+    p.terminate()
+    p.wait(timeout=30)
+print("python client: ok")
