@@ -1,0 +1,419 @@
+// @rebound/client: submit inference jobs to a rebound-server, wait for them, and verify the
+// callbacks it sends. No runtime dependency: `fetch` and `AbortSignal` (Node 18 or later, or a
+// browser), `node:crypto` for the verifier. See docs/clients.md in the rebound repository.
+
+/** The states a job ends in. */
+export const FINAL_STATUSES: ReadonlySet<string> = new Set([
+  "succeeded",
+  "failed",
+  "expired",
+  "cancelled",
+]);
+
+export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "expired" | "cancelled";
+
+/** A job as the server answered it (the poll answer of docs/http-api.md). */
+export interface Job {
+  id: string;
+  status: JobStatus;
+  result?: unknown;
+  error?: { code: string; message: string };
+  priority?: number;
+  created_at?: string;
+  started_at?: string;
+  finished_at?: string;
+  queue_position?: number;
+  callback?: {
+    url: string;
+    state: "none" | "pending" | "delivered" | "failed";
+    attempts?: number;
+    last_error?: string;
+    next_attempt_at?: string;
+  };
+  /** The model that answered, where the server names it (a model repository). */
+  model?: { name: string; version: string };
+}
+
+/** One job of a batch as the server answered it: 202, or the refusal's status and error. */
+export interface Submitted {
+  id?: string;
+  status: number;
+  error?: ReboundError;
+}
+
+export interface SubmitOptions {
+  /** Yours, so that a resubmission is the same job; a random one when absent. */
+  id?: string;
+  callbackUrl?: string;
+  model?: string;
+  version?: string;
+  priority?: number;
+  maxQueueSeconds?: number;
+  webhookEvents?: Array<"started" | "completed">;
+  traceparent?: string;
+}
+
+/** An error answer of the server: its HTTP status, code, message, field and Retry-After. */
+export class ReboundError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly field?: string,
+    readonly retryAfter?: number,
+  ) {
+    super(`${status} ${code}: ${message}`);
+    this.name = "ReboundError";
+  }
+}
+
+/** The job was not final by the wait's deadline; it goes on (a wait never cancels it). */
+export class WaitTimeout extends Error {
+  constructor(
+    readonly job: Job,
+    readonly timeout: number,
+  ) {
+    super(`job ${job.id} still ${job.status} after ${timeout} s`);
+    this.name = "WaitTimeout";
+  }
+}
+
+/** The callback is not one the server signed for you: answer it 4xx and do not act on it. */
+export class WebhookVerificationError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "WebhookVerificationError";
+  }
+}
+
+export interface ReboundOptions {
+  baseUrl: string;
+  /** The `--api-key` to send (Authorization: Bearer). */
+  apiKey?: string;
+  /** Per request, in milliseconds (a long poll adds its wait). */
+  timeoutMs?: number;
+  /** How often a request is sent again after 429/502/503/504 or a lost connection. */
+  maxRetries?: number;
+  /** The longest pause before a retry, in milliseconds (a longer Retry-After is cut to it). */
+  maxRetryDelayMs?: number;
+  fetch?: typeof fetch;
+}
+
+const RETRIED = new Set([429, 502, 503, 504]);
+const MAX_WAIT_S = 60; // the most one Prefer: wait may ask for (the server's bound)
+const ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+interface Answer {
+  status: number;
+  headers: Headers;
+  body: any;
+}
+
+function retryAfterOf(headers: Headers): number | undefined {
+  const value = headers.get("retry-after")?.trim();
+  if (!value) return undefined;
+  if (/^\d+$/.test(value)) return Number(value);
+  const when = Date.parse(value);
+  return Number.isNaN(when) ? undefined : Math.max(0, (when - Date.now()) / 1000);
+}
+
+function errorOf(status: number, body: any, retryAfter?: number): ReboundError {
+  const e = body && typeof body === "object" ? body.error : undefined;
+  if (!e || typeof e !== "object") {
+    return new ReboundError(status, `http_${status}`, `HTTP ${status}`, undefined, retryAfter);
+  }
+  return new ReboundError(
+    status,
+    String(e.code ?? ""),
+    String(e.message ?? ""),
+    typeof e.field === "string" ? e.field : undefined,
+    retryAfter,
+  );
+}
+
+function jobOf(status: number, body: any): Job {
+  if (!body || typeof body !== "object" || typeof body.id !== "string" || !body.status) {
+    throw new ReboundError(status, "unexpected_answer", "the answer is not a job");
+  }
+  return body as Job;
+}
+
+function pathPart(id: string): string {
+  if (!ID.test(id)) throw new TypeError("a job id is 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+  return id;
+}
+
+// A random id: WebCrypto's where there is one (browsers, Node 19+), else node:crypto's.
+async function newId(): Promise<string> {
+  const web = (globalThis as { crypto?: { randomUUID?: () => string } }).crypto;
+  if (web?.randomUUID) return web.randomUUID();
+  return (await import("node:crypto")).randomUUID();
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * A client of one rebound-server (or a load balancer in front of a fleet). Submissions carry an
+ * id (yours, or a random one), so a retry after 429/502/503/504 or a dropped connection is
+ * answered as the same job and never makes a second one.
+ *
+ *   const r = new Rebound({ baseUrl: "http://127.0.0.1:8080", apiKey });
+ *   const job = await r.run([5.1, 3.5, 1.4, 0.2], { timeout: 60 });
+ */
+export class Rebound {
+  private readonly baseUrl: string;
+  private readonly fetch: typeof fetch;
+  private readonly timeoutMs: number;
+  private readonly maxRetries: number;
+  private readonly maxRetryDelayMs: number;
+
+  constructor(private readonly options: ReboundOptions) {
+    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.timeoutMs = options.timeoutMs ?? 30_000;
+    this.maxRetries = options.maxRetries ?? 5;
+    this.maxRetryDelayMs = options.maxRetryDelayMs ?? 30_000;
+    if (this.maxRetries < 0) throw new RangeError("maxRetries must not be negative");
+  }
+
+  // One request, sent again on what passes, never pausing past `deadline` (Date.now() ms).
+  private async call(
+    method: string,
+    path: string,
+    init: { body?: unknown; headers?: Record<string, string>; waitS?: number; deadline?: number },
+    ok: number[] = [200],
+  ): Promise<Answer> {
+    const headers: Record<string, string> = { Accept: "application/json", ...init.headers };
+    if (this.options.apiKey) headers.Authorization = `Bearer ${this.options.apiKey}`;
+    if (init.body !== undefined) headers["Content-Type"] = "application/json";
+    for (let attempt = 0; ; ++attempt) {
+      const last = attempt >= this.maxRetries;
+      let pause: number;
+      try {
+        const response = await this.fetch(this.baseUrl + path, {
+          method,
+          headers,
+          body: init.body === undefined ? undefined : JSON.stringify(init.body),
+          signal: AbortSignal.timeout(this.timeoutMs + (init.waitS ?? 0) * 1000),
+        });
+        const text = await response.text();
+        let body: any = undefined;
+        try {
+          body = text ? JSON.parse(text) : undefined;
+        } catch {
+          body = undefined;
+        }
+        if (ok.includes(response.status)) return { status: response.status, headers: response.headers, body };
+        const retryAfter = retryAfterOf(response.headers);
+        if (!RETRIED.has(response.status) || last) throw errorOf(response.status, body, retryAfter);
+        pause = retryAfter !== undefined ? Math.min(retryAfter * 1000, this.maxRetryDelayMs)
+                                         : this.backoff(attempt);
+      } catch (e) {
+        if (e instanceof ReboundError) throw e;
+        // fetch failed (connection refused or dropped, a timeout): the request may have been
+        // taken; sending it again is safe (see the class comment).
+        if (last) throw e;
+        pause = this.backoff(attempt);
+      }
+      if (init.deadline !== undefined) pause = Math.min(pause, Math.max(0, init.deadline - Date.now()));
+      await sleep(pause);
+    }
+  }
+
+  private backoff(attempt: number): number {
+    return Math.random() * Math.min(this.maxRetryDelayMs, 250 * 2 ** attempt);
+  }
+
+  private static async body(input: unknown, o: SubmitOptions): Promise<Record<string, unknown>> {
+    const body: Record<string, unknown> = { id: o.id ?? (await newId()), input: input ?? null };
+    if (o.callbackUrl !== undefined) body.callback_url = o.callbackUrl;
+    if (o.model !== undefined) body.model = o.model;
+    if (o.version !== undefined) body.version = o.version;
+    if (o.priority !== undefined) body.priority = o.priority;
+    if (o.maxQueueSeconds !== undefined) body.max_queue_seconds = o.maxQueueSeconds;
+    if (o.webhookEvents !== undefined) body.webhook_events = o.webhookEvents;
+    return body;
+  }
+
+  /** Submits a job (POST /v1/inferences); answers it as accepted (status "queued"). */
+  async submit(input?: unknown, options: SubmitOptions = {}): Promise<Job> {
+    const body = await Rebound.body(input, options);
+    const headers = options.traceparent ? { traceparent: options.traceparent } : undefined;
+    await this.call("POST", "/v1/inferences", { body, headers }, [202]);
+    return { id: body.id as string, status: "queued" };
+  }
+
+  /** Up to 1,000 jobs at once; one result per job, in order, each accepted or refused alone. */
+  async submitBatch(jobs: Array<{ input?: unknown } & SubmitOptions>): Promise<Submitted[]> {
+    const bodies = await Promise.all(jobs.map((j) => Rebound.body(j.input, j)));
+    const answer = await this.call("POST", "/v1/inferences:batch", { body: { jobs: bodies } });
+    const results: any[] = Array.isArray(answer.body?.results) ? answer.body.results : [];
+    if (results.length !== bodies.length) {
+      throw new ReboundError(answer.status, "unexpected_answer", "a batch answer without its results");
+    }
+    return results.map((r, i) => ({
+      id: typeof r.id === "string" ? r.id : (bodies[i].id as string),
+      status: Number(r.status),
+      error: Number(r.status) === 202 ? undefined : errorOf(Number(r.status), r),
+    }));
+  }
+
+  /** The job now (GET /v1/inferences/{id}). */
+  async get(id: string): Promise<Job> {
+    const answer = await this.call("GET", `/v1/inferences/${pathPart(id)}`, {});
+    return jobOf(answer.status, answer.body);
+  }
+
+  /**
+   * Waits until the job is final, with long polls (Prefer: wait) that never pass `timeout`
+   * seconds; rejects with WaitTimeout after it (the job goes on).
+   */
+  async wait(id: string, options: { timeout?: number } = {}): Promise<Job> {
+    const timeout = options.timeout ?? 600;
+    if (!(timeout >= 0)) throw new RangeError("timeout must not be negative");
+    const deadline = Date.now() + timeout * 1000;
+    for (;;) {
+      const left = (deadline - Date.now()) / 1000;
+      const waitS = left >= 1 ? Math.min(MAX_WAIT_S, Math.floor(left)) : 0;
+      const answer = await this.call("GET", `/v1/inferences/${pathPart(id)}`, {
+        headers: waitS > 0 ? { Prefer: `wait=${waitS}` } : undefined,
+        waitS,
+        deadline,
+      });
+      const job = jobOf(answer.status, answer.body);
+      if (FINAL_STATUSES.has(job.status)) return job;
+      const rest = deadline - Date.now();
+      if (rest <= 0) throw new WaitTimeout(job, timeout);
+      if (waitS === 0) await sleep(Math.min(rest, 100));
+    }
+  }
+
+  /** Submits a job and waits for it. */
+  async run(input?: unknown, options: SubmitOptions & { timeout?: number } = {}): Promise<Job> {
+    const job = await this.submit(input, options);
+    return this.wait(job.id, { timeout: options.timeout });
+  }
+
+  /** Cancels a job that is not final; a 409 already_finished ReboundError when it is. */
+  async cancel(id: string): Promise<Job> {
+    const answer = await this.call("DELETE", `/v1/inferences/${pathPart(id)}`, {});
+    return jobOf(answer.status, answer.body);
+  }
+
+  /** Sends a given-up callback again, then answers the job as polled. */
+  async redeliver(id: string): Promise<Job> {
+    await this.call("POST", `/v1/inferences/${pathPart(id)}/redeliver`, {}, [202]);
+    return this.get(id);
+  }
+
+  /** The caller's jobs whose callback was given up, newest first, page by page. */
+  async *deadLetters(options: { pageSize?: number } = {}): AsyncGenerator<Job> {
+    let cursor: string | null = null;
+    do {
+      const query = new URLSearchParams({
+        callback_state: "failed",
+        limit: String(options.pageSize ?? 100),
+      });
+      if (cursor) query.set("cursor", cursor);
+      const answer = await this.call("GET", `/v1/inferences?${query}`, {});
+      const jobs: unknown[] = Array.isArray(answer.body?.jobs) ? answer.body.jobs : [];
+      for (const j of jobs) yield jobOf(answer.status, j);
+      cursor = typeof answer.body?.next_cursor === "string" ? answer.body.next_cursor : null;
+    } while (cursor);
+  }
+
+  /** The whpk_ public keys that verify v1a callback signatures. */
+  async webhookKeys(tenant?: string): Promise<string[]> {
+    const query = tenant ? `?${new URLSearchParams({ tenant })}` : "";
+    const answer = await this.call("GET", `/v1/webhook-keys${query}`, {});
+    return Array.isArray(answer.body?.keys) ? answer.body.keys : [];
+  }
+
+  /** The whsec_ secret the caller's callbacks are signed with (v1). */
+  async webhookSecret(): Promise<string> {
+    const answer = await this.call("GET", "/v1/webhook-secret", {});
+    return String(answer.body?.secret ?? "");
+  }
+}
+
+export interface VerifyOptions {
+  /** whsec_ secrets (v1); several while one is rotated out. */
+  secrets?: string[];
+  /** whpk_ Ed25519 public keys (v1a). */
+  keys?: string[];
+  /** How far the timestamp may be from now, in seconds (300). */
+  tolerance?: number;
+  /** Now, in seconds since the epoch (for tests). */
+  now?: number;
+}
+
+function keyBytes(value: string, prefix: string): Buffer {
+  if (!value.startsWith(prefix)) throw new TypeError(`a key must start with ${prefix}`);
+  return Buffer.from(value.slice(prefix.length), "base64");
+}
+
+function headerOf(headers: Headers | Record<string, string | string[] | undefined>, name: string) {
+  if (typeof (headers as Headers).get === "function") return (headers as Headers).get(name) ?? undefined;
+  for (const [k, v] of Object.entries(headers)) {
+    if (k.toLowerCase() === name) return Array.isArray(v) ? v.join(" ") : v;
+  }
+  return undefined;
+}
+
+/**
+ * Checks a callback's signature and timestamp from its headers and its body's raw bytes, and
+ * answers its JSON payload; rejects with WebhookVerificationError otherwise. The body must be
+ * the bytes as received (with Express: `express.raw({ type: "application/json" })`, not
+ * `express.json()`, whose re-serialised body does not verify).
+ */
+export async function verifyWebhook(
+  options: VerifyOptions,
+  headers: Headers | Record<string, string | string[] | undefined>,
+  rawBody: Uint8Array | Buffer,
+): Promise<unknown> {
+  if (typeof rawBody === "string") throw new TypeError("verifyWebhook needs the raw bytes, not text");
+  const crypto = await import("node:crypto");
+  const id = headerOf(headers, "webhook-id");
+  const stamp = headerOf(headers, "webhook-timestamp");
+  const signatures = headerOf(headers, "webhook-signature");
+  if (!id || !stamp || !signatures) {
+    throw new WebhookVerificationError("missing webhook-id, webhook-timestamp or webhook-signature");
+  }
+  if (!/^\d{1,15}$/.test(stamp)) throw new WebhookVerificationError("webhook-timestamp is not a number of seconds");
+  const now = options.now ?? Date.now() / 1000;
+  if (Math.abs(now - Number(stamp)) > (options.tolerance ?? 300)) {
+    throw new WebhookVerificationError("webhook-timestamp is outside the tolerance");
+  }
+  const signed = Buffer.concat([Buffer.from(`${id}.${stamp}.`), Buffer.from(rawBody)]);
+  const secrets = (options.secrets ?? []).map((s) => keyBytes(s, "whsec_"));
+  // Ed25519 public keys as SPKI DER: the fixed prefix, then the 32 raw bytes.
+  const spki = Buffer.from("302a300506032b6570032100", "hex");
+  const keys = (options.keys ?? []).map((k) =>
+    crypto.createPublicKey({ key: Buffer.concat([spki, keyBytes(k, "whpk_")]), format: "der", type: "spki" }),
+  );
+  for (const entry of signatures.split(" ")) {
+    const comma = entry.indexOf(",");
+    if (comma < 0) continue;
+    const version = entry.slice(0, comma);
+    const signature = Buffer.from(entry.slice(comma + 1), "base64");
+    if (version === "v1") {
+      for (const secret of secrets) {
+        const mac = crypto.createHmac("sha256", secret).update(signed).digest();
+        if (mac.length === signature.length && crypto.timingSafeEqual(mac, signature)) return parse(rawBody);
+      }
+    } else if (version === "v1a" && signature.length === 64) {
+      for (const key of keys) {
+        if (crypto.verify(null, signed, key, signature)) return parse(rawBody);
+      }
+    }
+  }
+  throw new WebhookVerificationError("no signature matches");
+}
+
+function parse(rawBody: Uint8Array): unknown {
+  try {
+    return JSON.parse(Buffer.from(rawBody).toString("utf8"));
+  } catch {
+    throw new WebhookVerificationError("the body is not JSON");
+  }
+}

@@ -1,0 +1,229 @@
+// The TypeScript client (clients/typescript) against a real rebound-server and a real receiver
+// on loopback: compiled with tsc, then submit, wait, run, cancel, batches, dead letters and
+// redelivery, errors, retries through a proxy that answers 503 and one that drops the connection
+// after the server accepted (never a second job), a wait that times out without cancelling, and
+// verifyWebhook on the callbacks the server signed, checked against the official Standard
+// Webhooks library (v1: both accept and refuse the same).
+//
+//   node typescript_client.mjs REBOUND_SERVER NODE_TOOLS_DIR
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import http from "node:http";
+import { createRequire } from "node:module";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+const [serverBin, tools] = process.argv.slice(2);
+const root = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
+const SECRET = "whsec_" + Buffer.from("rebound typescript client key!!!").toString("base64");
+const SIGNING_KEY = "whsk_nWGxne/9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A=";
+const PUBLIC_KEY = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+const API_KEY = "k-typescript";
+const children = [];
+
+function fail(message) {
+  console.log("FAIL:", message);
+  for (const c of children) c.kill("SIGKILL");
+  process.exit(1);
+}
+const check = (ok, message) => ok || fail(message);
+async function rejects(promise, predicate, what) {
+  try {
+    await promise;
+  } catch (e) {
+    if (predicate(e)) return e;
+    fail(`${what}: rejected with ${e}`);
+  }
+  fail(`${what}: not rejected`);
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+async function waitFor(predicate, what, limitMs = 20000) {
+  const deadline = Date.now() + limitMs;
+  while (Date.now() < deadline) {
+    if (await predicate()) return;
+    await sleep(50);
+  }
+  fail(`timed out waiting for ${what}`);
+}
+
+// Compiled as a user would, into a folder of its own.
+const out = mkdtempSync(path.join(os.tmpdir(), "rebound-ts-"));
+process.on("exit", () => rmSync(out, { recursive: true, force: true }));
+execFileSync(path.join(tools, "node_modules/.bin/tsc"),
+             ["-p", path.join(root, "clients/typescript"), "--outDir", out,
+              "--typeRoots", path.join(tools, "node_modules/@types"), "--types", "node"],
+             { stdio: "inherit" });
+const { Rebound, ReboundError, WaitTimeout, WebhookVerificationError, verifyWebhook } =
+  await import(pathToFileURL(path.join(out, "index.js")).href);
+const { Webhook } = createRequire(path.join(tools, "package.json"))("standardwebhooks");
+
+function startServer(model, ...extra) {
+  return new Promise((resolve) => {
+    const proc = spawn(serverBin, ["serve", "--host", "127.0.0.1", "--port", "0", "--model", model,
+      "--store", "memory", "--allow-private-callbacks", "--api-key", "acme:" + API_KEY,
+      "--signing-secret", SECRET, "--signing-key", SIGNING_KEY, "--max-tries", "1",
+      "--log-level", "warn", ...extra], { stdio: ["ignore", "pipe", "pipe"] });
+    children.push(proc);
+    let seen = "";
+    proc.stdout.on("data", (chunk) => {
+      seen += chunk;
+      const m = /listening on 127\.0\.0\.1:(\d+)/.exec(seen);
+      if (m) resolve(Number(m[1]));
+    });
+    proc.stderr.resume();
+    proc.on("exit", (code) => fail(`rebound-server (${model}) ended: ${code}`));
+  });
+}
+
+const calls = []; // { path, headers, body (Buffer) }
+const receiver = http.createServer((req, res) => {
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", () => {
+    calls.push({ path: req.url, headers: req.headers, body: Buffer.concat(chunks) });
+    res.writeHead(req.url === "/fail" ? 500 : 200, { "Content-Length": "0" }).end();
+  });
+});
+await new Promise((r) => receiver.listen(0, "127.0.0.1", r));
+const hook = `http://127.0.0.1:${receiver.address().port}`;
+const bodiesOf = (id) => calls.filter((c) => JSON.parse(c.body).id === id);
+
+// A proxy: the first `busy` requests get 503 queue_full (Retry-After: 0); the first `drops`
+// submissions are forwarded (the server takes them) and their connection closed unanswered.
+function proxy(port, state) {
+  const server = http.createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      state.seen = (state.seen ?? 0) + 1;
+      if (state.busy > 0) {
+        state.busy -= 1;
+        res.writeHead(503, { "Retry-After": "0", "Content-Type": "application/json" })
+          .end('{"error":{"code":"queue_full","message":"busy (the test proxy)"}}');
+        return;
+      }
+      const drop = req.method === "POST" && state.drops > 0;
+      if (drop) state.drops -= 1;
+      const headers = { ...req.headers };
+      delete headers.host;
+      const upstream = http.request({ host: "127.0.0.1", port, method: req.method, path: req.url, headers },
+        (answer) => {
+          const body = [];
+          answer.on("data", (c) => body.push(c));
+          answer.on("end", () => {
+            if (drop) return req.socket.destroy();
+            res.writeHead(answer.statusCode, answer.headers).end(Buffer.concat(body));
+          });
+        });
+      upstream.end(Buffer.concat(chunks));
+    });
+  });
+  return new Promise((r) => server.listen(0, "127.0.0.1", () => r(server.address().port)));
+}
+
+async function acceptedTotal(port) {
+  const res = await fetch(`http://127.0.0.1:${port}/metrics`, { headers: { Authorization: `Bearer ${API_KEY}` } });
+  return Number(/^rebound_jobs_accepted_total (\d+)/m.exec(await res.text())[1]);
+}
+
+const echoPort = await startServer("echo");
+const slowPort = await startServer("sleep:2", "--workers", "1");
+const r = new Rebound({ baseUrl: `http://127.0.0.1:${echoPort}`, apiKey: API_KEY });
+
+// Submit and wait; run; the poll answer.
+const job = await r.submit({ x: 1 }, { id: "t-1", callbackUrl: hook + "/ok" });
+check(job.id === "t-1" && job.status === "queued", `submit answered ${JSON.stringify(job)}`);
+const done = await r.wait("t-1", { timeout: 10 });
+check(done.status === "succeeded" && done.result.x === 1, `wait answered ${JSON.stringify(done)}`);
+const ran = await r.run([5.1, 3.5], { timeout: 10 });
+check(ran.status === "succeeded" && ran.result[1] === 3.5 && /^[0-9a-f-]{36}$/.test(ran.id), `run: ${JSON.stringify(ran)}`);
+check((await r.get("t-1")).callback.url === hook + "/ok", "the poll answer's callback");
+
+// Errors.
+const conflict = await rejects(r.submit({ x: 2 }, { id: "t-1" }), (e) => e instanceof ReboundError, "a conflict");
+check(conflict.status === 409 && conflict.code === "id_conflict", `conflict: ${conflict}`);
+check((await r.submit({ x: 1 }, { id: "t-1", callbackUrl: hook + "/ok" })).id === "t-1", "an identical resubmission");
+check((await rejects(r.get("nope"), (e) => e instanceof ReboundError, "get")).code === "not_found", "not_found");
+check((await rejects(r.submit(1, { priority: 42 }), (e) => e instanceof ReboundError, "a bad field")).field === "priority", "invalid_field");
+check((await rejects(r.cancel("t-1"), (e) => e instanceof ReboundError, "cancel")).code === "already_finished", "already_finished");
+await rejects(r.get("../metrics"), (e) => e instanceof TypeError, "a path in an id");
+const wrong = new Rebound({ baseUrl: `http://127.0.0.1:${echoPort}`, apiKey: "wrong", maxRetries: 0 });
+check((await rejects(wrong.get("t-1"), (e) => e instanceof ReboundError, "a wrong key")).status === 401, "unauthorized");
+
+// Batches.
+const results = await r.submitBatch([{ id: "tb-1", input: 1 }, { id: "tb-2", input: 2, priority: 42 }, { input: 3 }]);
+check(results.map((x) => x.status).join() === "202,422,202", `batch: ${JSON.stringify(results)}`);
+check(results[1].error.field === "priority", "a batch refusal's field");
+
+// Dead letters and redelivery.
+for (let n = 0; n < 3; ++n) await r.submit(n, { id: `tdl-${n}`, callbackUrl: hook + "/fail" });
+const letters = async () => { const ids = []; for await (const j of r.deadLetters({ pageSize: 2 })) ids.push(j.id); return ids.sort(); };
+await waitFor(async () => (await letters()).length === 3, "three dead letters");
+check((await letters()).join() === "tdl-0,tdl-1,tdl-2", "dead letters");
+const again = await r.redeliver("tdl-1");
+check(again.callback.attempts >= 1, `redeliver: ${JSON.stringify(again.callback)}`);
+await waitFor(() => bodiesOf("tdl-1").length === 2, "the redelivered callback");
+
+// Verifying the callbacks the server signed, beside the official library.
+const { headers, body } = bodiesOf("t-1")[0];
+const official = new Webhook(SECRET);
+const payload = await verifyWebhook({ secrets: [SECRET] }, headers, body);
+check(JSON.stringify(payload) === JSON.stringify(official.verify(body, headers)), "v1: ours and the official library agree");
+check((await verifyWebhook({ keys: await r.webhookKeys() }, headers, body)).id === "t-1", "v1a with the served key");
+check((await r.webhookKeys()).join() === PUBLIC_KEY, "the webhook keys");
+check((await r.webhookSecret()) === SECRET, "the webhook secret");
+const forged = {
+  "a changed body": [headers, Buffer.from(body.toString().replace("t-1", "t-2"))],
+  "a changed id": [{ ...headers, "webhook-id": "msg_other" }, body],
+  "an old timestamp": [{ ...headers, "webhook-timestamp": String(Math.floor(Date.now() / 1000) - 600) }, body],
+  "no signature": [{ ...headers, "webhook-signature": undefined }, body],
+};
+for (const [name, [h, b]] of Object.entries(forged)) {
+  await rejects(verifyWebhook({ secrets: [SECRET], keys: [PUBLIC_KEY] }, h, b), (e) => e instanceof WebhookVerificationError, name);
+  let officialRefused = false;
+  try { official.verify(b, h); } catch { officialRefused = true; }
+  check(officialRefused, `the official library accepted ${name}`);
+}
+await rejects(verifyWebhook({ secrets: ["whsec_" + Buffer.from("another").toString("base64")] }, headers, body),
+  (e) => e instanceof WebhookVerificationError, "another secret");
+
+// Retries: 503 with Retry-After, and a submission taken whose answer was lost: one job each.
+const busy = { busy: 3 };
+const busyPort = await proxy(echoPort, busy);
+let before = await acceptedTotal(echoPort);
+const through = await new Rebound({ baseUrl: `http://127.0.0.1:${busyPort}`, apiKey: API_KEY }).run("through", { timeout: 10 });
+check(through.result === "through" && busy.seen >= 4, `through a busy proxy (${busy.seen} requests)`);
+check(await acceptedTotal(echoPort) === before + 1, "one job through the busy proxy");
+busy.busy = 10;
+const full = await rejects(new Rebound({ baseUrl: `http://127.0.0.1:${busyPort}`, apiKey: API_KEY, maxRetries: 2 }).submit(1),
+  (e) => e instanceof ReboundError, "past the retries");
+check(full.code === "queue_full" && full.retryAfter === 0, `past the retries: ${full}`);
+const dropPort = await proxy(echoPort, { drops: 1 });
+before = await acceptedTotal(echoPort);
+const viaDrop = new Rebound({ baseUrl: `http://127.0.0.1:${dropPort}`, apiKey: API_KEY });
+const dropped = await viaDrop.submit("once");
+check((await viaDrop.wait(dropped.id, { timeout: 10 })).result === "once", "the dropped submission's job");
+check(await acceptedTotal(echoPort) === before + 1, "a retried submission made one job");
+
+// A wait that times out within its deadline; the job goes on.
+const slow = new Rebound({ baseUrl: `http://127.0.0.1:${slowPort}`, apiKey: API_KEY });
+await slow.submit(null, { id: "ts-1" });
+const started = Date.now();
+const timedOut = await rejects(slow.wait("ts-1", { timeout: 1.5 }), (e) => e instanceof WaitTimeout, "a short wait");
+const took = (Date.now() - started) / 1000;
+check(took >= 1.5 && took < 2.5, `the wait took ${took} s for 1.5 s`);
+check(timedOut.job.id === "ts-1" && !["succeeded", "failed"].includes(timedOut.job.status), "WaitTimeout's job");
+check((await slow.wait("ts-1", { timeout: 10 })).status === "succeeded", "the timed-out job went on");
+await slow.submit(null, { id: "ts-2" });
+await slow.submit(null, { id: "ts-3" });
+const cancelled = await slow.cancel("ts-3");
+check(cancelled.status === "cancelled" && cancelled.error.code === "cancelled", `cancel: ${JSON.stringify(cancelled)}`);
+
+for (const c of children) {
+  c.removeAllListeners("exit");
+  c.kill("SIGTERM");
+}
+receiver.close();
+console.log("typescript client: ok");
+process.exit(0);
