@@ -97,13 +97,18 @@ function proxy(port, state) {
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => {
       state.seen = (state.seen ?? 0) + 1;
+      if (state.hang) return; // never answered
+      if (state.html) {
+        res.writeHead(200, { "Content-Type": "text/html" }).end("<html>Welcome to nginx!</html>");
+        return;
+      }
       if (state.busy > 0) {
         state.busy -= 1;
         res.writeHead(503, { "Retry-After": "0", "Content-Type": "application/json" })
           .end('{"error":{"code":"queue_full","message":"busy (the test proxy)"}}');
         return;
       }
-      const drop = req.method === "POST" && state.drops > 0;
+      const drop = req.method === (state.dropMethod ?? "POST") && state.drops > 0;
       if (drop) state.drops -= 1;
       const headers = { ...req.headers };
       delete headers.host;
@@ -147,7 +152,10 @@ check((await r.submit({ x: 1 }, { id: "t-1", callbackUrl: hook + "/ok" })).id ==
 check((await rejects(r.get("nope"), (e) => e instanceof ReboundError, "get")).code === "not_found", "not_found");
 check((await rejects(r.submit(1, { priority: 42 }), (e) => e instanceof ReboundError, "a bad field")).field === "priority", "invalid_field");
 check((await rejects(r.cancel("t-1"), (e) => e instanceof ReboundError, "cancel")).code === "already_finished", "already_finished");
-await rejects(r.get("../metrics"), (e) => e instanceof TypeError, "a path in an id");
+for (const bad of ["../metrics", "victim#x", "victim?y", "victim%32", ".", "..", ""]) {
+  await rejects(r.get(bad), (e) => e instanceof TypeError, `the id ${bad}`);
+  await rejects(r.cancel(bad), (e) => e instanceof TypeError, `cancel ${bad}`);
+}
 const wrong = new Rebound({ baseUrl: `http://127.0.0.1:${echoPort}`, apiKey: "wrong", maxRetries: 0 });
 check((await rejects(wrong.get("t-1"), (e) => e instanceof ReboundError, "a wrong key")).status === 401, "unauthorized");
 
@@ -187,6 +195,15 @@ for (const [name, [h, b]] of Object.entries(forged)) {
 }
 await rejects(verifyWebhook({ secrets: ["whsec_" + Buffer.from("another").toString("base64")] }, headers, body),
   (e) => e instanceof WebhookVerificationError, "another secret");
+await rejects(verifyWebhook({ secrets: [SECRET], now: Date.now() / 1000 + 600 }, headers, body),
+  (e) => e instanceof WebhookVerificationError, "ten minutes late");
+check((await verifyWebhook({ secrets: [SECRET], now: Date.now() / 1000 + 200 }, headers, body)).id === "t-1", "within the tolerance");
+await rejects(verifyWebhook({ secrets: [SECRET] }, { ...headers, "webhook-signature": Array(500).fill("v1,AAAA").join(" ") }, body),
+  (e) => e instanceof WebhookVerificationError, "500 signatures");
+for (const stamp of ["\u00b2", "1".padEnd(400, "0"), "+" + headers["webhook-timestamp"]]) {
+  await rejects(verifyWebhook({ secrets: [SECRET] }, { ...headers, "webhook-timestamp": stamp }, body),
+    (e) => e instanceof WebhookVerificationError, `the timestamp ${stamp.slice(0, 12)}`);
+}
 
 // Retries: 503 with Retry-After, and a submission taken whose answer was lost: one job each.
 const busy = { busy: 3 };
@@ -199,6 +216,17 @@ busy.busy = 10;
 const full = await rejects(new Rebound({ baseUrl: `http://127.0.0.1:${busyPort}`, apiKey: API_KEY, maxRetries: 2 }).submit(1),
   (e) => e instanceof ReboundError, "past the retries");
 check(full.code === "queue_full" && full.retryAfter === 0, `past the retries: ${full}`);
+const htmlClient = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(echoPort, { html: true })}`, apiKey: API_KEY });
+for (const [name, call] of Object.entries({ get: () => htmlClient.get("t-1"), keys: () => htmlClient.webhookKeys(),
+  secret: () => htmlClient.webhookSecret(), batch: () => htmlClient.submitBatch([{ input: 1 }]),
+  letters: async () => { for await (const _ of htmlClient.deadLetters()) { /* none */ } } })) {
+  const e = await rejects(call(), (x) => x instanceof ReboundError, `${name} through an HTML page`);
+  check(e.code === "invalid_response", `${name} through an HTML page: ${e.code}`);
+}
+const hung = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(echoPort, { hang: true })}`, apiKey: API_KEY });
+let hungAt = Date.now();
+await rejects(hung.wait("t-1", { timeout: 2 }), (e) => e instanceof WaitTimeout, "a wait on a hung server");
+check(Date.now() - hungAt < 3000, `a 2 s wait on a hung server took ${Date.now() - hungAt} ms`);
 const dropPort = await proxy(echoPort, { drops: 1 });
 before = await acceptedTotal(echoPort);
 const viaDrop = new Rebound({ baseUrl: `http://127.0.0.1:${dropPort}`, apiKey: API_KEY });
@@ -212,13 +240,17 @@ await slow.submit(null, { id: "ts-1" });
 const started = Date.now();
 const timedOut = await rejects(slow.wait("ts-1", { timeout: 1.5 }), (e) => e instanceof WaitTimeout, "a short wait");
 const took = (Date.now() - started) / 1000;
-check(took >= 1.5 && took < 2.5, `the wait took ${took} s for 1.5 s`);
+check(took >= 1.5 && took < 3.0, `the wait took ${took} s for 1.5 s`);
 check(timedOut.job.id === "ts-1" && !["succeeded", "failed"].includes(timedOut.job.status), "WaitTimeout's job");
 check((await slow.wait("ts-1", { timeout: 10 })).status === "succeeded", "the timed-out job went on");
 await slow.submit(null, { id: "ts-2" });
 await slow.submit(null, { id: "ts-3" });
 const cancelled = await slow.cancel("ts-3");
 check(cancelled.status === "cancelled" && cancelled.error.code === "cancelled", `cancel: ${JSON.stringify(cancelled)}`);
+// A cancellation the server did, whose answer was lost: the retry's already_finished is it.
+await slow.submit(null, { id: "ts-4" });
+const viaLostCancel = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(slowPort, { drops: 1, dropMethod: "DELETE" })}`, apiKey: API_KEY });
+check((await viaLostCancel.cancel("ts-4")).status === "cancelled", "a cancel whose answer was lost");
 
 for (const c of children) {
   c.removeAllListeners("exit");

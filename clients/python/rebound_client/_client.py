@@ -11,6 +11,7 @@ import email.utils
 import json
 import math
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequ
 
 import httpx
 
-from ._types import Job, Submitted, WaitTimeout, error_from
+from ._types import Job, ReboundError, Submitted, WaitTimeout, error_from
 
 # Statuses answered for what passes: a retry after a pause may be accepted.
 _RETRIED_STATUSES = frozenset({429, 502, 503, 504})
@@ -49,21 +50,54 @@ class _Answer:
 
 
 def _retry_after(headers: Mapping[str, str]) -> Optional[float]:
-    value = headers.get("retry-after")
-    if value is None:
+    value = (headers.get("retry-after") or "").strip()
+    if not value:
         return None
-    value = value.strip()
-    if value.isdigit():
+    if re.fullmatch(r"[0-9]{1,10}", value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _path_part(id: str) -> str:
+    # A job id as the server takes it; anything else ('#', '?', '%', '/', '..') would name
+    # another route or another job once in a URL.
+    if not isinstance(id, str) or not _ID.fullmatch(id) or id in (".", ".."):
+        raise ValueError("a job id is 1 to 128 characters of A-Z a-z 0-9 . _ : -, not %r" % (id,))
+    return id
+
+
+class _DeadlinePassed(Exception):
+    """A call with a deadline could not be answered before it (a wait ends in WaitTimeout)."""
+
+
+def _invalid(answer: "_Answer", what: str) -> ReboundError:
+    return ReboundError(answer.status, "invalid_response", "the answer is not " + what)
+
+
+def _object(answer: "_Answer", what: str) -> Dict[str, Any]:
+    if not isinstance(answer.body, dict):
+        raise _invalid(answer, what)
+    return answer.body
+
+
+def _job(answer: "_Answer", body: Any = None) -> Job:
+    body = answer.body if body is None else body
+    if not (isinstance(body, dict) and isinstance(body.get("id"), str)
+            and isinstance(body.get("status"), str)
+            and (body.get("error") is None or isinstance(body.get("error"), dict))):
+        raise _invalid(answer, "a job")
+    return Job.from_answer(body)
 
 
 class _Calls:
@@ -71,8 +105,11 @@ class _Calls:
 
     def __init__(self, base_url: str, api_key: Optional[str], timeout: float, max_retries: int,
                  max_retry_delay: float):
-        if max_retries < 0:
-            raise ValueError("max_retries must not be negative")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError("max_retries must be a whole number, not negative")
+        for name, value in (("timeout", timeout), ("max_retry_delay", max_retry_delay)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(name + " must be a finite number of seconds, not negative")
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
@@ -85,28 +122,44 @@ class _Calls:
             headers["Authorization"] = "Bearer " + self.api_key
         return headers
 
-    # One request, tried again on what passes (429, 502, 503, 504 and a lost connection) up to
-    # max_retries times, after the server's Retry-After or an exponential pause with jitter, never
-    # past `deadline` (time.monotonic()). Every call is safe to send again: a submission carries
-    # its id, so a second one is answered as the same job.
-    def _call(self, request: _Request, ok=(200,), deadline: Optional[float] = None):
+    # One request (`make(left)` builds it, given the seconds left before `deadline`, or None),
+    # tried again on what passes (429, 502, 503, 504 and a lost connection) up to max_retries
+    # times, after the server's Retry-After or an exponential pause with jitter. With a deadline
+    # (time.monotonic()) no request outlives it and no retry starts after it: _DeadlinePassed.
+    # A submission is safe to send again (its id makes a second one the same job); a call that is
+    # not (cancel, redeliver) names in `resent_ok` the refusals that, after a lost connection,
+    # mean its first send did the work: those answers are returned, not raised.
+    def _call(self, make, ok=(200,), deadline: Optional[float] = None, resent_ok=()):
+        lost = False
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise _DeadlinePassed()
+            request = make(left)
+            if left is not None:
+                request.timeout = min(request.timeout or self.timeout, max(left, 0.001))
             try:
                 answer = yield request
             except httpx.TransportError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _DeadlinePassed()
                 if last:
                     raise
+                lost = True
                 pause = self._pause(attempt, None)
             else:
                 if answer.status in ok:
                     return answer
                 retry_after = _retry_after(answer.headers)
+                error = error_from(answer.status, answer.body, retry_after)
+                if lost and error.code in resent_ok:
+                    return answer
                 if answer.status not in _RETRIED_STATUSES or last:
-                    raise error_from(answer.status, answer.body, retry_after)
+                    raise error
                 pause = self._pause(attempt, retry_after)
-            if deadline is not None and time.monotonic() + pause >= deadline:
-                pause = max(0.0, deadline - time.monotonic())
+            if deadline is not None:
+                pause = min(pause, max(0.0, deadline - time.monotonic()))
             yield _Sleep(pause)
         raise AssertionError("unreachable")
 
@@ -122,14 +175,16 @@ class _Calls:
         body = self._job_body(input, id, callback_url, model, version, priority,
                               max_queue_seconds, webhook_events)
         headers = {"traceparent": traceparent} if traceparent else None
-        yield from self._call(_Request("POST", "/v1/inferences", body, headers=headers),
-                              ok=(202,))
+        yield from self._call(lambda left: _Request("POST", "/v1/inferences", body,
+                                                    headers=headers), ok=(202,))
         return Job(id=body["id"], status="queued", raw={"id": body["id"]})
 
     @staticmethod
     def _job_body(input, id, callback_url, model, version, priority, max_queue_seconds,
                   webhook_events) -> Dict[str, Any]:
-        body: Dict[str, Any] = {"id": id or _new_id(), "input": input}
+        # (An id given as "" is sent as such, and refused: never replaced by a random one, which
+        # would make every resubmission a new job.)
+        body: Dict[str, Any] = {"id": id if id is not None else _new_id(), "input": input}
         for name, value in (("callback_url", callback_url), ("model", model),
                             ("version", version), ("priority", priority),
                             ("max_queue_seconds", max_queue_seconds)):
@@ -140,80 +195,111 @@ class _Calls:
         return body
 
     def _submit_batch(self, jobs: Sequence[Mapping[str, Any]]):
-        body = {"jobs": []}
+        body: Dict[str, Any] = {"jobs": []}
         for job in jobs:
             job = dict(job)
-            job.setdefault("id", _new_id())
+            if job.get("id") is None:
+                job["id"] = _new_id()
             body["jobs"].append(job)
-        answer = yield from self._call(_Request("POST", "/v1/inferences:batch", body))
+        answer = yield from self._call(lambda left: _Request("POST", "/v1/inferences:batch", body))
+        results = _object(answer, "a batch's results").get("results")
+        if not isinstance(results, list) or len(results) != len(body["jobs"]) or not all(
+                isinstance(r, dict) and isinstance(r.get("status"), int) for r in results):
+            raise _invalid(answer, "one result per job")
         out: List[Submitted] = []
-        for sent, result in zip(body["jobs"], answer.body["results"]):
-            status = int(result.get("status", 0))
+        for sent, result in zip(body["jobs"], results):
+            status = result["status"]
             error = None if status == 202 else error_from(status, result, None)
             out.append(Submitted(result.get("id", sent.get("id")), status, error))
         return out
 
     def _get(self, id: str, wait_s: int = 0, deadline: Optional[float] = None):
-        headers = {"Prefer": "wait=%d" % wait_s} if wait_s > 0 else None
-        timeout = self.timeout + wait_s if wait_s > 0 else None
-        answer = yield from self._call(
-            _Request("GET", "/v1/inferences/" + _path_part(id), headers=headers,
-                     timeout=timeout),
-            deadline=deadline)
-        return Job.from_answer(answer.body)
+        path = "/v1/inferences/" + _path_part(id)
+
+        def make(left):
+            # A long poll asks for whole seconds, never more than is left.
+            w = wait_s if left is None else min(wait_s, int(math.floor(left)))
+            if w <= 0:
+                return _Request("GET", path)
+            return _Request("GET", path, headers={"Prefer": "wait=%d" % w},
+                            timeout=self.timeout + w)
+
+        answer = yield from self._call(make, deadline=deadline)
+        return _job(answer)
 
     def _wait(self, id: str, timeout: float):
-        if timeout < 0:
-            raise ValueError("timeout must not be negative")
+        if not (math.isfinite(timeout) and timeout >= 0):
+            raise ValueError("timeout must be a finite number of seconds, not negative")
+        _path_part(id)
         deadline = time.monotonic() + timeout
+        job = Job(id=id, status="unknown")
+        early = 0  # long polls answered well before their time, in a row
         while True:
             left = deadline - time.monotonic()
             # Long polls of whole seconds while a second or more is left; then plain polls.
             wait_s = min(_MAX_WAIT_S, int(math.floor(left))) if left >= 1 else 0
-            job = yield from self._get(id, wait_s, deadline)
+            asked = time.monotonic()
+            try:
+                job = yield from self._get(id, wait_s, deadline)
+            except _DeadlinePassed:
+                raise WaitTimeout(job, timeout) from None
             if job.done:
                 return job
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WaitTimeout(job, timeout)
-            if wait_s == 0:
-                yield _Sleep(min(left, 0.1))
+            # A poll that came back at once (plain, or a long poll that something in between did
+            # not honour) is followed by a pause, growing, so that a wait never spins.
+            took = time.monotonic() - asked
+            early = early + 1 if took < max(0.05, wait_s / 2) else 0
+            if early:
+                yield _Sleep(min(left, 0.1 * 2 ** min(early - 1, 4)))
 
     def _run(self, input: Any, timeout: float, **options):
         job = yield from self._submit(input, **options)
         return (yield from self._wait(job.id, timeout))
 
     def _cancel(self, id: str):
-        answer = yield from self._call(_Request("DELETE", "/v1/inferences/" + _path_part(id)))
-        return Job.from_answer(answer.body)
+        path = "/v1/inferences/" + _path_part(id)
+        answer = yield from self._call(lambda left: _Request("DELETE", path),
+                                       resent_ok=("already_finished",))
+        if answer.status != 200:  # the first DELETE cancelled it, its answer was lost
+            return (yield from self._get(id))
+        return _job(answer)
 
     def _redeliver(self, id: str):
-        yield from self._call(
-            _Request("POST", "/v1/inferences/" + _path_part(id) + "/redeliver"), ok=(202,))
+        path = "/v1/inferences/" + _path_part(id) + "/redeliver"
+        yield from self._call(lambda left: _Request("POST", path), ok=(202,),
+                              resent_ok=("callback_not_failed",))
         return (yield from self._get(id))
 
     def _dead_letter_page(self, limit: int, cursor: Optional[str]):
         params: Dict[str, Any] = {"callback_state": "failed", "limit": limit}
         if cursor:
             params["cursor"] = cursor
-        answer = yield from self._call(_Request("GET", "/v1/inferences", params=params))
-        jobs = [Job.from_answer(entry) for entry in answer.body.get("jobs", [])]
-        return jobs, answer.body.get("next_cursor")
+        answer = yield from self._call(
+            lambda left: _Request("GET", "/v1/inferences", params=params))
+        page = _object(answer, "a page")
+        entries, cursor = page.get("jobs"), page.get("next_cursor")
+        if not isinstance(entries, list) or not (cursor is None or isinstance(cursor, str)):
+            raise _invalid(answer, "a page")
+        return [_job(answer, entry) for entry in entries], cursor
 
     def _webhook_keys(self, tenant: Optional[str]):
         params = {"tenant": tenant} if tenant else None
-        answer = yield from self._call(_Request("GET", "/v1/webhook-keys", params=params))
-        return list(answer.body.get("keys", []))
+        answer = yield from self._call(
+            lambda left: _Request("GET", "/v1/webhook-keys", params=params))
+        keys = _object(answer, "a list of keys").get("keys")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise _invalid(answer, "a list of keys")
+        return keys
 
     def _webhook_secret(self):
-        answer = yield from self._call(_Request("GET", "/v1/webhook-secret"))
-        return answer.body["secret"]
-
-
-def _path_part(id: str) -> str:
-    if not id or "/" in id:
-        raise ValueError("a job id is 1 to 128 characters of A-Z a-z 0-9 . _ : -")
-    return id
+        answer = yield from self._call(lambda left: _Request("GET", "/v1/webhook-secret"))
+        secret = _object(answer, "a secret").get("secret")
+        if not isinstance(secret, str):
+            raise _invalid(answer, "a secret")
+        return secret
 
 
 def _answer_of(response: httpx.Response) -> _Answer:

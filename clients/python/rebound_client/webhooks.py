@@ -10,10 +10,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import inspect
 import json
+import math
+import re
 import threading
 import time
 from typing import Any, Callable, Iterable, List, Mapping, Optional
+
+
+# Signatures read from one header at most: more is an attack on the verifier's CPU (each costs a
+# MAC or an Ed25519 check over the whole body), not a rotation.
+_MAX_SIGNATURES = 16
 
 
 class WebhookVerificationError(ValueError):
@@ -51,7 +59,9 @@ class WebhookVerifier:
     keys (``Client(...).webhook_keys``): asked when a ``v1a`` signature matches no key known
     (a key the server rotated in), at most once every ``refetch_interval`` seconds.
     ``tolerance``: how far the timestamp may be from now, in seconds (5 minutes, as the server's
-    own verifier). Thread-safe.
+    own verifier). ``fetch_keys`` runs under the verifier's lock and blocks the caller: give it a
+    blocking call that answers soon (``Client(..., timeout=5, max_retries=1).webhook_keys``); in
+    an asyncio server, fetch with AsyncClient elsewhere and build a new verifier. Thread-safe.
 
     Example (FastAPI; the body must be the raw bytes)::
 
@@ -65,6 +75,8 @@ class WebhookVerifier:
     def __init__(self, secrets: Iterable[str] = (), keys: Iterable[str] = (), *,
                  fetch_keys: Optional[Callable[[], List[str]]] = None,
                  tolerance: float = 300, refetch_interval: float = 10):
+        if not (math.isfinite(tolerance) and tolerance >= 0):
+            raise ValueError("tolerance must be a finite number of seconds, not negative")
         self._secrets = [_key_bytes(s, "whsec_") for s in secrets]
         self._keys = [self._public_key(k) for k in keys]
         self._fetch_keys = fetch_keys
@@ -96,32 +108,44 @@ class WebhookVerifier:
         if not msg_id or not stamp or not signatures:
             raise WebhookVerificationError("missing webhook-id, webhook-timestamp or "
                                            "webhook-signature")
-        if not stamp.isdigit():
+        if not re.fullmatch(r"[0-9]{1,12}", stamp):
             raise WebhookVerificationError("webhook-timestamp is not a number of seconds")
         now = time.time() if now is None else now
         if abs(now - int(stamp)) > self._tolerance:
             raise WebhookVerificationError("webhook-timestamp is outside the tolerance")
-        signed = msg_id.encode() + b"." + stamp.encode() + b"." + bytes(body)
-        v1a = []
-        for entry in signatures.split(" "):
+        entries = signatures.split(" ")
+        if len(entries) > _MAX_SIGNATURES:
+            raise WebhookVerificationError("more than %d signatures" % _MAX_SIGNATURES)
+        v1, v1a = [], []
+        for entry in entries:
             version, _, value = entry.partition(",")
+            if version not in ("v1", "v1a") or not value:
+                continue
             try:
                 signature = base64.b64decode(value, validate=True)
             except ValueError:
                 continue
-            if version == "v1" and self._hmac_matches(signed, signature):
-                return self._payload(body)
-            if version == "v1a":
+            if version == "v1" and len(signature) == 32:
+                v1.append(signature)
+            elif version == "v1a" and len(signature) == 64:
                 v1a.append(signature)
-        if v1a and (self._ed25519_matches(signed, v1a, self._keys) or self._refetched_match(
-                signed, v1a)):
+        signed = msg_id.encode() + b"." + stamp.encode() + b"." + bytes(body)
+        if v1 and self._hmac_matches(signed, v1):
             return self._payload(body)
+        if v1a:
+            keys = self._keys
+            if self._ed25519_matches(signed, v1a, keys) or self._refetched_match(
+                    signed, v1a, keys):
+                return self._payload(body)
         raise WebhookVerificationError("no signature matches")
 
-    def _hmac_matches(self, signed: bytes, signature: bytes) -> bool:
-        return any(
-            hmac.compare_digest(hmac.new(secret, signed, hashlib.sha256).digest(), signature)
-            for secret in self._secrets)
+    def _hmac_matches(self, signed: bytes, signatures: List[bytes]) -> bool:
+        # One MAC per secret, however many signatures the header lists.
+        for secret in self._secrets:
+            mac = hmac.new(secret, signed, hashlib.sha256).digest()
+            if any(hmac.compare_digest(mac, signature) for signature in signatures):
+                return True
+        return False
 
     @staticmethod
     def _ed25519_matches(signed: bytes, signatures: List[bytes], keys) -> bool:
@@ -136,15 +160,31 @@ class WebhookVerifier:
                     continue
         return False
 
-    def _refetched_match(self, signed: bytes, signatures: List[bytes]) -> bool:
+    def _refetched_match(self, signed: bytes, signatures: List[bytes], tried) -> bool:
+        # Keys fetched again (at most every refetch_interval) when none of `tried` verifies: a
+        # key the server rotated in. A verification that waited for another's fetch uses its keys.
         if self._fetch_keys is None:
             return False
         with self._lock:
-            if time.monotonic() - self._fetched_at < self._refetch_interval:
-                return False
-            self._fetched_at = time.monotonic()
-            self._keys = [self._public_key(k) for k in self._fetch_keys()]
-            keys = list(self._keys)
+            if self._keys is tried:
+                if time.monotonic() - self._fetched_at < self._refetch_interval:
+                    return False
+                self._fetched_at = time.monotonic()
+                try:
+                    fetched = self._fetch_keys()
+                    if inspect.isawaitable(fetched):
+                        close = getattr(fetched, "close", None)
+                        if close:
+                            close()
+                        raise TypeError("fetch_keys must answer the keys, not a coroutine: "
+                                        "pass Client(...).webhook_keys, not AsyncClient's")
+                    self._keys = [self._public_key(k) for k in fetched]
+                except TypeError:
+                    raise
+                except Exception as e:
+                    raise WebhookVerificationError("the public keys could not be fetched: %s" %
+                                                   e) from e
+            keys = self._keys
         return self._ed25519_matches(signed, signatures, keys)
 
     @staticmethod

@@ -112,7 +112,7 @@ interface Answer {
 function retryAfterOf(headers: Headers): number | undefined {
   const value = headers.get("retry-after")?.trim();
   if (!value) return undefined;
-  if (/^\d+$/.test(value)) return Number(value);
+  if (/^\d{1,10}$/.test(value)) return Number(value);
   const when = Date.parse(value);
   return Number.isNaN(when) ? undefined : Math.max(0, (when - Date.now()) / 1000);
 }
@@ -131,17 +131,27 @@ function errorOf(status: number, body: any, retryAfter?: number): ReboundError {
   );
 }
 
+const invalid = (status: number, what: string) =>
+  new ReboundError(status, "invalid_response", `the answer is not ${what}`);
+
 function jobOf(status: number, body: any): Job {
-  if (!body || typeof body !== "object" || typeof body.id !== "string" || !body.status) {
-    throw new ReboundError(status, "unexpected_answer", "the answer is not a job");
+  if (!body || typeof body !== "object" || typeof body.id !== "string" ||
+      typeof body.status !== "string" || (body.error != null && typeof body.error !== "object")) {
+    throw invalid(status, "a job");
   }
   return body as Job;
 }
 
 function pathPart(id: string): string {
-  if (!ID.test(id)) throw new TypeError("a job id is 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+  // Anything else ('#', '?', '%', '/', '..') would name another route or job once in a URL.
+  if (typeof id !== "string" || !ID.test(id) || id === "." || id === "..") {
+    throw new TypeError("a job id is 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+  }
   return id;
 }
+
+// A call with a deadline that could not be answered before it (a wait ends in WaitTimeout).
+class DeadlinePassed extends Error {}
 
 // A random id: WebCrypto's where there is one (browsers, Node 19+), else node:crypto's.
 async function newId(): Promise<string> {
@@ -176,25 +186,37 @@ export class Rebound {
     if (this.maxRetries < 0) throw new RangeError("maxRetries must not be negative");
   }
 
-  // One request, sent again on what passes, never pausing past `deadline` (Date.now() ms).
+  // One request, sent again on what passes (429/502/503/504, a failed fetch). With a deadline
+  // (Date.now() ms) no request outlives it and no retry starts after it (DeadlinePassed); a long
+  // poll's `waitS` is cut to what is left at each try. A submission is safe to send again (its id
+  // makes a second one the same job); a call that is not (cancel, redeliver) names in `resentOk`
+  // the refusals that, after a failed fetch, mean its first send did the work: returned, not
+  // thrown.
   private async call(
     method: string,
     path: string,
-    init: { body?: unknown; headers?: Record<string, string>; waitS?: number; deadline?: number },
+    init: { body?: unknown; headers?: Record<string, string>; waitS?: number; deadline?: number;
+            resentOk?: string[] },
     ok: number[] = [200],
   ): Promise<Answer> {
-    const headers: Record<string, string> = { Accept: "application/json", ...init.headers };
-    if (this.options.apiKey) headers.Authorization = `Bearer ${this.options.apiKey}`;
-    if (init.body !== undefined) headers["Content-Type"] = "application/json";
+    const base: Record<string, string> = { Accept: "application/json", ...init.headers };
+    if (this.options.apiKey) base.Authorization = `Bearer ${this.options.apiKey}`;
+    if (init.body !== undefined) base["Content-Type"] = "application/json";
+    let lost = false;
     for (let attempt = 0; ; ++attempt) {
       const last = attempt >= this.maxRetries;
+      const left = init.deadline === undefined ? undefined : init.deadline - Date.now();
+      if (left !== undefined && left <= 0) throw new DeadlinePassed();
+      const waitS = Math.min(init.waitS ?? 0, left === undefined ? Infinity : Math.floor(left / 1000));
+      const headers = waitS > 0 ? { ...base, Prefer: `wait=${waitS}` } : base;
+      const timeoutMs = Math.min(this.timeoutMs + waitS * 1000, left ?? Infinity);
       let pause: number;
       try {
         const response = await this.fetch(this.baseUrl + path, {
           method,
           headers,
           body: init.body === undefined ? undefined : JSON.stringify(init.body),
-          signal: AbortSignal.timeout(this.timeoutMs + (init.waitS ?? 0) * 1000),
+          signal: AbortSignal.timeout(Math.max(1, Math.ceil(timeoutMs))),
         });
         const text = await response.text();
         let body: any = undefined;
@@ -205,14 +227,20 @@ export class Rebound {
         }
         if (ok.includes(response.status)) return { status: response.status, headers: response.headers, body };
         const retryAfter = retryAfterOf(response.headers);
-        if (!RETRIED.has(response.status) || last) throw errorOf(response.status, body, retryAfter);
+        const error = errorOf(response.status, body, retryAfter);
+        if (lost && init.resentOk?.includes(error.code)) {
+          return { status: response.status, headers: response.headers, body };
+        }
+        if (!RETRIED.has(response.status) || last) throw error;
         pause = retryAfter !== undefined ? Math.min(retryAfter * 1000, this.maxRetryDelayMs)
                                          : this.backoff(attempt);
       } catch (e) {
         if (e instanceof ReboundError) throw e;
         // fetch failed (connection refused or dropped, a timeout): the request may have been
-        // taken; sending it again is safe (see the class comment).
+        // taken; see `resentOk`.
+        if (init.deadline !== undefined && Date.now() >= init.deadline) throw new DeadlinePassed();
         if (last) throw e;
+        lost = true;
         pause = this.backoff(attempt);
       }
       if (init.deadline !== undefined) pause = Math.min(pause, Math.max(0, init.deadline - Date.now()));
@@ -248,8 +276,9 @@ export class Rebound {
     const bodies = await Promise.all(jobs.map((j) => Rebound.body(j.input, j)));
     const answer = await this.call("POST", "/v1/inferences:batch", { body: { jobs: bodies } });
     const results: any[] = Array.isArray(answer.body?.results) ? answer.body.results : [];
-    if (results.length !== bodies.length) {
-      throw new ReboundError(answer.status, "unexpected_answer", "a batch answer without its results");
+    if (results.length !== bodies.length ||
+        !results.every((r) => r && typeof r === "object" && Number.isInteger(r.status))) {
+      throw invalid(answer.status, "one result per job");
     }
     return results.map((r, i) => ({
       id: typeof r.id === "string" ? r.id : (bodies[i].id as string),
@@ -270,21 +299,29 @@ export class Rebound {
    */
   async wait(id: string, options: { timeout?: number } = {}): Promise<Job> {
     const timeout = options.timeout ?? 600;
-    if (!(timeout >= 0)) throw new RangeError("timeout must not be negative");
+    if (!Number.isFinite(timeout) || timeout < 0) throw new RangeError("timeout must be a finite number of seconds, not negative");
+    const path = `/v1/inferences/${pathPart(id)}`;
     const deadline = Date.now() + timeout * 1000;
+    let job: Job = { id, status: "queued" };
+    let early = 0; // polls answered at once, in a row
     for (;;) {
       const left = (deadline - Date.now()) / 1000;
+      // Long polls of whole seconds while a second or more is left; then plain polls.
       const waitS = left >= 1 ? Math.min(MAX_WAIT_S, Math.floor(left)) : 0;
-      const answer = await this.call("GET", `/v1/inferences/${pathPart(id)}`, {
-        headers: waitS > 0 ? { Prefer: `wait=${waitS}` } : undefined,
-        waitS,
-        deadline,
-      });
-      const job = jobOf(answer.status, answer.body);
+      const asked = Date.now();
+      try {
+        job = jobOf(200, (await this.call("GET", path, { waitS, deadline })).body);
+      } catch (e) {
+        if (e instanceof DeadlinePassed) throw new WaitTimeout(job, timeout);
+        throw e;
+      }
       if (FINAL_STATUSES.has(job.status)) return job;
       const rest = deadline - Date.now();
       if (rest <= 0) throw new WaitTimeout(job, timeout);
-      if (waitS === 0) await sleep(Math.min(rest, 100));
+      // A poll that came back at once (plain, or a long poll something in between did not
+      // honour) is followed by a growing pause, so that a wait never spins.
+      early = Date.now() - asked < Math.max(50, waitS * 500) ? early + 1 : 0;
+      if (early) await sleep(Math.min(rest, 100 * 2 ** Math.min(early - 1, 4)));
     }
   }
 
@@ -296,13 +333,14 @@ export class Rebound {
 
   /** Cancels a job that is not final; a 409 already_finished ReboundError when it is. */
   async cancel(id: string): Promise<Job> {
-    const answer = await this.call("DELETE", `/v1/inferences/${pathPart(id)}`, {});
-    return jobOf(answer.status, answer.body);
+    const answer = await this.call("DELETE", `/v1/inferences/${pathPart(id)}`, { resentOk: ["already_finished"] });
+    // (409 after a lost answer: the first DELETE cancelled it.)
+    return answer.status === 200 ? jobOf(answer.status, answer.body) : this.get(id);
   }
 
   /** Sends a given-up callback again, then answers the job as polled. */
   async redeliver(id: string): Promise<Job> {
-    await this.call("POST", `/v1/inferences/${pathPart(id)}/redeliver`, {}, [202]);
+    await this.call("POST", `/v1/inferences/${pathPart(id)}/redeliver`, { resentOk: ["callback_not_failed"] }, [202]);
     return this.get(id);
   }
 
@@ -316,9 +354,12 @@ export class Rebound {
       });
       if (cursor) query.set("cursor", cursor);
       const answer = await this.call("GET", `/v1/inferences?${query}`, {});
-      const jobs: unknown[] = Array.isArray(answer.body?.jobs) ? answer.body.jobs : [];
-      for (const j of jobs) yield jobOf(answer.status, j);
-      cursor = typeof answer.body?.next_cursor === "string" ? answer.body.next_cursor : null;
+      const next = answer.body?.next_cursor;
+      if (!Array.isArray(answer.body?.jobs) || !(next === null || typeof next === "string")) {
+        throw invalid(answer.status, "a page");
+      }
+      for (const j of answer.body.jobs) yield jobOf(answer.status, j);
+      cursor = next;
     } while (cursor);
   }
 
@@ -326,13 +367,16 @@ export class Rebound {
   async webhookKeys(tenant?: string): Promise<string[]> {
     const query = tenant ? `?${new URLSearchParams({ tenant })}` : "";
     const answer = await this.call("GET", `/v1/webhook-keys${query}`, {});
-    return Array.isArray(answer.body?.keys) ? answer.body.keys : [];
+    const keys = answer.body?.keys;
+    if (!Array.isArray(keys) || !keys.every((k) => typeof k === "string")) throw invalid(answer.status, "a list of keys");
+    return keys;
   }
 
   /** The whsec_ secret the caller's callbacks are signed with (v1). */
   async webhookSecret(): Promise<string> {
     const answer = await this.call("GET", "/v1/webhook-secret", {});
-    return String(answer.body?.secret ?? "");
+    if (typeof answer.body?.secret !== "string") throw invalid(answer.status, "a secret");
+    return answer.body.secret;
   }
 }
 
@@ -379,11 +423,16 @@ export async function verifyWebhook(
   if (!id || !stamp || !signatures) {
     throw new WebhookVerificationError("missing webhook-id, webhook-timestamp or webhook-signature");
   }
-  if (!/^\d{1,15}$/.test(stamp)) throw new WebhookVerificationError("webhook-timestamp is not a number of seconds");
+  if (!/^\d{1,12}$/.test(stamp)) throw new WebhookVerificationError("webhook-timestamp is not a number of seconds");
+  const tolerance = options.tolerance ?? 300;
+  if (!Number.isFinite(tolerance) || tolerance < 0) throw new RangeError("tolerance must be a finite number of seconds");
   const now = options.now ?? Date.now() / 1000;
-  if (Math.abs(now - Number(stamp)) > (options.tolerance ?? 300)) {
+  if (Math.abs(now - Number(stamp)) > tolerance) {
     throw new WebhookVerificationError("webhook-timestamp is outside the tolerance");
   }
+  const entries = signatures.split(" ");
+  // More is an attack on the verifier's CPU (each costs a check over the whole body).
+  if (entries.length > 16) throw new WebhookVerificationError("more than 16 signatures");
   const signed = Buffer.concat([Buffer.from(`${id}.${stamp}.`), Buffer.from(rawBody)]);
   const secrets = (options.secrets ?? []).map((s) => keyBytes(s, "whsec_"));
   // Ed25519 public keys as SPKI DER: the fixed prefix, then the 32 raw bytes.
@@ -391,21 +440,23 @@ export async function verifyWebhook(
   const keys = (options.keys ?? []).map((k) =>
     crypto.createPublicKey({ key: Buffer.concat([spki, keyBytes(k, "whpk_")]), format: "der", type: "spki" }),
   );
-  for (const entry of signatures.split(" ")) {
+  const v1: Buffer[] = [];
+  const v1a: Buffer[] = [];
+  for (const entry of entries) {
     const comma = entry.indexOf(",");
     if (comma < 0) continue;
     const version = entry.slice(0, comma);
     const signature = Buffer.from(entry.slice(comma + 1), "base64");
-    if (version === "v1") {
-      for (const secret of secrets) {
-        const mac = crypto.createHmac("sha256", secret).update(signed).digest();
-        if (mac.length === signature.length && crypto.timingSafeEqual(mac, signature)) return parse(rawBody);
-      }
-    } else if (version === "v1a" && signature.length === 64) {
-      for (const key of keys) {
-        if (crypto.verify(null, signed, key, signature)) return parse(rawBody);
-      }
-    }
+    if (version === "v1" && signature.length === 32) v1.push(signature);
+    if (version === "v1a" && signature.length === 64) v1a.push(signature);
+  }
+  for (const secret of v1.length ? secrets : []) {
+    // One MAC per secret, however many signatures the header lists.
+    const mac = crypto.createHmac("sha256", secret).update(signed).digest();
+    if (v1.some((signature) => crypto.timingSafeEqual(mac, signature))) return parse(rawBody);
+  }
+  for (const key of v1a.length ? keys : []) {
+    if (v1a.some((signature) => crypto.verify(null, signed, key, signature))) return parse(rawBody);
   }
   throw new WebhookVerificationError("no signature matches");
 }
