@@ -12,10 +12,11 @@ packages=(
 )
 # What only the tests run: a real Redis, nginx (the container's front), clang's sanitizers, the
 # receivers' signature checks in Python, the Python client's test (httpx, a venv to install it
-# into). REBOUND_SKIP_TEST_TOOLS=1 (the demo's) leaves them out.
+# into, FastAPI and uvicorn for its receiver). REBOUND_SKIP_TEST_TOOLS=1 (the demo's) leaves them out.
 if [ "${REBOUND_SKIP_TEST_TOOLS:-0}" != 1 ]; then
   packages+=(redis-server clang-14 libclang-rt-14-dev nginx-light python3-cryptography
-             python3-httpx python3-venv python3-setuptools python3-wheel)
+             python3-httpx python3-venv python3-setuptools python3-wheel python3-fastapi
+             python3-uvicorn)
 fi
 # The container image test (tests/container_image.sh) builds and runs the SageMaker image:
 # podman (rootful, runc) with a base image made by debootstrap. REBOUND_SKIP_CONTAINER=1 leaves

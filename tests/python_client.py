@@ -3,9 +3,9 @@
 loopback: installed into a virtual environment from the checkout with no network, then submit,
 wait, run, cancel, batches, dead letters and redelivery, errors as exceptions, retries through a
 proxy that answers 503 and one that drops the connection after the server accepted (never a
-second job), a wait that times out without cancelling, the asyncio client, and the webhook
-verifier on the callbacks the server signed (v1 and v1a, tampering, an old timestamp, a rotated
-secret, a key fetched when unknown).
+second job), a wait that times out without cancelling, the asyncio client, the webhook verifier
+on the callbacks the server signed (v1 and v1a, tampering, an old timestamp, a rotated secret, a
+key fetched when unknown), and a FastAPI receiver (uvicorn) with the verifying dependency.
 
     python_client.py REBOUND_SERVER            (creates the venv, installs, runs itself in it)
 """
@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -371,6 +372,43 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
         fail("a forged v1a signature verified")
     except WebhookVerificationError:
         pass
+
+# A FastAPI receiver with the verifying dependency: the server's callback reaches the route with
+# its payload; a forged one is answered 400 before the route runs.
+import uvicorn  # noqa: E402
+from fastapi import Depends, FastAPI  # noqa: E402
+from rebound_client.fastapi import verified_callback  # noqa: E402
+
+app = FastAPI()
+received = []
+
+
+@app.post("/hook")
+async def fastapi_hook(payload: dict = Depends(verified_callback(WebhookVerifier(
+        secrets=[SECRET])))):
+    received.append(payload)
+    return {"ok": True}
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    fastapi_port = s.getsockname()[1]
+uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=fastapi_port, log_level="warning"))
+threading.Thread(target=uv.run, daemon=True).start()
+wait_for(lambda: uv.started, "the FastAPI receiver")
+with Client(base, api_key=API_KEY) as c:
+    c.submit({"via": "fastapi"}, id="f-1", callback_url=f"http://127.0.0.1:{fastapi_port}/hook")
+    wait_for(lambda: any(p.get("id") == "f-1" for p in received), "the FastAPI route's payload")
+    wait_for(lambda: c.get("f-1").callback["state"] == "delivered", "delivered to FastAPI")
+    check([p for p in received if p["id"] == "f-1"][0]["result"] == {"via": "fastapi"},
+          "the verified payload")
+forged_conn = http.client.HTTPConnection("127.0.0.1", fastapi_port, timeout=10)
+forged_conn.request("POST", "/hook", body.replace(b"p-1", b"p-9"),
+                    {k: v for k, v in headers.items() if k.startswith("webhook-")})
+forged_status = forged_conn.getresponse().status
+forged_conn.close()
+check(forged_status == 400 and not any(p.get("id") == "p-9" for p in received),
+      f"a forged callback to FastAPI: {forged_status}")
+uv.should_exit = True
 
 # Retries: 503 with Retry-After, then through; and a submission the server took whose answer
 # was lost: sent again, answered as the same job, one job only.
