@@ -3,7 +3,8 @@
 // redelivery, errors, retries through a proxy that answers 503 and one that drops the connection
 // after the server accepted (never a second job), a wait that times out without cancelling, and
 // verifyWebhook on the callbacks the server signed, checked against the official Standard
-// Webhooks library (v1: both accept and refuse the same).
+// Webhooks library (v1: both accept and refuse the same), and an Express receiver with the
+// middleware.
 //
 //   node typescript_client.mjs REBOUND_SERVER NODE_TOOLS_DIR
 import { spawn, execFileSync } from "node:child_process";
@@ -54,9 +55,11 @@ execFileSync(path.join(tools, "node_modules/.bin/tsc"),
              ["-p", path.join(root, "clients/typescript"), "--outDir", out,
               "--typeRoots", path.join(tools, "node_modules/@types"), "--types", "node"],
              { stdio: "inherit" });
-const { Rebound, ReboundError, WaitTimeout, WebhookVerificationError, verifyWebhook } =
+const { Rebound, ReboundError, WaitTimeout, WebhookVerificationError, verifyWebhook, expressWebhook } =
   await import(pathToFileURL(path.join(out, "index.js")).href);
-const { Webhook } = createRequire(path.join(tools, "package.json"))("standardwebhooks");
+const requireTool = createRequire(path.join(tools, "package.json"));
+const { Webhook } = requireTool("standardwebhooks");
+const express = requireTool("express");
 
 function startServer(model, ...extra) {
   return new Promise((resolve) => {
@@ -204,6 +207,34 @@ for (const stamp of ["\u00b2", "1".padEnd(400, "0"), "+" + headers["webhook-time
   await rejects(verifyWebhook({ secrets: [SECRET] }, { ...headers, "webhook-timestamp": stamp }, body),
     (e) => e instanceof WebhookVerificationError, `the timestamp ${stamp.slice(0, 12)}`);
 }
+
+// An Express receiver with the middleware: the server's callback reaches the route verified; a
+// forged one is answered 400 before it; behind express.json() the middleware fails loudly.
+const app = express();
+const viaExpress = [];
+const loud = [];
+app.post("/hook", expressWebhook({ secrets: [SECRET] }), (req, res) => {
+  viaExpress.push(req.webhook);
+  res.sendStatus(204);
+});
+app.post("/parsed", express.json(), expressWebhook({ secrets: [SECRET] }), (req, res) => res.sendStatus(204));
+app.use((err, req, res, next) => {
+  loud.push(String(err.message));
+  res.status(500).end();
+});
+const expressServer = await new Promise((resolve) => { const s = app.listen(0, "127.0.0.1", () => resolve(s)); });
+const expressUrl = `http://127.0.0.1:${expressServer.address().port}`;
+await r.submit({ via: "express" }, { id: "te-1", callbackUrl: expressUrl + "/hook" });
+await waitFor(() => viaExpress.some((p) => p.id === "te-1"), "the Express route's payload");
+check(viaExpress.find((p) => p.id === "te-1").result.via === "express", "the verified payload");
+await waitFor(async () => (await r.get("te-1")).callback.state === "delivered", "delivered to Express");
+const forgedHeaders = Object.fromEntries(Object.entries(headers).filter(([k]) => k.startsWith("webhook-")));
+const forgedAnswer = await fetch(expressUrl + "/hook", { method: "POST", body: body.toString().replace("t-1", "t-9"),
+  headers: { ...forgedHeaders, "content-type": "application/json" } });
+check(forgedAnswer.status === 400 && !viaExpress.some((p) => p.id === "t-9"), `a forged callback to Express: ${forgedAnswer.status}`);
+const parsedAnswer = await fetch(expressUrl + "/parsed", { method: "POST", body, headers: { ...forgedHeaders, "content-type": "application/json" } });
+check(parsedAnswer.status === 500 && loud.some((m) => m.includes("express.json()")), `behind express.json(): ${parsedAnswer.status} ${loud}`);
+expressServer.close();
 
 // Retries: 503 with Retry-After, and a submission taken whose answer was lost: one job each.
 const busy = { busy: 3 };

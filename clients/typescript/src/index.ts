@@ -468,3 +468,74 @@ function parse(rawBody: Uint8Array): unknown {
     throw new WebhookVerificationError("the body is not JSON");
   }
 }
+
+// The few parts of Express's request and response the middleware uses (no dependency on Express).
+interface ExpressRequest {
+  headers: Record<string, string | string[] | undefined>;
+  body?: unknown;
+  _body?: boolean; // set by Express's body parsers once they consumed the stream
+  webhook?: unknown;
+  on(event: "data", listener: (chunk: Buffer) => void): unknown;
+  on(event: "end" | "error", listener: (e?: unknown) => void): unknown;
+}
+interface ExpressResponse {
+  status(code: number): { json(body: unknown): unknown };
+}
+
+/** The largest callback body the middleware reads (the server's limit for a result is lower). */
+const MAX_CALLBACK_BYTES = 8 << 20;
+
+/**
+ * Express middleware that verifies a rebound callback and sets `req.webhook` to its payload;
+ * answers 400 when it does not verify. It reads the raw body itself, or takes the Buffer of
+ * `express.raw({ type: "application/json" })`; after `express.json()` (whose re-serialised body
+ * cannot verify) it fails loudly, with an error naming the fix, instead of refusing every
+ * callback.
+ *
+ *   app.post("/hook", expressWebhook({ secrets: [secret] }), (req, res) => {
+ *     const payload = req.webhook; ...
+ *     res.sendStatus(204);
+ *   });
+ */
+export function expressWebhook(options: VerifyOptions) {
+  return (req: ExpressRequest, res: ExpressResponse, next: (error?: unknown) => void): void => {
+    const verify = (raw: Buffer) => {
+      verifyWebhook(options, req.headers, raw).then(
+        (payload) => {
+          req.webhook = payload;
+          next();
+        },
+        (e) => {
+          if (!(e instanceof WebhookVerificationError)) return next(e);
+          res.status(400).json({ error: { code: "invalid_webhook", message: e.message } });
+        },
+      );
+    };
+    if (Buffer.isBuffer(req.body)) return verify(req.body);
+    if (req._body) {
+      return next(new Error(
+        "expressWebhook: the body was parsed already (express.json()?): a parsed body cannot be " +
+        "verified. Mount expressWebhook before any body parser, or use " +
+        "express.raw({ type: \"application/json\" }) on this route."));
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let failed = false;
+    req.on("data", (chunk: Buffer) => {
+      size += chunk.length;
+      if (size <= MAX_CALLBACK_BYTES) chunks.push(chunk);
+    });
+    req.on("error", (e) => {
+      failed = true;
+      next(e);
+    });
+    req.on("end", () => {
+      if (failed) return;
+      if (size > MAX_CALLBACK_BYTES) {
+        res.status(400).json({ error: { code: "invalid_webhook", message: "the body is too large" } });
+        return;
+      }
+      verify(Buffer.concat(chunks));
+    });
+  };
+}
