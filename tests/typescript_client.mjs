@@ -55,7 +55,7 @@ execFileSync(path.join(tools, "node_modules/.bin/tsc"),
              ["-p", path.join(root, "clients/typescript"), "--outDir", out,
               "--typeRoots", path.join(tools, "node_modules/@types"), "--types", "node"],
              { stdio: "inherit" });
-const { Rebound, ReboundError, WaitTimeout, WebhookVerificationError, verifyWebhook, expressWebhook } =
+const { Rebound, ReboundError, WaitTimeout, WebhookVerificationError, WebhookVerifier, verifyWebhook, expressWebhook } =
   await import(pathToFileURL(path.join(out, "index.js")).href);
 const requireTool = createRequire(path.join(tools, "package.json"));
 const { Webhook } = requireTool("standardwebhooks");
@@ -198,6 +198,14 @@ for (const [name, [h, b]] of Object.entries(forged)) {
 }
 await rejects(verifyWebhook({ secrets: ["whsec_" + Buffer.from("another").toString("base64")] }, headers, body),
   (e) => e instanceof WebhookVerificationError, "another secret");
+let fetches = 0;
+const lazy = new WebhookVerifier({ fetchKeys: () => { fetches += 1; return r.webhookKeys(); } });
+check((await lazy.verify(headers, body)).id === "t-1" && fetches === 1, "an unknown key is fetched, once");
+const forgedV1a = { ...headers, "webhook-signature": "v1a," + Buffer.alloc(64).toString("base64") };
+for (let i = 0; i < 3; ++i) {
+  await rejects(lazy.verify(forgedV1a, body), (e) => e instanceof WebhookVerificationError, "a forged v1a signature");
+}
+check(fetches === 1, `forged signatures made the verifier fetch keys ${fetches} times`);
 await rejects(verifyWebhook({ secrets: [SECRET], now: Date.now() / 1000 + 600 }, headers, body),
   (e) => e instanceof WebhookVerificationError, "ten minutes late");
 check((await verifyWebhook({ secrets: [SECRET], now: Date.now() / 1000 + 200 }, headers, body)).id === "t-1", "within the tolerance");

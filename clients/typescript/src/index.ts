@@ -461,6 +461,58 @@ export async function verifyWebhook(
   throw new WebhookVerificationError("no signature matches");
 }
 
+/**
+ * verifyWebhook with keys fetched when a v1a signature matches none known (a key the server
+ * rotated in), at most once every `refetchIntervalMs` (10 s), so that forged signatures cannot
+ * make it hammer the server. `fetchKeys` is typically `() => rebound.webhookKeys()`; a fetch that
+ * fails rejects the verification with a WebhookVerificationError.
+ */
+export class WebhookVerifier {
+  private keys: string[];
+  private fetchedAt = -Infinity;
+  private fetching?: Promise<string[]>;
+
+  constructor(
+    private readonly options: VerifyOptions & {
+      fetchKeys?: () => Promise<string[]>;
+      refetchIntervalMs?: number;
+    },
+  ) {
+    this.keys = [...(options.keys ?? [])];
+    if (!options.secrets?.length && !this.keys.length && !options.fetchKeys) {
+      throw new TypeError("a WebhookVerifier needs a secret, a public key or fetchKeys");
+    }
+  }
+
+  async verify(headers: Headers | Record<string, string | string[] | undefined>, rawBody: Uint8Array | Buffer): Promise<unknown> {
+    const tried = this.keys;
+    try {
+      return await verifyWebhook({ ...this.options, keys: tried }, headers, rawBody);
+    } catch (e) {
+      if (!(e instanceof WebhookVerificationError) || !this.options.fetchKeys ||
+          e.message !== "no signature matches" || !/(^| )v1a,/.test(headerOf(headers, "webhook-signature") ?? "")) {
+        throw e;
+      }
+    }
+    if (this.keys === tried) {
+      // One fetch at a time; those that waited for it use its keys.
+      if (!this.fetching) {
+        if (Date.now() - this.fetchedAt < (this.options.refetchIntervalMs ?? 10_000)) {
+          throw new WebhookVerificationError("no signature matches");
+        }
+        this.fetchedAt = Date.now();
+        this.fetching = this.options.fetchKeys!().finally(() => { this.fetching = undefined; });
+      }
+      try {
+        this.keys = [...(await this.fetching)];
+      } catch (e) {
+        throw new WebhookVerificationError(`the public keys could not be fetched: ${e}`);
+      }
+    }
+    return verifyWebhook({ ...this.options, keys: this.keys }, headers, rawBody);
+  }
+}
+
 function parse(rawBody: Uint8Array): unknown {
   try {
     return JSON.parse(Buffer.from(rawBody).toString("utf8"));
