@@ -204,6 +204,11 @@ int main(int argc, char** argv) {
                  "server takes over the work of one that died")
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
+  std::string otlp_endpoint;
+  app.add_option("--otlp-endpoint", otlp_endpoint,
+                 "Export OpenTelemetry traces (OTLP/HTTP, JSON) to this URL's /v1/traces (default: "
+                 "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as is, or $OTEL_EXPORTER_OTLP_ENDPOINT; "
+                 "none: no traces)");
   app.add_option("--server-id", server_id,
                  "This server's name in lease holders and logs (default: host, pid and a random "
                  "suffix)");
@@ -570,7 +575,39 @@ int main(int argc, char** argv) {
     // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
     server_options.drain_timeout = std::chrono::seconds(25);
 
-    rebound::JobQueue queue(rebound::make_model(model_spec), std::move(store), options);
+    auto model = rebound::make_model(model_spec);
+    // Traces: every job's submission, run and callback attempts, as OpenTelemetry spans.
+    std::shared_ptr<rebound::OtlpTracer> tracer;
+    std::optional<std::string> traces_url;
+    if (!otlp_endpoint.empty()) {
+      while (!otlp_endpoint.empty() && otlp_endpoint.back() == '/')
+        otlp_endpoint.pop_back();
+      traces_url = otlp_endpoint + "/v1/traces";
+    } else {
+      traces_url = rebound::otlp_traces_endpoint_from_environment();
+    }
+    if (traces_url) {
+      rebound::OtlpTracerOptions to;
+      to.endpoint = *traces_url;
+      const char* service = std::getenv("OTEL_SERVICE_NAME");
+      to.service_name = service && *service ? service : "rebound-server";
+      to.server_id = server_id;
+      to.model_name = model->name();
+      tracer = std::make_shared<rebound::OtlpTracer>(to);
+      options.observers.push_back(tracer);
+      options.trace_submissions = true;
+    }
+
+    rebound::JobQueue queue(std::move(model), std::move(store), options);
+    // The tracer outlives the queue (it exports what the drain traced): it stops counting into
+    // the queue's metrics before they go.
+    struct StopCounting {
+      rebound::OtlpTracer* tracer;
+      ~StopCounting() {
+        if (tracer) tracer->count_into(nullptr);
+      }
+    } stop_counting{tracer.get()};
+    if (tracer) tracer->count_into(&queue.telemetry().metrics());
     rebound::Server server(queue, server_options);
     const int bound = server.bind();
     if (const auto resumed = queue.telemetry().batch_stats().resumed) {

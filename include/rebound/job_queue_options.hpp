@@ -134,6 +134,12 @@ struct JobQueueOptions {
   /// More listeners to the pipeline's events, after the metrics and the log (see
   /// Observer: thread-safe, short, never called under a queue lock).
   std::vector<std::shared_ptr<Observer>> observers;
+  /// Every accepted job gets a W3C trace context: the submission becomes a span (a child of the
+  /// submission's `traceparent` when it had one, else the root of a new trace), the job is stored
+  /// with a `traceparent` naming that span, and its run and callback attempts continue the trace
+  /// (each attempt's `traceparent` header names the attempt's own span). Observers hear
+  /// on_submission_traced. rebound::OtlpTracer (rebound::http) turns it into OTLP spans.
+  bool trace_submissions = false;
 };
 
 }  // namespace rebound

@@ -79,6 +79,9 @@ struct Metrics {
   Counter submissions_refused_store_unavailable{0};
   Counter store_errors{0};
   Counter leases_lost{0};
+  /// Kept by an OtlpTracer (OtlpTracer::count_into), which may count into a const Metrics.
+  mutable Counter trace_spans_exported{0};
+  mutable Counter trace_spans_dropped{0};
   Counter invocations_succeeded{0};
   Counter invocations_failed{0};
   Counter callback_attempts_delivered{0};
@@ -144,6 +147,11 @@ struct Metrics {
     counter("rebound_store_errors_total",
             "Job store calls that failed (each is retried or refused; see the store_failed log).",
             "", store_errors);
+    counter("rebound_trace_spans_exported_total",
+            "Trace spans an OTLP collector accepted (--otlp-endpoint).", "", trace_spans_exported);
+    counter("rebound_trace_spans_dropped_total",
+            "Trace spans dropped: the export queue was full, or an export failed for good.", "",
+            trace_spans_dropped);
     counter("rebound_leases_lost_total",
             "Acknowledgements refused because the lease had run out (another claim has the work).",
             "", leases_lost);

@@ -15,6 +15,17 @@
 
 namespace rebound {
 
+/// A submission accepted with a trace (JobQueueOptions::trace_submissions): what a tracer needs
+/// to record its span. The job was stored with `traceparent`, whose parent id is this
+/// submission's span; the run and every callback attempt of the job continue that trace.
+struct SubmissionTrace {
+  std::string job_id;          ///< the job's key (rebound::key_of)
+  std::string traceparent;     ///< as stored with the job: 00-<trace id>-<this span's id>-<flags>
+  std::string parent_span_id;  ///< the caller's span (16 hex) when it sent a traceparent, else ""
+  std::chrono::system_clock::time_point started;   ///< when the queue began to take it
+  std::chrono::system_clock::time_point accepted;  ///< when it was accepted
+};
+
 /// Hears the events of a JobQueue's pipeline, in the order of a job's walk:
 /// accepted -> (claimed) -> batch started -> completed | expired -> attempt ... -> (redelivery).
 ///
@@ -39,6 +50,8 @@ class Observer {
 
   /// A job was stored and claimed by this server (a 202; an identical resubmission is not).
   virtual void on_accepted(const std::string& /*job_id*/, bool /*has_callback*/) {}
+  /// With JobQueueOptions::trace_submissions, after on_accepted: the submission's trace.
+  virtual void on_submission_traced(const SubmissionTrace& /*trace*/) {}
   /// A submission or invocation was refused, and why (a duplicate is not a refusal).
   virtual void on_refused(errc /*why*/) {}
   /// Work was claimed from the store that this server did not accept or schedule itself: `jobs`

@@ -28,6 +28,7 @@
 #include "rebound/version.hpp"
 #if defined(REBOUND_HAS_HTTP)
 #include "rebound/delivery/curl_transport.hpp"
+#include "rebound/http/otlp_tracer.hpp"
 #include "rebound/http/server.hpp"
 #endif
 #if defined(REBOUND_HAS_SQLITE)

@@ -37,19 +37,35 @@ inline std::string trace_id_of(std::string_view traceparent) {
   return std::string(traceparent.substr(3, 32));
 }
 
+/// Appends 16 random lower-case hex digits, not all zero (a span id, or half a trace id).
+inline void append_random_hex16(std::string& out) {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  std::uint64_t bits = 0;
+  while (bits == 0)
+    bits = random();
+  static constexpr char digits[] = "0123456789abcdef";
+  for (int shift = 60; shift >= 0; shift -= 4)
+    out += digits[(bits >> shift) & 0xf];
+}
+
 /// The `traceparent` of a request made on behalf of `parent` (a valid one): version 00, the same
 /// trace id and flags, and a new random parent id (this request's span).
 inline std::string child_traceparent(std::string_view parent) {
-  thread_local std::mt19937_64 random{std::random_device{}()};
-  std::uint64_t span = 0;
-  while (span == 0)
-    span = random();
-  static constexpr char digits[] = "0123456789abcdef";
   std::string out = "00-";
   out.append(parent.substr(3, 32)).append("-");
-  for (int shift = 60; shift >= 0; shift -= 4)
-    out += digits[(span >> shift) & 0xf];
+  append_random_hex16(out);
   out.append("-").append(parent.substr(53, 2));
+  return out;
+}
+
+/// A new trace's root `traceparent`: a random trace id and span id, sampled (flags 01).
+inline std::string new_traceparent() {
+  std::string out = "00-";
+  append_random_hex16(out);
+  append_random_hex16(out);
+  out += '-';
+  append_random_hex16(out);
+  out += "-01";
   return out;
 }
 

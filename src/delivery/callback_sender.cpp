@@ -111,6 +111,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.
     auto self = shared_from_this();
+    sent_at_ = options.now();
     state_->transport->send(std::move(request), [self](CallbackResponse response) mutable {
       auto executor = self->state_->executor;
       boost::asio::post(executor, [self = std::move(self), response = std::move(response)] {
@@ -128,6 +129,9 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     report.attempt = message_.previous_attempts + attempts_;
     for (const auto& header : message_.extra_headers)
       if (header.first == "traceparent") report.traceparent = header.second;
+    report.parent_span_id = message_.parent_span_id;
+    report.started_at = sent_at_;
+    report.finished_at = options.now();
     report.response = response;
     report.verdict =
         options.classifier ? options.classifier(response) : default_classifier(response);
@@ -186,6 +190,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       report.verdict = AttemptVerdict::deferred;
       report.next_delay = delay;
       report.error = describe(response);
+      report.started_at = report.finished_at = state_->options.now();
       call_quietly(on_attempt_, report);
       state_->finished_one();
       return;
@@ -215,6 +220,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
   DeliveryHandler on_done_;
   boost::asio::steady_timer timer_;
   std::chrono::steady_clock::time_point started_;
+  std::chrono::system_clock::time_point sent_at_{};  // the latest attempt's request went out
   bool single_;
   RetryState before_;
   int attempts_ = 0;

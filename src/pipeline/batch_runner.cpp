@@ -169,13 +169,13 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   if (inference_timeout_.count() > 0) {
     watchdog = std::make_shared<boost::asio::steady_timer>(timer_executor_, inference_timeout_);
     watchdog->async_wait(
-        [this, keep = owner(), items, settled, flags](const boost::system::error_code& ec) {
+        [this, keep = owner(), items, settled, flags, now](const boost::system::error_code& ec) {
           if (ec || settled->exchange(true)) return;
           const std::string message = "The model did not answer within the inference timeout of " +
                                       std::to_string(inference_timeout_.count() / 1000.0) + " s.";
           for (auto& item : *items) {
             Prediction timeout = Prediction::failure("inference_timeout", message);
-            settle(item, timeout, items->size(), -1);
+            settle(item, timeout, items->size(), -1, now);
           }
           // The late result will be discarded: a model that polls its flag may stop now (and a
           // stopping process, whose abandon_running no longer sees these jobs, need not wait).
@@ -201,7 +201,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   observe_([&](auto& o) { o.on_batch_finished(items->size(), inference_s); });
   if (watchdog) watchdog->cancel();
   for (std::size_t i = 0; i < items->size(); ++i) {
-    settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0);
+    settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0, now);
   }
 }
 
@@ -295,7 +295,7 @@ std::vector<Prediction> BatchRunner::predict(std::vector<nlohmann::json>& inputs
 }
 
 void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
-                         double inference_ms) {
+                         double inference_ms, TimePoint started_at) {
   if (item.reply) {
     observe_([&](auto& o) { o.on_invocation(prediction.ok()); });
     try {
@@ -321,6 +321,7 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   }
   JobRecord record;
   record.job = std::move(item.job);
+  record.started_at = started_at;  // (as mark_running wrote it)
   record.outcome.finished_at = clock_();
   if (prediction.ok()) {
     record.status = JobStatus::succeeded;

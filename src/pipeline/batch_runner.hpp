@@ -98,7 +98,8 @@ class BatchRunner {
 
   // Answers one item with its prediction: an invocation's handler, or a job's outcome.
   // inference_ms < 0: the model never answered (a timeout).
-  void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size, double inference_ms);
+  void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size, double inference_ms,
+              TimePoint started_at);
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
   // none is wanted, or when the lease was lost: another claim has the job).

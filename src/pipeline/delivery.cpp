@@ -19,6 +19,7 @@ namespace {
 void continue_trace(CallbackMessage& message, const Job& job) {
   if (is_valid_traceparent(job.traceparent)) {
     message.extra_headers.emplace_back("traceparent", child_traceparent(job.traceparent));
+    message.parent_span_id = job.traceparent.substr(36, 16);
   }
 }
 
@@ -60,7 +61,8 @@ void Delivery::attempt(const JobRecord& record, std::string holder, Claim claim)
                           webhook_id_of(record.job),
                           before.attempts,
                           {},
-                          tenant};
+                          tenant,
+                          {}};
   continue_trace(message, record.job);
   RetryState state;
   state.attempts = before.delivery_attempts;
@@ -145,9 +147,14 @@ void Delivery::notify_started(const Job& job) {
     return;
   }
   nlohmann::json body = {{"id", job.id}, {"status", "running"}};
-  CallbackMessage message{
-      key_of(job), job.callback_url, dump_json(body), webhook_id_of(job) + "_started", 0,
-      {},          job.tenant};
+  CallbackMessage message{key_of(job),
+                          job.callback_url,
+                          dump_json(body),
+                          webhook_id_of(job) + "_started",
+                          0,
+                          {},
+                          job.tenant,
+                          {}};
   continue_trace(message, job);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });

@@ -178,8 +178,10 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
   const std::string id = key_of(job);
   const bool has_callback = !job.callback_url.empty();
   StoreAccess::News news;
+  std::optional<SubmissionTrace> trace;
   const Submitted verdict = [&] {
     if (Submitted checked = check(core, job, false); checked.error) return checked;
+    trace = core.begin_trace(job);
     auto entered = core.admission.enter();
     Admitted before;
     Pending p = prepare(core, queue, job, done != nullptr, before, news);
@@ -198,7 +200,7 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
     return settle(core, queue, job, p, outcome, done);
   }();
   core.store.tell(news);
-  core.observe_submission(verdict, id, has_callback);
+  core.observe_submission(verdict, id, has_callback, &trace);
   return verdict;
 }
 
@@ -210,13 +212,15 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
                      FrontDoor::SubmitAnswer done, bool rules_checked) {
   const std::string id = key_of(job);
   const bool has_callback = !job.callback_url.empty();
-  auto answer = [&core, id, has_callback](const FrontDoor::SubmitAnswer& to,
-                                          const Submitted& verdict) {
-    core.observe_submission(verdict, id, has_callback);
+  auto trace = std::make_shared<std::optional<SubmissionTrace>>();
+  auto answer = [&core, id, has_callback, trace](const FrontDoor::SubmitAnswer& to,
+                                                 const Submitted& verdict) {
+    core.observe_submission(verdict, id, has_callback, trace.get());
     to(verdict);
   };
   if (Submitted checked = check(core, job, rules_checked); checked.error)
     return answer(done, checked);
+  *trace = core.begin_trace(job);
   struct Underway {
     Job job;
     Pending pending;
@@ -267,6 +271,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
   std::vector<std::string> ids;
   std::vector<bool> callbacks;
   std::vector<std::size_t> first(n, none);  // for a repeated id: its first job
+  std::vector<std::optional<SubmissionTrace>> traces(n);
   std::vector<bool> same_as_first(n, false);
   std::unordered_map<std::string_view, std::size_t> seen;
   ids.reserve(n);
@@ -282,6 +287,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
     // passes.
     statuses[i] = check(core, jobs[i], rules_checked);
     if (statuses[i].error) continue;
+    traces[i] = core.begin_trace(jobs[i]);
     if (auto [it, added] = seen.emplace(ids[i], i); !added) {
       first[i] = it->second;
       same_as_first[i] = jobs[i].same_request_as(jobs[it->second]);
@@ -389,7 +395,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
   }
   core.store.tell(news);
   for (std::size_t i = 0; i < n; ++i)
-    core.observe_submission(statuses[i], ids[i], callbacks[i]);
+    core.observe_submission(statuses[i], ids[i], callbacks[i], &traces[i]);
   return statuses;
 }
 

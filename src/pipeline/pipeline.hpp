@@ -22,6 +22,7 @@
 
 #include "admission.hpp"
 #include "batch_runner.hpp"
+#include "common/trace_context.hpp"
 #include "delivery.hpp"
 #include "events.hpp"
 #include "leases.hpp"
@@ -195,7 +196,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
                sender->get_executor(), options.job_ttl, options.inference_timeout),
         async_waiters(options.max_waiting),
         rates(options.tenant_defaults, options.tenants),
-        poll_interval(options.poll_interval) {
+        poll_interval(options.poll_interval),
+        trace_submissions(options.trace_submissions) {
     observe.log = LogObserver(options.logger);
     logger = options.logger;
     observe.user = std::move(options.observers);
@@ -253,6 +255,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   AsyncWaiters async_waiters;
   TenantRates rates;  // each tenant's submissions per second
   const std::chrono::milliseconds poll_interval;
+  const bool trace_submissions;  // JobQueueOptions::trace_submissions
   // On the pump's thread only, on `clock` as the pump's schedule is.
   std::chrono::system_clock::time_point last_wait_poll{};
   std::chrono::system_clock::time_point last_pause_sync{};
@@ -339,14 +342,37 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     }
   }
 
+  // With trace_submissions: the job (checked already) gets the trace its submission's span
+  // starts: a child of its traceparent when it has one, else a new trace; the job is stored with
+  // a traceparent that names that span. What on_submission_traced will tell, once accepted.
+  std::optional<SubmissionTrace> begin_trace(Job& job) const {
+    if (!trace_submissions) return std::nullopt;
+    SubmissionTrace trace;
+    trace.job_id = key_of(job);
+    trace.started = clock();
+    if (is_valid_traceparent(job.traceparent)) {
+      trace.parent_span_id = job.traceparent.substr(36, 16);
+      job.traceparent = child_traceparent(job.traceparent);
+    } else {
+      job.traceparent = new_traceparent();
+    }
+    trace.traceparent = job.traceparent;
+    return trace;
+  }
+
   // Tells the observers how a submission (or, without an id, an invocation) was answered: a new
   // job accepted, or a refusal (a duplicate is neither); called outside every lock.
-  void observe_submission(const Submitted& s, const std::string& id, bool has_callback) {
+  void observe_submission(const Submitted& s, const std::string& id, bool has_callback,
+                          std::optional<SubmissionTrace>* trace = nullptr) {
     if (s.error) {
       const errc why = static_cast<errc>(s.error.value());
       observe([why](auto& o) { o.on_refused(why); });
     } else if (!s.duplicate && !id.empty()) {
       observe([&](auto& o) { o.on_accepted(id, has_callback); });
+      if (trace && *trace) {
+        (*trace)->accepted = clock();
+        observe([&](auto& o) { o.on_submission_traced(**trace); });
+      }
     }
   }
 };

@@ -44,6 +44,9 @@ struct CallbackMessage {
   /// The tenant the message is for (rebound/tenant.hpp): signed with that tenant's keys
   /// (CallbackSender::signing_keys_for). Empty: the sender's own keys.
   std::string tenant;
+  /// For tracers: the span whose trace the attempts' `traceparent` headers continue (16 hex;
+  /// empty: none). Each attempt's own span id is the parent id of the header it carried.
+  std::string parent_span_id;
 };
 
 /// Reported after every attempt (and, by CallbackSender::attempt, after a deferral).
@@ -52,8 +55,12 @@ struct AttemptReport {
   CallbackResponse response;
   AttemptVerdict verdict = AttemptVerdict::retry;  ///< give_up also when the policy stops retrying
   std::chrono::milliseconds next_delay{0};         ///< when `verdict` is retry or deferred
-  std::string error;        ///< a one-line description of a failed attempt, e.g. "HTTP 503"
-  std::string traceparent;  ///< the `traceparent` the attempt carried, if any
+  std::string error;           ///< a one-line description of a failed attempt, e.g. "HTTP 503"
+  std::string traceparent;     ///< the `traceparent` the attempt carried, if any
+  std::string parent_span_id;  ///< CallbackMessage::parent_span_id
+  /// When the request went out and when its answer (or failure) came back; for a deferral, both
+  /// are when it was deferred.
+  std::chrono::system_clock::time_point started_at{}, finished_at{};
 };
 
 /// Reported once, when a delivery ends.
