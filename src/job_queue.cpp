@@ -210,6 +210,7 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   telemetry_.reset(new Telemetry(*core_, *queue_));
   core_->sync_pauses();
   core_->pump.start(*queue_);
+  core_->observe([&](auto& o) { o.on_metrics(&core_->metrics); });
 }
 
 JobQueue::~JobQueue() {
@@ -228,6 +229,7 @@ JobQueue::~JobQueue() {
   if (threads_) threads_->finish(*live_);
   core_->store.wait_answered();
   queue_.reset();  // waits for running batches (on the caller's executors)
+  core_->observe([](auto& o) { o.on_metrics(nullptr); });
 }
 
 JobQueue::executor_type JobQueue::get_executor() const noexcept {

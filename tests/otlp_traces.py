@@ -8,8 +8,12 @@ echo`, CONSUMER) and each callback attempt (`POST`, CLIENT) under it, each attem
 the parent id in the traceparent its receiver got, a retried attempt with its resend count. A
 second server whose collector refuses everything counts its dropped spans in /metrics.
 
-    otlp_traces.py REBOUND_SERVER
+The sink itself is checked against the official OpenTelemetry JS exporter's output (when node
+and the node tools are given), so that it is not wrong in the same way as rebound's exporter.
+
+    otlp_traces.py REBOUND_SERVER [NODE NODE_TOOLS_DIR]
 """
+import atexit
 import http.client
 import http.server
 import json
@@ -21,6 +25,7 @@ import threading
 import time
 
 server_bin = sys.argv[1]
+node, node_tools = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else (None, None)
 children = []
 HEX32, HEX16 = re.compile(r"[0-9a-f]{32}"), re.compile(r"[0-9a-f]{16}")
 
@@ -33,6 +38,13 @@ def fail(message):
     if threading.current_thread() is not threading.main_thread():
         os._exit(1)  # (the sink's checks run on its threads)
     sys.exit(1)
+
+
+@atexit.register
+def end_children():
+    for p in children:
+        if p.poll() is None:
+            p.kill()
 
 
 def check(ok, message):
@@ -114,9 +126,10 @@ def check_export(body):
 class Sink(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, refuse=(), refuse_all=False):
+    def __init__(self, refuse=(), refuse_all=False, hang=False):
         self.lock = threading.Lock()
-        self.spans, self.answers = [], []
+        self.spans, self.answers, self.answered_at = [], [], []
+        self.hang = hang
         self.refuse = list(refuse)  # (status, retry_after) for the first exports
         self.refuse_all = refuse_all
         super().__init__(("127.0.0.1", 0), SinkHandler)
@@ -126,8 +139,24 @@ class Sink(http.server.ThreadingHTTPServer):
 class SinkHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def read_body(self):
+        # A collector takes either framing: the official exporter sends chunked bodies.
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return body
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers["Content-Length"]))
+
     def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
+        body = self.read_body()
+        if self.server.hang:
+            time.sleep(60)  # a collector that takes the request and never answers
+            return
         check(self.path == "/v1/traces", f"exported to {self.path}")
         check(self.headers.get("Content-Type") == "application/json",
               f"Content-Type {self.headers.get('Content-Type')}")
@@ -142,6 +171,7 @@ class SinkHandler(http.server.BaseHTTPRequestHandler):
                 status, retry_after = 200, None
                 sink.spans.extend(spans)
             sink.answers.append(status)
+            sink.answered_at.append(time.monotonic())
         data = b"{}" if status == 200 else b'{"code":14,"message":"not now"}'
         self.send_response(status)
         if retry_after is not None:
@@ -185,13 +215,13 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def start_server(sink, *extra):
+def start_server(sink, *extra, path=""):
     env = dict(os.environ, OTEL_SERVICE_NAME="trace-test")
     proc = subprocess.Popen(
         [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", "echo", "--store",
          "memory", "--allow-private-callbacks", "--server-id", "traced-1", "--backoff-base",
          "0.05", "--backoff-cap", "0.1", "--otlp-endpoint",
-         f"http://127.0.0.1:{sink.server_address[1]}", *extra],
+         f"http://127.0.0.1:{sink.server_address[1]}{path}", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     children.append(proc)
     for line in proc.stdout:
@@ -227,6 +257,25 @@ def metric(port, name):
     return int(m.group(1)) if m else None
 
 
+if node:
+    # The official exporter's output passes the sink's checks, and reads as it was sent.
+    official = Sink()
+    subprocess.run([node, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "otlp_official.mjs"), node_tools,
+                    f"http://127.0.0.1:{official.server_address[1]}/v1/traces"],
+                   check=True, timeout=60)
+    by_name = {s["name"]: s for s in official.spans}
+    check(set(by_name) == {"send echo", "process echo"}, f"official spans: {list(by_name)}")
+    o_send, o_process = by_name["send echo"], by_name["process echo"]
+    check(o_send["kind"] == 4 and o_process["kind"] == 5, "official kinds")
+    check(o_process["parentSpanId"] == o_send["spanId"] and
+          o_process["traceId"] == o_send["traceId"], "official parent")
+    check(o_send["resource"]["service.name"] == "official", "official resource")
+    check(int(o_send["attrs"]["count"]) == 3 and o_send["attrs"]["ratio"] == 1.5 and
+          o_send["attrs"]["ok"] is True, f"official attribute values: {o_send['attrs']}")
+    check(o_process["status"]["code"] == 2 and o_send["status"]["code"] == 1, "official status")
+    print("the sink takes the official exporter's output", flush=True)
+
 sink = Sink(refuse=[(503, "0"), (429, "1")])
 receiver = Receiver()
 hook = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
@@ -239,12 +288,14 @@ jobs = {
     "b": ({"id": "b", "input": 2, "callback_url": hook}, {}),
     "retry-me": ({"id": "retry-me", "input": 3, "callback_url": hook}, {}),
     "noback": ({"id": "noback", "input": 4}, {}),
+    "unsampled": ({"id": "unsampled", "input": 5, "callback_url": hook},
+                  {"traceparent": f"00-{'5' * 32}-{'6' * 16}-00"}),
 }
 for body, headers in jobs.values():
     status, data = request(port, "POST", "/v1/inferences", body, headers)
     check(status == 202, f"submission: {status} {data}")
-wait_for(lambda: {c[0] for c in receiver.calls if c[2] == 200} >= {"a", "b", "retry-me"},
-         "the callbacks")
+wait_for(lambda: {c[0] for c in receiver.calls if c[2] == 200} >= {"a", "b", "retry-me",
+                                                                    "unsampled"}, "the callbacks")
 
 
 def spans_of(job_id):
@@ -257,6 +308,12 @@ expected = {"a": 3, "b": 3, "retry-me": 4, "noback": 2}
 wait_for(lambda: all(len(spans_of(j)) >= n for j, n in expected.items()), "every job's spans", 40)
 check(sink.answers[:2] == [503, 429] and 200 in sink.answers,
       f"the refused exports were sent again: {sink.answers}")
+check(sink.answered_at[2] - sink.answered_at[1] >= 0.9,
+      "the export after '429 Retry-After: 1' waited for it")
+check(not spans_of("unsampled"), "a trace the caller did not sample was exported")
+unsampled_tp = [c[1] for c in receiver.calls if c[0] == "unsampled"][0]
+check(unsampled_tp.startswith("00-" + "5" * 32) and unsampled_tp.endswith("-00"),
+      f"the unsampled job's callback keeps its trace and flags: {unsampled_tp}")
 
 for job_id, n in expected.items():
     spans = spans_of(job_id)
@@ -270,7 +327,10 @@ for job_id, n in expected.items():
     check(len({s["traceId"] for s in spans}) == 1, f"{job_id}: one trace")
     check(process["parentSpanId"] == send["spanId"], f"{job_id}: process under send")
     check(process["status"]["code"] == 1, f"{job_id}: the run succeeded: {process['status']}")
-    check(isinstance(int(process["attrs"]["rebound.queue_wait_ms"]), int), "queue wait")
+    check(int(process["attrs"]["rebound.queue_wait_ms"]) >= 0, "queue wait")
+    check(int(send["startTimeUnixNano"]) <= int(process["startTimeUnixNano"]) and
+          all(int(process["startTimeUnixNano"]) <= int(p["startTimeUnixNano"]) for p in posts),
+          f"{job_id}: send, then process, then the attempts")
     for s in (send, process):
         check(s["attrs"]["messaging.system"] == "rebound" and
               s["attrs"]["messaging.destination.name"] == "echo" and
@@ -301,18 +361,32 @@ check("http.request.resend_count" not in retry_posts[0]["attrs"] and
       f"the retry's resend count: {[p['attrs'] for p in retry_posts]}")
 check(retry_posts[0]["attrs"]["error.type"] == "503", "the failed attempt's error.type")
 
-exported = metric(port, "rebound_trace_spans_exported_total")
-check(exported is not None and exported >= sum(expected.values()),
-      f"rebound_trace_spans_exported_total {exported}")
+wait_for(lambda: (metric(port, "rebound_trace_spans_exported_total") or 0) >=
+         sum(expected.values()), "rebound_trace_spans_exported_total")
 check(metric(port, "rebound_trace_spans_dropped_total") == 0, "nothing dropped")
 
-# A collector that refuses everything: the spans are dropped, and counted.
+# A collector that refuses everything (given as the full traces URL): the spans are dropped, and
+# counted.
 refusing = Sink(refuse_all=True)
-proc2, port2 = start_server(refusing)
+proc2, port2 = start_server(refusing, path="/v1/traces")
 check(request(port2, "POST", "/v1/inferences", {"id": "x", "input": 1})[0] == 202, "submit")
 wait_for(lambda: (metric(port2, "rebound_trace_spans_dropped_total") or 0) >= 2,
          "the refused spans counted as dropped")
 check(metric(port2, "rebound_trace_spans_exported_total") == 0, "nothing exported")
+
+# A collector that never answers: jobs go on, and a shutdown waits for it 5 s at most.
+hung = Sink(hang=True)
+proc3, port3 = start_server(hung)
+for n in range(20):
+    check(request(port3, "POST", "/v1/inferences", {"id": f"h{n}", "input": n})[0] == 202, "submit")
+wait_for(lambda: json.loads(request(port3, "GET", "/v1/inferences/h19")[1])["status"] ==
+         "succeeded", "jobs beside a hung collector")
+stopped_at = time.monotonic()
+proc3.terminate()
+proc3.wait(timeout=60)
+took = time.monotonic() - stopped_at
+check(took < 15, f"a shutdown beside a hung collector took {took:.1f} s")
+print(f"a shutdown beside a hung collector: {took:.1f} s", flush=True)
 
 for p in children:
     p.terminate()

@@ -580,13 +580,21 @@ int main(int argc, char** argv) {
     std::shared_ptr<rebound::OtlpTracer> tracer;
     std::optional<std::string> traces_url;
     if (!otlp_endpoint.empty()) {
-      while (!otlp_endpoint.empty() && otlp_endpoint.back() == '/')
-        otlp_endpoint.pop_back();
-      traces_url = otlp_endpoint + "/v1/traces";
+      traces_url = rebound::otlp_traces_endpoint(otlp_endpoint);
     } else {
       traces_url = rebound::otlp_traces_endpoint_from_environment();
     }
     if (traces_url) {
+      for (const char* name :
+           {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"}) {
+        const char* protocol = std::getenv(name);
+        if (protocol && *protocol && std::string(protocol) != "http/json") {
+          std::cerr << "rebound-server: warning: " << name << "=" << protocol
+                    << " is not supported: traces go as http/json to " << *traces_url << "\n";
+          break;
+        }
+      }
+      std::cout << "rebound-server: traces to " << *traces_url << " (OTLP/HTTP, JSON)" << std::endl;
       rebound::OtlpTracerOptions to;
       to.endpoint = *traces_url;
       const char* service = std::getenv("OTEL_SERVICE_NAME");
@@ -598,16 +606,9 @@ int main(int argc, char** argv) {
       options.trace_submissions = true;
     }
 
+    // (The tracer outlives the queue: it exports what the drain traced; it counts into the
+    // queue's metrics while they last, through Observer::on_metrics.)
     rebound::JobQueue queue(std::move(model), std::move(store), options);
-    // The tracer outlives the queue (it exports what the drain traced): it stops counting into
-    // the queue's metrics before they go.
-    struct StopCounting {
-      rebound::OtlpTracer* tracer;
-      ~StopCounting() {
-        if (tracer) tracer->count_into(nullptr);
-      }
-    } stop_counting{tracer.get()};
-    if (tracer) tracer->count_into(&queue.telemetry().metrics());
     rebound::Server server(queue, server_options);
     const int bound = server.bind();
     if (const auto resumed = queue.telemetry().batch_stats().resumed) {

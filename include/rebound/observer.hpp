@@ -15,6 +15,8 @@
 
 namespace rebound {
 
+struct Metrics;
+
 /// A submission accepted with a trace (JobQueueOptions::trace_submissions): what a tracer needs
 /// to record its span. The job was stored with `traceparent`, whose parent id is this
 /// submission's span; the run and every callback attempt of the job continue that trace.
@@ -95,6 +97,9 @@ class Observer {
   virtual void on_store_failing(std::string_view /*during*/, const std::string& /*job_id*/,
                                 std::string_view /*why*/) {}
   virtual void on_store_recovered() {}
+  /// The queue's metrics, once it is built (an observer that counts into them, as OtlpTracer
+  /// does), and nullptr before they go (the queue is destroyed): no count after that.
+  virtual void on_metrics(const Metrics* /*metrics*/) {}
 };
 
 }  // namespace rebound

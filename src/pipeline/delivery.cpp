@@ -155,7 +155,10 @@ void Delivery::notify_started(const Job& job) {
                           {},
                           job.tenant,
                           {}};
-  continue_trace(message, job);
+  // (The submission's traceparent as is: this notification's request records no span, so it
+  // names none of its own that the receiver's spans would hang from.)
+  if (is_valid_traceparent(job.traceparent))
+    message.extra_headers.emplace_back("traceparent", job.traceparent);
   sender_.deliver(std::move(message), nullptr,
                   [this, keep = owner()](const DeliveryReport&) { --started_in_flight_; });
 }

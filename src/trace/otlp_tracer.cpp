@@ -25,15 +25,32 @@
 
 namespace rebound {
 
+namespace {
+std::string lower(const char* s) {
+  std::string out = s ? s : "";
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+}  // namespace
+
 std::optional<std::string> otlp_traces_endpoint_from_environment() {
+  if (lower(std::getenv("OTEL_SDK_DISABLED")) == "true") return std::nullopt;
+  if (lower(std::getenv("OTEL_TRACES_EXPORTER")) == "none") return std::nullopt;
   const char* traces = std::getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
   if (traces && *traces) return std::string(traces);
   const char* base = std::getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
   if (!base || !*base) return std::nullopt;
-  std::string url(base);
+  return otlp_traces_endpoint(base);
+}
+
+std::string otlp_traces_endpoint(std::string url) {
   while (!url.empty() && url.back() == '/')
     url.pop_back();
-  return url + "/v1/traces";
+  constexpr std::string_view path = "/v1/traces";
+  if (url.size() >= path.size() && url.compare(url.size() - path.size(), path.size(), path) == 0)
+    return url;
+  return url + std::string(path);
 }
 
 namespace {
@@ -65,6 +82,13 @@ void add(nlohmann::json& attributes, const char* key, std::int64_t value) {
 }
 void add(nlohmann::json& attributes, const char* key, double value) {
   attributes.push_back({{"key", key}, {"value", {{"doubleValue", value}}}});
+}
+
+// Whether a valid traceparent's flags say its trace is sampled (W3C: bit 0).
+bool sampled(const std::string& traceparent) {
+  const char low = traceparent[54];
+  const int value = low >= 'a' ? low - 'a' + 10 : low - '0';
+  return (value & 1) != 0;
 }
 
 std::string new_span_id() {
@@ -104,6 +128,8 @@ struct OtlpTracer::Impl {
     }
     options.max_batch_spans = std::max<std::size_t>(1, options.max_batch_spans);
     options.max_tries = std::max(1, options.max_tries);
+    options.interval = std::max(options.interval, std::chrono::milliseconds(10));
+    options.request_timeout = std::max(options.request_timeout, std::chrono::milliseconds(1));
     exporter = std::thread([this] { run(); });
   }
 
@@ -111,9 +137,17 @@ struct OtlpTracer::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex);
       stopping = true;
+      flush_until = std::chrono::steady_clock::now() + options.shutdown_timeout;
     }
     wake.notify_all();
     exporter.join();
+  }
+
+  // Past the shutdown's deadline: nothing more is sent (the transfer under way is cut).
+  bool past_deadline() const {
+    const auto until = flush_until.load();
+    return until != std::chrono::steady_clock::time_point::max() &&
+           std::chrono::steady_clock::now() >= until;
   }
 
   void push(Span span) {
@@ -155,7 +189,11 @@ struct OtlpTracer::Impl {
         queue.erase(queue.begin(), queue.begin() + static_cast<long>(n));
         const bool last_call = stopping;
         lock.unlock();
-        send(batch, last_call);
+        try {
+          send(batch, last_call);
+        } catch (...) {
+          count_dropped(batch.size());  // out of memory building the body, say: the thread goes on
+        }
         lock.lock();
         if (!stopping && queue.size() < options.max_batch_spans) break;
       }
@@ -196,6 +234,7 @@ struct OtlpTracer::Impl {
   // One batch, tried again on 429/502/503/504 or no answer (not when `last_call`: the tracer
   // is going); dropped and counted when it fails for good.
   void send(const std::vector<Span>& batch, bool last_call) {
+    if (past_deadline()) return count_dropped(batch.size());
     const std::string body = body_of(batch);
     for (int attempt = 1;; ++attempt) {
       std::string retry_after;
@@ -216,10 +255,13 @@ struct OtlpTracer::Impl {
       }
       std::unique_lock<std::mutex> lock(mutex);
       if (wake.wait_for(lock, pause, [&] { return stopping; })) {
-        lock.unlock();
-        last_call = true;  // one more try, then the destructor goes on
+        return count_dropped(batch.size());  // going: no more tries for a batch that failed
       }
     }
+  }
+
+  static int cut_at_deadline(void* impl, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+    return static_cast<const Impl*>(impl)->past_deadline() ? 1 : 0;
   }
 
   // POSTs `body`; the HTTP status, or 0 when there was no answer.
@@ -234,6 +276,9 @@ struct OtlpTracer::Impl {
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.data());
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(options.request_timeout.count()));
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, cut_at_deadline);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, this);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, write_nothing);
@@ -250,6 +295,8 @@ struct OtlpTracer::Impl {
   std::condition_variable wake;
   std::deque<Span> queue;
   bool stopping = false;
+  std::atomic<std::chrono::steady_clock::time_point> flush_until{
+      std::chrono::steady_clock::time_point::max()};
   std::atomic<std::uint64_t> exported{0}, dropped{0};
   std::mutex metrics_mutex;  // count_into(nullptr) returns once no count is under way
   const Metrics* metrics = nullptr;
@@ -291,7 +338,7 @@ void messaging(nlohmann::json& a, const char* operation, const std::string& job_
 }  // namespace
 
 void OtlpTracer::on_submission_traced(const SubmissionTrace& t) {
-  if (!detail::is_valid_traceparent(t.traceparent)) return;
+  if (!detail::is_valid_traceparent(t.traceparent) || !sampled(t.traceparent)) return;
   Span s;
   s.trace_id = detail::trace_id_of(t.traceparent);
   s.span_id = t.traceparent.substr(36, 16);
@@ -307,7 +354,7 @@ void OtlpTracer::on_submission_traced(const SubmissionTrace& t) {
 void OtlpTracer::on_completed(const JobRecord& record, std::size_t batch_size,
                               double inference_ms) {
   const Job& job = record.job;
-  if (!detail::is_valid_traceparent(job.traceparent)) return;
+  if (!detail::is_valid_traceparent(job.traceparent) || !sampled(job.traceparent)) return;
   Span s;
   s.trace_id = detail::trace_id_of(job.traceparent);
   s.span_id = new_span_id();
@@ -317,7 +364,11 @@ void OtlpTracer::on_completed(const JobRecord& record, std::size_t batch_size,
   const auto end = record.outcome.finished_at != std::chrono::system_clock::time_point{}
                        ? record.outcome.finished_at
                        : std::chrono::system_clock::now();
-  s.start = record.started_at != std::chrono::system_clock::time_point{} ? record.started_at : end;
+  // From the run's start; a job that never ran (expired) from its acceptance.
+  const std::chrono::system_clock::time_point never{};
+  s.start = record.started_at != never ? record.started_at
+            : job.created_at != never  ? std::min(job.created_at, end)
+                                       : end;
   s.end = end;
   messaging(s.attributes, "process", key_of(job), impl_->options);
   add(s.attributes, "rebound.job.status", std::string(to_string(record.status)));
@@ -349,7 +400,7 @@ void OtlpTracer::on_expired(const JobRecord& record, std::chrono::milliseconds) 
 
 void OtlpTracer::on_attempt(const std::string& job_id, const AttemptReport& report) {
   if (report.verdict == AttemptVerdict::deferred) return;  // nothing was sent
-  if (!detail::is_valid_traceparent(report.traceparent)) return;
+  if (!detail::is_valid_traceparent(report.traceparent) || !sampled(report.traceparent)) return;
   Span s;
   s.trace_id = detail::trace_id_of(report.traceparent);
   s.span_id = report.traceparent.substr(36, 16);

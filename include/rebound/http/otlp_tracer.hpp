@@ -32,12 +32,19 @@ struct OtlpTracerOptions {
   /// times in all, after the collector's Retry-After (at most `max_retry_delay`) or a backoff.
   int max_tries = 4;
   std::chrono::milliseconds max_retry_delay{30000};
+  /// What the destructor may spend exporting what is queued (one try per batch, the transfer
+  /// under way cut at the deadline): a hung collector delays a shutdown by this much at most.
+  std::chrono::milliseconds shutdown_timeout{5000};
 };
 
 /// The traces URL from the environment, as the OpenTelemetry specification names it:
 /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as is, else OTEL_EXPORTER_OTLP_ENDPOINT + "/v1/traces";
-/// nullopt when neither is set (or set empty).
+/// nullopt when neither is set (or set empty), and when OTEL_SDK_DISABLED=true or
+/// OTEL_TRACES_EXPORTER=none turns traces off.
 std::optional<std::string> otlp_traces_endpoint_from_environment();
+
+/// `base` + "/v1/traces", unless it ends with "/v1/traces" already (a full traces URL).
+std::string otlp_traces_endpoint(std::string base);
 
 /// An Observer that records each job's trace and exports it over OTLP/HTTP with JSON encoding,
 /// following OpenTelemetry's messaging conventions: the submission (`send <model>`, PRODUCER,
@@ -46,6 +53,8 @@ std::optional<std::string> otlp_traces_endpoint_from_environment();
 /// `rebound.queue_wait_ms`), and each callback attempt (`POST`, CLIENT, whose span id is the
 /// parent id of the `traceparent` header that attempt carried; retries carry
 /// `http.request.resend_count`). The run and the attempts are children of the submission's span.
+/// A trace whose flags say it is not sampled (a caller's `traceparent` ending in -00) is not
+/// exported. The queue's metrics count what is exported and dropped (on_metrics).
 ///
 /// Spans wait in a bounded queue and go out in batches from a thread of the tracer's own (libcurl),
 /// so a slow or failing collector never holds up a job; what cannot be queued or exported is
@@ -58,10 +67,7 @@ std::optional<std::string> otlp_traces_endpoint_from_environment();
 ///   auto tracer = std::make_shared<rebound::OtlpTracer>(to);
 ///   options.observers.push_back(tracer);
 ///   options.trace_submissions = true;
-///   rebound::JobQueue queue(model, store, options);
-///   tracer->count_into(&queue.telemetry().metrics());  // rebound_trace_spans_*_total
-///   ...
-///   tracer->count_into(nullptr);  // before the queue goes, when the tracer outlives it
+///   rebound::JobQueue queue(model, store, options);  // counts into its /metrics from now on
 ///
 /// Thread-safety: the hooks are called from any thread; every method is thread-safe.
 class OtlpTracer final : public Observer {
@@ -76,14 +82,15 @@ class OtlpTracer final : public Observer {
   void on_completed(const JobRecord& record, std::size_t batch_size, double inference_ms) override;
   void on_expired(const JobRecord& record, std::chrono::milliseconds ttl) override;
   void on_attempt(const std::string& job_id, const AttemptReport& report) override;
+  void on_metrics(const Metrics* metrics) override { count_into(metrics); }
 
   /// Spans the collector accepted, and spans dropped (queue full, or an export that failed for
   /// good).
   std::uint64_t exported() const;
   std::uint64_t dropped() const;
-  /// Also counts them into a queue's metrics (GET /metrics: rebound_trace_spans_exported_total,
-  /// rebound_trace_spans_dropped_total), from now on; nullptr stops it. Call it with nullptr
-  /// before the metrics go (the queue is destroyed) if the tracer outlives them.
+  /// Also counts them into `metrics` (GET /metrics: rebound_trace_spans_exported_total,
+  /// rebound_trace_spans_dropped_total), from now on; nullptr stops it (returning once no count
+  /// is under way). A JobQueue does both through on_metrics.
   void count_into(const Metrics* metrics);
 
   struct Impl;
