@@ -71,6 +71,21 @@ from rebound_client import (AlreadyFinished, AsyncClient, CallbackNotFailed, Cli
 check(os.environ["REBOUND_CLIENT_TEST_VENV"] in rebound_client.__file__,
       f"rebound_client imported from {rebound_client.__file__}, not the venv")
 server_bin = sys.argv[1]
+node, node_tools = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else (None, None)
+
+
+def official_verdict(headers, body):
+    """What the official Standard Webhooks library (JavaScript) makes of a callback."""
+    script = (
+        "const {Webhook} = require(require('path').join(process.argv[1], "
+        "'node_modules/standardwebhooks'));"
+        "const [secret, headers, body] = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+        "try { new Webhook(secret).verify(Buffer.from(body, 'base64'), headers);"
+        " console.log('ok'); } catch (e) { console.log('refused'); }")
+    out = subprocess.run([node, "-e", script, node_tools], input=json.dumps(
+        [SECRET, headers, base64.b64encode(body).decode()]), capture_output=True, text=True,
+        timeout=30)
+    return out.stdout.strip()
 
 
 class Receiver(http.server.ThreadingHTTPServer):
@@ -365,6 +380,27 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
         fail("another secret verified")
     except WebhookVerificationError:
         pass
+    if node:
+        # The official library and ours agree, on the server's callback and on tampered ones.
+        def ours(h, b):
+            try:
+                by_secret.verify(h, b)
+                return "ok"
+            except WebhookVerificationError:
+                return "refused"
+        cases = {
+            "the server's callback": (headers, body),
+            "a changed body": (headers, body.replace(b"p-1", b"p-2")),
+            "a changed id": (dict(headers, **{"webhook-id": "msg_other"}), body),
+            "a late timestamp": (dict(headers, **{"webhook-timestamp":
+                                                  str(int(time.time()) - 600)}), body),
+        }
+        for name, (h, b) in cases.items():
+            theirs = official_verdict(h, b)
+            check(theirs == ours(h, b) and theirs == ("ok" if name.startswith("the") else
+                                                       "refused"),
+                  f"{name}: the official library says {theirs!r}, ours {ours(h, b)!r}")
+        print("the official standardwebhooks library agrees with WebhookVerifier", flush=True)
     try:
         WebhookVerifier(keys=[PUBLIC_KEY]).verify(
             {k: v for k, v in headers.items() if k != "webhook-signature"} |
