@@ -122,6 +122,12 @@ class _Calls:
             headers["Authorization"] = "Bearer " + self.api_key
         return headers
 
+    def _request_of(self, step: "_Request") -> Dict[str, Any]:
+        """httpx's request arguments for one step (both transports send the same)."""
+        return dict(method=step.method, url=self.base_url + step.path, json=step.body,
+                    params=step.params, headers={**self._headers(), **(step.headers or {})},
+                    timeout=step.timeout if step.timeout is not None else self.timeout)
+
     # One request (`make(left)` builds it, given the seconds left before `deadline`, or None),
     # tried again on what passes (429, 502, 503, 504 and a lost connection) up to max_retries
     # times, after the server's Retry-After or an exponential pause with jitter. With a deadline
@@ -355,10 +361,7 @@ class Client(_Calls):
                     step = call.send(None)
                     continue
                 try:
-                    response = self._http.request(
-                        step.method, self.base_url + step.path, json=step.body,
-                        params=step.params, headers={**self._headers(), **(step.headers or {})},
-                        timeout=step.timeout if step.timeout is not None else self.timeout)
+                    response = self._http.request(**self._request_of(step))
                 except httpx.TransportError as e:
                     step = call.throw(e)
                     continue
@@ -454,10 +457,7 @@ class AsyncClient(_Calls):
                     step = call.send(None)
                     continue
                 try:
-                    response = await self._http.request(
-                        step.method, self.base_url + step.path, json=step.body,
-                        params=step.params, headers={**self._headers(), **(step.headers or {})},
-                        timeout=step.timeout if step.timeout is not None else self.timeout)
+                    response = await self._http.request(**self._request_of(step))
                 except httpx.TransportError as e:
                     step = call.throw(e)
                     continue
