@@ -696,10 +696,13 @@ struct SqliteJobStore::Impl {
     background_queue.clear();
     queue_changed.notify_all();
     lock.unlock();
-    const auto closed =
-        std::make_exception_ptr(StoreUnavailable("the job store closed while it was failing"));
-    for (auto& w : dropped)
-      if (w.failed) w.failed(closed);
+    // (An exception object for each waiter: none is rethrown on two threads.)
+    for (auto& w : dropped) {
+      if (w.failed) {
+        w.failed(
+            std::make_exception_ptr(StoreUnavailable("the job store closed while it was failing")));
+      }
+    }
   }
 
   // A job whose mark_running and finish_job are in one transaction (a short model under load)
@@ -781,7 +784,9 @@ struct SqliteJobStore::Impl {
       if (!error) {
         if (w.committed) w.committed();
       } else if (w.waited_for) {
-        if (w.failed) w.failed(error);
+        // (An exception object for each waiter: none is rethrown on two threads.)
+        if (w.failed)
+          w.failed(std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why)));
       } else {
         retry.push_back(std::move(w));
       }

@@ -493,9 +493,25 @@ struct RedisJobStore::Impl {
     auto done = std::move(op.done);
     op.done = nullptr;
     try {
-      done(error, reply);
+      done(error ? own_copy(error) : nullptr, reply);
     } catch (...) {
       // A caller's continuation: not this thread's to handle.
+    }
+  }
+
+  // The same failure answers many calls, each rethrown on its caller's thread: each gets an
+  // exception object of its own. (libstdc++ counts the references to a shared one in code that
+  // ThreadSanitizer does not see, so one object rethrown on several threads reads as a race,
+  // and halts a TSan build.)
+  static std::exception_ptr own_copy(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const OutOfMemory& e) {
+      return std::make_exception_ptr(OutOfMemory(e.what()));
+    } catch (const std::exception& e) {
+      return std::make_exception_ptr(StoreUnavailable(e.what()));
+    } catch (...) {
+      return std::make_exception_ptr(StoreUnavailable("redis job store: the call failed"));
     }
   }
 
