@@ -5,7 +5,6 @@
 #include <curl/curl.h>
 
 #include <algorithm>
-#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "common/retry_after.hpp"
+#include "common/text.hpp"
 #include "common/trace_context.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/error.hpp"
@@ -26,17 +26,17 @@
 namespace rebound {
 
 namespace {
-std::string lower(const char* s) {
-  std::string out = s ? s : "";
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
+// An environment variable's value as set, "" when it is not.
+std::string_view environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
 }
 }  // namespace
 
 std::optional<std::string> otlp_traces_endpoint_from_environment() {
-  if (lower(std::getenv("OTEL_SDK_DISABLED")) == "true") return std::nullopt;
-  if (lower(std::getenv("OTEL_TRACES_EXPORTER")) == "none") return std::nullopt;
+  if (detail::equals_ignoring_case(environment("OTEL_SDK_DISABLED"), "true")) return std::nullopt;
+  if (detail::equals_ignoring_case(environment("OTEL_TRACES_EXPORTER"), "none"))
+    return std::nullopt;
   const char* traces = std::getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
   if (traces && *traces) return std::string(traces);
   const char* base = std::getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
@@ -102,19 +102,15 @@ std::size_t write_nothing(char*, std::size_t size, std::size_t count, void*) {
 }
 
 std::size_t keep_retry_after(char* data, std::size_t size, std::size_t count, void* out) {
-  const std::string line(data, size * count);
-  constexpr const char name[] = "retry-after:";
-  if (line.size() > sizeof name - 1) {
-    std::string head = line.substr(0, sizeof name - 1);
-    std::transform(head.begin(), head.end(), head.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (head == name) {
-      std::string value = line.substr(sizeof name - 1);
-      const auto first = value.find_first_not_of(" \t");
-      const auto last = value.find_last_not_of(" \t\r\n");
-      *static_cast<std::string*>(out) =
-          first == std::string::npos ? std::string() : value.substr(first, last - first + 1);
-    }
+  constexpr std::string_view name = "retry-after:";
+  const std::string_view line(data, size * count);
+  if (line.size() > name.size() && detail::starts_with_ignoring_case(line, name)) {
+    const std::string_view value = line.substr(name.size());
+    const auto first = value.find_first_not_of(" \t");
+    const auto last = value.find_last_not_of(" \t\r\n");
+    *static_cast<std::string*>(out) = first == std::string_view::npos
+                                          ? std::string()
+                                          : std::string(value.substr(first, last - first + 1));
   }
   return size * count;
 }
