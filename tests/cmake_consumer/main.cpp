@@ -75,6 +75,29 @@ int main() {
     ok = ok && answers.size() == 3 && answers[0] && answers[1] &&
          answers[2].error == rebound::errc::tenant_rate;
   }
+  {
+    // Traces, as a library user turns them on: every job's submission and run become spans, an
+    // observer exports them. Nothing listens on port 1, so they are dropped, and counted in the
+    // queue's metrics (wired by the queue itself).
+    rebound::OtlpTracerOptions to;
+    to.endpoint = "http://127.0.0.1:1/v1/traces";
+    to.model_name = "echo";
+    to.interval = std::chrono::milliseconds(20);
+    auto tracer = std::make_shared<rebound::OtlpTracer>(to);
+    rebound::JobQueueOptions options;
+    options.observers.push_back(tracer);
+    options.trace_submissions = true;
+    rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                            std::make_unique<rebound::MemoryJobStore>(), options);
+    const rebound::JobRecord done =
+        queue.async_submit(rebound::make_job("traced"), boost::asio::use_future).get();
+    ok = ok && done.job.traceparent.size() == 55;  // a trace context of its own
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (tracer->dropped() < 2 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ok = ok && tracer->dropped() >= 2 && tracer->exported() == 0 &&
+         queue.telemetry().metrics().trace_spans_dropped.load() >= 2;
+  }
   const std::string db = "consumer-" + std::to_string(getpid()) + ".db";
   {
     rebound::JobQueueOptions options;
