@@ -710,6 +710,37 @@ TEST_CASE_TEMPLATE("store contract: jobs are claimed by priority - then oldest f
         std::vector<std::string>{"held-urgent", "urgent"});
 }
 
+TEST_CASE_TEMPLATE("store contract: tenants take turns at claims - a priority orders its own jobs",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // evil floods at the highest priority, before anyone else; acme and the default tenant wait at
+  // lower ones.
+  for (int i = 1; i <= 4; ++i)
+    store->put(with_priority("evil/e" + std::to_string(i), 0, 1764000000000 + i));
+  store->put(with_priority("acme/a1", 5, 1764000000010));
+  store->put(with_priority("acme/a2", 5, 1764000000011));
+  store->put(with_priority("acme/urgent", 1, 1764000000012));  // acme's own priority: first of its
+  store->put(with_priority("d1", 9, 1764000000020));
+  // One each, in turns by tenant name (the default tenant's name is empty), each its best first.
+  CHECK(ids_of(store->claim_jobs(3, lease("s/1", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"d1", "acme/urgent", "evil/e1"});
+  // The turns go on where the last claim left them, also one job at a time (a server with room
+  // for one claims one): the tenant after evil is the default one, which has none left.
+  CHECK(ids_of(store->claim_jobs(1, lease("s/2", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"acme/a1"});
+  CHECK(ids_of(store->claim_jobs(1, lease("s/2", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"evil/e2"});
+  CHECK(ids_of(store->claim_jobs(1, lease("s/2", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"acme/a2"});
+  CHECK(ids_of(store->claim_jobs(10, lease("s/3", t0 + 30s), t0 + 1s)) ==
+        std::vector<std::string>{"evil/e3", "evil/e4"});
+  // Leases that run out are claimed again by the same turns.
+  CHECK(ids_of(store->claim_jobs(2, lease("s/4", t0 + 90s), t0 + 31s)) ==
+        std::vector<std::string>{"d1", "acme/urgent"});
+}
+
 TEST_CASE_TEMPLATE(
     "store contract: the job API fields round trip - started_at and finished_at are kept", Factory,
     STORES) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -124,6 +125,46 @@ TEST_CASE("prefetch: jobs beyond it wait in the store - not in memory - and run 
     CHECK(queue.telemetry().batch_stats().resumed == 0);
     // The slots are free again.
     CHECK(rebound::test::submitted(queue, numbered(100)) == "accepted");
+  }
+}
+
+TEST_CASE(
+    "prefetch: parked jobs of several tenants are claimed in turns - a priority is a "
+    "tenant's own") {
+  for (const std::string kind : {"memory", "sqlite"}) {
+    CAPTURE(kind);
+    rebound::test::TempDir dir;
+    auto shared = std::make_shared<Held>();
+    rebound::JobQueue queue(std::make_unique<HeldModel>(shared), make(kind, dir.file("q.db")),
+                            options(1, 100));
+    // evil floods at the highest priority first; acme's two come after, at the default one.
+    for (int n = 0; n < 20; ++n) {
+      rebound::Job job = numbered(n, 0);
+      job.tenant = "evil";
+      REQUIRE(rebound::test::submitted(queue, job) == "accepted");
+    }
+    for (int n = 100; n < 102; ++n) {
+      rebound::Job job = numbered(n);
+      job.tenant = "acme";
+      REQUIRE(rebound::test::submitted(queue, job) == "accepted");
+    }
+    open(*shared);
+    REQUIRE(eventually([&] { return ran(*shared) == 22; }, 30s));
+    // The two the queue held when the model opened (the one running, the prefetched one) are
+    // evil's; from then on each claim takes the next tenant's turn: acme's go in the next four.
+    const std::vector<int> order = ran_order(*shared);
+    CAPTURE(order);
+    const auto position = [&](int n) {
+      return std::find(order.begin(), order.end(), n) - order.begin();
+    };
+    CHECK(position(100) < 5);
+    CHECK(position(101) < 7);
+    // And each tenant's own in its order.
+    CHECK(position(100) < position(101));
+    std::vector<int> evil;
+    std::copy_if(order.begin(), order.end(), std::back_inserter(evil),
+                 [](int n) { return n < 20; });
+    CHECK(std::is_sorted(evil.begin(), evil.end()));
   }
 }
 

@@ -517,6 +517,48 @@ TEST_CASE("redis: a store written before the listing's set gets it from its unfi
 }
 
 TEST_CASE(
+    "redis: a tenant's job an older server filed among everyone's is claimed - then filed "
+    "as its tenant's") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  Job old = make("7");
+  old.tenant = "acme";
+  old.created_at = now - 1h;
+  REQUIRE(store.put(old) == PutOutcome::created);
+  Job plain = make("plain");
+  plain.created_at = now;
+  REQUIRE(store.put(plain) == PutOutcome::created);
+  CHECK(redis_cli(server, "SMEMBERS {rebound}:jobs:due-tenants") == "acme");
+  CHECK(redis_cli(server, "ZCARD {rebound}:jobs:due-of:acme") == "1");
+  // An older server filed every tenant's jobs in one set: moved there, as it would have been.
+  const std::string score = redis_cli(server, "ZSCORE {rebound}:jobs:due-of:acme acme/7");
+  REQUIRE(redis_cli(server, "ZADD {rebound}:jobs:due " + score + " acme/7") == "1");
+  REQUIRE(redis_cli(server, "DEL {rebound}:jobs:due-of:acme") == "1");
+  CHECK(store.queue_stats()->queued == 2);
+  // Claimed in the default tenant's set, where it is found (it is the oldest there), and filed
+  // under its tenant's from then on.
+  const auto claimed = store.claim_jobs(1, {"s/1", now + 30s}, now);
+  REQUIRE(claimed.size() == 1);
+  CHECK(rebound::key_of(claimed[0].job) == "acme/7");
+  CHECK(redis_cli(server, "ZSCORE {rebound}:jobs:due acme/7").empty());
+  CHECK_FALSE(redis_cli(server, "ZSCORE {rebound}:jobs:due-of:acme acme/7").empty());
+  CHECK(store.renew("acme/7", {"s/1", now + 60s}, now + 1s));
+  // Its lease holds where it is filed now: nobody else claims it before the lease ends.
+  CHECK(rebound::key_of(store.claim_jobs(5, {"s/2", now + 90s}, now + 40s).at(0).job) == "plain");
+  CHECK(store.claim_jobs(5, {"s/2", now + 90s}, now + 40s).empty());
+  // An acknowledgement takes it out of both sets (an older server's entry would be in the first).
+  REQUIRE(redis_cli(server, "ZADD {rebound}:jobs:due " + score + " acme/7") == "1");
+  CHECK(store.finish_job("acme/7", "s/1", {JobStatus::succeeded, 1, std::nullopt}, std::nullopt,
+                         now + 41s));
+  CHECK(redis_cli(server, "ZSCORE {rebound}:jobs:due acme/7").empty());
+  CHECK(redis_cli(server, "ZSCORE {rebound}:jobs:due-of:acme acme/7").empty());
+  CHECK(store.claim_jobs(5, {"s/3", now + 300s}, now + 200s).size() == 1);  // plain's lease ended
+  // A tenant whose set emptied leaves the tenants named (a put names it again).
+  CHECK(redis_cli(server, "SMEMBERS {rebound}:jobs:due-tenants").empty());
+}
+
+TEST_CASE(
     "redis: a paused origin holds from a server's start - as the gate names it - up to a cap") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));

@@ -99,8 +99,9 @@ TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant in
   }
   // What a file of version 4 held: the key alone said whose job it was.
   CHECK(exec_on_file(db.path(),
-                     "DROP INDEX jobs_failed_tenant; ALTER TABLE jobs DROP COLUMN tenant; "
-                     "PRAGMA user_version = 4;"));
+                     "DROP INDEX jobs_failed_tenant; DROP INDEX jobs_tenant_due; "
+                     "CREATE INDEX jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms "
+                     "IS NOT NULL; ALTER TABLE jobs DROP COLUMN tenant; PRAGMA user_version = 4;"));
   SqliteJobStore store(db.path());
   const auto acme = store.get("acme/7");
   REQUIRE(acme);
@@ -162,7 +163,10 @@ TEST_CASE("sqlite: a file of schema 5 gets the tenants' dead-letter index in pla
   };
   CHECK(has_index());
   // What a file of version 5 held: no such index.
-  CHECK(exec_on_file(db.path(), "DROP INDEX jobs_failed_tenant; PRAGMA user_version = 5;"));
+  CHECK(exec_on_file(db.path(),
+                     "DROP INDEX jobs_failed_tenant; DROP INDEX jobs_tenant_due; CREATE INDEX "
+                     "jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms IS NOT NULL; "
+                     "PRAGMA user_version = 5;"));
   CHECK_FALSE(has_index());
   {
     SqliteJobStore store(db.path());
@@ -170,6 +174,61 @@ TEST_CASE("sqlite: a file of schema 5 gets the tenants' dead-letter index in pla
     CHECK(store.failed_callbacks_page("acme/", std::nullopt, 10).jobs.empty());
   }
   CHECK(has_index());
+}
+
+namespace {
+// How SQLite plans `sql` on the file at `path`: its steps, one a line.
+std::string query_plan(const std::string& path, const std::string& sql) {
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &raw) == SQLITE_OK);
+  sqlite3_stmt* plan = nullptr;
+  REQUIRE(sqlite3_prepare_v2(raw, ("EXPLAIN QUERY PLAN " + sql).c_str(), -1, &plan, nullptr) ==
+          SQLITE_OK);
+  std::string steps;
+  while (sqlite3_step(plan) == SQLITE_ROW)
+    steps += std::string(reinterpret_cast<const char*>(sqlite3_column_text(plan, 3))) + "\n";
+  sqlite3_finalize(plan);
+  sqlite3_close(raw);
+  return steps;
+}
+}  // namespace
+
+TEST_CASE("sqlite: a file of schema 6 gets each tenant's due range in place - claims take turns") {
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    REQUIRE(store.put(make("x")) == PutOutcome::created);
+  }
+  // What a file of version 6 held: the due jobs of every tenant in one index.
+  CHECK(exec_on_file(db.path(),
+                     "DROP INDEX jobs_tenant_due; CREATE INDEX jobs_job_due ON jobs (priority, "
+                     "job_due_ms) WHERE job_due_ms IS NOT NULL; PRAGMA user_version = 6;"));
+  {
+    SqliteJobStore store(db.path());
+    Job flood = make("f1");
+    flood.tenant = "evil";
+    flood.priority = 0;
+    REQUIRE(store.put(flood) == PutOutcome::created);
+    const auto now = std::chrono::system_clock::now() + std::chrono::hours(1);
+    const auto first = store.claim_jobs(1, {"s/1", now + std::chrono::seconds(30)}, now);
+    REQUIRE(first.size() == 1);
+    CHECK(first[0].job.id == "x");  // the default tenant's turn first, whatever evil's priority
+  }
+  // A claim's queries, as SQLite plans them: the tenants found by a skip over the index, and
+  // each tenant's due jobs of one priority a range of it, in order (no sort, no other tenant's).
+  const std::string next_tenant = query_plan(
+      db.path(),
+      "SELECT tenant FROM jobs WHERE job_due_ms IS NOT NULL AND tenant > 'a' ORDER BY tenant "
+      "LIMIT 1");
+  CAPTURE(next_tenant);
+  CHECK(next_tenant.find("jobs_tenant_due (tenant>?)") != std::string::npos);
+  const std::string due = query_plan(db.path(),
+                                     "SELECT id FROM jobs WHERE tenant = 'acme' AND priority = 5 "
+                                     "AND job_due_ms <= 1 ORDER BY job_due_ms");
+  CAPTURE(due);
+  CHECK(due.find("jobs_tenant_due (tenant=? AND priority=? AND job_due_ms<?)") !=
+        std::string::npos);
+  CHECK(due.find("TEMP B-TREE") == std::string::npos);
 }
 
 TEST_CASE("sqlite: a status or callback state another program wrote out of range reads safely") {

@@ -21,6 +21,7 @@
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"
+#include "rebound/store/job_state.hpp"
 
 namespace rebound {
 namespace {
@@ -120,6 +121,14 @@ PRAGMA user_version = 5;
 constexpr const char* schema_v6 = R"sql(
 CREATE INDEX jobs_failed_tenant ON jobs (tenant, created_at_ms, id) WHERE cb_state = 3;
 PRAGMA user_version = 6;
+)sql";
+
+// Version 7: a claim of jobs takes turns across tenants (job_state::claim_turns), each tenant's
+// due jobs an index range of their own, by priority then due time.
+constexpr const char* schema_v7 = R"sql(
+DROP INDEX IF EXISTS jobs_job_due;
+CREATE INDEX jobs_tenant_due ON jobs (tenant, priority, job_due_ms) WHERE job_due_ms IS NOT NULL;
+PRAGMA user_version = 7;
 )sql";
 
 // True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
@@ -298,7 +307,8 @@ struct SqliteJobStore::Impl {
   std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
       set_callback, set_job_due, set_callback_due, select_due_jobs, select_due_callbacks,
       redeliver_failed, select_failed, select_failed_page, select_failed_tenant_page,
-      select_unfinished, delete_finished, probe, set_callback_logged;
+      select_unfinished, delete_finished, probe, set_callback_logged, first_due_tenant,
+      next_due_tenant;
   mutable std::mutex servers_mutex;
   detail::ServersSeen servers_seen;  // guarded by servers_mutex
 
@@ -326,6 +336,8 @@ struct SqliteJobStore::Impl {
   // The writer's only: the start time of the mark folded into the finish being applied, which
   // write_finish binds.
   std::optional<std::int64_t> folded_start;
+  // The writer's only: the tenant whose job a claim took last (job_state::claim_turns).
+  std::optional<std::string> last_turn;
   std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
   std::uint64_t committed[2] = {0, 0};  // writes whose transaction ended (committed or rolled back)
   std::size_t commit_count = 0;
@@ -344,7 +356,9 @@ struct SqliteJobStore::Impl {
                    std::function<void()> first = {});
   std::vector<std::string> due_ids(Statement& select,
                                    const std::unordered_map<std::string, Lease>& leases,
-                                   std::size_t max, TimePoint now);
+                                   std::size_t max, TimePoint now, int priority = 0,
+                                   const std::string* tenant = nullptr);
+  std::vector<std::string> due_job_ids(std::size_t max, TimePoint now);
   std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
   using Leases = std::unordered_map<std::string, Lease>;
   static Leases::iterator live(Leases& leases, const std::string& id, const std::string& holder,
@@ -420,6 +434,11 @@ struct SqliteJobStore::Impl {
         exec(schema_v6);
         exec("COMMIT");
       }
+      if (user_version() < 7) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v7);
+        exec("COMMIT");
+      }
       exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
@@ -465,10 +484,19 @@ struct SqliteJobStore::Impl {
           db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
       set_callback_due = std::make_unique<Statement>(
           db, "UPDATE jobs SET cb_due_ms = ? WHERE id = ? AND cb_due_ms IS NOT NULL");
-      // One priority at a time (?2), each an index range: due jobs, without stepping over the
-      // leased ones of a higher priority.
+      // One tenant (?3) and priority (?2) at a time, each an index range: due jobs, without
+      // stepping over the leased ones of a higher priority.
       select_due_jobs = std::make_unique<Statement>(
-          db, "SELECT id FROM jobs WHERE priority = ?2 AND job_due_ms <= ?1 ORDER BY job_due_ms");
+          db,
+          "SELECT id FROM jobs WHERE tenant = ?3 AND priority = ?2 AND job_due_ms <= ?1 "
+          "ORDER BY job_due_ms");
+      // The tenants with jobs not final, one at a time from the index (a skip over its ranges).
+      first_due_tenant = std::make_unique<Statement>(
+          db, "SELECT tenant FROM jobs WHERE job_due_ms IS NOT NULL ORDER BY tenant LIMIT 1");
+      next_due_tenant = std::make_unique<Statement>(
+          db,
+          "SELECT tenant FROM jobs WHERE job_due_ms IS NOT NULL AND tenant > ? ORDER BY tenant "
+          "LIMIT 1");
       select_due_callbacks = std::make_unique<Statement>(
           db, "SELECT id FROM jobs WHERE cb_due_ms <= ? ORDER BY cb_due_ms");
       redeliver_failed = std::make_unique<Statement>(
@@ -527,6 +555,8 @@ struct SqliteJobStore::Impl {
     set_job_due.reset();
     set_callback_due.reset();
     select_due_jobs.reset();
+    first_due_tenant.reset();
+    next_due_tenant.reset();
     select_due_callbacks.reset();
     redeliver_failed.reset();
     select_failed.reset();
@@ -889,30 +919,69 @@ T SqliteJobStore::Impl::write_and_wait(std::function<T()> apply, std::function<v
   return result.get();
 }
 
-// The ids among the due rows of `select` (bound to :now) that no live lease in `leases` holds,
-// at most `max`: the rows whose due time came but whose lease was renewed by a write still queued
-// are skipped, so the map decides.
+// The ids among the due rows of `select` (bound to :now, and to `priority` and `tenant` for
+// jobs) that no live lease in `leases` holds, at most `max`: the rows whose due time came but
+// whose lease was renewed by a write still queued are skipped, so the map decides.
 std::vector<std::string> SqliteJobStore::Impl::due_ids(
     Statement& select, const std::unordered_map<std::string, Lease>& leases, std::size_t max,
-    TimePoint now) {
+    TimePoint now, int priority, const std::string* tenant) {
   std::vector<std::string> ids;
-  const bool by_priority = &select == select_due_jobs.get();
-  const int lowest = by_priority ? lowest_priority : highest_priority;
-  for (int p = highest_priority; p <= lowest && ids.size() < max; ++p) {
-    select.bind(1, to_ms(now));
-    if (by_priority) select.bind(2, static_cast<std::int64_t>(p));
+  select.bind(1, to_ms(now));
+  if (tenant) select.bind(2, static_cast<std::int64_t>(priority)).bind(3, *tenant);
+  try {
+    std::lock_guard<std::mutex> lock(lease_mutex);
+    while (ids.size() < max && select.step()) {
+      std::string id = select.text(0);
+      auto held = leases.find(id);
+      if (held == leases.end() || held->second.until <= now) ids.push_back(std::move(id));
+    }
+  } catch (...) {
+    select.reset();
+    throw;
+  }
+  select.reset();
+  return ids;
+}
+
+// The due jobs a claim of `max` takes, in the order it takes them: each tenant's by priority,
+// then due time, the tenants taking turns (job_state::claim_turns). In the writer's transaction.
+std::vector<std::string> SqliteJobStore::Impl::due_job_ids(std::size_t max, TimePoint now) {
+  std::vector<std::string> tenants;
+  std::vector<std::vector<std::string>> due;
+  for (Statement* next = first_due_tenant.get();;) {
+    if (!tenants.empty()) next_due_tenant->bind(1, tenants.back());
+    std::optional<std::string> tenant;
     try {
-      std::lock_guard<std::mutex> lock(lease_mutex);
-      while (ids.size() < max && select.step()) {
-        std::string id = select.text(0);
-        auto held = leases.find(id);
-        if (held == leases.end() || held->second.until <= now) ids.push_back(std::move(id));
-      }
+      if (next->step()) tenant = next->text(0);
     } catch (...) {
-      select.reset();
+      next->reset();
       throw;
     }
-    select.reset();
+    next->reset();
+    if (!tenant) break;
+    std::vector<std::string> mine;
+    for (int p = highest_priority; p <= lowest_priority && mine.size() < max; ++p) {
+      for (auto& id : due_ids(*select_due_jobs, job_leases, max - mine.size(), now, p, &*tenant))
+        mine.push_back(std::move(id));
+    }
+    tenants.push_back(std::move(*tenant));
+    due.push_back(std::move(mine));
+    next = next_due_tenant.get();
+  }
+  std::vector<std::string> names;
+  std::vector<std::vector<std::string>> claimable_of;
+  std::vector<std::size_t> claimable;
+  for (std::size_t t = 0; t < tenants.size(); ++t) {
+    if (due[t].empty()) continue;
+    names.push_back(tenants[t]);
+    claimable.push_back(due[t].size());
+    claimable_of.push_back(std::move(due[t]));
+  }
+  std::vector<std::string> ids;
+  for (const auto& [t, position] : job_state::claim_turns(names, claimable, last_turn)) {
+    if (ids.size() >= max) break;
+    ids.push_back(std::move(claimable_of[t][position]));
+    last_turn = names[t];
   }
   return ids;
 }
@@ -923,8 +992,8 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
   return write_and_wait<std::vector<JobRecord>>(
       [this, callbacks, max, lease, now] {
         std::vector<JobRecord> out;
-        const auto ids = due_ids(callbacks ? *select_due_callbacks : *select_due_jobs,
-                                 callbacks ? callback_leases : job_leases, max, now);
+        const auto ids = callbacks ? due_ids(*select_due_callbacks, callback_leases, max, now)
+                                   : due_job_ids(max, now);
         Statement& set_due = callbacks ? *set_callback_due : *set_job_due;
         for (const auto& id : ids) {
           set_due.bind(1, to_ms(lease.until)).bind(2, id).step();

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rebound/job.hpp"
@@ -57,8 +58,9 @@ inline PutOutcome put_again(const StoredJob& existing, const Job& job) {
   return existing.record.job.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
 }
 
-/// When a claim of jobs may take it (stores claim in order of priority, then this time): the end
-/// of its lease, else its creation; nullopt once it is final.
+/// When a claim of jobs may take it (stores claim each tenant's jobs in order of priority, then
+/// this time, the tenants taking turns: claim_turns): the end of its lease, else its creation;
+/// nullopt once it is final.
 inline std::optional<TimePoint> job_due(const StoredJob& s) {
   if (is_final(s.record.status)) return std::nullopt;
   return s.job_lease ? s.job_lease->until : s.record.job.created_at;
@@ -85,6 +87,34 @@ inline bool claim_callback(StoredJob& s, const Lease& lease, TimePoint now) {
   if (!due || *due > now) return false;
   s.callback_lease = lease;
   return true;
+}
+
+/// The order in which a claim of jobs takes them across tenants: turns, one job each, so that no
+/// tenant's priorities or numbers keep another's jobs waiting (a priority orders a tenant's own
+/// jobs only). `tenants` are the tenants with claimable jobs, in name order (the default tenant's
+/// name is empty), and `claimable[i]` how many tenant i has, each tenant's in its own order
+/// (priority, then due time); `last_turn` is the tenant that took the last job of the claim before,
+/// if any. The answer visits every claimable job once as (tenant index, position in its order),
+/// the first turn going to the first tenant after `last_turn` (wrapping round); a claim takes from
+/// its front and remembers the tenant of the last job it took.
+inline std::vector<std::pair<std::size_t, std::size_t>> claim_turns(
+    const std::vector<std::string>& tenants, const std::vector<std::size_t>& claimable,
+    const std::optional<std::string>& last_turn) {
+  std::size_t first = 0;
+  if (last_turn) {
+    while (first < tenants.size() && tenants[first] <= *last_turn)
+      ++first;
+    if (first == tenants.size()) first = 0;
+  }
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  for (std::size_t position = 0;; ++position) {
+    const std::size_t before = order.size();
+    for (std::size_t k = 0; k < tenants.size(); ++k) {
+      const std::size_t t = (first + k) % tenants.size();
+      if (position < claimable[t]) order.emplace_back(t, position);
+    }
+    if (order.size() == before) return order;
+  }
 }
 
 /// Which lease a renewal made longer.

@@ -351,17 +351,22 @@ class MemoryJobStore final : public JobStore {
   }
 
  private:
-  // Keyed by (time, the id in jobs_): the map's keys stay where they are (node-based), so the
-  // queues hold a pointer to them rather than a copy of every id.
-  // (priority, due time, id): jobs by priority, then time; callbacks all at priority 0. A null id
-  // sorts first (a bound for lower_bound).
+  // Keyed by (tenant, priority, due time, id): the strings are those of the entry in jobs_ (its
+  // key, its job's tenant), which stay where they are (node-based), so the queues hold pointers
+  // rather than copies. Jobs: each tenant's range by priority, then time (a claim takes turns
+  // across the ranges); callbacks: all under one tenant and priority 0, by time. A null id sorts
+  // first (a bound for lower_bound).
   struct QueueKey {
+    const std::string* tenant;
     int priority;
     TimePoint at;
     const std::string* id;
   };
   struct QueueOrder {
     bool operator()(const QueueKey& a, const QueueKey& b) const {
+      if (a.tenant != b.tenant) {
+        if (const int c = a.tenant->compare(*b.tenant); c != 0) return c < 0;
+      }
       if (a.priority != b.priority) return a.priority < b.priority;
       if (a.at != b.at) return a.at < b.at;
       if (!a.id || !b.id) return !a.id && b.id;
@@ -445,14 +450,23 @@ class MemoryJobStore final : public JobStore {
   // Called under mutex_: (re)files the entry in `queue` under `at`.
   void schedule(Queue& queue, Map::iterator it, TimePoint at) {
     unschedule(queue, it);
-    queue.insert(QueueKey{priority_in(queue, it->second), at, &it->first});
+    queue.insert(
+        QueueKey{tenant_in(queue, it->second), priority_in(queue, it->second), at, &it->first});
     key_of(queue, it->second) = at;
   }
 
   void unschedule(Queue& queue, Map::iterator it) {
     auto& key = key_of(queue, it->second);
-    if (key) queue.erase(QueueKey{priority_in(queue, it->second), *key, &it->first});
+    if (key) {
+      queue.erase(
+          QueueKey{tenant_in(queue, it->second), priority_in(queue, it->second), *key, &it->first});
+    }
     key.reset();
+  }
+
+  const std::string* tenant_in(const Queue& queue, const Entry& e) const {
+    static const std::string everyone;
+    return &queue == &job_queue_ ? &e.stored.record.job.tenant : &everyone;
   }
 
   static int priority_index(const Job& job) {
@@ -502,10 +516,13 @@ class MemoryJobStore final : public JobStore {
     if (!key || until < *key) schedule(queue, it, until);
   }
 
-  // Leases the entries of `queue` claimable at `now` (at most `max`, first first) to `lease`,
-  // in the entry's job or callback lease (`held`), and files them under the end of the lease. An
-  // entry found due whose lease was renewed since it was filed is filed again under the lease's
-  // end; a long run of those is refiled a slice at a time, the lock let go in between.
+  // Leases the entries of `queue` claimable at `now` (at most `max`) to `lease`, in the entry's
+  // job or callback lease (`held`), and files them under the end of the lease. Each tenant's range
+  // gives its claimable entries first first (priority, then time); the ranges take turns, one
+  // entry each, from the tenant after the one that took the last entry of the claim before
+  // (last_turn_), so that no tenant's priorities or numbers keep another's jobs waiting. An entry
+  // found due whose lease was renewed since it was filed is filed again under the lease's end; a
+  // long run of those is refiled a slice at a time, the lock let go in between.
   std::vector<JobRecord> claim(Queue& queue, std::size_t max, const Lease& lease, TimePoint now) {
     constexpr std::size_t refile_slice = 256;
     const bool callbacks = &queue == &callback_queue_;
@@ -516,24 +533,50 @@ class MemoryJobStore final : public JobStore {
     std::unique_lock<std::mutex> lock(mutex_);
     const int lowest = callbacks ? 0 : lowest_priority;
     for (;;) {
-      std::vector<Map::iterator> due, renewed;
-      auto more = [&] { return out.size() + due.size() < max && renewed.size() < refile_slice; };
-      for (int p = highest_priority; p <= lowest && more(); ++p) {
-        for (auto q = queue.lower_bound(QueueKey{p, TimePoint::min(), nullptr});
-             q != queue.end() && q->priority == p && q->at <= now && more(); ++q) {
-          Map::iterator it = jobs_.find(*q->id);
-          const std::optional<Lease>& h = held(it->second.stored);
-          (h && h->until > now ? renewed : due).push_back(it);
+      // Each tenant's claimable entries, at most as many as the claim still takes.
+      std::vector<std::vector<Map::iterator>> due;
+      std::vector<std::string> tenants;
+      std::vector<Map::iterator> renewed;
+      const std::size_t wanted = max - out.size();
+      for (auto range = queue.begin(); range != queue.end() && renewed.size() < refile_slice;) {
+        const std::string* tenant = range->tenant;
+        std::vector<Map::iterator> mine;
+        for (int p = highest_priority; p <= lowest; ++p) {
+          for (auto q = queue.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
+               q != queue.end() && *q->tenant == *tenant && q->priority == p && q->at <= now &&
+               mine.size() < wanted && renewed.size() < refile_slice;
+               ++q) {
+            Map::iterator it = jobs_.find(*q->id);
+            const std::optional<Lease>& h = held(it->second.stored);
+            if (h && h->until > now) {
+              renewed.push_back(it);
+            } else {
+              mine.push_back(it);
+            }
+          }
         }
+        if (!mine.empty()) {
+          due.push_back(std::move(mine));
+          tenants.push_back(*tenant);
+        }
+        range = queue.lower_bound(QueueKey{tenant, lowest + 1, TimePoint::min(), nullptr});
       }
       for (Map::iterator it : renewed)
         schedule(queue, it, held(it->second.stored)->until);
-      for (Map::iterator it : due) {
+      std::vector<std::size_t> claimable;
+      for (const auto& mine : due)
+        claimable.push_back(mine.size());
+      const auto turns =
+          job_state::claim_turns(tenants, claimable, callbacks ? std::nullopt : last_turn_);
+      for (const auto& [t, position] : turns) {
+        if (out.size() >= max) break;
+        Map::iterator it = due[t][position];
         StoredJob& s = it->second.stored;
         if (callbacks ? job_state::claim_callback(s, lease, now)
                       : job_state::claim_job(s, lease, now)) {
           schedule(queue, it, lease.until);
           out.push_back(s.record);
+          if (!callbacks) last_turn_ = tenants[t];
         } else if (const auto at = callbacks ? job_state::callback_due(s) : job_state::job_due(s)) {
           schedule(queue, it, *at);  // (filed early: never, while the indexes hold)
         } else {
@@ -647,6 +690,8 @@ class MemoryJobStore final : public JobStore {
   mutable std::mutex mutex_;
   Map jobs_;
   Queue job_queue_, callback_queue_;
+  // The tenant whose job a claim took last: the next claim's turns start after it.
+  std::optional<std::string> last_turn_;
   std::array<Queued, lowest_priority + 1> queued_;
   std::size_t bytes_ = 0;
   std::size_t finished_bytes_ = 0;  // of bytes_, what finished jobs hold

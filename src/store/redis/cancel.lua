@@ -7,7 +7,7 @@ if not status then return 0 end
 if is_final(status) then return 2 end
 write_outcome(key, O + 5)
 redis.call('HSET', key, 'ended', ARGV[10], 'holder', '', 'until', '0')
-redis.call('ZREM', JOBS_DUE, id)
+zrem_due(id)
 redis.call('ZREM', QUEUED, id)
 if not wants_callback(key) then
   finish(key, id, ARGV[3], ARGV[4])

@@ -1,31 +1,102 @@
--- claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until. Jobs one priority band at
--- a time, 0 first.
-local jobs = ARGV[2] == 'jobs'
-local due = jobs and JOBS_DUE or CB_DUE
-local out = {}
+-- claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until. Callbacks by due time. Jobs
+-- by turns across tenants (job_state::claim_turns): each tenant's due jobs by priority, 0 first,
+-- then due time; one job a tenant a turn, from the tenant after the one that took the last job
+-- of the claim before (TURN, shared by every server of the store).
 local max = tonumber(ARGV[4])
-for p = 0, jobs and 9 or 0 do
-  if #out >= 2 * max then break end
-  local ids
-  if jobs then
-    ids = redis.call('ZRANGEBYSCORE', due, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT', 0,
-                     max - #out / 2)
-  else
-    ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[3], 'LIMIT', 0, max)
+local out = {}
+local function take(set, id, score)
+  local key = job_key(id)
+  -- Gone, or (callbacks) not pending: a stale member, of a job that expired and whose id was used
+  -- again, say.
+  if redis.call('EXISTS', key) == 0 or
+     (set == CB_DUE and redis.call('HGET', key, 'cb_state') ~= 'pending') then
+    redis.call('ZREM', set, id)
+    return false
   end
-  for _, id in ipairs(ids) do
-    local key = job_key(id)
-    -- Gone, or (callbacks) not pending: a stale member, of a job that expired and whose id was
-    -- used again, say.
-    if redis.call('EXISTS', key) == 0 or
-       (not jobs and redis.call('HGET', key, 'cb_state') ~= 'pending') then
-      redis.call('ZREM', due, id)
-    else
-      redis.call('ZADD', due, jobs and job_score(p, ARGV[6]) or ARGV[6], id)
-      redis.call('HSET', key, 'holder', ARGV[5], 'until', ARGV[6])
-      out[#out + 1] = id
-      out[#out + 1] = redis.call('HGETALL', key)
-    end
+  redis.call('ZADD', set, score, id)
+  redis.call('HSET', key, 'holder', ARGV[5], 'until', ARGV[6])
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGETALL', key)
+  return true
+end
+if ARGV[2] ~= 'jobs' then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', CB_DUE, '-inf', ARGV[3], 'LIMIT', 0, max)) do
+    take(CB_DUE, id, ARGV[6])
+  end
+  return out
+end
+local TURN = P .. ':jobs:turn'
+-- Names in byte order, as C++ and SQLite compare them (Lua's `<` follows the server's locale).
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+-- The tenants with jobs not final, by name: the default tenant ('') first. A tenant whose set
+-- emptied leaves DUE_TENANTS (a put names it again).
+local tenants = redis.call('SMEMBERS', DUE_TENANTS)
+table.sort(tenants, before)
+local names, sets = {''}, {JOBS_DUE}
+for _, tenant in ipairs(tenants) do
+  local set = jobs_due_of(tenant)
+  if redis.call('EXISTS', set) == 1 then
+    names[#names + 1], sets[#sets + 1] = tenant, set
+  else
+    redis.call('SREM', DUE_TENANTS, tenant)
   end
 end
+-- Each tenant's due jobs, at most `max`, in its order: (id, priority) pairs.
+local due, with = {}, {}
+for i, set in ipairs(sets) do
+  local mine = {}
+  for p = 0, 9 do
+    if #mine >= 2 * max then break end
+    local ids = redis.call('ZRANGEBYSCORE', set, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT', 0,
+                           max - #mine / 2)
+    for _, id in ipairs(ids) do
+      mine[#mine + 1] = id
+      mine[#mine + 1] = p
+    end
+  end
+  if #mine > 0 then
+    due[#due + 1] = mine
+    with[#with + 1] = i
+  end
+end
+if #due == 0 then return out end
+-- The first turn: the first tenant after the last one served, wrapping round.
+local last = redis.call('GET', TURN)
+local first = 1
+if last then
+  while first <= #due and not before(last, names[with[first]]) do first = first + 1 end
+  if first > #due then first = 1 end
+end
+local taken_by = nil
+for position = 1, 2 * max, 2 do
+  local any = false
+  for k = 0, #due - 1 do
+    if #out >= 2 * max then break end
+    local t = (first - 1 + k) % #due + 1
+    local mine = due[t]
+    if position < #mine then
+      any = true
+      local id, p = mine[position], mine[position + 1]
+      local set = sets[with[t]]
+      if take(set, id, job_score(p, ARGV[6])) then
+        taken_by = names[with[t]]
+        -- An older server's entry of a tenant's job (in JOBS_DUE) moves to the tenant's own set.
+        local own = jobs_due(id)
+        if own ~= set then
+          redis.call('ZREM', set, id)
+          redis.call('SADD', DUE_TENANTS, tenant_of(id))
+          redis.call('ZADD', own, job_score(p, ARGV[6]), id)
+        end
+      end
+    end
+  end
+  if not any or #out >= 2 * max then break end
+end
+if taken_by then redis.call('SET', TURN, taken_by) end
 return out

@@ -25,7 +25,7 @@ if not (f[3] and f[3] ~= '' and (f[4] or 2) % 4 >= 2) then
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
   fields[n + 5], fields[n + 6] = 'finished', ARGV[O + 4]
   redis.call('HSET', key, unpack(fields))
-  zrem(JOBS_DUE, id)
+  zrem_due(id)
   if queued then zrem(QUEUED, id) end
   zrem(UNFINISHED, id)
   if ARGV[O + 12] + 0 > 0 then redis.call('PEXPIRE', key, ARGV[O + 12]) end
@@ -48,7 +48,7 @@ else
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'holder', '', 'until', '0'
 end
 redis.call('HSET', key, unpack(fields))
-zrem(JOBS_DUE, id)
+zrem_due(id)
 if queued then zrem(QUEUED, id) end
 zadd(CB_DUE, due, id)
 return 1

@@ -47,6 +47,22 @@ local function wants_callback(key)
   return f[1] ~= nil and f[1] ~= false and f[1] ~= '' and tonumber(f[2] or '2') % 4 >= 2
 end
 local function job_key(id) return P .. ':job:' .. id end
+-- Jobs not final are filed per tenant, so that a claim takes turns across tenants (claim.lua):
+-- the default tenant's (keys without '/') in JOBS_DUE, each other tenant's in a set of its own,
+-- named in DUE_TENANTS. A server of an older build files every tenant's in JOBS_DUE: a claim
+-- takes those in the default tenant's turn and files them in their own set, and every write
+-- that takes a job out of its set takes it out of JOBS_DUE too.
+local DUE_TENANTS = P .. ':jobs:due-tenants'
+local function tenant_of(id)
+  local slash = string.find(id, '/', 1, true)
+  if slash and slash > 1 then return string.sub(id, 1, slash - 1) end
+  return nil
+end
+local function jobs_due_of(tenant)
+  if tenant then return P .. ':jobs:due-of:' .. tenant end
+  return JOBS_DUE
+end
+local function jobs_due(id) return jobs_due_of(tenant_of(id)) end
 local function is_final(status)
   return status == 'succeeded' or status == 'failed' or status == 'expired' or
          status == 'cancelled'
@@ -151,6 +167,22 @@ local function zrem_failed(id)
   zrem(FAILED, id)
   local own = tenant_failed(id)
   if own then zrem(own, id) end
+end
+-- A job's entry among the jobs not final (jobs_due), and in JOBS_DUE where an older server
+-- filed it.
+local NAMED = {}  -- tenants named in DUE_TENANTS by this script run
+local function zadd_due(score, id)
+  local tenant = tenant_of(id)
+  if tenant and not NAMED[tenant] then
+    redis.call('SADD', DUE_TENANTS, tenant)
+    NAMED[tenant] = true
+  end
+  zadd(jobs_due_of(tenant), score, id)
+end
+local function zrem_due(id)
+  zrem(JOBS_DUE, id)
+  local tenant = tenant_of(id)
+  if tenant then zrem(jobs_due_of(tenant), id) end
 end
 -- (unpack passes at most a few thousand values: the members go out in slices.)
 -- A slice Redis refuses (a ZADD checks every score first: one it does not take, from a job's hash

@@ -1,5 +1,5 @@
 -- put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
--- traceparent, retention ms, then its scores (job_score, made by the caller) in JOBS_DUE (by the
+-- traceparent, retention ms, then its scores (job_score, made by the caller) in jobs_due (by the
 -- due time) and in QUEUED (by creation). {0}: created; {1}: the same request was there; {2}:
 -- another request has the id; {3, stored input}: the same but for the input's text.
 local key = job_key(ARGV[O + 2])
@@ -42,7 +42,7 @@ if ARGV[O + 12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[O + 12];
 if ARGV[O + 16] ~= '' then fields[n + 1], fields[n + 2] = 'tenant', ARGV[O + 16] end
 redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
-zadd(JOBS_DUE, ARGV[O + 14], ARGV[O + 2])
+zadd_due(ARGV[O + 14], ARGV[O + 2])
 zadd(QUEUED, ARGV[O + 15], ARGV[O + 2])
 zadd(UNFINISHED, ARGV[O + 5], ARGV[O + 2])
 zadd(ALL, ARGV[O + 5], ARGV[O + 2])

@@ -1,9 +1,13 @@
 -- stats: no ARGV. {queued, running, callbacks waiting, oldest queued ms ('' none), callbacks
 -- failed, then per priority with jobs: priority, count}. QUEUED holds the jobs not started
--- (priority * BAND + creation), JOBS_DUE every job not final: what is in the second and not the
--- first runs.
+-- (priority * BAND + creation), the due sets (jobs_due: JOBS_DUE and each tenant's) every job not
+-- final: what is in the second and not the first runs.
 local queued = redis.call('ZCARD', QUEUED)
-local out = {queued, math.max(0, redis.call('ZCARD', JOBS_DUE) - queued), redis.call('ZCARD', CB_DUE), '',
+local not_final = redis.call('ZCARD', JOBS_DUE)
+for _, tenant in ipairs(redis.call('SMEMBERS', DUE_TENANTS)) do
+  not_final = not_final + redis.call('ZCARD', jobs_due_of(tenant))
+end
+local out = {queued, math.max(0, not_final - queued), redis.call('ZCARD', CB_DUE), '',
              redis.call('ZCARD', FAILED)}
 local oldest = nil
 for p = 0, 9 do
