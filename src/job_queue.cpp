@@ -217,6 +217,7 @@ JobQueue::~JobQueue() {
   // Drain (the owning constructor's promise), or at least answer the invocations still queued
   // and hand the leases of jobs not started back to the store.
   shutdown(threads_ && !shut_down_ ? drain_on_destroy_ : std::chrono::milliseconds(0));
+  core_->complete_finals();
   core_->async_waiters.close();
   core_->store.stop();
   core_->pump.stop();
@@ -701,6 +702,7 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   if (core_->admission.wait_idle(timeout > spent ? timeout - spent
                                                  : std::chrono::steady_clock::duration::zero()) &&
       !left_parked) {
+    core_->complete_finals();
     core_->async_waiters.close();
     return true;
   }
@@ -719,6 +721,7 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
     item.claim.hand_back(core_->store, "renew");
   }
   // Jobs not final now end elsewhere (a later start, another server): their waits end here.
+  core_->complete_finals();
   core_->async_waiters.close();
   return false;
 }

@@ -33,6 +33,7 @@
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "rebound/tenant.hpp"
+#include "support/failing_store.hpp"
 #include "support/fake_transport.hpp"
 #include "support/held_model.hpp"
 #include "support/quiesce.hpp"
@@ -150,6 +151,35 @@ TEST_CASE("job queue: submit_many answers each job as submit would - with one st
   for (const char* id : {"a", "b", "c"})
     CHECK(queue.async_wait(id, boost::asio::use_future).get().status == JobStatus::succeeded);
   CHECK(queue.find("b")->outcome.result == nlohmann::json{{"echo", 2}});
+}
+
+TEST_CASE("job queue: a wait for a job this queue finished is read back off the io thread") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(gate), options);
+  REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+  REQUIRE(rebound::test::submitted(queue, job("k", 2)) == "accepted");
+  auto waited = queue.async_wait("j", boost::asio::use_future);
+  // The store's reads are slow (a read behind a commit, a round trip to Redis): the finished job
+  // is read back for its waiter on the pump's thread. The thread that heard the store acknowledge
+  // the job (the worker here, the io executor with a store that answers from its own thread)
+  // goes on meanwhile: the worker runs the next job, the io executor runs what is posted to it.
+  gate->reads.close();
+  held->open();
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 1; }));
+  CHECK(rebound::test::eventually([&] { return held->order().size() == 2; }));
+  std::promise<void> ran;
+  boost::asio::post(queue.get_executor(), [&] { ran.set_value(); });
+  CHECK(ran.get_future().wait_for(5s) == std::future_status::ready);
+  CHECK(waited.wait_for(0s) == std::future_status::timeout);
+  gate->reads.open();
+  const auto record = waited.get();
+  CHECK(record.status == JobStatus::succeeded);
+  CHECK(record.outcome.result == nlohmann::json{{"echo", 1}});
+  CHECK(record.job.input == 1);  // as the store keeps it
 }
 
 TEST_CASE("job queue: submit_many with one slot free takes an id sent twice once") {

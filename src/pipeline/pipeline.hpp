@@ -219,21 +219,41 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   }
   void sweep(WorkQueue<WorkItem>& queue) override { runner.sweep(queue); }
   void pump_polled() override {
+    complete_finals();
     poll_async_waits();
     sync_pauses();
   }
   void job_final(const JobRecord& record) override {
-    // The record as the store keeps it (input, started_at, callback state): the same answer a
-    // wait gets for a job another server finished; the one in hand when the store cannot say.
+    // Called on the io executor, which never waits for a store: a job someone waits for is read
+    // back on the pump's thread (complete_finals), woken for it now.
     if (async_waiters.empty()) return;
-    const std::string key = key_of(record.job);
+    std::string key = key_of(record.job);
     if (!async_waiters.waiting(key)) return;
-    std::optional<JobRecord> stored;
-    try {
-      stored = store.call("get", key, [&](JobStore& s) { return s.get(key); });
-    } catch (const StoreUnavailable&) {
+    {
+      std::lock_guard<std::mutex> lock(finals_mutex);
+      finals.insert_or_assign(std::move(key), record);
     }
-    async_waiters.complete(key, stored && is_final(stored->status) ? *stored : record);
+    pump.wake(clock());
+  }
+
+  /// The waits for jobs this queue finished, completed with the record as the store keeps it
+  /// (input, started_at, callback state: the same answer a wait gets for a job another server
+  /// finished), or the one in hand when the store cannot say. On the pump's thread, each pass; and
+  /// by a shutdown before it closes the waits.
+  void complete_finals() {
+    std::unordered_map<std::string, JobRecord> mine;
+    {
+      std::lock_guard<std::mutex> lock(finals_mutex);
+      mine.swap(finals);
+    }
+    for (auto& [key, record] : mine) {
+      std::optional<JobRecord> stored;
+      try {
+        stored = store.call("get", key, [&, k = key](JobStore& s) { return s.get(k); });
+      } catch (const StoreUnavailable&) {
+      }
+      async_waiters.complete(key, stored && is_final(stored->status) ? *stored : record);
+    }
   }
 
   std::unique_ptr<Model> model;
@@ -260,6 +280,10 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   std::chrono::system_clock::time_point last_wait_poll{};
   std::chrono::system_clock::time_point last_pause_sync{};
   std::size_t wait_poll_offset = 0;  // on the pump's thread only
+  // Jobs finished here that someone waits for, to be read back (complete_finals): at most one a
+  // waited job.
+  std::mutex finals_mutex;
+  std::unordered_map<std::string, JobRecord> finals;
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {

@@ -944,7 +944,9 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
 }
 
 // The due jobs a claim of `max` takes, in the order it takes them: each tenant's by priority,
-// then due time, the tenants taking turns (job_state::claim_turns). In the writer's transaction.
+// then due time, the tenants taking turns (job_state::claim_turns). In the writer's transaction;
+// the turn moves with it (so two claims in one transaction take turns too), and stays moved if the
+// transaction rolls back: after a store fault a tenant may lose one turn.
 std::vector<std::string> SqliteJobStore::Impl::due_job_ids(std::size_t max, TimePoint now) {
   std::vector<std::string> tenants;
   std::vector<std::vector<std::string>> due;

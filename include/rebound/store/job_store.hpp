@@ -134,10 +134,11 @@ struct ServerSeen {
 ///   -> record_attempt (pending again with its next_attempt_at, or delivered / failed)
 ///   -> redeliver (failed -> pending) ...
 /// A pending callback waits in the store, not in memory: claim_callbacks hands it out when its
-/// `next_attempt_at` has come. Order: jobs by priority (0 first), then by the time each became
-/// claimable: a job never claimed at its creation (oldest first), a job whose lease ran out at the
-/// end of that lease; callbacks by the time each became due: its next attempt (or the end of its
-/// lease).
+/// `next_attempt_at` has come. Order: jobs by tenants in turns (one job a tenant a turn, tenants
+/// in name order, starting after the tenant whose job the last claim took: job_state::claim_turns),
+/// each tenant's by priority (0 first), then by the time each became claimable: a job never
+/// claimed at its creation (oldest first), a job whose lease ran out at the end of that lease;
+/// callbacks by the time each became due: its next attempt (or the end of its lease).
 ///
 /// `complete` and `update_callback` write a record as given, without a lease (for tools,
 /// migrations and tests); the JobQueue finishes work only through the leased calls.
@@ -200,8 +201,9 @@ class JobStore {
   virtual std::optional<JobRecord> get(const std::string& id) const = 0;
 
   /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
-  /// lease ran out before `now`): lowest priority number first, and within one priority in the
-  /// order they became claimable. Jobs that became claimable at the same moment (one claim's,
+  /// lease ran out before `now`): tenants in turns, each tenant's lowest priority number first,
+  /// and within one priority in the order they became claimable (see the order above). Jobs that
+  /// became claimable at the same moment (one claim's,
   /// whose lease ended at once) come in an order each store chooses; the memory store may also
   /// order a job whose lease was lengthened by the end it had before (it refiles it lazily).
   virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;

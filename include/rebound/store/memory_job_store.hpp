@@ -75,6 +75,7 @@ class MemoryJobStore final : public JobStore {
     evict_finished_until(options_.max_bytes - std::min(options_.max_bytes, entry.bytes));
     if (bytes_ + entry.bytes > options_.max_bytes) return PutOutcome::full;
     bytes_ += entry.bytes;
+    entry.tenant = &*tenant_names_.insert(job.tenant).first;
     auto it = jobs_.emplace(std::move(key), std::move(entry)).first;
     queued_set(it->second.stored.record.job).insert(queued_key(it));
     schedule(job_queue_, it, *job_state::job_due(it->second.stored));
@@ -357,7 +358,7 @@ class MemoryJobStore final : public JobStore {
   // across the ranges); callbacks: all under one tenant and priority 0, by time. A null id sorts
   // first (a bound for lower_bound).
   struct QueueKey {
-    const std::string* tenant;
+    const std::string* tenant;  // interned (tenant_names_): one string a tenant
     int priority;
     TimePoint at;
     const std::string* id;
@@ -394,6 +395,9 @@ class MemoryJobStore final : public JobStore {
     // callback_queue_, each under the time it is claimable from (job_state::job_due and
     // callback_due; a renewal leaves it filed under the earlier time, see extend).
     std::optional<TimePoint> job_key, callback_key;
+    // Its job's tenant, interned (tenant_names_), as its job queue key holds it: keys of one
+    // tenant compare their tenants by address.
+    const std::string* tenant = nullptr;
   };
   using Map = std::unordered_map<std::string, Entry>;
   // The dead letters (callback `failed`) by creation, to the millisecond, then key: ascending, so
@@ -466,7 +470,7 @@ class MemoryJobStore final : public JobStore {
 
   const std::string* tenant_in(const Queue& queue, const Entry& e) const {
     static const std::string everyone;
-    return &queue == &job_queue_ ? &e.stored.record.job.tenant : &everyone;
+    return &queue == &job_queue_ ? e.tenant : &everyone;
   }
 
   static int priority_index(const Job& job) {
@@ -522,7 +526,8 @@ class MemoryJobStore final : public JobStore {
   // entry each, from the tenant after the one that took the last entry of the claim before
   // (last_turn_), so that no tenant's priorities or numbers keep another's jobs waiting. An entry
   // found due whose lease was renewed since it was filed is filed again under the lease's end; a
-  // long run of those is refiled a slice at a time, the lock let go in between.
+  // long run of those is refiled a slice at a time, the lock let go in between, before any is
+  // claimed.
   std::vector<JobRecord> claim(Queue& queue, std::size_t max, const Lease& lease, TimePoint now) {
     constexpr std::size_t refile_slice = 256;
     const bool callbacks = &queue == &callback_queue_;
@@ -563,6 +568,14 @@ class MemoryJobStore final : public JobStore {
       }
       for (Map::iterator it : renewed)
         schedule(queue, it, held(it->second.stored)->until);
+      // A walk cut short by renewed entries saw only some tenants: the turns are dealt once a
+      // walk saw them all (the refiled ones are not due again, so each walk gets further).
+      if (renewed.size() >= refile_slice) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+        continue;
+      }
       std::vector<std::size_t> claimable;
       for (const auto& mine : due)
         claimable.push_back(mine.size());
@@ -583,11 +596,7 @@ class MemoryJobStore final : public JobStore {
           unschedule(queue, it);
         }
       }
-      // (A lease already over at `now` would find what it just claimed due again.)
-      if (renewed.size() < refile_slice || out.size() >= max || lease.until <= now) return out;
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
+      return out;
     }
   }
 
@@ -690,6 +699,8 @@ class MemoryJobStore final : public JobStore {
   mutable std::mutex mutex_;
   Map jobs_;
   Queue job_queue_, callback_queue_;
+  // Every tenant's name met, once (never forgotten: tenants are few, named by the operator).
+  std::set<std::string> tenant_names_;
   // The tenant whose job a claim took last: the next claim's turns start after it.
   std::optional<std::string> last_turn_;
   std::array<Queued, lowest_priority + 1> queued_;
