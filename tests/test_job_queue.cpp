@@ -182,6 +182,28 @@ TEST_CASE("job queue: a wait for a job this queue finished is read back off the 
   CHECK(record.job.input == 1);  // as the store keeps it
 }
 
+TEST_CASE("job queue: a drain that ends while a finished job is read back still answers its wait") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(gate), options);
+  REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+  auto waited = queue.async_wait("j", boost::asio::use_future);
+  gate->reads.close();
+  held->open();
+  // The job is done (its slot free), its record being read back for the wait: the drain has
+  // nothing left to wait for, yet the wait is answered with the job, not "shutting down".
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 1; }));
+  REQUIRE(rebound::test::eventually([&] { return queue.telemetry().in_flight() == 0; }));
+  auto drained = std::async(std::launch::async, [&] { return queue.shutdown(10s); });
+  CHECK(drained.wait_for(200ms) == std::future_status::timeout);
+  gate->reads.open();
+  CHECK(drained.get());
+  CHECK(waited.get().status == JobStatus::succeeded);
+}
+
 TEST_CASE("job queue: submit_many with one slot free takes an id sent twice once") {
   rebound::JobQueueOptions options;
   options.workers = 1;

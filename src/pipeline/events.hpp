@@ -34,6 +34,9 @@ class PipelineEvents {
   virtual void sweep(WorkQueue<WorkItem>& queue) = 0;
   /// The pump is about to look for work (each pass): what a pass must know first.
   virtual void pump_polled() = 0;
+  /// The pump was woken for the waits of jobs finished here (StorePump::wake_for_finals): on its
+  /// thread, without a pass (no claims).
+  virtual void finals_due() = 0;
   /// The store acknowledged a job's outcome (the BatchRunner): `record` as the runner finished
   /// it, its callback `pending` when one is due.
   virtual void job_final(const JobRecord& record) = 0;

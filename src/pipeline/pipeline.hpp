@@ -233,14 +233,17 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
       std::lock_guard<std::mutex> lock(finals_mutex);
       finals.insert_or_assign(std::move(key), record);
     }
-    pump.wake(clock());
+    pump.wake_for_finals();
   }
+  void finals_due() override { complete_finals(); }
 
   /// The waits for jobs this queue finished, completed with the record as the store keeps it
   /// (input, started_at, callback state: the same answer a wait gets for a job another server
-  /// finished), or the one in hand when the store cannot say. On the pump's thread, each pass; and
-  /// by a shutdown before it closes the waits.
+  /// finished), or the one in hand when the store cannot say. On the pump's thread, when woken
+  /// for them and each pass; and by a shutdown before it closes the waits, which waits for the
+  /// pump's reads under way (finals_reading) so that none of them is answered shutting_down.
   void complete_finals() {
+    std::lock_guard<std::mutex> reading(finals_reading);
     std::unordered_map<std::string, JobRecord> mine;
     {
       std::lock_guard<std::mutex> lock(finals_mutex);
@@ -284,6 +287,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   // waited job.
   std::mutex finals_mutex;
   std::unordered_map<std::string, JobRecord> finals;
+  std::mutex finals_reading;  // held while finals taken from the map are read and completed
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {

@@ -38,6 +38,13 @@ void StorePump::wake(TimePoint at) {
   wake_.notify_one();
 }
 
+void StorePump::wake_for_finals() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (finals_due_) return;
+  finals_due_ = true;
+  wake_.notify_one();
+}
+
 // Every time the pump keeps (the next pass, the next renewal, the next sweep) is on the queue's
 // clock, the one the store's leases and due times are on: a test that moves an injected clock
 // moves the pump with it. The thread sleeps in real time, towards the nearest of them, and never
@@ -63,7 +70,7 @@ void StorePump::run() {
         if (due_ != TimePoint::max() && due_ - now > poll_interval_) due_ = now + poll_interval_;
       }
       seen = now;
-      if (now >= due_ || now >= next_renewal) break;
+      if (now >= due_ || now >= next_renewal || finals_due_) break;
       const auto until = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::min(due_, next_renewal) - now);
       wake_.wait_for(lock, now == slept_at ? std::chrono::steady_clock::duration(longest_sleep)
@@ -72,6 +79,7 @@ void StorePump::run() {
       slept_at = now;
     }
     if (stop_) return;
+    const bool finals_now = std::exchange(finals_due_, false);
     const bool due_now = clock_() >= due_;  // read under the lock
     if (due_now) {
       // Taken under the same lock as the wake that asked for it: a wake from now on asks for
@@ -83,6 +91,7 @@ void StorePump::run() {
     // Nothing thrown here may end the thread (and with it the process): a pass that failed is
     // noted as the store's failure, and the next one tries again.
     try {
+      if (finals_now) events_.finals_due();
       if (clock_() >= next_renewal) {
         next_renewal = clock_() + renew_every;
         for (const auto& [id, holder] : leases_.renew_held(store_))

@@ -66,6 +66,10 @@ class StorePump {
   /// Runs the pump at `at` (at once when it has come), unless it runs earlier already.
   void wake(TimePoint at);
 
+  /// Has the thread tell `events` finals_due as soon as it is free (before a pass or a renewal
+  /// due at the same time), without a pass of its own. Thread-safe.
+  void wake_for_finals();
+
   std::size_t prefetch() const { return prefetch_; }
 
   /// A worker took a batch: with jobs parked in the store and the queue below half its prefetch,
@@ -124,6 +128,7 @@ class StorePump {
   std::mutex mutex_;
   std::condition_variable wake_;
   TimePoint due_ = TimePoint::max();
+  bool finals_due_ = false;                            // wake_for_finals, under mutex_
   std::uint64_t passes_begun_ = 0, passes_ended_ = 0;  // passes of the thread, under mutex_
   std::condition_variable pass_ended_;
   bool stop_ = false;

@@ -26,14 +26,6 @@ if ARGV[2] ~= 'jobs' then
   return out
 end
 local TURN = P .. ':jobs:turn'
--- Names in byte order, as C++ and SQLite compare them (Lua's `<` follows the server's locale).
-local function before(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
 -- The tenants with jobs not final, by name: the default tenant ('') first. A tenant whose set
 -- emptied leaves DUE_TENANTS (a put names it again).
 local tenants = redis.call('SMEMBERS', DUE_TENANTS)

@@ -28,9 +28,9 @@ while #out < 2 * limit and scanned < 20 * limit + 1000 do
       end
     end
   end
-  local before = #out
+  local had = #out
   records(set, mine, out, limit)
   -- Expired members were removed from the set: what follows moved up.
-  start = start + (#out - before) / 2 + skipped
+  start = start + (#out - had) / 2 + skipped
 end
 return out

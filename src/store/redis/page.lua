@@ -15,14 +15,6 @@ local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
 local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
   'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
   'started', 'ended', 'tenant'}
--- Byte order, as the sorted set compares members (Lua's '<' follows the locale).
-local function before(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
 local found = {}
 local offset, scanned, budget = 0, 0, 20 * limit + 1000
 local last_ms, last_id = '', ''

@@ -47,6 +47,15 @@ local function wants_callback(key)
   return f[1] ~= nil and f[1] ~= false and f[1] ~= '' and tonumber(f[2] or '2') % 4 >= 2
 end
 local function job_key(id) return P .. ':job:' .. id end
+-- True when `a` sorts before `b` byte by byte, as C++, SQLite and Redis's sorted sets compare
+-- strings (Lua's `<` follows the server's locale).
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
 -- Jobs not final are filed per tenant, so that a claim takes turns across tenants (claim.lua):
 -- the default tenant's (keys without '/') in JOBS_DUE, each other tenant's in a set of its own,
 -- named in DUE_TENANTS. A server of an older build files every tenant's in JOBS_DUE: a claim
