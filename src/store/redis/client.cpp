@@ -308,8 +308,7 @@ Context Client::connect_after_backoff() {
   try {
     return connect();
   } catch (const ConnectionLost& e) {
-    failed(e.what(), true);
-    throw StoreUnavailable(failure_text());
+    throw StoreUnavailable(failed(e.what(), true));
   }
 }
 
@@ -342,8 +341,7 @@ Context Client::acquire() {
     return connect();
   } catch (const ConnectionLost& e) {
     give_up_slot();
-    failed(std::string(e.what()), true);
-    throw StoreUnavailable(failure_text());
+    throw StoreUnavailable(failed(std::string(e.what()), true));
   } catch (...) {
     give_up_slot();
     throw;
@@ -412,8 +410,7 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
       give_up_slot();
       drop_idle();
       if (cluster_) route_doubtful();
-      failed(e.what());
-      throw StoreUnavailable(failure_text());
+      throw StoreUnavailable(failed(e.what()));
     } catch (...) {
       c.reset();
       give_up_slot();
@@ -445,8 +442,7 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
         give_up_slot();
         drop_idle();
         if (cluster_) route_doubtful();
-        failed(what);
-        throw StoreUnavailable(failure_text());
+        throw StoreUnavailable(failed(what));
       }
       give_back(std::move(c));
       throw ErrorReply(what);
@@ -456,8 +452,7 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
       if (auto shortfall = short_of_replicas(waited.get())) {
         // Until enough replicas are back no write can be acknowledged: the store fails (/ping
         // says so), and the next write or look tries again at once.
-        replicas_missing(*shortfall);
-        throw StoreUnavailable(failure_text());
+        throw StoreUnavailable(replicas_missing(*shortfall));
       }
       replicas_worked();
     } else {
@@ -467,7 +462,7 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
   }
 }
 
-void Client::failed(const std::string& why, bool connecting) {
+std::string Client::failed(const std::string& why, bool connecting) {
   // On a cluster, whatever failed may be a failover: the next connection asks for the slot map.
   if (cluster_) route_doubtful();
   const std::string at = where();
@@ -480,11 +475,12 @@ void Client::failed(const std::string& why, bool connecting) {
     reconnect_at_ = std::chrono::steady_clock::now() + reconnect_delay_;
   }
   failing_ = true;
+  return failure_;
 }
 
-void Client::replicas_missing(const std::string& why) {
+std::string Client::replicas_missing(const std::string& why) {
   replicas_short_ = true;
-  failed(why);
+  return failed(why);
 }
 
 void Client::replicas_worked() {

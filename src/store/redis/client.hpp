@@ -91,10 +91,11 @@ class Client {
   // The store's failure state: `failed` notes why it fails (a failed connect, `connecting`, also
   // backs the next connects off); `worked` clears it. `replicas_missing` notes a write that fewer
   // replicas than asked had in time: only a write that they had (`replicas_worked`) clears that,
-  // not a read that worked.
-  void failed(const std::string& why, bool connecting = false);
+  // not a read that worked. Both answer the failure they noted, for the caller to throw (the
+  // state itself may be cleared meanwhile by a look that found the store working again).
+  std::string failed(const std::string& why, bool connecting = false);
   void worked();
-  void replicas_missing(const std::string& why);
+  std::string replicas_missing(const std::string& why);
   void replicas_worked();
   std::string failure_text() const;
   // What failure() reports: nullopt while the store works; else why, looking again (one caller at
