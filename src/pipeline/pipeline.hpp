@@ -224,8 +224,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     sync_pauses();
   }
   void job_final(const JobRecord& record) override {
-    // Called on the io executor, which never waits for a store: a job someone waits for is read
-    // back on the pump's thread (complete_finals), woken for it now.
+    // Called where the store's acknowledgement was heard (the io executor with a store that
+    // answers from its own thread, else the worker), which never waits for a store: a job
+    // someone waits for is read back on the pump's thread (complete_finals), woken for it now.
     if (async_waiters.empty()) return;
     std::string key = key_of(record.job);
     if (!async_waiters.waiting(key)) return;
