@@ -153,13 +153,34 @@ TEST_CASE("job queue: submit_many answers each job as submit would - with one st
   CHECK(queue.find("b")->outcome.result == nlohmann::json{{"echo", 2}});
 }
 
+namespace {
+// One worker on a held model, over a store whose reads the test can hold (FailingStore's gate).
+struct SlowReads {
+  std::shared_ptr<rebound::test::FailingStore::Switch> gate =
+      std::make_shared<rebound::test::FailingStore::Switch>();
+  rebound::test::HeldModel* held = nullptr;
+  JobQueue queue;
+  SlowReads() : queue(model(), std::make_unique<rebound::test::FailingStore>(gate), one_worker()) {}
+
+ private:
+  std::unique_ptr<rebound::Model> model() {
+    auto m = std::make_unique<rebound::test::HeldModel>();
+    held = m.get();
+    return m;
+  }
+  static rebound::JobQueueOptions one_worker() {
+    rebound::JobQueueOptions options;
+    options.workers = 1;
+    return options;
+  }
+};
+}  // namespace
+
 TEST_CASE("job queue: a wait for a job this queue finished is read back off the io thread") {
-  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
-  rebound::JobQueueOptions options;
-  options.workers = 1;
-  auto model = std::make_unique<rebound::test::HeldModel>();
-  auto* held = model.get();
-  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(gate), options);
+  SlowReads slow;
+  auto& gate = slow.gate;
+  auto* held = slow.held;
+  JobQueue& queue = slow.queue;
   REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
   REQUIRE(rebound::test::submitted(queue, job("k", 2)) == "accepted");
   auto waited = queue.async_wait("j", boost::asio::use_future);
@@ -183,12 +204,10 @@ TEST_CASE("job queue: a wait for a job this queue finished is read back off the 
 }
 
 TEST_CASE("job queue: a drain that ends while a finished job is read back still answers its wait") {
-  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
-  rebound::JobQueueOptions options;
-  options.workers = 1;
-  auto model = std::make_unique<rebound::test::HeldModel>();
-  auto* held = model.get();
-  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(gate), options);
+  SlowReads slow;
+  auto& gate = slow.gate;
+  auto* held = slow.held;
+  JobQueue& queue = slow.queue;
   REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
   auto waited = queue.async_wait("j", boost::asio::use_future);
   gate->reads.close();

@@ -948,41 +948,37 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
 // the turn moves with it (so two claims in one transaction take turns too), and stays moved if the
 // transaction rolls back: after a store fault a tenant may lose one turn.
 std::vector<std::string> SqliteJobStore::Impl::due_job_ids(std::size_t max, TimePoint now) {
-  std::vector<std::string> tenants;
+  // The tenants with due jobs, and how many of each; `tenant`: the last one looked at.
+  std::vector<std::string> names;
   std::vector<std::vector<std::string>> due;
-  for (Statement* next = first_due_tenant.get();;) {
-    if (!tenants.empty()) next_due_tenant->bind(1, tenants.back());
-    std::optional<std::string> tenant;
+  std::vector<std::size_t> claimable;
+  std::optional<std::string> tenant;
+  for (;;) {
+    Statement& next = tenant ? *next_due_tenant : *first_due_tenant;
+    if (tenant) next.bind(1, *tenant);
+    tenant.reset();
     try {
-      if (next->step()) tenant = next->text(0);
+      if (next.step()) tenant = next.text(0);
     } catch (...) {
-      next->reset();
+      next.reset();
       throw;
     }
-    next->reset();
+    next.reset();
     if (!tenant) break;
     std::vector<std::string> mine;
     for (int p = highest_priority; p <= lowest_priority && mine.size() < max; ++p) {
       for (auto& id : due_ids(*select_due_jobs, job_leases, max - mine.size(), now, p, &*tenant))
         mine.push_back(std::move(id));
     }
-    tenants.push_back(std::move(*tenant));
+    if (mine.empty()) continue;
+    names.push_back(*tenant);
+    claimable.push_back(mine.size());
     due.push_back(std::move(mine));
-    next = next_due_tenant.get();
-  }
-  std::vector<std::string> names;
-  std::vector<std::vector<std::string>> claimable_of;
-  std::vector<std::size_t> claimable;
-  for (std::size_t t = 0; t < tenants.size(); ++t) {
-    if (due[t].empty()) continue;
-    names.push_back(tenants[t]);
-    claimable.push_back(due[t].size());
-    claimable_of.push_back(std::move(due[t]));
   }
   std::vector<std::string> ids;
   for (const auto& [t, position] : job_state::claim_turns(names, claimable, last_turn)) {
     if (ids.size() >= max) break;
-    ids.push_back(std::move(claimable_of[t][position]));
+    ids.push_back(std::move(due[t][position]));
     last_turn = names[t];
   }
   return ids;

@@ -548,7 +548,7 @@ class MemoryJobStore final : public JobStore {
         std::vector<Map::iterator> mine;
         for (int p = highest_priority; p <= lowest; ++p) {
           for (auto q = queue.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
-               q != queue.end() && *q->tenant == *tenant && q->priority == p && q->at <= now &&
+               q != queue.end() && q->tenant == tenant && q->priority == p && q->at <= now &&
                mine.size() < wanted && renewed.size() < refile_slice;
                ++q) {
             Map::iterator it = jobs_.find(*q->id);
