@@ -317,6 +317,9 @@ struct RedisJobStore::Impl {
   std::atomic<std::uint64_t> unwaited_queued{0};
   std::atomic<std::uint64_t> unwaited_sent{0};
   Context batch_connection;  // the connection thread's own
+  // Why the batch thread's last failure happened, as the client noted it: what the calls it fails
+  // are told (the client's own note may be cleared meanwhile by a look that found Redis back).
+  std::string batch_failure;
   std::thread batch_thread;
 
   void start_batches() {
@@ -447,7 +450,7 @@ struct RedisJobStore::Impl {
                         std::make_move_iterator(batch_queue.end()));
           batch_queue.clear();
         }
-        fail(queued, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+        fail(queued, std::make_exception_ptr(StoreUnavailable(batch_failure)));
         std::move(queued.begin(), queued.end(), std::back_inserter(batch));
       }
       const auto unwaited = static_cast<std::uint64_t>(
@@ -542,8 +545,8 @@ struct RedisJobStore::Impl {
     }
     auto lose = [&](const std::string& why) {
       batch_connection.reset();
-      client.failed(why);
-      fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+      batch_failure = client.failed(why);
+      fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
       return false;
     };
     auto fail_group = [&](std::size_t g, const std::string& why) {
@@ -574,9 +577,10 @@ struct RedisJobStore::Impl {
       try {
         if (batch_connection && closed_by_redis(batch_connection.get())) batch_connection.reset();
         if (!batch_connection) batch_connection = client.connect_after_backoff();
-      } catch (const std::exception&) {
-        // (connect_after_backoff noted why.)
-        fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+      } catch (const std::exception& e) {
+        // (connect_after_backoff noted why, and says it.)
+        batch_failure = e.what();
+        fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
         return false;
       }
       std::array<Reply, 2> replies;
@@ -593,7 +597,7 @@ struct RedisJobStore::Impl {
             settle(g, replies[g].get(), std::nullopt);
             // Its answer dropped the connection (LOADING, READONLY): the rest fail.
             if (!batch_connection) {
-              fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+              fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
               return false;
             }
           }
@@ -636,7 +640,7 @@ struct RedisJobStore::Impl {
         batch_connection.reset();
       } else if (!batch_connection) {
         // An answer dropped the connection (LOADING, READONLY): the rest fail.
-        fail(batch, std::make_exception_ptr(StoreUnavailable(client.failure_text())));
+        fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
         return false;
       }
     }
@@ -655,8 +659,8 @@ struct RedisJobStore::Impl {
   std::exception_ptr error_of(const std::string& what, bool puts) {
     if (connection_state_error(what.c_str())) {
       batch_connection.reset();
-      client.failed(what);
-      return std::make_exception_ptr(StoreUnavailable(client.failure_text()));
+      batch_failure = client.failed(what);
+      return std::make_exception_ptr(StoreUnavailable(batch_failure));
     }
     if (out_of_memory_error(what.c_str()) && puts)
       return std::make_exception_ptr(OutOfMemory(what));
@@ -952,8 +956,7 @@ std::optional<JobRecord> RedisJobStore::get(const std::string& id) const {
   try {
     r = impl_->run({"HGETALL", impl_->options.key_prefix + ":job:" + id});
   } catch (const ErrorReply& e) {
-    impl_->client.failed(e.what());
-    throw StoreUnavailable(impl_->client.failure_text());
+    throw StoreUnavailable(impl_->client.failed(e.what()));
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) return std::nullopt;
   return read_record(id, r.get());
