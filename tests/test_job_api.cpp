@@ -492,7 +492,7 @@ TEST_CASE("job api: a job starved by higher priorities still expires on time") {
                     {"callback_url", receiver.url()}})
               ->status == 202);
   // The only worker stays busy: the queue's sweep, not a worker, ends it.
-  REQUIRE(receiver.wait_for(1, 5s));
+  REQUIRE(receiver.wait_for(1));
   CHECK(json::parse(receiver.received().at(0).body)["status"] == "expired");
   CHECK(h.poll("starved")["status"] == "expired");
   CHECK(h.poll("blocker")["status"] == "running");
@@ -522,7 +522,8 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
   Harness h(o);  // the model stays closed: the job never finishes
   const auto started = std::chrono::steady_clock::now();
   auto waiting = std::async(std::launch::async, [&] {
-    return h.client().Post("/v1/inferences", {{"Prefer", "wait=2"}}, json({{"id", "j"}}).dump(),
+    // (5 s: time for the checks below within the wait, under a sanitizer's slowdown too.)
+    return h.client().Post("/v1/inferences", {{"Prefer", "wait=5"}}, json({{"id", "j"}}).dump(),
                            "application/json");
   });
   REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 1; }));
@@ -534,9 +535,9 @@ TEST_CASE("job api: a Prefer wait holds no thread - one HTTP thread still answer
   CHECK(waiting.wait_for(0s) == std::future_status::timeout);
   auto res = waiting.get();
   REQUIRE(res);
-  CHECK(res->status == 202);  // not final within its 2 s: the usual answer, after the wait
-  CHECK(res->get_header_value("Preference-Applied") == "wait=2");
-  CHECK(std::chrono::steady_clock::now() - started >= 2s);
+  CHECK(res->status == 202);  // not final within its 5 s: the usual answer, after the wait
+  CHECK(res->get_header_value("Preference-Applied") == "wait=5");
+  CHECK(std::chrono::steady_clock::now() - started >= 5s);
 }
 
 TEST_CASE("job api: a submission waiting for its store holds no thread - 202 once it is stored") {
@@ -610,7 +611,8 @@ TEST_CASE(
   Harness h({});  // the model stays closed: the job never finishes while the Server stands
   REQUIRE(h.submit({{"id", "j"}})->status == 202);
   auto short_wait = std::async(std::launch::async, [&] {
-    return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=1"}});
+    // (Long enough for both waits to be seen waiting under a sanitizer's slowdown.)
+    return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=3"}});
   });
   auto long_wait = std::async(std::launch::async, [&] {
     return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=30"}});
@@ -629,7 +631,7 @@ TEST_CASE(
     CHECK(res->status == 200);
     CHECK(json::parse(res->body)["status"] == "running");
   }
-  std::this_thread::sleep_for(1500ms);  // past the short wait's time, with no Server
+  std::this_thread::sleep_for(3500ms);  // past the short wait's time, with no Server
   h.model->open();                      // the job ends: the queue completes both registrations
   REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
 }
@@ -665,9 +667,9 @@ TEST_CASE("job api: a store that fails during a Prefer wait leaves the accepted 
   auto control = std::make_shared<rebound::test::FailingStore::Switch>();
   HarnessOptions o;
   o.make_store = [control] { return std::make_unique<rebound::test::FailingStore>(control); };
-  Harness h(o);  // the model stays closed: the job never finishes
-  std::thread breaker([&] {
-    std::this_thread::sleep_for(300ms);
+  Harness h(o);              // the model stays closed: the job never finishes
+  std::thread breaker([&] {  // the store fails once the job is stored, while the request waits
+    rebound::test::eventually([&] { return h.service->find("accepted").has_value(); });
     control->fail();
   });
   auto res = h.client().Post("/v1/inferences", {{"Prefer", "wait=3"}},

@@ -51,7 +51,9 @@ Job make(const std::string& id, nlohmann::json input = {{"x", 1}}) {
 RedisJobStoreOptions options_for(const rebound::test::RedisServer& server) {
   RedisJobStoreOptions o = rebound::parse_redis_uri(server.uri());
   o.connect_timeout = 500ms;
-  o.command_timeout = 500ms;
+  // Short, for the tests of a hung Redis; not so short that a call under a sanitizer's slowdown
+  // and a loaded machine (appendfsync always) times out by itself.
+  o.command_timeout = 1500ms;
   o.reconnect_min = 20ms;
   o.reconnect_max = 100ms;
   return o;
@@ -59,7 +61,7 @@ RedisJobStoreOptions options_for(const rebound::test::RedisServer& server) {
 
 // Calls `probe` until it answers true, for up to `limit`.
 template <typename Probe>
-bool eventually(Probe&& probe, std::chrono::milliseconds limit = 5000ms) {
+bool eventually(Probe&& probe, std::chrono::milliseconds limit = 20000ms) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
     if (probe()) return true;
@@ -895,7 +897,7 @@ class ScriptedRedis {
 
 TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no crash and no hang") {
   ScriptedRedis redis;
-  redis.delay = 300ms;
+  redis.delay = 1000ms;
   RedisJobStoreOptions options;
   options.port = redis.port();
   options.command_timeout = 2000ms;
@@ -908,7 +910,7 @@ TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no c
   auto first = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer first_answer = first->get_future();
   store.async_finish_job("a", "worker", done, std::nullopt, now, into(first));
-  std::this_thread::sleep_for(50ms);
+  std::this_thread::sleep_for(300ms);  // (well within the first answer's delay)
   auto put = std::async(std::launch::async, [&] { return store.put(make("b")); });
   auto second = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer second_answer = second->get_future();
@@ -970,7 +972,7 @@ TEST_CASE("redis: a job marked running and finished in one batch is marked by it
   // Redis stalls under a put; the mark and the acknowledgement of x gather behind it.
   server.pause();
   auto blocker = std::async(std::launch::async, [&] { return store.put(make("blocker")); });
-  std::this_thread::sleep_for(100ms);
+  std::this_thread::sleep_for(300ms);  // (the put sent; well within the command timeout)
   const auto started = now - 3s;
   store.mark_running("x", started);
   auto acknowledged = std::make_shared<std::promise<std::pair<bool, bool>>>();

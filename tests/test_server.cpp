@@ -1165,8 +1165,11 @@ TEST_CASE("tenants: listing cursors are sealed - opaque - and refused to another
         globex.submit({{"id", "g" + std::to_string(i)}, {"callback_url", down.url()}})->status ==
         202);
   }
-  REQUIRE(rebound::test::eventually(
-      [&] { return h.service->telemetry().metrics().callbacks_given_up.load() == 6; }));
+  // (A give-up is counted before the store records it: the slots tell when all are recorded.)
+  REQUIRE(rebound::test::eventually([&] {
+    return h.service->telemetry().metrics().callbacks_given_up.load() == 6 &&
+           h.service->telemetry().in_flight() == 0;
+  }));
   auto list = [](const As& who, const std::string& cursor) {
     return who.get("/v1/inferences?callback_state=failed&limit=1" +
                    (cursor.empty() ? std::string() : "&cursor=" + cursor));
@@ -1422,6 +1425,8 @@ TEST_CASE(
   REQUIRE(rebound::test::eventually([&] {
     return json::parse(acme.get("/v1/inferences/dead")->body)["callback"]["state"] == "failed";
   }));
+  // (The give-up is stored before its slot is freed: wait for the slot.)
+  REQUIRE(rebound::test::eventually([&] { return h.service->telemetry().in_flight() == 0; }));
   h.model->close();  // from here nothing finishes: the slots stay taken
   for (int i = 0; i < 4; ++i)
     REQUIRE(acme.submit({{"id", "a" + std::to_string(i)}, {"input", i}})->status == 202);
