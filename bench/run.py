@@ -606,11 +606,14 @@ def table(results: dict, systems: Systems) -> str:
     return "\n".join(lines)
 
 
-def links_torch(binary: Path) -> bool:
+def links_torch(binary: Path):
     """Whether `binary` loads libtorch: about 140 MiB of resident memory at start (its code pages
-    and its own allocations), before any job."""
-    linked = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
-    return "libtorch" in linked.stdout
+    and its own allocations), before any job. None when ldd cannot say."""
+    try:
+        linked = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+    except OSError:
+        return None
+    return "libtorch" in linked.stdout if linked.returncode == 0 else None
 
 
 def targets(results: dict, rss_comparable: bool = True) -> list[tuple[str, bool]]:
@@ -711,6 +714,12 @@ def main() -> None:
     args = p.parse_args()
     check_prerequisites(args)
     baselines = {rev: build_baseline(rev, args.build_dir) for rev in args.baseline}
+    # Peak RSS means something beside a baseline only when both load libtorch or neither does: it
+    # is resident from the start (about 140 MiB) and says nothing of the queue.
+    server = Path(args.build_dir) / "examples" / "rebound-server"
+    torch_here = links_torch(server)
+    rss_comparable = all(torch_here is not None and links_torch(b) == torch_here
+                         for b in baselines.values())
 
     systems = Systems(args, baselines)
     kinds = args.only or list(MEASUREMENTS)
@@ -735,15 +744,11 @@ def main() -> None:
     print(machine())
     print()
     print(table(results, systems))
-    # The baselines are built without libtorch: a build with it starts about 140 MiB larger, so
-    # its peak RSS says nothing of the queue's memory beside theirs.
-    server = Path(args.build_dir) / "examples" / "rebound-server"
-    rss_comparable = not baselines or not links_torch(server)
     if not rss_comparable:
         print()
-        print(f"Peak RSS is not compared with the baselines: {server} links libtorch and they do "
-              "not (build with -DREBOUND_WITH_TORCH=OFF, or pass --build-dir of such a build, to "
-              "compare memory).")
+        print(f"Peak RSS is not compared with the baselines: {server} and they do not both load "
+              "libtorch, or ldd could not say (the baselines are built without it: pass --build-dir "
+              "of a -DREBOUND_WITH_TORCH=OFF build to compare memory).")
     verdicts = targets(results, rss_comparable)
     if verdicts:
         print()

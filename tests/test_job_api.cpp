@@ -492,7 +492,7 @@ TEST_CASE("job api: a job starved by higher priorities still expires on time") {
                     {"callback_url", receiver.url()}})
               ->status == 202);
   // The only worker stays busy: the queue's sweep, not a worker, ends it.
-  REQUIRE(receiver.wait_for(1));
+  REQUIRE(receiver.wait_for(1, 10s));  // (0.3 s and a sweep: on time, with room for sanitizers)
   CHECK(json::parse(receiver.received().at(0).body)["status"] == "expired");
   CHECK(h.poll("starved")["status"] == "expired");
   CHECK(h.poll("blocker")["status"] == "running");

@@ -535,10 +535,10 @@ TEST_CASE("job queue: destroyed with work in flight - every handler fires - noth
     invocation = queue.async_invoke(5, boost::asio::use_future);
     waited = queue.async_wait("f10", boost::asio::use_future);
     queue.async_submit(job("bound", 1), boost::asio::bind_executor(elsewhere, recorder(bound)));
-    // The running job must end for the destructor to return: it does a second later (by then
-    // the destructor has set the queued jobs aside, under a sanitizer's slowdown too).
-    std::thread opener([held] {
-      std::this_thread::sleep_for(1s);
+    // The running job must end for the destructor to return: it does once the destructor has
+    // set the queued work aside (the invocation answered), or after 3 s at the latest.
+    std::thread opener([held, &invocation] {
+      invocation.wait_for(3s);
       held->open();
     });
     opener.detach();
