@@ -203,6 +203,67 @@ TEST_CASE("job queue: a wait for a job this queue finished is read back off the 
   CHECK(record.job.input == 1);  // as the store keeps it
 }
 
+TEST_CASE("job queue: the finished jobs waited for are read back 256 a call - never one by one") {
+  SlowReads slow;
+  auto& gate = slow.gate;
+  JobQueue& queue = slow.queue;
+  constexpr int n = 600;
+  std::vector<std::future<JobRecord>> waits;
+  for (int i = 0; i < n; ++i) {
+    const std::string id = "w" + std::to_string(i);
+    REQUIRE(rebound::test::submitted(queue, job(id, i)) == "accepted");
+    waits.push_back(queue.async_wait(id, boost::asio::use_future));
+  }
+  const std::size_t gets = gate->gets;  // (each wait looks once as it registers)
+  // The reads stall (a Redis far away) while every job finishes: hundreds of finished jobs wait
+  // to be read back for their waiters at once.
+  gate->reads.close();
+  slow.held->open();
+  REQUIRE(rebound::test::eventually([&] { return queue.telemetry().in_flight() == 0; }));
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 1; }));
+  gate->reads.open();
+  for (int i = 0; i < n; ++i) {
+    REQUIRE(waits[i].wait_for(20s) == std::future_status::ready);
+    const JobRecord r = waits[i].get();
+    CHECK(r.status == JobStatus::succeeded);
+    CHECK(r.job.input == i);
+  }
+  CHECK(gate->gets == gets);  // no read an id
+  CHECK(gate->get_manys >= 3);
+  CHECK(gate->most_ids_read == 256);  // a call's reads are bounded
+}
+
+TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a call") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  auto owned = std::make_unique<rebound::test::FailingStore>(gate);
+  rebound::test::FailingStore* store = owned.get();
+  rebound::JobQueueOptions options;
+  options.poll_interval = 100ms;
+  JobQueue queue(std::make_unique<rebound::EchoModel>(), std::move(owned), options);
+  // Jobs another server accepted and holds: this queue never claims them, it only waits. (600: a
+  // poll that read before the jobs ended completes at most 256, and a later one still reads 256.)
+  constexpr int n = 600;
+  const rebound::Lease elsewhere{"other-server/1", std::chrono::system_clock::now() + 1h};
+  std::vector<std::future<JobRecord>> waits;
+  for (int i = 0; i < n; ++i) {
+    const std::string id = "e" + std::to_string(i);
+    REQUIRE(store->put(job(id, i), elsewhere) == rebound::PutOutcome::created);
+    waits.push_back(queue.async_wait(id, boost::asio::use_future));
+  }
+  const std::size_t gets = gate->gets;
+  for (int i = 0; i < n; ++i)
+    store->complete("e" + std::to_string(i), {JobStatus::succeeded, i * 2, std::nullopt});
+  for (int i = 0; i < n; ++i) {
+    REQUIRE(waits[i].wait_for(20s) == std::future_status::ready);
+    const JobRecord r = waits[i].get();
+    CHECK(r.status == JobStatus::succeeded);
+    CHECK(r.outcome.result == i * 2);
+  }
+  CHECK(gate->gets == gets);
+  CHECK(gate->get_manys >= 3);  // 600 waits: three polls at least
+  CHECK(gate->most_ids_read == 256);
+}
+
 TEST_CASE("job queue: a drain that ends while a finished job is read back still answers its wait") {
   SlowReads slow;
   auto& gate = slow.gate;

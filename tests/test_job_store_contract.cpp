@@ -333,6 +333,47 @@ TEST_CASE_TEMPLATE("store contract: a record follows its job from queued to deli
   CHECK_FALSE(store->get("missing").has_value());
 }
 
+TEST_CASE_TEMPLATE("store contract: get_many answers each id as get would - in the ids' order",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  CHECK(store->get_many({}).empty());
+  REQUIRE(store->put(make("queued")) == PutOutcome::created);
+  REQUIRE(store->put(make("acme/7", 1764000000001)) == PutOutcome::created);
+  REQUIRE(store->put(make("done", 1764000000002)) == PutOutcome::created);
+  store->mark_running("done", t0 + std::chrono::seconds(1));
+  store->complete("done", succeeded);
+  store->update_callback("done", {CallbackState::pending, 2, "HTTP 503"});
+  const std::vector<std::string> ids{"done", "missing", "acme/7", "queued", "done", "7"};
+  const auto many = store->get_many(ids);
+  REQUIRE(many.size() == ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    CAPTURE(ids[i]);
+    const auto one = store->get(ids[i]);
+    REQUIRE(many[i].has_value() == one.has_value());
+    if (!one) continue;
+    CHECK(rebound::key_of(many[i]->job) == ids[i]);
+    CHECK(many[i]->job.tenant == one->job.tenant);
+    CHECK(many[i]->job.input == one->job.input);
+    CHECK(many[i]->job.created_at == one->job.created_at);
+    CHECK(many[i]->status == one->status);
+    CHECK(many[i]->started_at == one->started_at);
+    CHECK(many[i]->outcome.result == one->outcome.result);
+    CHECK(many[i]->callback.state == one->callback.state);
+    CHECK(many[i]->callback.attempts == one->callback.attempts);
+    CHECK(many[i]->callback.last_error == one->callback.last_error);
+  }
+  CHECK_FALSE(many[1].has_value());  // unknown
+  CHECK_FALSE(many[5].has_value());  // "7" is acme's id, not a key of the single tenant
+  CHECK(many[0]->status == JobStatus::succeeded);
+  CHECK(many[0]->outcome.result == nlohmann::json{{"label", "setosa"}});
+  CHECK(many[0]->callback.state == CallbackState::pending);
+  CHECK(many[4]->status == JobStatus::succeeded);
+  CHECK(many[2]->job.tenant == "acme");
+  CHECK(many[3]->status == JobStatus::queued);
+}
+
 TEST_CASE_TEMPLATE("store contract: unfinished jobs are listed oldest first - finished ones never",
                    Factory, STORES) {
   Factory factory;

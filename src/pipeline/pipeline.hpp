@@ -243,6 +243,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// finished), or the one in hand when the store cannot say. On the pump's thread, when woken
   /// for them and each pass; and by a shutdown before it closes the waits, which waits for the
   /// pump's reads under way (finals_reading) so that none of them is answered shutting_down.
+  /// Read `max_reads_a_call` at a time (JobStore::get_many: one round trip each).
   void complete_finals() {
     std::lock_guard<std::mutex> reading(finals_reading);
     std::unordered_map<std::string, JobRecord> mine;
@@ -250,15 +251,41 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
       std::lock_guard<std::mutex> lock(finals_mutex);
       mine.swap(finals);
     }
-    for (auto& [key, record] : mine) {
-      std::optional<JobRecord> stored;
+    std::vector<std::string> keys;
+    keys.reserve(std::min(mine.size(), max_reads_a_call));
+    for (auto it = mine.begin(); it != mine.end();) {
+      keys.clear();
+      auto end = it;
+      for (; end != mine.end() && keys.size() < max_reads_a_call; ++end)
+        keys.push_back(end->first);
+      std::vector<std::optional<JobRecord>> stored;
       try {
-        stored = store.call("get", key, [&, k = key](JobStore& s) { return s.get(k); });
+        stored = read_many(keys);
       } catch (const StoreUnavailable&) {
+        stored.assign(keys.size(), std::nullopt);  // answered with the records in hand
       }
-      async_waiters.complete(key, stored && is_final(stored->status) ? *stored : record);
+      for (std::size_t i = 0; it != end; ++it, ++i) {
+        const bool kept = stored[i] && is_final(stored[i]->status);
+        async_waiters.complete(it->first, kept ? *stored[i] : it->second);
+      }
     }
   }
+
+  /// The store's records of `keys` (JobStore::get_many), one answer a key.
+  /// A store of one's own that answers the wrong count fails the read (noted and logged as a
+  /// failed store call).
+  std::vector<std::optional<JobRecord>> read_many(const std::vector<std::string>& keys) {
+    return store.call("get", keys.front(), [&](JobStore& s) {
+      auto out = s.get_many(keys);
+      if (out.size() != keys.size()) {
+        throw StoreUnavailable("the job store answered " + std::to_string(out.size()) +
+                               " records for " + std::to_string(keys.size()) + " ids (get_many)");
+      }
+      return out;
+    });
+  }
+
+  static constexpr std::size_t max_reads_a_call = 256;
 
   std::unique_ptr<Model> model;
   std::unique_ptr<JobStore> job_store;
@@ -298,6 +325,12 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     } catch (const StoreUnavailable&) {
       return;  // asked again at the next poll
     }
+    settle_wait(id, record);
+  }
+
+  /// The waits for `id`, from its record in the store: failed when it is gone, completed when it
+  /// is final, left waiting otherwise.
+  void settle_wait(const std::string& id, const std::optional<JobRecord>& record) {
     if (!record) {
       async_waiters.fail(id, errc::not_found);
     } else if (is_final(record->status)) {
@@ -308,8 +341,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// On the pump's thread, each time it looks for work: waits for jobs that this queue does not
   /// hold (another server's, or final before the wait began) are checked in the store.
   /// At most every half poll interval (the pump also wakes at once while it finds more work) and
-  /// at most `max_wait_polls` reads a pass, taken in turn, so that lease renewals on the same
-  /// thread never wait long behind them.
+  /// at most `max_wait_polls` jobs a pass, taken in turn and read in one call (get_many: one round
+  /// trip), so that lease renewals on the same thread never wait long behind them.
   void poll_async_waits() {
     if (async_waiters.empty()) return;
     const auto now = clock();  // the pump's clock: a clock stepped back does not stop it
@@ -317,15 +350,30 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     last_wait_poll = now;
     const std::vector<std::string> ids = async_waiters.ids();
     const std::size_t n = std::min(ids.size(), max_wait_polls);
+    std::vector<std::string> asked;
+    asked.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       const std::string& id = ids[(wait_poll_offset + i) % ids.size()];
       if (leases.job_holder_of(id)) continue;  // held here: its end completes the wait
-      complete_from_store(id);
+      asked.push_back(id);
     }
     wait_poll_offset += n;
+    if (asked.empty()) return;
+    std::vector<std::optional<JobRecord>> records;
+    try {
+      records = read_many(asked);  // one round trip for them all
+    } catch (const StoreUnavailable&) {
+      // One at a time, as before get_many: a record the store cannot read (or a store that is
+      // down, whose reads then fail fast) holds up its own wait only, not the others'.
+      for (const std::string& id : asked)
+        complete_from_store(id);
+      return;
+    }
+    for (std::size_t i = 0; i < asked.size(); ++i)
+      settle_wait(asked[i], records[i]);
   }
 
-  static constexpr std::size_t max_wait_polls = 256;
+  static constexpr std::size_t max_wait_polls = max_reads_a_call;
 
   /// Before the pump starts, then on its thread before each pass's claims, at most every second:
   /// the gate holds the origins a shared store keeps

@@ -1189,6 +1189,29 @@ std::optional<JobRecord> SqliteJobStore::get(const std::string& id) const {
   return out;
 }
 
+std::vector<std::optional<JobRecord>> SqliteJobStore::get_many(
+    const std::vector<std::string>& ids) const {
+  std::vector<std::optional<JobRecord>> out;
+  if (ids.empty()) return out;
+  out.reserve(ids.size());
+  impl_->wait_for_writes();
+  std::lock_guard<std::mutex> lock(impl_->db_mutex);
+  Statement& s = *impl_->select_one;
+  try {
+    for (const std::string& id : ids) {
+      s.bind(1, id);
+      std::optional<JobRecord> record;
+      if (s.step()) record = read_record(s);
+      s.reset();
+      out.push_back(std::move(record));
+    }
+  } catch (const std::exception& e) {
+    s.reset();
+    throw StoreUnavailable(std::string("sqlite job store: ") + e.what());
+  }
+  return out;
+}
+
 std::optional<std::size_t> SqliteJobStore::queue_position(const std::string& id) const {
   impl_->wait_for_writes();
   std::lock_guard<std::mutex> lock(impl_->db_mutex);

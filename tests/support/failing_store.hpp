@@ -2,7 +2,7 @@
 // StoreUnavailable from every call (and reports why through failure()) until told to work again.
 // With its `puts` gate closed it keeps each async_put unanswered until the gate opens, then answers
 // it from a thread of its own, as SQLite's writer answers after its commit; with `reads` closed,
-// `get` waits for it to open (a read behind a slow commit).
+// `get` and `get_many` wait for it to open (a read behind a slow commit).
 #pragma once
 
 #include <atomic>
@@ -63,7 +63,9 @@ class FailingStore final : public JobStore {
       int waiting_ = 0;
     };
     Gate puts;   ///< async_put's answers
-    Gate reads;  ///< get
+    Gate reads;  ///< get and get_many
+    /// The reads made: `get` calls, `get_many` calls and the most ids one of those asked for.
+    std::atomic<std::size_t> gets{0}, get_manys{0}, most_ids_read{0};
   };
 
   explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
@@ -90,7 +92,17 @@ class FailingStore final : public JobStore {
   }
   std::optional<JobRecord> get(const std::string& id) const override {
     control_->reads.pass();
+    ++control_->gets;
     return check(), inner_.get(id);
+  }
+  std::vector<std::optional<JobRecord>> get_many(
+      const std::vector<std::string>& ids) const override {
+    control_->reads.pass();
+    ++control_->get_manys;
+    std::size_t most = control_->most_ids_read;
+    while (ids.size() > most && !control_->most_ids_read.compare_exchange_weak(most, ids.size())) {
+    }
+    return check(), inner_.get_many(ids);
   }
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
     return check(), inner_.claim_jobs(max, lease, now);

@@ -200,6 +200,20 @@ class JobStore {
   /// The job's current record, or nullopt when the id is unknown (or was pruned).
   virtual std::optional<JobRecord> get(const std::string& id) const = 0;
 
+  /// `get` for several ids at once: one answer per id, in the ids' order (an id twice is answered
+  /// twice). A store with round trips or commits to wait for makes one where `get` makes one an
+  /// id (Redis: the reads pipelined on one connection; SQLite: one wait for the writes under
+  /// way); the JobQueue reads the jobs its waiters wait for this way, at most 256 a call. The
+  /// default calls `get` for each. A failing store throws.
+  virtual std::vector<std::optional<JobRecord>> get_many(
+      const std::vector<std::string>& ids) const {
+    std::vector<std::optional<JobRecord>> out;
+    out.reserve(ids.size());
+    for (const std::string& id : ids)
+      out.push_back(get(id));
+    return out;
+  }
+
   /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
   /// lease ran out before `now`): tenants in turns, each tenant's lowest priority number first,
   /// and within one priority in the order they became claimable (see the order above). Jobs that

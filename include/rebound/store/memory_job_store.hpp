@@ -89,6 +89,20 @@ class MemoryJobStore final : public JobStore {
     return it->second.stored.record;
   }
 
+  /// One lock for all of them.
+  std::vector<std::optional<JobRecord>> get_many(
+      const std::vector<std::string>& ids) const override {
+    std::vector<std::optional<JobRecord>> out;
+    out.reserve(ids.size());
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const std::string& id : ids) {
+      auto it = jobs_.find(id);
+      out.push_back(it == jobs_.end() ? std::nullopt
+                                      : std::optional<JobRecord>(it->second.stored.record));
+    }
+    return out;
+  }
+
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
     return claim(job_queue_, max, lease, now);
   }

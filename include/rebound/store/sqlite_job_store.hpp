@@ -59,6 +59,9 @@ class SqliteJobStore final : public JobStore {
   void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override;
   std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
+  /// One wait for the writes under way, then each read (the store's lock taken once).
+  std::vector<std::optional<JobRecord>> get_many(
+      const std::vector<std::string>& ids) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
   void mark_running(const std::string& id, TimePoint now) override;

@@ -462,6 +462,48 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
   }
 }
 
+std::vector<Reply> Client::run_all(const std::vector<std::vector<std::string>>& commands) {
+  std::vector<Reply> replies;
+  if (commands.empty()) return replies;
+  replies.reserve(commands.size());
+  Context c = acquire();
+  try {
+    Waiting waiting(*this);
+    for (const auto& args : commands)
+      append(c.get(), args);
+    for (std::size_t i = 0; i < commands.size(); ++i)
+      replies.push_back(read_reply(c.get()));
+  } catch (const ConnectionLost& e) {
+    c.reset();
+    give_up_slot();
+    drop_idle();
+    if (cluster_) route_doubtful();
+    throw StoreUnavailable(failed(e.what()));
+  } catch (...) {
+    c.reset();
+    give_up_slot();
+    throw;
+  }
+  bool state_error = false, all_worked = true;
+  for (const Reply& reply : replies) {
+    if (reply->type != REDIS_REPLY_ERROR) continue;
+    all_worked = false;
+    if (connection_state_error(reply->str)) state_error = true;
+  }
+  if (state_error) {
+    // The connection cannot serve (LOADING, READONLY): it goes, and the caller's run, which tries
+    // again, fails the store as a single call would.
+    c.reset();
+    give_up_slot();
+    drop_idle();
+    if (cluster_) route_doubtful();
+  } else {
+    give_back(std::move(c));
+  }
+  if (all_worked) worked();
+  return replies;
+}
+
 std::string Client::failed(const std::string& why, bool connecting) {
   // On a cluster, whatever failed may be a failover: the next connection asks for the slot map.
   if (cluster_) route_doubtful();

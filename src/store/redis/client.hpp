@@ -66,6 +66,11 @@ class Client {
   // ErrorReply.
   Reply run(const std::vector<std::string>& args, bool wait = false);
 
+  // Several commands pipelined on one pooled connection (one round trip), their replies in
+  // order. Error replies are handed back as replies, not thrown (a MOVED is not followed: the
+  // caller tries again with run); a lost connection throws StoreUnavailable.
+  std::vector<Reply> run_all(const std::vector<std::vector<std::string>>& commands);
+
   // A new connection to the node that serves the store (refreshing the slot map first when a
   // failure made it doubtful), with the options' timeouts or the ones given. Throws
   // ConnectionLost.

@@ -1021,6 +1021,33 @@ void RedisJobStore::mark_running(const std::string& id, TimePoint now) {
   impl_->script(kScriptMarkRunning, {id, ms_text(now)});
 }
 
+std::vector<std::optional<JobRecord>> RedisJobStore::get_many(
+    const std::vector<std::string>& ids) const {
+  std::vector<std::optional<JobRecord>> out;
+  if (ids.empty()) return out;
+  std::vector<std::vector<std::string>> reads;
+  reads.reserve(ids.size());
+  for (const std::string& id : ids)
+    reads.push_back({"HGETALL", impl_->options.key_prefix + ":job:" + id});
+  if (impl_->options.batch_writes) impl_->fence();  // (this thread reads its own writes)
+  std::vector<Reply> replies = impl_->client.run_all(reads);
+  for (const Reply& r : replies) {
+    // An error (a MOVED after a failover, a Redis loading its data): read one by one, as get
+    // does, which follows the route or fails the store.
+    if (r->type == REDIS_REPLY_ERROR) return JobStore::get_many(ids);
+  }
+  out.reserve(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const redisReply* r = replies[i].get();
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+      out.emplace_back();
+    } else {
+      out.emplace_back(read_record(ids[i], r));
+    }
+  }
+  return out;
+}
+
 std::optional<std::size_t> RedisJobStore::queue_position(const std::string& id) const {
   Reply r = impl_->script(kScriptQueuePosition, {id});
   if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) return std::nullopt;
