@@ -366,6 +366,16 @@ void Client::give_back(Context c) {
   pool_returned_.notify_one();
 }
 
+// A pooled connection that cannot serve any more (lost, or its node cannot answer): it is closed
+// and its slot freed, the idle ones go with it (drop_idle), and on a cluster the route is asked
+// again.
+void Client::lose(Context& c) {
+  c.reset();
+  give_up_slot();
+  drop_idle();
+  if (cluster_) route_doubtful();
+}
+
 // A connection was lost, or the slot moved: the others idle in the pool went with it (a Redis
 // restart closes them all), so they are closed now rather than failing one call each.
 void Client::drop_idle() {
@@ -406,10 +416,7 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
       reply = read_reply(c.get());
       if (wait) waited = read_reply(c.get());
     } catch (const ConnectionLost& e) {
-      c.reset();
-      give_up_slot();
-      drop_idle();
-      if (cluster_) route_doubtful();
+      lose(c);
       throw StoreUnavailable(failed(e.what()));
     } catch (...) {
       c.reset();
@@ -438,10 +445,7 @@ Reply Client::run(const std::vector<std::string>& args, bool wait) {
                                     : ""));
       }
       if (connection_state_error(what.c_str())) {
-        c.reset();
-        give_up_slot();
-        drop_idle();
-        if (cluster_) route_doubtful();
+        lose(c);
         throw StoreUnavailable(failed(what));
       }
       give_back(std::move(c));
@@ -474,10 +478,7 @@ std::vector<Reply> Client::run_all(const std::vector<std::vector<std::string>>& 
     for (std::size_t i = 0; i < commands.size(); ++i)
       replies.push_back(read_reply(c.get()));
   } catch (const ConnectionLost& e) {
-    c.reset();
-    give_up_slot();
-    drop_idle();
-    if (cluster_) route_doubtful();
+    lose(c);
     throw StoreUnavailable(failed(e.what()));
   } catch (...) {
     c.reset();
@@ -493,10 +494,7 @@ std::vector<Reply> Client::run_all(const std::vector<std::vector<std::string>>& 
   if (state_error) {
     // The connection cannot serve (LOADING, READONLY): it goes, and the caller's run, which tries
     // again, fails the store as a single call would.
-    c.reset();
-    give_up_slot();
-    drop_idle();
-    if (cluster_) route_doubtful();
+    lose(c);
   } else {
     give_back(std::move(c));
   }

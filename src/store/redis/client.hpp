@@ -138,6 +138,7 @@ class Client {
   void give_up_slot();
   void give_back(Context c);
   void drop_idle();
+  void lose(Context& c);
 
   RedisJobStoreOptions options_;
   const std::uint16_t slot_;
