@@ -264,6 +264,32 @@ TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a ca
   CHECK(gate->most_ids_read == 256);
 }
 
+TEST_CASE("job queue: one record the store cannot read holds up only its own wait") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  auto owned = std::make_unique<rebound::test::FailingStore>(gate);
+  rebound::test::FailingStore* store = owned.get();
+  rebound::JobQueueOptions options;
+  options.poll_interval = 100ms;
+  JobQueue queue(std::make_unique<rebound::EchoModel>(), std::move(owned), options);
+  const rebound::Lease elsewhere{"other-server/1", std::chrono::system_clock::now() + 1h};
+  std::vector<std::future<JobRecord>> waits;
+  for (const char* id : {"a", "bad", "c"}) {
+    REQUIRE(store->put(job(id, 1), elsewhere) == rebound::PutOutcome::created);
+    waits.push_back(queue.async_wait(id, boost::asio::use_future));
+  }
+  gate->make_unreadable("bad");  // every poll's batch read now fails
+  for (const char* id : {"a", "bad", "c"})
+    store->complete(id, {JobStatus::succeeded, 2, std::nullopt});
+  // The polls read them one by one then: the others' waits are answered, the unreadable one's
+  // waits until it can be read.
+  CHECK(waits[0].wait_for(20s) == std::future_status::ready);
+  CHECK(waits[2].wait_for(20s) == std::future_status::ready);
+  CHECK(waits[1].wait_for(0s) == std::future_status::timeout);
+  CHECK(waits[0].get().status == JobStatus::succeeded);
+  gate->make_unreadable("");
+  CHECK(waits[1].wait_for(20s) == std::future_status::ready);
+}
+
 TEST_CASE("job queue: a drain that ends while a finished job is read back still answers its wait") {
   SlowReads slow;
   auto& gate = slow.gate;

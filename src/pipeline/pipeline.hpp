@@ -363,10 +363,18 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     try {
       records = read_many(asked);  // one round trip for them all
     } catch (const StoreUnavailable&) {
-      // One at a time, as before get_many: a record the store cannot read (or a store that is
-      // down, whose reads then fail fast) holds up its own wait only, not the others'.
-      for (const std::string& id : asked)
-        complete_from_store(id);
+      // A store that says it is failing (down, hung): asked again at the next poll. Else the
+      // batch failed on one record the store cannot read: one at a time, so that it holds up its
+      // own wait only, not the others'.
+      bool failing = true;
+      try {
+        failing = job_store->failure().has_value();
+      } catch (...) {
+      }
+      if (!failing) {
+        for (const std::string& id : asked)
+          complete_from_store(id);
+      }
       return;
     }
     for (std::size_t i = 0; i < asked.size(); ++i)

@@ -66,6 +66,19 @@ class FailingStore final : public JobStore {
     Gate reads;  ///< get and get_many
     /// The reads made: `get` calls, `get_many` calls and the most ids one of those asked for.
     std::atomic<std::size_t> gets{0}, get_manys{0}, most_ids_read{0};
+
+    /// A job whose record cannot be read (a row the store cannot decode): `get` of it and every
+    /// `get_many` that asks for it throw StoreUnavailable, while the store says it works.
+    void make_unreadable(const std::string& id) {
+      std::lock_guard<std::mutex> lock(unreadable_mutex);
+      unreadable = id;
+    }
+    bool is_unreadable(const std::string& id) {
+      std::lock_guard<std::mutex> lock(unreadable_mutex);
+      return !unreadable.empty() && id == unreadable;
+    }
+    std::mutex unreadable_mutex;
+    std::string unreadable;
   };
 
   explicit FailingStore(std::shared_ptr<Switch> control) : control_(std::move(control)) {}
@@ -93,6 +106,7 @@ class FailingStore final : public JobStore {
   std::optional<JobRecord> get(const std::string& id) const override {
     control_->reads.pass();
     ++control_->gets;
+    if (control_->is_unreadable(id)) throw StoreUnavailable("fake store: cannot read " + id);
     return check(), inner_.get(id);
   }
   std::vector<std::optional<JobRecord>> get_many(
@@ -102,6 +116,8 @@ class FailingStore final : public JobStore {
     std::size_t most = control_->most_ids_read;
     while (ids.size() > most && !control_->most_ids_read.compare_exchange_weak(most, ids.size())) {
     }
+    for (const auto& id : ids)
+      if (control_->is_unreadable(id)) throw StoreUnavailable("fake store: cannot read " + id);
     return check(), inner_.get_many(ids);
   }
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override {
