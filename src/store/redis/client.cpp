@@ -404,25 +404,35 @@ std::optional<std::string> Client::short_of_replicas(const redisReply* reply) co
          std::to_string(options_.replica_timeout.count()) + " ms: not acknowledged";
 }
 
+// Writes and reads on `c`, a connection taken from the pool, timed as a call in flight (Waiting).
+// A lost connection is closed with its slot (lose) and fails the store; any other error closes it
+// and frees its slot (its answers may be unread).
+template <typename Io>
+void Client::exchange(Context& c, Io&& io) {
+  try {
+    Waiting waiting(*this);
+    io();
+  } catch (const ConnectionLost& e) {
+    lose(c);
+    throw StoreUnavailable(failed(e.what()));
+  } catch (...) {
+    c.reset();
+    give_up_slot();
+    throw;
+  }
+}
+
 Reply Client::run(const std::vector<std::string>& args, bool wait) {
   wait = wait && waits_for_replicas();
   for (int hop = 0;; ++hop) {
     Context c = acquire();
     Reply reply, waited;
-    try {
-      Waiting waiting(*this);
+    exchange(c, [&] {
       append(c.get(), args);
       if (wait) append(c.get(), wait_command());
       reply = read_reply(c.get());
       if (wait) waited = read_reply(c.get());
-    } catch (const ConnectionLost& e) {
-      lose(c);
-      throw StoreUnavailable(failed(e.what()));
-    } catch (...) {
-      c.reset();
-      give_up_slot();
-      throw;
-    }
+    });
     if (reply->type == REDIS_REPLY_ERROR) {
       const std::string what(text(reply.get()));
       if (cluster_ && (what.rfind("MOVED ", 0) == 0 || what.rfind("ASK ", 0) == 0)) {
@@ -471,20 +481,12 @@ std::vector<Reply> Client::run_all(const std::vector<std::vector<std::string>>& 
   if (commands.empty()) return replies;
   replies.reserve(commands.size());
   Context c = acquire();
-  try {
-    Waiting waiting(*this);
+  exchange(c, [&] {
     for (const auto& args : commands)
       append(c.get(), args);
     for (std::size_t i = 0; i < commands.size(); ++i)
       replies.push_back(read_reply(c.get()));
-  } catch (const ConnectionLost& e) {
-    lose(c);
-    throw StoreUnavailable(failed(e.what()));
-  } catch (...) {
-    c.reset();
-    give_up_slot();
-    throw;
-  }
+  });
   bool state_error = false, all_worked = true;
   for (const Reply& reply : replies) {
     if (reply->type != REDIS_REPLY_ERROR) continue;

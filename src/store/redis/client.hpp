@@ -139,6 +139,8 @@ class Client {
   void give_back(Context c);
   void drop_idle();
   void lose(Context& c);
+  template <typename Io>
+  void exchange(Context& c, Io&& io);
 
   RedisJobStoreOptions options_;
   const std::uint16_t slot_;
