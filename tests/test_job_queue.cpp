@@ -233,26 +233,49 @@ TEST_CASE("job queue: the finished jobs waited for are read back 256 a call - ne
   CHECK(gate->most_ids_read == 256);  // a call's reads are bounded
 }
 
-TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a call") {
-  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
-  auto owned = std::make_unique<rebound::test::FailingStore>(gate);
-  rebound::test::FailingStore* store = owned.get();
-  rebound::JobQueueOptions options;
-  options.poll_interval = 100ms;
-  JobQueue queue(std::make_unique<rebound::EchoModel>(), std::move(owned), options);
-  // Jobs another server accepted and holds: this queue never claims them, it only waits. (600: a
-  // poll that read before the jobs ended completes at most 256, and a later one still reads 256.)
-  constexpr int n = 600;
+namespace {
+// A queue on a counting fake store that waits for jobs another server accepted and holds: it never
+// claims them, so their waits are answered by its polls of the store.
+struct WaitsElsewhere {
+  std::shared_ptr<rebound::test::FailingStore::Switch> gate =
+      std::make_shared<rebound::test::FailingStore::Switch>();
+  rebound::test::FailingStore* store = nullptr;
+  JobQueue queue;
   const rebound::Lease elsewhere{"other-server/1", std::chrono::system_clock::now() + 1h};
-  std::vector<std::future<JobRecord>> waits;
-  for (int i = 0; i < n; ++i) {
-    const std::string id = "e" + std::to_string(i);
-    REQUIRE(store->put(job(id, i), elsewhere) == rebound::PutOutcome::created);
-    waits.push_back(queue.async_wait(id, boost::asio::use_future));
+  WaitsElsewhere() : queue(std::make_unique<rebound::EchoModel>(), owned_store(), polls()) {}
+
+  /// Stores `id`, held by the other server, and waits for it here.
+  std::future<JobRecord> wait_for(const std::string& id, nlohmann::json input) {
+    REQUIRE(store->put(job(id, std::move(input)), elsewhere) == rebound::PutOutcome::created);
+    return queue.async_wait(id, boost::asio::use_future);
   }
+
+ private:
+  std::unique_ptr<rebound::JobStore> owned_store() {
+    auto s = std::make_unique<rebound::test::FailingStore>(gate);
+    store = s.get();
+    return s;
+  }
+  static rebound::JobQueueOptions polls() {
+    rebound::JobQueueOptions options;
+    options.poll_interval = 100ms;
+    return options;
+  }
+};
+}  // namespace
+
+TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a call") {
+  WaitsElsewhere w;
+  auto& gate = w.gate;
+  // (600: a poll that read before the jobs ended completes at most 256, and a later one still
+  // reads 256.)
+  constexpr int n = 600;
+  std::vector<std::future<JobRecord>> waits;
+  for (int i = 0; i < n; ++i)
+    waits.push_back(w.wait_for("e" + std::to_string(i), i));
   const std::size_t gets = gate->gets;
   for (int i = 0; i < n; ++i)
-    store->complete("e" + std::to_string(i), {JobStatus::succeeded, i * 2, std::nullopt});
+    w.store->complete("e" + std::to_string(i), {JobStatus::succeeded, i * 2, std::nullopt});
   for (int i = 0; i < n; ++i) {
     REQUIRE(waits[i].wait_for(20s) == std::future_status::ready);
     const JobRecord r = waits[i].get();
@@ -265,28 +288,20 @@ TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a ca
 }
 
 TEST_CASE("job queue: one record the store cannot read holds up only its own wait") {
-  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
-  auto owned = std::make_unique<rebound::test::FailingStore>(gate);
-  rebound::test::FailingStore* store = owned.get();
-  rebound::JobQueueOptions options;
-  options.poll_interval = 100ms;
-  JobQueue queue(std::make_unique<rebound::EchoModel>(), std::move(owned), options);
-  const rebound::Lease elsewhere{"other-server/1", std::chrono::system_clock::now() + 1h};
+  WaitsElsewhere w;
   std::vector<std::future<JobRecord>> waits;
-  for (const char* id : {"a", "bad", "c"}) {
-    REQUIRE(store->put(job(id, 1), elsewhere) == rebound::PutOutcome::created);
-    waits.push_back(queue.async_wait(id, boost::asio::use_future));
-  }
-  gate->make_unreadable("bad");  // every poll's batch read now fails
   for (const char* id : {"a", "bad", "c"})
-    store->complete(id, {JobStatus::succeeded, 2, std::nullopt});
+    waits.push_back(w.wait_for(id, 1));
+  w.gate->make_unreadable("bad");  // every poll's batch read now fails
+  for (const char* id : {"a", "bad", "c"})
+    w.store->complete(id, {JobStatus::succeeded, 2, std::nullopt});
   // The polls read them one by one then: the others' waits are answered, the unreadable one's
   // waits until it can be read.
   CHECK(waits[0].wait_for(20s) == std::future_status::ready);
   CHECK(waits[2].wait_for(20s) == std::future_status::ready);
   CHECK(waits[1].wait_for(0s) == std::future_status::timeout);
   CHECK(waits[0].get().status == JobStatus::succeeded);
-  gate->make_unreadable("");
+  w.gate->make_unreadable("");
   CHECK(waits[1].wait_for(20s) == std::future_status::ready);
 }
 
