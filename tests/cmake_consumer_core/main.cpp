@@ -130,6 +130,16 @@ int main() {
     ok = ok && bare.async_submit(job, boost::asio::use_future).get().outcome.result == 7;
   }
   {
+    // A store read as a tool would: several jobs at once, one answer an id, in order.
+    rebound::MemoryJobStore store;
+    rebound::Job job;
+    job.id = "stored";
+    job.input = 3;
+    ok = ok && store.put(job) == rebound::PutOutcome::created;
+    const auto many = store.get_many({"missing", "stored"});
+    ok = ok && many.size() == 2 && !many[0] && many[1] && many[1]->job.input == 3;
+  }
+  {
     // A gate in front of a transport of one's own: one failure opens the circuit, and the next
     // request is deferred without reaching the transport.
     boost::asio::io_context gate_io;
