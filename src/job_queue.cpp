@@ -273,7 +273,7 @@ void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done)
   const std::string id = key_of(job);
   std::optional<JobRecord> record;
   try {
-    record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    record = core_->store.call("get", id, [&](const JobReadStore& s) { return s.get(id); });
   } catch (const StoreUnavailable&) {
     return done(errc::store_unavailable, JobRecord{});
   }
@@ -469,7 +469,7 @@ std::string Operations::pause_origin(const std::string& origin) {
   if (key.empty()) throw Error("Operations::pause_origin: not an http(s) URL or origin: " + origin);
   // In the store first (a shared store holds it for every server), then here at once.
   const bool kept = core_.store.call("set_origin_paused", {},
-                                     [&](JobStore& s) { return s.set_origin_paused(key, true); });
+                                     [&](FleetStore& s) { return s.set_origin_paused(key, true); });
   if (!kept) {
     throw Error(
         "Operations::pause_origin: the store keeps as many paused origins as it will; "
@@ -484,7 +484,7 @@ bool Operations::resume_origin(const std::string& origin) {
   if (!core_.gate) return false;
   const std::string key = OriginGate::origin_of(origin);
   if (key.empty()) return false;
-  core_.store.call("set_origin_paused", {}, [&](JobStore& s) {
+  core_.store.call("set_origin_paused", {}, [&](FleetStore& s) {
     s.set_origin_paused(key, false);
     return true;
   });
@@ -534,7 +534,7 @@ boost::system::error_code JobQueue::redeliver_stored(const JobRef& job) {
   const std::string id = key_of(job);
   if (const auto slot = core_->admission.take_slot_within_share(job.tenant)) {
     // Still tell an unknown id or a callback that is not failed apart from a full queue.
-    auto record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    auto record = core_->store.call("get", id, [&](const JobReadStore& s) { return s.get(id); });
     if (!record) return errc::not_found;
     if (record->callback.state != CallbackState::failed) return errc::not_failed;
     return slot;
@@ -544,12 +544,12 @@ boost::system::error_code JobQueue::redeliver_stored(const JobRef& job) {
   // The store moves failed -> pending atomically: of two redeliveries at once (on this server
   // or another), one wins and the other answers not_failed.
   const RedeliverOutcome outcome = core_->store.call(
-      "redeliver", id, [&](JobStore& s) { return s.redeliver(id, lease, core_->clock()); });
+      "redeliver", id, [&](JobLeaseStore& s) { return s.redeliver(id, lease, core_->clock()); });
   std::optional<JobRecord> record;
   if (outcome == RedeliverOutcome::redelivered) {
     // (When this read fails the answer is store_unavailable although the store redelivered it:
     // its lease runs out unheld and a pump delivers it then; a retry is told not_failed.)
-    record = core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+    record = core_->store.call("get", id, [&](const JobReadStore& s) { return s.get(id); });
   }
   if (outcome != RedeliverOutcome::redelivered || !record) {  // no record: pruned meanwhile
     return outcome == RedeliverOutcome::not_failed ? errc::not_failed : errc::not_found;
@@ -568,8 +568,8 @@ boost::system::error_code JobQueue::cancel(const JobRef& job) {
                            now};
   CancelOutcome result;
   try {
-    result =
-        core_->store.call("cancel", id, [&](JobStore& s) { return s.cancel(id, outcome, now); });
+    result = core_->store.call("cancel", id,
+                               [&](JobLeaseStore& s) { return s.cancel(id, outcome, now); });
   } catch (const StoreUnavailable&) {
     return errc::store_unavailable;
   }
@@ -603,7 +603,7 @@ JobPage Operations::failed_callbacks_page(const std::string& tenant,
                                           const std::optional<ListCursor>& after,
                                           std::size_t limit) const {
   const std::string prefix = tenant.empty() ? std::string() : tenant + "/";
-  return core_.store.call("list_failed_callbacks", {}, [&](JobStore& s) {
+  return core_.store.call("list_failed_callbacks", {}, [&](const JobReadStore& s) {
     return s.failed_callbacks_page(prefix, after, limit);
   });
 }
@@ -611,12 +611,12 @@ JobPage Operations::failed_callbacks_page(const std::string& tenant,
 JobPage Operations::list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
                               std::size_t limit) const {
   return core_.store.call("list_jobs", {},
-                          [&](JobStore& s) { return s.list_jobs(filter, after, limit); });
+                          [&](const JobReadStore& s) { return s.list_jobs(filter, after, limit); });
 }
 
 std::vector<ServerSeen> Operations::servers() const {
   const auto now = core_.clock();
-  auto seen = core_.store.call("servers", {}, [&](JobStore& s) { return s.servers(now); });
+  auto seen = core_.store.call("servers", {}, [&](const FleetStore& s) { return s.servers(now); });
   // Before its first report (every third of a lease), this server is still one of them.
   const std::string& me = server_id();
   if (std::none_of(seen.begin(), seen.end(), [&](const ServerSeen& s) { return s.id == me; }))
@@ -634,19 +634,20 @@ const std::string& Operations::server_id() const {
 
 std::vector<JobRecord> Operations::failed_callbacks(std::size_t limit) const {
   return core_.store.call("list_failed_callbacks", {},
-                          [&](JobStore& s) { return s.list_failed_callbacks(limit); });
+                          [&](const JobReadStore& s) { return s.list_failed_callbacks(limit); });
 }
 
 std::optional<JobRecord> JobQueue::find(const JobRef& job) const {
   if (!detail::is_valid_ref(job)) return std::nullopt;  // no key of another job's
   const std::string id = key_of(job);
-  return core_->store.call("get", id, [&](JobStore& s) { return s.get(id); });
+  return core_->store.call("get", id, [&](const JobReadStore& s) { return s.get(id); });
 }
 
 std::optional<std::size_t> Operations::queue_position(const JobRef& job) const {
   if (!detail::is_valid_ref(job)) return std::nullopt;
   const std::string id = key_of(job);
-  return core_.store.call("queue_position", id, [&](JobStore& s) { return s.queue_position(id); });
+  return core_.store.call("queue_position", id,
+                          [&](const JobReadStore& s) { return s.queue_position(id); });
 }
 
 std::optional<std::string> Telemetry::store_failure() const {
@@ -666,7 +667,7 @@ std::size_t Telemetry::work_bytes() const {
 }
 
 std::optional<QueueStats> Telemetry::queue_stats() const {
-  return core_.store.call("queue_stats", {}, [](JobStore& s) { return s.queue_stats(); });
+  return core_.store.call("queue_stats", {}, [](const JobReadStore& s) { return s.queue_stats(); });
 }
 
 std::size_t Telemetry::queue_depth() const {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1039,6 +1040,70 @@ TEST_CASE_TEMPLATE("store contract: servers are seen as they report - for an hou
   seen = store->servers(t0 + 1h + 10s);
   REQUIRE(seen.size() == 1);
   CHECK(seen[0].id == "server-b");
+}
+
+// Code that needs one part of a store takes that part (JobStore's three interfaces): a worker knows
+// the lease protocol, a reader the read side, a fleet view the coordination.
+static_assert(std::is_base_of_v<rebound::JobLeaseStore, rebound::MemoryJobStore> &&
+              std::is_base_of_v<rebound::JobReadStore, rebound::SqliteJobStore> &&
+              std::is_base_of_v<rebound::FleetStore, rebound::test::FailingStore>);
+
+namespace {
+
+// Claims one job, runs it and acknowledges it: what it answered for, or nullopt.
+std::optional<std::string> work_one(rebound::JobLeaseStore& leases, time_point now) {
+  const rebound::Lease lease{"worker/1", now + 30s};
+  auto claimed = leases.claim_jobs(1, lease, now);
+  if (claimed.empty()) return std::nullopt;
+  const std::string key = rebound::key_of(claimed.front().job);
+  leases.mark_running(key, now);
+  if (!leases.finish_job(key, lease.holder, succeeded, std::nullopt, now)) return std::nullopt;
+  return key;
+}
+
+// The keys of the jobs whose callback is pending, newest first, as a console lists them.
+std::vector<std::string> pending_callbacks(const rebound::JobReadStore& reads) {
+  rebound::JobFilter filter;
+  filter.callback_state = CallbackState::pending;
+  std::vector<std::string> keys;
+  for (const auto& r : reads.list_jobs(filter, std::nullopt, 10).jobs)
+    keys.push_back(rebound::key_of(r.job));
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("store contract: each of the three parts serves through its own interface",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  rebound::JobLeaseStore& leases = *store;
+  const rebound::JobReadStore& reads = *store;
+  rebound::FleetStore& fleet = *store;
+
+  CHECK(leases.put(make("acme/a", 1764000000000)) == PutOutcome::created);
+  CHECK(leases.put(make("b", 1764000001000)) == PutOutcome::created);
+  // Tenants in turns, in name order: the default tenant's (named "") first.
+  CHECK(work_one(leases, t0 + 2s) == std::optional<std::string>("b"));
+  CHECK(work_one(leases, t0 + 2s) == std::optional<std::string>("acme/a"));
+  CHECK_FALSE(work_one(leases, t0 + 2s).has_value());  // nothing left to claim
+
+  // What the worker wrote, the reader sees.
+  const auto a = reads.get("acme/a");
+  REQUIRE(a.has_value());
+  CHECK(a->status == JobStatus::succeeded);
+  CHECK(a->job.tenant == "acme");
+  CHECK(a->callback.state == CallbackState::pending);
+  CHECK(pending_callbacks(reads) == std::vector<std::string>{"b", "acme/a"});
+  CHECK(reads.get_many({"b", "missing"})[0]->status == JobStatus::succeeded);
+  CHECK_FALSE(reads.get_many({"b", "missing"})[1].has_value());
+
+  fleet.report_server("server-a", 2, t0 + 3s);
+  const auto seen = fleet.servers(t0 + 4s);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].id == "server-a");
+  CHECK(seen[0].leases == 2);
 }
 
 TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches every match",

@@ -141,7 +141,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
       // for a job already given up: it is handed back, unstarted.)
       const std::string key = key_of(item.job);
       store_.write_or_note("mark_running", key,
-                           [&](JobStore& store) { store.mark_running(key, now); });
+                           [&](JobLeaseStore& store) { store.mark_running(key, now); });
       delivery_.notify_started(item.job);
     }
     inputs.push_back(std::move(item.job.input));  // the record does not need it any more
@@ -352,7 +352,7 @@ void BatchRunner::finish(JobRecord record, Claim claim) {
   const std::string key = key_of(kept->job);
   store_.write_until_stored(
       owner(), "finish_job", key,
-      [this, key, outcome, holder, deliver](JobStore& s, JobStore::WriteDone done) {
+      [this, key, outcome, holder, deliver](JobLeaseStore& s, JobStore::WriteDone done) {
         s.async_finish_job(key, holder, *outcome, deliver, clock_(), std::move(done));
       },
       [this, kept, key, outcome, held, deliver](bool acknowledged) {

@@ -234,7 +234,7 @@ void Delivery::attempted(const std::string& id, const std::string& tenant,
   observe_([&](auto& o) { o.on_attempt(id, *heard); });
   store_.write_until_stored(
       owner(), "record_attempt", id,
-      [this, id, holder, after, made](JobStore& s, JobStore::WriteDone done) {
+      [this, id, holder, after, made](JobLeaseStore& s, JobStore::WriteDone done) {
         s.async_record_attempt(id, holder, after, clock_(), made, std::move(done));
       },
       [this, id, claim, after](bool recorded) {

@@ -94,7 +94,7 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
     std::optional<JobRecord> existing;
     try {
       existing = core.store.call(
-          "get", id, [&](JobStore& s) { return s.get(id); }, &news);
+          "get", id, [&](const JobReadStore& s) { return s.get(id); }, &news);
     } catch (const StoreUnavailable&) {
       p.verdict = refused(errc::store_unavailable);
       return p;
@@ -190,7 +190,7 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
     try {
       outcome = core.store.call(
           "put", id,
-          [&](JobStore& s) {
+          [&](JobLeaseStore& s) {
             return p.park ? s.put(job) : s.put(job, core.leases.from_now(p.holder));
           },
           &news);
@@ -336,7 +336,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
       std::vector<PutOutcome> outcomes;
       try {
         outcomes = core.store.call(
-            "put", ids[round[put_of.front()]], [&](JobStore& s) { return s.put_many(puts); },
+            "put", ids[round[put_of.front()]], [&](JobLeaseStore& s) { return s.put_many(puts); },
             &news);
         if (outcomes.size() != puts.size())
           throw StoreUnavailable("the job store answered put_many with the wrong count");
@@ -375,7 +375,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
       if (added) {
         try {
           at->second.record = core.store.call(
-              "get", ids[i], [&](JobStore& s) { return s.get(ids[i]); }, &news);
+              "get", ids[i], [&](const JobReadStore& s) { return s.get(ids[i]); }, &news);
           at->second.read = true;
         } catch (const StoreUnavailable&) {
           // (Left unread: its copies are store_unavailable, below.)

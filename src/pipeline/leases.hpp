@@ -60,7 +60,7 @@ class Leases {
                  const std::string& holder) {
     unhold(id, holder);
     const TimePoint at = clock_();
-    store.write_or_note(during, id, [&](JobStore& s) { s.renew(id, {holder, at}, at); });
+    store.write_or_note(during, id, [&](JobLeaseStore& s) { s.renew(id, {holder, at}, at); });
   }
 
   /// The holder of this server's claim on the job `id`, if it holds one.
@@ -83,7 +83,7 @@ class Leases {
     const TimePoint at = clock_();
     // Seen alive, with what it holds: the console's servers view.
     store.write_or_note("report_server", server_id_,
-                        [&](JobStore& s) { s.report_server(server_id_, held.size(), at); });
+                        [&](FleetStore& s) { s.report_server(server_id_, held.size(), at); });
     // One call for them all: a store with round trips renews them together.
     std::vector<std::pair<std::string, Lease>> leases;
     leases.reserve(held.size());
@@ -91,7 +91,8 @@ class Leases {
       leases.emplace_back(claim.first, Lease{claim.second.holder, at + duration_});
     std::vector<bool> renewed;
     if (!leases.empty()) {
-      store.write_or_note("renew", {}, [&](JobStore& s) { renewed = s.renew_all(leases, at); });
+      store.write_or_note("renew", {},
+                          [&](JobLeaseStore& s) { renewed = s.renew_all(leases, at); });
     }
     // A failed call renewed some or none: their leases stand until the next try.
     for (std::size_t i = 0; i < held.size() && i < renewed.size(); ++i) {

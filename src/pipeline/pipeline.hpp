@@ -275,7 +275,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// A store of one's own that answers the wrong count fails the read (noted and logged as a
   /// failed store call).
   std::vector<std::optional<JobRecord>> read_many(const std::vector<std::string>& keys) {
-    return store.call("get", keys.front(), [&](JobStore& s) {
+    return store.call("get", keys.front(), [&](const JobReadStore& s) {
       auto out = s.get_many(keys);
       if (out.size() != keys.size()) {
         throw StoreUnavailable("the job store answered " + std::to_string(out.size()) +
@@ -321,7 +321,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   void complete_from_store(const std::string& id) {
     std::optional<JobRecord> record;
     try {
-      record = store.call("get", id, [&](JobStore& s) { return s.get(id); });
+      record = store.call("get", id, [&](const JobReadStore& s) { return s.get(id); });
     } catch (const StoreUnavailable&) {
       return;  // asked again at the next poll
     }

@@ -123,46 +123,14 @@ struct ServerSeen {
   std::size_t leases = 0;  ///< jobs and callbacks it held when it last reported
 };
 
-/// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.
-///
-/// Work is claimed with a lease, renewed while it lasts, and acknowledged; an acknowledgement
-/// from a holder whose lease ran out is refused (false, nothing written), and a lease that runs
-/// out makes the work claimable again: a crashed server's jobs and callbacks are taken over.
-/// A job's life through it:
-///   put (optionally claimed at once) | claim_jobs -> [renew] -> mark_running -> finish_job
-///   -> callback pending: claimed at once by finish_job, or later by claim_callbacks
-///   -> record_attempt (pending again with its next_attempt_at, or delivered / failed)
-///   -> redeliver (failed -> pending) ...
-/// A pending callback waits in the store, not in memory: claim_callbacks hands it out when its
-/// `next_attempt_at` has come. Order: jobs by tenants in turns (one job a tenant a turn, tenants
-/// in name order, starting after the tenant whose job the last claim took: job_state::claim_turns),
-/// each tenant's by priority (0 first), then by the time each became claimable: a job never
-/// claimed at its creation (oldest first), a job whose lease ran out at the end of that lease;
-/// callbacks by the time each became due: its next attempt (or the end of its lease).
-///
-/// `complete` and `update_callback` write a record as given, without a lease (for tools,
-/// migrations and tests); the JobQueue finishes work only through the leased calls.
-///
-/// Time comes in as `now` on every call that depends on it, so that tests and simulations can
-/// drive a store with their own clock.
-///
-/// Tenants: a job is named by its key (rebound::key_of: "tenant/id", or the id for the single
-/// tenant), unique in the store. Every call that takes an `id` takes that key, and list
-/// prefixes and cursors are of keys; every record a store hands back carries the job's tenant
-/// and id as their own fields (Job::tenant, Job::id), as `put` was given them. A store keeps the
-/// tenant as a field: it never splits a key to find it.
-///
-/// Thread-safety: every method may be called concurrently from any thread.
-/// Errors: a store that cannot do its job (disk full, file deleted, connection lost) throws, and
-/// `failure()` says why until it works again. The JobQueue has one policy for it, whichever call
-/// failed: submissions are refused (`store_unavailable`, nothing accepted), readiness is false
-/// (`/ping` 503), one log line gives the reason, and a write that failed for an accepted job is
-/// tried again until it succeeds, so nothing accepted is lost.
-class JobStore {
+/// The lease protocol: what the JobQueue's pipeline does to a job and its callback (the first of
+/// JobStore's three parts; see JobStore for the job's life through it, its order of claims, and
+/// what every part promises about threads, errors, tenants and time).
+class JobLeaseStore {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
 
-  virtual ~JobStore() = default;
+  virtual ~JobLeaseStore() = default;
 
   /// Stores a new job in status `queued`, unless its id is already taken (see PutOutcome). With a
   /// `claim`, the new job is leased to it at once (the accepting server runs it); without, it waits
@@ -194,23 +162,6 @@ class JobStore {
     out.reserve(requests.size());
     for (const PutRequest& r : requests)
       out.push_back(put(*r.job, r.claim));
-    return out;
-  }
-
-  /// The job's current record, or nullopt when the id is unknown (or was pruned).
-  virtual std::optional<JobRecord> get(const std::string& id) const = 0;
-
-  /// `get` for several ids at once: one answer per id, in the ids' order (an id twice is answered
-  /// twice). A store with round trips or commits to wait for makes one where `get` makes one an
-  /// id (Redis: the reads pipelined on one connection; SQLite: one wait for the writes under
-  /// way); the JobQueue reads the jobs its waiters wait for this way, at most 256 a call. The
-  /// default calls `get` for each. A failing store throws.
-  virtual std::vector<std::optional<JobRecord>> get_many(
-      const std::vector<std::string>& ids) const {
-    std::vector<std::optional<JobRecord>> out;
-    out.reserve(ids.size());
-    for (const std::string& id : ids)
-      out.push_back(get(id));
     return out;
   }
 
@@ -308,6 +259,48 @@ class JobStore {
   /// `callback.next_attempt_at`. Unknown ids are ignored.
   virtual void update_callback(const std::string& id, const CallbackInfo& callback) = 0;
 
+ protected:
+  /// The asynchronous forms' default: `call` on this thread, then `done` with its answer or its
+  /// error (outside the try: a `done` that throws is not the call's failure).
+  template <typename Done, typename Call>
+  static void answer_now(const Done& done, Call&& call) {
+    decltype(call()) answer{};
+    std::exception_ptr error;
+    try {
+      answer = call();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done(error, answer);
+  }
+};
+
+/// The read side: a job's record, and the listings and pages the HTTP front and the console
+/// show (the second of JobStore's three parts). Reads answer what the store holds for every
+/// server that shares it; none changes a job.
+class JobReadStore {
+ public:
+  using TimePoint = std::chrono::system_clock::time_point;
+
+  virtual ~JobReadStore() = default;
+
+  /// The job's current record, or nullopt when the id is unknown (or was pruned).
+  virtual std::optional<JobRecord> get(const std::string& id) const = 0;
+
+  /// `get` for several ids at once: one answer per id, in the ids' order (an id twice is answered
+  /// twice). A store with round trips or commits to wait for makes one where `get` makes one an
+  /// id (Redis: the reads pipelined on one connection; SQLite: one wait for the writes under
+  /// way); the JobQueue reads the jobs its waiters wait for this way, at most 256 a call. The
+  /// default calls `get` for each. A failing store throws.
+  virtual std::vector<std::optional<JobRecord>> get_many(
+      const std::vector<std::string>& ids) const {
+    std::vector<std::optional<JobRecord>> out;
+    out.reserve(ids.size());
+    for (const std::string& id : ids)
+      out.push_back(get(id));
+    return out;
+  }
+
   /// Jobs whose callback was given up (`CallbackState::failed`), most recently created first, at
   /// most `limit`: the dead letters an operator redelivers.
   virtual std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const = 0;
@@ -383,25 +376,6 @@ class JobStore {
     return page_of(std::move(all), filter, after, limit);
   }
 
-  /// Notes that server `id` is alive and holds `leases` jobs and callbacks (a JobQueue calls it
-  /// every few seconds). The default keeps nothing.
-  virtual void report_server(const std::string& /*id*/, std::size_t /*leases*/, TimePoint /*now*/) {
-  }
-
-  /// The servers that reported in the last hour, most recently seen first. The default: none.
-  virtual std::vector<ServerSeen> servers(TimePoint /*now*/) const { return {}; }
-
-  /// Keeps `origin` ("https://host:443", OriginGate::origin_of's form) paused, or not, for every
-  /// server of the store: a JobQueue writes it when an operator pauses or resumes, and each
-  /// JobQueue on the store holds the origins paused_origins() answers (it asks every second).
-  /// The default keeps nothing (pauses are then each server's own). False: the store keeps as
-  /// many paused origins as it will (RedisJobStore: 10,000) and refused this one.
-  virtual bool set_origin_paused(const std::string& /*origin*/, bool /*paused*/) { return true; }
-
-  /// The origins paused through set_origin_paused, sorted; nullopt when the store does not share
-  /// pauses (the default).
-  virtual std::optional<std::vector<std::string>> paused_origins() const { return std::nullopt; }
-
   /// Jobs that are not finished: not final yet, or final with a callback still `pending`.
   /// At most `limit` of them, oldest first.
   virtual std::vector<JobRecord> list_unfinished(std::size_t limit) const = 0;
@@ -413,26 +387,7 @@ class JobStore {
     return std::nullopt;
   }
 
-  /// Why the store cannot do its job now, or nullopt while it can. Called for every `/ping`, so
-  /// it must be cheap; a store that notices trouble only when it writes may answer from its last
-  /// write. The default never fails (a store in process memory).
-  virtual std::optional<std::string> failure() const { return std::nullopt; }
-
  protected:
-  /// The asynchronous forms' default: `call` on this thread, then `done` with its answer or its
-  /// error (outside the try: a `done` that throws is not the call's failure).
-  template <typename Done, typename Call>
-  static void answer_now(const Done& done, Call&& call) {
-    decltype(call()) answer{};
-    std::exception_ptr error;
-    try {
-      answer = call();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    done(error, answer);
-  }
-
   /// The page of `records` that a listing answers: those matching `filter` after `after`, newest
   /// first by (created_at to the millisecond, id), at most `limit`, without input, result and
   /// attempt log. For stores that list from memory.
@@ -466,6 +421,86 @@ class JobStore {
     page.jobs = std::move(kept);
     return page;
   }
+};
+
+/// Fleet coordination: what the servers that share a store tell each other through it (the third
+/// of JobStore's three parts). Each call has a default for a store of one server (keep nothing,
+/// share nothing), so a store of one's own may leave this part out.
+class FleetStore {
+ public:
+  using TimePoint = std::chrono::system_clock::time_point;
+
+  virtual ~FleetStore() = default;
+
+  /// Notes that server `id` is alive and holds `leases` jobs and callbacks (a JobQueue calls it
+  /// every few seconds). The default keeps nothing.
+  virtual void report_server(const std::string& /*id*/, std::size_t /*leases*/, TimePoint /*now*/) {
+  }
+
+  /// The servers that reported in the last hour, most recently seen first. The default: none.
+  virtual std::vector<ServerSeen> servers(TimePoint /*now*/) const { return {}; }
+
+  /// Keeps `origin` ("https://host:443", OriginGate::origin_of's form) paused, or not, for every
+  /// server of the store: a JobQueue writes it when an operator pauses or resumes, and each
+  /// JobQueue on the store holds the origins paused_origins() answers (it asks every second).
+  /// The default keeps nothing (pauses are then each server's own). False: the store keeps as
+  /// many paused origins as it will (RedisJobStore: 10,000) and refused this one.
+  virtual bool set_origin_paused(const std::string& /*origin*/, bool /*paused*/) { return true; }
+
+  /// The origins paused through set_origin_paused, sorted; nullopt when the store does not share
+  /// pauses (the default).
+  virtual std::optional<std::vector<std::string>> paused_origins() const { return std::nullopt; }
+};
+
+/// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.
+/// Three parts, each an interface of its own: the lease protocol (JobLeaseStore), the read side
+/// (JobReadStore) and fleet coordination (FleetStore), and `failure()`, which is the whole
+/// store's. A store of one's own derives from JobStore and implements the pure virtuals of the
+/// first two (the third has defaults); code that needs one part takes that part.
+///
+/// Work is claimed with a lease, renewed while it lasts, and acknowledged; an acknowledgement
+/// from a holder whose lease ran out is refused (false, nothing written), and a lease that runs
+/// out makes the work claimable again: a crashed server's jobs and callbacks are taken over.
+/// A job's life through it:
+///   put (optionally claimed at once) | claim_jobs -> [renew] -> mark_running -> finish_job
+///   -> callback pending: claimed at once by finish_job, or later by claim_callbacks
+///   -> record_attempt (pending again with its next_attempt_at, or delivered / failed)
+///   -> redeliver (failed -> pending) ...
+/// A pending callback waits in the store, not in memory: claim_callbacks hands it out when its
+/// `next_attempt_at` has come. Order: jobs by tenants in turns (one job a tenant a turn, tenants
+/// in name order, starting after the tenant whose job the last claim took: job_state::claim_turns),
+/// each tenant's by priority (0 first), then by the time each became claimable: a job never
+/// claimed at its creation (oldest first), a job whose lease ran out at the end of that lease;
+/// callbacks by the time each became due: its next attempt (or the end of its lease).
+///
+/// `complete` and `update_callback` write a record as given, without a lease (for tools,
+/// migrations and tests); the JobQueue finishes work only through the leased calls.
+///
+/// Time comes in as `now` on every call that depends on it, so that tests and simulations can
+/// drive a store with their own clock.
+///
+/// Tenants: a job is named by its key (rebound::key_of: "tenant/id", or the id for the single
+/// tenant), unique in the store. Every call that takes an `id` takes that key, and list
+/// prefixes and cursors are of keys; every record a store hands back carries the job's tenant
+/// and id as their own fields (Job::tenant, Job::id), as `put` was given them. A store keeps the
+/// tenant as a field: it never splits a key to find it.
+///
+/// Thread-safety: every method may be called concurrently from any thread.
+/// Errors: a store that cannot do its job (disk full, file deleted, connection lost) throws, and
+/// `failure()` says why until it works again. The JobQueue has one policy for it, whichever call
+/// failed: submissions are refused (`store_unavailable`, nothing accepted), readiness is false
+/// (`/ping` 503), one log line gives the reason, and a write that failed for an accepted job is
+/// tried again until it succeeds, so nothing accepted is lost.
+class JobStore : public JobLeaseStore, public JobReadStore, public FleetStore {
+ public:
+  using TimePoint = std::chrono::system_clock::time_point;  // (one name for the three parts' alias)
+
+  ~JobStore() override = default;
+
+  /// Why the store cannot do its job now, or nullopt while it can. Called for every `/ping`, so
+  /// it must be cheap; a store that notices trouble only when it writes may answer from its last
+  /// write. The default never fails (a store in process memory).
+  virtual std::optional<std::string> failure() const { return std::nullopt; }
 };
 
 }  // namespace rebound
