@@ -209,6 +209,40 @@ TEST_CASE("redis: servers on one Redis share one queue - one job per id and one 
   CHECK(stores[0]->get(id)->status == JobStatus::succeeded);
 }
 
+TEST_CASE("redis: get_many of more ids than one pipeline holds answers each - in order") {
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  // 600 ids in three slices (256 a round trip), every 7th unknown, one asked twice across a
+  // slice's edge.
+  std::vector<rebound::PutRequest> puts;
+  std::vector<Job> jobs;
+  jobs.reserve(600);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 600; ++i) {
+    ids.push_back("many-" + std::to_string(i));
+    if (i % 7 == 0) continue;
+    jobs.push_back(make(ids.back(), {{"n", i}}));
+  }
+  for (const Job& job : jobs)
+    puts.push_back({&job, std::nullopt});
+  store.put_many(puts);
+  ids.push_back("many-1");
+  const auto records = store.get_many(ids);
+  REQUIRE(records.size() == ids.size());
+  for (std::size_t i = 0; i < 600; ++i) {
+    CAPTURE(i);
+    if (i % 7 == 0) {
+      CHECK_FALSE(records[i].has_value());
+      continue;
+    }
+    REQUIRE(records[i].has_value());
+    CHECK(records[i]->job.id == ids[i]);
+    CHECK(records[i]->job.input == nlohmann::json{{"n", i}});
+  }
+  REQUIRE(records.back().has_value());
+  CHECK(records.back()->job.id == "many-1");
+}
+
 TEST_CASE("redis: a Redis that stops fails the store at once - it recovers when Redis is back") {
   rebound::test::RedisServer server({"--appendonly", "yes", "--appendfsync", "always"});
   RedisJobStore store(options_for(server));
@@ -817,6 +851,8 @@ class ScriptedRedis {
   std::chrono::milliseconds delay{0};
   std::atomic<bool> loading{true};
   std::atomic<int> batches{0};
+  // When set (before the store starts), every script call past the start's is answered this.
+  std::string script_answer;
 
  private:
   void serve(int fd) {
@@ -872,6 +908,7 @@ class ScriptedRedis {
     if (args[0] != "EVALSHA" || args.size() <= 5) return ":1";  // the index script
     if (args.size() == 7 && args[5] == "0" && args[6].empty())
       return "*1\r\n:-1";  // the tenants migration's first call: nothing to do
+    if (!script_answer.empty()) return script_answer;
     // A batch: (op, count, args...) after the prefix; a put (op 0) answers {0}, the rest 1.
     if (batches++ > 0) {
       if (loading) return "-LOADING Redis is loading the dataset in memory";
@@ -895,6 +932,25 @@ class ScriptedRedis {
   std::vector<std::thread> threads_;
 };
 }  // namespace
+
+TEST_CASE(
+    "redis: cancel and redeliver answered with something not a number fail - never 'not found'") {
+  ScriptedRedis redis;
+  redis.script_answer = "$2\r\nno";  // a string where the scripts answer a number
+  RedisJobStoreOptions options;
+  options.port = redis.port();
+  options.command_timeout = 2000ms;
+  options.batch_writes = false;
+  RedisJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
+                                      rebound::ErrorInfo{"cancelled", "by a test"}};
+  CHECK_THROWS_WITH_AS(store.cancel("a", cancelled, now),
+                       doctest::Contains("unexpected answer to cancel"), rebound::StoreUnavailable);
+  CHECK_THROWS_WITH_AS(store.redeliver("a", Lease{"operator", now + 30s}, now),
+                       doctest::Contains("unexpected answer to redeliver"),
+                       rebound::StoreUnavailable);
+}
 
 TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no crash and no hang") {
   ScriptedRedis redis;

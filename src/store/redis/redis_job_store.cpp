@@ -833,6 +833,14 @@ struct PutAnswer {
   std::string stored_input;
 };
 
+// A script's answer that must be a number (cancel's, redeliver's): anything else is a Redis, or
+// a script, this store does not know, told as such rather than read as "not found".
+long long integer_answer(const redisReply* r, const char* call) {
+  if (!r || r->type != REDIS_REPLY_INTEGER)
+    throw StoreUnavailable(std::string("redis job store: unexpected answer to ") + call);
+  return r->integer;
+}
+
 PutAnswer put_answer(const redisReply* r) {
   if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0 ||
       r->element[0]->type != REDIS_REPLY_INTEGER) {
@@ -1023,26 +1031,35 @@ void RedisJobStore::mark_running(const std::string& id, TimePoint now) {
 
 std::vector<std::optional<JobRecord>> RedisJobStore::get_many(
     const std::vector<std::string>& ids) const {
+  // A pipeline a slice: what one round trip holds (and the replies this process keeps at once)
+  // stays bounded however many ids a caller asks for.
+  constexpr std::size_t slice = 256;
   std::vector<std::optional<JobRecord>> out;
-  if (ids.empty()) return out;
-  std::vector<std::vector<std::string>> reads;
-  reads.reserve(ids.size());
-  for (const std::string& id : ids)
-    reads.push_back({"HGETALL", impl_->options.key_prefix + ":job:" + id});
-  if (impl_->options.batch_writes) impl_->fence();  // (this thread reads its own writes)
-  std::vector<Reply> replies = impl_->client.run_all(reads);
-  for (const Reply& r : replies) {
-    // An error (a MOVED after a failover, a Redis loading its data): read one by one, as get
-    // does, which follows the route or fails the store.
-    if (r->type == REDIS_REPLY_ERROR) return JobStore::get_many(ids);
-  }
   out.reserve(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const redisReply* r = replies[i].get();
-    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
-      out.emplace_back();
-    } else {
-      out.emplace_back(read_record(ids[i], r));
+  if (ids.empty()) return out;
+  if (impl_->options.batch_writes) impl_->fence();  // (this thread reads its own writes)
+  for (std::size_t first = 0; first < ids.size(); first += slice) {
+    const std::size_t end = std::min(ids.size(), first + slice);
+    std::vector<std::vector<std::string>> reads;
+    reads.reserve(end - first);
+    for (std::size_t i = first; i < end; ++i)
+      reads.push_back({"HGETALL", impl_->options.key_prefix + ":job:" + ids[i]});
+    std::vector<Reply> replies = impl_->client.run_all(reads);
+    const bool refused = std::any_of(replies.begin(), replies.end(),
+                                     [](const Reply& r) { return r->type == REDIS_REPLY_ERROR; });
+    for (std::size_t i = first; i < end; ++i) {
+      // An error (a MOVED after a failover, a Redis loading its data): the slice is read one by
+      // one, as get does, which follows the route or fails the store.
+      if (refused) {
+        out.push_back(get(ids[i]));
+        continue;
+      }
+      const redisReply* r = replies[i - first].get();
+      if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+        out.emplace_back();
+      } else {
+        out.emplace_back(read_record(ids[i], r));
+      }
     }
   }
   return out;
@@ -1129,7 +1146,7 @@ CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& out
   append_outcome(args, outcome);
   args.push_back(ms_text(outcome.finished_at));
   Reply r = impl_->script(kScriptCancel, std::move(args));
-  switch (r->integer) {
+  switch (integer_answer(r.get(), "cancel")) {
     case 1:
       return CancelOutcome::cancelled;
     case 2:
@@ -1142,7 +1159,7 @@ CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& out
 RedeliverOutcome RedisJobStore::redeliver(const std::string& id, const Lease& claim,
                                           TimePoint now) {
   Reply r = impl_->script(kScriptRedeliver, {id, claim.holder, ms_text(claim.until), ms_text(now)});
-  switch (r->integer) {
+  switch (integer_answer(r.get(), "redeliver")) {
     case 1:
       return RedeliverOutcome::redelivered;
     case 2:
