@@ -307,7 +307,8 @@ Context Client::connect_after_backoff() {
   }
   try {
     return connect();
-  } catch (const ConnectionLost& e) {
+  } catch (const std::exception& e) {
+    // (Anything a connection fails with is the store's state: /ping hears of it at once.)
     throw StoreUnavailable(failed(e.what(), true));
   }
 }
@@ -339,7 +340,7 @@ Context Client::acquire() {
   }
   try {
     return connect();
-  } catch (const ConnectionLost& e) {
+  } catch (const std::exception& e) {
     give_up_slot();
     throw StoreUnavailable(failed(std::string(e.what()), true));
   } catch (...) {
