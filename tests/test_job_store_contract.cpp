@@ -1096,8 +1096,17 @@ TEST_CASE_TEMPLATE("store contract: each of the three parts serves through its o
   CHECK(a->job.tenant == "acme");
   CHECK(a->callback.state == CallbackState::pending);
   CHECK(pending_callbacks(reads) == std::vector<std::string>{"b", "acme/a"});
-  CHECK(reads.get_many({"b", "missing"})[0]->status == JobStatus::succeeded);
-  CHECK_FALSE(reads.get_many({"b", "missing"})[1].has_value());
+  const auto both = reads.get_many({"b", "missing"});
+  REQUIRE(both.size() == 2);
+  REQUIRE(both[0].has_value());
+  CHECK(both[0]->status == JobStatus::succeeded);
+  CHECK_FALSE(both[1].has_value());
+  CHECK(leases.put(make("c", 1764000002000)) == PutOutcome::created);
+  CHECK(reads.queue_position("c") == std::optional<std::size_t>(0));
+  CHECK(leases.cancel("c", {JobStatus::cancelled, nullptr, std::nullopt}, t0 + 3s) ==
+        rebound::CancelOutcome::cancelled);
+  CHECK(reads.get("c")->status == JobStatus::cancelled);
+  CHECK_FALSE(reads.queue_position("c").has_value());
 
   fleet.report_server("server-a", 2, t0 + 3s);
   const auto seen = fleet.servers(t0 + 4s);

@@ -212,8 +212,8 @@ TEST_CASE("redis: servers on one Redis share one queue - one job per id and one 
 TEST_CASE("redis: get_many of more ids than one pipeline holds answers each - in order") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));
-  // 600 ids in three slices (256 a round trip), every 7th unknown, one asked twice across a
-  // slice's edge.
+  // 600 ids in three slices (256 a round trip), every 7th unknown, and one asked again at the
+  // end (in another slice than its first).
   std::vector<rebound::PutRequest> puts;
   std::vector<Job> jobs;
   jobs.reserve(600);

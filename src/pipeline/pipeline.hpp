@@ -397,7 +397,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     const std::vector<std::string> held = gate->paused();  // sorted, as the store's answer
     std::optional<std::vector<std::string>> shared;
     try {
-      shared = job_store->paused_origins();
+      const FleetStore& fleet = *job_store;
+      shared = fleet.paused_origins();
     } catch (...) {
       return;  // the claims of the same pass see the store's trouble, and log it
     }

@@ -215,7 +215,8 @@ std::size_t StorePump::claim_callbacks(bool& more) {
   auto due = claim_with_slots(
       "claim_callbacks", more, holder, admission_.claimable(max_claim), nullptr, true,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
-        return store_.store().claim_callbacks(n, lease, at);
+        JobLeaseStore& leases = store_.store();
+        return leases.claim_callbacks(n, lease, at);
       },
       // Its body is charged when the attempt builds it.
       [](const JobRecord&) { return std::size_t{0}; });
@@ -241,7 +242,8 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
   auto due = claim_with_slots(
       "claim_jobs", more, holder, want, &unparking, free_slots,
       [this](std::size_t n, const Lease& lease, TimePoint at) {
-        return store_.store().claim_jobs(n, lease, at);
+        JobLeaseStore& leases = store_.store();
+        return leases.claim_jobs(n, lease, at);
       },
       [](const JobRecord& record) { return work_bytes(record.job); });
   const std::size_t unparked = unparking.unparked;

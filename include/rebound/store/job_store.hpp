@@ -123,9 +123,10 @@ struct ServerSeen {
   std::size_t leases = 0;  ///< jobs and callbacks it held when it last reported
 };
 
-/// The lease protocol: what the JobQueue's pipeline does to a job and its callback (the first of
-/// JobStore's three parts; see JobStore for the job's life through it, its order of claims, and
-/// what every part promises about threads, errors, tenants and time).
+/// The lease protocol: what the JobQueue's pipeline does to a job and its callback, and the two
+/// writes without a lease that tools use (complete, update_callback). The first of JobStore's
+/// three parts; see JobStore for the job's life through it, its order of claims, and what every
+/// part promises about threads, errors, tenants and time.
 class JobLeaseStore {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
@@ -167,10 +168,10 @@ class JobLeaseStore {
 
   /// Leases up to `max` jobs that are not final and that nobody holds (never claimed, or their
   /// lease ran out before `now`): tenants in turns, each tenant's lowest priority number first,
-  /// and within one priority in the order they became claimable (see the order above). Jobs that
-  /// became claimable at the same moment (one claim's,
-  /// whose lease ended at once) come in an order each store chooses; the memory store may also
-  /// order a job whose lease was lengthened by the end it had before (it refiles it lazily).
+  /// and within one priority in the order they became claimable (see the order in JobStore's
+  /// comment). Jobs that became claimable at the same moment (one claim's, whose lease ended at
+  /// once) come in an order each store chooses; the memory store may also order a job whose lease
+  /// was lengthened by the end it had before (it refiles it lazily).
   virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;
 
   /// Extends the lease on a job or its callback to `lease.until`. False when `lease.holder` does
@@ -275,9 +276,9 @@ class JobLeaseStore {
   }
 };
 
-/// The read side: a job's record, and the listings and pages the HTTP front and the console
-/// show (the second of JobStore's three parts). Reads answer what the store holds for every
-/// server that shares it; none changes a job.
+/// The read side: a job's record (what the pipeline's waits and the HTTP front read), and the
+/// listings and pages the console shows (the second of JobStore's three parts). Reads answer what
+/// the store holds for every server that shares it; none changes a job.
 class JobReadStore {
  public:
   using TimePoint = std::chrono::system_clock::time_point;
@@ -289,9 +290,9 @@ class JobReadStore {
 
   /// `get` for several ids at once: one answer per id, in the ids' order (an id twice is answered
   /// twice). A store with round trips or commits to wait for makes one where `get` makes one an
-  /// id (Redis: the reads pipelined on one connection; SQLite: one wait for the writes under
-  /// way); the JobQueue reads the jobs its waiters wait for this way, at most 256 a call. The
-  /// default calls `get` for each. A failing store throws.
+  /// id (Redis: the reads pipelined on one connection, 256 a round trip; SQLite: one wait for the
+  /// writes under way); the JobQueue reads the jobs its waiters wait for this way, at most 256 a
+  /// call. The default calls `get` for each. A failing store throws.
   virtual std::vector<std::optional<JobRecord>> get_many(
       const std::vector<std::string>& ids) const {
     std::vector<std::optional<JobRecord>> out;

@@ -125,7 +125,7 @@ class RedisJobStore final : public JobStore {
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
   std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
-  /// The reads pipelined on one connection: one round trip.
+  /// The reads pipelined on one connection: one round trip for every 256 ids.
   std::vector<std::optional<JobRecord>> get_many(
       const std::vector<std::string>& ids) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;

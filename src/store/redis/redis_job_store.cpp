@@ -1151,8 +1151,10 @@ CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& out
       return CancelOutcome::cancelled;
     case 2:
       return CancelOutcome::already_finished;
-    default:
+    case 0:
       return CancelOutcome::not_found;
+    default:
+      throw StoreUnavailable("redis job store: unexpected answer to cancel");
   }
 }
 
@@ -1164,8 +1166,10 @@ RedeliverOutcome RedisJobStore::redeliver(const std::string& id, const Lease& cl
       return RedeliverOutcome::redelivered;
     case 2:
       return RedeliverOutcome::not_failed;
-    default:
+    case 0:
       return RedeliverOutcome::not_found;
+    default:
+      throw StoreUnavailable("redis job store: unexpected answer to redeliver");
   }
 }
 
