@@ -814,7 +814,10 @@ namespace {
 // on a thread of its own.
 class ScriptedRedis {
  public:
-  ScriptedRedis() {
+  // `script_answer`: when not empty, every script call past the start's is answered this (set
+  // before any thread starts: the threads read it unguarded).
+  explicit ScriptedRedis(std::string script_answer = {})
+      : script_answer_(std::move(script_answer)) {
     listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -851,8 +854,6 @@ class ScriptedRedis {
   std::chrono::milliseconds delay{0};
   std::atomic<bool> loading{true};
   std::atomic<int> batches{0};
-  // When set (before the store starts), every script call past the start's is answered this.
-  std::string script_answer;
 
  private:
   void serve(int fd) {
@@ -908,7 +909,7 @@ class ScriptedRedis {
     if (args[0] != "EVALSHA" || args.size() <= 5) return ":1";  // the index script
     if (args.size() == 7 && args[5] == "0" && args[6].empty())
       return "*1\r\n:-1";  // the tenants migration's first call: nothing to do
-    if (!script_answer.empty()) return script_answer;
+    if (!script_answer_.empty()) return script_answer_;
     // A batch: (op, count, args...) after the prefix; a put (op 0) answers {0}, the rest 1.
     if (batches++ > 0) {
       if (loading) return "-LOADING Redis is loading the dataset in memory";
@@ -924,6 +925,7 @@ class ScriptedRedis {
     return "*" + std::to_string(ops) + "\r\n" + out.substr(0, out.size() - 2);
   }
 
+  const std::string script_answer_;
   int listener_ = -1;
   int port_ = 0;
   std::thread acceptor_;
@@ -935,8 +937,7 @@ class ScriptedRedis {
 
 TEST_CASE(
     "redis: cancel and redeliver answered with something not a number fail - never 'not found'") {
-  ScriptedRedis redis;
-  redis.script_answer = "$2\r\nno";  // a string where the scripts answer a number
+  ScriptedRedis redis("$2\r\nno");  // a string where the scripts answer a number
   RedisJobStoreOptions options;
   options.port = redis.port();
   options.command_timeout = 2000ms;
