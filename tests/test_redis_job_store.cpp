@@ -968,7 +968,11 @@ TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no c
   auto first = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer first_answer = first->get_future();
   store.async_finish_job("a", "worker", done, std::nullopt, now, into(first));
-  std::this_thread::sleep_for(300ms);  // (well within the first answer's delay)
+  // Its batch reached Redis (whose answer then waits out the delay): what comes next gathers.
+  const auto sent_by = std::chrono::steady_clock::now() + 5s;
+  while (redis.batches.load() == 0 && std::chrono::steady_clock::now() < sent_by)
+    std::this_thread::sleep_for(1ms);
+  REQUIRE(redis.batches.load() == 1);
   auto put = std::async(std::launch::async, [&] { return store.put(make("b")); });
   auto second = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer second_answer = second->get_future();
