@@ -259,6 +259,21 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
           f"run answered {ran}")
     check(c.get("p-1").callback["url"] == hook + "/ok", "the poll answer's callback")
 
+    # The models the server serves: its --model as a repository of one model.
+    models = c.models()
+    check(len(models) == 1 and models[0].name == "echo" and models[0].default_version == "1"
+          and models[0].split == [], f"models: {models}")
+    version = models[0].versions[0] if models and models[0].versions else None
+    check(version is not None and version.version == "1" and version.state == "ready"
+          and re.fullmatch(r"sha256:[0-9a-f]{64}", version.digest or "") is not None
+          and isinstance(version.queued, int) and version.loaded_at, f"its version: {version}")
+    check(c.model("echo").versions[0].digest == version.digest, "one model, by name")
+    try:
+        c.model("resnet")
+        fail("a model the server does not have")
+    except NotFound as e:
+        check(e.code == "model_not_found", f"an unknown model: {e}")
+
     # Errors are exceptions with the server's code.
     try:
         c.submit({"x": 2}, id="p-1")
@@ -528,6 +543,8 @@ async def async_calls():
         except NotFound:
             pass
         letters = [j.id async for j in c.dead_letters(page_size=1)]
+        check([m.name for m in await c.models()] == ["echo"], "async models")
+        check((await c.model("echo")).default_version == "1", "an async model by name")
         async with AsyncClient(Proxy(echo_port, busy=2).url, api_key=API_KEY) as through:
             check((await through.run("async through", timeout=10)).result == "async through",
                   "an async run through a busy proxy")

@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
@@ -24,6 +26,7 @@
 #include "support/receiver.hpp"
 #include "support/server_harness.hpp"
 #include "support/submitting.hpp"
+#include "support/temp_dir.hpp"
 #ifdef REBOUND_TEST_REDIS
 #include "rebound/store/make_store.hpp"
 #include "support/redis_server.hpp"
@@ -580,6 +583,76 @@ TEST_CASE("/openapi.json documents every route") {
   for (const char* status : {"202", "400", "409", "413", "422", "503"}) {
     CHECK(doc["paths"]["/v1/inferences"]["post"]["responses"].contains(status));
   }
+}
+
+TEST_CASE("GET /v1/models: the queue's model as a repository of one - 404 for another name") {
+  HarnessOptions o;
+  o.model_digest = rebound::model_digest("echo");
+  o.model_loaded_at = std::chrono::system_clock::time_point(std::chrono::seconds(1764000000));
+  Harness h(o);
+  const std::string name = h.service->model().name();
+  auto submitted = h.submit({{"id", "m-1"}});
+  REQUIRE(submitted);
+  CHECK(submitted->status == 202);
+  auto res = h.client().Get("/v1/models");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  const json models = json::parse(res->body)["models"];
+  REQUIRE(models.size() == 1);
+  const json& m = models[0];
+  CHECK(m["name"] == name);
+  CHECK(m["default_version"] == "1");
+  CHECK(m["split"] == json::array());
+  CHECK(m["generation"] == 1);
+  REQUIRE(m["versions"].size() == 1);
+  const json& v = m["versions"][0];
+  CHECK(v["version"] == "1");
+  CHECK(v["state"] == "ready");
+  CHECK(v["digest"] == o.model_digest);
+  CHECK(v["loaded_at"] == "2025-11-24T16:00:00.000Z");
+  CHECK(v["queued"].is_number_integer());
+  CHECK(v["running"].is_number_integer());
+
+  res = h.client().Get(("/v1/models/" + name).c_str());
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(json::parse(res->body) == m);
+  res = h.client().Get("/v1/models/resnet");
+  REQUIRE(res);
+  check_error(res, 404, "model_not_found");
+
+  // A program that does not say its model's digest: the field is left out, not made up.
+  Harness bare;
+  res = bare.client().Get("/v1/models");
+  REQUIRE(res);
+  CHECK_FALSE(json::parse(res->body)["models"][0]["versions"][0].contains("digest"));
+}
+
+TEST_CASE("model_digest: a directory's files with their names and sizes - a built-in's spec") {
+  rebound::test::TempDir dir;
+  const auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir.file(name), std::ios::binary) << bytes;
+  };
+  write("model.pt", "abc");
+  write("config.json", "{}");
+  // Paths in order, each "path NUL size NUL bytes" (python3: hashlib.sha256 of the same).
+  const std::string digest = rebound::model_digest(dir.path.string());
+  CHECK(digest == "sha256:813e2619cc20f9df87b3354f86237bd89557a043b2471b59b2dec05ea6c694f1");
+  CHECK(rebound::model_digest(dir.path.string()) == digest);  // the same files, the same digest
+  write("model.pt", "ab");  // a byte moved from one file to the next
+  write("config.json", "c{}");
+  CHECK(rebound::model_digest(dir.path.string()) != digest);
+  write("model.pt", "abc");
+  write("config.json", "{}");
+  std::filesystem::rename(dir.file("config.json"), dir.file("settings.json"));
+  CHECK(rebound::model_digest(dir.path.string()) != digest);  // a file renamed
+  // A file alone is its bytes; a built-in is its spec's text.
+  write("weights", "weights");
+  CHECK(rebound::model_digest(dir.file("weights")) ==
+        "sha256:9a129038d9a00aed0cf6a7ea059ca50a813449061ab87848cf1a13eafdf33b2c");
+  CHECK(rebound::model_digest("echo") ==
+        "sha256:092c79e8f80e559e404bcf660c48f3522b67aba9ff1484b0367e1a4ddef7431d");
+  CHECK(rebound::model_digest("sleep:0.5") != rebound::model_digest("sleep:1"));
 }
 
 TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running one goes on") {

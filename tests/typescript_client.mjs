@@ -184,6 +184,15 @@ check(JSON.stringify(payload) === JSON.stringify(official.verify(body, headers))
 check((await verifyWebhook({ keys: await r.webhookKeys() }, headers, body)).id === "t-1", "v1a with the served key");
 check((await r.webhookKeys()).join() === PUBLIC_KEY, "the webhook keys");
 check((await r.webhookSecret()) === SECRET, "the webhook secret");
+
+// The models the server serves: its --model as a repository of one model.
+const models = await r.models();
+check(models.length === 1 && models[0].name === "echo" && models[0].default_version === "1" &&
+      /^sha256:[0-9a-f]{64}$/.test(models[0].versions[0]?.digest ?? "") && models[0].versions[0].state === "ready",
+      `models: ${JSON.stringify(models)}`);
+check((await r.model("echo")).versions[0].digest === models[0].versions[0].digest, "one model, by name");
+check((await rejects(r.model("resnet"), (e) => e instanceof ReboundError, "an unknown model")).code === "model_not_found",
+      "model_not_found");
 const forged = {
   "a changed body": [headers, Buffer.from(body.toString().replace("t-1", "t-2"))],
   "a changed id": [{ ...headers, "webhook-id": "msg_other" }, body],

@@ -576,6 +576,9 @@ int main(int argc, char** argv) {
     server_options.drain_timeout = std::chrono::seconds(25);
 
     auto model = rebound::make_model(model_spec);
+    // GET /v1/models names what was loaded: a digest of the spec's files, and when.
+    server_options.model_digest = rebound::model_digest(model_spec);
+    server_options.model_loaded_at = std::chrono::system_clock::now();
     // Traces: every job's submission, run and callback attempts, as OpenTelemetry spans.
     std::shared_ptr<rebound::OtlpTracer> tracer;
     std::optional<std::string> traces_url;

@@ -3,16 +3,21 @@
 #include "rebound/http/server.hpp"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <shared_mutex>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
@@ -684,6 +689,12 @@ struct Server::Impl {
         {"GET", "/v1/webhook-secret", acts | on_front, Body::none,
          [](Impl& s, Call& c) { s.webhook_secret(c.tenant, c.res); }},
         {"GET", "/v1/stats", spans, Body::none, [](Impl& s, Call& c) { s.stats(c.res); }},
+        {"GET", "/v1/models", any_key, Body::none,
+         [](Impl& s, Call& c) {
+           send_json(c.res, 200, {{"models", {s.model_json()}}});
+         }},
+        {"GET", "/v1/models/{name}", any_key, Body::none,
+         [](Impl& s, Call& c) { s.model(c.param, c.res); }},
         // The operator console (docs/console.md): its page, and the JSON it reads.
         {"GET", "/console", console_page | on_front, Body::none,
          [](Impl&, Call& c) { c.res.set_redirect("/console/", 301); }},
@@ -910,6 +921,36 @@ struct Server::Impl {
 
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
   // server of a shared store), and this server's own. A failing store throws: 503.
+  // The queue's model as a repository of one model (DESIGN.md's `M`): version "1", ready while
+  // the queue is, its route all to it; the queue's counts (the store's, shared by a fleet) as
+  // its version's.
+  nlohmann::json model_json() {
+    nlohmann::json version = {{"version", "1"},
+                              {"state", service.ready() ? "ready" : "loading"},
+                              {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
+    if (!options.model_digest.empty()) version["digest"] = options.model_digest;
+    try {
+      if (const std::optional<QueueStats> s = service.telemetry().queue_stats()) {
+        version["queued"] = s->queued;
+        version["running"] = s->running;
+      }
+    } catch (const std::exception&) {
+      // A failing store: the model is still described, without its counts (/ping says why).
+    }
+    return {{"name", service.model().name()},
+            {"default_version", "1"},
+            {"split", nlohmann::json::array()},
+            {"generation", 1},
+            {"versions", {std::move(version)}}};
+  }
+
+  void model(const std::string& name, HttpResponse& res) {
+    if (name != service.model().name()) {
+      return send_error(res, {404, "model_not_found", "No model named '" + name + "'.", {}});
+    }
+    send_json(res, 200, model_json());
+  }
+
   void stats(HttpResponse& res) {
     const std::optional<QueueStats> s = service.telemetry().queue_stats();
     if (!s) {
@@ -1498,6 +1539,9 @@ struct Server::Impl {
 
   JobQueue& service;
   ServerOptions options;
+  // When the model was loaded, as GET /v1/models says (ServerOptions::model_loaded_at).
+  const std::chrono::system_clock::time_point model_loaded_at =
+      options.model_loaded_at.value_or(std::chrono::system_clock::now());
   std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
@@ -1616,6 +1660,63 @@ int Server::port() const {
 
 std::string Server::serve_connection_bytes(std::string bytes) {
   return impl_->http.serve_bytes(std::move(bytes));
+}
+
+std::string model_digest(const std::string& spec) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1)
+    throw Error("model_digest: SHA-256 is not available");
+  auto add = [&](const void* data, std::size_t size) {
+    if (size > 0 && EVP_DigestUpdate(md.get(), data, size) != 1)
+      throw Error("model_digest: hashing failed");
+  };
+  auto add_file = [&](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw Error("model_digest: cannot read " + file.string());
+    char buffer[65536];
+    while (in) {
+      in.read(buffer, sizeof buffer);
+      add(buffer, static_cast<std::size_t>(in.gcount()));
+    }
+    if (in.bad()) throw Error("model_digest: cannot read " + file.string());
+  };
+  std::error_code ec;
+  const fs::path root(spec);
+  if (spec == "echo" || spec.rfind("sleep:", 0) == 0 || !fs::exists(root, ec)) {
+    add(spec.data(), spec.size());
+  } else if (fs::is_directory(root, ec)) {
+    std::vector<fs::path> files;
+    for (fs::recursive_directory_iterator
+             it(root, fs::directory_options::follow_directory_symlink, ec),
+         end;
+         !ec && it != end; it.increment(ec)) {
+      if (it->is_regular_file(ec)) files.push_back(it->path());
+    }
+    if (ec) throw Error("model_digest: cannot list " + spec + ": " + ec.message());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& file : files) {
+      const std::string relative = file.lexically_relative(root).generic_string();
+      const std::string size = std::to_string(fs::file_size(file, ec));
+      if (ec) throw Error("model_digest: cannot read " + file.string() + ": " + ec.message());
+      add(relative.data(), relative.size() + 1);  // with its NUL
+      add(size.data(), size.size() + 1);
+      add_file(file);
+    }
+  } else {
+    add_file(root);
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_DigestFinal_ex(md.get(), digest, &length) != 1)
+    throw Error("model_digest: hashing failed");
+  static const char hex[] = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned int i = 0; i < length; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 0xf];
+  }
+  return out;
 }
 
 }  // namespace rebound

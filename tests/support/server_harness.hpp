@@ -68,6 +68,9 @@ struct HarnessOptions {
   std::map<std::string, rebound::TenantOptions, std::less<>> tenants = {};
   /// Whether the server starts serving (Server::run on a thread) at once; else at serve().
   bool serving = true;
+  /// ServerOptions::model_digest and ::model_loaded_at (GET /v1/models).
+  std::string model_digest = {};
+  std::optional<std::chrono::system_clock::time_point> model_loaded_at = std::nullopt;
 };
 
 class ServerHarness {
@@ -116,6 +119,8 @@ class ServerHarness {
     sv.api_keys = o.api_keys;
     sv.operator_keys = o.operator_keys;
     sv.viewer_keys = o.viewer_keys;
+    sv.model_digest = o.model_digest;
+    sv.model_loaded_at = o.model_loaded_at;
     server = std::make_unique<rebound::Server>(*service, sv);
     port = server->bind();
     if (o.serving) serve();

@@ -2,14 +2,16 @@
 callbacks it sends. See docs/clients.md in the rebound repository."""
 from ._client import AsyncClient, Client
 from ._types import (AlreadyFinished, BadRequest, CallbackNotFailed, Conflict, FINAL_STATUSES,
-                     Forbidden, IdConflict, InvalidField, Job, JobError, NotFound, QueueFull,
+                     Forbidden, IdConflict, InvalidField, Job, JobError, Model, ModelVersion,
+                     NotFound, QueueFull,
                      ReboundError, ServiceUnavailable, Submitted, TooManyRequests, Unauthorized,
                      WaitTimeout)
 from .webhooks import WebhookVerificationError, WebhookVerifier
 
 __all__ = [
     "AlreadyFinished", "AsyncClient", "BadRequest", "CallbackNotFailed", "Client", "Conflict",
-    "FINAL_STATUSES", "Forbidden", "IdConflict", "InvalidField", "Job", "JobError", "NotFound",
+    "FINAL_STATUSES", "Forbidden", "IdConflict", "InvalidField", "Job", "JobError", "Model",
+    "ModelVersion", "NotFound",
     "QueueFull", "ReboundError", "ServiceUnavailable", "Submitted", "TooManyRequests",
     "Unauthorized", "WaitTimeout", "WebhookVerificationError", "WebhookVerifier",
 ]

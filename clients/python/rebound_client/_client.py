@@ -19,7 +19,7 @@ from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequ
 
 import httpx
 
-from ._types import Job, ReboundError, Submitted, WaitTimeout, error_from
+from ._types import Job, Model, ReboundError, Submitted, WaitTimeout, error_from
 
 # Statuses answered for what passes: a retry after a pause may be accepted.
 _RETRIED_STATUSES = frozenset({429, 502, 503, 504})
@@ -300,6 +300,24 @@ class _Calls:
             raise _invalid(answer, "a list of keys")
         return keys
 
+    def _models(self):
+        answer = yield from self._call(lambda left: _Request("GET", "/v1/models"))
+        models = _object(answer, "a list of models").get("models")
+        if not isinstance(models, list):
+            raise _invalid(answer, "a list of models")
+        try:
+            return [Model.from_answer(m) for m in models]
+        except (KeyError, TypeError, AttributeError):
+            raise _invalid(answer, "a list of models") from None
+
+    def _model(self, name: str):
+        answer = yield from self._call(
+            lambda left: _Request("GET", "/v1/models/" + _path_part(name)))
+        try:
+            return Model.from_answer(_object(answer, "a model"))
+        except (KeyError, TypeError, AttributeError):
+            raise _invalid(answer, "a model") from None
+
     def _webhook_secret(self):
         answer = yield from self._call(lambda left: _Request("GET", "/v1/webhook-secret"))
         secret = _object(answer, "a secret").get("secret")
@@ -422,6 +440,15 @@ class Client(_Calls):
         """The ``whpk_`` public keys that verify ``v1a`` callback signatures."""
         return self._drive(self._webhook_keys(tenant))
 
+    def models(self) -> List[Model]:
+        """The models the server serves, each with its versions."""
+        return self._drive(self._models())
+
+    def model(self, name: str) -> Model:
+        """One model; NotFound (code ``model_not_found``) when the server has none of that
+        name."""
+        return self._drive(self._model(name))
+
     def webhook_secret(self) -> str:
         """The ``whsec_`` secret the caller's callbacks are signed with (``v1``)."""
         return self._drive(self._webhook_secret())
@@ -503,6 +530,12 @@ class AsyncClient(_Calls):
 
     async def webhook_keys(self, tenant: Optional[str] = None) -> List[str]:
         return await self._drive(self._webhook_keys(tenant))
+
+    async def models(self) -> List[Model]:
+        return await self._drive(self._models())
+
+    async def model(self, name: str) -> Model:
+        return await self._drive(self._model(name))
 
     async def webhook_secret(self) -> str:
         return await self._drive(self._webhook_secret())

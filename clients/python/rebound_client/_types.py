@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 #: The states a job ends in.
 FINAL_STATUSES = frozenset({"succeeded", "failed", "expired", "cancelled"})
@@ -62,6 +62,53 @@ class Job:
             model=body.get("model"),
             raw=body,
         )
+
+
+@dataclass
+class ModelVersion:
+    """One version of a model (``GET /v1/models``): ``state`` is ``loading``, ``ready``,
+    ``failed``, ``draining`` or ``unloaded``; ``digest`` is ``sha256:<hex>`` over its files (None
+    when the server does not say); ``queued`` and ``running`` are the store's counts (None while
+    it cannot count); ``error`` says why a ``failed`` version failed."""
+
+    version: str
+    state: str
+    digest: Optional[str] = None
+    loaded_at: Optional[str] = None
+    queued: Optional[int] = None
+    running: Optional[int] = None
+    error: Optional[JobError] = None
+
+    @classmethod
+    def from_answer(cls, body: Dict[str, Any]) -> "ModelVersion":
+        error = body.get("error")
+        return cls(version=body["version"], state=body["state"], digest=body.get("digest"),
+                   loaded_at=body.get("loaded_at"), queued=body.get("queued"),
+                   running=body.get("running"),
+                   error=JobError(error.get("code", ""), error.get("message", ""))
+                   if error else None)
+
+
+@dataclass
+class Model:
+    """A model the server serves (``GET /v1/models``): its versions, the one a submission
+    without ``version`` runs on (``default_version``), the versions that take a share of the
+    traffic (``split``: ``{"version", "percent"}``) and the route's ``generation``. ``raw`` is
+    the whole answer."""
+
+    name: str
+    default_version: str
+    versions: List[ModelVersion]
+    split: List[Dict[str, Any]] = field(default_factory=list)
+    generation: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_answer(cls, body: Dict[str, Any]) -> "Model":
+        return cls(name=body["name"], default_version=body["default_version"],
+                   versions=[ModelVersion.from_answer(v) for v in body["versions"]],
+                   split=list(body.get("split") or []), generation=body.get("generation"),
+                   raw=body)
 
 
 @dataclass

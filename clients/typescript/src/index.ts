@@ -34,6 +34,37 @@ export interface Job {
   model?: { name: string; version: string };
 }
 
+/** One version of a model (GET /v1/models). */
+export interface ModelVersion {
+  version: string;
+  state: "loading" | "ready" | "failed" | "draining" | "unloaded";
+  /** sha256:<hex> over the version's files; absent when the server does not say. */
+  digest?: string;
+  loaded_at?: string;
+  /** The store's counts; absent while it cannot count. */
+  queued?: number;
+  running?: number;
+  /** Why a `failed` version failed. */
+  error?: { code: string; message: string };
+}
+
+/** A model the server serves (GET /v1/models), with its versions and its route. */
+export interface Model {
+  name: string;
+  default_version: string;
+  split: { version: string; percent: number }[];
+  generation: number;
+  versions: ModelVersion[];
+}
+
+function modelOf(status: number, body: any): Model {
+  if (typeof body?.name !== "string" || typeof body?.default_version !== "string" || !Array.isArray(body?.versions) ||
+      !body.versions.every((v: any) => typeof v?.version === "string" && typeof v?.state === "string")) {
+    throw invalid(status, "a model");
+  }
+  return body as Model;
+}
+
 /** One job of a batch as the server answered it: 202, or the refusal's status and error. */
 export interface Submitted {
   id?: string;
@@ -370,6 +401,19 @@ export class Rebound {
     const keys = answer.body?.keys;
     if (!Array.isArray(keys) || !keys.every((k) => typeof k === "string")) throw invalid(answer.status, "a list of keys");
     return keys;
+  }
+
+  /** The models the server serves, each with its versions. */
+  async models(): Promise<Model[]> {
+    const answer = await this.call("GET", "/v1/models", {});
+    if (!Array.isArray(answer.body?.models)) throw invalid(answer.status, "a list of models");
+    return answer.body.models.map((m: any) => modelOf(answer.status, m));
+  }
+
+  /** One model; a ReboundError with code model_not_found when the server has none of that name. */
+  async model(name: string): Promise<Model> {
+    const answer = await this.call("GET", `/v1/models/${pathPart(name)}`, {});
+    return modelOf(answer.status, answer.body);
   }
 
   /** The whsec_ secret the caller's callbacks are signed with (v1). */

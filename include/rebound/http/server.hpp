@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,7 +95,20 @@ struct ServerOptions {
   /// `run_until_signal`: how long the queue may drain after the first SIGINT or SIGTERM (inside
   /// SageMaker's 30 s).
   std::chrono::milliseconds drain_timeout{25000};
+  /// What `GET /v1/models` says of the queue's model, served as a repository of one model
+  /// (named by `Model::name()`, version "1"): its digest (`model_digest` of the spec it was made
+  /// from; empty: not said) and when it was loaded (none: when the Server was made).
+  std::string model_digest;
+  std::optional<std::chrono::system_clock::time_point> model_loaded_at;
 };
+
+/// "sha256:<hex>" over a model spec's files, as `GET /v1/models` names a version: for a directory,
+/// every regular file under it in the order of their paths, each as its path relative to the
+/// directory, a NUL byte, its size in decimal, a NUL byte and its bytes (so that moving bytes
+/// between files, or renaming one, changes the digest); for a file, its bytes alone; for a
+/// built-in spec (`echo`, `sleep:S`), the spec's text. Symbolic links are followed. Throws
+/// rebound::Error when a file cannot be read.
+std::string model_digest(const std::string& spec);
 
 /// Serves a JobQueue over HTTP:
 ///   POST /v1/inferences, GET /v1/inferences/{id}, POST /v1/inferences/{id}/redeliver,
