@@ -621,6 +621,26 @@ TEST_CASE("GET /v1/models: the queue's model as a repository of one - 404 for an
   REQUIRE(res);
   check_error(res, 404, "model_not_found");
 
+  // With several tenants the store's counts span them: a tenant's key reads the model without them,
+  // an operator's with them (as GET /v1/stats).
+  {
+    HarnessOptions tenants;
+    tenants.api_keys = {"acme:acme-key", "globex:globex-key"};
+    tenants.operator_keys = {"ops:ops-key"};
+    Harness t(tenants);
+    auto as = [&](const std::string& key) {
+      auto got = t.client().Get("/v1/models", {{"Authorization", "Bearer " + key}});
+      REQUIRE(got);
+      REQUIRE(got->status == 200);
+      return json::parse(got->body)["models"][0]["versions"][0];
+    };
+    CHECK_FALSE(as("acme-key").contains("queued"));
+    CHECK(as("ops-key")["queued"].is_number_integer());
+    auto anonymous = t.client().Get("/v1/models");
+    REQUIRE(anonymous);
+    CHECK(anonymous->status == 401);
+  }
+
   // A program that does not say its model's digest: the field is left out, not made up.
   Harness bare;
   res = bare.client().Get("/v1/models");
@@ -653,6 +673,19 @@ TEST_CASE("model_digest: a directory's files with their names and sizes - a buil
   CHECK(rebound::model_digest("echo") ==
         "sha256:092c79e8f80e559e404bcf660c48f3522b67aba9ff1484b0367e1a4ddef7431d");
   CHECK(rebound::model_digest("sleep:0.5") != rebound::model_digest("sleep:1"));
+
+  // Files in subdirectories, ordered by the bytes of their relative paths ("tokenizer.json"
+  // before "tokenizer/vocab.txt"); a link that leads nowhere and a linked directory left out.
+  rebound::test::TempDir tree;
+  std::filesystem::create_directory(tree.path / "tokenizer");
+  std::ofstream(tree.file("model.pt"), std::ios::binary) << "abc";
+  std::ofstream(tree.file("tokenizer.json"), std::ios::binary) << "{}";
+  std::ofstream(tree.file("tokenizer/vocab.txt"), std::ios::binary) << "a b";
+  std::filesystem::create_symlink(tree.path / "missing", tree.path / "dangling");
+  std::filesystem::create_directory_symlink(tree.path, tree.path / "tokenizer" / "loop");
+  CHECK(rebound::model_digest(tree.path.string()) ==
+        "sha256:f0912e0d7ce714ba007a0b8e33e1256bf9a70e266be35942d340dbca77d2a64e");
+  CHECK_THROWS_AS(rebound::model_digest(tree.file("nothing-here")), rebound::Error);
 }
 
 TEST_CASE("at the shutdown deadline waiting jobs are set aside and the running one goes on") {

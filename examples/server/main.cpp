@@ -576,9 +576,15 @@ int main(int argc, char** argv) {
     server_options.drain_timeout = std::chrono::seconds(25);
 
     auto model = rebound::make_model(model_spec);
-    // GET /v1/models names what was loaded: a digest of the spec's files, and when.
-    server_options.model_digest = rebound::model_digest(model_spec);
+    // GET /v1/models names what was loaded: a digest of the spec's files, and when. A model whose
+    // directory holds a file this user cannot read is still served, its digest left out.
     server_options.model_loaded_at = std::chrono::system_clock::now();
+    try {
+      server_options.model_digest = rebound::model_digest(model_spec);
+    } catch (const std::exception& e) {
+      std::cerr << "rebound-server: warning: " << e.what()
+                << " (GET /v1/models leaves the model's digest out)" << std::endl;
+    }
     // Traces: every job's submission, run and callback attempts, as OpenTelemetry spans.
     std::shared_ptr<rebound::OtlpTracer> tracer;
     std::optional<std::string> traces_url;

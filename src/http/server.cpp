@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -691,10 +692,10 @@ struct Server::Impl {
         {"GET", "/v1/stats", spans, Body::none, [](Impl& s, Call& c) { s.stats(c.res); }},
         {"GET", "/v1/models", any_key, Body::none,
          [](Impl& s, Call& c) {
-           send_json(c.res, 200, {{"models", {s.model_json()}}});
+           send_json(c.res, 200, {{"models", {s.model_json(c.caller)}}});
          }},
         {"GET", "/v1/models/{name}", any_key, Body::none,
-         [](Impl& s, Call& c) { s.model(c.param, c.res); }},
+         [](Impl& s, Call& c) { s.model(c.param, c.caller, c.res); }},
         // The operator console (docs/console.md): its page, and the JSON it reads.
         {"GET", "/console", console_page | on_front, Body::none,
          [](Impl&, Call& c) { c.res.set_redirect("/console/", 301); }},
@@ -919,16 +920,17 @@ struct Server::Impl {
            std::to_string(waiting->load()) + "\n";
   }
 
-  // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
-  // server of a shared store), and this server's own. A failing store throws: 503.
   // The queue's model as a repository of one model (DESIGN.md's `M`): version "1", ready while
-  // the queue is, its route all to it; the queue's counts (the store's, shared by a fleet) as
-  // its version's.
-  nlohmann::json model_json() {
+  // the model says it is, its route all to it; the queue's counts (the store's, shared by a
+  // fleet) as its version's, for a caller who may read what spans tenants (as GET /v1/stats).
+  nlohmann::json model_json(const Credential* caller) {
     nlohmann::json version = {{"version", "1"},
-                              {"state", service.ready() ? "ready" : "loading"},
+                              {"state", service.model().ready() ? "ready" : "loading"},
                               {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
     if (!options.model_digest.empty()) version["digest"] = options.model_digest;
+    if (multi_tenant && !(caller && caller->reads_everything())) {
+      return model_body(std::move(version));
+    }
     try {
       if (const std::optional<QueueStats> s = service.telemetry().queue_stats()) {
         version["queued"] = s->queued;
@@ -937,6 +939,10 @@ struct Server::Impl {
     } catch (const std::exception&) {
       // A failing store: the model is still described, without its counts (/ping says why).
     }
+    return model_body(std::move(version));
+  }
+
+  nlohmann::json model_body(nlohmann::json version) {
     return {{"name", service.model().name()},
             {"default_version", "1"},
             {"split", nlohmann::json::array()},
@@ -944,12 +950,15 @@ struct Server::Impl {
             {"versions", {std::move(version)}}};
   }
 
-  void model(const std::string& name, HttpResponse& res) {
+  void model(const std::string& name, const Credential* caller, HttpResponse& res) {
     if (name != service.model().name()) {
       return send_error(res, {404, "model_not_found", "No model named '" + name + "'.", {}});
     }
-    send_json(res, 200, model_json());
+    send_json(res, 200, model_json(caller));
   }
+
+  // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
+  // server of a shared store), and this server's own. A failing store throws: 503.
 
   void stats(HttpResponse& res) {
     const std::optional<QueueStats> s = service.telemetry().queue_stats();
@@ -1671,40 +1680,57 @@ std::string model_digest(const std::string& spec) {
     if (size > 0 && EVP_DigestUpdate(md.get(), data, size) != 1)
       throw Error("model_digest: hashing failed");
   };
+  // A regular file's bytes; how many (its size may have changed since it was asked).
   auto add_file = [&](const fs::path& file) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw Error("model_digest: cannot read " + file.string());
     char buffer[65536];
+    std::uintmax_t read = 0;
     while (in) {
       in.read(buffer, sizeof buffer);
       add(buffer, static_cast<std::size_t>(in.gcount()));
+      read += static_cast<std::uintmax_t>(in.gcount());
     }
     if (in.bad()) throw Error("model_digest: cannot read " + file.string());
+    return read;
   };
-  std::error_code ec;
-  const fs::path root(spec);
-  if (spec == "echo" || spec.rfind("sleep:", 0) == 0 || !fs::exists(root, ec)) {
+  if (spec == "echo" || spec.rfind("sleep:", 0) == 0) {
     add(spec.data(), spec.size());
-  } else if (fs::is_directory(root, ec)) {
-    std::vector<fs::path> files;
-    for (fs::recursive_directory_iterator
-             it(root, fs::directory_options::follow_directory_symlink, ec),
-         end;
-         !ec && it != end; it.increment(ec)) {
-      if (it->is_regular_file(ec)) files.push_back(it->path());
-    }
-    if (ec) throw Error("model_digest: cannot list " + spec + ": " + ec.message());
-    std::sort(files.begin(), files.end());
-    for (const fs::path& file : files) {
-      const std::string relative = file.lexically_relative(root).generic_string();
-      const std::string size = std::to_string(fs::file_size(file, ec));
-      if (ec) throw Error("model_digest: cannot read " + file.string() + ": " + ec.message());
-      add(relative.data(), relative.size() + 1);  // with its NUL
-      add(size.data(), size.size() + 1);
-      add_file(file);
-    }
   } else {
-    add_file(root);
+    std::error_code ec;
+    const fs::path root(spec);
+    const fs::file_status status = fs::status(root, ec);
+    if (ec || !fs::exists(status)) {
+      throw Error("model_digest: cannot read " + spec + (ec ? ": " + ec.message() : ""));
+    }
+    if (fs::is_directory(status)) {
+      // Regular files (a link to one counts), directories not followed through links (no
+      // loops); entries this user may not open and links that lead nowhere are left out.
+      std::vector<std::pair<std::string, fs::path>> files;
+      for (fs::recursive_directory_iterator
+               it(root, fs::directory_options::skip_permission_denied, ec),
+           end;
+           !ec && it != end; it.increment(ec)) {
+        std::error_code kind;
+        if (it->is_regular_file(kind) && !kind)
+          files.emplace_back(it->path().lexically_relative(root).generic_string(), it->path());
+      }
+      if (ec) throw Error("model_digest: cannot list " + spec + ": " + ec.message());
+      std::sort(files.begin(), files.end());  // by their relative paths' bytes
+      for (const auto& [relative, file] : files) {
+        const std::uintmax_t size = fs::file_size(file, ec);
+        if (ec) throw Error("model_digest: cannot read " + file.string() + ": " + ec.message());
+        const std::string size_text = std::to_string(size);
+        add(relative.data(), relative.size() + 1);  // with its NUL
+        add(size_text.data(), size_text.size() + 1);
+        if (add_file(file) != size)
+          throw Error("model_digest: " + file.string() + " changed while it was read");
+      }
+    } else if (fs::is_regular_file(status)) {
+      add_file(root);
+    } else {
+      throw Error("model_digest: " + spec + " is neither a directory nor a regular file");
+    }
   }
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;

@@ -81,6 +81,8 @@ class ModelVersion:
 
     @classmethod
     def from_answer(cls, body: Dict[str, Any]) -> "ModelVersion":
+        if not isinstance(body.get("version"), str) or not isinstance(body.get("state"), str):
+            raise TypeError("a model version without its version and state")
         error = body.get("error")
         return cls(version=body["version"], state=body["state"], digest=body.get("digest"),
                    loaded_at=body.get("loaded_at"), queued=body.get("queued"),
@@ -105,6 +107,10 @@ class Model:
 
     @classmethod
     def from_answer(cls, body: Dict[str, Any]) -> "Model":
+        if not isinstance(body.get("name"), str) or not isinstance(body.get("default_version"), str) \
+                or not isinstance(body.get("versions"), list) \
+                or not isinstance(body.get("split", []), list):
+            raise TypeError("a model without its name, default version or versions")
         return cls(name=body["name"], default_version=body["default_version"],
                    versions=[ModelVersion.from_answer(v) for v in body["versions"]],
                    split=list(body.get("split") or []), generation=body.get("generation"),

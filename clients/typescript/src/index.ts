@@ -59,6 +59,7 @@ export interface Model {
 
 function modelOf(status: number, body: any): Model {
   if (typeof body?.name !== "string" || typeof body?.default_version !== "string" || !Array.isArray(body?.versions) ||
+      !Array.isArray(body?.split) || typeof body?.generation !== "number" ||
       !body.versions.every((v: any) => typeof v?.version === "string" && typeof v?.state === "string")) {
     throw invalid(status, "a model");
   }

@@ -103,17 +103,20 @@ struct ServerOptions {
 };
 
 /// "sha256:<hex>" over a model spec's files, as `GET /v1/models` names a version: for a directory,
-/// every regular file under it in the order of their paths, each as its path relative to the
-/// directory, a NUL byte, its size in decimal, a NUL byte and its bytes (so that moving bytes
-/// between files, or renaming one, changes the digest); for a file, its bytes alone; for a
-/// built-in spec (`echo`, `sleep:S`), the spec's text. Symbolic links are followed. Throws
-/// rebound::Error when a file cannot be read.
+/// every regular file under it (a link to a file counts; directories are not followed through
+/// links, and entries this user may not open or links that lead nowhere are left out), ordered by
+/// the bytes of their paths relative to the directory ('/' between parts), each as that path, a
+/// NUL byte, its size in decimal, a NUL byte and its bytes (so that moving bytes between files,
+/// or renaming one, changes the digest); for a file, its bytes alone; for a built-in spec
+/// (`echo`, `sleep:S`), the spec's text. Reads every byte: a few seconds for gigabytes. Throws
+/// rebound::Error when the spec is no readable file or directory, or a file cannot be read or
+/// changes while it is.
 std::string model_digest(const std::string& spec);
 
 /// Serves a JobQueue over HTTP:
 ///   POST /v1/inferences, GET /v1/inferences/{id}, POST /v1/inferences/{id}/redeliver,
 ///   GET /v1/inferences?callback_state=failed, POST /invocations, GET /ping, GET /metrics,
-///   GET /openapi.json
+///   GET /openapi.json, GET /v1/models, GET /v1/models/{name} (and more: docs/http-api.md)
 /// Errors have the shape {"error": {"code", "message", "field"?}} (see docs/http-api.md); a known
 /// path with another method gets 405 with `Allow`. No request can crash it or make it hold
 /// memory beyond the limits of ServerOptions. HTTP/1.1 on Boost.Beast: every connection is
