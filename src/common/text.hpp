@@ -1,7 +1,8 @@
 // Internal: ASCII case-insensitive comparison for protocol tokens (header names and values, HTTP
-// date names), independent of the process locale.
+// date names), independent of the process locale; bytes as lower-case hex.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace rebound::detail {
@@ -22,6 +23,15 @@ constexpr bool starts_with_ignoring_case(std::string_view text, std::string_view
 /// True when `a` and `b` are equal, letters compared without regard to case.
 constexpr bool equals_ignoring_case(std::string_view a, std::string_view b) {
   return a.size() == b.size() && starts_with_ignoring_case(a, b);
+}
+
+/// Appends each byte of `bytes` to `out` as two lower-case hex digits.
+inline void append_hex(std::string& out, std::string_view bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  for (const unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
 }
 
 }  // namespace rebound::detail

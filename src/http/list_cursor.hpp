@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/text.hpp"
 #include "rebound/store/job_store.hpp"
 
 namespace rebound::detail {
@@ -14,15 +15,11 @@ namespace rebound::detail {
 /// The cursor as clients see it, naming the entry by `id` (the job's key, or its id without the
 /// tenant where the caller's tenant is implied). Hex, so that any id makes a cursor that parses.
 inline std::string list_cursor_text(const ListCursor& cursor, std::string_view id) {
-  static constexpr char digits[] = "0123456789abcdef";
   std::string text = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                         cursor.created_at.time_since_epoch())
                                         .count()) +
                      "_";
-  for (const unsigned char c : id) {
-    text += digits[c >> 4];
-    text += digits[c & 15];
-  }
+  append_hex(text, id);
   return text;
 }
 

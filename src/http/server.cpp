@@ -1736,12 +1736,8 @@ std::string model_digest(const std::string& spec) {
   unsigned int length = 0;
   if (EVP_DigestFinal_ex(md.get(), digest, &length) != 1)
     throw Error("model_digest: hashing failed");
-  static const char hex[] = "0123456789abcdef";
   std::string out = "sha256:";
-  for (unsigned int i = 0; i < length; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 0xf];
-  }
+  detail::append_hex(out, std::string_view(reinterpret_cast<const char*>(digest), length));
   return out;
 }
 
