@@ -121,7 +121,14 @@ int main() {
     });
     ok = ok && !refused.get_future().get();  // the same request: the first job's record
 
-    rebound::Server server(queue, {});
+    // GET /v1/models names the model by the digest the program gives it.
+    rebound::ServerOptions server_options;
+    server_options.model_digest = rebound::model_digest("echo");
+    rebound::Server server(queue, server_options);
+    const std::string models = server.serve_connection_bytes(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ok = ok && models.rfind("HTTP/1.1 200", 0) == 0 &&
+         models.find(server_options.model_digest) != std::string::npos;
     const std::string body = R"({"id":"job-1","input":{"x":1}})";
     const std::string submitted = server.serve_connection_bytes(
         "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -130,13 +130,15 @@ int main() {
     ok = ok && bare.async_submit(job, boost::asio::use_future).get().outcome.result == 7;
   }
   {
-    // A store read as a tool would: several jobs at once, one answer an id, in order.
+    // A store read as a tool would, through the read side alone: several jobs at once, one
+    // answer an id, in order.
     rebound::MemoryJobStore store;
     rebound::Job job;
     job.id = "stored";
     job.input = 3;
     ok = ok && store.put(job) == rebound::PutOutcome::created;
-    const auto many = store.get_many({"missing", "stored"});
+    const rebound::JobReadStore& reads = store;
+    const auto many = reads.get_many({"missing", "stored"});
     ok = ok && many.size() == 2 && !many[0] && many[1] && many[1]->job.input == 3;
   }
   {
