@@ -273,6 +273,16 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
         fail("a model the server does not have")
     except NotFound as e:
         check(e.code == "model_not_found", f"an unknown model: {e}")
+    # Every job says the model and version it runs on; a submission may name them.
+    check(done.model == {"name": "echo", "version": "1"}, f"the job's model: {done.model}")
+    pinned = c.submit(2, id="p-pinned", model="echo", version="1")
+    check(c.wait(pinned.id, timeout=10).model == {"name": "echo", "version": "1"},
+          "a job pinned to its model's version")
+    try:
+        c.submit(3, id="p-resnet", model="resnet")
+        fail("a job for a model the server does not have")
+    except NotFound as e:
+        check(e.code == "model_not_found", f"a job for an unknown model: {e}")
 
     # Errors are exceptions with the server's code.
     try:
@@ -337,6 +347,7 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
     path, headers, body = receiver.bodies("p-1")[0]
     by_secret = WebhookVerifier(secrets=[SECRET])
     check(by_secret.verify(headers, body) == {"id": "p-1", "status": "succeeded",
+                                               "model": {"name": "echo", "version": "1"},
                                                "result": {"x": 1}}, "v1 verification")
     check(WebhookVerifier(secrets=[OLD_SECRET]).verify(headers, body)["id"] == "p-1",
           "a secret being rotated out still verifies")

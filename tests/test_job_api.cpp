@@ -390,7 +390,9 @@ TEST_CASE("job api: webhook_events - started sends a running callback - complete
   // While it runs: the started callback, and nothing else.
   REQUIRE(both.wait_for(1));
   auto first = both.received().at(0);
-  CHECK(json::parse(first.body) == json({{"id", "both"}, {"status", "running"}}));
+  CHECK(json::parse(first.body) == json({{"id", "both"},
+                                         {"status", "running"},
+                                         {"model", {{"name", "held"}, {"version", "1"}}}}));
   CHECK(first.header("webhook-id") == "msg_both_started");
   h.model->open();
   REQUIRE(both.wait_for(2));

@@ -834,6 +834,41 @@ TEST_CASE_TEMPLATE(
   CHECK(store->get("b")->outcome.finished_at == t0 + 5s);
 }
 
+TEST_CASE_TEMPLATE(
+    "store contract: a job keeps the model and version it runs on - in claims, reads and lists",
+    Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  Job job = make("m1");
+  job.model = rebound::ModelRef{"iris", "12"};
+  REQUIRE(store->put(job) == PutOutcome::created);
+  REQUIRE(store->put(make("plain")) == PutOutcome::created);  // stored by an older server: none
+  const rebound::ModelRef iris{"iris", "12"};
+  CHECK(store->get("m1")->job.model == iris);
+  CHECK(store->get("plain")->job.model.empty());
+  auto claimed = store->claim_jobs(10, lease("s/1", t0 + 30s), t0);
+  REQUIRE(claimed.size() == 2);
+  for (const auto& r : claimed)
+    CHECK(r.job.model == (r.job.id == "m1" ? iris : rebound::ModelRef{}));
+  CHECK(store->get_many({key_of(job)})[0]->job.model == iris);
+  bool listed = false;
+  for (const auto& r : store->list_unfinished(10))
+    if (r.job.id == "m1") listed = r.job.model == iris;
+  CHECK(listed);
+  // The name is part of the request, the version the server's choice (a route may choose another
+  // for a resubmission); a job stored with no model matches any.
+  Job again = job;
+  again.model.version = "13";
+  CHECK(store->put(again) == PutOutcome::duplicate);
+  again.model.name = "resnet";
+  CHECK(store->put(again) == PutOutcome::conflict);
+  Job named = make("plain");
+  named.model = iris;
+  CHECK(store->put(named) == PutOutcome::duplicate);
+  CHECK(store->get("m1")->job.model == iris);  // neither put wrote over it
+}
+
 TEST_CASE_TEMPLATE("store contract: a queued job's position counts the queued jobs before it",
                    Factory, STORES) {
   Factory factory;

@@ -86,8 +86,10 @@ TEST_CASE("the seed's request is answered Received and its result is called back
   REQUIRE(receiver.wait_for(1));
   const auto cb = receiver.received().at(0);
   CHECK(cb.path == "/v1/results");
-  CHECK(json::parse(cb.body) ==
-        json({{"id", "1234"}, {"status", "succeeded"}, {"result", {{"echo", nullptr}}}}));
+  CHECK(json::parse(cb.body) == json({{"id", "1234"},
+                                      {"status", "succeeded"},
+                                      {"model", {{"name", "held"}, {"version", "1"}}},
+                                      {"result", {{"echo", nullptr}}}}));
   CHECK(cb.header("Content-Type") == "application/json");
   CHECK(cb.header("User-Agent") == std::string("rebound/") + rebound::version);
   CHECK(cb.header("webhook-id") == "msg_1234");
@@ -163,6 +165,7 @@ TEST_CASE("a failing model ends the job failed - and the callback says why") {
   CHECK(bodies["bad"] ==
         json({{"id", "bad"},
               {"status", "failed"},
+              {"model", {{"name", "held"}, {"version", "1"}}},
               {"error", {{"code", "invalid_input"}, {"message", "input must not be bad"}}}}));
   CHECK(bodies["throws"]["status"] == "failed");
   CHECK(bodies["throws"]["error"]["code"] == "model_error");
@@ -459,7 +462,10 @@ TEST_CASE("a batch answers each job as its own submission would - in one request
   h.model->open();
   REQUIRE(receiver.wait_for(1));
   CHECK(json::parse(receiver.received().at(0).body) ==
-        json({{"id", "b1"}, {"status", "succeeded"}, {"result", {{"echo", 1}}}}));
+        json({{"id", "b1"},
+              {"status", "succeeded"},
+              {"model", {{"name", "held"}, {"version", "1"}}},
+              {"result", {{"echo", 1}}}}));
   CHECK(h.wait_callback_final("b1")["callback"]["state"] == "delivered");
   REQUIRE(rebound::test::eventually([&] { return h.poll("b2")["status"] == "succeeded"; }));
   CHECK(h.poll("old")["result"] == json({{"echo", nullptr}}));
@@ -648,6 +654,72 @@ TEST_CASE("GET /v1/models: the queue's model as a repository of one - 404 for an
   CHECK_FALSE(json::parse(res->body)["models"][0]["versions"][0].contains("digest"));
 }
 
+TEST_CASE("a job says which model and version ran it - in its status - its callback - its answer") {
+  Harness h;
+  rebound::test::Receiver receiver;
+  const json held = {{"name", "held"}, {"version", "1"}};
+  // Unnamed: the queue's model; named, by its name and version (text or a number).
+  REQUIRE(h.submit({{"id", "any"}, {"callback_url", receiver.url()}})->status == 202);
+  REQUIRE(h.submit({{"id", "named"}, {"model", "held"}, {"version", "1"}})->status == 202);
+  REQUIRE(h.submit({{"id", "number"}, {"model", "held"}, {"version", 1}})->status == 202);
+  REQUIRE(receiver.wait_for(1));
+  CHECK(json::parse(receiver.received().at(0).body)["model"] == held);
+  CHECK(h.wait_callback_final("any")["model"] == held);
+  for (const char* id : {"named", "number"}) {
+    CAPTURE(id);
+    json state;
+    REQUIRE(
+        rebound::test::eventually([&] { return (state = h.poll(id))["status"] == "succeeded"; }));
+    CHECK(state["model"] == held);
+  }
+  // A model or version it does not serve, and names that cannot be one.
+  check_error(h.submit({{"id", "x1"}, {"model", "resnet"}}), 404, "model_not_found", "model");
+  check_error(h.submit({{"id", "x2"}, {"version", "2"}}), 409, "version_unavailable", "version");
+  check_error(h.submit({{"id", "x3"}, {"model", "../held"}}), 422, "invalid_field", "model");
+  check_error(h.submit({{"id", "x4"}, {"model", "Held"}}), 422, "invalid_field", "model");
+  check_error(h.submit({{"id", "x5"}, {"model", ""}}), 422, "invalid_field", "model");
+  check_error(h.submit({{"id", "x6"}, {"model", 7}}), 422, "invalid_field", "model");
+  check_error(h.submit({{"id", "x7"}, {"version", "01"}}), 422, "invalid_field", "version");
+  check_error(h.submit({{"id", "x8"}, {"version", 1.5}}), 422, "invalid_field", "version");
+  check_error(h.submit({{"id", "x9"}, {"version", 0}}), 422, "invalid_field", "version");
+  check_error(h.submit({{"id", "x10"}, {"version", "%2e%2e"}}), 422, "invalid_field", "version");
+  check_error(h.client().Get("/v1/inferences/x1"), 404, "not_found");  // nothing was stored
+  // The same request naming the model it got is the same request.
+  auto again = h.submit({{"id", "any"}, {"callback_url", receiver.url()}, {"model", "held"}});
+  REQUIRE(again);
+  CHECK(again->status == 202);
+  // In a batch, each job on its own.
+  auto batch = h.client().Post(
+      "/v1/inferences:batch",
+      json({{"jobs", {{{"id", "b-ok"}, {"model", "held"}}, {{"id", "b-no"}, {"model", "resnet"}}}}})
+          .dump(),
+      "application/json");
+  REQUIRE(batch);
+  const json results = json::parse(batch->body)["results"];
+  CHECK(results[0]["status"] == 202);
+  CHECK(results[1]["status"] == 404);
+  CHECK(results[1]["error"]["code"] == "model_not_found");
+  // Waiting for the answer (Prefer: wait) names it too.
+  auto waited = h.client().Post("/v1/inferences", {{"Prefer", "wait=5"}},
+                                json({{"id", "w"}}).dump(), "application/json");
+  REQUIRE(waited);
+  CHECK(waited->status == 200);
+  CHECK(json::parse(waited->body)["model"] == held);
+  // SageMaker's invocation: the target model named in a header; the answer says who answered.
+  auto invoked = h.client().Post("/invocations", "3", "application/json");
+  REQUIRE(invoked);
+  CHECK(invoked->status == 200);
+  CHECK(invoked->get_header_value("Rebound-Model") == "held/1");
+  invoked = h.client().Post("/invocations", {{"X-Amzn-SageMaker-Target-Model", "held"}}, "3",
+                            "application/json");
+  REQUIRE(invoked);
+  CHECK(invoked->status == 200);
+  invoked = h.client().Post("/invocations", {{"X-Amzn-SageMaker-Target-Model", "resnet.tar.gz"}},
+                            "3", "application/json");
+  check_error(invoked, 404, "model_not_found");
+  CHECK(invoked->get_header_value("Rebound-Model").empty());
+}
+
 TEST_CASE("model_digest: a directory's files with their names and sizes - a built-in's spec") {
   rebound::test::TempDir dir;
   const auto write = [&](const std::string& name, const std::string& bytes) {
@@ -777,8 +849,10 @@ TEST_CASE("a given-up callback is listed and can be redelivered with a fresh bud
   REQUIRE(receiver.count() == 3);
   const auto last = receiver.received().back();
   CHECK(last.header("webhook-id") == "msg_dead");  // the same message, so receivers deduplicate
-  CHECK(json::parse(last.body) ==
-        json({{"id", "dead"}, {"status", "succeeded"}, {"result", {{"echo", 42}}}}));
+  CHECK(json::parse(last.body) == json({{"id", "dead"},
+                                        {"status", "succeeded"},
+                                        {"model", {{"name", "held"}, {"version", "1"}}},
+                                        {"result", {{"echo", 42}}}}));
   CHECK(json::parse(h.client().Get("/v1/inferences?callback_state=failed")->body)["jobs"].empty());
 }
 

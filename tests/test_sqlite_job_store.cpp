@@ -37,6 +37,10 @@ struct TempDb {
   std::string path() const { return dir.file("jobs.db"); }
 };
 
+// What files before schema 8 lacked: the model a job runs on (schema 8 adds the columns).
+#define DROP_MODEL_COLUMNS \
+  "ALTER TABLE jobs DROP COLUMN model; ALTER TABLE jobs DROP COLUMN model_version; "
+
 // Runs `sql` on the store's file as another program would (the store closed): true when it ran.
 bool exec_on_file(const std::string& path, const char* sql) {
   sqlite3* raw = nullptr;
@@ -101,7 +105,8 @@ TEST_CASE("sqlite: a file from before the tenant field gets each job's tenant in
   CHECK(exec_on_file(db.path(),
                      "DROP INDEX jobs_failed_tenant; DROP INDEX jobs_tenant_due; "
                      "CREATE INDEX jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms "
-                     "IS NOT NULL; ALTER TABLE jobs DROP COLUMN tenant; PRAGMA user_version = 4;"));
+                     "IS NOT NULL; ALTER TABLE jobs DROP COLUMN tenant; " DROP_MODEL_COLUMNS
+                     "PRAGMA user_version = 4;"));
   SqliteJobStore store(db.path());
   const auto acme = store.get("acme/7");
   REQUIRE(acme);
@@ -165,8 +170,8 @@ TEST_CASE("sqlite: a file of schema 5 gets the tenants' dead-letter index in pla
   // What a file of version 5 held: no such index.
   CHECK(exec_on_file(db.path(),
                      "DROP INDEX jobs_failed_tenant; DROP INDEX jobs_tenant_due; CREATE INDEX "
-                     "jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms IS NOT NULL; "
-                     "PRAGMA user_version = 5;"));
+                     "jobs_job_due ON jobs (priority, job_due_ms) WHERE job_due_ms IS NOT "
+                     "NULL; " DROP_MODEL_COLUMNS "PRAGMA user_version = 5;"));
   CHECK_FALSE(has_index());
   {
     SqliteJobStore store(db.path());
@@ -202,7 +207,8 @@ TEST_CASE("sqlite: a file of schema 6 gets each tenant's due range in place - cl
   // What a file of version 6 held: the due jobs of every tenant in one index.
   CHECK(exec_on_file(db.path(),
                      "DROP INDEX jobs_tenant_due; CREATE INDEX jobs_job_due ON jobs (priority, "
-                     "job_due_ms) WHERE job_due_ms IS NOT NULL; PRAGMA user_version = 6;"));
+                     "job_due_ms) WHERE job_due_ms IS NOT NULL; " DROP_MODEL_COLUMNS
+                     "PRAGMA user_version = 6;"));
   {
     SqliteJobStore store(db.path());
     Job flood = make("f1");
@@ -229,6 +235,25 @@ TEST_CASE("sqlite: a file of schema 6 gets each tenant's due range in place - cl
   CHECK(due.find("jobs_tenant_due (tenant=? AND priority=? AND job_due_ms<?)") !=
         std::string::npos);
   CHECK(due.find("TEMP B-TREE") == std::string::npos);
+}
+
+TEST_CASE("sqlite: a file of schema 7 gains the model columns in place - its jobs name none") {
+  TempDb db;
+  {
+    SqliteJobStore store(db.path());
+    REQUIRE(store.put(make("old")) == PutOutcome::created);
+  }
+  // What a file of version 7 held: no model columns.
+  CHECK(exec_on_file(db.path(), DROP_MODEL_COLUMNS "PRAGMA user_version = 7;"));
+  SqliteJobStore store(db.path());
+  CHECK(store.get("old")->job.model.empty());
+  Job named = make("new");
+  named.model = {"iris", "3"};
+  REQUIRE(store.put(named) == PutOutcome::created);
+  CHECK(store.get("new")->job.model == rebound::ModelRef{"iris", "3"});
+  Job again = make("old");
+  again.model = {"iris", "3"};
+  CHECK(store.put(again) == PutOutcome::duplicate);  // stored by an older server: matches any
 }
 
 TEST_CASE("sqlite: a status or callback state another program wrote out of range reads safely") {

@@ -61,7 +61,8 @@ std::string view(const std::optional<JobRecord>& r) {
       << " events=" << static_cast<int>(r->job.webhook_events)
       << " status=" << rebound::to_string(r->status) << " input=" << r->job.input.dump()
       << " url=" << r->job.callback_url << " tenant=" << r->job.tenant
-      << " priority=" << r->job.priority
+      << " priority=" << r->job.priority << " model=" << r->job.model.name << "/"
+      << r->job.model.version
       << " started=" << (r->started_at == TimePoint{} ? 0 : r->started_at.time_since_epoch() / 1ms)
       << " callback=" << rebound::to_string(r->callback.state)
       << " attempts=" << r->callback.attempts;
@@ -136,6 +137,10 @@ class Run {
       j.priority = priorities[number(0, 3)];
       j.webhook_events = static_cast<std::uint8_t>(number(1, 3));  // started, completed, both
       j.created_at = now_;
+      // None (an older server's job), or a name and a version: a resubmission under another
+      // version is the same request, under another name a conflict.
+      const rebound::ModelRef models[] = {{}, {"iris", "1"}, {"iris", "2"}, {"resnet", "1"}};
+      j.model = models[number(0, 3)];
       const bool claimed = number(0, 1) == 1;
       what = "put " + key + (claimed ? " claimed by " + holder : "");
       for (auto& s : subjects_) {

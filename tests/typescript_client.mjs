@@ -193,6 +193,12 @@ check(models.length === 1 && models[0].name === "echo" && models[0].default_vers
 check((await r.model("echo")).versions[0].digest === models[0].versions[0].digest, "one model, by name");
 check((await rejects(r.model("resnet"), (e) => e instanceof ReboundError, "an unknown model")).code === "model_not_found",
       "model_not_found");
+// Every job says the model and version it runs on; a submission may name them.
+await r.submit(2, { id: "t-pinned", model: "echo", version: "1" });
+const pinned = await r.wait("t-pinned", { timeout: 10 });
+check(pinned.model?.name === "echo" && pinned.model?.version === "1", `a pinned job's model: ${JSON.stringify(pinned.model)}`);
+check((await rejects(r.submit(3, { id: "t-resnet", model: "resnet" }), (e) => e instanceof ReboundError, "a job for an unknown model")).code === "model_not_found",
+      "a job for an unknown model");
 const forged = {
   "a changed body": [headers, Buffer.from(body.toString().replace("t-1", "t-2"))],
   "a changed id": [{ ...headers, "webhook-id": "msg_other" }, body],

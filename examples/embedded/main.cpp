@@ -72,8 +72,25 @@ int main() {
                  seven.set_value(ec == rebound::errc::invalid_job && s.field == "id");
                });
   const bool seven_refused = seven.get_future().get();
+  // Every job names the model and version it ran on (its callback too); a job may ask for them.
+  // The queue serves its one model as version "1" of Model::name():
+  //   job-8 ran on doubler/1; resnet: no model of that name
+  rebound::Job eight = rebound::make_job("job-8", 4);
+  eight.model.name = "doubler";
+  const auto ran = queue.async_submit(std::move(eight), boost::asio::use_future).get();
+  std::cout << "job-8 ran on " << ran.job.model.name << "/" << ran.job.model.version;
+  rebound::Job nine = rebound::make_job("job-9", 4);
+  nine.model.name = "resnet";
+  std::promise<boost::system::error_code> nine_in;
+  queue.submit(std::move(nine), [&nine_in](boost::system::error_code ec,
+                                           const rebound::Submitted&) { nine_in.set_value(ec); });
+  const boost::system::error_code nine_refused = nine_in.get_future().get();
+  std::cout << "; resnet: " << nine_refused.message() << std::endl;
+  const bool models_said = ran.job.model == rebound::ModelRef{"doubler", "1"} &&
+                           nine_refused == rebound::errc::model_not_found;
   return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10 &&
-                 six_in && !six_in.duplicate && six.outcome.result == 6 && seven_refused
+                 six_in && !six_in.duplicate && six.outcome.result == 6 && seven_refused &&
+                 models_said
              ? 0
              : 1;
 }

@@ -32,6 +32,8 @@ enum class errc {
   not_failed,         ///< `redeliver` of a job whose callback has not failed (HTTP 409)
   already_final,      ///< `cancel` of a job that had ended already (HTTP 409)
   tenant_rate,        ///< the job's tenant submits faster than its rate allows (HTTP 429)
+  model_not_found,    ///< the job names a model the queue does not serve (HTTP 404)
+  version_unavailable,  ///< the job names a version of its model that is not ready (HTTP 409)
 };
 
 /// The snake_case name of `e`, as rebound::Server's error answers spell it ("queue_full").
@@ -65,6 +67,10 @@ inline const char* to_string(errc e) noexcept {
       return "not_failed";
     case errc::already_final:
       return "already_final";
+    case errc::model_not_found:
+      return "model_not_found";
+    case errc::version_unavailable:
+      return "version_unavailable";
   }
   return "unknown";
 }
@@ -103,6 +109,10 @@ class ErrorCategory final : public boost::system::error_category {
         return "the job's callback has not failed";
       case errc::already_final:
         return "the job had ended already";
+      case errc::model_not_found:
+        return "no model of that name";
+      case errc::version_unavailable:
+        return "that version of the model is not ready";
     }
     return "unknown rebound error";
   }

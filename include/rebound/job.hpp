@@ -105,6 +105,22 @@ enum WebhookEvent : std::uint8_t {
   webhook_completed = 2,  ///< the final status, result or error (the callback of the seed)
 };
 
+/// Which model a job runs on: a model's name and one of its versions. In a Job as submitted, an
+/// empty field is left for the queue to choose (the name: its default model; the version: that
+/// model's route); the queue fills both in before it stores the job, so that a stored job
+/// (`JobRecord::job.model`) names the version that runs it, and its status and callback say so.
+/// A JobQueue built on one Model serves it as version "1" of `Model::name()`.
+struct ModelRef {
+  std::string name;
+  std::string version;  ///< a positive integer's decimal text, e.g. "2"
+
+  bool empty() const { return name.empty() && version.empty(); }
+  friend bool operator==(const ModelRef& a, const ModelRef& b) {
+    return a.name == b.name && a.version == b.version;
+  }
+  friend bool operator!=(const ModelRef& a, const ModelRef& b) { return !(a == b); }
+};
+
 /// What a caller submitted: the unit of work that flows from the HTTP route to the model.
 struct Job {
   /// The id its tenant gave it: unique per tenant within a store; never holds a '/'.
@@ -126,6 +142,9 @@ struct Job {
   /// empty: the single tenant. Two tenants' jobs may share an id (rebound/tenant.hpp). Last, so
   /// that a braced Job of the fields above reads as before.
   std::string tenant;
+  /// The model and version it runs on (ModelRef): empty fields are chosen by the queue at
+  /// submission, and a stored job has both.
+  ModelRef model;
 
   /// True when the callback URL hears the job's end (the callback a JobStore keeps the delivery
   /// state of): a URL, with `completed` among its events.
@@ -138,11 +157,16 @@ struct Job {
   }
 
   /// True when `other` is the same request (used for idempotent resubmission). The trace context
-  /// is not part of the request: a retry from another span is still the same job.
+  /// is not part of the request: a retry from another span is still the same job. Of the model,
+  /// the name is (another model is another request) and the version is not: it is the queue's
+  /// choice at the first submission (a route may choose another later), and a resubmission is
+  /// answered with the job as stored, which names the version that runs it. (A job stored
+  /// without a model, by a server from before models were named, matches any.)
   bool same_request_as(const Job& other) const {
     return id == other.id && tenant == other.tenant && callback_url == other.callback_url &&
            input == other.input && priority == other.priority && max_queue == other.max_queue &&
-           webhook_events == other.webhook_events;
+           webhook_events == other.webhook_events &&
+           (model.name == other.model.name || model.name.empty() || other.model.name.empty());
   }
 };
 

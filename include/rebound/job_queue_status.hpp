@@ -21,10 +21,12 @@ struct Submitted {
   /// job answers as the first one does.
   bool duplicate = false;
   /// For invalid_job: `{"invalid_field", a sentence naming the field}`; for invalid_input: what
-  /// `Model::validate` said. Empty otherwise.
+  /// `Model::validate` said; for model_not_found and version_unavailable: a sentence naming the
+  /// model or version asked for. Empty otherwise.
   ErrorInfo reason;
   /// For invalid_job: the Job member at fault, as the HTTP API names it ("id", "callback_url",
-  /// "priority", "max_queue_seconds", "webhook_events"); for invalid_input: "input".
+  /// "priority", "max_queue_seconds", "webhook_events", "model", "version"); for invalid_input:
+  /// "input"; for model_not_found: "model"; for version_unavailable: "version".
   std::string field;
 
   /// True when the queue holds the job (new or a duplicate).

@@ -60,8 +60,37 @@ inline const char* max_queue_rule() {
 inline const char* traceparent_rule() {
   return "The field 'traceparent' must be a W3C traceparent: 00-<32 hex>-<16 hex>-<2 hex>.";
 }
+inline const char* model_rule() {
+  return "The field 'model' must be a model name: 1 to 64 characters from a-z 0-9 . _ -, "
+         "starting with a letter or a digit.";
+}
+inline const char* version_rule() {
+  return "The field 'version' must be a positive integer (a number or its decimal text), at most "
+         "18 digits.";
+}
 inline const char* webhook_events_rule() {
   return "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
+}
+
+/// A model name: 1 to 64 characters from `a-z 0-9 . _ -`, the first a letter or a digit (safe as
+/// one path segment of a model repository: never "." or "..", never a '/').
+inline bool is_valid_model_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
+/// The version a queue built on one Model serves it as (ModelRef): its repository of one.
+inline constexpr char single_model_version[] = "1";
+
+/// A model version: a positive integer's decimal text, 1 to 18 digits, no leading zero.
+inline bool is_valid_model_version(std::string_view version) {
+  if (version.empty() || version.size() > 18 || version[0] == '0') return false;
+  return std::all_of(version.begin(), version.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 /// Whether `job` can name a job at all: a valid id and an empty or valid tenant. A JobRef that
@@ -86,8 +115,8 @@ inline std::optional<BrokenRule> check_callback_url(std::string_view url,
 /// The HTTP parser tells a job with two faults the one ranked first, as check_job would.
 inline std::size_t rule_rank(std::string_view field) {
   constexpr std::string_view order[] = {
-      "id",         "tenant", "callback_url", "priority", "max_queue_seconds", "webhook_events",
-      "traceparent"};
+      "id",          "tenant", "callback_url", "priority", "max_queue_seconds", "webhook_events",
+      "traceparent", "model",  "version"};
   return static_cast<std::size_t>(std::find(std::begin(order), std::end(order), field) -
                                   std::begin(order));
 }
@@ -96,8 +125,9 @@ inline std::size_t rule_rank(std::string_view field) {
 /// tenant name: rebound/tenant.hpp), its callback URL (when it has one) under `guard`, its priority
 /// (0-9), its `max_queue` (0: the queue's time-to-live, else 1 ms to a week), its webhook
 /// events (a non-empty set of `webhook_started` and `webhook_completed`) and its traceparent
-/// (empty, or a valid W3C one: over HTTP an invalid header is ignored, as the specification asks).
-/// (In rule_rank's order: keep the two alike.)
+/// (empty, or a valid W3C one: over HTTP an invalid header is ignored, as the specification asks)
+/// and its model (each field empty, or a model name and a version: is_valid_model_name,
+/// is_valid_model_version). (In rule_rank's order: keep the two alike.)
 inline std::optional<BrokenRule> check_job(const Job& job, const AddressGuard& guard) {
   if (!is_valid_job_id(job.id)) return BrokenRule{"id", job_id_rule()};
   if (!job.tenant.empty() && !is_valid_tenant_name(job.tenant))
@@ -116,6 +146,10 @@ inline std::optional<BrokenRule> check_job(const Job& job, const AddressGuard& g
     return BrokenRule{"webhook_events", webhook_events_rule()};
   if (!job.traceparent.empty() && !is_valid_traceparent(job.traceparent))
     return BrokenRule{"traceparent", traceparent_rule()};
+  if (!job.model.name.empty() && !is_valid_model_name(job.model.name))
+    return BrokenRule{"model", model_rule()};
+  if (!job.model.version.empty() && !is_valid_model_version(job.model.version))
+    return BrokenRule{"version", version_rule()};
   return std::nullopt;
 }
 

@@ -77,7 +77,8 @@ struct SubmissionParse {
 };
 
 /// Validates a submission body: `{"id": string, "callback_url"?: string, "input"?: any,
-/// "priority"?: 0-9, "max_queue_seconds"?: number, "webhook_events"?: ["started", "completed"]}`.
+/// "priority"?: 0-9, "max_queue_seconds"?: number, "webhook_events"?: ["started", "completed"],
+/// "model"?: string, "version"?: string or positive integer}`.
 /// Unknown fields are ignored; `callback_url: null` means no callback, and `null` for the others
 /// means their default. The job's `created_at` is left for the caller to set. Never throws on bad
 /// input.
@@ -230,6 +231,26 @@ inline SubmissionParse parse_submission_object(nlohmann::json& doc, const Addres
       job.webhook_events = set;
     } else {
       note("webhook_events", webhook_events_rule());
+    }
+  }
+  auto model = doc.find("model");
+  if (model != doc.end() && !model->is_null()) {
+    if (!model->is_string() || model->get_ref<const std::string&>().empty()) {
+      note("model", model_rule());
+    } else {
+      job.model.name = model->get<std::string>();
+    }
+  }
+  auto version = doc.find("version");
+  if (version != doc.end() && !version->is_null()) {
+    // Its decimal text, or a positive integer (a JSON number with a fraction or past 18 digits is
+    // not one); check_job judges the text.
+    if (version->is_string() && !version->get_ref<const std::string&>().empty()) {
+      job.model.version = version->get<std::string>();
+    } else if (version->is_number_unsigned() && version->get<std::uint64_t>() > 0) {
+      job.model.version = std::to_string(version->get<std::uint64_t>());
+    } else {
+      note("version", version_rule());
     }
   }
   std::optional<BrokenRule> broken = check_job(job, guard);

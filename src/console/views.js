@@ -370,6 +370,7 @@ const job = {
         badge(d.status),
         d.tenant ? h('span', { class: 'muted' }, `tenant ${d.tenant}`) : null,
         h('span', { class: 'muted' }, `priority ${formatNumber(d.priority)}`),
+        d.model ? h('span', { class: 'muted mono' }, `model ${d.model.name}/${d.model.version}`) : null,
         jobActions(ctx, d)),
       h('div', { class: 'cards' },
         card('Timeline', facts([

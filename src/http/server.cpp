@@ -188,6 +188,10 @@ RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = 
                  "callback_url"}};
       case errc::not_found:
         return {{404, "not_found", "No job with id '" + id + "'.", {}}};
+      case errc::model_not_found:
+        return {{404, "model_not_found", why.reason.message, "model"}};
+      case errc::version_unavailable:
+        return {{409, "version_unavailable", why.reason.message, "version"}};
       case errc::too_many_waiters:
         return {{503,
                  "too_many_waiters",
@@ -924,7 +928,7 @@ struct Server::Impl {
   // the model says it is, its route all to it; the queue's counts (the store's, shared by a
   // fleet) as its version's, for a caller who may read what spans tenants (as GET /v1/stats).
   nlohmann::json model_json(const Credential* caller) {
-    nlohmann::json version = {{"version", "1"},
+    nlohmann::json version = {{"version", detail::single_model_version},
                               {"state", service.model().ready() ? "ready" : "loading"},
                               {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
     if (!options.model_digest.empty()) version["digest"] = options.model_digest;
@@ -944,7 +948,7 @@ struct Server::Impl {
 
   nlohmann::json model_body(nlohmann::json version) {
     return {{"name", service.model().name()},
-            {"default_version", "1"},
+            {"default_version", detail::single_model_version},
             {"split", nlohmann::json::array()},
             {"generation", 1},
             {"versions", {std::move(version)}}};
@@ -1248,6 +1252,17 @@ struct Server::Impl {
                                                                   /*limit_amplification=*/true))) {
       return send_error(res, *error);
     }
+    // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
+    const std::string model_name = service.model().name();
+    const std::string target = req.header("X-Amzn-SageMaker-Target-Model");
+    if (!target.empty() && target != model_name) {
+      return send_error(res, {404,
+                              "model_not_found",
+                              "No model named '" + detail::truncated_utf8(target, 128) + "'.",
+                              {}});
+    }
+    // Who answers, as a job's body says it ("model": {"name", "version"}).
+    res.set_header("Rebound-Model", model_name + "/" + detail::single_model_version);
     // No thread waits: the model's answer against a timer, whichever comes first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply));

@@ -147,6 +147,7 @@ void Delivery::notify_started(const Job& job) {
     return;
   }
   nlohmann::json body = {{"id", job.id}, {"status", "running"}};
+  if (!job.model.name.empty()) body["model"] = to_model_json(job.model);
   CallbackMessage message{key_of(job),
                           job.callback_url,
                           dump_json(body),

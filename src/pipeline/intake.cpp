@@ -48,10 +48,32 @@ struct Admitted {
   int parked_floor = std::numeric_limits<int>::max();
 };
 
+// The model a job names, filled in: the queue's one model, version "1" (ModelRef). A name or a
+// version it does not serve is refused (model_not_found, version_unavailable).
+Submitted choose_model(const ModelRef& served, ModelRef& ref) {
+  if (!ref.name.empty() && ref.name != served.name) {
+    Submitted s = refused(errc::model_not_found);
+    s.reason = ErrorInfo{"model_not_found", "No model named '" + ref.name + "'."};
+    s.field = "model";
+    return s;
+  }
+  if (!ref.version.empty() && ref.version != served.version) {
+    Submitted s = refused(errc::version_unavailable);
+    s.reason = ErrorInfo{"version_unavailable", "The model '" + served.name + "' has no version '" +
+                                                    ref.version + "' ready; it serves version '" +
+                                                    served.version + "'."};
+    s.field = "version";
+    return s;
+  }
+  ref = served;
+  return taken();
+}
+
 // What is refused before admission (and outside its lock): a job that breaks a rule
-// (common/job_rules.hpp: the same rules, and sentences, as over HTTP), a callback nobody can
-// send, an input the model refuses. Taken: none of them.
-Submitted check(Pipeline& core, const Job& job, bool rules_checked) {
+// (common/job_rules.hpp: the same rules, and sentences, as over HTTP), a model or version not
+// served (the job's ModelRef is filled in here), a callback nobody can send, an input the model
+// refuses. Taken: none of them.
+Submitted check(Pipeline& core, Job& job, bool rules_checked) {
   // A caller that says it checked them (rebound::Server's parser) did, with the same guard.
   assert(!rules_checked || !check_job(job, core.guard));
   if (auto broken = rules_checked ? std::nullopt : check_job(job, core.guard)) {
@@ -60,6 +82,7 @@ Submitted check(Pipeline& core, const Job& job, bool rules_checked) {
     s.field = std::move(broken->field);
     return s;
   }
+  if (Submitted chosen = choose_model(core.served_model, job.model); chosen.error) return chosen;
   if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
   if (auto invalid = validate(*core.model, job.input)) {
     Submitted s = refused(errc::invalid_input);

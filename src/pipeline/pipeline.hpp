@@ -22,6 +22,7 @@
 
 #include "admission.hpp"
 #include "batch_runner.hpp"
+#include "common/job_rules.hpp"
 #include "common/trace_context.hpp"
 #include "delivery.hpp"
 #include "events.hpp"
@@ -172,6 +173,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
            std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
       : model(std::move(model_in)),
+        served_model{model->name(), single_model_version},
         job_store(std::move(store_in)),
         sender(std::move(sender_in)),
         gate(gate_in),
@@ -288,6 +290,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   static constexpr std::size_t max_reads_a_call = 256;
 
   std::unique_ptr<Model> model;
+  /// What `model` is served as (Model::name(), read once; version "1"): the ModelRef every job
+  /// of this queue is stored with.
+  const ModelRef served_model;
   std::unique_ptr<JobStore> job_store;
   std::unique_ptr<CallbackSender> sender;
   OriginGate* const gate;  // in front of the transport, owned by the sender; null without one

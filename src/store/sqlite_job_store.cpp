@@ -131,6 +131,14 @@ CREATE INDEX jobs_tenant_due ON jobs (tenant, priority, job_due_ms) WHERE job_du
 PRAGMA user_version = 7;
 )sql";
 
+// Version 8: the model and version a job runs on (Job::model, issue 40); a job stored before has
+// none (its bodies name none).
+constexpr const char* schema_v8 = R"sql(
+ALTER TABLE jobs ADD COLUMN model TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN model_version TEXT NOT NULL DEFAULT '';
+PRAGMA user_version = 8;
+)sql";
+
 // True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
 // or `completed` (bit 2) not among its webhook events.
 #define NO_CALLBACK "(callback_url = '' OR (webhook_events & 2) = 0)"
@@ -219,12 +227,12 @@ class Statement {
   "webhook_events, traceparent, started_at_ms, ended_at_ms"
 constexpr const char* record_columns =
     "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
-    ", attempt_log, tenant";
+    ", attempt_log, tenant, model, model_version";
 // The same columns for a list entry: no input, result or attempts are read (read_record sees
 // null and an empty log).
 constexpr const char* entry_columns =
     "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT
-    ", '[]', tenant";
+    ", '[]', tenant, model, model_version";
 #undef RECORD_COLUMNS_AFTER_RESULT
 
 using TimePoint = std::chrono::system_clock::time_point;
@@ -272,6 +280,7 @@ JobRecord read_record(const Statement& s) {
   r.started_at = from_ms(s.integer(19));
   r.outcome.finished_at = from_ms(s.integer(20));
   r.attempt_log = detail::attempt_log_from_json(s.text(21));
+  r.job.model = ModelRef{s.text(23), s.text(24)};
   return r;
 }
 
@@ -439,12 +448,17 @@ struct SqliteJobStore::Impl {
         exec(schema_v7);
         exec("COMMIT");
       }
+      if (user_version() < 8) {
+        exec("BEGIN IMMEDIATE");
+        exec(schema_v8);
+        exec("COMMIT");
+      }
       exec(release_leases);
       insert = std::make_unique<Statement>(
           db,
           "INSERT INTO jobs (id, callback_url, input, created_at_ms, status, job_due_ms, priority, "
-          "max_queue_ms, webhook_events, traceparent, tenant) "
-          "VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING");
+          "max_queue_ms, webhook_events, traceparent, tenant, model, model_version) "
+          "VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING");
       select_one = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
       set_running = std::make_unique<Statement>(
@@ -1106,6 +1120,7 @@ PutOutcome SqliteJobStore::Impl::insert_job(const Job& job, const std::optional<
   s.bind(8, static_cast<std::int64_t>(job.webhook_events));
   s.bind(9, job.traceparent);
   s.bind(10, job.tenant);
+  s.bind(11, job.model.name).bind(12, job.model.version);
   s.step();
   s.reset();
   if (sqlite3_changes(db) == 1) return PutOutcome::created;

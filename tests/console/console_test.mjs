@@ -524,7 +524,8 @@ async function main() {
   check(attempts.some((cells) => cells.some((c) => /\b200\b/.test(c))), 'one attempt got HTTP 200');
   check(attempts.every((cells) => cells.some((c) => /\bv1\b/.test(c))), 'every attempt was signed (v1)');
   const detailText = await page.evaluate(() => document.getElementById('view').textContent);
-  for (const part of ['Created', 'Started', 'Finished', 'Inference time', `${A.origin}/hook`, 'completed']) {
+  for (const part of ['Created', 'Started', 'Finished', 'Inference time', `${A.origin}/hook`, 'completed',
+    'model sleep/1']) {
     check(detailText.includes(part), `the job detail shows "${part}"`);
   }
   await page.screenshot({ path: path.join(shots, 'job.png'), fullPage: true });

@@ -24,8 +24,9 @@ class Job:
     ``status`` is one of ``queued``, ``running``, ``succeeded``, ``failed``, ``expired`` and
     ``cancelled``. ``callback`` is the callback's state as the server reports it (``url``,
     ``state``: ``none``, ``pending``, ``delivered`` or ``failed``, ``attempts``, ...), or None
-    without one. ``model`` is ``{"name", "version"}`` when the server names the model that
-    answered (servers with a model repository), else None. ``raw`` is the whole answer."""
+    without one. ``model`` is ``{"name", "version"}``: the model and version the job runs on,
+    chosen when it was accepted (None from a server that names none). ``raw`` is the whole
+    answer."""
 
     id: str
     status: str

@@ -30,7 +30,8 @@ export interface Job {
     last_error?: string;
     next_attempt_at?: string;
   };
-  /** The model that answered, where the server names it (a model repository). */
+  /** The model and version the job runs on, chosen when it was accepted (absent from a server
+   * that names none). */
   model?: { name: string; version: string };
 }
 

@@ -29,6 +29,12 @@ inline std::string format_rfc3339(std::chrono::system_clock::time_point tp) {
   return buf;
 }
 
+/// `{"name", "version"}`: the model a stored job runs on (left out of the bodies of a job stored
+/// without one, by a server from before models were named).
+inline nlohmann::json to_model_json(const ModelRef& model) {
+  return {{"name", model.name}, {"version", model.version}};
+}
+
 /// The body of `GET /v1/inferences/{id}` for a record (see docs/http-api.md), with its queue
 /// position while it is queued and the store can tell.
 inline nlohmann::json to_status_json(const JobRecord& record,
@@ -37,6 +43,7 @@ inline nlohmann::json to_status_json(const JobRecord& record,
                         {"status", to_string(record.status)},
                         {"priority", record.job.priority},
                         {"created_at", format_rfc3339(record.job.created_at)}};
+  if (!record.job.model.name.empty()) out["model"] = to_model_json(record.job.model);
   if (record.status == JobStatus::queued && queue_position) out["queue_position"] = *queue_position;
   const std::chrono::system_clock::time_point never{};
   if (record.started_at != never) out["started_at"] = format_rfc3339(record.started_at);
@@ -96,6 +103,7 @@ inline nlohmann::json to_list_entry_json(const JobRecord& record) {
 /// The body POSTed to the callback URL once a job is final (see docs/delivery.md).
 inline nlohmann::json to_callback_json(const JobRecord& record) {
   nlohmann::json out = {{"id", record.job.id}, {"status", to_string(record.status)}};
+  if (!record.job.model.name.empty()) out["model"] = to_model_json(record.job.model);
   if (record.status == JobStatus::succeeded) {
     out["result"] = record.outcome.result;
   } else if (record.outcome.error) {

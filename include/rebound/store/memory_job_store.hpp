@@ -430,6 +430,7 @@ class MemoryJobStore final : public JobStore {
     entry.job.max_queue = full.job.max_queue;
     entry.job.webhook_events = full.job.webhook_events;
     entry.job.traceparent = full.job.traceparent;
+    entry.job.model = full.job.model;
     entry.status = full.status;
     entry.started_at = full.started_at;
     entry.outcome.error = full.outcome.error;
@@ -642,7 +643,8 @@ class MemoryJobStore final : public JobStore {
     constexpr std::size_t per_entry = sizeof(Map::value_type) + 4 * sizeof(void*) + 64;
     const JobRecord& r = e.stored.record;
     std::size_t strings = 2 * (r.job.id.size() + r.job.tenant.size()) + r.job.callback_url.size() +
-                          r.callback.last_error.size() + r.job.traceparent.size();
+                          r.callback.last_error.size() + r.job.traceparent.size() +
+                          r.job.model.name.size() + r.job.model.version.size();
     if (r.outcome.error) strings += r.outcome.error->code.size() + r.outcome.error->message.size();
     strings += r.attempt_log.capacity() * sizeof(CallbackAttempt);
     for (const CallbackAttempt& a : r.attempt_log)

@@ -108,6 +108,10 @@ inline JobRecord read_record(std::string_view id, const redisReply* fields) {
     } else if (name == "tenant") {
       r.job.tenant = std::string(value);
       has_tenant = true;
+    } else if (name == "model") {
+      r.job.model.name = std::string(value);
+    } else if (name == "mver") {
+      r.job.model.version = std::string(value);
     } else if (name == "started") {
       r.started_at = from_ms(number(value));
     } else if (name == "ended") {

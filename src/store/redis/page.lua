@@ -14,7 +14,7 @@ if SET == FAILED then SET = failed_walked(prefix) end
 local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
 local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
   'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
-  'started', 'ended', 'tenant'}
+  'started', 'ended', 'tenant', 'model', 'mver'}
 local found = {}
 local offset, scanned, budget = 0, 0, 20 * limit + 1000
 local last_ms, last_id = '', ''

@@ -1,20 +1,23 @@
 -- put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
 -- traceparent, retention ms, then its scores (job_score, made by the caller) in jobs_due (by the
--- due time) and in QUEUED (by creation). {0}: created; {1}: the same request was there; {2}:
+-- due time) and in QUEUED (by creation), its tenant, its model's name and version. {0}: created; {1}: the same request was there; {2}:
 -- another request has the id; {3, stored input}: the same but for the input's text.
 local key = job_key(ARGV[O + 2])
 -- (EXISTS first: most puts are of new jobs, and it costs less than reading five missing fields.)
 local old = redis.call('EXISTS', key) == 1 and
-            redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events') or {}
+            redis.call('HMGET', key, 'url', 'input', 'priority', 'maxq', 'events', 'model') or {}
 if old[1] then
   -- The same request again ({1}), or another under a taken id ({2}): told apart here, so that the
   -- answer is a number whatever the size of the stored input. An input whose text differs may
   -- still be the same JSON (1 and 1.0): {3, the stored input}, for the caller to compare, only
   -- when it is not much longer than the one sent (a small request never brings back a large
   -- input; the same JSON written that differently is told a conflict).
-  local input = old[2] or ''
+  -- (The model's name is the request's, its version the server's choice: Job::same_request_as. A
+  -- job stored with no model, by an older server, matches any.)
+  local input, model = old[2] or '', old[6] or ''
   if old[1] == ARGV[O + 3] and (old[3] or '5') == ARGV[O + 9] and
-     (old[4] or '0') == ARGV[O + 10] and (old[5] or '2') == ARGV[O + 11] then
+     (old[4] or '0') == ARGV[O + 10] and (old[5] or '2') == ARGV[O + 11] and
+     (model == ARGV[O + 17] or model == '' or ARGV[O + 17] == '') then
     if input == ARGV[O + 4] then return {1} end
     if #input <= 2 * #ARGV[O + 4] + 64 then return {3, input} end
   end
@@ -39,7 +42,10 @@ if ARGV[O + 10] ~= '0' then fields[n + 1], fields[n + 2] = 'maxq', ARGV[O + 10];
 if ARGV[O + 11] ~= '2' then fields[n + 1], fields[n + 2] = 'events', ARGV[O + 11]; n = n + 2 end
 if ARGV[O + 12] ~= '' then fields[n + 1], fields[n + 2] = 'trace', ARGV[O + 12]; n = n + 2 end
 -- The tenant, a field of its own (the key holds it too, but nothing splits a key).
-if ARGV[O + 16] ~= '' then fields[n + 1], fields[n + 2] = 'tenant', ARGV[O + 16] end
+if ARGV[O + 16] ~= '' then fields[n + 1], fields[n + 2] = 'tenant', ARGV[O + 16]; n = n + 2 end
+-- The model it runs on (a job submitted to an older server names none).
+if ARGV[O + 17] ~= '' then fields[n + 1], fields[n + 2] = 'model', ARGV[O + 17]; n = n + 2 end
+if ARGV[O + 18] ~= '' then fields[n + 1], fields[n + 2] = 'mver', ARGV[O + 18] end
 redis.call('HSET', key, unpack(fields))
 -- (The HSET first: Redis checks maxmemory at a script's first write, and lets the rest through.)
 zadd_due(ARGV[O + 14], ARGV[O + 2])

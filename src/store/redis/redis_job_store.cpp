@@ -885,7 +885,9 @@ std::vector<std::string> put_args(const Job& job, const std::optional<Lease>& cl
           retention_ms,
           job_score(job.priority, due),
           job_score(job.priority, job.created_at),
-          job.tenant};
+          job.tenant,
+          job.model.name,
+          job.model.version};
 }
 
 PutOutcome put_outcome(const PutAnswer& answer, const nlohmann::json& input) {
