@@ -273,6 +273,11 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
         fail("a model the server does not have")
     except NotFound as e:
         check(e.code == "model_not_found", f"an unknown model: {e}")
+    try:
+        c.model("../v1/inferences")
+        fail("a model name that is a path")
+    except ValueError as e:
+        check("model name" in str(e), f"a model name that is a path: {e}")
     # Every job says the model and version it runs on; a submission may name them.
     check(done.model == {"name": "echo", "version": "1"}, f"the job's model: {done.model}")
     pinned = c.submit(2, id="p-pinned", model="echo", version="1")

@@ -59,3 +59,14 @@ TEST_CASE("a failed prediction carries its code and message") {
   CHECK(p.error().code == "invalid_input");
   CHECK(p.error().message == "input must be an array");
 }
+
+TEST_CASE("model names: what a submission may ask for - never a path") {
+  for (const char* good : {"iris", "echo", "a", "resnet-50", "bert_base.v2", "0"})
+    CHECK(rebound::is_valid_model_name(good));
+  CHECK(rebound::is_valid_model_name(std::string(64, 'm')));
+  CHECK_FALSE(rebound::is_valid_model_name(std::string(65, 'm')));
+  for (const char* bad : {"", ".", "..", "-x", "_x", ".x", "Iris", "a/b", "a%2e", "a b", "ä"})
+    CHECK_FALSE(rebound::is_valid_model_name(bad));
+  CHECK(rebound::is_valid_model_name(rebound::EchoModel().name()));
+  CHECK(rebound::is_valid_model_name(rebound::SleepModel(std::chrono::milliseconds(1)).name()));
+}

@@ -718,6 +718,11 @@ TEST_CASE("a job says which model and version ran it - in its status - its callb
                             "3", "application/json");
   check_error(invoked, 404, "model_not_found");
   CHECK(invoked->get_header_value("Rebound-Model").empty());
+  // A refusal of the queue's is no model's answer.
+  h.model->set_ready(false);
+  invoked = h.client().Post("/invocations", "3", "application/json");
+  check_error(invoked, 503, "not_ready");
+  CHECK(invoked->get_header_value("Rebound-Model").empty());
 }
 
 TEST_CASE("model_digest: a directory's files with their names and sizes - a built-in's spec") {

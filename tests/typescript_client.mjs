@@ -193,6 +193,8 @@ check(models.length === 1 && models[0].name === "echo" && models[0].default_vers
 check((await r.model("echo")).versions[0].digest === models[0].versions[0].digest, "one model, by name");
 check((await rejects(r.model("resnet"), (e) => e instanceof ReboundError, "an unknown model")).code === "model_not_found",
       "model_not_found");
+check(/model name/.test((await rejects(r.model("../v1/inferences"), (e) => e instanceof TypeError, "a model name that is a path")).message),
+      "a model name that is a path");
 // Every job says the model and version it runs on; a submission may name them.
 await r.submit(2, { id: "t-pinned", model: "echo", version: "1" });
 const pinned = await r.wait("t-pinned", { timeout: 10 });

@@ -576,6 +576,13 @@ int main(int argc, char** argv) {
     server_options.drain_timeout = std::chrono::seconds(25);
 
     auto model = rebound::make_model(model_spec);
+    if (!rebound::is_valid_model_name(model->name())) {
+      // Served all the same; but a submission cannot ask for it by name ("model").
+      std::cerr << "rebound-server: warning: the model's name '" << model->name()
+                << "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
+                   "digit): jobs name it, but cannot ask for it"
+                << std::endl;
+    }
     // GET /v1/models names what was loaded: a digest of the spec's files, and when. A model whose
     // directory holds a file this user cannot read is still served, its digest left out.
     server_options.model_loaded_at = std::chrono::system_clock::now();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,11 +85,26 @@ bool cancellation_requested() noexcept;
 ///   submitting thread, before anything is stored, so that bad input is refused at once (HTTP 422,
 ///   rebound::errc::invalid_input). An exception it throws refuses the input too. `predict` must
 ///   still cope with any input: jobs taken over from a store were validated by another build.
+/// A model name: 1 to 64 characters from `a-z 0-9 . _ -`, the first a letter or a digit (safe as
+/// one path segment of a model repository: never "." or "..", never a '/'). A submission may
+/// name a model (Job::model) only by such a name; rebound-server warns at start when its model's
+/// `name()` is not one.
+inline bool is_valid_model_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
 class Model {
  public:
   virtual ~Model() = default;
 
-  /// A short name for logs and metrics, e.g. "echo".
+  /// A short name for logs and metrics, e.g. "echo": constant, and a model name
+  /// (is_valid_model_name), for every job's `model` names it and a submission may ask for it.
   virtual std::string name() const = 0;
 
   /// True once the model can take work. Submissions are refused with 503 `not_ready` until then.

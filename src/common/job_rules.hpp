@@ -14,6 +14,7 @@
 #include "common/trace_context.hpp"
 #include "rebound/delivery/address_guard.hpp"
 #include "rebound/job.hpp"
+#include "rebound/model.hpp"
 #include "rebound/tenant.hpp"
 
 namespace rebound::detail {
@@ -65,23 +66,11 @@ inline const char* model_rule() {
          "starting with a letter or a digit.";
 }
 inline const char* version_rule() {
-  return "The field 'version' must be a positive integer (a number or its decimal text), at most "
-         "18 digits.";
+  return "The field 'version' must be a positive integer: a JSON integer, or its decimal text "
+         "with no leading zero, at most 18 digits.";
 }
 inline const char* webhook_events_rule() {
   return "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
-}
-
-/// A model name: 1 to 64 characters from `a-z 0-9 . _ -`, the first a letter or a digit (safe as
-/// one path segment of a model repository: never "." or "..", never a '/').
-inline bool is_valid_model_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
-  }
-  return true;
 }
 
 /// The version a queue built on one Model serves it as (ModelRef): its repository of one.

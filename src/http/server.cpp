@@ -1261,8 +1261,9 @@ struct Server::Impl {
                               "No model named '" + detail::truncated_utf8(target, 128) + "'.",
                               {}});
     }
-    // Who answers, as a job's body says it ("model": {"name", "version"}).
-    res.set_header("Rebound-Model", model_name + "/" + detail::single_model_version);
+    // Who answered, as a job's body says it ("model": {"name", "version"}): on the model's own
+    // answers (its output or its failure), not on the queue's refusals or a timeout.
+    std::string answered_by = model_name + "/" + detail::single_model_version;
     // No thread waits: the model's answer against a timer, whichever comes first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply));
@@ -1281,21 +1282,24 @@ struct Server::Impl {
     // first: one hand-over more, about 70 us at one connection; docs/benchmarks.md).
     const Submitted status = detail::FrontDoor::invoke(
         service, std::move(input),
-        [life = life, weak = std::weak_ptr<PendingAnswer>(call)](boost::system::error_code ec,
-                                                                 const Prediction& prediction) {
-          PendingAnswer::when_alive(life, weak, [ec, prediction](PendingAnswer& pending) {
-            pending.conclude([&](HttpResponse& answer) {
-              // The queue's refusal (taken off the queue at shutdown) is told apart from a model
-              // that fails with whatever code it likes.
-              if (ec) return send_refusal(answer, refusal_for(ec));
-              if (prediction.ok()) return send_json(answer, 200, prediction.output());
-              const ErrorInfo& error = prediction.error();
-              const int http_status = error.code == "invalid_input"       ? 422
-                                      : error.code == "inference_timeout" ? 504
-                                                                          : 500;
-              send_error(answer, {http_status, error.code, error.message, {}});
-            });
-          });
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call),
+         answered_by = std::move(answered_by)](boost::system::error_code ec,
+                                               const Prediction& prediction) {
+          PendingAnswer::when_alive(
+              life, weak, [ec, prediction, answered_by](PendingAnswer& pending) {
+                pending.conclude([&](HttpResponse& answer) {
+                  // The queue's refusal (taken off the queue at shutdown) is told apart from a
+                  // model that fails with whatever code it likes.
+                  if (ec) return send_refusal(answer, refusal_for(ec));
+                  answer.set_header("Rebound-Model", answered_by);
+                  if (prediction.ok()) return send_json(answer, 200, prediction.output());
+                  const ErrorInfo& error = prediction.error();
+                  const int http_status = error.code == "invalid_input"       ? 422
+                                          : error.code == "inference_timeout" ? 504
+                                                                              : 500;
+                  send_error(answer, {http_status, error.code, error.message, {}});
+                });
+              });
         },
         c.tenant);
     reserved.release();  // the queue counts the input from here

@@ -77,6 +77,17 @@ def _path_part(id: str) -> str:
     return id
 
 
+_MODEL = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def _model_part(name: str) -> str:
+    # A model name as the server takes it (never '.', '..', '/', '%').
+    if not isinstance(name, str) or not _MODEL.fullmatch(name):
+        raise ValueError("a model name is 1 to 64 characters of a-z 0-9 . _ -, the first a letter "
+                         "or a digit, not %r" % (name,))
+    return name
+
+
 class _DeadlinePassed(Exception):
     """A call with a deadline could not be answered before it (a wait ends in WaitTimeout)."""
 
@@ -312,7 +323,7 @@ class _Calls:
 
     def _model(self, name: str):
         answer = yield from self._call(
-            lambda left: _Request("GET", "/v1/models/" + _path_part(name)))
+            lambda left: _Request("GET", "/v1/models/" + _model_part(name)))
         try:
             return Model.from_answer(_object(answer, "a model"))
         except (KeyError, TypeError, AttributeError):

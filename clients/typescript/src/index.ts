@@ -183,6 +183,16 @@ function pathPart(id: string): string {
   return id;
 }
 
+const MODEL = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+
+function modelPart(name: string): string {
+  // A model name as the server takes it (never '.', '..', '/', '%').
+  if (typeof name !== "string" || !MODEL.test(name)) {
+    throw new TypeError("a model name is 1 to 64 characters of a-z 0-9 . _ -, the first a letter or a digit");
+  }
+  return name;
+}
+
 // A call with a deadline that could not be answered before it (a wait ends in WaitTimeout).
 class DeadlinePassed extends Error {}
 
@@ -414,7 +424,7 @@ export class Rebound {
 
   /** One model; a ReboundError with code model_not_found when the server has none of that name. */
   async model(name: string): Promise<Model> {
-    const answer = await this.call("GET", `/v1/models/${pathPart(name)}`, {});
+    const answer = await this.call("GET", `/v1/models/${modelPart(name)}`, {});
     return modelOf(answer.status, answer.body);
   }
 
