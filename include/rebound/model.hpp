@@ -69,6 +69,20 @@ struct BatchingPreference {
 ///   }
 bool cancellation_requested() noexcept;
 
+/// A model name: 1 to 64 characters from `a-z 0-9 . _ -`, the first a letter or a digit (safe as
+/// one path segment of a model repository: never "." or "..", never a '/'). A submission may
+/// name a model (Job::model) only by such a name; rebound-server warns at start when its model's
+/// `name()` is not one.
+inline bool is_valid_model_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
 /// An inference backend. Derive from it to serve your own model.
 ///
 /// Contract:
@@ -85,20 +99,6 @@ bool cancellation_requested() noexcept;
 ///   submitting thread, before anything is stored, so that bad input is refused at once (HTTP 422,
 ///   rebound::errc::invalid_input). An exception it throws refuses the input too. `predict` must
 ///   still cope with any input: jobs taken over from a store were validated by another build.
-/// A model name: 1 to 64 characters from `a-z 0-9 . _ -`, the first a letter or a digit (safe as
-/// one path segment of a model repository: never "." or "..", never a '/'). A submission may
-/// name a model (Job::model) only by such a name; rebound-server warns at start when its model's
-/// `name()` is not one.
-inline bool is_valid_model_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
-  }
-  return true;
-}
-
 class Model {
  public:
   virtual ~Model() = default;

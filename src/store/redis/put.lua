@@ -1,7 +1,8 @@
 -- put: ARGV id, url, input, created, holder, until, due, priority, max queue ms, webhook events,
 -- traceparent, retention ms, then its scores (job_score, made by the caller) in jobs_due (by the
--- due time) and in QUEUED (by creation), its tenant, its model's name and version. {0}: created; {1}: the same request was there; {2}:
--- another request has the id; {3, stored input}: the same but for the input's text.
+-- due time) and in QUEUED (by creation), its tenant, its model's name and version. {0}: created;
+-- {1}: the same request was there; {2}: another request has the id; {3, stored input}: the same
+-- but for the input's text.
 local key = job_key(ARGV[O + 2])
 -- (EXISTS first: most puts are of new jobs, and it costs less than reading five missing fields.)
 local old = redis.call('EXISTS', key) == 1 and
