@@ -114,6 +114,9 @@ int main() {
     job.input = {{"x", 0}};
     const rebound::JobRecord done = queue.async_submit(job, boost::asio::use_future).get();
     ok = ok && done.status == rebound::JobStatus::succeeded && done.outcome.result == job.input;
+    // The record names the model that ran it (rebound::ModelRef), as the SQLite file keeps it.
+    ok = ok && done.job.model == rebound::ModelRef{"echo", "1"} &&
+         rebound::is_valid_model_name(done.job.model.name);
     std::promise<boost::system::error_code> refused;
     queue.async_submit(job, [&](boost::system::error_code ec, rebound::JobRecord r) {
       refused.set_value(
