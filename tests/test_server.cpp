@@ -718,6 +718,12 @@ TEST_CASE("a job says which model and version ran it - in its status - its callb
                             "3", "application/json");
   check_error(invoked, 404, "model_not_found");
   CHECK(invoked->get_header_value("Rebound-Model").empty());
+  // Two targets name no one model.
+  invoked = h.client().Post(
+      "/invocations",
+      {{"X-Amzn-SageMaker-Target-Model", "held"}, {"X-Amzn-SageMaker-Target-Model", "other"}}, "3",
+      "application/json");
+  check_error(invoked, 400, "invalid_header");
   // A refusal of the queue's is no model's answer.
   h.model->set_ready(false);
   invoked = h.client().Post("/invocations", "3", "application/json");

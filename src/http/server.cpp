@@ -1254,6 +1254,13 @@ struct Server::Impl {
     }
     // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
     const std::string model_name = service.model().name();
+    if (req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
+      return send_error(res, {400,
+                              "invalid_header",
+                              "X-Amzn-SageMaker-Target-Model is given more than once: name one "
+                              "model.",
+                              {}});
+    }
     const std::string target = req.header("X-Amzn-SageMaker-Target-Model");
     if (!target.empty() && target != model_name) {
       return send_error(res, {404,
