@@ -600,6 +600,8 @@ TEST_CASE("GET /v1/models: the queue's model as a repository of one - 404 for an
   auto submitted = h.submit({{"id", "m-1"}});
   REQUIRE(submitted);
   CHECK(submitted->status == 202);
+  // Final before the reads, so that the two below count the same queue.
+  REQUIRE(rebound::test::eventually([&] { return h.poll("m-1")["status"] == "succeeded"; }));
   auto res = h.client().Get("/v1/models");
   REQUIRE(res);
   CHECK(res->status == 200);
