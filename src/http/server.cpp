@@ -947,7 +947,7 @@ struct Server::Impl {
   }
 
   nlohmann::json model_body(nlohmann::json version) {
-    return {{"name", service.model().name()},
+    return {{"name", model_name},
             {"default_version", detail::single_model_version},
             {"split", nlohmann::json::array()},
             {"generation", 1},
@@ -955,7 +955,7 @@ struct Server::Impl {
   }
 
   void model(const std::string& name, const Credential* caller, HttpResponse& res) {
-    if (name != service.model().name()) {
+    if (name != model_name) {
       return send_error(res, {404, "model_not_found", "No model named '" + name + "'.", {}});
     }
     send_json(res, 200, model_json(caller));
@@ -1253,7 +1253,6 @@ struct Server::Impl {
       return send_error(res, *error);
     }
     // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
-    const std::string model_name = service.model().name();
     if (req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
       return send_error(res, {400,
                               "invalid_header",
@@ -1268,9 +1267,6 @@ struct Server::Impl {
                               "No model named '" + detail::truncated_utf8(target, 128) + "'.",
                               {}});
     }
-    // Who answered, as a job's body says it ("model": {"name", "version"}): on the model's own
-    // answers (its output or its failure), not on the queue's refusals or a timeout.
-    std::string answered_by = model_name + "/" + detail::single_model_version;
     // No thread waits: the model's answer against a timer, whichever comes first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply));
@@ -1289,9 +1285,10 @@ struct Server::Impl {
     // first: one hand-over more, about 70 us at one connection; docs/benchmarks.md).
     const Submitted status = detail::FrontDoor::invoke(
         service, std::move(input),
-        [life = life, weak = std::weak_ptr<PendingAnswer>(call),
-         answered_by = std::move(answered_by)](boost::system::error_code ec,
-                                               const Prediction& prediction) {
+        // Who answered, as a job's body says it ("model": {"name", "version"}): on the model's
+        // own answers (its output or its failure), not on the queue's refusals or a timeout.
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call), answered_by = answered_by](
+            boost::system::error_code ec, const Prediction& prediction) {
           PendingAnswer::when_alive(
               life, weak, [ec, prediction, answered_by](PendingAnswer& pending) {
                 pending.conclude([&](HttpResponse& answer) {
@@ -1577,6 +1574,10 @@ struct Server::Impl {
   // When the model was loaded, as GET /v1/models says (ServerOptions::model_loaded_at).
   const std::chrono::system_clock::time_point model_loaded_at =
       options.model_loaded_at.value_or(std::chrono::system_clock::now());
+  // The model's name, read once (as the queue reads it: Model::name() is constant), and what
+  // `Rebound-Model` says of its answers on /invocations.
+  const std::string model_name = service.model().name();
+  const std::string answered_by = model_name + "/" + detail::single_model_version;
   std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
