@@ -182,6 +182,37 @@ TEST_CASE("a claim steps over hundreds of renewed leases to the job due behind t
   CHECK(after[0].job.id == "held-1000");
 }
 
+TEST_CASE("a job created at the clock's minimum is queued - claimed - finished and forgotten") {
+  // The store files an entry in no queue under the clock's minimum: a job due then must still be
+  // in the queue, and leave it when it finishes (under ASan, a key left behind is a
+  // use-after-free once the job is forgotten).
+  using namespace std::chrono_literals;
+  rebound::MemoryJobStore store(1);
+  const auto t0 = std::chrono::system_clock::time_point::min();
+  Job j = make("early");
+  j.created_at = t0;
+  REQUIRE(store.put(j) == PutOutcome::created);
+  CHECK(store.queue_position("early") == std::optional<std::size_t>(0));
+  const auto now = std::chrono::system_clock::now();
+  const auto held = store.claim_jobs(5, {"s/1", now + 30s}, now);
+  REQUIRE(held.size() == 1);
+  CHECK(held.front().job.id == "early");
+  CHECK(store.renew("early", {"s/1", now + 60s}, now));
+  REQUIRE(store.finish_job("early", "s/1", {JobStatus::succeeded, 1, std::nullopt},
+                           rebound::Lease{"s/1", t0}, now));
+  // The callback, its lease ending at the minimum too, is claimable at once; delivered, the job
+  // is finished, and the next finished job makes the store forget it.
+  const auto callbacks = store.claim_callbacks(5, {"s/2", now + 30s}, now);
+  REQUIRE(callbacks.size() == 1);
+  REQUIRE(store.record_attempt("early", "s/2", {CallbackState::delivered, 1, {}}, now));
+  REQUIRE(store.put(make("later")) == PutOutcome::created);
+  finish(store, "later");
+  CHECK_FALSE(store.get("early").has_value());
+  CHECK(store.claim_jobs(5, {"s/1", now + 30s}, now).empty());
+  CHECK(store.claim_callbacks(5, {"s/1", now + 30s}, now).empty());
+  CHECK(store.size() == 1);
+}
+
 TEST_CASE("a callback whose lease was renewed is claimed again only once the renewal runs out") {
   using namespace std::chrono_literals;
   rebound::MemoryJobStore store;

@@ -397,23 +397,44 @@ class MemoryJobStore final : public JobStore {
     }
   };
   using Queued = std::set<QueuedKey, QueuedOrder>;
+  // An entry's time in a queue when it is in none (no job or lease ends at the clock's minimum).
+  static constexpr TimePoint unfiled = TimePoint::min();
+  // An entry and its key make one node of jobs_, 640 bytes, one size class of the allocator (a
+  // node of 648 bytes takes 768: 100,000 finished jobs kept, 12 MiB more). The fields are packed
+  // to stay within it: bit-fields, no optional times, no cached hash (IdHash).
+  static constexpr std::uint64_t sequence_bits = (std::uint64_t{1} << 62) - 1;
   struct Entry {
     StoredJob stored;  // the record and its leases, as the state rules (job_state.hpp) keep them
     std::size_t input_bytes = 0;
     std::size_t result_bytes = 0;
-    std::size_t bytes = 0;          // what this entry counts in bytes_
-    bool finished = false;          // counted in finished_bytes_
-    bool failed_callback = false;   // counted in failed_callbacks_
-    std::uint64_t finished_as = 0;  // its latest entry in finished_order_, 0: none
+    std::size_t bytes = 0;  // what this entry counts in bytes_
+    // Its latest note in finished_order_, 0: none (62 bits: a sequence that never runs out).
+    std::uint64_t finished_as : 62;
+    std::uint64_t finished : 1;         // counted in finished_bytes_
+    std::uint64_t failed_callback : 1;  // counted in failed_callbacks_
     // The queues: a job waiting or running is in job_queue_, a pending callback in
     // callback_queue_, each under the time it is claimable from (job_state::job_due and
-    // callback_due; a renewal leaves it filed under the earlier time, see extend).
-    std::optional<TimePoint> job_key, callback_key;
+    // callback_due; a renewal leaves it filed under the earlier time, see extend); `unfiled`
+    // when it is not in that queue.
+    TimePoint job_key = unfiled, callback_key = unfiled;
     // Its job's tenant, interned (tenant_names_), as its job queue key holds it: keys of one
     // tenant compare their tenants by address.
     const std::string* tenant = nullptr;
+
+    Entry() : finished_as(0), finished(0), failed_callback(0) {}
   };
-  using Map = std::unordered_map<std::string, Entry>;
+  // std::hash<std::string> makes the map keep each key's hash in its node (8 bytes); a hash of
+  // its own does not (the library computes it again when it walks a bucket: a few ids' worth).
+  struct IdHash {
+    std::size_t operator()(const std::string& id) const noexcept {
+      return std::hash<std::string_view>{}(id);
+    }
+  };
+  using Map = std::unordered_map<std::string, Entry, IdHash>;
+#if defined(__GLIBCXX__) && defined(__x86_64__)
+  static_assert(sizeof(void*) + sizeof(Map::value_type) <= 640,
+                "a node of jobs_ outgrew its allocator size class (see Entry)");
+#endif
   // The dead letters (callback `failed`) by creation, to the millisecond, then key: ascending, so
   // a page walks it backwards.
   using FailedKey = std::pair<TimePoint, std::string>;
@@ -469,18 +490,20 @@ class MemoryJobStore final : public JobStore {
   // Called under mutex_: (re)files the entry in `queue` under `at`.
   void schedule(Queue& queue, Map::iterator it, TimePoint at) {
     unschedule(queue, it);
+    // (The clock's minimum means "in no queue": an entry due then is filed a tick later.)
+    if (at == unfiled) at += TimePoint::duration{1};
     queue.insert(
         QueueKey{tenant_in(queue, it->second), priority_in(queue, it->second), at, &it->first});
     key_of(queue, it->second) = at;
   }
 
   void unschedule(Queue& queue, Map::iterator it) {
-    auto& key = key_of(queue, it->second);
-    if (key) {
+    TimePoint& key = key_of(queue, it->second);
+    if (key != unfiled) {
       queue.erase(
-          QueueKey{tenant_in(queue, it->second), priority_in(queue, it->second), *key, &it->first});
+          QueueKey{tenant_in(queue, it->second), priority_in(queue, it->second), key, &it->first});
     }
-    key.reset();
+    key = unfiled;
   }
 
   const std::string* tenant_in(const Queue& queue, const Entry& e) const {
@@ -502,7 +525,7 @@ class MemoryJobStore final : public JobStore {
     return &queue == &job_queue_ ? priority_index(e.stored.record.job) : 0;
   }
 
-  std::optional<TimePoint>& key_of(const Queue& queue, Entry& e) {
+  TimePoint& key_of(const Queue& queue, Entry& e) {
     return &queue == &job_queue_ ? e.job_key : e.callback_key;
   }
 
@@ -531,8 +554,8 @@ class MemoryJobStore final : public JobStore {
   // queue, the next claim does what has gathered, in slices). A lease made shorter (handed back)
   // is filed at once.
   void extend(Queue& queue, Map::iterator it, TimePoint until) {
-    const std::optional<TimePoint>& key = key_of(queue, it->second);
-    if (!key || until < *key) schedule(queue, it, until);
+    const TimePoint key = key_of(queue, it->second);
+    if (key == unfiled || until < key) schedule(queue, it, until);
   }
 
   // Leases the entries of `queue` claimable at `now` (at most `max`) to `lease`, in the entry's
@@ -679,8 +702,8 @@ class MemoryJobStore final : public JobStore {
     if (e.finished) finished_bytes_ += e.bytes;
     if (e.finished) {
       if (e.finished_as != 0) --finished_;  // its earlier note goes stale
-      e.finished_as = ++finished_sequence_;
-      finished_order_.emplace_back(it->first, e.finished_as);
+      e.finished_as = ++finished_sequence_ & sequence_bits;
+      finished_order_.emplace_back(&it->first, std::uint64_t{e.finished_as});
       ++finished_;
     }
     evict_finished_until(options_.max_bytes);
@@ -690,9 +713,9 @@ class MemoryJobStore final : public JobStore {
   // and the store holds at most `bytes`.
   void evict_finished_until(std::size_t bytes) {
     while (!finished_order_.empty() && (finished_ > options_.max_finished || bytes_ > bytes)) {
-      auto [id, sequence] = std::move(finished_order_.front());
+      const auto [id, sequence] = finished_order_.front();
       finished_order_.pop_front();
-      auto victim = jobs_.find(id);
+      auto victim = jobs_.find(*id);
       if (victim == jobs_.end() || victim->second.finished_as != sequence) continue;  // stale
       --finished_;
       victim->second.finished_as = 0;
@@ -722,9 +745,11 @@ class MemoryJobStore final : public JobStore {
   std::array<Queued, lowest_priority + 1> queued_;
   std::size_t bytes_ = 0;
   std::size_t finished_bytes_ = 0;  // of bytes_, what finished jobs hold
-  // Finished events, oldest first: (id, sequence). A note is live while its job's finished_as
-  // still equals its sequence; finished_ counts the live ones.
-  std::deque<std::pair<std::string, std::uint64_t>> finished_order_;
+  // Finished events, oldest first: (the entry's key in jobs_, sequence). A note is live while its
+  // job's finished_as still equals its sequence; finished_ counts the live ones. An entry is
+  // erased only when its live note, its newest, is taken (evict_finished_until), and its older
+  // ones were taken before it: the key a note points to is always there.
+  std::deque<std::pair<const std::string*, std::uint64_t>> finished_order_;
   std::uint64_t finished_sequence_ = 0;
   std::size_t finished_ = 0;
   std::size_t failed_callbacks_ = 0;                           // entries whose callback is `failed`
