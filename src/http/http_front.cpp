@@ -260,11 +260,20 @@ class Session : public std::enable_shared_from_this<Session> {
       return refuse(413, "payload_too_large");
     }
     if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
-      // The request line alone over 8 KiB: 414; else the head as a whole: 431.
-      const std::string_view seen = buffered();
-      const std::size_t line_end = seen.find("\r\n");
-      const bool long_line = line_end == std::string_view::npos ? seen.size() > max_request_line
-                                                                : line_end > max_request_line;
+      // The request line alone over 8 KiB: 414; else the head as a whole: 431. The parser takes
+      // a whole request line out of the buffer before it waits for the rest of the head, so the
+      // line is judged by what it parsed when it got that far, else by the bytes buffered.
+      const auto& partial = parser_->get();
+      bool long_line = false;
+      if (!partial.target().empty()) {
+        long_line =
+            partial.method_string().size() + 1 + partial.target().size() + 9 > max_request_line;
+      } else {
+        const std::string_view seen = buffered();
+        const std::size_t line_end = seen.find("\r\n");
+        long_line = line_end == std::string_view::npos ? seen.size() > max_request_line
+                                                       : line_end > max_request_line;
+      }
       return refuse(long_line ? 414 : 431, long_line ? "uri_too_long" : "header_too_large");
     }
     if (ec) {
