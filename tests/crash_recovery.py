@@ -61,18 +61,39 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
 
 
 def start_server(store, port=0, lines=None):
+    """Starts a server and waits (at most 60 s) for its "listening" line. A server that neither
+    listens nor exits by then is stuck: its threads' stacks are printed (gdb, when installed), so
+    that a rare hang leaves its evidence, and the test fails."""
     proc = subprocess.Popen(
         [server_bin, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "sleep:0.0005",
          "--workers", "2", "--store", "sqlite:" + store, "--allow-private-callbacks",
          "--backoff-base", "0.05", "--max-tries", "20"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-        if m:
-            sink = lines if lines is not None else []
-            threading.Thread(target=lambda: [sink.append(line) for line in proc.stdout],
-                             daemon=True).start()
-            return proc, int(m.group(1))
+    sink = lines if lines is not None else []
+    listening = threading.Event()
+    found = []
+
+    def read():
+        for line in proc.stdout:
+            sink.append(line)
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+            if m and not found:
+                found.append(int(m.group(1)))
+                listening.set()
+        listening.set()  # the server ended
+
+    threading.Thread(target=read, daemon=True).start()
+    if listening.wait(60) and found:
+        return proc, found[0]
+    if proc.poll() is None:
+        print(f"server {proc.pid} did not listen within 60 s; its threads:", flush=True)
+        try:
+            print(subprocess.run(["gdb", "-p", str(proc.pid), "-batch", "-ex", "thread apply all bt 20"],
+                                 capture_output=True, text=True, timeout=60).stdout, flush=True)
+        except (OSError, subprocess.SubprocessError) as e:
+            print(f"  (no stacks: {e})", flush=True)
+        proc.kill()
+    print("server output:", "".join(sink)[-2000:], flush=True)
     raise SystemExit("server did not start")
 
 
@@ -144,7 +165,7 @@ for r in range(1, rounds + 1):
         lost = accepted - delivered
         print(f"round {r}: accepted {len(accepted)}, called back before the kill {before_restart}, "
               f"after the restart {len(delivered) - before_restart}, lost {len(lost)}, "
-              f"duplicates {duplicates}")
+              f"duplicates {duplicates}", flush=True)
         failed = bool(lost or not accepted)
         if failed:
             print("  lost:", sorted(lost)[:10])
