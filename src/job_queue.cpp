@@ -209,6 +209,8 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   operations_.reset(new Operations(*core_));
   telemetry_.reset(new Telemetry(*core_, *queue_));
   core_->sync_pauses();
+  // A model ready now is warmed up now (Model::warm_up), before the first claim.
+  core_->readiness.start();
   core_->pump.start(*queue_);
   core_->observe([&](auto& o) { o.on_metrics(&core_->metrics); });
 }
@@ -219,6 +221,7 @@ JobQueue::~JobQueue() {
   shutdown(threads_ && !shut_down_ ? drain_on_destroy_ : std::chrono::milliseconds(0));
   core_->complete_finals();
   core_->async_waiters.close();
+  core_->readiness.stop();  // a warm-up under way ends first (it wakes the pump when it does)
   core_->store.stop();
   core_->pump.stop();
   // The handlers still to run run now. The queue and the pipeline stay until then: a handler may
@@ -658,6 +661,11 @@ bool JobQueue::ready() const {
   return core_->admission.open() && !core_->store.failure();
 }
 
+bool Telemetry::model_ready() const {
+  // (A queue that stopped taking work starts no warm-up for a model that got ready since.)
+  return core_.admission.accepting() ? core_.readiness.ready() : core_.readiness.warmed();
+}
+
 std::size_t Telemetry::in_flight() const {
   return core_.admission.in_flight();
 }
@@ -684,7 +692,7 @@ void JobQueue::abandon_running() {
 
 bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   shut_down_ = true;
-  core_->admission.close();
+  core_->admission.close();  // (and no warm-up starts: the pump and submissions look no more)
   const auto started = std::chrono::steady_clock::now();
   // Jobs parked in the store (JobQueueOptions::prefetch) run too while the time lasts: the pump
   // claims them into the queue as it drains (JobQueue's handler wakes it), and the queue stays

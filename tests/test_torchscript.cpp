@@ -151,6 +151,28 @@ TEST_CASE("a model that fails inside libtorch fails that batch - not the process
   CHECK(p.error().code == "model_error");  // libtorch's shape error stopped at the boundary
 }
 
+TEST_CASE("warm_up runs the module on zeros of its input shape - and says when it cannot") {
+  TorchScriptModel iris(iris_dir);
+  CHECK_NOTHROW(iris.warm_up());
+  CHECK(iris.predict({5.1, 3.5, 1.4, 0.2}).ok());
+  // The module is run indeed: a shape it refuses fails the warm-up, with the shape.
+  TempDir dir;
+  std::filesystem::copy_file(iris_dir + "/model.pt", dir.path / "model.pt");
+  dir.write("config.json", R"({"input_shape": [3]})");
+  TorchScriptModel wrong(dir.path.string());
+  try {
+    wrong.warm_up();
+    FAIL("a warm-up batch the module refuses must throw");
+  } catch (const rebound::Error& e) {
+    CHECK(std::string(e.what()).find("warm-up batch of shape [1, 3]") != std::string::npos);
+  }
+  // Without an input shape there is nothing to run.
+  TempDir any;
+  std::filesystem::copy_file(iris_dir + "/model.pt", any.path / "model.pt");
+  any.write("config.json", "{}");
+  CHECK_NOTHROW(TorchScriptModel(any.path.string()).warm_up());
+}
+
 // ---- Through the real server ----
 
 namespace {

@@ -1,16 +1,19 @@
 // The recommended shape of a model backend: loads in the background (ready() gates /ping and
-// submissions), validates input before it is queued, prefers a batch size, and does real work
-// per batch in predict_batch, checking between inputs whether its jobs were cancelled. Serves it
-// with rebound until SIGINT or SIGTERM.
+// submissions), warms up once loaded (warm_up: the queue is ready only after it), validates input
+// before it is queued, prefers a batch size, and does real work per batch in predict_batch,
+// checking between inputs whether its jobs were cancelled. Serves it with rebound until SIGINT or
+// SIGTERM.
 // Run: rebound-recommended-backend [port]
 //      curl -d '{"text": "good service, great food"}' http://127.0.0.1:8080/invocations
 #include <atomic>
 #include <cctype>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "rebound/http/server.hpp"
 #include "rebound/job_queue.hpp"
@@ -30,6 +33,19 @@ class LexiconSentimentModel final : public rebound::Model {
 
   std::string name() const override { return "lexicon-sentiment"; }
   bool ready() const override { return loaded_; }
+
+  // Called once by the queue when ready() first says true (on a thread of the queue's own when
+  // the model is still loading as the queue is built, else in its constructor), before any job
+  // runs: a real backend runs a batch
+  // or two here so that the first requests do not pay for lazy initialisation. /ping answers 503
+  // until it returns; what it throws is logged, and the model serves all the same.
+  void warm_up() override {
+    const std::vector<nlohmann::json> sample{nlohmann::json{{"text", "good"}}};
+    const auto answers = predict_batch(sample);
+    if (!answers.front().ok() || answers.front().output()["score"] != 1) {
+      throw std::runtime_error("the warm-up sentence was not scored as it should be");
+    }
+  }
 
   // Runs on the HTTP thread: a bad request gets its 422 before it takes a queue slot.
   std::optional<rebound::ErrorInfo> validate(const nlohmann::json& input) const override {

@@ -236,7 +236,8 @@ class JobQueue final {
   /// server of the store must) or store_unavailable.
   [[nodiscard]] boost::system::error_code redeliver(const JobRef& job);
 
-  /// True while the model is ready, the store works and the queue accepts work.
+  /// True while the model is ready and warmed up (Model::warm_up), the store works and the queue
+  /// accepts work.
   bool ready() const;
 
   const Model& model() const;

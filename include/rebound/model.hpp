@@ -107,8 +107,18 @@ class Model {
   /// (is_valid_model_name), for every job's `model` names it and a submission may ask for it.
   virtual std::string name() const = 0;
 
-  /// True once the model can take work. Submissions are refused with 503 `not_ready` until then.
+  /// True once the model can take work. Submissions are refused with 503 `not_ready` until then,
+  /// and a JobQueue claims no job from its store for it (a job another run or server left there
+  /// waits until the model can run it).
   virtual bool ready() const { return true; }
+  /// Called once by the JobQueue when the model is first ready, before the queue takes a
+  /// submission or runs a job: a backend runs a few inferences here so that the first jobs do not
+  /// pay for lazy initialisation (TorchScript optimises a graph on its first calls, CUDA loads its
+  /// kernels). Until it returns the queue is not ready (`/ping` 503). A model ready when the queue
+  /// is built is warmed up in the queue's constructor, one that gets ready later on a thread of
+  /// its own. What it throws is logged (`model_warm_up_failed`) and the model serves all the
+  /// same. The default does nothing.
+  virtual void warm_up() {}
 
   /// Checks an input without running the model: nullopt when usable, else why not
   /// (code "invalid_input" and a sentence). Cheap and thread-safe. The default accepts anything.

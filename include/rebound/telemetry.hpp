@@ -51,6 +51,10 @@ class Telemetry {
   /// StoreUnavailable when the store fails.
   std::optional<QueueStats> queue_stats() const;
 
+  /// True once the model is ready (Model::ready) and its warm-up (Model::warm_up) has returned:
+  /// `GET /v1/models` says `ready`, else `loading`.
+  bool model_ready() const;
+
   /// The batch size and delay in force (from the options, else the model's preference).
   std::size_t max_batch_size() const;
   std::chrono::microseconds max_queue_delay() const;

@@ -924,12 +924,13 @@ struct Server::Impl {
            std::to_string(waiting->load()) + "\n";
   }
 
-  // The queue's model as a repository of one model (DESIGN.md's `M`): version "1", ready while
-  // the model says it is, its route all to it; the queue's counts (the store's, shared by a
-  // fleet) as its version's, for a caller who may read what spans tenants (as GET /v1/stats).
+  // The queue's model as a repository of one model (DESIGN.md's `M`): version "1", ready once
+  // the model says it is and has warmed up, its route all to it; the queue's counts (the store's,
+  // shared by a fleet) as its version's, for a caller who may read what spans tenants (as GET
+  // /v1/stats).
   nlohmann::json model_json(const Credential* caller) {
     nlohmann::json version = {{"version", detail::single_model_version},
-                              {"state", service.model().ready() ? "ready" : "loading"},
+                              {"state", service.telemetry().model_ready() ? "ready" : "loading"},
                               {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
     if (!options.model_digest.empty()) version["digest"] = options.model_digest;
     if (multi_tenant && !(caller && caller->reads_everything())) {

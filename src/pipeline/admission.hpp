@@ -17,8 +17,8 @@
 #include <utility>
 
 #include "events.hpp"
+#include "model_readiness.hpp"
 #include "rebound/job_queue_status.hpp"
-#include "rebound/model.hpp"
 
 namespace rebound::detail {
 
@@ -30,7 +30,7 @@ class Admission {
   /// `capacity` or more: no limit, and no count per tenant is kept.
   /// `max_bytes`: the bytes that work in memory may hold at once (what it is charged with).
   /// `events` hears each slot given back (PipelineEvents::slot_freed).
-  Admission(std::size_t capacity, const Model& model, PipelineEvents& events,
+  Admission(std::size_t capacity, const ModelReadiness& model, PipelineEvents& events,
             std::size_t tenant_slots = std::numeric_limits<std::size_t>::max(),
             std::size_t max_bytes = std::numeric_limits<std::size_t>::max())
       : capacity_(capacity),
@@ -79,7 +79,7 @@ class Admission {
   /// shutting_down, not_ready.
   boost::system::error_code admit(std::string_view tenant = {}, std::size_t bytes = 0) {
     if (!accepting_) return errc::shutting_down;
-    if (!model_.ready()) return errc::not_ready;
+    if (!model_.ready()) return errc::not_ready;  // (ready and warmed up)
     return take_slot_within_share(tenant, bytes);
   }
 
@@ -252,8 +252,11 @@ class Admission {
 
   bool accepting() const { return accepting_.load(); }
 
-  /// Accepting and the model ready.
+  /// Accepting and the model ready (and warmed up).
   bool open() const { return accepting_.load() && model_.ready(); }
+
+  /// The model ready and warmed up: jobs may be claimed for it.
+  bool model_ready() const { return model_.ready(); }
 
   /// Refuses new work from now on; waits for the submissions under way (an asynchronous put's
   /// answer included: not from the executor it is posted to).
@@ -312,7 +315,7 @@ class Admission {
   const std::size_t tenant_slots_;
   const bool by_tenant_;
   std::map<std::string, std::size_t, std::less<>> tenants_;  // under mutex_, when by_tenant_
-  const Model& model_;
+  const ModelReadiness& model_;
   PipelineEvents& events_;
   void leave() {
     std::lock_guard<std::mutex> lock(entry_mutex_);

@@ -181,7 +181,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
         guard(std::move(guard_in)),
         clock(options.clock),
         store(*job_store, observe, sender->get_executor(), options.store_retry_interval),
-        admission(options.queue_capacity, *model, *this,
+        readiness(*model, options.logger,
+                  [this] { pump.wake(clock()); }),  // jobs left in the store: claimed now
+        admission(options.queue_capacity, readiness, *this,
                   options.tenant_share >= 1.0
                       ? std::numeric_limits<std::size_t>::max()
                       : std::max<std::size_t>(1, static_cast<std::size_t>(
@@ -303,6 +305,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   Metrics metrics;
   Observers observe{metrics};
   StoreAccess store;
+  ModelReadiness readiness;  // the model ready and warmed up (Model::warm_up)
   Admission admission;
   Leases leases;
   Delivery delivery;

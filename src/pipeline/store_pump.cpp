@@ -153,7 +153,9 @@ bool StorePump::pump() {
     std::lock_guard<std::mutex> pass(pass_mutex_);
     if (admission_.accepting()) {
       if (claims_callbacks_) callbacks = claim_callbacks(more);
-      jobs = claim_jobs(more, true);
+      // Jobs only for a model that can run them: one still loading (or warming up) would be
+      // handed jobs another run or server left in the store. Polled again each pass.
+      if (admission_.model_ready()) jobs = claim_jobs(more, true);
     } else if (admission_.parked() > 0) {
       jobs = claim_jobs(more, false);  // only the parked ones: nothing new is taken on
     }

@@ -4,6 +4,8 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -155,6 +157,35 @@ std::string TorchScriptModel::name() const {
 
 BatchingPreference TorchScriptModel::batching() const {
   return impl_->config.batching;
+}
+
+void TorchScriptModel::warm_up() {
+  const auto& shape = impl_->config.input_shape;
+  if (shape.empty()) return;
+  // One sample and a full batch (the executor specialises the graph to the shapes it meets),
+  // the batch of at most 16 MiB of zeros.
+  std::int64_t per_sample = 1;
+  for (const std::int64_t d : shape)
+    per_sample *= std::max<std::int64_t>(d, 1);
+  const std::int64_t most_rows = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>((std::size_t{16} << 20) / sizeof(float)) / per_sample);
+  std::vector<std::int64_t> sizes{1};
+  const auto batch = static_cast<std::int64_t>(impl_->config.batching.max_batch_size);
+  if (batch > 1 && most_rows > 1) sizes.push_back(std::min(batch, most_rows));
+  for (const std::int64_t rows : sizes) {
+    std::vector<std::int64_t> dims{rows};
+    dims.insert(dims.end(), shape.begin(), shape.end());
+    try {
+      c10::InferenceMode guard;
+      const torch::Tensor zeros = torch::zeros(dims, torch::kFloat32);
+      for (int run = 0; run < 3; ++run)
+        impl_->module.forward({zeros});
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      throw Error("the warm-up batch of shape " + shape_text(dims) +
+                  " failed: " + what.substr(0, what.find('\n')));
+    }
+  }
 }
 
 const TorchScriptModelConfig& TorchScriptModel::config() const {

@@ -48,6 +48,12 @@ class TorchScriptModel final : public Model {
   std::string name() const override;
   std::optional<ErrorInfo> validate(const nlohmann::json& input) const override;
   BatchingPreference batching() const override;
+  /// With an `input_shape`: runs the module on zeros of it, one sample and a full batch
+  /// (`max_batch_size`, at most 16 MiB of zeros), three times each, so that libtorch's profiling
+  /// executor has optimised the graph before the first job. Throws rebound::Error when the module
+  /// refuses them (the queue logs it and serves all the same). Without an `input_shape` there is
+  /// nothing to run.
+  void warm_up() override;
   Prediction predict(const nlohmann::json& input) override;
   std::vector<Prediction> predict_batch(const std::vector<nlohmann::json>& inputs) override;
 
