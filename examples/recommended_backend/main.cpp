@@ -36,9 +36,9 @@ class LexiconSentimentModel final : public rebound::Model {
 
   // Called once by the queue when ready() first says true (on a thread of the queue's own when
   // the model is still loading as the queue is built, else in its constructor), before any job
-  // runs: a real backend runs a batch
-  // or two here so that the first requests do not pay for lazy initialisation. /ping answers 503
-  // until it returns; what it throws is logged, and the model serves all the same.
+  // runs: a real backend runs a batch or two here so that the first requests do not pay for lazy
+  // initialisation. /ping answers 503 until it returns; what it throws is logged, and the model
+  // serves all the same.
   void warm_up() override {
     const std::vector<nlohmann::json> sample{nlohmann::json{{"text", "good"}}};
     const auto answers = predict_batch(sample);

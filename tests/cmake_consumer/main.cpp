@@ -19,6 +19,20 @@
 #include <thread>
 #include <vector>
 
+// A backend of one's own that warms up (Model::warm_up): the queue calls it once, before any job.
+class Warmed final : public rebound::Model {
+ public:
+  explicit Warmed(int& warm_ups) : warm_ups_(warm_ups) {}
+  std::string name() const override { return "warmed"; }
+  void warm_up() override { ++warm_ups_; }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    return rebound::Prediction::success(input);
+  }
+
+ private:
+  int& warm_ups_;
+};
+
 int main() {
   const auto sig =
       rebound::sign_webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
@@ -58,6 +72,14 @@ int main() {
         "held", "me", {rebound::JobStatus::succeeded, 1, std::nullopt, now}, std::nullopt, now,
         [&](std::exception_ptr error, bool answer) { acknowledged = !error && answer; });
     ok = ok && acknowledged && store.get("held")->status == rebound::JobStatus::succeeded;
+  }
+  {
+    int warm_ups = 0;
+    rebound::JobQueue queue(std::make_unique<Warmed>(warm_ups));
+    ok = ok && warm_ups == 1 && queue.ready() && queue.telemetry().model_ready() &&
+         queue.async_submit(rebound::make_job("warm", 7), boost::asio::use_future).get().status ==
+             rebound::JobStatus::succeeded &&
+         warm_ups == 1;
   }
   {
     // An operator's decision per tenant, read as rebound-server's --tenant reads it: the default
