@@ -94,6 +94,11 @@ DefaultTransport default_transport() noexcept {
 }  // namespace detail
 
 JobQueue::JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store,
+                   JobQueueOptions options)
+    : JobQueue(model ? ModelRepository(std::move(model)) : ModelRepository(), std::move(store),
+               std::move(options)) {}
+
+JobQueue::JobQueue(ModelRepository models, std::unique_ptr<JobStore> store,
                    JobQueueOptions options) {
   if (options.workers == 0) throw Error("JobQueue: workers must be at least 1");
   threads_ = std::make_unique<detail::OwnedThreads>(options.workers);
@@ -102,7 +107,7 @@ JobQueue::JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store
     if (const detail::DefaultTransport make = detail::default_transport()) options.transport = make;
   }
   try {
-    build(threads_->inference.get_executor(), threads_->io.get_executor(), std::move(model),
+    build(threads_->inference.get_executor(), threads_->io.get_executor(), std::move(models),
           std::move(store), nullptr, std::move(options));
   } catch (...) {
     threads_->finish(*live_);
@@ -113,16 +118,24 @@ JobQueue::JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store
 JobQueue::JobQueue(boost::asio::any_io_executor inference_executor,
                    boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
                    std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+                   JobQueueOptions options)
+    : JobQueue(std::move(inference_executor), std::move(io_executor),
+               model ? ModelRepository(std::move(model)) : ModelRepository(), std::move(store),
+               std::move(transport), std::move(options)) {}
+
+JobQueue::JobQueue(boost::asio::any_io_executor inference_executor,
+                   boost::asio::any_io_executor io_executor, ModelRepository models,
+                   std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
                    JobQueueOptions options) {
-  build(std::move(inference_executor), std::move(io_executor), std::move(model), std::move(store),
+  build(std::move(inference_executor), std::move(io_executor), std::move(models), std::move(store),
         std::move(transport), std::move(options));
 }
 
 void JobQueue::build(boost::asio::any_io_executor inference_executor,
-                     boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+                     boost::asio::any_io_executor io_executor, ModelRepository models,
                      std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
                      JobQueueOptions options) {
-  if (!model) throw Error("JobQueue: a model is required");
+  if (models.empty()) throw Error("JobQueue: a model is required");
   if (!store) store = std::make_unique<MemoryJobStore>();
   if (options.queue_capacity == 0) throw Error("JobQueue: queue_capacity must be at least 1");
   if (options.workers == 0) throw Error("JobQueue: workers must be at least 1");
@@ -177,16 +190,18 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   // Parked slots belong to no tenant: with tenant shares, every accepted job is held in memory,
   // where the tenants take turns. At least a batch for every worker, or the workers would wait
   // on claims.
+  // Batching as the default model's default version prefers it (every version's batches are
+  // formed with the queue's one setting).
+  const BatchingPreference preferred = models.find({})->batching();
   const std::size_t batch =
-      std::max<std::size_t>(1, options.max_batch_size.value_or(model->batching().max_batch_size));
+      std::max<std::size_t>(1, options.max_batch_size.value_or(preferred.max_batch_size));
   const std::size_t prefetch = options.tenant_share >= 1.0 && options.prefetch > 0
                                    ? std::max(options.prefetch, options.workers * batch)
                                    : 0;
-  core_ = std::make_shared<detail::Pipeline>(std::move(model), std::move(store), std::move(sender),
+  core_ = std::make_shared<detail::Pipeline>(std::move(models), std::move(store), std::move(sender),
                                              has_transport, gate, attempt_timeout, prefetch,
                                              std::move(guard), options);
   *pipeline = core_;
-  const BatchingPreference preferred = core_->model->batching();
   detail::WorkQueueOptions queue_options;
   // The queue's own bound equals the admission bound, so an admitted item always fits.
   queue_options.capacity = options.queue_capacity;
@@ -308,18 +323,23 @@ struct InvokeReply {
 };
 }  // namespace
 
-void JobQueue::start_invoke(nlohmann::json input, detail::Completion<Prediction> done) {
+void JobQueue::start_invoke(ModelRef model, nlohmann::json input,
+                            detail::Completion<Prediction> done) {
   auto shared = std::make_shared<InvokeReply>(std::move(done));
   const Submitted verdict = detail::FrontDoor::invoke(
-      *this, std::move(input), [shared](boost::system::error_code ec, const Prediction& p) {
+      *this, std::move(input),
+      [shared](boost::system::error_code ec, const Prediction& p) {
         // The model's answer, whatever its code (a model may fail with
         // any code it likes), or the queue's refusal at shutdown.
         shared->done(ec, p);
-      });
+      },
+      {}, std::move(model));
   if (!verdict.error) return;
-  // A refusal: the Prediction says why too (the model's sentence for invalid_input).
+  // A refusal: the Prediction says why too (the model's sentence for invalid_input, and which
+  // model or version is not served).
   Prediction refused =
-      verdict.error == errc::invalid_input
+      verdict.error == errc::invalid_input || verdict.error == errc::model_not_found ||
+              verdict.error == errc::version_unavailable
           ? Prediction::failure(verdict.reason.code, verdict.reason.message)
           : Prediction::failure(to_string(static_cast<errc>(verdict.error.value())),
                                 verdict.error.message());
@@ -362,11 +382,14 @@ bool Operations::delivers_callbacks() const {
 }
 
 Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result,
-                                    const std::string& tenant) {
+                                    const std::string& tenant, ModelRef model_ref) {
   if (!on_result) throw Error("FrontDoor::invoke: a result handler is required");
   detail::Pipeline& core = *queue.core_;
   const Submitted verdict = [&] {
-    if (auto invalid = detail::validate(*core.model, input)) {
+    Submitted refusal;
+    Model* model = detail::choose_model(core.models, model_ref, refusal);
+    if (!model) return refusal;
+    if (auto invalid = detail::validate(*model, input)) {
       Submitted s = detail::refused(errc::invalid_input);
       s.reason = std::move(*invalid);
       s.field = "input";
@@ -374,6 +397,7 @@ Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, Invok
     }
     Job job;
     job.input = std::move(input);
+    job.model = std::move(model_ref);  // the version that runs it (the batch runner's choice)
     const std::size_t bytes = detail::work_bytes(job);
     // The caller's tenant's rate, share and turn hold for its invocations as for its jobs.
     if (!core.rates.take(tenant, core.clock())) return detail::refused(errc::tenant_rate);
@@ -683,7 +707,11 @@ std::size_t Telemetry::queue_depth() const {
 }
 
 const Model& JobQueue::model() const {
-  return *core_->model;
+  return *core_->models.find({});
+}
+
+const ModelRepository& JobQueue::models() const {
+  return core_->models;
 }
 
 void JobQueue::abandon_running() {

@@ -334,6 +334,7 @@ for job_id, n in expected.items():
     for s in (send, process):
         check(s["attrs"]["messaging.system"] == "rebound" and
               s["attrs"]["messaging.destination.name"] == "echo" and
+              s["attrs"].get("rebound.model.version") == "1" and
               s["attrs"]["messaging.operation.type"] in ("send", "process"),
               f"{job_id}: messaging attributes {s['attrs']}")
         check(s["resource"]["service.name"] == "trace-test" and

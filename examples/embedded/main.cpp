@@ -20,6 +20,15 @@ struct Doubler final : rebound::Model {
   }
 };
 
+// A second version of the same model (ModelRepository, below): it triples.
+struct Tripler final : rebound::Model {
+  std::string name() const override { return "tripler"; }
+  rebound::Prediction predict(const nlohmann::json& x) override {
+    if (!x.is_number_integer()) return rebound::Prediction::failure("invalid_input", "not an int");
+    return rebound::Prediction::success(x.get<int>() * 3);
+  }
+};
+
 #if defined(BOOST_ASIO_HAS_CO_AWAIT)
 // make_job, not a braced rebound::Job{...}: GCC 12 miscompiles a braced aggregate temporary
 // inside co_await (it frees a bad pointer).
@@ -88,9 +97,24 @@ int main() {
   std::cout << "; resnet: " << nine_refused.message() << std::endl;
   const bool models_said = ran.job.model == rebound::ModelRef{"doubler", "1"} &&
                            nine_refused == rebound::errc::model_not_found;
+  // Several models, or several versions of one (ModelRepository): a job runs on the version
+  // chosen when it was accepted, a model's highest version is its default, and a job may pin one.
+  //   versions: doubler/1 -> 20, doubler/2 -> 30
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Doubler>(), "1").add("doubler", "2", std::make_unique<Tripler>());
+  rebound::JobQueue versions(std::move(models));
+  rebound::Job pinned = rebound::make_job("p", 10);
+  pinned.model = rebound::ModelRef{"doubler", "1"};
+  const auto on_one = versions.async_submit(std::move(pinned), boost::asio::use_future).get();
+  const auto on_default =
+      versions.async_submit(rebound::make_job("q", 10), boost::asio::use_future).get();
+  std::cout << "versions: doubler/" << on_one.job.model.version << " -> " << on_one.outcome.result
+            << ", doubler/" << on_default.job.model.version << " -> " << on_default.outcome.result
+            << std::endl;
+  const bool versions_ran = on_one.outcome.result == 20 && on_default.outcome.result == 30;
   return done.outcome.result == 42 && !page.jobs.empty() && all_in && five.outcome.result == 10 &&
                  six_in && !six_in.duplicate && six.outcome.result == 6 && seven_refused &&
-                 models_said
+                 models_said && versions_ran
              ? 0
              : 1;
 }

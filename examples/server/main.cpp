@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   std::string host = "0.0.0.0";
   int port = default_port();
   std::string model_spec = default_model_dir();
+  std::string model_repository, default_model;
   std::size_t max_batch_size = 0;
   double max_batch_delay_ms = -1;
   std::string store_uri = "sqlite:rebound.db";
@@ -182,10 +183,21 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "Port to listen on (default: $SAGEMAKER_BIND_TO_PORT, else 8080)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  app.add_option("--model", model_spec,
-                 "Model: a directory with a TorchScript model.pt and optional config.json, echo, "
-                 "or sleep:<seconds> (answers \"OK\"). Default: $SM_MODEL_DIR, else /opt/ml/model")
-      ->capture_default_str();
+  auto* model_option =
+      app.add_option("--model", model_spec,
+                     "Model: a directory with a TorchScript model.pt and optional config.json, "
+                     "echo, or sleep:<seconds> (answers \"OK\"). Default: $SM_MODEL_DIR, else "
+                     "/opt/ml/model")
+          ->capture_default_str();
+  app.add_option("--model-repository", model_repository,
+                 "Several models: DIR/<name>/<version>/, each version a --model directory or a "
+                 "config.json naming a built-in ({\"backend\": \"echo\"}); each model's highest "
+                 "version is served (docs/models.md)")
+      ->envname("REBOUND_MODEL_REPOSITORY")
+      ->excludes(model_option);
+  app.add_option("--default-model", default_model,
+                 "With --model-repository: the model a job that names none goes to (needed when "
+                 "there are several)");
   app.add_option("--max-batch-size", max_batch_size,
                  "Jobs and invocations per model call (default: the model's config.json, else 1)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{65536}));
@@ -575,22 +587,43 @@ int main(int argc, char** argv) {
     // polls, finish what is in flight up to a deadline inside SageMaker's 30 s, then stop HTTP.
     server_options.drain_timeout = std::chrono::seconds(25);
 
-    auto model = rebound::make_model(model_spec);
-    if (!rebound::is_valid_model_name(model->name())) {
-      // Served all the same; but a submission cannot ask for it by name ("model").
-      std::cerr << "rebound-server: warning: the model's name '" << model->name()
-                << "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
-                   "digit): jobs name it, but cannot ask for it"
-                << std::endl;
+    if (!default_model.empty() && model_repository.empty()) {
+      throw rebound::Error(
+          "--default-model names a model of --model-repository, which is not given");
     }
-    // GET /v1/models names what was loaded: a digest of the spec's files, and when. A model whose
-    // directory holds a file this user cannot read is still served, its digest left out.
+    rebound::ModelRepository models;
+    if (model_repository.empty()) {
+      auto model = rebound::make_model(model_spec);
+      if (!rebound::is_valid_model_name(model->name())) {
+        // Served all the same; but a submission cannot ask for it by name ("model").
+        std::cerr << "rebound-server: warning: the model's name '" << model->name()
+                  << "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
+                     "digit): jobs name it, but cannot ask for it"
+                  << std::endl;
+      }
+      models = rebound::ModelRepository(std::move(model));
+    } else {
+      models = rebound::make_model_repository(model_repository, default_model);
+    }
+    // GET /v1/models names what was loaded: a digest of each version's files, and when. A model
+    // whose directory holds a file this user cannot read is still served, its digest left out.
     server_options.model_loaded_at = std::chrono::system_clock::now();
-    try {
-      server_options.model_digest = rebound::model_digest(model_spec);
-    } catch (const std::exception& e) {
-      std::cerr << "rebound-server: warning: " << e.what()
-                << " (GET /v1/models leaves the model's digest out)" << std::endl;
+    for (const rebound::ModelRef& ref : models.list()) {
+      const std::string spec = model_repository.empty()
+                                   ? model_spec
+                                   : model_repository + "/" + ref.name + "/" + ref.version;
+      try {
+        const std::string digest = rebound::model_digest(spec);
+        if (model_repository.empty()) {
+          server_options.model_digest = digest;
+        } else {
+          server_options.model_digests[ref.name + "/" + ref.version] = digest;
+        }
+      } catch (const std::exception& e) {
+        std::cerr << "rebound-server: warning: " << e.what()
+                  << " (GET /v1/models leaves the digest of " << ref.name << "/" << ref.version
+                  << " out)" << std::endl;
+      }
     }
     // Traces: every job's submission, run and callback attempts, as OpenTelemetry spans.
     std::shared_ptr<rebound::OtlpTracer> tracer;
@@ -616,7 +649,7 @@ int main(int argc, char** argv) {
       const char* service = std::getenv("OTEL_SERVICE_NAME");
       to.service_name = service && *service ? service : "rebound-server";
       to.server_id = server_id;
-      to.model_name = model->name();
+      to.model_name = models.default_model();
       tracer = std::make_shared<rebound::OtlpTracer>(to);
       options.observers.push_back(tracer);
       options.trace_submissions = true;
@@ -624,7 +657,11 @@ int main(int argc, char** argv) {
 
     // (The tracer outlives the queue: it exports what the drain traced; it counts into the
     // queue's metrics while they last, through Observer::on_metrics.)
-    rebound::JobQueue queue(std::move(model), std::move(store), options);
+    std::string serving;  // "iris/2, echo/1"
+    for (const rebound::ModelRef& ref : models.list())
+      serving += (serving.empty() ? "" : ", ") + ref.name + "/" + ref.version;
+    if (!model_repository.empty()) serving = "models " + serving;
+    rebound::JobQueue queue(std::move(models), std::move(store), options);
     rebound::Server server(queue, server_options);
     const int bound = server.bind();
     if (const auto resumed = queue.telemetry().batch_stats().resumed) {
@@ -632,8 +669,9 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
-              << " (model " << queue.model().name() << ", store " << store_uri << ", workers "
-              << workers << ", batches up to " << queue.telemetry().max_batch_size() << " within "
+              << " (" << (model_repository.empty() ? "model " + queue.model().name() : serving)
+              << ", store " << store_uri << ", workers " << workers << ", batches up to "
+              << queue.telemetry().max_batch_size() << " within "
               << queue.telemetry().max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
     const int status = server.run_until_signal();
     if (status != 0) {

@@ -25,6 +25,7 @@
 #include "rebound/job_queue_status.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
+#include "rebound/model_repository.hpp"
 #include "rebound/operations.hpp"
 #include "rebound/store/job_store.hpp"
 #include "rebound/telemetry.hpp"
@@ -108,11 +109,23 @@ class JobQueue final {
   explicit JobQueue(std::unique_ptr<Model> model, std::unique_ptr<JobStore> store = nullptr,
                     JobQueueOptions options = {});
 
+  /// A queue that serves several models, or several versions of one (ModelRepository): each
+  /// job runs on the version chosen when it was accepted, batches never mix versions. Throws
+  /// rebound::Error for an empty repository or an option out of range. (The Model constructors
+  /// are this one with a repository of one model, version "1".)
+  explicit JobQueue(ModelRepository models, std::unique_ptr<JobStore> store = nullptr,
+                    JobQueueOptions options = {});
+
   /// A queue on your executors: model inference on `inference_executor` (size its pool to
   /// `options.workers`), callback timers, deliveries and completions on `io_executor`. Both must
   /// outlive the queue and any delivery still in flight. A null `transport` refuses callback jobs.
   JobQueue(boost::asio::any_io_executor inference_executor,
            boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+           std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
+           JobQueueOptions options = {});
+  /// The same, serving a ModelRepository.
+  JobQueue(boost::asio::any_io_executor inference_executor,
+           boost::asio::any_io_executor io_executor, ModelRepository models,
            std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
            JobQueueOptions options = {});
 
@@ -169,13 +182,21 @@ class JobQueue final {
   /// that fails answers success with its failed Prediction, whatever its code.
   template <typename CompletionToken>
   auto async_invoke(nlohmann::json input, CompletionToken&& token) {
+    return async_invoke(ModelRef{}, std::move(input), std::forward<CompletionToken>(token));
+  }
+
+  /// async_invoke on the version `model` names (ModelRef: an empty name is the default model, an
+  /// empty version its default version); one this queue does not serve is refused with
+  /// model_not_found or version_unavailable.
+  template <typename CompletionToken>
+  auto async_invoke(ModelRef model, nlohmann::json input, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken,
                                        void(boost::system::error_code, Prediction)>(
-        [this](auto handler, nlohmann::json in) {
-          start_invoke(std::move(in),
+        [this](auto handler, ModelRef m, nlohmann::json in) {
+          start_invoke(std::move(m), std::move(in),
                        detail::Completion<Prediction>(std::move(handler), get_executor(), live_));
         },
-        token, std::move(input));
+        token, std::move(model), std::move(input));
   }
 
   /// Accepts a job without waiting for its end, and completes once the store holds it (with a
@@ -240,7 +261,10 @@ class JobQueue final {
   /// accepts work.
   bool ready() const;
 
+  /// The default model's default version (ModelRepository::find of an empty ModelRef).
   const Model& model() const;
+  /// The models this queue serves, as it was built with them.
+  const ModelRepository& models() const;
 
   /// What operators and the operator console need: listings and their pages, dead letters,
   /// queue positions, receiver origins and their pause and resume, servers, keys, the address
@@ -277,7 +301,7 @@ class JobQueue final {
 
  private:
   void build(boost::asio::any_io_executor inference_executor,
-             boost::asio::any_io_executor io_executor, std::unique_ptr<Model> model,
+             boost::asio::any_io_executor io_executor, ModelRepository models,
              std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
              JobQueueOptions options);
   friend struct detail::FrontDoor;
@@ -286,7 +310,7 @@ class JobQueue final {
   void start_submit(Job job, detail::Completion<JobRecord> done);
   void start_accept(Job job, detail::Completion<Submitted> done);
   void start_wait(const JobRef& job, detail::Completion<JobRecord> done);
-  void start_invoke(nlohmann::json input, detail::Completion<Prediction> done);
+  void start_invoke(ModelRef model, nlohmann::json input, detail::Completion<Prediction> done);
 
   std::unique_ptr<detail::OwnedThreads> threads_;  // the owning constructor's; destroyed last
   // The handlers of asynchronous calls not yet run: the owning destructor waits for them.

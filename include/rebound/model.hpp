@@ -83,6 +83,15 @@ inline bool is_valid_model_name(std::string_view name) {
   return true;
 }
 
+/// A model version: a positive integer's decimal text, 1 to 18 digits, no leading zero ("1",
+/// "12"); versions are ordered as the numbers they write.
+inline bool is_valid_model_version(std::string_view version) {
+  if (version.empty() || version.size() > 18 || version[0] == '0') return false;
+  for (const char c : version)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
 /// An inference backend. Derive from it to serve your own model.
 ///
 /// Contract:

@@ -26,6 +26,7 @@ struct SubmissionTrace {
   std::string parent_span_id;  ///< the caller's span (16 hex) when it sent a traceparent, else ""
   std::chrono::system_clock::time_point started;   ///< when the queue began to take it
   std::chrono::system_clock::time_point accepted;  ///< when it was accepted
+  ModelRef model;  ///< the version it was accepted for (Job::model, filled in)
 };
 
 /// Hears the events of a JobQueue's pipeline, in the order of a job's walk:

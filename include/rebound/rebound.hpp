@@ -18,6 +18,7 @@
 #include "rebound/job_queue_status.hpp"
 #include "rebound/log.hpp"
 #include "rebound/make_model.hpp"
+#include "rebound/model_repository.hpp"
 #include "rebound/metrics.hpp"
 #include "rebound/model.hpp"
 #include "rebound/observer.hpp"

@@ -76,12 +76,6 @@ inline const char* webhook_events_rule() {
 /// The version a queue built on one Model serves it as (ModelRef): its repository of one.
 inline constexpr char single_model_version[] = "1";
 
-/// A model version: a positive integer's decimal text, 1 to 18 digits, no leading zero.
-inline bool is_valid_model_version(std::string_view version) {
-  if (version.empty() || version.size() > 18 || version[0] == '0') return false;
-  return std::all_of(version.begin(), version.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 /// Whether `job` can name a job at all: a valid id and an empty or valid tenant. A JobRef that
 /// cannot (an id with a '/') names none: it is never taken for another tenant's key.
 inline bool is_valid_ref(const JobRef& job) {

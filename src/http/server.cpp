@@ -696,7 +696,10 @@ struct Server::Impl {
         {"GET", "/v1/stats", spans, Body::none, [](Impl& s, Call& c) { s.stats(c.res); }},
         {"GET", "/v1/models", any_key, Body::none,
          [](Impl& s, Call& c) {
-           send_json(c.res, 200, {{"models", {s.model_json(c.caller)}}});
+           nlohmann::json models = nlohmann::json::array();
+           for (const std::string& name : s.model_names())
+             models.push_back(s.model_json(name, c.caller));
+           send_json(c.res, 200, {{"models", std::move(models)}});
          }},
         {"GET", "/v1/models/{name}", any_key, Body::none,
          [](Impl& s, Call& c) { s.model(c.param, c.caller, c.res); }},
@@ -924,42 +927,61 @@ struct Server::Impl {
            std::to_string(waiting->load()) + "\n";
   }
 
-  // The queue's model as a repository of one model (DESIGN.md's `M`): version "1", ready once
-  // the model says it is and has warmed up, its route all to it; the queue's counts (the store's,
-  // shared by a fleet) as its version's, for a caller who may read what spans tenants (as GET
-  // /v1/stats).
-  nlohmann::json model_json(const Credential* caller) {
-    nlohmann::json version = {{"version", detail::single_model_version},
-                              {"state", service.telemetry().model_ready() ? "ready" : "loading"},
-                              {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
-    if (!options.model_digest.empty()) version["digest"] = options.model_digest;
-    if (multi_tenant && !(caller && caller->reads_everything())) {
-      return model_body(std::move(version));
-    }
-    try {
-      if (const std::optional<QueueStats> s = service.telemetry().queue_stats()) {
-        version["queued"] = s->queued;
-        version["running"] = s->running;
-      }
-    } catch (const std::exception&) {
-      // A failing store: the model is still described, without its counts (/ping says why).
-    }
-    return model_body(std::move(version));
+  // The models served, by name.
+  std::vector<std::string> model_names() const {
+    std::vector<std::string> names;
+    for (const ModelRef& ref : service.models().list())
+      if (names.empty() || names.back() != ref.name) names.push_back(ref.name);
+    return names;
   }
 
-  nlohmann::json model_body(nlohmann::json version) {
-    return {{"name", model_name},
-            {"default_version", detail::single_model_version},
+  // One model of the queue's repository (DESIGN.md's `M`): its versions, each ready once it says
+  // it is and the queue's models have warmed up, its route all to its default (highest) version.
+  // With one model, the queue's counts (the store's, shared by a fleet) are its default version's,
+  // for a caller who may read what spans tenants (as GET /v1/stats); the store does not count by
+  // model, so with several they are left out.
+  nlohmann::json model_json(const std::string& name, const Credential* caller) {
+    const ModelRepository& models = service.models();
+    const bool warmed = service.telemetry().model_ready();
+    const bool one_model = model_names().size() == 1;
+    nlohmann::json versions = nlohmann::json::array();
+    for (const ModelRef& ref : models.list()) {
+      if (ref.name != name) continue;
+      nlohmann::json version = {
+          {"version", ref.version},
+          {"state", warmed && models.find(ref)->ready() ? "ready" : "loading"},
+          {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
+      const auto digest = options.model_digests.find(ref.name + "/" + ref.version);
+      if (digest != options.model_digests.end()) {
+        version["digest"] = digest->second;
+      } else if (one_model && models.size() == 1 && !options.model_digest.empty()) {
+        version["digest"] = options.model_digest;
+      }
+      if (one_model && ref.version == models.default_version(name) &&
+          !(multi_tenant && !(caller && caller->reads_everything()))) {
+        try {
+          if (const std::optional<QueueStats> s = service.telemetry().queue_stats()) {
+            version["queued"] = s->queued;
+            version["running"] = s->running;
+          }
+        } catch (const std::exception&) {
+          // A failing store: the model is still described, without its counts (/ping says why).
+        }
+      }
+      versions.push_back(std::move(version));
+    }
+    return {{"name", name},
+            {"default_version", models.default_version(name)},
             {"split", nlohmann::json::array()},
             {"generation", 1},
-            {"versions", {std::move(version)}}};
+            {"versions", std::move(versions)}};
   }
 
   void model(const std::string& name, const Credential* caller, HttpResponse& res) {
-    if (name != model_name) {
+    if (name.empty() || !service.models().find({name, {}})) {
       return send_error(res, {404, "model_not_found", "No model named '" + name + "'.", {}});
     }
-    send_json(res, 200, model_json(caller));
+    send_json(res, 200, model_json(name, caller));
   }
 
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
@@ -1262,12 +1284,16 @@ struct Server::Impl {
                               {}});
     }
     const std::string target = req.header("X-Amzn-SageMaker-Target-Model");
-    if (!target.empty() && target != model_name) {
+    if (!target.empty() && !service.models().find({target, {}})) {
       return send_error(res, {404,
                               "model_not_found",
                               "No model named '" + detail::truncated_utf8(target, 128) + "'.",
                               {}});
     }
+    // The version that answers: the model's default (the queue fills in the same).
+    const std::string name = target.empty() ? service.models().default_model() : target;
+    ModelRef chosen{name, service.models().default_version(name)};
+    std::string answered_by = chosen.name + "/" + chosen.version;
     // No thread waits: the model's answer against a timer, whichever comes first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply));
@@ -1288,8 +1314,9 @@ struct Server::Impl {
         service, std::move(input),
         // Who answered, as a job's body says it ("model": {"name", "version"}): on the model's
         // own answers (its output or its failure), not on the queue's refusals or a timeout.
-        [life = life, weak = std::weak_ptr<PendingAnswer>(call), answered_by = answered_by](
-            boost::system::error_code ec, const Prediction& prediction) {
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call),
+         answered_by = std::move(answered_by)](boost::system::error_code ec,
+                                               const Prediction& prediction) {
           PendingAnswer::when_alive(
               life, weak, [ec, prediction, answered_by](PendingAnswer& pending) {
                 pending.conclude([&](HttpResponse& answer) {
@@ -1306,7 +1333,7 @@ struct Server::Impl {
                 });
               });
         },
-        c.tenant);
+        c.tenant, std::move(chosen));
     reserved.release();  // the queue counts the input from here
     if (!status.error) return;
     boost::asio::post(call->strand, [call, status] {
@@ -1575,10 +1602,6 @@ struct Server::Impl {
   // When the model was loaded, as GET /v1/models says (ServerOptions::model_loaded_at).
   const std::chrono::system_clock::time_point model_loaded_at =
       options.model_loaded_at.value_or(std::chrono::system_clock::now());
-  // The model's name, read once (as the queue reads it: Model::name() is constant), and what
-  // `Rebound-Model` says of its answers on /invocations.
-  const std::string model_name = service.model().name();
-  const std::string answered_by = model_name + "/" + detail::single_model_version;
   std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;

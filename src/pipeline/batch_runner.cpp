@@ -119,6 +119,36 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   const auto now = clock_();
   screen(batch, now);
   if (batch.empty()) return;
+  if (only_) return run_on(*only_, std::move(batch), now);
+  // Several versions: each runs its own items, in the order of their first item; an item whose
+  // version this queue does not serve (a job taken over from a store) fails without running.
+  std::vector<std::pair<Model*, std::vector<WorkItem>>> groups;
+  for (auto& item : batch) {
+    Model* model = models_.find(item.job.model);
+    if (!model) {
+      const ModelRef& ref = item.job.model;
+      const bool named = models_.find({ref.name, {}}) != nullptr;
+      Prediction refused =
+          Prediction::failure(named ? "version_unavailable" : "model_not_found",
+                              named ? "This server does not serve version '" + ref.version +
+                                          "' of the model '" + ref.name + "'."
+                                    : "This server does not serve the model '" + ref.name + "'.");
+      settle(item, refused, 1, 0, TimePoint{});
+      continue;
+    }
+    auto group =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == model; });
+    if (group == groups.end()) {
+      groups.emplace_back(model, std::vector<WorkItem>{});
+      group = std::prev(groups.end());
+    }
+    group->second.push_back(std::move(item));
+  }
+  for (auto& [model, items] : groups)
+    run_on(*model, std::move(items), now);
+}
+
+void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint now) {
   // The jobs running now, each with its cancellation flag.
   std::vector<std::shared_ptr<std::atomic<bool>>> flags;
   bool given_up = false;  // the process gave its running jobs up before this batch began
@@ -189,7 +219,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
     // An invocation in the batch is never cancelled: the flag stays down for a mixed batch.
     const bool has_invocation = flags.size() < items->size();
     current_flags = has_invocation ? nullptr : &flags;
-    predictions = predict(inputs);
+    predictions = predict(model, inputs);
     current_flags = nullptr;
   }
   const double inference_s =
@@ -258,14 +288,14 @@ BatchStats BatchRunner::stats() const {
   return stats_;
 }
 
-std::vector<Prediction> BatchRunner::predict(std::vector<nlohmann::json>& inputs) {
+std::vector<Prediction> BatchRunner::predict(Model& model, std::vector<nlohmann::json>& inputs) {
   try {
     // Moved, never copied, until its depth is checked: copying a json tree recurses.
     std::vector<Prediction> out;
     if (inputs.size() == 1) {
-      out.push_back(model_.predict(inputs.front()));
+      out.push_back(model.predict(inputs.front()));
     } else {
-      out = model_.predict_batch(inputs);
+      out = model.predict_batch(inputs);
     }
     if (out.size() == inputs.size()) {
       // Everything downstream (the store, the status body, the callback) serialises outputs

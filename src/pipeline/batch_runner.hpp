@@ -26,6 +26,7 @@
 #include "observers.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "rebound/model.hpp"
+#include "rebound/model_repository.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
 #include "work_queue.hpp"
@@ -39,11 +40,12 @@ class BatchRunner {
  public:
   /// `events` hears each job whose outcome this runner got acknowledged (job_final: it is final
   /// in the store) and keeps the parts alive while a watchdog or a write is under way.
-  BatchRunner(Model& model, StoreAccess& store, Leases& leases, Delivery& delivery,
+  BatchRunner(const ModelRepository& models, StoreAccess& store, Leases& leases, Delivery& delivery,
               Admission& admission, Observers& observe, Clock clock, PipelineEvents& events,
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,
               std::chrono::milliseconds inference_timeout)
-      : model_(model),
+      : models_(models),
+        only_(models.size() == 1 ? models.find({}) : nullptr),
         store_(store),
         leases_(leases),
         delivery_(delivery),
@@ -92,9 +94,12 @@ class BatchRunner {
   // leaves the others.
   void screen(std::vector<WorkItem>& batch, TimePoint now);
 
+  // Runs a batch of one version's items (screened) on `model`.
+  void run_on(Model& model, std::vector<WorkItem> batch, TimePoint now);
+
   // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
   // predictions, fails every item of the batch with model_error.
-  std::vector<Prediction> predict(std::vector<nlohmann::json>& inputs);
+  std::vector<Prediction> predict(Model& model, std::vector<nlohmann::json>& inputs);
 
   // Answers one item with its prediction: an invocation's handler, or a job's outcome.
   // inference_ms < 0: the model never answered (a timeout).
@@ -105,7 +110,9 @@ class BatchRunner {
   // none is wanted, or when the lease was lost: another claim has the job).
   void finish(JobRecord record, Claim claim);
 
-  Model& model_;
+  const ModelRepository& models_;
+  // A repository of one version: it runs every item, whatever model the item names.
+  Model* const only_;
   StoreAccess& store_;
   Leases& leases_;
   Delivery& delivery_;

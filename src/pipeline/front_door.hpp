@@ -35,9 +35,11 @@ struct FrontDoor {
 
   /// Runs `input` through the model as `async_invoke` does; `on_result` is called exactly once
   /// (InvokeAnswer: on the worker that ran it, or at shutdown) when the answer is success, and
-  /// never otherwise. `tenant`: whose invocation it is (its rate, its share, its turn).
+  /// never otherwise. `tenant`: whose invocation it is (its rate, its share, its turn); `model`:
+  /// the version it runs on (empty fields: the defaults; refused when not served, with
+  /// `reason` saying why).
   static Submitted invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result,
-                          const std::string& tenant = {});
+                          const std::string& tenant = {}, ModelRef model = {});
 };
 
 }  // namespace detail

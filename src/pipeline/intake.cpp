@@ -26,6 +26,37 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
   }
 }
 
+// The model a job names, filled in (ModelRef): an empty name is the repository's default model,
+// an empty version that model's default version. A name or a version the queue does not serve is
+// refused (model_not_found, version_unavailable). The chosen version is the answer.
+Model* choose_model(const ModelRepository& models, ModelRef& ref, Submitted& refusal) {
+  if (Model* model = models.find(ref)) {
+    if (ref.name.empty()) ref.name = models.default_model();
+    if (ref.version.empty()) ref.version = models.default_version(ref.name);
+    return model;
+  }
+  const std::string name = ref.name.empty() ? models.default_model() : ref.name;
+  if (!models.find({name, {}})) {
+    refusal = refused(errc::model_not_found);
+    refusal.reason = ErrorInfo{"model_not_found", "No model named '" + name + "'."};
+    refusal.field = "model";
+    return nullptr;
+  }
+  std::string served;
+  std::size_t versions = 0;
+  for (const ModelRef& r : models.list()) {
+    if (r.name != name) continue;
+    served += (served.empty() ? "'" : ", '") + r.version + "'";
+    ++versions;
+  }
+  refusal = refused(errc::version_unavailable);
+  refusal.reason = ErrorInfo{"version_unavailable", "The model '" + name + "' has no version '" +
+                                                        ref.version + "' ready; it serves version" +
+                                                        (versions > 1 ? "s " : " ") + served + "."};
+  refusal.field = "version";
+  return nullptr;
+}
+
 namespace {
 
 // Taken, and not the same request again: it goes to the store.
@@ -48,27 +79,6 @@ struct Admitted {
   int parked_floor = std::numeric_limits<int>::max();
 };
 
-// The model a job names, filled in: the queue's one model, version "1" (ModelRef). A name or a
-// version it does not serve is refused (model_not_found, version_unavailable).
-Submitted choose_model(const ModelRef& served, ModelRef& ref) {
-  if (!ref.name.empty() && ref.name != served.name) {
-    Submitted s = refused(errc::model_not_found);
-    s.reason = ErrorInfo{"model_not_found", "No model named '" + ref.name + "'."};
-    s.field = "model";
-    return s;
-  }
-  if (!ref.version.empty() && ref.version != served.version) {
-    Submitted s = refused(errc::version_unavailable);
-    s.reason = ErrorInfo{"version_unavailable", "The model '" + served.name + "' has no version '" +
-                                                    ref.version + "' ready; it serves version '" +
-                                                    served.version + "'."};
-    s.field = "version";
-    return s;
-  }
-  ref = served;
-  return taken();
-}
-
 // What is refused before admission (and outside its lock): a job that breaks a rule
 // (common/job_rules.hpp: the same rules, and sentences, as over HTTP), a model or version not
 // served (the job's ModelRef is filled in here), a callback nobody can send, an input the model
@@ -82,9 +92,11 @@ Submitted check(Pipeline& core, Job& job, bool rules_checked) {
     s.field = std::move(broken->field);
     return s;
   }
-  if (Submitted chosen = choose_model(core.served_model, job.model); chosen.error) return chosen;
+  Submitted refusal;
+  Model* model = choose_model(core.models, job.model, refusal);
+  if (!model) return refusal;
   if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
-  if (auto invalid = validate(*core.model, job.input)) {
+  if (auto invalid = validate(*model, job.input)) {
     Submitted s = refused(errc::invalid_input);
     s.reason = std::move(*invalid);
     s.field = "input";

@@ -1,4 +1,4 @@
-// Whether the queue's model can take work: it says it is ready (Model::ready) and its warm-up
+// Whether the queue's models can take work: each says it is ready (Model::ready) and its warm-up
 // (Model::warm_up) has returned. Gates submissions (Admission) and the jobs the pump claims.
 #pragma once
 
@@ -11,12 +11,17 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "rebound/log.hpp"
 #include "rebound/model.hpp"
+#include "rebound/model_repository.hpp"
 
 namespace rebound::detail {
 
+/// The models are every version of a ModelRepository; "the model" below is all of them: ready
+/// when each is, warmed up when each one's warm-up has returned (in turn, in the repository's
+/// order).
 /// Model::warm_up runs once: in `start` when the model is ready then (on the caller's thread, the
 /// JobQueue's constructor), else on a thread of its own as soon as `ready` first finds the model
 /// ready (a model that loads in the background); `warmed` is called when that one returns. A
@@ -26,15 +31,18 @@ namespace rebound::detail {
 /// the queue stops.
 class ModelReadiness {
  public:
-  ModelReadiness(Model& model, Logger logger, std::function<void()> warmed)
-      : model_(model), logger_(std::move(logger)), warmed_(std::move(warmed)) {}
+  ModelReadiness(const ModelRepository& models, Logger logger, std::function<void()> warmed)
+      : logger_(std::move(logger)), warmed_(std::move(warmed)) {
+    for (const ModelRef& ref : models.list())
+      models_.push_back({ref, models.find(ref)});
+  }
   ModelReadiness(const ModelReadiness&) = delete;
   ModelReadiness& operator=(const ModelReadiness&) = delete;
   ~ModelReadiness() { stop(); }
 
   /// Warms the model up now when it is ready now.
   void start() {
-    if (model_.ready() && claim()) warm();
+    if (models_ready() && claim()) warm();
   }
 
   /// No warm-up starts from now on; waits for one under way on its own thread (as the queue
@@ -46,14 +54,14 @@ class ModelReadiness {
   }
 
   /// `ready` without starting anything.
-  bool warmed() const { return state_.load(std::memory_order_acquire) == warm_ && model_.ready(); }
+  bool warmed() const { return state_.load(std::memory_order_acquire) == warm_ && models_ready(); }
 
   /// True once the model is ready and warmed up. Cheap (the model's own `ready`, an atomic). The
   /// first call that finds the model ready starts its warm-up elsewhere, and answers false.
   bool ready() const {
     const int state = state_.load(std::memory_order_acquire);
-    if (state == warm_) return model_.ready();
-    if (state == cold_ && !closed_.load(std::memory_order_acquire) && model_.ready() && claim()) {
+    if (state == warm_) return models_ready();
+    if (state == cold_ && !closed_.load(std::memory_order_acquire) && models_ready() && claim()) {
       std::lock_guard<std::mutex> lock(thread_mutex_);
       try {
         thread_ = std::thread([this] {
@@ -78,22 +86,43 @@ class ModelReadiness {
     return state_.compare_exchange_strong(expected, warming_, std::memory_order_acq_rel);
   }
 
+  bool models_ready() const {
+    for (const auto& m : models_)
+      if (!m.model->ready()) return false;
+    return true;
+  }
+
   void warm() const {
-    const auto began = std::chrono::steady_clock::now();
-    try {
-      model_.warm_up();
-      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - began);
-      logger_.log(LogLevel::info, "model_warmed_up", {{"ms", took.count()}});
-    } catch (const std::exception& e) {
-      logger_.log(LogLevel::warn, "model_warm_up_failed", {{"error", e.what()}});
-    } catch (...) {
-      logger_.log(LogLevel::warn, "model_warm_up_failed", {{"error", "unknown error"}});
+    for (const auto& m : models_) {
+      // A repository of one model logs as before; several name the version warmed.
+      nlohmann::json named = nlohmann::json::object();
+      if (models_.size() > 1) {
+        named["model"] = m.ref.name;
+        named["version"] = m.ref.version;
+      }
+      const auto began = std::chrono::steady_clock::now();
+      try {
+        m.model->warm_up();
+        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - began);
+        named["ms"] = took.count();
+        logger_.log(LogLevel::info, "model_warmed_up", named);
+      } catch (const std::exception& e) {
+        named["error"] = e.what();
+        logger_.log(LogLevel::warn, "model_warm_up_failed", named);
+      } catch (...) {
+        named["error"] = "unknown error";
+        logger_.log(LogLevel::warn, "model_warm_up_failed", named);
+      }
     }
     state_.store(warm_, std::memory_order_release);
   }
 
-  Model& model_;
+  struct Served {
+    ModelRef ref;
+    Model* model;
+  };
+  std::vector<Served> models_;
   const Logger logger_;
   const std::function<void()> warmed_;
   std::atomic<bool> closed_{false};

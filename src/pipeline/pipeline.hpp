@@ -168,12 +168,12 @@ inline std::string default_server_id() {
 struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// `gate`: in front of the transport, owned by the sender (null without one); `attempt_timeout`:
   /// the callback attempts' timeout; `prefetch`: the StorePump's (0: none).
-  Pipeline(std::unique_ptr<Model> model_in, std::unique_ptr<JobStore> store_in,
+  Pipeline(ModelRepository models_in, std::unique_ptr<JobStore> store_in,
            std::unique_ptr<CallbackSender> sender_in, bool has_transport, OriginGate* gate_in,
            std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
-      : model(std::move(model_in)),
-        served_model{model->name(), single_model_version},
+      : models(std::move(models_in)),
+        single_model(models.size() == 1),
         job_store(std::move(store_in)),
         sender(std::move(sender_in)),
         gate(gate_in),
@@ -181,7 +181,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
         guard(std::move(guard_in)),
         clock(options.clock),
         store(*job_store, observe, sender->get_executor(), options.store_retry_interval),
-        readiness(*model, options.logger,
+        readiness(models, options.logger,
                   [this] { pump.wake(clock()); }),  // jobs left in the store: claimed now
         admission(options.queue_capacity, readiness, *this,
                   options.tenant_share >= 1.0
@@ -196,7 +196,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
                  options.callback_max_deferral),
         pump(store, admission, leases, delivery, observe, clock, *this, options.poll_interval,
              delivers_callbacks, prefetch),
-        runner(*model, store, leases, delivery, admission, observe, clock, *this,
+        runner(models, store, leases, delivery, admission, observe, clock, *this,
                sender->get_executor(), options.job_ttl, options.inference_timeout),
         async_waiters(options.max_waiting),
         rates(options.tenant_defaults, options.tenants),
@@ -291,10 +291,12 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
 
   static constexpr std::size_t max_reads_a_call = 256;
 
-  std::unique_ptr<Model> model;
-  /// What `model` is served as (Model::name(), read once; version "1"): the ModelRef every job
-  /// of this queue is stored with.
-  const ModelRef served_model;
+  /// The models served, each in its versions (a JobQueue built on one Model: version "1" of its
+  /// name). Never changed once built.
+  const ModelRepository models;
+  /// A repository of one version, which runs every job it takes whatever model it names (what a
+  /// queue on one Model did before models had versions).
+  const bool single_model;
   std::unique_ptr<JobStore> job_store;
   std::unique_ptr<CallbackSender> sender;
   OriginGate* const gate;  // in front of the transport, owned by the sender; null without one
@@ -443,6 +445,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     if (!trace_submissions) return std::nullopt;
     SubmissionTrace trace;
     trace.job_id = key_of(job);
+    trace.model = job.model;
     trace.started = clock();
     if (is_valid_traceparent(job.traceparent)) {
       trace.parent_span_id = job.traceparent.substr(36, 16);

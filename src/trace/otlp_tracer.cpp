@@ -321,13 +321,19 @@ void OtlpTracer::count_into(const Metrics* metrics) {
 
 namespace {
 
+// The model a span names: the job's (a queue of several models), else the tracer's.
+const std::string& model_of(const ModelRef& model, const OtlpTracerOptions& o) {
+  return model.name.empty() ? o.model_name : model.name;
+}
+
 void messaging(nlohmann::json& a, const char* operation, const std::string& job_id,
-               const OtlpTracerOptions& o) {
+               const ModelRef& model, const OtlpTracerOptions& o) {
   add(a, "messaging.system", std::string("rebound"));
   add(a, "messaging.operation.type", std::string(operation));
   add(a, "messaging.operation.name", std::string(operation));
   add(a, "messaging.message.id", job_id);
-  add(a, "messaging.destination.name", o.model_name);
+  add(a, "messaging.destination.name", model_of(model, o));
+  if (!model.version.empty()) add(a, "rebound.model.version", model.version);
   if (!o.server_id.empty()) add(a, "rebound.server.id", o.server_id);
 }
 
@@ -339,11 +345,11 @@ void OtlpTracer::on_submission_traced(const SubmissionTrace& t) {
   s.trace_id = detail::trace_id_of(t.traceparent);
   s.span_id = t.traceparent.substr(36, 16);
   s.parent_id = t.parent_span_id;
-  s.name = "send " + impl_->options.model_name;
+  s.name = "send " + model_of(t.model, impl_->options);
   s.kind = kProducer;
   s.start = t.started;
   s.end = t.accepted;
-  messaging(s.attributes, "send", t.job_id, impl_->options);
+  messaging(s.attributes, "send", t.job_id, t.model, impl_->options);
   impl_->push(std::move(s));
 }
 
@@ -355,7 +361,7 @@ void OtlpTracer::on_completed(const JobRecord& record, std::size_t batch_size,
   s.trace_id = detail::trace_id_of(job.traceparent);
   s.span_id = new_span_id();
   s.parent_id = job.traceparent.substr(36, 16);
-  s.name = "process " + impl_->options.model_name;
+  s.name = "process " + model_of(job.model, impl_->options);
   s.kind = kConsumer;
   const auto end = record.outcome.finished_at != std::chrono::system_clock::time_point{}
                        ? record.outcome.finished_at
@@ -366,7 +372,7 @@ void OtlpTracer::on_completed(const JobRecord& record, std::size_t batch_size,
             : job.created_at != never  ? std::min(job.created_at, end)
                                        : end;
   s.end = end;
-  messaging(s.attributes, "process", key_of(job), impl_->options);
+  messaging(s.attributes, "process", key_of(job), job.model, impl_->options);
   add(s.attributes, "rebound.job.status", std::string(to_string(record.status)));
   if (record.started_at >= job.created_at && job.created_at.time_since_epoch().count() != 0) {
     add(s.attributes, "rebound.queue_wait_ms",

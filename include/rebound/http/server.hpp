@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,6 +100,9 @@ struct ServerOptions {
   /// (named by `Model::name()`, version "1"): its digest (`model_digest` of the spec it was made
   /// from; empty: not said) and when it was loaded (none: when the Server was made).
   std::string model_digest;
+  /// The digests of a repository's versions (JobQueue built on a ModelRepository), each by
+  /// "<name>/<version>"; a version without one has no `digest`.
+  std::map<std::string, std::string> model_digests;
   std::optional<std::chrono::system_clock::time_point> model_loaded_at;
 };
 

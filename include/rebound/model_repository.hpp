@@ -1,0 +1,141 @@
+// ModelRepository: the models a JobQueue serves, each by name in one or more versions.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rebound/error.hpp"
+#include "rebound/job.hpp"
+#include "rebound/model.hpp"
+
+namespace rebound {
+
+/// The models one JobQueue serves: each by its name (is_valid_model_name) in one or more versions
+/// (is_valid_model_version: "1", "2", ... ordered as numbers), each version a Model of its own.
+/// A model's highest version is its default: a job that names the model and no version runs on
+/// it. One model is the repository's default: a job that names no model goes to it.
+///
+/// A job is pinned to the version chosen when it was accepted (`Job::model`, kept by the store),
+/// and runs on exactly that version; batches never mix models or versions. A job taken over from
+/// a store (an earlier run, another server) whose version this queue does not serve fails with
+/// `model_not_found` or `version_unavailable`, except in a repository of one model in one
+/// version (a JobQueue built on one Model), which runs every job it takes, as before.
+///
+/// Example (two models, the second in two versions; see examples/models/):
+///   rebound::ModelRepository models;
+///   models.add(rebound::make_model("echo"))                // echo, version 1
+///       .add(std::make_unique<Iris>(v1), "1")              // iris, version 1
+///       .add(std::make_unique<Iris>(v2), "2")              // iris, version 2: its default
+///       .set_default_model("iris");
+///   rebound::JobQueue queue(std::move(models));
+///
+/// rebound-server builds one from a directory (`--model-repository DIR`, make_model_repository).
+///
+/// Thread-safety: build it on one thread; the JobQueue it is moved into only reads it.
+class ModelRepository {
+ public:
+  ModelRepository() = default;
+  /// A repository of one model, version "1" of `model->name()`: what a JobQueue built on one
+  /// Model serves. (Its name is not checked here: such a model serves whatever it is called, and
+  /// only a submission that names it needs a model name.)
+  explicit ModelRepository(std::unique_ptr<Model> model) {
+    if (!model) throw Error("ModelRepository: a model is required");
+    default_model_ = model->name();
+    models_[default_model_].emplace("1", std::move(model));
+  }
+  ModelRepository(ModelRepository&&) noexcept = default;
+  ModelRepository& operator=(ModelRepository&&) noexcept = default;
+  ModelRepository(const ModelRepository&) = delete;
+  ModelRepository& operator=(const ModelRepository&) = delete;
+
+  /// Adds `model` as `version` of the model named `model->name()` (read once, here). Throws
+  /// rebound::Error for a null model, a name or version that is not one, or a version added
+  /// already. The first model added is the default model until set_default_model says otherwise.
+  ModelRepository& add(std::unique_ptr<Model> model, std::string version = "1") {
+    if (!model) throw Error("ModelRepository: a model is required");
+    std::string name = model->name();
+    return add(std::move(name), std::move(version), std::move(model));
+  }
+
+  /// Adds `model` as `version` of the model `name`, whatever its own `name()` says (a model
+  /// repository's directory names it: make_model_repository). Throws as the other `add`.
+  ModelRepository& add(std::string name, std::string version, std::unique_ptr<Model> model) {
+    if (!model) throw Error("ModelRepository: a model is required");
+    if (!is_valid_model_name(name)) {
+      throw Error("ModelRepository: '" + name +
+                  "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
+                  "digit)");
+    }
+    if (!is_valid_model_version(version)) {
+      throw Error("ModelRepository: version '" + version + "' of '" + name +
+                  "' is not a version (a positive integer, no leading zero)");
+    }
+    auto& versions = models_[name];
+    if (!versions.emplace(version, std::move(model)).second) {
+      throw Error("ModelRepository: version " + version + " of '" + name + "' is added twice");
+    }
+    if (default_model_.empty()) default_model_ = std::move(name);
+    return *this;
+  }
+
+  /// The model a job that names none goes to. Throws rebound::Error when no model of that name
+  /// has been added.
+  ModelRepository& set_default_model(const std::string& name) {
+    if (!models_.count(name)) {
+      throw Error("ModelRepository: the default model '" + name + "' is not in the repository");
+    }
+    default_model_ = name;
+    return *this;
+  }
+
+  /// The default model's name; empty while the repository is empty.
+  const std::string& default_model() const { return default_model_; }
+  bool empty() const { return models_.empty(); }
+  /// Versions in all, over all models.
+  std::size_t size() const {
+    std::size_t n = 0;
+    for (const auto& [name, versions] : models_)
+      n += versions.size();
+    return n;
+  }
+
+  /// `name`'s default version (its highest); empty when there is no such model.
+  std::string default_version(const std::string& name) const {
+    const auto it = models_.find(name);
+    return it == models_.end() ? std::string() : it->second.rbegin()->first;
+  }
+
+  /// The version `ref` names (an empty name: the default model; an empty version: the model's
+  /// default version); nullptr when there is none.
+  Model* find(const ModelRef& ref) const {
+    const auto it = models_.find(ref.name.empty() ? default_model_ : ref.name);
+    if (it == models_.end()) return nullptr;
+    if (ref.version.empty()) return it->second.rbegin()->second.get();
+    const auto v = it->second.find(ref.version);
+    return v == it->second.end() ? nullptr : v->second.get();
+  }
+
+  /// Every version, by model name, then version (as numbers).
+  std::vector<ModelRef> list() const {
+    std::vector<ModelRef> out;
+    for (const auto& [name, versions] : models_)
+      for (const auto& [version, model] : versions)
+        out.push_back({name, version});
+    return out;
+  }
+
+ private:
+  // Versions in numeric order: a longer decimal text (no leading zeros) is the larger number.
+  struct ByNumber {
+    bool operator()(const std::string& a, const std::string& b) const {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    }
+  };
+  std::map<std::string, std::map<std::string, std::unique_ptr<Model>, ByNumber>> models_;
+  std::string default_model_;
+};
+
+}  // namespace rebound

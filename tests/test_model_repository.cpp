@@ -1,0 +1,347 @@
+// A JobQueue serving several models, each in versions (ModelRepository): every job runs on the
+// version chosen when it was accepted, batches never mix versions, and a repository directory
+// (make_model_repository) is read without ever leaving it.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <boost/asio/use_future.hpp>
+#include <boost/system/system_error.hpp>
+
+#include "rebound/errc.hpp"
+#include "rebound/job_queue.hpp"
+#include "rebound/make_model.hpp"
+#include "rebound/model_repository.hpp"
+#include "rebound/store/memory_job_store.hpp"
+
+using namespace std::chrono_literals;
+using rebound::JobStatus;
+using rebound::ModelRef;
+namespace fs = std::filesystem;
+
+namespace {
+
+// What every version saw: each input it ran, by the version's label ("iris/2").
+struct Ledger {
+  std::mutex m;
+  std::vector<std::pair<std::string, std::string>> runs;  // (version, input's "for")
+  std::set<std::size_t> batch_sizes;
+};
+
+// Answers {"by": "<name>/<version>"} and notes each input it ran in the ledger.
+class Labelled final : public rebound::Model {
+ public:
+  Labelled(std::string name, std::string label, std::shared_ptr<Ledger> ledger)
+      : name_(std::move(name)), label_(std::move(label)), ledger_(std::move(ledger)) {}
+  std::string name() const override { return name_; }
+  rebound::BatchingPreference batching() const override { return {16, 20ms}; }
+  rebound::Prediction predict(const nlohmann::json& input) override {
+    note(input, 1);
+    return rebound::Prediction::success({{"by", label_}});
+  }
+  std::vector<rebound::Prediction> predict_batch(
+      const std::vector<nlohmann::json>& inputs) override {
+    std::vector<rebound::Prediction> out;
+    for (const auto& input : inputs) {
+      note(input, inputs.size());
+      out.push_back(rebound::Prediction::success({{"by", label_}}));
+    }
+    return out;
+  }
+
+ private:
+  void note(const nlohmann::json& input, std::size_t batch) {
+    std::lock_guard<std::mutex> lock(ledger_->m);
+    ledger_->runs.emplace_back(label_, input.value("for", ""));
+    ledger_->batch_sizes.insert(batch);
+  }
+  std::string name_, label_;
+  std::shared_ptr<Ledger> ledger_;
+};
+
+rebound::ModelRepository two_models(const std::shared_ptr<Ledger>& ledger) {
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Labelled>("echo", "echo/1", ledger))
+      .add(std::make_unique<Labelled>("iris", "iris/1", ledger), "1")
+      .add(std::make_unique<Labelled>("iris", "iris/2", ledger), "2")
+      .set_default_model("iris");
+  return models;
+}
+
+rebound::Job job_for(const std::string& id, ModelRef model) {
+  rebound::Job job = rebound::make_job(id, {{"for", model.name + "/" + model.version}});
+  job.model = std::move(model);
+  return job;
+}
+
+// A folder of its own under the system's temporary directory, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char pattern[] = "/tmp/rebound-repo-XXXXXX";
+    path = ::mkdtemp(pattern);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  void write(const std::string& relative, const std::string& text) const {
+    fs::create_directories((path / relative).parent_path());
+    std::ofstream(path / relative) << text;
+  }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rebound::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("ModelRepository: versions in numeric order - the highest is a model's default") {
+  auto ledger = std::make_shared<Ledger>();
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Labelled>("iris", "iris/9", ledger), "9")
+      .add(std::make_unique<Labelled>("iris", "iris/10", ledger), "10")
+      .add(std::make_unique<Labelled>("echo", "echo/1", ledger));
+  CHECK(models.default_model() == "iris");  // the first added
+  CHECK(models.default_version("iris") == "10");
+  CHECK(models.default_version("none").empty());
+  CHECK(models.size() == 3);
+  const std::vector<ModelRef> listed = models.list();
+  REQUIRE(listed.size() == 3);
+  CHECK(listed[0] == ModelRef{"echo", "1"});
+  CHECK(listed[1] == ModelRef{"iris", "9"});
+  CHECK(listed[2] == ModelRef{"iris", "10"});
+  CHECK(models.find({}) == models.find({"iris", "10"}));
+  CHECK(models.find({"iris", ""}) == models.find({"iris", "10"}));
+  CHECK(models.find({"iris", "11"}) == nullptr);
+  CHECK(models.find({"nope", ""}) == nullptr);
+  models.set_default_model("echo");
+  CHECK(models.find({}) == models.find({"echo", "1"}));
+
+  CHECK(error_of([&] { models.set_default_model("nope"); }).find("not in the repository") !=
+        std::string::npos);
+  CHECK(error_of([&] {
+          models.add(std::make_unique<Labelled>("iris", "x", ledger), "9");
+        }).find("added twice") != std::string::npos);
+  CHECK(error_of([&] {
+          models.add(std::make_unique<Labelled>("iris", "x", ledger), "09");
+        }).find("is not a version") != std::string::npos);
+  CHECK(error_of([&] {
+          models.add(std::make_unique<Labelled>("../etc", "x", ledger));
+        }).find("is not a model name") != std::string::npos);
+  CHECK(error_of([&] { models.add(nullptr); }).find("a model is required") != std::string::npos);
+  CHECK_THROWS_AS(rebound::JobQueue(rebound::ModelRepository()), rebound::Error);
+}
+
+TEST_CASE("a queue of several models runs each job on the version chosen when it was accepted") {
+  auto ledger = std::make_shared<Ledger>();
+  rebound::JobQueueOptions options;
+  options.workers = 2;
+  rebound::JobQueue queue(two_models(ledger), nullptr, options);
+  CHECK(queue.model().name() == "iris");  // the default model's default version
+  CHECK(queue.models().list().size() == 3);
+
+  auto run = [&](rebound::Job job) {
+    return queue.async_submit(std::move(job), boost::asio::use_future).get();
+  };
+  const auto by_default = run(rebound::make_job("plain", {{"for", "iris/2"}}));
+  CHECK(by_default.status == JobStatus::succeeded);
+  CHECK(by_default.job.model == ModelRef{"iris", "2"});
+  CHECK(by_default.outcome.result == nlohmann::json{{"by", "iris/2"}});
+
+  const auto pinned = run(job_for("pinned", {"iris", "1"}));
+  CHECK(pinned.job.model == ModelRef{"iris", "1"});
+  CHECK(pinned.outcome.result == nlohmann::json{{"by", "iris/1"}});
+
+  const auto other = run(job_for("other", {"echo", ""}));
+  CHECK(other.job.model == ModelRef{"echo", "1"});
+  CHECK(other.outcome.result == nlohmann::json{{"by", "echo/1"}});
+
+  // Refused before anything is stored, and said why.
+  try {
+    run(job_for("no-model", {"resnet", ""}));
+    FAIL("a model the queue does not serve was accepted");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::model_not_found);
+  }
+  try {
+    run(job_for("no-version", {"iris", "3"}));
+    FAIL("a version the queue does not serve was accepted");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::version_unavailable);
+  }
+  std::promise<rebound::Submitted> answered;
+  queue.submit(
+      job_for("no-version-2", {"iris", "3"}),
+      [&](boost::system::error_code, const rebound::Submitted& s) { answered.set_value(s); });
+  const rebound::Submitted refused = answered.get_future().get();
+  CHECK(refused.error == rebound::errc::version_unavailable);
+  CHECK(refused.field == "version");
+  CHECK(refused.reason.message.find("versions '1', '2'") != std::string::npos);
+  CHECK_FALSE(queue.find({"no-version-2"}));
+
+  // Invocations choose the same way.
+  const auto invoked =
+      queue.async_invoke(ModelRef{"iris", "1"}, {{"for", "iris/1"}}, boost::asio::use_future).get();
+  CHECK(invoked.output() == nlohmann::json{{"by", "iris/1"}});
+  CHECK(queue.async_invoke({{"for", "iris/2"}}, boost::asio::use_future).get().output() ==
+        nlohmann::json{{"by", "iris/2"}});
+  try {
+    queue.async_invoke(ModelRef{"nope", ""}, nlohmann::json::object(), boost::asio::use_future)
+        .get();
+    FAIL("an invocation of a model the queue does not serve ran");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::model_not_found);
+  }
+}
+
+TEST_CASE("batches never mix models or versions") {
+  auto ledger = std::make_shared<Ledger>();
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  rebound::JobQueue queue(two_models(ledger), nullptr, options);
+  // Submitted together, interleaved: the worker's batches hold all three versions' jobs.
+  const std::vector<ModelRef> refs = {{"iris", "1"}, {"iris", "2"}, {"echo", "1"}};
+  std::vector<std::future<rebound::JobRecord>> ends;
+  for (int i = 0; i < 90; ++i) {
+    ends.push_back(
+        queue.async_submit(job_for("j" + std::to_string(i), refs[i % 3]), boost::asio::use_future));
+  }
+  for (auto& end : ends) {
+    const rebound::JobRecord r = end.get();
+    CHECK(r.status == JobStatus::succeeded);
+    CHECK(r.outcome.result["by"] == r.job.model.name + "/" + r.job.model.version);
+  }
+  std::lock_guard<std::mutex> lock(ledger->m);
+  CHECK(ledger->runs.size() == 90);
+  for (const auto& [version, wanted] : ledger->runs)
+    CHECK(version == wanted);  // every input reached the version it was for, and no other
+  CHECK(*ledger->batch_sizes.rbegin() > 1);  // (batches did form)
+}
+
+TEST_CASE("a stored job whose version the queue does not serve fails and says why") {
+  // Jobs an earlier run (or another server) stored for versions this queue lacks.
+  auto store = std::make_unique<rebound::MemoryJobStore>();
+  for (const auto& [id, ref] :
+       std::vector<std::pair<std::string, ModelRef>>{{"old-version", {"iris", "7"}},
+                                                     {"gone-model", {"resnet", "1"}},
+                                                     {"kept", {"iris", "1"}}}) {
+    rebound::Job job = job_for(id, ref);
+    job.created_at = std::chrono::system_clock::now();
+    REQUIRE(store->put(job, std::nullopt) == rebound::PutOutcome::created);
+  }
+  auto ledger = std::make_shared<Ledger>();
+  rebound::JobQueue queue(two_models(ledger), std::move(store));
+  auto end_of = [&](const std::string& id) {
+    return queue.async_wait({id}, boost::asio::use_future).get();
+  };
+  const auto old_version = end_of("old-version");
+  CHECK(old_version.status == JobStatus::failed);
+  REQUIRE(old_version.outcome.error);
+  CHECK(old_version.outcome.error->code == "version_unavailable");
+  CHECK(old_version.job.model == ModelRef{"iris", "7"});  // as it was stored
+  const auto gone = end_of("gone-model");
+  REQUIRE(gone.outcome.error);
+  CHECK(gone.outcome.error->code == "model_not_found");
+  const auto kept = end_of("kept");
+  CHECK(kept.status == JobStatus::succeeded);
+  CHECK(kept.outcome.result == nlohmann::json{{"by", "iris/1"}});
+  std::lock_guard<std::mutex> lock(ledger->m);
+  CHECK(ledger->runs.size() == 1);  // only "kept" ran
+}
+
+TEST_CASE("make_model_repository: DIR/<name>/<version>/ - the highest version of each loaded") {
+  TempDir repo;
+  repo.write("fast/1/config.json", R"({"backend": "echo"})");
+  repo.write("slow/1/config.json", R"({"backend": "sleep", "seconds": 5})");
+  repo.write("slow/2/config.json", R"({"backend": "sleep", "seconds": 0})");
+  repo.write("README.md", "plain files are passed over");
+  repo.write(".cache/1/config.json", R"({"backend": "echo"})");  // as are hidden entries
+
+  CHECK(error_of([&] {
+          rebound::make_model_repository(repo.path.string());
+        }).find("several models") != std::string::npos);
+  rebound::ModelRepository models = rebound::make_model_repository(repo.path.string(), "slow");
+  const std::vector<ModelRef> listed = models.list();
+  REQUIRE(listed.size() == 2);
+  CHECK(listed[0] == ModelRef{"fast", "1"});
+  CHECK(listed[1] == ModelRef{"slow", "2"});  // the highest version only
+  CHECK(models.default_model() == "slow");
+  rebound::JobQueue queue(std::move(models));
+  rebound::Job job = rebound::make_job("a", {{"x", 1}});
+  job.model.name = "fast";
+  CHECK(queue.async_submit(job, boost::asio::use_future).get().outcome.result ==
+        nlohmann::json{{"x", 1}});
+  CHECK(queue.async_submit(rebound::make_job("b", {{"x", 2}}), boost::asio::use_future)
+            .get()
+            .outcome.result == "OK");  // slow/2 (the sleep backend answers OK), not echo
+  CHECK(error_of([&] {
+          rebound::make_model_repository(repo.path.string(), "nope");
+        }).find("not in the repository") != std::string::npos);
+}
+
+TEST_CASE("make_model_repository: names - versions and links that would leave it are refused") {
+  auto refusal = [](const std::function<void(const TempDir&)>& layout) {
+    TempDir repo;
+    layout(repo);
+    return error_of([&] { rebound::make_model_repository(repo.path.string()); });
+  };
+  CHECK(refusal([](const TempDir& r) {
+          r.write("Iris/1/config.json", R"({"backend":"echo"})");
+        }).find("'Iris' is not a model name") != std::string::npos);
+  CHECK(refusal([](const TempDir& r) {
+          r.write("iris/01/config.json", R"({"backend":"echo"})");
+        }).find("'iris/01' is not a version") != std::string::npos);
+  CHECK(refusal([](const TempDir& r) {
+          r.write("iris/v2/config.json", R"({"backend":"echo"})");
+        }).find("is not a version") != std::string::npos);
+  CHECK(refusal([](const TempDir& r) {
+          fs::create_directories(r.path / "iris");
+        }).find("has no version") != std::string::npos);
+  CHECK(refusal([](const TempDir& r) {
+          r.write("iris/1/config.json", R"({"backend":"gpu"})");
+        }).find("unknown backend") != std::string::npos);
+  CHECK(refusal([](const TempDir&) {}).find("no model in it") != std::string::npos);
+  // A version that is a link to a directory elsewhere, and a model file that is a link out.
+  TempDir outside;
+  outside.write("1/config.json", R"({"backend": "echo"})");
+  outside.write("model.pt", "not a model");
+  CHECK(refusal([&](const TempDir& r) {
+          fs::create_directories(r.path / "iris");
+          fs::create_directory_symlink(outside.path / "1", r.path / "iris" / "1");
+        }).find("leads outside the repository") != std::string::npos);
+  CHECK(refusal([&](const TempDir& r) {
+          fs::create_directories(r.path / "iris" / "1");
+          fs::create_symlink(outside.path / "model.pt", r.path / "iris" / "1" / "model.pt");
+        }).find("leads outside the repository") != std::string::npos);
+  CHECK(refusal([&](const TempDir& r) {  // a whole model linked in from elsewhere
+          fs::create_directory_symlink(outside.path, r.path / "iris");
+        })
+            .find("'iris' leads outside the repository") != std::string::npos);
+  CHECK(refusal([&](const TempDir& r) {  // any file of the version (its digest reads them all)
+          r.write("iris/1/config.json", R"({"backend": "echo"})");
+          fs::create_directories(r.path / "iris" / "1" / "extra");
+          fs::create_symlink("/etc/hostname", r.path / "iris" / "1" / "extra" / "notes");
+        })
+            .find("'iris/1/extra/notes' leads outside the repository") != std::string::npos);
+  CHECK(error_of([] {
+          rebound::make_model_repository("/nonexistent/models");
+        }).find("not a directory") != std::string::npos);
+}
