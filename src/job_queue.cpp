@@ -212,12 +212,21 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   queue_options.default_weight = options.tenant_defaults.weight;
   for (const auto& [name, tenant] : options.tenants)
     queue_options.weights[name] = tenant.weight;
+  // Batches never mix versions: with several, a batch ends before the first item of another
+  // (its version's Model, or null for one not served).
+  detail::WorkQueue<detail::WorkItem>::BatchKey by_version;
+  if (core_->models.size() > 1) {
+    by_version = [core = core_.get()](const detail::WorkItem& item) -> const void* {
+      return core->models.find(item.job.model);
+    };
+  }
   queue_ = std::make_unique<detail::WorkQueue<detail::WorkItem>>(
       std::move(inference_executor), queue_options,
       [core = core_](std::vector<detail::WorkItem> batch) {
         core->pump.note_taken();  // room in the prefetch: parked jobs are claimed now
         core->runner.run(std::move(batch));
-      });
+      },
+      std::move(by_version));
   // What the store holds from an earlier run (a durable store) or from servers gone: the first
   // claims happen here, so that they are counted when the constructor returns. A store that fails
   // now is retried by the pump. The pauses a shared store keeps hold before anything is sent.

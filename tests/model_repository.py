@@ -91,7 +91,7 @@ callback_url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
 with tempfile.TemporaryDirectory() as tmp:
     repo = os.path.join(tmp, "models")
     write(f"{repo}/echo/1/config.json", '{"backend": "echo"}')
-    write(f"{repo}/slow/1/config.json", '{"backend": "sleep", "seconds": 30}')
+    write(f"{repo}/slow/1/config.json", '{"backend": "echo"}')
     write(f"{repo}/slow/2/config.json", '{"backend": "sleep", "seconds": 0}')
 
     # Several models and no default: the server will not guess.
@@ -104,7 +104,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     proc, port, out = start("--model-repository", repo, "--default-model", "echo")
     check(port is not None, f"the server did not start: {out}")
-    check("models echo/1, slow/2" in out, f"the start line does not list the models: {out}")
+    check("models echo/1, slow/1, slow/2" in out, f"the start line does not list the models: {out}")
 
     # A job for each model, and one for the default; each answered by its own version.
     status, body, _ = request(port, "POST", "/v1/inferences",
@@ -128,12 +128,24 @@ with tempfile.TemporaryDirectory() as tmp:
     status, body, _ = request(port, "GET", "/v1/inferences/s")
     check(status == 200 and body["model"] == {"name": "slow", "version": "2"}, f"status: {body}")
 
+    # A job may pin an older version: it runs there (slow/1 echoes), and says so.
+    status, body, _ = request(port, "POST", "/v1/inferences",
+                              {"id": "pinned", "model": "slow", "version": 1, "input": [7],
+                               "callback_url": callback_url})
+    check(status == 202, f"a pinned job: {status} {body}")
+    try:
+        cb = callbacks.get(timeout=20)
+    except queue.Empty:
+        fail("the pinned job's callback is missing")
+    check(cb["id"] == "pinned" and cb["model"] == {"name": "slow", "version": "1"} and
+          cb["result"] == [7], f"the pinned job's callback: {cb}")
     # What it does not serve is refused before anything is stored.
     status, body, _ = request(port, "POST", "/v1/inferences",
-                              {"id": "old", "model": "slow", "version": "1"})
+                              {"id": "old", "model": "slow", "version": "3"})
     check(status == 409 and body["error"]["code"] == "version_unavailable",
-          f"a version not loaded: {status} {body}")
-    check("'2'" in body["error"]["message"], f"the refusal does not say what is served: {body}")
+          f"a version not there: {status} {body}")
+    check("versions '1', '2'" in body["error"]["message"],
+          f"the refusal does not say what is served: {body}")
     status, body, _ = request(port, "POST", "/v1/inferences", {"id": "x", "model": "resnet"})
     check(status == 404 and body["error"]["code"] == "model_not_found", f"{status} {body}")
     status, body, _ = request(port, "GET", "/v1/inferences/old")
@@ -145,12 +157,14 @@ with tempfile.TemporaryDirectory() as tmp:
     by_name = {m["name"]: m for m in body["models"]}
     check(sorted(by_name) == ["echo", "slow"], f"models listed: {sorted(by_name)}")
     slow = by_name["slow"]
-    check(slow["default_version"] == "2" and [v["version"] for v in slow["versions"]] == ["2"],
-          f"slow: {slow}")
-    check(slow["versions"][0]["state"] == "ready", f"slow's state: {slow}")
-    check(slow["versions"][0]["digest"].startswith("sha256:"), f"slow's digest: {slow}")
-    check(slow["versions"][0]["digest"] != by_name["echo"]["versions"][0]["digest"],
+    check(slow["default_version"] == "2" and
+          [v["version"] for v in slow["versions"]] == ["1", "2"], f"slow: {slow}")
+    check(all(v["state"] == "ready" for v in slow["versions"]), f"slow's states: {slow}")
+    check(all(v["digest"].startswith("sha256:") for v in slow["versions"]), f"digests: {slow}")
+    check(slow["versions"][1]["digest"] != slow["versions"][0]["digest"],
           "two versions with different files have one digest")
+    check(slow["versions"][0]["digest"] == by_name["echo"]["versions"][0]["digest"],
+          "two versions with the same files have different digests")
     check("queued" not in slow["versions"][0], "counts of all models given as one model's")
     status, body, _ = request(port, "GET", "/v1/models/slow")
     check(status == 200 and body == slow, f"/v1/models/slow: {status} {body}")

@@ -217,12 +217,13 @@ TEST_CASE("batches never mix models or versions") {
   rebound::JobQueueOptions options;
   options.workers = 1;
   rebound::JobQueue queue(two_models(ledger), nullptr, options);
-  // Submitted together, interleaved: the worker's batches hold all three versions' jobs.
+  // Submitted together, in runs of ten a version: without the split, batches (up to 16) would
+  // straddle the runs.
   const std::vector<ModelRef> refs = {{"iris", "1"}, {"iris", "2"}, {"echo", "1"}};
   std::vector<std::future<rebound::JobRecord>> ends;
   for (int i = 0; i < 90; ++i) {
-    ends.push_back(
-        queue.async_submit(job_for("j" + std::to_string(i), refs[i % 3]), boost::asio::use_future));
+    ends.push_back(queue.async_submit(job_for("j" + std::to_string(i), refs[(i / 10) % 3]),
+                                      boost::asio::use_future));
   }
   for (auto& end : ends) {
     const rebound::JobRecord r = end.get();
@@ -267,10 +268,47 @@ TEST_CASE("a stored job whose version the queue does not serve fails and says wh
   CHECK(ledger->runs.size() == 1);  // only "kept" ran
 }
 
-TEST_CASE("make_model_repository: DIR/<name>/<version>/ - the highest version of each loaded") {
+TEST_CASE("one version added to a repository pins as strictly - one Model alone runs every job") {
+  auto stored = [](const std::string& id, ModelRef ref) {
+    auto store = std::make_unique<rebound::MemoryJobStore>();
+    rebound::Job job = job_for(id, std::move(ref));
+    job.created_at = std::chrono::system_clock::now();
+    REQUIRE(store->put(job, std::nullopt) == rebound::PutOutcome::created);
+    return store;
+  };
+  auto ledger = std::make_shared<Ledger>();
+  {
+    rebound::ModelRepository one;
+    one.add(std::make_unique<Labelled>("iris", "iris/1", ledger));
+    CHECK_FALSE(one.runs_every_job());
+    rebound::JobQueue queue(std::move(one), stored("for-2", {"iris", "2"}));
+    const auto r = queue.async_wait({"for-2"}, boost::asio::use_future).get();
+    REQUIRE(r.outcome.error);
+    CHECK(r.outcome.error->code == "version_unavailable");
+  }
+  {
+    // A queue built on one Model: the job runs on it, whatever it names (as before versions).
+    rebound::JobQueue queue(std::make_unique<Labelled>("iris", "iris/1", ledger),
+                            stored("for-2", {"iris", "2"}));
+    CHECK(queue.models().runs_every_job());
+    const auto r = queue.async_wait({"for-2"}, boost::asio::use_future).get();
+    CHECK(r.status == JobStatus::succeeded);
+    CHECK(r.outcome.result == nlohmann::json{{"by", "iris/1"}});
+  }
+  // A model whose name is no model name can be served alone, never beside another.
+  rebound::ModelRepository alone(std::make_unique<Labelled>("Iris Classifier", "x", ledger));
+  CHECK(alone.runs_every_job());
+  CHECK(error_of([&] {
+          alone.add(std::make_unique<Labelled>("echo", "echo/1", ledger));
+        }).find("can only be served alone") != std::string::npos);
+}
+
+TEST_CASE(
+    "make_model_repository: DIR/<name>/<version>/ - every version loaded, the highest the "
+    "default") {
   TempDir repo;
   repo.write("fast/1/config.json", R"({"backend": "echo"})");
-  repo.write("slow/1/config.json", R"({"backend": "sleep", "seconds": 5})");
+  repo.write("slow/1/config.json", R"({"backend": "echo"})");
   repo.write("slow/2/config.json", R"({"backend": "sleep", "seconds": 0})");
   repo.write("README.md", "plain files are passed over");
   repo.write(".cache/1/config.json", R"({"backend": "echo"})");  // as are hidden entries
@@ -280,9 +318,11 @@ TEST_CASE("make_model_repository: DIR/<name>/<version>/ - the highest version of
         }).find("several models") != std::string::npos);
   rebound::ModelRepository models = rebound::make_model_repository(repo.path.string(), "slow");
   const std::vector<ModelRef> listed = models.list();
-  REQUIRE(listed.size() == 2);
+  REQUIRE(listed.size() == 3);
   CHECK(listed[0] == ModelRef{"fast", "1"});
-  CHECK(listed[1] == ModelRef{"slow", "2"});  // the highest version only
+  CHECK(listed[1] == ModelRef{"slow", "1"});
+  CHECK(listed[2] == ModelRef{"slow", "2"});
+  CHECK(models.default_version("slow") == "2");
   CHECK(models.default_model() == "slow");
   rebound::JobQueue queue(std::move(models));
   rebound::Job job = rebound::make_job("a", {{"x", 1}});
@@ -292,6 +332,10 @@ TEST_CASE("make_model_repository: DIR/<name>/<version>/ - the highest version of
   CHECK(queue.async_submit(rebound::make_job("b", {{"x", 2}}), boost::asio::use_future)
             .get()
             .outcome.result == "OK");  // slow/2 (the sleep backend answers OK), not echo
+  rebound::Job pinned = rebound::make_job("c", {{"x", 3}});
+  pinned.model = ModelRef{"slow", "1"};
+  CHECK(queue.async_submit(pinned, boost::asio::use_future).get().outcome.result ==
+        nlohmann::json{{"x", 3}});  // slow/1 echoes
   CHECK(error_of([&] {
           rebound::make_model_repository(repo.path.string(), "nope");
         }).find("not in the repository") != std::string::npos);
@@ -341,6 +385,22 @@ TEST_CASE("make_model_repository: names - versions and links that would leave it
           fs::create_symlink("/etc/hostname", r.path / "iris" / "1" / "extra" / "notes");
         })
             .find("'iris/1/extra/notes' leads outside the repository") != std::string::npos);
+  CHECK(refusal([&](const TempDir& r) {  // a link that leads nowhere is no file to pass over
+          r.write("iris/1/config.json", R"({"backend": "echo"})");
+          fs::create_directory_symlink(r.path / "nowhere", r.path / "iris" / "3");
+        })
+            .find("'iris/3' cannot be resolved") != std::string::npos);
+  CHECK(refusal([&](const TempDir& r) {  // nor is a loop inside a version
+          r.write("iris/1/config.json", R"({"backend": "echo"})");
+          fs::create_symlink("loop", r.path / "iris" / "1" / "loop");
+        })
+            .find("'iris/1/loop' cannot be resolved") != std::string::npos);
+  CHECK(refusal([&](const TempDir& r) {  // every version is checked, not the default alone
+          r.write("iris/2/config.json", R"({"backend": "echo"})");
+          fs::create_directories(r.path / "iris");
+          fs::create_directory_symlink(outside.path / "1", r.path / "iris" / "1");
+        })
+            .find("'iris/1' leads outside the repository") != std::string::npos);
   CHECK(error_of([] {
           rebound::make_model_repository("/nonexistent/models");
         }).find("not a directory") != std::string::npos);

@@ -182,6 +182,37 @@ TEST_CASE("batches fill up to max_batch_size from what is waiting - in order") {
   }
 }
 
+TEST_CASE("items of different batch keys never share a batch - a batch ends at another key") {
+  // (A JobQueue of several model versions keys its items by version.)
+  boost::asio::thread_pool pool(2);
+  Gate gate;
+  std::mutex m;
+  std::vector<std::vector<int>> batches;
+  static const char version_a = 'a', version_b = 'b';
+  auto key = [](const Job& j) -> const void* {
+    return j.input.get<int>() % 10 == 3 ? &version_b : &version_a;  // job 3 and 13 are b's
+  };
+  JobQueue queue(
+      pool.get_executor(), opts(100, 1, 4),
+      [&](std::vector<Job> batch) {
+        gate.wait();
+        std::lock_guard<std::mutex> lock(m);
+        batches.emplace_back();
+        for (const auto& j : batch)
+          batches.back().push_back(j.input.get<int>());
+      },
+      key);
+  REQUIRE(queue.try_push(job(0)) == PushResult::accepted);
+  REQUIRE(rebound::test::eventually([&] { return queue.running() == 1; }));
+  for (int n : {1, 2, 3, 4, 13, 5})  // queued while the worker holds job 0
+    REQUIRE(queue.try_push(job(n)) == PushResult::accepted);
+  gate.open();
+  REQUIRE(queue.wait_idle(10s));
+  std::lock_guard<std::mutex> lock(m);
+  const std::vector<std::vector<int>> expected = {{0}, {1, 2}, {3}, {4}, {13}, {5}};
+  CHECK(batches == expected);  // in order, each batch of one key
+}
+
 TEST_CASE("a partial batch waits for max_queue_delay - then goes without filling up") {
   boost::asio::thread_pool pool(2);
   std::mutex m;

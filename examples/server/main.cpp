@@ -191,19 +191,22 @@ int main(int argc, char** argv) {
           ->capture_default_str();
   app.add_option("--model-repository", model_repository,
                  "Several models: DIR/<name>/<version>/, each version a --model directory or a "
-                 "config.json naming a built-in ({\"backend\": \"echo\"}); each model's highest "
-                 "version is served (docs/models.md)")
+                 "config.json naming a built-in ({\"backend\": \"echo\"}); every version is "
+                 "served, each model's highest its default (docs/models.md)")
       ->envname("REBOUND_MODEL_REPOSITORY")
       ->excludes(model_option);
   app.add_option("--default-model", default_model,
                  "With --model-repository: the model a job that names none goes to (needed when "
-                 "there are several)");
+                 "there are several)")
+      ->envname("REBOUND_DEFAULT_MODEL");
   app.add_option("--max-batch-size", max_batch_size,
-                 "Jobs and invocations per model call (default: the model's config.json, else 1)")
+                 "Jobs and invocations per model call (default: the (default) model's "
+                 "config.json, else 1)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{65536}));
   app.add_option(
          "--max-batch-delay-ms", max_batch_delay_ms,
-         "Longest wait for a batch to fill, in ms (default: the model's config.json, else 0)")
+         "Longest wait for a batch to fill, in ms (default: the (default) model's config.json, "
+         "else 0)")
       ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--store", store_uri,
                  "Job store: sqlite:<path> (durable: accepted jobs survive a crash), memory, or "

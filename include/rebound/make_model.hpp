@@ -85,7 +85,7 @@ inline std::unique_ptr<Model> make_model_version(const std::filesystem::path& di
 }
 
 /// A ModelRepository from a directory laid out as `DIR/<name>/<version>/` (rebound-server's
-/// `--model-repository`): each model's highest version is loaded (make_model_version) and is
+/// `--model-repository`): every version is loaded (make_model_version), each model's highest is
 /// its default; `default_model` (may be empty when there is one model) is the model a job that
 /// names none goes to. Every name is checked before a path is built from it: a directory whose
 /// name is not a model name (is_valid_model_name) or version (is_valid_model_version) is refused,
@@ -104,13 +104,36 @@ inline ModelRepository make_model_repository(const std::string& dir,
     throw Error("model repository " + dir + ": not a directory" +
                 (ec ? " (" + ec.message() + ")" : ""));
   }
+  const auto inside = [&](const fs::path& p) {
+    const auto rel = p.lexically_relative(root);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  // `path` (`label` in messages) with its links resolved: refused when that leads nowhere, loops,
+  // or leaves the repository.
+  const auto resolved = [&](const fs::path& path, const std::string& label) {
+    std::error_code e;
+    const fs::path real = fs::canonical(path, e);
+    if (e) {
+      throw Error("model repository " + dir + ": '" + label +
+                  "' cannot be resolved (a link that leads nowhere, or a loop)");
+    }
+    if (!inside(real)) {
+      throw Error("model repository " + dir + ": '" + label + "' leads outside the repository");
+    }
+    return real;
+  };
   // Entries by name, so that errors and loads come in the same order everywhere.
   auto entries = [&](const fs::path& at) {
     std::vector<fs::path> out;
     for (fs::directory_iterator it(at, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.empty() || name[0] == '.') continue;
-      if (!it->is_directory(ec)) continue;
+      std::error_code e;
+      if (it->is_symlink(e) && !fs::exists(it->path(), e)) {
+        // (Not passed over as a plain file would be: a version deployed as a link that broke.)
+        resolved(it->path(), it->path().lexically_relative(root).string());
+      }
+      if (!it->is_directory(e)) continue;
       out.push_back(it->path());
     }
     if (ec) throw Error("model repository: cannot list " + at.string() + ": " + ec.message());
@@ -125,52 +148,38 @@ inline ModelRepository make_model_repository(const std::string& dir,
                   "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
                   "digit)");
     }
-    const auto inside = [&](const fs::path& p) {
-      const auto rel = p.lexically_relative(root);
-      return !rel.empty() && *rel.begin() != "..";
-    };
-    const fs::path real_model_dir = fs::canonical(model_dir, ec);
-    if (ec || !inside(real_model_dir)) {
-      throw Error("model repository " + dir + ": '" + name + "' leads outside the repository");
-    }
-    std::string highest;
+    const fs::path real_model_dir = resolved(model_dir, name);
+    std::vector<std::string> versions;
     for (const fs::path& version_dir : entries(real_model_dir)) {
       const std::string version = version_dir.filename().string();
       if (!is_valid_model_version(version)) {
         throw Error("model repository " + dir + ": '" + name + "/" + version +
                     "' is not a version (a positive integer, no leading zero)");
       }
-      if (highest.empty() || version.size() > highest.size() ||
-          (version.size() == highest.size() && version > highest)) {
-        highest = version;
-      }
+      versions.push_back(version);
     }
-    if (highest.empty()) {
+    if (versions.empty()) {
       throw Error("model repository " + dir + ": the model '" + name + "' has no version");
     }
-    // Nothing outside the repository is read: a version that is a link elsewhere is refused.
-    const fs::path version_dir = fs::canonical(real_model_dir / highest, ec);
-    if (ec || !inside(version_dir)) {
-      throw Error("model repository " + dir + ": '" + name + "/" + highest +
-                  "' leads outside the repository");
-    }
-    // Nor a file in it that links elsewhere (the model's files, and what its digest reads).
-    for (fs::recursive_directory_iterator it(version_dir, ec), end; !ec && it != end;
-         it.increment(ec)) {
-      if (!it->is_symlink(ec)) continue;
-      const fs::path target = fs::canonical(it->path(), ec);
-      if (ec || !inside(target)) {
-        throw Error("model repository " + dir + ": '" + name + "/" + highest + "/" +
-                    it->path().lexically_relative(version_dir).string() +
-                    "' leads outside the repository");
+    for (const std::string& version : versions) {
+      const std::string label = name + "/" + version;
+      // Nothing outside the repository is read: a version that is a link elsewhere is refused,
+      const fs::path version_dir = resolved(real_model_dir / version, label);
+      // and so is a file in it that links elsewhere (the model's files, what its digest reads).
+      for (fs::recursive_directory_iterator it(version_dir, ec), end; !ec && it != end;
+           it.increment(ec)) {
+        std::error_code e;
+        if (!it->is_symlink(e)) continue;
+        resolved(it->path(), label + "/" + it->path().lexically_relative(version_dir).string());
       }
-    }
-    if (ec)
-      throw Error("model repository: cannot list " + version_dir.string() + ": " + ec.message());
-    try {
-      repository.add(name, highest, make_model_version(version_dir));
-    } catch (const Error& e) {
-      throw Error("model repository " + dir + ": '" + name + "/" + highest + "': " + e.what());
+      if (ec) {
+        throw Error("model repository: cannot list " + version_dir.string() + ": " + ec.message());
+      }
+      try {
+        repository.add(name, version, make_model_version(version_dir));
+      } catch (const Error& e) {
+        throw Error("model repository " + dir + ": '" + label + "': " + e.what());
+      }
     }
   }
   if (repository.empty()) throw Error("model repository " + dir + ": no model in it");

@@ -21,10 +21,12 @@ namespace rebound {
 /// A job is pinned to the version chosen when it was accepted (`Job::model`, kept by the store),
 /// and runs on exactly that version; batches never mix models or versions. A job taken over from
 /// a store (an earlier run, another server) whose version this queue does not serve fails with
-/// `model_not_found` or `version_unavailable`, except in a repository of one model in one
-/// version (a JobQueue built on one Model), which runs every job it takes, as before.
+/// `model_not_found` or `version_unavailable`, except in a repository made of one Model by its
+/// one-Model constructor (what a JobQueue built on one Model serves), which runs every job it
+/// takes, as a queue of one model always did (runs_every_job).
 ///
-/// Example (two models, the second in two versions; see examples/models/):
+/// Example (two models, the second in two versions; examples/embedded/main.cpp serves two
+/// versions of one model):
 ///   rebound::ModelRepository models;
 ///   models.add(rebound::make_model("echo"))                // echo, version 1
 ///       .add(std::make_unique<Iris>(v1), "1")              // iris, version 1
@@ -45,6 +47,7 @@ class ModelRepository {
     if (!model) throw Error("ModelRepository: a model is required");
     default_model_ = model->name();
     models_[default_model_].emplace("1", std::move(model));
+    runs_every_job_ = true;
   }
   ModelRepository(ModelRepository&&) noexcept = default;
   ModelRepository& operator=(ModelRepository&&) noexcept = default;
@@ -64,6 +67,10 @@ class ModelRepository {
   /// repository's directory names it: make_model_repository). Throws as the other `add`.
   ModelRepository& add(std::string name, std::string version, std::unique_ptr<Model> model) {
     if (!model) throw Error("ModelRepository: a model is required");
+    if (runs_every_job_ && !is_valid_model_name(default_model_)) {
+      throw Error("ModelRepository: the first model's name '" + default_model_ +
+                  "' is not a model name: it can only be served alone");
+    }
     if (!is_valid_model_name(name)) {
       throw Error("ModelRepository: '" + name +
                   "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
@@ -78,6 +85,7 @@ class ModelRepository {
       throw Error("ModelRepository: version " + version + " of '" + name + "' is added twice");
     }
     if (default_model_.empty()) default_model_ = std::move(name);
+    runs_every_job_ = false;
     return *this;
   }
 
@@ -90,6 +98,12 @@ class ModelRepository {
     default_model_ = name;
     return *this;
   }
+
+  /// True for a repository made by the one-Model constructor, with nothing added since: its
+  /// queue runs every job it takes on that model, whatever model and version the job names (as
+  /// a JobQueue built on one Model always did; such a model may even have a name that is no
+  /// model name). Otherwise a job runs only on the version it names.
+  bool runs_every_job() const noexcept { return runs_every_job_; }
 
   /// The default model's name; empty while the repository is empty.
   const std::string& default_model() const { return default_model_; }
@@ -136,6 +150,7 @@ class ModelRepository {
   };
   std::map<std::string, std::map<std::string, std::unique_ptr<Model>, ByNumber>> models_;
   std::string default_model_;
+  bool runs_every_job_ = false;
 };
 
 }  // namespace rebound

@@ -45,7 +45,7 @@ class BatchRunner {
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,
               std::chrono::milliseconds inference_timeout)
       : models_(models),
-        only_(models.size() == 1 ? models.find({}) : nullptr),
+        only_(models.runs_every_job() ? models.find({}) : nullptr),
         store_(store),
         leases_(leases),
         delivery_(delivery),
@@ -111,7 +111,8 @@ class BatchRunner {
   void finish(JobRecord record, Claim claim);
 
   const ModelRepository& models_;
-  // A repository of one version: it runs every item, whatever model the item names.
+  // A queue built on one Model (ModelRepository::runs_every_job): it runs every item, whatever
+  // model the item names.
   Model* const only_;
   StoreAccess& store_;
   Leases& leases_;

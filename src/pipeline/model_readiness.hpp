@@ -94,12 +94,7 @@ class ModelReadiness {
 
   void warm() const {
     for (const auto& m : models_) {
-      // A repository of one model logs as before; several name the version warmed.
-      nlohmann::json named = nlohmann::json::object();
-      if (models_.size() > 1) {
-        named["model"] = m.ref.name;
-        named["version"] = m.ref.version;
-      }
+      nlohmann::json named = {{"model", m.ref.name}, {"version", m.ref.version}};
       const auto began = std::chrono::steady_clock::now();
       try {
         m.model->warm_up();

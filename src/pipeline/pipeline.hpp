@@ -173,7 +173,6 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
            std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
       : models(std::move(models_in)),
-        single_model(models.size() == 1),
         job_store(std::move(store_in)),
         sender(std::move(sender_in)),
         gate(gate_in),
@@ -294,9 +293,6 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// The models served, each in its versions (a JobQueue built on one Model: version "1" of its
   /// name). Never changed once built.
   const ModelRepository models;
-  /// A repository of one version, which runs every job it takes whatever model it names (what a
-  /// queue on one Model did before models had versions).
-  const bool single_model;
   std::unique_ptr<JobStore> job_store;
   std::unique_ptr<CallbackSender> sender;
   OriginGate* const gate;  // in front of the transport, owned by the sender; null without one

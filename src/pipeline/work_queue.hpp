@@ -70,11 +70,16 @@ template <typename Item>
 class WorkQueue final {
  public:
   using Handler = std::function<void(std::vector<Item>)>;
+  /// Items whose keys differ never share a batch (a batch ends before the first item of another
+  /// key, which waits for the next one); empty: any items may.
+  using BatchKey = std::function<const void*(const Item&)>;
 
-  WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler)
+  WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler,
+            BatchKey batch_key = {})
       : executor_(std::move(executor)),
         options_(options),
         handler_(std::move(handler)),
+        batch_key_(std::move(batch_key)),
         timer_(executor_) {
     if (options_.capacity == 0) throw Error("WorkQueue: capacity must be at least 1");
     if (options_.workers == 0) throw Error("WorkQueue: workers must be at least 1");
@@ -232,10 +237,13 @@ class WorkQueue final {
         }
         const std::size_t take = std::min(options_.max_batch_size, pending_.size());
         batch.reserve(take);
-        for (std::size_t i = 0; i < take; ++i) {
+        batch.push_back(pending_.pop().item);
+        const void* key = batch_key_ && take > 1 ? batch_key_(batch.front()) : nullptr;
+        for (std::size_t i = 1; i < take; ++i) {
+          if (batch_key_ && batch_key_(pending_.front()) != key) break;
           batch.push_back(pending_.pop().item);
         }
-        running_ += take;
+        running_ += batch.size();
       }
       const std::size_t size = batch.size();
       bool failed = false;
@@ -254,6 +262,7 @@ class WorkQueue final {
   boost::asio::any_io_executor executor_;
   WorkQueueOptions options_;
   Handler handler_;
+  const BatchKey batch_key_;
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;
@@ -314,6 +323,13 @@ class WorkQueue final {
         --g.credit;  // its turn goes on
       }
       return p;
+    }
+    // The item pop() would take. Precondition: !empty().
+    const Item& front() const {
+      if (turn_.empty()) throw Error("WorkQueue: front of an empty queue");
+      for (const Lane& l : turn_.front()->second.lanes)
+        if (!l.items.empty()) return l.items.front().item;
+      throw Error("WorkQueue: a group without items took a turn");
     }
     // When the item that has waited longest was queued. Precondition: !empty().
     std::chrono::steady_clock::time_point oldest() const {
