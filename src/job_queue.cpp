@@ -456,6 +456,7 @@ std::string Telemetry::render_metrics() const {
       "\n# HELP rebound_work_bytes_limit JobQueueOptions::max_work_bytes (--max-work-mib).\n"
       "# TYPE rebound_work_bytes_limit gauge\nrebound_work_bytes_limit " +
       std::to_string(core_.admission.max_bytes()) + "\n";
+  out += core_.runner.version_metrics();
   // The whole queue, as the store counts it: the same on every server of a shared store (for
   // an autoscaler: take the max over servers, not the sum). Left out while the store fails.
   std::optional<QueueStats> stats;

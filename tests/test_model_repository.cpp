@@ -210,6 +210,18 @@ TEST_CASE("a queue of several models runs each job on the version chosen when it
   } catch (const boost::system::system_error& e) {
     CHECK(e.code() == rebound::errc::model_not_found);
   }
+
+  // /metrics counts each version's jobs (not invocations, not refusals).
+  const std::string metrics = queue.telemetry().render_metrics();
+  for (const char* line :
+       {"rebound_model_jobs_completed_total{model=\"echo\",version=\"1\",status=\"succeeded\"} 1\n",
+        "rebound_model_jobs_completed_total{model=\"iris\",version=\"1\",status=\"succeeded\"} 1\n",
+        "rebound_model_jobs_completed_total{model=\"iris\",version=\"2\",status=\"succeeded\"} 1\n",
+        "rebound_model_jobs_completed_total{model=\"iris\",version=\"2\",status=\"failed\"} 0\n",
+        "rebound_model_inference_seconds_total{model=\"iris\",version=\"1\"} "}) {
+    CAPTURE(line);
+    CHECK(metrics.find(line) != std::string::npos);
+  }
 }
 
 TEST_CASE("batches never mix models or versions") {

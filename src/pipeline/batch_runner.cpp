@@ -133,7 +133,7 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
                               named ? "This server does not serve version '" + ref.version +
                                           "' of the model '" + ref.name + "'."
                                     : "This server does not serve the model '" + ref.name + "'.");
-      settle(item, refused, 1, 0, TimePoint{});
+      settle(item, refused, 1, -1, TimePoint{}, nullptr);  // (no model call, no version)
       continue;
     }
     auto group =
@@ -149,6 +149,8 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
 }
 
 void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint now) {
+  const auto found = counts_.find(&model);
+  VersionCounts* const counts = found == counts_.end() ? nullptr : found->second.get();
   // The jobs running now, each with its cancellation flag.
   std::vector<std::shared_ptr<std::atomic<bool>>> flags;
   bool given_up = false;  // the process gave its running jobs up before this batch began
@@ -198,21 +200,21 @@ void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint no
   std::shared_ptr<boost::asio::steady_timer> watchdog;
   if (inference_timeout_.count() > 0) {
     watchdog = std::make_shared<boost::asio::steady_timer>(timer_executor_, inference_timeout_);
-    watchdog->async_wait(
-        [this, keep = owner(), items, settled, flags, now](const boost::system::error_code& ec) {
-          if (ec || settled->exchange(true)) return;
-          const std::string message = "The model did not answer within the inference timeout of " +
-                                      std::to_string(inference_timeout_.count() / 1000.0) + " s.";
-          for (auto& item : *items) {
-            Prediction timeout = Prediction::failure("inference_timeout", message);
-            settle(item, timeout, items->size(), -1, now);
-          }
-          // The late result will be discarded: a model that polls its flag may stop now (and a
-          // stopping process, whose abandon_running no longer sees these jobs, need not wait).
-          // (Raised once the jobs are settled: a raised flag would have discarded their outcome.)
-          for (const auto& flag : flags)
-            flag->store(true);
-        });
+    watchdog->async_wait([this, keep = owner(), items, settled, flags, now,
+                          counts](const boost::system::error_code& ec) {
+      if (ec || settled->exchange(true)) return;
+      const std::string message = "The model did not answer within the inference timeout of " +
+                                  std::to_string(inference_timeout_.count() / 1000.0) + " s.";
+      for (auto& item : *items) {
+        Prediction timeout = Prediction::failure("inference_timeout", message);
+        settle(item, timeout, items->size(), -1, now, counts);
+      }
+      // The late result will be discarded: a model that polls its flag may stop now (and a
+      // stopping process, whose abandon_running no longer sees these jobs, need not wait).
+      // (Raised once the jobs are settled: a raised flag would have discarded their outcome.)
+      for (const auto& flag : flags)
+        flag->store(true);
+    });
   }
   std::vector<Prediction> predictions;
   {
@@ -224,6 +226,7 @@ void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint no
   }
   const double inference_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (counts) counts->inference_us += static_cast<std::uint64_t>(inference_s * 1e6);
   if (settled->exchange(true)) {
     observe_([&](auto& o) { o.on_late_result(items->size(), inference_s); });
     return;
@@ -231,7 +234,7 @@ void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint no
   observe_([&](auto& o) { o.on_batch_finished(items->size(), inference_s); });
   if (watchdog) watchdog->cancel();
   for (std::size_t i = 0; i < items->size(); ++i) {
-    settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0, now);
+    settle((*items)[i], predictions[i], items->size(), inference_s * 1000.0, now, counts);
   }
 }
 
@@ -325,7 +328,7 @@ std::vector<Prediction> BatchRunner::predict(Model& model, std::vector<nlohmann:
 }
 
 void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
-                         double inference_ms, TimePoint started_at) {
+                         double inference_ms, TimePoint started_at, VersionCounts* counts) {
   if (item.reply) {
     observe_([&](auto& o) { o.on_invocation(prediction.ok()); });
     try {
@@ -364,8 +367,56 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
     record.status = JobStatus::failed;
     record.outcome.error = std::move(error);
   }
+  if (counts) ++(record.status == JobStatus::succeeded ? counts->succeeded : counts->failed);
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
   finish(std::move(record), std::move(item.claim));
+}
+
+namespace {
+// A label value as the Prometheus text format writes it (a model named by its Model::name(),
+// served alone, may hold anything).
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (const char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
+std::string BatchRunner::version_metrics() const {
+  std::vector<const VersionCounts*> versions;
+  for (const auto& [model, counts] : counts_)
+    versions.push_back(counts.get());
+  std::sort(versions.begin(), versions.end(), [](const VersionCounts* a, const VersionCounts* b) {
+    return a->ref.name != b->ref.name ? a->ref.name < b->ref.name
+                                      : (a->ref.version.size() != b->ref.version.size()
+                                             ? a->ref.version.size() < b->ref.version.size()
+                                             : a->ref.version < b->ref.version);
+  });
+  std::string jobs =
+      "# HELP rebound_model_jobs_completed_total Jobs that ran on a model version to a final "
+      "status, by status.\n# TYPE rebound_model_jobs_completed_total counter\n";
+  std::string seconds =
+      "# HELP rebound_model_inference_seconds_total Time in a model version's predict and "
+      "predict_batch calls.\n# TYPE rebound_model_inference_seconds_total counter\n";
+  for (const VersionCounts* v : versions) {
+    const std::string labels = "model=\"" + label_value(v->ref.name) + "\",version=\"" +
+                               label_value(v->ref.version) + "\"";
+    jobs += "rebound_model_jobs_completed_total{" + labels + ",status=\"succeeded\"} " +
+            std::to_string(v->succeeded.load()) + "\n";
+    jobs += "rebound_model_jobs_completed_total{" + labels + ",status=\"failed\"} " +
+            std::to_string(v->failed.load()) + "\n";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.6f", static_cast<double>(v->inference_us.load()) / 1e6);
+    seconds += "rebound_model_inference_seconds_total{" + labels + "} " + text + "\n";
+  }
+  return jobs + seconds;
 }
 
 void BatchRunner::finish(JobRecord record, Claim claim) {

@@ -55,13 +55,23 @@ class BatchRunner {
         events_(events),
         timer_executor_(std::move(timer_executor)),
         job_ttl_(job_ttl),
-        inference_timeout_(inference_timeout) {}
+        inference_timeout_(inference_timeout) {
+    for (const ModelRef& ref : models.list()) {
+      auto counts = std::make_unique<VersionCounts>();
+      counts->ref = ref;
+      counts_.emplace(models.find(ref), std::move(counts));
+    }
+  }
 
   /// The worker step for one batch.
   void run(std::vector<WorkItem> batch);
 
   /// batches, items and the largest batch so far (`resumed` is the pump's).
   BatchStats stats() const;
+
+  /// Each version's jobs by final status and its model calls' time, as Prometheus text
+  /// (rebound_model_jobs_completed_total, rebound_model_inference_seconds_total).
+  std::string version_metrics() const;
 
   /// Takes out of `queue` the jobs that must not wait any longer: past their time in queue
   /// (ended `expired`), or revoked (dropped). Called by the pump about every second, so that a job
@@ -94,6 +104,12 @@ class BatchRunner {
   // leaves the others.
   void screen(std::vector<WorkItem>& batch, TimePoint now);
 
+  // What one version ran: its jobs' outcomes and the time of its model calls.
+  struct VersionCounts {
+    ModelRef ref;
+    std::atomic<std::uint64_t> succeeded{0}, failed{0}, inference_us{0};
+  };
+
   // Runs a batch of one version's items (screened) on `model`.
   void run_on(Model& model, std::vector<WorkItem> batch, TimePoint now);
 
@@ -101,16 +117,19 @@ class BatchRunner {
   // predictions, fails every item of the batch with model_error.
   std::vector<Prediction> predict(Model& model, std::vector<nlohmann::json>& inputs);
 
-  // Answers one item with its prediction: an invocation's handler, or a job's outcome.
-  // inference_ms < 0: the model never answered (a timeout).
+  // Answers one item with its prediction: an invocation's handler, or a job's outcome, counted
+  // in `counts` (its version's; null: it ran on none). inference_ms < 0: the model never
+  // answered (a timeout).
   void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size, double inference_ms,
-              TimePoint started_at);
+              TimePoint started_at, VersionCounts* counts);
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
   // none is wanted, or when the lease was lost: another claim has the job).
   void finish(JobRecord record, Claim claim);
 
   const ModelRepository& models_;
+  // Each version's counts, by its Model (built once: the repository never changes).
+  std::unordered_map<const Model*, std::unique_ptr<VersionCounts>> counts_;
   // A queue built on one Model (ModelRepository::runs_every_job): it runs every item, whatever
   // model the item names.
   Model* const only_;

@@ -82,6 +82,23 @@ int main() {
          warm_ups == 1;
   }
   {
+    // Two versions of one model (ModelRepository): the highest is the default, a job may pin the
+    // other, and each warms up once.
+    int warm_ups = 0;
+    rebound::ModelRepository models;
+    models.add(std::make_unique<Warmed>(warm_ups), "1")
+        .add(std::make_unique<Warmed>(warm_ups), "2");
+    rebound::JobQueue queue(std::move(models));
+    rebound::Job pinned = rebound::make_job("pinned", 1);
+    pinned.model = rebound::ModelRef{"warmed", "1"};
+    ok = ok && warm_ups == 2 &&
+         queue.async_submit(std::move(pinned), boost::asio::use_future).get().job.model.version ==
+             "1" &&
+         queue.async_submit(rebound::make_job("default", 2), boost::asio::use_future)
+                 .get()
+                 .job.model.version == "2";
+  }
+  {
     // An operator's decision per tenant, read as rebound-server's --tenant reads it: the default
     // tenant may submit two jobs at once, then errc::tenant_rate.
     rebound::JobQueueOptions options;
