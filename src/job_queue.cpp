@@ -396,7 +396,7 @@ Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, Invok
   detail::Pipeline& core = *queue.core_;
   const Submitted verdict = [&] {
     Submitted refusal;
-    Model* model = detail::choose_model(core.models, model_ref, refusal);
+    Model* model = detail::choose_model(core, model_ref, refusal);
     if (!model) return refusal;
     if (auto invalid = detail::validate(*model, input)) {
       Submitted s = detail::refused(errc::invalid_input);

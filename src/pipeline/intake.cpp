@@ -29,7 +29,12 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
 // The model a job names, filled in (ModelRef): an empty name is the repository's default model,
 // an empty version that model's default version. A name or a version the queue does not serve is
 // refused (model_not_found, version_unavailable). The chosen version is the answer.
-Model* choose_model(const ModelRepository& models, ModelRef& ref, Submitted& refusal) {
+Model* choose_model(const Pipeline& core, ModelRef& ref, Submitted& refusal) {
+  if (ref.empty()) {  // most submissions: the default, chosen once
+    ref = core.default_ref;
+    return core.default_model;
+  }
+  const ModelRepository& models = core.models;
   if (Model* model = models.find(ref)) {
     if (ref.name.empty()) ref.name = models.default_model();
     if (ref.version.empty()) ref.version = models.default_version(ref.name);
@@ -93,7 +98,7 @@ Submitted check(Pipeline& core, Job& job, bool rules_checked) {
     return s;
   }
   Submitted refusal;
-  Model* model = choose_model(core.models, job.model, refusal);
+  Model* model = choose_model(core, job.model, refusal);
   if (!model) return refusal;
   if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
   if (auto invalid = validate(*model, job.input)) {

@@ -35,7 +35,7 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
 /// The version `ref` names, its empty fields filled in (the default model; that model's default
 /// version): ModelRef of the version chosen. nullptr when the queue does not serve it, with
 /// `refusal` saying why (model_not_found, version_unavailable; `reason` and `field` set).
-Model* choose_model(const ModelRepository& models, ModelRef& ref, Submitted& refusal);
+Model* choose_model(const Pipeline& core, ModelRef& ref, Submitted& refusal);
 
 /// One submission: checked (the job's rules, a transport for its callback, the model's
 /// validation), admitted, stored with this queue's claim (or parked in the store beyond the

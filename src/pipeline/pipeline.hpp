@@ -173,6 +173,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
            std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
       : models(std::move(models_in)),
+        default_ref{models.default_model(), models.default_version(models.default_model())},
+        default_model(models.find({})),
         job_store(std::move(store_in)),
         sender(std::move(sender_in)),
         gate(gate_in),
@@ -293,6 +295,10 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   /// The models served, each in its versions (a JobQueue built on one Model: version "1" of its
   /// name). Never changed once built.
   const ModelRepository models;
+  /// The version a job that names none runs on, and its Model: a submission's choice without a
+  /// lookup (intake's choose_model).
+  const ModelRef default_ref;
+  Model* const default_model;
   std::unique_ptr<JobStore> job_store;
   std::unique_ptr<CallbackSender> sender;
   OriginGate* const gate;  // in front of the transport, owned by the sender; null without one
