@@ -213,6 +213,33 @@ TEST_CASE("items of different batch keys never share a batch - a batch ends at a
   CHECK(batches == expected);  // in order, each batch of one key
 }
 
+TEST_CASE("what a batch cut at another key leaves goes to a free worker - not after the batch") {
+  // Two versions' items arrive within one delay: the first version's batch blocks in its
+  // handler; the other version's item must not wait for it while a second worker is free.
+  boost::asio::thread_pool pool(2);
+  Gate gate;
+  std::atomic<int> b_handled{0};
+  static const char version_a = 'a', version_b = 'b';
+  JobQueue queue(
+      pool.get_executor(), opts(100, 2, 4, 20ms),
+      [&](std::vector<Job> batch) {
+        if (batch.front().input.get<int>() < 10) {
+          gate.wait();  // version a: a slow model call
+        } else {
+          b_handled += static_cast<int>(batch.size());
+        }
+      },
+      [](const Job& j) -> const void* {
+        return j.input.get<int>() < 10 ? &version_a : &version_b;
+      });
+  for (int n : {1, 2, 11})
+    REQUIRE(queue.try_push(job(n)) == PushResult::accepted);
+  CHECK(rebound::test::eventually([&] { return b_handled.load() == 1; }));
+  gate.open();
+  REQUIRE(queue.wait_idle(10s));
+  CHECK(b_handled == 1);
+}
+
 TEST_CASE("a partial batch waits for max_queue_delay - then goes without filling up") {
   boost::asio::thread_pool pool(2);
   std::mutex m;

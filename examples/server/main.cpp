@@ -591,8 +591,9 @@ int main(int argc, char** argv) {
     server_options.drain_timeout = std::chrono::seconds(25);
 
     if (!default_model.empty() && model_repository.empty()) {
-      throw rebound::Error(
-          "--default-model names a model of --model-repository, which is not given");
+      std::cerr << "rebound-server: warning: --default-model (or REBOUND_DEFAULT_MODEL) is "
+                   "ignored without --model-repository"
+                << std::endl;
     }
     rebound::ModelRepository models;
     if (model_repository.empty()) {

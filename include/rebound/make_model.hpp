@@ -177,7 +177,7 @@ inline ModelRepository make_model_repository(const std::string& dir,
       }
       try {
         repository.add(name, version, make_model_version(version_dir));
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // (a backend may throw its own: torch's c10::Error)
         throw Error("model repository " + dir + ": '" + label + "': " + e.what());
       }
     }

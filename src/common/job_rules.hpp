@@ -73,8 +73,6 @@ inline const char* webhook_events_rule() {
   return "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
 }
 
-/// The version a queue built on one Model serves it as (ModelRef): its repository of one.
-inline constexpr char single_model_version[] = "1";
 
 /// Whether `job` can name a job at all: a valid id and an empty or valid tenant. A JobRef that
 /// cannot (an id with a '/') names none: it is never taken for another tenant's key.

@@ -937,13 +937,12 @@ struct Server::Impl {
 
   // One model of the queue's repository (DESIGN.md's `M`): its versions, each ready once it says
   // it is and the queue's models have warmed up, its route all to its default (highest) version.
-  // With one model, the queue's counts (the store's, shared by a fleet) are its default version's,
-  // for a caller who may read what spans tenants (as GET /v1/stats); the store does not count by
-  // model, so with several they are left out.
+  // With one version in all, the queue's counts (the store's, shared by a fleet) are its own, for
+  // a caller who may read what spans tenants (as GET /v1/stats); the store does not count by
+  // version, so with several they are left out.
   nlohmann::json model_json(const std::string& name, const Credential* caller) {
     const ModelRepository& models = service.models();
     const bool warmed = service.telemetry().model_ready();
-    const bool one_model = model_names().size() == 1;
     nlohmann::json versions = nlohmann::json::array();
     for (const ModelRef& ref : models.list()) {
       if (ref.name != name) continue;
@@ -954,11 +953,10 @@ struct Server::Impl {
       const auto digest = options.model_digests.find(ref.name + "/" + ref.version);
       if (digest != options.model_digests.end()) {
         version["digest"] = digest->second;
-      } else if (one_model && models.size() == 1 && !options.model_digest.empty()) {
+      } else if (models.size() == 1 && !options.model_digest.empty()) {
         version["digest"] = options.model_digest;
       }
-      if (one_model && ref.version == models.default_version(name) &&
-          !(multi_tenant && !(caller && caller->reads_everything()))) {
+      if (models.size() == 1 && !(multi_tenant && !(caller && caller->reads_everything()))) {
         try {
           if (const std::optional<QueueStats> s = service.telemetry().queue_stats()) {
             version["queued"] = s->queued;

@@ -227,6 +227,7 @@ class WorkQueue final {
     constexpr int batches_per_turn = 16;
     for (int n = 0; n < batches_per_turn; ++n) {
       std::vector<Item> batch;
+      bool another = false;  // a batch cut at another key: a second worker for what is left
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!batch_due_locked(std::chrono::steady_clock::now())) {
@@ -244,7 +245,11 @@ class WorkQueue final {
           batch.push_back(pending_.pop().item);
         }
         running_ += batch.size();
+        // What the cut left (another key's items, due already or soon) does not wait for this
+        // batch's handler: a free worker takes it, or the timer is armed for it.
+        if (batch.size() < take) another = schedule_locked();
       }
+      if (another) boost::asio::post(executor_, [this] { drain(); });
       const std::size_t size = batch.size();
       bool failed = false;
       try {
