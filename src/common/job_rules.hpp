@@ -73,7 +73,6 @@ inline const char* webhook_events_rule() {
   return "The field 'webhook_events' must be a non-empty array of \"started\" and \"completed\".";
 }
 
-
 /// Whether `job` can name a job at all: a valid id and an empty or valid tenant. A JobRef that
 /// cannot (an id with a '/') names none: it is never taken for another tenant's key.
 inline bool is_valid_ref(const JobRef& job) {
