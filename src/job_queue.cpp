@@ -212,10 +212,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   queue_options.default_weight = options.tenant_defaults.weight;
   for (const auto& [name, tenant] : options.tenants)
     queue_options.weights[name] = tenant.weight;
-  // Batches never mix versions: with several, a batch ends before the first item of another
-  // (its version's Model, or null for one not served).
+  // Batches never mix versions: a batch ends before the first item of another (its version's
+  // Model, or null for one not served), unless the queue runs every job on its one Model.
   detail::WorkQueue<detail::WorkItem>::BatchKey by_version;
-  if (core_->models.size() > 1) {
+  if (!core_->models.runs_every_job()) {
     by_version = [core = core_.get()](const detail::WorkItem& item) -> const void* {
       return core->models.find(item.job.model);
     };

@@ -182,10 +182,11 @@ inline ModelRepository make_model_repository(const std::string& dir,
       }
     }
   }
-  if (repository.empty()) throw Error("model repository " + dir + ": no model in it");
+  const std::vector<ModelRef> loaded = repository.list();
+  if (loaded.empty()) throw Error("model repository " + dir + ": no model in it");
   if (!default_model.empty()) {
     repository.set_default_model(default_model);
-  } else if (repository.list().front().name != repository.list().back().name) {
+  } else if (loaded.front().name != loaded.back().name) {
     throw Error("model repository " + dir +
                 ": it holds several models; name the one a job without \"model\" goes to "
                 "(--default-model)");

@@ -120,32 +120,22 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   screen(batch, now);
   if (batch.empty()) return;
   if (only_) return run_on(*only_, std::move(batch), now);
-  // Several versions: each runs its own items, in the order of their first item; an item whose
-  // version this queue does not serve (a job taken over from a store) fails without running.
-  std::vector<std::pair<Model*, std::vector<WorkItem>>> groups;
-  for (auto& item : batch) {
-    Model* model = models_.find(item.job.model);
-    if (!model) {
-      const ModelRef& ref = item.job.model;
-      const bool named = models_.find({ref.name, {}}) != nullptr;
-      Prediction refused =
-          Prediction::failure(named ? "version_unavailable" : "model_not_found",
-                              named ? "This server does not serve version '" + ref.version +
-                                          "' of the model '" + ref.name + "'."
-                                    : "This server does not serve the model '" + ref.name + "'.");
-      settle(item, refused, 1, -1, TimePoint{}, nullptr);  // (no model call, no version)
-      continue;
-    }
-    auto group =
-        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == model; });
-    if (group == groups.end()) {
-      groups.emplace_back(model, std::vector<WorkItem>{});
-      group = std::prev(groups.end());
-    }
-    group->second.push_back(std::move(item));
+  // A batch holds one version's items: the work queue ends a batch before another version's
+  // (JobQueue's BatchKey). Items of versions this queue does not serve (jobs taken over from a
+  // store) share a batch of their own, and each fails without running.
+  if (Model* model = models_.find(batch.front().job.model)) {
+    return run_on(*model, std::move(batch), now);
   }
-  for (auto& [model, items] : groups)
-    run_on(*model, std::move(items), now);
+  for (auto& item : batch) {
+    const ModelRef& ref = item.job.model;
+    const bool named = models_.find({ref.name, {}}) != nullptr;
+    Prediction refused =
+        Prediction::failure(named ? "version_unavailable" : "model_not_found",
+                            named ? "This server does not serve version '" + ref.version +
+                                        "' of the model '" + ref.name + "'."
+                                  : "This server does not serve the model '" + ref.name + "'.");
+    settle(item, refused, 1, -1, TimePoint{}, nullptr);  // (no model call, no version)
+  }
 }
 
 void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint now) {
