@@ -213,11 +213,19 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   for (const auto& [name, tenant] : options.tenants)
     queue_options.weights[name] = tenant.weight;
   // Batches never mix versions: a batch ends before the first item of another (its version's
-  // Model, or null for one not served), unless the queue runs every job on its one Model.
+  // entry in the model table, or null for one never served), unless the queue runs every job on
+  // its one Model. Each batch taken is counted against its version until the batch runner is
+  // done with it, so that a draining version is released only once nothing of it is left.
   detail::WorkQueue<detail::WorkItem>::BatchKey by_version;
+  detail::WorkQueue<detail::WorkItem>::OnTaken taken;
   if (!core_->models.runs_every_job()) {
     by_version = [core = core_.get()](const detail::WorkItem& item) -> const void* {
-      return core->models.find(item.job.model);
+      return core->models.key_of(item.job.model);
+    };
+    taken = [core = core_.get()](const std::vector<detail::WorkItem>& batch) {
+      if (auto stats = core->models.stats_of(batch.front().job.model)) {
+        stats->taken.fetch_add(batch.size(), std::memory_order_acq_rel);
+      }
     };
   }
   queue_ = std::make_unique<detail::WorkQueue<detail::WorkItem>>(
@@ -226,7 +234,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
         core->pump.note_taken();  // room in the prefetch: parked jobs are claimed now
         core->runner.run(std::move(batch));
       },
-      std::move(by_version));
+      std::move(by_version), std::move(taken));
+  core_->models.set_queued_for(
+      [queue = queue_.get()](const void* key) { return queue->count_key(key); });
+  served_.reset(new ServedModels(core_->models, core_->sender->get_executor(), live_));
   // What the store holds from an earlier run (a durable store) or from servers gone: the first
   // claims happen here, so that they are counted when the constructor returns. A store that fails
   // now is retried by the pump. The pauses a shared store keeps hold before anything is sent.
@@ -246,6 +257,7 @@ JobQueue::~JobQueue() {
   core_->complete_finals();
   core_->async_waiters.close();
   core_->readiness.stop();  // a warm-up under way ends first (it wakes the pump when it does)
+  core_->models.stop();     // so does a load under way; waiting loads and drains are answered
   core_->store.stop();
   core_->pump.stop();
   // The handlers still to run run now. The queue and the pipeline stay until then: a handler may
@@ -390,13 +402,20 @@ bool Operations::delivers_callbacks() const {
   return core_.delivers_callbacks;
 }
 
+Submitted detail::FrontDoor::choose_model(JobQueue& queue, ModelRef& model,
+                                          const std::string& tenant) {
+  Submitted refusal;
+  detail::choose_model(*queue.core_, model, tenant, {}, refusal);
+  return refusal;
+}
+
 Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result,
                                     const std::string& tenant, ModelRef model_ref) {
   if (!on_result) throw Error("FrontDoor::invoke: a result handler is required");
   detail::Pipeline& core = *queue.core_;
   const Submitted verdict = [&] {
     Submitted refusal;
-    Model* model = detail::choose_model(core, model_ref, refusal);
+    const std::shared_ptr<Model> model = detail::choose_model(core, model_ref, tenant, {}, refusal);
     if (!model) return refusal;
     if (auto invalid = detail::validate(*model, input)) {
       Submitted s = detail::refused(errc::invalid_input);
@@ -456,7 +475,7 @@ std::string Telemetry::render_metrics() const {
       "\n# HELP rebound_work_bytes_limit JobQueueOptions::max_work_bytes (--max-work-mib).\n"
       "# TYPE rebound_work_bytes_limit gauge\nrebound_work_bytes_limit " +
       std::to_string(core_.admission.max_bytes()) + "\n";
-  out += core_.runner.version_metrics();
+  out += core_.models.metrics_text();
   // The whole queue, as the store counts it: the same on every server of a shared store (for
   // an autoscaler: take the max over servers, not the sum). Left out while the store fails.
   std::optional<QueueStats> stats;
@@ -716,12 +735,45 @@ std::size_t Telemetry::queue_depth() const {
   return queue_.depth() + core_.admission.parked();
 }
 
-const Model& JobQueue::model() const {
-  return *core_->models.find({});
+std::shared_ptr<const Model> JobQueue::model() const {
+  ModelRef ref;
+  Submitted refusal;
+  return detail::choose_model(*core_, ref, {}, {}, refusal);
 }
 
-const ModelRepository& JobQueue::models() const {
-  return core_->models;
+ServedModels& JobQueue::models() noexcept {
+  return *served_;
+}
+
+const ServedModels& JobQueue::models() const noexcept {
+  return *served_;
+}
+
+std::vector<ModelInfo> ServedModels::list() const {
+  return table_.list();
+}
+
+std::optional<ModelInfo> ServedModels::find(const std::string& name) const {
+  return table_.find(name);
+}
+
+std::string ServedModels::default_model() const {
+  return table_.default_model();
+}
+
+boost::system::error_code ServedModels::set_route(const std::string& name, ModelRoute route,
+                                                  std::uint64_t if_generation, ModelInfo* out) {
+  return table_.set_route(name, std::move(route), if_generation, out);
+}
+
+void ServedModels::start_load(std::string name, std::string version,
+                              detail::Completion<ModelInfo> done) {
+  table_.load(name, version, std::move(done));
+}
+
+void ServedModels::start_unload(std::string name, std::string version, QueuedJobs,
+                                detail::Completion<ModelInfo> done) {
+  table_.unload(name, version, std::move(done));
 }
 
 void JobQueue::abandon_running() {

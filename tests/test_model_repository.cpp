@@ -10,10 +10,12 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/use_future.hpp>
@@ -155,8 +157,9 @@ TEST_CASE("a queue of several models runs each job on the version chosen when it
   rebound::JobQueueOptions options;
   options.workers = 2;
   rebound::JobQueue queue(two_models(ledger), nullptr, options);
-  CHECK(queue.model().name() == "iris");  // the default model's default version
-  CHECK(queue.models().list().size() == 3);
+  CHECK(queue.model()->name() == "iris");      // the default model's default version
+  REQUIRE(queue.models().list().size() == 2);  // echo, iris
+  CHECK(queue.models().find("iris")->versions.size() == 2);
 
   auto run = [&](rebound::Job job) {
     return queue.async_submit(std::move(job), boost::asio::use_future).get();
@@ -194,7 +197,7 @@ TEST_CASE("a queue of several models runs each job on the version chosen when it
   const rebound::Submitted refused = answered.get_future().get();
   CHECK(refused.error == rebound::errc::version_unavailable);
   CHECK(refused.field == "version");
-  CHECK(refused.reason.message.find("versions '1', '2'") != std::string::npos);
+  CHECK(refused.reason.message.find("ready: '1', '2'") != std::string::npos);
   CHECK_FALSE(queue.find({"no-version-2"}));
 
   // Invocations choose the same way.
@@ -302,7 +305,6 @@ TEST_CASE("one version added to a repository pins as strictly - one Model alone 
     // A queue built on one Model: the job runs on it, whatever it names (as before versions).
     rebound::JobQueue queue(std::make_unique<Labelled>("iris", "iris/1", ledger),
                             stored("for-2", {"iris", "2"}));
-    CHECK(queue.models().runs_every_job());
     const auto r = queue.async_wait({"for-2"}, boost::asio::use_future).get();
     CHECK(r.status == JobStatus::succeeded);
     CHECK(r.outcome.result == nlohmann::json{{"by", "iris/1"}});
@@ -416,4 +418,200 @@ TEST_CASE("make_model_repository: names - versions and links that would leave it
   CHECK(error_of([] {
           rebound::make_model_repository("/nonexistent/models");
         }).find("not a directory") != std::string::npos);
+}
+
+namespace {
+
+// A version that holds every call until `open` (a job of it waiting proves a drain waits), and
+// notes its end in the ledger when it is released.
+class Gated final : public rebound::Model {
+ public:
+  Gated(std::string label, std::shared_future<void> open, std::shared_ptr<std::atomic<int>> alive)
+      : label_(std::move(label)), open_(std::move(open)), alive_(std::move(alive)) {
+    ++*alive_;
+  }
+  ~Gated() override { --*alive_; }
+  std::string name() const override { return "iris"; }
+  rebound::Prediction predict(const nlohmann::json&) override {
+    open_.wait();
+    return rebound::Prediction::success({{"by", label_}});
+  }
+
+ private:
+  std::string label_;
+  std::shared_future<void> open_;
+  std::shared_ptr<std::atomic<int>> alive_;
+};
+
+template <typename F>
+bool eventually(F&& f, std::chrono::milliseconds within = 10s) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < until) {
+    if (f()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return f();
+}
+
+const rebound::ModelVersionInfo* version_of(const rebound::ModelInfo& m, const std::string& v) {
+  for (const auto& info : m.versions)
+    if (info.version == v) return &info;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("ServedModels: a version loaded live serves - a failed load leaves the rest serving") {
+  auto ledger = std::make_shared<Ledger>();
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Labelled>("iris", "iris/1", ledger), "1");
+  std::atomic<int> loads{0};
+  models.set_loader([&](const ModelRef& ref) -> std::unique_ptr<rebound::Model> {
+    ++loads;
+    if (ref.version == "3") throw rebound::Error("model.pt is corrupt");
+    return std::make_unique<Labelled>(ref.name, ref.name + "/" + ref.version, ledger);
+  });
+  models.set_digester([](const ModelRef& ref) { return "sha256:" + ref.name + ref.version; });
+  rebound::JobQueue queue(std::move(models));
+  auto& served = queue.models();
+
+  const rebound::ModelInfo loaded = served.async_load("iris", "2", boost::asio::use_future).get();
+  const auto* two = version_of(loaded, "2");
+  REQUIRE(two);
+  CHECK(two->state == rebound::VersionState::ready);
+  CHECK(two->digest == "sha256:iris2");
+  CHECK(loaded.route.default_version == "1");  // a load alone sends it no job
+  // Loading a ready version again loads nothing.
+  served.async_load("iris", "2", boost::asio::use_future).get();
+  CHECK(loads == 1);
+  auto pinned = queue.async_submit(job_for("to-2", {"iris", "2"}), boost::asio::use_future);
+  CHECK(pinned.get().outcome.result == nlohmann::json{{"by", "iris/2"}});
+
+  // A version that fails to load says why; what served keeps serving.
+  std::promise<std::pair<boost::system::error_code, rebound::ModelInfo>> failed;
+  served.async_load("iris", "3", [&](boost::system::error_code ec, rebound::ModelInfo m) {
+    failed.set_value({ec, std::move(m)});
+  });
+  const auto [ec, after] = failed.get_future().get();
+  CHECK(ec == rebound::errc::load_failed);
+  const auto* three = version_of(after, "3");
+  REQUIRE(three);
+  CHECK(three->state == rebound::VersionState::failed);
+  REQUIRE(three->error);
+  CHECK(three->error->message.find("corrupt") != std::string::npos);
+  const auto plain = queue.async_submit(job_for("plain", {}), boost::asio::use_future).get();
+  CHECK(plain.job.model == ModelRef{"iris", "1"});
+  try {
+    queue.async_submit(job_for("to-3", {"iris", "3"}), boost::asio::use_future).get();
+    FAIL("a failed version took a job");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::version_unavailable);
+  }
+
+  // A new model may be added: its first version is its default.
+  served.async_load("fresh", "7", boost::asio::use_future).get();
+  CHECK(served.find("fresh")->route.default_version == "7");
+  const auto fresh =
+      queue.async_submit(job_for("fresh-job", {"fresh", ""}), boost::asio::use_future).get();
+  CHECK(fresh.job.model == ModelRef{"fresh", "7"});
+  // Names and versions that are none are refused before the loader sees them.
+  CHECK_THROWS(served.async_load("../etc", "1", boost::asio::use_future).get());
+  CHECK_THROWS(served.async_load("iris", "01", boost::asio::use_future).get());
+  CHECK(loads == 3);  // 2, 3 and fresh/7
+}
+
+TEST_CASE("ServedModels: a route splits by tenant and id - stale generations are refused") {
+  auto ledger = std::make_shared<Ledger>();
+  rebound::JobQueueOptions options;
+  options.queue_capacity = 4096;
+  rebound::JobQueue queue(two_models(ledger), nullptr, options);
+  auto& served = queue.models();
+  const std::uint64_t first = served.find("iris")->generation;
+  CHECK(served.find("iris")->route.default_version == "2");
+
+  rebound::ModelInfo after;
+  REQUIRE_FALSE(served.set_route("iris", {"1", {{"2", 10}}}, first, &after));
+  CHECK(after.generation == first + 1);
+  CHECK(served.set_route("iris", {"1", {}}, first) == rebound::errc::route_changed);
+  CHECK(served.set_route("iris", {"1", {{"3", 10}}}) == rebound::errc::version_unavailable);
+  CHECK(served.set_route("iris", {"1", {{"2", 60}, {"2", 10}}}) == rebound::errc::invalid_route);
+  CHECK(served.set_route("iris", {"1", {{"2", 101}}}) == rebound::errc::invalid_route);
+  CHECK(served.set_route("nope", {"1", {}}) == rebound::errc::model_not_found);
+  CHECK(served.find("iris")->generation == first + 1);  // none of those changed it
+
+  std::vector<rebound::Job> jobs;
+  for (int i = 0; i < 2000; ++i)
+    jobs.push_back(job_for("split-" + std::to_string(i), {"iris", ""}));
+  std::map<std::string, int> by_version;
+  std::map<std::string, std::string> chosen;
+  for (auto& job : jobs) {
+    const std::string id = job.id;
+    const auto r = queue.async_submit(std::move(job), boost::asio::use_future).get();
+    ++by_version[r.job.model.version];
+    chosen[id] = r.job.model.version;
+  }
+  CHECK(by_version["2"] >= 140);  // 10 % of 2000, within a few points
+  CHECK(by_version["2"] <= 260);
+  CHECK(by_version["1"] + by_version["2"] == 2000);
+  // The choice is the job's: the same tenant and id land on the same version in another queue.
+  rebound::JobQueue again(two_models(ledger), nullptr, options);
+  REQUIRE_FALSE(again.models().set_route("iris", {"1", {{"2", 10}}}));
+  for (int i = 0; i < 50; ++i) {
+    const std::string id = "split-" + std::to_string(i);
+    const auto r = again.async_submit(job_for(id, {"iris", ""}), boost::asio::use_future).get();
+    CHECK(r.job.model.version == chosen[id]);
+  }
+}
+
+TEST_CASE("ServedModels: an unload drains - queued jobs finish on their version first") {
+  std::promise<void> gate;
+  const std::shared_future<void> open = gate.get_future().share();
+  auto alive = std::make_shared<std::atomic<int>>(0);
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Gated>("iris/1", open, alive), "1")
+      .add(std::make_unique<Gated>("iris/2", std::shared_future<void>(), alive), "2");
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_batch_size = 1;
+  rebound::JobQueue queue(std::move(models), nullptr, options);
+  auto& served = queue.models();
+  REQUIRE_FALSE(served.set_route("iris", {"1", {}}));
+  std::vector<std::future<rebound::JobRecord>> v1;
+  for (int i = 0; i < 5; ++i) {
+    v1.push_back(queue.async_submit(job_for("v1-" + std::to_string(i), {"iris", ""}),
+                                    boost::asio::use_future));
+  }
+  CHECK(eventually([&] { return version_of(*served.find("iris"), "1")->running == 1; }));
+  CHECK(version_of(*served.find("iris"), "1")->queued == 4);
+
+  // While the route names it, it stays.
+  CHECK_THROWS(served.async_unload("iris", "1", boost::asio::use_future).get());
+  REQUIRE_FALSE(served.set_route("iris", {"2", {}}));
+  auto unloaded = served.async_unload("iris", "1", boost::asio::use_future);
+  CHECK(unloaded.wait_for(100ms) == std::future_status::timeout);  // its jobs are still queued
+  CHECK(version_of(*served.find("iris"), "1")->state == rebound::VersionState::draining);
+  try {
+    queue.async_submit(job_for("late", {"iris", "1"}), boost::asio::use_future).get();
+    FAIL("a draining version took a new job");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::version_unavailable);
+  }
+  CHECK(*alive == 2);
+
+  gate.set_value();
+  for (auto& f : v1) {
+    const auto r = f.get();
+    CHECK(r.status == JobStatus::succeeded);
+    CHECK(r.job.model == ModelRef{"iris", "1"});
+  }
+  const rebound::ModelInfo info = unloaded.get();
+  CHECK(version_of(info, "1")->state == rebound::VersionState::unloaded);
+  CHECK(*alive == 1);  // its Model is released
+  CHECK(queue.async_submit(job_for("after", {}), boost::asio::use_future).get().job.model ==
+        ModelRef{"iris", "2"});
+  // Loaded again, it serves again (no loader here: refused).
+  std::promise<boost::system::error_code> reload;
+  served.async_load(
+      "iris", "1", [&](boost::system::error_code ec, rebound::ModelInfo) { reload.set_value(ec); });
+  CHECK(reload.get_future().get() == rebound::errc::no_loader);
 }

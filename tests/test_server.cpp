@@ -596,7 +596,7 @@ TEST_CASE("GET /v1/models: the queue's model as a repository of one - 404 for an
   o.model_digest = rebound::model_digest("echo");
   o.model_loaded_at = std::chrono::system_clock::time_point(std::chrono::seconds(1764000000));
   Harness h(o);
-  const std::string name = h.service->model().name();
+  const std::string name = h.service->model()->name();
   auto submitted = h.submit({{"id", "m-1"}});
   REQUIRE(submitted);
   CHECK(submitted->status == 202);

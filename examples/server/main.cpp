@@ -608,6 +608,12 @@ int main(int argc, char** argv) {
       models = rebound::ModelRepository(std::move(model));
     } else {
       models = rebound::make_model_repository(model_repository, default_model);
+      // Versions loaded while it runs (PUT /v1/models/{name}/versions/{version}) come from the
+      // same directory, each with the digest of its files.
+      server_options.model_repository = model_repository;
+      models.set_digester([dir = model_repository](const rebound::ModelRef& ref) {
+        return rebound::model_digest(dir + "/" + ref.name + "/" + ref.version);
+      });
     }
     // GET /v1/models names what was loaded: a digest of each version's files, and when. A model
     // whose directory holds a file this user cannot read is still served, its digest left out.
@@ -673,7 +679,7 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
-              << " (" << (model_repository.empty() ? "model " + queue.model().name() : serving)
+              << " (" << (model_repository.empty() ? "model " + queue.model()->name() : serving)
               << ", store " << store_uri << ", workers " << workers << ", batches up to "
               << queue.telemetry().max_batch_size() << " within "
               << queue.telemetry().max_queue_delay().count() / 1000.0 << " ms)" << std::endl;

@@ -34,6 +34,11 @@ enum class errc {
   tenant_rate,        ///< the job's tenant submits faster than its rate allows (HTTP 429)
   model_not_found,    ///< the job names a model the queue does not serve (HTTP 404)
   version_unavailable,  ///< the job names a version of its model that is not ready (HTTP 409)
+  load_failed,          ///< a model version could not be loaded (ModelVersionInfo::error says why)
+  version_in_route,     ///< an unload of a version its model's route sends traffic to (HTTP 409)
+  route_changed,  ///< a route change that named a generation another change replaced (HTTP 412)
+  invalid_route,  ///< a ModelRoute that is not one: percentages, repeated versions (HTTP 422)
+  no_loader,      ///< a load on a queue whose ModelRepository has no ModelLoader
 };
 
 /// The snake_case name of `e`, as rebound::Server's error answers spell it ("queue_full").
@@ -71,6 +76,16 @@ inline const char* to_string(errc e) noexcept {
       return "model_not_found";
     case errc::version_unavailable:
       return "version_unavailable";
+    case errc::load_failed:
+      return "load_failed";
+    case errc::version_in_route:
+      return "version_in_route";
+    case errc::route_changed:
+      return "route_changed";
+    case errc::invalid_route:
+      return "invalid_route";
+    case errc::no_loader:
+      return "no_loader";
   }
   return "unknown";
 }
@@ -113,6 +128,16 @@ class ErrorCategory final : public boost::system::error_category {
         return "no model of that name";
       case errc::version_unavailable:
         return "that version of the model is not ready";
+      case errc::load_failed:
+        return "the model version could not be loaded";
+      case errc::version_in_route:
+        return "the model's route sends traffic to that version";
+      case errc::route_changed:
+        return "the model's route changed since the generation named";
+      case errc::invalid_route:
+        return "the route is not one";
+      case errc::no_loader:
+        return "the model repository has no loader";
     }
     return "unknown rebound error";
   }

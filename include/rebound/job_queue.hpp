@@ -27,6 +27,7 @@
 #include "rebound/model.hpp"
 #include "rebound/model_repository.hpp"
 #include "rebound/operations.hpp"
+#include "rebound/served_models.hpp"
 #include "rebound/store/job_store.hpp"
 #include "rebound/telemetry.hpp"
 #include "rebound/tenant.hpp"
@@ -261,10 +262,14 @@ class JobQueue final {
   /// accepts work.
   bool ready() const;
 
-  /// The default model's default version (ModelRepository::find of an empty ModelRef).
-  const Model& model() const;
-  /// The models this queue serves, as it was built with them.
-  const ModelRepository& models() const;
+  /// The version a job that names neither model nor version would run on now (the default
+  /// model's route; a split picks in turn), held for the caller; null when that model has no
+  /// version ready.
+  std::shared_ptr<const Model> model() const;
+  /// The models this queue serves now, changed live: versions loaded and unloaded, routes set
+  /// (rebound/served_models.hpp).
+  ServedModels& models() noexcept;
+  const ServedModels& models() const noexcept;
 
   /// What operators and the operator console need: listings and their pages, dead letters,
   /// queue positions, receiver origins and their pause and resume, servers, keys, the address
@@ -319,6 +324,7 @@ class JobQueue final {
   std::unique_ptr<detail::WorkQueue<detail::WorkItem>> queue_;  // destroyed first
   std::unique_ptr<Operations> operations_;
   std::unique_ptr<Telemetry> telemetry_;
+  std::unique_ptr<ServedModels> served_;
   std::chrono::milliseconds drain_on_destroy_{0};
   std::atomic<bool> shut_down_{false};  // `shutdown` ran: the destructor does not drain again
 };

@@ -84,103 +84,151 @@ inline std::unique_ptr<Model> make_model_version(const std::filesystem::path& di
   return make_model(dir.string());
 }
 
-/// A ModelRepository from a directory laid out as `DIR/<name>/<version>/` (rebound-server's
-/// `--model-repository`): every version is loaded (make_model_version), each model's highest is
-/// its default; `default_model` (may be empty when there is one model) is the model a job that
-/// names none goes to. Every name is checked before a path is built from it: a directory whose
-/// name is not a model name (is_valid_model_name) or version (is_valid_model_version) is refused,
-/// as is a version that leads outside `DIR` (a link); entries starting with '.' and plain files
-/// are passed over. Throws rebound::Error saying which entry is wrong, or for a repository
-/// without a model.
-///
-/// Example:
-///   rebound::JobQueue queue(rebound::make_model_repository("/srv/models", "iris"));
-inline ModelRepository make_model_repository(const std::string& dir,
-                                             const std::string& default_model = {}) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path root = fs::canonical(dir, ec);
-  if (ec || !fs::is_directory(root, ec)) {
-    throw Error("model repository " + dir + ": not a directory" +
-                (ec ? " (" + ec.message() + ")" : ""));
+/// A model repository's directory (`DIR/<name>/<version>/`) and its checks: names and versions
+/// are checked before a path is built from them, and a model, a version or a file inside one
+/// that is a link leading outside `DIR`, nowhere or in a loop is refused. Throws rebound::Error.
+class RepositoryDir {
+ public:
+  explicit RepositoryDir(const std::string& dir) : dir_(dir) {
+    std::error_code ec;
+    root_ = std::filesystem::canonical(dir, ec);
+    if (ec || !std::filesystem::is_directory(root_, ec)) {
+      throw Error("model repository " + dir + ": not a directory" +
+                  (ec ? " (" + ec.message() + ")" : ""));
+    }
   }
-  const auto inside = [&](const fs::path& p) {
-    const auto rel = p.lexically_relative(root);
+
+  /// The model directories' names, then (versions) a model's versions' names: entries starting
+  /// with '.' and plain files passed over, by name; a link that leads nowhere is refused.
+  std::vector<std::string> models() const { return entries(root_); }
+  std::vector<std::string> versions(const std::string& name) const {
+    return entries(model_dir(name));
+  }
+
+  /// Whether `DIR/<name>/<version>/` is there (after the checks on the two names).
+  bool has(const ModelRef& ref) const {
+    check(ref);
+    std::error_code ec;
+    return std::filesystem::is_directory(root_ / ref.name / ref.version, ec);
+  }
+
+  /// Loads `DIR/<name>/<version>/` (make_model_version) after every check.
+  std::unique_ptr<Model> load(const ModelRef& ref) const {
+    namespace fs = std::filesystem;
+    check(ref);
+    const std::string label = ref.name + "/" + ref.version;
+    const fs::path version_dir = resolved(model_dir(ref.name) / ref.version, label);
+    std::error_code ec;
+    // Nothing outside the repository is read: a file of the version that links elsewhere is
+    // refused too (the model's files, what its digest reads).
+    for (fs::recursive_directory_iterator it(version_dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      std::error_code e;
+      if (!it->is_symlink(e)) continue;
+      resolved(it->path(), label + "/" + it->path().lexically_relative(version_dir).string());
+    }
+    if (ec) {
+      throw Error("model repository: cannot list " + version_dir.string() + ": " + ec.message());
+    }
+    try {
+      return make_model_version(version_dir);
+    } catch (const std::exception& e) {  // (a backend may throw its own: torch's c10::Error)
+      throw Error("model repository " + dir_ + ": '" + label + "': " + e.what());
+    }
+  }
+
+ private:
+  void check(const ModelRef& ref) const {
+    if (!is_valid_model_name(ref.name)) {
+      throw Error("model repository " + dir_ + ": '" + ref.name +
+                  "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
+                  "digit)");
+    }
+    if (!is_valid_model_version(ref.version)) {
+      throw Error("model repository " + dir_ + ": '" + ref.name + "/" + ref.version +
+                  "' is not a version (a positive integer, no leading zero)");
+    }
+  }
+
+  std::filesystem::path model_dir(const std::string& name) const {
+    if (!is_valid_model_name(name)) check({name, "1"});
+    return resolved(root_ / name, name);
+  }
+
+  bool inside(const std::filesystem::path& p) const {
+    const auto rel = p.lexically_relative(root_);
     return !rel.empty() && *rel.begin() != "..";
-  };
+  }
+
   // `path` (`label` in messages) with its links resolved: refused when that leads nowhere, loops,
   // or leaves the repository.
-  const auto resolved = [&](const fs::path& path, const std::string& label) {
+  std::filesystem::path resolved(const std::filesystem::path& path,
+                                 const std::string& label) const {
     std::error_code e;
-    const fs::path real = fs::canonical(path, e);
+    const std::filesystem::path real = std::filesystem::canonical(path, e);
     if (e) {
-      throw Error("model repository " + dir + ": '" + label +
-                  "' cannot be resolved (a link that leads nowhere, or a loop)");
+      throw Error("model repository " + dir_ + ": '" + label +
+                  "' cannot be resolved (a link that leads nowhere, a loop, or nothing there)");
     }
     if (!inside(real)) {
-      throw Error("model repository " + dir + ": '" + label + "' leads outside the repository");
+      throw Error("model repository " + dir_ + ": '" + label + "' leads outside the repository");
     }
     return real;
-  };
-  // Entries by name, so that errors and loads come in the same order everywhere.
-  auto entries = [&](const fs::path& at) {
-    std::vector<fs::path> out;
+  }
+
+  std::vector<std::string> entries(const std::filesystem::path& at) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<std::string> out;
     for (fs::directory_iterator it(at, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.empty() || name[0] == '.') continue;
       std::error_code e;
       if (it->is_symlink(e) && !fs::exists(it->path(), e)) {
         // (Not passed over as a plain file would be: a version deployed as a link that broke.)
-        resolved(it->path(), it->path().lexically_relative(root).string());
+        resolved(it->path(), it->path().lexically_relative(root_).string());
       }
       if (!it->is_directory(e)) continue;
-      out.push_back(it->path());
+      out.push_back(name);
     }
     if (ec) throw Error("model repository: cannot list " + at.string() + ": " + ec.message());
     std::sort(out.begin(), out.end());
     return out;
-  };
+  }
+
+  std::string dir_;
+  std::filesystem::path root_;
+};
+
+/// A ModelRepository from a directory laid out as `DIR/<name>/<version>/` (rebound-server's
+/// `--model-repository`): every version is loaded (make_model_version), each model's highest is
+/// its default; `default_model` (may be empty when there is one model) is the model a job that
+/// names none goes to. Every name is checked before a path is built from it: a directory whose
+/// name is not a model name (is_valid_model_name) or version (is_valid_model_version) is refused,
+/// as is a model, a version or a file in one that is a link leading outside `DIR`, nowhere or in
+/// a loop; entries starting with '.' and plain files are passed over. Throws rebound::Error
+/// saying which entry is wrong, or for a repository without a model. Its loader
+/// (ModelRepository::set_loader) loads further versions from the same directory, with the same
+/// checks, while the queue runs (ServedModels::async_load).
+///
+/// Example:
+///   rebound::JobQueue queue(rebound::make_model_repository("/srv/models", "iris"));
+inline ModelRepository make_model_repository(const std::string& dir,
+                                             const std::string& default_model = {}) {
+  auto root = std::make_shared<const RepositoryDir>(dir);
   ModelRepository repository;
-  for (const fs::path& model_dir : entries(root)) {
-    const std::string name = model_dir.filename().string();
+  for (const std::string& name : root->models()) {
     if (!is_valid_model_name(name)) {
       throw Error("model repository " + dir + ": '" + name +
                   "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter or a "
                   "digit)");
     }
-    const fs::path real_model_dir = resolved(model_dir, name);
-    std::vector<std::string> versions;
-    for (const fs::path& version_dir : entries(real_model_dir)) {
-      const std::string version = version_dir.filename().string();
-      if (!is_valid_model_version(version)) {
-        throw Error("model repository " + dir + ": '" + name + "/" + version +
-                    "' is not a version (a positive integer, no leading zero)");
-      }
-      versions.push_back(version);
-    }
+    const std::vector<std::string> versions = root->versions(name);
     if (versions.empty()) {
       throw Error("model repository " + dir + ": the model '" + name + "' has no version");
     }
-    for (const std::string& version : versions) {
-      const std::string label = name + "/" + version;
-      // Nothing outside the repository is read: a version that is a link elsewhere is refused,
-      const fs::path version_dir = resolved(real_model_dir / version, label);
-      // and so is a file in it that links elsewhere (the model's files, what its digest reads).
-      for (fs::recursive_directory_iterator it(version_dir, ec), end; !ec && it != end;
-           it.increment(ec)) {
-        std::error_code e;
-        if (!it->is_symlink(e)) continue;
-        resolved(it->path(), label + "/" + it->path().lexically_relative(version_dir).string());
-      }
-      if (ec) {
-        throw Error("model repository: cannot list " + version_dir.string() + ": " + ec.message());
-      }
-      try {
-        repository.add(name, version, make_model_version(version_dir));
-      } catch (const std::exception& e) {  // (a backend may throw its own: torch's c10::Error)
-        throw Error("model repository " + dir + ": '" + label + "': " + e.what());
-      }
-    }
+    for (const std::string& version : versions)
+      repository.add(name, version, root->load({name, version}));
   }
   const std::vector<ModelRef> loaded = repository.list();
   if (loaded.empty()) throw Error("model repository " + dir + ": no model in it");
@@ -191,6 +239,7 @@ inline ModelRepository make_model_repository(const std::string& dir,
                 ": it holds several models; name the one a job without \"model\" goes to "
                 "(--default-model)");
   }
+  repository.set_loader([root](const ModelRef& ref) { return root->load(ref); });
   return repository;
 }
 

@@ -1,6 +1,7 @@
 // ModelRepository: the models a JobQueue serves, each by name in one or more versions.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,15 @@
 #include "rebound/model.hpp"
 
 namespace rebound {
+
+namespace detail {
+class ModelTable;
+}
+
+/// Builds one version of one model for a live load (ServedModels::async_load), on the queue's
+/// loading thread: returns the Model (never null) or throws an exception whose what() says why
+/// it cannot (the version is then `failed`, with that message).
+using ModelLoader = std::function<std::unique_ptr<Model>(const ModelRef& version)>;
 
 /// The models one JobQueue serves: each by its name (is_valid_model_name) in one or more versions
 /// (is_valid_model_version: "1", "2", ... ordered as numbers), each version a Model of its own.
@@ -34,9 +44,12 @@ namespace rebound {
 ///       .set_default_model("iris");
 ///   rebound::JobQueue queue(std::move(models));
 ///
-/// rebound-server builds one from a directory (`--model-repository DIR`, make_model_repository).
+/// rebound-server builds one from a directory (`--model-repository DIR`, make_model_repository),
+/// whose loader (set_loader) reads further versions from the same directory while the queue runs
+/// (ServedModels::async_load). This is what the queue starts with; `queue.models()` is what it
+/// serves now.
 ///
-/// Thread-safety: build it on one thread; the JobQueue it is moved into only reads it.
+/// Thread-safety: build it on one thread; the JobQueue it is moved into takes its models.
 class ModelRepository {
  public:
   ModelRepository() = default;
@@ -99,6 +112,23 @@ class ModelRepository {
     return *this;
   }
 
+  /// What ServedModels::async_load calls to build a version while the queue runs (it may add a
+  /// model too). Without one, live loads are refused (errc::no_loader). Ignored by a repository
+  /// that runs_every_job.
+  ModelRepository& set_loader(ModelLoader loader) {
+    loader_ = std::move(loader);
+    return *this;
+  }
+  const ModelLoader& loader() const { return loader_; }
+
+  /// What a version loaded live is called in listings (ModelVersionInfo::digest), asked on the
+  /// loading thread once it loaded (rebound-server's: "sha256:<hex>" of its files). A throw
+  /// leaves it empty.
+  ModelRepository& set_digester(std::function<std::string(const ModelRef&)> digester) {
+    digester_ = std::move(digester);
+    return *this;
+  }
+
   /// True for a repository made by the one-Model constructor, with nothing added since: its
   /// queue runs every job it takes on that model, whatever model and version the job names (as
   /// a JobQueue built on one Model always did; such a model may even have a name that is no
@@ -142,6 +172,7 @@ class ModelRepository {
   }
 
  private:
+  friend class detail::ModelTable;
   // Versions in numeric order: a longer decimal text (no leading zeros) is the larger number.
   struct ByNumber {
     bool operator()(const std::string& a, const std::string& b) const {
@@ -151,6 +182,8 @@ class ModelRepository {
   std::map<std::string, std::map<std::string, std::unique_ptr<Model>, ByNumber>> models_;
   std::string default_model_;
   bool runs_every_job_ = false;
+  ModelLoader loader_;
+  std::function<std::string(const ModelRef&)> digester_;
 };
 
 }  // namespace rebound

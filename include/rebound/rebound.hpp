@@ -22,6 +22,7 @@
 #include "rebound/model.hpp"
 #include "rebound/model_repository.hpp"
 #include "rebound/observer.hpp"
+#include "rebound/served_models.hpp"
 #include "rebound/store/job_store.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/memory_job_store.hpp"

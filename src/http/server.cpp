@@ -192,6 +192,17 @@ RefusalAnswer refusal_for(boost::system::error_code ec, const std::string& id = 
         return {{404, "model_not_found", why.reason.message, "model"}};
       case errc::version_unavailable:
         return {{409, "version_unavailable", why.reason.message, "version"}};
+      // (Answers to model changes, which their routes give with their own messages.)
+      case errc::load_failed:
+        return {{409, "load_failed", "The model version could not be loaded.", {}}};
+      case errc::version_in_route:
+        return {{409, "version_in_route", "The model's route sends jobs to that version.", {}}};
+      case errc::route_changed:
+        return {{412, "route_changed", "The model's route changed first.", {}}};
+      case errc::invalid_route:
+        return {{422, "invalid_field", "The route is not one.", "split"}};
+      case errc::no_loader:
+        return {{409, "no_repository", "This server loads no model versions while it runs.", {}}};
       case errc::too_many_waiters:
         return {{503,
                  "too_many_waiters",
@@ -268,7 +279,8 @@ enum Access : unsigned {
   spans = 4,          // with several tenants, an operator or a viewer key: it spans them all
   console_page = 8,   // only while the console is on (an operator or a viewer key is configured)
   console_json = 16,  // the console on, and an operator or a viewer key
-  on_front = 32       // never waits for the store: on the HTTP thread, store-call threads or not
+  on_front = 32,      // never waits for the store: on the HTTP thread, store-call threads or not
+  operates = 64       // an operator key only (none configured: nobody): it changes the models
 };
 
 // What a route does with a request body: none, JSON (a submission's JSON, where a form-encoded
@@ -290,7 +302,9 @@ bool match_route(std::string_view pattern, std::string_view path, std::string& p
     const bool rest = pattern.compare(close - 3, 3, "...") == 0;
     const std::size_t end = rest ? path.size() : std::min(path.find('/', q), path.size());
     if (!rest && end == q) return false;  // a segment is never empty
-    param.assign(path.substr(q, end - q));
+    // Several parameters come joined by '/' (each is one segment: it holds none).
+    if (!param.empty()) param += '/';
+    param.append(path.substr(q, end - q));
     p = close + 1;
     q = end;
   }
@@ -697,12 +711,18 @@ struct Server::Impl {
         {"GET", "/v1/models", any_key, Body::none,
          [](Impl& s, Call& c) {
            nlohmann::json models = nlohmann::json::array();
-           for (const std::string& name : s.model_names())
-             models.push_back(s.model_json(name, c.caller));
+           for (const ModelInfo& m : s.service.models().list())
+             models.push_back(s.model_json(m, c.caller));
            send_json(c.res, 200, {{"models", std::move(models)}});
          }},
         {"GET", "/v1/models/{name}", any_key, Body::none,
          [](Impl& s, Call& c) { s.model(c.param, c.caller, c.res); }},
+        {"PUT", "/v1/models/{name}/versions/{version}", operates | acts, Body::ignored,
+         [](Impl& s, Call& c) { s.load_version(c); }},
+        {"DELETE", "/v1/models/{name}/versions/{version}", operates | acts, Body::none,
+         [](Impl& s, Call& c) { s.unload_version(c); }},
+        {"PUT", "/v1/models/{name}/route", operates | acts, Body::json,
+         [](Impl& s, Call& c) { s.set_route(c); }},
         // The operator console (docs/console.md): its page, and the JSON it reads.
         {"GET", "/console", console_page | on_front, Body::none,
          [](Impl&, Call& c) { c.res.set_redirect("/console/", 301); }},
@@ -927,59 +947,300 @@ struct Server::Impl {
            std::to_string(waiting->load()) + "\n";
   }
 
-  // The models served, by name.
-  std::vector<std::string> model_names() const {
-    std::vector<std::string> names;
-    for (const ModelRef& ref : service.models().list())
-      if (names.empty() || names.back() != ref.name) names.push_back(ref.name);
-    return names;
-  }
-
-  // One model of the queue's repository (DESIGN.md's `M`): its versions, each ready once it says
-  // it is and the queue's models have warmed up, its route all to its default (highest) version.
-  // With one version in all, the queue's counts (the store's, shared by a fleet) are its own, for
-  // a caller who may read what spans tenants (as GET /v1/stats); the store does not count by
-  // version, so with several they are left out.
-  nlohmann::json model_json(const std::string& name, const Credential* caller) {
-    const ModelRepository& models = service.models();
+  // One model as GET /v1/models describes it (DESIGN.md's `M`): its route and generation, and its
+  // versions with their states, digests and when they became ready. Counts are for a caller who
+  // may read what spans tenants (as GET /v1/stats): with one version in all, the queue's (the
+  // store's, shared by a fleet); with several, each version's jobs in this server's memory.
+  nlohmann::json model_json(const ModelInfo& m, const Credential* caller) {
     const bool warmed = service.telemetry().model_ready();
+    const bool counts = !(multi_tenant && !(caller && caller->reads_everything()));
+    std::optional<QueueStats> stats;
+    if (counts && m.versions.size() == 1 && service.models().list().size() == 1) {
+      try {
+        stats = service.telemetry().queue_stats();
+      } catch (const std::exception&) {
+        // A failing store: the model is still described, without its counts (/ping says why).
+      }
+    }
     nlohmann::json versions = nlohmann::json::array();
-    for (const ModelRef& ref : models.list()) {
-      if (ref.name != name) continue;
-      nlohmann::json version = {
-          {"version", ref.version},
-          {"state", warmed && models.find(ref)->ready() ? "ready" : "loading"},
-          {"loaded_at", detail::format_rfc3339(model_loaded_at)}};
-      const auto digest = options.model_digests.find(ref.name + "/" + ref.version);
-      if (digest != options.model_digests.end()) {
-        version["digest"] = digest->second;
-      } else if (models.size() == 1 && !options.model_digest.empty()) {
-        version["digest"] = options.model_digest;
+    for (const ModelVersionInfo& v : m.versions) {
+      // A version the queue started with is `loading` until the queue's warm-up is over.
+      const bool ready = v.state == VersionState::ready;
+      nlohmann::json version = {{"version", v.version},
+                                {"state", ready && !warmed ? "loading" : to_string(v.state)}};
+      const std::string digest = v.digest.empty() ? digest_of(m.name, v.version) : v.digest;
+      if (!digest.empty()) version["digest"] = digest;
+      if (v.loaded_at != std::chrono::system_clock::time_point{}) {
+        // A version the queue started with: when its process loaded it (ServerOptions).
+        version["loaded_at"] =
+            detail::format_rfc3339(v.loaded_at <= created ? model_loaded_at : v.loaded_at);
       }
-      if (models.size() == 1 && !(multi_tenant && !(caller && caller->reads_everything()))) {
-        try {
-          if (const std::optional<QueueStats> s = service.telemetry().queue_stats()) {
-            version["queued"] = s->queued;
-            version["running"] = s->running;
-          }
-        } catch (const std::exception&) {
-          // A failing store: the model is still described, without its counts (/ping says why).
-        }
+      if (stats) {
+        version["queued"] = stats->queued;
+        version["running"] = stats->running;
+      } else if (counts && !(m.versions.size() == 1 && service.models().list().size() == 1)) {
+        version["queued"] = v.queued;
+        version["running"] = v.running;
       }
+      if (v.error) version["error"] = {{"code", v.error->code}, {"message", v.error->message}};
       versions.push_back(std::move(version));
     }
-    return {{"name", name},
-            {"default_version", models.default_version(name)},
-            {"split", nlohmann::json::array()},
-            {"generation", 1},
+    nlohmann::json split = nlohmann::json::array();
+    for (const ModelSplit& sp : m.route.split)
+      split.push_back({{"version", sp.version}, {"percent", sp.percent}});
+    return {{"name", m.name},
+            {"default_version", m.route.default_version},
+            {"split", std::move(split)},
+            {"generation", m.generation},
             {"versions", std::move(versions)}};
   }
 
-  void model(const std::string& name, const Credential* caller, HttpResponse& res) {
-    if (name.empty() || !service.models().find({name, {}})) {
-      return send_error(res, {404, "model_not_found", "No model named '" + name + "'.", {}});
+  // A version's digest as computed at start (ServerOptions); a version loaded later has its own
+  // (ModelRepository::set_digester).
+  std::string digest_of(const std::string& name, const std::string& version) {
+    const std::string key = name + "/" + version;
+    const auto digest = options.model_digests.find(key);
+    if (digest != options.model_digests.end()) return digest->second;
+    if (options.model_digests.empty() && !options.model_digest.empty() &&
+        service.models().list().size() == 1 && version == "1") {
+      return options.model_digest;
     }
-    send_json(res, 200, model_json(name, caller));
+    return {};
+  }
+
+  void model(const std::string& name, const Credential* caller, HttpResponse& res) {
+    const std::optional<ModelInfo> m = service.models().find(name);
+    if (!m) {
+      return send_error(res, {404,
+                              "model_not_found",
+                              "No model named '" + detail::truncated_utf8(name, 128) + "'.",
+                              {}});
+    }
+    send_json(res, 200, model_json(*m, caller));
+  }
+
+  // `name/version` of a route's path, checked before anything is built from them (nothing
+  // outside the repository is read: a name is a model name, a version a positive integer).
+  bool model_version_param(const std::string& param, ModelRef& ref, HttpResponse& res) {
+    const std::size_t slash = param.find('/');
+    ref.name = param.substr(0, slash);
+    ref.version = slash == std::string::npos ? std::string() : param.substr(slash + 1);
+    if (!is_valid_model_name(ref.name)) {
+      send_error(res, {422, "invalid_field",
+                       "'" + detail::truncated_utf8(ref.name, 128) +
+                           "' is not a model name (1 to 64 of a-z 0-9 . _ -, the first a letter "
+                           "or a digit).",
+                       "name"});
+      return false;
+    }
+    if (!is_valid_model_version(ref.version)) {
+      send_error(res, {422, "invalid_field",
+                       "'" + detail::truncated_utf8(ref.version, 128) +
+                           "' is not a version (a positive integer, no leading zero).",
+                       "version"});
+      return false;
+    }
+    return true;
+  }
+
+  // PUT /v1/models/{name}/versions/{version}: loads the version from the repository in the
+  // background (the queue's loading thread): 202 while it loads, 200 when it is ready already.
+  void load_version(Call& c) {
+    ModelRef ref;
+    if (!model_version_param(c.param, ref, c.res)) return;
+    const nlohmann::json what = {{"model", ref.name}, {"version", ref.version}};
+    if (options.model_repository.empty()) {
+      send_error(c.res, {409,
+                         "no_repository",
+                         "This server loads no model versions while it runs: start it with "
+                         "--model-repository.",
+                         {}});
+      return log_action(c.caller, "load_model_version", what, c.res.status);
+    }
+    const std::filesystem::path dir =
+        std::filesystem::path(options.model_repository) / ref.name / ref.version;
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+      send_error(c.res,
+                 {404,
+                  "model_not_found",
+                  "The model repository has no directory '" + ref.name + "/" + ref.version + "'.",
+                  {}});
+      return log_action(c.caller, "load_model_version", what, c.res.status);
+    }
+    const std::optional<ModelInfo> before = service.models().find(ref.name);
+    if (before) {
+      for (const ModelVersionInfo& v : before->versions) {
+        if (v.version == ref.version && v.state == VersionState::ready) {
+          send_json(c.res, 200, model_json(*before, c.caller));
+          return log_action(c.caller, "load_model_version", what, 200);
+        }
+      }
+    }
+    // (Its handler has nothing to do: GET /v1/models tells how the load ends; the log too.)
+    service.models().async_load(ref.name, ref.version, [](boost::system::error_code, ModelInfo) {});
+    send_json(c.res, 202, model_json(*service.models().find(ref.name), c.caller));
+    log_action(c.caller, "load_model_version", what, 202);
+  }
+
+  // DELETE /v1/models/{name}/versions/{version}[?queued=finish]: the version drains, then is
+  // unloaded.
+  void unload_version(Call& c) {
+    ModelRef ref;
+    if (!model_version_param(c.param, ref, c.res)) return;
+    const nlohmann::json what = {{"model", ref.name}, {"version", ref.version}};
+    const auto done = [&](int status) {
+      log_action(c.caller, "unload_model_version", what, status);
+    };
+    const std::string queued = c.req.param("queued");
+    if (!queued.empty() && queued != "finish") {
+      send_error(c.res, {422, "invalid_field",
+                         "queued=" + detail::truncated_utf8(queued, 64) +
+                             " is not supported: queued jobs finish on the version they were "
+                             "accepted for (queued=finish).",
+                         "queued"});
+      return done(422);
+    }
+    const std::optional<ModelInfo> m = service.models().find(ref.name);
+    if (!m) {
+      send_error(c.res, {404, "model_not_found", "No model named '" + ref.name + "'.", {}});
+      return done(404);
+    }
+    const ModelVersionInfo* version = nullptr;
+    for (const ModelVersionInfo& v : m->versions)
+      if (v.version == ref.version) version = &v;
+    if (!version) {
+      send_error(c.res, {404,
+                         "model_not_found",
+                         "The model '" + ref.name + "' has no version '" + ref.version + "'.",
+                         {}});
+      return done(404);
+    }
+    bool routed = m->route.default_version == ref.version;
+    for (const ModelSplit& sp : m->route.split)
+      routed = routed || sp.version == ref.version;
+    if (routed) {
+      send_error(c.res, {409,
+                         "version_in_route",
+                         "The route of '" + ref.name + "' sends jobs to version " + ref.version +
+                             ": change the route first (PUT /v1/models/" + ref.name + "/route).",
+                         {}});
+      return done(409);
+    }
+    if (version->state == VersionState::loading) {
+      send_error(c.res, {409,
+                         "version_unavailable",
+                         "Version " + ref.version + " of '" + ref.name +
+                             "' is loading: unload it once it is ready or failed.",
+                         {}});
+      return done(409);
+    }
+    service.models().async_unload(ref.name, ref.version,
+                                  [](boost::system::error_code, ModelInfo) {});
+    send_json(c.res, 202, model_json(*service.models().find(ref.name), c.caller));
+    done(202);
+  }
+
+  // PUT /v1/models/{name}/route: {"default_version", "split": [{"version", "percent"}]}, with
+  // If-Match: "<generation>" for a change that must not replace another.
+  void set_route(Call& c) {
+    const std::string& name = c.param;
+    const std::string& body = c.req.body();
+    nlohmann::json what = {{"model", name}, {"body", truncated_utf8(body, 512)}};
+    const auto done = [&](int status) { log_action(c.caller, "set_model_route", what, status); };
+    nlohmann::json parsed;
+    if (auto error = json_body_error(detail::parse_untrusted_json(body, parsed))) {
+      send_error(c.res, *error);
+      return done(c.res.status);
+    }
+    const auto invalid = [&](const std::string& message, const char* field) {
+      send_error(c.res, {422, "invalid_field", message, field});
+      done(422);
+    };
+    if (!parsed.is_object()) {
+      return invalid(
+          "Send {\"default_version\": \"2\", \"split\": [{\"version\": \"3\", "
+          "\"percent\": 10}]}.",
+          "default_version");
+    }
+    ModelRoute route;
+    const auto def = parsed.find("default_version");
+    if (def == parsed.end() || !def->is_string() ||
+        !is_valid_model_version(def->get<std::string>())) {
+      return invalid("default_version must be a version (a string: a positive integer).",
+                     "default_version");
+    }
+    route.default_version = def->get<std::string>();
+    const auto split = parsed.find("split");
+    if (split != parsed.end() && !split->is_null()) {
+      if (!split->is_array() || split->size() > 100) {
+        return invalid("split must be a list of {\"version\", \"percent\"}.", "split");
+      }
+      for (const auto& part : *split) {
+        const auto v = part.is_object() ? part.find("version") : part.end();
+        const auto p = part.is_object() ? part.find("percent") : part.end();
+        if (v == part.end() || !v->is_string() || !is_valid_model_version(v->get<std::string>()) ||
+            p == part.end() || !p->is_number_integer() || p->get<long long>() < 1 ||
+            p->get<long long>() > 100) {
+          return invalid("Each split is {\"version\": \"3\", \"percent\": 1 to 100}.", "split");
+        }
+        route.split.push_back({v->get<std::string>(), static_cast<int>(p->get<long long>())});
+      }
+    }
+    for (const auto& [key, value] : parsed.items()) {
+      if (key != "default_version" && key != "split") {
+        return invalid("Unknown field '" + truncated_utf8(key, 64) + "'.", "route");
+      }
+    }
+    std::uint64_t generation = 0;
+    if (c.req.has_header("If-Match")) {
+      std::string tag = c.req.header("If-Match");
+      if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"')
+        tag = tag.substr(1, tag.size() - 2);
+      if (tag.empty() || tag.size() > 19 ||
+          tag.find_first_not_of("0123456789") != std::string::npos ||
+          c.req.header_count("If-Match") != 1) {
+        send_error(c.res, {412,
+                           "route_changed",
+                           "If-Match names no generation of this route: send If-Match: "
+                           "\"<generation>\" as GET /v1/models/" +
+                               name + " gives it.",
+                           {}});
+        return done(412);
+      }
+      generation = std::stoull(tag);
+      if (generation == 0) generation = ~std::uint64_t{0};  // (no route has generation 0)
+    }
+    ModelInfo after;
+    const boost::system::error_code ec =
+        service.models().set_route(name, std::move(route), generation, &after);
+    if (ec == errc::model_not_found) {
+      send_error(
+          c.res,
+          {404, "model_not_found", "No model named '" + truncated_utf8(name, 128) + "'.", {}});
+    } else if (ec == errc::route_changed) {
+      send_error(c.res, {412,
+                         "route_changed",
+                         "The route of '" + name + "' is at generation " +
+                             std::to_string(after.generation) + ": another change came first.",
+                         {}});
+    } else if (ec == errc::version_unavailable) {
+      send_error(c.res, {409,
+                         "version_unavailable",
+                         "Every version a route names must be ready (PUT "
+                         "/v1/models/" +
+                             name + "/versions/{version} loads one).",
+                         {}});
+    } else if (ec) {
+      send_error(c.res, {422, "invalid_field",
+                         "The split's percentages add up to more than 100, or name a version "
+                         "twice (the default version included).",
+                         "split"});
+    } else {
+      c.res.set_header("ETag", "\"" + std::to_string(after.generation) + "\"");
+      send_json(c.res, 200, model_json(after, c.caller));
+    }
+    done(c.res.status);
   }
 
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
@@ -1281,16 +1542,19 @@ struct Server::Impl {
                               "model.",
                               {}});
     }
-    const std::string target = req.header("X-Amzn-SageMaker-Target-Model");
-    if (!target.empty() && !service.models().find({target, {}})) {
-      return send_error(res, {404,
-                              "model_not_found",
-                              "No model named '" + detail::truncated_utf8(target, 128) + "'.",
-                              {}});
+    // The version that answers: the one its route picks now, pinned for the queue.
+    ModelRef chosen{req.header("X-Amzn-SageMaker-Target-Model"), {}};
+    if (const Submitted refused = detail::FrontDoor::choose_model(service, chosen, c.tenant);
+        refused.error) {
+      if (refused.error == errc::model_not_found) {
+        return send_error(res,
+                          {404,
+                           "model_not_found",
+                           "No model named '" + detail::truncated_utf8(chosen.name, 128) + "'.",
+                           {}});
+      }
+      return send_error(res, {409, refused.reason.code, refused.reason.message, {}});
     }
-    // The version that answers: the model's default (the queue fills in the same).
-    const std::string name = target.empty() ? service.models().default_model() : target;
-    ModelRef chosen{name, service.models().default_version(name)};
     std::string answered_by = chosen.name + "/" + chosen.version;
     // No thread waits: the model's answer against a timer, whichever comes first.
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
@@ -1389,6 +1653,12 @@ struct Server::Impl {
     // signing secret: with it, it could sign callbacks as rebound does.
     if ((access & acts) && caller && caller->role == Credential::Role::viewer) {
       send_error(res, {403, "forbidden", "A viewer key reads; acting needs an operator key.", {}});
+      return false;
+    }
+    if ((access & operates) && !(caller && caller->is_operator())) {
+      send_error(
+          res,
+          {403, "forbidden", "Changing the models needs an operator key (--operator-key).", {}});
       return false;
     }
     if ((access & console_json) && !caller->reads_everything()) {
@@ -1598,8 +1868,9 @@ struct Server::Impl {
   JobQueue& service;
   ServerOptions options;
   // When the model was loaded, as GET /v1/models says (ServerOptions::model_loaded_at).
+  const std::chrono::system_clock::time_point created = std::chrono::system_clock::now();
   const std::chrono::system_clock::time_point model_loaded_at =
-      options.model_loaded_at.value_or(std::chrono::system_clock::now());
+      options.model_loaded_at.value_or(created);
   std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;

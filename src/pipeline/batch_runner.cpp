@@ -116,19 +116,29 @@ void BatchRunner::sweep(WorkQueue<WorkItem>& queue) {
 }
 
 void BatchRunner::run(std::vector<WorkItem> batch) {
+  // The work queue counted the batch as taken from its version (JobQueue's on_taken, under the
+  // queue's lock): a draining version is released only once no batch of it is in here.
+  struct Untake {
+    std::shared_ptr<VersionStats> stats;
+    std::size_t n;
+    ~Untake() {
+      if (stats) stats->taken.fetch_sub(n, std::memory_order_release);
+    }
+  } untake{only_ || batch.empty() ? nullptr : models_.stats_of(batch.front().job.model),
+           batch.size()};
   const auto now = clock_();
   screen(batch, now);
   if (batch.empty()) return;
-  if (only_) return run_on(*only_, std::move(batch), now);
+  if (only_) return run_on(*only_, only_stats_.get(), std::move(batch), now);
   // A batch holds one version's items: the work queue ends a batch before another version's
   // (JobQueue's BatchKey). Items of versions this queue does not serve (jobs taken over from a
-  // store) share a batch of their own, and each fails without running.
-  if (Model* model = models_.find(batch.front().job.model)) {
-    return run_on(*model, std::move(batch), now);
-  }
+  // store) share a batch of their own, and each fails without running. A draining version still
+  // runs (its queued jobs finish on it); the lease keeps its Model until the batch is done.
+  const ModelTable::Lease lease = models_.acquire(batch.front().job.model);
+  if (lease.model) return run_on(*lease.model, lease.stats.get(), std::move(batch), now);
   for (auto& item : batch) {
     const ModelRef& ref = item.job.model;
-    const bool named = models_.find({ref.name, {}}) != nullptr;
+    const bool named = models_.has_model(ref.name);
     Prediction refused =
         Prediction::failure(named ? "version_unavailable" : "model_not_found",
                             named ? "This server does not serve version '" + ref.version +
@@ -138,9 +148,8 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   }
 }
 
-void BatchRunner::run_on(Model& model, std::vector<WorkItem> batch, TimePoint now) {
-  const auto found = counts_.find(&model);
-  VersionCounts* const counts = found == counts_.end() ? nullptr : found->second.get();
+void BatchRunner::run_on(Model& model, VersionStats* counts, std::vector<WorkItem> batch,
+                         TimePoint now) {
   // The jobs running now, each with its cancellation flag.
   std::vector<std::shared_ptr<std::atomic<bool>>> flags;
   bool given_up = false;  // the process gave its running jobs up before this batch began
@@ -318,7 +327,7 @@ std::vector<Prediction> BatchRunner::predict(Model& model, std::vector<nlohmann:
 }
 
 void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t batch_size,
-                         double inference_ms, TimePoint started_at, VersionCounts* counts) {
+                         double inference_ms, TimePoint started_at, VersionStats* counts) {
   if (item.reply) {
     observe_([&](auto& o) { o.on_invocation(prediction.ok()); });
     try {
@@ -360,53 +369,6 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   if (counts) ++(record.status == JobStatus::succeeded ? counts->succeeded : counts->failed);
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
   finish(std::move(record), std::move(item.claim));
-}
-
-namespace {
-// A label value as the Prometheus text format writes it (a model named by its Model::name(),
-// served alone, may hold anything).
-std::string label_value(const std::string& v) {
-  std::string out;
-  for (const char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-}  // namespace
-
-std::string BatchRunner::version_metrics() const {
-  std::vector<const VersionCounts*> versions;
-  for (const auto& [model, counts] : counts_)
-    versions.push_back(counts.get());
-  std::sort(versions.begin(), versions.end(), [](const VersionCounts* a, const VersionCounts* b) {
-    return a->ref.name != b->ref.name ? a->ref.name < b->ref.name
-                                      : (a->ref.version.size() != b->ref.version.size()
-                                             ? a->ref.version.size() < b->ref.version.size()
-                                             : a->ref.version < b->ref.version);
-  });
-  std::string jobs =
-      "# HELP rebound_model_jobs_completed_total Jobs that ran on a model version to a final "
-      "status, by status.\n# TYPE rebound_model_jobs_completed_total counter\n";
-  std::string seconds =
-      "# HELP rebound_model_inference_seconds_total Time in a model version's predict and "
-      "predict_batch calls.\n# TYPE rebound_model_inference_seconds_total counter\n";
-  for (const VersionCounts* v : versions) {
-    const std::string labels = "model=\"" + label_value(v->ref.name) + "\",version=\"" +
-                               label_value(v->ref.version) + "\"";
-    jobs += "rebound_model_jobs_completed_total{" + labels + ",status=\"succeeded\"} " +
-            std::to_string(v->succeeded.load()) + "\n";
-    jobs += "rebound_model_jobs_completed_total{" + labels + ",status=\"failed\"} " +
-            std::to_string(v->failed.load()) + "\n";
-    char text[32];
-    std::snprintf(text, sizeof text, "%.6f", static_cast<double>(v->inference_us.load()) / 1e6);
-    seconds += "rebound_model_inference_seconds_total{" + labels + "} " + text + "\n";
-  }
-  return jobs + seconds;
 }
 
 void BatchRunner::finish(JobRecord record, Claim claim) {

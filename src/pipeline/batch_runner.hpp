@@ -23,10 +23,10 @@
 #include "delivery.hpp"
 #include "events.hpp"
 #include "leases.hpp"
+#include "model_table.hpp"
 #include "observers.hpp"
 #include "rebound/job_queue_status.hpp"
 #include "rebound/model.hpp"
-#include "rebound/model_repository.hpp"
 #include "store_access.hpp"
 #include "work_item.hpp"
 #include "work_queue.hpp"
@@ -40,12 +40,13 @@ class BatchRunner {
  public:
   /// `events` hears each job whose outcome this runner got acknowledged (job_final: it is final
   /// in the store) and keeps the parts alive while a watchdog or a write is under way.
-  BatchRunner(const ModelRepository& models, StoreAccess& store, Leases& leases, Delivery& delivery,
+  BatchRunner(const ModelTable& models, StoreAccess& store, Leases& leases, Delivery& delivery,
               Admission& admission, Observers& observe, Clock clock, PipelineEvents& events,
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,
               std::chrono::milliseconds inference_timeout)
       : models_(models),
-        only_(models.runs_every_job() ? models.find({}) : nullptr),
+        only_(models.runs_every_job() ? models.first_versions().front().second.lock() : nullptr),
+        only_stats_(only_ ? models.stats_of(models.first_versions().front().first) : nullptr),
         store_(store),
         leases_(leases),
         delivery_(delivery),
@@ -55,23 +56,13 @@ class BatchRunner {
         events_(events),
         timer_executor_(std::move(timer_executor)),
         job_ttl_(job_ttl),
-        inference_timeout_(inference_timeout) {
-    for (const ModelRef& ref : models.list()) {
-      auto counts = std::make_unique<VersionCounts>();
-      counts->ref = ref;
-      counts_.emplace(models.find(ref), std::move(counts));
-    }
-  }
+        inference_timeout_(inference_timeout) {}
 
   /// The worker step for one batch.
   void run(std::vector<WorkItem> batch);
 
   /// batches, items and the largest batch so far (`resumed` is the pump's).
   BatchStats stats() const;
-
-  /// Each version's jobs by final status and its model calls' time, as Prometheus text
-  /// (rebound_model_jobs_completed_total, rebound_model_inference_seconds_total).
-  std::string version_metrics() const;
 
   /// Takes out of `queue` the jobs that must not wait any longer: past their time in queue
   /// (ended `expired`), or revoked (dropped). Called by the pump about every second, so that a job
@@ -104,14 +95,9 @@ class BatchRunner {
   // leaves the others.
   void screen(std::vector<WorkItem>& batch, TimePoint now);
 
-  // What one version ran: its jobs' outcomes and the time of its model calls.
-  struct VersionCounts {
-    ModelRef ref;
-    std::atomic<std::uint64_t> succeeded{0}, failed{0}, inference_us{0};
-  };
-
-  // Runs a batch of one version's items (screened) on `model`.
-  void run_on(Model& model, std::vector<WorkItem> batch, TimePoint now);
+  // Runs a batch of one version's items (screened) on `model`, counted in `counts` (its
+  // version's stats; they outlive the runner's work: the table keeps them).
+  void run_on(Model& model, VersionStats* counts, std::vector<WorkItem> batch, TimePoint now);
 
   // Runs the model on a batch. Never throws: a model that throws, or returns the wrong number of
   // predictions, fails every item of the batch with model_error.
@@ -121,18 +107,17 @@ class BatchRunner {
   // in `counts` (its version's; null: it ran on none). inference_ms < 0: the model never
   // answered (a timeout).
   void settle(WorkItem& item, Prediction& prediction, std::size_t batch_size, double inference_ms,
-              TimePoint started_at, VersionCounts* counts);
+              TimePoint started_at, VersionStats* counts);
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
   // none is wanted, or when the lease was lost: another claim has the job).
   void finish(JobRecord record, Claim claim);
 
-  const ModelRepository& models_;
-  // Each version's counts, by its Model (built once: the repository never changes).
-  std::unordered_map<const Model*, std::unique_ptr<VersionCounts>> counts_;
+  const ModelTable& models_;
   // A queue built on one Model (ModelRepository::runs_every_job): it runs every item, whatever
-  // model the item names.
-  Model* const only_;
+  // model the item names, on that Model (which such a table never releases).
+  const std::shared_ptr<Model> only_;
+  const std::shared_ptr<VersionStats> only_stats_;
   StoreAccess& store_;
   Leases& leases_;
   Delivery& delivery_;

@@ -40,6 +40,10 @@ struct FrontDoor {
   /// `reason` saying why).
   static Submitted invoke(JobQueue& queue, nlohmann::json input, InvokeAnswer on_result,
                           const std::string& tenant = {}, ModelRef model = {});
+
+  /// The version an invocation of `model` runs on (its empty fields filled in as `invoke` does:
+  /// a route's split picks in turn), to hand to `invoke` pinned; a refusal as `invoke`'s.
+  static Submitted choose_model(JobQueue& queue, ModelRef& model, const std::string& tenant = {});
 };
 
 }  // namespace detail

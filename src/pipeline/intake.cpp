@@ -27,39 +27,24 @@ std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& inpu
 }
 
 // The model a job names, filled in (ModelRef): an empty name is the repository's default model,
-// an empty version that model's default version. A name or a version the queue does not serve is
-// refused (model_not_found, version_unavailable). The chosen version is the answer.
-Model* choose_model(const Pipeline& core, ModelRef& ref, Submitted& refusal) {
-  if (ref.empty()) {  // most submissions: the default, chosen once
-    ref = core.default_ref;
-    return core.default_model;
+// an empty version the version that model's route picks for `tenant` and `id`. A name or a
+// version the queue does not serve, or not now, is refused (model_not_found,
+// version_unavailable). The chosen version is the answer (held while the caller uses it).
+std::shared_ptr<Model> choose_model(Pipeline& core, ModelRef& ref, std::string_view tenant,
+                                    std::string_view id, Submitted& refusal) {
+  if (core.default_model) {  // a queue built on one Model: the default, chosen once
+    if (ref.empty() || ref == core.default_ref) {
+      ref = core.default_ref;
+      return std::shared_ptr<Model>(std::shared_ptr<Model>(), core.default_model);  // (no count)
+    }
   }
-  const ModelRepository& models = core.models;
-  if (Model* model = models.find(ref)) {
-    if (ref.name.empty()) ref.name = models.default_model();
-    if (ref.version.empty()) ref.version = models.default_version(ref.name);
-    return model;
+  ModelTable::Choice chosen = core.models.choose(ref, tenant, id);
+  if (!chosen.model) {
+    refusal = refused(chosen.error);
+    refusal.reason = std::move(chosen.reason);
+    refusal.field = chosen.field;
   }
-  const std::string name = ref.name.empty() ? models.default_model() : ref.name;
-  if (!models.find({name, {}})) {
-    refusal = refused(errc::model_not_found);
-    refusal.reason = ErrorInfo{"model_not_found", "No model named '" + name + "'."};
-    refusal.field = "model";
-    return nullptr;
-  }
-  std::string served;
-  std::size_t versions = 0;
-  for (const ModelRef& r : models.list()) {
-    if (r.name != name) continue;
-    served += (served.empty() ? "'" : ", '") + r.version + "'";
-    ++versions;
-  }
-  refusal = refused(errc::version_unavailable);
-  refusal.reason = ErrorInfo{"version_unavailable", "The model '" + name + "' has no version '" +
-                                                        ref.version + "' ready; it serves version" +
-                                                        (versions > 1 ? "s " : " ") + served + "."};
-  refusal.field = "version";
-  return nullptr;
+  return std::move(chosen.model);
 }
 
 namespace {
@@ -98,7 +83,7 @@ Submitted check(Pipeline& core, Job& job, bool rules_checked) {
     return s;
   }
   Submitted refusal;
-  Model* model = choose_model(core, job.model, refusal);
+  const std::shared_ptr<Model> model = choose_model(core, job.model, job.tenant, job.id, refusal);
   if (!model) return refusal;
   if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
   if (auto invalid = validate(*model, job.input)) {

@@ -32,10 +32,12 @@ inline Submitted taken(bool duplicate = false) {
 /// The model's verdict on an input; one that throws refuses it too.
 std::optional<ErrorInfo> validate(const Model& model, const nlohmann::json& input);
 
-/// The version `ref` names, its empty fields filled in (the default model; that model's default
-/// version): ModelRef of the version chosen. nullptr when the queue does not serve it, with
+/// The version `ref` names, its empty fields filled in (the default model; the version its route
+/// picks for `tenant` and `id`, an invocation's in turn): `ref` names the version chosen, whose
+/// Model is returned (held for the caller). Null when the queue does not serve it now, with
 /// `refusal` saying why (model_not_found, version_unavailable; `reason` and `field` set).
-Model* choose_model(const Pipeline& core, ModelRef& ref, Submitted& refusal);
+std::shared_ptr<Model> choose_model(Pipeline& core, ModelRef& ref, std::string_view tenant,
+                                    std::string_view id, Submitted& refusal);
 
 /// One submission: checked (the job's rules, a transport for its callback, the model's
 /// validation), admitted, stored with this queue's claim (or parked in the store beyond the

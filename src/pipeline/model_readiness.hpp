@@ -13,15 +13,16 @@
 #include <utility>
 #include <vector>
 
+#include "model_table.hpp"
 #include "rebound/log.hpp"
 #include "rebound/model.hpp"
-#include "rebound/model_repository.hpp"
 
 namespace rebound::detail {
 
-/// The models are every version of a ModelRepository; "the model" below is all of them: ready
-/// when each is, warmed up when each one's warm-up has returned (in turn, in the repository's
-/// order).
+/// The models are the versions the queue was built with (ModelTable::first_versions; a version
+/// loaded later is warmed up by its load, and one unloaded since no longer counts); "the model"
+/// below is all of them: ready when each is, warmed up when each one's warm-up has returned (in
+/// turn, in the repository's order).
 /// Model::warm_up runs once: in `start` when the model is ready then (on the caller's thread, the
 /// JobQueue's constructor), else on a thread of its own as soon as `ready` first finds the model
 /// ready (a model that loads in the background); `warmed` is called when that one returns. A
@@ -31,10 +32,12 @@ namespace rebound::detail {
 /// the queue stops.
 class ModelReadiness {
  public:
-  ModelReadiness(const ModelRepository& models, Logger logger, std::function<void()> warmed)
+  ModelReadiness(const ModelTable& models, Logger logger, std::function<void()> warmed)
       : logger_(std::move(logger)), warmed_(std::move(warmed)) {
-    for (const ModelRef& ref : models.list())
-      models_.push_back({ref, models.find(ref)});
+    // A table that runs every job never releases its one Model: read without a lock (the hot
+    // path asks at every submission).
+    for (auto& [ref, model] : models.first_versions())
+      models_.push_back({ref, model, models.runs_every_job() ? model.lock().get() : nullptr});
   }
   ModelReadiness(const ModelReadiness&) = delete;
   ModelReadiness& operator=(const ModelReadiness&) = delete;
@@ -87,17 +90,25 @@ class ModelReadiness {
   }
 
   bool models_ready() const {
-    for (const auto& m : models_)
-      if (!m.model->ready()) return false;
+    for (const auto& m : models_) {
+      if (m.pinned) {
+        if (!m.pinned->ready()) return false;
+        continue;
+      }
+      const std::shared_ptr<Model> model = m.model.lock();
+      if (model && !model->ready()) return false;
+    }
     return true;
   }
 
   void warm() const {
     for (const auto& m : models_) {
+      const std::shared_ptr<Model> model = m.model.lock();
+      if (!model) continue;  // unloaded already
       nlohmann::json named = {{"model", m.ref.name}, {"version", m.ref.version}};
       const auto began = std::chrono::steady_clock::now();
       try {
-        m.model->warm_up();
+        model->warm_up();
         const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
             std::chrono::steady_clock::now() - began);
         named["ms"] = took.count();
@@ -115,7 +126,8 @@ class ModelReadiness {
 
   struct Served {
     ModelRef ref;
-    Model* model;
+    std::weak_ptr<Model> model;  // null once unloaded
+    Model* pinned;               // for a table that never releases it
   };
   std::vector<Served> models_;
   const Logger logger_;

@@ -27,6 +27,7 @@
 #include "delivery.hpp"
 #include "events.hpp"
 #include "leases.hpp"
+#include "model_table.hpp"
 #include "observers.hpp"
 #include "rebound/delivery/address_guard.hpp"
 #include "rebound/delivery/callback_sender.hpp"
@@ -172,9 +173,10 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
            std::unique_ptr<CallbackSender> sender_in, bool has_transport, OriginGate* gate_in,
            std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
-      : models(std::move(models_in)),
-        default_ref{models.default_model(), models.default_version(models.default_model())},
-        default_model(models.find({})),
+      : models(std::move(models_in), options.logger, options.clock),
+        default_ref(models.first_versions().front().first),
+        default_model(models.runs_every_job() ? models.first_versions().front().second.lock().get()
+                                              : nullptr),
         job_store(std::move(store_in)),
         sender(std::move(sender_in)),
         gate(gate_in),
@@ -224,6 +226,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   }
   void sweep(WorkQueue<WorkItem>& queue) override { runner.sweep(queue); }
   void pump_polled() override {
+    models.settle_drains();  // versions being unloaded whose last jobs ran
     complete_finals();
     poll_async_waits();
     sync_pauses();
@@ -293,10 +296,11 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   static constexpr std::size_t max_reads_a_call = 256;
 
   /// The models served, each in its versions (a JobQueue built on one Model: version "1" of its
-  /// name). Never changed once built.
-  const ModelRepository models;
-  /// The version a job that names none runs on, and its Model: a submission's choice without a
-  /// lookup (intake's choose_model).
+  /// name), changed live (ServedModels).
+  ModelTable models;
+  /// A queue built on one Model (ModelTable::runs_every_job, which never changes): the version a
+  /// job that names none runs on, and its Model, a submission's choice without a lookup (intake's
+  /// choose_model). Null otherwise.
   const ModelRef default_ref;
   Model* const default_model;
   std::unique_ptr<JobStore> job_store;

@@ -73,13 +73,17 @@ class WorkQueue final {
   /// Items whose keys differ never share a batch (a batch ends before the first item of another
   /// key, which waits for the next one); empty: any items may.
   using BatchKey = std::function<const void*(const Item&)>;
+  /// Told of each batch as it leaves the queue, under the queue's lock (so that an item is always
+  /// seen either waiting, by count_if, or taken).
+  using OnTaken = std::function<void(const std::vector<Item>&)>;
 
   WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler,
-            BatchKey batch_key = {})
+            BatchKey batch_key = {}, OnTaken on_taken = {})
       : executor_(std::move(executor)),
         options_(options),
         handler_(std::move(handler)),
         batch_key_(std::move(batch_key)),
+        on_taken_(std::move(on_taken)),
         timer_(executor_) {
     if (options_.capacity == 0) throw Error("WorkQueue: capacity must be at least 1");
     if (options_.workers == 0) throw Error("WorkQueue: workers must be at least 1");
@@ -160,6 +164,17 @@ class WorkQueue final {
   std::size_t depth() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return pending_.size();
+  }
+  /// The items waiting for which `pred` is true (a walk over them all, under the lock).
+  template <typename Pred>
+  std::size_t count_if(Pred pred) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pending_.count_if(pred);
+  }
+  /// The items waiting whose batch key is `key`.
+  std::size_t count_key(const void* key) const {
+    if (!batch_key_) return 0;
+    return count_if([&](const Item& item) { return batch_key_(item) == key; });
   }
   /// The least urgent level that has items waiting (the highest number); -1 when none waits.
   int least_urgent_level() const {
@@ -245,6 +260,7 @@ class WorkQueue final {
           batch.push_back(pending_.pop().item);
         }
         running_ += batch.size();
+        if (on_taken_) on_taken_(batch);
         // What the cut left (another key's items, due already or soon) does not wait for this
         // batch's handler: a free worker takes it, or the timer is armed for it.
         if (batch.size() < take) another = schedule_locked();
@@ -268,6 +284,7 @@ class WorkQueue final {
   WorkQueueOptions options_;
   Handler handler_;
   const BatchKey batch_key_;
+  const OnTaken on_taken_;
 
   mutable std::mutex mutex_;
   std::condition_variable idle_;
@@ -374,6 +391,15 @@ class WorkQueue final {
         }
       }
       return out;
+    }
+    template <typename Pred>
+    std::size_t count_if(Pred& pred) const {
+      std::size_t n = 0;
+      for (const Entry* e : turn_)
+        for (const Lane& lane : e->second.lanes)
+          for (const Pending& p : lane.items)
+            n += pred(p.item) ? 1 : 0;
+      return n;
     }
     std::size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }

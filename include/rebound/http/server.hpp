@@ -104,6 +104,11 @@ struct ServerOptions {
   /// "<name>/<version>"; a version without one has no `digest`.
   std::map<std::string, std::string> model_digests;
   std::optional<std::chrono::system_clock::time_point> model_loaded_at;
+  /// The model repository's directory (`--model-repository`): `PUT
+  /// /v1/models/{name}/versions/{version}` loads `<dir>/<name>/<version>/` through the queue's
+  /// ModelLoader (404 when there is no such directory), and digests what it loaded. Empty: no
+  /// version is loaded over HTTP (409 no_repository).
+  std::string model_repository;
 };
 
 /// "sha256:<hex>" over a model spec's files, as `GET /v1/models` names a version: for a directory,

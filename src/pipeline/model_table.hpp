@@ -1,0 +1,160 @@
+// The ModelTable: the versions a JobQueue serves now, their states and each model's route, changed
+// live (ServedModels is its public face). Every submission asks it which version a job runs on,
+// every batch which Model runs it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "rebound/detail/completion.hpp"
+#include "rebound/errc.hpp"
+#include "rebound/log.hpp"
+#include "rebound/model.hpp"
+#include "rebound/model_repository.hpp"
+#include "rebound/served_models.hpp"
+
+namespace rebound::detail {
+
+/// What one version ran, kept for as long as the queue (its metrics outlive an unload), and the
+/// jobs of it taken from the work queue and not yet through the batch runner.
+struct VersionStats {
+  ModelRef ref;
+  std::atomic<std::uint64_t> succeeded{0}, failed{0}, inference_us{0};
+  std::atomic<std::size_t> taken{0};
+};
+
+/// Thread-safe. Lock order: a caller may hold the work queue's lock when it calls `key_of` or
+/// `note_taken` (they take this table's lock); the table never calls the work queue
+/// (`queued_for`) under its own lock.
+class ModelTable {
+ public:
+  /// `queued_for`: the jobs of a version (by its key_of) waiting in the work queue; set before
+  /// the queue runs (set_queued_for).
+  ModelTable(ModelRepository repository, Logger logger,
+             std::function<std::chrono::system_clock::time_point()> clock);
+  ~ModelTable();
+  ModelTable(const ModelTable&) = delete;
+  ModelTable& operator=(const ModelTable&) = delete;
+
+  void set_queued_for(std::function<std::size_t(const void* key)> queued_for) {
+    queued_for_ = std::move(queued_for);
+  }
+
+  /// ModelRepository::runs_every_job of the repository it was built from: then it never changes
+  /// (no loader, one version that its route names).
+  bool runs_every_job() const noexcept { return runs_every_job_; }
+  /// The model a job that names none goes to (fixed when built).
+  const std::string& default_model() const noexcept { return default_model_; }
+  /// The versions it was built with (ModelReadiness warms them up).
+  std::vector<std::pair<ModelRef, std::weak_ptr<Model>>> first_versions() const;
+
+  /// A submission's version: `ref` filled in (an empty name: the default model; an empty
+  /// version: its route's choice for `tenant` and `id`; no id, an invocation: in turn). The
+  /// version must be ready. On a refusal `model` is null and `error`, `reason` and `field` say
+  /// why.
+  struct Choice {
+    std::shared_ptr<Model> model;
+    errc error{};
+    ErrorInfo reason;
+    const char* field = "model";
+  };
+  Choice choose(ModelRef& ref, std::string_view tenant, std::string_view id);
+
+  /// The Model of a version that runs jobs (ready, or draining), with its stats; empty otherwise.
+  struct Lease {
+    std::shared_ptr<Model> model;
+    std::shared_ptr<VersionStats> stats;
+  };
+  Lease acquire(const ModelRef& ref) const;
+  /// True when the model `name` is served (in any state).
+  bool has_model(const std::string& name) const;
+
+  /// The batch key of a version (stable for as long as the table; null for one never known).
+  const void* key_of(const ModelRef& ref) const;
+  /// A version's stats (null for one never known).
+  std::shared_ptr<VersionStats> stats_of(const ModelRef& ref) const;
+
+  // ServedModels.
+  std::vector<ModelInfo> list() const;
+  std::optional<ModelInfo> find(const std::string& name) const;
+  void load(const std::string& name, const std::string& version, Completion<ModelInfo> done);
+  void unload(const std::string& name, const std::string& version, Completion<ModelInfo> done);
+  boost::system::error_code set_route(const std::string& name, ModelRoute route,
+                                      std::uint64_t if_generation, ModelInfo* out);
+
+  /// Ends the drains that have nothing left: their versions' Models are released. Called by the
+  /// pump at each pass, and after an unload.
+  void settle_drains();
+
+  /// The per-version metrics as Prometheus text (rebound_model_jobs_completed_total,
+  /// rebound_model_inference_seconds_total, rebound_model_versions).
+  std::string metrics_text() const;
+
+  /// No load starts from now on; a load under way is waited for; loads waiting end
+  /// errc::shutting_down, as do drains not finished.
+  void stop();
+
+ private:
+  struct Version {
+    std::shared_ptr<Model> model;
+    VersionState state = VersionState::loading;
+    std::chrono::system_clock::time_point loaded_at{};
+    std::optional<ErrorInfo> error;
+    std::string digest;
+    std::shared_ptr<VersionStats> stats = std::make_shared<VersionStats>();
+    std::vector<Completion<ModelInfo>> loads, unloads;  // waiting for the load, the drain
+  };
+  // Versions in numeric order: a longer decimal text (no leading zeros) is the larger number.
+  struct ByNumber {
+    bool operator()(const std::string& a, const std::string& b) const {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    }
+  };
+  struct Entry {
+    std::map<std::string, Version, ByNumber> versions;
+    ModelRoute route;
+    std::uint64_t generation = 1;
+  };
+
+  const Version* version_locked(const ModelRef& ref) const;
+  ModelInfo info_locked(const std::string& name, const Entry& entry) const;
+  const std::string& pick_locked(const Entry& entry, std::string_view tenant, std::string_view id);
+  void run_loads();  // the loading thread
+  void finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
+                   std::optional<ErrorInfo> error, std::string digest);
+
+  const Logger logger_;
+  const std::function<std::chrono::system_clock::time_point()> clock_;
+  std::function<std::size_t(const void*)> queued_for_;
+  const bool runs_every_job_;
+  const std::string default_model_;
+  const ModelLoader loader_;
+  const std::function<std::string(const ModelRef&)> digester_;
+  std::vector<std::pair<ModelRef, std::weak_ptr<Model>>> first_;
+
+  mutable std::mutex mutex_;
+  std::map<std::string, Entry> models_;
+  std::atomic<std::uint64_t> turn_{0};  // invocations' route choices
+  std::atomic<bool> draining_{false};   // a hint: some version drains
+
+  // The loading thread and what it is to load, started at the first load.
+  std::deque<ModelRef> to_load_;  // under mutex_
+  std::condition_variable load_wake_;
+  std::thread loading_;
+  bool stopped_ = false;  // under mutex_
+};
+
+}  // namespace rebound::detail
