@@ -46,7 +46,7 @@ def table_rows(text):
 
 # The doc, cut into route sections.
 sections = {}
-for m in re.finditer(r"^## `(GET|POST|DELETE) (/[^`?]*)`[^\n]*\n(.*?)(?=^## |\Z)", doc, re.S | re.M):
+for m in re.finditer(r"^## `(GET|POST|PUT|DELETE) (/[^`?]*)`[^\n]*\n(.*?)(?=^## |\Z)", doc, re.S | re.M):
     sections[(m.group(1).lower(), m.group(2))] = m.group(3)
 every_route = doc[doc.index("## Answers every route can give"):]
 every_route = every_route[:every_route.index("\n## ", 1)]
@@ -122,7 +122,9 @@ try:
           f"{sorted(api_routes - table_routes)} more")
     for path, ops in api["paths"].items():
         concrete = path.replace("{id}", "1234")
-        key = "docs-ops" if path.startswith("/v1/console/") else "docs-key"
+        # (The console's routes and the models' changes are for an operator key.)
+        key = ("docs-ops" if path.startswith(("/v1/console/", "/v1/models/{name}/"))
+               else "docs-key")
         st, head, _ = request(port, f"OPTIONS {concrete} HTTP/1.1\r\nHost: x\r\n"
                                       f"Authorization: Bearer {key}\r\n\r\n".encode())
         allow = re.search(r"(?im)^Allow:\s*(.*)$", head)

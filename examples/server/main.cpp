@@ -320,8 +320,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--operator-key", operator_keys,
                  "[NAME:]KEY: an API key that may also, with several tenants, list receiver "
-                 "origins, read /metrics and pause or resume origins, and that uses the operator "
-                 "console at /console/ to read and act (env REBOUND_OPERATOR_KEY)")
+                 "origins, read /metrics and pause or resume origins, that loads, unloads and "
+                 "routes model versions (/v1/models/...), and that uses the operator console at "
+                 "/console/ to read and act (env REBOUND_OPERATOR_KEY)")
       ->envname("REBOUND_OPERATOR_KEY");
   app.add_option("--viewer-key", viewer_keys,
                  "[NAME:]KEY: an API key that may also read everything an operator key reads, the "

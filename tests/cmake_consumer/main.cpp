@@ -88,6 +88,10 @@ int main() {
     rebound::ModelRepository models;
     models.add(std::make_unique<Warmed>(warm_ups), "1")
         .add(std::make_unique<Warmed>(warm_ups), "2");
+    // Live loads build their version with the repository's loader (here: version 3).
+    models.set_loader([&warm_ups](const rebound::ModelRef&) -> std::unique_ptr<rebound::Model> {
+      return std::make_unique<Warmed>(warm_ups);
+    });
     rebound::JobQueue queue(std::move(models));
     rebound::Job pinned = rebound::make_job("pinned", 1);
     pinned.model = rebound::ModelRef{"warmed", "1"};
@@ -97,6 +101,20 @@ int main() {
          queue.async_submit(rebound::make_job("default", 2), boost::asio::use_future)
                  .get()
                  .job.model.version == "2";
+    // Swapped live: version 3 loaded and made the default, version 1 unloaded.
+    const rebound::ModelInfo loaded =
+        queue.models().async_load("warmed", "3", boost::asio::use_future).get();
+    ok = ok && loaded.versions.size() == 3 &&
+         loaded.versions.back().state == rebound::VersionState::ready &&
+         !queue.models().set_route("warmed", {"3", {}}) &&
+         queue.models()
+                 .async_unload("warmed", "1", boost::asio::use_future)
+                 .get()
+                 .versions.front()
+                 .state == rebound::VersionState::unloaded &&
+         queue.async_submit(rebound::make_job("swapped", 3), boost::asio::use_future)
+                 .get()
+                 .job.model.version == "3";
   }
   {
     // An operator's decision per tenant, read as rebound-server's --tenant reads it: the default

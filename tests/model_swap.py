@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""A model swapped live in a running rebound-server (--model-repository): a new version loaded,
+canaried, made the default while jobs stream in, the old one unloaded after its jobs ran; no job
+failed, lost or refused, and every callback names the version that ran it. Also: who may change
+models, names that would leave the repository, a version that fails to load, stale generations.
+
+Usage: model_swap.py <rebound-server> [<iris model dir>]   (about 20 s)
+With the Iris TorchScript directory (a build with libtorch), its copies are the versions; without
+it, the built-in echo backend is.
+"""
+import http.client
+import http.server
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+server_bin = sys.argv[1]
+iris_dir = sys.argv[2] if len(sys.argv) > 2 else None
+children = []
+OPERATOR = {"Authorization": "Bearer op-secret"}
+CLIENT = {"Authorization": "Bearer client-secret"}
+VIEWER = {"Authorization": "Bearer viewer-secret"}
+
+
+def fail(message):
+    print("FAIL:", message)
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+    sys.exit(1)
+
+
+def check(condition, message):
+    if not condition:
+        fail(message)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def make_version(repo, name, version):
+    """A working version: a copy of the Iris model, or the echo backend."""
+    target = os.path.join(repo, name, version)
+    if iris_dir:
+        shutil.copytree(iris_dir, target)
+    else:
+        write(os.path.join(target, "config.json"), '{"backend": "echo"}')
+
+
+def request(port, method, path, body=None, headers=None, raw=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    h = dict(headers or {})
+    data = raw if raw is not None else (None if body is None else json.dumps(body))
+    if data is not None:
+        h["Content-Type"] = "application/json"
+    conn.request(method, path, data, h)
+    resp = conn.getresponse()
+    out = resp.read()
+    conn.close()
+    return resp.status, (json.loads(out) if out else None), resp
+
+
+callbacks = queue.Queue()
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        callbacks.put(json.loads(body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+threading.Thread(target=receiver.serve_forever, daemon=True).start()
+callback_url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+INPUT = [5.9, 3.0, 5.1, 1.8]
+
+
+def state_of(port, name, version):
+    status, body, _ = request(port, "GET", f"/v1/models/{name}", headers=OPERATOR)
+    check(status == 200, f"GET /v1/models/{name}: {status} {body}")
+    for v in body["versions"]:
+        if v["version"] == version:
+            return v, body
+    return None, body
+
+
+def wait_state(port, name, version, wanted, within=60):
+    until = time.time() + within
+    while time.time() < until:
+        v, body = state_of(port, name, version)
+        if v and v["state"] == wanted:
+            return v, body
+        time.sleep(0.05)
+    fail(f"{name}/{version} never became {wanted}: {body}")
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    repo = os.path.join(tmp, "models")
+    make_version(repo, "iris", "1")
+    proc = subprocess.Popen(
+        [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--allow-private-callbacks",
+         "--store", "memory", "--log-level", "info", "--model-repository", repo,
+         "--api-key", "client:client-secret", "--operator-key", "ops:op-secret",
+         "--viewer-key", "watch:viewer-secret", "--queue-capacity", "20000",
+         "--tenant-share", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children.append(proc)
+    log = []
+    port = None
+    for line in proc.stdout:
+        log.append(line)
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+            break
+    check(port is not None, f"the server did not start: {''.join(log)}")
+    threading.Thread(target=lambda: [log.append(line) for line in proc.stdout],
+                     daemon=True).start()
+
+    # Who may change models: an operator key only.
+    make_version(repo, "iris", "2")
+    for headers, wanted in ((CLIENT, 403), (VIEWER, 403), ({}, 401)):
+        status, body, _ = request(port, "PUT", "/v1/models/iris/versions/2", headers=headers)
+        check(status == wanted, f"PUT a version with {headers}: {status} {body}")
+        status, body, _ = request(port, "PUT", "/v1/models/iris/route",
+                                  {"default_version": "1"}, headers)
+        check(status == wanted, f"PUT a route with {headers}: {status} {body}")
+    check(state_of(port, "iris", "2")[0] is None, "a refused PUT loaded the version")
+
+    # Names and versions are checked before a path is built: nothing outside is read.
+    for path in ("/v1/models/%2e%2e/versions/1", "/v1/models/..%2fetc/versions/1",
+                 "/v1/models/iris/versions/..", "/v1/models/iris/versions/%2e%2e",
+                 "/v1/models/iris/versions/01", "/v1/models/Iris/versions/1",
+                 "/v1/models/iris/versions/-1"):
+        status, body, _ = request(port, "PUT", path, headers=OPERATOR)
+        check(status in (404, 422), f"PUT {path}: {status} {body}")
+        check(status == 404 or body["error"]["code"] == "invalid_field", f"PUT {path}: {body}")
+    status, body, _ = request(port, "PUT", "/v1/models/iris/versions/9", headers=OPERATOR)
+    check(status == 404 and body["error"]["code"] == "model_not_found",
+          f"a version the repository does not have: {status} {body}")
+    # A version that is a link out of the repository fails to load, and says why.
+    outside = os.path.join(tmp, "outside")
+    write(os.path.join(outside, "config.json"), '{"backend": "echo"}')
+    os.symlink(outside, os.path.join(repo, "iris", "8"))
+    status, body, _ = request(port, "PUT", "/v1/models/iris/versions/8", headers=OPERATOR)
+    check(status == 202, f"PUT a linked version: {status} {body}")
+    v, _ = wait_state(port, "iris", "8", "failed")
+    check("outside the repository" in v["error"]["message"], f"the linked version: {v}")
+
+    # A corrupt version fails to load; version 1 serves on.
+    write(os.path.join(repo, "iris", "3", "config.json"), '{"backend": "no-such-backend"}')
+    status, body, _ = request(port, "PUT", "/v1/models/iris/versions/3", headers=OPERATOR)
+    check(status == 202, f"PUT the corrupt version: {status} {body}")
+    v, _ = wait_state(port, "iris", "3", "failed")
+    check(v["error"]["code"] == "load_failed" and "no-such-backend" in v["error"]["message"],
+          f"the corrupt version: {v}")
+    status, body, _ = request(port, "POST", "/v1/inferences", {"id": "during", "input": INPUT},
+                              CLIENT)
+    check(status == 202, f"a job beside the failed load: {status} {body}")
+    status, body, _ = request(port, "GET", "/v1/inferences/during", headers=CLIENT)
+    check(body["model"] == {"name": "iris", "version": "1"}, f"the job beside it: {body}")
+    status, body, _ = request(port, "PUT", "/v1/models/iris/route",
+                              {"default_version": "3"}, OPERATOR)
+    check(status == 409 and body["error"]["code"] == "version_unavailable",
+          f"a route to a failed version: {status} {body}")
+
+    # The swap under load: jobs stream in (no version named) while version 2 loads, takes a 10 %
+    # canary, becomes the default, and version 1 is unloaded once its jobs ran.
+    accepted = {}  # id -> the version its callback names (filled in below), in the order accepted
+    refused = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def stream():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        i = 0
+        while not stop.is_set() and i < 20000:
+            job_id = f"swap-{i}"
+            i += 1
+            conn.request("POST", "/v1/inferences",
+                         json.dumps({"id": job_id, "input": INPUT, "callback_url": callback_url}),
+                         {**CLIENT, "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            body = json.loads(resp.read())
+            with lock:
+                if resp.status == 202:
+                    accepted[job_id] = None
+                else:
+                    refused.append((job_id, resp.status, body))
+        conn.close()
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+
+    def wait_accepted(n):
+        until = time.time() + 60
+        while time.time() < until:
+            with lock:
+                if len(accepted) + len(refused) >= n:
+                    return
+            time.sleep(0.01)
+        fail(f"the stream stalled before {n} jobs")
+
+    wait_accepted(300)
+    status, body, _ = request(port, "PUT", "/v1/models/iris/versions/2", headers=OPERATOR)
+    check(status == 202 and body["versions"][1]["version"] == "2", f"PUT version 2: {status} {body}")
+    v, model = wait_state(port, "iris", "2", "ready")
+    check(v["digest"].startswith("sha256:"), f"version 2 has no digest: {v}")
+    generation = model["generation"]
+    status, body, resp = request(port, "PUT", "/v1/models/iris/route",
+                                 {"default_version": "1",
+                                  "split": [{"version": "2", "percent": 10}]},
+                                 {**OPERATOR, "If-Match": f'"{generation}"'})
+    check(status == 200 and body["generation"] == generation + 1 and
+          body["split"] == [{"version": "2", "percent": 10}], f"the canary: {status} {body}")
+    check(resp.getheader("ETag") == f'"{generation + 1}"', f"ETag: {resp.getheader('ETag')}")
+    # Another operator working from the old generation is told.
+    status, body, _ = request(port, "PUT", "/v1/models/iris/route", {"default_version": "2"},
+                              {**OPERATOR, "If-Match": f'"{generation}"'})
+    check(status == 412 and body["error"]["code"] == "route_changed", f"stale: {status} {body}")
+    # While the route names it, version 1 stays.
+    status, body, _ = request(port, "DELETE", "/v1/models/iris/versions/1", headers=OPERATOR)
+    check(status == 409 and body["error"]["code"] == "version_in_route", f"{status} {body}")
+    with lock:
+        canary_from = len(accepted)
+    wait_accepted(canary_from + 1000)
+    with lock:
+        canary_to = len(accepted)
+    status, body, _ = request(port, "PUT", "/v1/models/iris/route", {"default_version": "2"},
+                              {**OPERATOR, "If-Match": f'"{generation + 1}"'})
+    check(status == 200 and body["default_version"] == "2" and body["split"] == [],
+          f"the promotion: {status} {body}")
+    status, body, _ = request(port, "DELETE", "/v1/models/iris/versions/1?queued=finish",
+                              headers=OPERATOR)
+    check(status == 202 and body["versions"][0]["state"] in ("draining", "unloaded"),
+          f"the unload: {status} {body}")
+    with lock:
+        promoted_at = len(accepted)
+    wait_accepted(promoted_at + 500)  # more jobs stream in while version 1 drains
+    stop.set()
+    streamer.join(timeout=120)
+    check(not streamer.is_alive(), "the stream never ended")
+    check(not refused, f"jobs refused during the swap: {refused[:3]}")
+    total = len(accepted)
+    check(total >= 1800, f"only {total} jobs streamed")
+    wait_state(port, "iris", "1", "unloaded")
+
+    # Every job ran, and its callback says on which version; its status says the same.
+    seen = {}
+    until = time.time() + 120
+    while len(seen) < total and time.time() < until:
+        try:
+            cb = callbacks.get(timeout=max(0.1, until - time.time()))
+        except queue.Empty:
+            break
+        seen[cb["id"]] = cb
+    missing = [i for i in accepted if i not in seen]
+    check(not missing, f"{len(missing)} callbacks missing, e.g. {missing[:3]}")
+    bad = [cb for cb in seen.values() if cb.get("status") != "succeeded"]
+    check(not bad, f"{len(bad)} jobs did not succeed, e.g. {bad[:2]}")
+    for i in accepted:
+        accepted[i] = seen[i]["model"]["version"]
+        check(seen[i]["model"]["name"] == "iris" and accepted[i] in ("1", "2"), f"{seen[i]}")
+    for i in list(accepted)[::97]:
+        status, body, _ = request(port, "GET", f"/v1/inferences/{i}", headers=CLIENT)
+        check(body["model"]["version"] == accepted[i], f"{i}: status {body}, callback {seen[i]}")
+    ids = list(accepted)
+    canary = [accepted[i] for i in ids[canary_from:canary_to]]
+    share = canary.count("2") / len(canary)
+    check(0.05 <= share <= 0.15, f"the 10 % canary took {share:.1%} of {len(canary)} jobs")
+    check(all(accepted[i] == "1" for i in ids[:300]), "jobs before the load went to version 2")
+    check(all(v == "2" for v in list(accepted.values())[promoted_at + 50:]),
+          "jobs after the promotion went to version 1")
+    # A resubmitted id is the same job: a duplicate, on the version it was first given.
+    first = ids[canary_from]
+    status, body, _ = request(port, "POST", "/v1/inferences",
+                              {"id": first, "input": INPUT, "callback_url": callback_url}, CLIENT)
+    check(status in (200, 202), f"a resubmission: {status} {body}")
+    status, body, _ = request(port, "GET", f"/v1/inferences/{first}", headers=CLIENT)
+    check(body["model"]["version"] == accepted[first], f"the resubmitted job: {body}")
+
+    # Version 1 is gone: a job naming it is refused, the listing and the metrics say so.
+    status, body, _ = request(port, "POST", "/v1/inferences",
+                              {"id": "to-1", "input": INPUT, "version": "1"}, CLIENT)
+    check(status == 409 and body["error"]["code"] == "version_unavailable", f"{status} {body}")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics", headers=OPERATOR)
+    metrics = conn.getresponse().read().decode()
+    conn.close()
+    check('rebound_model_versions{model="iris",version="1",state="unloaded"} 1' in metrics,
+          "the metrics do not show version 1 unloaded")
+    done_2 = re.search(r'rebound_model_jobs_completed_total\{model="iris",version="2",'
+                       r'status="succeeded"\} (\d+)', metrics)
+    check(done_2 and int(done_2.group(1)) == list(accepted.values()).count("2"),
+          f"version 2's completed jobs: {done_2 and done_2.group(1)}")
+    # Loaded again, it serves again.
+    status, body, _ = request(port, "PUT", "/v1/models/iris/versions/1", headers=OPERATOR)
+    check(status == 202, f"PUT version 1 again: {status} {body}")
+    wait_state(port, "iris", "1", "ready")
+    status, body, _ = request(port, "POST", "/v1/inferences",
+                              {"id": "to-1-again", "input": INPUT, "version": "1"}, CLIENT)
+    check(status == 202, f"a job for the reloaded version: {status} {body}")
+    # Each change is in the log, with the key's name.
+    actions = [json.loads(line) for line in list(log) if '"operator_action"' in line]
+    kinds = {(a["action"], a["status"]) for a in actions if a.get("key") == "ops"}
+    for wanted in (("load_model_version", 202), ("set_model_route", 200),
+                   ("set_model_route", 412), ("unload_model_version", 202),
+                   ("unload_model_version", 409)):
+        check(wanted in kinds, f"no log line for {wanted}: {sorted(kinds)}")
+    proc.terminate()
+    proc.wait(timeout=30)
+print("ok: model_swap")
