@@ -219,8 +219,9 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   detail::WorkQueue<detail::WorkItem>::BatchKey by_version;
   detail::WorkQueue<detail::WorkItem>::OnTaken taken;
   if (!core_->models.runs_every_job()) {
+    // The version's Model: the one the item holds (no lookup), else the one loaded now.
     by_version = [core = core_.get()](const detail::WorkItem& item) -> const void* {
-      return core->models.key_of(item.job.model);
+      return item.model ? item.model.get() : core->models.key_of(item.job.model);
     };
     taken = [core = core_.get()](const std::vector<detail::WorkItem>& batch) {
       if (auto stats = core->models.stats_of(batch.front().job.model)) {
@@ -235,8 +236,11 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
         core->runner.run(std::move(batch));
       },
       std::move(by_version), std::move(taken));
-  core_->models.set_queued_for(
-      [queue = queue_.get()](const void* key) { return queue->count_key(key); });
+  core_->models.set_queued(
+      [queue = queue_.get()](const std::vector<const void*>& keys) {
+        return queue->count_keys(keys);
+      },
+      [core = core_.get()] { return core->admission.parked(); });
   served_.reset(new ServedModels(core_->models, core_->sender->get_executor(), live_));
   // What the store holds from an earlier run (a durable store) or from servers gone: the first
   // claims happen here, so that they are counted when the constructor returns. A store that fails
@@ -435,8 +439,10 @@ Submitted detail::FrontDoor::invoke(JobQueue& queue, nlohmann::json input, Invok
       return detail::refused(admitted);
     }
     // Synchronous invocations queue at the default priority, beside jobs submitted without one.
+    // (The item holds its version: a drain of it waits for the invocation.)
     queue.queue_->try_push(detail::WorkItem{std::move(job), std::move(on_result),
-                                            detail::Claim::slot(core.admission, tenant, bytes)},
+                                            detail::Claim::slot(core.admission, tenant, bytes),
+                                            std::chrono::steady_clock::now(), model},
                            default_priority, tenant);
     return detail::taken();
   }();
@@ -736,9 +742,7 @@ std::size_t Telemetry::queue_depth() const {
 }
 
 std::shared_ptr<const Model> JobQueue::model() const {
-  ModelRef ref;
-  Submitted refusal;
-  return detail::choose_model(*core_, ref, {}, {}, refusal);
+  return core_->models.default_of({});
 }
 
 ServedModels& JobQueue::models() noexcept {
@@ -771,7 +775,11 @@ void ServedModels::start_load(std::string name, std::string version,
   table_.load(name, version, std::move(done));
 }
 
-void ServedModels::start_unload(std::string name, std::string version, QueuedJobs,
+bool ServedModels::loads() const {
+  return table_.loads();
+}
+
+void ServedModels::start_unload(std::string name, std::string version,
                                 detail::Completion<ModelInfo> done) {
   table_.unload(name, version, std::move(done));
 }

@@ -262,9 +262,9 @@ class JobQueue final {
   /// accepts work.
   bool ready() const;
 
-  /// The version a job that names neither model nor version would run on now (the default
-  /// model's route; a split picks in turn), held for the caller; null when that model has no
-  /// version ready.
+  /// The default model's default version now (its route's `default_version`), held for the
+  /// caller: hold it briefly, since an unload of that version waits for every holder. Null when
+  /// it is not ready.
   std::shared_ptr<const Model> model() const;
   /// The models this queue serves now, changed live: versions loaded and unloaded, routes set
   /// (rebound/served_models.hpp).

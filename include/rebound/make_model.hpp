@@ -157,7 +157,7 @@ class RepositoryDir {
 
   bool inside(const std::filesystem::path& p) const {
     const auto rel = p.lexically_relative(root_);
-    return !rel.empty() && *rel.begin() != "..";
+    return !rel.empty() && rel != "." && *rel.begin() != "..";
   }
 
   // `path` (`label` in messages) with its links resolved: refused when that leads nowhere, loops,

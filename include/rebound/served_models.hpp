@@ -86,11 +86,6 @@ struct ModelInfo {
   std::vector<ModelVersionInfo> versions;
 };
 
-/// What becomes of an unloaded version's queued jobs.
-enum class QueuedJobs {
-  finish,  ///< they run on it; it is released once none is left (the default)
-};
-
 /// The live face of a JobQueue's models (`queue.models()`): what it serves now, and the changes
 /// an operator makes while it runs. Built from the ModelRepository the queue was given: each
 /// version `ready`, each model's route all to its highest version.
@@ -111,8 +106,14 @@ enum class QueuedJobs {
 /// Completion signature of both: `void(boost::system::error_code, ModelInfo)` (the model after
 /// the change, or as it stands when refused).
 ///
-/// Jobs accepted before a change keep the version they were pinned to. A queue built on one Model
-/// (ModelRepository::runs_every_job) serves that model only: it has no loader.
+/// Jobs accepted before a change keep the version they were pinned to: a job, from its
+/// acceptance until it ran, holds its version, and so does a batch. A drain also waits for every
+/// job this queue parked in the store (JobQueueOptions::prefetch), and for each holder of the
+/// version's Model (`JobQueue::model()`'s answer too: hold it briefly). A job of the version that
+/// another server left in a shared store, claimed once the version is unloaded, ends
+/// `version_unavailable`. A queue built on one Model (ModelRepository::runs_every_job) serves
+/// that model only: it has no loader. A load runs to its end (a ModelLoader is not
+/// interrupted): the queue's destructor waits for one under way.
 ///
 /// Thread-safety: every member may be called from any thread.
 ///
@@ -125,12 +126,18 @@ enum class QueuedJobs {
 ///   models.async_unload("iris", "1", boost::asio::use_future).get();  // after v1's jobs ran
 class ServedModels {
  public:
+  ServedModels(const ServedModels&) = delete;
+  ServedModels& operator=(const ServedModels&) = delete;
+
   /// Every model, by name.
   std::vector<ModelInfo> list() const;
   /// One model; nullopt when it is not served.
   std::optional<ModelInfo> find(const std::string& name) const;
   /// The model a job that names none goes to.
   std::string default_model() const;
+  /// Whether versions can be loaded live: the repository has a ModelLoader (and is not a
+  /// single Model's, which serves that Model alone).
+  bool loads() const;
 
   template <typename CompletionToken>
   auto async_load(std::string name, std::string version, CompletionToken&& token) {
@@ -146,7 +153,7 @@ class ServedModels {
   auto async_unload(std::string name, std::string version, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, ModelInfo)>(
         [this](auto handler, std::string n, std::string v) {
-          start_unload(std::move(n), std::move(v), QueuedJobs::finish,
+          start_unload(std::move(n), std::move(v),
                        detail::Completion<ModelInfo>(std::move(handler), executor_, live_));
         },
         token, std::move(name), std::move(version));
@@ -166,8 +173,7 @@ class ServedModels {
                detail::LiveCount live)
       : table_(table), executor_(std::move(executor)), live_(std::move(live)) {}
   void start_load(std::string name, std::string version, detail::Completion<ModelInfo> done);
-  void start_unload(std::string name, std::string version, QueuedJobs queued,
-                    detail::Completion<ModelInfo> done);
+  void start_unload(std::string name, std::string version, detail::Completion<ModelInfo> done);
 
   detail::ModelTable& table_;
   boost::asio::any_io_executor executor_;

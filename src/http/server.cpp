@@ -711,8 +711,9 @@ struct Server::Impl {
         {"GET", "/v1/models", any_key, Body::none,
          [](Impl& s, Call& c) {
            nlohmann::json models = nlohmann::json::array();
-           for (const ModelInfo& m : s.service.models().list())
-             models.push_back(s.model_json(m, c.caller));
+           const std::vector<ModelInfo> all = s.service.models().list();
+           for (const ModelInfo& m : all)
+             models.push_back(s.model_json(m, c.caller, all.size() == 1 && m.versions.size() == 1));
            send_json(c.res, 200, {{"models", std::move(models)}});
          }},
         {"GET", "/v1/models/{name}", any_key, Body::none,
@@ -951,11 +952,14 @@ struct Server::Impl {
   // versions with their states, digests and when they became ready. Counts are for a caller who
   // may read what spans tenants (as GET /v1/stats): with one version in all, the queue's (the
   // store's, shared by a fleet); with several, each version's jobs in this server's memory.
-  nlohmann::json model_json(const ModelInfo& m, const Credential* caller) {
+  nlohmann::json model_json(const ModelInfo& m, const Credential* caller,
+                            std::optional<bool> alone = std::nullopt) {
     const bool warmed = service.telemetry().model_ready();
     const bool counts = !(multi_tenant && !(caller && caller->reads_everything()));
+    // The only version of the only model: the store's counts are its own.
+    if (!alone) alone = m.versions.size() == 1 && service.models().list().size() == 1;
     std::optional<QueueStats> stats;
-    if (counts && m.versions.size() == 1 && service.models().list().size() == 1) {
+    if (counts && *alone) {
       try {
         stats = service.telemetry().queue_stats();
       } catch (const std::exception&) {
@@ -978,7 +982,7 @@ struct Server::Impl {
       if (stats) {
         version["queued"] = stats->queued;
         version["running"] = stats->running;
-      } else if (counts && !(m.versions.size() == 1 && service.models().list().size() == 1)) {
+      } else if (counts && !*alone) {
         version["queued"] = v.queued;
         version["running"] = v.running;
       }
@@ -1001,8 +1005,9 @@ struct Server::Impl {
     const std::string key = name + "/" + version;
     const auto digest = options.model_digests.find(key);
     if (digest != options.model_digests.end()) return digest->second;
-    if (options.model_digests.empty() && !options.model_digest.empty() &&
-        service.models().list().size() == 1 && version == "1") {
+    // (ServerOptions::model_digest: the model of a queue built on one Model, its version "1".)
+    if (options.model_digests.empty() && !options.model_digest.empty() && version == "1" &&
+        name == service.models().default_model()) {
       return options.model_digest;
     }
     return {};
@@ -1079,7 +1084,12 @@ struct Server::Impl {
     }
     // (Its handler has nothing to do: GET /v1/models tells how the load ends; the log too.)
     service.models().async_load(ref.name, ref.version, [](boost::system::error_code, ModelInfo) {});
-    send_json(c.res, 202, model_json(*service.models().find(ref.name), c.caller));
+    const std::optional<ModelInfo> now = service.models().find(ref.name);
+    if (!now) {  // refused at once: the queue is stopping
+      send_refusal(c.res, refusal_for(errc::shutting_down));
+      return log_action(c.caller, "load_model_version", what, c.res.status);
+    }
+    send_json(c.res, 202, model_json(*now, c.caller));
     log_action(c.caller, "load_model_version", what, 202);
   }
 
@@ -1137,7 +1147,12 @@ struct Server::Impl {
     }
     service.models().async_unload(ref.name, ref.version,
                                   [](boost::system::error_code, ModelInfo) {});
-    send_json(c.res, 202, model_json(*service.models().find(ref.name), c.caller));
+    const std::optional<ModelInfo> now = service.models().find(ref.name);
+    if (!now) {
+      send_refusal(c.res, refusal_for(errc::shutting_down));
+      return done(503);
+    }
+    send_json(c.res, 202, model_json(*now, c.caller));
     done(202);
   }
 
@@ -1193,7 +1208,8 @@ struct Server::Impl {
       }
     }
     std::uint64_t generation = 0;
-    if (c.req.has_header("If-Match")) {
+    if (c.req.has_header("If-Match") &&
+        !(c.req.header_count("If-Match") == 1 && c.req.header("If-Match") == "*")) {  // "*": any
       std::string tag = c.req.header("If-Match");
       if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"')
         tag = tag.substr(1, tag.size() - 2);

@@ -131,20 +131,39 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   if (batch.empty()) return;
   if (only_) return run_on(*only_, only_stats_.get(), std::move(batch), now);
   // A batch holds one version's items: the work queue ends a batch before another version's
-  // (JobQueue's BatchKey). Items of versions this queue does not serve (jobs taken over from a
-  // store) share a batch of their own, and each fails without running. A draining version still
-  // runs (its queued jobs finish on it); the lease keeps its Model until the batch is done.
-  const ModelTable::Lease lease = models_.acquire(batch.front().job.model);
-  if (lease.model) return run_on(*lease.model, lease.stats.get(), std::move(batch), now);
-  for (auto& item : batch) {
-    const ModelRef& ref = item.job.model;
+  // (JobQueue's BatchKey: the version's Model). Items of versions this queue does not serve now
+  // (jobs taken over from a store) share a key, null: such a batch is split by version here.
+  while (!batch.empty()) {
+    std::vector<WorkItem> same;
+    const ModelRef ref = batch.front().job.model;
+    if (batch.size() == 1 || std::all_of(batch.begin() + 1, batch.end(),
+                                         [&](const WorkItem& w) { return w.job.model == ref; })) {
+      same = std::move(batch);
+      batch.clear();
+    } else {
+      std::vector<WorkItem> rest;
+      for (auto& item : batch)
+        (item.job.model == ref ? same : rest).push_back(std::move(item));
+      batch = std::move(rest);
+    }
+    // The version a job was accepted for is held by its item (a drain waits for it); a job
+    // claimed from the store looks it up, and a draining version still runs its jobs.
+    std::shared_ptr<Model> model = same.front().model;
+    std::shared_ptr<VersionStats> stats = models_.stats_of(ref);
+    if (!model) model = models_.acquire(ref).model;
+    if (model) {
+      run_on(*model, stats.get(), std::move(same), now);
+      continue;
+    }
     const bool named = models_.has_model(ref.name);
-    Prediction refused =
-        Prediction::failure(named ? "version_unavailable" : "model_not_found",
-                            named ? "This server does not serve version '" + ref.version +
-                                        "' of the model '" + ref.name + "'."
-                                  : "This server does not serve the model '" + ref.name + "'.");
-    settle(item, refused, 1, -1, TimePoint{}, nullptr);  // (no model call, no version)
+    for (auto& item : same) {
+      Prediction refused =
+          Prediction::failure(named ? "version_unavailable" : "model_not_found",
+                              named ? "This server does not serve version '" + ref.version +
+                                          "' of the model '" + ref.name + "'."
+                                    : "This server does not serve the model '" + ref.name + "'.");
+      settle(item, refused, 1, -1, TimePoint{}, nullptr);  // (no model call, no version)
+    }
   }
 }
 

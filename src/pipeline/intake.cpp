@@ -56,10 +56,11 @@ bool goes_on(const Submitted& s) {
 
 // A submission on its way in: what `prepare` decided before the store's put.
 struct Pending {
-  Submitted verdict;   // anything but a new job: answered before the put
-  Claim claim;         // the slot, freed on every way out but the queue
-  bool park = false;   // stored unclaimed, for the pump to claim later
-  std::string holder;  // the lease it is stored with, unless parked
+  Submitted verdict;             // anything but a new job: answered before the put
+  Claim claim;                   // the slot, freed on every way out but the queue
+  bool park = false;             // stored unclaimed, for the pump to claim later
+  std::string holder;            // the lease it is stored with, unless parked
+  std::shared_ptr<Model> model;  // its version, held until the job is queued (WorkItem::model)
 };
 
 // What the jobs of one call before this one were given (submit_many): they count as queued for
@@ -73,7 +74,7 @@ struct Admitted {
 // (common/job_rules.hpp: the same rules, and sentences, as over HTTP), a model or version not
 // served (the job's ModelRef is filled in here), a callback nobody can send, an input the model
 // refuses. Taken: none of them.
-Submitted check(Pipeline& core, Job& job, bool rules_checked) {
+Submitted check(Pipeline& core, Job& job, bool rules_checked, std::shared_ptr<Model>& held) {
   // A caller that says it checked them (rebound::Server's parser) did, with the same guard.
   assert(!rules_checked || !check_job(job, core.guard));
   if (auto broken = rules_checked ? std::nullopt : check_job(job, core.guard)) {
@@ -83,7 +84,7 @@ Submitted check(Pipeline& core, Job& job, bool rules_checked) {
     return s;
   }
   Submitted refusal;
-  const std::shared_ptr<Model> model = choose_model(core, job.model, job.tenant, job.id, refusal);
+  std::shared_ptr<Model> model = choose_model(core, job.model, job.tenant, job.id, refusal);
   if (!model) return refusal;
   if (!job.callback_url.empty() && !core.delivers_callbacks) return refused(errc::no_transport);
   if (auto invalid = validate(*model, job.input)) {
@@ -92,6 +93,7 @@ Submitted check(Pipeline& core, Job& job, bool rules_checked) {
     s.field = "input";
     return s;
   }
+  held = std::move(model);  // until the job is queued (an unload of its version waits for it)
   return taken();
 }
 
@@ -191,7 +193,9 @@ Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& 
   p.claim.take_lease(core.leases, id, p.holder);
   const int priority = job.priority;
   const std::string tenant = job.tenant;  // its turn
-  queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim)}, priority, tenant);
+  queue.try_push(WorkItem{std::move(job), nullptr, std::move(p.claim),
+                          std::chrono::steady_clock::now(), std::move(p.model)},
+                 priority, tenant);
   return taken();
 }
 
@@ -205,11 +209,13 @@ Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
   StoreAccess::News news;
   std::optional<SubmissionTrace> trace;
   const Submitted verdict = [&] {
-    if (Submitted checked = check(core, job, false); checked.error) return checked;
+    std::shared_ptr<Model> held;
+    if (Submitted checked = check(core, job, false, held); checked.error) return checked;
     trace = core.begin_trace(job);
     auto entered = core.admission.enter();
     Admitted before;
     Pending p = prepare(core, queue, job, done != nullptr, before, news);
+    p.model = std::move(held);
     if (!goes_on(p.verdict)) return p.verdict;
     PutOutcome outcome;
     try {
@@ -243,7 +249,8 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
     core.observe_submission(verdict, id, has_callback, trace.get());
     to(verdict);
   };
-  if (Submitted checked = check(core, job, rules_checked); checked.error)
+  std::shared_ptr<Model> version;  // held until the job is queued
+  if (Submitted checked = check(core, job, rules_checked, version); checked.error)
     return answer(done, checked);
   *trace = core.begin_trace(job);
   struct Underway {
@@ -256,6 +263,7 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
   Admitted before;
   StoreAccess::News news;
   underway->pending = prepare(core, queue, job, false, before, news);
+  underway->pending.model = std::move(version);
   core.store.tell(news);
   if (!goes_on(underway->pending.verdict)) {
     const Submitted verdict = underway->pending.verdict;
@@ -297,6 +305,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
   std::vector<bool> callbacks;
   std::vector<std::size_t> first(n, none);  // for a repeated id: its first job
   std::vector<std::optional<SubmissionTrace>> traces(n);
+  std::vector<std::shared_ptr<Model>> held(n);  // each job's version, until it is queued
   std::vector<bool> same_as_first(n, false);
   std::unordered_map<std::string_view, std::size_t> seen;
   ids.reserve(n);
@@ -310,7 +319,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
     // Outside the admission lock: the model's validation may take its time. Every job is
     // checked, as its own submission would be; an id counts as taken from its first job that
     // passes.
-    statuses[i] = check(core, jobs[i], rules_checked);
+    statuses[i] = check(core, jobs[i], rules_checked, held[i]);
     if (statuses[i].error) continue;
     traces[i] = core.begin_trace(jobs[i]);
     if (auto [it, added] = seen.emplace(ids[i], i); !added) {
@@ -336,6 +345,7 @@ std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
           continue;
         }
         pending.push_back(prepare(core, queue, jobs[i], false, before, news, pass == 0));
+        pending.back().model = held[i];
         const Submitted& verdict = pending.back().verdict;
         statuses[i] = verdict;
         if (verdict.error == errc::queue_full || verdict.error == errc::tenant_quota)

@@ -156,6 +156,14 @@ ModelTable::Lease ModelTable::acquire(const ModelRef& ref) const {
   return {v->model, v->stats};
 }
 
+std::shared_ptr<Model> ModelTable::default_of(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto m = models_.find(name.empty() ? default_model_ : name);
+  if (m == models_.end()) return nullptr;
+  const Version* v = version_locked({m->first, m->second.route.default_version});
+  return v && v->state == VersionState::ready ? v->model : nullptr;
+}
+
 bool ModelTable::has_model(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return models_.count(name) > 0;
@@ -163,7 +171,8 @@ bool ModelTable::has_model(const std::string& name) const {
 
 const void* ModelTable::key_of(const ModelRef& ref) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return version_locked(ref);
+  const Version* v = version_locked(ref);
+  return v ? v->model.get() : nullptr;
 }
 
 std::shared_ptr<VersionStats> ModelTable::stats_of(const ModelRef& ref) const {
@@ -198,14 +207,18 @@ std::vector<ModelInfo> ModelTable::list() const {
     for (const auto& [name, entry] : models_) {
       out.push_back(info_locked(name, entry));
       for (const auto& [version, v] : entry.versions)
-        keys.push_back(&v);
+        keys.push_back(v.model.get());
     }
   }
-  // Queued counts from the work queue, outside this table's lock (the lock order).
+  // Queued counts from the work queue, in one walk, outside this table's lock (the lock order).
+  const std::vector<std::size_t> queued = queued_for(keys);
   std::size_t k = 0;
-  for (ModelInfo& m : out)
-    for (ModelVersionInfo& v : m.versions)
-      v.queued = queued_for_ ? queued_for_(keys[k++]) : 0;
+  for (ModelInfo& m : out) {
+    for (ModelVersionInfo& v : m.versions) {
+      v.queued = keys[k] ? queued[k] : 0;
+      ++k;
+    }
+  }
   return out;
 }
 
@@ -218,10 +231,11 @@ std::optional<ModelInfo> ModelTable::find(const std::string& name) const {
     if (m == models_.end()) return std::nullopt;
     out = info_locked(name, m->second);
     for (const auto& [version, v] : m->second.versions)
-      keys.push_back(&v);
+      keys.push_back(v.model.get());
   }
+  const std::vector<std::size_t> queued = queued_for(keys);
   for (std::size_t k = 0; k < keys.size(); ++k)
-    out->versions[k].queued = queued_for_ ? queued_for_(keys[k]) : 0;
+    out->versions[k].queued = keys[k] ? queued[k] : 0;
   return out;
 }
 
@@ -229,6 +243,8 @@ void ModelTable::load(const std::string& name, const std::string& version,
                       Completion<ModelInfo> done) {
   ModelInfo info;
   boost::system::error_code ec;
+  Lines lines;
+  std::vector<Completion<ModelInfo>> stopped_drain;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto m = models_.find(name);
@@ -251,38 +267,36 @@ void ModelTable::load(const std::string& name, const std::string& version,
         case VersionState::loading:
           // A version new to the table (it starts `loading`, no load queued for it yet), or one
           // whose load is under way: the handler waits for that load.
-          if (v.loads.empty()) to_load_.push_back({name, version});
+          if (v.loads.empty()) {
+            to_load_.push_back({name, version});
+            lines.push_back({"model_loading", {{"model", name}, {"version", version}}});
+          }
           v.loads.push_back(std::move(done));
           break;
-        case VersionState::draining: {
+        case VersionState::draining:
           v.state = VersionState::ready;  // a load stops the drain: it serves again
-          auto unloads = std::move(v.unloads);
+          stopped_drain = std::move(v.unloads);
           v.unloads.clear();
-          info = info_locked(name, entry);
-          for (auto& u : unloads)
-            u(boost::asio::error::operation_aborted, info);
-          logger_.log(LogLevel::info, "model_drain_stopped",
-                      {{"model", name}, {"version", version}});
+          lines.push_back({"model_drain_stopped", {{"model", name}, {"version", version}}});
           break;
-        }
         case VersionState::failed:
         case VersionState::unloaded:
           v.state = VersionState::loading;
           v.error.reset();
           to_load_.push_back({name, version});
           v.loads.push_back(std::move(done));
+          lines.push_back({"model_loading", {{"model", name}, {"version", version}}});
           break;
       }
       info = info_locked(name, entry);
-      if (!done) {  // waiting for the load
-        if (!loading_.joinable()) loading_ = std::thread([this] { run_loads(); });
-        load_wake_.notify_one();
-        logger_.log(LogLevel::info, "model_loading", {{"model", name}, {"version", version}});
-        return;
-      }
+      if (!done && !loading_.joinable()) loading_ = std::thread([this] { run_loads(); });
+      load_wake_.notify_one();
     }
   }
-  done(ec, std::move(info));
+  write(lines);
+  for (auto& u : stopped_drain)
+    u(boost::asio::error::operation_aborted, info);
+  if (done) done(ec, std::move(info));  // (else it waits for the load)
 }
 
 void ModelTable::run_loads() {
@@ -353,6 +367,7 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
   ModelInfo info;
   const boost::system::error_code ec =
       model ? boost::system::error_code() : make_error_code(errc::load_failed);
+  const auto now = clock_();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Entry& entry = models_[ref.name];
@@ -360,7 +375,7 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
     if (model) {
       v.model = std::shared_ptr<Model>(std::move(model));
       v.state = VersionState::ready;
-      v.loaded_at = clock_();
+      v.loaded_at = now;
       v.error.reset();
       v.digest = std::move(digest);
       if (entry.route.default_version.empty()) {  // a new model: its first version serves it
@@ -384,6 +399,7 @@ void ModelTable::unload(const std::string& name, const std::string& version,
   ModelInfo info;
   boost::system::error_code ec;
   bool settle = false;
+  Lines lines;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto m = models_.find(name);
@@ -392,7 +408,9 @@ void ModelTable::unload(const std::string& name, const std::string& version,
     } else {
       Entry& entry = m->second;
       const auto it = entry.versions.find(version);
-      if (it == entry.versions.end() || it->second.state == VersionState::loading) {
+      if (stopped_) {
+        ec = errc::shutting_down;
+      } else if (it == entry.versions.end() || it->second.state == VersionState::loading) {
         ec = errc::version_unavailable;
       } else if (in_route(entry.route, version)) {
         ec = errc::version_in_route;
@@ -402,7 +420,7 @@ void ModelTable::unload(const std::string& name, const std::string& version,
           case VersionState::ready:
             v.state = VersionState::draining;
             draining_.store(true, std::memory_order_relaxed);
-            logger_.log(LogLevel::info, "model_draining", {{"model", name}, {"version", version}});
+            lines.push_back({"model_draining", {{"model", name}, {"version", version}}});
             [[fallthrough]];
           case VersionState::draining:
             v.unloads.push_back(std::move(done));
@@ -420,36 +438,45 @@ void ModelTable::unload(const std::string& name, const std::string& version,
       info = info_locked(name, entry);
     }
   }
+  write(lines);
   if (settle) return settle_drains();
   done(ec, std::move(info));
 }
 
 void ModelTable::settle_drains() {
   if (!draining_.load(std::memory_order_relaxed)) return;
-  std::vector<std::pair<ModelRef, const void*>> draining;
+  std::vector<ModelRef> draining;
+  std::vector<const void*> keys;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [name, entry] : models_)
-      for (const auto& [version, v] : entry.versions)
-        if (v.state == VersionState::draining) draining.push_back({{name, version}, &v});
+    for (const auto& [name, entry] : models_) {
+      for (const auto& [version, v] : entry.versions) {
+        if (v.state != VersionState::draining) continue;
+        draining.push_back({name, version});
+        keys.push_back(v.model.get());
+      }
+    }
     if (draining.empty()) draining_.store(false, std::memory_order_relaxed);
   }
-  // Counted outside the lock (the lock order). A job of a draining version enters the work
-  // queue only from the store (submissions naming it are refused); one taken out of the queue is
-  // counted in `taken` (under the queue's lock) until the batch runner is done with it.
-  std::vector<std::size_t> queued;
-  for (const auto& d : draining)
-    queued.push_back(queued_for_ ? queued_for_(d.second) : 0);
+  if (draining.empty()) return;
+  // Counted outside the lock (the lock order). What holds a draining version: a job accepted for
+  // it and not yet run (its WorkItem holds the Model: use_count), a batch of it (the same, or
+  // `taken` for jobs claimed from the store), a job claimed from the store and waiting (queued),
+  // and any job this queue parked in the store (which may be one of it).
+  const std::vector<std::size_t> queued = queued_for(keys);
+  const std::size_t parked = parked_ ? parked_() : 0;
   std::vector<std::shared_ptr<Model>> released;  // destroyed outside the lock
   std::vector<std::pair<std::vector<Completion<ModelInfo>>, ModelInfo>> done;
+  Lines lines;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (std::size_t i = 0; i < draining.size(); ++i) {
-      const ModelRef& ref = draining[i].first;
+      const ModelRef& ref = draining[i];
       Entry& entry = models_[ref.name];
       Version& v = entry.versions[ref.version];
-      if (v.state != VersionState::draining || queued[i] > 0 ||
-          v.stats->taken.load(std::memory_order_acquire) > 0 || v.model.use_count() > 1) {
+      if (v.state != VersionState::draining || v.model.get() != keys[i] || queued[i] > 0 ||
+          parked > 0 || v.stats->taken.load(std::memory_order_acquire) > 0 ||
+          v.model.use_count() > 1) {
         continue;
       }
       released.push_back(std::move(v.model));
@@ -457,11 +484,11 @@ void ModelTable::settle_drains() {
       v.state = VersionState::unloaded;
       done.emplace_back(std::move(v.unloads), info_locked(ref.name, entry));
       v.unloads.clear();
-      logger_.log(LogLevel::info, "model_unloaded",
-                  {{"model", ref.name}, {"version", ref.version}});
+      lines.push_back({"model_unloaded", {{"model", ref.name}, {"version", ref.version}}});
     }
   }
   released.clear();
+  write(lines);
   for (auto& [waiting, info] : done)
     for (auto& w : waiting)
       w({}, info);
@@ -469,6 +496,16 @@ void ModelTable::settle_drains() {
 
 boost::system::error_code ModelTable::set_route(const std::string& name, ModelRoute route,
                                                 std::uint64_t if_generation, ModelInfo* out) {
+  Lines lines;
+  const boost::system::error_code ec =
+      set_route_locked(name, std::move(route), if_generation, out, lines);
+  write(lines);
+  return ec;
+}
+
+boost::system::error_code ModelTable::set_route_locked(const std::string& name, ModelRoute route,
+                                                       std::uint64_t if_generation, ModelInfo* out,
+                                                       Lines& lines) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto m = models_.find(name);
   if (m == models_.end()) return errc::model_not_found;
@@ -500,11 +537,11 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
   nlohmann::json split = nlohmann::json::array();
   for (const ModelSplit& s : entry.route.split)
     split.push_back({{"version", s.version}, {"percent", s.percent}});
-  logger_.log(LogLevel::info, "model_route_set",
-              {{"model", name},
-               {"default_version", entry.route.default_version},
-               {"split", std::move(split)},
-               {"generation", entry.generation}});
+  lines.push_back({"model_route_set",
+                   {{"model", name},
+                    {"default_version", entry.route.default_version},
+                    {"split", std::move(split)},
+                    {"generation", entry.generation}}});
   return answer({});
 }
 
@@ -531,7 +568,12 @@ std::string ModelTable::metrics_text() const {
       std::snprintf(text, sizeof text, "%.6f",
                     static_cast<double>(v.stats->inference_us.load()) / 1e6);
       seconds += "rebound_model_inference_seconds_total{" + labels + "} " + text + "\n";
-      states += "rebound_model_versions{" + labels + ",state=\"" + to_string(v.state) + "\"} 1\n";
+      for (const VersionState state :
+           {VersionState::loading, VersionState::ready, VersionState::failed,
+            VersionState::draining, VersionState::unloaded}) {
+        states += "rebound_model_versions{" + labels + ",state=\"" + to_string(state) + "\"} " +
+                  (state == v.state ? "1\n" : "0\n");
+      }
     }
   }
   return jobs + seconds + states;

@@ -41,16 +41,18 @@ struct VersionStats {
 /// (`queued_for`) under its own lock.
 class ModelTable {
  public:
-  /// `queued_for`: the jobs of a version (by its key_of) waiting in the work queue; set before
-  /// the queue runs (set_queued_for).
   ModelTable(ModelRepository repository, Logger logger,
              std::function<std::chrono::system_clock::time_point()> clock);
   ~ModelTable();
   ModelTable(const ModelTable&) = delete;
   ModelTable& operator=(const ModelTable&) = delete;
 
-  void set_queued_for(std::function<std::size_t(const void* key)> queued_for) {
-    queued_for_ = std::move(queued_for);
+  /// Set once, before the queue runs: `queued` counts the jobs waiting in the work queue by
+  /// batch key (key_of), `parked` the jobs this queue parked in the store.
+  void set_queued(std::function<std::vector<std::size_t>(const std::vector<const void*>&)> queued,
+                  std::function<std::size_t()> parked) {
+    queued_ = std::move(queued);
+    parked_ = std::move(parked);
   }
 
   /// ModelRepository::runs_every_job of the repository it was built from: then it never changes
@@ -79,11 +81,16 @@ class ModelTable {
     std::shared_ptr<VersionStats> stats;
   };
   Lease acquire(const ModelRef& ref) const;
+  /// The Model of `name`'s route's default version (empty name: the default model), when ready.
+  std::shared_ptr<Model> default_of(const std::string& name) const;
   /// True when the model `name` is served (in any state).
   bool has_model(const std::string& name) const;
 
-  /// The batch key of a version (stable for as long as the table; null for one never known).
+  /// The batch key of a version: its Model while loaded (what a WorkItem holding it gives), else
+  /// null.
   const void* key_of(const ModelRef& ref) const;
+  /// Whether live loads can be made (a loader, a queue that does not run every job on one Model).
+  bool loads() const noexcept { return static_cast<bool>(loader_); }
   /// A version's stats (null for one never known).
   std::shared_ptr<VersionStats> stats_of(const ModelRef& ref) const;
 
@@ -108,6 +115,8 @@ class ModelTable {
   void stop();
 
  private:
+  // Log lines made under the lock, written once it is released (a sink may call the queue).
+  using Lines = std::vector<std::pair<const char*, nlohmann::json>>;
   struct Version {
     std::shared_ptr<Model> model;
     VersionState state = VersionState::loading;
@@ -132,13 +141,25 @@ class ModelTable {
   const Version* version_locked(const ModelRef& ref) const;
   ModelInfo info_locked(const std::string& name, const Entry& entry) const;
   const std::string& pick_locked(const Entry& entry, std::string_view tenant, std::string_view id);
+  boost::system::error_code set_route_locked(const std::string& name, ModelRoute route,
+                                             std::uint64_t if_generation, ModelInfo* out,
+                                             Lines& lines);
   void run_loads();  // the loading thread
   void finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
                    std::optional<ErrorInfo> error, std::string digest);
 
   const Logger logger_;
   const std::function<std::chrono::system_clock::time_point()> clock_;
-  std::function<std::size_t(const void*)> queued_for_;
+  std::function<std::vector<std::size_t>(const std::vector<const void*>&)> queued_;
+  std::function<std::size_t()> parked_;
+  void write(Lines& lines, LogLevel level = LogLevel::info) const {
+    for (auto& [event, fields] : lines)
+      logger_.log(level, event, fields);
+  }
+  // Queued counts for `keys`, outside the lock.
+  std::vector<std::size_t> queued_for(const std::vector<const void*>& keys) const {
+    return queued_ ? queued_(keys) : std::vector<std::size_t>(keys.size(), 0);
+  }
   const bool runs_every_job_;
   const std::string default_model_;
   const ModelLoader loader_;

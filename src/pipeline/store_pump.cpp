@@ -263,7 +263,9 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
     const int priority = record.job.priority;
     const std::string tenant = record.job.tenant;  // its turn
     claim.take_lease(leases_, key_of(record.job), holder);
-    WorkItem item{std::move(record.job), nullptr, std::move(claim)};
+    // (Its version is looked up when it runs: WorkItem::model stays null.)
+    WorkItem item{std::move(record.job), nullptr, std::move(claim),
+                  std::chrono::steady_clock::now(), nullptr};
     if (queue_->try_push(std::move(item), priority, tenant) == PushResult::accepted) {
       ++queued;  // runs: at least once
       continue;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <boost/system/error_code.hpp>
@@ -26,6 +27,9 @@ struct WorkItem {
   InvokeAnswer reply;  // set for an invocation: no store, no callback
   Claim claim;         // the slot; for a job also the lease it is run under
   std::chrono::steady_clock::time_point enqueued = std::chrono::steady_clock::now();
+  // The version it runs on, held from its acceptance (a submission, an invocation) so that an
+  // unload waits for it; null for a job claimed from the store (the runner looks it up).
+  std::shared_ptr<Model> model;
 };
 
 /// What a job holds in memory while it waits or runs: its input's tree, its strings, the item.

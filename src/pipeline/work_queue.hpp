@@ -171,10 +171,17 @@ class WorkQueue final {
     std::lock_guard<std::mutex> lock(mutex_);
     return pending_.count_if(pred);
   }
-  /// The items waiting whose batch key is `key`.
-  std::size_t count_key(const void* key) const {
-    if (!batch_key_) return 0;
-    return count_if([&](const Item& item) { return batch_key_(item) == key; });
+  /// How many items waiting have each of `keys` as their batch key (one walk for them all).
+  std::vector<std::size_t> count_keys(const std::vector<const void*>& keys) const {
+    std::vector<std::size_t> out(keys.size(), 0);
+    if (!batch_key_ || keys.empty()) return out;
+    count_if([&](const Item& item) {
+      const void* key = batch_key_(item);
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (keys[i] == key) ++out[i];
+      return false;
+    });
+    return out;
   }
   /// The least urgent level that has items waiting (the highest number); -1 when none waits.
   int least_urgent_level() const {
