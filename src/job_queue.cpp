@@ -135,7 +135,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
                      boost::asio::any_io_executor io_executor, ModelRepository models,
                      std::unique_ptr<JobStore> store, std::unique_ptr<CallbackTransport> transport,
                      JobQueueOptions options) {
-  if (models.empty()) throw Error("JobQueue: a model is required");
+  // (Empty, it serves what its loader loads later: SageMaker's multi-model endpoints.)
+  if (models.empty() && !models.loader()) {
+    throw Error("JobQueue: a model is required (or a ModelRepository with a loader)");
+  }
   if (!store) store = std::make_unique<MemoryJobStore>();
   if (options.queue_capacity == 0) throw Error("JobQueue: queue_capacity must be at least 1");
   if (options.workers == 0) throw Error("JobQueue: workers must be at least 1");
@@ -192,7 +195,9 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   // on claims.
   // Batching as the default model's default version prefers it (every version's batches are
   // formed with the queue's one setting).
-  const BatchingPreference preferred = models.find({})->batching();
+  // (A repository that starts empty, to be loaded live, batches as a Model does by default.)
+  const Model* const first = models.find({});
+  const BatchingPreference preferred = first ? first->batching() : BatchingPreference{};
   const std::size_t batch =
       std::max<std::size_t>(1, options.max_batch_size.value_or(preferred.max_batch_size));
   const std::size_t prefetch = options.tenant_share >= 1.0 && options.prefetch > 0
@@ -773,6 +778,10 @@ boost::system::error_code ServedModels::set_route(const std::string& name, Model
 void ServedModels::start_load(std::string name, std::string version,
                               detail::Completion<ModelInfo> done) {
   table_.load(name, version, std::move(done));
+}
+
+void ServedModels::start_unload_model(std::string name, detail::Completion<ModelInfo> done) {
+  table_.unload_model(name, std::move(done));
 }
 
 bool ServedModels::loads() const {

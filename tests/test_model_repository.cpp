@@ -524,6 +524,7 @@ TEST_CASE("ServedModels: a route splits by tenant and id - stale generations are
   auto ledger = std::make_shared<Ledger>();
   rebound::JobQueueOptions options;
   options.queue_capacity = 4096;
+  options.max_queue_delay = 0ms;  // one job at a time here: no batch to wait for
   rebound::JobQueue queue(two_models(ledger), nullptr, options);
   auto& served = queue.models();
   const std::uint64_t first = served.find("iris")->generation;
@@ -614,4 +615,45 @@ TEST_CASE("ServedModels: an unload drains - queued jobs finish on their version 
   served.async_load(
       "iris", "1", [&](boost::system::error_code ec, rebound::ModelInfo) { reload.set_value(ec); });
   CHECK(reload.get_future().get() == rebound::errc::no_loader);
+}
+
+TEST_CASE("ServedModels: a queue may start empty with a loader - a model retired and loaded back") {
+  auto ledger = std::make_shared<Ledger>();
+  rebound::ModelRepository none;
+  CHECK_THROWS_AS(rebound::JobQueue(rebound::ModelRepository()), rebound::Error);  // no loader
+  none.set_loader([&](const ModelRef& ref) -> std::unique_ptr<rebound::Model> {
+    return std::make_unique<Labelled>(ref.name, ref.name + "/" + ref.version, ledger);
+  });
+  rebound::JobQueue queue(std::move(none));
+  CHECK(queue.ready());  // nothing to wait for
+  CHECK(queue.models().list().empty());
+  CHECK_FALSE(queue.model());
+  try {
+    queue.async_submit(job_for("early", {"iris", ""}), boost::asio::use_future).get();
+    FAIL("a job for a model not loaded was accepted");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::model_not_found);
+  }
+  queue.models().async_load("iris", "1", boost::asio::use_future).get();
+  CHECK(queue.async_submit(job_for("loaded", {"iris", ""}), boost::asio::use_future)
+            .get()
+            .outcome.result == nlohmann::json{{"by", "iris/1"}});
+
+  // Retired: its route is emptied, its versions drain and unload; a job naming it is refused.
+  const rebound::ModelInfo retired =
+      queue.models().async_unload_model("iris", boost::asio::use_future).get();
+  CHECK(retired.route.default_version.empty());
+  CHECK(version_of(retired, "1")->state == rebound::VersionState::unloaded);
+  try {
+    queue.async_submit(job_for("retired", {"iris", ""}), boost::asio::use_future).get();
+    FAIL("a job for a retired model was accepted");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::version_unavailable);
+  }
+  // Loaded back, its version is its default again.
+  queue.models().async_load("iris", "1", boost::asio::use_future).get();
+  CHECK(
+      queue.async_submit(job_for("back", {"iris", ""}), boost::asio::use_future).get().job.model ==
+      ModelRef{"iris", "1"});
+  CHECK_THROWS(queue.models().async_unload_model("nope", boost::asio::use_future).get());
 }

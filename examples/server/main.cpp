@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   int port = default_port();
   std::string model_spec = default_model_dir();
   std::string model_repository, default_model;
+  bool multi_model = false;
   std::size_t max_batch_size = 0;
   double max_batch_delay_ms = -1;
   std::string store_uri = "sqlite:rebound.db";
@@ -195,6 +196,12 @@ int main(int argc, char** argv) {
                  "served, each model's highest its default (docs/models.md)")
       ->envname("REBOUND_MODEL_REPOSITORY")
       ->excludes(model_option);
+  app.add_flag("--sagemaker-multi-model", multi_model,
+               "SageMaker's multi-model container contract: no model at start; POST /models "
+               "loads one from a directory inside --model-repository (default /opt/ml/models), "
+               "DELETE /models/{name} unloads it, POST /models/{name}/invoke runs it (env "
+               "SAGEMAKER_MULTI_MODEL=true)")
+      ->envname("SAGEMAKER_MULTI_MODEL");
   app.add_option("--default-model", default_model,
                  "With --model-repository: the model a job that names none goes to (needed when "
                  "there are several)")
@@ -597,7 +604,24 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
     rebound::ModelRepository models;
-    if (model_repository.empty()) {
+    if (multi_model) {
+      // Nothing at start: each model is loaded from the url POST /models gives, which must lie
+      // inside the root, as version "1" of its name.
+      const std::string root = model_repository.empty() ? "/opt/ml/models" : model_repository;
+      auto urls = std::make_shared<rebound::ModelUrls>();
+      models.set_loader([root, urls](const rebound::ModelRef& ref) {
+        const std::optional<std::string> url = urls->get(ref.name);
+        if (!url) throw rebound::Error("no url was given for the model '" + ref.name + "'");
+        return rebound::RepositoryDir(root).load_path(*url);
+      });
+      models.set_digester([urls](const rebound::ModelRef& ref) {
+        const std::optional<std::string> url = urls->get(ref.name);
+        return url ? rebound::model_digest(*url) : std::string();
+      });
+      server_options.sagemaker_multi_model = true;
+      server_options.model_urls = urls;
+      server_options.model_repository = root;
+    } else if (model_repository.empty()) {
       auto model = rebound::make_model(model_spec);
       if (!rebound::is_valid_model_name(model->name())) {
         // Served all the same; but a submission cannot ask for it by name ("model").
@@ -619,7 +643,8 @@ int main(int argc, char** argv) {
     // GET /v1/models names what was loaded: a digest of each version's files, and when. A model
     // whose directory holds a file this user cannot read is still served, its digest left out.
     server_options.model_loaded_at = std::chrono::system_clock::now();
-    for (const rebound::ModelRef& ref : models.list()) {
+    for (const rebound::ModelRef& ref :
+         multi_model ? std::vector<rebound::ModelRef>() : models.list()) {
       const std::string spec = model_repository.empty()
                                    ? model_spec
                                    : model_repository + "/" + ref.name + "/" + ref.version;
@@ -672,6 +697,7 @@ int main(int argc, char** argv) {
     for (const rebound::ModelRef& ref : models.list())
       serving += (serving.empty() ? "" : ", ") + ref.name + "/" + ref.version;
     if (!model_repository.empty()) serving = "models " + serving;
+    if (multi_model) serving = "SageMaker multi-model, root " + server_options.model_repository;
     rebound::JobQueue queue(std::move(models), std::move(store), options);
     rebound::Server server(queue, server_options);
     const int bound = server.bind();
@@ -680,7 +706,9 @@ int main(int argc, char** argv) {
                 << std::endl;
     }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
-              << " (" << (model_repository.empty() ? "model " + queue.model()->name() : serving)
+              << " ("
+              << (model_repository.empty() && !multi_model ? "model " + queue.model()->name()
+                                                           : serving)
               << ", store " << store_uri << ", workers " << workers << ", batches up to "
               << queue.telemetry().max_batch_size() << " within "
               << queue.telemetry().max_queue_delay().count() / 1000.0 << " ms)" << std::endl;

@@ -114,10 +114,31 @@ class RepositoryDir {
 
   /// Loads `DIR/<name>/<version>/` (make_model_version) after every check.
   std::unique_ptr<Model> load(const ModelRef& ref) const {
-    namespace fs = std::filesystem;
     check(ref);
     const std::string label = ref.name + "/" + ref.version;
-    const fs::path version_dir = resolved(model_dir(ref.name) / ref.version, label);
+    return load_checked(resolved(model_dir(ref.name) / ref.version, label), label);
+  }
+
+  /// Loads the model directory `path` (SageMaker's multi-model `url`): it and every file in it
+  /// must lead inside `DIR` once links are resolved.
+  std::unique_ptr<Model> load_path(const std::string& path) const {
+    if (path.empty() || path[0] != '/') {
+      throw Error("model repository " + dir_ + ": '" + path + "' is not an absolute path");
+    }
+    return load_checked(resolved(path, path), path);
+  }
+
+  /// Whether `path` leads to a directory inside `DIR` (links resolved).
+  bool holds(const std::string& path) const {
+    std::error_code ec;
+    const std::filesystem::path real = std::filesystem::canonical(path, ec);
+    return !ec && inside(real) && std::filesystem::is_directory(real, ec);
+  }
+
+ private:
+  std::unique_ptr<Model> load_checked(const std::filesystem::path& version_dir,
+                                      const std::string& label) const {
+    namespace fs = std::filesystem;
     std::error_code ec;
     // Nothing outside the repository is read: a file of the version that links elsewhere is
     // refused too (the model's files, what its digest reads).
@@ -137,7 +158,6 @@ class RepositoryDir {
     }
   }
 
- private:
   void check(const ModelRef& ref) const {
     if (!is_valid_model_name(ref.name)) {
       throw Error("model repository " + dir_ + ": '" + ref.name +

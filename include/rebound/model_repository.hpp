@@ -114,7 +114,8 @@ class ModelRepository {
 
   /// What ServedModels::async_load calls to build a version while the queue runs (it may add a
   /// model too). Without one, live loads are refused (errc::no_loader). Ignored by a repository
-  /// that runs_every_job.
+  /// that runs_every_job. A repository with a loader may start empty: its queue serves no model
+  /// until one is loaded (rebound-server's SageMaker multi-model mode).
   ModelRepository& set_loader(ModelLoader loader) {
     loader_ = std::move(loader);
     return *this;

@@ -159,6 +159,20 @@ class ServedModels {
         token, std::move(name), std::move(version));
   }
 
+  /// Retires the model `name`: its route is emptied (a job that names it and no version is refused
+  /// with errc::version_unavailable), every version drains as async_unload's, and the handler
+  /// runs once none is left (a later async_load brings it back). Refused with
+  /// errc::model_not_found, or errc::version_unavailable while a version of it is loading.
+  template <typename CompletionToken>
+  auto async_unload_model(std::string name, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, ModelInfo)>(
+        [this](auto handler, std::string n) {
+          start_unload_model(std::move(n),
+                             detail::Completion<ModelInfo>(std::move(handler), executor_, live_));
+        },
+        token, std::move(name));
+  }
+
   /// Sets `name`'s route. `if_generation` (0: any) must be the model's generation now, else
   /// errc::route_changed (another change came first). Otherwise errc::model_not_found,
   /// errc::version_unavailable (a version named is not ready), errc::invalid_route. `out`, when
@@ -174,6 +188,7 @@ class ServedModels {
       : table_(table), executor_(std::move(executor)), live_(std::move(live)) {}
   void start_load(std::string name, std::string version, detail::Completion<ModelInfo> done);
   void start_unload(std::string name, std::string version, detail::Completion<ModelInfo> done);
+  void start_unload_model(std::string name, detail::Completion<ModelInfo> done);
 
   detail::ModelTable& table_;
   boost::asio::any_io_executor executor_;

@@ -724,6 +724,15 @@ struct Server::Impl {
          [](Impl& s, Call& c) { s.unload_version(c); }},
         {"PUT", "/v1/models/{name}/route", operates | acts, Body::json,
          [](Impl& s, Call& c) { s.set_route(c); }},
+        // SageMaker's multi-model container contract (ServerOptions::sagemaker_multi_model).
+        {"POST", "/models", acts, Body::json, [](Impl& s, Call& c) { s.mme_load(c); }},
+        {"GET", "/models", any_key, Body::none, [](Impl& s, Call& c) { s.mme_list(c); }},
+        {"GET", "/models/{name}", any_key, Body::none, [](Impl& s, Call& c) { s.mme_get(c); }},
+        {"DELETE", "/models/{name}", acts, Body::none, [](Impl& s, Call& c) { s.mme_unload(c); }},
+        {"POST", "/models/{name}/invoke", any_key | on_front, Body::json,
+         [](Impl& s, Call& c) {
+           if (s.mme_on(c.res)) s.invoke(c, &c.param);
+         }},
         // The operator console (docs/console.md): its page, and the JSON it reads.
         {"GET", "/console", console_page | on_front, Body::none,
          [](Impl&, Call& c) { c.res.set_redirect("/console/", 301); }},
@@ -1259,6 +1268,217 @@ struct Server::Impl {
     done(c.res.status);
   }
 
+  // SageMaker's multi-model container contract (ServerOptions::sagemaker_multi_model): the
+  // routes answer 404 when it is off.
+  bool mme_on(HttpResponse& res) const {
+    if (options.sagemaker_multi_model && options.model_urls) return true;
+    send_error(res, {404,
+                     "not_found",
+                     "SageMaker's multi-model routes are off: start the server with "
+                     "--sagemaker-multi-model (or SAGEMAKER_MULTI_MODEL=true).",
+                     {}});
+    return false;
+  }
+
+  // Whether the model has a version that serves (ready), as the contract's "loaded".
+  std::optional<ModelInfo> mme_loaded(const std::string& name) const {
+    std::optional<ModelInfo> m = service.models().find(name);
+    if (!m) return std::nullopt;
+    for (const ModelVersionInfo& v : m->versions)
+      if (v.state == VersionState::ready) return m;
+    return std::nullopt;
+  }
+
+  nlohmann::json mme_entry(const std::string& name) const {
+    return {{"modelName", name}, {"modelUrl", options.model_urls->get(name).value_or("")}};
+  }
+
+  // POST /models {"model_name", "url"}: loads the directory `url` (inside the root) as version
+  // "1" of the model, answering once it is ready: 200, or why not.
+  void mme_load(Call& c) {
+    if (!mme_on(c.res)) return;
+    nlohmann::json parsed;
+    if (auto error = json_body_error(detail::parse_untrusted_json(c.req.body(), parsed))) {
+      return send_error(c.res, *error);
+    }
+    const auto name = parsed.is_object() ? parsed.find("model_name") : parsed.end();
+    const auto url = parsed.is_object() ? parsed.find("url") : parsed.end();
+    if (name == parsed.end() || !name->is_string() ||
+        !is_valid_model_name(name->get<std::string>())) {
+      return send_error(c.res, {422, "invalid_field",
+                                "model_name must be a model name (1 to 64 of a-z 0-9 . _ -, the "
+                                "first a letter or a digit).",
+                                "model_name"});
+    }
+    if (url == parsed.end() || !url->is_string() || url->get<std::string>().empty() ||
+        url->get<std::string>().size() > 4096) {
+      return send_error(c.res, {422, "invalid_field", "url must be the model's directory.", "url"});
+    }
+    const std::string model = name->get<std::string>();
+    const std::string dir = url->get<std::string>();
+    const nlohmann::json what = {{"model", model}, {"url", truncated_utf8(dir, 512)}};
+    // Nothing outside the root is read: the directory, links resolved, must lie inside it (the
+    // loader checks its files too).
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path root = fs::canonical(options.model_repository, ec);
+    const fs::path real = ec || dir[0] != '/' ? fs::path() : fs::canonical(dir, ec);
+    if (real.empty() || ec || !fs::is_directory(real, ec)) {
+      send_error(c.res, {404, "model_not_found", "No model directory at that url.", {}});
+      return log_action(c.caller, "load_model", what, 404);
+    }
+    const fs::path rel = real.lexically_relative(root);
+    if (root.empty() || rel.empty() || rel == "." || *rel.begin() == "..") {
+      send_error(c.res, {403,
+                         "forbidden",
+                         "The url leads outside the model root (" + options.model_repository + ").",
+                         {}});
+      return log_action(c.caller, "load_model", what, 403);
+    }
+    if (const auto m = service.models().find(model)) {
+      for (const ModelVersionInfo& v : m->versions) {
+        if (v.state == VersionState::ready || v.state == VersionState::loading ||
+            v.state == VersionState::draining) {
+          send_error(c.res, {409,
+                             "model_loaded",
+                             "The model '" + model + "' is loaded (or loading) already.",
+                             {}});
+          return log_action(c.caller, "load_model", what, 409);
+        }
+      }
+    }
+    options.model_urls->set(model, real.string());
+    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(c.res),
+                                                std::move(c.reply));
+    call->start(
+        std::chrono::minutes(10),
+        [](HttpResponse& answer) {
+          send_error(answer, {504,
+                              "load_timeout",
+                              "The model is still loading after 10 minutes; GET /models/{name} "
+                              "tells when it is ready.",
+                              {}});
+        },
+        [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
+    remember(call);
+    log_action(c.caller, "load_model", what, 200);
+    service.models().async_load(
+        model, "1",
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call), model, url = real.string()](
+            boost::system::error_code e, ModelInfo info) {
+          PendingAnswer::when_alive(
+              life, weak, [e, info = std::move(info), model, url](PendingAnswer& pending) {
+                pending.conclude([&](HttpResponse& answer) {
+                  if (!e) {
+                    return send_json(answer, 200, {{"modelName", model}, {"modelUrl", url}});
+                  }
+                  if (e == errc::load_failed) {
+                    std::string why = "The model did not load.";
+                    for (const ModelVersionInfo& v : info.versions)
+                      if (v.error) why = v.error->message;
+                    return send_error(answer, {500, "load_failed", why, {}});
+                  }
+                  send_refusal(answer, refusal_for(e));
+                });
+              });
+        });
+  }
+
+  // GET /models[?max_results=N&next_page_token=T]: the models loaded, by name, a page at a time.
+  void mme_list(Call& c) {
+    if (!mme_on(c.res)) return;
+    std::size_t max_results = 100;
+    const std::string wanted = c.req.param("max_results");
+    if (!wanted.empty()) {
+      if (wanted.size() > 4 || wanted.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoul(wanted) == 0 || std::stoul(wanted) > 1000) {
+        return send_error(c.res,
+                          {422, "invalid_field", "max_results is 1 to 1000.", "max_results"});
+      }
+      max_results = std::stoul(wanted);
+    }
+    const std::string after = c.req.param("next_page_token");  // the last name of a page
+    nlohmann::json models = nlohmann::json::array();
+    std::string last;
+    bool more = false;
+    for (const ModelInfo& m : service.models().list()) {
+      if (!after.empty() && m.name <= after) continue;
+      if (!std::any_of(m.versions.begin(), m.versions.end(),
+                       [](const ModelVersionInfo& v) { return v.state == VersionState::ready; })) {
+        continue;
+      }
+      if (models.size() == max_results) {
+        more = true;
+        break;
+      }
+      models.push_back(mme_entry(m.name));
+      last = m.name;
+    }
+    nlohmann::json body = {{"models", std::move(models)}};
+    if (more) body["nextPageToken"] = last;
+    send_json(c.res, 200, body);
+  }
+
+  // GET /models/{name}: a model loaded.
+  void mme_get(Call& c) {
+    if (!mme_on(c.res)) return;
+    if (!mme_loaded(c.param)) {
+      return send_error(c.res, {404,
+                                "model_not_found",
+                                "No model '" + truncated_utf8(c.param, 128) + "' is loaded.",
+                                {}});
+    }
+    send_json(c.res, 200, mme_entry(c.param));
+  }
+
+  // DELETE /models/{name}: the model drains (its queued invocations and jobs finish), then is
+  // unloaded; answered then.
+  void mme_unload(Call& c) {
+    if (!mme_on(c.res)) return;
+    const std::string name = c.param;
+    const nlohmann::json what = {{"model", truncated_utf8(name, 128)}};
+    if (!mme_loaded(name)) {
+      send_error(
+          c.res,
+          {404, "model_not_found", "No model '" + truncated_utf8(name, 128) + "' is loaded.", {}});
+      return log_action(c.caller, "unload_model", what, 404);
+    }
+    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(c.res),
+                                                std::move(c.reply));
+    call->start(
+        std::chrono::minutes(10),
+        [](HttpResponse& answer) {
+          send_error(answer, {504,
+                              "unload_timeout",
+                              "The model's jobs still run after 10 minutes; it unloads once "
+                              "they end.",
+                              {}});
+        },
+        [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
+    remember(call);
+    log_action(c.caller, "unload_model", what, 200);
+    service.models().async_unload_model(
+        name, [life = life, weak = std::weak_ptr<PendingAnswer>(call)](boost::system::error_code e,
+                                                                       ModelInfo) {
+          PendingAnswer::when_alive(life, weak, [e](PendingAnswer& pending) {
+            pending.conclude([&](HttpResponse& answer) {
+              if (!e) return send_json(answer, 200, nlohmann::json::object());
+              if (e == errc::model_not_found) {
+                return send_error(answer, {404, "model_not_found", "No such model is loaded.", {}});
+              }
+              if (e == errc::version_unavailable) {
+                return send_error(answer, {409,
+                                           "model_loading",
+                                           "The model is loading: unload it once "
+                                           "it is loaded.",
+                                           {}});
+              }
+              send_refusal(answer, refusal_for(e));
+            });
+          });
+        });
+  }
+
   // GET /v1/stats: the whole queue's numbers, as the store counts them (the same on every
   // server of a shared store), and this server's own. A failing store throws: 503.
 
@@ -1536,7 +1756,9 @@ struct Server::Impl {
   }
 
   // SageMaker's synchronous inference: the body is the model input, the answer its output.
-  void invoke(Call& c) {
+  // `target`: the model a multi-model route names in its path (else the header's, else the
+  // default).
+  void invoke(Call& c, const std::string* target = nullptr) {
     const HttpRequest& req = c.req;
     HttpResponse& res = c.res;
     const std::string& body = req.body();
@@ -1559,7 +1781,7 @@ struct Server::Impl {
                               {}});
     }
     // The version that answers: the one its route picks now, pinned for the queue.
-    ModelRef chosen{req.header("X-Amzn-SageMaker-Target-Model"), {}};
+    ModelRef chosen{target ? *target : req.header("X-Amzn-SageMaker-Target-Model"), {}};
     if (const Submitted refused = detail::FrontDoor::choose_model(service, chosen, c.tenant);
         refused.error) {
       if (refused.error == errc::model_not_found) {

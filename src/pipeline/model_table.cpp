@@ -1,5 +1,6 @@
 #include "model_table.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <set>
@@ -64,7 +65,9 @@ ModelTable::ModelTable(ModelRepository repository, Logger logger,
       default_model_(repository.default_model()),
       loader_(repository.runs_every_job() ? ModelLoader() : repository.loader()),
       digester_(repository.digester_) {
-  if (repository.empty()) throw Error("JobQueue: the model repository is empty");
+  if (repository.empty() && !repository.loader()) {
+    throw Error("JobQueue: the model repository is empty, and has no loader to load one");
+  }
   const auto now = clock_();
   for (auto& [name, versions] : repository.models_) {
     Entry& entry = models_[name];
@@ -443,22 +446,64 @@ void ModelTable::unload(const std::string& name, const std::string& version,
   done(ec, std::move(info));
 }
 
+void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> done) {
+  ModelInfo info;
+  boost::system::error_code ec;
+  Lines lines;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto m = models_.find(name);
+    if (stopped_) {
+      ec = errc::shutting_down;
+    } else if (m == models_.end()) {
+      ec = errc::model_not_found;
+    } else {
+      Entry& entry = m->second;
+      for (const auto& [version, v] : entry.versions)
+        if (v.state == VersionState::loading) ec = errc::version_unavailable;
+      if (!ec) {
+        entry.route = ModelRoute{};
+        ++entry.generation;
+        for (auto& [version, v] : entry.versions) {
+          if (v.state == VersionState::ready) {
+            v.state = VersionState::draining;
+            lines.push_back({"model_draining", {{"model", name}, {"version", version}}});
+          } else if (v.state == VersionState::failed) {
+            v.state = VersionState::unloaded;
+            v.error.reset();
+          }
+        }
+        entry.unloads.push_back(std::move(done));
+        draining_.store(true, std::memory_order_relaxed);
+      }
+      info = info_locked(name, entry);
+    }
+  }
+  write(lines);
+  if (!done) return settle_drains();
+  done(ec, std::move(info));
+}
+
 void ModelTable::settle_drains() {
   if (!draining_.load(std::memory_order_relaxed)) return;
   std::vector<ModelRef> draining;
   std::vector<const void*> keys;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    bool models_waiting = false;
     for (const auto& [name, entry] : models_) {
+      models_waiting = models_waiting || !entry.unloads.empty();
       for (const auto& [version, v] : entry.versions) {
         if (v.state != VersionState::draining) continue;
         draining.push_back({name, version});
         keys.push_back(v.model.get());
       }
     }
-    if (draining.empty()) draining_.store(false, std::memory_order_relaxed);
+    if (draining.empty() && !models_waiting) {
+      draining_.store(false, std::memory_order_relaxed);
+      return;
+    }
   }
-  if (draining.empty()) return;
   // Counted outside the lock (the lock order). What holds a draining version: a job accepted for
   // it and not yet run (its WorkItem holds the Model: use_count), a batch of it (the same, or
   // `taken` for jobs claimed from the store), a job claimed from the store and waiting (queued),
@@ -485,6 +530,16 @@ void ModelTable::settle_drains() {
       done.emplace_back(std::move(v.unloads), info_locked(ref.name, entry));
       v.unloads.clear();
       lines.push_back({"model_unloaded", {{"model", ref.name}, {"version", ref.version}}});
+    }
+    // Whole models unloaded (unload_model): once none of their versions is left.
+    for (auto& [name, entry] : models_) {
+      if (entry.unloads.empty()) continue;
+      const bool left = std::any_of(entry.versions.begin(), entry.versions.end(), [](auto& v) {
+        return v.second.state != VersionState::unloaded && v.second.state != VersionState::failed;
+      });
+      if (left) continue;
+      done.emplace_back(std::move(entry.unloads), info_locked(name, entry));
+      entry.unloads.clear();
     }
   }
   released.clear();
@@ -591,6 +646,10 @@ void ModelTable::stop() {
   std::lock_guard<std::mutex> lock(mutex_);
   to_load_.clear();
   for (auto& [name, entry] : models_) {
+    if (!entry.unloads.empty()) {
+      ended.emplace_back(std::move(entry.unloads), info_locked(name, entry));
+      entry.unloads.clear();
+    }
     for (auto& [version, v] : entry.versions) {
       if (v.loads.empty() && v.unloads.empty()) continue;
       if (v.state == VersionState::loading) {

@@ -99,6 +99,9 @@ class ModelTable {
   std::optional<ModelInfo> find(const std::string& name) const;
   void load(const std::string& name, const std::string& version, Completion<ModelInfo> done);
   void unload(const std::string& name, const std::string& version, Completion<ModelInfo> done);
+  /// Every version of `name` drains and is unloaded, and its route is emptied (new jobs for it
+  /// are refused); `done` once none is left.
+  void unload_model(const std::string& name, Completion<ModelInfo> done);
   boost::system::error_code set_route(const std::string& name, ModelRoute route,
                                       std::uint64_t if_generation, ModelInfo* out);
 
@@ -136,6 +139,7 @@ class ModelTable {
     std::map<std::string, Version, ByNumber> versions;
     ModelRoute route;
     std::uint64_t generation = 1;
+    std::vector<Completion<ModelInfo>> unloads;  // unload_model's, once no version is left
   };
 
   const Version* version_locked(const ModelRef& ref) const;

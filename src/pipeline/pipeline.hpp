@@ -174,7 +174,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
            std::chrono::milliseconds attempt_timeout, std::size_t prefetch, AddressGuard guard_in,
            JobQueueOptions& options)
       : models(std::move(models_in), options.logger, options.clock),
-        default_ref(models.first_versions().front().first),
+        default_ref(models.runs_every_job() ? models.first_versions().front().first : ModelRef{}),
         default_model(models.runs_every_job() ? models.first_versions().front().second.lock().get()
                                               : nullptr),
         job_store(std::move(store_in)),

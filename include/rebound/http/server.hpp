@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,6 +15,26 @@
 #include "rebound/job_queue.hpp"
 
 namespace rebound {
+
+/// Where each model of SageMaker's multi-model mode comes from (`POST /models` says, the
+/// repository's ModelLoader reads): model name -> directory. Thread-safe.
+class ModelUrls {
+ public:
+  void set(const std::string& name, const std::string& url) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    urls_[name] = url;
+  }
+  std::optional<std::string> get(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = urls_.find(name);
+    if (it == urls_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::string> urls_;
+};
 
 struct ServerOptions {
   ServerOptions() = default;
@@ -109,6 +130,13 @@ struct ServerOptions {
   /// ModelLoader (404 when there is no such directory), and digests what it loaded. Empty: no
   /// version is loaded over HTTP (409 no_repository).
   std::string model_repository;
+  /// SageMaker's multi-model container contract (`POST /models`, `GET /models`, `GET` and
+  /// `DELETE /models/{name}`, `POST /models/{name}/invoke`): each model's directory must lie
+  /// inside `model_repository` (the root, /opt/ml/models in SageMaker), and is written to
+  /// `model_urls` for the queue's ModelLoader to read (rebound-server's reads it as version "1"
+  /// of the model). Off: those routes answer 404.
+  bool sagemaker_multi_model = false;
+  std::shared_ptr<ModelUrls> model_urls;
 };
 
 /// "sha256:<hex>" over a model spec's files, as `GET /v1/models` names a version: for a directory,
