@@ -228,9 +228,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
     by_version = [core = core_.get()](const detail::WorkItem& item) -> const void* {
       return item.model ? item.model.get() : core->models.key_of(item.job.model);
     };
-    taken = [core = core_.get()](const std::vector<detail::WorkItem>& batch) {
+    taken = [core = core_.get()](std::vector<detail::WorkItem>& batch) {
       if (auto stats = core->models.stats_of(batch.front().job.model)) {
         stats->taken.fetch_add(batch.size(), std::memory_order_acq_rel);
+        batch.front().taken_from = stats.get();  // (the table keeps it as long as it lives)
       }
     };
   }

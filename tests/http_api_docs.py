@@ -123,7 +123,7 @@ try:
     for path, ops in api["paths"].items():
         concrete = path.replace("{id}", "1234")
         # (The console's routes and the models' changes are for an operator key.)
-        key = ("docs-ops" if path.startswith(("/v1/console/", "/v1/models/{name}/"))
+        key = ("docs-ops" if path.startswith(("/v1/console/", "/v1/models/{name}/", "/models"))
                else "docs-key")
         st, head, _ = request(port, f"OPTIONS {concrete} HTTP/1.1\r\nHost: x\r\n"
                                       f"Authorization: Bearer {key}\r\n\r\n".encode())

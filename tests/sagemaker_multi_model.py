@@ -115,7 +115,12 @@ with tempfile.TemporaryDirectory() as tmp:
                          ({"model_name": "x"}, "no url"),
                          ({"url": iris_url}, "no name")):
         status, body, _ = request(port, "POST", "/models", payload)
-        check(status in (400, 403, 404, 422), f"{why}: {status} {body}")
+        wanted_status = 422 if why in ("no url", "no name", "a name with ..") else 403
+        check(status == wanted_status, f"{why}: {status} {body}")
+    # A place outside the root answers alike whether it exists or not: nothing tells what is there.
+    for probe in ("/etc", "/no/such/place", root + "-sibling"):
+        status, body, _ = request(port, "POST", "/models", {"model_name": "x", "url": probe})
+        check(status == 403, f"probing {probe}: {status} {body}")
     status, body, _ = request(port, "POST", "/models", raw="not json")
     check(status == 400, f"a body that is not JSON: {status} {body}")
     status, body, _ = request(port, "POST", "/models",
@@ -125,6 +130,20 @@ with tempfile.TemporaryDirectory() as tmp:
                               {"model_name": "broken", "url": os.path.join(root, "bad", "model")})
     check(status == 500 and "nothing-like-it" in body["error"]["message"],
           f"a model that does not load: {status} {body}")
+
+    # Two loads of one name at once: one loads it, the other is told it is loaded.
+    results = []
+    def load_twice(url):
+        results.append(request(port, "POST", "/models", {"model_name": "twice", "url": url})[0])
+    loaders = [threading.Thread(target=load_twice, args=(os.path.join(root, d, "model"),))
+               for d in ("77c0", "8a1f")]
+    for t in loaders:
+        t.start()
+    for t in loaders:
+        t.join()
+    check(sorted(results) == [200, 409], f"two loads of one name: {results}")
+    status, body, _ = request(port, "DELETE", "/models/twice")
+    check(status == 200, f"DELETE /models/twice: {status} {body}")
 
     # Listing, paged as SageMaker pages it.
     status, body, _ = request(port, "GET", "/models")
@@ -161,7 +180,10 @@ with tempfile.TemporaryDirectory() as tmp:
     status, body, _ = request(port, "GET", "/models")
     check([m["modelName"] for m in body["models"]] == ["iris"], f"after the unload: {body}")
     status, body, _ = request(port, "POST", "/models/echo/invoke", {"k": 2})
-    check(status in (404, 409), f"invoke an unloaded model: {status} {body}")
+    check(status == 404, f"invoke an unloaded model: {status} {body}")
+    status, body, _ = request(port, "POST", "/invocations", {"k": 2},
+                              {"X-Amzn-SageMaker-Target-Model": "echo"})
+    check(status == 404, f"/invocations to an unloaded model: {status} {body}")
     status, body, _ = request(port, "DELETE", "/models/echo")
     check(status == 404, f"DELETE it again: {status} {body}")
     status, body, _ = request(port, "POST", "/models",

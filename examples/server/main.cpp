@@ -611,7 +611,10 @@ int main(int argc, char** argv) {
       auto urls = std::make_shared<rebound::ModelUrls>();
       models.set_loader([root, urls](const rebound::ModelRef& ref) {
         const std::optional<std::string> url = urls->get(ref.name);
-        if (!url) throw rebound::Error("no url was given for the model '" + ref.name + "'");
+        if (!url || ref.version != "1") {
+          throw rebound::Error("no url was given for '" + ref.name + "/" + ref.version +
+                               "' (POST /models loads version 1 of a model)");
+        }
         return rebound::RepositoryDir(root).load_path(*url);
       });
       models.set_digester([urls](const rebound::ModelRef& ref) {

@@ -128,13 +128,6 @@ class RepositoryDir {
     return load_checked(resolved(path, path), path);
   }
 
-  /// Whether `path` leads to a directory inside `DIR` (links resolved).
-  bool holds(const std::string& path) const {
-    std::error_code ec;
-    const std::filesystem::path real = std::filesystem::canonical(path, ec);
-    return !ec && inside(real) && std::filesystem::is_directory(real, ec);
-  }
-
  private:
   std::unique_ptr<Model> load_checked(const std::filesystem::path& version_dir,
                                       const std::string& label) const {

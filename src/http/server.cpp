@@ -280,7 +280,9 @@ enum Access : unsigned {
   console_page = 8,   // only while the console is on (an operator or a viewer key is configured)
   console_json = 16,  // the console on, and an operator or a viewer key
   on_front = 32,      // never waits for the store: on the HTTP thread, store-call threads or not
-  operates = 64       // an operator key only (none configured: nobody): it changes the models
+  operates = 64,      // an operator key only (none configured: nobody): it changes the models
+  loads_models = 128  // with keys configured, an operator key (SageMaker's multi-model calls,
+                      // which carry none, run on a container without keys)
 };
 
 // What a route does with a request body: none, JSON (a submission's JSON, where a form-encoded
@@ -725,10 +727,12 @@ struct Server::Impl {
         {"PUT", "/v1/models/{name}/route", operates | acts, Body::json,
          [](Impl& s, Call& c) { s.set_route(c); }},
         // SageMaker's multi-model container contract (ServerOptions::sagemaker_multi_model).
-        {"POST", "/models", acts, Body::json, [](Impl& s, Call& c) { s.mme_load(c); }},
+        {"POST", "/models", loads_models | acts, Body::json,
+         [](Impl& s, Call& c) { s.mme_load(c); }},
         {"GET", "/models", any_key, Body::none, [](Impl& s, Call& c) { s.mme_list(c); }},
         {"GET", "/models/{name}", any_key, Body::none, [](Impl& s, Call& c) { s.mme_get(c); }},
-        {"DELETE", "/models/{name}", acts, Body::none, [](Impl& s, Call& c) { s.mme_unload(c); }},
+        {"DELETE", "/models/{name}", loads_models | acts, Body::none,
+         [](Impl& s, Call& c) { s.mme_unload(c); }},
         {"POST", "/models/{name}/invoke", any_key | on_front, Body::json,
          [](Impl& s, Call& c) {
            if (s.mme_on(c.res)) s.invoke(c, &c.param);
@@ -1317,24 +1321,33 @@ struct Server::Impl {
     const std::string model = name->get<std::string>();
     const std::string dir = url->get<std::string>();
     const nlohmann::json what = {{"model", model}, {"url", truncated_utf8(dir, 512)}};
-    // Nothing outside the root is read: the directory, links resolved, must lie inside it (the
-    // loader checks its files too).
+    // Nothing outside the root is read: the url must name a place inside it before the file
+    // system is asked anything (so that no answer tells what exists elsewhere), and again once
+    // links are resolved (the loader checks every file too).
     namespace fs = std::filesystem;
+    const auto inside_root = [](const fs::path& p, const fs::path& root) {
+      const fs::path rel = p.lexically_relative(root);
+      return !root.empty() && !rel.empty() && rel != "." && *rel.begin() != "..";
+    };
+    const fs::path lexical_root = fs::path(options.model_repository).lexically_normal();
+    if (dir[0] != '/' || dir.find('\0') != std::string::npos ||
+        !inside_root(fs::path(dir).lexically_normal(), lexical_root)) {
+      send_error(c.res, {403, "forbidden", "The url is not inside the model root.", {}});
+      return log_action(c.caller, "load_model", what, 403);
+    }
     std::error_code ec;
     const fs::path root = fs::canonical(options.model_repository, ec);
-    const fs::path real = ec || dir[0] != '/' ? fs::path() : fs::canonical(dir, ec);
+    const fs::path real = ec ? fs::path() : fs::canonical(dir, ec);
     if (real.empty() || ec || !fs::is_directory(real, ec)) {
       send_error(c.res, {404, "model_not_found", "No model directory at that url.", {}});
       return log_action(c.caller, "load_model", what, 404);
     }
-    const fs::path rel = real.lexically_relative(root);
-    if (root.empty() || rel.empty() || rel == "." || *rel.begin() == "..") {
-      send_error(c.res, {403,
-                         "forbidden",
-                         "The url leads outside the model root (" + options.model_repository + ").",
-                         {}});
+    if (!inside_root(real, root)) {
+      send_error(c.res, {403, "forbidden", "The url is not inside the model root.", {}});
       return log_action(c.caller, "load_model", what, 403);
     }
+    // One load of a name at a time: the check and the load's start are one step.
+    std::lock_guard<std::mutex> one_at_a_time(mme_mutex);
     if (const auto m = service.models().find(model)) {
       for (const ModelVersionInfo& v : m->versions) {
         if (v.state == VersionState::ready || v.state == VersionState::loading ||
@@ -1347,7 +1360,7 @@ struct Server::Impl {
         }
       }
     }
-    options.model_urls->set(model, real.string());
+    options.model_urls->set(model, dir);
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(c.res),
                                                 std::move(c.reply));
     call->start(
@@ -1364,8 +1377,9 @@ struct Server::Impl {
     log_action(c.caller, "load_model", what, 200);
     service.models().async_load(
         model, "1",
-        [life = life, weak = std::weak_ptr<PendingAnswer>(call), model, url = real.string()](
-            boost::system::error_code e, ModelInfo info) {
+        [life = life, weak = std::weak_ptr<PendingAnswer>(call), model, url = dir,
+         urls = options.model_urls](boost::system::error_code e, ModelInfo info) {
+          if (e) urls->erase(model, url);  // (unless another load set it since)
           PendingAnswer::when_alive(
               life, weak, [e, info = std::move(info), model, url](PendingAnswer& pending) {
                 pending.conclude([&](HttpResponse& answer) {
@@ -1373,10 +1387,13 @@ struct Server::Impl {
                     return send_json(answer, 200, {{"modelName", model}, {"modelUrl", url}});
                   }
                   if (e == errc::load_failed) {
-                    std::string why = "The model did not load.";
+                    ErrorInfo why{"load_failed", "The model did not load."};
                     for (const ModelVersionInfo& v : info.versions)
-                      if (v.error) why = v.error->message;
-                    return send_error(answer, {500, "load_failed", why, {}});
+                      if (v.version == "1" && v.error) why = *v.error;
+                    // SageMaker's contract: 507 when the model cannot be held.
+                    return send_error(
+                        answer,
+                        {why.code == "insufficient_memory" ? 507 : 500, why.code, why.message, {}});
                   }
                   send_refusal(answer, refusal_for(e));
                 });
@@ -1458,8 +1475,9 @@ struct Server::Impl {
     remember(call);
     log_action(c.caller, "unload_model", what, 200);
     service.models().async_unload_model(
-        name, [life = life, weak = std::weak_ptr<PendingAnswer>(call)](boost::system::error_code e,
-                                                                       ModelInfo) {
+        name, [life = life, weak = std::weak_ptr<PendingAnswer>(call), name,
+               urls = options.model_urls](boost::system::error_code e, ModelInfo) {
+          if (!e) urls->erase(name, urls->get(name).value_or(""));
           PendingAnswer::when_alive(life, weak, [e](PendingAnswer& pending) {
             pending.conclude([&](HttpResponse& answer) {
               if (!e) return send_json(answer, 200, nlohmann::json::object());
@@ -1773,7 +1791,7 @@ struct Server::Impl {
       return send_error(res, *error);
     }
     // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
-    if (req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
+    if (!target && req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
       return send_error(res, {400,
                               "invalid_header",
                               "X-Amzn-SageMaker-Target-Model is given more than once: name one "
@@ -1784,7 +1802,10 @@ struct Server::Impl {
     ModelRef chosen{target ? *target : req.header("X-Amzn-SageMaker-Target-Model"), {}};
     if (const Submitted refused = detail::FrontDoor::choose_model(service, chosen, c.tenant);
         refused.error) {
-      if (refused.error == errc::model_not_found) {
+      // (SageMaker's multi-model contract: a model not loaded, however it stands, is 404: its
+      // front end loads it then.)
+      if (refused.error == errc::model_not_found ||
+          (options.sagemaker_multi_model && refused.error == errc::version_unavailable)) {
         return send_error(res,
                           {404,
                            "model_not_found",
@@ -1891,6 +1912,11 @@ struct Server::Impl {
     // signing secret: with it, it could sign callbacks as rebound does.
     if ((access & acts) && caller && caller->role == Credential::Role::viewer) {
       send_error(res, {403, "forbidden", "A viewer key reads; acting needs an operator key.", {}});
+      return false;
+    }
+    if ((access & loads_models) && !credentials.empty() && !(caller && caller->is_operator())) {
+      send_error(res,
+                 {403, "forbidden", "Loading and unloading models needs an operator key.", {}});
       return false;
     }
     if ((access & operates) && !(caller && caller->is_operator())) {
@@ -2109,7 +2135,8 @@ struct Server::Impl {
   const std::chrono::system_clock::time_point created = std::chrono::system_clock::now();
   const std::chrono::system_clock::time_point model_loaded_at =
       options.model_loaded_at.value_or(created);
-  std::unique_ptr<detail::Console> console;   // null: no operator or viewer key, no console
+  std::unique_ptr<detail::Console> console;  // null: no operator or viewer key, no console
+  std::mutex mme_mutex;  // POST /models: a name's check and its load's start, one at a time
   std::atomic<std::size_t> parsing_bytes{0};  // held by ParsingReservations
   const std::vector<Credential> credentials;
   const bool multi_tenant;  // two or more names: each key's jobs are its own

@@ -119,13 +119,12 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
   // The work queue counted the batch as taken from its version (JobQueue's on_taken, under the
   // queue's lock): a draining version is released only once no batch of it is in here.
   struct Untake {
-    std::shared_ptr<VersionStats> stats;
+    VersionStats* stats;
     std::size_t n;
     ~Untake() {
       if (stats) stats->taken.fetch_sub(n, std::memory_order_release);
     }
-  } untake{only_ || batch.empty() ? nullptr : models_.stats_of(batch.front().job.model),
-           batch.size()};
+  } untake{batch.empty() ? nullptr : batch.front().taken_from, batch.size()};
   const auto now = clock_();
   screen(batch, now);
   if (batch.empty()) return;

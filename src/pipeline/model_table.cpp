@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <set>
 
 #include "common/job_rules.hpp"
@@ -260,6 +261,9 @@ void ModelTable::load(const std::string& name, const std::string& version,
       ec = errc::model_not_found;
     } else if (!is_valid_model_version(version)) {
       ec = errc::version_unavailable;
+    } else if (const auto retiring = models_.find(name);
+               retiring != models_.end() && !retiring->second.unloads.empty()) {
+      ec = errc::version_unavailable;  // being retired (unload_model): load it once it is gone
     } else {
       Entry& entry = models_[name];
       Version& v = entry.versions[version];
@@ -324,6 +328,9 @@ void ModelTable::run_loads() {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
+    } catch (const std::bad_alloc&) {
+      error = ErrorInfo{"insufficient_memory", "There is not enough memory to load the model."};
+      model.reset();
     } catch (const std::exception& e) {
       error = ErrorInfo{"load_failed", e.what()};
       model.reset();
@@ -457,6 +464,8 @@ void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> don
       ec = errc::shutting_down;
     } else if (m == models_.end()) {
       ec = errc::model_not_found;
+    } else if (runs_every_job_) {
+      ec = errc::version_in_route;  // a queue built on one Model serves it for as long as it lives
     } else {
       Entry& entry = m->second;
       for (const auto& [version, v] : entry.versions)

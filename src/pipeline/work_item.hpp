@@ -15,6 +15,8 @@
 
 namespace rebound::detail {
 
+struct VersionStats;
+
 /// How an invocation is answered, exactly once: success with the model's Prediction (failed or
 /// not, whatever its code), or a refusal of the queue's (errc::shutting_down: taken off the queue
 /// at shutdown) with a failed Prediction that says so.
@@ -30,6 +32,9 @@ struct WorkItem {
   // The version it runs on, held from its acceptance (a submission, an invocation) so that an
   // unload waits for it; null for a job claimed from the store (the runner looks it up).
   std::shared_ptr<Model> model;
+  // Set on a batch's first item as it leaves the work queue: the version its batch was counted
+  // against (VersionStats::taken), counted down by the same pointer once the batch ran.
+  VersionStats* taken_from = nullptr;
 };
 
 /// What a job holds in memory while it waits or runs: its input's tree, its strings, the item.

@@ -75,7 +75,7 @@ class WorkQueue final {
   using BatchKey = std::function<const void*(const Item&)>;
   /// Told of each batch as it leaves the queue, under the queue's lock (so that an item is always
   /// seen either waiting, by count_if, or taken).
-  using OnTaken = std::function<void(const std::vector<Item>&)>;
+  using OnTaken = std::function<void(std::vector<Item>&)>;
 
   WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler,
             BatchKey batch_key = {}, OnTaken on_taken = {})

@@ -24,6 +24,12 @@ class ModelUrls {
     std::lock_guard<std::mutex> lock(mutex_);
     urls_[name] = url;
   }
+  /// Forgets `name`'s url if it is still `url` (a failed load, an unload).
+  void erase(const std::string& name, const std::string& url) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = urls_.find(name);
+    if (it != urls_.end() && it->second == url) urls_.erase(it);
+  }
   std::optional<std::string> get(const std::string& name) const {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = urls_.find(name);
