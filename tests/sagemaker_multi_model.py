@@ -17,28 +17,11 @@ import sys
 import tempfile
 import threading
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from testkit import check, children, fail, write  # noqa: E402
+
 server_bin = sys.argv[1]
 iris_dir = sys.argv[2] if len(sys.argv) > 2 else None
-children = []
-
-
-def fail(message):
-    print("FAIL:", message)
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-    sys.exit(1)
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
-
-
-def write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def request(port, method, path, body=None, headers=None, raw=None):

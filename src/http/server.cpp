@@ -1297,6 +1297,22 @@ struct Server::Impl {
     return {{"modelName", name}, {"modelUrl", options.model_urls->get(name).value_or("")}};
   }
 
+  // The answer to a model change (SageMaker's load and unload) given once it is done: 504 with
+  // `code` and `message` if that takes over 10 minutes, 503 if the server stops first.
+  std::shared_ptr<PendingAnswer> model_change_answer(Call& c, const char* code,
+                                                     std::string message) {
+    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(c.res),
+                                                std::move(c.reply));
+    call->start(
+        std::chrono::minutes(10),
+        [code, message = std::move(message)](HttpResponse& answer) {
+          send_error(answer, {504, code, message, {}});
+        },
+        [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
+    remember(call);
+    return call;
+  }
+
   // POST /models {"model_name", "url"}: loads the directory `url` (inside the root) as version
   // "1" of the model, answering once it is ready: 200, or why not.
   void mme_load(Call& c) {
@@ -1361,19 +1377,9 @@ struct Server::Impl {
       }
     }
     options.model_urls->set(model, dir);
-    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(c.res),
-                                                std::move(c.reply));
-    call->start(
-        std::chrono::minutes(10),
-        [](HttpResponse& answer) {
-          send_error(answer, {504,
-                              "load_timeout",
-                              "The model is still loading after 10 minutes; GET /models/{name} "
-                              "tells when it is ready.",
-                              {}});
-        },
-        [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
-    remember(call);
+    const auto call = model_change_answer(
+        c, "load_timeout",
+        "The model is still loading after 10 minutes; GET /models/{name} tells when it is ready.");
     log_action(c.caller, "load_model", what, 200);
     service.models().async_load(
         model, "1",
@@ -1460,19 +1466,9 @@ struct Server::Impl {
           {404, "model_not_found", "No model '" + truncated_utf8(name, 128) + "' is loaded.", {}});
       return log_action(c.caller, "unload_model", what, 404);
     }
-    auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(c.res),
-                                                std::move(c.reply));
-    call->start(
-        std::chrono::minutes(10),
-        [](HttpResponse& answer) {
-          send_error(answer, {504,
-                              "unload_timeout",
-                              "The model's jobs still run after 10 minutes; it unloads once "
-                              "they end.",
-                              {}});
-        },
-        [](HttpResponse& answer) { send_refusal(answer, refusal_for(errc::shutting_down)); });
-    remember(call);
+    const auto call = model_change_answer(
+        c, "unload_timeout",
+        "The model's jobs still run after 10 minutes; it unloads once they end.");
     log_action(c.caller, "unload_model", what, 200);
     service.models().async_unload_model(
         name, [life = life, weak = std::weak_ptr<PendingAnswer>(call), name,
