@@ -193,7 +193,8 @@ int main(int argc, char** argv) {
   app.add_option("--model-repository", model_repository,
                  "Several models: DIR/<name>/<version>/, each version a --model directory or a "
                  "config.json naming a built-in ({\"backend\": \"echo\"}); every version is "
-                 "served, each model's highest its default (docs/models.md)")
+                 "served, each model's highest its default (docs/models.md); with "
+                 "--sagemaker-multi-model, the root the models' urls must lie in")
       ->envname("REBOUND_MODEL_REPOSITORY")
       ->excludes(model_option);
   app.add_flag("--sagemaker-multi-model", multi_model,
@@ -328,7 +329,8 @@ int main(int argc, char** argv) {
   app.add_option("--operator-key", operator_keys,
                  "[NAME:]KEY: an API key that may also, with several tenants, list receiver "
                  "origins, read /metrics and pause or resume origins, that loads, unloads and "
-                 "routes model versions (/v1/models/...), and that uses the operator console at "
+                 "routes model versions (/v1/models/...) and SageMaker's /models, and that uses "
+                 "the operator console at "
                  "/console/ to read and act (env REBOUND_OPERATOR_KEY)")
       ->envname("REBOUND_OPERATOR_KEY");
   app.add_option("--viewer-key", viewer_keys,
@@ -601,6 +603,11 @@ int main(int argc, char** argv) {
     if (!default_model.empty() && model_repository.empty()) {
       std::cerr << "rebound-server: warning: --default-model (or REBOUND_DEFAULT_MODEL) is "
                    "ignored without --model-repository"
+                << std::endl;
+    }
+    if (multi_model && (model_option->count() > 0 || !default_model.empty())) {
+      std::cerr << "rebound-server: warning: --model and --default-model are ignored with "
+                   "--sagemaker-multi-model: models come from POST /models"
                 << std::endl;
     }
     rebound::ModelRepository models;

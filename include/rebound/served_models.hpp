@@ -103,8 +103,12 @@ struct ModelInfo {
 ///   it (change the route first).
 /// - `set_route(name, route, if_generation)` changes where a model's new jobs go: every version
 ///   named must be `ready`; percentages 1 to 100 add up to at most 100.
-/// Completion signature of both: `void(boost::system::error_code, ModelInfo)` (the model after
-/// the change, or as it stands when refused).
+/// Completion signature of each: `void(boost::system::error_code, ModelInfo)` (the model after
+/// the change, or as it stands when refused). Besides the errors above: model_not_found (no such
+/// model; for a load, a name that is not a model name), version_unavailable (a load: a version
+/// that is not one, or a model being retired; an unload: no such version, or one loading),
+/// no_loader, shutting_down (the queue stopped first); an unload whose drain a load stopped
+/// completes with boost::asio::error::operation_aborted.
 ///
 /// Jobs accepted before a change keep the version they were pinned to: a job, from its
 /// acceptance until it ran, holds its version, and so does a batch. A drain also waits for every

@@ -647,7 +647,10 @@ struct Server::Impl {
   // What the API answers (jobs, results, secrets, the console's data) is never kept by a cache,
   // errors included; /ping, /openapi.json and the console's page may be.
   static void no_store_if_api(const HttpRequest& req, HttpResponse& res) {
-    if (req.path.compare(0, 4, "/v1/") != 0 && req.path != "/invocations") return;
+    if (req.path.compare(0, 4, "/v1/") != 0 && req.path != "/invocations" &&
+        req.path.compare(0, 7, "/models") != 0) {
+      return;
+    }
     for (const auto& header : res.headers)
       if (header.first == "Cache-Control") return;  // once
     res.set_header("Cache-Control", "no-store");
@@ -1101,6 +1104,20 @@ struct Server::Impl {
     if (!now) {  // refused at once: the queue is stopping
       send_refusal(c.res, refusal_for(errc::shutting_down));
       return log_action(c.caller, "load_model_version", what, c.res.status);
+    }
+    // Refused at once (a model being retired): neither loading nor ready.
+    const bool started =
+        std::any_of(now->versions.begin(), now->versions.end(), [&](const ModelVersionInfo& v) {
+          return v.version == ref.version &&
+                 (v.state == VersionState::loading || v.state == VersionState::ready);
+        });
+    if (!started) {
+      send_error(c.res, {409,
+                         "version_unavailable",
+                         "The model '" + ref.name + "' is being retired (DELETE /models/" +
+                             ref.name + "): load it once that ends.",
+                         {}});
+      return log_action(c.caller, "load_model_version", what, 409);
     }
     send_json(c.res, 202, model_json(*now, c.caller));
     log_action(c.caller, "load_model_version", what, 202);
