@@ -1105,11 +1105,13 @@ struct Server::Impl {
       send_refusal(c.res, refusal_for(errc::shutting_down));
       return log_action(c.caller, "load_model_version", what, c.res.status);
     }
-    // Refused at once (a model being retired): neither loading nor ready.
+    // Refused at once (a model being retired, whose versions are draining or unloaded): not
+    // loading, nor ready, nor failed already (a load that failed before this looked).
     const bool started =
         std::any_of(now->versions.begin(), now->versions.end(), [&](const ModelVersionInfo& v) {
           return v.version == ref.version &&
-                 (v.state == VersionState::loading || v.state == VersionState::ready);
+                 (v.state == VersionState::loading || v.state == VersionState::ready ||
+                  v.state == VersionState::failed);
         });
     if (!started) {
       send_error(c.res, {409,
