@@ -4,9 +4,6 @@ each job on the version chosen when it was accepted, and every answer saying whi
 
 Usage: model_repository.py <rebound-server>   (about 10 s)
 """
-import http.client
-import http.server
-import json
 import os
 import queue
 import re
@@ -16,7 +13,7 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from testkit import check, children, fail, write  # noqa: E402
+from testkit import check, children, fail, request, start_receiver, write  # noqa: E402
 
 server_bin = sys.argv[1]
 
@@ -40,36 +37,7 @@ def start(*args):
     return proc, None, "".join(seen)
 
 
-def request(port, method, path, body=None, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    h = dict(headers or {})
-    if body is not None:
-        h["Content-Type"] = "application/json"
-    conn.request(method, path, None if body is None else json.dumps(body), h)
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    return resp.status, (json.loads(data) if data else None), resp
-
-
-callbacks = queue.Queue()
-
-
-class Receiver(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        callbacks.put(json.loads(body))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-threading.Thread(target=receiver.serve_forever, daemon=True).start()
-callback_url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+callbacks, callback_url = start_receiver()
 
 with tempfile.TemporaryDirectory() as tmp:
     repo = os.path.join(tmp, "models")
@@ -184,5 +152,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check(port is None and proc.returncode != 0 and "'Iris' is not a model name" in out,
           f"a directory that is no model name: {out}")
 
-receiver.shutdown()
 print("model_repository: ok")

@@ -9,7 +9,6 @@ With the Iris TorchScript directory (a build with libtorch), its copies are the 
 it, the built-in echo backend is.
 """
 import http.client
-import http.server
 import json
 import os
 import queue
@@ -22,7 +21,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from testkit import check, children, fail, write  # noqa: E402
+from testkit import check, children, fail, request, start_receiver, write  # noqa: E402
 
 server_bin = sys.argv[1]
 iris_dir = sys.argv[2] if len(sys.argv) > 2 else None
@@ -40,39 +39,7 @@ def make_version(repo, name, version):
         write(os.path.join(target, "config.json"), '{"backend": "echo"}')
 
 
-def request(port, method, path, body=None, headers=None, raw=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    h = dict(headers or {})
-    data = raw if raw is not None else (None if body is None else json.dumps(body))
-    if data is not None:
-        h["Content-Type"] = "application/json"
-    conn.request(method, path, data, h)
-    resp = conn.getresponse()
-    out = resp.read()
-    conn.close()
-    return resp.status, (json.loads(out) if out else None), resp
-
-
-callbacks = queue.Queue()
-
-
-class Receiver(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        callbacks.put(json.loads(body))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-threading.Thread(target=receiver.serve_forever, daemon=True).start()
-callback_url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+callbacks, callback_url = start_receiver()
 INPUT = [5.9, 3.0, 5.1, 1.8]
 
 

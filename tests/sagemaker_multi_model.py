@@ -7,8 +7,6 @@ POST /models/{name}/invoke and /invocations with X-Amzn-SageMaker-Target-Model; 
 
 Usage: sagemaker_multi_model.py <rebound-server> [<iris model dir>]   (about 5 s)
 """
-import http.client
-import json
 import os
 import re
 import shutil
@@ -18,27 +16,10 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from testkit import check, children, fail, write  # noqa: E402
+from testkit import check, children, fail, request, write  # noqa: E402
 
 server_bin = sys.argv[1]
 iris_dir = sys.argv[2] if len(sys.argv) > 2 else None
-
-
-def request(port, method, path, body=None, headers=None, raw=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    h = dict(headers or {})
-    data = raw if raw is not None else (None if body is None else json.dumps(body))
-    if data is not None:
-        h.setdefault("Content-Type", "application/json")
-    conn.request(method, path, data, h)
-    resp = conn.getresponse()
-    out = resp.read()
-    conn.close()
-    try:
-        parsed = json.loads(out) if out else None
-    except ValueError:
-        parsed = out
-    return resp.status, parsed, resp
 
 
 with tempfile.TemporaryDirectory() as tmp:
