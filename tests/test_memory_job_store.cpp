@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -408,4 +409,33 @@ TEST_CASE("a dead letter forgotten beyond max_finished leaves the dead-letter pa
   for (const auto& key : pages_of(store, "", 100, false))
     CHECK(store.get(key).has_value());
   CHECK(pages_of(store, "", 100, false).size() == 10);
+}
+
+TEST_CASE("claims leave the versions skipped where they are - model configs are compare-and-set") {
+  rebound::MemoryJobStore store;
+  const auto t0 = std::chrono::system_clock::now();
+  for (int i = 0; i < 12; ++i) {
+    Job job = make("v-" + std::to_string(10 + i));
+    job.created_at = t0 + std::chrono::milliseconds(i);
+    job.model = {"iris", i % 3 == 0 ? "2" : "1"};
+    REQUIRE(store.put(job) == PutOutcome::created);
+  }
+  const auto now = t0 + std::chrono::seconds(1);
+  const rebound::Lease lease{"one", now + std::chrono::minutes(1)};
+  const auto got = store.claim_jobs_except(20, lease, now, {{"iris", "2"}});
+  CHECK(got.size() == 8);
+  for (const auto& r : got)
+    CHECK(r.job.model == rebound::ModelRef{"iris", "1"});
+  const auto rest = store.claim_jobs(20, {"two", now + std::chrono::minutes(1)}, now);
+  REQUIRE(rest.size() == 4);
+  CHECK(rest.front().job.id == "v-10");  // in its place, first
+  for (const auto& r : rest)
+    CHECK(r.job.model == rebound::ModelRef{"iris", "2"});
+
+  REQUIRE(store.model_configs());
+  CHECK(store.put_model_config("iris", "a", 0) == std::optional<std::uint64_t>(1));
+  CHECK_FALSE(store.put_model_config("iris", "b", 0));
+  CHECK(store.put_model_config("iris", "b", 1) == std::optional<std::uint64_t>(2));
+  REQUIRE(store.model_configs()->size() == 1);
+  CHECK(store.model_configs()->front().config == "b");
 }

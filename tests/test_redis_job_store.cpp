@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <future>
 #include <memory>
@@ -207,6 +208,45 @@ TEST_CASE("redis: servers on one Redis share one queue - one job per id and one 
   CHECK_FALSE(stores[0]->finish_job(id, "server-0", done, std::nullopt, at_ms(1764000100002)));
   CHECK(stores[2]->finish_job(id, "late-comer", done, std::nullopt, at_ms(1764000100002)));
   CHECK(stores[0]->get(id)->status == JobStatus::succeeded);
+}
+
+TEST_CASE("redis: claims leave the versions skipped in place - model configs are compare-and-set") {
+  rebound::test::RedisServer server;
+  RedisJobStore one(options_for(server)), two(options_for(server));
+  // 30 jobs: every third of iris/2, the rest of iris/1; one tenant, one priority, in order.
+  for (int i = 0; i < 30; ++i) {
+    Job job = make("v-" + std::to_string(100 + i));
+    job.created_at = at_ms(1764000000000 + i);
+    job.model = {"iris", i % 3 == 0 ? "2" : "1"};
+    REQUIRE(one.put(job) == PutOutcome::created);
+  }
+  const auto now = at_ms(1764000001000);
+  const std::vector<rebound::ModelRef> skip{{"iris", "2"}, {"other", "1"}};
+  auto got = one.claim_jobs_except(25, Lease{"one", at_ms(1764000100000)}, now, skip);
+  CHECK(got.size() == 20);  // every job of iris/1, none of iris/2
+  for (const auto& r : got)
+    CHECK(r.job.model == rebound::ModelRef{"iris", "1"});
+  CHECK(got.front().job.id == "v-101");  // in their order
+  // What was skipped is where it was, for a server that serves it.
+  auto rest = two.claim_jobs(25, Lease{"two", at_ms(1764000100000)}, now);
+  REQUIRE(rest.size() == 10);
+  CHECK(rest.front().job.id == "v-100");
+  for (const auto& r : rest)
+    CHECK(r.job.model == rebound::ModelRef{"iris", "2"});
+  // Nothing to skip: a plain claim.
+  CHECK(one.claim_jobs_except(5, Lease{"one", at_ms(1764000100000)}, now, {}).empty());
+
+  // Model configs: shared by every store on the Redis, written only on the generation read.
+  REQUIRE(one.model_configs());
+  CHECK(one.model_configs()->empty());
+  CHECK(one.put_model_config("iris", R"({"a":1})", 0) == std::optional<std::uint64_t>(1));
+  CHECK_FALSE(two.put_model_config("iris", R"({"a":2})", 0));  // someone wrote it first
+  CHECK(two.put_model_config("iris", R"({"a":2})", 1) == std::optional<std::uint64_t>(2));
+  const auto configs = one.model_configs();
+  REQUIRE(configs->size() == 1);
+  CHECK(configs->front().name == "iris");
+  CHECK(configs->front().generation == 2);
+  CHECK(configs->front().config == R"({"a":2})");
 }
 
 TEST_CASE("redis: get_many of more ids than one pipeline holds answers each - in order") {

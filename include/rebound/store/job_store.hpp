@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -173,6 +174,18 @@ class JobLeaseStore {
   /// once) come in an order each store chooses; the memory store may also order a job whose lease
   /// was lengthened by the end it had before (it refiles it lazily).
   virtual std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) = 0;
+
+  /// claim_jobs, leaving alone the jobs pinned to a version in `skip` (they stay claimable for
+  /// the other servers of the store, in their place). A JobQueue on a shared store passes the
+  /// versions its fleet serves and it has not loaded (still loading, or failed here), so that the
+  /// servers that have them run their jobs. The default ignores `skip` (a store of one server:
+  /// the JobQueue ends a job of a version it cannot run `version_unavailable`); RedisJobStore
+  /// honours it.
+  virtual std::vector<JobRecord> claim_jobs_except(std::size_t max, const Lease& lease,
+                                                   TimePoint now,
+                                                   const std::vector<ModelRef>& /*skip*/) {
+    return claim_jobs(max, lease, now);
+  }
 
   /// Extends the lease on a job or its callback to `lease.until`. False when `lease.holder` does
   /// not hold it any more (it ran out, or another claim took it): stop working on it.
@@ -424,6 +437,13 @@ class JobReadStore {
   }
 };
 
+/// One model's configuration as a store shares it among servers (FleetStore::model_configs).
+struct ModelConfig {
+  std::string name;
+  std::string config;            ///< as put_model_config was given it
+  std::uint64_t generation = 0;  ///< 1 for the first write, then one more for each
+};
+
 /// Fleet coordination: what the servers that share a store tell each other through it (the third
 /// of JobStore's three parts). Each call has a default for a store of one server (keep nothing,
 /// share nothing), so a store of one's own may leave this part out.
@@ -451,6 +471,22 @@ class FleetStore {
   /// The origins paused through set_origin_paused, sorted; nullopt when the store does not share
   /// pauses (the default).
   virtual std::optional<std::vector<std::string>> paused_origins() const { return std::nullopt; }
+
+  /// Writes the shared configuration of model `name` (the JobQueue's own JSON text: its route and
+  /// the versions every server serves) when the generation stored for it is `if_generation` (0:
+  /// none stored yet), and answers the new generation (`if_generation + 1`); nullopt, writing
+  /// nothing, when another server wrote it in between. Each JobQueue on the store reads
+  /// model_configs() twice a second and follows what it says (ServedModels). The default keeps
+  /// nothing and answers `if_generation + 1`: with it, models are each server's own.
+  virtual std::optional<std::uint64_t> put_model_config(const std::string& /*name*/,
+                                                        const std::string& /*config*/,
+                                                        std::uint64_t if_generation) {
+    return if_generation + 1;
+  }
+
+  /// Every model configuration put_model_config wrote, by name; nullopt when the store does not
+  /// share them (the default).
+  virtual std::optional<std::vector<ModelConfig>> model_configs() const { return std::nullopt; }
 };
 
 /// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.

@@ -107,6 +107,11 @@ class MemoryJobStore final : public JobStore {
     return claim(job_queue_, max, lease, now);
   }
 
+  std::vector<JobRecord> claim_jobs_except(std::size_t max, const Lease& lease, TimePoint now,
+                                           const std::vector<ModelRef>& skip) override {
+    return claim(job_queue_, max, lease, now, skip.empty() ? nullptr : &skip);
+  }
+
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override {
     std::lock_guard<std::mutex> lock(mutex_);
     return renew_locked(id, lease, now);
@@ -353,6 +358,26 @@ class MemoryJobStore final : public JobStore {
     return seen_.list(now);
   }
 
+  /// Shared by the JobQueues built on this store (as a fleet's store shares them).
+  std::optional<std::uint64_t> put_model_config(const std::string& name, const std::string& config,
+                                                std::uint64_t if_generation) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ModelConfig& held = model_configs_[name];
+    if (held.generation != if_generation) return std::nullopt;
+    held.name = name;
+    held.config = config;
+    held.generation = if_generation + 1;
+    return held.generation;
+  }
+
+  std::optional<std::vector<ModelConfig>> model_configs() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<ModelConfig> out;
+    for (const auto& [name, held] : model_configs_)
+      if (held.generation > 0) out.push_back(held);
+    return out;
+  }
+
   /// Jobs held now, finished or not.
   std::size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -568,7 +593,8 @@ class MemoryJobStore final : public JobStore {
   // found due whose lease was renewed since it was filed is filed again under the lease's end; a
   // long run of those is refiled a slice at a time, the lock let go in between, before any is
   // claimed.
-  std::vector<JobRecord> claim(Queue& queue, std::size_t max, const Lease& lease, TimePoint now) {
+  std::vector<JobRecord> claim(Queue& queue, std::size_t max, const Lease& lease, TimePoint now,
+                               const std::vector<ModelRef>* skip = nullptr) {
     constexpr std::size_t refile_slice = 256;
     const bool callbacks = &queue == &callback_queue_;
     auto held = [&](const StoredJob& s) -> const std::optional<Lease>& {
@@ -595,8 +621,9 @@ class MemoryJobStore final : public JobStore {
             const std::optional<Lease>& h = held(it->second.stored);
             if (h && h->until > now) {
               renewed.push_back(it);
-            } else {
-              mine.push_back(it);
+            } else if (!skip || std::find(skip->begin(), skip->end(),
+                                          it->second.stored.record.job.model) == skip->end()) {
+              mine.push_back(it);  // (a job of a version skipped stays where it is)
             }
           }
         }
@@ -758,6 +785,7 @@ class MemoryJobStore final : public JobStore {
   FailedIndex failed_all_;                                     // their keys: everyone's
   std::map<std::string, FailedIndex, std::less<>> failed_of_;  // and each tenant's
   detail::ServersSeen seen_;
+  std::map<std::string, ModelConfig> model_configs_;
 };
 
 }  // namespace rebound

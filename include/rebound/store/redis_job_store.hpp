@@ -129,6 +129,8 @@ class RedisJobStore final : public JobStore {
   std::vector<std::optional<JobRecord>> get_many(
       const std::vector<std::string>& ids) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
+  std::vector<JobRecord> claim_jobs_except(std::size_t max, const Lease& lease, TimePoint now,
+                                           const std::vector<ModelRef>& skip) override;
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
   std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
                               TimePoint now) override;
@@ -165,6 +167,9 @@ class RedisJobStore final : public JobStore {
   /// Pauses are kept in the store (a set of at most 10,000 origins): every server holds them.
   bool set_origin_paused(const std::string& origin, bool paused) override;
   std::optional<std::vector<std::string>> paused_origins() const override;
+  std::optional<std::uint64_t> put_model_config(const std::string& name, const std::string& config,
+                                                std::uint64_t if_generation) override;
+  std::optional<std::vector<ModelConfig>> model_configs() const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 

@@ -1,4 +1,5 @@
--- claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until. Callbacks by due time. Jobs
+-- claim: ARGV which ("jobs" or "callbacks"), now, max, holder, until, and for jobs the versions
+-- to leave alone ("name version" lines: JobLeaseStore::claim_jobs_except). Callbacks by due time. Jobs
 -- by turns across tenants (job_state::claim_turns): each tenant's due jobs by priority, 0 first,
 -- then due time; one job a tenant a turn, from the tenant after the one that took the last job
 -- of the claim before (TURN, shared by every server of the store).
@@ -39,18 +40,40 @@ for _, tenant in ipairs(tenants) do
     redis.call('SREM', DUE_TENANTS, tenant)
   end
 end
--- Each tenant's due jobs, at most `max`, in its order: (id, priority) pairs.
+-- The versions left alone: a job of one stays in its place for the servers that serve it.
+local skip = nil
+for line in string.gmatch(ARGV[7] or '', '[^\n]+') do
+  skip = skip or {}
+  skip[line] = true
+end
+local function skipped(id)
+  if not skip then return false end
+  local m = redis.call('HMGET', job_key(id), 'model', 'mver')
+  return skip[(m[1] or '') .. ' ' .. (m[2] or '')] == true
+end
+-- Each tenant's due jobs, at most `max`, in its order: (id, priority) pairs. With versions to
+-- skip, read in pages of 100, past at most 1,000 jobs a tenant's priority and 5,000 in all (the
+-- rest wait for the next claim: one script holds Redis for every server).
 local due, with = {}, {}
+local looked_all = 0
 for i, set in ipairs(sets) do
   local mine = {}
   for p = 0, 9 do
     if #mine >= 2 * max then break end
-    local ids = redis.call('ZRANGEBYSCORE', set, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT', 0,
-                           max - #mine / 2)
-    for _, id in ipairs(ids) do
-      mine[#mine + 1] = id
-      mine[#mine + 1] = p
-    end
+    local offset = 0
+    repeat
+      local want = max - #mine / 2
+      if skip then want = 100 end
+      local ids = redis.call('ZRANGEBYSCORE', set, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT',
+                             offset, want)
+      for _, id in ipairs(ids) do
+        if #mine < 2 * max and not skipped(id) then
+          mine[#mine + 1] = id
+          mine[#mine + 1] = p
+        end
+      end
+      offset, looked_all = offset + #ids, looked_all + #ids
+    until not skip or #ids < want or #mine >= 2 * max or offset >= 1000 or looked_all >= 5000
   end
   if #mine > 0 then
     due[#due + 1] = mine

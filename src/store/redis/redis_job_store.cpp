@@ -222,11 +222,15 @@ struct RedisJobStore::Impl {
   }
 
   std::vector<JobRecord> claim(const char* which, std::size_t max, const Lease& lease,
-                               TimePoint now) {
+                               TimePoint now, const std::vector<ModelRef>& skip = {}) {
     if (max == 0) return {};
     max = std::min<std::size_t>(max, 100000);  // one script blocks Redis for every server
+    // The versions left alone, as "name version" lines (names and versions hold neither).
+    std::string skipped;
+    for (const ModelRef& ref : skip)
+      skipped += ref.name + ' ' + ref.version + '\n';
     Reply r = script(kScriptClaim, {which, ms_text(now), std::to_string(max), lease.holder,
-                                    ms_text(lease.until)});
+                                    ms_text(lease.until), std::move(skipped)});
     return read_records(r.get());
   }
 
@@ -977,6 +981,12 @@ std::vector<JobRecord> RedisJobStore::claim_jobs(std::size_t max, const Lease& l
   return impl_->claim("jobs", max, lease, now);
 }
 
+std::vector<JobRecord> RedisJobStore::claim_jobs_except(std::size_t max, const Lease& lease,
+                                                        TimePoint now,
+                                                        const std::vector<ModelRef>& skip) {
+  return impl_->claim("jobs", max, lease, now, skip);
+}
+
 std::vector<JobRecord> RedisJobStore::claim_callbacks(std::size_t max, const Lease& lease,
                                                       TimePoint now) {
   return impl_->claim("callbacks", max, lease, now);
@@ -1227,6 +1237,35 @@ std::optional<std::vector<std::string>> RedisJobStore::paused_origins() const {
   for (std::size_t i = 0; i < r->elements; ++i)
     out.emplace_back(text(r->element[i]));
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::uint64_t> RedisJobStore::put_model_config(const std::string& name,
+                                                             const std::string& config,
+                                                             std::uint64_t if_generation) {
+  if (name.empty()) throw std::invalid_argument("redis job store: a model config needs a name");
+  Reply r = impl_->script(kScriptModels, {name, config, std::to_string(if_generation)});
+  if (r && r->type == REDIS_REPLY_INTEGER && r->integer < 0) {
+    throw StoreUnavailable("redis job store: 10,000 model configs are stored already");
+  }
+  if (r && r->type == REDIS_REPLY_INTEGER) return std::nullopt;  // changed meanwhile
+  if (!r || r->type != REDIS_REPLY_ARRAY)
+    throw StoreUnavailable("redis job store: unexpected answer to a model config's write");
+  return if_generation + 1;
+}
+
+std::optional<std::vector<ModelConfig>> RedisJobStore::model_configs() const {
+  Reply r = impl_->script(kScriptModels, {"", "", "0"}, false);  // (a read)
+  if (!r || r->type != REDIS_REPLY_ARRAY)
+    throw StoreUnavailable("redis job store: unexpected answer to the model configs");
+  std::vector<ModelConfig> out;
+  for (std::size_t i = 0; i + 2 < r->elements; i += 3) {
+    ModelConfig c;
+    c.name = std::string(text(r->element[i]));
+    c.generation = static_cast<std::uint64_t>(number(text(r->element[i + 1])));
+    c.config = std::string(text(r->element[i + 2]));
+    out.push_back(std::move(c));
+  }
   return out;
 }
 

@@ -38,6 +38,7 @@ enum Script : std::size_t {
   kScriptPaused,
   kScriptIndex,
   kScriptTenants,
+  kScriptModels,
   // dispatch.lua over kScriptPut only (which is refused at maxmemory), and over the other writes
   // that many callers make at once.
   kScriptBatchPut,
@@ -51,7 +52,8 @@ constexpr std::size_t kStandaloneCount = kScriptBatchPut;
 constexpr std::array<const char*, kStandaloneCount> kScriptNames = {
     "put",       "claim",    "renew",           "mark_running", "finish",         "record_attempt",
     "redeliver", "complete", "update_callback", "list",         "queue_position", "cancel",
-    "page",      "stats",    "servers",         "paused",       "index",          "tenants"};
+    "page",      "stats",    "servers",         "paused",       "index",          "tenants",
+    "models"};
 
 // The text of src/store/redis/<name>.lua, as embedded at build time.
 inline std::string_view lua(std::string_view name) {
