@@ -34,11 +34,11 @@ export function withQuery(path, query) {
   return text ? `${path}?${text}` : path;
 }
 
-// method, path (may include a query), options: query (object), body (JSON), key (overrides the
-// stored one). Resolves to the parsed JSON answer (null for an empty one), rejects with ApiError.
+// method, path (may include a query), options: query (object), body (JSON), headers (more of
+// them), key (overrides the stored one). Resolves to the parsed JSON answer (null for an empty one), rejects with ApiError.
 export async function api(method, path, options = {}) {
   const key = options.key ?? getKey();
-  const headers = { Accept: 'application/json' };
+  const headers = { Accept: 'application/json', ...(options.headers || {}) };
   if (key) headers.Authorization = `Bearer ${key}`;
   const init = { method, headers, cache: 'no-store', credentials: 'omit', redirect: 'error' };
   if (options.body !== undefined) {

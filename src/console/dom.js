@@ -97,7 +97,8 @@ export function tenantLabel(tenant) {
 
 // A coloured pill: badge('failed') gets class "badge badge-failed". Unknown words get no colour.
 const KNOWN = new Set(['queued', 'running', 'succeeded', 'failed', 'expired', 'cancelled', 'none',
-  'pending', 'delivered', 'closed', 'open', 'half_open', 'paused', 'this']);
+  'pending', 'delivered', 'closed', 'open', 'half_open', 'paused', 'this', 'loading', 'ready',
+  'draining', 'unloaded']);
 export function badge(word, label) {
   const text = String(word ?? '—');
   const cls = KNOWN.has(text) ? `badge badge-${text.replace('_', '-')}` : 'badge';

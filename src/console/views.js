@@ -568,11 +568,182 @@ const servers = {
   },
 };
 
+// --- Models ---------------------------------------------------------------------------------
+
+function modelPath(name, tail = '') {
+  return `/v1/models/${encodeURIComponent(name)}${tail}`;
+}
+
+function formatBytes(n) {
+  const v = Number(n);
+  if (!Number.isFinite(v) || v <= 0) return '—';
+  if (v < 1024) return `${v} B`;
+  if (v < 1 << 20) return `${(v / 1024).toFixed(1)} KiB`;
+  return `${(v / (1 << 20)).toFixed(1)} MiB`;
+}
+
+// Where the route sends a version's new jobs: "default", "10 %", or nothing.
+function routeShare(model, version) {
+  if (model.default_version === version) return 'default';
+  const split = (Array.isArray(model.split) ? model.split : []).find((x) => x.version === version);
+  return split ? `${split.percent} %` : '';
+}
+
+function versionButton(ctx, model, v) {
+  const name = String(model.name);
+  const version = String(v.version);
+  if ((v.state === 'ready' || v.state === 'draining') && !routeShare(model, version)) {
+    return h('button', {
+      type: 'button',
+      class: 'small danger',
+      onclick: () => ctx.act(
+        `Unload version ${version} of ${name}? It takes no new job; the jobs queued for it run ` +
+        'on it first, then it is released (on every server of a shared store).',
+        async () => {
+          await api('DELETE', modelPath(name, `/versions/${encodeURIComponent(version)}`));
+          return `Unloading ${name} version ${version}.`;
+        }),
+    }, 'Unload');
+  }
+  if (v.state === 'failed' || v.state === 'unloaded') {
+    return loadButton(ctx, name, version, 'Load');
+  }
+  return null;
+}
+
+function loadVersion(ctx, name, version) {
+  return ctx.act(
+    `Load version ${version} of ${name}? It loads in the background and takes no job until a ` +
+    'route sends it some.',
+    async () => {
+      await api('PUT', modelPath(name, `/versions/${encodeURIComponent(version)}`));
+      return `Loading ${name} version ${version}.`;
+    });
+}
+
+function loadButton(ctx, name, version, label) {
+  return h('button', { type: 'button', class: 'small primary', onclick: () => loadVersion(ctx, name, version) },
+    label);
+}
+
+// The route form: a default version and an optional canary with its percent, sent with the
+// generation shown (If-Match), so that a change made meanwhile is refused rather than undone.
+function routeForm(ctx, model) {
+  const name = String(model.name);
+  const ready = (Array.isArray(model.versions) ? model.versions : [])
+    .filter((v) => v.state === 'ready').map((v) => String(v.version));
+  // The route's own default is offered even when it is not ready here (another server's route),
+  // so that the form never preselects a different one.
+  if (model.default_version && !ready.includes(String(model.default_version))) {
+    ready.unshift(String(model.default_version));
+  }
+  const splits = Array.isArray(model.split) ? model.split : [];
+  const split = splits.length ? splits[0] : null;
+  const form = h('form', { class: 'filters route-form', novalidate: true },
+    h('label', { class: 'field' }, h('span', {}, 'Default version'),
+      h('select', { name: 'default_version' },
+        ready.map((v) => h('option', { value: v, selected: v === model.default_version }, v)))),
+    h('label', { class: 'field' }, h('span', {}, 'Canary version'),
+      h('select', { name: 'canary' },
+        h('option', { value: '' }, 'None'),
+        ready.map((v) => h('option', { value: v, selected: split && v === split.version }, v)))),
+    h('label', { class: 'field' }, h('span', {}, 'Canary %'),
+      h('input', { type: 'number', name: 'percent', min: '1', max: '100',
+        value: split ? String(split.percent) : '10' })),
+    h('button', { type: 'submit', class: 'primary' }, 'Set route'));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const target = String(data.get('default_version') || '');
+    const canary = String(data.get('canary') || '');
+    const percent = Number(data.get('percent'));
+    const body = { default_version: target, split: [] };
+    if (canary && canary !== target) body.split.push({ version: canary, percent });
+    const words = body.split.length
+      ? `version ${target}, with ${percent} % of new jobs to version ${canary}`
+      : `version ${target} for every new job`;
+    const dropped = splits.length > 1
+      ? ` This replaces the route's ${splits.length} canaries (${splits.map((x) => `${x.percent} % to ${x.version}`).join(', ')}).`
+      : '';
+    ctx.act(`Route ${name} to ${words}?${dropped} Jobs accepted before keep their version.`, async () => {
+      const answer = await api('PUT', modelPath(name, '/route'), {
+        body, headers: { 'If-Match': `"${model.generation}"` },
+      });
+      return `The route of ${name} is at generation ${answer && answer.generation}.`;
+    });
+  });
+  return form;
+}
+
+function loadForm(ctx, model) {
+  const name = String(model.name);
+  const form = h('form', { class: 'filters load-form', novalidate: true },
+    h('label', { class: 'field' }, h('span', {}, 'Version'),
+      h('input', { type: 'text', name: 'version', inputmode: 'numeric', autocomplete: 'off',
+        spellcheck: 'false', placeholder: 'e.g. 3' })),
+    h('button', { type: 'submit' }, 'Load version'));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const version = String(new FormData(form).get('version') || '').trim();
+    if (version) loadVersion(ctx, name, version);
+  });
+  return form;
+}
+
+function modelSection(ctx, model) {
+  const versions = Array.isArray(model.versions) ? model.versions : [];
+  const columns = [
+    { label: 'Version' }, { label: 'State' }, { label: 'Route' }, { label: 'Queued', class: 'num' },
+    { label: 'Running', class: 'num' }, { label: 'Memory', class: 'num' }, { label: 'Digest' },
+    { label: 'Loaded' }, ctx.canAct ? { label: 'Actions' } : null,
+  ].filter(Boolean);
+  const rows = versions.map((v) => ({
+    class: `model-version ${String(v.state)}`,
+    cells: [
+      h('span', { class: 'mono' }, String(v.version)),
+      h('span', {}, badge(v.state),
+        v.error ? h('span', { class: 'error-text' }, ` ${shorten(v.error.message, 160)}`) : null),
+      routeShare(model, String(v.version)),
+      v.queued === undefined ? '—' : formatNumber(v.queued),
+      v.running === undefined ? '—' : formatNumber(v.running),
+      formatBytes(v.memory_bytes),
+      h('span', { class: 'mono', title: v.digest || '' }, v.digest ? shorten(v.digest, 19) : '—'),
+      v.loaded_at ? formatTime(v.loaded_at) : '—',
+      ctx.canAct ? h('div', { class: 'actions' }, versionButton(ctx, model, v)) : null,
+    ].filter((c) => c !== null),
+  }));
+  const split = Array.isArray(model.split) ? model.split : [];
+  return h('section', { class: 'model', 'data-model': String(model.name) },
+    h('h2', {}, String(model.name)),
+    h('p', { class: 'muted' },
+      model.default_version
+        ? `New jobs go to version ${model.default_version}` +
+          split.map((x) => `, ${x.percent} % to version ${x.version}`).join('') +
+          ` (route generation ${model.generation}).`
+        : 'No route: the model takes no new job.'),
+    table(columns, rows, { empty: 'No version.' }),
+    ctx.canAct ? h('div', { class: 'toolbar' }, routeForm(ctx, model), loadForm(ctx, model)) : null);
+}
+
+const models = {
+  title: 'Models',
+  async load(ctx) {
+    const data = await api('GET', '/v1/models');
+    const list = Array.isArray(data && data.models) ? data.models : [];
+    return h('div', {},
+      h('p', { class: 'muted' },
+        'The models this server serves, each version\'s state and where new jobs go. Changes ' +
+        'apply to every server of a shared store.'),
+      list.length ? list.map((m) => modelSection(ctx, m)) : h('p', {}, 'No model is loaded.'));
+  },
+};
+
 export const views = {
   overview,
   jobs,
   job,
   'dead-letters': deadLetters,
   endpoints,
+  models,
   servers,
 };

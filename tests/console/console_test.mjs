@@ -27,7 +27,8 @@ const OVERALL_TIMEOUT_MS = 180_000;
 const OPERATOR = 'OPKEY';
 const VIEWER = 'VIEWKEY';
 const ALICE = 'ALICEKEY';
-const ACTION_BUTTONS = ['Cancel', 'Redeliver', 'Redeliver all', 'Pause', 'Resume'];
+const ACTION_BUTTONS = ['Cancel', 'Redeliver', 'Redeliver all', 'Pause', 'Resume', 'Load', 'Unload',
+  'Set route', 'Load version'];
 
 // --- plumbing -------------------------------------------------------------------------------
 
@@ -155,7 +156,11 @@ async function startReceiver(name, statusFor) {
 
 async function startServer(binary, workDir) {
   const port = await freePort();
-  const args = ['--host', '127.0.0.1', '--port', String(port), '--model', 'sleep:2', '--store', 'memory',
+  // A repository of one model, "sleep" (2 s a job), in version 1; version 2 is added later.
+  const models = path.join(workDir, 'models');
+  fs.mkdirSync(path.join(models, 'sleep', '1'), { recursive: true });
+  fs.writeFileSync(path.join(models, 'sleep', '1', 'config.json'), '{"backend": "sleep", "seconds": 2}');
+  const args = ['--host', '127.0.0.1', '--port', String(port), '--model-repository', models, '--store', 'memory',
     '--allow-private-callbacks', '--workers', '1', '--operator-key', `ops:${OPERATOR}`,
     '--viewer-key', `watch:${VIEWER}`, '--api-key', `alice:${ALICE}`, '--api-key', 'bob:BOBKEY',
     '--max-tries', '1',
@@ -186,7 +191,7 @@ async function startServer(binary, workDir) {
     const r = await fetch(`${base}/ping`);
     return r.status === 200;
   }, 20_000, 100);
-  return { base, logPath, child, exited: () => exited };
+  return { base, logPath, models, child, exited: () => exited };
 }
 
 function makeApi(base) {
@@ -573,6 +578,71 @@ async function main() {
   await page.screenshot({ path: path.join(shots, 'servers.png'), fullPage: true });
   ok('screenshot servers.png');
 
+  step('6b. Models: a version loaded, canaried, promoted, and the old one unloaded');
+  fs.mkdirSync(path.join(server.models, 'sleep', '2'), { recursive: true });
+  fs.writeFileSync(path.join(server.models, 'sleep', '2', 'config.json'), '{"backend": "sleep", "seconds": 2}');
+  const sleepModel = async () => {
+    const r = await call('GET', '/v1/models/sleep', { key: OPERATOR });
+    if (r.status !== 200) throw new Error(`GET /v1/models/sleep: HTTP ${r.status} ${r.text}`);
+    return r.json;
+  };
+  const versionState = async (v) => ((await sleepModel()).versions.find((x) => x.version === v) || {}).state;
+  const refreshModels = async () => {
+    await ui.stale();
+    await ui.click('Refresh');
+    await ui.view('Models');
+  };
+  await ui.nav('Models');
+  const [v1Row] = await ui.waitRow('1');
+  check(/ready/.test(v1Row) && /default/.test(v1Row), 'version 1 is ready and the route\'s default', v1Row);
+  check((await ui.count(['Unload']))['Unload'] === 0, 'the routed version offers no Unload');
+  await page.type('form.load-form input[name="version"]', '2');
+  await ui.click('Load version');
+  const loadQuestion = await ui.confirm();
+  check(loadQuestion.includes('version 2 of sleep'), 'the dialog names the version', loadQuestion);
+  await waitFor('version 2 ready', async () => (await versionState('2')) === 'ready', 20_000);
+  await waitFor('version 2 ready in the view', async () => {
+    await refreshModels();
+    const rows = await ui.rowTexts('2');
+    return rows.length && /ready/.test(rows[0]);
+  });
+  const before = (await sleepModel()).generation;
+  await ui.selectByLabel('Canary version', '2');
+  await ui.click('Set route');
+  const routeQuestion = await ui.confirm();
+  check(/10 % of new jobs to version 2/.test(routeQuestion), 'the dialog says the canary', routeQuestion);
+  await waitFor('the canary in the API', async () => {
+    const m = await sleepModel();
+    return m.split.length === 1 && m.split[0].version === '2' && m.split[0].percent === 10 &&
+      m.generation === before + 1;
+  });
+  ok('the route sends 10 % to version 2, one generation on');
+  await waitFor('the canary in the view', async () => /10 %/.test((await ui.rowTexts('2'))[0] || ''));
+  await ui.selectByLabel('Default version', '2');
+  await ui.selectByLabel('Canary version', '');
+  await ui.click('Set route');
+  const promoteQuestion = await ui.confirm();
+  check(/version 2 for every new job/.test(promoteQuestion), 'the dialog says the promotion', promoteQuestion);
+  await waitFor('the promotion in the API', async () => {
+    const m = await sleepModel();
+    return m.default_version === '2' && m.split.length === 0;
+  });
+  ok('version 2 is the default');
+  await ui.view('Models');
+  await ui.click('Unload', { row: '1' });
+  const unloadQuestion = await ui.confirm();
+  check(unloadQuestion.includes('Unload version 1 of sleep'), 'the dialog names what is unloaded', unloadQuestion);
+  await waitFor('version 1 unloaded', async () => (await versionState('1')) === 'unloaded', 60_000);
+  ok('version 1 drained and was unloaded');
+  const logged = fs.readFileSync(server.logPath, 'utf8');
+  for (const action of ['load_model_version', 'set_model_route', 'unload_model_version']) {
+    check(new RegExp(`"operator_action".*"action":"${action}"|"action":"${action}".*"operator_action"`).test(logged),
+      `the server logged ${action}`);
+  }
+  await refreshModels();
+  await page.screenshot({ path: path.join(shots, 'models.png'), fullPage: true });
+  ok('screenshot models.png');
+
   step('7. Redeliver all asks first; a viewer gets no action buttons');
   aAnswers = 500;
   await submit('dl-2', { callback_url: `${A.origin}/hook` });
@@ -605,7 +675,8 @@ async function main() {
   check(whoViewer.includes('watch'), 'the header shows the viewer\'s name and role', whoViewer);
   await ui.view('Dead letters');
   ok('signing in again returns to the view in the URL');
-  for (const [nav, rowId] of [['Jobs', 'v-4'], ['Dead letters', 'dl-2'], ['Endpoints', B.origin]]) {
+  for (const [nav, rowId] of [['Jobs', 'v-4'], ['Dead letters', 'dl-2'], ['Endpoints', B.origin],
+    ['Models', '2']]) {
     await ui.nav(nav);
     const [row] = await ui.waitRow(rowId);
     if (nav === 'Jobs') check(/queued|running/.test(row), 'v-4 is still queued or running (an operator would see Cancel)', row);
