@@ -43,6 +43,11 @@ echo "container_image: building $image"
 "${podman[@]}" build --pull=never --network host "${limits[@]}" \
   -f examples/sagemaker/Dockerfile -t "$image" . || fail "the image did not build"
 
+# SageMaker starts a multi-model endpoint only on an image that says it serves several models.
+label=$("${podman[@]}" image inspect -f \
+  '{{index .Labels "com.amazonaws.sagemaker.capabilities.multi-models"}}' "$image")
+[ "$label" = true ] || fail "the image lacks com.amazonaws.sagemaker.capabilities.multi-models=true ('$label')"
+
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 name=rebound-image-test-$$
 cleanup() {
