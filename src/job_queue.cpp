@@ -254,6 +254,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   operations_.reset(new Operations(*core_));
   telemetry_.reset(new Telemetry(*core_, *queue_));
   core_->sync_pauses();
+  // The models a shared store's fleet serves (routes, versions): followed from the first claim.
+  core_->models.set_fleet(core_->job_store.get());
+  core_->models.sync_fleet();
+  core_->pump.set_skipped([core = core_.get()] { return core->models.not_served(); });
   // A model ready now is warmed up now (Model::warm_up), before the first claim.
   core_->readiness.start();
   core_->pump.start(*queue_);

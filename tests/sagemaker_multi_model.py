@@ -160,4 +160,45 @@ with tempfile.TemporaryDirectory() as tmp:
     proc.terminate()
     proc.wait(timeout=30)
     check(proc.returncode == 0, f"exit status {proc.returncode}")
+
+    # A memory budget (--model-memory-mib 5): models of 2 MiB of files each; the third does not
+    # fit while the first two are loaded (each is its model's route: SageMaker unloads, on the
+    # 507), and fits once one is gone.
+    for name in ("m1", "m2", "m3"):
+        write(os.path.join(root, name, "model", "config.json"), '{"backend": "echo"}')
+        with open(os.path.join(root, name, "model", "weights.bin"), "wb") as f:
+            f.write(b"\0" * (2 << 20))
+    proc = subprocess.Popen(
+        [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--store", "memory",
+         "--model-repository", root, "--log-level", "warn", "--model-memory-mib", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    children.append(proc)
+    port = None
+    for line in proc.stdout:
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+            break
+    check(port, "the server with a budget did not start")
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    for name in ("m1", "m2"):
+        status, body, _ = request(port, "POST", "/models",
+                                  {"model_name": name, "url": os.path.join(root, name, "model")})
+        check(status == 200, f"load {name} within the budget: {status} {body}")
+    status, body, _ = request(port, "POST", "/models",
+                              {"model_name": "m3", "url": os.path.join(root, "m3", "model")})
+    check(status == 507 and body["error"]["code"] == "insufficient_memory" and
+          "budget" in body["error"]["message"], f"a load over the budget: {status} {body}")
+    status, body, _ = request(port, "POST", "/models/m1/invoke", {"k": 1})
+    check(status == 200, f"the models loaded serve on: {status} {body}")
+    status, body, _ = request(port, "DELETE", "/models/m1")
+    check(status == 200, f"SageMaker unloads one: {status} {body}")
+    status, body, _ = request(port, "POST", "/models",
+                              {"model_name": "m3", "url": os.path.join(root, "m3", "model")})
+    check(status == 200, f"then it fits: {status} {body}")
+    status, body, _ = request(port, "GET", "/v1/models/m3")
+    check(status == 200 and body["versions"][0]["memory_bytes"] >= 2 << 20,
+          f"what it holds: {status} {body}")
+    proc.terminate()
+    proc.wait(timeout=30)
 print("ok: sagemaker_multi_model")

@@ -657,3 +657,247 @@ TEST_CASE("ServedModels: a queue may start empty with a loader - a model retired
       ModelRef{"iris", "1"});
   CHECK_THROWS(queue.models().async_unload_model("nope", boost::asio::use_future).get());
 }
+
+namespace {
+
+// One MemoryJobStore shared by several queues, as the servers of a fleet share one Redis.
+class Shared final : public rebound::JobStore {
+ public:
+  explicit Shared(std::shared_ptr<rebound::MemoryJobStore> inner) : inner_(std::move(inner)) {}
+  using JobStore::put;
+  rebound::PutOutcome put(const rebound::Job& job,
+                          const std::optional<rebound::Lease>& claim) override {
+    return inner_->put(job, claim);
+  }
+  std::optional<rebound::JobRecord> get(const std::string& id) const override {
+    return inner_->get(id);
+  }
+  std::vector<rebound::JobRecord> claim_jobs(std::size_t max, const rebound::Lease& lease,
+                                             TimePoint now) override {
+    return inner_->claim_jobs(max, lease, now);
+  }
+  bool renew(const std::string& id, const rebound::Lease& lease, TimePoint now) override {
+    return inner_->renew(id, lease, now);
+  }
+  void mark_running(const std::string& id, TimePoint now) override {
+    inner_->mark_running(id, now);
+  }
+  bool finish_job(const std::string& id, const std::string& holder,
+                  const rebound::JobOutcome& outcome, const std::optional<rebound::Lease>& deliver,
+                  TimePoint now) override {
+    return inner_->finish_job(id, holder, outcome, deliver, now);
+  }
+  rebound::CancelOutcome cancel(const std::string& id, const rebound::JobOutcome& outcome,
+                                TimePoint now) override {
+    return inner_->cancel(id, outcome, now);
+  }
+  std::vector<rebound::JobRecord> claim_callbacks(std::size_t max, const rebound::Lease& lease,
+                                                  TimePoint now) override {
+    return inner_->claim_callbacks(max, lease, now);
+  }
+  using rebound::JobStore::record_attempt;
+  bool record_attempt(const std::string& id, const std::string& holder,
+                      const rebound::CallbackInfo& after, TimePoint now,
+                      const std::optional<rebound::CallbackAttempt>& attempt) override {
+    return inner_->record_attempt(id, holder, after, now, attempt);
+  }
+  rebound::RedeliverOutcome redeliver(const std::string& id, const rebound::Lease& claim,
+                                      TimePoint now) override {
+    return inner_->redeliver(id, claim, now);
+  }
+  void complete(const std::string& id, const rebound::JobOutcome& outcome) override {
+    inner_->complete(id, outcome);
+  }
+  void update_callback(const std::string& id, const rebound::CallbackInfo& callback) override {
+    inner_->update_callback(id, callback);
+  }
+  std::vector<rebound::JobRecord> list_failed_callbacks(std::size_t limit) const override {
+    return inner_->list_failed_callbacks(limit);
+  }
+  std::vector<rebound::JobRecord> list_unfinished(std::size_t limit) const override {
+    return inner_->list_unfinished(limit);
+  }
+  std::optional<std::uint64_t> put_model_config(const std::string& name, const std::string& config,
+                                                std::uint64_t if_generation) override {
+    return inner_->put_model_config(name, config, if_generation);
+  }
+  std::optional<std::vector<rebound::ModelConfig>> model_configs() const override {
+    return inner_->model_configs();
+  }
+
+ private:
+  std::shared_ptr<rebound::MemoryJobStore> inner_;
+};
+
+// A server of the fleet: version 1 of iris at its start, a loader for any other.
+std::unique_ptr<rebound::JobQueue> fleet_server(
+    const std::shared_ptr<rebound::MemoryJobStore>& store, const std::shared_ptr<Ledger>& ledger,
+    const std::string& server) {
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Labelled>("iris", server + ":iris/1", ledger), "1");
+  models.set_loader([ledger, server](const ModelRef& ref) -> std::unique_ptr<rebound::Model> {
+    if (ref.version == "9") throw rebound::Error("no such version on " + server);
+    return std::make_unique<Labelled>(ref.name, server + ":" + ref.name + "/" + ref.version,
+                                      ledger);
+  });
+  rebound::JobQueueOptions options;
+  options.max_queue_delay = 0ms;
+  options.poll_interval = 20ms;
+  return std::make_unique<rebound::JobQueue>(std::move(models), std::make_unique<Shared>(store),
+                                             options);
+}
+
+rebound::VersionState state_of(rebound::JobQueue& q, const std::string& model,
+                               const std::string& version) {
+  const auto info = q.models().find(model);
+  const auto* v = info ? version_of(*info, version) : nullptr;
+  return v ? v->state : rebound::VersionState::unloaded;
+}
+
+}  // namespace
+
+TEST_CASE("ServedModels on a shared store: every server follows loads - routes and unloads") {
+  auto ledger = std::make_shared<Ledger>();
+  auto store = std::make_shared<rebound::MemoryJobStore>();
+  auto a = fleet_server(store, ledger, "a");
+  auto b = fleet_server(store, ledger, "b");
+  CHECK(a->models().find("iris")->generation == b->models().find("iris")->generation);
+
+  // A version loaded on one server is loaded on every one.
+  a->models().async_load("iris", "2", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*b, "iris", "2") == rebound::VersionState::ready; }));
+
+  // A route set on one is the fleet's: the others follow with its generation, and a write on a
+  // generation another server replaced is refused there too.
+  const std::uint64_t before = a->models().find("iris")->generation;
+  rebound::ModelInfo set;
+  REQUIRE_FALSE(a->models().set_route("iris", {"1", {{"2", 10}}}, before, &set));
+  CHECK(eventually([&] {
+    const auto info = b->models().find("iris");
+    return info->generation == set.generation && info->route.split.size() == 1;
+  }));
+  CHECK(b->models().set_route("iris", {"2", {}}, before) == rebound::errc::route_changed);
+  // Two servers writing on the same generation: one of them wins.
+  std::uint64_t now = b->models().find("iris")->generation;
+  const auto from_b = b->models().set_route("iris", {"2", {}}, now);
+  const auto from_a = a->models().set_route("iris", {"1", {}}, now);
+  CHECK((!from_b && from_a == rebound::errc::route_changed));
+  CHECK(eventually([&] { return a->models().find("iris")->route.default_version == "2"; }));
+
+  // Jobs on either server follow the route; each runs on the version its server chose.
+  for (auto* q : {a.get(), b.get()}) {
+    const auto r =
+        q->async_submit(job_for("promoted-" + std::to_string(q == a.get()), {"iris", ""}),
+                        boost::asio::use_future)
+            .get();
+    CHECK(r.status == JobStatus::succeeded);
+    CHECK(r.job.model == ModelRef{"iris", "2"});
+  }
+
+  // A version unloaded on one is unloaded on every one; a failed load here is this server's own.
+  b->models().async_unload("iris", "1", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*a, "iris", "1") == rebound::VersionState::unloaded; }));
+  std::promise<boost::system::error_code> failed;
+  a->models().async_load(
+      "iris", "9", [&](boost::system::error_code ec, rebound::ModelInfo) { failed.set_value(ec); });
+  CHECK(failed.get_future().get() == rebound::errc::load_failed);
+
+  // A model new to the fleet, from any server; retired from any other.
+  b->models().async_load("fresh", "3", boost::asio::use_future).get();
+  CHECK(eventually([&] {
+    const auto info = a->models().find("fresh");
+    return info && info->route.default_version == "3" &&
+           state_of(*a, "fresh", "3") == rebound::VersionState::ready;
+  }));
+  a->models().async_unload_model("fresh", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*b, "fresh", "3") == rebound::VersionState::unloaded; }));
+  // The same version unloaded through two servers at once, then loaded again through one: every
+  // server serves it again, and keeps it (no stale unload of either undoes the load).
+  a->models().async_load("iris", "4", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*b, "iris", "4") == rebound::VersionState::ready; }));
+  auto unload_a = a->models().async_unload("iris", "4", boost::asio::use_future);
+  auto unload_b = b->models().async_unload("iris", "4", boost::asio::use_future);
+  unload_a.get();
+  unload_b.get();
+  a->models().async_load("iris", "4", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*b, "iris", "4") == rebound::VersionState::ready; }));
+  std::this_thread::sleep_for(1500ms);  // three passes of each server's sync
+  CHECK(state_of(*a, "iris", "4") == rebound::VersionState::ready);
+  CHECK(state_of(*b, "iris", "4") == rebound::VersionState::ready);
+
+  // A server that starts later takes the fleet's route as it stands.
+  auto c = fleet_server(store, ledger, "c");
+  CHECK(eventually([&] {
+    return c->models().find("iris")->route.default_version == "2" &&
+           state_of(*c, "iris", "2") == rebound::VersionState::ready;
+  }));
+}
+
+namespace {
+
+// A version that says what it holds in memory.
+class Weighing final : public rebound::Model {
+ public:
+  Weighing(std::string name, std::size_t bytes) : name_(std::move(name)), bytes_(bytes) {}
+  std::string name() const override { return name_; }
+  std::size_t memory_bytes() const override { return bytes_; }
+  rebound::Prediction predict(const nlohmann::json&) override {
+    return rebound::Prediction::success({{"ok", true}});
+  }
+
+ private:
+  std::string name_;
+  std::size_t bytes_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "ServedModels: a memory budget unloads the least recently used - never a routed version") {
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Weighing>("iris", 10), "1");
+  models.set_loader([](const ModelRef& ref) -> std::unique_ptr<rebound::Model> {
+    return std::make_unique<Weighing>(ref.name, 10);
+  });
+  models.set_memory_budget(35);
+  rebound::JobQueueOptions options;
+  options.max_queue_delay = 0ms;
+  rebound::JobQueue queue(std::move(models), nullptr, options);
+  auto& served = queue.models();
+  served.async_load("iris", "2", boost::asio::use_future).get();
+  const rebound::ModelInfo three = served.async_load("iris", "3", boost::asio::use_future).get();
+  CHECK(version_of(three, "3")->memory_bytes == 10);
+  // Version 2 used after 3: 3 is the least recently used, and goes for 4.
+  CHECK(queue.async_submit(job_for("to-2", {"iris", "2"}), boost::asio::use_future).get().status ==
+        JobStatus::succeeded);
+  served.async_load("iris", "4", boost::asio::use_future).get();
+  CHECK(
+      eventually([&] { return state_of(queue, "iris", "3") == rebound::VersionState::unloaded; }));
+  CHECK(state_of(queue, "iris", "2") == rebound::VersionState::ready);
+  CHECK(state_of(queue, "iris", "1") == rebound::VersionState::ready);  // the route's default
+
+  // The route moves to 4 and 2: version 1 is the one that may go now.
+  REQUIRE_FALSE(served.set_route("iris", {"4", {{"2", 10}}}));
+  served.async_load("iris", "5", boost::asio::use_future).get();
+  CHECK(
+      eventually([&] { return state_of(queue, "iris", "1") == rebound::VersionState::unloaded; }));
+
+  // Every version loaded is routed: no room, and the load fails saying why.
+  REQUIRE_FALSE(served.set_route("iris", {"5", {{"4", 10}, {"2", 10}}}));
+  std::promise<std::pair<boost::system::error_code, rebound::ModelInfo>> refused;
+  served.async_load("iris", "6", [&](boost::system::error_code ec, rebound::ModelInfo m) {
+    refused.set_value({ec, std::move(m)});
+  });
+  const auto [ec, info] = refused.get_future().get();
+  CHECK(ec == rebound::errc::load_failed);
+  const auto* six = version_of(info, "6");
+  REQUIRE(six);
+  CHECK(six->state == rebound::VersionState::failed);
+  REQUIRE(six->error);
+  CHECK(six->error->code == "insufficient_memory");
+  CHECK(six->error->message.find("budget") != std::string::npos);
+  for (const char* v : {"2", "4", "5"})
+    CHECK(state_of(queue, "iris", v) == rebound::VersionState::ready);
+  CHECK(queue.telemetry().render_metrics().find("rebound_model_memory_budget_bytes 35") !=
+        std::string::npos);
+}

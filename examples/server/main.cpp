@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   int port = default_port();
   std::string model_spec = default_model_dir();
   std::string model_repository, default_model;
+  std::size_t model_memory_mib = 0;
   bool multi_model = false;
   std::size_t max_batch_size = 0;
   double max_batch_delay_ms = -1;
@@ -203,6 +204,13 @@ int main(int argc, char** argv) {
                "DELETE /models/{name} unloads it, POST /models/{name}/invoke runs it (env "
                "SAGEMAKER_MULTI_MODEL=true)")
       ->envname("SAGEMAKER_MULTI_MODEL");
+  app.add_option("--model-memory-mib", model_memory_mib,
+                 "With --model-repository or --sagemaker-multi-model: the memory the loaded "
+                 "versions may hold together (each counted for its files' size); a load makes "
+                 "room by unloading the least recently used versions no route names and no job "
+                 "holds, else fails insufficient_memory (507 on POST /models). 0: no bound")
+      ->envname("REBOUND_MODEL_MEMORY_MIB")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 30));
   app.add_option("--default-model", default_model,
                  "With --model-repository: the model a job that names none goes to (needed when "
                  "there are several)")
@@ -628,6 +636,13 @@ int main(int argc, char** argv) {
         const std::optional<std::string> url = urls->get(ref.name);
         return url ? rebound::model_digest(*url) : std::string();
       });
+      models.set_sizer([root, urls](const rebound::ModelRef& ref) {
+        const std::optional<std::string> url = urls->get(ref.name);
+        return url ? rebound::RepositoryDir(root).bytes_of_path(*url) : std::size_t{0};
+      });
+      // SageMaker places models on each instance itself: a load or an unload is this server's
+      // own, whatever store its jobs are in.
+      models.share_models(false);
       server_options.sagemaker_multi_model = true;
       server_options.model_urls = urls;
       server_options.model_repository = root;
@@ -649,6 +664,14 @@ int main(int argc, char** argv) {
       models.set_digester([dir = model_repository](const rebound::ModelRef& ref) {
         return rebound::model_digest(dir + "/" + ref.name + "/" + ref.version);
       });
+    }
+    if (model_memory_mib > 0) {
+      if (model_repository.empty() && !multi_model) {
+        std::cerr << "rebound-server: warning: --model-memory-mib is ignored without "
+                     "--model-repository or --sagemaker-multi-model"
+                  << std::endl;
+      }
+      models.set_memory_budget(model_memory_mib << 20);
     }
     // GET /v1/models names what was loaded: a digest of each version's files, and when. A model
     // whose directory holds a file this user cannot read is still served, its digest left out.

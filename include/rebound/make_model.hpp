@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -119,6 +121,17 @@ class RepositoryDir {
     return load_checked(resolved(model_dir(ref.name) / ref.version, label), label);
   }
 
+  /// The size of `DIR/<name>/<version>/`'s files in bytes (after the checks on the two names), or
+  /// of the model directory `path` inside `DIR` (bytes_of_path): what a memory budget counts for
+  /// a version before it loads. A directory that cannot be read: 0.
+  std::size_t bytes(const ModelRef& ref) const {
+    check(ref);
+    return bytes_in(root_ / ref.name / ref.version);
+  }
+  std::size_t bytes_of_path(const std::string& path) const {
+    return !path.empty() && path[0] == '/' ? bytes_in(path) : 0;
+  }
+
   /// Loads the model directory `path` (SageMaker's multi-model `url`): it and every file in it
   /// must lead inside `DIR` once links are resolved.
   std::unique_ptr<Model> load_path(const std::string& path) const {
@@ -129,6 +142,25 @@ class RepositoryDir {
   }
 
  private:
+  std::size_t bytes_in(const std::filesystem::path& at) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path real = fs::canonical(at, ec);
+    if (ec || !inside(real)) return 0;  // nothing outside the repository is looked at
+    std::uintmax_t total = 0;
+    for (fs::recursive_directory_iterator it(real, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code e;
+      if (it->is_symlink(e)) {
+        const fs::path target = fs::canonical(it->path(), e);
+        if (e || !inside(target)) continue;  // (a load refuses it anyway)
+      }
+      if (!it->is_regular_file(e)) continue;
+      const std::uintmax_t size = it->file_size(e);
+      if (!e) total += size;
+    }
+    return static_cast<std::size_t>(total);
+  }
+
   std::unique_ptr<Model> load_checked(const std::filesystem::path& version_dir,
                                       const std::string& label) const {
     namespace fs = std::filesystem;
@@ -253,6 +285,7 @@ inline ModelRepository make_model_repository(const std::string& dir,
                 "(--default-model)");
   }
   repository.set_loader([root](const ModelRef& ref) { return root->load(ref); });
+  repository.set_sizer([root](const ModelRef& ref) { return root->bytes(ref); });
   return repository;
 }
 

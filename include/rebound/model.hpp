@@ -129,6 +129,12 @@ class Model {
   /// same. The default does nothing.
   virtual void warm_up() {}
 
+  /// What the model holds in memory once loaded, in bytes, for a queue's memory budget
+  /// (ModelRepository::set_memory_budget, rebound-server's `--model-memory-mib`): asked once,
+  /// after the load. 0 (the default): not known, and the repository's estimate stands (for
+  /// make_model_repository, the size of the version's files).
+  virtual std::size_t memory_bytes() const { return 0; }
+
   /// Checks an input without running the model: nullopt when usable, else why not
   /// (code "invalid_input" and a sentence). Cheap and thread-safe. The default accepts anything.
   virtual std::optional<ErrorInfo> validate(const nlohmann::json& /*input*/) const {

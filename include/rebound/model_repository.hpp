@@ -130,6 +130,34 @@ class ModelRepository {
     return *this;
   }
 
+  /// A bound on the memory the versions loaded hold together, in bytes (0, the default: none).
+  /// Before a live load, versions that no route names, no job holds and none is queued for are
+  /// unloaded, least recently used first, until the new version fits (as set_sizer estimates it);
+  /// when they cannot make room the load fails with `insufficient_memory` (errc::load_failed).
+  /// A version counts for Model::memory_bytes() once loaded, else for the estimate. Versions
+  /// given at construction count too, but are never refused.
+  ModelRepository& set_memory_budget(std::size_t bytes) {
+    memory_budget_ = bytes;
+    return *this;
+  }
+  std::size_t memory_budget() const noexcept { return memory_budget_; }
+
+  /// Whether a queue on a store that servers share keeps these models in the store's fleet
+  /// configuration and follows the other servers' changes (true, the default; ServedModels). False
+  /// keeps them this queue's own on any store: SageMaker's multi-model endpoints, which place
+  /// models on each instance themselves.
+  ModelRepository& share_models(bool shared) {
+    shares_ = shared;
+    return *this;
+  }
+
+  /// What a version will hold in memory, estimated before it loads (make_model_repository's: the
+  /// size of its files). A throw, or no sizer: 0.
+  ModelRepository& set_sizer(std::function<std::size_t(const ModelRef&)> sizer) {
+    sizer_ = std::move(sizer);
+    return *this;
+  }
+
   /// True for a repository made by the one-Model constructor, with nothing added since: its
   /// queue runs every job it takes on that model, whatever model and version the job names (as
   /// a JobQueue built on one Model always did; such a model may even have a name that is no
@@ -185,6 +213,9 @@ class ModelRepository {
   bool runs_every_job_ = false;
   ModelLoader loader_;
   std::function<std::string(const ModelRef&)> digester_;
+  std::function<std::size_t(const ModelRef&)> sizer_;
+  std::size_t memory_budget_ = 0;
+  bool shares_ = true;
 };
 
 }  // namespace rebound

@@ -72,8 +72,11 @@ struct ModelVersionInfo {
   /// What the repository's digester said of a version loaded live (ModelRepository::
   /// set_digester); empty otherwise.
   std::string digest;
-  std::size_t queued = 0;          ///< jobs pinned to it waiting in this queue's memory
-  std::size_t running = 0;         ///< jobs running on it now in this queue
+  std::size_t queued = 0;   ///< jobs pinned to it waiting in this queue's memory
+  std::size_t running = 0;  ///< jobs running on it now in this queue
+  /// What it holds in memory while loaded (Model::memory_bytes, else the repository's estimate:
+  /// ModelRepository::set_sizer); 0 when neither says, or when not loaded.
+  std::size_t memory_bytes = 0;
   std::optional<ErrorInfo> error;  ///< why it failed to load (state failed)
 };
 
@@ -113,9 +116,25 @@ struct ModelInfo {
 /// Jobs accepted before a change keep the version they were pinned to: a job, from its
 /// acceptance until it ran, holds its version, and so does a batch. A drain also waits for every
 /// job this queue parked in the store (JobQueueOptions::prefetch), and for each holder of the
-/// version's Model (`JobQueue::model()`'s answer too: hold it briefly). A job of the version that
-/// another server left in a shared store, claimed once the version is unloaded, ends
-/// `version_unavailable`. A queue built on one Model (ModelRepository::runs_every_job) serves
+/// version's Model (`JobQueue::model()`'s answer too: hold it briefly).
+///
+/// On a store that servers share (FleetStore::model_configs answers: RedisJobStore, and the
+/// MemoryJobStore between the queues built on it), the models are the fleet's, unless the
+/// repository says otherwise (ModelRepository::share_models). A queue that can load (a loader)
+/// reads the store's model configs twice a second on its pump's thread and follows them: versions
+/// loaded or unloaded through any queue are loaded or drained here, a route set anywhere is applied
+/// here with its generation, a model retired anywhere is retired here. `set_route` writes the store
+/// first (a compare-and-set on the config last read: a route changed elsewhere since
+/// `if_generation` is errc::route_changed, a store that fails errc::store_unavailable; the call
+/// makes that round trip on the caller's thread), then applies it; loads, unloads and retirements
+/// are written at the next pass after they take effect here. At its start a queue takes the fleet's
+/// config as it stands (its own versions the fleet does not serve are unloaded; models the fleet
+/// lacks are added). Its claims leave the jobs of the fleet's versions it has not ready to the
+/// others (JobLeaseStore::claim_jobs_except), and a route naming a version not ready here sends
+/// that share to the route's default until it is. A job of a version no server serves, claimed from
+/// the store, ends `version_unavailable`.
+///
+/// A queue built on one Model (ModelRepository::runs_every_job) serves
 /// that model only: it has no loader. A load runs to its end (a ModelLoader is not
 /// interrupted): the queue's destructor waits for one under way.
 ///

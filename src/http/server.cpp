@@ -1002,6 +1002,7 @@ struct Server::Impl {
         version["queued"] = v.queued;
         version["running"] = v.running;
       }
+      if (v.memory_bytes > 0) version["memory_bytes"] = v.memory_bytes;
       if (v.error) version["error"] = {{"code", v.error->code}, {"message", v.error->message}};
       versions.push_back(std::move(version));
     }
@@ -1271,6 +1272,11 @@ struct Server::Impl {
                          "route_changed",
                          "The route of '" + name + "' is at generation " +
                              std::to_string(after.generation) + ": another change came first.",
+                         {}});
+    } else if (ec == errc::store_unavailable) {
+      send_error(c.res, {503,
+                         "store_unavailable",
+                         "The store the servers share the route through failed; nothing changed.",
                          {}});
     } else if (ec == errc::version_unavailable) {
       send_error(c.res, {409,

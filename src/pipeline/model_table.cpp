@@ -49,6 +49,14 @@ std::string label_value(const std::string& v) {
   return out;
 }
 
+bool same_route(const ModelRoute& a, const ModelRoute& b) {
+  return a.default_version == b.default_version &&
+         std::equal(a.split.begin(), a.split.end(), b.split.begin(), b.split.end(),
+                    [](const ModelSplit& x, const ModelSplit& y) {
+                      return x.version == y.version && x.percent == y.percent;
+                    });
+}
+
 bool in_route(const ModelRoute& route, const std::string& version) {
   if (route.default_version == version) return true;
   for (const ModelSplit& s : route.split)
@@ -65,7 +73,10 @@ ModelTable::ModelTable(ModelRepository repository, Logger logger,
       runs_every_job_(repository.runs_every_job()),
       default_model_(repository.default_model()),
       loader_(repository.runs_every_job() ? ModelLoader() : repository.loader()),
-      digester_(repository.digester_) {
+      digester_(repository.digester_),
+      sizer_(repository.sizer_),
+      budget_(repository.memory_budget_),
+      shares_(repository.shares_) {
   if (repository.empty() && !repository.loader()) {
     throw Error("JobQueue: the model repository is empty, and has no loader to load one");
   }
@@ -78,6 +89,7 @@ ModelTable::ModelTable(ModelRepository repository, Logger logger,
       v.state = VersionState::ready;
       v.loaded_at = now;
       v.stats->ref = {name, version};
+      v.bytes = weigh({name, version}, v.model.get());
       first_.push_back({{name, version}, v.model});
     }
     entry.route.default_version = entry.versions.rbegin()->first;
@@ -128,7 +140,36 @@ ModelTable::Choice ModelTable::choose(ModelRef& ref, std::string_view tenant, st
   const auto v = entry.versions.find(ref.version);
   if (v != entry.versions.end() && v->second.state == VersionState::ready) {
     c.model = v->second.model;
+    v->second.last_used = ++tick_;
     return c;
+  }
+  if (routed) {
+    // A route that names a version not ready here (a fleet's route, followed before this server
+    // has loaded what it names): its share goes to the route's default, else to a version of
+    // the split, else to the highest version ready, until it is.
+    const auto ready_here = [&](const std::string& version) {
+      const auto it = entry.versions.find(version);
+      return it != entry.versions.end() && it->second.state == VersionState::ready ? &it->second
+                                                                                   : nullptr;
+    };
+    const Version* instead = ready_here(entry.route.default_version);
+    const std::string* named = &entry.route.default_version;
+    for (auto s = entry.route.split.begin(); !instead && s != entry.route.split.end(); ++s) {
+      instead = ready_here(s->version);
+      named = &s->version;
+    }
+    for (auto it = entry.versions.rbegin(); !instead && it != entry.versions.rend(); ++it) {
+      if (it->second.state == VersionState::ready) {
+        instead = &it->second;
+        named = &it->first;
+      }
+    }
+    if (instead) {
+      ref.version = *named;
+      c.model = instead->model;
+      instead->last_used = ++tick_;
+      return c;
+    }
   }
   std::string served;
   std::size_t ready = 0;
@@ -157,6 +198,7 @@ ModelTable::Lease ModelTable::acquire(const ModelRef& ref) const {
   if (!v || !v->model || (v->state != VersionState::ready && v->state != VersionState::draining)) {
     return {};
   }
+  v->last_used = ++tick_;
   return {v->model, v->stats};
 }
 
@@ -198,6 +240,8 @@ ModelInfo ModelTable::info_locked(const std::string& name, const Entry& entry) c
     out.error = v.error;
     out.digest = v.digest;
     out.running = v.stats->taken.load(std::memory_order_relaxed);
+    if (v.state == VersionState::ready || v.state == VersionState::draining)
+      out.memory_bytes = v.bytes;
     info.versions.push_back(std::move(out));
   }
   return info;
@@ -249,6 +293,8 @@ void ModelTable::load(const std::string& name, const std::string& version,
   boost::system::error_code ec;
   Lines lines;
   std::vector<Completion<ModelInfo>> stopped_drain;
+  const bool from_fleet = !done;  // (sync_fleet's loads wait for nothing)
+  const bool shared = fleet_mode_ == FleetMode::shared;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto m = models_.find(name);
@@ -276,12 +322,19 @@ void ModelTable::load(const std::string& name, const std::string& version,
           // whose load is under way: the handler waits for that load.
           if (v.loads.empty()) {
             to_load_.push_back({name, version});
+            v.fleet_load = from_fleet;
             lines.push_back({"model_loading", {{"model", name}, {"version", version}}});
           }
+          if (!from_fleet) v.fleet_load = false;  // asked of this queue too
           v.loads.push_back(std::move(done));
           break;
         case VersionState::draining:
           v.state = VersionState::ready;  // a load stops the drain: it serves again
+          if (v.pending == Version::Pending::remove) {
+            v.pending = Version::Pending::none;  // the fleet was not told yet
+          } else if (shared && !v.shared && !from_fleet) {
+            v.pending = Version::Pending::add;
+          }
           stopped_drain = std::move(v.unloads);
           v.unloads.clear();
           lines.push_back({"model_drain_stopped", {{"model", name}, {"version", version}}});
@@ -290,6 +343,11 @@ void ModelTable::load(const std::string& name, const std::string& version,
         case VersionState::unloaded:
           v.state = VersionState::loading;
           v.error.reset();
+          v.fleet_load = from_fleet;
+          // Unloaded here and loaded again before the fleet was told: nothing to tell it.
+          if (v.pending == Version::Pending::remove && !from_fleet) {
+            v.pending = Version::Pending::none;
+          }
           to_load_.push_back({name, version});
           v.loads.push_back(std::move(done));
           lines.push_back({"model_loading", {{"model", name}, {"version", version}}});
@@ -317,7 +375,10 @@ void ModelTable::run_loads() {
     std::unique_ptr<Model> model;
     std::optional<ErrorInfo> error;
     const auto began = std::chrono::steady_clock::now();
+    const std::size_t estimate = weigh(ref, nullptr);  // (a directory walk, on this thread)
     try {
+      if (budget_ > 0) error = make_room(ref, estimate);
+      if (error) throw std::runtime_error(error->message);
       model = loader_(ref);
       if (!model) throw Error("the model loader returned no model");
       // A backend that loads in the background: waited for here, on this thread.
@@ -332,7 +393,7 @@ void ModelTable::run_loads() {
       error = ErrorInfo{"insufficient_memory", "There is not enough memory to load the model."};
       model.reset();
     } catch (const std::exception& e) {
-      error = ErrorInfo{"load_failed", e.what()};
+      if (!error) error = ErrorInfo{"load_failed", e.what()};
       model.reset();
     } catch (...) {
       error = ErrorInfo{"load_failed", "the model loader failed"};
@@ -359,6 +420,15 @@ void ModelTable::run_loads() {
         // Left out of listings.
       }
     }
+    const std::size_t bytes =
+        model ? (model->memory_bytes() > 0 ? model->memory_bytes() : estimate) : 0;
+    if (model && budget_ > 0 && bytes > estimate) {
+      // It holds more than was estimated (a Model that says what it holds): room for that, else
+      // it goes again.
+      error = make_room(ref, bytes);
+      if (error) model.reset();
+    }
+    if (model && budget_ > 0) fields["bytes"] = bytes;
     if (error) {
       fields["error"] = error->message;
       logger_.log(LogLevel::error, "model_load_failed", fields);
@@ -366,15 +436,17 @@ void ModelTable::run_loads() {
       if (!digest.empty()) fields["digest"] = digest;
       logger_.log(LogLevel::info, "model_loaded", fields);
     }
-    finish_load(ref, std::move(model), std::move(error), std::move(digest));
+    finish_load(ref, std::move(model), std::move(error), std::move(digest), bytes);
     lock.lock();
   }
 }
 
 void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
-                             std::optional<ErrorInfo> error, std::string digest) {
+                             std::optional<ErrorInfo> error, std::string digest,
+                             std::size_t bytes) {
   std::vector<Completion<ModelInfo>> waiting;
   ModelInfo info;
+  bool tell_fleet = false;
   const boost::system::error_code ec =
       model ? boost::system::error_code() : make_error_code(errc::load_failed);
   const auto now = clock_();
@@ -383,23 +455,38 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
     Entry& entry = models_[ref.name];
     Version& v = entry.versions[ref.version];
     if (model) {
+      const bool shared = fleet_mode_ == FleetMode::shared;
       v.model = std::shared_ptr<Model>(std::move(model));
       v.state = VersionState::ready;
       v.loaded_at = now;
       v.error.reset();
       v.digest = std::move(digest);
-      if (entry.route.default_version.empty()) {  // a new model: its first version serves it
-        entry.route.default_version = ref.version;
-        ++entry.generation;
+      v.bytes = bytes;
+      v.last_used = ++tick_;  // (not the first to go for the next load)
+      if (shared && v.fleet_load) {
+        if (entry.fleet_generation > 0 && entry.fleet_versions.count(ref.version) == 0) {
+          // The fleet unloaded it (or retired the model) while it loaded here: it goes again.
+          v.state = VersionState::draining;
+          draining_.store(true, std::memory_order_relaxed);
+        }
+      } else {
+        if (entry.route.default_version.empty()) {  // a new model: its first version serves it
+          entry.route.default_version = ref.version;
+          ++entry.generation;
+          entry.route_pending = shared;
+        }
+        if (shared && !v.shared) v.pending = Version::Pending::add;
       }
     } else {
       v.state = VersionState::failed;
       v.error = std::move(error);
     }
+    tell_fleet = v.pending == Version::Pending::add || entry.route_pending;
     waiting = std::move(v.loads);
     v.loads.clear();
     info = info_locked(ref.name, entry);
   }
+  if (tell_fleet) sync_now();  // the fleet has it before the caller hears of it
   for (auto& w : waiting)
     w(ec, info);
 }
@@ -409,6 +496,7 @@ void ModelTable::unload(const std::string& name, const std::string& version,
   ModelInfo info;
   boost::system::error_code ec;
   bool settle = false;
+  const bool asked = static_cast<bool>(done);  // (sync_fleet's own unloads wait for nothing)
   Lines lines;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -444,11 +532,14 @@ void ModelTable::unload(const std::string& name, const std::string& version,
           case VersionState::loading:
             break;
         }
+        // The fleet unloads it too (a version this server evicted, or failed to load, included).
+        if (v.shared) v.pending = Version::Pending::remove;
       }
       info = info_locked(name, entry);
     }
   }
   write(lines);
+  if (!ec && asked) sync_now();  // the fleet has it before the caller hears of it
   if (settle) return settle_drains();
   done(ec, std::move(info));
 }
@@ -473,6 +564,7 @@ void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> don
       if (!ec) {
         entry.route = ModelRoute{};
         ++entry.generation;
+        entry.retire_pending = !entry.fleet_versions.empty();  // the fleet retires it too
         for (auto& [version, v] : entry.versions) {
           if (v.state == VersionState::ready) {
             v.state = VersionState::draining;
@@ -489,7 +581,10 @@ void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> don
     }
   }
   write(lines);
-  if (!done) return settle_drains();
+  if (!done) {
+    sync_now();  // the fleet retires it too
+    return settle_drains();
+  }
   done(ec, std::move(info));
 }
 
@@ -536,6 +631,7 @@ void ModelTable::settle_drains() {
       released.push_back(std::move(v.model));
       v.model.reset();
       v.state = VersionState::unloaded;
+      v.unloaded_at = clock_();
       done.emplace_back(std::move(v.unloads), info_locked(ref.name, entry));
       v.unloads.clear();
       lines.push_back({"model_unloaded", {{"model", ref.name}, {"version", ref.version}}});
@@ -558,46 +654,33 @@ void ModelTable::settle_drains() {
       w({}, info);
 }
 
-boost::system::error_code ModelTable::set_route(const std::string& name, ModelRoute route,
-                                                std::uint64_t if_generation, ModelInfo* out) {
-  Lines lines;
-  const boost::system::error_code ec =
-      set_route_locked(name, std::move(route), if_generation, out, lines);
-  write(lines);
-  return ec;
-}
-
-boost::system::error_code ModelTable::set_route_locked(const std::string& name, ModelRoute route,
-                                                       std::uint64_t if_generation, ModelInfo* out,
-                                                       Lines& lines) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto m = models_.find(name);
-  if (m == models_.end()) return errc::model_not_found;
-  Entry& entry = m->second;
-  const auto answer = [&](boost::system::error_code ec) {
-    if (out) *out = info_locked(name, entry);
-    return ec;
-  };
-  if (if_generation != 0 && if_generation != entry.generation) return answer(errc::route_changed);
-  if (!is_valid_model_version(route.default_version)) return answer(errc::invalid_route);
+boost::system::error_code ModelTable::check_route_locked(const Entry& entry,
+                                                         const ModelRoute& route,
+                                                         std::uint64_t if_generation) const {
+  if (if_generation != 0 && if_generation != entry.generation) return errc::route_changed;
+  if (!is_valid_model_version(route.default_version)) return errc::invalid_route;
   std::set<std::string> named{route.default_version};
   int total = 0;
   for (const ModelSplit& s : route.split) {
     if (!is_valid_model_version(s.version) || s.percent < 1 || s.percent > 100 ||
         !named.insert(s.version).second) {
-      return answer(errc::invalid_route);
+      return errc::invalid_route;
     }
     total += s.percent;
   }
-  if (total > 100) return answer(errc::invalid_route);
+  if (total > 100) return errc::invalid_route;
   for (const std::string& version : named) {
     const auto v = entry.versions.find(version);
     if (v == entry.versions.end() || v->second.state != VersionState::ready) {
-      return answer(errc::version_unavailable);
+      return errc::version_unavailable;
     }
   }
+  return {};
+}
+
+void ModelTable::route_set_locked(const std::string& name, Entry& entry, ModelRoute route,
+                                  Lines& lines) {
   entry.route = std::move(route);
-  ++entry.generation;
   nlohmann::json split = nlohmann::json::array();
   for (const ModelSplit& s : entry.route.split)
     split.push_back({{"version", s.version}, {"percent", s.percent}});
@@ -606,7 +689,518 @@ boost::system::error_code ModelTable::set_route_locked(const std::string& name, 
                     {"default_version", entry.route.default_version},
                     {"split", std::move(split)},
                     {"generation", entry.generation}}});
-  return answer({});
+}
+
+boost::system::error_code ModelTable::set_route(const std::string& name, ModelRoute route,
+                                                std::uint64_t if_generation, ModelInfo* out) {
+  Lines lines;
+  boost::system::error_code ec;
+  std::uint64_t checked = 0, expected = 0;
+  std::set<std::string, ByNumber> versions;
+  const bool shared = fleet_mode_ == FleetMode::shared;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto m = models_.find(name);
+    if (m == models_.end()) return errc::model_not_found;
+    Entry& entry = m->second;
+    ec = check_route_locked(entry, route, if_generation);
+    if (!ec && !shared) {
+      ++entry.generation;
+      route_set_locked(name, entry, std::move(route), lines);
+    } else if (!ec) {
+      checked = entry.generation;
+      versions = entry.fleet_versions;
+      expected = entry.fleet_generation;
+    }
+    if (out && (ec || !shared)) *out = info_locked(name, entry);
+  }
+  if (ec || !shared) {
+    write(lines);
+    return ec;
+  }
+  // A fleet's route: written to the store first, on the config this table last read, then applied
+  // here; the others follow within a second. Another server's write in between: a route changed
+  // since the caller's generation is route_changed (as an If-Match that no longer holds is; with
+  // none, the newest route is the one replaced); versions loaded or unloaded meanwhile are kept.
+  std::optional<std::uint64_t> written;
+  bool retried = false;  // the store held a config this table has not followed yet
+  try {
+    for (int attempt = 0; !written && attempt < 8; ++attempt) {
+      written = fleet_->put_model_config(name, config_text(route, checked + 1, versions), expected);
+      if (written) break;
+      const auto configs = fleet_->model_configs();
+      const ModelConfig* now = nullptr;
+      for (const ModelConfig& c : configs ? *configs : std::vector<ModelConfig>())
+        if (c.name == name) now = &c;
+      ModelRoute their_route;
+      std::uint64_t their_generation = 0;
+      if (!now || !read_config(now->config, their_route, their_generation, versions) ||
+          (if_generation != 0 && their_generation != checked)) {
+        ec = errc::route_changed;
+        break;
+      }
+      checked = their_generation;
+      expected = now->generation;
+      retried = true;
+    }
+    if (!written && !ec) ec = errc::route_changed;
+  } catch (...) {
+    ec = errc::store_unavailable;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& entry = models_[name];
+    if (!ec) {
+      entry.generation = entry.fleet_route_generation = checked + 1;
+      // After a retry the next sync reads the config again, to follow the versions another
+      // server changed meanwhile; else it is this table's already.
+      if (!retried) entry.fleet_generation = *written;
+      entry.fleet_versions = std::move(versions);
+      entry.fleet_route = route;
+      entry.route_pending = false;
+      route_set_locked(name, entry, std::move(route), lines);
+    }
+    if (out) *out = info_locked(name, entry);
+  }
+  write(lines);
+  return ec;
+}
+
+std::size_t ModelTable::weigh(const ModelRef& ref, const Model* model) const {
+  if (model && model->memory_bytes() > 0) return model->memory_bytes();
+  if (!sizer_) return 0;
+  try {
+    return sizer_(ref);
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::optional<ErrorInfo> ModelTable::make_room(const ModelRef& ref, std::size_t need) {
+  struct Candidate {
+    ModelRef ref;
+    const void* key;
+    std::size_t bytes;
+    std::uint64_t last_used;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<const void*> keys;
+  std::size_t resident = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, entry] : models_) {
+      for (const auto& [version, v] : entry.versions) {
+        if (v.state != VersionState::ready && v.state != VersionState::draining) continue;
+        resident += v.bytes;
+        // What may go: ready, named by no route, held by no job or caller, none of it taken.
+        if (v.state != VersionState::ready || in_route(entry.route, version) ||
+            ModelRef{name, version} == ref || v.model.use_count() > 1 ||
+            v.stats->taken.load(std::memory_order_acquire) > 0) {
+          continue;
+        }
+        candidates.push_back({{name, version}, v.model.get(), v.bytes, v.last_used});
+        keys.push_back(v.model.get());
+      }
+    }
+  }
+  if (resident + need <= budget_) return std::nullopt;
+  const std::vector<std::size_t> queued = queued_for(keys);  // (outside the lock)
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (queued[i] > 0) candidates[i].bytes = 0;  // jobs wait for it: it stays
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.last_used < b.last_used; });
+  std::vector<ModelRef> evict;
+  for (const Candidate& c : candidates) {
+    if (resident + need <= budget_) break;
+    if (c.bytes == 0) continue;
+    evict.push_back(c.ref);
+    resident -= c.bytes;
+  }
+  const auto mib = [](std::size_t b) { return std::to_string((b + (1u << 20) - 1) >> 20); };
+  if (resident + need > budget_) {
+    return ErrorInfo{"insufficient_memory",
+                     "The model memory budget of " + mib(budget_) + " MiB cannot hold '" +
+                         ref.name + "/" + ref.version + "' (" + mib(need) +
+                         " MiB): " + mib(resident) +
+                         " MiB are versions that a route names, a job holds or jobs wait for."};
+  }
+  Lines lines;
+  std::vector<std::shared_ptr<Model>> released;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto now = clock_();
+    for (const ModelRef& e : evict) {
+      Entry& entry = models_[e.name];
+      const auto v = entry.versions.find(e.version);
+      // Checked again under the lock: nothing took it since (a job pinned to it holds its
+      // Model; one claimed from the store counts in `taken`).
+      if (v == entry.versions.end() || v->second.state != VersionState::ready ||
+          in_route(entry.route, e.version) || v->second.model.use_count() > 1 ||
+          v->second.stats->taken.load(std::memory_order_acquire) > 0) {
+        continue;
+      }
+      // Released now, since nothing holds it. This server's own: the fleet still serves it (its
+      // jobs go to the others meanwhile).
+      lines.push_back({"model_evicted",
+                       {{"model", e.name},
+                        {"version", e.version},
+                        {"bytes", v->second.bytes},
+                        {"for", ref.name + "/" + ref.version}}});
+      released.push_back(std::move(v->second.model));
+      v->second.model.reset();
+      v->second.state = VersionState::unloaded;
+      v->second.unloaded_at = now;
+    }
+    note_not_served_locked();
+  }
+  released.clear();
+  write(lines);
+  return std::nullopt;
+}
+
+std::string ModelTable::config_text(const ModelRoute& route, std::uint64_t generation,
+                                    const std::set<std::string, ByNumber>& versions) {
+  nlohmann::json split = nlohmann::json::array();
+  for (const ModelSplit& s : route.split)
+    split.push_back({{"version", s.version}, {"percent", s.percent}});
+  return nlohmann::json{
+      {"route",
+       {{"default_version", route.default_version}, {"split", split}, {"generation", generation}}},
+      {"versions", versions}}
+      .dump();
+}
+
+bool ModelTable::read_config(const std::string& text, ModelRoute& route, std::uint64_t& generation,
+                             std::set<std::string, ByNumber>& versions) {
+  // Written by another server of the store, or by anything else that can write to it: every
+  // name and number checked as an operator's own request would be.
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("route") || !j["route"].is_object() ||
+      !j.contains("versions") || !j["versions"].is_array() || j["versions"].size() > 1000) {
+    return false;
+  }
+  const nlohmann::json& r = j["route"];
+  const auto d = r.find("default_version");
+  if (d == r.end() || !d->is_string()) return false;
+  const auto g = r.find("generation");
+  if (g == r.end() || !g->is_number_unsigned()) return false;
+  generation = g->get<std::uint64_t>();
+  route = ModelRoute{};
+  route.default_version = d->get<std::string>();
+  if (!route.default_version.empty() && !is_valid_model_version(route.default_version))
+    return false;
+  const auto split = r.find("split");
+  if (split != r.end()) {
+    if (!split->is_array() || split->size() > 100) return false;
+    int total = 0;
+    for (const nlohmann::json& e : *split) {
+      if (!e.is_object() || !e.contains("version") || !e["version"].is_string() ||
+          !e.contains("percent") || !e["percent"].is_number_integer()) {
+        return false;
+      }
+      ModelSplit one{e["version"].get<std::string>(), e["percent"].get<int>()};
+      if (!is_valid_model_version(one.version) || one.percent < 1 || one.percent > 100)
+        return false;
+      total += one.percent;
+      route.split.push_back(std::move(one));
+    }
+    if (total > 100 || (route.default_version.empty() && !route.split.empty())) return false;
+  }
+  versions.clear();
+  for (const nlohmann::json& v : j["versions"]) {
+    if (!v.is_string() || !is_valid_model_version(v.get<std::string>())) return false;
+    versions.insert(v.get<std::string>());
+  }
+  return true;
+}
+
+void ModelTable::note_not_served_locked() {
+  not_served_.clear();
+  const auto now = clock_();
+  for (const auto& [name, entry] : models_) {
+    for (const std::string& version : entry.fleet_versions) {
+      const auto v = entry.versions.find(version);
+      if (v == entry.versions.end() ||
+          (v->second.state != VersionState::ready && v->second.state != VersionState::draining)) {
+        not_served_.push_back({name, version});
+      }
+    }
+    // A version the fleet unloaded, for a minute after this server's drain of it ended: another
+    // server may still be draining it, and runs what is left of it.
+    for (const auto& [version, v] : entry.versions) {
+      if (v.state == VersionState::unloaded && entry.fleet_versions.count(version) == 0 &&
+          now - v.unloaded_at < std::chrono::minutes(1)) {
+        not_served_.push_back({name, version});
+      }
+    }
+  }
+}
+
+void ModelTable::sync_fleet() {
+  if (!fleet_ || !loader_ || !shares_ || fleet_mode_ == FleetMode::own) return;
+  // An operator's change being written now (sync_now) reads the store too: this pass can go.
+  std::unique_lock<std::mutex> syncing(sync_mutex_, std::try_to_lock);
+  if (!syncing) return;
+  const auto now = clock_();
+  if (last_sync_ != std::chrono::system_clock::time_point{} && now >= last_sync_ &&
+      now - last_sync_ < std::chrono::milliseconds(500)) {
+    return;
+  }
+  last_sync_ = now;
+  sync_once();
+}
+
+void ModelTable::sync_now() {
+  if (fleet_mode_ != FleetMode::shared) return;
+  std::lock_guard<std::mutex> syncing(sync_mutex_);
+  // A write another server made in between is read, then ours is written on it.
+  for (int attempt = 0; attempt < 4 && sync_once(); ++attempt) {
+  }
+}
+
+bool ModelTable::sync_once() {
+  std::optional<std::vector<ModelConfig>> configs;
+  try {
+    configs = fleet_->model_configs();
+  } catch (...) {
+    return false;  // asked again at the next pass (the same pass's claims log the trouble)
+  }
+  if (!configs) {
+    fleet_mode_ = FleetMode::own;  // a store of one server: models are this table's own
+    return false;
+  }
+  // At the first answer, the fleet's config is taken as it stands: a version this server loaded
+  // at its start that the fleet does not serve is unloaded (load it through any server to add it
+  // to all), and the fleet's route replaces the one it started with. Models the fleet never had
+  // are added to it.
+  const bool first = fleet_mode_ == FleetMode::unknown;
+  fleet_mode_ = FleetMode::shared;
+
+  // What the others changed: followed outside the lock (loads and drains take it).
+  std::vector<ModelRef> to_load, to_unload;
+  Lines lines;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::set<std::string> stored;
+    for (const ModelConfig& c : *configs) {
+      stored.insert(c.name);
+      ModelRoute route;
+      std::uint64_t route_generation = 0;
+      std::set<std::string, ByNumber> versions;
+      const auto known = models_.find(c.name);
+      if (!is_valid_model_name(c.name) ||
+          !read_config(c.config, route, route_generation, versions)) {
+        // Written by something else (or a newer version): left alone, and never written over.
+        const auto said = unreadable_.find(c.name);
+        if (said == unreadable_.end() || said->second != c.generation) {
+          if (unreadable_.size() < 10000 || said != unreadable_.end()) {
+            unreadable_[c.name] = c.generation;
+          }
+          lines.push_back(
+              {"model_config_unreadable", {{"model", c.name}, {"generation", c.generation}}});
+        }
+        if (known != models_.end()) {
+          known->second.unreadable = true;
+          known->second.fleet_generation = c.generation;
+        }
+        continue;
+      }
+      unreadable_.erase(c.name);
+      auto m = known;
+      if (m == models_.end()) {
+        if (versions.empty()) continue;  // retired before this server knew it
+        m = models_.emplace(c.name, Entry{}).first;
+      }
+      Entry& entry = m->second;
+      entry.unreadable = false;
+      if (entry.fleet_generation == c.generation) continue;
+      entry.fleet_generation = c.generation;
+      entry.fleet_versions = versions;
+      entry.fleet_route = route;
+      entry.fleet_route_generation = route_generation;
+      for (const std::string& version : versions) {
+        const auto v = entry.versions.find(version);
+        if (v == entry.versions.end()) {
+          to_load.push_back({c.name, version});
+          continue;
+        }
+        v->second.shared = true;
+        if (v->second.pending == Version::Pending::add) v->second.pending = Version::Pending::none;
+        if (v->second.pending != Version::Pending::remove &&
+            (v->second.state == VersionState::failed || v->second.state == VersionState::unloaded ||
+             v->second.state == VersionState::draining)) {
+          to_load.push_back({c.name, version});  // (a drain here stops: the fleet serves it)
+        }
+      }
+      const bool retired = versions.empty() && route.default_version.empty();
+      for (auto& [version, v] : entry.versions) {
+        if (first && versions.count(version) == 0 && v.state == VersionState::ready) {
+          v.shared = true;  // as if the fleet had unloaded it
+        }
+        if (versions.count(version) > 0) continue;
+        if (v.pending == Version::Pending::remove) {
+          v.pending = Version::Pending::none;  // the fleet removed it already
+          v.shared = false;
+          continue;
+        }
+        if (!v.shared || v.pending == Version::Pending::add) continue;
+        v.shared = false;  // the fleet unloaded it
+        if (v.state == VersionState::loading) {
+          v.fleet_load = true;  // it goes again once loaded (finish_load)
+        } else if (v.state == VersionState::ready && (retired || !in_route(route, version))) {
+          to_unload.push_back({c.name, version});
+        }
+      }
+      if (retired) {
+        // Every version drains (the route first, so that the unloads are allowed); a version
+        // loading here goes once loaded.
+        entry.retire_pending = false;
+        entry.route_pending = false;
+        entry.route = ModelRoute{};
+        entry.generation = route_generation;
+      } else if (!route.default_version.empty() && !entry.route_pending && !entry.retire_pending) {
+        const bool changed = !same_route(route, entry.route);
+        entry.generation = route_generation;
+        if (changed) {
+          route_set_locked(c.name, entry, route, lines);
+          lines.back().second["from"] = "fleet";
+        }
+      }
+    }
+    // Models the store does not know yet (this server's own, at its start or loaded since): the
+    // fleet is told of them.
+    for (auto& [name, entry] : models_) {
+      if (stored.count(name) > 0) continue;
+      entry.fleet_generation = entry.fleet_route_generation = 0;
+      entry.fleet_versions.clear();
+      entry.fleet_route = ModelRoute{};
+      entry.retire_pending = false;
+      entry.unreadable = false;
+      for (auto& [version, v] : entry.versions) {
+        v.shared = false;
+        v.pending = v.state == VersionState::ready ? Version::Pending::add : Version::Pending::none;
+      }
+      entry.route_pending = !entry.route.default_version.empty();
+    }
+  }
+  write(lines);
+  for (const ModelRef& ref : to_load)
+    load(ref.name, ref.version, {});
+  for (const ModelRef& ref : to_unload)
+    unload(ref.name, ref.version, {});
+  {
+    // Loads started for the fleet's versions: theirs already (a load refused, say for a model
+    // being retired here, left nothing to mark).
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const ModelRef& ref : to_load) {
+      const auto m = models_.find(ref.name);
+      if (m == models_.end()) continue;
+      const auto v = m->second.versions.find(ref.version);
+      if (v == m->second.versions.end()) continue;
+      v->second.shared = true;
+      if (v->second.pending == Version::Pending::add) v->second.pending = Version::Pending::none;
+    }
+  }
+  const bool conflict = publish_fleet();
+  std::lock_guard<std::mutex> lock(mutex_);
+  note_not_served_locked();
+  return conflict;
+}
+
+bool ModelTable::publish_fleet() {
+  struct Write {
+    std::string name;
+    std::uint64_t expected;
+    ModelRoute route;
+    std::uint64_t route_generation;
+    std::set<std::string, ByNumber> versions;
+  };
+  std::vector<Write> writes;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [name, entry] : models_) {
+      if (entry.unreadable) continue;
+      Write w{name, entry.fleet_generation, entry.fleet_route, entry.fleet_route_generation,
+              entry.fleet_versions};
+      if (entry.retire_pending) {
+        w.route = ModelRoute{};
+        w.route_generation = entry.generation;
+        w.versions.clear();
+      } else {
+        for (auto& [version, v] : entry.versions) {
+          if (v.pending == Version::Pending::add && v.state == VersionState::ready) {
+            w.versions.insert(version);
+          } else if (v.pending == Version::Pending::remove) {
+            if (in_route(w.route, version)) {
+              // The fleet's route names it now (set through another server meanwhile): it stays
+              // the fleet's; this server's drain goes on, and its jobs go to the others.
+              v.pending = Version::Pending::none;
+              continue;
+            }
+            w.versions.erase(version);
+          }
+        }
+        if (entry.route_pending) {
+          // A route this table chose itself (a new model's first version): the fleet's, when it
+          // has one, stands, here too.
+          if (entry.fleet_route.default_version.empty()) {
+            w.route = entry.route;
+            w.route_generation = entry.generation;
+          } else {
+            entry.route_pending = false;
+            entry.route = entry.fleet_route;
+            entry.generation = entry.fleet_route_generation;
+          }
+        }
+      }
+      if (!entry.retire_pending && w.versions == entry.fleet_versions &&
+          same_route(w.route, entry.fleet_route) &&
+          w.route_generation == entry.fleet_route_generation && entry.fleet_generation > 0) {
+        // Nothing the fleet does not know: what was pending is settled.
+        for (auto& [version, v] : entry.versions) {
+          if (v.pending == Version::Pending::add && w.versions.count(version) > 0) {
+            v.pending = Version::Pending::none;
+            v.shared = true;
+          }
+        }
+        entry.route_pending = false;
+        continue;
+      }
+      if (entry.fleet_generation == 0 && w.versions.empty()) continue;  // nothing to tell yet
+      writes.push_back(std::move(w));
+    }
+  }
+  bool conflict = false;
+  for (Write& w : writes) {
+    std::optional<std::uint64_t> written;
+    try {
+      written = fleet_->put_model_config(
+          w.name, config_text(w.route, w.route_generation, w.versions), w.expected);
+    } catch (...) {
+      return false;  // written at the next pass
+    }
+    if (!written) {
+      conflict = true;  // another server wrote it first: read it, then write again
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& entry = models_[w.name];
+    if (entry.fleet_generation != w.expected) continue;  // (read meanwhile: the next pass)
+    entry.fleet_generation = *written;
+    entry.fleet_route = w.route;
+    entry.fleet_route_generation = w.route_generation;
+    entry.fleet_versions = w.versions;
+    entry.route_pending = false;
+    entry.retire_pending = false;
+    for (auto& [version, v] : entry.versions) {
+      v.shared = w.versions.count(version) > 0;
+      if ((v.pending == Version::Pending::add && v.shared) ||
+          (v.pending == Version::Pending::remove && !v.shared)) {
+        v.pending = Version::Pending::none;
+      }
+    }
+  }
+  return conflict;
 }
 
 std::string ModelTable::metrics_text() const {
@@ -619,6 +1213,9 @@ std::string ModelTable::metrics_text() const {
   std::string states =
       "# HELP rebound_model_versions Model versions by state (1 for the state each is in).\n"
       "# TYPE rebound_model_versions gauge\n";
+  std::string memory =
+      "# HELP rebound_model_memory_bytes What a loaded model version holds (its own word, else "
+      "its files' size).\n# TYPE rebound_model_memory_bytes gauge\n";
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, entry] : models_) {
     for (const auto& [version, v] : entry.versions) {
@@ -638,9 +1235,19 @@ std::string ModelTable::metrics_text() const {
         states += "rebound_model_versions{" + labels + ",state=\"" + to_string(state) + "\"} " +
                   (state == v.state ? "1\n" : "0\n");
       }
+      const bool loaded = v.state == VersionState::ready || v.state == VersionState::draining;
+      memory += "rebound_model_memory_bytes{" + labels + "} " +
+                std::to_string(loaded ? v.bytes : 0) + "\n";
     }
   }
-  return jobs + seconds + states;
+  if (budget_ > 0) {
+    memory +=
+        "# HELP rebound_model_memory_budget_bytes The bound on what loaded versions hold "
+        "together.\n# TYPE rebound_model_memory_budget_bytes gauge\n"
+        "rebound_model_memory_budget_bytes " +
+        std::to_string(budget_) + "\n";
+  }
+  return jobs + seconds + states + memory;
 }
 
 void ModelTable::stop() {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "rebound/model.hpp"
 #include "rebound/model_repository.hpp"
 #include "rebound/served_models.hpp"
+#include "rebound/store/job_store.hpp"
 
 namespace rebound::detail {
 
@@ -53,6 +55,27 @@ class ModelTable {
                   std::function<std::size_t()> parked) {
     queued_ = std::move(queued);
     parked_ = std::move(parked);
+  }
+
+  /// The store whose model configs this table follows (FleetStore::model_configs), set once
+  /// before the queue runs. Followed only by a table that can load (loads()), and only when the
+  /// store shares them (its first answer says).
+  void set_fleet(FleetStore* fleet) { fleet_ = fleet; }
+
+  /// On the pump's thread, at most twice a second (and once before the first claim): what
+  /// another server of the store changed is followed here (versions loaded or drained, the
+  /// route), and what changed here is written for the others (versions loaded or unloaded, a
+  /// model retired, a new model's first route). A store that fails is asked again at the next
+  /// pass. Without a shared store, nothing.
+  void sync_fleet();
+  /// True once the store answered that it shares model configs (and this table follows them).
+  bool follows_fleet() const noexcept { return fleet_mode_ == FleetMode::shared; }
+
+  /// The versions the fleet serves that this table has not ready (loading or failed here): the
+  /// store's claims leave their jobs to the servers that have them (claim_jobs_except).
+  std::vector<ModelRef> not_served() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return not_served_;
   }
 
   /// ModelRepository::runs_every_job of the repository it was built from: then it never changes
@@ -128,6 +151,14 @@ class ModelTable {
     std::string digest;
     std::shared_ptr<VersionStats> stats = std::make_shared<VersionStats>();
     std::vector<Completion<ModelInfo>> loads, unloads;  // waiting for the load, the drain
+    // With a shared store: whether the fleet's config lists it (as last read or written), and a
+    // change made here that the fleet is still to be told of.
+    bool shared = false;
+    enum class Pending { none, add, remove } pending = Pending::none;
+    std::chrono::system_clock::time_point unloaded_at{};  // when it last became `unloaded`
+    std::size_t bytes = 0;                                // what it holds, for the budget
+    bool fleet_load = false;  // its load was the fleet's (sync_fleet), not asked of this queue
+    mutable std::uint64_t last_used = 0;  // tick_ when a job last chose it
   };
   // Versions in numeric order: a longer decimal text (no leading zeros) is the larger number.
   struct ByNumber {
@@ -140,17 +171,45 @@ class ModelTable {
     ModelRoute route;
     std::uint64_t generation = 1;
     std::vector<Completion<ModelInfo>> unloads;  // unload_model's, once no version is left
+    // With a shared store: the fleet's config as last read or written (the store's generation of
+    // it, its versions, its route and the route's own generation: `generation` above follows
+    // the route's, so that a load elsewhere does not fail an operator's If-Match), and changes made
+    // here to write: the route this table chose itself (a new model's first version), a retirement.
+    std::uint64_t fleet_generation = 0, fleet_route_generation = 0;
+    std::set<std::string, ByNumber> fleet_versions;
+    ModelRoute fleet_route;
+    bool route_pending = false, retire_pending = false;
+    bool unreadable = false;  // the fleet's config of it could not be read: never written over
   };
 
   const Version* version_locked(const ModelRef& ref) const;
   ModelInfo info_locked(const std::string& name, const Entry& entry) const;
   const std::string& pick_locked(const Entry& entry, std::string_view tenant, std::string_view id);
-  boost::system::error_code set_route_locked(const std::string& name, ModelRoute route,
-                                             std::uint64_t if_generation, ModelInfo* out,
-                                             Lines& lines);
+  boost::system::error_code check_route_locked(const Entry& entry, const ModelRoute& route,
+                                               std::uint64_t if_generation) const;
+  void route_set_locked(const std::string& name, Entry& entry, ModelRoute route, Lines& lines);
   void run_loads();  // the loading thread
   void finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
-                   std::optional<ErrorInfo> error, std::string digest);
+                   std::optional<ErrorInfo> error, std::string digest, std::size_t bytes);
+  // The memory budget: what a version weighs (its Model's word, else the sizer's estimate), and
+  // room made for `need` more bytes by unloading versions nobody uses, least recently used first;
+  // why not when it cannot be made.
+  std::size_t weigh(const ModelRef& ref, const Model* model) const;
+  std::optional<ErrorInfo> make_room(const ModelRef& ref, std::size_t need);
+
+  // A shared store's config: written, read (false: not one of ours to follow).
+  static std::string config_text(const ModelRoute& route, std::uint64_t generation,
+                                 const std::set<std::string, ByNumber>& versions);
+  static bool read_config(const std::string& text, ModelRoute& route, std::uint64_t& generation,
+                          std::set<std::string, ByNumber>& versions);
+  // One read of the fleet's configs, followed, and this table's changes written; true when a
+  // write found the store changed (sync_now then reads and writes again).
+  bool sync_once();
+  bool publish_fleet();
+  // An operator's change (a load that ended, an unload, a retirement) written at once, on the
+  // caller's thread, so that the store has the changes in the order they were made.
+  void sync_now();
+  void note_not_served_locked();
 
   const Logger logger_;
   const std::function<std::chrono::system_clock::time_point()> clock_;
@@ -168,11 +227,14 @@ class ModelTable {
   const std::string default_model_;
   const ModelLoader loader_;
   const std::function<std::string(const ModelRef&)> digester_;
+  const std::function<std::size_t(const ModelRef&)> sizer_;
+  const std::size_t budget_;  // bytes; 0: none
   std::vector<std::pair<ModelRef, std::weak_ptr<Model>>> first_;
 
   mutable std::mutex mutex_;
   std::map<std::string, Entry> models_;
   std::atomic<std::uint64_t> turn_{0};  // invocations' route choices
+  mutable std::uint64_t tick_ = 0;      // under mutex_: orders versions by their last use
   std::atomic<bool> draining_{false};   // a hint: some version drains
 
   // The loading thread and what it is to load, started at the first load.
@@ -180,6 +242,16 @@ class ModelTable {
   std::condition_variable load_wake_;
   std::thread loading_;
   bool stopped_ = false;  // under mutex_
+
+  // Following a shared store: unknown until its first answer, then whether it shares configs.
+  FleetStore* fleet_ = nullptr;
+  enum class FleetMode { unknown, shared, own };
+  std::atomic<FleetMode> fleet_mode_{FleetMode::unknown};
+  std::mutex sync_mutex_;  // one sync at a time (taken before mutex_, never under it)
+  std::chrono::system_clock::time_point last_sync_{};  // under sync_mutex_
+  std::vector<ModelRef> not_served_;                   // under mutex_
+  std::map<std::string, std::uint64_t> unreadable_;    // (logged once a generation)
+  const bool shares_;                                  // ModelRepository::share_models
 };
 
 }  // namespace rebound::detail

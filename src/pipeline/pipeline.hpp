@@ -227,6 +227,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   void sweep(WorkQueue<WorkItem>& queue) override { runner.sweep(queue); }
   void pump_polled() override {
     models.settle_drains();  // versions being unloaded whose last jobs ran
+    models.sync_fleet();     // what the other servers of a shared store changed, and ours
+    // Followed twice a second, however long the poll interval: the next pass is due by then.
+    if (models.follows_fleet()) pump.wake(clock() + std::chrono::milliseconds(500));
     complete_finals();
     poll_async_waits();
     sync_pauses();

@@ -243,9 +243,11 @@ std::size_t StorePump::claim_jobs(bool& more, bool free_slots) {
   Unparking unparking;
   auto due = claim_with_slots(
       "claim_jobs", more, holder, want, &unparking, free_slots,
-      [this](std::size_t n, const Lease& lease, TimePoint at) {
+      [this, skip = skipped_ ? skipped_() : std::vector<ModelRef>()](
+          std::size_t n, const Lease& lease, TimePoint at) {
         JobLeaseStore& leases = store_.store();
-        return leases.claim_jobs(n, lease, at);
+        return skip.empty() ? leases.claim_jobs(n, lease, at)
+                            : leases.claim_jobs_except(n, lease, at, skip);
       },
       [](const JobRecord& record) { return work_bytes(record.job); });
   const std::size_t unparked = unparking.unparked;

@@ -60,6 +60,12 @@ class StorePump {
   /// calling thread, so that it is counted when `start` returns; then starts the thread.
   void start(Queue& queue);
 
+  /// Set once, before start: the versions whose jobs claims leave alone
+  /// (JobLeaseStore::claim_jobs_except), asked before each claim of jobs.
+  void set_skipped(std::function<std::vector<ModelRef>()> skipped) {
+    skipped_ = std::move(skipped);
+  }
+
   /// Stops the thread; nothing more is claimed.
   void stop();
 
@@ -118,6 +124,7 @@ class StorePump {
   Queue* queue_ = nullptr;
   const bool claims_callbacks_;
   const std::size_t prefetch_;
+  std::function<std::vector<ModelRef>()> skipped_;
   std::atomic<bool> backlog_{false};  // the last claim of jobs filled the room it had
   std::mutex pass_mutex_;             // held while a pass claims and queues
   std::atomic<std::uint64_t> resumed_{0};
