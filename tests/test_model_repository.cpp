@@ -825,6 +825,25 @@ TEST_CASE("ServedModels on a shared store: every server follows loads - routes a
   CHECK(state_of(*a, "iris", "4") == rebound::VersionState::ready);
   CHECK(state_of(*b, "iris", "4") == rebound::VersionState::ready);
 
+  // Unloaded through one server and loaded again at once through another that has not read the
+  // unload yet: the last action stands, on every server.
+  a->models().async_unload("iris", "4", boost::asio::use_future).get();
+  b->models().async_load("iris", "4", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*a, "iris", "4") == rebound::VersionState::ready; }));
+  std::this_thread::sleep_for(1500ms);
+  CHECK(state_of(*a, "iris", "4") == rebound::VersionState::ready);
+  CHECK(state_of(*b, "iris", "4") == rebound::VersionState::ready);
+  // A route set through one server names a version: another that has not read it yet refuses to
+  // unload that version all the same.
+  now = a->models().find("iris")->generation;
+  REQUIRE_FALSE(a->models().set_route("iris", {"2", {{"4", 10}}}, now));
+  std::promise<boost::system::error_code> routed;
+  b->models().async_unload("iris", "4", [&](boost::system::error_code ec, rebound::ModelInfo) {
+    routed.set_value(ec);
+  });
+  CHECK(routed.get_future().get() == rebound::errc::version_in_route);
+  CHECK(state_of(*b, "iris", "4") == rebound::VersionState::ready);
+
   // A server that starts later takes the fleet's route as it stands.
   auto c = fleet_server(store, ledger, "c");
   CHECK(eventually([&] {

@@ -1094,6 +1094,10 @@ struct Server::Impl {
     if (before) {
       for (const ModelVersionInfo& v : before->versions) {
         if (v.version == ref.version && v.state == VersionState::ready) {
+          // Loaded here already; with a shared store the fleet is told (it may have unloaded it
+          // through another server meanwhile).
+          service.models().async_load(ref.name, ref.version,
+                                      [](boost::system::error_code, ModelInfo) {});
           send_json(c.res, 200, model_json(*before, c.caller));
           return log_action(c.caller, "load_model_version", what, 200);
         }
@@ -1184,6 +1188,19 @@ struct Server::Impl {
     if (!now) {
       send_refusal(c.res, refusal_for(errc::shutting_down));
       return done(503);
+    }
+    // With a shared store the unload decides on the fleet's route as it stands, which may name
+    // the version (set through another server a moment ago): then it is still ready here.
+    bool still_routed = now->route.default_version == ref.version;
+    for (const ModelSplit& sp : now->route.split)
+      still_routed = still_routed || sp.version == ref.version;
+    if (still_routed) {
+      send_error(c.res, {409,
+                         "version_in_route",
+                         "The route of '" + ref.name + "' sends jobs to version " + ref.version +
+                             ": change the route first (PUT /v1/models/" + ref.name + "/route).",
+                         {}});
+      return done(409);
     }
     send_json(c.res, 202, model_json(*now, c.caller));
     done(202);

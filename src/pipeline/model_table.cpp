@@ -294,7 +294,10 @@ void ModelTable::load(const std::string& name, const std::string& version,
   Lines lines;
   std::vector<Completion<ModelInfo>> stopped_drain;
   const bool from_fleet = !done;  // (sync_fleet's loads wait for nothing)
-  const bool shared = fleet_mode_ == FleetMode::shared;
+  // An operator's load, on a queue that may follow a fleet (its store's first answer may not
+  // have come yet): the fleet is to serve the version, whatever this queue last read of it.
+  const bool tell = !from_fleet && loader_ && shares_ && fleet_ && fleet_mode_ != FleetMode::own;
+  bool tell_now = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto m = models_.find(name);
@@ -314,27 +317,27 @@ void ModelTable::load(const std::string& name, const std::string& version,
       Entry& entry = models_[name];
       Version& v = entry.versions[version];
       v.stats->ref = {name, version};
+      if (tell) {
+        v.pending = Version::Pending::add;  // written once ready (at once, when it is)
+        v.fleet_load = false;
+      }
       switch (v.state) {
         case VersionState::ready:
+          tell_now = tell;
           break;  // answered at once
         case VersionState::loading:
           // A version new to the table (it starts `loading`, no load queued for it yet), or one
           // whose load is under way: the handler waits for that load.
           if (v.loads.empty()) {
             to_load_.push_back({name, version});
-            v.fleet_load = from_fleet;
+            v.fleet_load = from_fleet && !tell;
             lines.push_back({"model_loading", {{"model", name}, {"version", version}}});
           }
-          if (!from_fleet) v.fleet_load = false;  // asked of this queue too
           v.loads.push_back(std::move(done));
           break;
         case VersionState::draining:
           v.state = VersionState::ready;  // a load stops the drain: it serves again
-          if (v.pending == Version::Pending::remove) {
-            v.pending = Version::Pending::none;  // the fleet was not told yet
-          } else if (shared && !v.shared && !from_fleet) {
-            v.pending = Version::Pending::add;
-          }
+          tell_now = tell;
           stopped_drain = std::move(v.unloads);
           v.unloads.clear();
           lines.push_back({"model_drain_stopped", {{"model", name}, {"version", version}}});
@@ -344,10 +347,6 @@ void ModelTable::load(const std::string& name, const std::string& version,
           v.state = VersionState::loading;
           v.error.reset();
           v.fleet_load = from_fleet;
-          // Unloaded here and loaded again before the fleet was told: nothing to tell it.
-          if (v.pending == Version::Pending::remove && !from_fleet) {
-            v.pending = Version::Pending::none;
-          }
           to_load_.push_back({name, version});
           v.loads.push_back(std::move(done));
           lines.push_back({"model_loading", {{"model", name}, {"version", version}}});
@@ -359,6 +358,10 @@ void ModelTable::load(const std::string& name, const std::string& version,
     }
   }
   write(lines);
+  if (tell_now) {
+    sync_now();  // the fleet has it before the caller hears of it
+    if (const auto now = find(name)) info = *now;
+  }
   for (auto& u : stopped_drain)
     u(boost::asio::error::operation_aborted, info);
   if (done) done(ec, std::move(info));  // (else it waits for the load)
@@ -470,16 +473,20 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
           draining_.store(true, std::memory_order_relaxed);
         }
       } else {
-        if (entry.route.default_version.empty()) {  // a new model: its first version serves it
+        const bool follows = fleet_mode_ != FleetMode::own && shares_ && fleet_;
+        if (entry.route.default_version.empty()) {
+          // A new model: its first version serves it.
           entry.route.default_version = ref.version;
           ++entry.generation;
-          entry.route_pending = shared;
+          entry.route_pending = follows;
         }
-        if (shared && !v.shared) v.pending = Version::Pending::add;
+        if (follows && !v.shared) v.pending = Version::Pending::add;  // the fleet serves it too
       }
     } else {
       v.state = VersionState::failed;
       v.error = std::move(error);
+      if (v.pending == Version::Pending::add) v.pending = Version::Pending::none;
+      v.retry_at = now + std::chrono::minutes(1);  // (a fleet's version: tried again then)
     }
     tell_fleet = v.pending == Version::Pending::add || entry.route_pending;
     waiting = std::move(v.loads);
@@ -493,6 +500,9 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
 
 void ModelTable::unload(const std::string& name, const std::string& version,
                         Completion<ModelInfo> done) {
+  // An operator's unload decides on the fleet as it stands (a route set through another server
+  // a moment ago names the version, say).
+  if (done) sync_now();
   ModelInfo info;
   boost::system::error_code ec;
   bool settle = false;
@@ -512,6 +522,8 @@ void ModelTable::unload(const std::string& name, const std::string& version,
         ec = errc::version_unavailable;
       } else if (in_route(entry.route, version)) {
         ec = errc::version_in_route;
+      } else if (!asked && it->second.pending == Version::Pending::add) {
+        // The fleet's unload, read before an operator here loaded it again: the load stands.
       } else {
         Version& v = it->second;
         switch (v.state) {
@@ -532,8 +544,13 @@ void ModelTable::unload(const std::string& name, const std::string& version,
           case VersionState::loading:
             break;
         }
-        // The fleet unloads it too (a version this server evicted, or failed to load, included).
-        if (v.shared) v.pending = Version::Pending::remove;
+        // The fleet unloads it too (a version this server evicted, or failed to load, included);
+        // one the fleet was not told of yet stays untold.
+        if (v.shared) {
+          v.pending = Version::Pending::remove;
+        } else if (v.pending == Version::Pending::add) {
+          v.pending = Version::Pending::none;
+        }
       }
       info = info_locked(name, entry);
     }
@@ -545,6 +562,7 @@ void ModelTable::unload(const std::string& name, const std::string& version,
 }
 
 void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> done) {
+  if (done) sync_now();  // decided on the fleet as it stands
   ModelInfo info;
   boost::system::error_code ec;
   Lines lines;
@@ -564,7 +582,7 @@ void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> don
       if (!ec) {
         entry.route = ModelRoute{};
         ++entry.generation;
-        entry.retire_pending = !entry.fleet_versions.empty();  // the fleet retires it too
+        entry.retire_pending = entry.fleet_generation > 0;  // the fleet retires it too
         for (auto& [version, v] : entry.versions) {
           if (v.state == VersionState::ready) {
             v.state = VersionState::draining;
@@ -698,6 +716,9 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
   std::uint64_t checked = 0, expected = 0;
   std::set<std::string, ByNumber> versions;
   const bool shared = fleet_mode_ == FleetMode::shared;
+  // No sync reads the store while this writes it (it would apply what it read before, over this).
+  std::unique_lock<std::mutex> syncing(sync_mutex_, std::defer_lock);
+  if (shared) syncing.lock();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto m = models_.find(name);
@@ -707,6 +728,8 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
     if (!ec && !shared) {
       ++entry.generation;
       route_set_locked(name, entry, std::move(route), lines);
+    } else if (!ec && entry.unreadable) {
+      ec = errc::store_unavailable;  // the fleet's record of it is not one this server writes
     } else if (!ec) {
       checked = entry.generation;
       versions = entry.fleet_versions;
@@ -737,6 +760,13 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
       if (!now || !read_config(now->config, their_route, their_generation, versions) ||
           (if_generation != 0 && their_generation != checked)) {
         ec = errc::route_changed;
+        break;
+      }
+      // A version unloaded through another server meanwhile cannot be routed to.
+      if (!versions.count(route.default_version) ||
+          std::any_of(route.split.begin(), route.split.end(),
+                      [&](const ModelSplit& x) { return versions.count(x.version) == 0; })) {
+        ec = errc::version_unavailable;
         break;
       }
       checked = their_generation;
@@ -850,6 +880,7 @@ std::optional<ErrorInfo> ModelTable::make_room(const ModelRef& ref, std::size_t 
       v->second.model.reset();
       v->second.state = VersionState::unloaded;
       v->second.unloaded_at = now;
+      v->second.retry_at = now + std::chrono::minutes(1);  // (the fleet's: loaded back then)
     }
     note_not_served_locked();
   }
@@ -1013,7 +1044,7 @@ bool ModelTable::sync_once() {
       }
       Entry& entry = m->second;
       entry.unreadable = false;
-      if (entry.fleet_generation == c.generation) continue;
+      if (c.generation == entry.fleet_generation) continue;
       entry.fleet_generation = c.generation;
       entry.fleet_versions = versions;
       entry.fleet_route = route;
@@ -1067,6 +1098,29 @@ bool ModelTable::sync_once() {
         }
       }
     }
+    // The fleet's versions this server lacks although its config did not change: a load refused
+    // (the model was being retired here), failed or evicted here. Tried again, each at most once
+    // a minute.
+    const auto now = clock_();
+    for (auto& [name, entry] : models_) {
+      if (entry.unreadable || stored.count(name) == 0 || !entry.unloads.empty() ||
+          entry.retire_pending) {
+        continue;
+      }
+      for (const std::string& version : entry.fleet_versions) {
+        const auto v = entry.versions.find(version);
+        if (v == entry.versions.end()) {
+          to_load.push_back({name, version});
+        } else if ((v->second.state == VersionState::failed ||
+                    v->second.state == VersionState::unloaded) &&
+                   v->second.pending != Version::Pending::remove && now >= v->second.retry_at &&
+                   std::find(to_load.begin(), to_load.end(), ModelRef{name, version}) ==
+                       to_load.end()) {
+          v->second.retry_at = now + std::chrono::minutes(1);
+          to_load.push_back({name, version});
+        }
+      }
+    }
     // Models the store does not know yet (this server's own, at its start or loaded since): the
     // fleet is told of them.
     for (auto& [name, entry] : models_) {
@@ -1078,7 +1132,11 @@ bool ModelTable::sync_once() {
       entry.unreadable = false;
       for (auto& [version, v] : entry.versions) {
         v.shared = false;
-        v.pending = v.state == VersionState::ready ? Version::Pending::add : Version::Pending::none;
+        if (v.state == VersionState::ready) {
+          v.pending = Version::Pending::add;
+        } else if (v.pending != Version::Pending::add) {
+          v.pending = Version::Pending::none;  // (an operator's load under way keeps its add)
+        }
       }
       entry.route_pending = !entry.route.default_version.empty();
     }

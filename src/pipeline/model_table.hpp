@@ -158,7 +158,8 @@ class ModelTable {
     std::chrono::system_clock::time_point unloaded_at{};  // when it last became `unloaded`
     std::size_t bytes = 0;                                // what it holds, for the budget
     bool fleet_load = false;  // its load was the fleet's (sync_fleet), not asked of this queue
-    mutable std::uint64_t last_used = 0;  // tick_ when a job last chose it
+    std::chrono::system_clock::time_point retry_at{};  // a fleet's version failed or evicted here
+    mutable std::uint64_t last_used = 0;               // tick_ when a job last chose it
   };
   // Versions in numeric order: a longer decimal text (no leading zeros) is the larger number.
   struct ByNumber {

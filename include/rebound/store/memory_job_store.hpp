@@ -604,6 +604,7 @@ class MemoryJobStore final : public JobStore {
     std::unique_lock<std::mutex> lock(mutex_);
     const int lowest = callbacks ? 0 : lowest_priority;
     for (;;) {
+      std::size_t skipped = 0;  // jobs of versions skipped, looked past: at most 5,000 a walk
       // Each tenant's claimable entries, at most as many as the claim still takes.
       std::vector<std::vector<Map::iterator>> due;
       std::vector<std::string> tenants;
@@ -623,7 +624,9 @@ class MemoryJobStore final : public JobStore {
               renewed.push_back(it);
             } else if (!skip || std::find(skip->begin(), skip->end(),
                                           it->second.stored.record.job.model) == skip->end()) {
-              mine.push_back(it);  // (a job of a version skipped stays where it is)
+              mine.push_back(it);
+            } else if (++skipped > 5000) {
+              break;  // a job of a version skipped stays where it is; past 5,000, the next claim
             }
           }
         }
