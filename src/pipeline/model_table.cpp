@@ -753,8 +753,10 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
       if (written) break;
       const auto configs = fleet_->model_configs();
       const ModelConfig* now = nullptr;
-      for (const ModelConfig& c : configs ? *configs : std::vector<ModelConfig>())
-        if (c.name == name) now = &c;
+      if (configs) {
+        for (const ModelConfig& c : *configs)
+          if (c.name == name) now = &c;  // (points into `configs`, alive for this iteration)
+      }
       ModelRoute their_route;
       std::uint64_t their_generation = 0;
       if (!now || !read_config(now->config, their_route, their_generation, versions) ||
