@@ -838,9 +838,8 @@ TEST_CASE("ServedModels on a shared store: every server follows loads - routes a
   now = a->models().find("iris")->generation;
   REQUIRE_FALSE(a->models().set_route("iris", {"2", {{"4", 10}}}, now));
   std::promise<boost::system::error_code> routed;
-  b->models().async_unload("iris", "4", [&](boost::system::error_code ec, rebound::ModelInfo) {
-    routed.set_value(ec);
-  });
+  b->models().async_unload(
+      "iris", "4", [&](boost::system::error_code ec, rebound::ModelInfo) { routed.set_value(ec); });
   CHECK(routed.get_future().get() == rebound::errc::version_in_route);
   CHECK(state_of(*b, "iris", "4") == rebound::VersionState::ready);
 

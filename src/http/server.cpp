@@ -1163,17 +1163,21 @@ struct Server::Impl {
                          {}});
       return done(404);
     }
-    bool routed = m->route.default_version == ref.version;
-    for (const ModelSplit& sp : m->route.split)
-      routed = routed || sp.version == ref.version;
-    if (routed) {
+    // 409 when the model's route sends jobs to the version.
+    const auto refused_as_routed = [&](const ModelInfo& model) {
+      bool routed = model.route.default_version == ref.version;
+      for (const ModelSplit& sp : model.route.split)
+        routed = routed || sp.version == ref.version;
+      if (!routed) return false;
       send_error(c.res, {409,
                          "version_in_route",
                          "The route of '" + ref.name + "' sends jobs to version " + ref.version +
                              ": change the route first (PUT /v1/models/" + ref.name + "/route).",
                          {}});
-      return done(409);
-    }
+      done(409);
+      return true;
+    };
+    if (refused_as_routed(*m)) return;
     if (version->state == VersionState::loading) {
       send_error(c.res, {409,
                          "version_unavailable",
@@ -1191,17 +1195,7 @@ struct Server::Impl {
     }
     // With a shared store the unload decides on the fleet's route as it stands, which may name
     // the version (set through another server a moment ago): then it is still ready here.
-    bool still_routed = now->route.default_version == ref.version;
-    for (const ModelSplit& sp : now->route.split)
-      still_routed = still_routed || sp.version == ref.version;
-    if (still_routed) {
-      send_error(c.res, {409,
-                         "version_in_route",
-                         "The route of '" + ref.name + "' sends jobs to version " + ref.version +
-                             ": change the route first (PUT /v1/models/" + ref.name + "/route).",
-                         {}});
-      return done(409);
-    }
+    if (refused_as_routed(*now)) return;
     send_json(c.res, 202, model_json(*now, c.caller));
     done(202);
   }
