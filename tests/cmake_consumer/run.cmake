@@ -20,12 +20,14 @@ function(expect_absent path)
 endfunction()
 
 set(prefix ${WORK_DIR}/prefix)
+# The flags the library was built with (CXX_FLAGS, LINKER_FLAGS: a sanitizer's), for every consumer.
+set(flag_args "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}")
 run("install" ${CMAKE_COMMAND} --install ${REBOUND_BUILD_DIR} --prefix ${prefix})
 expect_exists(${prefix}/share/doc/rebound/LICENSE)
 
 # find_package(rebound)
 run("configuring the consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
-  -DCMAKE_PREFIX_PATH=${prefix})
+  -DCMAKE_PREFIX_PATH=${prefix} ${flag_args})
 run("building the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run("the consumer" ${WORK_DIR}/build/consumer)
 
@@ -34,7 +36,7 @@ run("the consumer" ${WORK_DIR}/build/consumer)
 # pkg-config finds, must not be looked for either. (PkgConfig itself cannot be disabled: CMake's
 # FindOpenSSL needs it.)
 run("configuring the core-only consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR}/../cmake_consumer_core
-  -B ${WORK_DIR}/build_core -DCMAKE_PREFIX_PATH=${prefix}
+  -B ${WORK_DIR}/build_core -DCMAKE_PREFIX_PATH=${prefix} ${flag_args}
   -DCMAKE_DISABLE_FIND_PACKAGE_CURL=ON -DCMAKE_DISABLE_FIND_PACKAGE_SQLite3=ON)
 file(STRINGS ${WORK_DIR}/build_core/CMakeCache.txt httplib_lookups REGEX "REBOUND_HTTPLIB|httplib_DIR")
 if(httplib_lookups)
@@ -58,7 +60,7 @@ execute_process(COMMAND pkg-config --cflags --libs rebound OUTPUT_VARIABLE flags
 if(rc)
   message(FATAL_ERROR "pkg-config cannot use rebound.pc")
 endif()
-separate_arguments(flags UNIX_COMMAND "${flags}")
+separate_arguments(flags UNIX_COMMAND "${flags} ${CXX_FLAGS} ${LINKER_FLAGS}")
 run("building with pkg-config" ${CXX} -std=c++17 ${CONSUMER_SOURCE_DIR}/main.cpp ${flags}
   -o ${WORK_DIR}/pc_consumer)
 run("the pkg-config consumer" ${WORK_DIR}/pc_consumer)
