@@ -1,5 +1,7 @@
 // A model swapped while the queue runs: version 2 loaded beside version 1, canaried at 10 %,
 // promoted, and version 1 unloaded once its jobs ran; every job says which version answered.
+// Then a memory budget of two versions: loading a fourth unloads the idle third, never the
+// routed one.
 // Usage: rebound-model-swap   (prints what each step did; exits 0 when every job succeeded)
 #include <iostream>
 #include <map>
@@ -18,6 +20,8 @@ struct Scaler final : rebound::Model {
     if (!x.is_number_integer()) return rebound::Prediction::failure("invalid_input", "not an int");
     return rebound::Prediction::success(x.get<int>() * factor_);
   }
+  // What a version holds (its weights, say): what the memory budget counts.
+  std::size_t memory_bytes() const override { return std::size_t{1} << 20; }
 
  private:
   int factor_;
@@ -30,6 +34,9 @@ int main() {
   repository.set_loader([](const rebound::ModelRef& v) -> std::unique_ptr<rebound::Model> {
     return std::make_unique<Scaler>(std::stoi(v.version));
   });
+  // Two versions' worth (1 MiB each): a load beyond it first unloads the least recently used
+  // versions that no route names and no job holds (else it fails, insufficient_memory).
+  repository.set_memory_budget(std::size_t{2} << 20);
   rebound::JobQueue queue(std::move(repository));
   rebound::ServedModels& models = queue.models();
 
@@ -63,6 +70,22 @@ int main() {
   const rebound::JobRecord last = run("after");
   std::cout << "after: scaler/" << last.job.model.version << " -> " << last.outcome.result << "\n";
   all_ok = all_ok && last.outcome.result == 20 && by_version["2"] > 0 && by_version["1"] > 0;
+
+  // Version 3 fits beside 2; version 4 does not, so the idle, unrouted 3 makes room (2 is routed).
+  models.async_load("scaler", "3", boost::asio::use_future).get();
+  const rebound::ModelInfo budget = models.async_load("scaler", "4", boost::asio::use_future).get();
+  std::string states;
+  for (const rebound::ModelVersionInfo& v : budget.versions)
+    states += " " + v.version + ":" + rebound::to_string(v.state);
+  std::cout << "with a budget of two:" << states << "\n";
+  const auto state_of = [&](const std::string& version) {
+    for (const rebound::ModelVersionInfo& v : budget.versions)
+      if (v.version == version) return v.state;
+    return rebound::VersionState::unloaded;
+  };
+  all_ok = all_ok && state_of("2") == rebound::VersionState::ready &&
+           state_of("3") == rebound::VersionState::unloaded &&
+           state_of("4") == rebound::VersionState::ready;
   std::cout << (all_ok ? "every job succeeded" : "a job failed") << std::endl;
   return all_ok ? 0 : 1;
 }
