@@ -22,6 +22,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/fake_clock.hpp"
 #include "support/fake_transport.hpp"
+#include "support/forwarding_store.hpp"
 #include "support/held_model.hpp"
 #include "support/quiesce.hpp"
 #include "support/receiver.hpp"
@@ -44,72 +45,23 @@ using rebound::test::FakeTransport;
 
 // A store shared by several Services, as several servers share one Redis. While `cut_off` is set,
 // this server's lease renewals do not reach it (a network partition): its leases run out.
-class SharedStore final : public rebound::JobStore {
+class SharedStore final : public rebound::test::ForwardingStore {
  public:
   /// While `forgetful` is set, renewals answer that no lease is held (a new primary that lost
   /// the writes: every lease this server holds is lost at once), and renew nothing.
   explicit SharedStore(std::shared_ptr<rebound::JobStore> inner,
                        std::shared_ptr<std::atomic<bool>> cut_off = nullptr,
                        std::shared_ptr<std::atomic<bool>> forgetful = nullptr)
-      : inner_(std::move(inner)), cut_off_(std::move(cut_off)), forgetful_(std::move(forgetful)) {}
-  using JobStore::put;
-  rebound::PutOutcome put(const rebound::Job& job,
-                          const std::optional<rebound::Lease>& claim) override {
-    return inner_->put(job, claim);
-  }
-  std::optional<rebound::JobRecord> get(const std::string& id) const override {
-    return inner_->get(id);
-  }
-  std::vector<rebound::JobRecord> claim_jobs(std::size_t max, const rebound::Lease& lease,
-                                             TimePoint now) override {
-    return inner_->claim_jobs(max, lease, now);
-  }
+      : ForwardingStore(std::move(inner)),
+        cut_off_(std::move(cut_off)),
+        forgetful_(std::move(forgetful)) {}
   bool renew(const std::string& id, const rebound::Lease& lease, TimePoint now) override {
     if (cut_off_ && *cut_off_) throw rebound::StoreUnavailable("partitioned");
     if (forgetful_ && *forgetful_) return false;
     return inner_->renew(id, lease, now);
   }
-  void mark_running(const std::string& id, TimePoint now) override {
-    inner_->mark_running(id, now);
-  }
-  bool finish_job(const std::string& id, const std::string& holder,
-                  const rebound::JobOutcome& outcome, const std::optional<rebound::Lease>& deliver,
-                  TimePoint now) override {
-    return inner_->finish_job(id, holder, outcome, deliver, now);
-  }
-  rebound::CancelOutcome cancel(const std::string& id, const rebound::JobOutcome& outcome,
-                                TimePoint now) override {
-    return inner_->cancel(id, outcome, now);
-  }
-  std::vector<rebound::JobRecord> claim_callbacks(std::size_t max, const rebound::Lease& lease,
-                                                  TimePoint now) override {
-    return inner_->claim_callbacks(max, lease, now);
-  }
-  using rebound::JobStore::record_attempt;
-  bool record_attempt(const std::string& id, const std::string& holder,
-                      const rebound::CallbackInfo& after, TimePoint now,
-                      const std::optional<rebound::CallbackAttempt>& attempt) override {
-    return inner_->record_attempt(id, holder, after, now, attempt);
-  }
-  rebound::RedeliverOutcome redeliver(const std::string& id, const rebound::Lease& claim,
-                                      TimePoint now) override {
-    return inner_->redeliver(id, claim, now);
-  }
-  void complete(const std::string& id, const rebound::JobOutcome& outcome) override {
-    inner_->complete(id, outcome);
-  }
-  void update_callback(const std::string& id, const rebound::CallbackInfo& callback) override {
-    inner_->update_callback(id, callback);
-  }
-  std::vector<rebound::JobRecord> list_failed_callbacks(std::size_t limit) const override {
-    return inner_->list_failed_callbacks(limit);
-  }
-  std::vector<rebound::JobRecord> list_unfinished(std::size_t limit) const override {
-    return inner_->list_unfinished(limit);
-  }
 
  private:
-  std::shared_ptr<rebound::JobStore> inner_;
   std::shared_ptr<std::atomic<bool>> cut_off_;
   std::shared_ptr<std::atomic<bool>> forgetful_;
 };
