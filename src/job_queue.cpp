@@ -793,9 +793,9 @@ bool ServedModels::loads() const {
   return table_.loads();
 }
 
-void ServedModels::start_unload(std::string name, std::string version,
+void ServedModels::start_unload(std::string name, std::string version, QueuedJobs queued,
                                 detail::Completion<ModelInfo> done) {
-  table_.unload(name, version, std::move(done));
+  table_.unload(name, version, queued == QueuedJobs::reroute, std::move(done));
 }
 
 void JobQueue::abandon_running() {

@@ -8,13 +8,11 @@ server, and a server started afterwards takes the fleet's models as they stand.
 
 Usage: model_fleet.py <rebound-server> <redis-server> [<iris model dir>]   (about 20 s)
 """
-import http.client
 import json
 import os
 import queue
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +20,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from testkit import check, children, fail, request, start_receiver, write  # noqa: E402
+from testkit import (JobStream, check, children, fail, request, start_redis,  # noqa: E402
+                     start_receiver, wait_for, write)
 
 server_bin, redis_bin = sys.argv[1], sys.argv[2]
 iris_dir = sys.argv[3] if len(sys.argv) > 3 else None
@@ -32,37 +31,12 @@ INPUT = [5.9, 3.0, 5.1, 1.8]
 FOLLOW_S = 3.0  # the servers read the fleet's models twice a second; room for a busy machine
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_version(repo, name, version):
     target = os.path.join(repo, name, version)
     if iris_dir:
         shutil.copytree(iris_dir, target)
     else:
         write(os.path.join(target, "config.json"), '{"backend": "echo"}')
-
-
-def start_redis(folder):
-    port = free_port()
-    proc = subprocess.Popen(
-        [redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--save", "",
-         "--appendonly", "no", "--daemonize", "no", "--logfile", os.path.join(folder, "redis.log")])
-    children.append(proc)
-    until = time.time() + 10
-    while time.time() < until:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return port
-        except OSError:
-            pass
-        time.sleep(0.02)
-    fail("redis-server did not start")
 
 
 def start_server(name, repo, redis_port):
@@ -98,15 +72,6 @@ def state_of(port, version):
     return None
 
 
-def wait_for(what, predicate, within):
-    until = time.time() + within
-    while time.time() < until:
-        if predicate():
-            return
-        time.sleep(0.05)
-    fail(f"{what}: not within {within} s")
-
-
 def on_error(kind, value, tb):
     sys.__excepthook__(kind, value, tb)
     fail(f"{kind.__name__}: {value}")  # ends the servers and Redis too
@@ -118,47 +83,19 @@ callbacks, callback_url = start_receiver()
 with tempfile.TemporaryDirectory() as tmp:
     repo = os.path.join(tmp, "models")
     make_version(repo, "iris", "1")
-    redis_port = start_redis(tmp)
+    _, redis_port = start_redis(redis_bin, tmp)
     a_proc, a, a_log = start_server("a", repo, redis_port)
     b_proc, b, b_log = start_server("b", repo, redis_port)
 
     # Jobs stream into both servers, naming no version: each server's route chooses.
-    accepted = {}  # id -> (server, order)
-    refused = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def stream(server_name, port):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        i = 0
-        while not stop.is_set() and i < 20000:
-            job_id = f"{server_name}-{i}"
-            i += 1
-            conn.request("POST", "/v1/inferences",
-                         json.dumps({"id": job_id, "input": INPUT, "callback_url": callback_url}),
-                         {**CLIENT, "Content-Type": "application/json"})
-            resp = conn.getresponse()
-            body = json.loads(resp.read())
-            with lock:
-                if resp.status == 202:
-                    accepted[job_id] = len(accepted)
-                else:
-                    refused.append((job_id, resp.status, body))
-        conn.close()
-
-    streams = [threading.Thread(target=stream, args=("a", a), daemon=True),
-               threading.Thread(target=stream, args=("b", b), daemon=True)]
-    for t in streams:
-        t.start()
-
-    def accepted_now():
-        with lock:
-            return len(accepted)
+    jobs = JobStream(INPUT, callback_url, CLIENT)
+    jobs.start(a, "a")
+    jobs.start(b, "b")
 
     def wait_more(n):
-        target = accepted_now() + n
-        wait_for(f"{n} more jobs", lambda: accepted_now() >= target, 60)
-        return accepted_now()
+        target = jobs.counts()[0] + n
+        wait_for(f"{n} more jobs", lambda: jobs.counts()[0] >= target, 60)
+        return jobs.counts()[0]
 
     wait_more(200)
     # Version 2 shipped (the repository is what both servers read) and loaded through A: B loads
@@ -206,11 +143,9 @@ with tempfile.TemporaryDirectory() as tmp:
     wait_for("version 1 unloaded on A", lambda: state_of(a, "1") == "unloaded", 60)
     wait_for("version 1 unloaded on B", lambda: state_of(b, "1") == "unloaded", 60)
     wait_more(500)
-    stop.set()
-    for t in streams:
-        t.join(timeout=120)
-        check(not t.is_alive(), "a stream never ended")
-    check(not refused, f"jobs refused during the swap: {refused[:3]}")
+    jobs.stop()
+    accepted = jobs.accepted
+    check(not jobs.refused, f"jobs refused during the swap: {jobs.refused[:3]}")
     total = len(accepted)
     check(total >= 2000, f"only {total} jobs streamed")
 
@@ -259,10 +194,16 @@ with tempfile.TemporaryDirectory() as tmp:
 
     followed = [json.loads(x) for x in b_log if '"model_route_set"' in x]
     check(any(x.get("from") == "fleet" for x in followed), f"B logged no route it followed: {followed}")
+    # Each stops within its drain (25 s: callbacks in flight, say a retry after a slow receiver)
+    # and what an attempt in flight may take beyond it (10 s).
     for proc in (a_proc, b_proc, c_proc):
         proc.terminate()
-    for proc in (a_proc, b_proc, c_proc):
-        proc.wait(timeout=30)
+    for name, proc, plog in (("a", a_proc, a_log), ("b", b_proc, b_log), ("c", c_proc, c_log)):
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            fail(f"server {name} did not stop within 60 s of SIGTERM; its log ends:\n" +
+                 "".join(plog[-40:]))
     for proc in children:  # Redis
         if proc.poll() is None:
             proc.terminate()

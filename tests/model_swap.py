@@ -22,7 +22,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
-from testkit import check, children, fail, request, start_receiver, write  # noqa: E402
+from testkit import (JobStream, check, children, fail, request, start_receiver,  # noqa: E402
+                     wait_for, write)
 
 server_bin = sys.argv[1]
 iris_dir = sys.argv[2] if len(sys.argv) > 2 else None
@@ -135,40 +136,11 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # The swap under load: jobs stream in (no version named) while version 2 loads, takes a 10 %
     # canary, becomes the default, and version 1 is unloaded once its jobs ran.
-    accepted = {}  # id -> the version its callback names (filled in below), in the order accepted
-    refused = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def stream():
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        i = 0
-        while not stop.is_set() and i < 20000:
-            job_id = f"swap-{i}"
-            i += 1
-            conn.request("POST", "/v1/inferences",
-                         json.dumps({"id": job_id, "input": INPUT, "callback_url": callback_url}),
-                         {**CLIENT, "Content-Type": "application/json"})
-            resp = conn.getresponse()
-            body = json.loads(resp.read())
-            with lock:
-                if resp.status == 202:
-                    accepted[job_id] = None
-                else:
-                    refused.append((job_id, resp.status, body))
-        conn.close()
-
-    streamer = threading.Thread(target=stream)
-    streamer.start()
+    jobs = JobStream(INPUT, callback_url, CLIENT)
+    jobs.start(port, "swap")
 
     def wait_accepted(n):
-        until = time.time() + 60
-        while time.time() < until:
-            with lock:
-                if len(accepted) + len(refused) >= n:
-                    return
-            time.sleep(0.01)
-        fail(f"the stream stalled before {n} jobs")
+        wait_for(f"{n} jobs streamed", lambda: sum(jobs.counts()) >= n, 60)
 
     wait_accepted(300)
     status, body, _ = request(port, "PUT", "/v1/models/iris/versions/2", headers=OPERATOR)
@@ -190,11 +162,9 @@ with tempfile.TemporaryDirectory() as tmp:
     # While the route names it, version 1 stays.
     status, body, _ = request(port, "DELETE", "/v1/models/iris/versions/1", headers=OPERATOR)
     check(status == 409 and body["error"]["code"] == "version_in_route", f"{status} {body}")
-    with lock:
-        canary_from = len(accepted)
+    canary_from = jobs.counts()[0]
     wait_accepted(canary_from + 1000)
-    with lock:
-        canary_to = len(accepted)
+    canary_to = jobs.counts()[0]
     status, body, _ = request(port, "PUT", "/v1/models/iris/route", {"default_version": "2"},
                               {**OPERATOR, "If-Match": f'"{generation + 1}"'})
     check(status == 200 and body["default_version"] == "2" and body["split"] == [],
@@ -203,13 +173,12 @@ with tempfile.TemporaryDirectory() as tmp:
                               headers=OPERATOR)
     check(status == 202 and body["versions"][0]["state"] in ("draining", "unloaded"),
           f"the unload: {status} {body}")
-    with lock:
-        promoted_at = len(accepted)
+    promoted_at = jobs.counts()[0]
     wait_accepted(promoted_at + 500)  # more jobs stream in while version 1 drains
-    stop.set()
-    streamer.join(timeout=120)
-    check(not streamer.is_alive(), "the stream never ended")
-    check(not refused, f"jobs refused during the swap: {refused[:3]}")
+    jobs.stop()
+    # Each id accepted, in order -> the version its callback names (filled in below).
+    accepted = jobs.accepted
+    check(not jobs.refused, f"jobs refused during the swap: {jobs.refused[:3]}")
     total = len(accepted)
     check(total >= 1800, f"only {total} jobs streamed")
     wait_state(port, "iris", "1", "unloaded")
@@ -277,11 +246,17 @@ with tempfile.TemporaryDirectory() as tmp:
         with open(f"/proc/{proc.pid}/status") as f:
             return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
 
+    status, body, _ = request(port, "DELETE", "/v1/models/iris/versions/4?queued=later",
+                              headers=OPERATOR)
+    check(status == 422 and body["error"]["code"] == "invalid_field" and
+          body["error"]["field"] == "queued", f"queued=later: {status} {body}")
     for cycle in range(30):
         status, body, _ = request(port, "PUT", "/v1/models/iris/versions/4", headers=OPERATOR)
         check(status == 202, f"cycle {cycle}: PUT version 4: {status} {body}")
         wait_state(port, "iris", "4", "ready")
-        status, body, _ = request(port, "DELETE", "/v1/models/iris/versions/4", headers=OPERATOR)
+        # (Every other one sends the version's jobs not started to the route: it has none.)
+        status, body, _ = request(port, "DELETE", "/v1/models/iris/versions/4" +
+                                  ("?queued=reroute" if cycle % 2 else ""), headers=OPERATOR)
         check(status == 202, f"cycle {cycle}: DELETE version 4: {status} {body}")
         wait_state(port, "iris", "4", "unloaded")
         if cycle == 4:
@@ -299,6 +274,8 @@ with tempfile.TemporaryDirectory() as tmp:
                    ("set_model_route", 412), ("unload_model_version", 202),
                    ("unload_model_version", 409)):
         check(wanted in kinds, f"no log line for {wanted}: {sorted(kinds)}")
+    queued = {a.get("queued") for a in actions if a["action"] == "unload_model_version"}
+    check(queued == {"finish", "reroute"}, f"the unloads' queued= in the log: {queued}")
     proc.terminate()
     proc.wait(timeout=30)
 print("ok: model_swap")

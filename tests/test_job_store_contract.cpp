@@ -867,6 +867,21 @@ TEST_CASE_TEMPLATE(
   named.model = iris;
   CHECK(store->put(named) == PutOutcome::duplicate);
   CHECK(store->get("m1")->job.model == iris);  // neither put wrote over it
+  // A job another version ran (an unload that rerouted it) is recorded with that version; one the
+  // stored version ran keeps it.
+  rebound::JobOutcome rerouted{JobStatus::succeeded, nlohmann::json{{"by", "13"}}, std::nullopt};
+  rerouted.ran_on_version = "13";
+  REQUIRE(store->finish_job("m1", "s/1", rerouted, std::nullopt, t0 + 1s));
+  CHECK(store->get("m1")->job.model == rebound::ModelRef{"iris", "13"});
+  CHECK(store->get("m1")->outcome.result == nlohmann::json{{"by", "13"}});
+  REQUIRE(store->finish_job("plain", "s/1", succeeded, std::nullopt, t0 + 1s));
+  CHECK(store->get("plain")->job.model.empty());
+  Job kept = make("m2");
+  kept.model = iris;
+  REQUIRE(store->put(kept) == PutOutcome::created);
+  REQUIRE(store->claim_jobs(10, lease("s/2", t0 + 30s), t0).size() == 1);
+  REQUIRE(store->finish_job("m2", "s/2", succeeded, std::nullopt, t0 + 1s));
+  CHECK(store->get("m2")->job.model == iris);
 }
 
 TEST_CASE_TEMPLATE("store contract: a queued job's position counts the queued jobs before it",

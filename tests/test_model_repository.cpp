@@ -26,6 +26,7 @@
 #include "rebound/make_model.hpp"
 #include "rebound/model_repository.hpp"
 #include "rebound/store/memory_job_store.hpp"
+#include "support/forwarding_store.hpp"
 
 using namespace std::chrono_literals;
 using rebound::JobStatus;
@@ -565,12 +566,13 @@ TEST_CASE("ServedModels: a route splits by tenant and id - stale generations are
 }
 
 TEST_CASE("ServedModels: an unload drains - queued jobs finish on their version first") {
-  std::promise<void> gate;
+  std::promise<void> gate, opened;
   const std::shared_future<void> open = gate.get_future().share();
+  opened.set_value();  // (version 2 never waits)
   auto alive = std::make_shared<std::atomic<int>>(0);
   rebound::ModelRepository models;
   models.add(std::make_unique<Gated>("iris/1", open, alive), "1")
-      .add(std::make_unique<Gated>("iris/2", std::shared_future<void>(), alive), "2");
+      .add(std::make_unique<Gated>("iris/2", opened.get_future().share(), alive), "2");
   rebound::JobQueueOptions options;
   options.workers = 1;
   options.max_batch_size = 1;
@@ -608,13 +610,78 @@ TEST_CASE("ServedModels: an unload drains - queued jobs finish on their version 
   const rebound::ModelInfo info = unloaded.get();
   CHECK(version_of(info, "1")->state == rebound::VersionState::unloaded);
   CHECK(*alive == 1);  // its Model is released
-  CHECK(queue.async_submit(job_for("after", {}), boost::asio::use_future).get().job.model ==
-        ModelRef{"iris", "2"});
+  const rebound::JobRecord after =
+      queue.async_submit(job_for("after", {}), boost::asio::use_future).get();
+  CHECK(after.job.model == ModelRef{"iris", "2"});
+  CHECK(after.outcome.result == nlohmann::json{{"by", "iris/2"}});
   // Loaded again, it serves again (no loader here: refused).
   std::promise<boost::system::error_code> reload;
   served.async_load(
       "iris", "1", [&](boost::system::error_code ec, rebound::ModelInfo) { reload.set_value(ec); });
   CHECK(reload.get_future().get() == rebound::errc::no_loader);
+}
+
+TEST_CASE(
+    "ServedModels: an unload with reroute sends jobs not started to the route - recorded so") {
+  std::promise<void> gate, opened;
+  const std::shared_future<void> open = gate.get_future().share();
+  opened.set_value();
+  auto alive = std::make_shared<std::atomic<int>>(0);
+  rebound::ModelRepository models;
+  models.add(std::make_unique<Gated>("iris/1", open, alive), "1")
+      .add(std::make_unique<Gated>("iris/2", opened.get_future().share(), alive), "2");
+  // One job waiting in the store for version 1 (claimed at the start: it is not held by its
+  // version as a submission is), four submitted for it.
+  auto store = std::make_unique<rebound::MemoryJobStore>();
+  rebound::Job parked = job_for("stored", {"iris", "1"});
+  parked.created_at = std::chrono::system_clock::now();
+  REQUIRE(store->put(parked, std::nullopt) == rebound::PutOutcome::created);
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_batch_size = 1;
+  rebound::JobQueue queue(std::move(models), std::move(store), options);
+  auto& served = queue.models();
+  REQUIRE_FALSE(served.set_route("iris", {"1", {}}));
+  std::vector<std::future<rebound::JobRecord>> ends;
+  std::vector<std::string> ids{"stored"};
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back("v1-" + std::to_string(i));
+    ends.push_back(queue.async_submit(job_for(ids.back(), {"iris", ""}), boost::asio::use_future));
+  }
+  // One job runs on version 1 (held at its gate), the rest wait.
+  CHECK(eventually([&] { return version_of(*served.find("iris"), "1")->running == 1; }));
+
+  REQUIRE_FALSE(served.set_route("iris", {"2", {}}));
+  auto unloaded =
+      served.async_unload("iris", "1", rebound::QueuedJobs::reroute, boost::asio::use_future);
+  CHECK(unloaded.wait_for(50ms) == std::future_status::timeout);  // one of its jobs runs
+  gate.set_value();
+  const rebound::ModelInfo info = unloaded.get();
+  CHECK(version_of(info, "1")->state == rebound::VersionState::unloaded);
+  for (auto& f : ends)
+    CHECK(f.get().status == JobStatus::succeeded);
+
+  // The one that had started ran on version 1; every other ran on version 2, and its record (as
+  // the store keeps it) and result agree.
+  int on_1 = 0, on_2 = 0;
+  for (const std::string& id : ids) {
+    CAPTURE(id);
+    std::optional<rebound::JobRecord> r;
+    REQUIRE(eventually([&] {
+      r = queue.find({id});
+      return r && r->status == JobStatus::succeeded;
+    }));
+    const std::string by = r->outcome.result.value("by", "");
+    CHECK(by == "iris/" + r->job.model.version);
+    ++(r->job.model.version == "1" ? on_1 : on_2);
+  }
+  CHECK(on_1 == 1);
+  CHECK(on_2 == 4);
+  CHECK(*alive == 1);  // version 1's Model is released
+
+  // New jobs go where the route sends them.
+  CHECK(queue.async_submit(job_for("after", {}), boost::asio::use_future).get().job.model ==
+        ModelRef{"iris", "2"});
 }
 
 TEST_CASE("ServedModels: a queue may start empty with a loader - a model retired and loaded back") {
@@ -660,62 +727,15 @@ TEST_CASE("ServedModels: a queue may start empty with a loader - a model retired
 
 namespace {
 
-// One MemoryJobStore shared by several queues, as the servers of a fleet share one Redis.
-class Shared final : public rebound::JobStore {
+// One MemoryJobStore shared by several queues, as the servers of a fleet share one Redis, with
+// the calls a fleet's models need: claims that skip versions, and the model configs.
+class Shared final : public rebound::test::ForwardingStore {
  public:
-  explicit Shared(std::shared_ptr<rebound::MemoryJobStore> inner) : inner_(std::move(inner)) {}
-  using JobStore::put;
-  rebound::PutOutcome put(const rebound::Job& job,
-                          const std::optional<rebound::Lease>& claim) override {
-    return inner_->put(job, claim);
-  }
-  std::optional<rebound::JobRecord> get(const std::string& id) const override {
-    return inner_->get(id);
-  }
-  std::vector<rebound::JobRecord> claim_jobs(std::size_t max, const rebound::Lease& lease,
-                                             TimePoint now) override {
-    return inner_->claim_jobs(max, lease, now);
-  }
-  bool renew(const std::string& id, const rebound::Lease& lease, TimePoint now) override {
-    return inner_->renew(id, lease, now);
-  }
-  void mark_running(const std::string& id, TimePoint now) override {
-    inner_->mark_running(id, now);
-  }
-  bool finish_job(const std::string& id, const std::string& holder,
-                  const rebound::JobOutcome& outcome, const std::optional<rebound::Lease>& deliver,
-                  TimePoint now) override {
-    return inner_->finish_job(id, holder, outcome, deliver, now);
-  }
-  rebound::CancelOutcome cancel(const std::string& id, const rebound::JobOutcome& outcome,
-                                TimePoint now) override {
-    return inner_->cancel(id, outcome, now);
-  }
-  std::vector<rebound::JobRecord> claim_callbacks(std::size_t max, const rebound::Lease& lease,
-                                                  TimePoint now) override {
-    return inner_->claim_callbacks(max, lease, now);
-  }
-  using rebound::JobStore::record_attempt;
-  bool record_attempt(const std::string& id, const std::string& holder,
-                      const rebound::CallbackInfo& after, TimePoint now,
-                      const std::optional<rebound::CallbackAttempt>& attempt) override {
-    return inner_->record_attempt(id, holder, after, now, attempt);
-  }
-  rebound::RedeliverOutcome redeliver(const std::string& id, const rebound::Lease& claim,
-                                      TimePoint now) override {
-    return inner_->redeliver(id, claim, now);
-  }
-  void complete(const std::string& id, const rebound::JobOutcome& outcome) override {
-    inner_->complete(id, outcome);
-  }
-  void update_callback(const std::string& id, const rebound::CallbackInfo& callback) override {
-    inner_->update_callback(id, callback);
-  }
-  std::vector<rebound::JobRecord> list_failed_callbacks(std::size_t limit) const override {
-    return inner_->list_failed_callbacks(limit);
-  }
-  std::vector<rebound::JobRecord> list_unfinished(std::size_t limit) const override {
-    return inner_->list_unfinished(limit);
+  using ForwardingStore::ForwardingStore;
+  std::vector<rebound::JobRecord> claim_jobs_except(std::size_t max, const rebound::Lease& lease,
+                                                    TimePoint now,
+                                                    const std::vector<ModelRef>& skip) override {
+    return inner_->claim_jobs_except(max, lease, now, skip);
   }
   std::optional<std::uint64_t> put_model_config(const std::string& name, const std::string& config,
                                                 std::uint64_t if_generation) override {
@@ -724,9 +744,6 @@ class Shared final : public rebound::JobStore {
   std::optional<std::vector<rebound::ModelConfig>> model_configs() const override {
     return inner_->model_configs();
   }
-
- private:
-  std::shared_ptr<rebound::MemoryJobStore> inner_;
 };
 
 // A server of the fleet: version 1 of iris at its start, a loader for any other.
@@ -848,6 +865,54 @@ TEST_CASE("ServedModels on a shared store: every server follows loads - routes a
   CHECK(eventually([&] {
     return c->models().find("iris")->route.default_version == "2" &&
            state_of(*c, "iris", "2") == rebound::VersionState::ready;
+  }));
+}
+
+TEST_CASE("ServedModels on a shared store: an unload with reroute sends the fleet's jobs on too") {
+  auto ledger = std::make_shared<Ledger>();
+  auto store = std::make_shared<rebound::MemoryJobStore>();
+  auto a = fleet_server(store, ledger, "a");
+  auto b = fleet_server(store, ledger, "b");
+  a->models().async_load("iris", "2", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*b, "iris", "2") == rebound::VersionState::ready; }));
+  REQUIRE_FALSE(a->models().set_route("iris", {"2", {}}));
+  CHECK(eventually([&] { return b->models().find("iris")->route.default_version == "2"; }));
+
+  // Unloaded through A with its jobs sent to the route: B drains it the same way, and the store's
+  // config says so.
+  a->models()
+      .async_unload("iris", "1", rebound::QueuedJobs::reroute, boost::asio::use_future)
+      .get();
+  CHECK(eventually([&] { return state_of(*b, "iris", "1") == rebound::VersionState::unloaded; }));
+  const auto config_of_iris = [&] {
+    const std::vector<rebound::ModelConfig> configs = store->model_configs().value();
+    for (const rebound::ModelConfig& c : configs)
+      if (c.name == "iris") return c.config;
+    return std::string();
+  };
+  CHECK(config_of_iris().find("\"rerouted\":[\"1\"]") != std::string::npos);
+
+  // With A gone, a job still stored for version 1 is B's alone to claim: it runs on version 2
+  // (at once: no minute's grace for another server's drain), and is recorded so.
+  a.reset();
+  rebound::Job left = job_for("left", {"iris", "1"});
+  left.created_at = std::chrono::system_clock::now();
+  REQUIRE(store->put(left, std::nullopt) == rebound::PutOutcome::created);
+  auto waited = b->async_wait({"left"}, boost::asio::use_future);
+  REQUIRE(waited.wait_for(10s) == std::future_status::ready);  // (a minute's grace would fail)
+  const rebound::JobRecord r = waited.get();
+  CHECK(r.status == JobStatus::succeeded);
+  CHECK(r.outcome.result == nlohmann::json{{"by", "b:iris/2"}});
+  CHECK(store->get("left")->job.model == ModelRef{"iris", "2"});
+
+  // Loaded again, version 1 runs its own jobs, and is no longer rerouted in the fleet's config.
+  b->models().async_load("iris", "1", boost::asio::use_future).get();
+  rebound::Job pinned = job_for("pinned", {"iris", "1"});
+  CHECK(b->async_submit(pinned, boost::asio::use_future).get().outcome.result ==
+        nlohmann::json{{"by", "b:iris/1"}});
+  CHECK(eventually([&] {
+    const std::string config = config_of_iris();
+    return !config.empty() && config.find("rerouted") == std::string::npos;
   }));
 }
 

@@ -215,6 +215,12 @@ struct JobOutcome : JobEnd {
       : JobEnd{std::move(output), std::move(why), at}, status(final_status) {}
   /// The outcome of a final record.
   JobOutcome(JobStatus final_status, JobEnd end) : JobEnd(std::move(end)), status(final_status) {}
+
+  /// The version that ran the job, when it is not the one the job was stored with (an unload with
+  /// QueuedJobs::reroute sent the job to its model's route instead): finish_job records it as the
+  /// job's version (JobRecord::job.model), so that the record and the callback agree. Empty: the
+  /// stored version ran it.
+  std::string ran_on_version;
 };
 
 /// One callback attempt as the store keeps it for the people who look at a job later (the

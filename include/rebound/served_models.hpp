@@ -80,6 +80,14 @@ struct ModelVersionInfo {
   std::optional<ErrorInfo> error;  ///< why it failed to load (state failed)
 };
 
+/// What an unload does with the jobs pinned to the version that have not run yet (accepted here,
+/// or waiting in the store).
+enum class QueuedJobs {
+  finish,   ///< they run on it: the drain waits for them
+  reroute,  ///< they go to the model's route (as a new job would), and are recorded with the
+            ///< version that ran them; the drain ends once they were sent on (not run)
+};
+
 /// One model: its route, the route's generation (raised by each change: ModelRoute,
 /// `set_route`'s `if_generation`) and its versions, ordered as numbers.
 struct ModelInfo {
@@ -103,7 +111,12 @@ struct ModelInfo {
 /// - `async_unload(name, version, token)`: the version drains (new jobs naming it are refused
 ///   with errc::version_unavailable, its queued jobs run on it), then its Model is released and
 ///   it is `unloaded`; the handler runs then. errc::version_in_route while the model's route names
-///   it (change the route first).
+///   it (change the route first). `async_unload(name, version, QueuedJobs::reroute, token)` sends
+///   its jobs that have not started to the model's route instead, here and (on a shared store)
+///   on every server, those still waiting in the store included, whenever they are claimed:
+///   each runs on the version the route chooses for it, and its record, status and callback
+///   name that version (JobOutcome::ran_on_version). An unload under way with its jobs
+///   finishing may be asked again with reroute.
 /// - `set_route(name, route, if_generation)` changes where a model's new jobs go: every version
 ///   named must be `ready`; percentages 1 to 100 add up to at most 100.
 /// Completion signature of each: `void(boost::system::error_code, ModelInfo)` (the model after
@@ -174,9 +187,16 @@ class ServedModels {
 
   template <typename CompletionToken>
   auto async_unload(std::string name, std::string version, CompletionToken&& token) {
+    return async_unload(std::move(name), std::move(version), QueuedJobs::finish,
+                        std::forward<CompletionToken>(token));
+  }
+
+  template <typename CompletionToken>
+  auto async_unload(std::string name, std::string version, QueuedJobs queued,
+                    CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, ModelInfo)>(
-        [this](auto handler, std::string n, std::string v) {
-          start_unload(std::move(n), std::move(v),
+        [this, queued](auto handler, std::string n, std::string v) {
+          start_unload(std::move(n), std::move(v), queued,
                        detail::Completion<ModelInfo>(std::move(handler), executor_, live_));
         },
         token, std::move(name), std::move(version));
@@ -210,7 +230,8 @@ class ServedModels {
                detail::LiveCount live)
       : table_(table), executor_(std::move(executor)), live_(std::move(live)) {}
   void start_load(std::string name, std::string version, detail::Completion<ModelInfo> done);
-  void start_unload(std::string name, std::string version, detail::Completion<ModelInfo> done);
+  void start_unload(std::string name, std::string version, QueuedJobs queued,
+                    detail::Completion<ModelInfo> done);
   void start_unload_model(std::string name, detail::Completion<ModelInfo> done);
 
   detail::ModelTable& table_;

@@ -1130,21 +1130,24 @@ struct Server::Impl {
     log_action(c.caller, "load_model_version", what, 202);
   }
 
-  // DELETE /v1/models/{name}/versions/{version}[?queued=finish]: the version drains, then is
-  // unloaded.
+  // DELETE /v1/models/{name}/versions/{version}[?queued=finish|reroute]: the version drains (its
+  // jobs not started run on it, or go to the route), then is unloaded.
   void unload_version(Call& c) {
     ModelRef ref;
     if (!model_version_param(c.param, ref, c.res)) return;
-    const nlohmann::json what = {{"model", ref.name}, {"version", ref.version}};
+    const std::string queued = c.req.param("queued");
+    const nlohmann::json what = {
+        {"model", ref.name},
+        {"version", ref.version},
+        {"queued", queued.empty() ? std::string("finish") : detail::truncated_utf8(queued, 64)}};
     const auto done = [&](int status) {
       log_action(c.caller, "unload_model_version", what, status);
     };
-    const std::string queued = c.req.param("queued");
-    if (!queued.empty() && queued != "finish") {
+    if (!queued.empty() && queued != "finish" && queued != "reroute") {
       send_error(c.res, {422, "invalid_field",
                          "queued=" + detail::truncated_utf8(queued, 64) +
-                             " is not supported: queued jobs finish on the version they were "
-                             "accepted for (queued=finish).",
+                             " is not one of finish (the jobs not started run on the version) "
+                             "and reroute (they go to the model's route).",
                          "queued"});
       return done(422);
     }
@@ -1187,6 +1190,7 @@ struct Server::Impl {
       return done(409);
     }
     service.models().async_unload(ref.name, ref.version,
+                                  queued == "reroute" ? QueuedJobs::reroute : QueuedJobs::finish,
                                   [](boost::system::error_code, ModelInfo) {});
     const std::optional<ModelInfo> now = service.models().find(ref.name);
     if (!now) {

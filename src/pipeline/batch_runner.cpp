@@ -145,6 +145,35 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
         (item.job.model == ref ? same : rest).push_back(std::move(item));
       batch = std::move(rest);
     }
+    // A version unloaded with its jobs sent to the route: each goes to the version the route
+    // chooses for it (a ready one: never back here), and runs with that version's batch. One
+    // that no version can take stays, to run on its own while it is loaded; so does an
+    // invocation (its caller was told the version it runs on).
+    if (models_.rerouting() && models_.rerouted(ref)) {
+      // Those sent on are no longer the drained version's: its drain does not wait for them.
+      const std::shared_ptr<VersionStats> from = models_.stats_of(ref);
+      const bool counted = from && from.get() == untake.stats;
+      std::vector<WorkItem> stay;
+      for (auto& item : same) {
+        ModelRef to = item.job.model;
+        ModelTable::Lease lease;
+        if (!item.reply) lease = models_.reroute(to, item.job.tenant, item.job.id);
+        if (!lease.model) {
+          stay.push_back(std::move(item));
+          continue;
+        }
+        item.job.model = std::move(to);
+        item.model = std::move(lease.model);
+        item.rerouted = true;
+        if (counted && untake.n > 0) {
+          untake.stats->taken.fetch_sub(1, std::memory_order_release);
+          --untake.n;
+        }
+        batch.push_back(std::move(item));
+      }
+      if (stay.empty()) continue;
+      same = std::move(stay);
+    }
     // The version a job was accepted for is held by its item (a drain waits for it); a job
     // claimed from the store looks it up, and a draining version still runs its jobs.
     std::shared_ptr<Model> model = same.front().model;
@@ -386,13 +415,14 @@ void BatchRunner::settle(WorkItem& item, Prediction& prediction, std::size_t bat
   }
   if (counts) ++(record.status == JobStatus::succeeded ? counts->succeeded : counts->failed);
   observe_([&](auto& o) { o.on_completed(record, batch_size, inference_ms); });
-  finish(std::move(record), std::move(item.claim));
+  finish(std::move(record), std::move(item.claim), item.rerouted);
 }
 
-void BatchRunner::finish(JobRecord record, Claim claim) {
+void BatchRunner::finish(JobRecord record, Claim claim, bool rerouted) {
   // What the store is told (the final status with the result), moved out of the record for the
   // write and its retries, and back into it once acknowledged: the result is never copied.
   auto outcome = std::make_shared<JobOutcome>(record.status, std::move(record.outcome));
+  if (rerouted) outcome->ran_on_version = record.job.model.version;  // (the store's is another)
   record.outcome = JobEnd{};  // (not a moved-from one: nothing reads it until it comes back)
   auto kept = std::make_shared<JobRecord>(std::move(record));
   // Shared by the write's continuations (copied into std::function); whichever runs ends it.

@@ -40,7 +40,7 @@ class BatchRunner {
  public:
   /// `events` hears each job whose outcome this runner got acknowledged (job_final: it is final
   /// in the store) and keeps the parts alive while a watchdog or a write is under way.
-  BatchRunner(const ModelTable& models, StoreAccess& store, Leases& leases, Delivery& delivery,
+  BatchRunner(ModelTable& models, StoreAccess& store, Leases& leases, Delivery& delivery,
               Admission& admission, Observers& observe, Clock clock, PipelineEvents& events,
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,
               std::chrono::milliseconds inference_timeout)
@@ -111,9 +111,9 @@ class BatchRunner {
 
   // Acknowledges a final outcome to the store and starts its callback (or frees the slot when
   // none is wanted, or when the lease was lost: another claim has the job).
-  void finish(JobRecord record, Claim claim);
+  void finish(JobRecord record, Claim claim, bool rerouted = false);
 
-  const ModelTable& models_;
+  ModelTable& models_;  // (rerouting a job asks its route)
   // A queue built on one Model (ModelRepository::runs_every_job): it runs every item, whatever
   // model the item names, on that Model (which such a table never releases).
   const std::shared_ptr<Model> only_;

@@ -192,6 +192,27 @@ ModelTable::Choice ModelTable::choose(ModelRef& ref, std::string_view tenant, st
   return c;
 }
 
+bool ModelTable::rerouted_locked(const Entry& entry, const std::string& version) const {
+  const auto v = entry.versions.find(version);
+  if (v != entry.versions.end() && v->second.state == VersionState::ready) return false;
+  return (v != entry.versions.end() && v->second.reroute) ||
+         entry.fleet_rerouted.count(version) > 0;
+}
+
+bool ModelTable::rerouted(const ModelRef& ref) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto m = models_.find(ref.name);
+  return m != models_.end() && rerouted_locked(m->second, ref.version);
+}
+
+ModelTable::Lease ModelTable::reroute(ModelRef& ref, std::string_view tenant, std::string_view id) {
+  ModelRef to{ref.name, ""};
+  Choice c = choose(to, tenant, id);  // the route's version for it, as a new job's
+  if (!c.model || to.version == ref.version) return {};
+  ref = to;
+  return {std::move(c.model), stats_of(to)};
+}
+
 ModelTable::Lease ModelTable::acquire(const ModelRef& ref) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Version* v = version_locked(ref);
@@ -337,6 +358,7 @@ void ModelTable::load(const std::string& name, const std::string& version,
           break;
         case VersionState::draining:
           v.state = VersionState::ready;  // a load stops the drain: it serves again
+          v.reroute = false;
           tell_now = tell;
           stopped_drain = std::move(v.unloads);
           v.unloads.clear();
@@ -345,6 +367,7 @@ void ModelTable::load(const std::string& name, const std::string& version,
         case VersionState::failed:
         case VersionState::unloaded:
           v.state = VersionState::loading;
+          v.reroute = false;  // (served again: its jobs are its own, whether the load succeeds)
           v.error.reset();
           v.fleet_load = from_fleet;
           to_load_.push_back({name, version});
@@ -461,6 +484,7 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
       const bool shared = fleet_mode_ == FleetMode::shared;
       v.model = std::shared_ptr<Model>(std::move(model));
       v.state = VersionState::ready;
+      v.reroute = false;
       v.loaded_at = now;
       v.error.reset();
       v.digest = std::move(digest);
@@ -498,7 +522,7 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
     w(ec, info);
 }
 
-void ModelTable::unload(const std::string& name, const std::string& version,
+void ModelTable::unload(const std::string& name, const std::string& version, bool reroute,
                         Completion<ModelInfo> done) {
   // An operator's unload decides on the fleet as it stands (a route set through another server
   // a moment ago names the version, say).
@@ -526,11 +550,21 @@ void ModelTable::unload(const std::string& name, const std::string& version,
         // The fleet's unload, read before an operator here loaded it again: the load stands.
       } else {
         Version& v = it->second;
+        if (reroute && !v.reroute) {
+          // (A drain under way with its jobs finishing on it sends the rest to the route now.)
+          v.reroute = true;
+          rerouting_.store(true, std::memory_order_relaxed);
+          if (v.state == VersionState::draining)
+            lines.push_back({"model_rerouting", {{"model", name}, {"version", version}}});
+        }
         switch (v.state) {
           case VersionState::ready:
             v.state = VersionState::draining;
             draining_.store(true, std::memory_order_relaxed);
-            lines.push_back({"model_draining", {{"model", name}, {"version", version}}});
+            lines.push_back({"model_draining",
+                             {{"model", name},
+                              {"version", version},
+                              {"queued", v.reroute ? "reroute" : "finish"}}});
             [[fallthrough]];
           case VersionState::draining:
             v.unloads.push_back(std::move(done));
@@ -714,7 +748,7 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
   Lines lines;
   boost::system::error_code ec;
   std::uint64_t checked = 0, expected = 0;
-  std::set<std::string, ByNumber> versions;
+  std::set<std::string, ByNumber> versions, rerouted;
   const bool shared = fleet_mode_ == FleetMode::shared;
   // No sync reads the store while this writes it (it would apply what it read before, over this).
   std::unique_lock<std::mutex> syncing(sync_mutex_, std::defer_lock);
@@ -733,6 +767,7 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
     } else if (!ec) {
       checked = entry.generation;
       versions = entry.fleet_versions;
+      rerouted = entry.fleet_rerouted;
       expected = entry.fleet_generation;
     }
     if (out && (ec || !shared)) *out = info_locked(name, entry);
@@ -749,7 +784,8 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
   bool retried = false;  // the store held a config this table has not followed yet
   try {
     for (int attempt = 0; !written && attempt < 8; ++attempt) {
-      written = fleet_->put_model_config(name, config_text(route, checked + 1, versions), expected);
+      written = fleet_->put_model_config(name, config_text(route, checked + 1, versions, rerouted),
+                                         expected);
       if (written) break;
       const auto configs = fleet_->model_configs();
       const ModelConfig* now = nullptr;
@@ -759,7 +795,7 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
       }
       ModelRoute their_route;
       std::uint64_t their_generation = 0;
-      if (!now || !read_config(now->config, their_route, their_generation, versions) ||
+      if (!now || !read_config(now->config, their_route, their_generation, versions, rerouted) ||
           (if_generation != 0 && their_generation != checked)) {
         ec = errc::route_changed;
         break;
@@ -788,6 +824,7 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
       // server changed meanwhile; else it is this table's already.
       if (!retried) entry.fleet_generation = *written;
       entry.fleet_versions = std::move(versions);
+      entry.fleet_rerouted = std::move(rerouted);
       entry.fleet_route = route;
       entry.route_pending = false;
       route_set_locked(name, entry, std::move(route), lines);
@@ -892,19 +929,22 @@ std::optional<ErrorInfo> ModelTable::make_room(const ModelRef& ref, std::size_t 
 }
 
 std::string ModelTable::config_text(const ModelRoute& route, std::uint64_t generation,
-                                    const std::set<std::string, ByNumber>& versions) {
+                                    const std::set<std::string, ByNumber>& versions,
+                                    const std::set<std::string, ByNumber>& rerouted) {
   nlohmann::json split = nlohmann::json::array();
   for (const ModelSplit& s : route.split)
     split.push_back({{"version", s.version}, {"percent", s.percent}});
-  return nlohmann::json{
+  nlohmann::json config = {
       {"route",
        {{"default_version", route.default_version}, {"split", split}, {"generation", generation}}},
-      {"versions", versions}}
-      .dump();
+      {"versions", versions}};
+  if (!rerouted.empty()) config["rerouted"] = rerouted;  // (a config without it: none)
+  return config.dump();
 }
 
 bool ModelTable::read_config(const std::string& text, ModelRoute& route, std::uint64_t& generation,
-                             std::set<std::string, ByNumber>& versions) {
+                             std::set<std::string, ByNumber>& versions,
+                             std::set<std::string, ByNumber>& rerouted) {
   // Written by another server of the store, or by anything else that can write to it: every
   // name and number checked as an operator's own request would be.
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
@@ -944,6 +984,17 @@ bool ModelTable::read_config(const std::string& text, ModelRoute& route, std::ui
     if (!v.is_string() || !is_valid_model_version(v.get<std::string>())) return false;
     versions.insert(v.get<std::string>());
   }
+  // The versions unloaded with their jobs sent to the route (QueuedJobs::reroute).
+  rerouted.clear();
+  if (const auto r = j.find("rerouted"); r != j.end()) {
+    if (!r->is_array() || r->size() > 10000) return false;
+    for (const nlohmann::json& v : *r) {
+      if (!v.is_string() || !is_valid_model_version(v.get<std::string>())) return false;
+      if (versions.count(v.get<std::string>()) == 0) rerouted.insert(v.get<std::string>());
+    }
+    while (rerouted.size() > max_rerouted)  // (the newest are kept, as this server writes them)
+      rerouted.erase(rerouted.begin());
+  }
   return true;
 }
 
@@ -962,7 +1013,7 @@ void ModelTable::note_not_served_locked() {
     // server may still be draining it, and runs what is left of it.
     for (const auto& [version, v] : entry.versions) {
       if (v.state == VersionState::unloaded && entry.fleet_versions.count(version) == 0 &&
-          now - v.unloaded_at < std::chrono::minutes(1)) {
+          !rerouted_locked(entry, version) && now - v.unloaded_at < std::chrono::minutes(1)) {
         not_served_.push_back({name, version});
       }
     }
@@ -1010,7 +1061,7 @@ bool ModelTable::sync_once() {
   fleet_mode_ = FleetMode::shared;
 
   // What the others changed: followed outside the lock (loads and drains take it).
-  std::vector<ModelRef> to_load, to_unload;
+  std::vector<ModelRef> to_load, to_unload, to_reroute;
   Lines lines;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1019,10 +1070,10 @@ bool ModelTable::sync_once() {
       stored.insert(c.name);
       ModelRoute route;
       std::uint64_t route_generation = 0;
-      std::set<std::string, ByNumber> versions;
+      std::set<std::string, ByNumber> versions, rerouted;
       const auto known = models_.find(c.name);
       if (!is_valid_model_name(c.name) ||
-          !read_config(c.config, route, route_generation, versions)) {
+          !read_config(c.config, route, route_generation, versions, rerouted)) {
         // Written by something else (or a newer version): left alone, and never written over.
         const auto said = unreadable_.find(c.name);
         if (said == unreadable_.end() || said->second != c.generation) {
@@ -1049,6 +1100,8 @@ bool ModelTable::sync_once() {
       if (c.generation == entry.fleet_generation) continue;
       entry.fleet_generation = c.generation;
       entry.fleet_versions = versions;
+      entry.fleet_rerouted = rerouted;
+      if (!rerouted.empty()) rerouting_.store(true, std::memory_order_relaxed);
       entry.fleet_route = route;
       entry.fleet_route_generation = route_generation;
       for (const std::string& version : versions) {
@@ -1057,6 +1110,7 @@ bool ModelTable::sync_once() {
           to_load.push_back({c.name, version});
           continue;
         }
+        v->second.reroute = false;  // the fleet serves it again
         v->second.shared = true;
         if (v->second.pending == Version::Pending::add) v->second.pending = Version::Pending::none;
         if (v->second.pending != Version::Pending::remove &&
@@ -1076,12 +1130,16 @@ bool ModelTable::sync_once() {
           v.shared = false;
           continue;
         }
+        if (rerouted.count(version) > 0 && !v.reroute && v.pending != Version::Pending::add &&
+            (v.state == VersionState::ready || v.state == VersionState::draining)) {
+          to_reroute.push_back({c.name, version});  // (its drain here sends its jobs on too)
+        }
         if (!v.shared || v.pending == Version::Pending::add) continue;
         v.shared = false;  // the fleet unloaded it
         if (v.state == VersionState::loading) {
           v.fleet_load = true;  // it goes again once loaded (finish_load)
         } else if (v.state == VersionState::ready && (retired || !in_route(route, version))) {
-          to_unload.push_back({c.name, version});
+          if (rerouted.count(version) == 0) to_unload.push_back({c.name, version});
         }
       }
       if (retired) {
@@ -1147,7 +1205,9 @@ bool ModelTable::sync_once() {
   for (const ModelRef& ref : to_load)
     load(ref.name, ref.version, {});
   for (const ModelRef& ref : to_unload)
-    unload(ref.name, ref.version, {});
+    unload(ref.name, ref.version, false, {});
+  for (const ModelRef& ref : to_reroute)
+    unload(ref.name, ref.version, true, {});
   {
     // Loads started for the fleet's versions: theirs already (a load refused, say for a model
     // being retired here, left nothing to mark).
@@ -1173,19 +1233,24 @@ bool ModelTable::publish_fleet() {
     std::uint64_t expected;
     ModelRoute route;
     std::uint64_t route_generation;
-    std::set<std::string, ByNumber> versions;
+    std::set<std::string, ByNumber> versions, rerouted;
   };
   std::vector<Write> writes;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [name, entry] : models_) {
       if (entry.unreadable) continue;
-      Write w{name, entry.fleet_generation, entry.fleet_route, entry.fleet_route_generation,
-              entry.fleet_versions};
+      Write w{name,
+              entry.fleet_generation,
+              entry.fleet_route,
+              entry.fleet_route_generation,
+              entry.fleet_versions,
+              entry.fleet_rerouted};
       if (entry.retire_pending) {
         w.route = ModelRoute{};
         w.route_generation = entry.generation;
         w.versions.clear();
+        w.rerouted.clear();  // (a retired model has no route to send jobs to)
       } else {
         for (auto& [version, v] : entry.versions) {
           if (v.pending == Version::Pending::add && v.state == VersionState::ready) {
@@ -1200,6 +1265,17 @@ bool ModelTable::publish_fleet() {
             w.versions.erase(version);
           }
         }
+        // Versions unloaded here with their jobs sent on: the fleet's too (but one the fleet
+        // serves again is no longer rerouted; nor are a retired model's). The newest 100 are
+        // kept: a job of an older one still waiting ends version_unavailable.
+        if (!entry.route.default_version.empty()) {
+          for (const auto& [version, v] : entry.versions)
+            if (v.reroute && v.state != VersionState::ready) w.rerouted.insert(version);
+        }
+        for (const std::string& version : w.versions)
+          w.rerouted.erase(version);
+        while (w.rerouted.size() > max_rerouted)
+          w.rerouted.erase(w.rerouted.begin());
         if (entry.route_pending) {
           // A route this table chose itself (a new model's first version): the fleet's, when it
           // has one, stands, here too.
@@ -1214,7 +1290,7 @@ bool ModelTable::publish_fleet() {
         }
       }
       if (!entry.retire_pending && w.versions == entry.fleet_versions &&
-          same_route(w.route, entry.fleet_route) &&
+          w.rerouted == entry.fleet_rerouted && same_route(w.route, entry.fleet_route) &&
           w.route_generation == entry.fleet_route_generation && entry.fleet_generation > 0) {
         // Nothing the fleet does not know: what was pending is settled.
         for (auto& [version, v] : entry.versions) {
@@ -1235,7 +1311,7 @@ bool ModelTable::publish_fleet() {
     std::optional<std::uint64_t> written;
     try {
       written = fleet_->put_model_config(
-          w.name, config_text(w.route, w.route_generation, w.versions), w.expected);
+          w.name, config_text(w.route, w.route_generation, w.versions, w.rerouted), w.expected);
     } catch (...) {
       return false;  // written at the next pass
     }
@@ -1250,6 +1326,7 @@ bool ModelTable::publish_fleet() {
     entry.fleet_route = w.route;
     entry.fleet_route_generation = w.route_generation;
     entry.fleet_versions = w.versions;
+    entry.fleet_rerouted = w.rerouted;
     entry.route_pending = false;
     entry.retire_pending = false;
     for (auto& [version, v] : entry.versions) {

@@ -109,6 +109,17 @@ class ModelTable {
   /// True when the model `name` is served (in any state).
   bool has_model(const std::string& name) const;
 
+  /// True once some version was unloaded with its jobs sent to the route (QueuedJobs::reroute):
+  /// only then does the batch runner ask `rerouted`. A hint, read without the lock.
+  bool rerouting() const noexcept { return rerouting_.load(std::memory_order_relaxed); }
+  /// Whether the jobs of `ref` go to its model's route instead (it was unloaded, or is draining,
+  /// with QueuedJobs::reroute, here or by the fleet; a version ready here again runs its own).
+  bool rerouted(const ModelRef& ref) const;
+  /// A job of a rerouted version: `ref` becomes the version its model's route chooses for
+  /// `tenant` and `id` (as `choose` does for a new job), with that version's Model; nothing (and
+  /// `ref` unchanged) when no version is ready.
+  Lease reroute(ModelRef& ref, std::string_view tenant, std::string_view id);
+
   /// The batch key of a version: its Model while loaded (what a WorkItem holding it gives), else
   /// null.
   const void* key_of(const ModelRef& ref) const;
@@ -121,7 +132,10 @@ class ModelTable {
   std::vector<ModelInfo> list() const;
   std::optional<ModelInfo> find(const std::string& name) const;
   void load(const std::string& name, const std::string& version, Completion<ModelInfo> done);
-  void unload(const std::string& name, const std::string& version, Completion<ModelInfo> done);
+  /// `reroute`: the version's jobs not yet run (here, and those waiting in the store, whoever
+  /// claims them) go to the model's route instead of running on it (QueuedJobs::reroute).
+  void unload(const std::string& name, const std::string& version, bool reroute,
+              Completion<ModelInfo> done);
   /// Every version of `name` drains and is unloaded, and its route is emptied (new jobs for it
   /// are refused); `done` once none is left.
   void unload_model(const std::string& name, Completion<ModelInfo> done);
@@ -160,6 +174,9 @@ class ModelTable {
     bool fleet_load = false;  // its load was the fleet's (sync_fleet), not asked of this queue
     std::chrono::system_clock::time_point retry_at{};  // a fleet's version failed or evicted here
     mutable std::uint64_t last_used = 0;               // tick_ when a job last chose it
+    // Unloaded with QueuedJobs::reroute (here, or by the fleet): its jobs not yet run go to the
+    // route. Cleared when it is ready again.
+    bool reroute = false;
   };
   // Versions in numeric order: a longer decimal text (no leading zeros) is the larger number.
   struct ByNumber {
@@ -178,10 +195,14 @@ class ModelTable {
     // here to write: the route this table chose itself (a new model's first version), a retirement.
     std::uint64_t fleet_generation = 0, fleet_route_generation = 0;
     std::set<std::string, ByNumber> fleet_versions;
+    std::set<std::string, ByNumber> fleet_rerouted;  // the fleet's versions unloaded with reroute
     ModelRoute fleet_route;
     bool route_pending = false, retire_pending = false;
     bool unreadable = false;  // the fleet's config of it could not be read: never written over
   };
+
+  // The most versions a model's config lists as rerouted (the newest are kept).
+  static constexpr std::size_t max_rerouted = 100;
 
   const Version* version_locked(const ModelRef& ref) const;
   ModelInfo info_locked(const std::string& name, const Entry& entry) const;
@@ -200,9 +221,12 @@ class ModelTable {
 
   // A shared store's config: written, read (false: not one of ours to follow).
   static std::string config_text(const ModelRoute& route, std::uint64_t generation,
-                                 const std::set<std::string, ByNumber>& versions);
+                                 const std::set<std::string, ByNumber>& versions,
+                                 const std::set<std::string, ByNumber>& rerouted);
   static bool read_config(const std::string& text, ModelRoute& route, std::uint64_t& generation,
-                          std::set<std::string, ByNumber>& versions);
+                          std::set<std::string, ByNumber>& versions,
+                          std::set<std::string, ByNumber>& rerouted);
+  bool rerouted_locked(const Entry& entry, const std::string& version) const;
   // One read of the fleet's configs, followed, and this table's changes written; true when a
   // write found the store changed (sync_now then reads and writes again).
   bool sync_once();
@@ -237,6 +261,7 @@ class ModelTable {
   std::atomic<std::uint64_t> turn_{0};  // invocations' route choices
   mutable std::uint64_t tick_ = 0;      // under mutex_: orders versions by their last use
   std::atomic<bool> draining_{false};   // a hint: some version drains
+  std::atomic<bool> rerouting_{false};  // a hint: some version was unloaded with reroute
 
   // The loading thread and what it is to load, started at the first load.
   std::deque<ModelRef> to_load_;  // under mutex_

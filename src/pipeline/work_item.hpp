@@ -35,6 +35,9 @@ struct WorkItem {
   // Set on a batch's first item as it leaves the work queue: the version its batch was counted
   // against (VersionStats::taken), counted down by the same pointer once the batch ran.
   VersionStats* taken_from = nullptr;
+  // Sent from the version it was pinned to, unloaded with QueuedJobs::reroute, to the one its
+  // model's route chose: its finish records that version.
+  bool rerouted = false;
 };
 
 /// What a job holds in memory while it waits or runs: its input's tree, its strings, the item.

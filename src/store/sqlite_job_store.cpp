@@ -490,7 +490,8 @@ struct SqliteJobStore::Impl {
           "cb_due_ms = CASE WHEN " NO_CALLBACK
           " THEN NULL ELSE :due END, "
           "finished_at_ms = CASE WHEN " NO_CALLBACK
-          " THEN :now ELSE NULL END "
+          " THEN :now ELSE NULL END, "
+          "model_version = CASE WHEN :ver = '' THEN model_version ELSE :ver END "
           "WHERE id = :id AND status < 2");
       set_callback = std::make_unique<Statement>(
           db, std::string("UPDATE jobs SET ") + set_callback_columns + " WHERE id = :id");
@@ -1102,6 +1103,7 @@ bool SqliteJobStore::Impl::write_finish(const std::string& id, const JobOutcome&
   }
   s.bind(s.param(":now"), now_ms);
   s.bind(s.param(":due"), due_ms);
+  s.bind(s.param(":ver"), outcome.ran_on_version);  // (a rerouted job's version; '' keeps it)
   s.bind(s.param(":id"), id);
   s.step();
   s.reset();

@@ -166,12 +166,14 @@ inline void start_delivery(StoredJob& s, const std::optional<Lease>& lease, Time
 }
 
 /// finish_job: refused (false) unless `holder` holds the job's lease at `now` and it is not final;
-/// then its outcome is written and, if it wants a completion callback, its delivery starts, held
-/// by `deliver` (ignored for a job that wants none).
+/// then its outcome is written (and the version that ran it, JobOutcome::ran_on_version) and, if it
+/// wants a completion callback, its delivery starts, held by `deliver` (ignored for a job that
+/// wants none).
 inline bool finish(StoredJob& s, const std::string& holder, const JobOutcome& outcome,
                    const std::optional<Lease>& deliver, TimePoint now) {
   if (is_final(s.record.status) || !holds(s.job_lease, holder, now)) return false;
   complete(s, outcome);
+  if (!outcome.ran_on_version.empty()) s.record.job.model.version = outcome.ran_on_version;
   if (s.record.job.wants_completion_callback()) start_delivery(s, deliver, now);
   return true;
 }

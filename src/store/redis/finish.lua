@@ -1,6 +1,7 @@
 -- finish_job: ARGV id, holder, now, status, result, has error, code, message, deliver holder,
--- deliver until, retention, finished at, and when it started ('' when mark_running said so
--- already; a batch folds a job's mark_running into its finish_job). 1: acknowledged.
+-- deliver until, retention, finished at, when it started ('' when mark_running said so already;
+-- a batch folds a job's mark_running into its finish_job), and the version that ran it when
+-- another than the stored one ('': that one). 1: acknowledged.
 local id = ARGV[O + 2]
 local key = job_key(id)
 local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status', 'cb_da', 'cb_prev')
@@ -13,6 +14,7 @@ local n = 6
 if ARGV[O + 14] ~= '' and f[5] == 'queued' then
   fields[n + 1], fields[n + 2] = 'started', ARGV[O + 14]; n = n + 2
 end
+if ARGV[O + 15] ~= '' then fields[n + 1], fields[n + 2] = 'mver', ARGV[O + 15]; n = n + 2 end
 if ARGV[O + 7] == '1' then
   fields[n + 1], fields[n + 2] = 'err_code', ARGV[O + 8]
   fields[n + 3], fields[n + 4] = 'err_msg', ARGV[O + 9]

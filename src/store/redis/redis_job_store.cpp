@@ -479,7 +479,7 @@ struct RedisJobStore::Impl {
     for (auto& op : batch) {
       if (op.which == kScriptMarkRunning && op.unwaited && op.args.size() == 2) {
         marks[op.args[0]] = &op;
-      } else if (op.which == kScriptFinish && op.args.size() == 13) {
+      } else if (op.which == kScriptFinish && op.args.size() == 14) {
         const auto mark = marks.find(op.args[0]);
         if (mark == marks.end()) continue;
         op.args[12] = mark->second->args[1];
@@ -1095,6 +1095,7 @@ std::vector<std::string> finish_args(const std::string& id, const std::string& h
   args.push_back(std::move(retention));
   args.push_back(ms_text(outcome.finished_at));
   args.emplace_back();  // started: see kFinish
+  args.push_back(outcome.ran_on_version);
   return args;
 }
 
