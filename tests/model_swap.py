@@ -274,8 +274,10 @@ with tempfile.TemporaryDirectory() as tmp:
                    ("set_model_route", 412), ("unload_model_version", 202),
                    ("unload_model_version", 409)):
         check(wanted in kinds, f"no log line for {wanted}: {sorted(kinds)}")
-    queued = {a.get("queued") for a in actions if a["action"] == "unload_model_version"}
-    check(queued == {"finish", "reroute"}, f"the unloads' queued= in the log: {queued}")
+    queued = {(a.get("queued"), a["status"]) for a in actions
+              if a["action"] == "unload_model_version" and a.get("version") == "4"}
+    check(queued == {("finish", 202), ("reroute", 202), ("later", 422)},
+          f"the unloads' queued= in the log: {queued}")
     proc.terminate()
     proc.wait(timeout=30)
 print("ok: model_swap")

@@ -623,47 +623,55 @@ TEST_CASE("ServedModels: an unload drains - queued jobs finish on their version 
 
 TEST_CASE(
     "ServedModels: an unload with reroute sends jobs not started to the route - recorded so") {
-  std::promise<void> gate, opened;
-  const std::shared_future<void> open = gate.get_future().share();
-  opened.set_value();
+  std::promise<void> gate_1, gate_2;
   auto alive = std::make_shared<std::atomic<int>>(0);
   rebound::ModelRepository models;
-  models.add(std::make_unique<Gated>("iris/1", open, alive), "1")
-      .add(std::make_unique<Gated>("iris/2", opened.get_future().share(), alive), "2");
-  // One job waiting in the store for version 1 (claimed at the start: it is not held by its
-  // version as a submission is), four submitted for it.
-  auto store = std::make_unique<rebound::MemoryJobStore>();
+  models.add(std::make_unique<Gated>("iris/1", gate_1.get_future().share(), alive), "1")
+      .add(std::make_unique<Gated>("iris/2", gate_2.get_future().share(), alive), "2");
+  auto owned = std::make_unique<rebound::MemoryJobStore>();
+  rebound::MemoryJobStore* store = owned.get();  // (thread-safe: the test adds a job to it)
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_batch_size = 16;  // the jobs left wait for one batch
+  rebound::JobQueue queue(std::move(models), std::move(owned), options);
+  auto& served = queue.models();
+  REQUIRE_FALSE(served.set_route("iris", {"1", {}}));
+  // One job runs on version 1 (held at its gate); three more wait for it, and one more is found
+  // in the store (claimed, not submitted: no Model holds it for its version).
+  std::vector<std::future<rebound::JobRecord>> ends;
+  std::vector<std::string> ids;
+  const auto submit = [&](const std::string& id) {
+    ids.push_back(id);
+    ends.push_back(queue.async_submit(job_for(id, {"iris", ""}), boost::asio::use_future));
+  };
+  submit("first");
+  REQUIRE(eventually([&] { return version_of(*served.find("iris"), "1")->running == 1; }));
+  for (int i = 0; i < 3; ++i)
+    submit("v1-" + std::to_string(i));
   rebound::Job parked = job_for("stored", {"iris", "1"});
   parked.created_at = std::chrono::system_clock::now();
   REQUIRE(store->put(parked, std::nullopt) == rebound::PutOutcome::created);
-  rebound::JobQueueOptions options;
-  options.workers = 1;
-  options.max_batch_size = 1;
-  rebound::JobQueue queue(std::move(models), std::move(store), options);
-  auto& served = queue.models();
-  REQUIRE_FALSE(served.set_route("iris", {"1", {}}));
-  std::vector<std::future<rebound::JobRecord>> ends;
-  std::vector<std::string> ids{"stored"};
-  for (int i = 0; i < 4; ++i) {
-    ids.push_back("v1-" + std::to_string(i));
-    ends.push_back(queue.async_submit(job_for(ids.back(), {"iris", ""}), boost::asio::use_future));
-  }
-  // One job runs on version 1 (held at its gate), the rest wait.
-  CHECK(eventually([&] { return version_of(*served.find("iris"), "1")->running == 1; }));
+  ids.push_back("stored");
+  REQUIRE(eventually([&] { return version_of(*served.find("iris"), "1")->queued == 4; }));
 
   REQUIRE_FALSE(served.set_route("iris", {"2", {}}));
   auto unloaded =
       served.async_unload("iris", "1", rebound::QueuedJobs::reroute, boost::asio::use_future);
-  CHECK(unloaded.wait_for(50ms) == std::future_status::timeout);  // one of its jobs runs
-  gate.set_value();
-  const rebound::ModelInfo info = unloaded.get();
-  CHECK(version_of(info, "1")->state == rebound::VersionState::unloaded);
-  for (auto& f : ends)
+  CHECK(unloaded.wait_for(50ms) == std::future_status::timeout);  // "first" runs on it
+  gate_1.set_value();
+  // The drain ends once the others were sent on, while they still wait at version 2's gate.
+  REQUIRE(unloaded.wait_for(10s) == std::future_status::ready);
+  CHECK(version_of(unloaded.get(), "1")->state == rebound::VersionState::unloaded);
+  CHECK(*alive == 1);  // version 1's Model is released
+  CHECK(version_of(*served.find("iris"), "2")->running == 4);
+  gate_2.set_value();
+  for (auto& f : ends) {
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
     CHECK(f.get().status == JobStatus::succeeded);
+  }
 
-  // The one that had started ran on version 1; every other ran on version 2, and its record (as
-  // the store keeps it) and result agree.
-  int on_1 = 0, on_2 = 0;
+  // "first" ran on version 1; every other ran on version 2, and its record (as the store keeps
+  // it) and result agree.
   for (const std::string& id : ids) {
     CAPTURE(id);
     std::optional<rebound::JobRecord> r;
@@ -671,14 +679,10 @@ TEST_CASE(
       r = queue.find({id});
       return r && r->status == JobStatus::succeeded;
     }));
-    const std::string by = r->outcome.result.value("by", "");
-    CHECK(by == "iris/" + r->job.model.version);
-    ++(r->job.model.version == "1" ? on_1 : on_2);
+    const std::string version = id == "first" ? "1" : "2";
+    CHECK(r->job.model == ModelRef{"iris", version});
+    CHECK(r->outcome.result == nlohmann::json{{"by", "iris/" + version}});
   }
-  CHECK(on_1 == 1);
-  CHECK(on_2 == 4);
-  CHECK(*alive == 1);  // version 1's Model is released
-
   // New jobs go where the route sends them.
   CHECK(queue.async_submit(job_for("after", {}), boost::asio::use_future).get().job.model ==
         ModelRef{"iris", "2"});

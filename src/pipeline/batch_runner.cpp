@@ -125,6 +125,15 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
       if (stats) stats->taken.fetch_sub(n, std::memory_order_release);
     }
   } untake{batch.empty() ? nullptr : batch.front().taken_from, batch.size()};
+  // Jobs sent on from a rerouted version count as taken from the version they run on, as long as
+  // they are in here.
+  struct Retake {
+    std::vector<std::shared_ptr<VersionStats>> to;
+    ~Retake() {
+      for (const auto& stats : to)
+        stats->taken.fetch_sub(1, std::memory_order_release);
+    }
+  } retake;
   const auto now = clock_();
   screen(batch, now);
   if (batch.empty()) return;
@@ -168,6 +177,10 @@ void BatchRunner::run(std::vector<WorkItem> batch) {
         if (counted && untake.n > 0) {
           untake.stats->taken.fetch_sub(1, std::memory_order_release);
           --untake.n;
+        }
+        if (lease.stats) {
+          lease.stats->taken.fetch_add(1, std::memory_order_acq_rel);
+          retake.to.push_back(std::move(lease.stats));
         }
         batch.push_back(std::move(item));
       }

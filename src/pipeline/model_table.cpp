@@ -618,6 +618,7 @@ void ModelTable::unload_model(const std::string& name, Completion<ModelInfo> don
         ++entry.generation;
         entry.retire_pending = entry.fleet_generation > 0;  // the fleet retires it too
         for (auto& [version, v] : entry.versions) {
+          v.reroute = false;  // (a retired model has no route to send jobs to)
           if (v.state == VersionState::ready) {
             v.state = VersionState::draining;
             lines.push_back({"model_draining", {{"model", name}, {"version", version}}});
@@ -1099,6 +1100,15 @@ bool ModelTable::sync_once() {
       entry.unreadable = false;
       if (c.generation == entry.fleet_generation) continue;
       entry.fleet_generation = c.generation;
+      // A version the fleet no longer reroutes (loaded and unloaded again elsewhere, or past the
+      // newest 100) is not rerouted here either, unless this server's reroute is still unwritten.
+      for (const std::string& version : entry.fleet_rerouted) {
+        const auto v = entry.versions.find(version);
+        if (v != entry.versions.end() && rerouted.count(version) == 0 &&
+            v->second.pending != Version::Pending::remove) {
+          v->second.reroute = false;
+        }
+      }
       entry.fleet_versions = versions;
       entry.fleet_rerouted = rerouted;
       if (!rerouted.empty()) rerouting_.store(true, std::memory_order_relaxed);
@@ -1110,7 +1120,8 @@ bool ModelTable::sync_once() {
           to_load.push_back({c.name, version});
           continue;
         }
-        v->second.reroute = false;  // the fleet serves it again
+        // The fleet serves it again (unless this server's reroute of it is still to be written).
+        if (v->second.pending != Version::Pending::remove) v->second.reroute = false;
         v->second.shared = true;
         if (v->second.pending == Version::Pending::add) v->second.pending = Version::Pending::none;
         if (v->second.pending != Version::Pending::remove &&
