@@ -1215,3 +1215,40 @@ TEST_CASE_TEMPLATE("store contract: a job's lease and its callback's lease are n
   // The callback's own acknowledgement goes through.
   CHECK(store->record_attempt("a", "h", delivered, t0));
 }
+
+TEST_CASE_TEMPLATE("store contract: a fleet's store says which versions have jobs nobody claims",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // Jobs of iris/1 (claimed) and iris/2 (left alone), and one of iris/3 created later.
+  for (int i = 0; i < 9; ++i) {
+    Job job = make("w-" + std::to_string(i), 1764000000000 + i);
+    job.model = {"iris", i % 3 == 0 ? "2" : "1"};
+    REQUIRE(store->put(job) == PutOutcome::created);
+  }
+  Job late = make("w-late", 1764000005000);
+  late.model = {"iris", "3"};
+  REQUIRE(store->put(late) == PutOutcome::created);
+  const std::vector<rebound::ModelRef> asked{{"iris", "1"}, {"iris", "2"}, {"iris", "3"}};
+  const auto waiting = store->waiting_versions(asked, t0 + 2s);
+  if (!store->model_configs()) {
+    CHECK(waiting.empty());  // a store of one server: nothing to say
+    return;
+  }
+  // Before any claim, both versions with jobs by then; not the one created after.
+  std::vector<rebound::ModelRef> sorted = waiting;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.version < b.version; });
+  CHECK(sorted == std::vector<rebound::ModelRef>{{"iris", "1"}, {"iris", "2"}});
+  CHECK(store->waiting_versions(asked, t0 - 1s).empty());  // nothing waited that long
+  CHECK(store->waiting_versions({{"iris", "2"}}, t0 + 2s) ==
+        std::vector<rebound::ModelRef>{{"iris", "2"}});  // only what is asked about
+  // Claimed (the versions of 2 left alone), iris/1 has nobody's jobs waiting; with the lease
+  // run out, it has again.
+  CHECK(store->claim_jobs_except(10, lease("one", t0 + 60s), t0 + 3s, {{"iris", "2"}}).size() == 6);
+  CHECK(store->waiting_versions(asked, t0 + 4s) == std::vector<rebound::ModelRef>{{"iris", "2"}});
+  const auto ran_out = store->waiting_versions(asked, t0 + 61s);
+  CHECK(std::find(ran_out.begin(), ran_out.end(), rebound::ModelRef{"iris", "1"}) != ran_out.end());
+  CHECK(std::find(ran_out.begin(), ran_out.end(), rebound::ModelRef{"iris", "3"}) != ran_out.end());
+}

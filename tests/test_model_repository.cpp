@@ -45,9 +45,14 @@ struct Ledger {
 // Answers {"by": "<name>/<version>"} and notes each input it ran in the ledger.
 class Labelled final : public rebound::Model {
  public:
-  Labelled(std::string name, std::string label, std::shared_ptr<Ledger> ledger)
-      : name_(std::move(name)), label_(std::move(label)), ledger_(std::move(ledger)) {}
+  Labelled(std::string name, std::string label, std::shared_ptr<Ledger> ledger,
+           std::size_t bytes = 0)
+      : name_(std::move(name)),
+        label_(std::move(label)),
+        ledger_(std::move(ledger)),
+        bytes_(bytes) {}
   std::string name() const override { return name_; }
+  std::size_t memory_bytes() const override { return bytes_; }
   rebound::BatchingPreference batching() const override { return {16, 20ms}; }
   rebound::Prediction predict(const nlohmann::json& input) override {
     note(input, 1);
@@ -71,6 +76,7 @@ class Labelled final : public rebound::Model {
   }
   std::string name_, label_;
   std::shared_ptr<Ledger> ledger_;
+  std::size_t bytes_;
 };
 
 rebound::ModelRepository two_models(const std::shared_ptr<Ledger>& ledger) {
@@ -748,19 +754,27 @@ class Shared final : public rebound::test::ForwardingStore {
   std::optional<std::vector<rebound::ModelConfig>> model_configs() const override {
     return inner_->model_configs();
   }
+  std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& versions,
+                                         TimePoint since) const override {
+    return inner_->waiting_versions(versions, since);
+  }
 };
 
-// A server of the fleet: version 1 of iris at its start, a loader for any other.
+// A server of the fleet: version 1 of iris at its start, a loader for any other. With a memory
+// budget, each version weighs 10 bytes.
 std::unique_ptr<rebound::JobQueue> fleet_server(
     const std::shared_ptr<rebound::MemoryJobStore>& store, const std::shared_ptr<Ledger>& ledger,
-    const std::string& server) {
+    const std::string& server, std::size_t budget = 0) {
+  const std::size_t bytes = budget > 0 ? 10 : 0;
   rebound::ModelRepository models;
-  models.add(std::make_unique<Labelled>("iris", server + ":iris/1", ledger), "1");
-  models.set_loader([ledger, server](const ModelRef& ref) -> std::unique_ptr<rebound::Model> {
-    if (ref.version == "9") throw rebound::Error("no such version on " + server);
-    return std::make_unique<Labelled>(ref.name, server + ":" + ref.name + "/" + ref.version,
-                                      ledger);
-  });
+  models.add(std::make_unique<Labelled>("iris", server + ":iris/1", ledger, bytes), "1");
+  models.set_loader(
+      [ledger, server, bytes](const ModelRef& ref) -> std::unique_ptr<rebound::Model> {
+        if (ref.version == "9") throw rebound::Error("no such version on " + server);
+        return std::make_unique<Labelled>(ref.name, server + ":" + ref.name + "/" + ref.version,
+                                          ledger, bytes);
+      });
+  if (budget > 0) models.set_memory_budget(budget);
   rebound::JobQueueOptions options;
   options.max_queue_delay = 0ms;
   options.poll_interval = 20ms;
@@ -918,6 +932,45 @@ TEST_CASE("ServedModels on a shared store: an unload with reroute sends the flee
     const std::string config = config_of_iris();
     return !config.empty() && config.find("rerouted") == std::string::npos;
   }));
+}
+
+TEST_CASE(
+    "ServedModels on a shared store: a version evicted everywhere is loaded when its jobs wait") {
+  // Two servers, each with room for two versions of ten bytes; version 1 is the route's.
+  auto ledger = std::make_shared<Ledger>();
+  auto store = std::make_shared<rebound::MemoryJobStore>();
+  auto a = fleet_server(store, ledger, "a", 25);
+  auto b = fleet_server(store, ledger, "b", 25);
+  a->models().async_load("iris", "2", boost::asio::use_future).get();
+  CHECK(eventually([&] { return state_of(*b, "iris", "2") == rebound::VersionState::ready; }));
+  // Version 3 makes every server evict the idle 2 (the fleet still serves it: evictions are each
+  // server's own).
+  a->models().async_load("iris", "3", boost::asio::use_future).get();
+  CHECK(eventually([&] {
+    return state_of(*b, "iris", "3") == rebound::VersionState::ready &&
+           state_of(*a, "iris", "2") == rebound::VersionState::unloaded &&
+           state_of(*b, "iris", "2") == rebound::VersionState::unloaded;
+  }));
+  // With no job of it, nobody loads it back.
+  std::this_thread::sleep_for(1500ms);
+  CHECK(state_of(*a, "iris", "2") == rebound::VersionState::unloaded);
+  CHECK(state_of(*b, "iris", "2") == rebound::VersionState::unloaded);
+
+  // A job pinned to version 2 waits in the store (accepted by a server that had it, say): within
+  // seconds a server loads 2 back, in the room of the least recently used 3, and runs it.
+  rebound::Job pinned = job_for("pinned-2", {"iris", "2"});
+  pinned.created_at = std::chrono::system_clock::now();
+  REQUIRE(store->put(pinned, std::nullopt) == rebound::PutOutcome::created);
+  auto waited = a->async_wait({"pinned-2"}, boost::asio::use_future);
+  REQUIRE(waited.wait_for(15s) == std::future_status::ready);  // (not a minute's retry)
+  const rebound::JobRecord r = waited.get();
+  CHECK(r.status == JobStatus::succeeded);
+  const std::string by = r.outcome.result.value("by", "");
+  CHECK((by == "a:iris/2" || by == "b:iris/2"));
+  rebound::JobQueue& ran = by == "a:iris/2" ? *a : *b;
+  CHECK(state_of(ran, "iris", "2") == rebound::VersionState::ready);
+  CHECK(state_of(ran, "iris", "3") == rebound::VersionState::unloaded);  // (the budget held)
+  CHECK(state_of(ran, "iris", "1") == rebound::VersionState::ready);     // (the route's)
 }
 
 namespace {

@@ -144,8 +144,10 @@ struct ModelInfo {
 /// config as it stands (its own versions the fleet does not serve are unloaded; models the fleet
 /// lacks are added). Its claims leave the jobs of the fleet's versions it has not ready to the
 /// others (JobLeaseStore::claim_jobs_except), and a route naming a version not ready here sends
-/// that share to the route's default until it is. A job of a version no server serves, claimed from
-/// the store, ends `version_unavailable`.
+/// that share to the route's default until it is. A fleet's version this queue unloaded for its
+/// memory budget (or had no room for) is loaded back when the store has its jobs waiting a second
+/// unclaimed (FleetStore::waiting_versions), room made as for any load. A job of a version no
+/// server serves, claimed from the store, ends `version_unavailable`.
 ///
 /// A queue built on one Model (ModelRepository::runs_every_job) serves
 /// that model only: it has no loader. A load runs to its end (a ModelLoader is not

@@ -593,17 +593,30 @@ function versionButton(ctx, model, v) {
   const name = String(model.name);
   const version = String(v.version);
   if ((v.state === 'ready' || v.state === 'draining') && !routeShare(model, version)) {
-    return h('button', {
+    // Two ways to unload: the jobs not started run on it first (queued=finish), or they go to
+    // the version the route chooses for each (queued=reroute).
+    const unload = (queued, label, question, done) => h('button', {
       type: 'button',
       class: 'small danger',
-      onclick: () => ctx.act(
+      onclick: () => ctx.act(question, async () => {
+        await api('DELETE',
+          modelPath(name, `/versions/${encodeURIComponent(version)}?queued=${queued}`));
+        return done;
+      }),
+    }, label);
+    return [
+      unload('finish', 'Unload',
         `Unload version ${version} of ${name}? It takes no new job; the jobs queued for it run ` +
         'on it first, then it is released (on every server of a shared store).',
-        async () => {
-          await api('DELETE', modelPath(name, `/versions/${encodeURIComponent(version)}`));
-          return `Unloading ${name} version ${version}.`;
-        }),
-    }, 'Unload');
+        `Unloading ${name} version ${version}.`),
+      unload('reroute', 'Reroute',
+        `Unload version ${version} of ${name} and send its queued jobs to the route? It takes ` +
+        'no new job; its jobs not started yet (here and waiting in the store) run on the ' +
+        'version the route chooses for each instead, and each job\'s status and callback name ' +
+        'that version; the jobs running finish on it, then it is released (on every server of a ' +
+        'shared store).',
+        `Unloading ${name} version ${version}; its queued jobs go to the route.`),
+    ];
   }
   if (v.state === 'failed' || v.state === 'unloaded') {
     return loadButton(ctx, name, version, 'Load');

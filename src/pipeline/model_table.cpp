@@ -490,6 +490,7 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
       v.digest = std::move(digest);
       v.bytes = bytes;
       v.last_used = ++tick_;  // (not the first to go for the next load)
+      v.on_demand = false;
       if (shared && v.fleet_load) {
         if (entry.fleet_generation > 0 && entry.fleet_versions.count(ref.version) == 0) {
           // The fleet unloaded it (or retired the model) while it loaded here: it goes again.
@@ -508,9 +509,12 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
       }
     } else {
       v.state = VersionState::failed;
+      // A fleet's version with no room in the budget waits for its jobs, and then for room (ten
+      // seconds between tries); any other failure is tried again in a minute.
+      v.on_demand = error && error->code == "insufficient_memory";
+      v.retry_at = now + (v.on_demand ? std::chrono::seconds(10) : std::chrono::minutes(1));
       v.error = std::move(error);
       if (v.pending == Version::Pending::add) v.pending = Version::Pending::none;
-      v.retry_at = now + std::chrono::minutes(1);  // (a fleet's version: tried again then)
     }
     tell_fleet = v.pending == Version::Pending::add || entry.route_pending;
     waiting = std::move(v.loads);
@@ -920,7 +924,7 @@ std::optional<ErrorInfo> ModelTable::make_room(const ModelRef& ref, std::size_t 
       v->second.model.reset();
       v->second.state = VersionState::unloaded;
       v->second.unloaded_at = now;
-      v->second.retry_at = now + std::chrono::minutes(1);  // (the fleet's: loaded back then)
+      v->second.on_demand = true;  // (the fleet's: loaded back when its jobs wait)
     }
     note_not_served_locked();
   }
@@ -1033,6 +1037,63 @@ void ModelTable::sync_fleet() {
   }
   last_sync_ = now;
   sync_once();
+  load_on_demand();
+}
+
+void ModelTable::load_on_demand() {
+  std::vector<ModelRef> candidates;
+  const auto now = clock_();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_ || fleet_mode_ != FleetMode::shared) return;
+    for (const auto& [name, entry] : models_) {
+      if (entry.unreadable || !entry.unloads.empty() || entry.retire_pending) continue;
+      for (const std::string& version : entry.fleet_versions) {
+        const auto v = entry.versions.find(version);
+        if (v != entry.versions.end() && v->second.on_demand &&
+            (v->second.state == VersionState::failed ||
+             v->second.state == VersionState::unloaded) &&
+            v->second.pending != Version::Pending::remove && now >= v->second.retry_at) {
+          candidates.push_back({name, version});
+        }
+      }
+    }
+  }
+  if (candidates.empty()) return;
+  // Jobs that waited a second unclaimed: no server that has their version is there to run them
+  // (a claim takes what is due every poll, a tenth of a second by default).
+  std::vector<ModelRef> waiting;
+  try {
+    waiting = fleet_->waiting_versions(candidates, now - std::chrono::seconds(1));
+  } catch (...) {
+    return;  // asked again at the next pass
+  }
+  std::vector<ModelRef> to_load;
+  Lines lines;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const ModelRef& ref : waiting) {
+      // (Only what was asked, in the state it was asked in: the store's answer is not trusted
+      // further.)
+      if (std::find(candidates.begin(), candidates.end(), ref) == candidates.end() ||
+          std::find(to_load.begin(), to_load.end(), ref) != to_load.end()) {
+        continue;
+      }
+      const auto m = models_.find(ref.name);
+      if (m == models_.end()) continue;
+      const auto v = m->second.versions.find(ref.version);
+      if (v == m->second.versions.end() || !v->second.on_demand ||
+          (v->second.state != VersionState::failed && v->second.state != VersionState::unloaded)) {
+        continue;
+      }
+      v->second.retry_at = now + std::chrono::seconds(10);
+      to_load.push_back(ref);
+      lines.push_back({"model_demanded", {{"model", ref.name}, {"version", ref.version}}});
+    }
+  }
+  write(lines);
+  for (const ModelRef& ref : to_load)
+    load(ref.name, ref.version, {});
 }
 
 void ModelTable::sync_now() {
@@ -1125,8 +1186,9 @@ bool ModelTable::sync_once() {
         v->second.shared = true;
         if (v->second.pending == Version::Pending::add) v->second.pending = Version::Pending::none;
         if (v->second.pending != Version::Pending::remove &&
-            (v->second.state == VersionState::failed || v->second.state == VersionState::unloaded ||
-             v->second.state == VersionState::draining)) {
+            (v->second.state == VersionState::draining ||
+             (!v->second.on_demand && (v->second.state == VersionState::failed ||
+                                       v->second.state == VersionState::unloaded)))) {
           to_load.push_back({c.name, version});  // (a drain here stops: the fleet serves it)
         }
       }
@@ -1170,8 +1232,8 @@ bool ModelTable::sync_once() {
       }
     }
     // The fleet's versions this server lacks although its config did not change: a load refused
-    // (the model was being retired here), failed or evicted here. Tried again, each at most once
-    // a minute.
+    // (the model was being retired here) or failed here. Tried again, each at most once a minute;
+    // those the budget left out, when their jobs wait (load_on_demand).
     const auto now = clock_();
     for (auto& [name, entry] : models_) {
       if (entry.unreadable || stored.count(name) == 0 || !entry.unloads.empty() ||
@@ -1184,7 +1246,8 @@ bool ModelTable::sync_once() {
           to_load.push_back({name, version});
         } else if ((v->second.state == VersionState::failed ||
                     v->second.state == VersionState::unloaded) &&
-                   v->second.pending != Version::Pending::remove && now >= v->second.retry_at &&
+                   !v->second.on_demand && v->second.pending != Version::Pending::remove &&
+                   now >= v->second.retry_at &&
                    std::find(to_load.begin(), to_load.end(), ModelRef{name, version}) ==
                        to_load.end()) {
           v->second.retry_at = now + std::chrono::minutes(1);

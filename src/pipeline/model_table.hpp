@@ -174,6 +174,9 @@ class ModelTable {
     bool fleet_load = false;  // its load was the fleet's (sync_fleet), not asked of this queue
     std::chrono::system_clock::time_point retry_at{};  // a fleet's version failed or evicted here
     mutable std::uint64_t last_used = 0;               // tick_ when a job last chose it
+    // Loaded back only when the store has its jobs waiting (load_on_demand), not once a minute:
+    // evicted here for the memory budget, or its load found no room in it.
+    bool on_demand = false;
     // Unloaded with QueuedJobs::reroute (here, or by the fleet): its jobs not yet run go to the
     // route. Cleared when it is ready again.
     bool reroute = false;
@@ -234,6 +237,9 @@ class ModelTable {
   // An operator's change (a load that ended, an unload, a retirement) written at once, on the
   // caller's thread, so that the store has the changes in the order they were made.
   void sync_now();
+  // The fleet's versions this server lacks for its budget (Version::on_demand) whose jobs wait in
+  // the store with nobody to claim them: loaded, as the budget allows. On the pump's thread.
+  void load_on_demand();
   void note_not_served_locked();
 
   const Logger logger_;

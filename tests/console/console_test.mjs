@@ -28,7 +28,7 @@ const OPERATOR = 'OPKEY';
 const VIEWER = 'VIEWKEY';
 const ALICE = 'ALICEKEY';
 const ACTION_BUTTONS = ['Cancel', 'Redeliver', 'Redeliver all', 'Pause', 'Resume', 'Load', 'Unload',
-  'Set route', 'Load version'];
+  'Reroute', 'Set route', 'Load version'];
 
 // --- plumbing -------------------------------------------------------------------------------
 
@@ -628,12 +628,33 @@ async function main() {
     return m.default_version === '2' && m.split.length === 0;
   });
   ok('version 2 is the default');
+  // Unloaded with its queued jobs sent to the route, loaded back, then unloaded with them run first.
   await ui.view('Models');
+  await ui.click('Reroute', { row: '1', timeoutMs: 20_000 });
+  const rerouteQuestion = await ui.confirm();
+  check(rerouteQuestion.includes('Unload version 1 of sleep') && rerouteQuestion.includes('to the route'),
+    'the dialog says where the queued jobs go', rerouteQuestion);
+  await waitFor('version 1 unloaded', async () => (await versionState('1')) === 'unloaded', 60_000);
+  check(/"model_draining".*"queued":"reroute"|"queued":"reroute".*"model_draining"/.test(
+    fs.readFileSync(server.logPath, 'utf8')), 'the server drained version 1 with queued=reroute');
+  await refreshModels();
+  await ui.click('Load', { row: '1' });
+  check((await ui.confirm()).includes('version 1 of sleep'), 'the dialog names the version loaded back');
+  await waitFor('version 1 ready again', async () => (await versionState('1')) === 'ready', 20_000);
+  await waitFor('version 1 ready in the view', async () => {
+    await refreshModels();
+    const rows = await ui.rowTexts('1');
+    return rows.length && /ready/.test(rows[0]);
+  });
+  check((await ui.count(['Reroute']))['Reroute'] === 1, 'only the unrouted version offers Reroute');
   await ui.click('Unload', { row: '1' });
   const unloadQuestion = await ui.confirm();
-  check(unloadQuestion.includes('Unload version 1 of sleep'), 'the dialog names what is unloaded', unloadQuestion);
+  check(unloadQuestion.includes('Unload version 1 of sleep') && unloadQuestion.includes('run on it first'),
+    'the dialog names what is unloaded', unloadQuestion);
   await waitFor('version 1 unloaded', async () => (await versionState('1')) === 'unloaded', 60_000);
-  ok('version 1 drained and was unloaded');
+  check(/"model_draining".*"queued":"finish"|"queued":"finish".*"model_draining"/.test(
+    fs.readFileSync(server.logPath, 'utf8')), 'the server drained version 1 with queued=finish');
+  ok('version 1 drained and was unloaded, once with its jobs rerouted and once with them run first');
   const logged = fs.readFileSync(server.logPath, 'utf8');
   for (const action of ['load_model_version', 'set_model_route', 'unload_model_version']) {
     check(new RegExp(`"operator_action".*"action":"${action}"|"action":"${action}".*"operator_action"`).test(logged),

@@ -487,6 +487,17 @@ class FleetStore {
   /// Every model configuration put_model_config wrote, by name; nullopt when the store does not
   /// share them (the default).
   virtual std::optional<std::vector<ModelConfig>> model_configs() const { return std::nullopt; }
+
+  /// Of `versions`, those with a job that nobody has claimed since `since` or before (never
+  /// claimed and created by then, or its last lease ended by then): jobs no server of the store
+  /// runs, because none has their version loaded. A JobQueue on a shared store asks it about the
+  /// fleet's versions it does not serve itself (evicted for its memory budget, or too large for
+  /// it) and loads those answered, within the budget (ServedModels: versions loaded on demand).
+  /// A store may look at a bounded number of jobs and answer only some. The default: none.
+  virtual std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& /*versions*/,
+                                                 TimePoint /*since*/) const {
+    return {};
+  }
 };
 
 /// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.

@@ -378,6 +378,35 @@ class MemoryJobStore final : public JobStore {
     return out;
   }
 
+  /// Looks at no more than 5,000 jobs waiting since `since` (each tenant's, by priority).
+  std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& versions,
+                                         TimePoint since) const override {
+    std::vector<ModelRef> out;
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t looked = 0;
+    for (auto range = job_queue_.begin();
+         range != job_queue_.end() && looked < 5000 && out.size() < versions.size();) {
+      const std::string* tenant = range->tenant;
+      for (int p = highest_priority; p <= lowest_priority; ++p) {
+        for (auto q = job_queue_.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
+             q != job_queue_.end() && q->tenant == tenant && q->priority == p && q->at <= since &&
+             looked < 5000;
+             ++q, ++looked) {
+          const StoredJob& s = jobs_.find(*q->id)->second.stored;
+          if (s.job_lease && s.job_lease->until > since) continue;  // (claimed since)
+          const ModelRef& model = s.record.job.model;
+          if (std::find(versions.begin(), versions.end(), model) != versions.end() &&
+              std::find(out.begin(), out.end(), model) == out.end()) {
+            out.push_back(model);
+          }
+        }
+      }
+      range =
+          job_queue_.lower_bound(QueueKey{tenant, lowest_priority + 1, TimePoint::min(), nullptr});
+    }
+    return out;
+  }
+
   /// Jobs held now, finished or not.
   std::size_t size() const {
     std::lock_guard<std::mutex> lock(mutex_);

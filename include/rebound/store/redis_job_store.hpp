@@ -170,6 +170,9 @@ class RedisJobStore final : public JobStore {
   std::optional<std::uint64_t> put_model_config(const std::string& name, const std::string& config,
                                                 std::uint64_t if_generation) override;
   std::optional<std::vector<ModelConfig>> model_configs() const override;
+  /// Looks at no more than 2,000 jobs waiting since `since`.
+  std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& versions,
+                                         TimePoint since) const override;
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
   std::optional<std::string> failure() const override;
 

@@ -1270,6 +1270,24 @@ std::optional<std::vector<ModelConfig>> RedisJobStore::model_configs() const {
   return out;
 }
 
+std::vector<ModelRef> RedisJobStore::waiting_versions(const std::vector<ModelRef>& versions,
+                                                      TimePoint since) const {
+  std::vector<ModelRef> out;
+  if (versions.empty()) return out;
+  std::string asked;  // "name version" lines (names and versions hold neither)
+  for (const ModelRef& ref : versions)
+    asked += ref.name + ' ' + ref.version + '\n';
+  Reply r = impl_->script(kScriptWaiting, {ms_text(since), std::move(asked)}, false);  // (a read)
+  if (!r || r->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t i = 0; i < r->elements; ++i) {
+    const std::string_view line = text(r->element[i]);
+    const auto space = line.find(' ');
+    if (space == std::string_view::npos) continue;
+    out.push_back({std::string(line.substr(0, space)), std::string(line.substr(space + 1))});
+  }
+  return out;
+}
+
 std::vector<ServerSeen> RedisJobStore::servers(TimePoint now) const {
   Reply r = impl_->script(kScriptServers, {"", ms_text(now), "0"});
   std::vector<ServerSeen> out;

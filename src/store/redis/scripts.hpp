@@ -39,6 +39,7 @@ enum Script : std::size_t {
   kScriptIndex,
   kScriptTenants,
   kScriptModels,
+  kScriptWaiting,
   // dispatch.lua over kScriptPut only (which is refused at maxmemory), and over the other writes
   // that many callers make at once.
   kScriptBatchPut,
@@ -53,7 +54,7 @@ constexpr std::array<const char*, kStandaloneCount> kScriptNames = {
     "put",       "claim",    "renew",           "mark_running", "finish",         "record_attempt",
     "redeliver", "complete", "update_callback", "list",         "queue_position", "cancel",
     "page",      "stats",    "servers",         "paused",       "index",          "tenants",
-    "models"};
+    "models",    "waiting"};
 
 // The text of src/store/redis/<name>.lua, as embedded at build time.
 inline std::string_view lua(std::string_view name) {
@@ -71,7 +72,7 @@ inline std::string_view lua(std::string_view name) {
 // reads go on while a master has fewer replicas than asked.
 inline bool reads_only(std::size_t which) {
   return which == kScriptList || which == kScriptQueuePosition || which == kScriptPage ||
-         which == kScriptStats || which == kScriptServers;
+         which == kScriptStats || which == kScriptServers || which == kScriptWaiting;
 }
 
 // True when `script` reads no argument by its position alone (ARGV[<digit>]): in a batch, its
