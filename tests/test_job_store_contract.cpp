@@ -1221,7 +1221,9 @@ TEST_CASE_TEMPLATE("store contract: a fleet's store says which versions have job
   Factory factory;
   auto store = factory.make();
   CAPTURE(Factory::name);
-  // Jobs of iris/1 (claimed) and iris/2 (left alone), and one of iris/3 created later.
+  // Jobs of iris/1 (claimed below) and iris/2 (left alone); one of iris/3 created later; a
+  // tenant's job of iris/4 at another priority; iris/5 held under a lease renewed past the
+  // times asked about; iris/6 finished.
   for (int i = 0; i < 9; ++i) {
     Job job = make("w-" + std::to_string(i), 1764000000000 + i);
     job.model = {"iris", i % 3 == 0 ? "2" : "1"};
@@ -1230,25 +1232,44 @@ TEST_CASE_TEMPLATE("store contract: a fleet's store says which versions have job
   Job late = make("w-late", 1764000005000);
   late.model = {"iris", "3"};
   REQUIRE(store->put(late) == PutOutcome::created);
-  const std::vector<rebound::ModelRef> asked{{"iris", "1"}, {"iris", "2"}, {"iris", "3"}};
+  Job tenants = make("acme/w-t", 1764000000500);
+  tenants.model = {"iris", "4"};
+  tenants.priority = 0;
+  REQUIRE(store->put(tenants) == PutOutcome::created);
+  Job held = make("w-held");
+  held.model = {"iris", "5"};
+  REQUIRE(store->put(held, lease("five", t0 + 30s)) == PutOutcome::created);
+  CHECK(store->renew("w-held", lease("five", t0 + 100s), t0 + 20s));
+  Job done = make("w-done");
+  done.model = {"iris", "6"};
+  REQUIRE(store->put(done, lease("six", t0 + 30s)) == PutOutcome::created);
+  REQUIRE(store->finish_job("w-done", "six", {JobStatus::succeeded, {{"y", 1}}, std::nullopt},
+                            std::nullopt, t0 + 1s));
+  const std::vector<rebound::ModelRef> asked{{"iris", "1"}, {"iris", "2"}, {"iris", "3"},
+                                             {"iris", "4"}, {"iris", "5"}, {"iris", "6"}};
+  const auto versions_of = [](std::vector<rebound::ModelRef> refs) {
+    std::vector<std::string> out;
+    for (const auto& r : refs)
+      out.push_back(r.name + "/" + r.version);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
   const auto waiting = store->waiting_versions(asked, t0 + 2s);
   if (!store->model_configs()) {
     CHECK(waiting.empty());  // a store of one server: nothing to say
     return;
   }
-  // Before any claim, both versions with jobs by then; not the one created after.
-  std::vector<rebound::ModelRef> sorted = waiting;
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto& a, const auto& b) { return a.version < b.version; });
-  CHECK(sorted == std::vector<rebound::ModelRef>{{"iris", "1"}, {"iris", "2"}});
+  // Before any claim: every version with jobs by then, none held, none finished.
+  CHECK(versions_of(waiting) == std::vector<std::string>{"iris/1", "iris/2", "iris/4"});
   CHECK(store->waiting_versions(asked, t0 - 1s).empty());  // nothing waited that long
   CHECK(store->waiting_versions({{"iris", "2"}}, t0 + 2s) ==
         std::vector<rebound::ModelRef>{{"iris", "2"}});  // only what is asked about
-  // Claimed (the versions of 2 left alone), iris/1 has nobody's jobs waiting; with the lease
-  // run out, it has again.
-  CHECK(store->claim_jobs_except(10, lease("one", t0 + 60s), t0 + 3s, {{"iris", "2"}}).size() == 6);
-  CHECK(store->waiting_versions(asked, t0 + 4s) == std::vector<rebound::ModelRef>{{"iris", "2"}});
-  const auto ran_out = store->waiting_versions(asked, t0 + 61s);
-  CHECK(std::find(ran_out.begin(), ran_out.end(), rebound::ModelRef{"iris", "1"}) != ran_out.end());
-  CHECK(std::find(ran_out.begin(), ran_out.end(), rebound::ModelRef{"iris", "3"}) != ran_out.end());
+  // Claimed (the versions 2 and 4 left alone), iris/1 has nobody's jobs waiting; with the lease
+  // run out, it has again. The renewed lease still holds iris/5's job.
+  CHECK(store->claim_jobs_except(6, lease("one", t0 + 60s), t0 + 3s, {{"iris", "2"}, {"iris", "4"}})
+            .size() == 6);
+  CHECK(versions_of(store->waiting_versions(asked, t0 + 4s)) ==
+        std::vector<std::string>{"iris/2", "iris/4"});
+  CHECK(versions_of(store->waiting_versions(asked, t0 + 61s)) ==
+        std::vector<std::string>{"iris/1", "iris/2", "iris/3", "iris/4"});
 }

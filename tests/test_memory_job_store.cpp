@@ -411,6 +411,27 @@ TEST_CASE("a dead letter forgotten beyond max_finished leaves the dead-letter pa
   CHECK(pages_of(store, "", 100, false).size() == 10);
 }
 
+TEST_CASE("waiting_versions is bounded a call - the next call goes on to the tenants after") {
+  rebound::MemoryJobStore store;
+  const auto t0 = std::chrono::system_clock::now();
+  // Tenant a's 5,001 jobs fill one call's look; tenant b's one job is behind them.
+  for (int i = 0; i <= 5000; ++i) {
+    Job job = make("j-" + std::to_string(i));
+    job.tenant = "a";
+    job.created_at = t0;
+    job.model = {"iris", "1"};
+    REQUIRE(store.put(job) == PutOutcome::created);
+  }
+  Job behind = make("j");
+  behind.tenant = "b";
+  behind.created_at = t0;
+  behind.model = {"iris", "2"};
+  REQUIRE(store.put(behind) == PutOutcome::created);
+  const std::vector<rebound::ModelRef> asked{{"iris", "2"}};
+  CHECK(store.waiting_versions(asked, t0 + std::chrono::seconds(1)).empty());  // (cut short)
+  CHECK(store.waiting_versions(asked, t0 + std::chrono::seconds(1)) == asked);
+}
+
 TEST_CASE("claims leave the versions skipped where they are - model configs are compare-and-set") {
   rebound::MemoryJobStore store;
   const auto t0 = std::chrono::system_clock::now();

@@ -971,6 +971,13 @@ TEST_CASE(
   CHECK(state_of(ran, "iris", "2") == rebound::VersionState::ready);
   CHECK(state_of(ran, "iris", "3") == rebound::VersionState::unloaded);  // (the budget held)
   CHECK(state_of(ran, "iris", "1") == rebound::VersionState::ready);     // (the route's)
+
+  // A route that names a version a server evicted is followed there at once, jobs or not.
+  rebound::JobQueue& other = &ran == a.get() ? *b : *a;
+  const std::uint64_t generation = other.models().find("iris")->generation;
+  REQUIRE_FALSE(other.models().set_route("iris", {"3", {}}, generation));
+  CHECK(eventually([&] { return state_of(ran, "iris", "3") == rebound::VersionState::ready; }));
+  CHECK(eventually([&] { return state_of(other, "iris", "3") == rebound::VersionState::ready; }));
 }
 
 namespace {

@@ -60,11 +60,14 @@ int main() {
             << " on scaler/2\n";
 
   // Promote version 2 (the generation guards against a change made meanwhile), then unload
-  // version 1: it drains first (its queued jobs finish on it), then its Model is released.
+  // version 1: it takes no new job and drains, its jobs not started yet going to the route's
+  // choice (version 2) instead of running on it (QueuedJobs::reroute; without it, `finish`: they
+  // run on version 1 first); then its Model is released.
   const std::uint64_t generation = models.find("scaler")->generation;
   if (models.set_route("scaler", {"2", {}}, generation)) return 1;
   const rebound::ModelInfo after =
-      models.async_unload("scaler", "1", boost::asio::use_future).get();
+      models.async_unload("scaler", "1", rebound::QueuedJobs::reroute, boost::asio::use_future)
+          .get();
   std::cout << "unloaded: scaler/1 " << rebound::to_string(after.versions.front().state) << "\n";
 
   const rebound::JobRecord last = run("after");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <random>
 #include <set>
 
 #include "common/job_rules.hpp"
@@ -77,6 +78,8 @@ ModelTable::ModelTable(ModelRepository repository, Logger logger,
       sizer_(repository.sizer_),
       budget_(repository.memory_budget_),
       shares_(repository.shares_) {
+  std::random_device seed;
+  demand_wait_ = std::chrono::milliseconds(1000 + seed() % 2000);
   if (repository.empty() && !repository.loader()) {
     throw Error("JobQueue: the model repository is empty, and has no loader to load one");
   }
@@ -446,8 +449,8 @@ void ModelTable::run_loads() {
         // Left out of listings.
       }
     }
-    const std::size_t bytes =
-        model ? (model->memory_bytes() > 0 ? model->memory_bytes() : estimate) : 0;
+    // (For a load that failed, what it was thought to weigh: finish_load's retry time.)
+    const std::size_t bytes = model && model->memory_bytes() > 0 ? model->memory_bytes() : estimate;
     if (model && budget_ > 0 && bytes > estimate) {
       // It holds more than was estimated (a Model that says what it holds): room for that, else
       // it goes again.
@@ -510,9 +513,13 @@ void ModelTable::finish_load(const ModelRef& ref, std::unique_ptr<Model> model,
     } else {
       v.state = VersionState::failed;
       // A fleet's version with no room in the budget waits for its jobs, and then for room (ten
-      // seconds between tries); any other failure is tried again in a minute.
-      v.on_demand = error && error->code == "insufficient_memory";
-      v.retry_at = now + (v.on_demand ? std::chrono::seconds(10) : std::chrono::minutes(1));
+      // seconds between tries; five minutes for one larger than the whole budget); any other
+      // failure is tried again in a minute (on demand still, when it was).
+      const bool no_room = error && error->code == "insufficient_memory";
+      v.on_demand = v.on_demand || no_room;
+      v.retry_at = now + (!no_room                         ? std::chrono::seconds(60)
+                          : budget_ > 0 && bytes > budget_ ? std::chrono::seconds(300)
+                                                           : std::chrono::seconds(10));
       v.error = std::move(error);
       if (v.pending == Version::Pending::add) v.pending = Version::Pending::none;
     }
@@ -554,6 +561,7 @@ void ModelTable::unload(const std::string& name, const std::string& version, boo
         // The fleet's unload, read before an operator here loaded it again: the load stands.
       } else {
         Version& v = it->second;
+        v.on_demand = false;  // (unloaded for good: not loaded back for its jobs)
         if (reroute && !v.reroute) {
           // (A drain under way with its jobs finishing on it sends the rest to the route now.)
           v.reroute = true;
@@ -830,6 +838,7 @@ boost::system::error_code ModelTable::set_route(const std::string& name, ModelRo
       if (!retried) entry.fleet_generation = *written;
       entry.fleet_versions = std::move(versions);
       entry.fleet_rerouted = std::move(rerouted);
+      if (!entry.fleet_rerouted.empty()) rerouting_.store(true, std::memory_order_relaxed);
       entry.fleet_route = route;
       entry.route_pending = false;
       route_set_locked(name, entry, std::move(route), lines);
@@ -1006,6 +1015,15 @@ bool ModelTable::read_config(const std::string& text, ModelRoute& route, std::ui
 void ModelTable::note_not_served_locked() {
   not_served_.clear();
   const auto now = clock_();
+  // The batch runner's hint, made true again only while some version is rerouted (here or by
+  // the fleet): set under this lock wherever a mark is set, so never false while one is.
+  bool rerouting = false;
+  for (const auto& [name, entry] : models_) {
+    rerouting = rerouting || !entry.fleet_rerouted.empty();
+    for (const auto& [version, v] : entry.versions)
+      rerouting = rerouting || v.reroute;
+  }
+  rerouting_.store(rerouting, std::memory_order_relaxed);
   for (const auto& [name, entry] : models_) {
     for (const std::string& version : entry.fleet_versions) {
       const auto v = entry.versions.find(version);
@@ -1040,6 +1058,18 @@ void ModelTable::sync_fleet() {
   load_on_demand();
 }
 
+bool ModelTable::demanded_locked(const Entry& entry, const std::string& version,
+                                 std::chrono::system_clock::time_point now) const {
+  if (entry.unreadable || !entry.unloads.empty() || entry.retire_pending ||
+      entry.fleet_versions.count(version) == 0 || rerouted_locked(entry, version)) {
+    return false;
+  }
+  const auto v = entry.versions.find(version);
+  return v != entry.versions.end() && v->second.on_demand &&
+         (v->second.state == VersionState::failed || v->second.state == VersionState::unloaded) &&
+         v->second.pending != Version::Pending::remove && now >= v->second.retry_at;
+}
+
 void ModelTable::load_on_demand() {
   std::vector<ModelRef> candidates;
   const auto now = clock_();
@@ -1047,24 +1077,18 @@ void ModelTable::load_on_demand() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopped_ || fleet_mode_ != FleetMode::shared) return;
     for (const auto& [name, entry] : models_) {
-      if (entry.unreadable || !entry.unloads.empty() || entry.retire_pending) continue;
-      for (const std::string& version : entry.fleet_versions) {
-        const auto v = entry.versions.find(version);
-        if (v != entry.versions.end() && v->second.on_demand &&
-            (v->second.state == VersionState::failed ||
-             v->second.state == VersionState::unloaded) &&
-            v->second.pending != Version::Pending::remove && now >= v->second.retry_at) {
-          candidates.push_back({name, version});
-        }
-      }
+      for (const std::string& version : entry.fleet_versions)
+        if (demanded_locked(entry, version, now)) candidates.push_back({name, version});
     }
   }
   if (candidates.empty()) return;
-  // Jobs that waited a second unclaimed: no server that has their version is there to run them
-  // (a claim takes what is due every poll, a tenth of a second by default).
+  // Jobs that waited unclaimed for this table's wait (one to three seconds, drawn at its start, so
+  // that the servers lacking a version do not all load it at once): no server that has their
+  // version is there to run them (a claim takes what is due every poll, a tenth of a second by
+  // default), or those there are behind.
   std::vector<ModelRef> waiting;
   try {
-    waiting = fleet_->waiting_versions(candidates, now - std::chrono::seconds(1));
+    waiting = fleet_->waiting_versions(candidates, now - demand_wait_);
   } catch (...) {
     return;  // asked again at the next pass
   }
@@ -1079,14 +1103,10 @@ void ModelTable::load_on_demand() {
           std::find(to_load.begin(), to_load.end(), ref) != to_load.end()) {
         continue;
       }
+      // (Checked again: an operator's unload, say, may have come in between.)
       const auto m = models_.find(ref.name);
-      if (m == models_.end()) continue;
-      const auto v = m->second.versions.find(ref.version);
-      if (v == m->second.versions.end() || !v->second.on_demand ||
-          (v->second.state != VersionState::failed && v->second.state != VersionState::unloaded)) {
-        continue;
-      }
-      v->second.retry_at = now + std::chrono::seconds(10);
+      if (m == models_.end() || !demanded_locked(m->second, ref.version, now)) continue;
+      m->second.versions.find(ref.version)->second.retry_at = now + std::chrono::seconds(10);
       to_load.push_back(ref);
       lines.push_back({"model_demanded", {{"model", ref.name}, {"version", ref.version}}});
     }
@@ -1187,8 +1207,9 @@ bool ModelTable::sync_once() {
         if (v->second.pending == Version::Pending::add) v->second.pending = Version::Pending::none;
         if (v->second.pending != Version::Pending::remove &&
             (v->second.state == VersionState::draining ||
-             (!v->second.on_demand && (v->second.state == VersionState::failed ||
-                                       v->second.state == VersionState::unloaded)))) {
+             ((!v->second.on_demand || in_route(route, version)) &&
+              (v->second.state == VersionState::failed ||
+               v->second.state == VersionState::unloaded)))) {
           to_load.push_back({c.name, version});  // (a drain here stops: the fleet serves it)
         }
       }
@@ -1198,6 +1219,7 @@ bool ModelTable::sync_once() {
           v.shared = true;  // as if the fleet had unloaded it
         }
         if (versions.count(version) > 0) continue;
+        v.on_demand = false;  // (not the fleet's now: if it comes back, it loads as any version)
         if (v.pending == Version::Pending::remove) {
           v.pending = Version::Pending::none;  // the fleet removed it already
           v.shared = false;
@@ -1246,8 +1268,8 @@ bool ModelTable::sync_once() {
           to_load.push_back({name, version});
         } else if ((v->second.state == VersionState::failed ||
                     v->second.state == VersionState::unloaded) &&
-                   !v->second.on_demand && v->second.pending != Version::Pending::remove &&
-                   now >= v->second.retry_at &&
+                   (!v->second.on_demand || in_route(entry.route, version)) &&
+                   v->second.pending != Version::Pending::remove && now >= v->second.retry_at &&
                    std::find(to_load.begin(), to_load.end(), ModelRef{name, version}) ==
                        to_load.end()) {
           v->second.retry_at = now + std::chrono::minutes(1);
@@ -1401,6 +1423,7 @@ bool ModelTable::publish_fleet() {
     entry.fleet_route_generation = w.route_generation;
     entry.fleet_versions = w.versions;
     entry.fleet_rerouted = w.rerouted;
+    if (!entry.fleet_rerouted.empty()) rerouting_.store(true, std::memory_order_relaxed);
     entry.route_pending = false;
     entry.retire_pending = false;
     for (auto& [version, v] : entry.versions) {

@@ -109,8 +109,9 @@ class ModelTable {
   /// True when the model `name` is served (in any state).
   bool has_model(const std::string& name) const;
 
-  /// True once some version was unloaded with its jobs sent to the route (QueuedJobs::reroute):
-  /// only then does the batch runner ask `rerouted`. A hint, read without the lock.
+  /// True while some version is unloaded with its jobs sent to the route (QueuedJobs::reroute),
+  /// here or by the fleet (made false again at the next sync or eviction once none is): only then
+  /// does the batch runner ask `rerouted`. A hint, read without the lock.
   bool rerouting() const noexcept { return rerouting_.load(std::memory_order_relaxed); }
   /// Whether the jobs of `ref` go to its model's route instead (it was unloaded, or is draining,
   /// with QueuedJobs::reroute, here or by the fleet; a version ready here again runs its own).
@@ -240,6 +241,9 @@ class ModelTable {
   // The fleet's versions this server lacks for its budget (Version::on_demand) whose jobs wait in
   // the store with nobody to claim them: loaded, as the budget allows. On the pump's thread.
   void load_on_demand();
+  // Whether `version` of `entry` is to be loaded when its jobs wait (load_on_demand), now.
+  bool demanded_locked(const Entry& entry, const std::string& version,
+                       std::chrono::system_clock::time_point now) const;
   void note_not_served_locked();
 
   const Logger logger_;
@@ -267,7 +271,7 @@ class ModelTable {
   std::atomic<std::uint64_t> turn_{0};  // invocations' route choices
   mutable std::uint64_t tick_ = 0;      // under mutex_: orders versions by their last use
   std::atomic<bool> draining_{false};   // a hint: some version drains
-  std::atomic<bool> rerouting_{false};  // a hint: some version was unloaded with reroute
+  std::atomic<bool> rerouting_{false};  // a hint: some version is rerouted
 
   // The loading thread and what it is to load, started at the first load.
   std::deque<ModelRef> to_load_;  // under mutex_
@@ -284,6 +288,7 @@ class ModelTable {
   std::vector<ModelRef> not_served_;                   // under mutex_
   std::map<std::string, std::uint64_t> unreadable_;    // (logged once a generation)
   const bool shares_;                                  // ModelRepository::share_models
+  std::chrono::milliseconds demand_wait_{1000};        // how long jobs wait before a load on demand
 };
 
 }  // namespace rebound::detail

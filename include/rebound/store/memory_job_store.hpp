@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -378,32 +379,44 @@ class MemoryJobStore final : public JobStore {
     return out;
   }
 
-  /// Looks at no more than 5,000 jobs waiting since `since` (each tenant's, by priority).
+  /// Looks at no more than 5,000 entries filed by `since` a call, each tenant's by priority; a
+  /// call cut short leaves the next one to start at the tenant after the one where it stopped.
   std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& versions,
                                          TimePoint since) const override {
     std::vector<ModelRef> out;
     std::lock_guard<std::mutex> lock(mutex_);
     std::size_t looked = 0;
-    for (auto range = job_queue_.begin();
-         range != job_queue_.end() && looked < 5000 && out.size() < versions.size();) {
-      const std::string* tenant = range->tenant;
-      for (int p = highest_priority; p <= lowest_priority; ++p) {
-        for (auto q = job_queue_.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
-             q != job_queue_.end() && q->tenant == tenant && q->priority == p && q->at <= since &&
-             looked < 5000;
-             ++q, ++looked) {
-          const StoredJob& s = jobs_.find(*q->id)->second.stored;
-          if (s.job_lease && s.job_lease->until > since) continue;  // (claimed since)
-          const ModelRef& model = s.record.job.model;
-          if (std::find(versions.begin(), versions.end(), model) != versions.end() &&
-              std::find(out.begin(), out.end(), model) == out.end()) {
-            out.push_back(model);
+    const std::string from = std::move(waiting_from_);
+    waiting_from_.clear();
+    // The tenants' ranges from `range` to `end`; false when cut short.
+    const auto walk = [&](Queue::const_iterator range, Queue::const_iterator end) {
+      while (range != end && out.size() < versions.size()) {
+        const std::string* tenant = range->tenant;
+        for (int p = highest_priority; p <= lowest_priority; ++p) {
+          for (auto q = job_queue_.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
+               q != job_queue_.end() && q->tenant == tenant && q->priority == p && q->at <= since;
+               ++q) {
+            if (++looked > 5000) {
+              waiting_from_ = *tenant + '\0';  // (the next tenant's name sorts at or after it)
+              return false;
+            }
+            const StoredJob& s = jobs_.find(*q->id)->second.stored;
+            if (s.job_lease && s.job_lease->until > since) continue;  // (claimed since)
+            const ModelRef& model = s.record.job.model;
+            if (std::find(versions.begin(), versions.end(), model) != versions.end() &&
+                std::find(out.begin(), out.end(), model) == out.end()) {
+              out.push_back(model);
+            }
           }
         }
+        range = job_queue_.lower_bound(
+            QueueKey{tenant, lowest_priority + 1, TimePoint::min(), nullptr});
       }
-      range =
-          job_queue_.lower_bound(QueueKey{tenant, lowest_priority + 1, TimePoint::min(), nullptr});
-    }
+      return true;
+    };
+    const auto start = job_queue_.lower_bound(
+        QueueKey{&from, std::numeric_limits<int>::min(), TimePoint::min(), nullptr});
+    if (walk(start, job_queue_.end())) walk(job_queue_.begin(), start);
     return out;
   }
 
@@ -818,6 +831,7 @@ class MemoryJobStore final : public JobStore {
   std::map<std::string, FailedIndex, std::less<>> failed_of_;  // and each tenant's
   detail::ServersSeen seen_;
   std::map<std::string, ModelConfig> model_configs_;
+  mutable std::string waiting_from_;  // the tenant where waiting_versions was cut short
 };
 
 }  // namespace rebound

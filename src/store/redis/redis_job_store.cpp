@@ -176,6 +176,8 @@ struct RedisJobStore::Impl {
   // Redis 7 runs scripts marked allow-oom at maxmemory: only a put is refused when it is full,
   // so the work already accepted can finish and free memory. (Set by the constructor.)
   bool allow_oom = false;
+  // Where waiting_versions starts among the tenants, raised by each call.
+  std::atomic<std::uint64_t> waiting_turn{0};
 
   // One command on a pooled connection, after this thread's unwaited batched writes (a thread
   // reads its own writes). `wait`: a script's, acknowledged once `replicas` replicas have it.
@@ -1277,7 +1279,10 @@ std::vector<ModelRef> RedisJobStore::waiting_versions(const std::vector<ModelRef
   std::string asked;  // "name version" lines (names and versions hold neither)
   for (const ModelRef& ref : versions)
     asked += ref.name + ' ' + ref.version + '\n';
-  Reply r = impl_->script(kScriptWaiting, {ms_text(since), std::move(asked)}, false);  // (a read)
+  // (Each call starts at another tenant: a walk cut short by its bound moves on.)
+  const std::uint64_t turn = impl_->waiting_turn.fetch_add(1, std::memory_order_relaxed);
+  Reply r = impl_->script(kScriptWaiting, {ms_text(since), std::move(asked), std::to_string(turn)},
+                          false);  // (a read)
   if (!r || r->type != REDIS_REPLY_ARRAY) return out;
   for (std::size_t i = 0; i < r->elements; ++i) {
     const std::string_view line = text(r->element[i]);
