@@ -65,8 +65,9 @@ if os.environ.get("REBOUND_CLIENT_TEST_VENV") is None:
 
 import rebound_client  # noqa: E402  (the installed package, not the checkout)
 from rebound_client import (AlreadyFinished, AsyncClient, CallbackNotFailed, Client,  # noqa: E402
-                            IdConflict, InvalidField, NotFound, QueueFull, Unauthorized,
-                            WaitTimeout, WebhookVerificationError, WebhookVerifier)
+                            Conflict, Forbidden, IdConflict, InvalidField, NotFound,
+                            PreconditionFailed, QueueFull, Unauthorized, WaitTimeout,
+                            WebhookVerificationError, WebhookVerifier)
 
 check(os.environ["REBOUND_CLIENT_TEST_VENV"] in rebound_client.__file__,
       f"rebound_client imported from {rebound_client.__file__}, not the venv")
@@ -546,6 +547,105 @@ with Client(f"http://127.0.0.1:{slow_port}", api_key=API_KEY) as c:
 with Client(Proxy(slow_port, drops=1, drop_method="DELETE").url, api_key=API_KEY) as c:
     cancelled = c.cancel("s-4")
     check(cancelled.status == "cancelled", f"a cancel whose answer was lost: {cancelled}")
+
+
+# Changing the models (an operator key): a version loaded, canaried, promoted, the old one
+# unloaded with its queued jobs rerouted; the refusals as typed errors.
+OPS_KEY = "ops-key-0123456789"
+repository = tempfile.mkdtemp(prefix="rebound-client-models-")
+
+
+def add_version(v):
+    os.makedirs(os.path.join(repository, "echo", v))
+    with open(os.path.join(repository, "echo", v, "config.json"), "w") as f:
+        f.write('{"backend": "echo"}')
+
+
+add_version("1")  # (version 2 is shipped once the server runs)
+proc = subprocess.Popen(
+    [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model-repository", repository,
+     "--store", "memory", "--api-key", "acme:" + API_KEY, "--operator-key", "ops:" + OPS_KEY,
+     "--log-level", "warn"],
+    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+children.append(proc)
+models_port = None
+for line in proc.stdout:
+    m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+    if m:
+        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+        models_port = int(m.group(1))
+        break
+check(models_port is not None, "the server of a model repository started")
+models_base = f"http://127.0.0.1:{models_port}"
+
+
+def version_state(c, version):
+    return next((v.state for v in c.model("echo").versions if v.version == version), None)
+
+
+with Client(models_base, api_key=OPS_KEY, timeout=10) as ops, \
+        Client(models_base, api_key=API_KEY, timeout=10) as tenant:
+    check(ops.model("echo").default_version == "1", "version 1 serves at the start")
+    add_version("2")
+    loaded = ops.load_version("echo", 2)
+    check(loaded.name == "echo" and version_state(ops, "2") in ("loading", "ready"),
+          f"load_version answered {loaded}")
+    wait_for(lambda: version_state(ops, "2") == "ready", "version 2 ready")
+    check(ops.load_version("echo", "2").name == "echo", "a load of a ready version again")
+    before = ops.model("echo").generation
+    canary = ops.set_route("echo", 1, split={"2": 10}, if_generation=before)
+    check(canary.default_version == "1" and canary.split == [{"version": "2", "percent": 10}]
+          and canary.generation == before + 1, f"set_route answered {canary}")
+    try:
+        ops.set_route("echo", "2", if_generation=before)
+        fail("a route set on a stale generation")
+    except PreconditionFailed as e:
+        check(e.status == 412 and e.code == "route_changed", f"a stale generation: {e}")
+    promoted = ops.set_route("echo", "2", if_generation=canary.generation)
+    check(promoted.default_version == "2" and promoted.split == [], f"promoted: {promoted}")
+    check(tenant.run({"v": 2}, timeout=10).model == {"name": "echo", "version": "2"},
+          "a new job runs on the promoted version")
+    try:
+        ops.unload_version("echo", "2")
+        fail("an unload of the routed version")
+    except Conflict as e:
+        check(e.code == "version_in_route", f"the routed version: {e}")
+    unloaded = ops.unload_version("echo", 1, queued="reroute")
+    check(next(v.state for v in unloaded.versions if v.version == "1") in ("draining", "unloaded"),
+          f"unload_version answered {unloaded}")
+    wait_for(lambda: version_state(ops, "1") == "unloaded", "version 1 unloaded")
+    try:
+        tenant.load_version("echo", 1)
+        fail("a tenant's key loaded a version")
+    except Forbidden as e:
+        check(e.code == "forbidden", f"a tenant's load: {e}")
+    for bad in (lambda: ops.load_version("echo", "02"), lambda: ops.load_version("../x", 1),
+                lambda: ops.unload_version("echo", 1, queued="later"),
+                lambda: ops.set_route("echo", 2, if_generation=0)):
+        try:
+            bad()
+            fail("a bad argument was sent")
+        except ValueError:
+            pass
+    try:
+        ops.load_version("echo", 3)
+        fail("a version not in the repository")
+    except NotFound as e:
+        check(e.code == "model_not_found", f"a version not in the repository: {e}")
+
+
+async def async_models():
+    async with AsyncClient(models_base, api_key=OPS_KEY, timeout=10) as ops:
+        with Client(models_base, api_key=OPS_KEY, timeout=10) as reader:
+            await ops.load_version("echo", "1")
+            wait_for(lambda: version_state(reader, "1") == "ready", "version 1 loaded again")
+        routed = await ops.set_route("echo", "1")
+        check(routed.default_version == "1", f"an async set_route: {routed}")
+        after = await ops.unload_version("echo", "2")
+        check(after.name == "echo", "an async unload_version")
+
+asyncio.run(async_models())
+shutil.rmtree(repository, ignore_errors=True)
 
 
 # The asyncio client: the same calls.

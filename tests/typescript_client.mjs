@@ -8,7 +8,7 @@
 //
 //   node typescript_client.mjs REBOUND_SERVER NODE_TOOLS_DIR
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import { createRequire } from "node:module";
 import os from "node:os";
@@ -307,6 +307,67 @@ check(cancelled.status === "cancelled" && cancelled.error.code === "cancelled", 
 await slow.submit(null, { id: "ts-4" });
 const viaLostCancel = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(slowPort, { drops: 1, dropMethod: "DELETE" })}`, apiKey: API_KEY });
 check((await viaLostCancel.cancel("ts-4")).status === "cancelled", "a cancel whose answer was lost");
+
+// Changing the models (an operator key): a version shipped, loaded, canaried, promoted, the old
+// one unloaded with its queued jobs rerouted; the refusals.
+const OPS_KEY = "ops-typescript";
+const repository = mkdtempSync(path.join(os.tmpdir(), "rebound-ts-models-"));
+const addVersion = (v) => {
+  mkdirSync(path.join(repository, "echo", v), { recursive: true });
+  writeFileSync(path.join(repository, "echo", v, "config.json"), '{"backend": "echo"}');
+};
+addVersion("1");
+const modelsPort = await new Promise((resolve) => {
+  const proc = spawn(serverBin, ["serve", "--host", "127.0.0.1", "--port", "0", "--model-repository", repository,
+    "--store", "memory", "--api-key", "acme:" + API_KEY, "--operator-key", "ops:" + OPS_KEY, "--log-level", "warn"],
+    { stdio: ["ignore", "pipe", "pipe"] });
+  children.push(proc);
+  let seen = "";
+  proc.stdout.on("data", (chunk) => {
+    seen += chunk;
+    const m = /listening on 127\.0\.0\.1:(\d+)/.exec(seen);
+    if (m) resolve(Number(m[1]));
+  });
+  proc.stderr.resume();
+  proc.on("exit", (code) => fail(`rebound-server (repository) ended: ${code}`));
+});
+const ops = new Rebound({ baseUrl: `http://127.0.0.1:${modelsPort}`, apiKey: OPS_KEY });
+const tenantOfModels = new Rebound({ baseUrl: `http://127.0.0.1:${modelsPort}`, apiKey: API_KEY });
+const stateOf = async (v) => ((await ops.model("echo")).versions.find((x) => x.version === v) || {}).state;
+const until = async (what, probe) => {
+  for (const deadline = Date.now() + 20000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 50))) {
+    if (await probe()) return;
+  }
+  fail(`timed out waiting for ${what}`);
+};
+addVersion("2");
+const loaded = await ops.loadVersion("echo", 2);
+check(loaded.name === "echo" && ["loading", "ready"].includes(loaded.versions.find((v) => v.version === "2").state),
+  `loadVersion answered ${JSON.stringify(loaded)}`);
+await until("version 2 ready", async () => (await stateOf("2")) === "ready");
+const canary = await ops.setRoute("echo", 1, { split: { 2: 10 }, ifGeneration: loaded.generation });
+check(canary.default_version === "1" && canary.split.length === 1 && canary.split[0].version === "2" &&
+  canary.split[0].percent === 10 && canary.generation === loaded.generation + 1, `setRoute answered ${JSON.stringify(canary)}`);
+const stale = await rejects(ops.setRoute("echo", "2", { ifGeneration: loaded.generation }),
+  (e) => e instanceof ReboundError, "a route set on a stale generation");
+check(stale.status === 412 && stale.code === "route_changed", `a stale generation: ${stale.message}`);
+const promoted = await ops.setRoute("echo", "2", { ifGeneration: canary.generation });
+check(promoted.default_version === "2" && promoted.split.length === 0, "promoted");
+check((await tenantOfModels.run({ v: 2 }, { timeout: 10 })).model.version === "2", "a new job runs on the promoted version");
+check((await rejects(ops.unloadVersion("echo", "2"), (e) => e instanceof ReboundError, "an unload of the routed version"))
+  .code === "version_in_route", "the routed version stays");
+const unloaded = await ops.unloadVersion("echo", 1, { queued: "reroute" });
+check(["draining", "unloaded"].includes(unloaded.versions.find((v) => v.version === "1").state), "unloadVersion answered");
+await until("version 1 unloaded", async () => (await stateOf("1")) === "unloaded");
+check((await rejects(tenantOfModels.loadVersion("echo", 1), (e) => e instanceof ReboundError, "a tenant's load"))
+  .status === 403, "a tenant's key may not load");
+for (const [name, call] of [["a version with a leading zero", () => ops.loadVersion("echo", "02")],
+  ["a path as a name", () => ops.loadVersion("../x", 1)],
+  ["an unknown queued", () => ops.unloadVersion("echo", 1, { queued: "later" })],
+  ["generation 0", () => ops.setRoute("echo", 2, { ifGeneration: 0 })]]) {
+  await rejects(call(), (e) => e instanceof TypeError, name);
+}
+rmSync(repository, { recursive: true, force: true });
 
 for (const c of children) {
   c.removeAllListeners("exit");

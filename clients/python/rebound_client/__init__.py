@@ -3,7 +3,7 @@ callbacks it sends. See docs/clients.md in the rebound repository."""
 from ._client import AsyncClient, Client
 from ._types import (AlreadyFinished, BadRequest, CallbackNotFailed, Conflict, FINAL_STATUSES,
                      Forbidden, IdConflict, InvalidField, Job, JobError, Model, ModelVersion,
-                     NotFound, QueueFull,
+                     NotFound, PreconditionFailed, QueueFull,
                      ReboundError, ServiceUnavailable, Submitted, TooManyRequests, Unauthorized,
                      WaitTimeout)
 from .webhooks import WebhookVerificationError, WebhookVerifier
@@ -11,7 +11,7 @@ from .webhooks import WebhookVerificationError, WebhookVerifier
 __all__ = [
     "AlreadyFinished", "AsyncClient", "BadRequest", "CallbackNotFailed", "Client", "Conflict",
     "FINAL_STATUSES", "Forbidden", "IdConflict", "InvalidField", "Job", "JobError", "Model",
-    "ModelVersion", "NotFound",
+    "ModelVersion", "NotFound", "PreconditionFailed",
     "QueueFull", "ReboundError", "ServiceUnavailable", "Submitted", "TooManyRequests",
     "Unauthorized", "WaitTimeout", "WebhookVerificationError", "WebhookVerifier",
 ]

@@ -15,7 +15,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
@@ -86,6 +86,26 @@ def _model_part(name: str) -> str:
         raise ValueError("a model name is 1 to 64 characters of a-z 0-9 . _ -, the first a letter "
                          "or a digit, not %r" % (name,))
     return name
+
+
+_VERSION = re.compile(r"[1-9][0-9]{0,17}")
+
+
+def _version_part(version: Any) -> str:
+    # A version as the server takes it: a positive whole number, no leading zero.
+    text = str(version) if isinstance(version, int) and not isinstance(version, bool) else version
+    if not isinstance(text, str) or not _VERSION.fullmatch(text):
+        raise ValueError("a version is a positive whole number without leading zeros (at most 18 "
+                         "digits), not %r" % (version,))
+    return text
+
+
+def _route_body(default_version: Any, split: Optional[Mapping[Any, int]]) -> Dict[str, Any]:
+    if split is not None and not isinstance(split, Mapping):
+        raise TypeError("split maps versions to percents, as {'3': 10}")
+    return {"default_version": _version_part(default_version),
+            "split": [{"version": _version_part(v), "percent": p}
+                      for v, p in (split or {}).items()]}
 
 
 class _DeadlinePassed(Exception):
@@ -329,6 +349,42 @@ class _Calls:
         except (KeyError, TypeError, AttributeError):
             raise _invalid(answer, "a model") from None
 
+    def _changed_model(self, method: str, path: str, ok, body: Any = None,
+                       params: Optional[Dict[str, Any]] = None,
+                       headers: Optional[Dict[str, str]] = None):
+        answer = yield from self._call(
+            lambda left: _Request(method, path, body, params=params, headers=headers), ok=ok)
+        try:
+            return Model.from_answer(_object(answer, "a model"))
+        except (KeyError, TypeError, AttributeError):
+            raise _invalid(answer, "a model") from None
+
+    # (A load of a version ready already answers 200, so sending one again is safe; so is an
+    # unload. A route sent again after a lost answer with if_generation is refused 412, which
+    # then means the first send may have done it: the caller reads the model to know.)
+    def _load_version(self, name: str, version: Any):
+        path = "/v1/models/%s/versions/%s" % (_model_part(name), _version_part(version))
+        return (yield from self._changed_model("PUT", path, (200, 202)))
+
+    def _unload_version(self, name: str, version: Any, queued: str):
+        if queued not in ("finish", "reroute"):
+            raise ValueError("queued is 'finish' or 'reroute', not %r" % (queued,))
+        path = "/v1/models/%s/versions/%s" % (_model_part(name), _version_part(version))
+        return (yield from self._changed_model("DELETE", path, (202,), params={"queued": queued}))
+
+    def _set_route(self, name: str, default_version: Any, split: Optional[Mapping[Any, int]],
+                   if_generation: Optional[int]):
+        body = _route_body(default_version, split)
+        headers = None
+        if if_generation is not None:
+            if not isinstance(if_generation, int) or isinstance(if_generation, bool) \
+                    or if_generation < 1:
+                raise ValueError("if_generation is a generation (a positive whole number), not %r"
+                                 % (if_generation,))
+            headers = {"If-Match": '"%d"' % if_generation}
+        path = "/v1/models/%s/route" % _model_part(name)
+        return (yield from self._changed_model("PUT", path, (200,), body=body, headers=headers))
+
     def _webhook_secret(self):
         answer = yield from self._call(lambda left: _Request("GET", "/v1/webhook-secret"))
         secret = _object(answer, "a secret").get("secret")
@@ -460,6 +516,29 @@ class Client(_Calls):
         name."""
         return self._drive(self._model(name))
 
+    def load_version(self, name: str, version: Union[str, int]) -> Model:
+        """Loads a version of the server's model repository in the background (operator key):
+        the model, the version ``loading`` (or ``ready``); ``model(name)`` tells when it is
+        ready or ``failed``. With a store servers share, every server loads it."""
+        return self._drive(self._load_version(name, version))
+
+    def unload_version(self, name: str, version: Union[str, int], *,
+                       queued: str = "finish") -> Model:
+        """Unloads a version no route names (operator key): it takes no new job and drains;
+        its jobs not started run on it first (``queued="finish"``) or go to the version the
+        route chooses for each (``queued="reroute"``). The model, the version ``draining`` or
+        ``unloaded``; Conflict (``version_in_route``) while a route names it."""
+        return self._drive(self._unload_version(name, version, queued))
+
+    def set_route(self, name: str, default_version: Union[str, int], *,
+                  split: Optional[Mapping[Union[str, int], int]] = None,
+                  if_generation: Optional[int] = None) -> Model:
+        """Where the model's new jobs go (operator key): ``default_version``, and ``split``
+        versions with their percent of them (a canary: ``{"2": 10}``). With ``if_generation``
+        (``Model.generation`` as read) the change applies only if nobody changed the route since,
+        else PreconditionFailed (``route_changed``). The model with its new generation."""
+        return self._drive(self._set_route(name, default_version, split, if_generation))
+
     def webhook_secret(self) -> str:
         """The ``whsec_`` secret the caller's callbacks are signed with (``v1``)."""
         return self._drive(self._webhook_secret())
@@ -547,6 +626,18 @@ class AsyncClient(_Calls):
 
     async def model(self, name: str) -> Model:
         return await self._drive(self._model(name))
+
+    async def load_version(self, name: str, version: Union[str, int]) -> Model:
+        return await self._drive(self._load_version(name, version))
+
+    async def unload_version(self, name: str, version: Union[str, int], *,
+                             queued: str = "finish") -> Model:
+        return await self._drive(self._unload_version(name, version, queued))
+
+    async def set_route(self, name: str, default_version: Union[str, int], *,
+                        split: Optional[Mapping[Union[str, int], int]] = None,
+                        if_generation: Optional[int] = None) -> Model:
+        return await self._drive(self._set_route(name, default_version, split, if_generation))
 
     async def webhook_secret(self) -> str:
         return await self._drive(self._webhook_secret())

@@ -179,6 +179,10 @@ class CallbackNotFailed(Conflict):
     """409 ``callback_not_failed``: a redelivery of a callback that was not given up."""
 
 
+class PreconditionFailed(ReboundError):
+    """412 ``route_changed``: ``if_generation`` names a route someone changed since."""
+
+
 class InvalidField(ReboundError):
     """422: a missing or wrong field (``field`` names it), or an input the model refuses."""
 
@@ -218,6 +222,7 @@ _BY_STATUS = {
     403: Forbidden,
     404: NotFound,
     409: Conflict,
+    412: PreconditionFailed,
     422: InvalidField,
     429: TooManyRequests,
     503: ServiceUnavailable,

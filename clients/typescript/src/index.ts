@@ -193,6 +193,26 @@ function modelPart(name: string): string {
   return name;
 }
 
+const VERSION = /^[1-9][0-9]{0,17}$/;
+
+function versionPart(version: string | number): string {
+  // A version as the server takes it: a positive whole number, no leading zero.
+  const text = typeof version === "number" && Number.isSafeInteger(version) ? String(version) : version;
+  if (typeof text !== "string" || !VERSION.test(text)) {
+    throw new TypeError("a version is a positive whole number without leading zeros (at most 18 digits)");
+  }
+  return text;
+}
+
+/** Where a model's new jobs go (setRoute). */
+export interface RouteOptions {
+  /** Versions with their percent of the new jobs (a canary): `{ "2": 10 }`. */
+  split?: Record<string, number>;
+  /** The route's generation as read (Model.generation): the change applies only if nobody changed
+   * the route since, else a ReboundError 412 route_changed. */
+  ifGeneration?: number;
+}
+
 // A call with a deadline that could not be answered before it (a wait ends in WaitTimeout).
 class DeadlinePassed extends Error {}
 
@@ -425,6 +445,45 @@ export class Rebound {
   /** One model; a ReboundError with code model_not_found when the server has none of that name. */
   async model(name: string): Promise<Model> {
     const answer = await this.call("GET", `/v1/models/${modelPart(name)}`, {});
+    return modelOf(answer.status, answer.body);
+  }
+
+  /** Loads a version of the server's model repository in the background (operator key): the model,
+   * the version `loading` (or `ready`); model(name) tells when it is ready or failed. With a store
+   * servers share, every server loads it. */
+  async loadVersion(name: string, version: string | number): Promise<Model> {
+    const answer = await this.call("PUT", `/v1/models/${modelPart(name)}/versions/${versionPart(version)}`, {},
+      [200, 202]);
+    return modelOf(answer.status, answer.body);
+  }
+
+  /** Unloads a version no route names (operator key): it takes no new job and drains; its jobs not
+   * started run on it first (`finish`, the default) or go to the version the route chooses for
+   * each (`reroute`). A ReboundError 409 version_in_route while a route names it. */
+  async unloadVersion(name: string, version: string | number,
+                      options: { queued?: "finish" | "reroute" } = {}): Promise<Model> {
+    const queued = options.queued ?? "finish";
+    if (queued !== "finish" && queued !== "reroute") throw new TypeError("queued is 'finish' or 'reroute'");
+    const answer = await this.call("DELETE",
+      `/v1/models/${modelPart(name)}/versions/${versionPart(version)}?queued=${queued}`, {}, [202]);
+    return modelOf(answer.status, answer.body);
+  }
+
+  /** Where the model's new jobs go (operator key): the default version, and split versions with
+   * their percent. The model with its new generation. */
+  async setRoute(name: string, defaultVersion: string | number, options: RouteOptions = {}): Promise<Model> {
+    const body = {
+      default_version: versionPart(defaultVersion),
+      split: Object.entries(options.split ?? {}).map(([version, percent]) => ({ version: versionPart(version), percent })),
+    };
+    const headers: Record<string, string> = {};
+    if (options.ifGeneration !== undefined) {
+      if (!Number.isSafeInteger(options.ifGeneration) || options.ifGeneration < 1) {
+        throw new TypeError("ifGeneration is a generation (a positive whole number)");
+      }
+      headers["If-Match"] = `"${options.ifGeneration}"`;
+    }
+    const answer = await this.call("PUT", `/v1/models/${modelPart(name)}/route`, { body, headers });
     return modelOf(answer.status, answer.body);
   }
 
