@@ -131,6 +131,7 @@ class Proxy(http.server.ThreadingHTTPServer):
         self.retry_after, self.html, self.hang = retry_after, html, hang
         self.lock = threading.Lock()
         self.seen = 0
+        self.requests = []  # (method, path with query, If-Match)
         super().__init__(("127.0.0.1", 0), ProxyHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -147,6 +148,7 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         proxy = self.server
         with proxy.lock:
             proxy.seen += 1
+            proxy.requests.append((method, self.path, self.headers.get("If-Match")))
             busy = proxy.busy > 0
             proxy.busy -= busy
             drop = not busy and method == proxy.drop_method and proxy.drops > 0
@@ -197,6 +199,9 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self.handle_one("DELETE")
+
+    def do_PUT(self):
+        self.handle_one("PUT")
 
     def log_message(self, *args):
         pass
@@ -592,17 +597,33 @@ with Client(models_base, api_key=OPS_KEY, timeout=10) as ops, \
           f"load_version answered {loaded}")
     wait_for(lambda: version_state(ops, "2") == "ready", "version 2 ready")
     check(ops.load_version("echo", "2").name == "echo", "a load of a ready version again")
+    add_version("3")
+    ops.load_version("echo", 3)
+    wait_for(lambda: version_state(ops, "3") == "ready", "version 3 ready")
     before = ops.model("echo").generation
-    canary = ops.set_route("echo", 1, split={"2": 10}, if_generation=before)
+    # Two canaries, in the order given (the server deals the percents out in it).
+    two = ops.set_route("echo", 1, split={"3": 5, "2": 10}, if_generation=before)
+    check(two.split == [{"version": "3", "percent": 5}, {"version": "2", "percent": 10}]
+          and two.generation == before + 1, f"set_route answered {two}")
+    canary = ops.set_route("echo", 1, split=[{"version": "2", "percent": 10}],
+                           if_generation=two.generation)
     check(canary.default_version == "1" and canary.split == [{"version": "2", "percent": 10}]
-          and canary.generation == before + 1, f"set_route answered {canary}")
+          and canary.generation == before + 2, f"set_route answered {canary}")
     try:
         ops.set_route("echo", "2", if_generation=before)
         fail("a route set on a stale generation")
     except PreconditionFailed as e:
         check(e.status == 412 and e.code == "route_changed", f"a stale generation: {e}")
-    promoted = ops.set_route("echo", "2", if_generation=canary.generation)
-    check(promoted.default_version == "2" and promoted.split == [], f"promoted: {promoted}")
+    # Promoted through a proxy that drops the answer: the resend is refused 412, and the client
+    # finds its own change in the model (this route, one generation on) and answers it.
+    lost_route = Proxy(models_port, drops=1, drop_method="PUT")
+    with Client(lost_route.url, api_key=OPS_KEY, timeout=10) as via_lost:
+        promoted = via_lost.set_route("echo", "2", if_generation=canary.generation)
+    check(promoted.default_version == "2" and promoted.split == []
+          and promoted.generation == canary.generation + 1, f"promoted: {promoted}")
+    puts = [r for r in lost_route.requests if r[0] == "PUT"]
+    check(len(puts) == 2 and all(r[2] == f'"{canary.generation}"' for r in puts),
+          f"the route was sent twice with If-Match: {puts}")
     check(tenant.run({"v": 2}, timeout=10).model == {"name": "echo", "version": "2"},
           "a new job runs on the promoted version")
     try:
@@ -610,25 +631,39 @@ with Client(models_base, api_key=OPS_KEY, timeout=10) as ops, \
         fail("an unload of the routed version")
     except Conflict as e:
         check(e.code == "version_in_route", f"the routed version: {e}")
-    unloaded = ops.unload_version("echo", 1, queued="reroute")
+    recorder = Proxy(models_port)
+    with Client(recorder.url, api_key=OPS_KEY, timeout=10) as via_recorder:
+        unloaded = via_recorder.unload_version("echo", 1, queued="reroute")
+    check(("DELETE", "/v1/models/echo/versions/1?queued=reroute", None) in recorder.requests,
+          f"the unload's request: {recorder.requests}")
     check(next(v.state for v in unloaded.versions if v.version == "1") in ("draining", "unloaded"),
           f"unload_version answered {unloaded}")
     wait_for(lambda: version_state(ops, "1") == "unloaded", "version 1 unloaded")
-    try:
-        tenant.load_version("echo", 1)
-        fail("a tenant's key loaded a version")
-    except Forbidden as e:
-        check(e.code == "forbidden", f"a tenant's load: {e}")
+    for what, call in (("load", lambda: tenant.load_version("echo", 1)),
+                       ("unload", lambda: tenant.unload_version("echo", 3)),
+                       ("route", lambda: tenant.set_route("echo", 2))):
+        try:
+            call()
+            fail(f"a tenant's key may {what}")
+        except Forbidden as e:
+            check(e.code == "forbidden", f"a tenant's {what}: {e}")
     for bad in (lambda: ops.load_version("echo", "02"), lambda: ops.load_version("../x", 1),
                 lambda: ops.unload_version("echo", 1, queued="later"),
-                lambda: ops.set_route("echo", 2, if_generation=0)):
+                lambda: ops.set_route("echo", 2, if_generation=0),
+                lambda: ops.set_route("echo", 2, if_generation=True),
+                lambda: ops.set_route("echo", 2, if_generation=2 ** 64),
+                lambda: ops.load_version("echo", -1), lambda: ops.load_version("echo", 2.0),
+                lambda: ops.load_version("echo", 10 ** 18),
+                lambda: ops.set_route("echo", 2, split={"02": 10}),
+                lambda: ops.set_route("echo", 2, split={"1": 0}),
+                lambda: ops.set_route("echo", 2, split="1")):
         try:
             bad()
             fail("a bad argument was sent")
         except ValueError:
             pass
     try:
-        ops.load_version("echo", 3)
+        ops.load_version("echo", 4)
         fail("a version not in the repository")
     except NotFound as e:
         check(e.code == "model_not_found", f"a version not in the repository: {e}")

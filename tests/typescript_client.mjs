@@ -100,6 +100,7 @@ function proxy(port, state) {
     req.on("data", (c) => chunks.push(c));
     req.on("end", () => {
       state.seen = (state.seen ?? 0) + 1;
+      (state.requests ??= []).push({ method: req.method, url: req.url, ifMatch: req.headers["if-match"] });
       if (state.hang) return; // never answered
       if (state.html) {
         res.writeHead(200, { "Content-Type": "text/html" }).end("<html>Welcome to nginx!</html>");
@@ -345,18 +346,29 @@ const loaded = await ops.loadVersion("echo", 2);
 check(loaded.name === "echo" && ["loading", "ready"].includes(loaded.versions.find((v) => v.version === "2").state),
   `loadVersion answered ${JSON.stringify(loaded)}`);
 await until("version 2 ready", async () => (await stateOf("2")) === "ready");
-const canary = await ops.setRoute("echo", 1, { split: { 2: 10 }, ifGeneration: loaded.generation });
+const canary = await ops.setRoute("echo", 1, { split: [{ version: 2, percent: 10 }], ifGeneration: loaded.generation });
 check(canary.default_version === "1" && canary.split.length === 1 && canary.split[0].version === "2" &&
   canary.split[0].percent === 10 && canary.generation === loaded.generation + 1, `setRoute answered ${JSON.stringify(canary)}`);
 const stale = await rejects(ops.setRoute("echo", "2", { ifGeneration: loaded.generation }),
   (e) => e instanceof ReboundError, "a route set on a stale generation");
 check(stale.status === 412 && stale.code === "route_changed", `a stale generation: ${stale.message}`);
-const promoted = await ops.setRoute("echo", "2", { ifGeneration: canary.generation });
-check(promoted.default_version === "2" && promoted.split.length === 0, "promoted");
+// Promoted through a proxy that drops the answer: the resend is refused 412, and the client finds
+// its own change in the model (one generation on, this route) and answers it.
+const lostRoute = { drops: 1, dropMethod: "PUT" };
+const viaLostRoute = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(modelsPort, lostRoute)}`, apiKey: OPS_KEY });
+const promoted = await viaLostRoute.setRoute("echo", "2", { ifGeneration: canary.generation });
+check(promoted.default_version === "2" && promoted.split.length === 0 && promoted.generation === canary.generation + 1,
+  `promoted though the answer was lost: ${JSON.stringify(promoted)}`);
+check(lostRoute.requests.filter((r) => r.method === "PUT").length === 2 &&
+  lostRoute.requests.every((r) => r.method !== "PUT" || r.ifMatch === `"${canary.generation}"`), "sent twice, with If-Match");
 check((await tenantOfModels.run({ v: 2 }, { timeout: 10 })).model.version === "2", "a new job runs on the promoted version");
 check((await rejects(ops.unloadVersion("echo", "2"), (e) => e instanceof ReboundError, "an unload of the routed version"))
   .code === "version_in_route", "the routed version stays");
-const unloaded = await ops.unloadVersion("echo", 1, { queued: "reroute" });
+const recorded = {};
+const viaRecorder = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(modelsPort, recorded)}`, apiKey: OPS_KEY });
+const unloaded = await viaRecorder.unloadVersion("echo", 1, { queued: "reroute" });
+check(recorded.requests.some((r) => r.method === "DELETE" && r.url === "/v1/models/echo/versions/1?queued=reroute"),
+  `the unload's request: ${JSON.stringify(recorded.requests)}`);
 check(["draining", "unloaded"].includes(unloaded.versions.find((v) => v.version === "1").state), "unloadVersion answered");
 await until("version 1 unloaded", async () => (await stateOf("1")) === "unloaded");
 check((await rejects(tenantOfModels.loadVersion("echo", 1), (e) => e instanceof ReboundError, "a tenant's load"))
@@ -364,7 +376,11 @@ check((await rejects(tenantOfModels.loadVersion("echo", 1), (e) => e instanceof 
 for (const [name, call] of [["a version with a leading zero", () => ops.loadVersion("echo", "02")],
   ["a path as a name", () => ops.loadVersion("../x", 1)],
   ["an unknown queued", () => ops.unloadVersion("echo", 1, { queued: "later" })],
-  ["generation 0", () => ops.setRoute("echo", 2, { ifGeneration: 0 })]]) {
+  ["generation 0", () => ops.setRoute("echo", 2, { ifGeneration: 0 })],
+  ["a version of 1e21", () => ops.loadVersion("echo", 1e21)],
+  ["a version of 2.5", () => ops.loadVersion("echo", 2.5)],
+  ["a percent of 2.5", () => ops.setRoute("echo", 2, { split: [{ version: 1, percent: 2.5 }] })],
+  ["a percent of NaN", () => ops.setRoute("echo", 2, { split: [{ version: 1, percent: NaN }] })]]) {
   await rejects(call(), (e) => e instanceof TypeError, name);
 }
 rmSync(repository, { recursive: true, force: true });

@@ -15,7 +15,8 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import (Any, Dict, Generator, Iterator, List, Literal, Mapping, Optional, Sequence,
+                    Union)
 
 import httpx
 
@@ -89,6 +90,8 @@ def _model_part(name: str) -> str:
 
 
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")
+# A route's split: versions to percents, or the route's own list of {"version", "percent"}.
+Split = Union[Mapping[str, int], Mapping[int, int], Sequence[Mapping[str, Any]]]
 
 
 def _version_part(version: Any) -> str:
@@ -100,12 +103,31 @@ def _version_part(version: Any) -> str:
     return text
 
 
-def _route_body(default_version: Any, split: Optional[Mapping[Any, int]]) -> Dict[str, Any]:
-    if split is not None and not isinstance(split, Mapping):
-        raise TypeError("split maps versions to percents, as {'3': 10}")
+def _percent(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100:
+        raise ValueError("a split's percent is a whole number from 1 to 100, not %r" % (value,))
+    return value
+
+
+def _route_body(default_version: Any, split: Any) -> Dict[str, Any]:
+    # The split in its order (the server deals the percents out in it): a mapping of versions to
+    # percents, or the route's own list of {"version", "percent"} (Model.split as read).
+    if split is None:
+        pairs: List[Any] = []
+    elif isinstance(split, Mapping):
+        pairs = list(split.items())
+    elif isinstance(split, Sequence) and not isinstance(split, (str, bytes)):
+        pairs = []
+        for entry in split:
+            if not isinstance(entry, Mapping) or set(entry) != {"version", "percent"}:
+                raise ValueError("a split entry is {'version': ..., 'percent': ...}, not %r"
+                                 % (entry,))
+            pairs.append((entry["version"], entry["percent"]))
+    else:
+        raise ValueError("split maps versions to percents ({'3': 10}), or lists them "
+                         "([{'version': '3', 'percent': 10}]), not %r" % (split,))
     return {"default_version": _version_part(default_version),
-            "split": [{"version": _version_part(v), "percent": p}
-                      for v, p in (split or {}).items()]}
+            "split": [{"version": _version_part(v), "percent": _percent(p)} for v, p in pairs]}
 
 
 class _DeadlinePassed(Exception):
@@ -360,8 +382,9 @@ class _Calls:
             raise _invalid(answer, "a model") from None
 
     # (A load of a version ready already answers 200, so sending one again is safe; so is an
-    # unload. A route sent again after a lost answer with if_generation is refused 412, which
-    # then means the first send may have done it: the caller reads the model to know.)
+    # unload. A route sent again after a lost answer with if_generation is refused 412 when the
+    # first send did it: the model is then read, and answered when it is that route, one
+    # generation on.)
     def _load_version(self, name: str, version: Any):
         path = "/v1/models/%s/versions/%s" % (_model_part(name), _version_part(version))
         return (yield from self._changed_model("PUT", path, (200, 202)))
@@ -372,18 +395,32 @@ class _Calls:
         path = "/v1/models/%s/versions/%s" % (_model_part(name), _version_part(version))
         return (yield from self._changed_model("DELETE", path, (202,), params={"queued": queued}))
 
-    def _set_route(self, name: str, default_version: Any, split: Optional[Mapping[Any, int]],
+    def _set_route(self, name: str, default_version: Any, split: Any,
                    if_generation: Optional[int]):
         body = _route_body(default_version, split)
         headers = None
         if if_generation is not None:
             if not isinstance(if_generation, int) or isinstance(if_generation, bool) \
-                    or if_generation < 1:
+                    or not 1 <= if_generation < 2 ** 64:
                 raise ValueError("if_generation is a generation (a positive whole number), not %r"
                                  % (if_generation,))
             headers = {"If-Match": '"%d"' % if_generation}
         path = "/v1/models/%s/route" % _model_part(name)
-        return (yield from self._changed_model("PUT", path, (200,), body=body, headers=headers))
+        answer = yield from self._call(
+            lambda left: _Request("PUT", path, body, headers=headers), ok=(200,),
+            resent_ok=("route_changed",) if if_generation is not None else ())
+        if answer.status != 200:
+            # Sent again after a lost answer, and refused: done by the first send when the
+            # model has this route now, one generation on; else someone else's change came first.
+            now = yield from self._model(name)
+            if now.generation == if_generation + 1 and now.default_version == \
+                    body["default_version"] and now.split == body["split"]:
+                return now
+            raise error_from(answer.status, answer.body, None)
+        try:
+            return Model.from_answer(_object(answer, "a model"))
+        except (KeyError, TypeError, AttributeError):
+            raise _invalid(answer, "a model") from None
 
     def _webhook_secret(self):
         answer = yield from self._call(lambda left: _Request("GET", "/v1/webhook-secret"))
@@ -523,7 +560,7 @@ class Client(_Calls):
         return self._drive(self._load_version(name, version))
 
     def unload_version(self, name: str, version: Union[str, int], *,
-                       queued: str = "finish") -> Model:
+                       queued: Literal["finish", "reroute"] = "finish") -> Model:
         """Unloads a version no route names (operator key): it takes no new job and drains;
         its jobs not started run on it first (``queued="finish"``) or go to the version the
         route chooses for each (``queued="reroute"``). The model, the version ``draining`` or
@@ -531,12 +568,13 @@ class Client(_Calls):
         return self._drive(self._unload_version(name, version, queued))
 
     def set_route(self, name: str, default_version: Union[str, int], *,
-                  split: Optional[Mapping[Union[str, int], int]] = None,
+                  split: Optional[Split] = None,
                   if_generation: Optional[int] = None) -> Model:
         """Where the model's new jobs go (operator key): ``default_version``, and ``split``
-        versions with their percent of them (a canary: ``{"2": 10}``). With ``if_generation``
-        (``Model.generation`` as read) the change applies only if nobody changed the route since,
-        else PreconditionFailed (``route_changed``). The model with its new generation."""
+        versions with their percent of them, in order (a canary: ``{"2": 10}``, or the route's
+        own ``[{"version": "2", "percent": 10}]``). With ``if_generation`` (``Model.generation``
+        as read) the change applies only if nobody changed the route since, else
+        PreconditionFailed (``route_changed``). The model with its new generation."""
         return self._drive(self._set_route(name, default_version, split, if_generation))
 
     def webhook_secret(self) -> str:
@@ -631,11 +669,11 @@ class AsyncClient(_Calls):
         return await self._drive(self._load_version(name, version))
 
     async def unload_version(self, name: str, version: Union[str, int], *,
-                             queued: str = "finish") -> Model:
+                             queued: Literal["finish", "reroute"] = "finish") -> Model:
         return await self._drive(self._unload_version(name, version, queued))
 
     async def set_route(self, name: str, default_version: Union[str, int], *,
-                        split: Optional[Mapping[Union[str, int], int]] = None,
+                        split: Optional[Split] = None,
                         if_generation: Optional[int] = None) -> Model:
         return await self._drive(self._set_route(name, default_version, split, if_generation))
 

@@ -206,8 +206,9 @@ function versionPart(version: string | number): string {
 
 /** Where a model's new jobs go (setRoute). */
 export interface RouteOptions {
-  /** Versions with their percent of the new jobs (a canary): `{ "2": 10 }`. */
-  split?: Record<string, number>;
+  /** Versions with their percent of the new jobs (a canary), in order (the server deals the
+   * percents out in it): `[{ version: "2", percent: 10 }]`, as Model.split reads. */
+  split?: Array<{ version: string | number; percent: number }>;
   /** The route's generation as read (Model.generation): the change applies only if nobody changed
    * the route since, else a ReboundError 412 route_changed. */
   ifGeneration?: number;
@@ -472,19 +473,37 @@ export class Rebound {
   /** Where the model's new jobs go (operator key): the default version, and split versions with
    * their percent. The model with its new generation. */
   async setRoute(name: string, defaultVersion: string | number, options: RouteOptions = {}): Promise<Model> {
+    const split = options.split ?? [];
+    if (!Array.isArray(split)) throw new TypeError("split lists { version, percent } in order");
     const body = {
       default_version: versionPart(defaultVersion),
-      split: Object.entries(options.split ?? {}).map(([version, percent]) => ({ version: versionPart(version), percent })),
+      split: split.map((s) => {
+        if (!Number.isInteger(s?.percent) || s.percent < 1 || s.percent > 100) {
+          throw new TypeError("a split's percent is a whole number from 1 to 100");
+        }
+        return { version: versionPart(s.version), percent: s.percent };
+      }),
     };
     const headers: Record<string, string> = {};
-    if (options.ifGeneration !== undefined) {
-      if (!Number.isSafeInteger(options.ifGeneration) || options.ifGeneration < 1) {
+    const ifGeneration = options.ifGeneration;
+    if (ifGeneration !== undefined) {
+      if (!Number.isSafeInteger(ifGeneration) || ifGeneration < 1) {
         throw new TypeError("ifGeneration is a generation (a positive whole number)");
       }
-      headers["If-Match"] = `"${options.ifGeneration}"`;
+      headers["If-Match"] = `"${ifGeneration}"`;
     }
-    const answer = await this.call("PUT", `/v1/models/${modelPart(name)}/route`, { body, headers });
-    return modelOf(answer.status, answer.body);
+    const path = `/v1/models/${modelPart(name)}/route`;
+    const answer = await this.call("PUT", path, { body, headers, resentOk: ifGeneration === undefined ? [] : ["route_changed"] });
+    if (answer.status === 200) return modelOf(answer.status, answer.body);
+    // Sent again after a lost answer, and refused: done by the first send when the model has this
+    // route now, one generation on; else someone else's change came first.
+    const now = await this.model(name);
+    if (now.generation === (ifGeneration ?? 0) + 1 && now.default_version === body.default_version &&
+        JSON.stringify(now.split.map((s) => [s.version, s.percent])) ===
+          JSON.stringify(body.split.map((s) => [s.version, s.percent]))) {
+      return now;
+    }
+    throw errorOf(answer.status, answer.body, undefined);
   }
 
   /** The whsec_ secret the caller's callbacks are signed with (v1). */
