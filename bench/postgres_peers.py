@@ -31,17 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BENCH, Receiver, cell, fmt_int, free_port  # noqa: E402
+from run import BENCH, Lines, Receiver, cell, fmt_int, free_port  # noqa: E402
 
 PEERS = BENCH / "pg_peers"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -133,32 +131,6 @@ class Postgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class Lines:
-    """A process's stdout, line by line, with a timeout on each line."""
-
-    def __init__(self, stream):
-        self._lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def next_json(self, timeout: float, what: str) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RuntimeError(f"no {what} from bench/pg_peers/bench.mjs within {timeout:g} s") from None
-            if line is None:
-                raise RuntimeError(f"bench/pg_peers/bench.mjs ended before its {what}")
-            if line.startswith("{"):  # (a library's own line is not the handshake's)
-                return json.loads(line)
-            log("bench.mjs: " + line.rstrip())
-
-
 def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
     db = f"bench_{number}"
     pg.sql(f"CREATE DATABASE {db}")
@@ -171,7 +143,7 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
     proc = subprocess.Popen(argv, cwd=PEERS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
                             text=True)
     try:
-        lines = Lines(proc.stdout)
+        lines = Lines(proc.stdout, "bench/pg_peers/bench.mjs")
         ready = lines.next_json(120, "ready line")
         before = pg.cpu_seconds()
         proc.stdin.write("go\n")

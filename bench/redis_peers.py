@@ -74,7 +74,6 @@ import argparse
 import hashlib
 import json
 import os
-import queue
 import re
 import shutil
 import signal
@@ -82,12 +81,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import (BENCH, ROOT, Receiver, Server, cell, fmt_int, free_port, http_get,  # noqa: E402
+from run import (BENCH, ROOT, Lines, Receiver, Server, cell, fmt_int, free_port, http_get,  # noqa: E402
                  log, machine, parse_wrk)
 
 BULLMQ = BENCH / "bullmq"
@@ -500,28 +498,6 @@ def run_rebound(a, redis: RedisServer, count: int, receiver: Receiver | None,
             srv.stop()
 
 
-class Lines:
-    """A process's stdout, line by line, with a timeout on each line."""
-
-    def __init__(self, stream):
-        self._lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def next_json(self, timeout: float, what: str) -> dict:
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise RuntimeError(f"no {what} from bench/bullmq/bench.mjs within {timeout:g} s") from None
-        if line is None:
-            raise RuntimeError(f"bench/bullmq/bench.mjs ended before its {what}")
-        return json.loads(line)
-
-
 def run_bullmq(a, redis: RedisServer, receiver: Receiver | None) -> dict:
     argv = ["node", str(BULLMQ / "bench.mjs"), "--redis-port", str(redis.port), "--jobs", str(a.jobs),
             "--concurrency", str(a.bullmq_concurrency), "--chunk", str(a.bullmq_chunk),
@@ -532,7 +508,7 @@ def run_bullmq(a, redis: RedisServer, receiver: Receiver | None) -> dict:
     proc = subprocess.Popen(argv, cwd=BULLMQ, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=errors, text=True)
     try:
-        lines = Lines(proc.stdout)
+        lines = Lines(proc.stdout, "bench/bullmq/bench.mjs")
         ready = lines.next_json(60, "ready line")
         before = redis.usage()
         start = redis.costs_mark() if a.costs else None

@@ -45,6 +45,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -53,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -193,6 +195,34 @@ class Fleet:
         self.redis.kill()
         self.redis.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Lines:
+    """A helper process's stdout (`name` says which), line by line, each JSON line awaited with a
+    timeout; other lines (a library's own) are passed to stderr."""
+
+    def __init__(self, stream, name: str):
+        self.name = name
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def next_json(self, timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"no {what} from {self.name} within {timeout:g} s") from None
+            if line is None:
+                raise RuntimeError(f"{self.name} ended before its {what}")
+            if line.startswith("{"):
+                return json.loads(line)
+            print(f"{self.name}: {line.rstrip()}", file=sys.stderr, flush=True)
 
 
 class Receiver:

@@ -61,12 +61,11 @@ const requireTool = createRequire(path.join(tools, "package.json"));
 const { Webhook } = requireTool("standardwebhooks");
 const express = requireTool("express");
 
-function startServer(model, ...extra) {
+// A rebound-server on a free loopback port with these arguments: its port once it listens.
+function spawnServer(what, args) {
   return new Promise((resolve) => {
-    const proc = spawn(serverBin, ["serve", "--host", "127.0.0.1", "--port", "0", "--model", model,
-      "--store", "memory", "--allow-private-callbacks", "--api-key", "acme:" + API_KEY,
-      "--signing-secret", SECRET, "--signing-key", SIGNING_KEY, "--max-tries", "1",
-      "--log-level", "warn", ...extra], { stdio: ["ignore", "pipe", "pipe"] });
+    const proc = spawn(serverBin, ["serve", "--host", "127.0.0.1", "--port", "0", "--store", "memory",
+      "--api-key", "acme:" + API_KEY, "--log-level", "warn", ...args], { stdio: ["ignore", "pipe", "pipe"] });
     children.push(proc);
     let seen = "";
     proc.stdout.on("data", (chunk) => {
@@ -75,8 +74,13 @@ function startServer(model, ...extra) {
       if (m) resolve(Number(m[1]));
     });
     proc.stderr.resume();
-    proc.on("exit", (code) => fail(`rebound-server (${model}) ended: ${code}`));
+    proc.on("exit", (code) => fail(`rebound-server (${what}) ended: ${code}`));
   });
+}
+
+function startServer(model, ...extra) {
+  return spawnServer(model, ["--model", model, "--allow-private-callbacks", "--signing-secret", SECRET,
+    "--signing-key", SIGNING_KEY, "--max-tries", "1", ...extra]);
 }
 
 const calls = []; // { path, headers, body (Buffer) }
@@ -318,20 +322,7 @@ const addVersion = (v) => {
   writeFileSync(path.join(repository, "echo", v, "config.json"), '{"backend": "echo"}');
 };
 addVersion("1");
-const modelsPort = await new Promise((resolve) => {
-  const proc = spawn(serverBin, ["serve", "--host", "127.0.0.1", "--port", "0", "--model-repository", repository,
-    "--store", "memory", "--api-key", "acme:" + API_KEY, "--operator-key", "ops:" + OPS_KEY, "--log-level", "warn"],
-    { stdio: ["ignore", "pipe", "pipe"] });
-  children.push(proc);
-  let seen = "";
-  proc.stdout.on("data", (chunk) => {
-    seen += chunk;
-    const m = /listening on 127\.0\.0\.1:(\d+)/.exec(seen);
-    if (m) resolve(Number(m[1]));
-  });
-  proc.stderr.resume();
-  proc.on("exit", (code) => fail(`rebound-server (repository) ended: ${code}`));
-});
+const modelsPort = await spawnServer("repository", ["--model-repository", repository, "--operator-key", "ops:" + OPS_KEY]);
 const ops = new Rebound({ baseUrl: `http://127.0.0.1:${modelsPort}`, apiKey: OPS_KEY });
 const tenantOfModels = new Rebound({ baseUrl: `http://127.0.0.1:${modelsPort}`, apiKey: API_KEY });
 const stateOf = async (v) => ((await ops.model("echo")).versions.find((x) => x.version === v) || {}).state;
