@@ -59,8 +59,10 @@ struct HarnessOptions {
   bool allow_private_callbacks = true;
   /// JobQueueOptions::tenant_share.
   double tenant_share = 1.0;
-  /// How long a callback attempt may take (DeliveryOptions::timeout).
-  std::chrono::milliseconds callback_timeout{2000};
+  /// How long a callback attempt may take (DeliveryOptions::timeout): the shipped 10 s. A shorter
+  /// one made answers that a sanitizer's slowdown delayed past it count as failed attempts, and
+  /// their retries as second deliveries (ThreadSanitizer, 2026-12-01: a receiver counted twice).
+  std::chrono::milliseconds callback_timeout{10000};
   /// The receiver origins' limits and breakers (JobQueueOptions::origins).
   rebound::OriginGateOptions origins = {};
   /// JobQueueOptions::tenant_defaults and ::tenants (turns and rates).
