@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BENCH, Lines, Receiver, cell, fmt_int, free_port  # noqa: E402
+from run import BENCH, Lines, Receiver, cell, end_helper, fmt_int, free_port  # noqa: E402
 
 PEERS = BENCH / "pg_peers"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -142,6 +142,7 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
     errors = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(argv, cwd=PEERS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
                             text=True)
+    failed = False
     try:
         lines = Lines(proc.stdout, "bench/pg_peers/bench.mjs")
         ready = lines.next_json(120, "ready line")
@@ -165,22 +166,10 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
             figures["received"] = receiver.delivered()
         return figures
     except Exception:
-        errors.seek(0)
-        tail = errors.read()[-2000:]
-        if tail:
-            log(tail)
+        failed = True
         raise
     finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        errors.close()
+        end_helper(proc, errors, failed)
         if receiver is not None:
             receiver.stop()
         pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")

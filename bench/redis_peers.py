@@ -85,8 +85,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import (BENCH, ROOT, Lines, Receiver, Server, cell, fmt_int, free_port, http_get,  # noqa: E402
-                 log, machine, parse_wrk)
+from run import (BENCH, ROOT, Lines, Receiver, Server, cell, end_helper, fmt_int,  # noqa: E402
+                 free_port, http_get, log, machine, parse_wrk)
 
 BULLMQ = BENCH / "bullmq"
 
@@ -507,6 +507,7 @@ def run_bullmq(a, redis: RedisServer, receiver: Receiver | None) -> dict:
     errors = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(argv, cwd=BULLMQ, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=errors, text=True)
+    failed = False
     try:
         lines = Lines(proc.stdout, "bench/bullmq/bench.mjs")
         ready = lines.next_json(60, "ready line")
@@ -531,22 +532,10 @@ def run_bullmq(a, redis: RedisServer, receiver: Receiver | None) -> dict:
                                              figures)
         return figures
     except Exception:
-        errors.seek(0)
-        tail = errors.read()[-2000:]
-        if tail:
-            log(tail)
+        failed = True
         raise
     finally:
-        try:
-            proc.stdin.close()  # tells bench.mjs to close its connections and exit
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        errors.close()
+        end_helper(proc, errors, failed)
 
 
 def with_overhead(costs: dict, figures: dict) -> dict:

@@ -225,6 +225,27 @@ class Lines:
             print(f"{self.name}: {line.rstrip()}", file=sys.stderr, flush=True)
 
 
+def end_helper(proc: subprocess.Popen, errors, failed: bool) -> None:
+    """Ends a helper process that waits for its stdin to close (a peer benchmark's bench.mjs):
+    closes it, waits up to 30 s (then kills it), and on a failure prints the end of what it
+    wrote to `errors` (a temporary file)."""
+    if failed:
+        errors.seek(0)
+        tail = errors.read()[-2000:]
+        if tail:
+            print(tail, file=sys.stderr, flush=True)
+    try:
+        proc.stdin.close()  # tells the helper to close its connections and exit
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    errors.close()
+
+
 class Receiver:
     """nginx answering 200 to every callback and logging one line per callback."""
 

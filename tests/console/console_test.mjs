@@ -592,6 +592,16 @@ async function main() {
     await ui.click('Refresh');
     await ui.view('Models');
   };
+  // Waits until the view, refreshed, shows `version` ready.
+  const readyInView = (version) => waitFor(`version ${version} ready in the view`, async () => {
+    await refreshModels();
+    const rows = await ui.rowTexts(version);
+    return rows.length && /ready/.test(rows[0]);
+  });
+  // Whether the server logged a drain with `queued` (model_draining).
+  const drainedWith = (queued) => new RegExp(
+    `"model_draining".*"queued":"${queued}"|"queued":"${queued}".*"model_draining"`).test(
+    fs.readFileSync(server.logPath, 'utf8'));
   await ui.nav('Models');
   const [v1Row] = await ui.waitRow('1');
   check(/ready/.test(v1Row) && /default/.test(v1Row), 'version 1 is ready and the route\'s default', v1Row);
@@ -601,11 +611,7 @@ async function main() {
   const loadQuestion = await ui.confirm();
   check(loadQuestion.includes('version 2 of sleep'), 'the dialog names the version', loadQuestion);
   await waitFor('version 2 ready', async () => (await versionState('2')) === 'ready', 20_000);
-  await waitFor('version 2 ready in the view', async () => {
-    await refreshModels();
-    const rows = await ui.rowTexts('2');
-    return rows.length && /ready/.test(rows[0]);
-  });
+  await readyInView('2');
   const before = (await sleepModel()).generation;
   await ui.selectByLabel('Canary version', '2');
   await ui.click('Set route');
@@ -635,25 +641,19 @@ async function main() {
   check(rerouteQuestion.includes('Unload version 1 of sleep') && rerouteQuestion.includes('to the route'),
     'the dialog says where the queued jobs go', rerouteQuestion);
   await waitFor('version 1 unloaded', async () => (await versionState('1')) === 'unloaded', 60_000);
-  check(/"model_draining".*"queued":"reroute"|"queued":"reroute".*"model_draining"/.test(
-    fs.readFileSync(server.logPath, 'utf8')), 'the server drained version 1 with queued=reroute');
+  check(drainedWith('reroute'), 'the server drained version 1 with queued=reroute');
   await refreshModels();
   await ui.click('Load', { row: '1' });
   check((await ui.confirm()).includes('version 1 of sleep'), 'the dialog names the version loaded back');
   await waitFor('version 1 ready again', async () => (await versionState('1')) === 'ready', 20_000);
-  await waitFor('version 1 ready in the view', async () => {
-    await refreshModels();
-    const rows = await ui.rowTexts('1');
-    return rows.length && /ready/.test(rows[0]);
-  });
+  await readyInView('1');
   check((await ui.count(['Reroute']))['Reroute'] === 1, 'only the unrouted version offers Reroute');
   await ui.click('Unload', { row: '1' });
   const unloadQuestion = await ui.confirm();
   check(unloadQuestion.includes('Unload version 1 of sleep') && unloadQuestion.includes('run on it first'),
     'the dialog names what is unloaded', unloadQuestion);
   await waitFor('version 1 unloaded', async () => (await versionState('1')) === 'unloaded', 60_000);
-  check(/"model_draining".*"queued":"finish"|"queued":"finish".*"model_draining"/.test(
-    fs.readFileSync(server.logPath, 'utf8')), 'the server drained version 1 with queued=finish');
+  check(drainedWith('finish'), 'the server drained version 1 with queued=finish');
   ok('version 1 drained and was unloaded, once with its jobs rerouted and once with them run first');
   const logged = fs.readFileSync(server.logPath, 'utf8');
   for (const action of ['load_model_version', 'set_model_route', 'unload_model_version']) {
