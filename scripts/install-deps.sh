@@ -7,14 +7,14 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libcpp-httplib-dev nlohmann-json3-dev libboost-dev libssl-dev libcli11-dev doctest-dev
   libsqlite3-dev libjemalloc-dev libcurl4-openssl-dev
-  libhiredis-dev
+  libhiredis-dev libpq-dev
   curl python3
 )
-# What only the tests run: a real Redis, nginx (the container's front), clang's sanitizers, the
+# What only the tests run: a real Redis, a real PostgreSQL and PgBouncer, nginx (the container's front), clang's sanitizers, the
 # receivers' signature checks in Python, the Python client's test (httpx, a venv to install it
 # into, FastAPI and uvicorn for its receiver). REBOUND_SKIP_TEST_TOOLS=1 (the demo's) leaves them out.
 if [ "${REBOUND_SKIP_TEST_TOOLS:-0}" != 1 ]; then
-  packages+=(redis-server clang-14 libclang-rt-14-dev nginx-light python3-cryptography
+  packages+=(redis-server postgresql pgbouncer clang-14 libclang-rt-14-dev nginx-light python3-cryptography
              python3-httpx python3-venv python3-setuptools python3-wheel python3-fastapi
              python3-uvicorn)
 fi

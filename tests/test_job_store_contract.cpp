@@ -22,6 +22,10 @@
 #include "rebound/store/redis_job_store.hpp"
 #include "support/redis_server.hpp"
 #endif
+#ifdef REBOUND_TEST_POSTGRES
+#include "rebound/store/postgres_job_store.hpp"
+#include "support/postgres_server.hpp"
+#endif
 
 using rebound::CallbackState;
 using rebound::Job;
@@ -81,6 +85,21 @@ struct RedisClusterStore {
 };
 #endif
 
+#ifdef REBOUND_TEST_POSTGRES
+// A real PostgreSQL (one for the whole run), each test in a schema of its own.
+struct PostgresStore {
+  static constexpr const char* name = "postgres";
+  std::string uri =
+      rebound::test::shared_postgres().uri(rebound::test::PostgresServer::fresh_schema());
+  std::unique_ptr<JobStore> make() {
+    return std::make_unique<rebound::PostgresJobStore>(rebound::parse_postgres_uri(uri));
+  }
+};
+#define POSTGRES_STORES , PostgresStore
+#else
+#define POSTGRES_STORES
+#endif
+
 using time_point = std::chrono::system_clock::time_point;
 
 // Stores keep times to the millisecond.
@@ -120,9 +139,9 @@ std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) 
 #ifdef REBOUND_TEST_REDIS
 #define STORES                                                                         \
   MemoryStore, SqliteStore, FailingStoreWhileItWorks, RedisStore, RedisStoreUnbatched, \
-      RedisClusterStore
+      RedisClusterStore POSTGRES_STORES
 #else
-#define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks
+#define STORES MemoryStore, SqliteStore, FailingStoreWhileItWorks POSTGRES_STORES
 #endif
 
 TEST_CASE_TEMPLATE("store contract: put creates once - a duplicate and a conflict are told apart",

@@ -30,6 +30,10 @@
 #include "rebound/store/redis_job_store.hpp"
 #include "support/redis_server.hpp"
 #endif
+#ifdef REBOUND_TEST_POSTGRES
+#include "rebound/store/postgres_job_store.hpp"
+#include "support/postgres_server.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using rebound::CallbackState;
@@ -243,11 +247,11 @@ class Run {
       what = "clock " + std::to_string(ms) + " ms";
       now_ += std::chrono::milliseconds(ms);
     } else {
-      // A shared store (Redis) keeps its leases over a restart. SQLite's live in its one process:
-      // at open it releases them, and what they held is due at its creation time again, so its
-      // claims then take another order than memory's (by when each lease ended); its restarts
-      // are tested on their own (test_sqlite_job_store.cpp, crash_recovery.py).
-      what = "restart the Redis stores' clients (Redis forgets its scripts)";
+      // A shared store (Redis, PostgreSQL) keeps its leases over a restart. SQLite's live in its
+      // one process: at open it releases them, and what they held is due at its creation time
+      // again, so its claims then take another order than memory's (by when each lease ended); its
+      // restarts are tested on their own (test_sqlite_job_store.cpp, crash_recovery.py).
+      what = "restart the shared stores' clients (Redis forgets its scripts)";
       for (auto& s : subjects_) {
         if (!s.reopen) continue;
         s.store.reset();
@@ -373,6 +377,13 @@ TEST_CASE("stores: one random sequence of calls - every store answers and keeps 
     subjects.push_back(
         {"redis unbatched", std::make_unique<rebound::RedisJobStore>(unbatched),
          [unbatched] { return std::make_unique<rebound::RedisJobStore>(unbatched); }});
+#endif
+#ifdef REBOUND_TEST_POSTGRES
+    // Its restart: a new store (its pool, its writer) on the same schema.
+    const auto pg = rebound::parse_postgres_uri(
+        rebound::test::shared_postgres().uri(rebound::test::PostgresServer::fresh_schema()));
+    subjects.push_back({"postgres", std::make_unique<rebound::PostgresJobStore>(pg),
+                        [pg] { return std::make_unique<rebound::PostgresJobStore>(pg); }});
 #endif
     Run run(subjects, seed);
     for (std::size_t n = 0; n < steps; ++n) {

@@ -13,12 +13,16 @@
 #include "rebound/store/job_store.hpp"
 #include "rebound/store/memory_job_store.hpp"
 // Each store is there when the program links its library: rebound::sqlite (in rebound::rebound)
-// defines REBOUND_HAS_SQLITE, rebound::redis defines REBOUND_HAS_REDIS.
+// defines REBOUND_HAS_SQLITE, rebound::redis REBOUND_HAS_REDIS, rebound::postgres
+// REBOUND_HAS_POSTGRES.
 #if defined(REBOUND_HAS_SQLITE)
 #include "rebound/store/sqlite_job_store.hpp"
 #endif
 #if defined(REBOUND_HAS_REDIS)
 #include "rebound/store/redis_job_store.hpp"
+#endif
+#if defined(REBOUND_HAS_POSTGRES)
+#include "rebound/store/postgres_job_store.hpp"
 #endif
 
 namespace rebound {
@@ -36,23 +40,36 @@ struct StoreSettings {
 // Which stores make_store knows depends on the libraries a translation unit is built with: each
 // combination is a function of its own (an inline namespace), so that two parts of one program
 // built with different rebound targets never share one definition.
-#if defined(REBOUND_HAS_SQLITE) && defined(REBOUND_HAS_REDIS)
-#define REBOUND_DETAIL_STORES stores_sqlite_redis
-#elif defined(REBOUND_HAS_SQLITE)
-#define REBOUND_DETAIL_STORES stores_sqlite
-#elif defined(REBOUND_HAS_REDIS)
-#define REBOUND_DETAIL_STORES stores_redis
+#if defined(REBOUND_HAS_SQLITE)
+#define REBOUND_DETAIL_STORES_S _sqlite
 #else
-#define REBOUND_DETAIL_STORES stores_memory
+#define REBOUND_DETAIL_STORES_S
 #endif
+#if defined(REBOUND_HAS_REDIS)
+#define REBOUND_DETAIL_STORES_R _redis
+#else
+#define REBOUND_DETAIL_STORES_R
+#endif
+#if defined(REBOUND_HAS_POSTGRES)
+#define REBOUND_DETAIL_STORES_P _postgres
+#else
+#define REBOUND_DETAIL_STORES_P
+#endif
+#define REBOUND_DETAIL_CAT2(a, b, c, d) a##b##c##d
+#define REBOUND_DETAIL_CAT(a, b, c, d) REBOUND_DETAIL_CAT2(a, b, c, d)
+#define REBOUND_DETAIL_STORES                                                         \
+  REBOUND_DETAIL_CAT(stores_memory, REBOUND_DETAIL_STORES_S, REBOUND_DETAIL_STORES_R, \
+                     REBOUND_DETAIL_STORES_P)
 inline namespace REBOUND_DETAIL_STORES {
 
 /// Makes a JobStore from a URI:
 /// - `memory`: a MemoryJobStore (jobs are lost with the process);
 /// - `sqlite:PATH`: a SqliteJobStore in that file (needs rebound::sqlite);
 /// - `redis://[user@]host[:port][/db][?prefix=name][&replicas=N]`: a RedisJobStore that several
-/// servers
-///   share (needs rebound::redis).
+///   servers share (needs rebound::redis);
+/// - `postgresql://[user@]host[:port]/db[?schema=name]` (or `postgres://`): a PostgresJobStore
+///   that several servers share (needs rebound::postgres; the password from $PGPASSWORD or
+///   ~/.pgpass, as libpq reads them).
 /// Throws rebound::Error with a message that names the URI for anything else, for a store this
 /// program was not linked with, and when the store cannot be opened.
 ///
@@ -92,9 +109,19 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
                 "': this program has no Redis support (link rebound::redis)");
 #endif
   }
-  throw Error(
-      "unsupported store '" + std::string(uri) +
-      "': use memory, sqlite:<path> or redis://host[:port][/db][?prefix=name][&replicas=N]");
+  if (uri.substr(0, 13) == "postgresql://" || uri.substr(0, 11) == "postgres://") {
+#if defined(REBOUND_HAS_POSTGRES)
+    PostgresJobStoreOptions options = parse_postgres_uri(uri);
+    options.retention = settings.retention;
+    return std::make_unique<PostgresJobStore>(options);
+#else
+    throw Error("store '" + std::string(uri) +
+                "': this program has no PostgreSQL support (link rebound::postgres)");
+#endif
+  }
+  throw Error("unsupported store '" + std::string(uri) +
+              "': use memory, sqlite:<path>, redis://host[:port][/db][?prefix=name][&replicas=N]"
+              " or postgresql://[user@]host[:port]/db[?schema=name]");
 }
 
 }  // namespace REBOUND_DETAIL_STORES

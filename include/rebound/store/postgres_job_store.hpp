@@ -1,0 +1,158 @@
+// PostgresJobStore: the JobStore that several servers share on a PostgreSQL database (PostgreSQL
+// 12 or later, tested with 15; through libpq).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rebound/store/job_store.hpp"
+
+namespace rebound {
+
+struct PostgresJobStoreOptions {
+  /// What libpq connects with: a `postgresql://` URI or `key=value` words
+  /// (https://www.postgresql.org/docs/current/libpq-connect.html). A password is best left out of
+  /// it (command lines and logs show it): libpq reads $PGPASSWORD and ~/.pgpass by itself.
+  /// `connect_timeout` is added when it names none.
+  std::string conninfo = "postgresql://localhost/postgres";
+  /// The schema that holds the store's tables, created when missing (letters, digits and '_', 1
+  /// to 63, starting with a letter or '_'). Servers that share a schema share one queue; others on
+  /// the same database are apart. Table names are written out with it in every statement: the
+  /// store sets no `search_path` (no session state, so a pooler in transaction mode is fine).
+  std::string schema = "rebound";
+  /// Connections opened at most for the calling threads; the writer thread has one more.
+  std::size_t connections = 4;
+  /// The longest any statement may take, sent with every transaction (`SET LOCAL
+  /// statement_timeout`) and also kept by the client: a statement unanswered this long is
+  /// cancelled, its connection closed and the call fails (StoreUnavailable), so a hung database or
+  /// a cut connection never hangs a server's threads.
+  std::chrono::milliseconds statement_timeout{5000};
+  /// Finished jobs (final, callback delivered, given up or not wanted) are deleted this long after
+  /// they finished, in batches of 1,000 rows, each its own short transaction. 0 keeps them.
+  std::chrono::seconds retention{std::chrono::hours(24)};
+  /// How often the pruning runs.
+  std::chrono::seconds prune_interval{std::chrono::minutes(1)};
+  /// The writes of every calling thread (put, mark_running, finish_job, record_attempt, renew,
+  /// cancel, redeliver) gather while the last transaction is out and go in one transaction of at
+  /// most this many (group commit: one WAL flush for all of them).
+  std::size_t max_batch = 512;
+};
+
+/// Reads a `postgresql://` or `postgres://` URI (rebound-server's `--store`) into options: the
+/// URI goes to libpq as is, but for `schema=NAME` among its query parameters, which names
+/// the store's schema and is taken out. Throws rebound::Error for any other scheme or a schema
+/// name that is not allowed.
+PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
+
+/// A JobStore in a PostgreSQL database, shared by every server that names the same database and
+/// schema: the store is the queue (DESIGN.md), each job one row of `<schema>.jobs`.
+///
+/// How it treats Postgres:
+/// - Every job's state change is job_state.hpp's rule, applied in this process to the row read
+///   `FOR UPDATE` inside the writer's transaction: the rules are the memory store's, not a copy in
+///   SQL. The writes of all calling threads gather into one transaction (group commit): a `put`
+///   returns (and `async_put` answers) once its transaction is committed, so a 202 means the job
+///   is stored; with a synchronous standby it survives a failover.
+/// - Claims are one statement each: the due rows, each tenant's by priority then due time, locked
+///   `FOR UPDATE SKIP LOCKED`, so servers claiming at once never wait for each other. Tenants take
+///   turns (job_state::claim_turns); the last tenant served is this process's, so with several
+///   servers each keeps its own turn.
+/// - No session state: no `LISTEN`, no session advisory locks, no prepared statements, no `SET`
+///   outside a transaction. The store works behind PgBouncer in transaction mode. The schema is
+///   created or migrated at start under a transaction's advisory lock, so servers that start
+///   together agree.
+/// - Finished jobs are deleted past the retention in small batches: no long transaction of the
+///   store's own holds back vacuum.
+///
+/// Failures: a statement that fails or times out throws StoreUnavailable and `failure()` says why
+/// until a statement succeeds again (the JobQueue then refuses submissions, `/ping` answers 503,
+/// and writes for accepted jobs are tried again); a broken connection is opened again at its next
+/// use. Leases are rows: a server that dies (`kill -9`) leaves its leases to run out, and the
+/// other servers claim its jobs and callbacks then.
+///
+/// Thread-safety: every method is thread-safe.
+class PostgresJobStore final : public JobStore {
+ public:
+  /// Connects and creates or migrates the schema. Throws rebound::Error when it cannot (the
+  /// message names the database, never its password).
+  explicit PostgresJobStore(PostgresJobStoreOptions options);
+  ~PostgresJobStore() override;
+  PostgresJobStore(const PostgresJobStore&) = delete;
+  PostgresJobStore& operator=(const PostgresJobStore&) = delete;
+
+  using JobStore::put;
+  PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
+  /// Answered from the writer thread once the job's transaction is committed.
+  void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override;
+  std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
+  std::optional<JobRecord> get(const std::string& id) const override;
+  std::vector<std::optional<JobRecord>> get_many(
+      const std::vector<std::string>& ids) const override;
+  std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
+  std::vector<JobRecord> claim_jobs_except(std::size_t max, const Lease& lease, TimePoint now,
+                                           const std::vector<ModelRef>& skip) override;
+  bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
+  std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
+                              TimePoint now) override;
+  /// Returns without waiting: the mark goes with the writer's next transaction (a finish of the
+  /// same job issued after it is applied after it).
+  void mark_running(const std::string& id, TimePoint now) override;
+  bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                  const std::optional<Lease>& deliver, TimePoint now) override;
+  void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                        const std::optional<Lease>& deliver, TimePoint now,
+                        WriteDone done) override;
+  CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override;
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
+                                         TimePoint now) override;
+  using JobStore::record_attempt;
+  bool record_attempt(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                      TimePoint now, const std::optional<CallbackAttempt>& attempt) override;
+  void async_record_attempt(const std::string& id, const std::string& holder,
+                            const CallbackInfo& after, TimePoint now,
+                            const std::optional<CallbackAttempt>& attempt, WriteDone done) override;
+  RedeliverOutcome redeliver(const std::string& id, const Lease& claim, TimePoint now) override;
+  void complete(const std::string& id, const JobOutcome& outcome) override;
+  void update_callback(const std::string& id, const CallbackInfo& callback) override;
+
+  std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const override;
+  std::vector<JobRecord> list_failed_callbacks_with_prefix(const std::string& id_prefix,
+                                                           std::size_t limit) const override;
+  JobPage failed_callbacks_page(const std::string& id_prefix,
+                                const std::optional<ListCursor>& after,
+                                std::size_t limit) const override;
+  std::optional<QueueStats> queue_stats() const override;
+  JobPage list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                    std::size_t limit) const override;
+  std::vector<JobRecord> list_unfinished(std::size_t limit) const override;
+  std::optional<std::size_t> queue_position(const std::string& id) const override;
+
+  void report_server(const std::string& id, std::size_t leases, TimePoint now) override;
+  std::vector<ServerSeen> servers(TimePoint now) const override;
+  bool set_origin_paused(const std::string& origin, bool paused) override;
+  std::optional<std::vector<std::string>> paused_origins() const override;
+  std::optional<std::uint64_t> put_model_config(const std::string& name, const std::string& config,
+                                                std::uint64_t if_generation) override;
+  std::optional<std::vector<ModelConfig>> model_configs() const override;
+  std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& versions,
+                                         TimePoint since) const override;
+
+  std::optional<std::string> failure() const override;
+
+  /// Transactions the writer committed so far (each may hold many writes).
+  std::size_t commits() const;
+  /// Deletes the jobs that finished more than the retention before `now`, in batches; returns
+  /// how many. Also runs by itself every prune_interval.
+  std::size_t prune(TimePoint now);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rebound

@@ -1,0 +1,1594 @@
+// PostgresJobStore: a pool of libpq connections for claims and reads, and one writer thread that
+// applies the state rules of job_state.hpp to rows it locks, many callers' writes a transaction.
+#include "rebound/store/postgres_job_store.hpp"
+
+#include <libpq-fe.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "common/attempt_log.hpp"
+#include "rebound/detail/json.hpp"
+#include "rebound/error.hpp"
+#include "rebound/store/job_state.hpp"
+
+namespace rebound {
+namespace {
+
+using TimePoint = std::chrono::system_clock::time_point;
+using Clock = std::chrono::steady_clock;
+
+std::int64_t to_ms(TimePoint t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+TimePoint from_ms(std::int64_t ms) {
+  return TimePoint(std::chrono::milliseconds(ms));
+}
+std::int64_t wall_ms() {
+  return to_ms(std::chrono::system_clock::now());
+}
+
+// The schema's version this build writes; migrations below bring an older one up to it.
+constexpr int schema_version = 1;
+
+// The columns of a job's row, in the order every statement below names them. Text for the enums
+// (job.hpp's to_string, read back with from_string), milliseconds since the epoch for times.
+// job_due_ms, cb_due_ms: job_state::job_due and callback_due (the claims' indexes); finished_ms:
+// when job_state::is_finished became true (what the pruning deletes by).
+constexpr const char* columns[] = {
+    "key",        "tenant",       "id",         "url",          "input",     "created_ms",
+    "priority",   "max_queue_ms", "events",     "trace",        "model",     "mver",
+    "status",     "started_ms",   "ended_ms",   "result",       "err_code",  "err_msg",
+    "cb_state",   "cb_attempts",  "cb_error",   "cb_next_ms",   "cb_da",     "cb_started_ms",
+    "cb_prev_ms", "attempts",     "job_holder", "job_until_ms", "cb_holder", "cb_until_ms",
+    "job_due_ms", "cb_due_ms",    "finished_ms"};
+constexpr std::size_t column_count = sizeof(columns) / sizeof(columns[0]);
+// The first column a write after the insert may change (the job's request is never rewritten).
+constexpr std::size_t first_mutable = 11;  // mver: the version that ran it (JobOutcome)
+// Their SQL types, for the casts of the rows an update sends.
+constexpr const char* types[] = {
+    "text",   "text",    "text",   "text",   "text",    "bigint", "integer", "bigint", "integer",
+    "text",   "text",    "text",   "text",   "bigint",  "bigint", "text",    "text",   "text",
+    "text",   "integer", "text",   "bigint", "integer", "bigint", "bigint",  "text",   "text",
+    "bigint", "text",    "bigint", "bigint", "bigint",  "bigint"};
+static_assert(sizeof(types) / sizeof(types[0]) == column_count);
+
+// The migrations, by the version each makes. {schema} stands for the quoted schema name.
+constexpr const char* migration_1 = R"sql(
+CREATE TABLE {schema}.jobs (
+  key text COLLATE "C" PRIMARY KEY,
+  tenant text COLLATE "C" NOT NULL,
+  id text NOT NULL,
+  url text NOT NULL,
+  input text,
+  created_ms bigint NOT NULL,
+  priority integer NOT NULL,
+  max_queue_ms bigint NOT NULL,
+  events integer NOT NULL,
+  trace text NOT NULL,
+  model text COLLATE "C" NOT NULL,
+  mver text COLLATE "C" NOT NULL,
+  status text NOT NULL,
+  started_ms bigint,
+  ended_ms bigint,
+  result text,
+  err_code text,
+  err_msg text,
+  cb_state text NOT NULL,
+  cb_attempts integer NOT NULL,
+  cb_error text NOT NULL,
+  cb_next_ms bigint NOT NULL,
+  cb_da integer NOT NULL,
+  cb_started_ms bigint NOT NULL,
+  cb_prev_ms bigint NOT NULL,
+  attempts text,
+  job_holder text,
+  job_until_ms bigint,
+  cb_holder text,
+  cb_until_ms bigint,
+  job_due_ms bigint,
+  cb_due_ms bigint,
+  finished_ms bigint
+) WITH (fillfactor = 80);
+CREATE INDEX jobs_tenant_due ON {schema}.jobs (tenant, priority, job_due_ms)
+  WHERE job_due_ms IS NOT NULL;
+CREATE INDEX jobs_cb_due ON {schema}.jobs (cb_due_ms) WHERE cb_due_ms IS NOT NULL;
+CREATE INDEX jobs_created ON {schema}.jobs (created_ms, key);
+CREATE INDEX jobs_finished ON {schema}.jobs (finished_ms) WHERE finished_ms IS NOT NULL;
+CREATE INDEX jobs_failed ON {schema}.jobs (tenant, created_ms, key) WHERE cb_state = 'failed';
+CREATE TABLE {schema}.servers (
+  id text COLLATE "C" PRIMARY KEY, leases bigint NOT NULL, seen_ms bigint NOT NULL);
+CREATE TABLE {schema}.claim_turn (
+  one boolean PRIMARY KEY DEFAULT true CHECK (one), tenant text COLLATE "C");
+INSERT INTO {schema}.claim_turn (tenant) VALUES (NULL);
+CREATE TABLE {schema}.paused_origins (origin text COLLATE "C" PRIMARY KEY);
+CREATE TABLE {schema}.model_configs (
+  name text COLLATE "C" PRIMARY KEY, config text NOT NULL, generation bigint NOT NULL);
+)sql";
+
+// A claim of jobs: the tenants with work not final (a skip scan of jobs_tenant_due), each one's
+// due jobs by priority then due time (at most $2, those another claim holds skipped, and those of
+// the versions skipped: $5, $6), numbered; the turns: the first job of every tenant, starting after
+// the tenant the last claim served (claim_turn, shared by every server), then the second ones...
+// (job_state::claim_turns); the jobs taken leased to $3 until $4, and the tenant of the last one
+// remembered (written only when it changes: one tenant's claims never wait for each other). Each
+// job's row is answered after its number and whether its tenant came after the wrap.
+constexpr const char* claim_jobs_template = R"sql(
+WITH RECURSIVE t(tenant) AS (
+  (SELECT tenant FROM {jobs} WHERE job_due_ms IS NOT NULL ORDER BY tenant LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.tenant FROM {jobs} j WHERE j.job_due_ms IS NOT NULL AND j.tenant > t.tenant
+          ORDER BY j.tenant LIMIT 1)
+  FROM t WHERE t.tenant IS NOT NULL),
+c AS (
+  SELECT c.key, c.tenant, row_number() OVER (PARTITION BY c.tenant
+                                             ORDER BY c.priority, c.job_due_ms, c.key) AS pos
+  FROM t CROSS JOIN LATERAL (
+    SELECT j.key, j.tenant, j.priority, j.job_due_ms FROM {jobs} j
+    WHERE j.tenant = t.tenant AND j.job_due_ms IS NOT NULL AND j.job_due_ms <= $1
+      AND (cardinality($5::text[]) = 0 OR
+           (j.model, j.mver) NOT IN (SELECT * FROM unnest($5::text[], $6::text[])))
+    ORDER BY j.priority, j.job_due_ms, j.key LIMIT $2 FOR UPDATE SKIP LOCKED) c
+  WHERE t.tenant IS NOT NULL),
+p AS (
+  SELECT c.key, c.tenant, c.pos, (l.tenant IS NOT NULL AND c.tenant <= l.tenant) AS wrapped
+  FROM c CROSS JOIN {turn} l
+  ORDER BY 3, 4, 2 LIMIT $2),
+moved AS (
+  UPDATE {turn} AS l SET tenant = x.tenant
+  FROM (SELECT tenant FROM p ORDER BY pos DESC, wrapped DESC, tenant DESC LIMIT 1) x
+  WHERE l.tenant IS DISTINCT FROM x.tenant RETURNING 1)
+UPDATE {jobs} AS j SET job_holder = $3, job_until_ms = $4, job_due_ms = $4
+FROM p WHERE j.key = p.key
+RETURNING p.pos, p.wrapped, )sql";
+
+// A claim of callbacks: the due ones, earliest first, leased to $3 until $4; each answered with
+// the time it was due.
+constexpr const char* claim_callbacks_template = R"sql(
+WITH c AS (
+  SELECT key, cb_due_ms AS was FROM {jobs} WHERE cb_due_ms IS NOT NULL AND cb_due_ms <= $1
+  ORDER BY cb_due_ms, key LIMIT $2 FOR UPDATE SKIP LOCKED)
+UPDATE {jobs} AS j SET cb_holder = $3, cb_until_ms = $4, cb_due_ms = $4
+FROM c WHERE j.key = c.key
+RETURNING c.was, )sql";
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    text.replace(at, from.size(), to);
+    at += to.size();
+  }
+  return text;
+}
+
+// A Postgres array literal of texts: {"a","b\"c"}.
+std::string text_array(const std::vector<std::string>& values) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i) out += ',';
+    out += '"';
+    for (const char c : values[i]) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
+bool valid_schema(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+// One statement's parameters: texts, or NULL.
+using Params = std::vector<std::optional<std::string>>;
+
+struct ResultDeleter {
+  void operator()(PGresult* r) const { PQclear(r); }
+};
+using Result = std::unique_ptr<PGresult, ResultDeleter>;
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+    s.pop_back();
+  return s;
+}
+
+// One libpq connection, opened at its first use and again after it broke. Every statement has a
+// deadline: one unanswered in time is cancelled and its connection closed.
+class Connection {
+ public:
+  Connection(std::string conninfo, std::chrono::milliseconds timeout)
+      : conninfo_(std::move(conninfo)), timeout_(timeout) {}
+  ~Connection() { close(); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Since when the statement under way has waited (ms of the steady clock; 0: none under way).
+  std::int64_t busy_since() const { return busy_since_.load(std::memory_order_relaxed); }
+
+  // Runs one statement with parameters (the extended protocol, unnamed: nothing stays on the
+  // server between transactions).
+  Result exec(const std::string& sql, const Params& params = {}) {
+    open();
+    std::vector<const char*> values;
+    values.reserve(params.size());
+    for (const auto& p : params)
+      values.push_back(p ? p->c_str() : nullptr);
+    Busy busy(*this);
+    if (!PQsendQueryParams(pg_, sql.c_str(), static_cast<int>(values.size()), nullptr,
+                           values.data(), nullptr, nullptr, 0)) {
+      fail("cannot send");
+    }
+    return collect();
+  }
+
+  // Runs statements without parameters, several at once ("BEGIN; SET LOCAL ..."): the simple
+  // protocol.
+  void exec_simple(const std::string& sql) {
+    open();
+    Busy busy(*this);
+    if (!PQsendQuery(pg_, sql.c_str())) fail("cannot send");
+    collect();
+  }
+
+  void close() {
+    if (pg_) PQfinish(pg_);
+    pg_ = nullptr;
+  }
+
+ private:
+  struct Busy {
+    explicit Busy(Connection& c) : c(c) {
+      c.busy_since_.store(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+                  .count() |
+              1,
+          std::memory_order_relaxed);
+    }
+    ~Busy() { c.busy_since_.store(0, std::memory_order_relaxed); }
+    Connection& c;
+  };
+
+  void open() {
+    if (pg_ && PQstatus(pg_) == CONNECTION_OK) return;
+    close();
+    pg_ = PQconnectdb(conninfo_.c_str());
+    if (PQstatus(pg_) != CONNECTION_OK) {
+      const std::string why = trimmed(PQerrorMessage(pg_));
+      close();
+      throw StoreUnavailable("postgres job store: cannot connect: " + why);
+    }
+    // The server's notices ("... already exists, skipping") are not for the process's stderr.
+    PQsetNoticeProcessor(
+        pg_, [](void*, const char*) {}, nullptr);
+  }
+
+  [[noreturn]] void fail(const std::string& what) {
+    const std::string why = pg_ ? trimmed(PQerrorMessage(pg_)) : std::string();
+    close();
+    throw StoreUnavailable("postgres job store: " + what + (why.empty() ? "" : ": " + why));
+  }
+
+  // Reads every result of the statement(s) sent, waiting at most the timeout; the last result
+  // that carries rows (or the last) is answered, the first error thrown.
+  Result collect() {
+    const auto deadline = Clock::now() + timeout_;
+    Result answer;
+    std::string error;
+    for (;;) {
+      while (PQisBusy(pg_)) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) {
+          if (PGcancel* cancel = PQgetCancel(pg_)) {
+            char buffer[256];
+            PQcancel(cancel, buffer, sizeof buffer);
+            PQfreeCancel(cancel);
+          }
+          close();
+          throw StoreUnavailable("postgres job store: no answer within " +
+                                 std::to_string(timeout_.count()) + " ms (cancelled)");
+        }
+        pollfd fd{PQsocket(pg_), POLLIN, 0};
+        const int ready = ::poll(&fd, 1, static_cast<int>(std::min<long long>(left, 1000)));
+        if (ready < 0 && errno != EINTR) fail("poll");
+        if (ready > 0 && !PQconsumeInput(pg_)) fail("connection lost");
+      }
+      Result r(PQgetResult(pg_));
+      if (!r) break;
+      const auto status = PQresultStatus(r.get());
+      if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+        if (error.empty()) error = trimmed(PQresultErrorMessage(r.get()));
+        if (error.empty()) error = PQresStatus(status);
+      } else if (!answer || status == PGRES_TUPLES_OK) {
+        answer = std::move(r);
+      }
+    }
+    if (PQstatus(pg_) != CONNECTION_OK) fail("connection lost");
+    if (!error.empty()) {
+      // A transaction left in an unknown state is not reused: the next use opens a fresh one.
+      close();
+      throw StoreUnavailable("postgres job store: " + error);
+    }
+    return answer;
+  }
+
+  std::string conninfo_;
+  std::chrono::milliseconds timeout_;
+  PGconn* pg_ = nullptr;
+  std::atomic<std::int64_t> busy_since_{0};
+};
+
+// Reading a result's fields.
+bool is_null(const PGresult* r, int row, int col) {
+  return PQgetisnull(r, row, col) != 0;
+}
+std::string text_at(const PGresult* r, int row, int col) {
+  return std::string(PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col)));
+}
+std::int64_t int_at(const PGresult* r, int row, int col) {
+  if (is_null(r, row, col)) return 0;
+  return std::strtoll(PQgetvalue(r, row, col), nullptr, 10);
+}
+std::optional<std::int64_t> optional_int_at(const PGresult* r, int row, int col) {
+  if (is_null(r, row, col)) return std::nullopt;
+  return int_at(r, row, col);
+}
+
+// What the database holds is what this store wrote, but a shared database is not trusted to be
+// well formed: a JSON text is read with a request's bounds, anything else as null.
+nlohmann::json json_at(const PGresult* r, int row, int col) {
+  if (is_null(r, row, col)) return nullptr;
+  nlohmann::json out;
+  const std::string text = text_at(r, row, col);
+  if (detail::parse_untrusted_json(text, out, SIZE_MAX) != detail::JsonParseError::none)
+    return nullptr;
+  return out;
+}
+
+// A row (its columns in `columns` order from `first`) as a stored job, and the time it finished.
+struct Row {
+  StoredJob s;
+  std::optional<std::int64_t> finished_ms;
+};
+
+Row read_row(const PGresult* r, int row, int first = 0) {
+  Row out;
+  JobRecord& rec = out.s.record;
+  const auto c = [first](int i) { return first + i; };
+  rec.job.tenant = text_at(r, row, c(1));
+  rec.job.id = text_at(r, row, c(2));
+  rec.job.callback_url = text_at(r, row, c(3));
+  rec.job.input = json_at(r, row, c(4));
+  rec.job.created_at = from_ms(int_at(r, row, c(5)));
+  rec.job.priority = static_cast<int>(int_at(r, row, c(6)));
+  rec.job.max_queue = std::chrono::milliseconds(int_at(r, row, c(7)));
+  rec.job.webhook_events = static_cast<std::uint8_t>(int_at(r, row, c(8)));
+  rec.job.traceparent = text_at(r, row, c(9));
+  rec.job.model.name = text_at(r, row, c(10));
+  rec.job.model.version = text_at(r, row, c(11));
+  rec.status = from_string<JobStatus>(text_at(r, row, c(12))).value_or(JobStatus::failed);
+  if (auto v = optional_int_at(r, row, c(13))) rec.started_at = from_ms(*v);
+  if (auto v = optional_int_at(r, row, c(14))) rec.outcome.finished_at = from_ms(*v);
+  if (rec.status == JobStatus::succeeded) rec.outcome.result = json_at(r, row, c(15));
+  if (!is_null(r, row, c(16)))
+    rec.outcome.error = ErrorInfo{text_at(r, row, c(16)), text_at(r, row, c(17))};
+  CallbackInfo& cb = rec.callback;
+  cb.state = from_string<CallbackState>(text_at(r, row, c(18))).value_or(CallbackState::none);
+  cb.attempts = static_cast<int>(int_at(r, row, c(19)));
+  cb.last_error = text_at(r, row, c(20));
+  cb.next_attempt_at = from_ms(int_at(r, row, c(21)));
+  cb.delivery_attempts = static_cast<int>(int_at(r, row, c(22)));
+  cb.delivery_started_at = from_ms(int_at(r, row, c(23)));
+  cb.previous_delay = std::chrono::milliseconds(int_at(r, row, c(24)));
+  if (!is_null(r, row, c(25)))
+    rec.attempt_log = detail::attempt_log_from_json(text_at(r, row, c(25)));
+  if (!is_null(r, row, c(26)))
+    out.s.job_lease = Lease{text_at(r, row, c(26)), from_ms(int_at(r, row, c(27)))};
+  if (!is_null(r, row, c(28)))
+    out.s.callback_lease = Lease{text_at(r, row, c(28)), from_ms(int_at(r, row, c(29)))};
+  out.finished_ms = optional_int_at(r, row, c(32));
+  return out;
+}
+
+JobRecord read_record(const PGresult* r, int row, int first = 0) {
+  return std::move(read_row(r, row, first).s.record);
+}
+
+std::optional<std::string> ms_param(const std::optional<TimePoint>& t) {
+  if (!t) return std::nullopt;
+  return std::to_string(to_ms(*t));
+}
+
+// A stored job as its row's parameters, in `columns` order; `finished_ms` as the row keeps it.
+Params row_params(const StoredJob& s, std::optional<std::int64_t> finished_ms) {
+  const JobRecord& rec = s.record;
+  const Job& job = rec.job;
+  Params p;
+  p.reserve(column_count);
+  p.emplace_back(key_of(job));
+  p.emplace_back(job.tenant);
+  p.emplace_back(job.id);
+  p.emplace_back(job.callback_url);
+  p.emplace_back(detail::dump_json(job.input));
+  p.emplace_back(std::to_string(to_ms(job.created_at)));
+  p.emplace_back(std::to_string(job.priority));
+  p.emplace_back(std::to_string(job.max_queue.count()));
+  p.emplace_back(std::to_string(job.webhook_events));
+  p.emplace_back(job.traceparent);
+  p.emplace_back(job.model.name);
+  p.emplace_back(job.model.version);
+  p.emplace_back(std::string(to_string(rec.status)));
+  p.push_back(rec.started_at == TimePoint{} ? std::nullopt
+                                            : ms_param(std::optional<TimePoint>(rec.started_at)));
+  p.push_back(rec.outcome.finished_at == TimePoint{}
+                  ? std::nullopt
+                  : ms_param(std::optional<TimePoint>(rec.outcome.finished_at)));
+  if (rec.status == JobStatus::succeeded && !rec.outcome.result.is_null()) {
+    p.emplace_back(detail::dump_json(rec.outcome.result));
+  } else {
+    p.emplace_back(std::nullopt);
+  }
+  if (rec.outcome.error) {
+    p.emplace_back(rec.outcome.error->code);
+    p.emplace_back(rec.outcome.error->message);
+  } else {
+    p.emplace_back(std::nullopt);
+    p.emplace_back(std::nullopt);
+  }
+  const CallbackInfo& cb = rec.callback;
+  p.emplace_back(std::string(to_string(cb.state)));
+  p.emplace_back(std::to_string(cb.attempts));
+  p.emplace_back(cb.last_error);
+  p.emplace_back(std::to_string(to_ms(cb.next_attempt_at)));
+  p.emplace_back(std::to_string(cb.delivery_attempts));
+  p.emplace_back(std::to_string(to_ms(cb.delivery_started_at)));
+  p.emplace_back(std::to_string(cb.previous_delay.count()));
+  if (rec.attempt_log.empty()) {
+    p.emplace_back(std::nullopt);
+  } else {
+    nlohmann::json log = nlohmann::json::array();
+    for (const auto& a : rec.attempt_log)
+      log.push_back(detail::attempt_to_json(a));
+    p.emplace_back(detail::dump_json(log));
+  }
+  if (s.job_lease) {
+    p.emplace_back(s.job_lease->holder);
+    p.emplace_back(std::to_string(to_ms(s.job_lease->until)));
+  } else {
+    p.emplace_back(std::nullopt);
+    p.emplace_back(std::nullopt);
+  }
+  if (s.callback_lease) {
+    p.emplace_back(s.callback_lease->holder);
+    p.emplace_back(std::to_string(to_ms(s.callback_lease->until)));
+  } else {
+    p.emplace_back(std::nullopt);
+    p.emplace_back(std::nullopt);
+  }
+  p.push_back(ms_param(job_state::job_due(s)));
+  p.push_back(ms_param(job_state::callback_due(s)));
+  p.push_back(finished_ms ? std::optional<std::string>(std::to_string(*finished_ms))
+                          : std::nullopt);
+  return p;
+}
+
+// The select list of every column, and the one for a listing (no input, result or attempts).
+std::string column_list(const char* table_alias = nullptr) {
+  std::string out;
+  for (std::size_t i = 0; i < column_count; ++i) {
+    if (i) out += ", ";
+    if (table_alias) out += std::string(table_alias) + ".";
+    out += columns[i];
+  }
+  return out;
+}
+
+std::string listing_columns() {
+  std::string out;
+  for (std::size_t i = 0; i < column_count; ++i) {
+    if (i) out += ", ";
+    const std::string c = columns[i];
+    out += (c == "input" || c == "result" || c == "attempts") ? "NULL" : c;
+  }
+  return out;
+}
+
+// Where a job's key ends its tenant ("tenant/..."): the tenant a prefix is confined to, if any.
+std::optional<std::string> tenant_of_prefix(const std::string& prefix) {
+  const auto slash = prefix.find('/');
+  if (slash == std::string::npos) return std::nullopt;
+  return prefix.substr(0, slash);
+}
+
+}  // namespace
+
+PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
+  const bool ok = uri.rfind("postgresql://", 0) == 0 || uri.rfind("postgres://", 0) == 0;
+  if (!ok) throw Error("store '" + std::string(uri) + "': not a postgresql:// URI");
+  PostgresJobStoreOptions options;
+  std::string rest(uri);
+  const auto q = rest.find('?');
+  if (q != std::string::npos) {
+    std::string query = rest.substr(q + 1);
+    rest.erase(q);
+    std::string kept;
+    std::size_t at = 0;
+    while (at <= query.size()) {
+      const auto amp = query.find('&', at);
+      const std::string pair = query.substr(at, amp == std::string::npos ? amp : amp - at);
+      if (pair.rfind("schema=", 0) == 0) {
+        options.schema = pair.substr(7);
+      } else if (!pair.empty()) {
+        kept += (kept.empty() ? "" : "&") + pair;
+      }
+      if (amp == std::string::npos) break;
+      at = amp + 1;
+    }
+    if (!kept.empty()) rest += "?" + kept;
+  }
+  if (!valid_schema(options.schema)) {
+    throw Error("store '" + std::string(uri) +
+                "': schema must be 1 to 63 letters, digits or '_', not starting with a digit");
+  }
+  options.conninfo = rest;
+  return options;
+}
+
+struct PostgresJobStore::Impl {
+  // A write for the writer's transaction.
+  struct Op {
+    enum Kind { put, mark, finish, attempt, renew, cancel, redeliver, complete, set_callback };
+    Op(Kind k, std::string id) : kind(k), key(std::move(id)) {}
+    Kind kind;
+    std::string key;
+    std::uint64_t seq = 0;  // its place in the writer's queue
+    Job job;                // put
+    std::optional<Lease> lease;
+    std::string holder;
+    JobOutcome outcome;
+    CallbackInfo callback;
+    std::optional<CallbackAttempt> attempt_made;
+    TimePoint now{};
+    // The answer (a PutOutcome, a bool, a CancelOutcome, a RedeliverOutcome) or the error.
+    std::function<void(std::exception_ptr, int)> done;
+  };
+
+  PostgresJobStoreOptions options;
+  std::string conninfo;
+  std::string schema;  // quoted
+  std::string jobs;    // the quoted table names
+  std::string set_timeout;
+
+  // The pool for the calling threads' claims and reads.
+  mutable std::mutex pool_mutex;
+  mutable std::condition_variable pool_free;
+  mutable std::vector<std::unique_ptr<Connection>> idle;
+  mutable std::size_t opened = 0;
+  mutable std::vector<Connection*> all;  // for failure(): every connection, the writer's too
+
+  // The writer.
+  std::mutex write_mutex;
+  std::condition_variable write_wanted;
+  std::deque<Op> pending;
+  bool stopping = false;
+  // Reads see the marks (mark_running, whose callers do not wait) issued before them: the last
+  // mark's place in the queue, and the place the writer has written up to.
+  std::uint64_t enqueued = 0;
+  std::uint64_t last_mark = 0;
+  std::uint64_t written = 0;
+  std::condition_variable marks_written;
+  std::unique_ptr<Connection> writer_connection;
+  std::thread writer;
+  std::atomic<std::size_t> commits{0};
+  Clock::time_point next_prune = Clock::now();
+
+  // The claims' statements.
+  std::string claim_jobs_sql;
+  std::string claim_callbacks_sql;
+
+  mutable std::mutex failure_mutex;
+  mutable std::optional<std::string> failure;
+
+  explicit Impl(PostgresJobStoreOptions o) : options(std::move(o)) {
+    if (!valid_schema(options.schema)) throw Error("postgres job store: schema name not allowed");
+    conninfo = options.conninfo;
+    const bool is_uri =
+        conninfo.rfind("postgres", 0) == 0 && conninfo.find("://") != std::string::npos;
+    if (conninfo.find("connect_timeout") == std::string::npos) {
+      if (is_uri) {
+        conninfo += (conninfo.find('?') == std::string::npos ? "?" : "&");
+        conninfo += "connect_timeout=2";
+      } else {
+        conninfo += " connect_timeout=2";
+      }
+    }
+    schema = "\"" + options.schema + "\"";
+    jobs = schema + ".jobs";
+    set_timeout =
+        "BEGIN; SET LOCAL statement_timeout = " + std::to_string(options.statement_timeout.count());
+    writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout);
+    all.push_back(writer_connection.get());
+    claim_jobs_sql = sql(claim_jobs_template) + column_list("j");
+    claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
+  }
+
+  std::string sql(const std::string& text) const {
+    return replace_all(replace_all(text, "{jobs}", jobs), "{turn}", schema + ".claim_turn");
+  }
+
+  void noted(const std::exception& e) const {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    failure = e.what();
+  }
+  void worked() const {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    failure.reset();
+  }
+
+  // Runs `use` with a connection of the pool; a failure is noted (failure()) and thrown.
+  template <typename Use>
+  auto with_connection(Use&& use) const -> decltype(use(std::declval<Connection&>())) {
+    std::unique_ptr<Connection> c;
+    {
+      std::unique_lock<std::mutex> lock(pool_mutex);
+      pool_free.wait(lock, [&] { return !idle.empty() || opened < options.connections; });
+      if (!idle.empty()) {
+        c = std::move(idle.back());
+        idle.pop_back();
+      } else {
+        c = std::make_unique<Connection>(conninfo, options.statement_timeout);
+        all.push_back(c.get());
+        ++opened;
+      }
+    }
+    struct Back {
+      const Impl& impl;
+      std::unique_ptr<Connection>& c;
+      ~Back() {
+        std::lock_guard<std::mutex> lock(impl.pool_mutex);
+        impl.idle.push_back(std::move(c));
+        impl.pool_free.notify_one();
+      }
+    } back{*this, c};
+    try {
+      auto answer = use(*c);
+      worked();
+      return answer;
+    } catch (const StoreUnavailable& e) {
+      noted(e);
+      throw;
+    }
+  }
+
+  // The schema, made or brought up to date under a transaction's advisory lock (no session
+  // state): servers that start together wait for each other here.
+  void migrate() {
+    with_connection([&](Connection& c) {
+      c.exec_simple(set_timeout);
+      c.exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"rebound schema " + options.schema});
+      c.exec_simple("CREATE SCHEMA IF NOT EXISTS " + schema + "; CREATE TABLE IF NOT EXISTS " +
+                    schema + ".meta (version integer NOT NULL)");
+      Result r = c.exec("SELECT version FROM " + schema + ".meta");
+      int version = PQntuples(r.get()) > 0 ? static_cast<int>(int_at(r.get(), 0, 0)) : 0;
+      if (version > schema_version) {
+        c.exec_simple("ROLLBACK");
+        throw Error("postgres job store: schema " + options.schema + " is of version " +
+                    std::to_string(version) + ", newer than this build's " +
+                    std::to_string(schema_version));
+      }
+      if (version < 1) c.exec_simple(replace_all(migration_1, "{schema}", schema));
+      if (version == 0) {
+        c.exec("INSERT INTO " + schema + ".meta (version) VALUES ($1)",
+               {std::to_string(schema_version)});
+      } else if (version < schema_version) {
+        c.exec("UPDATE " + schema + ".meta SET version = $1", {std::to_string(schema_version)});
+      }
+      c.exec_simple("COMMIT");
+      return 0;
+    });
+  }
+
+  // ---- The writer ----
+
+  void enqueue(Op op) {
+    {
+      std::lock_guard<std::mutex> lock(write_mutex);
+      if (stopping) {
+        auto error = std::make_exception_ptr(StoreUnavailable("postgres job store: closed"));
+        if (op.done) op.done(error, 0);
+        return;
+      }
+      op.seq = ++enqueued;
+      if (op.kind == Op::mark) last_mark = op.seq;
+      pending.push_back(std::move(op));
+    }
+    write_wanted.notify_one();
+  }
+
+  // Waits until the marks issued before now are written (or failed): what a read does first.
+  void wait_for_marks() const {
+    auto& self = const_cast<Impl&>(*this);
+    std::unique_lock<std::mutex> lock(self.write_mutex);
+    const std::uint64_t target = self.last_mark;
+    if (self.written >= target) return;
+    self.marks_written.wait_for(lock, options.statement_timeout * 2,
+                                [&] { return self.written >= target || self.stopping; });
+  }
+
+  // Enqueues `op` and waits for its answer.
+  int write_and_wait(Op op) {
+    auto promise = std::make_shared<std::promise<int>>();
+    auto future = promise->get_future();
+    op.done = [promise](std::exception_ptr error, int answer) {
+      if (error) {
+        promise->set_exception(error);
+      } else {
+        promise->set_value(answer);
+      }
+    };
+    enqueue(std::move(op));
+    return future.get();
+  }
+
+  void run_writer() {
+    std::unique_lock<std::mutex> lock(write_mutex);
+    for (;;) {
+      write_wanted.wait_until(lock, next_prune_system(), [&] {
+        return stopping || !pending.empty() || Clock::now() >= next_prune;
+      });
+      if (pending.empty() && stopping) return;
+      if (pending.empty()) {
+        lock.unlock();
+        prune_now(wall_ms());
+        lock.lock();
+        continue;
+      }
+      std::deque<Op> batch;
+      while (!pending.empty() && batch.size() < options.max_batch) {
+        batch.push_back(std::move(pending.front()));
+        pending.pop_front();
+      }
+      lock.unlock();
+      std::exception_ptr error;
+      std::vector<int> answers;
+      try {
+        answers = commit(batch);
+        ++commits;
+        worked();
+      } catch (const StoreUnavailable& e) {
+        noted(e);
+        error = std::current_exception();
+      } catch (const std::exception& e) {
+        StoreUnavailable wrapped(std::string("postgres job store: ") + e.what());
+        noted(wrapped);
+        error = std::make_exception_ptr(wrapped);
+      }
+      if (error) {
+        // The marks (whose callers do not wait) go again with the next transaction.
+        lock.lock();
+        for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
+          if (it->kind == Op::mark && pending.size() < 100000) pending.push_front(std::move(*it));
+        }
+        lock.unlock();
+        if (!stopping) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].kind == Op::mark && error) continue;
+        if (batch[i].done) batch[i].done(error, error ? 0 : answers[i]);
+      }
+      lock.lock();
+      for (const Op& op : batch)
+        written = std::max(written, op.seq);
+      marks_written.notify_all();
+      if (stopping && error) {
+        // Closing on a failing database: what is left cannot be written.
+        for (Op& op : pending) {
+          if (op.done) op.done(error, 0);
+        }
+        pending.clear();
+        return;
+      }
+    }
+  }
+
+  std::chrono::system_clock::time_point next_prune_system() const {
+    const auto left = next_prune - Clock::now();
+    return std::chrono::system_clock::now() +
+           std::chrono::duration_cast<std::chrono::system_clock::duration>(left);
+  }
+
+  struct Entry {
+    StoredJob s;
+    std::optional<std::int64_t> finished_ms;
+    bool exists = false;  // a row in the table (loaded, or inserted by this transaction)
+    bool dirty = false;   // to be written
+    std::size_t inserted_by = SIZE_MAX;  // the put that inserted it in this transaction
+  };
+
+  // One transaction for `batch`: the puts inserted, the rows the others touch locked and read,
+  // each op applied in order by job_state's rules, the changed rows written, committed. The
+  // answers, one per op, in order.
+  std::vector<int> commit(std::deque<Op>& batch) {
+    Connection& c = *writer_connection;
+    std::vector<int> answers(batch.size(), 0);
+    std::map<std::string, Entry> rows;
+    c.exec_simple(set_timeout);
+    try {
+      // 1. The puts, each key once (in key order, so that two servers' transactions lock alike).
+      std::map<std::string, std::size_t> puts;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (batch[i].kind == Op::put) puts.emplace(batch[i].key, i);
+      }
+      if (!puts.empty()) {
+        std::string text = "INSERT INTO " + jobs + " (" + column_list() + ") VALUES ";
+        Params params;
+        params.reserve(puts.size() * column_count);
+        std::size_t n = 0;
+        for (const auto& [key, i] : puts) {
+          Entry e;
+          e.s = job_state::created(batch[i].job, batch[i].lease);
+          Params p = row_params(e.s, std::nullopt);
+          text += n++ ? ",(" : "(";
+          for (std::size_t k = 0; k < column_count; ++k) {
+            text += (k ? ",$" : "$") + std::to_string(params.size() + 1);
+            params.push_back(std::move(p[k]));
+          }
+          text += ")";
+          e.inserted_by = i;
+          rows.emplace(key, std::move(e));
+        }
+        text += " ON CONFLICT (key) DO NOTHING RETURNING key";
+        Result r = c.exec(text, params);
+        std::map<std::string, bool> inserted;
+        for (int row = 0; row < PQntuples(r.get()); ++row)
+          inserted[text_at(r.get(), row, 0)] = true;
+        for (auto it = rows.begin(); it != rows.end();) {
+          if (inserted.count(it->first)) {
+            it->second.exists = true;
+            ++it;
+          } else {
+            it = rows.erase(it);  // taken already: read below
+          }
+        }
+      }
+      // 2. The rows the rest touch, locked for this transaction.
+      std::vector<std::string> keys;
+      for (const Op& op : batch) {
+        if (!rows.count(op.key)) keys.push_back(op.key);
+      }
+      std::sort(keys.begin(), keys.end());
+      keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+      if (!keys.empty()) {
+        Result r = c.exec("SELECT " + column_list() + " FROM " + jobs +
+                              " WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE",
+                          {text_array(keys)});
+        for (int row = 0; row < PQntuples(r.get()); ++row) {
+          Row read = read_row(r.get(), row);
+          Entry e;
+          e.s = std::move(read.s);
+          e.finished_ms = read.finished_ms;
+          e.exists = true;
+          rows.emplace(text_at(r.get(), row, 0), std::move(e));
+        }
+      }
+      // 3. The rules.
+      for (std::size_t i = 0; i < batch.size(); ++i)
+        answers[i] = apply(batch[i], i, rows);
+      // 4. The rows changed, one statement.
+      std::vector<std::pair<const std::string*, Entry*>> dirty;
+      for (auto& [key, e] : rows) {
+        if (e.dirty) dirty.emplace_back(&key, &e);
+      }
+      if (!dirty.empty()) {
+        std::string text = "UPDATE " + jobs + " AS j SET ";
+        for (std::size_t k = first_mutable; k < column_count; ++k) {
+          text += std::string(k == first_mutable ? "" : ", ") + columns[k] + " = v." + columns[k];
+        }
+        text += " FROM (VALUES ";
+        Params params;
+        std::size_t n = 0;
+        for (auto& [key, e] : dirty) {
+          const bool was_finished = e->finished_ms.has_value();
+          if (job_state::is_finished(e->s.record)) {
+            if (!was_finished) e->finished_ms = wall_ms();
+          } else {
+            e->finished_ms.reset();
+          }
+          Params p = row_params(e->s, e->finished_ms);
+          text += n++ ? ",(" : "(";
+          text += "$" + std::to_string(params.size() + 1) + "::text";
+          params.push_back(*key);
+          for (std::size_t k = first_mutable; k < column_count; ++k) {
+            text += ",$" + std::to_string(params.size() + 1) + "::" + types[k];
+            params.push_back(std::move(p[k]));
+          }
+          text += ")";
+        }
+        text += ") AS v(key";
+        for (std::size_t k = first_mutable; k < column_count; ++k)
+          text += std::string(", ") + columns[k];
+        text += ") WHERE j.key = v.key";
+        c.exec(text, params);
+      }
+      c.exec_simple("COMMIT");
+    } catch (...) {
+      c.close();  // (the transaction ends with the connection)
+      throw;
+    }
+    return answers;
+  }
+
+  static bool wants_callback(const StoredJob& s) {
+    return s.record.job.wants_completion_callback();
+  }
+
+  // One op by job_state's rules on the rows of its transaction: its answer.
+  int apply(Op& op, std::size_t index, std::map<std::string, Entry>& rows) {
+    auto it = rows.find(op.key);
+    Entry* e = it == rows.end() ? nullptr : &it->second;
+    switch (op.kind) {
+      case Op::put:
+        if (!e) return static_cast<int>(PutOutcome::conflict);  // (cannot happen: read above)
+        if (e->inserted_by == index) return static_cast<int>(PutOutcome::created);
+        return static_cast<int>(job_state::put_again(e->s, op.job));
+      case Op::mark:
+        if (e && job_state::mark_running(e->s, op.now)) e->dirty = true;
+        return 0;
+      case Op::finish:
+        if (!e || !job_state::finish(e->s, op.holder, op.outcome,
+                                     wants_callback(e->s) ? op.lease : std::nullopt, op.now))
+          return 0;
+        e->dirty = true;
+        return 1;
+      case Op::attempt:
+        if (!e || !job_state::record_attempt(e->s, op.holder, op.callback, op.now, op.attempt_made))
+          return 0;
+        e->dirty = true;
+        return 1;
+      case Op::renew: {
+        if (!e) return 0;
+        const auto renewed = job_state::renew(e->s, *op.lease, op.now);
+        if (renewed == job_state::Renewed::none) return 0;
+        e->dirty = true;
+        return 1;
+      }
+      case Op::cancel: {
+        if (!e) return static_cast<int>(CancelOutcome::not_found);
+        const auto answer = job_state::cancel(e->s, op.outcome, op.now);
+        if (answer == CancelOutcome::cancelled) e->dirty = true;
+        return static_cast<int>(answer);
+      }
+      case Op::redeliver: {
+        if (!e) return static_cast<int>(RedeliverOutcome::not_found);
+        const auto answer = job_state::redeliver(e->s, *op.lease, op.now);
+        if (answer == RedeliverOutcome::redelivered) e->dirty = true;
+        return static_cast<int>(answer);
+      }
+      case Op::complete:
+        if (e) {
+          job_state::complete(e->s, op.outcome);
+          e->dirty = true;
+        }
+        return 0;
+      case Op::set_callback:
+        if (e) {
+          job_state::update_callback(e->s, op.callback);
+          e->dirty = true;
+        }
+        return 0;
+    }
+    return 0;
+  }
+
+  // ---- Claims and reads ----
+
+  std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now,
+                                    const std::vector<ModelRef>& skip) {
+    if (max == 0) return {};
+    std::vector<std::string> skip_models, skip_versions;
+    for (const ModelRef& m : skip) {
+      skip_models.push_back(m.name);
+      skip_versions.push_back(m.version);
+    }
+
+    const std::string& text = claim_jobs_sql;
+    const Params params{
+        std::to_string(to_ms(now)),         std::to_string(max),     lease.holder,
+        std::to_string(to_ms(lease.until)), text_array(skip_models), text_array(skip_versions)};
+    struct Taken {
+      std::int64_t pos;
+      bool wrapped;
+      JobRecord record;
+    };
+    std::vector<Taken> taken = with_connection([&](Connection& c) {
+      Result r = c.exec(text, params);
+      std::vector<Taken> out;
+      for (int row = 0; row < PQntuples(r.get()); ++row) {
+        out.push_back({int_at(r.get(), row, 0), text_at(r.get(), row, 1) == "t",
+                       read_record(r.get(), row, 2)});
+      }
+      return out;
+    });
+    // The order of the turns (the statement's answer comes in any order).
+    std::sort(taken.begin(), taken.end(), [&](const Taken& a, const Taken& b) {
+      if (a.pos != b.pos) return a.pos < b.pos;
+      if (a.wrapped != b.wrapped) return !a.wrapped;
+      return a.record.job.tenant < b.record.job.tenant;
+    });
+    std::vector<JobRecord> out;
+    out.reserve(taken.size());
+    for (auto& t : taken)
+      out.push_back(std::move(t.record));
+    return out;
+  }
+
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease, TimePoint now) {
+    if (max == 0) return {};
+    const std::string& text = claim_callbacks_sql;
+    struct Taken {
+      std::int64_t was;
+      JobRecord record;
+    };
+    std::vector<Taken> taken = with_connection([&](Connection& c) {
+      Result r = c.exec(text, {std::to_string(to_ms(now)), std::to_string(max), lease.holder,
+                               std::to_string(to_ms(lease.until))});
+      std::vector<Taken> out;
+      for (int row = 0; row < PQntuples(r.get()); ++row)
+        out.push_back({int_at(r.get(), row, 0), read_record(r.get(), row, 1)});
+      return out;
+    });
+    std::sort(taken.begin(), taken.end(), [](const Taken& a, const Taken& b) {
+      return a.was != b.was ? a.was < b.was : key_of(a.record.job) < key_of(b.record.job);
+    });
+    std::vector<JobRecord> out;
+    for (auto& t : taken)
+      out.push_back(std::move(t.record));
+    return out;
+  }
+
+  std::vector<JobRecord> records(const std::string& text, const Params& params) const {
+    wait_for_marks();
+    return with_connection([&](Connection& c) {
+      Result r = c.exec(text, params);
+      std::vector<JobRecord> out;
+      for (int row = 0; row < PQntuples(r.get()); ++row)
+        out.push_back(read_record(r.get(), row));
+      return out;
+    });
+  }
+
+  // A page newest first of the rows that `where` (with `params`) picks, after `after`.
+  JobPage page(std::string where, Params params, const std::optional<ListCursor>& after,
+               std::size_t limit) const {
+    JobPage out;
+    if (limit == 0) return out;
+    if (after) {
+      where += " AND (created_ms, key) < ($" + std::to_string(params.size() + 1) + "::bigint, $" +
+               std::to_string(params.size() + 2) + "::text)";
+      params.push_back(std::to_string(to_ms(after->created_at)));
+      params.push_back(after->id);
+    }
+    const std::string text = "SELECT " + listing_columns() + " FROM " + jobs + " WHERE " + where +
+                             " ORDER BY created_ms DESC, key DESC LIMIT " +
+                             std::to_string(limit + 1);
+    out.jobs = records(text, params);
+    if (out.jobs.size() > limit) {
+      out.jobs.resize(limit);
+      const JobRecord& last = out.jobs.back();
+      out.next = ListCursor{std::chrono::floor<std::chrono::milliseconds>(last.job.created_at),
+                            key_of(last.job)};
+    }
+    return out;
+  }
+
+  // The condition on a key's prefix (and, when it names one, the tenant, for the index).
+  static std::string prefix_condition(const std::string& prefix, Params& params) {
+    if (prefix.empty()) return "TRUE";
+    std::string where;
+    if (auto tenant = tenant_of_prefix(prefix)) {
+      params.push_back(*tenant);
+      where += "tenant = $" + std::to_string(params.size()) + " AND ";
+    }
+    params.push_back(prefix);
+    const std::string p = "$" + std::to_string(params.size());
+    return where + "left(key, length(" + p + ")) = " + p;
+  }
+
+  std::size_t prune_now(std::int64_t now_ms) {
+    {
+      std::lock_guard<std::mutex> lock(write_mutex);
+      next_prune = Clock::now() + options.prune_interval;
+    }
+    if (options.retention.count() == 0) return 0;
+    const std::int64_t cutoff =
+        now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count();
+    std::size_t deleted = 0;
+    try {
+      // Batches of 1,000, each its own transaction; at most 100 a run.
+      for (int round = 0; round < 100; ++round) {
+        const std::size_t n = with_connection([&](Connection& c) {
+          Result r = c.exec("DELETE FROM " + jobs + " WHERE key IN (SELECT key FROM " + jobs +
+                                " WHERE finished_ms < $1 ORDER BY finished_ms LIMIT 1000)",
+                            {std::to_string(cutoff)});
+          return static_cast<std::size_t>(std::strtoull(PQcmdTuples(r.get()), nullptr, 10));
+        });
+        deleted += n;
+        if (n < 1000) break;
+      }
+      with_connection([&](Connection& c) {
+        c.exec("DELETE FROM " + schema + ".servers WHERE seen_ms < $1",
+               {std::to_string(now_ms - 3600 * 1000)});
+        return 0;
+      });
+    } catch (const StoreUnavailable&) {
+      // (noted; the next run tries again)
+    }
+    return deleted;
+  }
+};
+
+PostgresJobStore::PostgresJobStore(PostgresJobStoreOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {
+  try {
+    impl_->migrate();
+  } catch (const StoreUnavailable& e) {
+    throw Error(std::string("postgres job store (schema ") + impl_->options.schema +
+                "): " + e.what());
+  }
+  impl_->next_prune = Clock::now() + std::chrono::seconds(5);
+  impl_->writer = std::thread([this] { impl_->run_writer(); });
+}
+
+PostgresJobStore::~PostgresJobStore() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->write_mutex);
+    impl_->stopping = true;
+  }
+  impl_->write_wanted.notify_all();
+  if (impl_->writer.joinable()) impl_->writer.join();
+}
+
+PutOutcome PostgresJobStore::put(const Job& job, const std::optional<Lease>& claim) {
+  Impl::Op op(Impl::Op::put, key_of(job));
+  op.job = job;
+  op.lease = claim;
+  return static_cast<PutOutcome>(impl_->write_and_wait(std::move(op)));
+}
+
+void PostgresJobStore::async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
+  Impl::Op op(Impl::Op::put, key_of(job));
+  op.job = job;
+  op.lease = claim;
+  op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
+    done(error, static_cast<PutOutcome>(answer));
+  };
+  impl_->enqueue(std::move(op));
+}
+
+std::vector<PutOutcome> PostgresJobStore::put_many(const std::vector<PutRequest>& requests) {
+  std::vector<std::future<int>> answers;
+  answers.reserve(requests.size());
+  for (const PutRequest& r : requests) {
+    auto promise = std::make_shared<std::promise<int>>();
+    answers.push_back(promise->get_future());
+    Impl::Op op(Impl::Op::put, key_of(*r.job));
+    op.job = *r.job;
+    op.lease = r.claim;
+    op.done = [promise](std::exception_ptr error, int answer) {
+      if (error) {
+        promise->set_exception(error);
+      } else {
+        promise->set_value(answer);
+      }
+    };
+    impl_->enqueue(std::move(op));
+  }
+  std::vector<PutOutcome> out;
+  std::exception_ptr first_error;
+  for (auto& f : answers) {
+    try {
+      out.push_back(static_cast<PutOutcome>(f.get()));
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  return out;
+}
+
+std::optional<JobRecord> PostgresJobStore::get(const std::string& id) const {
+  return get_many({id}).front();
+}
+
+std::vector<std::optional<JobRecord>> PostgresJobStore::get_many(
+    const std::vector<std::string>& ids) const {
+  std::vector<std::optional<JobRecord>> out(ids.size());
+  if (ids.empty()) return out;
+  const auto found = impl_->records(
+      "SELECT " + column_list() + " FROM " + impl_->jobs + " WHERE key = ANY($1::text[])",
+      {text_array(ids)});
+  std::map<std::string, const JobRecord*> by_key;
+  for (const auto& r : found)
+    by_key[key_of(r.job)] = &r;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto it = by_key.find(ids[i]);
+    if (it != by_key.end()) out[i] = *it->second;
+  }
+  return out;
+}
+
+std::vector<JobRecord> PostgresJobStore::claim_jobs(std::size_t max, const Lease& lease,
+                                                    TimePoint now) {
+  return impl_->claim_jobs(max, lease, now, {});
+}
+
+std::vector<JobRecord> PostgresJobStore::claim_jobs_except(std::size_t max, const Lease& lease,
+                                                           TimePoint now,
+                                                           const std::vector<ModelRef>& skip) {
+  return impl_->claim_jobs(max, lease, now, skip);
+}
+
+bool PostgresJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
+  Impl::Op op(Impl::Op::renew, id);
+  op.lease = lease;
+  op.now = now;
+  return impl_->write_and_wait(std::move(op)) != 0;
+}
+
+std::vector<bool> PostgresJobStore::renew_all(
+    const std::vector<std::pair<std::string, Lease>>& leases, TimePoint now) {
+  std::vector<std::future<int>> answers;
+  for (const auto& [id, lease] : leases) {
+    auto promise = std::make_shared<std::promise<int>>();
+    answers.push_back(promise->get_future());
+    Impl::Op op(Impl::Op::renew, id);
+    op.lease = lease;
+    op.now = now;
+    op.done = [promise](std::exception_ptr error, int answer) {
+      if (error) {
+        promise->set_exception(error);
+      } else {
+        promise->set_value(answer);
+      }
+    };
+    impl_->enqueue(std::move(op));
+  }
+  std::vector<bool> out;
+  for (auto& f : answers)
+    out.push_back(f.get() != 0);
+  return out;
+}
+
+void PostgresJobStore::mark_running(const std::string& id, TimePoint now) {
+  Impl::Op op(Impl::Op::mark, id);
+  op.now = now;
+  impl_->enqueue(std::move(op));
+}
+
+bool PostgresJobStore::finish_job(const std::string& id, const std::string& holder,
+                                  const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                                  TimePoint now) {
+  Impl::Op op(Impl::Op::finish, id);
+  op.holder = holder;
+  op.outcome = outcome;
+  op.lease = deliver;
+  op.now = now;
+  return impl_->write_and_wait(std::move(op)) != 0;
+}
+
+void PostgresJobStore::async_finish_job(const std::string& id, const std::string& holder,
+                                        const JobOutcome& outcome,
+                                        const std::optional<Lease>& deliver, TimePoint now,
+                                        WriteDone done) {
+  Impl::Op op(Impl::Op::finish, id);
+  op.holder = holder;
+  op.outcome = outcome;
+  op.lease = deliver;
+  op.now = now;
+  op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
+    done(error, answer != 0);
+  };
+  impl_->enqueue(std::move(op));
+}
+
+CancelOutcome PostgresJobStore::cancel(const std::string& id, const JobOutcome& outcome,
+                                       TimePoint now) {
+  Impl::Op op(Impl::Op::cancel, id);
+  op.outcome = outcome;
+  op.now = now;
+  return static_cast<CancelOutcome>(impl_->write_and_wait(std::move(op)));
+}
+
+std::vector<JobRecord> PostgresJobStore::claim_callbacks(std::size_t max, const Lease& lease,
+                                                         TimePoint now) {
+  return impl_->claim_callbacks(max, lease, now);
+}
+
+bool PostgresJobStore::record_attempt(const std::string& id, const std::string& holder,
+                                      const CallbackInfo& after, TimePoint now,
+                                      const std::optional<CallbackAttempt>& attempt) {
+  Impl::Op op(Impl::Op::attempt, id);
+  op.holder = holder;
+  op.callback = after;
+  op.now = now;
+  op.attempt_made = attempt;
+  return impl_->write_and_wait(std::move(op)) != 0;
+}
+
+void PostgresJobStore::async_record_attempt(const std::string& id, const std::string& holder,
+                                            const CallbackInfo& after, TimePoint now,
+                                            const std::optional<CallbackAttempt>& attempt,
+                                            WriteDone done) {
+  Impl::Op op(Impl::Op::attempt, id);
+  op.holder = holder;
+  op.callback = after;
+  op.now = now;
+  op.attempt_made = attempt;
+  op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
+    done(error, answer != 0);
+  };
+  impl_->enqueue(std::move(op));
+}
+
+RedeliverOutcome PostgresJobStore::redeliver(const std::string& id, const Lease& claim,
+                                             TimePoint now) {
+  Impl::Op op(Impl::Op::redeliver, id);
+  op.lease = claim;
+  op.now = now;
+  return static_cast<RedeliverOutcome>(impl_->write_and_wait(std::move(op)));
+}
+
+void PostgresJobStore::complete(const std::string& id, const JobOutcome& outcome) {
+  Impl::Op op(Impl::Op::complete, id);
+  op.outcome = outcome;
+  impl_->write_and_wait(std::move(op));
+}
+
+void PostgresJobStore::update_callback(const std::string& id, const CallbackInfo& callback) {
+  Impl::Op op(Impl::Op::set_callback, id);
+  op.callback = callback;
+  impl_->write_and_wait(std::move(op));
+}
+
+std::vector<JobRecord> PostgresJobStore::list_failed_callbacks(std::size_t limit) const {
+  return list_failed_callbacks_with_prefix("", limit);
+}
+
+std::vector<JobRecord> PostgresJobStore::list_failed_callbacks_with_prefix(
+    const std::string& id_prefix, std::size_t limit) const {
+  if (limit == 0) return {};
+  Params params;
+  const std::string where = "cb_state = 'failed' AND " + Impl::prefix_condition(id_prefix, params);
+  return impl_->records("SELECT " + column_list() + " FROM " + impl_->jobs + " WHERE " + where +
+                            " ORDER BY created_ms DESC, key DESC LIMIT " + std::to_string(limit),
+                        params);
+}
+
+JobPage PostgresJobStore::failed_callbacks_page(const std::string& id_prefix,
+                                                const std::optional<ListCursor>& after,
+                                                std::size_t limit) const {
+  Params params;
+  const std::string where = "cb_state = 'failed' AND " + Impl::prefix_condition(id_prefix, params);
+  JobPage page = impl_->page(where, std::move(params), after, limit);
+  return page;
+}
+
+std::optional<QueueStats> PostgresJobStore::queue_stats() const {
+  impl_->wait_for_marks();
+  return impl_->with_connection([&](Connection& c) {
+    QueueStats stats;
+    Result r = c.exec("SELECT status, priority, count(*), min(created_ms) FROM " + impl_->jobs +
+                      " WHERE job_due_ms IS NOT NULL GROUP BY status, priority ORDER BY priority");
+    for (int row = 0; row < PQntuples(r.get()); ++row) {
+      const std::string status = text_at(r.get(), row, 0);
+      const auto n = static_cast<std::size_t>(int_at(r.get(), row, 2));
+      if (status == "queued") {
+        stats.queued += n;
+        stats.queued_by_priority.emplace_back(static_cast<int>(int_at(r.get(), row, 1)), n);
+        const TimePoint oldest = from_ms(int_at(r.get(), row, 3));
+        if (!stats.oldest_queued || oldest < *stats.oldest_queued) stats.oldest_queued = oldest;
+      } else if (status == "running") {
+        stats.running += n;
+      }
+    }
+    Result cb = c.exec("SELECT (SELECT count(*) FROM " + impl_->jobs +
+                       " WHERE cb_due_ms IS NOT NULL), (SELECT count(*) FROM " + impl_->jobs +
+                       " WHERE cb_state = 'failed')");
+    stats.callbacks_waiting = static_cast<std::size_t>(int_at(cb.get(), 0, 0));
+    stats.callbacks_failed = static_cast<std::size_t>(int_at(cb.get(), 0, 1));
+    return std::optional<QueueStats>(stats);
+  });
+}
+
+JobPage PostgresJobStore::list_jobs(const JobFilter& filter, const std::optional<ListCursor>& after,
+                                    std::size_t limit) const {
+  Params params;
+  std::string where = Impl::prefix_condition(filter.id_prefix, params);
+  if (filter.status) {
+    params.emplace_back(std::string(to_string(*filter.status)));
+    where += " AND status = $" + std::to_string(params.size());
+  }
+  if (filter.callback_state) {
+    params.emplace_back(std::string(to_string(*filter.callback_state)));
+    where += " AND cb_state = $" + std::to_string(params.size());
+  }
+  if (filter.priority) {
+    params.emplace_back(std::to_string(*filter.priority));
+    where += " AND priority = $" + std::to_string(params.size()) + "::integer";
+  }
+  return impl_->page(where, std::move(params), after, limit);
+}
+
+std::vector<JobRecord> PostgresJobStore::list_unfinished(std::size_t limit) const {
+  if (limit == 0) return {};
+  return impl_->records("SELECT " + column_list() + " FROM " + impl_->jobs +
+                            " WHERE finished_ms IS NULL ORDER BY created_ms, key LIMIT " +
+                            std::to_string(limit),
+                        {});
+}
+
+std::optional<std::size_t> PostgresJobStore::queue_position(const std::string& id) const {
+  impl_->wait_for_marks();
+  return impl_->with_connection([&](Connection& c) -> std::optional<std::size_t> {
+    Result r = c.exec("SELECT (SELECT count(*) FROM " + impl_->jobs +
+                          " o WHERE o.status = 'queued' AND o.job_due_ms IS NOT NULL AND"
+                          " (o.priority < j.priority OR (o.priority = j.priority AND"
+                          " (o.created_ms, o.key) < (j.created_ms, j.key)))) FROM " +
+                          impl_->jobs + " j WHERE j.key = $1 AND j.status = 'queued'",
+                      {id});
+    if (PQntuples(r.get()) == 0) return std::nullopt;
+    return static_cast<std::size_t>(int_at(r.get(), 0, 0));
+  });
+}
+
+void PostgresJobStore::report_server(const std::string& id, std::size_t leases, TimePoint now) {
+  impl_->with_connection([&](Connection& c) {
+    c.exec("INSERT INTO " + impl_->schema +
+               ".servers (id, leases, seen_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE"
+               " SET leases = EXCLUDED.leases, seen_ms = EXCLUDED.seen_ms",
+           {id, std::to_string(leases), std::to_string(to_ms(now))});
+    return 0;
+  });
+}
+
+std::vector<ServerSeen> PostgresJobStore::servers(TimePoint now) const {
+  return impl_->with_connection([&](Connection& c) {
+    Result r = c.exec("SELECT id, leases, seen_ms FROM " + impl_->schema +
+                          ".servers WHERE seen_ms > $1 ORDER BY seen_ms DESC, id",
+                      {std::to_string(to_ms(now) - 3600 * 1000)});
+    std::vector<ServerSeen> out;
+    for (int row = 0; row < PQntuples(r.get()); ++row) {
+      out.push_back({text_at(r.get(), row, 0), from_ms(int_at(r.get(), row, 2)),
+                     static_cast<std::size_t>(int_at(r.get(), row, 1))});
+    }
+    return out;
+  });
+}
+
+bool PostgresJobStore::set_origin_paused(const std::string& origin, bool paused) {
+  return impl_->with_connection([&](Connection& c) {
+    if (!paused) {
+      c.exec("DELETE FROM " + impl_->schema + ".paused_origins WHERE origin = $1", {origin});
+      return true;
+    }
+    // At most 10,000 kept, as on Redis: one statement, so two servers at once cannot pass it.
+    Result r = c.exec("INSERT INTO " + impl_->schema +
+                          ".paused_origins (origin) SELECT $1 WHERE (SELECT count(*) FROM " +
+                          impl_->schema + ".paused_origins) < 10000 OR EXISTS (SELECT 1 FROM " +
+                          impl_->schema +
+                          ".paused_origins WHERE origin = $1) ON CONFLICT (origin) DO NOTHING"
+                          " RETURNING 1",
+                      {origin});
+    if (PQntuples(r.get()) > 0) return true;
+    Result known =
+        c.exec("SELECT 1 FROM " + impl_->schema + ".paused_origins WHERE origin = $1", {origin});
+    return PQntuples(known.get()) > 0;
+  });
+}
+
+std::optional<std::vector<std::string>> PostgresJobStore::paused_origins() const {
+  return impl_->with_connection([&](Connection& c) {
+    Result r = c.exec("SELECT origin FROM " + impl_->schema + ".paused_origins ORDER BY origin");
+    std::vector<std::string> out;
+    for (int row = 0; row < PQntuples(r.get()); ++row)
+      out.push_back(text_at(r.get(), row, 0));
+    return std::optional<std::vector<std::string>>(std::move(out));
+  });
+}
+
+std::optional<std::uint64_t> PostgresJobStore::put_model_config(const std::string& name,
+                                                                const std::string& config,
+                                                                std::uint64_t if_generation) {
+  return impl_->with_connection([&](Connection& c) -> std::optional<std::uint64_t> {
+    Result r = if_generation == 0
+                   ? c.exec("INSERT INTO " + impl_->schema +
+                                ".model_configs (name, config, generation) VALUES ($1, $2, 1)"
+                                " ON CONFLICT (name) DO NOTHING RETURNING generation",
+                            {name, config})
+                   : c.exec("UPDATE " + impl_->schema +
+                                ".model_configs SET config = $2, generation = generation + 1"
+                                " WHERE name = $1 AND generation = $3 RETURNING generation",
+                            {name, config, std::to_string(if_generation)});
+    if (PQntuples(r.get()) == 0) return std::nullopt;
+    return static_cast<std::uint64_t>(int_at(r.get(), 0, 0));
+  });
+}
+
+std::optional<std::vector<ModelConfig>> PostgresJobStore::model_configs() const {
+  return impl_->with_connection([&](Connection& c) {
+    Result r = c.exec("SELECT name, config, generation FROM " + impl_->schema +
+                      ".model_configs ORDER BY name");
+    std::vector<ModelConfig> out;
+    for (int row = 0; row < PQntuples(r.get()); ++row) {
+      out.push_back({text_at(r.get(), row, 0), text_at(r.get(), row, 1),
+                     static_cast<std::uint64_t>(int_at(r.get(), row, 2))});
+    }
+    return std::optional<std::vector<ModelConfig>>(std::move(out));
+  });
+}
+
+std::vector<ModelRef> PostgresJobStore::waiting_versions(const std::vector<ModelRef>& versions,
+                                                         TimePoint since) const {
+  if (versions.empty()) return {};
+  std::vector<std::string> names, numbers;
+  for (const ModelRef& m : versions) {
+    names.push_back(m.name);
+    numbers.push_back(m.version);
+  }
+  return impl_->with_connection([&](Connection& c) {
+    Result r = c.exec(
+        "SELECT v.name, v.version FROM unnest($1::text[], $2::text[]) AS"
+        " v(name, version) WHERE EXISTS (SELECT 1 FROM " +
+            impl_->jobs +
+            " j WHERE j.job_due_ms IS NOT NULL AND j.job_due_ms <= $3 AND"
+            " j.model = v.name AND j.mver = v.version)",
+        {text_array(names), text_array(numbers), std::to_string(to_ms(since))});
+    std::vector<ModelRef> out;
+    for (int row = 0; row < PQntuples(r.get()); ++row)
+      out.push_back({text_at(r.get(), row, 0), text_at(r.get(), row, 1)});
+    return out;
+  });
+}
+
+std::optional<std::string> PostgresJobStore::failure() const {
+  {
+    std::lock_guard<std::mutex> lock(impl_->failure_mutex);
+    if (impl_->failure) return impl_->failure;
+  }
+  // A statement that has waited more than a second with no answer: the database is frozen, or
+  // cut off, before any statement times out.
+  const std::int64_t now =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+          .count();
+  std::lock_guard<std::mutex> lock(impl_->pool_mutex);
+  for (const Connection* c : impl_->all) {
+    const std::int64_t since = c->busy_since();
+    if (since != 0 && now - since > 1000)
+      return std::string("postgres job store: a statement has waited more than 1 s");
+  }
+  return std::nullopt;
+}
+
+std::size_t PostgresJobStore::commits() const {
+  return impl_->commits.load();
+}
+
+std::size_t PostgresJobStore::prune(TimePoint now) {
+  return impl_->prune_now(to_ms(now));
+}
+
+}  // namespace rebound

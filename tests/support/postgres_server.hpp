@@ -1,0 +1,124 @@
+// A real PostgreSQL for a test: a cluster made with initdb in a temporary folder and started with
+// pg_ctl on a free loopback port (as the `postgres` user when the tests run as root, since
+// PostgreSQL refuses to run as root), stopped when the object ends. One is shared by every test
+// of the process (shared_postgres(): initdb takes a second or two), each test in a schema of its
+// own (fresh_schema()); a test that stops or restarts its database makes its own.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "support/temp_dir.hpp"
+
+#ifndef REBOUND_PG_BINDIR
+#error "REBOUND_PG_BINDIR (where initdb and pg_ctl are) is defined by tests/CMakeLists.txt"
+#endif
+
+namespace rebound::test {
+
+class PostgresServer {
+ public:
+  PostgresServer() {
+    port_ = free_port();
+    const bool root = geteuid() == 0;
+    if (root) {
+      const passwd* pg = getpwnam("postgres");
+      REQUIRE_MESSAGE(pg != nullptr,
+                      "running as root needs the postgres user (Debian's postgresql)");
+      REQUIRE(chown(dir_.path.c_str(), pg->pw_uid, pg->pw_gid) == 0);
+      as_ = "runuser -u postgres -- ";
+    }
+    REQUIRE(run(std::string(REBOUND_PG_BINDIR) + "/initdb -D " + data() +
+                " -A trust -U postgres --no-sync -E UTF8 --locale=C > " + dir_.file("initdb.log") +
+                " 2>&1") == 0);
+    start();
+  }
+  ~PostgresServer() { stop(); }
+  PostgresServer(const PostgresServer&) = delete;
+  PostgresServer& operator=(const PostgresServer&) = delete;
+
+  int port() const { return port_; }
+  /// The URI a store connects with (the superuser, trusted on loopback), in `schema` when given.
+  std::string uri(const std::string& schema = {}) const {
+    return "postgresql://postgres@127.0.0.1:" + std::to_string(port_) + "/postgres" +
+           (schema.empty() ? "" : "?schema=" + schema);
+  }
+
+  /// Starts it (again) and waits until it accepts connections.
+  void start() {
+    REQUIRE(run(std::string(REBOUND_PG_BINDIR) + "/pg_ctl -D " + data() + " -w -t 30 -l " +
+                dir_.file("postgres.log") + " -o \"-p " + std::to_string(port_) +
+                " -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
+                " -c max_connections=200\" start > /dev/null") == 0);
+    running_ = true;
+  }
+
+  /// Stops it: "fast" ends the sessions cleanly, "immediate" is a crash (recovery at start).
+  void stop(const std::string& mode = "fast") {
+    if (!running_) return;
+    run(std::string(REBOUND_PG_BINDIR) + "/pg_ctl -D " + data() + " -w -m " + mode +
+        " stop > /dev/null 2>&1");
+    running_ = false;
+  }
+
+  /// Runs SQL with psql and answers what it printed (tuples only, unaligned).
+  std::string psql(const std::string& sql) const {
+    const std::string out = dir_.file("psql.out");
+    const std::string command = std::string(REBOUND_PG_BINDIR) +
+                                "/psql -X -q -t -A -h 127.0.0.1 -p " + std::to_string(port_) +
+                                " -U postgres -d postgres -c \"" + sql + "\" > " + out + " 2>&1";
+    std::system(command.c_str());
+    std::string text;
+    if (FILE* f = std::fopen(out.c_str(), "r")) {
+      char buffer[4096];
+      std::size_t n;
+      while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0)
+        text.append(buffer, n);
+      std::fclose(f);
+    }
+    return text;
+  }
+
+  /// A schema name no other test of this process uses.
+  static std::string fresh_schema() {
+    static std::atomic<int> next{0};
+    return "t" + std::to_string(getpid()) + "_" + std::to_string(next++);
+  }
+
+ private:
+  std::string data() const { return dir_.file("data"); }
+  int run(const std::string& command) const { return std::system((as_ + command).c_str()); }
+
+  static int free_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    socklen_t len = sizeof addr;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(fd);
+    return ntohs(addr.sin_port);
+  }
+
+  TempDir dir_;
+  std::string as_;
+  int port_ = 0;
+  bool running_ = false;
+};
+
+/// The PostgreSQL every test of this process shares (started at first use).
+inline PostgresServer& shared_postgres() {
+  static PostgresServer server;
+  return server;
+}
+
+}  // namespace rebound::test

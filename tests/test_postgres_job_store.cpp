@@ -1,0 +1,168 @@
+// PostgresJobStore on a real PostgreSQL, beyond the contract suite and the differential test
+// (which run it too): its URI, its schema made once by servers starting together, two stores on
+// one queue, pruning, a database that stops and comes back, and a statement that hangs.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rebound/error.hpp"
+#include "rebound/store/make_store.hpp"
+#include "rebound/store/postgres_job_store.hpp"
+#include "support/postgres_server.hpp"
+
+using namespace std::chrono_literals;
+using rebound::Job;
+using rebound::JobStatus;
+using rebound::Lease;
+using rebound::PostgresJobStore;
+using rebound::PutOutcome;
+using rebound::test::PostgresServer;
+using rebound::test::shared_postgres;
+
+namespace {
+
+Job job_named(const std::string& id) {
+  Job job = rebound::make_job(id, {{"x", 1}}, "http://127.0.0.1:9/cb");
+  job.created_at = std::chrono::system_clock::now();
+  return job;
+}
+
+rebound::PostgresJobStoreOptions options_for(const std::string& uri) {
+  return rebound::parse_postgres_uri(uri);
+}
+
+}  // namespace
+
+TEST_CASE("postgres store: its URI names the database and the schema") {
+  auto o = rebound::parse_postgres_uri("postgresql://app@db.internal:6432/jobs?schema=queue_1");
+  CHECK(o.conninfo == "postgresql://app@db.internal:6432/jobs");
+  CHECK(o.schema == "queue_1");
+  o = rebound::parse_postgres_uri("postgres://db/jobs?sslmode=require&schema=s&application_name=x");
+  CHECK(o.conninfo == "postgres://db/jobs?sslmode=require&application_name=x");
+  CHECK(o.schema == "s");
+  CHECK(rebound::parse_postgres_uri("postgresql:///jobs").schema == "rebound");
+  CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=a;drop"),
+                  rebound::Error);
+  CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=1a"), rebound::Error);
+  CHECK_THROWS_AS(rebound::parse_postgres_uri("mysql://db/jobs"), rebound::Error);
+  // make_store takes both schemes; a database that is not there is a clear error at start.
+  CHECK_THROWS_WITH_AS(rebound::make_store("postgresql://postgres@127.0.0.1:1/none"),
+                       doctest::Contains("cannot connect"), rebound::Error);
+}
+
+TEST_CASE("postgres store: servers starting together make the schema once - and share a queue") {
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  std::vector<std::future<std::unique_ptr<PostgresJobStore>>> starting;
+  for (int i = 0; i < 4; ++i) {
+    starting.push_back(std::async(
+        std::launch::async, [&] { return std::make_unique<PostgresJobStore>(options_for(uri)); }));
+  }
+  std::vector<std::unique_ptr<PostgresJobStore>> stores;
+  for (auto& s : starting)
+    stores.push_back(s.get());
+  // What one accepts, another claims; a job is claimed once however many claim at once.
+  for (int i = 0; i < 40; ++i)
+    REQUIRE(stores[i % 4]->put(job_named("j" + std::to_string(i))) == PutOutcome::created);
+  const auto now = std::chrono::system_clock::now();
+  std::vector<std::future<std::vector<rebound::JobRecord>>> claims;
+  for (int i = 0; i < 4; ++i) {
+    claims.push_back(std::async(std::launch::async, [&, i] {
+      std::vector<rebound::JobRecord> taken;
+      for (int round = 0; round < 10; ++round) {
+        auto some = stores[i]->claim_jobs(3, Lease{"s" + std::to_string(i), now + 30s}, now);
+        taken.insert(taken.end(), some.begin(), some.end());
+      }
+      return taken;
+    }));
+  }
+  std::set<std::string> seen;
+  std::size_t total = 0;
+  for (auto& c : claims) {
+    for (const auto& r : c.get()) {
+      seen.insert(r.job.id);
+      ++total;
+    }
+  }
+  CHECK(total == 40);
+  CHECK(seen.size() == 40);
+  // Another schema on the same database is another queue.
+  PostgresJobStore other(options_for(shared_postgres().uri(PostgresServer::fresh_schema())));
+  CHECK_FALSE(other.get("j0"));
+  CHECK(stores[3]->get("j0"));
+}
+
+TEST_CASE("postgres store: finished jobs are deleted past the retention - the rest kept") {
+  auto options = options_for(shared_postgres().uri(PostgresServer::fresh_schema()));
+  options.retention = 1h;
+  PostgresJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  for (int i = 0; i < 2500; ++i) {
+    Job job = job_named("done" + std::to_string(i));
+    job.callback_url.clear();
+    REQUIRE(store.put(job, Lease{"h", now + 30s}) == PutOutcome::created);
+  }
+  std::vector<std::pair<std::string, Lease>> none;
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  for (int i = 0; i < 2500; ++i)
+    REQUIRE(store.finish_job("done" + std::to_string(i), "h", ok, std::nullopt, now));
+  REQUIRE(store.put(job_named("waiting")) == PutOutcome::created);
+  CHECK(store.prune(std::chrono::system_clock::now()) == 0);          // within the retention
+  CHECK(store.prune(std::chrono::system_clock::now() + 2h) == 2500);  // in batches of 1,000
+  CHECK_FALSE(store.get("done7"));
+  CHECK(store.get("waiting"));
+}
+
+TEST_CASE("postgres store: a database that stops fails the calls - and they work when it is back") {
+  PostgresServer db;
+  auto options = options_for(db.uri());
+  options.statement_timeout = 2s;
+  PostgresJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(job_named("before")) == PutOutcome::created);
+  CHECK_FALSE(store.failure());
+  db.stop("immediate");
+  CHECK_THROWS_AS(store.put(job_named("during")), rebound::StoreUnavailable);
+  CHECK_THROWS_AS(store.claim_jobs(1, Lease{"h", now + 30s}, now), rebound::StoreUnavailable);
+  REQUIRE(store.failure());
+  db.start();
+  // The next calls open new connections.
+  std::optional<PutOutcome> put;
+  for (int i = 0; i < 50 && !put; ++i) {
+    try {
+      put = store.put(job_named("after"));
+    } catch (const rebound::StoreUnavailable&) {
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  REQUIRE(put);
+  CHECK(*put == PutOutcome::created);
+  CHECK_FALSE(store.failure());
+  const auto later = std::chrono::system_clock::now();
+  CHECK(store.claim_jobs(5, Lease{"h", later + 30s}, later).size() == 2);
+}
+
+TEST_CASE("postgres store: a statement that waits too long is cancelled - the store says so") {
+  const std::string schema = PostgresServer::fresh_schema();
+  auto options = options_for(shared_postgres().uri(schema));
+  options.statement_timeout = 1s;
+  PostgresJobStore store(options);
+  REQUIRE(store.put(job_named("a")) == PutOutcome::created);
+  // Another session holds the table's lock for 4 s: the store's writes wait for it.
+  auto holder = std::async(std::launch::async, [&] {
+    return shared_postgres().psql("BEGIN; LOCK TABLE " + schema +
+                                  ".jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); COMMIT;");
+  });
+  std::this_thread::sleep_for(500ms);
+  const auto started = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(store.put(job_named("b")), rebound::StoreUnavailable);
+  CHECK(std::chrono::steady_clock::now() - started < 3s);
+  CHECK(store.failure());
+  holder.get();
+  CHECK(store.put(job_named("c")) == PutOutcome::created);
+  CHECK_FALSE(store.failure());
+}
