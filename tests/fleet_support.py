@@ -1,4 +1,4 @@
-"""What the fleet tests (redis_fleet.py, redis_cluster.py) share: a callback receiver, a
+"""What the fleet tests (redis_fleet.py, redis_cluster.py, postgres_fleet.py) share: a callback receiver, a
 rebound-server process, a load of submissions that records which were answered 202, and the wait
 for their callbacks. Standard library only; loopback only; every process started is ended by its
 id (`children`)."""
@@ -77,16 +77,17 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
 
 
 class Server:
-    """A rebound-server on `store` (a redis:// URI), its port read from its log."""
+    """A rebound-server on `store` (a shared store's URI), its port read from its log; `extra`:
+    more of its options."""
 
-    def __init__(self, server_bin, name, store):
+    def __init__(self, server_bin, name, store, extra=()):
         self.name = name
         self.killed = False  # by the test: its exit is expected
         self.proc = subprocess.Popen(
             [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", "sleep:0.01",
              "--workers", "4", "--store", store, "--lease", str(LEASE_S),
              "--server-id", name, "--allow-private-callbacks", "--backoff-base", "0.05",
-             "--backoff-cap", "0.5", "--max-tries", "3", "--log-level", "warn"],
+             "--backoff-cap", "0.5", "--max-tries", "3", "--log-level", "warn", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         children.append(self.proc)
         self.tail = deque(maxlen=40)  # its last lines, printed when a round fails

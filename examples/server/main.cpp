@@ -228,7 +228,9 @@ int main(int argc, char** argv) {
                  "Job store: sqlite:<path> (durable: accepted jobs survive a crash), memory, or "
                  "redis://host[:port][/db][?prefix=name][&replicas=N] (several servers share one "
                  "queue; on a Redis Cluster any node; replicas: each write acknowledged once N "
-                 "replicas have it; a password comes from $REBOUND_REDIS_PASSWORD)")
+                 "replicas have it; a password comes from $REBOUND_REDIS_PASSWORD), or "
+                 "postgresql://[user@]host[:port]/db[?schema=name] (several servers share one "
+                 "queue in that schema; a password comes from $PGPASSWORD or ~/.pgpass)")
       ->capture_default_str();
   app.add_option("--lease", lease_s,
                  "Seconds a claim on a job or a callback lasts without renewal: how soon another "
@@ -513,7 +515,9 @@ int main(int argc, char** argv) {
     options.workers = workers;
     options.queue_capacity = queue_capacity;
     // A shared store's queue is claimed by every server: there each keeps what it accepts.
-    options.prefetch = prefetch.value_or(store_uri.rfind("redis", 0) == 0 ? 0 : 1024);
+    const bool shared_store =
+        store_uri.rfind("redis", 0) == 0 || store_uri.rfind("postgres", 0) == 0;
+    options.prefetch = prefetch.value_or(shared_store ? 0 : 1024);
     options.max_work_bytes = max_work_mib << 20;
     // Every HTTP request that waits (Prefer: wait) is one of the queue's registered waits.
     options.max_waiting = std::max(options.max_waiting, max_waiters);
@@ -590,8 +594,9 @@ int main(int argc, char** argv) {
     // its group commit), so a few threads keep up with the rest of the pipeline (the queue's io
     // thread, the workers); more only take cores from them: on 2 cores, 1 thread ran 16,700
     // jobs/s end to end with the memory store and 10,600 with SQLite, 2 threads 14,300 and 9,300
-    // (docs/benchmarks.md). Redis's calls are round trips that hold the thread: 16.
-    const bool redis = store_uri.rfind("redis", 0) == 0;
+    // (docs/benchmarks.md). Redis's and PostgreSQL's calls are round trips that hold the
+    // thread: 16.
+    const bool redis = store_uri.rfind("redis", 0) == 0 || store_uri.rfind("postgres", 0) == 0;
     const std::size_t quarter_of_cores = std::thread::hardware_concurrency() / 4;
     server_options.http_threads =
         http_threads.value_or(redis ? 16 : std::max<std::size_t>(1, quarter_of_cores));

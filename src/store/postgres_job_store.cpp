@@ -98,7 +98,8 @@ CREATE TABLE {schema}.jobs (
   job_due_ms bigint,
   cb_due_ms bigint,
   finished_ms bigint
-) WITH (fillfactor = 80);
+) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_vacuum_insert_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 CREATE INDEX jobs_tenant_due ON {schema}.jobs (tenant, priority, job_due_ms)
   WHERE job_due_ms IS NOT NULL;
 CREATE INDEX jobs_cb_due ON {schema}.jobs (cb_due_ms) WHERE cb_due_ms IS NOT NULL;
@@ -1149,7 +1150,12 @@ PostgresJobStore::PostgresJobStore(PostgresJobStoreOptions options)
     throw Error(std::string("postgres job store (schema ") + impl_->options.schema +
                 "): " + e.what());
   }
-  impl_->next_prune = Clock::now() + std::chrono::seconds(5);
+  // A retention shorter than the interval is pruned as often as it lasts (at most every second).
+  auto& o = impl_->options;
+  if (o.retention.count() > 0 && o.retention < o.prune_interval)
+    o.prune_interval = std::max(o.retention, std::chrono::seconds(1));
+  impl_->next_prune =
+      Clock::now() + std::min<Clock::duration>(o.prune_interval, std::chrono::seconds(5));
   impl_->writer = std::thread([this] { impl_->run_writer(); });
 }
 
