@@ -6,8 +6,12 @@
 
 The peers' side of the comparison issue 41 asks for: graphile-worker and pg-boss (npm, the newest
 versions that run on Debian's Node 20: bench/pg_peers/package.json pins them; the first run
-installs them into bench/pg_peers/node_modules). rebound's row comes with its PostgreSQL store.
-Needs, from Debian: postgresql (15), nginx-light, nodejs, npm.
+installs them into bench/pg_peers/node_modules), and rebound: K rebound-servers (1 by default;
+--servers 1 --servers 3 for both) on the database (--store postgresql://...?schema=rebound), the
+echo model, --workers W each, the jobs submitted over HTTP by one wrk a server (bench/submit.lua,
+each its share of the N jobs), the run ending when the servers' own counters (GET /metrics,
+summed) show N jobs final (poll) or N callbacks delivered (callback). Needs, from Debian:
+postgresql (15), nginx-light, nodejs, npm, wrk; and a build of rebound-server (--build-dir).
 
 One PostgreSQL 15 cluster is made for the run (initdb in a temporary folder, a free port on
 127.0.0.1; as the `postgres` user when this runs as root), with Debian's defaults but
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +44,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BENCH, Lines, Receiver, cell, end_helper, fmt_int, free_port  # noqa: E402
+from run import (BENCH, ROOT, Lines, Receiver, Server, cell, end_helper, fmt_int,  # noqa: E402
+                 free_port, parse_wrk)
+from redis_peers import CALLBACKS_ENDED, COMPLETED, scrape, total  # noqa: E402
 
 PEERS = BENCH / "pg_peers"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -175,6 +182,69 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
         pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
+def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int) -> dict:
+    db = f"bench_{number}"
+    pg.sql(f"CREATE DATABASE {db}")
+    receiver = Receiver() if mode == "callback" else None
+    servers, wrks = [], []
+    try:
+        store = pg.url(db).replace("postgres://", "postgresql://") + "?schema=rebound"
+        for i in range(count):
+            port = free_port()
+            servers.append(Server(f"rebound-server {i + 1} of {count}", [
+                a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "echo",
+                "--store", store, "--workers", str(a.workers),
+                "--queue-capacity", str(max(1_000_000, a.jobs)), "--allow-private-callbacks",
+                "--log-level", "warn"], port))
+        time.sleep(1.0)  # past the servers' start: their first claims and reports
+        shares = [a.jobs // count + (i < a.jobs % count) for i in range(count)]
+        before = pg.cpu_seconds()
+        t0 = time.monotonic()
+        for srv, share in zip(servers, shares):
+            wrks.append(subprocess.Popen(
+                ["wrk", "-t1", f"-c{max(1, 32 // count)}", f"-d{a.trial_timeout}s", "-s",
+                 str(BENCH / "submit.lua"), f"http://127.0.0.1:{srv.port}"],
+                env={**os.environ, "SUBMIT_JOBS": str(share),
+                     "CALLBACK_URL": receiver.url if receiver else "", "CALLBACK_URLS": ""},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        ended = COMPLETED if receiver is None else CALLBACKS_ENDED
+        deadline = t0 + a.trial_timeout
+        while True:
+            figures = [scrape(srv.port) for srv in servers]
+            now = time.monotonic()
+            accepted = total(figures, "rebound_jobs_accepted_total")
+            done = total(figures, *ended)
+            in_flight = total(figures, "rebound_jobs_in_flight")
+            if accepted >= a.jobs and done >= a.jobs and in_flight == 0:
+                break
+            if now > deadline:
+                raise RuntimeError(f"rebound-{count}: {accepted} of {a.jobs} accepted, {done} "
+                                   f"finished, {in_flight} in flight after {a.trial_timeout} s")
+            rate = done / (now - t0)
+            remaining = (a.jobs - done) / rate if rate > 0 else 0.4
+            time.sleep(min(0.1, max(0.005, remaining / 4)))
+        seconds = now - t0
+        after = pg.cpu_seconds()
+        runs = []
+        for w in wrks:
+            w.send_signal(signal.SIGINT)  # wrk sleeps out -d after its thread stopped
+            runs.append(parse_wrk(w.communicate(timeout=30)[0]))
+        return {"system": f"rebound-{count}", "mode": mode, "jobs": a.jobs, "seconds": seconds,
+                "jobs_per_s": a.jobs / seconds, "pg_cpu_us_per_job": (after - before) * 1e6 / a.jobs,
+                "accepted": accepted, "refused": sum(r["non2xx"] for r in runs),
+                "failed": total(figures, *COMPLETED[1:])}
+    finally:
+        for w in wrks:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        for srv in servers:
+            srv.stop()
+        if receiver is not None:
+            receiver.stop()
+        pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
 def table(results: list[dict]) -> str:
     rows = ["| mode | system | jobs/s | Postgres CPU µs a job |", "|---|---|---:|---:|"]
     keys = sorted({(r["mode"], r["system"]) for r in results})
@@ -189,14 +259,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--systems", action="append", choices=["graphile-worker", "pg-boss"])
+    p.add_argument("--systems", action="append", choices=["graphile-worker", "pg-boss", "rebound"])
+    p.add_argument("--servers", type=int, action="append", choices=[1, 2, 3],
+                   help="rebound-servers on the database (default 1; repeat for several trials)")
+    p.add_argument("--workers", type=int, default=2, help="rebound-server --workers (default 2)")
+    p.add_argument("--build-dir", default=str(ROOT / "build"),
+                   help="where rebound-server was built (default build/)")
     p.add_argument("--modes", action="append", choices=["poll", "callback"])
     p.add_argument("--trial-timeout", type=int, default=300)
     p.add_argument("--json", help="write every trial's figures here")
     a = p.parse_args()
-    systems = a.systems or ["graphile-worker", "pg-boss"]
+    systems = a.systems or ["graphile-worker", "pg-boss", "rebound"]
+    a.server = str(Path(a.build_dir).resolve() / "examples" / "rebound-server")
+    if "rebound" in systems and not Path(a.server).exists():
+        raise SystemExit(f"postgres_peers: no {a.server} (build it, or pass --build-dir)")
     modes = a.modes or ["poll", "callback"]
-    for tool in ["node", "npm"] + (["nginx"] if "callback" in modes else []):
+    for tool in ["node", "npm"] + (["nginx"] if "callback" in modes else []) + \
+            (["wrk"] if "rebound" in systems else []):
         if not shutil.which(tool):
             raise SystemExit(f"postgres_peers: no {tool} on PATH")
     if not (PEERS / "node_modules" / "pg-boss").exists():
@@ -208,12 +287,16 @@ def main() -> None:
         number = 0
         for r in range(a.rounds):
             for mode in modes:
-                for system in systems:
+                trials = [(s, 0) for s in systems if s != "rebound"]
+                if "rebound" in systems:
+                    trials += [("rebound", k) for k in (a.servers or [1])]
+                for system, count in trials:
                     number += 1
-                    figures = trial(a, pg, number, mode, system)
+                    figures = (rebound_trial(a, pg, number, mode, count) if system == "rebound"
+                               else trial(a, pg, number, mode, system))
                     figures["round"] = r + 1
-                    log(f"round {r + 1} {mode:8} {system:16} {figures['jobs_per_s']:8.0f} jobs/s "
-                        f"{figures['pg_cpu_us_per_job']:6.0f} µs Postgres CPU a job")
+                    log(f"round {r + 1} {mode:8} {figures['system']:16} {figures['jobs_per_s']:8.0f} "
+                        f"jobs/s {figures['pg_cpu_us_per_job']:6.0f} µs Postgres CPU a job")
                     results.append(figures)
     finally:
         pg.stop()
