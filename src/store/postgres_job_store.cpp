@@ -122,7 +122,9 @@ CREATE TABLE {schema}.model_configs (
 // the tenant the last claim served (claim_turn, shared by every server), then the second ones...
 // (job_state::claim_turns); the jobs taken leased to $3 until $4, and the tenant of the last one
 // remembered (written only when it changes: one tenant's claims never wait for each other). Each
-// job's row is answered after its number and whether its tenant came after the wrap.
+// job's row is answered after its number and whether its tenant came after the wrap. (Each
+// tenant's scan is jobs_tenant_due's order, read no further than the limit: of jobs due at the
+// same millisecond, which come first is the index's.)
 constexpr const char* claim_jobs_template = R"sql(
 WITH RECURSIVE t(tenant) AS (
   (SELECT tenant FROM {jobs} WHERE job_due_ms IS NOT NULL ORDER BY tenant LIMIT 1)
@@ -138,7 +140,7 @@ c AS (
     WHERE j.tenant = t.tenant AND j.job_due_ms IS NOT NULL AND j.job_due_ms <= $1
       AND (cardinality($5::text[]) = 0 OR
            (j.model, j.mver) NOT IN (SELECT * FROM unnest($5::text[], $6::text[])))
-    ORDER BY j.priority, j.job_due_ms, j.key LIMIT $2 FOR UPDATE SKIP LOCKED) c
+    ORDER BY j.priority, j.job_due_ms LIMIT $2 FOR UPDATE SKIP LOCKED) c
   WHERE t.tenant IS NOT NULL),
 p AS (
   SELECT c.key, c.tenant, c.pos, (l.tenant IS NOT NULL AND c.tenant <= l.tenant) AS wrapped
@@ -184,6 +186,40 @@ std::string text_array(const std::vector<std::string>& values) {
   }
   return out + "}";
 }
+
+// Rows gathered column by column, sent as one array a column (unnest): a statement of a fixed
+// text whatever the number of rows, so that Postgres parses and plans little.
+class Columns {
+ public:
+  explicit Columns(std::size_t n) : columns_(n) {}
+  // Adds a row: its values from `first` on.
+  void add(std::vector<std::optional<std::string>> row, std::size_t first) {
+    for (std::size_t k = 0; k < columns_.size(); ++k) {
+      std::string& out = columns_[k];
+      out += out.empty() ? '{' : ',';
+      const auto& v = row[first + k];
+      if (!v) {
+        out += "NULL";
+        continue;
+      }
+      out += '"';
+      for (const char c : *v) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+      }
+      out += '"';
+    }
+  }
+  std::vector<std::optional<std::string>> arrays() const {
+    std::vector<std::optional<std::string>> out;
+    for (const auto& c : columns_)
+      out.emplace_back(c.empty() ? "{}" : c + "}");
+    return out;
+  }
+
+ private:
+  std::vector<std::string> columns_;
+};
 
 bool valid_schema(std::string_view s) {
   if (s.empty() || s.size() > 63) return false;
@@ -238,11 +274,11 @@ class Connection {
 
   // Runs statements without parameters, several at once ("BEGIN; SET LOCAL ..."): the simple
   // protocol.
-  void exec_simple(const std::string& sql) {
+  Result exec_simple(const std::string& sql) {
     open();
     Busy busy(*this);
     if (!PQsendQuery(pg_, sql.c_str())) fail("cannot send");
-    collect();
+    return collect();
   }
 
   void close() {
@@ -600,6 +636,8 @@ struct PostgresJobStore::Impl {
   // The claims' statements.
   std::string claim_jobs_sql;
   std::string claim_callbacks_sql;
+  std::string insert_sql;
+  std::string update_sql;
 
   mutable std::mutex failure_mutex;
   mutable std::optional<std::string> failure;
@@ -624,6 +662,19 @@ struct PostgresJobStore::Impl {
     writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout);
     all.push_back(writer_connection.get());
     claim_jobs_sql = sql(claim_jobs_template) + column_list("j");
+    // The writer's two writes: the new rows, and the rows changed (their columns from mver on).
+    insert_sql = "INSERT INTO " + jobs + " (" + column_list() + ") SELECT * FROM unnest(";
+    for (std::size_t k = 0; k < column_count; ++k)
+      insert_sql += (k ? ", $" : "$") + std::to_string(k + 1) + "::" + types[k] + "[]";
+    insert_sql += ") ON CONFLICT (key) DO NOTHING RETURNING key";
+    update_sql = "UPDATE " + jobs + " AS j SET ";
+    std::string names = "key", arrays = "$1::text[]";
+    for (std::size_t k = first_mutable; k < column_count; ++k) {
+      update_sql += std::string(k == first_mutable ? "" : ", ") + columns[k] + " = v." + columns[k];
+      names += std::string(", ") + columns[k];
+      arrays += ", $" + std::to_string(k - first_mutable + 2) + "::" + types[k] + "[]";
+    }
+    update_sql += " FROM unnest(" + arrays + ") AS v(" + names + ") WHERE j.key = v.key";
     claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
   }
 
@@ -835,24 +886,16 @@ struct PostgresJobStore::Impl {
         if (batch[i].kind == Op::put) puts.emplace(batch[i].key, i);
       }
       if (!puts.empty()) {
-        std::string text = "INSERT INTO " + jobs + " (" + column_list() + ") VALUES ";
-        Params params;
-        params.reserve(puts.size() * column_count);
-        std::size_t n = 0;
+        Columns values(column_count);
         for (const auto& [key, i] : puts) {
           Entry e;
           e.s = job_state::created(batch[i].job, batch[i].lease);
-          Params p = row_params(e.s, std::nullopt);
-          text += n++ ? ",(" : "(";
-          for (std::size_t k = 0; k < column_count; ++k) {
-            text += (k ? ",$" : "$") + std::to_string(params.size() + 1);
-            params.push_back(std::move(p[k]));
-          }
-          text += ")";
+          values.add(row_params(e.s, std::nullopt), 0);
           e.inserted_by = i;
           rows.emplace(key, std::move(e));
         }
-        text += " ON CONFLICT (key) DO NOTHING RETURNING key";
+        const std::string& text = insert_sql;
+        const Params params = values.arrays();
         Result r = c.exec(text, params);
         std::map<std::string, bool> inserted;
         for (int row = 0; row < PQntuples(r.get()); ++row)
@@ -895,13 +938,7 @@ struct PostgresJobStore::Impl {
         if (e.dirty) dirty.emplace_back(&key, &e);
       }
       if (!dirty.empty()) {
-        std::string text = "UPDATE " + jobs + " AS j SET ";
-        for (std::size_t k = first_mutable; k < column_count; ++k) {
-          text += std::string(k == first_mutable ? "" : ", ") + columns[k] + " = v." + columns[k];
-        }
-        text += " FROM (VALUES ";
-        Params params;
-        std::size_t n = 0;
+        Columns values(1 + column_count - first_mutable);
         for (auto& [key, e] : dirty) {
           const bool was_finished = e->finished_ms.has_value();
           if (job_state::is_finished(e->s.record)) {
@@ -910,19 +947,11 @@ struct PostgresJobStore::Impl {
             e->finished_ms.reset();
           }
           Params p = row_params(e->s, e->finished_ms);
-          text += n++ ? ",(" : "(";
-          text += "$" + std::to_string(params.size() + 1) + "::text";
-          params.push_back(*key);
-          for (std::size_t k = first_mutable; k < column_count; ++k) {
-            text += ",$" + std::to_string(params.size() + 1) + "::" + types[k];
-            params.push_back(std::move(p[k]));
-          }
-          text += ")";
+          p[first_mutable - 1] = *key;  // (the key goes first: in the column before mver)
+          values.add(std::move(p), first_mutable - 1);
         }
-        text += ") AS v(key";
-        for (std::size_t k = first_mutable; k < column_count; ++k)
-          text += std::string(", ") + columns[k];
-        text += ") WHERE j.key = v.key";
+        const std::string& text = update_sql;
+        const Params params = values.arrays();
         c.exec(text, params);
       }
       c.exec_simple("COMMIT");
@@ -1397,8 +1426,20 @@ std::optional<QueueStats> PostgresJobStore::queue_stats() const {
   impl_->wait_for_marks();
   return impl_->with_connection([&](Connection& c) {
     QueueStats stats;
-    Result r = c.exec("SELECT status, priority, count(*), min(created_ms) FROM " + impl_->jobs +
-                      " WHERE job_due_ms IS NOT NULL GROUP BY status, priority ORDER BY priority");
+    // One statement over the three partial indexes (the unfinished jobs, the callbacks owed, the
+    // given up): never a scan of the whole table, whatever its statistics say at the moment (the
+    // planner preferred one while a load was changing most rows, and then each /metrics cost a
+    // scan of every job kept). Its own short transaction, so that the setting ends with it.
+    Result r = c.exec_simple(
+        "BEGIN; SET LOCAL enable_seqscan = off; SELECT status, priority, count(*), "
+        "min(created_ms) FROM " +
+        impl_->jobs +
+        " WHERE job_due_ms IS NOT NULL GROUP BY status, priority UNION ALL SELECT '#callbacks', 0,"
+        " count(*), 0 FROM " +
+        impl_->jobs +
+        " WHERE cb_due_ms IS NOT NULL UNION ALL SELECT"
+        " '#failed', 0, count(*), 0 FROM " +
+        impl_->jobs + " WHERE cb_state = 'failed'; COMMIT");
     for (int row = 0; row < PQntuples(r.get()); ++row) {
       const std::string status = text_at(r.get(), row, 0);
       const auto n = static_cast<std::size_t>(int_at(r.get(), row, 2));
@@ -1409,13 +1450,13 @@ std::optional<QueueStats> PostgresJobStore::queue_stats() const {
         if (!stats.oldest_queued || oldest < *stats.oldest_queued) stats.oldest_queued = oldest;
       } else if (status == "running") {
         stats.running += n;
+      } else if (status == "#callbacks") {
+        stats.callbacks_waiting = n;
+      } else if (status == "#failed") {
+        stats.callbacks_failed = n;
       }
     }
-    Result cb = c.exec("SELECT (SELECT count(*) FROM " + impl_->jobs +
-                       " WHERE cb_due_ms IS NOT NULL), (SELECT count(*) FROM " + impl_->jobs +
-                       " WHERE cb_state = 'failed')");
-    stats.callbacks_waiting = static_cast<std::size_t>(int_at(cb.get(), 0, 0));
-    stats.callbacks_failed = static_cast<std::size_t>(int_at(cb.get(), 0, 1));
+    std::sort(stats.queued_by_priority.begin(), stats.queued_by_priority.end());
     return std::optional<QueueStats>(stats);
   });
 }
