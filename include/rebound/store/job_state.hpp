@@ -1,8 +1,9 @@
 // The state rules of a stored job, written once: what each JobStore call does to one job, as pure
 // functions over a StoredJob (no I/O, no clock of their own, no index). MemoryJobStore applies
-// them under its lock and keeps its indexes beside, and the differential test
-// (tests/test_store_differential.cpp) holds SQLite and Redis to the memory store's answers and
-// records after every step, so to these rules. Not yet applied by them directly: RedisJobStore
+// them under its lock and keeps its indexes beside; PostgresJobStore applies them to the rows its
+// writer's transaction locks. The differential test (tests/test_store_differential.cpp) holds
+// SQLite, Redis and PostgreSQL to the memory store's answers and records after every step, so to
+// these rules. Not yet applied by them directly: RedisJobStore
 // states the same rules in Lua (src/store/redis/*.lua, atomic inside Redis across servers, with one
 // lease field that is the job's until it is final and its callback's after), and SqliteJobStore as
 // SQL updates queued to its writer, with its leases in memory (docs/architecture.md says what
