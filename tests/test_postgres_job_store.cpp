@@ -6,6 +6,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,4 +166,83 @@ TEST_CASE("postgres store: a statement that waits too long is cancelled - the st
   holder.get();
   CHECK(store.put(job_named("c")) == PutOutcome::created);
   CHECK_FALSE(store.failure());
+}
+
+TEST_CASE("postgres store: a frozen database fails calls within the timeout - not forever") {
+  PostgresServer db;
+  auto options = options_for(db.uri());
+  options.statement_timeout = 1s;
+  PostgresJobStore store(options);
+  REQUIRE(store.put(job_named("before")) == PutOutcome::created);
+  db.pause();
+  const auto started = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(store.put(job_named("frozen")), rebound::StoreUnavailable);
+  CHECK_THROWS_AS(store.get("before"), rebound::StoreUnavailable);
+  CHECK(std::chrono::steady_clock::now() - started < 8s);  // (connecting again has 2 s too)
+  CHECK(store.failure());
+  db.resume();
+  std::optional<PutOutcome> put;
+  for (int i = 0; i < 50 && !put; ++i) {
+    try {
+      put = store.put(job_named("thawed"));
+    } catch (const rebound::StoreUnavailable&) {
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  CHECK(put == PutOutcome::created);
+  CHECK(store.get("before"));
+}
+
+TEST_CASE("postgres store: texts PostgreSQL refuses are stored replaced - never fail a batch") {
+  PostgresJobStore store(options_for(shared_postgres().uri(PostgresServer::fresh_schema())));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(job_named("bad"), Lease{"h", now + 30s}) == PutOutcome::created);
+  REQUIRE(store.put(job_named("good"), Lease{"h", now + 30s}) == PutOutcome::created);
+  // A model's error with a NUL and a byte that is not UTF-8, finished beside a healthy job.
+  const rebound::JobOutcome failed{JobStatus::failed, nullptr,
+                                   rebound::ErrorInfo{"model_error", std::string("a\0b\xff c", 6)}};
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  std::promise<bool> first, second;
+  store.async_finish_job("bad", "h", failed, std::nullopt, now, [&](std::exception_ptr e, bool v) {
+    if (e)
+      first.set_exception(e);
+    else
+      first.set_value(v);
+  });
+  store.async_finish_job("good", "h", ok, std::nullopt, now, [&](std::exception_ptr e, bool v) {
+    if (e)
+      second.set_exception(e);
+    else
+      second.set_value(v);
+  });
+  CHECK(first.get_future().get());
+  CHECK(second.get_future().get());
+  const auto bad = store.get("bad");
+  REQUIRE(bad);
+  REQUIRE(bad->outcome.error);
+  CHECK(bad->outcome.error->message ==
+        "a\xEF\xBF\xBD"
+        "b\xEF\xBF\xBD c");
+  CHECK(store.get("good")->status == JobStatus::succeeded);
+  // A read for a key PostgreSQL could not hold finds nothing, and the store is well.
+  CHECK_FALSE(store.get(std::string("\xff\0x", 3)));
+  CHECK_FALSE(store.failure());
+}
+
+TEST_CASE("postgres store: pruning keeps a job that is owed a callback again") {
+  auto options = options_for(shared_postgres().uri(PostgresServer::fresh_schema()));
+  PostgresJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(job_named("dead"), Lease{"h", now + 30s}) == PutOutcome::created);
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  REQUIRE(store.finish_job("dead", "h", ok, Lease{"cb", now + 30s}, now));
+  rebound::CallbackInfo given_up;
+  given_up.state = rebound::CallbackState::failed;
+  REQUIRE(store.record_attempt("dead", "cb", given_up, now));
+  REQUIRE(store.redeliver("dead", Lease{"cb2", now + 30s}, now) ==
+          rebound::RedeliverOutcome::redelivered);
+  CHECK(store.prune(now + 48h) == 0);
+  REQUIRE(store.get("dead"));
+  // The result written at the finish survives the attempts and the redelivery (not rewritten).
+  CHECK(store.get("dead")->outcome.result == nlohmann::json{{"y", 1}});
 }

@@ -740,15 +740,15 @@ int main(int argc, char** argv) {
     rebound::Server server(queue, server_options);
     const int bound = server.bind();
     if (const auto resumed = queue.telemetry().batch_stats().resumed) {
-      std::cout << "rebound-server: resumed " << resumed << " unfinished jobs from " << store_uri
-                << std::endl;
+      std::cout << "rebound-server: resumed " << resumed << " unfinished jobs from "
+                << rebound::redacted_store_uri(store_uri) << std::endl;
     }
     std::cout << "rebound-server " << rebound::version << " listening on " << host << ":" << bound
               << " ("
               << (model_repository.empty() && !multi_model ? "model " + queue.model()->name()
                                                            : serving)
-              << ", store " << store_uri << ", workers " << workers << ", batches up to "
-              << queue.telemetry().max_batch_size() << " within "
+              << ", store " << rebound::redacted_store_uri(store_uri) << ", workers " << workers
+              << ", batches up to " << queue.telemetry().max_batch_size() << " within "
               << queue.telemetry().max_queue_delay().count() / 1000.0 << " ms)" << std::endl;
     const int status = server.run_until_signal();
     if (status != 0) {
@@ -758,7 +758,7 @@ int main(int argc, char** argv) {
       } else {
         std::cerr << "rebound-server: jobs still in flight at the end of the drain stay in the "
                      "store ("
-                  << store_uri
+                  << rebound::redacted_store_uri(store_uri)
                   << "): they run again at the next start, or on another server of the store\n";
       }
     }

@@ -18,6 +18,7 @@
 
 #include "common/attempt_log.hpp"
 #include "rebound/detail/json.hpp"
+#include "rebound/detail/redact.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/job_state.hpp"
 
@@ -172,6 +173,54 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   return text;
 }
 
+// `text` as PostgreSQL's text can hold it: valid UTF-8 without NUL (either replaced by U+FFFD),
+// as dump_json writes JSON. Error messages, callback errors and trace headers come from models and
+// receivers: one byte the database refuses must not fail a whole transaction of other jobs.
+std::string clean(std::string text) {
+  const auto is_clean = [](const std::string& t) {
+    for (std::size_t i = 0; i < t.size();) {
+      const auto c = static_cast<unsigned char>(t[i]);
+      if (c == 0) return false;
+      std::size_t n = c < 0x80           ? 1
+                      : (c >> 5) == 0x6  ? 2
+                      : (c >> 4) == 0xE  ? 3
+                      : (c >> 3) == 0x1E ? 4
+                                         : 0;
+      if (n == 0 || i + n > t.size()) return false;
+      for (std::size_t k = 1; k < n; ++k) {
+        if ((static_cast<unsigned char>(t[i + k]) & 0xC0) != 0x80) return false;
+      }
+      if (n > 1) {
+        // Overlong forms, surrogates and code points past U+10FFFF.
+        std::uint32_t cp = c & (0xFF >> (n + 1));
+        for (std::size_t k = 1; k < n; ++k)
+          cp = (cp << 6) | (static_cast<unsigned char>(t[i + k]) & 0x3F);
+        if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+            (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+          return false;
+      }
+      i += n;
+    }
+    return true;
+  };
+  if (is_clean(text)) return text;
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    std::size_t n = 1;
+    const auto c = static_cast<unsigned char>(text[i]);
+    n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    const std::string piece = text.substr(i, n);
+    if (c != 0 && is_clean(piece)) {
+      out += piece;
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += 1;
+    }
+  }
+  return out;
+}
+
 // A Postgres array literal of texts: {"a","b\"c"}.
 std::string text_array(const std::vector<std::string>& values) {
   std::string out = "{";
@@ -260,16 +309,25 @@ class Connection {
   // server between transactions).
   Result exec(const std::string& sql, const Params& params = {}) {
     open();
+    // Every text made storable (clean): what a model, a receiver or a caller put in an error, a
+    // header or an id is stored with U+FFFD for what PostgreSQL refuses (a NUL, bytes that are
+    // not UTF-8), and a read for such a key finds nothing rather than failing.
+    std::vector<std::string> texts;
+    texts.reserve(params.size());
     std::vector<const char*> values;
     values.reserve(params.size());
     for (const auto& p : params)
-      values.push_back(p ? p->c_str() : nullptr);
+      texts.push_back(p ? clean(*p) : std::string());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      values.push_back(params[i] ? texts[i].c_str() : nullptr);
     Busy busy(*this);
+    const auto deadline = Clock::now() + timeout_;
     if (!PQsendQueryParams(pg_, sql.c_str(), static_cast<int>(values.size()), nullptr,
                            values.data(), nullptr, nullptr, 0)) {
       fail("cannot send");
     }
-    return collect();
+    flush(deadline);
+    return collect(deadline);
   }
 
   // Runs statements without parameters, several at once ("BEGIN; SET LOCAL ..."): the simple
@@ -277,8 +335,10 @@ class Connection {
   Result exec_simple(const std::string& sql) {
     open();
     Busy busy(*this);
+    const auto deadline = Clock::now() + timeout_;
     if (!PQsendQuery(pg_, sql.c_str())) fail("cannot send");
-    return collect();
+    flush(deadline);
+    return collect(deadline);
   }
 
   void close() {
@@ -311,6 +371,38 @@ class Connection {
     // The server's notices ("... already exists, skipping") are not for the process's stderr.
     PQsetNoticeProcessor(
         pg_, [](void*, const char*) {}, nullptr);
+    // Sending never blocks either: a statement larger than the socket's buffer is written as the
+    // server reads it, within the statement's deadline (flush).
+    if (PQsetnonblocking(pg_, 1) != 0) fail("cannot make the connection non-blocking");
+  }
+
+  // Waits for `events` on the socket until `deadline`; past it the connection is closed (no
+  // cancel request: that would be a new connection to a server that may not answer it either)
+  // and the call fails. The server ends a transaction's statement by itself (SET LOCAL
+  // statement_timeout, and idle_in_transaction_session_timeout once the client is gone).
+  void wait_for(short events, Clock::time_point deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      close();
+      throw StoreUnavailable("postgres job store: no answer within " +
+                             std::to_string(timeout_.count()) + " ms (connection closed)");
+    }
+    pollfd fd{PQsocket(pg_), events, 0};
+    const int ready = ::poll(&fd, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (ready < 0 && errno != EINTR) fail("poll");
+    if (ready > 0 && (fd.revents & (POLLIN | POLLERR | POLLHUP)) && !PQconsumeInput(pg_))
+      fail("connection lost");
+  }
+
+  // Writes what libpq holds of the statement sent.
+  void flush(Clock::time_point deadline) {
+    for (;;) {
+      const int left = PQflush(pg_);
+      if (left == 0) return;
+      if (left < 0) fail("cannot send");
+      wait_for(POLLOUT | POLLIN, deadline);
+    }
   }
 
   [[noreturn]] void fail(const std::string& what) {
@@ -321,29 +413,12 @@ class Connection {
 
   // Reads every result of the statement(s) sent, waiting at most the timeout; the last result
   // that carries rows (or the last) is answered, the first error thrown.
-  Result collect() {
-    const auto deadline = Clock::now() + timeout_;
+  Result collect(Clock::time_point deadline) {
     Result answer;
     std::string error;
     for (;;) {
-      while (PQisBusy(pg_)) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        if (left <= 0) {
-          if (PGcancel* cancel = PQgetCancel(pg_)) {
-            char buffer[256];
-            PQcancel(cancel, buffer, sizeof buffer);
-            PQfreeCancel(cancel);
-          }
-          close();
-          throw StoreUnavailable("postgres job store: no answer within " +
-                                 std::to_string(timeout_.count()) + " ms (cancelled)");
-        }
-        pollfd fd{PQsocket(pg_), POLLIN, 0};
-        const int ready = ::poll(&fd, 1, static_cast<int>(std::min<long long>(left, 1000)));
-        if (ready < 0 && errno != EINTR) fail("poll");
-        if (ready > 0 && !PQconsumeInput(pg_)) fail("connection lost");
-      }
+      while (PQisBusy(pg_))
+        wait_for(POLLIN, deadline);
       Result r(PQgetResult(pg_));
       if (!r) break;
       const auto status = PQresultStatus(r.get());
@@ -555,7 +630,7 @@ std::optional<std::string> tenant_of_prefix(const std::string& prefix) {
 
 PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
   const bool ok = uri.rfind("postgresql://", 0) == 0 || uri.rfind("postgres://", 0) == 0;
-  if (!ok) throw Error("store '" + std::string(uri) + "': not a postgresql:// URI");
+  if (!ok) throw Error("store '" + detail::redacted_uri(uri) + "': not a postgresql:// URI");
   PostgresJobStoreOptions options;
   std::string rest(uri);
   const auto q = rest.find('?');
@@ -578,7 +653,7 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
     if (!kept.empty()) rest += "?" + kept;
   }
   if (!valid_schema(options.schema)) {
-    throw Error("store '" + std::string(uri) +
+    throw Error("store '" + detail::redacted_uri(uri) +
                 "': schema must be 1 to 63 letters, digits or '_', not starting with a digit");
   }
   options.conninfo = rest;
@@ -631,13 +706,21 @@ struct PostgresJobStore::Impl {
   std::unique_ptr<Connection> writer_connection;
   std::thread writer;
   std::atomic<std::size_t> commits{0};
-  Clock::time_point next_prune = Clock::now();
+  // The pruner.
+  std::unique_ptr<Connection> prune_connection;
+  std::thread pruner;
+  std::mutex prune_mutex;  // pruner_stopping
+  std::condition_variable prune_wake;
+  bool pruner_stopping = false;
+  std::mutex prune_run_mutex;  // one prune at a time (the thread's, or a caller's prune())
+  std::atomic<Clock::time_point> next_prune{Clock::now()};
 
   // The claims' statements.
   std::string claim_jobs_sql;
   std::string claim_callbacks_sql;
   std::string insert_sql;
   std::string update_sql;
+  std::string writer_select_sql;
 
   mutable std::mutex failure_mutex;
   mutable std::optional<std::string> failure;
@@ -657,9 +740,15 @@ struct PostgresJobStore::Impl {
     }
     schema = "\"" + options.schema + "\"";
     jobs = schema + ".jobs";
-    set_timeout =
-        "BEGIN; SET LOCAL statement_timeout = " + std::to_string(options.statement_timeout.count());
+    // Every transaction bounds its statements on the server too, and ends by itself when its
+    // client stops talking in the middle of it (a paused or cut-off server must not keep its
+    // rows locked until TCP gives up, which would hide them from every other server's claims).
+    const std::string ms = std::to_string(options.statement_timeout.count());
+    set_timeout = "BEGIN; SET LOCAL statement_timeout = " + ms +
+                  "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
+    if (options.connections == 0) options.connections = 1;
     writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout);
+    prune_connection = std::make_unique<Connection>(conninfo, options.statement_timeout);
     all.push_back(writer_connection.get());
     claim_jobs_sql = sql(claim_jobs_template) + column_list("j");
     // The writer's two writes: the new rows, and the rows changed (their columns from mver on).
@@ -670,11 +759,26 @@ struct PostgresJobStore::Impl {
     update_sql = "UPDATE " + jobs + " AS j SET ";
     std::string names = "key", arrays = "$1::text[]";
     for (std::size_t k = first_mutable; k < column_count; ++k) {
-      update_sql += std::string(k == first_mutable ? "" : ", ") + columns[k] + " = v." + columns[k];
-      names += std::string(", ") + columns[k];
+      const std::string c = columns[k];
+      update_sql +=
+          (k == first_mutable ? "" : ", ") + c + " = " +
+          (c == "result" ? "CASE WHEN v.result_set THEN v.result ELSE j.result END" : "v." + c);
+      names += ", " + c;
       arrays += ", $" + std::to_string(k - first_mutable + 2) + "::" + types[k] + "[]";
     }
+    names += ", result_set";
+    arrays += ", $" + std::to_string(column_count - first_mutable + 2) + "::boolean[]";
     update_sql += " FROM unnest(" + arrays + ") AS v(" + names + ") WHERE j.key = v.key";
+    // The writer's read: input only for the keys of $2, result never.
+    writer_select_sql = "SELECT ";
+    for (std::size_t k = 0; k < column_count; ++k) {
+      const std::string c = columns[k];
+      writer_select_sql +=
+          (k ? ", " : "") + (c == "input"    ? "CASE WHEN key = ANY($2::text[]) THEN input END"
+                             : c == "result" ? std::string("NULL")
+                                             : c);
+    }
+    writer_select_sql += " FROM " + jobs + " WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE";
     claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
   }
 
@@ -758,10 +862,11 @@ struct PostgresJobStore::Impl {
 
   void enqueue(Op op) {
     {
-      std::lock_guard<std::mutex> lock(write_mutex);
+      std::unique_lock<std::mutex> lock(write_mutex);
       if (stopping) {
+        lock.unlock();
         auto error = std::make_exception_ptr(StoreUnavailable("postgres job store: closed"));
-        if (op.done) op.done(error, 0);
+        answer(op, error, 0);
         return;
       }
       op.seq = ++enqueued;
@@ -796,24 +901,38 @@ struct PostgresJobStore::Impl {
     return future.get();
   }
 
+  // Calls an op's `done`, which must not throw (one that does is not the store's failure, and
+  // must not cost the rest of its batch their answers).
+  static void answer(Op& op, std::exception_ptr error, int value) noexcept {
+    if (!op.done) return;
+    try {
+      op.done(error, value);
+    } catch (...) {
+    }
+  }
+
+  // The bytes a put brings to its transaction, about (its input and texts): a batch stops short of
+  // 64 MiB of them, far below the 1 GiB a statement may hold.
+  static std::size_t put_bytes(const Op& op) {
+    return op.kind == Op::put ? detail::json_footprint(op.job.input) + op.job.callback_url.size() +
+                                    op.key.size() + 256
+                              : 64;
+  }
+
   void run_writer() {
     std::unique_lock<std::mutex> lock(write_mutex);
     for (;;) {
-      write_wanted.wait_until(lock, next_prune_system(), [&] {
-        return stopping || !pending.empty() || Clock::now() >= next_prune;
-      });
+      write_wanted.wait(lock, [&] { return stopping || !pending.empty(); });
       if (pending.empty() && stopping) return;
-      if (pending.empty()) {
-        lock.unlock();
-        prune_now(wall_ms());
-        lock.lock();
-        continue;
-      }
       std::deque<Op> batch;
-      while (!pending.empty() && batch.size() < options.max_batch) {
+      std::size_t bytes = 0;
+      while (!pending.empty() && batch.size() < options.max_batch &&
+             (batch.empty() || bytes + put_bytes(pending.front()) <= (std::size_t{64} << 20))) {
+        bytes += put_bytes(pending.front());
         batch.push_back(std::move(pending.front()));
         pending.pop_front();
       }
+      const bool closing = stopping;
       lock.unlock();
       std::exception_ptr error;
       std::vector<int> answers;
@@ -836,11 +955,11 @@ struct PostgresJobStore::Impl {
           if (it->kind == Op::mark && pending.size() < 100000) pending.push_front(std::move(*it));
         }
         lock.unlock();
-        if (!stopping) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!closing) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       for (std::size_t i = 0; i < batch.size(); ++i) {
         if (batch[i].kind == Op::mark && error) continue;
-        if (batch[i].done) batch[i].done(error, error ? 0 : answers[i]);
+        answer(batch[i], error, error ? 0 : answers[i]);
       }
       lock.lock();
       for (const Op& op : batch)
@@ -848,26 +967,22 @@ struct PostgresJobStore::Impl {
       marks_written.notify_all();
       if (stopping && error) {
         // Closing on a failing database: what is left cannot be written.
-        for (Op& op : pending) {
-          if (op.done) op.done(error, 0);
-        }
+        std::deque<Op> left = std::move(pending);
         pending.clear();
+        lock.unlock();
+        for (Op& op : left)
+          answer(op, error, 0);
         return;
       }
     }
   }
 
-  std::chrono::system_clock::time_point next_prune_system() const {
-    const auto left = next_prune - Clock::now();
-    return std::chrono::system_clock::now() +
-           std::chrono::duration_cast<std::chrono::system_clock::duration>(left);
-  }
-
   struct Entry {
     StoredJob s;
     std::optional<std::int64_t> finished_ms;
-    bool exists = false;  // a row in the table (loaded, or inserted by this transaction)
-    bool dirty = false;   // to be written
+    bool exists = false;      // a row in the table (loaded, or inserted by this transaction)
+    bool dirty = false;       // to be written
+    bool result_set = false;  // its result written by an op (else the stored one stays: not read)
     std::size_t inserted_by = SIZE_MAX;  // the put that inserted it in this transaction
   };
 
@@ -885,41 +1000,38 @@ struct PostgresJobStore::Impl {
       for (std::size_t i = 0; i < batch.size(); ++i) {
         if (batch[i].kind == Op::put) puts.emplace(batch[i].key, i);
       }
-      if (!puts.empty()) {
+      // Inserts the rows of `wanted` (key -> its first put); those inserted join `rows`, the
+      // others (taken already) are answered by the row read below.
+      const auto insert = [&](const std::map<std::string, std::size_t>& wanted) {
         Columns values(column_count);
-        for (const auto& [key, i] : puts) {
+        for (const auto& [key, i] : wanted)
+          values.add(row_params(job_state::created(batch[i].job, batch[i].lease), std::nullopt), 0);
+        Result r = c.exec(insert_sql, values.arrays());
+        for (int row = 0; row < PQntuples(r.get()); ++row) {
+          const auto i = wanted.at(text_at(r.get(), row, 0));
           Entry e;
           e.s = job_state::created(batch[i].job, batch[i].lease);
-          values.add(row_params(e.s, std::nullopt), 0);
+          e.exists = true;
           e.inserted_by = i;
-          rows.emplace(key, std::move(e));
+          rows.emplace(batch[i].key, std::move(e));
         }
-        const std::string& text = insert_sql;
-        const Params params = values.arrays();
-        Result r = c.exec(text, params);
-        std::map<std::string, bool> inserted;
-        for (int row = 0; row < PQntuples(r.get()); ++row)
-          inserted[text_at(r.get(), row, 0)] = true;
-        for (auto it = rows.begin(); it != rows.end();) {
-          if (inserted.count(it->first)) {
-            it->second.exists = true;
-            ++it;
-          } else {
-            it = rows.erase(it);  // taken already: read below
-          }
+      };
+      if (!puts.empty()) insert(puts);
+      // 2. The rows the rest touch, locked for this transaction. Their input is read only where a
+      // put must compare its request with the stored one, their result never (an op that ends
+      // the job writes one; the others leave it as stored): a renewal or an attempt does not move
+      // a job's input or result through the connection, nor rewrite the result.
+      for (int pass = 0; pass < 3; ++pass) {
+        std::vector<std::string> keys, compared;
+        for (const Op& op : batch) {
+          if (rows.count(op.key)) continue;
+          keys.push_back(op.key);
+          if (op.kind == Op::put) compared.push_back(op.key);
         }
-      }
-      // 2. The rows the rest touch, locked for this transaction.
-      std::vector<std::string> keys;
-      for (const Op& op : batch) {
-        if (!rows.count(op.key)) keys.push_back(op.key);
-      }
-      std::sort(keys.begin(), keys.end());
-      keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-      if (!keys.empty()) {
-        Result r = c.exec("SELECT " + column_list() + " FROM " + jobs +
-                              " WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE",
-                          {text_array(keys)});
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        if (keys.empty()) break;
+        Result r = c.exec(writer_select_sql, {text_array(keys), text_array(compared)});
         for (int row = 0; row < PQntuples(r.get()); ++row) {
           Row read = read_row(r.get(), row);
           Entry e;
@@ -928,6 +1040,14 @@ struct PostgresJobStore::Impl {
           e.exists = true;
           rows.emplace(text_at(r.get(), row, 0), std::move(e));
         }
+        // A put whose key was taken when it was inserted, and deleted (pruned) before it was
+        // read: inserted again.
+        std::map<std::string, std::size_t> again;
+        for (const auto& [key, i] : puts) {
+          if (!rows.count(key)) again.emplace(key, i);
+        }
+        if (again.empty()) break;
+        insert(again);
       }
       // 3. The rules.
       for (std::size_t i = 0; i < batch.size(); ++i)
@@ -938,7 +1058,7 @@ struct PostgresJobStore::Impl {
         if (e.dirty) dirty.emplace_back(&key, &e);
       }
       if (!dirty.empty()) {
-        Columns values(1 + column_count - first_mutable);
+        Columns values(2 + column_count - first_mutable);
         for (auto& [key, e] : dirty) {
           const bool was_finished = e->finished_ms.has_value();
           if (job_state::is_finished(e->s.record)) {
@@ -948,6 +1068,7 @@ struct PostgresJobStore::Impl {
           }
           Params p = row_params(e->s, e->finished_ms);
           p[first_mutable - 1] = *key;  // (the key goes first: in the column before mver)
+          p.emplace_back(e->result_set ? "t" : "f");
           values.add(std::move(p), first_mutable - 1);
         }
         const std::string& text = update_sql;
@@ -970,6 +1091,8 @@ struct PostgresJobStore::Impl {
   int apply(Op& op, std::size_t index, std::map<std::string, Entry>& rows) {
     auto it = rows.find(op.key);
     Entry* e = it == rows.end() ? nullptr : &it->second;
+    // A job put later in this batch is not there yet for the ops queued before its put.
+    if (e && e->inserted_by != SIZE_MAX && index < e->inserted_by) e = nullptr;
     switch (op.kind) {
       case Op::put:
         if (!e) return static_cast<int>(PutOutcome::conflict);  // (cannot happen: read above)
@@ -983,6 +1106,7 @@ struct PostgresJobStore::Impl {
                                      wants_callback(e->s) ? op.lease : std::nullopt, op.now))
           return 0;
         e->dirty = true;
+        e->result_set = true;
         return 1;
       case Op::attempt:
         if (!e || !job_state::record_attempt(e->s, op.holder, op.callback, op.now, op.attempt_made))
@@ -999,7 +1123,7 @@ struct PostgresJobStore::Impl {
       case Op::cancel: {
         if (!e) return static_cast<int>(CancelOutcome::not_found);
         const auto answer = job_state::cancel(e->s, op.outcome, op.now);
-        if (answer == CancelOutcome::cancelled) e->dirty = true;
+        if (answer == CancelOutcome::cancelled) e->dirty = e->result_set = true;
         return static_cast<int>(answer);
       }
       case Op::redeliver: {
@@ -1011,7 +1135,7 @@ struct PostgresJobStore::Impl {
       case Op::complete:
         if (e) {
           job_state::complete(e->s, op.outcome);
-          e->dirty = true;
+          e->dirty = e->result_set = true;
         }
         return 0;
       case Op::set_callback:
@@ -1138,34 +1262,54 @@ struct PostgresJobStore::Impl {
     return where + "left(key, length(" + p + ")) = " + p;
   }
 
-  std::size_t prune_now(std::int64_t now_ms) {
-    {
-      std::lock_guard<std::mutex> lock(write_mutex);
-      next_prune = Clock::now() + options.prune_interval;
+  // The pruner: a thread and a connection of its own, so that a busy writer never starves it and
+  // a prune never holds a write back.
+  void run_pruner() {
+    std::unique_lock<std::mutex> lock(prune_mutex);
+    for (;;) {
+      prune_wake.wait_until(lock, std::chrono::system_clock::now() + until_prune(),
+                            [&] { return pruner_stopping || Clock::now() >= next_prune.load(); });
+      if (pruner_stopping) return;
+      lock.unlock();
+      prune_now(wall_ms());
+      lock.lock();
     }
-    if (options.retention.count() == 0) return 0;
-    const std::int64_t cutoff =
-        now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count();
+  }
+
+  std::chrono::system_clock::duration until_prune() const {
+    return std::chrono::duration_cast<std::chrono::system_clock::duration>(next_prune.load() -
+                                                                           Clock::now());
+  }
+
+  // Deletes the jobs finished before now - retention, 1,000 rows a transaction for as long as
+  // there are full batches, and the servers not seen for an hour. A row locked by a write under
+  // way is skipped (never waited for: no deadlock with a writer), and one that became unfinished
+  // in between (a redelivery) is kept: the condition is checked again on the row deleted.
+  std::size_t prune_now(std::int64_t now_ms) {
+    std::lock_guard<std::mutex> one_at_a_time(prune_run_mutex);
+    next_prune = Clock::now() + options.prune_interval;
     std::size_t deleted = 0;
     try {
-      // Batches of 1,000, each its own transaction; at most 100 a run.
-      for (int round = 0; round < 100; ++round) {
-        const std::size_t n = with_connection([&](Connection& c) {
-          Result r = c.exec("DELETE FROM " + jobs + " WHERE key IN (SELECT key FROM " + jobs +
-                                " WHERE finished_ms < $1 ORDER BY finished_ms LIMIT 1000)",
-                            {std::to_string(cutoff)});
-          return static_cast<std::size_t>(std::strtoull(PQcmdTuples(r.get()), nullptr, 10));
-        });
-        deleted += n;
-        if (n < 1000) break;
+      if (options.retention.count() > 0) {
+        const std::int64_t cutoff =
+            now_ms -
+            std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count();
+        const std::string text = "DELETE FROM " + jobs + " WHERE key IN (SELECT key FROM " + jobs +
+                                 " WHERE finished_ms < $1 ORDER BY finished_ms LIMIT 1000"
+                                 " FOR UPDATE SKIP LOCKED) AND finished_ms < $1";
+        for (;;) {
+          Result r = prune_connection->exec(text, {std::to_string(cutoff)});
+          const auto n = static_cast<std::size_t>(std::strtoull(PQcmdTuples(r.get()), nullptr, 10));
+          deleted += n;
+          if (n < 1000) break;
+          std::lock_guard<std::mutex> lock(prune_mutex);
+          if (pruner_stopping) break;
+        }
       }
-      with_connection([&](Connection& c) {
-        c.exec("DELETE FROM " + schema + ".servers WHERE seen_ms < $1",
-               {std::to_string(now_ms - 3600 * 1000)});
-        return 0;
-      });
+      prune_connection->exec("DELETE FROM " + schema + ".servers WHERE seen_ms < $1",
+                             {std::to_string(now_ms - 3600 * 1000)});
     } catch (const StoreUnavailable&) {
-      // (noted; the next run tries again)
+      // (the next run tries again; the calls that fail meanwhile say so)
     }
     return deleted;
   }
@@ -1186,6 +1330,7 @@ PostgresJobStore::PostgresJobStore(PostgresJobStoreOptions options)
   impl_->next_prune =
       Clock::now() + std::min<Clock::duration>(o.prune_interval, std::chrono::seconds(5));
   impl_->writer = std::thread([this] { impl_->run_writer(); });
+  impl_->pruner = std::thread([this] { impl_->run_pruner(); });
 }
 
 PostgresJobStore::~PostgresJobStore() {
@@ -1195,6 +1340,12 @@ PostgresJobStore::~PostgresJobStore() {
   }
   impl_->write_wanted.notify_all();
   if (impl_->writer.joinable()) impl_->writer.join();
+  {
+    std::lock_guard<std::mutex> lock(impl_->prune_mutex);
+    impl_->pruner_stopping = true;
+  }
+  impl_->prune_wake.notify_all();
+  if (impl_->pruner.joinable()) impl_->pruner.join();
 }
 
 PutOutcome PostgresJobStore::put(const Job& job, const std::optional<Lease>& claim) {

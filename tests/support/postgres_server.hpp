@@ -11,8 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "support/temp_dir.hpp"
@@ -68,6 +73,11 @@ class PostgresServer {
     running_ = false;
   }
 
+  /// Freezes it (SIGSTOP to the postmaster and every process it started: connections stay open,
+  /// nothing answers), and thaws it again.
+  void pause() { signal_all(SIGSTOP); }
+  void resume() { signal_all(SIGCONT); }
+
   /// Runs SQL with psql and answers what it printed (tuples only, unaligned).
   std::string psql(const std::string& sql) const {
     const std::string out = dir_.file("psql.out");
@@ -95,6 +105,29 @@ class PostgresServer {
  private:
   std::string data() const { return dir_.file("data"); }
   int run(const std::string& command) const { return std::system((as_ + command).c_str()); }
+
+  // The postmaster (its pid file's first line) and its children, by their ids.
+  void signal_all(int signal) const {
+    std::ifstream pid_file(data() + "/postmaster.pid");
+    pid_t postmaster = 0;
+    pid_file >> postmaster;
+    REQUIRE(postmaster > 0);
+    ::kill(postmaster, signal);
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      const auto close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(line.substr(close + 2));
+      std::string state;
+      pid_t parent = 0;
+      rest >> state >> parent;
+      if (parent == postmaster) ::kill(std::stoi(name), signal);
+    }
+  }
 
   static int free_port() {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);

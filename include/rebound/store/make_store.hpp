@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "rebound/detail/redact.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/job_store.hpp"
 #include "rebound/store/memory_job_store.hpp"
@@ -60,6 +61,12 @@ struct StoreSettings {
 #define REBOUND_DETAIL_STORES                                                         \
   REBOUND_DETAIL_CAT(stores_memory, REBOUND_DETAIL_STORES_S, REBOUND_DETAIL_STORES_R, \
                      REBOUND_DETAIL_STORES_P)
+/// `uri` as a log line or an error may show it: a password in it ("user:secret@") replaced by
+/// "***". rebound-server prints its store this way.
+inline std::string redacted_store_uri(std::string_view uri) {
+  return detail::redacted_uri(uri);
+}
+
 inline namespace REBOUND_DETAIL_STORES {
 
 /// Makes a JobStore from a URI:
@@ -87,14 +94,15 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
   constexpr std::string_view sqlite = "sqlite:";
   if (uri.substr(0, sqlite.size()) == sqlite) {
     if (uri.size() == sqlite.size()) {
-      throw Error("store '" + std::string(uri) + "': sqlite needs a path, e.g. sqlite:jobs.db");
+      throw Error("store '" + detail::redacted_uri(uri) +
+                  "': sqlite needs a path, e.g. sqlite:jobs.db");
     }
 #if defined(REBOUND_HAS_SQLITE)
     SqliteJobStoreOptions options;
     options.retention = settings.retention;
     return std::make_unique<SqliteJobStore>(std::string(uri.substr(sqlite.size())), options);
 #else
-    throw Error("store '" + std::string(uri) +
+    throw Error("store '" + detail::redacted_uri(uri) +
                 "': this program has no SQLite support (link rebound::sqlite)");
 #endif
   }
@@ -105,7 +113,7 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
     if (settings.redis_password) options.password = *settings.redis_password;
     return std::make_unique<RedisJobStore>(options);
 #else
-    throw Error("store '" + std::string(uri) +
+    throw Error("store '" + detail::redacted_uri(uri) +
                 "': this program has no Redis support (link rebound::redis)");
 #endif
   }
@@ -115,11 +123,11 @@ inline std::unique_ptr<JobStore> make_store(std::string_view uri,
     options.retention = settings.retention;
     return std::make_unique<PostgresJobStore>(options);
 #else
-    throw Error("store '" + std::string(uri) +
+    throw Error("store '" + detail::redacted_uri(uri) +
                 "': this program has no PostgreSQL support (link rebound::postgres)");
 #endif
   }
-  throw Error("unsupported store '" + std::string(uri) +
+  throw Error("unsupported store '" + detail::redacted_uri(uri) +
               "': use memory, sqlite:<path>, redis://host[:port][/db][?prefix=name][&replicas=N]"
               " or postgresql://[user@]host[:port]/db[?schema=name]");
 }

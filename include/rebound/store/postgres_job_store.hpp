@@ -25,12 +25,14 @@ struct PostgresJobStoreOptions {
   /// the same database are apart. Table names are written out with it in every statement: the
   /// store sets no `search_path` (no session state, so a pooler in transaction mode is fine).
   std::string schema = "rebound";
-  /// Connections opened at most for the calling threads; the writer thread has one more.
+  /// Connections opened at most for the calling threads (at least 1); the writer and the pruner
+  /// have one each more.
   std::size_t connections = 4;
-  /// The longest any statement may take, sent with every transaction (`SET LOCAL
-  /// statement_timeout`) and also kept by the client: a statement unanswered this long is
-  /// cancelled, its connection closed and the call fails (StoreUnavailable), so a hung database or
-  /// a cut connection never hangs a server's threads.
+  /// The longest any statement may take: kept by the client (a statement unanswered this long, in
+  /// sending or in waiting, has its connection closed and the call fails with StoreUnavailable, so
+  /// a hung database or a cut connection never holds a server's threads longer) and sent with
+  /// every transaction (`SET LOCAL statement_timeout` and `idle_in_transaction_session_timeout`:
+  /// the server ends the transaction of a client that went away, releasing its rows).
   std::chrono::milliseconds statement_timeout{5000};
   /// Finished jobs (final, callback delivered, given up or not wanted) are deleted this long after
   /// they finished, in batches of 1,000 rows, each its own short transaction. 0 keeps them.
@@ -39,7 +41,7 @@ struct PostgresJobStoreOptions {
   std::chrono::seconds prune_interval{std::chrono::minutes(1)};
   /// The writes of every calling thread (put, mark_running, finish_job, record_attempt, renew,
   /// cancel, redeliver) gather while the last transaction is out and go in one transaction of at
-  /// most this many (group commit: one WAL flush for all of them).
+  /// most this many, and about 64 MiB of new jobs (group commit: one WAL flush for all of them).
   std::size_t max_batch = 512;
 };
 
@@ -59,15 +61,17 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///   returns (and `async_put` answers) once its transaction is committed, so a 202 means the job
 ///   is stored; with a synchronous standby it survives a failover.
 /// - Claims are one statement each: the due rows, each tenant's by priority then due time, locked
-///   `FOR UPDATE SKIP LOCKED`, so servers claiming at once never wait for each other. Tenants take
-///   turns (job_state::claim_turns); the last tenant served is this process's, so with several
-///   servers each keeps its own turn.
+///   `FOR UPDATE SKIP LOCKED`, so servers claiming at once never wait for each other's rows.
+///   Tenants take turns (job_state::claim_turns) across every server: the tenant served last is
+///   one row of the schema, written only when it changes.
 /// - No session state: no `LISTEN`, no session advisory locks, no prepared statements, no `SET`
 ///   outside a transaction. The store works behind PgBouncer in transaction mode. The schema is
 ///   created or migrated at start under a transaction's advisory lock, so servers that start
 ///   together agree.
-/// - Finished jobs are deleted past the retention in small batches: no long transaction of the
-///   store's own holds back vacuum.
+/// - Finished jobs are deleted past the retention in small batches, by a thread and a connection
+///   of the store's own: no long transaction of the store's holds back vacuum.
+/// - Texts PostgreSQL cannot hold (a NUL, bytes that are not UTF-8: an error message a model
+///   wrote, a receiver's answer) are stored with U+FFFD in their place.
 ///
 /// Failures: a statement that fails or times out throws StoreUnavailable and `failure()` says why
 /// until a statement succeeds again (the JobQueue then refuses submissions, `/ping` answers 503,
