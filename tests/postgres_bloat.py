@@ -9,8 +9,8 @@ row version the snapshot might see, so the table grows meanwhile. Checked:
   once it ends (the backlog drains);
 - after it ends, vacuum (autovacuum, as shipped but for a short naptime) and the store's pruning
   (finished jobs deleted past --retention in small batches) bring the table's rows back to what
-  the retention keeps, and a second load as long as the first leaves the table no larger: the
-  space is reused, not added to.
+  the retention keeps, and a second load a third as long leaves the table no larger: the space is
+  reused, not added to (without vacuum it would grow by a third of what the first load added).
 
 Standard library only; loopback only; every process it starts is ended by its id.
 
@@ -95,14 +95,14 @@ with tempfile.TemporaryDirectory() as folder:
         if after[0] >= 2000 or after[1] >= 2000:
             fail(f"the rows did not return to what the retention keeps: {after}")
 
-        # A second load as long: the space freed is reused.
-        again, _ = run_load([server], results_url, "again", snapshot_s)
+        # A second load, a third as long (CI's time): the space freed is reused.
+        again, _ = run_load([server], results_url, "again", snapshot_s / 3)
         if wait_delivered(receiver, again, 120):
             fail("the second load's jobs were not all called back")
         final = settle(120)
-        print(f"after a second {snapshot_s:.0f} s load of {len(again)} jobs: rows, dead rows, "
+        print(f"after a second {snapshot_s / 3:.0f} s load of {len(again)} jobs: rows, dead rows, "
               f"bytes: {final}", flush=True)
-        if final[2] > during[2] * 1.1 + 1_000_000:
+        if final[2] > during[2] + (during[2] - warm[2]) / 6 + 1_000_000:
             fail(f"the table grew again ({during[2]} -> {final[2]} bytes): its space was not "
                  "reused")
         server.stop()
