@@ -201,3 +201,76 @@ def wait_delivered(receiver, ids, limit_s):
     return ids - receiver.delivered()
 
 
+def kill_rounds(servers, receiver, results_url, make_server, label, rounds):
+    """kill -9 of one server mid-load, `rounds` times (another each time), each replaced by
+    `make_server(name)`: every job any server answered 202 must be called back, and the others
+    must have taken over some of the killed one's work. `label` starts the jobs' ids."""
+    for r in range(rounds):
+        victim = r % len(servers)
+        before = sum(s.taken_over() for i, s in enumerate(servers) if i != victim)
+        accepted, refused = run_load(servers, results_url, f"{label}kill{r}", 0.7,
+                                     during=lambda: servers[victim].kill())
+        lost = wait_delivered(receiver, accepted, LEASE_S * 5 + 60)
+        taken = sum(s.taken_over() for i, s in enumerate(servers) if i != victim) - before
+        print(f"{label}round {r + 1}: killed {servers[victim].name}; accepted {len(accepted)}, "
+              f"taken over by the others {taken}, lost {len(lost)}", flush=True)
+        if not accepted:
+            for s in servers:
+                print(s.report(), end="")
+            fail(f"no job was accepted (refused: {sorted(set(refused))})")
+        if taken == 0:
+            fail("the killed server held no work the others took over: the round tested nothing")
+        if lost:
+            for s in servers:
+                print(s.report(), end="")
+            fail(f"{label}round {r + 1}: lost {len(lost)} accepted jobs, e.g. {sorted(lost)[:5]}")
+        servers[victim] = make_server(f"{label}s{victim}-again{r}")
+
+
+def across_servers(servers, receiver, results_url, failing_url, label):
+    """Through three servers of one store: a job one accepts is polled through another and
+    resubmitted (202) or contradicted (409) through a third; a callback given up is listed
+    through another and redelivered through a third."""
+    a, b, c = servers
+    job = f"{label}shared-1"
+    status, body = a.request("POST", "/v1/inferences",
+                             {"id": job, "callback_url": results_url, "input": {"x": 1}})
+    if status != 202:
+        fail(f"submission: {status} {body}")
+    if wait_delivered(receiver, {job}, 20):
+        fail(f"{job} was not called back")
+    status, body = b.request("GET", f"/v1/inferences/{job}")
+    if status != 200 or body["status"] != "succeeded" or body["result"] != "OK":
+        fail(f"poll through another server: {status} {body}")
+    status, body = c.request("POST", "/v1/inferences",
+                             {"id": job, "callback_url": results_url, "input": {"x": 1}})
+    if status != 202:
+        fail(f"resubmission through a third server: {status} {body}")
+    status, body = c.request("POST", "/v1/inferences",
+                             {"id": job, "callback_url": results_url, "input": {"x": 2}})
+    if status != 409:
+        fail(f"another request under a taken id through a third server: {status} {body}")
+    dead = f"{label}dead-1"
+    receiver.failing = True
+    status, body = a.request("POST", "/v1/inferences",
+                             {"id": dead, "callback_url": failing_url, "input": 1})
+    if status != 202:
+        fail(f"submission: {status} {body}")
+    deadline = time.time() + 30
+    listed = []
+    while time.time() < deadline:
+        status, body = b.request("GET", "/v1/inferences?callback_state=failed")
+        listed = [j["id"] for j in body.get("jobs", [])] if status == 200 else []
+        if dead in listed:
+            break
+        time.sleep(0.1)
+    if dead not in listed:
+        fail(f"the given-up callback is not listed through another server: {status} {body}")
+    receiver.failing = False
+    status, body = c.request("POST", f"/v1/inferences/{dead}/redeliver")
+    if status != 202:
+        fail(f"redelivery through a third server: {status} {body}")
+    if wait_delivered(receiver, {dead}, 20):
+        fail("the redelivered callback did not arrive")
+    print(f"{label}poll, resubmission, conflict, dead letter and redelivery through other "
+          "servers: ok", flush=True)

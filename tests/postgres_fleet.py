@@ -23,82 +23,13 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_support import (LEASE_S, Receiver, Server, fail, run_load,  # noqa: E402
-                           wait_delivered)
+from fleet_support import (LEASE_S, Receiver, Server, across_servers, fail,  # noqa: E402
+                           kill_rounds, run_load, wait_delivered)
 from pg_support import PgBouncer, Postgres, find_bindir  # noqa: E402
 
 server_bin = sys.argv[1]
 bindir = sys.argv[2] if len(sys.argv) > 2 else find_bindir()
 pgbouncer_bin = sys.argv[3] if len(sys.argv) > 3 else shutil.which("pgbouncer")
-
-
-def kill_rounds(servers, receiver, results_url, store, label, rounds):
-    for r in range(rounds):
-        victim = r % len(servers)
-        before = sum(s.taken_over() for i, s in enumerate(servers) if i != victim)
-        accepted, refused = run_load(servers, results_url, f"{label}kill{r}", 0.7,
-                                     during=lambda: servers[victim].kill())
-        lost = wait_delivered(receiver, accepted, LEASE_S * 5 + 60)
-        taken = sum(s.taken_over() for i, s in enumerate(servers) if i != victim) - before
-        print(f"{label}round {r + 1}: killed {servers[victim].name}; accepted {len(accepted)}, "
-              f"taken over by the others {taken}, lost {len(lost)}", flush=True)
-        if not accepted:
-            for s in servers:
-                print(s.report(), end="")
-            fail(f"no job was accepted (refused: {sorted(set(refused))})")
-        if taken == 0:
-            fail("the killed server held no work the others took over: the round tested nothing")
-        if lost:
-            for s in servers:
-                print(s.report(), end="")
-            fail(f"{label}round {r + 1}: lost {len(lost)} accepted jobs, e.g. {sorted(lost)[:5]}")
-        servers[victim] = Server(server_bin, f"{label}s{victim}-again{r}", store)
-
-
-def across_servers(servers, receiver, results_url, failing_url, label):
-    a, b, c = servers
-    job = f"{label}shared-1"
-    status, body = a.request("POST", "/v1/inferences",
-                             {"id": job, "callback_url": results_url, "input": {"x": 1}})
-    if status != 202:
-        fail(f"submission: {status} {body}")
-    if wait_delivered(receiver, {job}, 20):
-        fail(f"{job} was not called back")
-    status, body = b.request("GET", f"/v1/inferences/{job}")
-    if status != 200 or body["status"] != "succeeded" or body["result"] != "OK":
-        fail(f"poll through another server: {status} {body}")
-    status, body = c.request("POST", "/v1/inferences",
-                             {"id": job, "callback_url": results_url, "input": {"x": 1}})
-    if status != 202:
-        fail(f"resubmission through a third server: {status} {body}")
-    status, body = c.request("POST", "/v1/inferences",
-                             {"id": job, "callback_url": results_url, "input": {"x": 2}})
-    if status != 409:
-        fail(f"another request under a taken id through a third server: {status} {body}")
-    dead = f"{label}dead-1"
-    receiver.failing = True
-    status, body = a.request("POST", "/v1/inferences",
-                             {"id": dead, "callback_url": failing_url, "input": 1})
-    if status != 202:
-        fail(f"submission: {status} {body}")
-    deadline = time.time() + 30
-    listed = []
-    while time.time() < deadline:
-        status, body = b.request("GET", "/v1/inferences?callback_state=failed")
-        listed = [j["id"] for j in body.get("jobs", [])] if status == 200 else []
-        if dead in listed:
-            break
-        time.sleep(0.1)
-    if dead not in listed:
-        fail(f"the given-up callback is not listed through another server: {status} {body}")
-    receiver.failing = False
-    status, body = c.request("POST", f"/v1/inferences/{dead}/redeliver")
-    if status != 202:
-        fail(f"redelivery through a third server: {status} {body}")
-    if wait_delivered(receiver, {dead}, 20):
-        fail("the redelivered callback did not arrive")
-    print(f"{label}poll, resubmission, conflict, dead letter and redelivery through other "
-          "servers: ok", flush=True)
 
 
 with tempfile.TemporaryDirectory() as folder:
@@ -111,7 +42,8 @@ with tempfile.TemporaryDirectory() as folder:
     try:
         store = pg.uri("fleet")
         servers = [Server(server_bin, f"s{i}", store) for i in range(3)]
-        kill_rounds(servers, receiver, results_url, store, "", 2)
+        kill_rounds(servers, receiver, results_url,
+                    lambda name: Server(server_bin, name, store), "", 2)
         across_servers(servers, receiver, results_url, failing_url, "")
 
         # PostgreSQL crashed mid-load and started again.
@@ -161,7 +93,8 @@ with tempfile.TemporaryDirectory() as folder:
                 fail(f"pgbouncer's pool mode: {mode}")
             store = bouncer.uri("bounced")
             servers = [Server(server_bin, f"b{i}", store) for i in range(3)]
-            kill_rounds(servers, receiver, results_url, store, "pgb-", 1)
+            kill_rounds(servers, receiver, results_url,
+                        lambda name: Server(server_bin, name, store), "pgb-", 1)
             across_servers(servers, receiver, results_url, failing_url, "pgb-")
             for s in servers:
                 s.stop()

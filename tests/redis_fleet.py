@@ -24,8 +24,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_support import (LEASE_S, Receiver, Server as FleetServer, children, fail,  # noqa: E402
-                           free_port, run_load, wait_delivered)
+from fleet_support import (LEASE_S, Receiver, Server as FleetServer, across_servers,  # noqa: E402
+                           children, fail, free_port, kill_rounds, run_load, wait_delivered)
 
 server_bin, redis_bin = sys.argv[1], sys.argv[2]
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
@@ -75,67 +75,11 @@ with tempfile.TemporaryDirectory() as folder:
     servers = [Server(f"s{i}", redis.port) for i in range(3)]
 
     # 1. kill -9 of one server mid-load, ROUNDS times.
-    for r in range(rounds):
-        victim = r % 3
-        before = sum(s.taken_over() for i, s in enumerate(servers) if i != victim)
-        accepted, _ = run_load(servers, results_url, f"kill{r}", 0.7,
-                               during=lambda: servers[victim].kill())
-        lost = wait_delivered(receiver, accepted, LEASE_S * 5 + 60)
-        taken = sum(s.taken_over() for i, s in enumerate(servers) if i != victim) - before
-        print(f"round {r + 1}: killed {servers[victim].name}; accepted {len(accepted)}, "
-              f"taken over by the others {taken}, lost {len(lost)}")
-        if not accepted:
-            fail("no job was accepted")
-        if taken == 0:
-            fail("the killed server held no work the others took over: the round tested nothing")
-        if lost:
-            for s in servers:
-                print(s.report(), end="")
-            fail(f"round {r + 1}: lost {len(lost)} accepted jobs, e.g. {sorted(lost)[:5]}")
-        servers[victim] = Server(f"s{victim}-again{r}", redis.port)
+    kill_rounds(servers, receiver, results_url, lambda name: Server(name, redis.port), "", rounds)
 
     # 2. Any server answers for a job another accepted.
+    across_servers(servers, receiver, results_url, failing_url, "")
     a, b, c = servers
-    status, body = a.request("POST", "/v1/inferences",
-                             {"id": "shared-1", "callback_url": results_url, "input": {"x": 1}})
-    if status != 202:
-        fail(f"submission: {status} {body}")
-    if wait_delivered(receiver, {"shared-1"}, 20):
-        fail("shared-1 was not called back")
-    status, body = b.request("GET", "/v1/inferences/shared-1")
-    if status != 200 or body["status"] != "succeeded" or body["result"] != "OK":  # the sleep model answers "OK"
-        fail(f"poll through another server: {status} {body}")
-    status, body = c.request("POST", "/v1/inferences",
-                             {"id": "shared-1", "callback_url": results_url, "input": {"x": 1}})
-    if status != 202:
-        fail(f"resubmission through a third server: {status} {body}")
-    status, body = c.request("POST", "/v1/inferences",
-                             {"id": "shared-1", "callback_url": results_url, "input": {"x": 2}})
-    if status != 409:
-        fail(f"another request under a taken id through a third server: {status} {body}")
-    print("poll, resubmission and conflict through other servers: ok")
-
-    status, body = a.request("POST", "/v1/inferences",
-                             {"id": "dead-1", "callback_url": failing_url, "input": 1})
-    if status != 202:
-        fail(f"submission: {status} {body}")
-    deadline = time.time() + 30
-    listed = []
-    while time.time() < deadline:
-        status, body = b.request("GET", "/v1/inferences?callback_state=failed")
-        listed = [j["id"] for j in body.get("jobs", [])] if status == 200 else []
-        if "dead-1" in listed:
-            break
-        time.sleep(0.1)
-    if "dead-1" not in listed:
-        fail(f"the given-up callback is not listed through another server: {status} {body}")
-    receiver.failing = False
-    status, body = c.request("POST", "/v1/inferences/dead-1/redeliver")
-    if status != 202:
-        fail(f"redelivery through a third server: {status} {body}")
-    if wait_delivered(receiver, {"dead-1"}, 20):
-        fail("the redelivered callback did not arrive")
-    print("dead letter listed and redelivered through other servers: ok")
 
     # Cancel through another server, and priority: a backlog of priority 9 on server a (4 workers,
     # 10 ms a job: over a second of work), then an urgent job, then a victim at the very end.

@@ -886,10 +886,9 @@ struct PostgresJobStore::Impl {
                                 [&] { return self.written >= target || self.stopping; });
   }
 
-  // Enqueues `op` and waits for its answer.
-  int write_and_wait(Op op) {
+  // Makes `op` answer a future, and returns it.
+  static std::future<int> promised(Op& op) {
     auto promise = std::make_shared<std::promise<int>>();
-    auto future = promise->get_future();
     op.done = [promise](std::exception_ptr error, int answer) {
       if (error) {
         promise->set_exception(error);
@@ -897,8 +896,46 @@ struct PostgresJobStore::Impl {
         promise->set_value(answer);
       }
     };
+    return promise->get_future();
+  }
+
+  // Enqueues `op` and waits for its answer.
+  int write_and_wait(Op op) {
+    auto answer = promised(op);
     enqueue(std::move(op));
-    return future.get();
+    return answer.get();
+  }
+
+  // The ops of the calls that have a synchronous and an asynchronous form.
+  static Op put_op(const Job& job, const std::optional<Lease>& claim) {
+    Op op(Op::put, key_of(job));
+    op.job = job;
+    op.lease = claim;
+    return op;
+  }
+  static Op finish_op(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                      const std::optional<Lease>& deliver, TimePoint now) {
+    Op op(Op::finish, id);
+    op.holder = holder;
+    op.outcome = outcome;
+    op.lease = deliver;
+    op.now = now;
+    return op;
+  }
+  static Op attempt_op(const std::string& id, const std::string& holder, const CallbackInfo& after,
+                       TimePoint now, const std::optional<CallbackAttempt>& attempt) {
+    Op op(Op::attempt, id);
+    op.holder = holder;
+    op.callback = after;
+    op.now = now;
+    op.attempt_made = attempt;
+    return op;
+  }
+  static Op renew_op(const std::string& id, const Lease& lease, TimePoint now) {
+    Op op(Op::renew, id);
+    op.lease = lease;
+    op.now = now;
+    return op;
   }
 
   // Calls an op's `done`, which must not throw (one that does is not the store's failure, and
@@ -1349,16 +1386,11 @@ PostgresJobStore::~PostgresJobStore() {
 }
 
 PutOutcome PostgresJobStore::put(const Job& job, const std::optional<Lease>& claim) {
-  Impl::Op op(Impl::Op::put, key_of(job));
-  op.job = job;
-  op.lease = claim;
-  return static_cast<PutOutcome>(impl_->write_and_wait(std::move(op)));
+  return static_cast<PutOutcome>(impl_->write_and_wait(Impl::put_op(job, claim)));
 }
 
 void PostgresJobStore::async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
-  Impl::Op op(Impl::Op::put, key_of(job));
-  op.job = job;
-  op.lease = claim;
+  Impl::Op op = Impl::put_op(job, claim);
   op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
     done(error, static_cast<PutOutcome>(answer));
   };
@@ -1369,18 +1401,8 @@ std::vector<PutOutcome> PostgresJobStore::put_many(const std::vector<PutRequest>
   std::vector<std::future<int>> answers;
   answers.reserve(requests.size());
   for (const PutRequest& r : requests) {
-    auto promise = std::make_shared<std::promise<int>>();
-    answers.push_back(promise->get_future());
-    Impl::Op op(Impl::Op::put, key_of(*r.job));
-    op.job = *r.job;
-    op.lease = r.claim;
-    op.done = [promise](std::exception_ptr error, int answer) {
-      if (error) {
-        promise->set_exception(error);
-      } else {
-        promise->set_value(answer);
-      }
-    };
+    Impl::Op op = Impl::put_op(*r.job, r.claim);
+    answers.push_back(Impl::promised(op));
     impl_->enqueue(std::move(op));
   }
   std::vector<PutOutcome> out;
@@ -1429,28 +1451,15 @@ std::vector<JobRecord> PostgresJobStore::claim_jobs_except(std::size_t max, cons
 }
 
 bool PostgresJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
-  Impl::Op op(Impl::Op::renew, id);
-  op.lease = lease;
-  op.now = now;
-  return impl_->write_and_wait(std::move(op)) != 0;
+  return impl_->write_and_wait(Impl::renew_op(id, lease, now)) != 0;
 }
 
 std::vector<bool> PostgresJobStore::renew_all(
     const std::vector<std::pair<std::string, Lease>>& leases, TimePoint now) {
   std::vector<std::future<int>> answers;
   for (const auto& [id, lease] : leases) {
-    auto promise = std::make_shared<std::promise<int>>();
-    answers.push_back(promise->get_future());
-    Impl::Op op(Impl::Op::renew, id);
-    op.lease = lease;
-    op.now = now;
-    op.done = [promise](std::exception_ptr error, int answer) {
-      if (error) {
-        promise->set_exception(error);
-      } else {
-        promise->set_value(answer);
-      }
-    };
+    Impl::Op op = Impl::renew_op(id, lease, now);
+    answers.push_back(Impl::promised(op));
     impl_->enqueue(std::move(op));
   }
   std::vector<bool> out;
@@ -1468,23 +1477,14 @@ void PostgresJobStore::mark_running(const std::string& id, TimePoint now) {
 bool PostgresJobStore::finish_job(const std::string& id, const std::string& holder,
                                   const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                   TimePoint now) {
-  Impl::Op op(Impl::Op::finish, id);
-  op.holder = holder;
-  op.outcome = outcome;
-  op.lease = deliver;
-  op.now = now;
-  return impl_->write_and_wait(std::move(op)) != 0;
+  return impl_->write_and_wait(Impl::finish_op(id, holder, outcome, deliver, now)) != 0;
 }
 
 void PostgresJobStore::async_finish_job(const std::string& id, const std::string& holder,
                                         const JobOutcome& outcome,
                                         const std::optional<Lease>& deliver, TimePoint now,
                                         WriteDone done) {
-  Impl::Op op(Impl::Op::finish, id);
-  op.holder = holder;
-  op.outcome = outcome;
-  op.lease = deliver;
-  op.now = now;
+  Impl::Op op = Impl::finish_op(id, holder, outcome, deliver, now);
   op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
     done(error, answer != 0);
   };
@@ -1507,23 +1507,14 @@ std::vector<JobRecord> PostgresJobStore::claim_callbacks(std::size_t max, const 
 bool PostgresJobStore::record_attempt(const std::string& id, const std::string& holder,
                                       const CallbackInfo& after, TimePoint now,
                                       const std::optional<CallbackAttempt>& attempt) {
-  Impl::Op op(Impl::Op::attempt, id);
-  op.holder = holder;
-  op.callback = after;
-  op.now = now;
-  op.attempt_made = attempt;
-  return impl_->write_and_wait(std::move(op)) != 0;
+  return impl_->write_and_wait(Impl::attempt_op(id, holder, after, now, attempt)) != 0;
 }
 
 void PostgresJobStore::async_record_attempt(const std::string& id, const std::string& holder,
                                             const CallbackInfo& after, TimePoint now,
                                             const std::optional<CallbackAttempt>& attempt,
                                             WriteDone done) {
-  Impl::Op op(Impl::Op::attempt, id);
-  op.holder = holder;
-  op.callback = after;
-  op.now = now;
-  op.attempt_made = attempt;
+  Impl::Op op = Impl::attempt_op(id, holder, after, now, attempt);
   op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
     done(error, answer != 0);
   };
