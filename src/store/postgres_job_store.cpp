@@ -1286,6 +1286,47 @@ struct PostgresJobStore::Impl {
     return out;
   }
 
+  // A page of the listing (list_jobs): as page, but reading at most 20 x limit + 1,000 rows of
+  // jobs_created a call (as SqliteJobStore), so that a filter that matches few jobs of many never
+  // scans the whole table in one statement; a page may then hold fewer than `limit` entries and
+  // still have a `next` (where the reading stopped).
+  JobPage bounded_page(const std::string& where, Params params,
+                       const std::optional<ListCursor>& after, std::size_t limit) const {
+    JobPage out;
+    if (limit == 0) return out;
+    std::string range = "TRUE";
+    if (after) {
+      range = "(created_ms, key) < ($" + std::to_string(params.size() + 1) + "::bigint, $" +
+              std::to_string(params.size() + 2) + "::text)";
+      params.push_back(std::to_string(to_ms(after->created_at)));
+      params.push_back(after->id);
+    }
+    const std::size_t scan = 20 * limit + 1000;
+    const std::string text = "SELECT " + listing_columns() + ", (" + where + ") FROM " + jobs +
+                             " WHERE " + range + " ORDER BY created_ms DESC, key DESC LIMIT " +
+                             std::to_string(scan);
+    wait_for_marks();
+    return with_connection([&](Connection& c) {
+      Result r = c.exec(text, params);
+      const int rows = PQntuples(r.get());
+      for (int row = 0; row < rows; ++row) {
+        if (text_at(r.get(), row, static_cast<int>(column_count)) != "t") continue;
+        if (out.jobs.size() == limit) {
+          const JobRecord& last = out.jobs.back();
+          out.next = ListCursor{std::chrono::floor<std::chrono::milliseconds>(last.job.created_at),
+                                key_of(last.job)};
+          return out;
+        }
+        out.jobs.push_back(read_record(r.get(), row));
+      }
+      if (static_cast<std::size_t>(rows) == scan) {
+        // Read as far as allowed: the next page starts after the last row read.
+        out.next = ListCursor{from_ms(int_at(r.get(), rows - 1, 5)), text_at(r.get(), rows - 1, 0)};
+      }
+      return out;
+    });
+  }
+
   // The condition on a key's prefix (and, when it names one, the tenant, for the index).
   static std::string prefix_condition(const std::string& prefix, Params& params) {
     if (prefix.empty()) return "TRUE";
@@ -1619,7 +1660,7 @@ JobPage PostgresJobStore::list_jobs(const JobFilter& filter, const std::optional
     params.emplace_back(std::to_string(*filter.priority));
     where += " AND priority = $" + std::to_string(params.size()) + "::integer";
   }
-  return impl_->page(where, std::move(params), after, limit);
+  return impl_->bounded_page(where, std::move(params), after, limit);
 }
 
 std::vector<JobRecord> PostgresJobStore::list_unfinished(std::size_t limit) const {
