@@ -48,7 +48,11 @@ expect_refusal "whsk_" --signing-key whsk_c2VjcmV0
 expect_refusal "whsk_" --signing-key whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 expect_refusal "allowlist" --callback-allow 10.0.0.0/99
 expect_refusal "resnet" --model resnet
-expect_refusal "unsupported store" --store postgres://db
+expect_refusal "unsupported store" --store mysql://db
+# A PostgreSQL that cannot be reached: a clear refusal at start (the password never printed).
+# (A build without libpq says it has no PostgreSQL support instead.)
+expect_refusal 'cannot connect\|no PostgreSQL support' --store 'postgresql://u:secret@127.0.0.1:1/db'
+grep -q secret <<<"$out" && fail "the store's password was printed: $out"
 expect_refusal "cannot open the job store" --store sqlite:/nonexistent/dir/jobs.db
 expect_refusal "not in range" --port 70000
 expect_refusal "not in range" --memory-store-mib 0

@@ -1021,8 +1021,10 @@ TEST_CASE("make_store and make_model: what they make - clear errors for the rest
     }
     return "no error";
   };
-  CHECK(message([] { rebound::make_store("postgres://db"); }).find("unsupported store") !=
+  CHECK(message([] { rebound::make_store("mysql://db"); }).find("unsupported store") !=
         std::string::npos);
+  // A PostgreSQL store is made only by a program linked with rebound::postgres, and says why not.
+  CHECK(message([] { rebound::make_store("postgresql://127.0.0.1:1/db"); }) != "no error");
   CHECK(message([] { rebound::make_store("sqlite:"); }).find("needs a path") != std::string::npos);
   CHECK(message([] { rebound::make_store("sqlite:/nonexistent/dir/x.db"); }) != "no error");
   CHECK(message([] { rebound::make_model("sleep:-1"); }).find("sleep needs seconds") !=

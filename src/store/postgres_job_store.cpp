@@ -1398,8 +1398,10 @@ PostgresJobStore::PostgresJobStore(PostgresJobStoreOptions options)
   try {
     impl_->migrate();
   } catch (const StoreUnavailable& e) {
-    throw Error(std::string("postgres job store (schema ") + impl_->options.schema +
-                "): " + e.what());
+    std::string why = e.what();
+    const std::string prefix = "postgres job store: ";
+    if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+    throw Error("postgres job store (schema " + impl_->options.schema + "): " + why);
   }
   // A retention shorter than the interval is pruned as often as it lasts (at most every second).
   auto& o = impl_->options;
