@@ -227,6 +227,14 @@ TEST_CASE("postgres store: texts PostgreSQL refuses are stored replaced - never 
   // A read for a key PostgreSQL could not hold finds nothing, and the store is well.
   CHECK_FALSE(store.get(std::string("\xff\0x", 3)));
   CHECK_FALSE(store.failure());
+  // A job put under such a key (the library's caller chose it: the HTTP front allows none) is
+  // stored under its U+FFFD form, found by the key it was put with, and fails nobody's batch.
+  const std::string odd("odd\xff", 4);
+  CHECK(store.put(job_named(odd), Lease{"h", now + 30s}) == PutOutcome::created);
+  CHECK(store.put(job_named(odd)) == PutOutcome::duplicate);
+  CHECK(store.finish_job(odd, "h", ok, std::nullopt, now));
+  CHECK(store.get(odd));
+  CHECK_FALSE(store.failure());
 }
 
 TEST_CASE("postgres store: pruning keeps a job that is owed a callback again") {

@@ -730,14 +730,18 @@ struct PostgresJobStore::Impl {
     conninfo = options.conninfo;
     const bool is_uri =
         conninfo.rfind("postgres", 0) == 0 && conninfo.find("://") != std::string::npos;
-    if (conninfo.find("connect_timeout") == std::string::npos) {
+    // A bounded connect, and texts exchanged as UTF-8 whatever the database's encoding.
+    for (const char* setting : {"connect_timeout=2", "client_encoding=UTF8"}) {
+      const std::string name = std::string(setting).substr(0, std::string(setting).find('='));
+      if (conninfo.find(name) != std::string::npos) continue;
       if (is_uri) {
         conninfo += (conninfo.find('?') == std::string::npos ? "?" : "&");
-        conninfo += "connect_timeout=2";
+        conninfo += setting;
       } else {
-        conninfo += " connect_timeout=2";
+        conninfo += std::string(" ") + setting;
       }
     }
+    if (options.prune_interval.count() <= 0) options.prune_interval = std::chrono::seconds(1);
     schema = "\"" + options.schema + "\"";
     jobs = schema + ".jobs";
     // Every transaction bounds its statements on the server too, and ends by itself when its
@@ -869,6 +873,8 @@ struct PostgresJobStore::Impl {
         answer(op, error, 0);
         return;
       }
+      // Keyed as stored (clean): a key PostgreSQL cannot hold is the U+FFFD form of it throughout.
+      op.key = clean(std::move(op.key));
       op.seq = ++enqueued;
       if (op.kind == Op::mark) last_mark = op.seq;
       pending.push_back(std::move(op));
@@ -910,6 +916,10 @@ struct PostgresJobStore::Impl {
   static Op put_op(const Job& job, const std::optional<Lease>& claim) {
     Op op(Op::put, key_of(job));
     op.job = job;
+    // As it will be stored, so that putting it again compares alike (clean).
+    op.job.id = clean(std::move(op.job.id));
+    op.job.tenant = clean(std::move(op.job.tenant));
+    op.job.callback_url = clean(std::move(op.job.callback_url));
     op.lease = claim;
     return op;
   }
@@ -949,7 +959,7 @@ struct PostgresJobStore::Impl {
   }
 
   // The bytes a put brings to its transaction, about (its input and texts): a batch stops short of
-  // 64 MiB of them, far below the 1 GiB a statement may hold.
+  // 16 MiB of them, which a connection sends well within the statement timeout.
   static std::size_t put_bytes(const Op& op) {
     return op.kind == Op::put ? detail::json_footprint(op.job.input) + op.job.callback_url.size() +
                                     op.key.size() + 256
@@ -964,7 +974,7 @@ struct PostgresJobStore::Impl {
       std::deque<Op> batch;
       std::size_t bytes = 0;
       while (!pending.empty() && batch.size() < options.max_batch &&
-             (batch.empty() || bytes + put_bytes(pending.front()) <= (std::size_t{64} << 20))) {
+             (batch.empty() || bytes + put_bytes(pending.front()) <= (std::size_t{16} << 20))) {
         bytes += put_bytes(pending.front());
         batch.push_back(std::move(pending.front()));
         pending.pop_front();
@@ -1294,6 +1304,7 @@ struct PostgresJobStore::Impl {
                        const std::optional<ListCursor>& after, std::size_t limit) const {
     JobPage out;
     if (limit == 0) return out;
+    if (where == "TRUE") return page(where, std::move(params), after, limit);  // (no filter)
     std::string range = "TRUE";
     if (after) {
       range = "(created_ms, key) < ($" + std::to_string(params.size() + 1) + "::bigint, $" +
@@ -1345,18 +1356,14 @@ struct PostgresJobStore::Impl {
   void run_pruner() {
     std::unique_lock<std::mutex> lock(prune_mutex);
     for (;;) {
-      prune_wake.wait_until(lock, std::chrono::system_clock::now() + until_prune(),
+      prune_wake.wait_until(lock, next_prune.load(),
                             [&] { return pruner_stopping || Clock::now() >= next_prune.load(); });
       if (pruner_stopping) return;
+      if (Clock::now() < next_prune.load()) continue;  // (a caller's prune() moved it on)
       lock.unlock();
       prune_now(wall_ms());
       lock.lock();
     }
-  }
-
-  std::chrono::system_clock::duration until_prune() const {
-    return std::chrono::duration_cast<std::chrono::system_clock::duration>(next_prune.load() -
-                                                                           Clock::now());
   }
 
   // Deletes the jobs finished before now - retention, 1,000 rows a transaction for as long as
@@ -1476,7 +1483,7 @@ std::vector<std::optional<JobRecord>> PostgresJobStore::get_many(
   for (const auto& r : found)
     by_key[key_of(r.job)] = &r;
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const auto it = by_key.find(ids[i]);
+    const auto it = by_key.find(clean(ids[i]));
     if (it != by_key.end()) out[i] = *it->second;
   }
   return out;

@@ -31,8 +31,13 @@ struct PostgresJobStoreOptions {
   /// The longest any statement may take: kept by the client (a statement unanswered this long, in
   /// sending or in waiting, has its connection closed and the call fails with StoreUnavailable, so
   /// a hung database or a cut connection never holds a server's threads longer) and sent with
-  /// every transaction (`SET LOCAL statement_timeout` and `idle_in_transaction_session_timeout`:
-  /// the server ends the transaction of a client that went away, releasing its rows).
+  /// every transaction of the writer, the queue stats and the migration (`SET LOCAL
+  /// statement_timeout` and `idle_in_transaction_session_timeout`: the server ends the transaction
+  /// of a client that went away, releasing its rows). Claims and reads are single statements
+  /// bounded by the client alone: one abandoned past the deadline may still complete on the
+  /// server (a claim's leases then run out unused). A commit whose answer is lost this way may
+  /// have been written: its calls fail, and retried they answer as for work already done (a put
+  /// `duplicate`, a finish false).
   std::chrono::milliseconds statement_timeout{5000};
   /// Finished jobs (final, callback delivered, given up or not wanted) are deleted this long after
   /// they finished, in batches of 1,000 rows, each its own short transaction. 0 keeps them.
@@ -41,7 +46,7 @@ struct PostgresJobStoreOptions {
   std::chrono::seconds prune_interval{std::chrono::minutes(1)};
   /// The writes of every calling thread (put, mark_running, finish_job, record_attempt, renew,
   /// cancel, redeliver) gather while the last transaction is out and go in one transaction of at
-  /// most this many, and about 64 MiB of new jobs (group commit: one WAL flush for all of them).
+  /// most this many, and about 16 MiB of new jobs (group commit: one WAL flush for all of them).
   std::size_t max_batch = 512;
 };
 
