@@ -18,7 +18,7 @@ struct PostgresJobStoreOptions {
   /// What libpq connects with: a `postgresql://` URI or `key=value` words
   /// (https://www.postgresql.org/docs/current/libpq-connect.html). A password is best left out of
   /// it (command lines and logs show it): libpq reads $PGPASSWORD and ~/.pgpass by itself.
-  /// `connect_timeout` is added when it names none.
+  /// `connect_timeout=2` and `client_encoding=UTF8` are added when it names none.
   std::string conninfo = "postgresql://localhost/postgres";
   /// The schema that holds the store's tables, created when missing (letters, digits and '_', 1
   /// to 63, starting with a letter or '_'). Servers that share a schema share one queue; others on
