@@ -80,11 +80,11 @@ class Server:
     """A rebound-server on `store` (a shared store's URI), its port read from its log; `extra`:
     more of its options."""
 
-    def __init__(self, server_bin, name, store, extra=()):
+    def __init__(self, server_bin, name, store, extra=(), model="sleep:0.01"):
         self.name = name
         self.killed = False  # by the test: its exit is expected
         self.proc = subprocess.Popen(
-            [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", "sleep:0.01",
+            [server_bin, "serve", "--host", "127.0.0.1", "--port", "0", "--model", model,
              "--workers", "4", "--store", store, "--lease", str(LEASE_S),
              "--server-id", name, "--allow-private-callbacks", "--backoff-base", "0.05",
              "--backoff-cap", "0.5", "--max-tries", "3", "--log-level", "warn", *extra],

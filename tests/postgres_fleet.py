@@ -30,6 +30,11 @@ from pg_support import PgBouncer, Postgres, find_bindir  # noqa: E402
 server_bin = sys.argv[1]
 bindir = sys.argv[2] if len(sys.argv) > 2 else find_bindir()
 pgbouncer_bin = sys.argv[3] if len(sys.argv) > 3 else shutil.which("pgbouncer")
+# A server holds what its 4 workers run (a shared store's prefetch is 0): jobs of 50 ms keep them
+# busy under the load, so that the one killed holds work for the others to take over however
+# loaded the machine (with 10 ms jobs a loaded machine could kill it idle: the round then tested
+# nothing).
+HOLD = dict(extra=(), model="sleep:0.05")
 
 
 with tempfile.TemporaryDirectory() as folder:
@@ -41,9 +46,9 @@ with tempfile.TemporaryDirectory() as folder:
     pg.start()
     try:
         store = pg.uri("fleet")
-        servers = [Server(server_bin, f"s{i}", store) for i in range(3)]
+        servers = [Server(server_bin, f"s{i}", store, **HOLD) for i in range(3)]
         kill_rounds(servers, receiver, results_url,
-                    lambda name: Server(server_bin, name, store), "", 2)
+                    lambda name: Server(server_bin, name, store, **HOLD), "", 2)
         across_servers(servers, receiver, results_url, failing_url, "")
 
         # PostgreSQL crashed mid-load and started again.
@@ -92,9 +97,9 @@ with tempfile.TemporaryDirectory() as folder:
             if mode != "transaction":
                 fail(f"pgbouncer's pool mode: {mode}")
             store = bouncer.uri("bounced")
-            servers = [Server(server_bin, f"b{i}", store) for i in range(3)]
+            servers = [Server(server_bin, f"b{i}", store, **HOLD) for i in range(3)]
             kill_rounds(servers, receiver, results_url,
-                        lambda name: Server(server_bin, name, store), "pgb-", 1)
+                        lambda name: Server(server_bin, name, store, **HOLD), "pgb-", 1)
             across_servers(servers, receiver, results_url, failing_url, "pgb-")
             for s in servers:
                 s.stop()
