@@ -243,9 +243,20 @@ function makeUi(page) {
     },
     async click(name, options = {}) {
       const what = `${options.tag === 'a' ? 'link' : 'button'} "${name}"${options.row ? ` in the row of ${options.row}` : ''}`;
-      const el = await waitFor(what, () => ui.find(name, options), options.timeoutMs ?? 10_000);
-      await el.click();
-      await el.dispose();
+      // A view that refreshes between finding the control and clicking it replaces the control
+      // (puppeteer: "Node is detached from document"): found again and clicked, within the time.
+      const deadline = Date.now() + (options.timeoutMs ?? 10_000);
+      for (;;) {
+        const el = await waitFor(what, () => ui.find(name, options), Math.max(1, deadline - Date.now()));
+        try {
+          await el.click();
+          break;
+        } catch (e) {
+          if (!/detached|not clickable|not visible/i.test(String(e)) || Date.now() > deadline) throw e;
+        } finally {
+          await el.dispose().catch(() => {});
+        }
+      }
       ok(`clicked ${what}`);
     },
     async count(names) {
