@@ -176,49 +176,56 @@ std::string replace_all(std::string text, const std::string& from, const std::st
 // `text` as PostgreSQL's text can hold it: valid UTF-8 without NUL (either replaced by U+FFFD),
 // as dump_json writes JSON. Error messages, callback errors and trace headers come from models and
 // receivers: one byte the database refuses must not fail a whole transaction of other jobs.
-std::string clean(std::string text) {
-  const auto is_clean = [](const std::string& t) {
-    for (std::size_t i = 0; i < t.size();) {
-      const auto c = static_cast<unsigned char>(t[i]);
-      if (c == 0) return false;
-      std::size_t n = c < 0x80           ? 1
-                      : (c >> 5) == 0x6  ? 2
-                      : (c >> 4) == 0xE  ? 3
-                      : (c >> 3) == 0x1E ? 4
-                                         : 0;
-      if (n == 0 || i + n > t.size()) return false;
-      for (std::size_t k = 1; k < n; ++k) {
-        if ((static_cast<unsigned char>(t[i + k]) & 0xC0) != 0x80) return false;
-      }
-      if (n > 1) {
-        // Overlong forms, surrogates and code points past U+10FFFF.
-        std::uint32_t cp = c & (0xFF >> (n + 1));
-        for (std::size_t k = 1; k < n; ++k)
-          cp = (cp << 6) | (static_cast<unsigned char>(t[i + k]) & 0x3F);
-        if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-            (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-          return false;
-      }
-      i += n;
-    }
-    return true;
-  };
-  if (is_clean(text)) return text;
-  std::string out;
-  for (std::size_t i = 0; i < text.size();) {
-    std::size_t n = 1;
-    const auto c = static_cast<unsigned char>(text[i]);
-    n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-    const std::string piece = text.substr(i, n);
-    if (c != 0 && is_clean(piece)) {
-      out += piece;
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      i += 1;
-    }
+// The length of the well-formed UTF-8 sequence at `i` of `t` (not NUL, not overlong, not a
+// surrogate, not past U+10FFFF), or 0.
+std::size_t sequence_at(const std::string& t, std::size_t i) {
+  const auto c = static_cast<unsigned char>(t[i]);
+  const std::size_t n = c == 0             ? 0
+                        : c < 0x80         ? 1
+                        : (c >> 5) == 0x6  ? 2
+                        : (c >> 4) == 0xE  ? 3
+                        : (c >> 3) == 0x1E ? 4
+                                           : 0;
+  if (n == 0 || i + n > t.size()) return 0;
+  if (n == 1) return 1;
+  std::uint32_t cp = c & (0xFF >> (n + 1));
+  for (std::size_t k = 1; k < n; ++k) {
+    const auto next = static_cast<unsigned char>(t[i + k]);
+    if ((next & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (next & 0x3F);
   }
-  return out;
+  const bool overlong = (n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
+  return overlong || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF ? 0 : n;
+}
+
+std::string clean(std::string text) {
+  std::string out;
+  bool replaced = false;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = sequence_at(text, i);
+    if (n == 0 && !replaced) {
+      out.assign(text, 0, i);  // (a clean text is answered as it is, without a copy)
+      replaced = true;
+    }
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+      continue;
+    }
+    if (replaced) out.append(text, i, n);
+    i += n;
+  }
+  return replaced ? out : text;
+}
+
+// Appends `value` to a Postgres array literal as a quoted element ("b\"c").
+void append_element(std::string& out, const std::string& value) {
+  out += '"';
+  for (const char c : value) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  out += '"';
 }
 
 // A Postgres array literal of texts: {"a","b\"c"}.
@@ -226,12 +233,7 @@ std::string text_array(const std::vector<std::string>& values) {
   std::string out = "{";
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (i) out += ',';
-    out += '"';
-    for (const char c : values[i]) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
-    }
-    out += '"';
+    append_element(out, values[i]);
   }
   return out + "}";
 }
@@ -249,14 +251,9 @@ class Columns {
       const auto& v = row[first + k];
       if (!v) {
         out += "NULL";
-        continue;
+      } else {
+        append_element(out, *v);
       }
-      out += '"';
-      for (const char c : *v) {
-        if (c == '"' || c == '\\') out += '\\';
-        out += c;
-      }
-      out += '"';
     }
   }
   std::vector<std::optional<std::string>> arrays() const {
