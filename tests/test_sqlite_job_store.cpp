@@ -324,7 +324,7 @@ TEST_CASE("sqlite: one thread's asynchronous puts wait for no commit - they shar
 
 TEST_CASE("sqlite: a job marked running and finished in one transaction keeps when it started") {
   // A short model under load: the mark and the finish reach the writer together and are written
-  // as one row write (fold_marks). Whether folded or not, what a reader sees is the same.
+  // as one row write (the row read once a transaction). Either way, a reader sees the same.
   TempDb db;
   SqliteJobStore store(db.path());
   const auto t0 =
@@ -360,6 +360,92 @@ TEST_CASE("sqlite: a job marked running and finished in one transaction keeps wh
   const auto unmarked = store.get("never-marked");
   CHECK(unmarked->status == JobStatus::succeeded);
   CHECK(unmarked->started_at == std::chrono::system_clock::time_point{});
+}
+
+TEST_CASE("sqlite: a job's finish and its callback's attempts in one transaction apply in order") {
+  // The writer reads a job's row once a transaction and applies each queued write's rule
+  // (job_state.hpp) to it in order, writing it once: under load a finish, its callback's attempt
+  // and a renewal reach it together. What a reader sees is what they would leave one by one.
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const auto t0 =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const rebound::Lease lease{"worker", t0 + 1h};
+  constexpr int jobs = 200;
+  for (int i = 0; i < jobs; ++i)
+    REQUIRE(store.put(make("a-" + std::to_string(i)), lease) == PutOutcome::created);
+  REQUIRE(store.put(make("quiet", ""), lease) == PutOutcome::created);  // no callback
+  const rebound::JobOutcome done(JobStatus::succeeded, nlohmann::json{{"y", 3}}, std::nullopt,
+                                 t0 + 5s);
+  rebound::CallbackInfo retry;  // the first attempt failed: due again at t0 + 10 s
+  retry.state = CallbackState::pending;
+  retry.attempts = 1;
+  retry.last_error = "HTTP 500";
+  retry.next_attempt_at = t0 + 10s;
+  retry.delivery_attempts = 1;
+  retry.delivery_started_at = t0 + 5s;
+  retry.previous_delay = 5s;
+  rebound::CallbackAttempt first;
+  first.at = t0 + 6s;
+  first.http_status = 500;
+  first.error = "HTTP 500";
+  const std::size_t before = store.commits();
+  for (int i = 0; i < jobs; ++i) {
+    const std::string id = "a-" + std::to_string(i);
+    const rebound::Lease deliver{"send-" + std::to_string(i), t0 + 1h};
+    store.mark_running(id, t0 + 1s);
+    REQUIRE(store.finish_job(id, "worker", done, deliver, t0 + 5s));
+    REQUIRE(store.record_attempt(id, deliver.holder, retry, t0 + 6s, first));
+    // The attempt ended the delivery's lease: a renewal of it now is refused.
+    CHECK_FALSE(store.renew(id, rebound::Lease{deliver.holder, t0 + 2h}, t0 + 6s));
+  }
+  REQUIRE(store.finish_job("quiet", "worker", done, std::nullopt, t0 + 5s));
+  CHECK(store.claim_callbacks(1000, rebound::Lease{"early", t0 + 1h}, t0 + 9s).empty());
+  for (int i = 0; i < jobs; ++i) {
+    const auto r = store.get("a-" + std::to_string(i));
+    REQUIRE(r);
+    CHECK(r->status == JobStatus::succeeded);
+    CHECK(r->started_at == t0 + 1s);
+    CHECK(r->outcome.result == nlohmann::json{{"y", 3}});
+    CHECK(r->callback.state == CallbackState::pending);
+    CHECK(r->callback.attempts == 1);
+    CHECK(r->callback.last_error == "HTTP 500");
+    CHECK(r->callback.next_attempt_at == t0 + 10s);
+    REQUIRE(r->attempt_log.size() == 1);
+    CHECK(r->attempt_log[0].http_status == 500);
+  }
+  MESSAGE((4 * jobs) << " writes of " << jobs << " jobs in " << store.commits() - before
+                     << " commits");
+  // Due at their next attempt, with what a sender needs; delivered the second time, after a
+  // renewal of that claim.
+  const auto claimed = store.claim_callbacks(1000, rebound::Lease{"second", t0 + 1h}, t0 + 10s);
+  REQUIRE(claimed.size() == static_cast<std::size_t>(jobs));
+  rebound::CallbackInfo delivered = retry;
+  delivered.state = CallbackState::delivered;
+  delivered.attempts = 2;
+  delivered.last_error.clear();
+  rebound::CallbackAttempt second;
+  second.at = t0 + 12s;
+  second.http_status = 200;
+  for (const auto& r : claimed) {
+    CHECK(r.job.input == nlohmann::json{{"x", 1}});
+    CHECK(r.outcome.result == nlohmann::json{{"y", 3}});
+    REQUIRE(store.renew(r.job.id, rebound::Lease{"second", t0 + 2h}, t0 + 11s));
+    REQUIRE(store.record_attempt(r.job.id, "second", delivered, t0 + 12s, second));
+  }
+  const auto last = store.get("a-0");
+  REQUIRE(last);
+  CHECK(last->callback.state == CallbackState::delivered);
+  REQUIRE(last->attempt_log.size() == 2);
+  CHECK(last->attempt_log[1].http_status == 200);
+  CHECK(store.claim_callbacks(1000, rebound::Lease{"third", t0 + 3h}, t0 + 3h).empty());
+  // Each is finished as of the write that finished it: the job without a callback at its finish,
+  // the others at their delivery; pruning goes by that.
+  CHECK(store.prune(t0 + 24h + 6s) == 1);
+  CHECK_FALSE(store.get("quiet"));
+  CHECK(store.get("a-0"));
+  CHECK(store.prune(t0 + 24h + 13s) == static_cast<std::size_t>(jobs));
+  CHECK(store.list_unfinished(10).empty());
 }
 
 TEST_CASE("sqlite: a second store on the same file is refused") {

@@ -25,6 +25,14 @@ inline nlohmann::json attempt_to_json(const CallbackAttempt& a) {
           {"g", a.signatures}};
 }
 
+/// The log as it is stored: a JSON array of attempt_to_json's objects, oldest first.
+inline std::string attempt_log_to_json(const std::vector<CallbackAttempt>& log) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& a : log)
+    out.push_back(attempt_to_json(a));
+  return dump_json(out);
+}
+
 /// The log from its stored text; what does not read as one (a file from elsewhere) is left out.
 inline std::vector<CallbackAttempt> attempt_log_from_json(const std::string& text) {
   std::vector<CallbackAttempt> out;

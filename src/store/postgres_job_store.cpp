@@ -569,10 +569,7 @@ Params row_params(const StoredJob& s, std::optional<std::int64_t> finished_ms) {
   if (rec.attempt_log.empty()) {
     p.emplace_back(std::nullopt);
   } else {
-    nlohmann::json log = nlohmann::json::array();
-    for (const auto& a : rec.attempt_log)
-      log.push_back(detail::attempt_to_json(a));
-    p.emplace_back(detail::dump_json(log));
+    p.emplace_back(detail::attempt_log_to_json(rec.attempt_log));
   }
   if (s.job_lease) {
     p.emplace_back(s.job_lease->holder);

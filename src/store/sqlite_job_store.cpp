@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -139,18 +140,6 @@ ALTER TABLE jobs ADD COLUMN model_version TEXT NOT NULL DEFAULT '';
 PRAGMA user_version = 8;
 )sql";
 
-// True for a job whose end no callback hears (Job::wants_completion_callback, negated): no URL,
-// or `completed` (bit 2) not among its webhook events.
-#define NO_CALLBACK "(callback_url = '' OR (webhook_events & 2) = 0)"
-
-// The callback state a delivery attempt (or a deferral) leaves, as set_callback and
-// set_callback_logged write it.
-constexpr const char* set_callback_columns =
-    "cb_state = :cs, cb_attempts = :ca, cb_last_error = :ce, cb_next_at_ms = :cn, "
-    "cb_delivery_attempts = :cd, cb_delivery_started_ms = :cds, cb_previous_delay_ms = :cp, "
-    "cb_due_ms = :due, finished_at_ms = CASE WHEN status >= 2 AND (" NO_CALLBACK
-    " OR :cs >= 2) THEN :now ELSE NULL END";
-
 // Leases live in this process (the file is opened exclusively), so at open nothing holds any
 // work: what a crashed process held is due again at once, and retries keep their schedule.
 constexpr const char* release_leases = R"sql(
@@ -158,9 +147,6 @@ UPDATE jobs SET job_due_ms = created_at_ms WHERE job_due_ms IS NOT NULL;
 UPDATE jobs SET cb_due_ms = cb_next_at_ms WHERE cb_due_ms IS NOT NULL;
 )sql";
 
-// A job is finished when final (status 2..5) and its callback is not owed any more (none wanted,
-// or state 2 delivered / 3 failed): the SQL form of job_state::is_finished, used by both
-// updates below to keep finished_at_ms.
 std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -228,6 +214,15 @@ class Statement {
 constexpr const char* record_columns =
     "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
     ", attempt_log, tenant, model, model_version";
+// A job's row as the writer reads it to apply job_state's rules: the record (`full`: with its input
+// and result, else without) and the columns the rules derive, job_due_ms, cb_due_ms and
+// finished_at_ms (25, 26, 27).
+constexpr const char* row_columns_full =
+    "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
+    ", attempt_log, tenant, model, model_version, job_due_ms, cb_due_ms, finished_at_ms";
+constexpr const char* row_columns_state =
+    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT
+    ", attempt_log, tenant, model, model_version, job_due_ms, cb_due_ms, finished_at_ms";
 // The same columns for a list entry: no input, result or attempts are read (read_record sees
 // null and an empty log).
 constexpr const char* entry_columns =
@@ -284,6 +279,85 @@ JobRecord read_record(const Statement& s) {
   return r;
 }
 
+// The columns a state change may write, in the order of a row update's mask bits (Impl::Row).
+enum StateColumn : unsigned {
+  status_col,
+  result_col,
+  error_code_col,
+  error_message_col,
+  started_col,
+  ended_col,
+  job_due_col,
+  cb_state_col,
+  cb_attempts_col,
+  cb_last_error_col,
+  cb_next_col,
+  cb_delivery_attempts_col,
+  cb_delivery_started_col,
+  cb_previous_delay_col,
+  cb_due_col,
+  attempt_log_col,
+  finished_col,
+  model_version_col,
+  state_column_count
+};
+constexpr const char* state_column_names[state_column_count] = {"status",
+                                                                "result",
+                                                                "error_code",
+                                                                "error_message",
+                                                                "started_at_ms",
+                                                                "ended_at_ms",
+                                                                "job_due_ms",
+                                                                "cb_state",
+                                                                "cb_attempts",
+                                                                "cb_last_error",
+                                                                "cb_next_at_ms",
+                                                                "cb_delivery_attempts",
+                                                                "cb_delivery_started_ms",
+                                                                "cb_previous_delay_ms",
+                                                                "cb_due_ms",
+                                                                "attempt_log",
+                                                                "finished_at_ms",
+                                                                "model_version"};
+
+// One column's value, as a row update compares and binds it.
+struct Value {
+  enum class Kind { null, integer, text } kind = Kind::null;
+  std::int64_t integer = 0;
+  std::string text;
+
+  static Value of(std::int64_t v) {
+    Value out;
+    out.kind = Kind::integer;
+    out.integer = v;
+    return out;
+  }
+  static Value of(std::string v) {
+    Value out;
+    out.kind = Kind::text;
+    out.text = std::move(v);
+    return out;
+  }
+  static Value of(const std::optional<TimePoint>& t) { return t ? of(to_ms(*t)) : Value(); }
+  static Value of(const std::optional<std::int64_t>& v) { return v ? of(*v) : Value(); }
+  bool operator==(const Value& o) const {
+    return kind == o.kind && integer == o.integer && text == o.text;
+  }
+};
+using StateValues = std::array<Value, state_column_count>;
+
+// `outcome` without its result: the writer applies the rest by job_state's rules and writes the
+// result as the text the caller's thread made of it (one copy of a model's output the fewer).
+JobOutcome outcome_without_result(const JobOutcome& o) {
+  JobOutcome out(o.status, nullptr, o.error, o.finished_at);
+  out.ran_on_version = o.ran_on_version;
+  return out;
+}
+
+std::string result_text(const JobOutcome& o) {
+  return o.status == JobStatus::succeeded ? detail::dump_json(o.result) : std::string();
+}
+
 }  // namespace
 
 struct SqliteJobStore::Impl {
@@ -295,12 +369,27 @@ struct SqliteJobStore::Impl {
     // Goes ahead of the bookkeeping (a submission: a new id, which no queued write is about).
     // A waited-for write that must see the writes before it (a claim, a redelivery) stays in order.
     bool ahead = false;
-    // A job's mark_running (`marks`) and its finish: when both are in one transaction the mark is
-    // folded into the finish (see fold_marks), one row write instead of two.
-    enum class Fold { none, mark, finish } fold = Fold::none;
-    std::string fold_id{};
-    std::int64_t fold_at = 0;  // a mark's start time; a finish's, once a mark is folded into it
-    bool folded = false;       // a mark: its finish makes it (not applied); a finish: it makes one
+  };
+
+  // A job's row in the writer's transaction: read once (`rows`), changed by job_state's rules as
+  // each write of the transaction applies them in order, written once before the commit (or
+  // before a claim reads the indexes), the columns that changed only. So a job's mark_running
+  // and its finish in one transaction (a short model under load) are one row write, as are a
+  // finish and its callback's first attempt.
+  struct Row {
+    // The record, and its leases as the rules see them: the file keeps when each lease ends (the
+    // due times job_state::job_due and callback_due make of them), not who holds it, which the
+    // maps below know. A row read has a lease by nobody ending at its due time, which the rules
+    // read as the same due time (and nobody holds); a write whose caller held a lease puts that
+    // lease in its place before it applies its rule.
+    StoredJob s;
+    std::optional<std::int64_t> finished_ms;  // when job_state::is_finished became true
+    bool full = false;        // its input and result were read (a claim answers them)
+    bool dirty = false;       // changed since it was read or written
+    bool result_set = false;  // its outcome was written: its result column goes with it
+    std::string result_text;  // that result (a job that succeeded), as the caller dumped it
+    bool log_set = false;     // an attempt joined its log
+    StateValues stored{};     // the state columns as the file has them
   };
 
   SqliteJobStoreOptions options;
@@ -313,11 +402,14 @@ struct SqliteJobStore::Impl {
   std::atomic<std::uint64_t> wal_device{0}, wal_inode{0};
   sqlite3* db = nullptr;
   mutable std::mutex db_mutex;  // the connection and its statements
-  std::unique_ptr<Statement> insert, select_one, set_running, count_ahead, set_outcome, finish,
-      set_callback, set_job_due, set_callback_due, select_due_jobs, select_due_callbacks,
-      redeliver_failed, select_failed, select_failed_page, select_failed_tenant_page,
-      select_unfinished, delete_finished, probe, set_callback_logged, first_due_tenant,
-      next_due_tenant;
+  std::unique_ptr<Statement> insert, select_one, select_state, count_ahead, select_due_jobs,
+      select_due_callbacks, select_failed, select_failed_page, select_failed_tenant_page,
+      select_unfinished, delete_finished, probe, first_due_tenant, next_due_tenant;
+  // The writer's (under db_mutex): a row update for each set of columns written together (a bit
+  // a StateColumn), prepared at its first use.
+  std::unordered_map<std::uint32_t, std::unique_ptr<Statement>> row_updates;
+  // The writer's, for the transaction under way: the rows its writes read and changed.
+  std::unordered_map<std::string, Row> rows;
   mutable std::mutex servers_mutex;
   detail::ServersSeen servers_seen;  // guarded by servers_mutex
 
@@ -342,9 +434,6 @@ struct SqliteJobStore::Impl {
   // How often an idle writer looks at its files (two stat calls).
   static constexpr std::chrono::milliseconds file_check_interval{1000};
   std::deque<Write> waited_queue, background_queue;
-  // The writer's only: the start time of the mark folded into the finish being applied, which
-  // write_finish binds.
-  std::optional<std::int64_t> folded_start;
   // The writer's only: the tenant whose job a claim took last (job_state::claim_turns).
   std::optional<std::string> last_turn;
   std::uint64_t enqueued[2] = {0, 0};   // writes handed to the writer: waited for, background
@@ -372,17 +461,25 @@ struct SqliteJobStore::Impl {
   using Leases = std::unordered_map<std::string, Lease>;
   static Leases::iterator live(Leases& leases, const std::string& id, const std::string& holder,
                                TimePoint now);
-  bool release(Leases& leases, const std::string& id, const std::string& holder, TimePoint now);
-  // Queues the callback state `callback`, with `attempt` (a JSON entry) joining the attempt log
-  // in the same row write when it is not empty.
-  void write_callback(const std::string& id, const CallbackInfo& callback,
-                      std::string attempt = {});
-  static void bind_outcome(Statement& s, const JobOutcome& outcome, const std::string& result);
-  // Runs `finish` (a job not final yet gets its outcome, its callback due at `due_ms`); true
-  // when a row changed. In the writer's transaction.
-  bool write_finish(const std::string& id, const JobOutcome& outcome, const std::string& result,
-                    std::int64_t now_ms, std::int64_t due_ms);
+  std::optional<Lease> release(Leases& leases, const std::string& id, const std::string& holder,
+                               TimePoint now);
   PutOutcome insert_job(const Job& job, const std::optional<Lease>& claim);
+
+  // ---- In the writer's transaction: job_state's rules on the rows ----
+  // The row of `key` (read at its first use in the transaction; `full`: with its input and
+  // result), or null when there is none.
+  Row* load(const std::string& key, bool full = false);
+  // After a rule changed `r` at `at_ms`: to be written, finished as job_state::is_finished says.
+  static void changed(Row& r, std::int64_t at_ms);
+  // What the state columns of `r` are by its record and leases (the result and the log only when
+  // they were written: they are not read back).
+  static StateValues values_of(const Row& r);
+  // Writes the columns of `r` that changed since it was read; writes every changed row.
+  void write_row(const std::string& key, Row& r);
+  void write_rows();
+  Statement& update_for(std::uint32_t columns);
+  // Queues a state change nobody waits for: `rule` applied to the job's row, if it exists.
+  void change(const std::string& key, std::function<void(Row&)> rule);
 
   void exec(const char* sql) {
     char* message = nullptr;
@@ -460,45 +557,13 @@ struct SqliteJobStore::Impl {
           "max_queue_ms, webhook_events, traceparent, tenant, model, model_version) "
           "VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING");
       select_one = std::make_unique<Statement>(
-          db, std::string("SELECT ") + record_columns + " FROM jobs WHERE id = ?");
-      set_running = std::make_unique<Statement>(
-          db, "UPDATE jobs SET status = 1, started_at_ms = ? WHERE id = ? AND status = 0");
-      // A finish with the job's mark_running folded in (:started, when the job was still queued,
-      // as the mark would have found it) or not (:started null).
+          db, std::string("SELECT ") + row_columns_full + " FROM jobs WHERE id = ?");
+      select_state = std::make_unique<Statement>(
+          db, std::string("SELECT ") + row_columns_state + " FROM jobs WHERE id = ?");
       count_ahead = std::make_unique<Statement>(
           db,
           "SELECT COUNT(*) FROM jobs WHERE status = 0 AND (priority < :p OR (priority = :p AND "
           "(created_at_ms < :c OR (created_at_ms = :c AND id < :id))))");
-      set_outcome = std::make_unique<Statement>(
-          db,
-          "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
-          "ended_at_ms = :end, job_due_ms = NULL, "
-          "finished_at_ms = CASE WHEN :s >= 2 AND (" NO_CALLBACK
-          " OR cb_state >= 2) "
-          "THEN :now ELSE NULL END WHERE id = :id");
-      // The acknowledgement of a job: its outcome, and its callback pending (due at :due).
-      finish = std::make_unique<Statement>(
-          db,
-          "UPDATE jobs SET status = :s, result = :r, error_code = :c, error_message = :m, "
-          "ended_at_ms = :end, job_due_ms = NULL, "
-          "started_at_ms = CASE WHEN status = 0 AND :started IS NOT NULL THEN :started "
-          "ELSE started_at_ms END, "
-          "cb_state = CASE WHEN " NO_CALLBACK
-          " THEN cb_state ELSE 1 END, "
-          "cb_next_at_ms = :now, cb_delivery_attempts = 0, cb_delivery_started_ms = :now, "
-          "cb_previous_delay_ms = 0, "
-          "cb_due_ms = CASE WHEN " NO_CALLBACK
-          " THEN NULL ELSE :due END, "
-          "finished_at_ms = CASE WHEN " NO_CALLBACK
-          " THEN :now ELSE NULL END, "
-          "model_version = CASE WHEN :ver = '' THEN model_version ELSE :ver END "
-          "WHERE id = :id AND status < 2");
-      set_callback = std::make_unique<Statement>(
-          db, std::string("UPDATE jobs SET ") + set_callback_columns + " WHERE id = :id");
-      set_job_due = std::make_unique<Statement>(
-          db, "UPDATE jobs SET job_due_ms = ? WHERE id = ? AND job_due_ms IS NOT NULL");
-      set_callback_due = std::make_unique<Statement>(
-          db, "UPDATE jobs SET cb_due_ms = ? WHERE id = ? AND cb_due_ms IS NOT NULL");
       // One tenant (?3) and priority (?2) at a time, each an index range: due jobs, without
       // stepping over the leased ones of a higher priority.
       select_due_jobs = std::make_unique<Statement>(
@@ -514,11 +579,6 @@ struct SqliteJobStore::Impl {
           "LIMIT 1");
       select_due_callbacks = std::make_unique<Statement>(
           db, "SELECT id FROM jobs WHERE cb_due_ms <= ? ORDER BY cb_due_ms");
-      redeliver_failed = std::make_unique<Statement>(
-          db,
-          "UPDATE jobs SET cb_state = 1, cb_last_error = '', cb_next_at_ms = :now, "
-          "cb_delivery_attempts = 0, cb_delivery_started_ms = :now, cb_previous_delay_ms = 0, "
-          "cb_due_ms = :due, finished_at_ms = NULL WHERE id = :id AND cb_state = 3");
       select_failed = std::make_unique<Statement>(
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE cb_state = 3 AND substr(id, 1, length(?2)) = ?2"
@@ -542,14 +602,6 @@ struct SqliteJobStore::Impl {
           db, "DELETE FROM jobs WHERE finished_at_ms IS NOT NULL AND finished_at_ms < ?");
       probe = std::make_unique<Statement>(
           db, "INSERT OR REPLACE INTO store_probe (id, at_ms) VALUES (1, ?)");
-      // The attempt joins the log; the oldest leaves it once max_attempt_log are kept.
-      // An attempt and the callback state after it, in one row write.
-      set_callback_logged = std::make_unique<Statement>(
-          db, std::string("UPDATE jobs SET ") + set_callback_columns +
-                  ", attempt_log = json_insert(CASE WHEN json_array_length(attempt_log) >= " +
-                  std::to_string(max_attempt_log) +
-                  " THEN json_remove(attempt_log, '$[0]') ELSE attempt_log END, '$[#]', "
-                  "json(:a)) WHERE id = :id");
     } catch (const Error& e) {
       close();
       throw Error("cannot use the job store " + path + ": " + e.what() +
@@ -560,27 +612,12 @@ struct SqliteJobStore::Impl {
   }
 
   void close() {
-    insert.reset();
-    select_one.reset();
-    set_running.reset();
-    count_ahead.reset();
-    set_outcome.reset();
-    finish.reset();
-    set_callback.reset();
-    set_job_due.reset();
-    set_callback_due.reset();
-    select_due_jobs.reset();
-    first_due_tenant.reset();
-    next_due_tenant.reset();
-    select_due_callbacks.reset();
-    redeliver_failed.reset();
-    select_failed.reset();
-    select_failed_page.reset();
-    select_failed_tenant_page.reset();
-    select_unfinished.reset();
-    delete_finished.reset();
-    probe.reset();
-    set_callback_logged.reset();
+    for (auto* statement :
+         {&insert, &select_one, &select_state, &count_ahead, &select_due_jobs, &first_due_tenant,
+          &next_due_tenant, &select_due_callbacks, &select_failed, &select_failed_page,
+          &select_failed_tenant_page, &select_unfinished, &delete_finished, &probe})
+      statement->reset();
+    row_updates.clear();
     if (db) sqlite3_close(db);
     db = nullptr;
   }
@@ -750,26 +787,6 @@ struct SqliteJobStore::Impl {
     }
   }
 
-  // A job whose mark_running and finish_job are in one transaction (a short model under load)
-  // gets one row write: the finish records when it started, and the mark is not applied. Nobody
-  // could have seen the job running in between (reads wait for the transaction). Called with
-  // db_mutex held; a failed transaction unfolds its writes before they are tried again.
-  static void fold_marks(std::deque<Write>& batch) {
-    std::unordered_map<std::string_view, Write*> marks;
-    for (auto& w : batch) {
-      w.folded = false;
-      if (w.fold == Write::Fold::mark) {
-        marks[w.fold_id] = &w;
-      } else if (w.fold == Write::Fold::finish) {
-        const auto mark = marks.find(w.fold_id);
-        if (mark == marks.end()) continue;
-        mark->second->folded = w.folded = true;
-        w.fold_at = mark->second->fold_at;
-        marks.erase(mark);
-      }
-    }
-  }
-
   // Commits `batch`, whose first `waited` writes are waited for; an empty batch is a probe of a
   // failing store. On failure the waited-for writes are told, and the others go back to the head
   // of their queue, in order, to be tried again.
@@ -781,15 +798,11 @@ struct SqliteJobStore::Impl {
       try {
         // A transaction a failure left open (SQLite ends some by itself, not all) ends here.
         if (!sqlite3_get_autocommit(db)) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+        rows.clear();
         exec("BEGIN IMMEDIATE");
-        fold_marks(batch);
-        for (auto& w : batch) {
-          if (w.fold == Write::Fold::mark && w.folded) continue;
-          folded_start.reset();
-          if (w.fold == Write::Fold::finish && w.folded) folded_start = w.fold_at;
+        for (auto& w : batch)
           w.apply();
-        }
-        folded_start.reset();
+        write_rows();
         if (batch.empty()) {
           probe->bind(1, now_ms()).step();
           probe->reset();
@@ -804,6 +817,7 @@ struct SqliteJobStore::Impl {
         error = std::current_exception();
         if (why.empty()) why = "unknown error";
       }
+      rows.clear();  // (rolled back: the rows are read again when the writes are retried)
       if (error) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
       // The database file is right and only its log is not: rebuilt now, so that the retry of
       // this batch (the next probe, within the retry interval) commits again.
@@ -1004,17 +1018,23 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
   if (max == 0) return {};
   return write_and_wait<std::vector<JobRecord>>(
       [this, callbacks, max, lease, now] {
+        write_rows();  // the indexes as this transaction's writes left them
         std::vector<JobRecord> out;
         const auto ids = callbacks ? due_ids(*select_due_callbacks, callback_leases, max, now)
                                    : due_job_ids(max, now);
-        Statement& set_due = callbacks ? *set_callback_due : *set_job_due;
         for (const auto& id : ids) {
-          set_due.bind(1, to_ms(lease.until)).bind(2, id).step();
-          set_due.reset();
-          Statement& q = *select_one;
-          q.bind(1, id);
-          if (q.step()) out.push_back(read_record(q));
-          q.reset();
+          Row* r = load(id, true);
+          if (!r || !(callbacks ? job_state::claim_callback(r->s, lease, now)
+                                : job_state::claim_job(r->s, lease, now)))
+            continue;
+          changed(*r, to_ms(now));
+          // The answer takes the input and result (the row keeps its state columns only).
+          nlohmann::json input = std::move(r->s.record.job.input);
+          nlohmann::json result = std::move(r->s.record.outcome.result);
+          r->full = false;
+          out.push_back(r->s.record);
+          out.back().job.input = std::move(input);
+          out.back().outcome.result = std::move(result);
         }
         return out;
       },
@@ -1034,80 +1054,159 @@ SqliteJobStore::Impl::Leases::iterator SqliteJobStore::Impl::live(Leases& leases
                                                                   const std::string& holder,
                                                                   TimePoint now) {
   auto it = leases.find(id);
-  if (it == leases.end() || it->second.holder != holder || it->second.until <= now) {
-    return leases.end();
-  }
+  if (it == leases.end() || !job_state::holds(it->second, holder, now)) return leases.end();
   return it;
 }
 
-// Ends `holder`'s lease on `id` when it is live: true. Called with lease_mutex held.
-bool SqliteJobStore::Impl::release(Leases& leases, const std::string& id, const std::string& holder,
-                                   TimePoint now) {
+// Ends `holder`'s lease on `id` when it is live: the lease it was. Called with lease_mutex held.
+std::optional<Lease> SqliteJobStore::Impl::release(Leases& leases, const std::string& id,
+                                                   const std::string& holder, TimePoint now) {
   auto it = live(leases, id, holder, now);
-  if (it == leases.end()) return false;
+  if (it == leases.end()) return std::nullopt;
+  std::optional<Lease> held = std::move(it->second);
   leases.erase(it);
-  return true;
+  return held;
 }
 
-void SqliteJobStore::Impl::write_callback(const std::string& id, const CallbackInfo& callback,
-                                          std::string attempt) {
-  enqueue({[this, id, callback, attempt = std::move(attempt)] {
-             Statement& s = attempt.empty() ? *set_callback : *set_callback_logged;
-             if (!attempt.empty()) s.bind(s.param(":a"), attempt);
-             s.bind(s.param(":cs"), static_cast<std::int64_t>(callback.state));
-             s.bind(s.param(":ca"), static_cast<std::int64_t>(callback.attempts));
-             s.bind(s.param(":ce"), callback.last_error);
-             s.bind(s.param(":cn"), to_ms(callback.next_attempt_at));
-             s.bind(s.param(":cd"), static_cast<std::int64_t>(callback.delivery_attempts));
-             s.bind(s.param(":cds"), to_ms(callback.delivery_started_at));
-             s.bind(s.param(":cp"), static_cast<std::int64_t>(callback.previous_delay.count()));
-             if (callback.state == CallbackState::pending) {
-               s.bind(s.param(":due"), to_ms(callback.next_attempt_at));
-             } else {
-               s.bind_null(s.param(":due"));
-             }
-             s.bind(s.param(":now"), now_ms());
-             s.bind(s.param(":id"), id);
-             s.step();
-             s.reset();
+SqliteJobStore::Impl::Row* SqliteJobStore::Impl::load(const std::string& key, bool full) {
+  auto it = rows.find(key);
+  if (it != rows.end()) {
+    if (!full || it->second.full) return &it->second;
+    write_row(it->first, it->second);  // its changes in the file, then read whole
+    rows.erase(it);
+  }
+  Statement& q = full ? *select_one : *select_state;
+  q.bind(1, key);
+  Row r;
+  try {
+    if (!q.step()) {
+      q.reset();
+      return nullptr;
+    }
+    r.s.record = read_record(q);
+    if (!q.is_null(25)) r.s.job_lease = Lease{std::string(), from_ms(q.integer(25))};
+    if (!q.is_null(26)) r.s.callback_lease = Lease{std::string(), from_ms(q.integer(26))};
+    if (!q.is_null(27)) r.finished_ms = q.integer(27);
+    r.stored = values_of(r);
+    // The derived columns as they are (a row another version wrote may disagree with the rules:
+    // then the first change writes them right).
+    r.stored[job_due_col] =
+        Value::of(q.is_null(25) ? std::nullopt : std::optional<std::int64_t>(q.integer(25)));
+    r.stored[cb_due_col] =
+        Value::of(q.is_null(26) ? std::nullopt : std::optional<std::int64_t>(q.integer(26)));
+  } catch (...) {
+    q.reset();
+    throw;
+  }
+  q.reset();
+  r.full = full;
+  return &rows.emplace(key, std::move(r)).first->second;
+}
+
+void SqliteJobStore::Impl::changed(Row& r, std::int64_t at_ms) {
+  r.dirty = true;
+  if (!job_state::is_finished(r.s.record)) {
+    r.finished_ms.reset();
+  } else if (!r.finished_ms) {
+    r.finished_ms = at_ms;
+  }
+}
+
+StateValues SqliteJobStore::Impl::values_of(const Row& r) {
+  const JobRecord& rec = r.s.record;
+  const CallbackInfo& cb = rec.callback;
+  StateValues v;
+  v[status_col] = Value::of(static_cast<std::int64_t>(rec.status));
+  if (r.result_set && rec.status == JobStatus::succeeded) v[result_col] = Value::of(r.result_text);
+  if (rec.outcome.error) {
+    v[error_code_col] = Value::of(rec.outcome.error->code);
+    v[error_message_col] = Value::of(rec.outcome.error->message);
+  }
+  v[started_col] = Value::of(to_ms(rec.started_at));
+  v[ended_col] = Value::of(to_ms(rec.outcome.finished_at));
+  v[job_due_col] = Value::of(job_state::job_due(r.s));
+  v[cb_state_col] = Value::of(static_cast<std::int64_t>(cb.state));
+  v[cb_attempts_col] = Value::of(static_cast<std::int64_t>(cb.attempts));
+  v[cb_last_error_col] = Value::of(cb.last_error);
+  v[cb_next_col] = Value::of(to_ms(cb.next_attempt_at));
+  v[cb_delivery_attempts_col] = Value::of(static_cast<std::int64_t>(cb.delivery_attempts));
+  v[cb_delivery_started_col] = Value::of(to_ms(cb.delivery_started_at));
+  v[cb_previous_delay_col] = Value::of(static_cast<std::int64_t>(cb.previous_delay.count()));
+  v[cb_due_col] = Value::of(job_state::callback_due(r.s));
+  if (r.log_set) v[attempt_log_col] = Value::of(detail::attempt_log_to_json(rec.attempt_log));
+  v[finished_col] = Value::of(r.finished_ms);
+  v[model_version_col] = Value::of(rec.job.model.version);
+  return v;
+}
+
+void SqliteJobStore::Impl::write_row(const std::string& key, Row& r) {
+  if (!r.dirty) return;
+  StateValues now = values_of(r);
+  std::uint32_t columns = 0;
+  for (unsigned c = 0; c < state_column_count; ++c) {
+    const bool write = c == result_col        ? r.result_set
+                       : c == attempt_log_col ? r.log_set
+                                              : !(now[c] == r.stored[c]);
+    if (write) columns |= 1u << c;
+  }
+  if (columns != 0) {
+    Statement& u = update_for(columns);
+    int i = 0;
+    for (unsigned c = 0; c < state_column_count; ++c) {
+      if ((columns & (1u << c)) == 0) continue;
+      const Value& value = now[c];
+      ++i;
+      if (value.kind == Value::Kind::integer) {
+        u.bind(i, value.integer);
+      } else if (value.kind == Value::Kind::text) {
+        u.bind(i, value.text);
+      } else {
+        u.bind_null(i);
+      }
+    }
+    u.bind(i + 1, key);
+    try {
+      u.step();
+    } catch (...) {
+      u.reset();
+      throw;
+    }
+    u.reset();
+  }
+  r.stored = std::move(now);
+  r.stored[result_col] = r.stored[attempt_log_col] = Value();  // (not compared: not kept)
+  r.dirty = r.result_set = r.log_set = false;
+  r.result_text.clear();
+}
+
+void SqliteJobStore::Impl::write_rows() {
+  for (auto& [key, r] : rows)
+    write_row(key, r);
+}
+
+Statement& SqliteJobStore::Impl::update_for(std::uint32_t columns) {
+  auto& statement = row_updates[columns];
+  if (!statement) {
+    std::string sql = "UPDATE jobs SET ";
+    int n = 0;
+    for (unsigned c = 0; c < state_column_count; ++c) {
+      if ((columns & (1u << c)) == 0) continue;
+      if (n > 0) sql += ", ";
+      sql += state_column_names[c];
+      sql += " = ?" + std::to_string(++n);
+    }
+    sql += " WHERE id = ?" + std::to_string(n + 1);
+    statement = std::make_unique<Statement>(db, sql);
+  }
+  return *statement;
+}
+
+void SqliteJobStore::Impl::change(const std::string& key, std::function<void(Row&)> rule) {
+  enqueue({[this, key, rule = std::move(rule)] {
+             if (Row* r = load(key)) rule(*r);
            },
            {},
            {}});
-}
-
-// Binds a job's outcome to set_outcome or finish (:s, :r, :c, :m).
-void SqliteJobStore::Impl::bind_outcome(Statement& s, const JobOutcome& outcome,
-                                        const std::string& result) {
-  s.bind(s.param(":s"), static_cast<std::int64_t>(outcome.status));
-  if (outcome.status == JobStatus::succeeded) {
-    s.bind(s.param(":r"), result);
-  } else {
-    s.bind_null(s.param(":r"));
-  }
-  if (outcome.error) {
-    s.bind(s.param(":c"), outcome.error->code);
-    s.bind(s.param(":m"), outcome.error->message);
-  }
-  s.bind(s.param(":end"), to_ms(outcome.finished_at));
-}
-
-bool SqliteJobStore::Impl::write_finish(const std::string& id, const JobOutcome& outcome,
-                                        const std::string& result, std::int64_t now_ms,
-                                        std::int64_t due_ms) {
-  Statement& s = *finish;
-  bind_outcome(s, outcome, result);
-  if (folded_start) {
-    s.bind(s.param(":started"), *folded_start);
-  } else {
-    s.bind_null(s.param(":started"));
-  }
-  s.bind(s.param(":now"), now_ms);
-  s.bind(s.param(":due"), due_ms);
-  s.bind(s.param(":ver"), outcome.ran_on_version);  // (a rerouted job's version; '' keeps it)
-  s.bind(s.param(":id"), id);
-  s.step();
-  s.reset();
-  return sqlite3_changes(db) == 1;
 }
 
 // Inserts one job in the writer's transaction.
@@ -1116,7 +1215,7 @@ PutOutcome SqliteJobStore::Impl::insert_job(const Job& job, const std::optional<
   const std::string key = key_of(job);
   s.bind(1, key).bind(2, job.callback_url).bind(3, detail::dump_json(job.input));
   s.bind(4, to_ms(job.created_at));
-  s.bind(5, to_ms(claim ? claim->until : job.created_at));
+  s.bind(5, to_ms(claim ? claim->until : job.created_at));  // job_state::created's due time
   s.bind(6, static_cast<std::int64_t>(job.priority));
   s.bind(7, static_cast<std::int64_t>(job.max_queue.count()));
   s.bind(8, static_cast<std::int64_t>(job.webhook_events));
@@ -1126,12 +1225,8 @@ PutOutcome SqliteJobStore::Impl::insert_job(const Job& job, const std::optional<
   s.step();
   s.reset();
   if (sqlite3_changes(db) == 1) return PutOutcome::created;
-  Statement& q = *select_one;
-  q.bind(1, key);
-  const bool found = q.step();
-  const JobRecord existing = found ? read_record(q) : JobRecord{};
-  q.reset();
-  return found && existing.job.same_request_as(job) ? PutOutcome::duplicate : PutOutcome::conflict;
+  const Row* existing = load(key, true);
+  return existing ? job_state::put_again(existing->s, job) : PutOutcome::conflict;
 }
 
 // All in one transaction of the writer: one commit (one fsync) for the lot.
@@ -1264,65 +1359,60 @@ std::vector<JobRecord> SqliteJobStore::claim_callbacks(std::size_t max, const Le
 }
 
 bool SqliteJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
-  bool callback = false;
-  {
-    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-    auto holds = [&](Impl::Leases& leases) {
-      auto it = Impl::live(leases, id, lease.holder, now);
-      if (it == leases.end()) return false;
-      it->second.until = lease.until;
-      return true;
-    };
-    if (!holds(impl_->job_leases)) {
-      if (!holds(impl_->callback_leases)) return false;
-      callback = true;
-    }
+  // Queued under the lease lock, so that the writes of whatever ends this lease after (a finish,
+  // an attempt) come after this one.
+  std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+  Impl::Leases* leases = &impl_->job_leases;
+  auto it = Impl::live(*leases, id, lease.holder, now);
+  if (it == leases->end()) {
+    leases = &impl_->callback_leases;
+    it = Impl::live(*leases, id, lease.holder, now);
+    if (it == leases->end()) return false;
   }
-  Impl* impl = impl_.get();
-  impl_->enqueue({[impl, id, callback, until = to_ms(lease.until)] {
-                    Statement& s = callback ? *impl->set_callback_due : *impl->set_job_due;
-                    s.bind(1, until).bind(2, id).step();
-                    s.reset();
-                  },
-                  {},
-                  {}});
+  const bool callback = leases == &impl_->callback_leases;
+  Lease held = it->second;  // the lease the rule renews
+  it->second.until = lease.until;
+  impl_->change(id, [callback, held = std::move(held), lease, now](Impl::Row& r) {
+    std::optional<Lease>& slot = callback ? r.s.callback_lease : r.s.job_lease;
+    std::optional<Lease> before = std::exchange(slot, held);
+    if (job_state::renew(r.s, lease, now) == job_state::Renewed::none) {
+      slot = std::move(before);
+      return;
+    }
+    Impl::changed(r, to_ms(now));
+  });
   return true;
 }
 
 void SqliteJobStore::mark_running(const std::string& id, TimePoint now) {
-  Impl* impl = impl_.get();
-  Impl::Write mark{[impl, id, at = to_ms(now)] {
-                     impl->set_running->bind(1, at).bind(2, id).step();
-                     impl->set_running->reset();
-                   },
-                   {},
-                   {}};
-  mark.fold = Impl::Write::Fold::mark;
-  mark.fold_id = id;
-  mark.fold_at = to_ms(now);
-  impl_->enqueue(std::move(mark));
+  impl_->change(id, [now](Impl::Row& r) {
+    if (job_state::mark_running(r.s, now)) Impl::changed(r, to_ms(now));
+  });
 }
 
 bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder,
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                 TimePoint now) {
-  Impl* impl = impl_.get();
-  std::string result =
-      outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
+  std::string result = result_text(outcome);
   // Queued under the lease lock, so that a cancellation (which takes the lease under the same
   // lock) is either refused this acknowledgement or queued after its write.
   std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-  if (impl_->cancelling.count(id) || !impl_->release(impl_->job_leases, id, holder, now)) {
-    return false;
-  }
-  Impl::Write finished{
-      [impl, id, outcome, result = std::move(result), due = to_ms(deliver ? deliver->until : now),
-       at = to_ms(now)] { impl->write_finish(id, outcome, result, at, due); },
-      {},
-      {}};
-  finished.fold = Impl::Write::Fold::finish;
-  finished.fold_id = id;
-  impl_->enqueue(std::move(finished));
+  if (impl_->cancelling.count(id)) return false;
+  std::optional<Lease> held = impl_->release(impl_->job_leases, id, holder, now);
+  if (!held) return false;
+  impl_->change(id, [held = std::move(held), holder, outcome = outcome_without_result(outcome),
+                     result = std::move(result), deliver, now](Impl::Row& r) {
+    std::optional<Lease> before = std::exchange(r.s.job_lease, held);
+    if (!job_state::finish(r.s, holder, outcome,
+                           r.s.record.job.wants_completion_callback() ? deliver : std::nullopt,
+                           now)) {
+      r.s.job_lease = std::move(before);  // final already (nothing else ends a held lease)
+      return;
+    }
+    r.result_set = true;
+    r.result_text = result;  // (copied: a failed transaction applies the write again)
+    Impl::changed(r, to_ms(now));
+  });
   if (deliver) impl_->callback_leases[id] = *deliver;
   return true;
 }
@@ -1330,20 +1420,25 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
 bool SqliteJobStore::record_attempt(const std::string& id, const std::string& holder,
                                     const CallbackInfo& after, TimePoint now,
                                     const std::optional<CallbackAttempt>& attempt) {
-  {
-    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-    if (!impl_->release(impl_->callback_leases, id, holder, now)) return false;
-  }
-  impl_->write_callback(id, after,
-                        attempt ? detail::dump_json(detail::attempt_to_json(*attempt)) : "");
+  std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+  std::optional<Lease> held = impl_->release(impl_->callback_leases, id, holder, now);
+  if (!held) return false;
+  impl_->change(id, [held = std::move(held), holder, after, now, attempt](Impl::Row& r) {
+    std::optional<Lease> before = std::exchange(r.s.callback_lease, held);
+    if (!job_state::record_attempt(r.s, holder, after, now, attempt)) {
+      r.s.callback_lease = std::move(before);
+      return;
+    }
+    if (attempt) r.log_set = true;
+    Impl::changed(r, to_ms(now));
+  });
   return true;
 }
 
 CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& outcome,
                                      TimePoint now) {
   Impl* impl = impl_.get();
-  std::string result =
-      outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
+  std::string result = result_text(outcome);
   // Whatever the answer, the job holds no lease afterwards: a put or claim that committed while
   // the cancellation waited gave none (see `cancelling`).
   struct Done {
@@ -1356,14 +1451,16 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
     }
   } done{impl, id};
   return impl_->write_and_wait<CancelOutcome>(
-      [impl, id, outcome, result = std::move(result), at = to_ms(now)] {
-        // Only a job not final yet; its callback due at once.
-        if (impl->write_finish(id, outcome, result, at, at)) return CancelOutcome::cancelled;
-        Statement& q = *impl->select_one;
-        q.bind(1, id);
-        const bool found = q.step();
-        q.reset();
-        return found ? CancelOutcome::already_finished : CancelOutcome::not_found;
+      [impl, id, outcome = outcome_without_result(outcome), result = std::move(result), now] {
+        Impl::Row* r = impl->load(id);
+        if (!r) return CancelOutcome::not_found;
+        const CancelOutcome answer = job_state::cancel(r->s, outcome, now);
+        if (answer == CancelOutcome::cancelled) {
+          r->result_set = true;
+          r->result_text = result;
+          Impl::changed(*r, to_ms(now));
+        }
+        return answer;
       },
       {}, false,
       // Whoever holds the job loses it now: its acknowledgement is refused from here on, and an
@@ -1379,18 +1476,11 @@ RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& c
   Impl* impl = impl_.get();
   return impl_->write_and_wait<RedeliverOutcome>(
       [impl, id, claim, now] {
-        Statement& s = *impl->redeliver_failed;
-        s.bind(s.param(":now"), to_ms(now));
-        s.bind(s.param(":due"), to_ms(claim.until));
-        s.bind(s.param(":id"), id);
-        s.step();
-        s.reset();
-        if (sqlite3_changes(impl->db) == 1) return RedeliverOutcome::redelivered;
-        Statement& q = *impl->select_one;
-        q.bind(1, id);
-        const bool found = q.step();
-        q.reset();
-        return found ? RedeliverOutcome::not_failed : RedeliverOutcome::not_found;
+        Impl::Row* r = impl->load(id);
+        if (!r) return RedeliverOutcome::not_found;
+        const RedeliverOutcome answer = job_state::redeliver(r->s, claim, now);
+        if (answer == RedeliverOutcome::redelivered) Impl::changed(*r, to_ms(now));
+        return answer;
       },
       [impl, id, claim](RedeliverOutcome& outcome) {
         if (outcome != RedeliverOutcome::redelivered) return;
@@ -1400,31 +1490,24 @@ RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& c
 }
 
 void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) {
-  {
-    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-    impl_->job_leases.erase(id);
-  }
-  Impl* impl = impl_.get();
-  std::string result =
-      outcome.status == JobStatus::succeeded ? detail::dump_json(outcome.result) : "";
-  impl_->enqueue({[impl, id, outcome, result = std::move(result)] {
-                    Statement& s = *impl->set_outcome;
-                    Impl::bind_outcome(s, outcome, result);
-                    s.bind(s.param(":now"), now_ms());
-                    s.bind(s.param(":id"), id);
-                    s.step();
-                    s.reset();
-                  },
-                  {},
-                  {}});
+  std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+  impl_->job_leases.erase(id);
+  impl_->change(id, [outcome = outcome_without_result(outcome), result = result_text(outcome),
+                     at = now_ms()](Impl::Row& r) {
+    job_state::complete(r.s, outcome);
+    r.result_set = true;
+    r.result_text = result;
+    Impl::changed(r, at);
+  });
 }
 
 void SqliteJobStore::update_callback(const std::string& id, const CallbackInfo& callback) {
-  {
-    std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-    impl_->callback_leases.erase(id);
-  }
-  impl_->write_callback(id, callback);
+  std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+  impl_->callback_leases.erase(id);
+  impl_->change(id, [callback, at = now_ms()](Impl::Row& r) {
+    job_state::update_callback(r.s, callback);
+    Impl::changed(r, at);
+  });
 }
 
 std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) const {

@@ -1,13 +1,13 @@
 // The state rules of a stored job, written once: what each JobStore call does to one job, as pure
 // functions over a StoredJob (no I/O, no clock of their own, no index). MemoryJobStore applies
-// them under its lock and keeps its indexes beside; PostgresJobStore applies them to the rows its
-// writer's transaction locks. The differential test (tests/test_store_differential.cpp) holds
-// SQLite, Redis and PostgreSQL to the memory store's answers and records after every step, so to
-// these rules. Not yet applied by them directly: RedisJobStore
-// states the same rules in Lua (src/store/redis/*.lua, atomic inside Redis across servers, with one
-// lease field that is the job's until it is final and its callback's after), and SqliteJobStore as
-// SQL updates queued to its writer, with its leases in memory (docs/architecture.md says what
-// remains). A store of one's own starts here.
+// them under its lock and keeps its indexes beside; SqliteJobStore and PostgresJobStore apply them
+// to the rows their writer's transaction reads (SQLite keeps who holds a lease in memory, the file
+// being one process's, and puts the caller's lease in the row's place before the rule runs).
+// RedisJobStore states the same rules in Lua (src/store/redis/*.lua), atomic inside Redis across
+// servers, with one lease field that is the job's until it is final and its callback's after. The
+// differential test (tests/test_store_differential.cpp) holds SQLite, Redis and PostgreSQL to the
+// memory store's answers and records after every step, so to these rules. A store of one's own
+// starts here.
 //
 // What the JobQueue never does, and the stores may answer differently: give `deliver` to finish a
 // job that wants no completion callback, complete a job with a status that is not final, or make a
@@ -41,8 +41,11 @@ namespace job_state {
 using TimePoint = std::chrono::system_clock::time_point;
 
 /// True when `lease` is `holder`'s and has not run out at `now`.
+inline bool holds(const Lease& lease, const std::string& holder, TimePoint now) {
+  return lease.holder == holder && lease.until > now;
+}
 inline bool holds(const std::optional<Lease>& lease, const std::string& holder, TimePoint now) {
-  return lease && lease->holder == holder && lease->until > now;
+  return lease && holds(*lease, holder, now);
 }
 
 /// A job put for the first time: queued, held by `claim` when given (the server that accepted it

@@ -26,11 +26,14 @@ struct SqliteJobStoreOptions {
 /// Durability: `put` returns only after the job is committed to disk (WAL, `synchronous=FULL`), so
 /// a 202 means the job survives a crash. Writes from all threads are grouped into one transaction
 /// by a writer thread that the store starts and joins (group commit; it also prunes): concurrent
-/// submissions share one fsync. State changes
-/// (`mark_running`, `complete`, `update_callback`) are queued to the same writer without waiting;
-/// every read waits until the writes issued before it are committed, so reads see them.
-/// Submissions go ahead of queued state changes, and a transaction with a submission in it takes
-/// at most 512 of them: a burst of deliveries does not make a 202 wait for its whole backlog.
+/// submissions share one fsync. State changes (`mark_running`, `finish_job`, `record_attempt`,
+/// `renew`, `complete`, `update_callback`) are queued to the same writer without waiting; every
+/// read waits until the writes issued before it are committed, so reads see them. The writer
+/// applies job_state.hpp's rules to each job's row (read once a transaction, written once, the
+/// columns that changed); who holds a lease is kept in memory and checked when the call is made
+/// (the file is this process's alone), so `finish_job`, `record_attempt` and `renew` answer at
+/// once. Submissions go ahead of queued state changes, and a transaction with a submission in it
+/// takes at most 512 of them: a burst of deliveries does not make a 202 wait for its whole backlog.
 ///
 /// After a crash, `list_unfinished` returns every job that was accepted and not finished; the
 /// JobQueue runs them again and resumes their callbacks (at least once).
