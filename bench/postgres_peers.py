@@ -182,13 +182,15 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
         pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
-def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int) -> dict:
+def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: str = "") -> dict:
     db = f"bench_{number}"
     pg.sql(f"CREATE DATABASE {db}")
     receiver = Receiver() if mode == "callback" else None
     servers, wrks = [], []
+    name = f"rebound-{count}" + (f" ({query})" if query else "")
     try:
-        store = pg.url(db).replace("postgres://", "postgresql://") + "?schema=rebound"
+        store = pg.url(db).replace("postgres://", "postgresql://") + "?schema=rebound" + \
+            (f"&{query}" if query else "")
         for i in range(count):
             port = free_port()
             servers.append(Server(f"rebound-server {i + 1} of {count}", [
@@ -218,7 +220,7 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int) -> dict:
             if accepted >= a.jobs and done >= a.jobs and in_flight == 0:
                 break
             if now > deadline:
-                raise RuntimeError(f"rebound-{count}: {accepted} of {a.jobs} accepted, {done} "
+                raise RuntimeError(f"{name}: {accepted} of {a.jobs} accepted, {done} "
                                    f"finished, {in_flight} in flight after {a.trial_timeout} s")
             # Every 50 ms: each scrape counts the backlog in PostgreSQL (the queue gauges of
             # /metrics), which is Postgres CPU the peers' runs do not spend.
@@ -229,7 +231,7 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int) -> dict:
         for w in wrks:
             w.send_signal(signal.SIGINT)  # wrk sleeps out -d after its thread stopped
             runs.append(parse_wrk(w.communicate(timeout=30)[0]))
-        return {"system": f"rebound-{count}", "mode": mode, "jobs": a.jobs, "seconds": seconds,
+        return {"system": name, "mode": mode, "jobs": a.jobs, "seconds": seconds,
                 "jobs_per_s": a.jobs / seconds, "pg_cpu_us_per_job": (after - before) * 1e6 / a.jobs,
                 "accepted": accepted, "refused": sum(r["non2xx"] for r in runs),
                 "failed": total(figures, *COMPLETED[1:])}
@@ -262,6 +264,9 @@ def main() -> None:
     p.add_argument("--systems", action="append", choices=["graphile-worker", "pg-boss", "rebound"])
     p.add_argument("--servers", type=int, action="append", choices=[1, 2, 3],
                    help="rebound-servers on the database (default 1; repeat for several trials)")
+    p.add_argument("--store-query", action="append",
+                   help="rebound trials with this added to the store URI's query, e.g. prepared=1 "
+                        "(repeatable; an empty one is the plain URI); default: the plain URI")
     p.add_argument("--workers", type=int, default=2, help="rebound-server --workers (default 2)")
     p.add_argument("--build-dir", default=str(ROOT / "build"),
                    help="where rebound-server was built (default build/)")
@@ -287,13 +292,14 @@ def main() -> None:
         number = 0
         for r in range(a.rounds):
             for mode in modes:
-                trials = [(s, 0) for s in systems if s != "rebound"]
+                trials = [(s, 0, "") for s in systems if s != "rebound"]
                 if "rebound" in systems:
-                    trials += [("rebound", k) for k in (a.servers or [1])]
-                for system, count in trials:
+                    trials += [("rebound", k, q) for k in (a.servers or [1])
+                               for q in (a.store_query or [""])]
+                for system, count, query in trials:
                     number += 1
-                    figures = (rebound_trial(a, pg, number, mode, count) if system == "rebound"
-                               else trial(a, pg, number, mode, system))
+                    figures = (rebound_trial(a, pg, number, mode, count, query)
+                               if system == "rebound" else trial(a, pg, number, mode, system))
                     figures["round"] = r + 1
                     log(f"round {r + 1} {mode:8} {figures['system']:16} {figures['jobs_per_s']:8.0f} "
                         f"jobs/s {figures['pg_cpu_us_per_job']:6.0f} µs Postgres CPU a job")

@@ -47,6 +47,14 @@ TEST_CASE("postgres store: its URI names the database and the schema") {
   CHECK(o.conninfo == "postgres://db/jobs?sslmode=require&application_name=x");
   CHECK(o.schema == "s");
   CHECK(rebound::parse_postgres_uri("postgresql:///jobs").schema == "rebound");
+  CHECK_FALSE(rebound::parse_postgres_uri("postgresql:///jobs").prepared_statements);
+  o = rebound::parse_postgres_uri("postgresql://db/jobs?prepared=1&sslmode=disable");
+  CHECK(o.prepared_statements);
+  CHECK(o.conninfo == "postgresql://db/jobs?sslmode=disable");
+  CHECK_FALSE(
+      rebound::parse_postgres_uri("postgresql://db/jobs?prepared=false").prepared_statements);
+  CHECK_THROWS_WITH_AS(rebound::parse_postgres_uri("postgresql://db/jobs?prepared=yes"),
+                       doctest::Contains("prepared must be"), rebound::Error);
   CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=a;drop"),
                   rebound::Error);
   CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=1a"), rebound::Error);
@@ -119,9 +127,15 @@ TEST_CASE("postgres store: finished jobs are deleted past the retention - the re
 }
 
 TEST_CASE("postgres store: a database that stops fails the calls - and they work when it is back") {
+  bool prepared = false;
+  SUBCASE("statements unnamed") {}
+  SUBCASE("statements prepared - prepared again in the new sessions") {
+    prepared = true;
+  }
   PostgresServer db;
   auto options = options_for(db.uri());
   options.statement_timeout = 2s;
+  options.prepared_statements = prepared;
   PostgresJobStore store(options);
   const auto now = std::chrono::system_clock::now();
   REQUIRE(store.put(job_named("before")) == PutOutcome::created);
@@ -144,7 +158,23 @@ TEST_CASE("postgres store: a database that stops fails the calls - and they work
   CHECK(*put == PutOutcome::created);
   CHECK_FALSE(store.failure());
   const auto later = std::chrono::system_clock::now();
-  CHECK(store.claim_jobs(5, Lease{"h", later + 30s}, later).size() == 2);
+  const auto claimed = store.claim_jobs(5, Lease{"h", later + 30s}, later);
+  REQUIRE(claimed.size() == 2);
+  // Every statement of the job's way works on the new connections (prepared: once each there).
+  for (int round = 0; round < 3; ++round) {
+    const std::string id = "more" + std::to_string(round);
+    REQUIRE(store.put(job_named(id), Lease{"h", later + 30s}) == PutOutcome::created);
+    store.mark_running(id, later);
+    REQUIRE(store.finish_job(
+        id, "h", rebound::JobOutcome{JobStatus::succeeded, {{"y", round}}, std::nullopt},
+        Lease{"send", later + 30s}, later));
+    const auto record = store.get(id);
+    REQUIRE(record);
+    CHECK(record->status == JobStatus::succeeded);
+    CHECK(record->outcome.result == nlohmann::json{{"y", round}});
+    CHECK(record->callback.state == rebound::CallbackState::pending);
+  }
+  CHECK(store.claim_callbacks(10, Lease{"late", later + 1h}, later + 31s).size() == 3);
 }
 
 TEST_CASE("postgres store: a statement that waits too long is cancelled - the store says so") {

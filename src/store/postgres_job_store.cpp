@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "common/attempt_log.hpp"
@@ -293,8 +294,10 @@ std::string trimmed(std::string s) {
 // deadline: one unanswered in time is cancelled and its connection closed.
 class Connection {
  public:
-  Connection(std::string conninfo, std::chrono::milliseconds timeout)
-      : conninfo_(std::move(conninfo)), timeout_(timeout) {}
+  // `prepared`: the statements with parameters are prepared (named, once a connection) and run
+  // prepared (PostgresJobStoreOptions::prepared_statements).
+  Connection(std::string conninfo, std::chrono::milliseconds timeout, bool prepared)
+      : conninfo_(std::move(conninfo)), timeout_(timeout), prepare_(prepared) {}
   ~Connection() { close(); }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -302,8 +305,8 @@ class Connection {
   // Since when the statement under way has waited (ms of the steady clock; 0: none under way).
   std::int64_t busy_since() const { return busy_since_.load(std::memory_order_relaxed); }
 
-  // Runs one statement with parameters (the extended protocol, unnamed: nothing stays on the
-  // server between transactions).
+  // Runs one statement with parameters (the extended protocol; unnamed, so that nothing stays on
+  // the server between transactions, unless statements are prepared).
   Result exec(const std::string& sql, const Params& params = {}) {
     open();
     // Every text made storable (clean): what a model, a receiver or a caller put in an error, a
@@ -319,10 +322,13 @@ class Connection {
       values.push_back(params[i] ? texts[i].c_str() : nullptr);
     Busy busy(*this);
     const auto deadline = Clock::now() + timeout_;
-    if (!PQsendQueryParams(pg_, sql.c_str(), static_cast<int>(values.size()), nullptr,
-                           values.data(), nullptr, nullptr, 0)) {
-      fail("cannot send");
-    }
+    const std::string* name =
+        prepare_ ? prepared(sql, static_cast<int>(values.size()), deadline) : nullptr;
+    const int sent = name ? PQsendQueryPrepared(pg_, name->c_str(), static_cast<int>(values.size()),
+                                                values.data(), nullptr, nullptr, 0)
+                          : PQsendQueryParams(pg_, sql.c_str(), static_cast<int>(values.size()),
+                                              nullptr, values.data(), nullptr, nullptr, 0);
+    if (!sent) fail("cannot send");
     flush(deadline);
     return collect(deadline);
   }
@@ -341,9 +347,27 @@ class Connection {
   void close() {
     if (pg_) PQfinish(pg_);
     pg_ = nullptr;
+    prepared_.clear();  // (a server's prepared statements end with its session)
   }
 
  private:
+  // The name `sql` is prepared under on this connection, preparing it first (its parse and plan
+  // are the server's once a session, not once a call); null past max_prepared distinct texts,
+  // which then run unnamed.
+  const std::string* prepared(const std::string& sql, int params, Clock::time_point deadline) {
+    const auto known = prepared_.find(sql);
+    if (known != prepared_.end()) return &known->second;
+    if (prepared_.size() >= max_prepared) return nullptr;
+    std::string name = "rebound_" + std::to_string(prepared_.size() + 1);
+    if (!PQsendPrepare(pg_, name.c_str(), sql.c_str(), params, nullptr)) fail("cannot send");
+    flush(deadline);
+    collect(deadline);  // (throws, closing the connection, when the server refuses it)
+    return &prepared_.emplace(sql, std::move(name)).first->second;
+  }
+
+  // The store's statements with parameters are a few dozen texts; more are not kept.
+  static constexpr std::size_t max_prepared = 64;
+
   struct Busy {
     explicit Busy(Connection& c) : c(c) {
       c.busy_since_.store(
@@ -437,6 +461,8 @@ class Connection {
 
   std::string conninfo_;
   std::chrono::milliseconds timeout_;
+  bool prepare_ = false;
+  std::unordered_map<std::string, std::string> prepared_;  // statement text -> its name
   PGconn* pg_ = nullptr;
   std::atomic<std::int64_t> busy_since_{0};
 };
@@ -638,6 +664,13 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
       const std::string pair = query.substr(at, amp == std::string::npos ? amp : amp - at);
       if (pair.rfind("schema=", 0) == 0) {
         options.schema = pair.substr(7);
+      } else if (pair.rfind("prepared=", 0) == 0) {
+        const std::string value = pair.substr(9);
+        if (value != "0" && value != "1" && value != "true" && value != "false") {
+          throw Error("store '" + detail::redacted_uri(uri) +
+                      "': prepared must be 1, 0, true or false");
+        }
+        options.prepared_statements = value == "1" || value == "true";
       } else if (!pair.empty()) {
         kept += (kept.empty() ? "" : "&") + pair;
       }
@@ -745,8 +778,10 @@ struct PostgresJobStore::Impl {
     set_timeout = "BEGIN; SET LOCAL statement_timeout = " + ms +
                   "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
     if (options.connections == 0) options.connections = 1;
-    writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout);
-    prune_connection = std::make_unique<Connection>(conninfo, options.statement_timeout);
+    writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout,
+                                                     options.prepared_statements);
+    prune_connection = std::make_unique<Connection>(conninfo, options.statement_timeout,
+                                                    options.prepared_statements);
     all.push_back(writer_connection.get());
     claim_jobs_sql = sql(claim_jobs_template) + column_list("j");
     // The writer's two writes: the new rows, and the rows changed (their columns from mver on).
@@ -804,7 +839,8 @@ struct PostgresJobStore::Impl {
         c = std::move(idle.back());
         idle.pop_back();
       } else {
-        c = std::make_unique<Connection>(conninfo, options.statement_timeout);
+        c = std::make_unique<Connection>(conninfo, options.statement_timeout,
+                                         options.prepared_statements);
         all.push_back(c.get());
         ++opened;
       }

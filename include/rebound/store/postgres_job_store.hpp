@@ -48,12 +48,20 @@ struct PostgresJobStoreOptions {
   /// cancel, redeliver) gather while the last transaction is out and go in one transaction of at
   /// most this many, and about 16 MiB of new jobs (group commit: one WAL flush for all of them).
   std::size_t max_batch = 512;
+  /// Prepares each statement with parameters once a connection (a named, server-side prepared
+  /// statement) and runs it prepared, so that the server parses and plans the store's statements
+  /// once a session instead of once a call (`?prepared=1` in the URI). Off by default: prepared
+  /// statements are session state, which a pooler in transaction mode does not keep (PgBouncer
+  /// before 1.21, or without `max_prepared_statements`, answers "prepared statement does not
+  /// exist"; the store then reconnects and fails the call). Turn it on with a direct connection
+  /// or a session-mode pooler. docs/benchmarks.md measures what it saves.
+  bool prepared_statements = false;
 };
 
 /// Reads a `postgresql://` or `postgres://` URI (rebound-server's `--store`) into options: the
-/// URI goes to libpq as is, but for `schema=NAME` among its query parameters, which names
-/// the store's schema and is taken out. Throws rebound::Error for any other scheme or a schema
-/// name that is not allowed.
+/// URI goes to libpq as is, but for `schema=NAME` (the store's schema) and `prepared=1`
+/// (PostgresJobStoreOptions::prepared_statements) among its query parameters, which are taken out.
+/// Throws rebound::Error for any other scheme or a schema name that is not allowed.
 PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 
 /// A JobStore in a PostgreSQL database, shared by every server that names the same database and
@@ -69,10 +77,10 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///   `FOR UPDATE SKIP LOCKED`, so servers claiming at once never wait for each other's rows.
 ///   Tenants take turns (job_state::claim_turns) across every server: the tenant served last is
 ///   one row of the schema, written only when it changes.
-/// - No session state: no `LISTEN`, no session advisory locks, no prepared statements, no `SET`
-///   outside a transaction. The store works behind PgBouncer in transaction mode. The schema is
-///   created or migrated at start under a transaction's advisory lock, so servers that start
-///   together agree.
+/// - No session state: no `LISTEN`, no session advisory locks, no prepared statements (unless
+///   asked: PostgresJobStoreOptions::prepared_statements), no `SET` outside a transaction. The
+///   store works behind PgBouncer in transaction mode. The schema is created or migrated at start
+///   under a transaction's advisory lock, so servers that start together agree.
 /// - Finished jobs are deleted past the retention in small batches, by a thread and a connection
 ///   of the store's own: no long transaction of the store's holds back vacuum.
 /// - Texts PostgreSQL cannot hold (a NUL, bytes that are not UTF-8: an error message a model
