@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -446,6 +447,124 @@ TEST_CASE("sqlite: a job's finish and its callback's attempts in one transaction
   CHECK(store.get("a-0"));
   CHECK(store.prune(t0 + 24h + 13s) == static_cast<std::size_t>(jobs));
   CHECK(store.list_unfinished(10).empty());
+}
+
+namespace {
+
+// Puts `n` jobs in one write on another thread, to keep the store's writer busy while the test
+// queues what it wants in the writer's next transaction.
+std::thread busy_writer(SqliteJobStore& store, const std::string& prefix, int n) {
+  std::vector<rebound::PutRequest> requests;
+  auto jobs = std::make_shared<std::vector<Job>>();
+  for (int i = 0; i < n; ++i)
+    jobs->push_back(
+        make(prefix + std::to_string(i), "", nlohmann::json{{"pad", std::string(512, 'x')}}));
+  return std::thread([&store, jobs] {
+    std::vector<rebound::PutRequest> requests;
+    for (const Job& job : *jobs)
+      requests.push_back(rebound::PutRequest{&job, std::nullopt});
+    store.put_many(requests);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("sqlite: writes queued together are answered with what the file holds") {
+  // A duplicate put reads a job's row whole; a finish then rewrites its outcome; a claim of its
+  // callback in the same transaction answers the result, not the row as the put read it.
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const auto t0 =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  for (int round = 0; round < 10; ++round) {
+    const std::string id = "j-" + std::to_string(round);
+    REQUIRE(store.put(make(id), rebound::Lease{"w", t0 + 1h}) == PutOutcome::created);
+    std::thread busy = busy_writer(store, "pad-" + std::to_string(round) + "-", 400);
+    std::this_thread::sleep_for(2ms);
+    std::promise<PutOutcome> again;
+    store.async_put(make(id), std::nullopt,
+                    [&](std::exception_ptr, PutOutcome outcome) { again.set_value(outcome); });
+    const rebound::JobOutcome done(JobStatus::succeeded, nlohmann::json{{"y", round}}, std::nullopt,
+                                   t0 + 5s);
+    REQUIRE(store.finish_job(id, "w", done, std::nullopt, t0 + 5s));
+    const auto claimed = store.claim_callbacks(10, rebound::Lease{"c", t0 + 2h}, t0 + 6s);
+    busy.join();
+    CHECK(again.get_future().get() == PutOutcome::duplicate);
+    REQUIRE(claimed.size() == 1);
+    CHECK(claimed[0].job.input == nlohmann::json{{"x", 1}});
+    CHECK(claimed[0].outcome.result == nlohmann::json{{"y", round}});
+    REQUIRE(
+        store.record_attempt(id, "c", rebound::CallbackInfo{CallbackState::delivered}, t0 + 7s));
+  }
+}
+
+TEST_CASE("sqlite: an acknowledgement queued behind another server's claim does not overwrite it") {
+  // A worker whose lease ran out acknowledges with its clock behind the claimer's: the maps still
+  // name it (the claim is not committed yet), so the call is taken, but its write finds the job
+  // claimed by another (the row's lease ends when the new one does) and changes nothing.
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const auto t0 =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  for (int round = 0; round < 10; ++round) {
+    const std::string id = "k-" + std::to_string(round);
+    REQUIRE(store.put(make(id, ""), rebound::Lease{"late", t0 + 10s}) == PutOutcome::created);
+    std::thread busy = busy_writer(store, "pad-" + std::to_string(round) + "-", 400);
+    std::this_thread::sleep_for(2ms);
+    std::vector<rebound::JobRecord> claimed;
+    std::thread claimer([&] {
+      claimed = store.claim_jobs(10, rebound::Lease{"new", t0 + 1h}, t0 + 11s);
+    });
+    std::this_thread::sleep_for(1ms);
+    const rebound::JobOutcome stale(JobStatus::succeeded, nlohmann::json{{"from", "late"}},
+                                    std::nullopt, t0 + 9s);
+    const bool taken = store.finish_job(id, "late", stale, std::nullopt, t0 + 9s);
+    claimer.join();
+    busy.join();
+    const auto first = store.get(id);
+    REQUIRE(first);
+    if (claimed.empty()) {
+      // The late acknowledgement reached the writer before the claim: the job is its.
+      CHECK(taken);
+      CHECK(first->outcome.result == nlohmann::json{{"from", "late"}});
+      continue;
+    }
+    REQUIRE(claimed.size() == 1);
+    CHECK(first->status == JobStatus::queued);  // claimed, not finished by the late one
+    const rebound::JobOutcome mine(JobStatus::succeeded, nlohmann::json{{"from", "new"}},
+                                   std::nullopt, t0 + 12s);
+    REQUIRE(store.finish_job(id, "new", mine, std::nullopt, t0 + 12s));
+    const auto record = store.get(id);
+    REQUIRE(record);
+    CHECK(record->outcome.result == nlohmann::json{{"from", "new"}});
+  }
+}
+
+TEST_CASE("sqlite: renew_all renews what each holder holds - one write") {
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const auto t0 =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  std::vector<std::pair<std::string, rebound::Lease>> renewals;
+  for (int i = 0; i < 100; ++i) {
+    const std::string id = "r-" + std::to_string(i);
+    REQUIRE(store.put(make(id), rebound::Lease{"w", t0 + 10s}) == PutOutcome::created);
+    renewals.emplace_back(id, rebound::Lease{i % 10 == 0 ? "other" : "w", t0 + 1h});
+  }
+  renewals.emplace_back("unknown", rebound::Lease{"w", t0 + 1h});
+  const std::size_t before = store.commits();
+  const auto answers = store.renew_all(renewals, t0 + 5s);
+  REQUIRE(answers.size() == renewals.size());
+  for (std::size_t i = 0; i < 100; ++i)
+    CHECK(answers[i] == (i % 10 != 0));
+  CHECK_FALSE(answers.back());
+  // Past the old leases, only the jobs whose lease was not renewed are claimable.
+  const auto claimed = store.claim_jobs(200, rebound::Lease{"c", t0 + 2h}, t0 + 11s);
+  CHECK(claimed.size() == 10);
+  for (const auto& r : claimed)
+    CHECK(std::stoi(r.job.id.substr(2)) % 10 == 0);
+  CHECK(store.commits() - before <= 2);  // the renewals' write, and the claim's
+  CHECK(store.claim_jobs(200, rebound::Lease{"c2", t0 + 3h}, t0 + 1h + 1s).size() == 90);
 }
 
 TEST_CASE("sqlite: a second store on the same file is refused") {

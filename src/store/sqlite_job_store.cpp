@@ -240,7 +240,8 @@ TimePoint from_ms(std::int64_t ms) {
   return TimePoint(std::chrono::milliseconds(ms));
 }
 
-JobRecord read_record(const Statement& s) {
+// `with_log`: the attempt log parsed (else left empty: column 21 is the caller's).
+JobRecord read_record(const Statement& s, bool with_log = true) {
   JobRecord r;
   r.job.tenant = s.text(22);
   r.job.id = std::string(id_in_key(s.text(0), r.job.tenant));  // the id column holds the key
@@ -274,7 +275,7 @@ JobRecord read_record(const Statement& s) {
   r.job.traceparent = s.text(18);
   r.started_at = from_ms(s.integer(19));
   r.outcome.finished_at = from_ms(s.integer(20));
-  r.attempt_log = detail::attempt_log_from_json(s.text(21));
+  if (with_log) r.attempt_log = detail::attempt_log_from_json(s.text(21));
   r.job.model = ModelRef{s.text(23), s.text(24)};
   return r;
 }
@@ -371,11 +372,12 @@ struct SqliteJobStore::Impl {
     bool ahead = false;
   };
 
-  // A job's row in the writer's transaction: read once (`rows`), changed by job_state's rules as
-  // each write of the transaction applies them in order, written once before the commit (or
-  // before a claim reads the indexes), the columns that changed only. So a job's mark_running
-  // and its finish in one transaction (a short model under load) are one row write, as are a
-  // finish and its callback's first attempt.
+  // A job's row in the writer's transaction: read at its first use (`rows`), changed by
+  // job_state's rules as each write of the transaction applies them in order, written before the
+  // commit (or before a claim reads the indexes, or when max_rows are held), the columns that
+  // changed only. So a job's mark_running and its finish in one transaction (a short model under
+  // load) are one row write, as are a finish and its callback's first attempt. Its finish time is
+  // when it first became finished (a later update of a finished job does not move it).
   struct Row {
     // The record, and its leases as the rules see them: the file keeps when each lease ends (the
     // due times job_state::job_due and callback_due make of them), not who holds it, which the
@@ -384,7 +386,11 @@ struct SqliteJobStore::Impl {
     // lease in its place before it applies its rule.
     StoredJob s;
     std::optional<std::int64_t> finished_ms;  // when job_state::is_finished became true
-    bool full = false;        // its input and result were read (a claim answers them)
+    bool full = false;  // its input and result are in `s` (a claim answers them)
+    // Its attempt log is in `s` (else `log_text` holds it as stored, parsed only for a rule that
+    // adds to it: a renewal or a finish costs no JSON).
+    bool log_read = false;
+    std::string log_text;
     bool dirty = false;       // changed since it was read or written
     bool result_set = false;  // its outcome was written: its result column goes with it
     std::string result_text;  // that result (a job that succeeded), as the caller dumped it
@@ -408,8 +414,11 @@ struct SqliteJobStore::Impl {
   // The writer's (under db_mutex): a row update for each set of columns written together (a bit
   // a StateColumn), prepared at its first use.
   std::unordered_map<std::uint32_t, std::unique_ptr<Statement>> row_updates;
-  // The writer's, for the transaction under way: the rows its writes read and changed.
+  // The writer's, for the transaction under way: the rows its writes read and changed. Past
+  // max_rows they are written and forgotten (a transaction of a backlog of renewals), to be read
+  // again by a later write: each write puts its caller's lease in place itself.
   std::unordered_map<std::string, Row> rows;
+  static constexpr std::size_t max_rows = 4096;
   mutable std::mutex servers_mutex;
   detail::ServersSeen servers_seen;  // guarded by servers_mutex
 
@@ -478,6 +487,19 @@ struct SqliteJobStore::Impl {
   void write_row(const std::string& key, Row& r);
   void write_rows();
   Statement& update_for(std::uint32_t columns);
+  // Puts the caller's lease `held` (checked in the maps when the call was made) in the row's
+  // place `slot` and answers true, keeping the lease it replaces in `before`; false, changing
+  // nothing, when the row's lease does not end when `held` does: a claim took the work after
+  // `held` ran out (the caller's clock behind the claimer's), and the write is refused, as the
+  // memory store refuses it.
+  static bool swap_in(std::optional<Lease>& slot, const Lease& held, std::optional<Lease>& before) {
+    if (!slot || to_ms(slot->until) != to_ms(held.until)) return false;
+    before = std::exchange(slot, held);
+    return true;
+  }
+  struct Renewal;
+  std::optional<Renewal> renew_held(const std::string& id, const Lease& lease, TimePoint now);
+  void apply(Row& r, const Renewal& renewal, TimePoint now);
   // Queues a state change nobody waits for: `rule` applied to the job's row, if it exists.
   void change(const std::string& key, std::function<void(Row&)> rule);
 
@@ -1075,6 +1097,10 @@ SqliteJobStore::Impl::Row* SqliteJobStore::Impl::load(const std::string& key, bo
     write_row(it->first, it->second);  // its changes in the file, then read whole
     rows.erase(it);
   }
+  if (rows.size() >= max_rows) {
+    write_rows();
+    rows.clear();
+  }
   Statement& q = full ? *select_one : *select_state;
   q.bind(1, key);
   Row r;
@@ -1083,23 +1109,29 @@ SqliteJobStore::Impl::Row* SqliteJobStore::Impl::load(const std::string& key, bo
       q.reset();
       return nullptr;
     }
-    r.s.record = read_record(q);
-    if (!q.is_null(25)) r.s.job_lease = Lease{std::string(), from_ms(q.integer(25))};
-    if (!q.is_null(26)) r.s.callback_lease = Lease{std::string(), from_ms(q.integer(26))};
+    r.s.record = read_record(q, full);
+    r.full = r.log_read = full;
+    if (!full) r.log_text = q.text(21);
+    // A lease by nobody (a holder no caller has: holders are never empty, nor this) ending at
+    // the row's due time: the rules read it as that due time.
+    static const std::string nobody("\0", 1);
+    if (!q.is_null(25)) r.s.job_lease = Lease{nobody, from_ms(q.integer(25))};
+    if (!q.is_null(26)) r.s.callback_lease = Lease{nobody, from_ms(q.integer(26))};
     if (!q.is_null(27)) r.finished_ms = q.integer(27);
     r.stored = values_of(r);
-    // The derived columns as they are (a row another version wrote may disagree with the rules:
-    // then the first change writes them right).
-    r.stored[job_due_col] =
-        Value::of(q.is_null(25) ? std::nullopt : std::optional<std::int64_t>(q.integer(25)));
-    r.stored[cb_due_col] =
-        Value::of(q.is_null(26) ? std::nullopt : std::optional<std::int64_t>(q.integer(26)));
+    // The due columns as the file has them: a row that disagrees with the rules (a job final
+    // and still due: only another program could write it) is written right with this
+    // transaction, so that claims stop finding it.
+    const Value job_due = Value::of(q.is_null(25) ? std::nullopt : std::optional(q.integer(25)));
+    const Value cb_due = Value::of(q.is_null(26) ? std::nullopt : std::optional(q.integer(26)));
+    r.dirty = !(job_due == r.stored[job_due_col]) || !(cb_due == r.stored[cb_due_col]);
+    r.stored[job_due_col] = job_due;
+    r.stored[cb_due_col] = cb_due;
   } catch (...) {
     q.reset();
     throw;
   }
   q.reset();
-  r.full = full;
   return &rows.emplace(key, std::move(r)).first->second;
 }
 
@@ -1358,30 +1390,77 @@ std::vector<JobRecord> SqliteJobStore::claim_callbacks(std::size_t max, const Le
   return impl_->claim(true, max, lease, now);
 }
 
+// A renewal the maps allowed: which lease it lengthens, as it was, and to what.
+struct SqliteJobStore::Impl::Renewal {
+  std::string id;
+  bool callback = false;
+  Lease held;   // the lease the rule renews, as the caller held it
+  Lease lease;  // the renewal
+};
+
+// Under lease_mutex: lengthens `holder`'s live lease on `id` in the maps (its job's, else its
+// callback's); the renewal its write applies, or nullopt when it holds none.
+std::optional<SqliteJobStore::Impl::Renewal> SqliteJobStore::Impl::renew_held(const std::string& id,
+                                                                              const Lease& lease,
+                                                                              TimePoint now) {
+  Leases* leases = &job_leases;
+  auto it = live(*leases, id, lease.holder, now);
+  if (it == leases->end()) {
+    leases = &callback_leases;
+    it = live(*leases, id, lease.holder, now);
+    if (it == leases->end()) return std::nullopt;
+  }
+  Renewal renewal{id, leases == &callback_leases, it->second, lease};
+  it->second.until = lease.until;
+  return renewal;
+}
+
+// job_state::renew on the row, with the caller's lease in place.
+void SqliteJobStore::Impl::apply(Row& r, const Renewal& renewal, TimePoint now) {
+  std::optional<Lease>& slot = renewal.callback ? r.s.callback_lease : r.s.job_lease;
+  std::optional<Lease> before;
+  if (!swap_in(slot, renewal.held, before)) return;
+  if (job_state::renew(r.s, renewal.lease, now) == job_state::Renewed::none) {
+    slot = std::move(before);
+    return;
+  }
+  changed(r, to_ms(now));
+}
+
 bool SqliteJobStore::renew(const std::string& id, const Lease& lease, TimePoint now) {
   // Queued under the lease lock, so that the writes of whatever ends this lease after (a finish,
   // an attempt) come after this one.
   std::lock_guard<std::mutex> lock(impl_->lease_mutex);
-  Impl::Leases* leases = &impl_->job_leases;
-  auto it = Impl::live(*leases, id, lease.holder, now);
-  if (it == leases->end()) {
-    leases = &impl_->callback_leases;
-    it = Impl::live(*leases, id, lease.holder, now);
-    if (it == leases->end()) return false;
-  }
-  const bool callback = leases == &impl_->callback_leases;
-  Lease held = it->second;  // the lease the rule renews
-  it->second.until = lease.until;
-  impl_->change(id, [callback, held = std::move(held), lease, now](Impl::Row& r) {
-    std::optional<Lease>& slot = callback ? r.s.callback_lease : r.s.job_lease;
-    std::optional<Lease> before = std::exchange(slot, held);
-    if (job_state::renew(r.s, lease, now) == job_state::Renewed::none) {
-      slot = std::move(before);
-      return;
-    }
-    Impl::changed(r, to_ms(now));
+  auto renewal = impl_->renew_held(id, lease, now);
+  if (!renewal) return false;
+  impl_->change(id, [impl = impl_.get(), renewal = std::move(*renewal), now](Impl::Row& r) {
+    impl->apply(r, renewal, now);
   });
   return true;
+}
+
+// One write for them all (a server renews every lease it holds each third of a lease).
+std::vector<bool> SqliteJobStore::renew_all(
+    const std::vector<std::pair<std::string, Lease>>& leases, TimePoint now) {
+  std::vector<bool> out;
+  out.reserve(leases.size());
+  std::vector<Impl::Renewal> renewals;
+  std::lock_guard<std::mutex> lock(impl_->lease_mutex);
+  for (const auto& [id, lease] : leases) {
+    auto renewal = impl_->renew_held(id, lease, now);
+    out.push_back(renewal.has_value());
+    if (renewal) renewals.push_back(std::move(*renewal));
+  }
+  if (renewals.empty()) return out;
+  Impl* impl = impl_.get();
+  impl_->enqueue({[impl, renewals = std::move(renewals), now] {
+                    for (const auto& renewal : renewals) {
+                      if (Impl::Row* r = impl->load(renewal.id)) impl->apply(*r, renewal, now);
+                    }
+                  },
+                  {},
+                  {}});
+  return out;
 }
 
 void SqliteJobStore::mark_running(const std::string& id, TimePoint now) {
@@ -1402,7 +1481,8 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
   if (!held) return false;
   impl_->change(id, [held = std::move(held), holder, outcome = outcome_without_result(outcome),
                      result = std::move(result), deliver, now](Impl::Row& r) {
-    std::optional<Lease> before = std::exchange(r.s.job_lease, held);
+    std::optional<Lease> before;
+    if (!Impl::swap_in(r.s.job_lease, *held, before)) return;
     if (!job_state::finish(r.s, holder, outcome,
                            r.s.record.job.wants_completion_callback() ? deliver : std::nullopt,
                            now)) {
@@ -1411,6 +1491,7 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
     }
     r.result_set = true;
     r.result_text = result;  // (copied: a failed transaction applies the write again)
+    r.full = false;          // (its result is in result_text now)
     Impl::changed(r, to_ms(now));
   });
   if (deliver) impl_->callback_leases[id] = *deliver;
@@ -1424,7 +1505,12 @@ bool SqliteJobStore::record_attempt(const std::string& id, const std::string& ho
   std::optional<Lease> held = impl_->release(impl_->callback_leases, id, holder, now);
   if (!held) return false;
   impl_->change(id, [held = std::move(held), holder, after, now, attempt](Impl::Row& r) {
-    std::optional<Lease> before = std::exchange(r.s.callback_lease, held);
+    std::optional<Lease> before;
+    if (!Impl::swap_in(r.s.callback_lease, *held, before)) return;
+    if (attempt && !r.log_read) {
+      r.s.record.attempt_log = detail::attempt_log_from_json(r.log_text);
+      r.log_read = true;
+    }
     if (!job_state::record_attempt(r.s, holder, after, now, attempt)) {
       r.s.callback_lease = std::move(before);
       return;
@@ -1458,6 +1544,7 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
         if (answer == CancelOutcome::cancelled) {
           r->result_set = true;
           r->result_text = result;
+          r->full = false;
           Impl::changed(*r, to_ms(now));
         }
         return answer;
@@ -1497,6 +1584,7 @@ void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) 
     job_state::complete(r.s, outcome);
     r.result_set = true;
     r.result_text = result;
+    r.full = false;
     Impl::changed(r, at);
   });
 }

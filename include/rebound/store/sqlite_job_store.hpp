@@ -67,6 +67,9 @@ class SqliteJobStore final : public JobStore {
       const std::vector<std::string>& ids) const override;
   std::vector<JobRecord> claim_jobs(std::size_t max, const Lease& lease, TimePoint now) override;
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
+  /// One write to the writer for all of them.
+  std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
+                              TimePoint now) override;
   void mark_running(const std::string& id, TimePoint now) override;
   std::optional<std::size_t> queue_position(const std::string& id) const override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
