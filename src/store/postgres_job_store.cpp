@@ -395,6 +395,14 @@ class Connection {
     // Sending never blocks either: a statement larger than the socket's buffer is written as the
     // server reads it, within the statement's deadline (flush).
     if (PQsetnonblocking(pg_, 1) != 0) fail("cannot make the connection non-blocking");
+    // Prepared statements are planned for the values of each call, as unnamed ones are: a
+    // generic plan knows neither a claim's limit nor the size of a batch's arrays.
+    if (prepare_) {
+      const auto deadline = Clock::now() + timeout_;
+      if (!PQsendQuery(pg_, "SET plan_cache_mode = force_custom_plan")) fail("cannot send");
+      flush(deadline);
+      collect(deadline);
+    }
   }
 
   // Waits for `events` on the socket until `deadline`; past it the connection is closed (no

@@ -54,7 +54,10 @@ struct PostgresJobStoreOptions {
   /// statements are session state, which a pooler in transaction mode does not keep (PgBouncer
   /// before 1.21, or without `max_prepared_statements`, answers "prepared statement does not
   /// exist"; the store then reconnects and fails the call). Turn it on with a direct connection
-  /// or a session-mode pooler. docs/benchmarks.md measures what it saves.
+  /// or a session-mode pooler. Each call is still planned for its values (the connection sets
+  /// `plan_cache_mode = force_custom_plan`: a generic plan, which knows neither a claim's limit
+  /// nor a batch's size, cost more than it saved). docs/benchmarks.md measures it: about a quarter
+  /// of the Postgres CPU a job polled, level with callbacks.
   bool prepared_statements = false;
 };
 
