@@ -194,7 +194,7 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
         for i in range(count):
             port = free_port()
             servers.append(Server(f"rebound-server {i + 1} of {count}", [
-                a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "echo",
+                a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", a.model,
                 "--store", store, "--workers", str(a.workers),
                 "--queue-capacity", str(max(1_000_000, a.jobs)), "--allow-private-callbacks",
                 "--log-level", "warn"], port))
@@ -267,6 +267,9 @@ def main() -> None:
     p.add_argument("--store-query", action="append",
                    help="rebound trials with this added to the store URI's query, e.g. prepared=1 "
                         "(repeatable; an empty one is the plain URI); default: the plain URI")
+    p.add_argument("--model", default="echo",
+                   help="rebound-server --model (default echo; e.g. sleep:0.02 for a fleet "
+                        "bound by its model)")
     p.add_argument("--workers", type=int, default=2, help="rebound-server --workers (default 2)")
     p.add_argument("--build-dir", default=str(ROOT / "build"),
                    help="where rebound-server was built (default build/)")

@@ -351,7 +351,7 @@ class Connection {
   }
 
  private:
-  // The name `sql` is prepared under on this connection, preparing it first (its parse and plan
+  // The name `sql` is prepared under on this connection, preparing it first (its parse and analysis
   // are the server's once a session, not once a call); null past max_prepared distinct texts,
   // which then run unnamed.
   const std::string* prepared(const std::string& sql, int params, Clock::time_point deadline) {
@@ -396,10 +396,12 @@ class Connection {
     // server reads it, within the statement's deadline (flush).
     if (PQsetnonblocking(pg_, 1) != 0) fail("cannot make the connection non-blocking");
     // Prepared statements are planned for the values of each call, as unnamed ones are: a
-    // generic plan knows neither a claim's limit nor the size of a batch's arrays.
+    // generic plan knows neither a claim's limit nor the size of a batch's arrays. (And a session
+    // a pooler hands back holds none of this store's names from before.)
     if (prepare_) {
       const auto deadline = Clock::now() + timeout_;
-      if (!PQsendQuery(pg_, "SET plan_cache_mode = force_custom_plan")) fail("cannot send");
+      if (!PQsendQuery(pg_, "SET plan_cache_mode = force_custom_plan; DEALLOCATE ALL"))
+        fail("cannot send");
       flush(deadline);
       collect(deadline);
     }
@@ -1321,9 +1323,10 @@ struct PostgresJobStore::Impl {
       params.push_back(std::to_string(to_ms(after->created_at)));
       params.push_back(after->id);
     }
+    params.push_back(std::to_string(limit + 1));
     const std::string text = "SELECT " + listing_columns() + " FROM " + jobs + " WHERE " + where +
-                             " ORDER BY created_ms DESC, key DESC LIMIT " +
-                             std::to_string(limit + 1);
+                             " ORDER BY created_ms DESC, key DESC LIMIT $" +
+                             std::to_string(params.size()) + "::bigint";
     out.jobs = records(text, params);
     if (out.jobs.size() > limit) {
       out.jobs.resize(limit);
@@ -1351,9 +1354,10 @@ struct PostgresJobStore::Impl {
       params.push_back(after->id);
     }
     const std::size_t scan = 20 * limit + 1000;
+    params.push_back(std::to_string(scan));
     const std::string text = "SELECT " + listing_columns() + ", (" + where + ") FROM " + jobs +
-                             " WHERE " + range + " ORDER BY created_ms DESC, key DESC LIMIT " +
-                             std::to_string(scan);
+                             " WHERE " + range + " ORDER BY created_ms DESC, key DESC LIMIT $" +
+                             std::to_string(params.size()) + "::bigint";
     wait_for_marks();
     return with_connection([&](Connection& c) {
       Result r = c.exec(text, params);
@@ -1638,8 +1642,10 @@ std::vector<JobRecord> PostgresJobStore::list_failed_callbacks_with_prefix(
   if (limit == 0) return {};
   Params params;
   const std::string where = "cb_state = 'failed' AND " + Impl::prefix_condition(id_prefix, params);
+  params.push_back(std::to_string(limit));
   return impl_->records("SELECT " + column_list() + " FROM " + impl_->jobs + " WHERE " + where +
-                            " ORDER BY created_ms DESC, key DESC LIMIT " + std::to_string(limit),
+                            " ORDER BY created_ms DESC, key DESC LIMIT $" +
+                            std::to_string(params.size()) + "::bigint",
                         params);
 }
 
@@ -1713,9 +1719,8 @@ JobPage PostgresJobStore::list_jobs(const JobFilter& filter, const std::optional
 std::vector<JobRecord> PostgresJobStore::list_unfinished(std::size_t limit) const {
   if (limit == 0) return {};
   return impl_->records("SELECT " + column_list() + " FROM " + impl_->jobs +
-                            " WHERE finished_ms IS NULL ORDER BY created_ms, key LIMIT " +
-                            std::to_string(limit),
-                        {});
+                            " WHERE finished_ms IS NULL ORDER BY created_ms, key LIMIT $1::bigint",
+                        {std::to_string(limit)});
 }
 
 std::optional<std::size_t> PostgresJobStore::queue_position(const std::string& id) const {

@@ -462,8 +462,8 @@ struct SqliteJobStore::Impl {
   T write_and_wait(std::function<T()> apply, std::function<void(T&)> committed, bool ahead = false,
                    std::function<void()> first = {});
   std::vector<std::string> due_ids(Statement& select,
-                                   const std::unordered_map<std::string, Lease>& leases,
-                                   std::size_t max, TimePoint now, int priority = 0,
+                                   std::unordered_map<std::string, Lease>& leases, std::size_t max,
+                                   TimePoint now, int priority = 0,
                                    const std::string* tenant = nullptr);
   std::vector<std::string> due_job_ids(std::size_t max, TimePoint now);
   std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
@@ -974,7 +974,7 @@ T SqliteJobStore::Impl::write_and_wait(std::function<T()> apply, std::function<v
 // jobs) that no live lease in `leases` holds, at most `max`: the rows whose due time came but
 // whose lease was renewed by a write still queued are skipped, so the map decides.
 std::vector<std::string> SqliteJobStore::Impl::due_ids(
-    Statement& select, const std::unordered_map<std::string, Lease>& leases, std::size_t max,
+    Statement& select, std::unordered_map<std::string, Lease>& leases, std::size_t max,
     TimePoint now, int priority, const std::string* tenant) {
   std::vector<std::string> ids;
   select.bind(1, to_ms(now));
@@ -984,7 +984,11 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
     while (ids.size() < max && select.step()) {
       std::string id = select.text(0);
       auto held = leases.find(id);
-      if (held == leases.end() || held->second.until <= now) ids.push_back(std::move(id));
+      if (held != leases.end() && held->second.until > now) continue;
+      // A lease that ran out is forgotten now, not when the claim commits: a late
+      // acknowledgement (its holder's clock behind this claim's) is refused when it is made.
+      if (held != leases.end()) leases.erase(held);
+      ids.push_back(std::move(id));
     }
   } catch (...) {
     select.reset();

@@ -49,15 +49,16 @@ struct PostgresJobStoreOptions {
   /// most this many, and about 16 MiB of new jobs (group commit: one WAL flush for all of them).
   std::size_t max_batch = 512;
   /// Prepares each statement with parameters once a connection (a named, server-side prepared
-  /// statement) and runs it prepared, so that the server parses and plans the store's statements
-  /// once a session instead of once a call (`?prepared=1` in the URI). Off by default: prepared
-  /// statements are session state, which a pooler in transaction mode does not keep (PgBouncer
-  /// before 1.21, or without `max_prepared_statements`, answers "prepared statement does not
-  /// exist"; the store then reconnects and fails the call). Turn it on with a direct connection
-  /// or a session-mode pooler. Each call is still planned for its values (the connection sets
-  /// `plan_cache_mode = force_custom_plan`: a generic plan, which knows neither a claim's limit
-  /// nor a batch's size, cost more than it saved). docs/benchmarks.md measures it: about a quarter
-  /// of the Postgres CPU a job polled, level with callbacks.
+  /// statement) and runs it prepared, so that the server parses and analyses the store's
+  /// statements once a session instead of once a call (`?prepared=1` in the URI). Each call is
+  /// still planned for its values (the connection sets `plan_cache_mode = force_custom_plan`: a
+  /// generic plan, which knows neither a claim's limit nor a batch's size, cost more than it
+  /// saved). docs/benchmarks.md measures it: about a quarter of the Postgres CPU a job polled,
+  /// level with callbacks. Off by default, and for a direct connection or a session-mode pooler
+  /// only: prepared statements and that setting are session state, which a pooler in transaction
+  /// mode does not keep (PgBouncer answers "prepared statement does not exist", and the store
+  /// reconnects and fails the call; PgBouncer 1.21's `max_prepared_statements` would keep the
+  /// statements but not the setting).
   bool prepared_statements = false;
 };
 
@@ -80,8 +81,9 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///   `FOR UPDATE SKIP LOCKED`, so servers claiming at once never wait for each other's rows.
 ///   Tenants take turns (job_state::claim_turns) across every server: the tenant served last is
 ///   one row of the schema, written only when it changes.
-/// - No session state: no `LISTEN`, no session advisory locks, no prepared statements (unless
-///   asked: PostgresJobStoreOptions::prepared_statements), no `SET` outside a transaction. The
+/// - No session state: no `LISTEN`, no session advisory locks, no prepared statements, no `SET`
+///   outside a transaction (unless asked: PostgresJobStoreOptions::prepared_statements, which
+///   also sets the session's `plan_cache_mode`). The
 ///   store works behind PgBouncer in transaction mode. The schema is created or migrated at start
 ///   under a transaction's advisory lock, so servers that start together agree.
 /// - Finished jobs are deleted past the retention in small batches, by a thread and a connection
