@@ -454,7 +454,6 @@ namespace {
 // Puts `n` jobs in one write on another thread, to keep the store's writer busy while the test
 // queues what it wants in the writer's next transaction.
 std::thread busy_writer(SqliteJobStore& store, const std::string& prefix, int n) {
-  std::vector<rebound::PutRequest> requests;
   auto jobs = std::make_shared<std::vector<Job>>();
   for (int i = 0; i < n; ++i)
     jobs->push_back(
