@@ -56,6 +56,17 @@ Job make(const std::string& id, const std::string& url = "http://example.com/cb"
   return Job{id, url, std::move(input), std::chrono::system_clock::now()};
 }
 
+// The clock of the tests that pass their own times.
+const auto fixed_now =
+    std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+
+// Puts `prefix`0 .. `prefix`(n-1), held by `lease` (as the server that accepts a job holds it).
+void put_held(SqliteJobStore& store, const std::string& prefix, int n,
+              const rebound::Lease& lease) {
+  for (int i = 0; i < n; ++i)
+    REQUIRE(store.put(make(prefix + std::to_string(i)), lease) == PutOutcome::created);
+}
+
 }  // namespace
 
 TEST_CASE("sqlite: everything survives closing and reopening the file") {
@@ -328,12 +339,10 @@ TEST_CASE("sqlite: a job marked running and finished in one transaction keeps wh
   // as one row write (the row read once a transaction). Either way, a reader sees the same.
   TempDb db;
   SqliteJobStore store(db.path());
-  const auto t0 =
-      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const auto t0 = fixed_now;
   const rebound::Lease lease{"worker", t0 + 1h};
   constexpr int jobs = 300;
-  for (int i = 0; i < jobs; ++i)
-    REQUIRE(store.put(make("f-" + std::to_string(i)), lease) == PutOutcome::created);
+  put_held(store, "f-", jobs, lease);
   REQUIRE(store.put(make("only-marked"), lease) == PutOutcome::created);
   REQUIRE(store.put(make("never-marked"), lease) == PutOutcome::created);
   const rebound::JobOutcome done(JobStatus::succeeded, nlohmann::json{{"y", 2}}, std::nullopt,
@@ -369,12 +378,10 @@ TEST_CASE("sqlite: a job's finish and its callback's attempts in one transaction
   // and a renewal reach it together. What a reader sees is what they would leave one by one.
   TempDb db;
   SqliteJobStore store(db.path());
-  const auto t0 =
-      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const auto t0 = fixed_now;
   const rebound::Lease lease{"worker", t0 + 1h};
   constexpr int jobs = 200;
-  for (int i = 0; i < jobs; ++i)
-    REQUIRE(store.put(make("a-" + std::to_string(i)), lease) == PutOutcome::created);
+  put_held(store, "a-", jobs, lease);
   REQUIRE(store.put(make("quiet", ""), lease) == PutOutcome::created);  // no callback
   const rebound::JobOutcome done(JobStatus::succeeded, nlohmann::json{{"y", 3}}, std::nullopt,
                                  t0 + 5s);
@@ -473,8 +480,7 @@ TEST_CASE("sqlite: writes queued together are answered with what the file holds"
   // callback in the same transaction answers the result, not the row as the put read it.
   TempDb db;
   SqliteJobStore store(db.path());
-  const auto t0 =
-      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const auto t0 = fixed_now;
   for (int round = 0; round < 10; ++round) {
     const std::string id = "j-" + std::to_string(round);
     REQUIRE(store.put(make(id), rebound::Lease{"w", t0 + 1h}) == PutOutcome::created);
@@ -503,8 +509,7 @@ TEST_CASE("sqlite: an acknowledgement queued behind another server's claim does 
   // claimed by another (the row's lease ends when the new one does) and changes nothing.
   TempDb db;
   SqliteJobStore store(db.path());
-  const auto t0 =
-      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const auto t0 = fixed_now;
   for (int round = 0; round < 10; ++round) {
     const std::string id = "k-" + std::to_string(round);
     REQUIRE(store.put(make(id, ""), rebound::Lease{"late", t0 + 10s}) == PutOutcome::created);
@@ -542,8 +547,7 @@ TEST_CASE("sqlite: an acknowledgement queued behind another server's claim does 
 TEST_CASE("sqlite: renew_all renews what each holder holds - one write") {
   TempDb db;
   SqliteJobStore store(db.path());
-  const auto t0 =
-      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
+  const auto t0 = fixed_now;
   std::vector<std::pair<std::string, rebound::Lease>> renewals;
   for (int i = 0; i < 100; ++i) {
     const std::string id = "r-" + std::to_string(i);

@@ -338,10 +338,7 @@ class Connection {
   Result exec_simple(const std::string& sql) {
     open();
     Busy busy(*this);
-    const auto deadline = Clock::now() + timeout_;
-    if (!PQsendQuery(pg_, sql.c_str())) fail("cannot send");
-    flush(deadline);
-    return collect(deadline);
+    return send_simple(sql);
   }
 
   void close() {
@@ -398,13 +395,16 @@ class Connection {
     // Prepared statements are planned for the values of each call, as unnamed ones are: a
     // generic plan knows neither a claim's limit nor the size of a batch's arrays. (And a session
     // a pooler hands back holds none of this store's names from before.)
-    if (prepare_) {
-      const auto deadline = Clock::now() + timeout_;
-      if (!PQsendQuery(pg_, "SET plan_cache_mode = force_custom_plan; DEALLOCATE ALL"))
-        fail("cannot send");
-      flush(deadline);
-      collect(deadline);
-    }
+    if (prepare_) send_simple("SET plan_cache_mode = force_custom_plan; DEALLOCATE ALL");
+  }
+
+  // Sends statements without parameters on the open connection and reads their answer, within
+  // the timeout.
+  Result send_simple(const std::string& sql) {
+    const auto deadline = Clock::now() + timeout_;
+    if (!PQsendQuery(pg_, sql.c_str())) fail("cannot send");
+    flush(deadline);
+    return collect(deadline);
   }
 
   // Waits for `events` on the socket until `deadline`; past it the connection is closed (no

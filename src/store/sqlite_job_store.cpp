@@ -211,23 +211,25 @@ class Statement {
   "error_code, error_message, cb_state, cb_attempts, cb_last_error, cb_next_at_ms, "             \
   "cb_delivery_attempts, cb_delivery_started_ms, cb_previous_delay_ms, priority, max_queue_ms, " \
   "webhook_events, traceparent, started_at_ms, ended_at_ms"
-constexpr const char* record_columns =
-    "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
-    ", attempt_log, tenant, model, model_version";
+// A record's columns, read by read_record (the log at 21); the request (input) and the result
+// at 2 and 5.
+#define RECORD_COLUMNS_WITH(input, result, log)                                                  \
+  "id, callback_url, " input ", created_at_ms, status, " result ", " RECORD_COLUMNS_AFTER_RESULT \
+  ", " log ", tenant, model, model_version"
+// The columns the rules derive (25, 26, 27), read beside a record by the writer.
+#define DERIVED_COLUMNS ", job_due_ms, cb_due_ms, finished_at_ms"
+constexpr const char* record_columns = RECORD_COLUMNS_WITH("input", "result", "attempt_log");
 // A job's row as the writer reads it to apply job_state's rules: the record (`full`: with its input
-// and result, else without) and the columns the rules derive, job_due_ms, cb_due_ms and
-// finished_at_ms (25, 26, 27).
+// and result, else without) and the columns the rules derive.
 constexpr const char* row_columns_full =
-    "id, callback_url, input, created_at_ms, status, result, " RECORD_COLUMNS_AFTER_RESULT
-    ", attempt_log, tenant, model, model_version, job_due_ms, cb_due_ms, finished_at_ms";
+    RECORD_COLUMNS_WITH("input", "result", "attempt_log") DERIVED_COLUMNS;
 constexpr const char* row_columns_state =
-    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT
-    ", attempt_log, tenant, model, model_version, job_due_ms, cb_due_ms, finished_at_ms";
+    RECORD_COLUMNS_WITH("'null'", "NULL", "attempt_log") DERIVED_COLUMNS;
 // The same columns for a list entry: no input, result or attempts are read (read_record sees
 // null and an empty log).
-constexpr const char* entry_columns =
-    "id, callback_url, 'null', created_at_ms, status, NULL, " RECORD_COLUMNS_AFTER_RESULT
-    ", '[]', tenant, model, model_version";
+constexpr const char* entry_columns = RECORD_COLUMNS_WITH("'null'", "NULL", "'[]'");
+#undef DERIVED_COLUMNS
+#undef RECORD_COLUMNS_WITH
 #undef RECORD_COLUMNS_AFTER_RESULT
 
 using TimePoint = std::chrono::system_clock::time_point;

@@ -83,9 +83,9 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///   one row of the schema, written only when it changes.
 /// - No session state: no `LISTEN`, no session advisory locks, no prepared statements, no `SET`
 ///   outside a transaction (unless asked: PostgresJobStoreOptions::prepared_statements, which
-///   also sets the session's `plan_cache_mode`). The
-///   store works behind PgBouncer in transaction mode. The schema is created or migrated at start
-///   under a transaction's advisory lock, so servers that start together agree.
+///   also sets the session's `plan_cache_mode`). The store works behind PgBouncer in transaction
+///   mode. The schema is created or migrated at start under a transaction's advisory lock, so
+///   servers that start together agree.
 /// - Finished jobs are deleted past the retention in small batches, by a thread and a connection
 ///   of the store's own: no long transaction of the store's holds back vacuum.
 /// - Texts PostgreSQL cannot hold (a NUL, bytes that are not UTF-8: an error message a model
