@@ -203,6 +203,34 @@ TEST_CASE("job queue: a wait for a job this queue finished is read back off the 
   CHECK(record.job.input == 1);  // as the store keeps it
 }
 
+TEST_CASE("job queue: a wait is answered with the record the acknowledgement stored - no read") {
+  SlowReads slow;
+  slow.gate->answer_records = true;  // the store answers the record, as the library's stores do
+  JobQueue& queue = slow.queue;
+  REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+  REQUIRE(rebound::test::submitted(queue, job("k", 2)) == "accepted");
+  auto waited = queue.async_wait("j", boost::asio::use_future);
+  const std::size_t gets = slow.gate->gets;  // (the wait looks once as it registers)
+  // Every read would wait: the waiter's answer must come from the acknowledgement alone.
+  slow.gate->reads.close();
+  struct Reopen {
+    rebound::test::FailingStore::Switch& gate;
+    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
+  } reopen{*slow.gate};
+  slow.held->open();
+  REQUIRE(waited.wait_for(10s) == std::future_status::ready);
+  const auto record = waited.get();
+  CHECK(record.status == JobStatus::succeeded);
+  CHECK(record.outcome.result == nlohmann::json{{"echo", 1}});
+  CHECK(record.job.input == 1);  // as the store keeps it
+  CHECK(slow.gate->gets == gets);
+  CHECK(slow.gate->get_manys == 0);
+  CHECK(slow.gate->reads.waiting() == 0);
+  slow.gate->reads.open();
+  // A job nobody waits for is not asked for its record: nothing to answer.
+  CHECK(queue.async_wait("k", boost::asio::use_future).get().status == JobStatus::succeeded);
+}
+
 TEST_CASE("job queue: the finished jobs waited for are read back 256 a call - never one by one") {
   SlowReads slow;
   auto& gate = slow.gate;

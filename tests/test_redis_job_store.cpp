@@ -711,6 +711,19 @@ rebound::JobStore::WriteDone into(std::vector<Answer>& answers) {
   answers.push_back(promise->get_future());
   return into(promise);
 }
+
+// The same for an acknowledgement (async_finish_job): (worked, held).
+rebound::JobStore::FinishDone finished_into(
+    std::shared_ptr<std::promise<std::pair<bool, bool>>> promise) {
+  return [promise](std::exception_ptr error, rebound::JobStore::FinishAnswer answer) {
+    promise->set_value({error == nullptr, answer.held});
+  };
+}
+rebound::JobStore::FinishDone finished_into(std::vector<Answer>& answers) {
+  auto promise = std::make_shared<std::promise<std::pair<bool, bool>>>();
+  answers.push_back(promise->get_future());
+  return finished_into(promise);
+}
 }  // namespace
 
 TEST_CASE("redis: writes of many callers share round trips - each caller gets its own answer") {
@@ -749,8 +762,8 @@ TEST_CASE("redis: writes of many callers share round trips - each caller gets it
   for (int t = 0; t < 8; ++t) {
     for (int i = 0; i < 50; ++i) {
       store.async_finish_job("job-" + std::to_string(t) + "-" + std::to_string(i),
-                             i % 2 == 0 ? "worker" : "stranger", done, std::nullopt, now,
-                             into(answers));
+                             i % 2 == 0 ? "worker" : "stranger", done, std::nullopt, now, false,
+                             finished_into(answers));
     }
   }
   for (std::size_t n = 0; n < answers.size(); ++n) {
@@ -788,8 +801,8 @@ TEST_CASE("redis: a Redis that hangs under a batch fails every call in it - none
   std::vector<Answer> answers;
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
   for (int i = 0; i < 20; ++i) {
-    store.async_finish_job("held-" + std::to_string(i), "worker", done, std::nullopt, now,
-                           into(answers));
+    store.async_finish_job("held-" + std::to_string(i), "worker", done, std::nullopt, now, false,
+                           finished_into(answers));
   }
   auto put = std::async(std::launch::async, [&] { return store.put(make("during")); });
   for (auto& answer : answers) {
@@ -1007,7 +1020,7 @@ TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no c
   // acknowledgements' answer is never read from it.
   auto first = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer first_answer = first->get_future();
-  store.async_finish_job("a", "worker", done, std::nullopt, now, into(first));
+  store.async_finish_job("a", "worker", done, std::nullopt, now, false, finished_into(first));
   // Its batch reached Redis (whose answer then waits out the delay): what comes next gathers.
   const auto sent_by = std::chrono::steady_clock::now() + 5s;
   while (redis.batches.load() == 0 && std::chrono::steady_clock::now() < sent_by)
@@ -1016,7 +1029,7 @@ TEST_CASE("redis: a Redis that answers LOADING to a batch fails its calls - no c
   auto put = std::async(std::launch::async, [&] { return store.put(make("b")); });
   auto second = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer second_answer = second->get_future();
-  store.async_finish_job("c", "worker", done, std::nullopt, now, into(second));
+  store.async_finish_job("c", "worker", done, std::nullopt, now, false, finished_into(second));
   REQUIRE(first_answer.wait_for(5s) == std::future_status::ready);
   CHECK(first_answer.get() == std::pair<bool, bool>{true, true});
   REQUIRE(put.wait_for(5s) == std::future_status::ready);
@@ -1080,7 +1093,8 @@ TEST_CASE("redis: a job marked running and finished in one batch is marked by it
   auto acknowledged = std::make_shared<std::promise<std::pair<bool, bool>>>();
   Answer answer = acknowledged->get_future();
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
-  store.async_finish_job("x", "worker", done, std::nullopt, now, into(acknowledged));
+  store.async_finish_job("x", "worker", done, std::nullopt, now, false,
+                         finished_into(acknowledged));
   std::this_thread::sleep_for(50ms);
   server.resume();
   REQUIRE(answer.wait_for(10s) == std::future_status::ready);
@@ -1221,8 +1235,10 @@ TEST_CASE("redis: a batch writes each sorted set once - the last write of each j
   const rebound::JobOutcome done{JobStatus::succeeded, {{"y", 1}}, std::nullopt, now};
   std::vector<Answer> answers;
   store.mark_running("held", now);
-  store.async_finish_job("held", "worker", done, Lease{"sender", now + 30s}, now, into(answers));
-  store.async_finish_job("sent", "worker", done, Lease{"sender", now + 30s}, now, into(answers));
+  store.async_finish_job("held", "worker", done, Lease{"sender", now + 30s}, now, false,
+                         finished_into(answers));
+  store.async_finish_job("sent", "worker", done, Lease{"sender", now + 30s}, now, false,
+                         finished_into(answers));
   rebound::CallbackInfo delivered;
   delivered.state = rebound::CallbackState::delivered;
   delivered.attempts = 1;

@@ -444,14 +444,18 @@ void BatchRunner::finish(JobRecord record, Claim claim, bool rerouted) {
   std::optional<Lease> deliver;
   if (kept->job.wants_completion_callback()) deliver = leases_.from_now(leases_.next_holder());
   const std::string key = key_of(kept->job);
-  store_.write_until_stored(
-      owner(), "finish_job", key,
-      [this, key, outcome, holder, deliver](JobLeaseStore& s, JobStore::WriteDone done) {
-        s.async_finish_job(key, holder, *outcome, deliver, clock_(), std::move(done));
+  // A job somebody waits for is answered with the record the store keeps, from the store's
+  // answer (no second read). Asked when the write starts: a wait that begins later is read back.
+  const bool want_record = events_.awaited(key);
+  store_.write_until_stored<JobStore::FinishAnswer, JobStore::FinishDone>(
+      owner(), "finish_job", key, {JobStore::AsyncCall::finish_job, want_record},
+      [this, key, outcome, holder, deliver, want_record](JobLeaseStore& s,
+                                                         JobStore::FinishDone done) {
+        s.async_finish_job(key, holder, *outcome, deliver, clock_(), want_record, std::move(done));
       },
-      [this, kept, key, outcome, held, deliver](bool acknowledged) {
+      [this, kept, key, outcome, held, deliver](JobStore::FinishAnswer answer) {
         held->drop_lease();
-        if (!acknowledged) {
+        if (!answer.held) {
           // The lease ran out and another claim has the job: this result is not the one kept.
           observe_([&](auto& o) { o.on_lease_lost(key, "finish_job"); });
           held->release();
@@ -459,7 +463,11 @@ void BatchRunner::finish(JobRecord record, Claim claim, bool rerouted) {
         }
         kept->outcome = std::move(static_cast<JobEnd&>(*outcome));
         kept->callback.state = deliver ? CallbackState::pending : CallbackState::none;
-        events_.job_final(*kept);
+        if (answer.record && is_final(answer.record->status)) {
+          events_.job_final(key, *answer.record, true);
+        } else {
+          events_.job_final(key, *kept, false);
+        }
         if (!deliver) {
           held->release();
           return;

@@ -233,8 +233,8 @@ void Delivery::attempted(const std::string& id, const std::string& tenant,
       break;
   }
   observe_([&](auto& o) { o.on_attempt(id, *heard); });
-  store_.write_until_stored(
-      owner(), "record_attempt", id,
+  store_.write_until_stored<bool, JobStore::WriteDone>(
+      owner(), "record_attempt", id, {JobStore::AsyncCall::record_attempt},
       [this, id, holder, after, made](JobLeaseStore& s, JobStore::WriteDone done) {
         s.async_record_attempt(id, holder, after, clock_(), made, std::move(done));
       },

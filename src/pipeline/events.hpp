@@ -37,9 +37,13 @@ class PipelineEvents {
   /// The pump was woken for the waits of jobs finished here (StorePump::wake_for_finals): on its
   /// thread, without a pass (no claims).
   virtual void finals_due() = 0;
-  /// The store acknowledged a job's outcome (the BatchRunner): `record` as the runner finished
-  /// it, its callback `pending` when one is due.
-  virtual void job_final(const JobRecord& record) = 0;
+  /// Whether somebody waits for the job `key` to end: its acknowledgement then asks the store for
+  /// the record it keeps (JobStore::FinishAnswer), which completes the waits.
+  virtual bool awaited(const std::string& key) const = 0;
+  /// The store acknowledged the outcome of the job `key` (the BatchRunner): `record` as the store
+  /// answered it (`stored`), else as the runner finished it, its callback `pending` when one is
+  /// due.
+  virtual void job_final(const std::string& key, const JobRecord& record, bool stored) = 0;
 
  protected:
   ~PipelineEvents() = default;

@@ -234,16 +234,21 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     poll_async_waits();
     sync_pauses();
   }
-  void job_final(const JobRecord& record) override {
+  bool awaited(const std::string& key) const override {
+    return !async_waiters.empty() && async_waiters.waiting(key);
+  }
+  void job_final(const std::string& key, const JobRecord& record, bool stored) override {
     // Called where the store's acknowledgement was heard (the io executor with a store that
-    // answers from its own thread, else the worker), which never waits for a store: a job
-    // someone waits for is read back on the pump's thread (complete_finals), woken for it now.
+    // answers from its own thread, else the worker), which never waits for a store. The record
+    // the store answered completes the waits at once (they only post); without it (a store that
+    // cannot say, or a wait that began while the acknowledgement was under way) a job someone
+    // waits for is read back on the pump's thread (complete_finals), woken for it now.
     if (async_waiters.empty()) return;
-    std::string key = key_of(record.job);
+    if (stored) return async_waiters.complete(key, record);
     if (!async_waiters.waiting(key)) return;
     {
       std::lock_guard<std::mutex> lock(finals_mutex);
-      finals.insert_or_assign(std::move(key), record);
+      finals.insert_or_assign(key, record);
     }
     pump.wake_for_finals();
   }

@@ -13,7 +13,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -36,10 +35,18 @@ class StoreAccess {
     std::string job_id;
   };
 
-  /// Starts a store call that answers through the WriteDone (JobStore::async_finish_job).
-  using Write = std::function<void(JobStore&, JobStore::WriteDone)>;
-  /// Called with what the write answered (false: the lease was lost).
-  using Written = std::function<void(bool)>;
+  /// Starts a store call that answers through `Done` (JobStore::WriteDone for async_record_attempt,
+  /// JobStore::FinishDone for async_finish_job).
+  template <typename Done>
+  using Write = std::function<void(JobStore&, Done)>;
+  /// Called with what the write answered (false, or a FinishAnswer not held: the lease was lost).
+  template <typename Answer>
+  using Written = std::function<void(Answer)>;
+  /// Where the store answers a call (JobStore::answer_thread).
+  struct Call {
+    JobStore::AsyncCall call;
+    bool record_asked = false;
+  };
 
   StoreAccess(JobStore& store, Observers& observe, boost::asio::any_io_executor executor,
               std::chrono::milliseconds retry_interval)
@@ -144,20 +151,23 @@ class StoreAccess {
   }
 
   /// Runs a write that accepted work needs (its acknowledgement, an attempt's record), then
-  /// `then` with what the write answered. `write` starts the store's asynchronous call with the
-  /// WriteDone it is given. A store that answers at once (memory, SQLite) runs `then` on the
-  /// caller's thread before this returns; one that answers later (Redis, from its connection
-  /// thread) has `then` posted to the executor, so that no store thread runs the queue's work.
+  /// `then` with what the write answered. `write` starts the store's asynchronous call `call`
+  /// with the `done` it is given. Where the store says it answers on the caller's thread
+  /// (JobStore::answer_thread: memory, SQLite's acknowledgements) `then` runs there before this
+  /// returns; where it answers from a thread of its own (SQLite's writer, Redis's batch thread,
+  /// PostgreSQL's writer) `then` is posted to the executor, so that no store thread runs the
+  /// queue's work.
   /// When the store fails the write is tried again every retry interval on the executor while the
   /// work keeps its slot, until it is written or the queue stops: then `abandon` runs instead of
   /// `then` (the store still holds the work as it was, and its lease runs out: another claim takes
   /// it over). `keep_alive` is held until then.
+  template <typename Answer, typename Done>
   void write_until_stored(std::shared_ptr<const void> keep_alive, const char* during,
-                          std::string job_id, Write write, Written then,
+                          std::string job_id, Call call, Write<Done> write, Written<Answer> then,
                           std::function<void()> abandon) {
-    auto pending = std::make_shared<PendingWrite>(
-        PendingWrite{std::move(keep_alive), during, std::move(job_id), std::move(write),
-                     std::move(then), std::move(abandon)});
+    auto pending = std::make_shared<PendingWrite<Answer, Done>>(
+        PendingWrite<Answer, Done>{std::move(keep_alive), during, std::move(job_id), call,
+                                   std::move(write), std::move(then), std::move(abandon)});
     start(std::move(pending));
   }
 
@@ -180,10 +190,10 @@ class StoreAccess {
     auto state = std::make_shared<Answer>();
     state->then = std::move(then);
     state->job_id = key_of(job);
-    const auto caller = std::this_thread::get_id();
+    const bool inline_answer = answers_inline({JobStore::AsyncCall::put});
     out_->started();
-    auto done = [this, caller, state, out = out_, executor = executor_](std::exception_ptr error,
-                                                                        PutOutcome outcome) {
+    auto done = [this, inline_answer, state, out = out_, executor = executor_](
+                    std::exception_ptr error, PutOutcome outcome) {
       if (state->given.exchange(true)) return;
       auto finish = [this, id = state->job_id, then = std::move(state->then), error, outcome] {
         if (!error) {
@@ -202,7 +212,7 @@ class StoreAccess {
         }
         then(refused, outcome);
       };
-      if (std::this_thread::get_id() == caller) {
+      if (inline_answer) {
         out->answered();
         finish();
       } else {
@@ -232,36 +242,45 @@ class StoreAccess {
   }
 
  private:
+  template <typename Answer, typename Done>
   struct PendingWrite {
     std::shared_ptr<const void> keep_alive;
     const char* during;
     std::string job_id;
-    Write write;
-    Written then;
+    Call call;
+    Write<Done> write;
+    Written<Answer> then;
     std::function<void()> abandon;
   };
 
-  void start(std::shared_ptr<PendingWrite> pending) {
-    const auto caller = std::this_thread::get_id();
+  /// Whether the store answers `c` on the caller's thread (JobStore::answer_thread).
+  bool answers_inline(Call c) const {
+    return store_.answer_thread(c.call, c.record_asked) == JobStore::AnswerThread::caller;
+  }
+
+  template <typename Answer, typename Done>
+  void start(std::shared_ptr<PendingWrite<Answer, Done>> pending) {
+    const bool inline_answer = answers_inline(pending->call);
     // Answered once per try; a `then` that throws on the caller's thread is not a failed write.
     auto answered = std::make_shared<std::atomic<bool>>(false);
     out_->started();
-    // On a store's thread it hands its reference on to the executor, and only then counts the
+    // From a store's thread it hands its reference on to the executor, and only then counts the
     // write as answered: the store's thread never holds the last reference (the pipeline it keeps
     // alive owns the store), and the executor is not torn down under a post (wait_answered).
     // After the post the store's thread touches only the count, which it shares: the handler may
     // run at once and end the pipeline, this StoreAccess with it.
-    auto done = [this, pending, caller, answered, out = out_, executor = executor_](
-                    std::exception_ptr error, bool answer) mutable {
+    auto done = [this, pending, inline_answer, answered, out = out_, executor = executor_](
+                    std::exception_ptr error, Answer answer) mutable {
       if (answered->exchange(true)) return;
       auto mine = std::move(pending);
-      if (std::this_thread::get_id() == caller) {
+      if (inline_answer) {
         out->answered();
-        written(mine, error, answer);
+        written(mine, error, std::move(answer));
       } else {
-        boost::asio::post(executor, [this, mine = std::move(mine), error, answer] {
-          written(mine, error, answer);
-        });
+        boost::asio::post(
+            executor, [this, mine = std::move(mine), error, answer = std::move(answer)]() mutable {
+              written(mine, error, std::move(answer));
+            });
         out->answered();
       }
     };
@@ -270,15 +289,16 @@ class StoreAccess {
     } catch (...) {
       if (answered->exchange(true)) throw;  // from `then`, run inline: the caller's to handle
       out_->answered();
-      written(pending, std::current_exception(), false);
+      written(pending, std::current_exception(), Answer{});
     }
   }
 
-  void written(const std::shared_ptr<PendingWrite>& pending, std::exception_ptr error,
-               bool answer) {
+  template <typename Answer, typename Done>
+  void written(const std::shared_ptr<PendingWrite<Answer, Done>>& pending, std::exception_ptr error,
+               Answer answer) {
     if (!error) {
       worked();
-      pending->then(answer);
+      pending->then(std::move(answer));
       return;
     }
     try {
@@ -291,7 +311,8 @@ class StoreAccess {
     retry_later(pending);
   }
 
-  void retry_later(std::shared_ptr<PendingWrite> pending) {
+  template <typename Answer, typename Done>
+  void retry_later(std::shared_ptr<PendingWrite<Answer, Done>> pending) {
     if (stopped_) {
       pending->abandon();
       return;

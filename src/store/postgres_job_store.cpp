@@ -714,6 +714,8 @@ struct PostgresJobStore::Impl {
     TimePoint now{};
     // The answer (a PutOutcome, a bool, a CancelOutcome, a RedeliverOutcome) or the error.
     std::function<void(std::exception_ptr, int)> done;
+    // A finish that answers the record it wrote: filled in by the op's rule (each try).
+    std::shared_ptr<std::optional<JobRecord>> record;
   };
 
   PostgresJobStoreOptions options;
@@ -1113,7 +1115,7 @@ struct PostgresJobStore::Impl {
         for (const Op& op : batch) {
           if (rows.count(op.key)) continue;
           keys.push_back(op.key);
-          if (op.kind == Op::put) compared.push_back(op.key);
+          if (op.kind == Op::put || op.record) compared.push_back(op.key);
         }
         std::sort(keys.begin(), keys.end());
         keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
@@ -1194,6 +1196,7 @@ struct PostgresJobStore::Impl {
           return 0;
         e->dirty = true;
         e->result_set = true;
+        if (op.record) *op.record = e->s.record;
         return 1;
       case Op::attempt:
         if (!e || !job_state::record_attempt(e->s, op.holder, op.callback, op.now, op.attempt_made))
@@ -1575,12 +1578,20 @@ bool PostgresJobStore::finish_job(const std::string& id, const std::string& hold
 void PostgresJobStore::async_finish_job(const std::string& id, const std::string& holder,
                                         const JobOutcome& outcome,
                                         const std::optional<Lease>& deliver, TimePoint now,
-                                        WriteDone done) {
+                                        bool want_record, FinishDone done) {
   Impl::Op op = Impl::finish_op(id, holder, outcome, deliver, now);
-  op.done = [done = std::move(done)](std::exception_ptr error, int answer) {
-    done(error, answer != 0);
+  if (want_record) op.record = std::make_shared<std::optional<JobRecord>>();
+  op.done = [done = std::move(done), record = op.record](std::exception_ptr error, int answer) {
+    FinishAnswer out;
+    out.held = !error && answer != 0;
+    if (out.held && record) out.record = std::move(*record);
+    done(error, std::move(out));
   };
   impl_->enqueue(std::move(op));
+}
+
+JobStore::AnswerThread PostgresJobStore::answer_thread(AsyncCall, bool) const noexcept {
+  return AnswerThread::store;
 }
 
 CancelOutcome PostgresJobStore::cancel(const std::string& id, const JobOutcome& outcome,

@@ -798,7 +798,7 @@ struct SqliteJobStore::Impl {
     committed[0] += dropped.size();
     committed[1] += background_queue.size();
     for (auto& w : background_queue)
-      if (w.waited_for) dropped.push_back(std::move(w));
+      if (w.waited_for || w.failed) dropped.push_back(std::move(w));  // (an answer owed)
     background_queue.clear();
     queue_changed.notify_all();
     lock.unlock();
@@ -1478,6 +1478,32 @@ void SqliteJobStore::mark_running(const std::string& id, TimePoint now) {
 bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder,
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                 TimePoint now) {
+  return finish(id, holder, outcome, deliver, now, nullptr);
+}
+
+void SqliteJobStore::async_finish_job(const std::string& id, const std::string& holder,
+                                      const JobOutcome& outcome,
+                                      const std::optional<Lease>& deliver, TimePoint now,
+                                      bool want_record, FinishDone done) {
+  FinishAnswer answer;
+  try {
+    answer.held = finish(id, holder, outcome, deliver, now, want_record ? &done : nullptr);
+  } catch (...) {
+    return done(std::current_exception(), FinishAnswer{});
+  }
+  // Answered now unless the writer answers it (want_record, held: `done` was moved there).
+  if (!want_record || !answer.held) done(nullptr, std::move(answer));
+}
+
+JobStore::AnswerThread SqliteJobStore::answer_thread(AsyncCall call,
+                                                     bool record_asked) const noexcept {
+  const bool writer = call == AsyncCall::put || (call == AsyncCall::finish_job && record_asked);
+  return writer ? AnswerThread::store : AnswerThread::caller;
+}
+
+bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
+                            const JobOutcome& outcome, const std::optional<Lease>& deliver,
+                            TimePoint now, FinishDone* done) {
   std::string result = result_text(outcome);
   // Queued under the lease lock, so that a cancellation (which takes the lease under the same
   // lock) is either refused this acknowledgement or queued after its write.
@@ -1485,8 +1511,16 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
   if (impl_->cancelling.count(id)) return false;
   std::optional<Lease> held = impl_->release(impl_->job_leases, id, holder, now);
   if (!held) return false;
-  impl_->change(id, [held = std::move(held), holder, outcome = outcome_without_result(outcome),
-                     result = std::move(result), deliver, now](Impl::Row& r) {
+  // With `done`: the record as this write leaves it, for the answer after the commit (the row
+  // read whole, its result the caller's; written again by each try of a failed transaction).
+  std::shared_ptr<std::optional<JobRecord>> record;
+  std::shared_ptr<nlohmann::json> result_json;
+  if (done) {
+    record = std::make_shared<std::optional<JobRecord>>();
+    result_json = std::make_shared<nlohmann::json>(outcome.result);
+  }
+  auto rule = [held = std::move(held), holder, outcome = outcome_without_result(outcome),
+               result = std::move(result), deliver, now, record, result_json](Impl::Row& r) {
     std::optional<Lease> before;
     if (!Impl::swap_in(r.s.job_lease, *held, before)) return;
     if (!job_state::finish(r.s, holder, outcome,
@@ -1499,7 +1533,31 @@ bool SqliteJobStore::finish_job(const std::string& id, const std::string& holder
     r.result_text = result;  // (copied: a failed transaction applies the write again)
     r.full = false;          // (its result is in result_text now)
     Impl::changed(r, to_ms(now));
-  });
+    if (record) {
+      *record = r.s.record;
+      (*record)->outcome.result = *result_json;
+    }
+  };
+  if (!done) {
+    impl_->change(id, std::move(rule));
+  } else {
+    // Retried with the bookkeeping when a transaction fails, answered once committed (or, when
+    // the store closes failing, with its error).
+    auto answer = std::make_shared<FinishDone>(std::move(*done));
+    Impl* impl = impl_.get();
+    try {
+      impl_->enqueue({[impl, id, rule = std::move(rule)] {
+                        if (Impl::Row* r = impl->load(id, true)) rule(*r);
+                      },
+                      [answer, record] {
+                        (*answer)(nullptr, FinishAnswer{true, std::move(*record)});
+                      },
+                      [answer](std::exception_ptr error) { (*answer)(error, FinishAnswer{}); }});
+    } catch (...) {
+      *done = std::move(*answer);  // (the caller answers the error)
+      throw;
+    }
+  }
   if (deliver) impl_->callback_leases[id] = *deliver;
   return true;
 }

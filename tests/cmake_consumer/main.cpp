@@ -67,11 +67,17 @@ int main() {
     ok = ok && store.renew_all({{"held", {"me", now + std::chrono::seconds(60)}},
                                 {"other", {"me", now + std::chrono::seconds(60)}}},
                                now) == std::vector<bool>{true, false};
+    // Asked for the record, it answers the job as stored (what a wait is completed with).
     bool acknowledged = false;
-    store.async_finish_job(
-        "held", "me", {rebound::JobStatus::succeeded, 1, std::nullopt, now}, std::nullopt, now,
-        [&](std::exception_ptr error, bool answer) { acknowledged = !error && answer; });
-    ok = ok && acknowledged && store.get("held")->status == rebound::JobStatus::succeeded;
+    store.async_finish_job("held", "me", {rebound::JobStatus::succeeded, 1, std::nullopt, now},
+                           std::nullopt, now, true,
+                           [&](std::exception_ptr error, rebound::JobStore::FinishAnswer answer) {
+                             acknowledged = !error && answer.held && answer.record &&
+                                            answer.record->outcome.result == 1;
+                           });
+    ok = ok && acknowledged && store.get("held")->status == rebound::JobStatus::succeeded &&
+         store.answer_thread(rebound::JobStore::AsyncCall::finish_job, true) ==
+             rebound::JobStore::AnswerThread::caller;
   }
   {
     int warm_ups = 0;

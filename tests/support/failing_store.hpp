@@ -62,6 +62,9 @@ class FailingStore final : public JobStore {
       bool closed_ = false;
       int waiting_ = 0;
     };
+    /// Whether async_finish_job answers the record when asked (the library's stores do); off,
+    /// it answers none, as JobStore's default, and a JobQueue reads a waited-for job back.
+    std::atomic<bool> answer_records{false};
     Gate puts;   ///< async_put's answers
     Gate reads;  ///< get and get_many
     /// The reads made: `get` calls, `get_many` calls and the most ids one of those asked for.
@@ -97,6 +100,25 @@ class FailingStore final : public JobStore {
       control_->puts.pass();
       answer_now(done, [&] { return put(job, claim); });
     });
+  }
+
+  // (The puts answered from a thread of its own when the gate is closed.)
+  AnswerThread answer_thread(AsyncCall call, bool) const noexcept override {
+    return call == AsyncCall::put ? AnswerThread::store : AnswerThread::caller;
+  }
+
+  void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                        const std::optional<Lease>& deliver, TimePoint now, bool want_record,
+                        FinishDone done) override {
+    if (!control_->answer_records)
+      return JobStore::async_finish_job(id, holder, outcome, deliver, now, want_record,
+                                        std::move(done));
+    try {
+      check();
+    } catch (...) {
+      return done(std::current_exception(), FinishAnswer{});
+    }
+    inner_.async_finish_job(id, holder, outcome, deliver, now, want_record, std::move(done));
   }
 
   using JobStore::put;

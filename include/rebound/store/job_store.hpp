@@ -144,11 +144,11 @@ class JobLeaseStore {
   /// what it answered.
   using PutDone = std::function<void(std::exception_ptr error, PutOutcome outcome)>;
 
-  /// put without waiting for it: `done` gets its answer or its error, exactly once. The default
-  /// runs put on the caller's thread and calls `done` before returning; a store that commits the
-  /// puts of many callers together (SqliteJobStore) calls `done` from its own thread once the job
-  /// is stored, so that no caller's thread waits for the commit. There `done` must be quick and
-  /// must not call the store (the JobQueue posts its work to an executor).
+  /// put without waiting for it: `done` gets its answer or its error, exactly once, on the
+  /// thread answer_thread names. The default runs put on the caller's thread and calls `done`
+  /// before returning; a store that commits the puts of many callers together (SqliteJobStore)
+  /// calls `done` from its own thread once the job is stored, so that no caller's thread waits
+  /// for the commit.
   virtual void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
     answer_now(done, [&] { return put(job, claim); });
   }
@@ -231,22 +231,71 @@ class JobLeaseStore {
   /// what the call answers (false: the lease was not held, nothing written).
   using WriteDone = std::function<void(std::exception_ptr error, bool answer)>;
 
-  /// finish_job without waiting for it: `done` gets its answer or its error, exactly once. The
-  /// default runs finish_job on the caller's thread and calls `done` before returning; a store
-  /// that gathers the writes of many callers into one round trip (RedisJobStore) calls `done`
-  /// from its own thread once the write is stored. There `done` must be quick and must not call
-  /// the store (the JobQueue's posts its work to an executor).
+  /// What an asynchronous acknowledgement of a job answers (async_finish_job).
+  struct FinishAnswer {
+    /// False when `holder` held no live lease on the job: nothing was written.
+    bool held = false;
+    /// The job's record as the store keeps it once the finish is written (its input, outcome,
+    /// callback state), when the caller asked for it and the store can say; empty otherwise, when
+    /// the caller reads it with get if it needs it. The JobQueue asks only for a job somebody
+    /// waits for (`Prefer: wait`, `/invocations`, async_wait), which is then answered without
+    /// reading the job back.
+    std::optional<JobRecord> record;
+  };
+  /// How async_finish_job ends: the exception it failed with (null when it was written), and
+  /// what it answers.
+  using FinishDone = std::function<void(std::exception_ptr error, FinishAnswer answer)>;
+
+  /// finish_job without waiting for it: `done` gets its answer or its error, exactly once, on
+  /// the thread answer_thread names. With `want_record`, the answer carries the job's record as
+  /// stored (see FinishAnswer). The default runs finish_job on the caller's thread and calls
+  /// `done` before returning, without a record; the stores of this library answer the record
+  /// from what their write made of the job (no second read).
   virtual void async_finish_job(const std::string& id, const std::string& holder,
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
-                                TimePoint now, WriteDone done) {
-    answer_now(done, [&] { return finish_job(id, holder, outcome, deliver, now); });
+                                TimePoint now, bool want_record, FinishDone done) {
+    (void)want_record;
+    FinishAnswer answer;
+    std::exception_ptr error;
+    try {
+      answer.held = finish_job(id, holder, outcome, deliver, now);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done(error, std::move(answer));
   }
 
-  /// record_attempt without waiting for it, as async_finish_job.
+  /// record_attempt without waiting for it: `done` gets its answer or its error, exactly once,
+  /// on the thread answer_thread names. The default runs record_attempt on the caller's thread.
   virtual void async_record_attempt(const std::string& id, const std::string& holder,
                                     const CallbackInfo& after, TimePoint now,
                                     const std::optional<CallbackAttempt>& attempt, WriteDone done) {
     answer_now(done, [&] { return record_attempt(id, holder, after, now, attempt); });
+  }
+
+  /// The asynchronous calls, as answer_thread names them.
+  enum class AsyncCall { put, finish_job, record_attempt };
+
+  /// Where an asynchronous call runs its `done`.
+  enum class AnswerThread {
+    /// On the calling thread, before the call returns (the defaults; MemoryJobStore).
+    caller,
+    /// On a thread of the store's own, once the write is done (a writer that commits the calls
+    /// of many threads together, a connection's batch thread). There `done` must be quick and
+    /// must not call the store: the JobQueue posts the rest of its work to its executor. (A
+    /// failure found before anything was queued may still be answered on the calling thread.)
+    store,
+  };
+
+  /// Which thread runs the `done` of the asynchronous form of `call` (for finish_job, asked
+  /// for the stored record or not): the JobQueue goes on at once with an answer on its own
+  /// thread, and hands one from a store's thread to its executor, so that a store's thread never
+  /// runs the JobQueue's work. A store that overrides an asynchronous call to answer from a
+  /// thread of its own must say so here. The default: `caller`.
+  virtual AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept {
+    (void)call;
+    (void)record_asked;
+    return AnswerThread::caller;
   }
 
   /// renew for many leases at once (the renewals a server makes every third of a lease): one

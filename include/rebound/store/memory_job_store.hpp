@@ -181,17 +181,24 @@ class MemoryJobStore final : public JobStore {
 
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override {
-    // (Measured outside the lock; kept only for a job that succeeded, as job_state::complete.)
-    const std::size_t result_bytes =
-        outcome.status == JobStatus::succeeded ? detail::json_footprint(outcome.result) : 0;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) return false;
-    const Before before(it);
-    if (!job_state::finish(it->second.stored, holder, outcome, deliver, now)) return false;
-    it->second.result_bytes = result_bytes;
-    refile(it, before);
-    return true;
+    return finish(id, holder, outcome, deliver, now, nullptr);
+  }
+
+  /// Answers on the caller's thread, with the record as finished when asked (a copy of its
+  /// input and result).
+  void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                        const std::optional<Lease>& deliver, TimePoint now, bool want_record,
+                        FinishDone done) override {
+    FinishAnswer answer;
+    std::exception_ptr error;
+    try {
+      std::optional<JobRecord> record;
+      answer.held = finish(id, holder, outcome, deliver, now, want_record ? &record : nullptr);
+      answer.record = std::move(record);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done(error, std::move(answer));
   }
 
   CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override {
@@ -510,6 +517,24 @@ class MemoryJobStore final : public JobStore {
   using FailedIndex = std::set<FailedKey>;
 
   // A listing's entry: the record without input or result.
+  // finish_job, copying the record as finished into `record` when given.
+  bool finish(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+              const std::optional<Lease>& deliver, TimePoint now,
+              std::optional<JobRecord>* record) {
+    // (Measured outside the lock; kept only for a job that succeeded, as job_state::complete.)
+    const std::size_t result_bytes =
+        outcome.status == JobStatus::succeeded ? detail::json_footprint(outcome.result) : 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return false;
+    const Before before(it);
+    if (!job_state::finish(it->second.stored, holder, outcome, deliver, now)) return false;
+    it->second.result_bytes = result_bytes;
+    if (record) *record = it->second.stored.record;
+    refile(it, before);
+    return true;
+  }
+
   static JobRecord listed(const JobRecord& full) {
     JobRecord entry;
     entry.job.id = full.job.id;

@@ -126,9 +126,13 @@ class PostgresJobStore final : public JobStore {
   void mark_running(const std::string& id, TimePoint now) override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
+  /// Answered from the writer thread once committed; with `want_record`, with the record its
+  /// transaction wrote (the job's input read with the row it locks: no second read).
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
-                        const std::optional<Lease>& deliver, TimePoint now,
-                        WriteDone done) override;
+                        const std::optional<Lease>& deliver, TimePoint now, bool want_record,
+                        FinishDone done) override;
+  /// `store` for every asynchronous call: the writer thread answers them.
+  AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept override;
   CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override;

@@ -140,9 +140,13 @@ class RedisJobStore final : public JobStore {
                   const std::optional<Lease>& deliver, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override;
+  /// With `want_record`, the script answers the job's hash as it wrote it (no second read).
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
-                        const std::optional<Lease>& deliver, TimePoint now,
-                        WriteDone done) override;
+                        const std::optional<Lease>& deliver, TimePoint now, bool want_record,
+                        FinishDone done) override;
+  /// `store` for the acknowledgements when writes are batched (the batch thread answers them);
+  /// `caller` otherwise, and for put.
+  AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept override;
   void async_record_attempt(const std::string& id, const std::string& holder,
                             const CallbackInfo& after, TimePoint now,
                             const std::optional<CallbackAttempt>& attempt, WriteDone done) override;

@@ -74,6 +74,14 @@ class SqliteJobStore final : public JobStore {
   std::optional<std::size_t> queue_position(const std::string& id) const override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
+  /// Answered on the caller's thread as finish_job is (the leases are this process's), or, with
+  /// `want_record`, from the writer thread once the write is committed, with the record its
+  /// transaction made of the job.
+  void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+                        const std::optional<Lease>& deliver, TimePoint now, bool want_record,
+                        FinishDone done) override;
+  /// `store` for async_put and for an async_finish_job that wants the record.
+  AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
                                          TimePoint now) override;
   using JobStore::record_attempt;
@@ -107,6 +115,9 @@ class SqliteJobStore final : public JobStore {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  // finish_job; with `done`, answered through it after the commit with the record as written.
+  bool finish(const std::string& id, const std::string& holder, const JobOutcome& outcome,
+              const std::optional<Lease>& deliver, TimePoint now, FinishDone* done);
 };
 
 /// Turns off SQLite's process-wide memory statistics (SQLITE_CONFIG_MEMSTATUS). They take one

@@ -1,7 +1,8 @@
 -- finish_job: ARGV id, holder, now, status, result, has error, code, message, deliver holder,
 -- deliver until, retention, finished at, when it started ('' when mark_running said so already;
 -- a batch folds a job's mark_running into its finish_job), and the version that ran it when
--- another than the stored one ('': that one). 1: acknowledged.
+-- another than the stored one ('': that one), and '1' to be answered the job's hash as written.
+-- 1 (or the hash): acknowledged.
 local id = ARGV[O + 2]
 local key = job_key(id)
 local f = redis.call('HMGET', key, 'holder', 'until', 'url', 'events', 'status', 'cb_da', 'cb_prev')
@@ -31,6 +32,7 @@ if not (f[3] and f[3] ~= '' and (f[4] or 2) % 4 >= 2) then
   if queued then zrem(QUEUED, id) end
   zrem(UNFINISHED, id)
   if ARGV[O + 12] + 0 > 0 then redis.call('PEXPIRE', key, ARGV[O + 12]) end
+  if ARGV[O + 16] == '1' then return redis.call('HGETALL', key) end
   return 1
 end
 fields[n + 1], fields[n + 2] = 'cb_state', 'pending'
@@ -53,4 +55,5 @@ redis.call('HSET', key, unpack(fields))
 zrem_due(id)
 if queued then zrem(QUEUED, id) end
 zadd(CB_DUE, due, id)
+if ARGV[O + 16] == '1' then return redis.call('HGETALL', key) end
 return 1

@@ -1098,7 +1098,21 @@ std::vector<std::string> finish_args(const std::string& id, const std::string& h
   args.push_back(ms_text(outcome.finished_at));
   args.emplace_back();  // started: see kFinish
   args.push_back(outcome.ran_on_version);
+  args.emplace_back();  // answer the hash: see finish_answer
   return args;
+}
+
+// What finish.lua answers: 0 (not held), 1, or the job's hash as written (asked for with its
+// last argument '1').
+JobStore::FinishAnswer finish_answer(const std::string& id, const redisReply* r) {
+  JobStore::FinishAnswer out;
+  if (r && r->type == REDIS_REPLY_ARRAY) {
+    out.held = true;
+    if (r->elements > 0) out.record = read_record(id, r);
+  } else {
+    out.held = is_one(r);
+  }
+  return out;
 }
 
 std::vector<std::string> attempt_args(const std::string& id, const std::string& holder,
@@ -1126,12 +1140,47 @@ bool RedisJobStore::finish_job(const std::string& id, const std::string& holder,
 
 void RedisJobStore::async_finish_job(const std::string& id, const std::string& holder,
                                      const JobOutcome& outcome, const std::optional<Lease>& deliver,
-                                     TimePoint now, WriteDone done) {
-  if (!impl_->options.batch_writes)
-    return JobStore::async_finish_job(id, holder, outcome, deliver, now, std::move(done));
-  impl_->start_write(kScriptFinish,
-                     finish_args(id, holder, outcome, deliver, now, impl_->retention_ms()),
-                     std::move(done));
+                                     TimePoint now, bool want_record, FinishDone done) {
+  std::vector<std::string> args;
+  try {
+    args = finish_args(id, holder, outcome, deliver, now, impl_->retention_ms());
+  } catch (...) {
+    return done(std::current_exception(), FinishAnswer{});
+  }
+  if (want_record) args.back() = "1";
+  if (!impl_->options.batch_writes) {
+    FinishAnswer answer;
+    try {
+      Reply r = impl_->script(kScriptFinish, std::move(args));
+      answer = finish_answer(id, r.get());
+    } catch (...) {
+      return done(std::current_exception(), FinishAnswer{});
+    }
+    return done(nullptr, std::move(answer));
+  }
+  auto shared = std::make_shared<FinishDone>(std::move(done));
+  try {
+    impl_->enqueue(kScriptFinish, std::move(args),
+                   [shared, id](std::exception_ptr error, const redisReply* r) {
+                     FinishDone call = std::move(*shared);
+                     if (error) return call(error, FinishAnswer{});
+                     FinishAnswer answer;
+                     try {
+                       answer = finish_answer(id, r);
+                     } catch (...) {
+                       return call(std::current_exception(), FinishAnswer{});
+                     }
+                     call(nullptr, std::move(answer));
+                   });
+  } catch (...) {
+    if (*shared) (*shared)(std::current_exception(), FinishAnswer{});
+  }
+}
+
+JobStore::AnswerThread RedisJobStore::answer_thread(AsyncCall call, bool) const noexcept {
+  // The batch thread answers the writes it gathers; a put is one round trip on the caller's.
+  const bool batched = impl_->options.batch_writes && call != AsyncCall::put;
+  return batched ? AnswerThread::store : AnswerThread::caller;
 }
 
 bool RedisJobStore::record_attempt(const std::string& id, const std::string& holder,
