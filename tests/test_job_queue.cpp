@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <future>
 #include <map>
 #include <memory>
@@ -225,10 +226,38 @@ TEST_CASE("job queue: a wait is answered with the record the acknowledgement sto
   CHECK(record.job.input == 1);  // as the store keeps it
   CHECK(slow.gate->gets == gets);
   CHECK(slow.gate->get_manys == 0);
-  CHECK(slow.gate->reads.waiting() == 0);
+  // A job nobody waits for is not asked for its record (a copy of its input and result).
+  REQUIRE(rebound::test::eventually([&] { return queue.telemetry().in_flight() == 0; }));
+  CHECK(slow.gate->records_asked == 1);
   slow.gate->reads.open();
-  // A job nobody waits for is not asked for its record: nothing to answer.
   CHECK(queue.async_wait("k", boost::asio::use_future).get().status == JobStatus::succeeded);
+}
+
+TEST_CASE("job queue: a wait on a SQLite store whose commits fail is answered - the queue closes") {
+  rebound::test::TempDir dir;
+  const std::string path = dir.file("j.db");
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.store_retry_interval = 20ms;
+  rebound::SqliteJobStoreOptions store_options;
+  store_options.retry_interval = 20ms;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  {
+    JobQueue queue(std::move(model), std::make_unique<rebound::SqliteJobStore>(path, store_options),
+                   options);
+    REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+    auto waited = queue.async_wait("j", boost::asio::use_future);
+    REQUIRE(held->wait_started(1));
+    std::filesystem::remove(path);  // every commit fails from here on
+    // The acknowledgement asks for the record, which a commit would answer: none comes, and the
+    // wait is answered with the job as this queue finished it all the same.
+    held->open();
+    REQUIRE(waited.wait_for(10s) == std::future_status::ready);
+    const auto record = waited.get();
+    CHECK(record.status == JobStatus::succeeded);
+    CHECK(record.outcome.result == nlohmann::json{{"echo", 1}});
+  }  // (closed with its writes still failing: nothing waits for an answer that never comes)
 }
 
 TEST_CASE("job queue: the finished jobs waited for are read back 256 a call - never one by one") {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "rebound/detail/wire.hpp"
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
@@ -236,13 +237,13 @@ std::optional<JobStore::FinishAnswer> finish_answer(JobStore& store, const std::
                                                     const std::string& holder,
                                                     const rebound::JobOutcome& outcome,
                                                     const std::optional<rebound::Lease>& deliver,
-                                                    bool want_record) {
+                                                    bool want_record, time_point now = t0) {
   auto promise = std::make_shared<std::promise<std::optional<JobStore::FinishAnswer>>>();
   auto answered = promise->get_future();
   const auto caller = std::this_thread::get_id();
   auto on_caller = std::make_shared<std::atomic<bool>>(false);
   store.async_finish_job(
-      id, holder, outcome, deliver, t0, want_record,
+      id, holder, outcome, deliver, now, want_record,
       [promise, caller, on_caller](std::exception_ptr error, JobStore::FinishAnswer answer) {
         *on_caller = std::this_thread::get_id() == caller;
         promise->set_value(error ? std::nullopt : std::optional(std::move(answer)));
@@ -363,8 +364,12 @@ TEST_CASE_TEMPLATE("store contract: a finish asked for the record answers it as 
 
   rebound::JobOutcome ok = succeeded;
   ok.result = nlohmann::json{{"label", "positive"}, {"score", 0.75}};
+  // Times between milliseconds, which the durable stores keep to the millisecond: the answer
+  // reads as a read does.
+  const time_point later = t0 + std::chrono::microseconds(1234567);
+  ok.finished_at = later;
   const std::string cb_key = rebound::key_of(with_callback);
-  const auto answer = finish_answer(*store, cb_key, "worker", ok, deliver, true);
+  const auto answer = finish_answer(*store, cb_key, "worker", ok, deliver, true, later);
   REQUIRE(answer);
   CHECK(answer->held);
   // (A store may answer none, as the default does: the fake does, for the JobQueue's tests of
@@ -384,6 +389,14 @@ TEST_CASE_TEMPLATE("store contract: a finish asked for the record answers it as 
   CHECK(answer->record->callback.state == CallbackState::pending);
   CHECK(answer->record->callback.state == stored->callback.state);
   CHECK(answer->record->job.callback_url == stored->job.callback_url);
+  // Whole, as the HTTP front renders a job and its callback.
+  CHECK(rebound::detail::to_status_json(*answer->record) ==
+        rebound::detail::to_status_json(*stored));
+  CHECK(rebound::detail::to_callback_json(*answer->record) ==
+        rebound::detail::to_callback_json(*stored));
+  CHECK(answer->record->outcome.finished_at == stored->outcome.finished_at);
+  CHECK(answer->record->callback.next_attempt_at == stored->callback.next_attempt_at);
+  CHECK(answer->record->callback.delivery_started_at == stored->callback.delivery_started_at);
 
   rebound::JobOutcome bad(JobStatus::failed, nullptr, rebound::ErrorInfo{"model_error", "boom"},
                           t0);

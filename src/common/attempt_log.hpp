@@ -64,4 +64,19 @@ inline std::vector<CallbackAttempt> attempt_log_from_json(const std::string& tex
   return out;
 }
 
+/// `r` as a durable store reads it back: its times to the millisecond (what SQLite and
+/// PostgreSQL keep), for a record answered from a write rather than read (a finish's).
+inline void times_as_stored(JobRecord& r) {
+  const auto ms = [](std::chrono::system_clock::time_point& t) {
+    t = std::chrono::time_point_cast<std::chrono::milliseconds>(t);
+  };
+  ms(r.job.created_at);
+  ms(r.started_at);
+  ms(r.outcome.finished_at);
+  ms(r.callback.next_attempt_at);
+  ms(r.callback.delivery_started_at);
+  for (CallbackAttempt& a : r.attempt_log)
+    ms(a.at);
+}
+
 }  // namespace rebound::detail

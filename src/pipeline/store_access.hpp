@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -191,8 +192,9 @@ class StoreAccess {
     state->then = std::move(then);
     state->job_id = key_of(job);
     const bool inline_answer = answers_inline({JobStore::AsyncCall::put});
+    const auto caller = std::this_thread::get_id();
     out_->started();
-    auto done = [this, inline_answer, state, out = out_, executor = executor_](
+    auto done = [this, inline_answer, caller, state, out = out_, executor = executor_](
                     std::exception_ptr error, PutOutcome outcome) {
       if (state->given.exchange(true)) return;
       auto finish = [this, id = state->job_id, then = std::move(state->then), error, outcome] {
@@ -212,7 +214,7 @@ class StoreAccess {
         }
         then(refused, outcome);
       };
-      if (inline_answer) {
+      if (go_on_here(inline_answer, caller)) {
         out->answered();
         finish();
       } else {
@@ -253,14 +255,23 @@ class StoreAccess {
     std::function<void()> abandon;
   };
 
-  /// Whether the store answers `c` on the caller's thread (JobStore::answer_thread).
+  /// Whether the store says it answers `c` on the caller's thread (JobStore::answer_thread).
   bool answers_inline(Call c) const {
     return store_.answer_thread(c.call, c.record_asked) == JobStore::AnswerThread::caller;
+  }
+
+  /// Whether an answer is gone on with where it is heard: the store said it answers on the
+  /// caller's thread, and it did (a store of one's own that says so and answers from a thread of
+  /// its own is handed to the executor all the same, so that its thread never runs the queue's
+  /// work).
+  static bool go_on_here(bool inline_answer, std::thread::id caller) {
+    return inline_answer && std::this_thread::get_id() == caller;
   }
 
   template <typename Answer, typename Done>
   void start(std::shared_ptr<PendingWrite<Answer, Done>> pending) {
     const bool inline_answer = answers_inline(pending->call);
+    const auto caller = std::this_thread::get_id();
     // Answered once per try; a `then` that throws on the caller's thread is not a failed write.
     auto answered = std::make_shared<std::atomic<bool>>(false);
     out_->started();
@@ -269,11 +280,11 @@ class StoreAccess {
     // alive owns the store), and the executor is not torn down under a post (wait_answered).
     // After the post the store's thread touches only the count, which it shares: the handler may
     // run at once and end the pipeline, this StoreAccess with it.
-    auto done = [this, pending, inline_answer, answered, out = out_, executor = executor_](
+    auto done = [this, pending, inline_answer, caller, answered, out = out_, executor = executor_](
                     std::exception_ptr error, Answer answer) mutable {
       if (answered->exchange(true)) return;
       auto mine = std::move(pending);
-      if (inline_answer) {
+      if (go_on_here(inline_answer, caller)) {
         out->answered();
         written(mine, error, std::move(answer));
       } else {

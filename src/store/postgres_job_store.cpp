@@ -970,6 +970,12 @@ struct PostgresJobStore::Impl {
     Op op(Op::finish, id);
     op.holder = holder;
     op.outcome = outcome;
+    // As it will be stored (clean), so that the record a finish answers reads as get reads it.
+    if (op.outcome.error) {
+      op.outcome.error->code = clean(std::move(op.outcome.error->code));
+      op.outcome.error->message = clean(std::move(op.outcome.error->message));
+    }
+    op.outcome.ran_on_version = clean(std::move(op.outcome.ran_on_version));
     op.lease = deliver;
     op.now = now;
     return op;
@@ -1196,7 +1202,10 @@ struct PostgresJobStore::Impl {
           return 0;
         e->dirty = true;
         e->result_set = true;
-        if (op.record) *op.record = e->s.record;
+        if (op.record) {
+          *op.record = e->s.record;
+          detail::times_as_stored(**op.record);
+        }
         return 1;
       case Op::attempt:
         if (!e || !job_state::record_attempt(e->s, op.holder, op.callback, op.now, op.attempt_made))

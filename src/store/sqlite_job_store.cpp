@@ -365,9 +365,12 @@ std::string result_text(const JobOutcome& o) {
 
 struct SqliteJobStore::Impl {
   struct Write {
-    std::function<void()> apply;                     // runs inside the transaction
-    std::function<void()> committed;                 // after COMMIT (may be empty)
-    std::function<void(std::exception_ptr)> failed;  // after ROLLBACK (may be empty)
+    std::function<void()> apply;      // runs inside the transaction
+    std::function<void()> committed;  // after COMMIT (may be empty)
+    // After ROLLBACK (may be empty): a waited-for write is told instead of tried again; one
+    // nobody waits for is told each time before it goes back to be tried again, and when the
+    // store closes failing.
+    std::function<void(std::exception_ptr)> failed;
     bool waited_for = false;  // a caller blocks for its answer: on failure it is told, not retried
     // Goes ahead of the bookkeeping (a submission: a new id, which no queued write is about).
     // A waited-for write that must see the writes before it (a claim, a redelivery) stays in order.
@@ -871,6 +874,8 @@ struct SqliteJobStore::Impl {
         if (w.failed)
           w.failed(std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why)));
       } else {
+        if (w.failed)
+          w.failed(std::make_exception_ptr(StoreUnavailable("sqlite job store: " + why)));
         retry.push_back(std::move(w));
       }
     }
@@ -1512,7 +1517,7 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   std::optional<Lease> held = impl_->release(impl_->job_leases, id, holder, now);
   if (!held) return false;
   // With `done`: the record as this write leaves it, for the answer after the commit (the row
-  // read whole, its result the caller's; written again by each try of a failed transaction).
+  // read whole, its result the caller's; made again by each try of a failed transaction).
   std::shared_ptr<std::optional<JobRecord>> record;
   std::shared_ptr<nlohmann::json> result_json;
   if (done) {
@@ -1521,6 +1526,7 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   }
   auto rule = [held = std::move(held), holder, outcome = outcome_without_result(outcome),
                result = std::move(result), deliver, now, record, result_json](Impl::Row& r) {
+    if (record) record->reset();
     std::optional<Lease> before;
     if (!Impl::swap_in(r.s.job_lease, *held, before)) return;
     if (!job_state::finish(r.s, holder, outcome,
@@ -1536,29 +1542,39 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
     if (record) {
       *record = r.s.record;
       (*record)->outcome.result = *result_json;
+      detail::times_as_stored(**record);
     }
   };
+  if (deliver) impl_->callback_leases[id] = *deliver;
   if (!done) {
     impl_->change(id, std::move(rule));
-  } else {
-    // Retried with the bookkeeping when a transaction fails, answered once committed (or, when
-    // the store closes failing, with its error).
-    auto answer = std::make_shared<FinishDone>(std::move(*done));
-    Impl* impl = impl_.get();
-    try {
-      impl_->enqueue({[impl, id, rule = std::move(rule)] {
-                        if (Impl::Row* r = impl->load(id, true)) rule(*r);
-                      },
-                      [answer, record] {
-                        (*answer)(nullptr, FinishAnswer{true, std::move(*record)});
-                      },
-                      [answer](std::exception_ptr error) { (*answer)(error, FinishAnswer{}); }});
-    } catch (...) {
-      *done = std::move(*answer);  // (the caller answers the error)
-      throw;
-    }
+    return true;
   }
-  if (deliver) impl_->callback_leases[id] = *deliver;
+  // Answered once: with the record when its transaction commits, or, when a transaction fails
+  // first (or the store closes failing), at once without one (the lease was held: the write is
+  // tried again with the bookkeeping, as finish_job's is, and a waiter reads the job back).
+  struct Answer {
+    FinishDone done;
+    bool given = false;  // (the writer's thread only)
+  };
+  auto answer = std::make_shared<Answer>(Answer{std::move(*done)});
+  Impl* impl = impl_.get();
+  try {
+    impl_->enqueue({[impl, id, rule = std::move(rule)] {
+                      if (Impl::Row* r = impl->load(id, true)) rule(*r);
+                    },
+                    [answer, record] {
+                      if (std::exchange(answer->given, true)) return;
+                      answer->done(nullptr, FinishAnswer{true, std::move(*record)});
+                    },
+                    [answer](std::exception_ptr) {
+                      if (std::exchange(answer->given, true)) return;
+                      answer->done(nullptr, FinishAnswer{true, std::nullopt});
+                    }});
+  } catch (...) {
+    *done = std::move(answer->done);  // (the caller answers the error)
+    throw;
+  }
   return true;
 }
 

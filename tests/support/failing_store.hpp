@@ -65,6 +65,8 @@ class FailingStore final : public JobStore {
     /// Whether async_finish_job answers the record when asked (the library's stores do); off,
     /// it answers none, as JobStore's default, and a JobQueue reads a waited-for job back.
     std::atomic<bool> answer_records{false};
+    /// The acknowledgements that asked for the record (async_finish_job's want_record).
+    std::atomic<int> records_asked{0};
     Gate puts;   ///< async_put's answers
     Gate reads;  ///< get and get_many
     /// The reads made: `get` calls, `get_many` calls and the most ids one of those asked for.
@@ -110,6 +112,7 @@ class FailingStore final : public JobStore {
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                         const std::optional<Lease>& deliver, TimePoint now, bool want_record,
                         FinishDone done) override {
+    if (want_record) ++control_->records_asked;
     if (!control_->answer_records)
       return JobStore::async_finish_job(id, holder, outcome, deliver, now, want_record,
                                         std::move(done));

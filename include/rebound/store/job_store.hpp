@@ -291,7 +291,8 @@ class JobLeaseStore {
   /// for the stored record or not): the JobQueue goes on at once with an answer on its own
   /// thread, and hands one from a store's thread to its executor, so that a store's thread never
   /// runs the JobQueue's work. A store that overrides an asynchronous call to answer from a
-  /// thread of its own must say so here. The default: `caller`.
+  /// thread of its own says so here (the JobQueue also hands on an answer that it hears on
+  /// another thread than the caller's, whatever this says). The default: `caller`.
   virtual AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept {
     (void)call;
     (void)record_asked;

@@ -516,7 +516,6 @@ class MemoryJobStore final : public JobStore {
   using FailedKey = std::pair<TimePoint, std::string>;
   using FailedIndex = std::set<FailedKey>;
 
-  // A listing's entry: the record without input or result.
   // finish_job, copying the record as finished into `record` when given.
   bool finish(const std::string& id, const std::string& holder, const JobOutcome& outcome,
               const std::optional<Lease>& deliver, TimePoint now,
@@ -535,6 +534,7 @@ class MemoryJobStore final : public JobStore {
     return true;
   }
 
+  // A listing's entry: the record without input or result.
   static JobRecord listed(const JobRecord& full) {
     JobRecord entry;
     entry.job.id = full.job.id;

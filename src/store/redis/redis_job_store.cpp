@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +31,11 @@ namespace rebound {
 using namespace detail::redis;  // (this file is the adapter of src/store/redis)
 
 namespace {
+
+// finish.lua's arguments (finish_args): how many, and where the time the job started goes (ARGV
+// O + 14; fold_marks writes it).
+constexpr std::size_t finish_arg_count = 15;
+constexpr std::size_t finish_started_arg = 12;
 
 // Redis at its maxmemory (with noeviction) refused a put: the store is full, not broken.
 struct OutOfMemory : StoreUnavailable {
@@ -481,10 +487,10 @@ struct RedisJobStore::Impl {
     for (auto& op : batch) {
       if (op.which == kScriptMarkRunning && op.unwaited && op.args.size() == 2) {
         marks[op.args[0]] = &op;
-      } else if (op.which == kScriptFinish && op.args.size() == 14) {
+      } else if (op.which == kScriptFinish && op.args.size() == finish_arg_count) {
         const auto mark = marks.find(op.args[0]);
         if (mark == marks.end()) continue;
-        op.args[12] = mark->second->args[1];
+        op.args[finish_started_arg] = mark->second->args[1];
         mark->second->folded = true;
         marks.erase(mark);
       }
@@ -1096,9 +1102,10 @@ std::vector<std::string> finish_args(const std::string& id, const std::string& h
   args.push_back(deliver ? ms_text(deliver->until) : "0");
   args.push_back(std::move(retention));
   args.push_back(ms_text(outcome.finished_at));
-  args.emplace_back();  // started: see kFinish
+  args.emplace_back();  // started: finish.lua's ARGV[O + 14] (fold_marks fills it in)
   args.push_back(outcome.ran_on_version);
-  args.emplace_back();  // answer the hash: see finish_answer
+  args.emplace_back();  // '1': answer the hash (finish_answer)
+  assert(args.size() == finish_arg_count && args[finish_started_arg].empty());
   return args;
 }
 
