@@ -464,9 +464,9 @@ void BatchRunner::finish(JobRecord record, Claim claim, bool rerouted) {
         kept->outcome = std::move(static_cast<JobEnd&>(*outcome));
         kept->callback.state = deliver ? CallbackState::pending : CallbackState::none;
         if (answer.record && is_final(answer.record->status)) {
-          events_.job_final(key, *answer.record, true);
+          events_.job_answered(key, std::move(*answer.record));
         } else {
-          events_.job_final(key, *kept, false);
+          events_.job_final(key, *kept);
         }
         if (!deliver) {
           held->release();

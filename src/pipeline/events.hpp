@@ -40,10 +40,12 @@ class PipelineEvents {
   /// Whether somebody waits for the job `key` to end: its acknowledgement then asks the store for
   /// the record it keeps (JobStore::FinishAnswer), which completes the waits.
   virtual bool awaited(const std::string& key) const = 0;
-  /// The store acknowledged the outcome of the job `key` (the BatchRunner): `record` as the store
-  /// answered it (`stored`), else as the runner finished it, its callback `pending` when one is
-  /// due.
-  virtual void job_final(const std::string& key, const JobRecord& record, bool stored) = 0;
+  /// The store acknowledged the outcome of the job `key` (the BatchRunner): `record` as the runner
+  /// finished it, its callback `pending` when one is due.
+  virtual void job_final(const std::string& key, const JobRecord& record) = 0;
+  /// The same, for a job somebody waits for (awaited) whose acknowledgement the store answered
+  /// with `stored`, the record it keeps.
+  virtual void job_answered(const std::string& key, JobRecord stored) = 0;
 
  protected:
   ~PipelineEvents() = default;

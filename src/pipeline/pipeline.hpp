@@ -237,14 +237,13 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   bool awaited(const std::string& key) const override {
     return !async_waiters.empty() && async_waiters.waiting(key);
   }
-  void job_final(const std::string& key, const JobRecord& record, bool stored) override {
+  void job_final(const std::string& key, const JobRecord& record) override {
     // Called where the store's acknowledgement was heard (the io executor with a store that
-    // answers from its own thread, else the worker), which never waits for a store. The record
-    // the store answered completes the waits at once (they only post); without it (a store that
-    // cannot say, or a wait that began while the acknowledgement was under way) a job someone
-    // waits for is read back on the pump's thread (complete_finals), woken for it now.
+    // answers from its own thread, else the worker), which never waits for a store: a job
+    // someone waits for (a store that answered no record, or a wait that began while the
+    // acknowledgement was under way) is read back on the pump's thread (complete_finals), woken
+    // for it now.
     if (async_waiters.empty()) return;
-    if (stored) return async_waiters.complete(key, record);
     if (!async_waiters.waiting(key)) return;
     {
       std::lock_guard<std::mutex> lock(finals_mutex);
@@ -252,21 +251,35 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     }
     pump.wake_for_finals();
   }
+  void job_answered(const std::string& key, JobRecord stored) override {
+    // The store's record completes the waits, on the pump's thread too: there the completions
+    // of many jobs go out together (one wake-up of the executors they post to), not one a job
+    // from each worker.
+    {
+      std::lock_guard<std::mutex> lock(finals_mutex);
+      answered_finals.insert_or_assign(key, std::move(stored));
+    }
+    pump.wake_for_finals();
+  }
   void finals_due() override { complete_finals(); }
 
   /// The waits for jobs this queue finished, completed with the record as the store keeps it
   /// (input, started_at, callback state: the same answer a wait gets for a job another server
-  /// finished), or the one in hand when the store cannot say. On the pump's thread, when woken
+  /// finished): as its acknowledgement answered it, else read back, or the one in hand when the
+  /// store cannot say. On the pump's thread, when woken
   /// for them and each pass; and by a shutdown before it closes the waits, which waits for the
   /// pump's reads under way (finals_reading) so that none of them is answered shutting_down.
   /// Read `max_reads_a_call` at a time (JobStore::get_many: one round trip each).
   void complete_finals() {
     std::lock_guard<std::mutex> reading(finals_reading);
-    std::unordered_map<std::string, JobRecord> mine;
+    std::unordered_map<std::string, JobRecord> mine, answered;
     {
       std::lock_guard<std::mutex> lock(finals_mutex);
       mine.swap(finals);
+      answered.swap(answered_finals);
     }
+    for (const auto& [key, record] : answered)
+      async_waiters.complete(key, record);
     std::vector<std::string> keys;
     keys.reserve(std::min(mine.size(), max_reads_a_call));
     for (auto it = mine.begin(); it != mine.end();) {
@@ -339,6 +352,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   // waited job.
   std::mutex finals_mutex;
   std::unordered_map<std::string, JobRecord> finals;
+  // Jobs finished here that someone waits for, with the record the store's acknowledgement
+  // answered: completed by complete_finals without a read.
+  std::unordered_map<std::string, JobRecord> answered_finals;
   std::mutex finals_reading;  // held while finals taken from the map are read and completed
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
