@@ -38,8 +38,9 @@ namespace rebound::detail {
 /// flight (a watchdog, a write being retried).
 class BatchRunner {
  public:
-  /// `events` hears each job whose outcome this runner got acknowledged (job_final: it is final
-  /// in the store) and keeps the parts alive while a watchdog or a write is under way.
+  /// `events` hears each job whose outcome this runner got acknowledged (job_final, or
+  /// job_answered with the store's record for a job somebody waits for: it is final in the
+  /// store) and keeps the parts alive while a watchdog or a write is under way.
   BatchRunner(ModelTable& models, StoreAccess& store, Leases& leases, Delivery& delivery,
               Admission& admission, Observers& observe, Clock clock, PipelineEvents& events,
               boost::asio::any_io_executor timer_executor, std::chrono::milliseconds job_ttl,

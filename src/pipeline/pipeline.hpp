@@ -252,9 +252,11 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     pump.wake_for_finals();
   }
   void job_answered(const std::string& key, JobRecord stored) override {
+    if (async_waiters.empty()) return;  // (a store that answered a record nobody asked for)
     // The store's record completes the waits, on the pump's thread too: there the completions
     // of many jobs go out together (one wake-up of the executors they post to), not one a job
-    // from each worker.
+    // from each worker (15 % of async_submit's rate: docs/benchmarks.md). They wait behind what
+    // the pump is doing (a pass, renewals: with a store that hangs, until its call times out).
     {
       std::lock_guard<std::mutex> lock(finals_mutex);
       answered_finals.insert_or_assign(key, std::move(stored));
@@ -349,13 +351,13 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   std::chrono::system_clock::time_point last_pause_sync{};
   std::size_t wait_poll_offset = 0;  // on the pump's thread only
   // Jobs finished here that someone waits for, to be read back (complete_finals): at most one a
-  // waited job.
+  // waited job. finals_mutex guards both maps.
   std::mutex finals_mutex;
   std::unordered_map<std::string, JobRecord> finals;
   // Jobs finished here that someone waits for, with the record the store's acknowledgement
   // answered: completed by complete_finals without a read.
   std::unordered_map<std::string, JobRecord> answered_finals;
-  std::mutex finals_reading;  // held while finals taken from the map are read and completed
+  std::mutex finals_reading;  // held while finals taken from the maps are read and completed
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {
