@@ -238,7 +238,7 @@ class JobLeaseStore {
     /// The job's record as the store keeps it once the finish is written (its input, outcome,
     /// callback state), when the caller asked for it and the store can say; empty otherwise, when
     /// the caller reads it with get if it needs it. The JobQueue asks only for a job somebody
-    /// waits for (`Prefer: wait`, `/invocations`, async_wait), which is then answered without
+    /// waits for (`async_submit`, `async_wait`, `Prefer: wait`), which is then answered without
     /// reading the job back.
     std::optional<JobRecord> record;
   };
