@@ -233,20 +233,16 @@ TEST_CASE("postgres store: texts PostgreSQL refuses are stored replaced - never 
                                    rebound::ErrorInfo{"model_error", std::string("a\0b\xff c", 6)}};
   const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
   std::promise<bool> first, second;
-  store.async_finish_job("bad", "h", failed, std::nullopt, now, false,
-                         [&](std::exception_ptr e, rebound::JobStore::FinishAnswer v) {
-                           if (e)
-                             first.set_exception(e);
-                           else
-                             first.set_value(v.held);
-                         });
-  store.async_finish_job("good", "h", ok, std::nullopt, now, false,
-                         [&](std::exception_ptr e, rebound::JobStore::FinishAnswer v) {
-                           if (e)
-                             second.set_exception(e);
-                           else
-                             second.set_value(v.held);
-                         });
+  const auto held_into = [](std::promise<bool>& p) {
+    return [&p](std::exception_ptr e, rebound::JobStore::FinishAnswer v) {
+      if (e)
+        p.set_exception(e);
+      else
+        p.set_value(v.held);
+    };
+  };
+  store.async_finish_job("bad", "h", failed, std::nullopt, now, false, held_into(first));
+  store.async_finish_job("good", "h", ok, std::nullopt, now, false, held_into(second));
   CHECK(first.get_future().get());
   CHECK(second.get_future().get());
   const auto bad = store.get("bad");

@@ -255,14 +255,9 @@ class JobLeaseStore {
                                 const JobOutcome& outcome, const std::optional<Lease>& deliver,
                                 TimePoint now, bool want_record, FinishDone done) {
     (void)want_record;
-    FinishAnswer answer;
-    std::exception_ptr error;
-    try {
-      answer.held = finish_job(id, holder, outcome, deliver, now);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    done(error, std::move(answer));
+    answer_now(done, [&] {
+      return FinishAnswer{finish_job(id, holder, outcome, deliver, now), {}};
+    });
   }
 
   /// record_attempt without waiting for it: `done` gets its answer or its error, exactly once,
@@ -335,7 +330,7 @@ class JobLeaseStore {
     } catch (...) {
       error = std::current_exception();
     }
-    done(error, answer);
+    done(error, std::move(answer));
   }
 };
 

@@ -189,16 +189,12 @@ class MemoryJobStore final : public JobStore {
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                         const std::optional<Lease>& deliver, TimePoint now, bool want_record,
                         FinishDone done) override {
-    FinishAnswer answer;
-    std::exception_ptr error;
-    try {
-      std::optional<JobRecord> record;
-      answer.held = finish(id, holder, outcome, deliver, now, want_record ? &record : nullptr);
-      answer.record = std::move(record);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    done(error, std::move(answer));
+    answer_now(done, [&] {
+      FinishAnswer answer;
+      answer.held =
+          finish(id, holder, outcome, deliver, now, want_record ? &answer.record : nullptr);
+      return answer;
+    });
   }
 
   CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override {

@@ -401,17 +401,27 @@ struct RedisJobStore::Impl {
     return out;
   }
 
-  // A write that answers 1 (held) or 0, for JobStore::WriteDone.
-  void start_write(Script which, std::vector<std::string> args, JobStore::WriteDone done) {
-    auto shared = std::make_shared<JobStore::WriteDone>(std::move(done));
+  // A write whose `done` (JobStore::WriteDone, JobStore::FinishDone) is answered once with what
+  // `read` makes of its reply (a default answer with an error).
+  template <typename Done, typename Read>
+  void start_write(Script which, std::vector<std::string> args, Done done, Read read) {
+    using Answer = decltype(read(static_cast<const redisReply*>(nullptr)));
+    auto shared = std::make_shared<Done>(std::move(done));
     try {
-      enqueue(which, std::move(args), [shared](std::exception_ptr error, const redisReply* r) {
-        JobStore::WriteDone call = std::move(*shared);
-        if (error) return call(error, false);
-        call(nullptr, is_one(r));
-      });
+      enqueue(which, std::move(args),
+              [shared, read = std::move(read)](std::exception_ptr error, const redisReply* r) {
+                Done call = std::move(*shared);
+                if (error) return call(error, Answer{});
+                Answer answer{};
+                try {
+                  answer = read(r);
+                } catch (...) {
+                  return call(std::current_exception(), Answer{});
+                }
+                call(nullptr, std::move(answer));
+              });
     } catch (...) {
-      if (*shared) (*shared)(std::current_exception(), false);
+      if (*shared) (*shared)(std::current_exception(), Answer{});
     }
   }
 
@@ -1165,23 +1175,8 @@ void RedisJobStore::async_finish_job(const std::string& id, const std::string& h
     }
     return done(nullptr, std::move(answer));
   }
-  auto shared = std::make_shared<FinishDone>(std::move(done));
-  try {
-    impl_->enqueue(kScriptFinish, std::move(args),
-                   [shared, id](std::exception_ptr error, const redisReply* r) {
-                     FinishDone call = std::move(*shared);
-                     if (error) return call(error, FinishAnswer{});
-                     FinishAnswer answer;
-                     try {
-                       answer = finish_answer(id, r);
-                     } catch (...) {
-                       return call(std::current_exception(), FinishAnswer{});
-                     }
-                     call(nullptr, std::move(answer));
-                   });
-  } catch (...) {
-    if (*shared) (*shared)(std::current_exception(), FinishAnswer{});
-  }
+  impl_->start_write(kScriptFinish, std::move(args), std::move(done),
+                     [id](const redisReply* r) { return finish_answer(id, r); });
 }
 
 JobStore::AnswerThread RedisJobStore::answer_thread(AsyncCall call, bool) const noexcept {
@@ -1208,7 +1203,7 @@ void RedisJobStore::async_record_attempt(const std::string& id, const std::strin
     return JobStore::async_record_attempt(id, holder, after, now, attempt, std::move(done));
   impl_->start_write(kScriptRecordAttempt,
                      attempt_args(id, holder, after, now, attempt, impl_->retention_ms()),
-                     std::move(done));
+                     std::move(done), is_one);
 }
 
 CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& outcome,
