@@ -8,7 +8,10 @@
 # an image that was never built is not a passing test.
 #
 # Usage: tests/container_image.sh   (from anywhere; needs root, podman, runc, debootstrap, curl)
-# Environment: REBOUND_IMAGE (default localhost/rebound-sagemaker:test), KEEP_IMAGE=1 keeps it.
+# Environment: REBOUND_IMAGE (default localhost/rebound-sagemaker:test), KEEP_IMAGE=1 keeps it;
+# REBOUND_SERVER_BINARY, a rebound-server already built on this machine (Debian bookworm, the same
+# packages), makes the image with it (the Dockerfile's `prebuilt` target) instead of compiling it
+# again inside: CI passes the one its first stage built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,9 +42,21 @@ if ! "${podman[@]}" image exists docker.io/library/debian:bookworm; then
 fi
 "${podman[@]}" tag docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim
 
-echo "container_image: building $image"
-"${podman[@]}" build --pull=never --network host "${limits[@]}" \
+target=()
+if [ -n "${REBOUND_SERVER_BINARY:-}" ]; then
+  [ -x "$REBOUND_SERVER_BINARY" ] || fail "REBOUND_SERVER_BINARY=$REBOUND_SERVER_BINARY is not an executable"
+  mkdir -p .prebuilt
+  trap 'rm -rf .prebuilt' EXIT
+  strip -o .prebuilt/rebound-server "$REBOUND_SERVER_BINARY" || fail "strip $REBOUND_SERVER_BINARY failed"
+  target=(--target prebuilt)
+  echo "container_image: building $image with $REBOUND_SERVER_BINARY"
+else
+  echo "container_image: building $image (the server compiled inside)"
+fi
+"${podman[@]}" build --pull=never --network host "${limits[@]}" ${target[@]+"${target[@]}"} \
   -f examples/sagemaker/Dockerfile -t "$image" . || fail "the image did not build"
+rm -rf .prebuilt
+trap - EXIT
 
 # SageMaker starts a multi-model endpoint only on an image that says it serves several models.
 label=$("${podman[@]}" image inspect -f \
