@@ -312,8 +312,9 @@ struct RedisJobStore::Impl {
     Script which;
     std::vector<std::string> args;
     OpDone done;
-    bool unwaited = false;  // nobody waits for it (mark_running): `done` is null
-    bool folded = false;    // not sent: a later call of the batch does its work (fold_marks)
+    bool unwaited = false;        // nobody waits for it (mark_running): `done` is null
+    bool folded = false;          // not sent: a later call of the batch does its work (fold_marks)
+    std::uint64_t queued_as = 0;  // its place in the order of all calls queued (enqueue)
   };
 
   static constexpr std::size_t kBatchCalls = 256;       // calls in one script at most
@@ -323,6 +324,11 @@ struct RedisJobStore::Impl {
   std::condition_variable batch_wake;     // to the connection thread
   std::condition_variable batch_flushed;  // to the calls that wait for what went before them
   std::deque<Op> batch_queue;
+  std::uint64_t calls_queued = 0;  // (under batch_mutex) the last Op::queued_as given
+  // (The connection thread's own) the last call queued when Redis was last found failed: the
+  // calls queued up to then fail with the batch; those queued after its callers heard of the
+  // failure are sent (Redis may be back).
+  std::uint64_t failed_through = 0;
   bool batch_stop = false;
   // Calls nobody waits for, queued and sent (failed or not): a direct call first waits for those
   // queued before it, so a thread reads its own writes.
@@ -361,6 +367,7 @@ struct RedisJobStore::Impl {
       std::lock_guard<std::mutex> lock(batch_mutex);
       if (batch_stop) throw StoreUnavailable("redis job store: closed");
       for (auto& op : ops) {
+        op.queued_as = ++calls_queued;
         op.unwaited = !op.done;
         const bool unwaited = op.unwaited;
         batch_queue.push_back(std::move(op));
@@ -462,15 +469,18 @@ struct RedisJobStore::Impl {
         fail(batch, std::make_exception_ptr(StoreUnavailable("redis job store: batch failed")));
       }
       if (lost) {
-        // Redis failed (down, hung past the timeout, a new primary): what is queued behind would
-        // wait for the same, one timeout a batch. It fails now; its callers try again (the
-        // JobQueue's writes) or answer store_unavailable.
+        // Redis failed (down, hung past the timeout, a new primary): what was queued behind by
+        // then would wait for the same, one timeout a batch. It fails now; its callers try again
+        // (the JobQueue's writes) or answer store_unavailable. A call queued after the batch's
+        // callers were answered is not failed unsent: this thread may come here after Redis is
+        // back and a caller has seen it work (a probe, a read) and queued again.
         std::vector<Op> queued;
         {
           std::lock_guard<std::mutex> lock(batch_mutex);
-          queued.assign(std::make_move_iterator(batch_queue.begin()),
-                        std::make_move_iterator(batch_queue.end()));
-          batch_queue.clear();
+          while (!batch_queue.empty() && batch_queue.front().queued_as <= failed_through) {
+            queued.push_back(std::move(batch_queue.front()));
+            batch_queue.pop_front();
+          }
         }
         fail(queued, std::make_exception_ptr(StoreUnavailable(batch_failure)));
         std::move(queued.begin(), queued.end(), std::back_inserter(batch));
@@ -565,11 +575,19 @@ struct RedisJobStore::Impl {
           args.push_back(std::move(a));
       }
     }
+    // The batch fails whole, and with it what was queued by now (send_batches).
+    auto give_up = [&] {
+      {
+        std::lock_guard<std::mutex> lock(batch_mutex);
+        failed_through = calls_queued;
+      }
+      fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
+      return false;
+    };
     auto lose = [&](const std::string& why) {
       batch_connection.reset();
       batch_failure = client.failed(why);
-      fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
-      return false;
+      return give_up();
     };
     auto fail_group = [&](std::size_t g, const std::string& why) {
       for (Op* op : groups[g])
@@ -602,8 +620,7 @@ struct RedisJobStore::Impl {
       } catch (const std::exception& e) {
         // (connect_after_backoff noted why, and says it.)
         batch_failure = e.what();
-        fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
-        return false;
+        return give_up();
       }
       std::array<Reply, 2> replies;
       std::optional<std::string> short_of;
@@ -618,10 +635,7 @@ struct RedisJobStore::Impl {
           if (!wait && !not_run(replies[g].get())) {
             settle(g, replies[g].get(), std::nullopt);
             // Its answer dropped the connection (LOADING, READONLY): the rest fail.
-            if (!batch_connection) {
-              fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
-              return false;
-            }
+            if (!batch_connection) return give_up();
           }
         }
         if (wait) {
@@ -662,8 +676,7 @@ struct RedisJobStore::Impl {
         batch_connection.reset();
       } else if (!batch_connection) {
         // An answer dropped the connection (LOADING, READONLY): the rest fail.
-        fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
-        return false;
+        return give_up();
       }
     }
     for (std::size_t g = 0; g < 2; ++g) {
