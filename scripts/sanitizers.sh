@@ -2,6 +2,8 @@
 # The core's test suite under AddressSanitizer + UndefinedBehaviorSanitizer and under
 # ThreadSanitizer, then the libFuzzer targets for a bounded time each. libtorch stays out
 # (REBOUND_WITH_TORCH=OFF): its prebuilt libraries are not instrumented.
+# Both builds carry line tables only (-g1): a report still names each frame's file and line, and
+# the builds take about a sixth less time than with full debug information (-g), which CI needs.
 # Usage: scripts/sanitizers.sh [FUZZ_SECONDS=30]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +11,8 @@ root=$(pwd)
 fuzz_seconds=${1:-30}
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DREBOUND_WITH_TORCH=OFF -DREBOUND_BUILD_BENCH=OFF
+common=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DREBOUND_WITH_TORCH=OFF
+        -DREBOUND_BUILD_BENCH=OFF
         "${launcher[@]}")
 # The kill -9 test runs in the main suite; the load tests are timed and RSS-bounded; PostgreSQL's
 # fleet and bloat cases are processes under load that the store's own suites (which do run here)
@@ -22,13 +25,13 @@ skip="crash_recovery|noisy_neighbours|memory_budget|bare_server|postgres_bloat|p
 # keeps CI inside its time.
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer (core without libtorch, shared)"
 cmake -S . -B build-asan "${common[@]}" -DBUILD_SHARED_LIBS=ON -DREBOUND_WERROR=ON \
-  "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g" \
+  "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined"
 cmake --build build-asan --parallel "$(nproc)"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --parallel "$(nproc)" --timeout 600 -E "$skip")
 
 echo "== ThreadSanitizer"
-cmake -S . -B build-tsan "${common[@]}" "-DCMAKE_CXX_FLAGS=-fsanitize=thread -O1 -g" \
+cmake -S . -B build-tsan "${common[@]}" "-DCMAKE_CXX_FLAGS=-fsanitize=thread -O1" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread"
 cmake --build build-tsan --parallel "$(nproc)"
 # redis_fleet's Redis restart under TSan's tenfold slowdown: in 3 of 4 runs of 2026-11-28 a few
