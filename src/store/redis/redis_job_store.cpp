@@ -325,9 +325,9 @@ struct RedisJobStore::Impl {
   std::condition_variable batch_flushed;  // to the calls that wait for what went before them
   std::deque<Op> batch_queue;
   std::uint64_t calls_queued = 0;  // (under batch_mutex) the last Op::queued_as given
-  // (The connection thread's own) the last call queued when Redis was last found failed: the
-  // calls queued up to then fail with the batch; those queued after its callers heard of the
-  // failure are sent (Redis may be back).
+  // (The connection thread's own) the last call queued before the callers of a batch that lost
+  // Redis were answered: the calls queued up to then fail with it; those queued after are sent
+  // (Redis may be back: a caller answered can have seen it work and queued again).
   std::uint64_t failed_through = 0;
   bool batch_stop = false;
   // Calls nobody waits for, queued and sent (failed or not): a direct call first waits for those
@@ -575,11 +575,20 @@ struct RedisJobStore::Impl {
           args.push_back(std::move(a));
       }
     }
-    // The batch fails whole, and with it what was queued by now (send_batches).
+    // The last call queued before any caller of this batch was answered: a caller answered
+    // may queue again at once, and that call is not the lost connection's to fail.
+    std::optional<std::uint64_t> queued_before_answers;
+    auto answering = [&] {
+      if (queued_before_answers) return;
+      std::lock_guard<std::mutex> lock(batch_mutex);
+      queued_before_answers = calls_queued;
+    };
+    // The batch fails whole, and with it what was queued before its first answer (send_batches).
     auto give_up = [&] {
+      answering();
       {
         std::lock_guard<std::mutex> lock(batch_mutex);
-        failed_through = calls_queued;
+        failed_through = *queued_before_answers;
       }
       fail(batch, std::make_exception_ptr(StoreUnavailable(batch_failure)));
       return false;
@@ -590,6 +599,7 @@ struct RedisJobStore::Impl {
       return give_up();
     };
     auto fail_group = [&](std::size_t g, const std::string& why) {
+      answering();
       for (Op* op : groups[g])
         answer(*op, std::make_exception_ptr(StoreUnavailable(why)), nullptr);
       pending[g] = false;
@@ -605,6 +615,7 @@ struct RedisJobStore::Impl {
     bool all_worked = true;
     auto settle = [&](std::size_t g, const redisReply* reply,
                       const std::optional<std::string>& short_of) {
+      answering();
       if (short_of && reply->type != REDIS_REPLY_ERROR) {
         all_worked = false;
         fail_group(g, *short_of);
@@ -1214,9 +1225,13 @@ void RedisJobStore::async_record_attempt(const std::string& id, const std::strin
                                          WriteDone done) {
   if (!impl_->options.batch_writes)
     return JobStore::async_record_attempt(id, holder, after, now, attempt, std::move(done));
-  impl_->start_write(kScriptRecordAttempt,
-                     attempt_args(id, holder, after, now, attempt, impl_->retention_ms()),
-                     std::move(done), is_one);
+  std::vector<std::string> args;
+  try {
+    args = attempt_args(id, holder, after, now, attempt, impl_->retention_ms());
+  } catch (...) {
+    return done(std::current_exception(), false);  // (answered, as async_finish_job's are)
+  }
+  impl_->start_write(kScriptRecordAttempt, std::move(args), std::move(done), is_one);
 }
 
 CancelOutcome RedisJobStore::cancel(const std::string& id, const JobOutcome& outcome,
