@@ -10,9 +10,11 @@
 # Usage: tests/container_image.sh   (from anywhere; needs root, podman, runc, debootstrap, curl)
 # Environment: REBOUND_IMAGE (default localhost/rebound-sagemaker:test), KEEP_IMAGE=1 keeps it;
 # REBOUND_SERVER_BINARY, a rebound-server already built on this machine (Debian bookworm, the same
-# packages), makes the image with it (the Dockerfile's `prebuilt` target) instead of compiling it
-# again inside: CI passes the one its first stage built.
+# packages), makes the image with it (the Dockerfile's `runtime` stage, then that binary, stripped)
+# instead of compiling it again inside: CI passes the one its first stage built.
 set -euo pipefail
+# (A relative REBOUND_SERVER_BINARY names a file from where the script was started.)
+[ -z "${REBOUND_SERVER_BINARY:-}" ] || REBOUND_SERVER_BINARY=$(realpath -m "$REBOUND_SERVER_BINARY")
 cd "$(dirname "$0")/.."
 
 fail() {
@@ -42,21 +44,27 @@ if ! "${podman[@]}" image exists docker.io/library/debian:bookworm; then
 fi
 "${podman[@]}" tag docker.io/library/debian:bookworm docker.io/library/debian:bookworm-slim
 
-target=()
 if [ -n "${REBOUND_SERVER_BINARY:-}" ]; then
   [ -x "$REBOUND_SERVER_BINARY" ] || fail "REBOUND_SERVER_BINARY=$REBOUND_SERVER_BINARY is not an executable"
-  mkdir -p .prebuilt
-  trap 'rm -rf .prebuilt' EXIT
-  strip -o .prebuilt/rebound-server "$REBOUND_SERVER_BINARY" || fail "strip $REBOUND_SERVER_BINARY failed"
-  target=(--target prebuilt)
-  echo "container_image: building $image with $REBOUND_SERVER_BINARY"
+  echo "container_image: building $image from the runtime stage and $REBOUND_SERVER_BINARY"
+  "${podman[@]}" build --pull=never --network host "${limits[@]}" --target runtime \
+    -f examples/sagemaker/Dockerfile -t "$image-runtime" . || fail "the runtime stage did not build"
+  # The last step of the Dockerfile, with this binary in place of the one its build stage makes.
+  context=$(mktemp -d)
+  trap 'rm -rf "$context"' EXIT
+  strip -o "$context/rebound-server" "$REBOUND_SERVER_BINARY" || fail "strip failed"
+  printf 'FROM %s\nCOPY rebound-server /usr/local/bin/rebound-server\n' "$image-runtime" \
+    >"$context/Containerfile"
+  "${podman[@]}" build --pull=never --network host "${limits[@]}" -f "$context/Containerfile" \
+    -t "$image" "$context" || fail "the image did not build"
+  rm -rf "$context"
+  trap - EXIT
+  "${podman[@]}" untag "$image-runtime" >/dev/null 2>&1 || true
 else
   echo "container_image: building $image (the server compiled inside)"
+  "${podman[@]}" build --pull=never --network host "${limits[@]}" \
+    -f examples/sagemaker/Dockerfile -t "$image" . || fail "the image did not build"
 fi
-"${podman[@]}" build --pull=never --network host "${limits[@]}" ${target[@]+"${target[@]}"} \
-  -f examples/sagemaker/Dockerfile -t "$image" . || fail "the image did not build"
-rm -rf .prebuilt
-trap - EXIT
 
 # SageMaker starts a multi-model endpoint only on an image that says it serves several models.
 label=$("${podman[@]}" image inspect -f \
