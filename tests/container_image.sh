@@ -51,8 +51,9 @@ if [ -n "${REBOUND_SERVER_BINARY:-}" ]; then
     -f examples/sagemaker/Dockerfile -t "$image-runtime" . || fail "the runtime stage did not build"
   # The last step of the Dockerfile, with this binary in place of the one its build stage makes.
   context=$(mktemp -d)
-  trap 'rm -rf "$context"' EXIT
+  trap 'rm -rf "$context"; "${podman[@]}" untag "$image-runtime" >/dev/null 2>&1 || true' EXIT
   strip -o "$context/rebound-server" "$REBOUND_SERVER_BINARY" || fail "strip failed"
+  chmod 755 "$context/rebound-server"  # (strip -o follows the umask; the image runs it as rebound)
   printf 'FROM %s\nCOPY rebound-server /usr/local/bin/rebound-server\n' "$image-runtime" \
     >"$context/Containerfile"
   "${podman[@]}" build --pull=never --network host "${limits[@]}" -f "$context/Containerfile" \
