@@ -34,7 +34,7 @@ The systems:
              one rebound-server, its jobs submitted --batch at a time (POST /v1/inferences:batch,
              SUBMIT_BATCH in bench/submit.lua), as BullMQ's producer adds its jobs in bulk,
              over --batch-connections connections (a server takes a quarter of its
-             --http-threads batches at once and answers 503 to more: 16 with the default 64).
+             --store-threads batches at once and answers 503 to more: 4 with the default 16).
   bullmq     one Node process (bench/bullmq/bench.mjs): Queue.addBulk in chunks of --bullmq-chunk,
              and one Worker with --bullmq-concurrency jobs at once. The run ends when the Worker
              has seen N jobs completed (its "completed" events: the job is moved to completed in
@@ -655,7 +655,7 @@ def main() -> None:
                    help="jobs per request of rebound-1-batch (default 100; at most 1,000)")
     p.add_argument("--batch-connections", type=int, default=4,
                    help="wrk connections of rebound-1-batch (default 4: a server takes a quarter of "
-                   "its --http-threads (16) in batches at once, and refuses more with 503, which "
+                   "its --store-threads (16) in batches at once, and refuses more with 503, which "
                    "stops a wrk connection)")
     p.add_argument("--settle", type=float, default=0.5, help="seconds between the start and the load")
     p.add_argument("--trial-timeout", type=float, default=300, help="longest trial, in seconds (default 300)")

@@ -314,11 +314,18 @@ std::vector<Submitted> JobQueue::submit_many(std::vector<Job> jobs) {
 
 void JobQueue::start_submit(Job job, detail::Completion<JobRecord> done) {
   const JobRef ref(job.id, job.tenant);
-  const Submitted verdict = detail::submit_to(*core_, *queue_, job, &done);
-  // The same request again: it completes with the first one's end, and never runs twice.
-  if (verdict.duplicate) return start_wait(ref, std::move(done));
-  if (verdict.error) done(verdict.error, JobRecord{});
-  // Else `done` waits for the job's end.
+  // Held by the put under way (the answer may come on another thread, the store's); once the job
+  // is taken, the queue's waits hold what is left of it.
+  auto waiter = std::make_shared<detail::Completion<JobRecord>>(std::move(done));
+  detail::submit_async_to(
+      *core_, *queue_, std::move(job),
+      [this, ref, waiter](const Submitted& verdict) {
+        // The same request again: it completes with the first one's end, and never runs twice.
+        if (verdict.duplicate) return start_wait(ref, std::move(*waiter));
+        if (verdict.error) (*waiter)(verdict.error, JobRecord{});
+        // Else the waiter waits for the job's end.
+      },
+      /*rules_checked=*/false, waiter);
 }
 
 void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done) {

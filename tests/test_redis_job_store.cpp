@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_future.hpp>
+
 #include "rebound/error.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/redis_job_store.hpp"
@@ -396,6 +399,13 @@ TEST_CASE("redis: at maxmemory a put answers full - the work already accepted st
   }
   CHECK(full);
   CHECK(created > 0);
+  // The asynchronous put (a submission's) answers the same, not a failing store.
+  std::promise<std::pair<bool, PutOutcome>> answered;
+  store.async_put(make("big-async", {{"blob", big}}), std::nullopt,
+                  [&answered](std::exception_ptr error, PutOutcome outcome) {
+                    answered.set_value({error == nullptr, outcome});
+                  });
+  CHECK(answered.get_future().get() == std::make_pair(true, PutOutcome::full));
   CHECK_FALSE(store.failure());
   CHECK(store.get("big-0").has_value());
   // Redis 7 lets the other calls past maxmemory: the accepted job is acknowledged and its
@@ -424,6 +434,81 @@ void give_up_callback(RedisJobStore& store, const Job& job,
   REQUIRE(store.record_attempt(key, "cb", given_up, now));
 }
 }  // namespace
+
+TEST_CASE("redis: a put waits for Redis on no caller's thread - the batch thread answers it") {
+  rebound::test::RedisServer server;
+  RedisJobStoreOptions o = options_for(server);
+  o.command_timeout = 30s;  // the pause below must not time the put out
+  RedisJobStore store(o);
+  CHECK(store.answer_thread(rebound::JobStore::AsyncCall::put, false) ==
+        rebound::JobStore::AnswerThread::store);
+  REQUIRE(store.put(make("warm")) == PutOutcome::created);
+  using PutAnswer = std::pair<bool, PutOutcome>;
+  auto put_async = [&](const Job& job) {
+    auto promise = std::make_shared<std::promise<PutAnswer>>();
+    auto answer = promise->get_future();
+    store.async_put(job, std::nullopt, [promise](std::exception_ptr error, PutOutcome outcome) {
+      promise->set_value({error == nullptr, outcome});
+    });
+    return answer;
+  };
+  server.pause();
+  // The call returns at once, Redis frozen; its answer waits for Redis.
+  auto returned = std::async(std::launch::async, [&] { return put_async(make("a")); });
+  const bool returned_in_time = returned.wait_for(5s) == std::future_status::ready;
+  std::this_thread::sleep_for(50ms);
+  server.resume();
+  REQUIRE(returned_in_time);
+  auto answer = returned.get();
+  CHECK(answer.get() == PutAnswer{true, PutOutcome::created});
+  // The same request written differently (1 and 1.0) is a duplicate; another is a conflict.
+  CHECK(put_async(make("a", {{"x", 1.0}})).get() == PutAnswer{true, PutOutcome::duplicate});
+  CHECK(put_async(make("a", {{"x", 2}})).get() == PutAnswer{true, PutOutcome::conflict});
+  CHECK(store.get("a").has_value());
+}
+
+TEST_CASE("redis: a submission on the queue's io thread does not wait for Redis") {
+  rebound::test::RedisServer server;
+  RedisJobStoreOptions store_options = options_for(server);
+  store_options.command_timeout = 30s;
+  // (Before the queue: its io thread may still set them when a check below fails.)
+  std::promise<boost::system::error_code> accepted;
+  std::promise<std::pair<boost::system::error_code, rebound::JobRecord>> ended;
+  std::promise<void> returned;
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                          std::make_unique<RedisJobStore>(store_options), o);
+  REQUIRE(rebound::test::submitted(queue, Job{"warm", "", {{"x", 0}}, {}}) == "accepted");
+  server.pause();
+  // Both forms of a submission, started on the io thread (a coroutine's, a handler's): each call
+  // returns while Redis is frozen, and each answers once Redis does.
+  boost::asio::post(queue.get_executor(), [&] {
+    queue.submit(
+        Job{"a", "", {{"x", 1}}, {}},
+        [&](boost::system::error_code ec, const rebound::Submitted&) { accepted.set_value(ec); });
+    queue.async_submit(Job{"b", "", {{"x", 2}}, {}},
+                       [&](boost::system::error_code ec, rebound::JobRecord r) {
+                         ended.set_value({ec, std::move(r)});
+                       });
+    returned.set_value();
+  });
+  const bool returned_in_time = returned.get_future().wait_for(5s) == std::future_status::ready;
+  auto accepted_answer = accepted.get_future();
+  auto ended_answer = ended.get_future();
+  const bool answered_early = accepted_answer.wait_for(50ms) == std::future_status::ready;
+  server.resume();
+  REQUIRE(returned_in_time);
+  CHECK_FALSE(answered_early);  // (the answer waits for Redis: there is a round trip)
+  CHECK_FALSE(accepted_answer.get());
+  auto [ec, record] = ended_answer.get();
+  CHECK_FALSE(ec);
+  CHECK(record.status == JobStatus::succeeded);
+  CHECK(record.outcome.result == nlohmann::json{{"x", 2}});
+  // The same request again completes with the first one's end, never run twice.
+  auto again = queue.async_submit(Job{"b", "", {{"x", 2}}, {}}, boost::asio::use_future);
+  CHECK(again.get().outcome.result == nlohmann::json{{"x", 2}});
+}
 
 TEST_CASE("redis: a dead letter that expired is not listed again when its id is reused") {
   rebound::test::RedisServer server;

@@ -289,16 +289,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--http-threads", http_threads,
                  "Threads of the HTTP front (Boost.Beast): they serve every connection "
-                 "asynchronously and run the routes' store calls; no thread waits for a job "
-                 "(default: one per four cores, at least 1, with the memory and SQLite stores, "
-                 "whose submissions hold no thread; 16 with Redis, whose store calls are round "
-                 "trips made on them)")
+                 "asynchronously; no thread waits for a job, and none for a submission's write "
+                 "(default: one per four cores, at least 1)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
   app.add_option("--store-threads", store_threads,
                  "Threads for the routes whose store calls may wait (polls, cancels, redeliveries, "
                  "batches, /metrics, the console's listings), so that the HTTP threads never do "
-                 "(default: 16 with SQLite, whose reads wait for the writes queued before them; "
-                 "0 with the memory store and Redis: those routes run on the HTTP threads)")
+                 "(default: 16 with SQLite, Redis and PostgreSQL, whose calls wait for a disk or a "
+                 "round trip; 0 with the memory store: those routes run on the HTTP threads)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1024}));
   app.add_option("--max-connections", max_connections,
                  "HTTP connections open at once; one more is closed at once")
@@ -590,18 +588,18 @@ int main(int argc, char** argv) {
     rebound::ServerOptions server_options;
     server_options.host = host;
     server_options.port = port;
-    // With the memory and SQLite stores no submission waits on its thread (SQLite answers after
-    // its group commit), so a few threads keep up with the rest of the pipeline (the queue's io
-    // thread, the workers); more only take cores from them: on 2 cores, 1 thread ran 16,700
-    // jobs/s end to end with the memory store and 10,600 with SQLite, 2 threads 14,300 and 9,300
-    // (docs/benchmarks.md). Redis's and PostgreSQL's calls are round trips that hold the
-    // thread: 16.
-    const bool redis = store_uri.rfind("redis", 0) == 0 || store_uri.rfind("postgres", 0) == 0;
+    // No submission waits on an HTTP thread (the memory store answers at once; SQLite after its
+    // group commit, Redis from its batch thread, PostgreSQL from its writer), so a few threads
+    // keep up with the rest of the pipeline (the queue's io thread, the workers); more only take
+    // cores from them: on 2 cores, 1 thread ran 16,700 jobs/s end to end with the memory store
+    // and 10,600 with SQLite, 2 threads 14,300 and 9,300; with Redis, 16 threads (when its puts
+    // held them) took 11,400 submissions a second, 1 thread 17,300 (docs/benchmarks.md). The
+    // routes whose store calls wait (a read behind SQLite's writes, a round trip to Redis or
+    // PostgreSQL) run on threads of their own.
     const std::size_t quarter_of_cores = std::thread::hardware_concurrency() / 4;
-    server_options.http_threads =
-        http_threads.value_or(redis ? 16 : std::max<std::size_t>(1, quarter_of_cores));
-    server_options.store_call_threads =
-        store_threads.value_or(store_uri.rfind("sqlite", 0) == 0 ? 16 : 0);
+    server_options.http_threads = http_threads.value_or(std::max<std::size_t>(1, quarter_of_cores));
+    const bool memory_store = store_uri.rfind("memory", 0) == 0;
+    server_options.store_call_threads = store_threads.value_or(memory_store ? 0 : 16);
     server_options.max_connections = max_connections;
     server_options.max_connections_per_address = max_connections_per_address;
     server_options.max_waiters = max_waiters;

@@ -26,8 +26,9 @@ struct FrontDoor {
   /// JobQueue::submit for a job whose rules the caller has checked already, with the same
   /// functions and the queue's own guard (common/submission.hpp's parser does): they are not
   /// checked twice. `answer` runs on this thread before the call returns when the store answers
-  /// at once (memory, Redis), else on the queue's io executor (SQLite answers after the group
-  /// commit its job went in).
+  /// at once (memory), else on the queue's io executor once the store's own thread has the job
+  /// (SQLite after the group commit its job went in, PostgreSQL after its commit, Redis once
+  /// Redis has it).
   static void submit(JobQueue& queue, Job job, SubmitAnswer answer);
 
   /// JobQueue::submit_many for jobs whose rules the caller has checked already.

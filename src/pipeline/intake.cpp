@@ -1,6 +1,6 @@
 // The intake: a submission's way from the caller to the queue (common/job_rules.hpp's rules, the
 // model's validation, admission, the store's put with this queue's claim, the work queue), for one
-// job (submit_to, submit_async_to) and for many with one store write (submit_all_to).
+// job (submit_async_to) and for many with one store write (submit_all_to).
 #include "intake.hpp"
 
 #include <algorithm>
@@ -201,46 +201,14 @@ Submitted settle(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job, Pending& 
 
 }  // namespace
 
-// A submission: validated, admitted, stored with this queue's claim, and queued.
-Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
-                    Completion<JobRecord>* done) {
-  const std::string id = key_of(job);
-  const bool has_callback = !job.callback_url.empty();
-  StoreAccess::News news;
-  std::optional<SubmissionTrace> trace;
-  const Submitted verdict = [&] {
-    std::shared_ptr<Model> held;
-    if (Submitted checked = check(core, job, false, held); checked.error) return checked;
-    trace = core.begin_trace(job);
-    auto entered = core.admission.enter();
-    Admitted before;
-    Pending p = prepare(core, queue, job, done != nullptr, before, news);
-    p.model = std::move(held);
-    if (!goes_on(p.verdict)) return p.verdict;
-    PutOutcome outcome;
-    try {
-      outcome = core.store.call(
-          "put", id,
-          [&](JobLeaseStore& s) {
-            return p.park ? s.put(job) : s.put(job, core.leases.from_now(p.holder));
-          },
-          &news);
-    } catch (const StoreUnavailable&) {
-      return refused(errc::store_unavailable);
-    }
-    return settle(core, queue, job, p, outcome, done);
-  }();
-  core.store.tell(news);
-  core.observe_submission(verdict, id, has_callback, &trace);
-  return verdict;
-}
-
-// A submission as submit_to takes it, answered through `done` with the store's asynchronous put
-// (JobStore::async_put): the admission entry and the job's slot travel with the put until the
-// store answers. `done` runs on the caller's thread when the store answers at once, else on the
-// queue's executor.
+// A submission: validated, admitted, stored with this queue's claim, and queued, answered
+// through `done` with the store's asynchronous put (JobStore::async_put): the admission entry and
+// the job's slot travel with the put until the store answers. `done` runs on the caller's thread
+// when the store answers at once, else on the queue's executor. `waiter` (async_submit) is
+// registered for the job's end before the job can run.
 void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
-                     FrontDoor::SubmitAnswer done, bool rules_checked) {
+                     FrontDoor::SubmitAnswer done, bool rules_checked,
+                     std::shared_ptr<Completion<JobRecord>> waiter) {
   const std::string id = key_of(job);
   const bool has_callback = !job.callback_url.empty();
   auto trace = std::make_shared<std::optional<SubmissionTrace>>();
@@ -262,7 +230,7 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
   underway->entered = core.admission.enter();
   Admitted before;
   StoreAccess::News news;
-  underway->pending = prepare(core, queue, job, false, before, news);
+  underway->pending = prepare(core, queue, job, waiter != nullptr, before, news);
   underway->pending.model = std::move(version);
   core.store.tell(news);
   if (!goes_on(underway->pending.verdict)) {
@@ -277,19 +245,20 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
   const std::optional<Lease> claim =
       p.park ? std::nullopt : std::optional<Lease>(core.leases.from_now(p.holder));
   const Job& stored = underway->job;
-  core.store.put(stored, claim,
-                 [&core, &queue, held, underway = std::move(underway), answer,
-                  done = std::move(done)](std::exception_ptr error, PutOutcome outcome) mutable {
-                   const Submitted verdict = error ? refused(errc::store_unavailable)
-                                                   : settle(core, queue, underway->job,
-                                                            underway->pending, outcome, nullptr);
-                   if (held) core.admission.arriving_ended();
-                   underway.reset();  // the slot (unless queued) and the entry end here
-                   answer(done, verdict);
-                 });
+  core.store.put(
+      stored, claim,
+      [&core, &queue, held, underway = std::move(underway), answer, done = std::move(done),
+       waiter = std::move(waiter)](std::exception_ptr error, PutOutcome outcome) mutable {
+        const Submitted verdict =
+            error ? refused(errc::store_unavailable)
+                  : settle(core, queue, underway->job, underway->pending, outcome, waiter.get());
+        if (held) core.admission.arriving_ended();
+        underway.reset();  // the slot (unless queued) and the entry end here
+        answer(done, verdict);
+      });
 }
 
-// Many submissions with one store call (JobStore::put_many): each job as submit_to would take
+// Many submissions with one store call (JobStore::put_many): each job as submit_async_to would take
 // it, in order. A job whose id came earlier in the call (in a job that passed `check`) is not
 // admitted again: it is a duplicate (or `conflict`, another request) when that job was taken,
 // and answers as that job did when it was refused for room or by the store.

@@ -41,20 +41,19 @@ std::shared_ptr<Model> choose_model(Pipeline& core, ModelRef& ref, std::string_v
 
 /// One submission: checked (the job's rules, a transport for its callback, the model's
 /// validation), admitted, stored with this queue's claim (or parked in the store beyond the
-/// prefetch), and queued. `done` (async_submit) is registered for the job's end before it can run.
-/// Waits for the store's put.
-Submitted submit_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job& job,
-                    Completion<JobRecord>* done);
-
-/// The same, answered through `done` once the store's asynchronous put answers
+/// prefetch), and queued, answered through `done` once the store's asynchronous put answers
 /// (JobStore::async_put): on this thread when the store answers at once, else on the queue's
-/// executor. The admission entry and the job's slot travel with the put. `rules_checked`: the
-/// caller has checked the job's rules (check_job) already, with the queue's guard.
+/// executor (no thread waits for the store). The admission entry and the job's slot travel with
+/// the put. `rules_checked`: the caller has checked the job's rules (check_job) already, with the
+/// queue's guard. `waiter` (async_submit): registered for the job's end before it can run, and
+/// completed with shutting_down when the queue closes first; the caller completes it on a refusal
+/// (`done` is told).
 void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
-                     FrontDoor::SubmitAnswer done, bool rules_checked = false);
+                     FrontDoor::SubmitAnswer done, bool rules_checked = false,
+                     std::shared_ptr<Completion<JobRecord>> waiter = nullptr);
 
-/// Many submissions with one store write (JobStore::put_many), each answered as submit_to would
-/// answer it alone (JobQueue::submit_many says how repeated ids are told).
+/// Many submissions with one store write (JobStore::put_many), each answered as submit_async_to
+/// would answer it alone (JobQueue::submit_many says how repeated ids are told).
 std::vector<Submitted> submit_all_to(Pipeline& core, WorkQueue<WorkItem>& queue,
                                      std::vector<Job>& jobs, bool rules_checked = false);
 

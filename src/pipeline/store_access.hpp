@@ -177,9 +177,10 @@ class StoreAccess {
   using PutThen = std::function<void(std::exception_ptr error, PutOutcome outcome)>;
 
   /// A put that answers through `then` instead of waiting (JobStore::async_put): on the caller's
-  /// thread before this returns when the store answers at once (memory, Redis); posted to the
-  /// executor when it answers from its own thread (SQLite's writer, after the commit), so that no
-  /// store thread runs the queue's work. The pipeline must outlive the answer (wait_answered).
+  /// thread before this returns when the store answers at once (memory); posted to the executor
+  /// when it answers from its own thread (SQLite's writer after the commit, PostgreSQL's, Redis's
+  /// batch thread), so that no store thread runs the queue's work. The pipeline must outlive the
+  /// answer (wait_answered).
   void put(const Job& job, const std::optional<Lease>& claim, PutThen then) {
     // The answer's one owner: whichever copy of `done` answers first moves `then` out, so that
     // nothing it holds (the submission's slot, its entry) outlives the answer.

@@ -50,9 +50,11 @@ struct RedisJobStoreOptions {
   /// renew_all) of every calling thread: one connection thread of the store's own sends what has
   /// gathered while its last round trip was out as one script call, pipelined (at most 256 calls
   /// or 1 MiB in one). Redis then spends a fraction of a round trip per job, and the asynchronous
-  /// forms (async_finish_job, async_record_attempt) hold no caller's thread. An idle store sends
-  /// at once. mark_running returns without waiting; a call of the same thread made after it sees
-  /// it. false: every call is its own round trip on the caller's thread, and no thread is started.
+  /// forms (async_put, async_finish_job, async_record_attempt) hold no caller's thread: the
+  /// batch thread answers them. An idle store sends at once. mark_running returns without
+  /// waiting; a call of the same thread made after it sees it. false: every call is its own round
+  /// trip on the caller's thread (a JobQueue's io thread and workers wait for them), and no
+  /// thread is started.
   bool batch_writes = true;
   /// Redis replicates asynchronously: a master that crashes may take its last writes with it,
   /// acknowledged or not. With `replicas` = N > 0 every script call is followed by `WAIT N
@@ -123,6 +125,9 @@ class RedisJobStore final : public JobStore {
 
   using JobStore::put;
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
+  /// With `batch_writes`, queued for the batch thread, which answers it once Redis has (no
+  /// caller's thread waits for the round trip); else put on the caller's thread.
+  void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override;
   std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
   /// The reads pipelined on one connection: one round trip for every 256 ids.
@@ -144,8 +149,8 @@ class RedisJobStore final : public JobStore {
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                         const std::optional<Lease>& deliver, TimePoint now, bool want_record,
                         FinishDone done) override;
-  /// `store` for the acknowledgements when writes are batched (the batch thread answers them);
-  /// `caller` otherwise, and for put.
+  /// `store` when writes are batched (the batch thread answers puts and acknowledgements);
+  /// `caller` otherwise.
   AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept override;
   void async_record_attempt(const std::string& id, const std::string& holder,
                             const CallbackInfo& after, TimePoint now,

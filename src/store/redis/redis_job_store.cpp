@@ -972,6 +972,41 @@ PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim)
   return put_outcome(answer, job.input);
 }
 
+void RedisJobStore::async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
+  if (!impl_->options.batch_writes) return JobStore::async_put(job, claim, std::move(done));
+  std::vector<std::string> args;
+  try {
+    args = put_args(job, claim, impl_->retention_ms());
+  } catch (...) {
+    return done(std::current_exception(), PutOutcome::created);
+  }
+  // The input's text, for the rare answer that needs it (a duplicate written differently): the
+  // job need not outlive this call.
+  std::string input_text = args[2];
+  // Redis at maxmemory answers `full`, as put does.
+  PutDone answer = [done = std::move(done)](std::exception_ptr error, PutOutcome outcome) {
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const OutOfMemory&) {
+        return done(nullptr, PutOutcome::full);
+      } catch (...) {
+      }
+    }
+    done(error, outcome);
+  };
+  impl_->start_write(
+      kScriptPut, std::move(args), std::move(answer),
+      [ours = std::move(input_text)](const redisReply* r) {
+        const PutAnswer answer = put_answer(r);
+        if (answer.code != 3) return put_outcome(answer, nullptr);
+        nlohmann::json input;
+        if (detail::parse_untrusted_json(ours, input, SIZE_MAX) != detail::JsonParseError::none)
+          return PutOutcome::conflict;
+        return put_outcome(answer, input);
+      });
+}
+
 // All the puts queued for the connection thread at once: they go in as few batches as their
 // number and size allow, instead of one round trip each.
 std::vector<PutOutcome> RedisJobStore::put_many(const std::vector<PutRequest>& requests) {
@@ -1204,9 +1239,10 @@ void RedisJobStore::async_finish_job(const std::string& id, const std::string& h
 }
 
 JobStore::AnswerThread RedisJobStore::answer_thread(AsyncCall call, bool) const noexcept {
-  // The batch thread answers the writes it gathers; a put is one round trip on the caller's.
-  const bool batched = impl_->options.batch_writes && call != AsyncCall::put;
-  return batched ? AnswerThread::store : AnswerThread::caller;
+  // The batch thread answers the writes it gathers, puts too; unbatched, each call is a round
+  // trip on the caller's thread.
+  (void)call;
+  return impl_->options.batch_writes ? AnswerThread::store : AnswerThread::caller;
 }
 
 bool RedisJobStore::record_attempt(const std::string& id, const std::string& holder,
