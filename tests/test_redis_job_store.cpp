@@ -63,6 +63,13 @@ RedisJobStoreOptions options_for(const rebound::test::RedisServer& server) {
   return o;
 }
 
+// The answer of `f`, once it came within 20 s (a test that fails does not hang).
+template <typename T>
+T answer_of(std::future<T> f) {
+  REQUIRE(f.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  return f.get();
+}
+
 // Calls `probe` until it answers true, for up to `limit`.
 template <typename Probe>
 bool eventually(Probe&& probe, std::chrono::milliseconds limit = 20000ms) {
@@ -405,7 +412,7 @@ TEST_CASE("redis: at maxmemory a put answers full - the work already accepted st
                   [&answered](std::exception_ptr error, PutOutcome outcome) {
                     answered.set_value({error == nullptr, outcome});
                   });
-  CHECK(answered.get_future().get() == std::make_pair(true, PutOutcome::full));
+  CHECK(answer_of(answered.get_future()) == std::make_pair(true, PutOutcome::full));
   CHECK_FALSE(store.failure());
   CHECK(store.get("big-0").has_value());
   // Redis 7 lets the other calls past maxmemory: the accepted job is acknowledged and its
@@ -459,11 +466,10 @@ TEST_CASE("redis: a put waits for Redis on no caller's thread - the batch thread
   std::this_thread::sleep_for(50ms);
   server.resume();
   REQUIRE(returned_in_time);
-  auto answer = returned.get();
-  CHECK(answer.get() == PutAnswer{true, PutOutcome::created});
+  CHECK(answer_of(returned.get()) == PutAnswer{true, PutOutcome::created});
   // The same request written differently (1 and 1.0) is a duplicate; another is a conflict.
-  CHECK(put_async(make("a", {{"x", 1.0}})).get() == PutAnswer{true, PutOutcome::duplicate});
-  CHECK(put_async(make("a", {{"x", 2}})).get() == PutAnswer{true, PutOutcome::conflict});
+  CHECK(answer_of(put_async(make("a", {{"x", 1.0}}))) == PutAnswer{true, PutOutcome::duplicate});
+  CHECK(answer_of(put_async(make("a", {{"x", 2}}))) == PutAnswer{true, PutOutcome::conflict});
   CHECK(store.get("a").has_value());
 }
 
@@ -500,14 +506,14 @@ TEST_CASE("redis: a submission on the queue's io thread does not wait for Redis"
   server.resume();
   REQUIRE(returned_in_time);
   CHECK_FALSE(answered_early);  // (the answer waits for Redis: there is a round trip)
-  CHECK_FALSE(accepted_answer.get());
-  auto [ec, record] = ended_answer.get();
+  CHECK_FALSE(answer_of(std::move(accepted_answer)));
+  auto [ec, record] = answer_of(std::move(ended_answer));
   CHECK_FALSE(ec);
   CHECK(record.status == JobStatus::succeeded);
   CHECK(record.outcome.result == nlohmann::json{{"x", 2}});
   // The same request again completes with the first one's end, never run twice.
   auto again = queue.async_submit(Job{"b", "", {{"x", 2}}, {}}, boost::asio::use_future);
-  CHECK(again.get().outcome.result == nlohmann::json{{"x", 2}});
+  CHECK(answer_of(std::move(again)).outcome.result == nlohmann::json{{"x", 2}});
 }
 
 TEST_CASE("redis: a dead letter that expired is not listed again when its id is reused") {

@@ -593,7 +593,7 @@ int main(int argc, char** argv) {
     // keep up with the rest of the pipeline (the queue's io thread, the workers); more only take
     // cores from them: on 2 cores, 1 thread ran 16,700 jobs/s end to end with the memory store
     // and 10,600 with SQLite, 2 threads 14,300 and 9,300; with Redis, 16 threads (when its puts
-    // held them) took 11,400 submissions a second, 1 thread 17,300 (docs/benchmarks.md). The
+    // held them) took 11,400 submissions a second, 1 thread 21,400 (docs/benchmarks.md). The
     // routes whose store calls wait (a read behind SQLite's writes, a round trip to Redis or
     // PostgreSQL) run on threads of their own.
     const std::size_t quarter_of_cores = std::thread::hardware_concurrency() / 4;

@@ -116,7 +116,10 @@ Pending prepare(Pipeline& core, const WorkQueue<WorkItem>& queue, Job& job, bool
   }
   const boost::system::error_code admitted = core.admission.admit(tenant, bytes);
   if (admitted) core.rates.give_back(tenant);
-  if (look_up && (admitted == errc::queue_full || admitted == errc::tenant_quota)) {
+  // (Not while the store is failing: the look-up would wait for it on the caller's thread, an
+  // HTTP thread that /ping needs, for every submission refused.)
+  if (look_up && (admitted == errc::queue_full || admitted == errc::tenant_quota) &&
+      !core.store.failing()) {
     // A resubmission of a stored job is still answered as a duplicate when the queue is full.
     std::optional<JobRecord> existing;
     try {
@@ -253,7 +256,10 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
             error ? refused(errc::store_unavailable)
                   : settle(core, queue, underway->job, underway->pending, outcome, waiter.get());
         if (held) core.admission.arriving_ended();
-        underway.reset();  // the slot (unless queued) and the entry end here
+        // The slot (unless queued) ends here, the entry once the handler has run: a queue that
+        // shuts down waits for the entries (admission.close), so the pipeline stands until then.
+        Admission::Entry entered = std::move(underway->entered);
+        underway.reset();
         answer(done, verdict);
       });
 }

@@ -70,6 +70,10 @@ class StoreAccess {
   }
   bool stopped() const { return stopped_; }
 
+  /// Whether a failing spell is under way (a store call failed, and the store has not said it
+  /// works since).
+  bool failing() const { return failing_.load(std::memory_order_relaxed); }
+
   /// Notes a store call that threw (`counted`: a call, not a health check), and the start of a
   /// failing spell.
   void failed(std::string_view during, const std::string& job_id, const char* why,

@@ -944,7 +944,8 @@ PutOutcome put_outcome(const PutAnswer& answer, const nlohmann::json& input) {
       return PutOutcome::duplicate;
     case 3:
       // The input written differently (1 and 1.0): the same request when the two parse to the
-      // same JSON, as the other stores decide (parsed here, on the caller's thread).
+      // same JSON, as the other stores decide (parsed here: on the caller's thread for put, on the
+      // batch thread for async_put).
       return same_input(answer.stored_input, input) ? PutOutcome::duplicate : PutOutcome::conflict;
     default:
       return PutOutcome::conflict;
