@@ -445,7 +445,8 @@ void give_up_callback(RedisJobStore& store, const Job& job,
 TEST_CASE("redis: a put waits for Redis on no caller's thread - the batch thread answers it") {
   rebound::test::RedisServer server;
   RedisJobStoreOptions o = options_for(server);
-  o.command_timeout = 30s;  // the pause below must not time the put out
+  o.command_timeout = 30s;  // the pause below must not time the put out (nor a connect)
+  o.connect_timeout = 30s;
   RedisJobStore store(o);
   CHECK(store.answer_thread(rebound::JobStore::AsyncCall::put, false) ==
         rebound::JobStore::AnswerThread::store);
@@ -477,6 +478,7 @@ TEST_CASE("redis: a submission on the queue's io thread does not wait for Redis"
   rebound::test::RedisServer server;
   RedisJobStoreOptions store_options = options_for(server);
   store_options.command_timeout = 30s;
+  store_options.connect_timeout = 30s;
   // (Before the queue: its io thread may still set them when a check below fails.)
   std::promise<boost::system::error_code> accepted;
   std::promise<std::pair<boost::system::error_code, rebound::JobRecord>> ended;

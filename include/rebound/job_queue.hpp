@@ -133,7 +133,10 @@ class JobQueue final {
   /// Owning queue: drains for up to `drain_on_destroy`, completes every handler still waiting
   /// (errc::shutting_down), waits until they have run (at most 10 s), then stops and joins its
   /// threads; callback attempts still in flight are abandoned to their leases. Either queue: jobs
-  /// not started stay `queued` in a durable store for the next start.
+  /// not started stay `queued` in a durable store for the next start. A queue on your executors
+  /// waits for the submissions under way, whose end a store that writes on its own thread
+  /// (SQLite, PostgreSQL, Redis) posts to `io_executor`: destroy it while that executor runs,
+  /// and not on its only thread.
   ~JobQueue();
   JobQueue(const JobQueue&) = delete;
   JobQueue& operator=(const JobQueue&) = delete;

@@ -1665,8 +1665,9 @@ struct Server::Impl {
     const std::string traceparent = req.header("traceparent");
     if (detail::is_valid_traceparent(traceparent)) job.traceparent = traceparent;
     const JobRef key(id, tenant);
-    // Answered once the store holds the job: at once with the memory store, after the group
-    // commit (on the queue's io thread) with SQLite; this thread takes the next request meanwhile.
+    // Answered once the store holds the job: at once with the memory store, else on the queue's
+    // io thread (SQLite after the group commit, PostgreSQL after its commit, Redis once Redis has
+    // it); this thread takes the next request meanwhile.
     struct Answer {
       HttpResponse res;
       detail::Reply reply;
@@ -1690,8 +1691,8 @@ struct Server::Impl {
         service, std::move(job),
         [this, life = life, waits, later, answer](const Submitted& submitted) {
           // A Prefer: wait reads the store (async_wait): not on the queue's io thread, where
-          // SQLite's answer comes, but on a store-call thread (or the connection's, when there are
-          // none).
+          // the answers of SQLite, PostgreSQL and Redis come, but on a store-call thread (or the
+          // connection's, when there are none).
           std::shared_lock<std::shared_mutex> alive(life->mutex);
           if (!life->alive) return;
           const boost::asio::any_io_executor elsewhere =

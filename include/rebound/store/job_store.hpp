@@ -146,9 +146,9 @@ class JobLeaseStore {
 
   /// put without waiting for it: `done` gets its answer or its error, exactly once, on the
   /// thread answer_thread names. The default runs put on the caller's thread and calls `done`
-  /// before returning; a store that commits the puts of many callers together (SqliteJobStore)
-  /// calls `done` from its own thread once the job is stored, so that no caller's thread waits
-  /// for the commit.
+  /// before returning; a store that writes the puts of many callers together (SqliteJobStore,
+  /// PostgresJobStore, RedisJobStore with batch_writes) calls `done` from its own thread once the
+  /// job is stored, so that no caller's thread waits for the commit or the round trip.
   virtual void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) {
     answer_now(done, [&] { return put(job, claim); });
   }
