@@ -944,8 +944,8 @@ PutOutcome put_outcome(const PutAnswer& answer, const nlohmann::json& input) {
       return PutOutcome::duplicate;
     case 3:
       // The input written differently (1 and 1.0): the same request when the two parse to the
-      // same JSON, as the other stores decide (parsed here: on the caller's thread for put, on the
-      // batch thread for async_put).
+      // same JSON, as the other stores decide (parsed here: on the caller's thread unbatched, on
+      // the batch thread when batched).
       return same_input(answer.stored_input, input) ? PutOutcome::duplicate : PutOutcome::conflict;
     default:
       return PutOutcome::conflict;
@@ -955,18 +955,20 @@ PutOutcome put_outcome(const PutAnswer& answer, const nlohmann::json& input) {
 }  // namespace
 
 PutOutcome RedisJobStore::put(const Job& job, const std::optional<Lease>& claim) {
-  std::vector<std::string> args = put_args(job, claim, impl_->retention_ms());
+  if (impl_->options.batch_writes) {
+    // async_put, waited for: one way to read a batched put's answer.
+    auto answered = std::make_shared<std::promise<PutOutcome>>();
+    std::future<PutOutcome> outcome = answered->get_future();
+    async_put(job, claim, [answered](std::exception_ptr error, PutOutcome o) {
+      if (error) return answered->set_exception(error);
+      answered->set_value(o);
+    });
+    return outcome.get();
+  }
   PutAnswer answer;
   try {
-    if (impl_->options.batch_writes) {
-      answer = impl_
-                   ->start<PutAnswer>(kScriptPut, std::move(args),
-                                      [](const redisReply* r) { return put_answer(r); })
-                   .get();
-    } else {
-      Reply r = impl_->script(kScriptPut, std::move(args));
-      answer = put_answer(r.get());
-    }
+    Reply r = impl_->script(kScriptPut, put_args(job, claim, impl_->retention_ms()));
+    answer = put_answer(r.get());
   } catch (const OutOfMemory&) {
     return PutOutcome::full;
   }
@@ -1239,10 +1241,9 @@ void RedisJobStore::async_finish_job(const std::string& id, const std::string& h
                      [id](const redisReply* r) { return finish_answer(id, r); });
 }
 
-JobStore::AnswerThread RedisJobStore::answer_thread(AsyncCall call, bool) const noexcept {
+JobStore::AnswerThread RedisJobStore::answer_thread(AsyncCall, bool) const noexcept {
   // The batch thread answers the writes it gathers, puts too; unbatched, each call is a round
   // trip on the caller's thread.
-  (void)call;
   return impl_->options.batch_writes ? AnswerThread::store : AnswerThread::caller;
 }
 
