@@ -268,12 +268,13 @@ JobQueue::~JobQueue() {
   // Drain (the owning constructor's promise), or at least answer the invocations still queued
   // and hand the leases of jobs not started back to the store.
   shutdown(threads_ && !shut_down_ ? drain_on_destroy_ : std::chrono::milliseconds(0));
-  core_->complete_finals();
+  core_->complete_finals(detail::Pipeline::Reads::all);
   core_->async_waiters.close();
   core_->readiness.stop();  // a warm-up under way ends first (it wakes the pump when it does)
   core_->models.stop();     // so does a load under way; waiting loads and drains are answered
   core_->store.stop();
   core_->pump.stop();
+  core_->end_pump_reads();  // the reads it had not made yet: answered shutting_down
   // The handlers still to run run now. The queue and the pipeline stay until then: a handler may
   // still call this queue (and is refused with shutting_down).
   // A store that answers on its own thread (Redis) posts the answers of the writes still out to
@@ -331,6 +332,35 @@ void JobQueue::start_submit(Job job, detail::Completion<JobRecord> done) {
 void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done) {
   if (!detail::is_valid_ref(job)) return done(errc::not_found, JobRecord{});
   const std::string id = key_of(job);
+  if (core_->reads_on_pump) {
+    // A store whose reads wait is not read here (this may be the io thread, or a store's thread
+    // that answered a duplicate submission): the wait is registered first, then the pump looks
+    // at the job once. An end from now on completes it, one before is in that look.
+    std::uint64_t token = 0;
+    errc refusal = errc::shutting_down;
+    switch (core_->async_waiters.add(id, done, true, &token)) {
+      case detail::AsyncWaiters::Added::added:
+        return core_->check_wait(id, token);
+      case detail::AsyncWaiters::Added::closed:
+        break;
+      case detail::AsyncWaiters::Added::full:
+        refusal = errc::too_many_waiters;
+        break;
+    }
+    // Refused a wait: a job final already (or unknown) is still answered as it is, from a look
+    // on the pump too (within its bounds).
+    if (!core_->take_look_up(id.size())) return done(refusal, JobRecord{});
+    auto refused = std::make_shared<detail::Completion<JobRecord>>(std::move(done));
+    return core_->read_on_pump(
+        id, [core = core_.get(), bytes = id.size(), refused, refusal](
+                boost::system::error_code ec, const std::optional<JobRecord>& record) {
+          core->end_look_up(bytes);
+          if (ec) return (*refused)(ec, JobRecord{});
+          if (!record) return (*refused)(errc::not_found, JobRecord{});
+          if (is_final(record->status)) return (*refused)({}, *record);
+          (*refused)(refusal, JobRecord{});
+        });
+  }
   std::optional<JobRecord> record;
   try {
     record = core_->store.call("get", id, [&](const JobReadStore& s) { return s.get(id); });
@@ -830,7 +860,7 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
   if (core_->admission.wait_idle(timeout > spent ? timeout - spent
                                                  : std::chrono::steady_clock::duration::zero()) &&
       !left_parked) {
-    core_->complete_finals();
+    core_->complete_finals(detail::Pipeline::Reads::all);
     core_->async_waiters.close();
     return true;
   }
@@ -849,7 +879,7 @@ bool JobQueue::shutdown(std::chrono::steady_clock::duration timeout) {
     item.claim.hand_back(core_->store, "renew");
   }
   // Jobs not final now end elsewhere (a later start, another server): their waits end here.
-  core_->complete_finals();
+  core_->complete_finals(detail::Pipeline::Reads::all);
   core_->async_waiters.close();
   return false;
 }

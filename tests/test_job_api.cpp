@@ -587,6 +587,42 @@ TEST_CASE("job api: a poll that waits for its store runs on a store-call thread 
   CHECK(json::parse(res->body)["id"] == "j");
 }
 
+TEST_CASE("job api: a poll's wait that ran out reads the store on a store-call thread - /ping") {
+  auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+  HarnessOptions o;
+  o.http_threads = 1;
+  o.store_call_threads = 2;
+  o.make_store = [gate] { return std::make_unique<rebound::test::FailingStore>(gate); };
+  Harness h(o);  // the model stays closed: the job runs on
+  REQUIRE(h.submit({{"id", "j"}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  // Every read waits from here (a Redis far away): the wait's first look (on the queue's pump),
+  // then, its second over, the answer's read of the job as it is.
+  gate->reads.close();
+  struct Reopen {
+    rebound::test::FailingStore::Switch& gate;
+    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
+  } reopen{*gate};
+  auto polled = std::async(std::launch::async, [&] {
+    return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=1"}});
+  });
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 2; }));
+  // The front's only thread is free while the answer waits for its read.
+  auto ping = std::async(std::launch::async, [&] { return h.client().Get("/ping"); });
+  REQUIRE(ping.wait_for(5s) == std::future_status::ready);
+  auto pong = ping.get();
+  REQUIRE(pong);
+  CHECK(pong->status == 200);
+  CHECK(polled.wait_for(0s) == std::future_status::timeout);
+  gate->reads.open();
+  auto res = polled.get();
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Preference-Applied") == "wait=1");
+  CHECK(json::parse(res->body)["status"] == "running");
+  h.model->open();
+}
+
 TEST_CASE("job api: a Server that goes while a submission waits for its store - nothing breaks") {
   auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
   gate->puts.close();

@@ -161,7 +161,13 @@ struct SlowReads {
       std::make_shared<rebound::test::FailingStore::Switch>();
   rebound::test::HeldModel* held = nullptr;
   JobQueue queue;
-  SlowReads() : queue(model(), std::make_unique<rebound::test::FailingStore>(gate), one_worker()) {}
+  explicit SlowReads(rebound::JobQueueOptions options = one_worker())
+      : queue(model(), std::make_unique<rebound::test::FailingStore>(gate), options) {}
+  // (A test that failed with a job held, or its reads closed, must not hold the queue's end.)
+  ~SlowReads() {
+    held->open();
+    gate->reads.open();
+  }
 
  private:
   std::unique_ptr<rebound::Model> model() {
@@ -211,7 +217,9 @@ TEST_CASE("job queue: a wait is answered with the record the acknowledgement sto
   REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
   REQUIRE(rebound::test::submitted(queue, job("k", 2)) == "accepted");
   auto waited = queue.async_wait("j", boost::asio::use_future);
-  const std::size_t gets = slow.gate->gets;  // (the wait looks once as it registers)
+  // (The wait looks once as it registers, on the pump's thread: done by the end of a pass.)
+  REQUIRE(rebound::test::pump_pass(queue));
+  const std::size_t gets = slow.gate->gets, get_manys = slow.gate->get_manys;
   // Every read would wait: the waiter's answer must come from the acknowledgement alone.
   slow.gate->reads.close();
   struct Reopen {
@@ -225,12 +233,182 @@ TEST_CASE("job queue: a wait is answered with the record the acknowledgement sto
   CHECK(record.outcome.result == nlohmann::json{{"echo", 1}});
   CHECK(record.job.input == 1);  // as the store keeps it
   CHECK(slow.gate->gets == gets);
-  CHECK(slow.gate->get_manys == 0);
+  CHECK(slow.gate->get_manys == get_manys);
   // A job nobody waits for is not asked for its record (a copy of its input and result).
   REQUIRE(rebound::test::eventually([&] { return queue.telemetry().in_flight() == 0; }));
   CHECK(slow.gate->records_asked == 1);
   slow.gate->reads.open();
   CHECK(queue.async_wait("k", boost::asio::use_future).get().status == JobStatus::succeeded);
+}
+
+TEST_CASE("job queue: async_wait on the io thread does not wait for a slow store's read") {
+  // (Before the queue: its io thread may still set them when a check below fails.)
+  std::promise<std::future<JobRecord>> running, unknown;
+  std::promise<void> ran;
+  SlowReads slow;
+  auto& gate = slow.gate;
+  JobQueue& queue = slow.queue;
+  REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+  REQUIRE(slow.held->wait_started(1));
+  // Every read waits (a Redis far away): waits started on the io thread (a coroutine's, a
+  // handler's) return at once, and the io thread goes on; the pump reads each job once.
+  gate->reads.close();
+  struct Reopen {
+    rebound::test::FailingStore::Switch& gate;
+    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
+  } reopen{*gate};
+  boost::asio::post(queue.get_executor(), [&] {
+    running.set_value(queue.async_wait("j", boost::asio::use_future));
+    unknown.set_value(queue.async_wait("nobody", boost::asio::use_future));
+  });
+  auto running_wait = running.get_future();
+  auto unknown_wait = unknown.get_future();
+  REQUIRE(running_wait.wait_for(5s) == std::future_status::ready);
+  REQUIRE(unknown_wait.wait_for(5s) == std::future_status::ready);
+  boost::asio::post(queue.get_executor(), [&] { ran.set_value(); });
+  CHECK(ran.get_future().wait_for(5s) == std::future_status::ready);
+  auto on_running = running_wait.get();
+  auto on_unknown = unknown_wait.get();
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 1; }));
+  CHECK(on_unknown.wait_for(0s) == std::future_status::timeout);  // (not known until read)
+  gate->reads.open();
+  REQUIRE(on_unknown.wait_for(10s) == std::future_status::ready);
+  try {
+    on_unknown.get();
+    FAIL("a wait for an unknown job was answered with a record");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::not_found);
+  }
+  slow.held->open();
+  REQUIRE(on_running.wait_for(10s) == std::future_status::ready);
+  CHECK(on_running.get().outcome.result == nlohmann::json{{"echo", 1}});
+}
+
+TEST_CASE("job queue: a full queue looks an id up off the io thread - duplicate or conflict") {
+  // (Before the queue: its io thread may still set them when a check below fails.)
+  using Answer = std::pair<boost::system::error_code, rebound::Submitted>;
+  std::promise<Answer> again, conflict, other;
+  std::promise<void> returned;
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.queue_capacity = 1;
+  SlowReads slow(options);
+  auto& gate = slow.gate;
+  JobQueue& queue = slow.queue;
+  REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+  REQUIRE(slow.held->wait_started(1));  // it holds the queue's one slot
+  // Every read waits (a Redis far away): refusals for room, submitted on the io thread, return
+  // at once; the pump looks their ids up, and a resubmission of the stored job is a duplicate.
+  gate->reads.close();
+  struct Reopen {
+    rebound::test::FailingStore::Switch& gate;
+    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
+  } reopen{*gate};
+  auto answer_to = [](std::promise<Answer>& p) {
+    return [&p](boost::system::error_code ec, const rebound::Submitted& s) {
+      p.set_value({ec, s});
+    };
+  };
+  boost::asio::post(queue.get_executor(), [&] {
+    queue.submit(job("j", 1), answer_to(again));
+    queue.submit(job("j", 2), answer_to(conflict));
+    queue.submit(job("k", 3), answer_to(other));
+    returned.set_value();
+  });
+  REQUIRE(returned.get_future().wait_for(5s) == std::future_status::ready);
+  auto again_answer = again.get_future();
+  REQUIRE(rebound::test::eventually([&] { return gate->reads.waiting() >= 1; }));
+  CHECK(again_answer.wait_for(0s) == std::future_status::timeout);  // (not known until read)
+  gate->reads.open();
+  REQUIRE(again_answer.wait_for(10s) == std::future_status::ready);
+  const Answer resubmitted = again_answer.get();
+  CHECK_FALSE(resubmitted.first);
+  CHECK(resubmitted.second.duplicate);
+  auto conflict_answer = conflict.get_future();
+  REQUIRE(conflict_answer.wait_for(10s) == std::future_status::ready);
+  CHECK(conflict_answer.get().first == rebound::errc::id_conflict);
+  auto other_answer = other.get_future();
+  REQUIRE(other_answer.wait_for(10s) == std::future_status::ready);
+  CHECK(other_answer.get().first == rebound::errc::queue_full);
+  // While the store is failing, no look-up: a refusal for room is answered as it is.
+  // (The first may still look, fail and answer store_unavailable: that marks it failing.)
+  gate->fail();
+  CHECK(rebound::test::eventually(
+      [&] { return rebound::test::submitted(queue, job("j", 1)) == "queue_full"; }));
+  gate->heal();
+}
+
+TEST_CASE("job queue: a wait that cannot look at its job fails alone - earlier waits go on") {
+  SlowReads slow;
+  JobQueue& queue = slow.queue;
+  REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
+  REQUIRE(slow.held->wait_started(1));  // (marked running before the store fails)
+  auto first = queue.async_wait("j", boost::asio::use_future);
+  REQUIRE(rebound::test::pump_pass(queue));  // its look done: it waits for the job's end
+  slow.gate->fail();
+  auto second = queue.async_wait("j", boost::asio::use_future);
+  REQUIRE(second.wait_for(10s) == std::future_status::ready);
+  try {
+    second.get();
+    FAIL("a wait that could not read its job was answered with a record");
+  } catch (const boost::system::system_error& e) {
+    CHECK(e.code() == rebound::errc::store_unavailable);
+  }
+  slow.gate->heal();
+  CHECK(first.wait_for(0s) == std::future_status::timeout);
+  slow.held->open();
+  REQUIRE(first.wait_for(10s) == std::future_status::ready);
+  CHECK(first.get().status == JobStatus::succeeded);
+}
+
+TEST_CASE("job queue: past max_waiting a final job is still answered - a running one is refused") {
+  // The same answers whether the store's reads wait (read on the pump) or not (memory).
+  for (const bool reads_wait : {false, true}) {
+    CAPTURE(reads_wait);
+    rebound::JobQueueOptions options;
+    options.workers = 1;
+    options.max_waiting = 1;
+    auto model = std::make_unique<rebound::test::HeldModel>();
+    auto* held = model.get();
+    auto gate = std::make_shared<rebound::test::FailingStore::Switch>();
+    std::unique_ptr<rebound::JobStore> store;
+    if (reads_wait) {
+      store = std::make_unique<rebound::test::FailingStore>(gate);
+    } else {
+      store = std::make_unique<rebound::MemoryJobStore>();
+    }
+    JobQueue queue(std::move(model), std::move(store), options);
+    struct Open {
+      rebound::test::HeldModel* model;
+      ~Open() { model->open(); }  // (also when a check below fails)
+    } open_at_end{held};
+    held->open();
+    REQUIRE(rebound::test::submitted(queue, job("done", 1)) == "accepted");
+    REQUIRE(queue.async_wait("done", boost::asio::use_future).get().status == JobStatus::succeeded);
+    held->close();
+    REQUIRE(rebound::test::submitted(queue, job("running", 2)) == "accepted");
+    REQUIRE(held->wait_started(2));
+    auto first = queue.async_wait("running", boost::asio::use_future);  // the one place
+    REQUIRE(rebound::test::pump_pass(queue));
+    auto code_of = [](std::future<JobRecord> f) {
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      try {
+        f.get();
+      } catch (const boost::system::system_error& e) {
+        return e.code();
+      }
+      return boost::system::error_code{};
+    };
+    CHECK(code_of(queue.async_wait("running", boost::asio::use_future)) ==
+          rebound::errc::too_many_waiters);
+    CHECK(code_of(queue.async_wait("nobody", boost::asio::use_future)) == rebound::errc::not_found);
+    auto done = queue.async_wait("done", boost::asio::use_future);
+    REQUIRE(done.wait_for(10s) == std::future_status::ready);
+    CHECK(done.get().outcome.result == nlohmann::json{{"echo", 1}});
+    held->open();
+    REQUIRE(first.wait_for(10s) == std::future_status::ready);
+    CHECK(first.get().status == JobStatus::succeeded);
+  }
 }
 
 TEST_CASE("job queue: a wait on a SQLite store whose commits fail is answered - the queue closes") {
@@ -271,7 +449,10 @@ TEST_CASE("job queue: the finished jobs waited for are read back 256 a call - ne
     REQUIRE(rebound::test::submitted(queue, job(id, i)) == "accepted");
     waits.push_back(queue.async_wait(id, boost::asio::use_future));
   }
-  const std::size_t gets = gate->gets;  // (each wait looks once as it registers)
+  // (Each wait looks at its job once as it registers, on the pump: done by the end of a pass.)
+  REQUIRE(rebound::test::pump_pass(queue));
+  const std::size_t gets = gate->gets, get_manys = gate->get_manys;
+  gate->most_ids_read = 0;
   // The reads stall (a Redis far away) while every job finishes: hundreds of finished jobs wait
   // to be read back for their waiters at once.
   gate->reads.close();
@@ -286,7 +467,7 @@ TEST_CASE("job queue: the finished jobs waited for are read back 256 a call - ne
     CHECK(r.job.input == i);
   }
   CHECK(gate->gets == gets);  // no read an id
-  CHECK(gate->get_manys >= 3);
+  CHECK(gate->get_manys >= get_manys + 3);
   CHECK(gate->most_ids_read == 256);  // a call's reads are bounded
 }
 
@@ -330,7 +511,10 @@ TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a ca
   std::vector<std::future<JobRecord>> waits;
   for (int i = 0; i < n; ++i)
     waits.push_back(w.wait_for("e" + std::to_string(i), i));
-  const std::size_t gets = gate->gets;
+  // (Each wait looks at its job once as it registers, on the pump: done by the end of a pass.)
+  REQUIRE(rebound::test::pump_pass(w.queue));
+  const std::size_t gets = gate->gets, get_manys = gate->get_manys;
+  gate->most_ids_read = 0;
   for (int i = 0; i < n; ++i)
     w.store->complete("e" + std::to_string(i), {JobStatus::succeeded, i * 2, std::nullopt});
   for (int i = 0; i < n; ++i) {
@@ -340,7 +524,7 @@ TEST_CASE("job queue: waits for jobs another server finishes are polled 256 a ca
     CHECK(r.outcome.result == i * 2);
   }
   CHECK(gate->gets == gets);
-  CHECK(gate->get_manys >= 3);  // 600 waits: three polls at least
+  CHECK(gate->get_manys >= get_manys + 3);  // 600 waits: three polls at least
   CHECK(gate->most_ids_read == 256);
 }
 
@@ -349,7 +533,8 @@ TEST_CASE("job queue: one record the store cannot read holds up only its own wai
   std::vector<std::future<JobRecord>> waits;
   for (const char* id : {"a", "bad", "c"})
     waits.push_back(w.wait_for(id, 1));
-  w.gate->make_unreadable("bad");  // every poll's batch read now fails
+  REQUIRE(rebound::test::pump_pass(w.queue));  // (their first looks done: they wait)
+  w.gate->make_unreadable("bad");              // every poll's batch read now fails
   for (const char* id : {"a", "bad", "c"})
     w.store->complete(id, {JobStatus::succeeded, 2, std::nullopt});
   // The polls read them one by one then: the others' waits are answered, the unreadable one's
@@ -369,6 +554,7 @@ TEST_CASE("job queue: a drain that ends while a finished job is read back still 
   JobQueue& queue = slow.queue;
   REQUIRE(rebound::test::submitted(queue, job("j", 1)) == "accepted");
   auto waited = queue.async_wait("j", boost::asio::use_future);
+  REQUIRE(rebound::test::pump_pass(queue));  // (the wait's first look done: it waits)
   gate->reads.close();
   held->open();
   // The job is done (its slot free), its record being read back for the wait: the drain has

@@ -28,6 +28,7 @@
 #include "rebound/store/redis_job_store.hpp"
 #include "store/redis/cluster.hpp"
 #include "support/fake_clock.hpp"
+#include "support/held_model.hpp"
 #include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
 #include "support/submitting.hpp"
@@ -516,6 +517,59 @@ TEST_CASE("redis: a submission on the queue's io thread does not wait for Redis"
   // The same request again completes with the first one's end, never run twice.
   auto again = queue.async_submit(Job{"b", "", {{"x", 2}}, {}}, boost::asio::use_future);
   CHECK(answer_of(std::move(again)).outcome.result == nlohmann::json{{"x", 2}});
+}
+
+TEST_CASE("redis: a wait and a full queue's look-up on the io thread do not wait for Redis") {
+  rebound::test::RedisServer server;
+  RedisJobStoreOptions store_options = options_for(server);
+  store_options.command_timeout = 30s;
+  store_options.connect_timeout = 30s;
+  using Answer = std::pair<boost::system::error_code, rebound::Submitted>;
+  // (Before the queue: its io thread may still set them when a check below fails.)
+  std::promise<Answer> again, other;
+  std::promise<std::future<rebound::JobRecord>> waited;
+  std::promise<void> returned;
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  o.queue_capacity = 1;
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  rebound::JobQueue queue(std::move(model), std::make_unique<RedisJobStore>(store_options), o);
+  struct Open {
+    rebound::test::HeldModel* model;
+    ~Open() { model->open(); }  // (also when a check below fails: the queue's end waits for it)
+  } open_at_end{held};
+  REQUIRE(rebound::test::submitted(queue, Job{"running", "", {{"x", 1}}, {}}) == "accepted");
+  REQUIRE(held->wait_started(1));  // it holds the queue's one slot
+  server.pause();
+  // On the io thread: a wait, and two submissions refused for room, whose ids are looked up in
+  // the store (a resubmission is a duplicate, not queue_full). Each call returns while Redis is
+  // frozen; the answers come once Redis does.
+  boost::asio::post(queue.get_executor(), [&] {
+    waited.set_value(queue.async_wait("running", boost::asio::use_future));
+    queue.submit(Job{"running", "", {{"x", 1}}, {}},
+                 [&](boost::system::error_code ec, const rebound::Submitted& s) {
+                   again.set_value({ec, s});
+                 });
+    queue.submit(Job{"other", "", {{"x", 2}}, {}},
+                 [&](boost::system::error_code ec, const rebound::Submitted& s) {
+                   other.set_value({ec, s});
+                 });
+    returned.set_value();
+  });
+  const bool returned_in_time = returned.get_future().wait_for(5s) == std::future_status::ready;
+  auto again_answer = again.get_future();
+  const bool answered_early = again_answer.wait_for(50ms) == std::future_status::ready;
+  server.resume();
+  REQUIRE(returned_in_time);
+  CHECK_FALSE(answered_early);  // (the look-up waits for Redis)
+  const Answer resubmitted = answer_of(std::move(again_answer));
+  CHECK_FALSE(resubmitted.first);
+  CHECK(resubmitted.second.duplicate);
+  CHECK(answer_of(other.get_future()).first == rebound::errc::queue_full);
+  held->open();
+  auto ended = answer_of(waited.get_future());
+  CHECK(answer_of(std::move(ended)).outcome.result == nlohmann::json{{"echo", {{"x", 1}}}});
 }
 
 TEST_CASE("redis: a dead letter that expired is not listed again when its id is reused") {

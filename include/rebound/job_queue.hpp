@@ -167,9 +167,18 @@ class JobQueue final {
   }
 
   /// Completes when the job `job` names (an id, or {id, tenant}), accepted by this queue or by
-  /// any other server on the same store, is final (at once when it is already), with its record.
+  /// any other server on the same store, is final (as soon as it is read when it is already),
+  /// with its record.
   /// errc::not_found for an unknown job. A job this queue finishes completes it at once; one
   /// finished elsewhere is seen by the store pump within `poll_interval` (no thread waits for it).
+  /// The call itself never waits for the store: with a store whose reads wait
+  /// (JobReadStore::reads_wait: SQLite, PostgreSQL, Redis) the wait is registered first and the
+  /// job read once on the pump's thread (with the other waits begun meanwhile, 256 a call);
+  /// errc::store_unavailable when that read fails (at once while the store is failing). Past
+  /// `max_waiting` (or once the queue shuts down) a job final already is still answered with its
+  /// record, an unknown one not_found, and a job not final errc::too_many_waiters
+  /// (errc::shutting_down); beyond 4,096 such looks waiting for the pump at once, every refused
+  /// wait gets its refusal without one. The memory store is read where this is called.
   template <typename CompletionToken>
   auto async_wait(JobRef job, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken, void(boost::system::error_code, JobRecord)>(
@@ -204,7 +213,9 @@ class JobQueue final {
   }
 
   /// Accepts a job without waiting for its end, and completes once the store holds it (with a
-  /// durable store: after it is written), or at once when it is refused. Signature
+  /// durable store: after it is written), or at once when it is refused (a refusal for room,
+  /// queue_full or tenant_quota, once the store pump has looked the id up with a store whose
+  /// reads wait: a resubmission of a stored job is a duplicate then). Signature
   /// `void(boost::system::error_code, Submitted)`: success for a job taken (`duplicate` when the
   /// same request came before: nothing new is queued), else the rebound::errc that refused it:
   /// invalid_job (the Job breaks a rule; `Submitted::field` and `reason` say which),

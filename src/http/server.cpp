@@ -503,7 +503,7 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
           if (self->done) return;  // answered, or given up, before the timer was armed
           self->timer.expires_after(timeout);
           self->timer.async_wait([self, build = std::move(build)](boost::system::error_code ec) {
-            if (!ec) self->conclude(build);
+            if (!ec) self->conclude_after(self->build_on, build);
           });
         });
   }
@@ -538,6 +538,30 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
     slot.release();  // a wait the queue still holds (until its job ends) no longer counts here
   }
 
+  // As conclude, with the answer built on `where` first (a store-call thread: `build` reads the
+  // store, which the connection's thread must not wait for), then given on the strand; whichever
+  // conclusion comes first there wins. On the strand; a null `where` concludes here.
+  void conclude_after(const boost::asio::any_io_executor& where, Build build) {
+    if (!where) return conclude(build);
+    if (done) return;
+    // `res` as it stands (its headers) is the base, copied here on the strand that owns it.
+    boost::asio::post(where, [self = shared_from_this(), base = res,
+                              build = std::move(build)]() mutable {
+      std::shared_lock<std::shared_mutex> lock(self->life->mutex);
+      if (!self->life->alive) return;  // the Server is going: nobody is answered
+      try {
+        build(base);
+      } catch (...) {
+        base = HttpResponse{};
+        send_error(base, {500, "internal_error", "The server failed to handle the request.", {}});
+      }
+      const boost::asio::any_io_executor strand = self->strand;
+      boost::asio::post(strand, [self = std::move(self), built = std::move(base)]() mutable {
+        self->conclude([&built](HttpResponse& out) { out = std::move(built); });
+      });
+    });
+  }
+
   // Runs `then(call)` on the call's strand, from any thread (the library's completion), unless
   // the Server is gone (and its io_context with it) or the call was answered and released.
   template <typename Then>
@@ -553,6 +577,9 @@ struct PendingAnswer : std::enable_shared_from_this<PendingAnswer> {
   }
 
   std::shared_ptr<ServerLife> life;
+  // Where an answer without the final record is built when it reads the store (conclude_after);
+  // null: on the strand. Set before start.
+  boost::asio::any_io_executor build_on;
   Build when_stopping;
   boost::asio::any_io_executor strand;  // the connection's (a strand)
   boost::asio::steady_timer timer;
@@ -1667,7 +1694,8 @@ struct Server::Impl {
     const JobRef key(id, tenant);
     // Answered once the store holds the job: at once with the memory store, else on the queue's
     // io thread (SQLite after the group commit, PostgreSQL after its commit, Redis once Redis has
-    // it); this thread takes the next request meanwhile.
+    // it), or on its pump (a refusal for room, looked up in the store); this thread takes the
+    // next request meanwhile.
     struct Answer {
       HttpResponse res;
       detail::Reply reply;
@@ -1686,27 +1714,9 @@ struct Server::Impl {
       }
       if (later->reply) later->reply(std::move(later->res));
     };
-    const bool waits = wait.has_value();
-    detail::FrontDoor::submit(
-        service, std::move(job),
-        [this, life = life, waits, later, answer](const Submitted& submitted) {
-          // A Prefer: wait reads the store (async_wait): not on the queue's io thread, where
-          // the answers of SQLite, PostgreSQL and Redis come, but on a store-call thread (or the
-          // connection's, when there are none).
-          std::shared_lock<std::shared_mutex> alive(life->mutex);
-          if (!life->alive) return;
-          const boost::asio::any_io_executor elsewhere =
-              !waits        ? boost::asio::any_io_executor()
-              : store_calls ? boost::asio::any_io_executor(store_calls->get_executor())
-                            : later->reply.executor();
-          if (elsewhere) {
-            boost::asio::post(elsewhere, [answer, submitted] { answer(submitted); });
-            return;
-          }
-          alive
-              .unlock();  // `answer` takes it again (a shared_mutex is not taken twice by a thread)
-          answer(submitted);
-        });
+    // (A Prefer: wait starts async_wait there, which waits for no store: a store whose reads
+    // wait is read on the queue's pump.)
+    detail::FrontDoor::submit(service, std::move(job), answer);
     reserved.release();
   }
 
@@ -1726,7 +1736,8 @@ struct Server::Impl {
               return send_json(answer, 200, to_status_json(*record));
             send_json(answer, 202, accepted_json(id));
           },
-          [id](HttpResponse& answer) { send_json(answer, 202, accepted_json(id)); });
+          [id](HttpResponse& answer) { send_json(answer, 202, accepted_json(id)); },
+          /*reads_store=*/false);
       if (waiting) return;
     }
     send_json(res, 202, accepted_json(id));
@@ -2101,15 +2112,19 @@ struct Server::Impl {
   // `answer` (given the final record, or nullopt when the time ran out or the queue would not
   // wait) and sends it through `reply`, with Preference-Applied. At most max_waiters requests
   // wait at once: false when this one would be past it, and `res` and `reply` are left to the
-  // caller. A store that fails meanwhile answers what `store_failed` sets.
+  // caller. A store that fails meanwhile answers what `store_failed` sets. `reads_store`: the
+  // answer without the final record reads the store (a poll's), and is then built on a store-call
+  // thread when there are some, not on the connection's.
   using Answer = std::function<void(HttpResponse&, const std::optional<JobRecord>&)>;
   bool await_final(const JobRef& key, int seconds, HttpResponse& res, detail::Reply& reply,
-                   Answer answer, std::function<void(HttpResponse&)> store_failed) {
+                   Answer answer, std::function<void(HttpResponse&)> store_failed,
+                   bool reads_store) {
     Place slot(waiting, options.max_waiters);
     if (!slot) return false;
     res.set_header("Preference-Applied", "wait=" + std::to_string(seconds));
     auto call = std::make_shared<PendingAnswer>(life, service.get_executor(), std::move(res),
                                                 std::move(reply), std::move(slot));
+    if (reads_store && store_calls) call->build_on = store_calls->get_executor();
     // The answer to a final record, or (nullopt) to none within the time.
     auto build = [answer = std::move(answer),
                   store_failed = std::move(store_failed)](const std::optional<JobRecord>& record) {
@@ -2132,9 +2147,12 @@ struct Server::Impl {
       PendingAnswer::when_alive(
           life, weak, [shared_build, ec, record = std::move(record)](PendingAnswer& pending) {
             // Not final: unknown, or the queue would not wait.
-            std::optional<JobRecord> final_record;
-            if (!ec) final_record = record;
-            pending.conclude((*shared_build)(final_record));
+            if (ec) {
+              return pending.conclude_after(pending.build_on, [shared_build](HttpResponse& out) {
+                (*shared_build)(std::nullopt)(out);
+              });
+            }
+            pending.conclude((*shared_build)(record));
           });
     });
     return true;
@@ -2157,8 +2175,9 @@ struct Server::Impl {
       send_json(out, 200, to_status_json(*record, position));
     };
     if (const auto wait = preferred_wait(req)) {
-      if (await_final(key, *wait, res, reply, answer,
-                      [](HttpResponse& out) { send_store_unavailable(out); })) {
+      if (await_final(
+              key, *wait, res, reply, answer,
+              [](HttpResponse& out) { send_store_unavailable(out); }, /*reads_store=*/true)) {
         return;
       }
       return send_refusal(res, refusal_for(errc::too_many_waiters));

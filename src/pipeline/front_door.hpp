@@ -28,7 +28,8 @@ struct FrontDoor {
   /// checked twice. `answer` runs on this thread before the call returns when the store answers
   /// at once (memory), else on the queue's io executor once the store's own thread has the job
   /// (SQLite after the group commit its job went in, PostgreSQL after its commit, Redis once
-  /// Redis has it).
+  /// Redis has it), or on the store pump's thread for a refusal for room whose id it looked up
+  /// (a store whose reads wait).
   static void submit(JobQueue& queue, Job job, SubmitAnswer answer);
 
   /// JobQueue::submit_many for jobs whose rules the caller has checked already.

@@ -233,13 +233,31 @@ void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
   underway->entered = core.admission.enter();
   Admitted before;
   StoreAccess::News news;
-  underway->pending = prepare(core, queue, job, waiter != nullptr, before, news);
+  // A store whose reads wait looks a job refused for room up on the pump's thread
+  // (read_on_pump), not on this one (an HTTP thread, the io thread).
+  underway->pending =
+      prepare(core, queue, job, waiter != nullptr, before, news, !core.reads_on_pump);
   underway->pending.model = std::move(version);
   core.store.tell(news);
   if (!goes_on(underway->pending.verdict)) {
     const Submitted verdict = underway->pending.verdict;
     underway.reset();  // the entry ends before the answer
-    return answer(done, verdict);
+    const bool without_room =
+        verdict.error == errc::queue_full || verdict.error == errc::tenant_quota;
+    if (!without_room || !core.reads_on_pump || core.store.failing()) return answer(done, verdict);
+    const std::size_t bytes = work_bytes(job);
+    if (!core.take_look_up(bytes)) return answer(done, verdict);
+    // A resubmission of a stored job is still answered as a duplicate when the queue is full
+    // (as prepare's look-up does; not while the store is failing, when each refusal would wait
+    // for it, nor past the look-ups' bounds). Answered on the pump's thread (outside its locks).
+    return core.read_on_pump(id, [&core, bytes, answer, done = std::move(done), verdict,
+                                  job = std::move(job)](boost::system::error_code ec,
+                                                        const std::optional<JobRecord>& existing) {
+      core.end_look_up(bytes);
+      if (ec) return answer(done, refused(ec));
+      if (!existing) return answer(done, verdict);
+      answer(done, existing->job.same_request_as(job) ? taken(true) : refused(errc::id_conflict));
+    });
   }
   underway->job = std::move(job);
   const Pending& p = underway->pending;

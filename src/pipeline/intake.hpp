@@ -43,10 +43,12 @@ std::shared_ptr<Model> choose_model(Pipeline& core, ModelRef& ref, std::string_v
 /// validation), admitted, stored with this queue's claim (or parked in the store beyond the
 /// prefetch), and queued, answered through `done` once the store's asynchronous put answers
 /// (JobStore::async_put): on this thread when the store answers at once, else on the queue's
-/// executor (no thread waits for the store). The admission entry and the job's slot travel with
-/// the put. `rules_checked`: the caller has checked the job's rules (check_job) already, with the
-/// queue's guard. `waiter` (async_submit): registered for the job's end before it can run, and
-/// completed with shutting_down when the queue closes first; the caller completes it on a refusal
+/// executor (no thread waits for the store); a refusal for room looked up in a store whose reads
+/// wait, on the pump's thread (Pipeline::read_on_pump). The admission entry and the job's slot
+/// travel with the put. `rules_checked`: the caller has checked the job's rules (check_job)
+/// already, with the queue's guard. `waiter` (async_submit): registered for the job's end before it
+/// can run, and completed with shutting_down when the queue closes first; the caller completes it
+/// on a refusal
 /// (`done` is told).
 void submit_async_to(Pipeline& core, WorkQueue<WorkItem>& queue, Job job,
                      FrontDoor::SubmitAnswer done, bool rules_checked = false,

@@ -8,7 +8,10 @@
 #include <atomic>
 #include <cassert>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <deque>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -16,6 +19,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -53,11 +57,16 @@ class AsyncWaiters {
 
   /// Registers `done` for `id`. `bounded` waits count against `max_waits` (async_wait); those of
   /// async_submit are bounded by the queue capacity instead. On a refusal `done` is left as it was.
-  Added add(const std::string& id, Completion<JobRecord>& done, bool bounded) {
+  /// With `unchecked`, the job has not been looked at yet: `*unchecked` is set to this wait's
+  /// token, by which the look's answer reaches this wait alone (fail_one, mark_checked).
+  Added add(const std::string& id, Completion<JobRecord>& done, bool bounded,
+            std::uint64_t* unchecked = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return Added::closed;
     if (bounded && bounded_ >= max_) return Added::full;
-    waits_[id].push_back({std::move(done), bounded});
+    const std::uint64_t token = unchecked ? ++last_token_ : 0;
+    waits_[id].push_back({std::move(done), bounded, token});
+    if (unchecked) *unchecked = token;
     bounded_ += bounded ? 1 : 0;
     count_.store(count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return Added::added;
@@ -73,6 +82,45 @@ class AsyncWaiters {
   void fail(const std::string& id, boost::system::error_code ec) {
     auto done = take(id);
     complete_all(done, ec, JobRecord{});
+  }
+
+  /// The wait for `id` with the token `unchecked` (see add), if it is still waiting unchecked,
+  /// completed with an error; the others go on waiting.
+  void fail_one(const std::string& id, std::uint64_t unchecked, boost::system::error_code ec) {
+    std::vector<Wait> out;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = waits_.find(id);
+      if (it == waits_.end()) return;
+      std::vector<Wait>& all = it->second;
+      auto mine = std::find_if(all.begin(), all.end(),
+                               [&](const Wait& w) { return w.unchecked == unchecked; });
+      if (mine == all.end()) return;
+      out.push_back(std::move(*mine));
+      all.erase(mine);
+      if (all.empty()) waits_.erase(it);
+      bounded_ -= out.front().bounded ? 1 : 0;
+      count_.store(count_.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    }
+    complete_all(out, ec, JobRecord{});
+  }
+
+  /// Whether the wait for `id` with the token `unchecked` still waits for its first look.
+  bool unchecked(const std::string& id, std::uint64_t unchecked) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = waits_.find(id);
+    if (it == waits_.end()) return false;
+    return std::any_of(it->second.begin(), it->second.end(),
+                       [&](const Wait& w) { return w.unchecked == unchecked; });
+  }
+
+  /// The wait for `id` with the token `unchecked` checked: its job was read, not final.
+  void mark_checked(const std::string& id, std::uint64_t unchecked) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = waits_.find(id);
+    if (it == waits_.end()) return;
+    for (Wait& w : it->second)
+      if (w.unchecked == unchecked) w.unchecked = 0;
   }
 
   /// True when nobody waits at all (no lock: a hint for the hot path).
@@ -112,6 +160,7 @@ class AsyncWaiters {
   struct Wait {
     Completion<JobRecord> done;
     bool bounded = false;
+    std::uint64_t unchecked = 0;  // its token until its job was looked at (0: checked)
   };
 
   std::vector<Wait> take(const std::string& id) {
@@ -136,6 +185,7 @@ class AsyncWaiters {
   mutable std::mutex mutex_;
   std::unordered_map<std::string, std::vector<Wait>> waits_;
   std::size_t bounded_ = 0;
+  std::uint64_t last_token_ = 0;
   std::atomic<std::size_t> count_{0};  // written under the lock
   bool closed_ = false;
 };
@@ -204,7 +254,8 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
         async_waiters(options.max_waiting),
         rates(options.tenant_defaults, options.tenants),
         poll_interval(options.poll_interval),
-        trace_submissions(options.trace_submissions) {
+        trace_submissions(options.trace_submissions),
+        reads_on_pump(static_cast<const JobReadStore&>(*job_store).reads_wait()) {
     observe.log = LogObserver(options.logger);
     logger = options.logger;
     observe.user = std::move(options.observers);
@@ -230,7 +281,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     models.sync_fleet();     // what the other servers of a shared store changed, and ours
     // Followed twice a second, however long the poll interval: the next pass is due by then.
     if (models.follows_fleet()) pump.wake(clock() + std::chrono::milliseconds(500));
-    complete_finals();
+    complete_finals(Reads::none);  // (the reads asked of the pump: at its wake-ups for them)
     poll_async_waits();
     sync_pauses();
   }
@@ -265,14 +316,225 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   }
   void finals_due() override { complete_finals(); }
 
+  /// How a read_on_pump ends: the job's record (nullopt: none such), or the error that kept it
+  /// from being read (store_unavailable; shutting_down once the pump has stopped).
+  using ReadDone =
+      std::function<void(boost::system::error_code ec, const std::optional<JobRecord>& record)>;
+  struct PumpRead {
+    std::string id;
+    ReadDone done;
+    std::uint64_t wait = 0;  // a wait's first look: its token
+  };
+
+  /// Reads the job `id` on the pump's thread, for a caller that must not wait for a store whose
+  /// reads wait (JobReadStore::reads_wait): an async_wait's first look (`wait`: its token, see
+  /// AsyncWaiters::add), a submission refused for room looked up. The reads asked for meanwhile
+  /// go together, each id read once (get_many, max_reads_a_call a call, max_reads_a_turn before
+  /// the pump's renewals get their turn); a first look whose wait was answered meanwhile is not
+  /// made. They wait behind what the pump is doing (a pass, renewals). `done` runs on the pump's
+  /// thread (or a shutdown's): it must be quick and must not call the store. Once the pump has
+  /// stopped (end_pump_reads), `done` is answered shutting_down at once.
+  void read_on_pump(std::string id, ReadDone done, std::uint64_t wait = 0) {
+    bool ended = false;
+    {
+      std::lock_guard<std::mutex> lock(finals_mutex);
+      ended = pump_reads_ended;
+      if (!ended) pump_reads.push_back({std::move(id), std::move(done), wait});
+    }
+    if (ended) return done(errc::shutting_down, std::nullopt);
+    pump.wake_for_finals();
+  }
+
+  /// A place for a read asked of the pump for a caller that is refused without it (a submission
+  /// refused for room, an async_wait past max_waiting), holding `bytes` (the job kept to compare
+  /// with the stored one) until end_look_up. False past max_look_ups or max_look_up_bytes (a
+  /// caller that submits in a loop to a full queue while the store is slow): the refusal is then
+  /// answered as it is, so that look-ups cannot pile up in memory.
+  bool take_look_up(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(finals_mutex);
+    if (look_ups >= max_look_ups || bytes > max_look_up_bytes - look_up_bytes) return false;
+    ++look_ups;
+    look_up_bytes += bytes;
+    return true;
+  }
+  void end_look_up(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(finals_mutex);
+    --look_ups;
+    look_up_bytes -= bytes;
+  }
+  static constexpr std::size_t max_look_ups = 4096;
+  static constexpr std::size_t max_look_up_bytes = std::size_t{64} << 20;
+
+  /// After the pump has stopped: the reads still asked for are answered shutting_down, and so is
+  /// every later one.
+  void end_pump_reads() {
+    std::deque<PumpRead> left;
+    {
+      std::lock_guard<std::mutex> lock(finals_mutex);
+      pump_reads_ended = true;
+      left.swap(pump_reads);
+    }
+    for (PumpRead& r : left)
+      answer_read(r.done, errc::shutting_down, std::nullopt);
+  }
+
+  /// A read's answer given after finals_reading is released (a look-up's: it runs the
+  /// submission's handler and the observers).
+  struct ReadAnswer {
+    ReadDone done;
+    boost::system::error_code ec;
+    std::shared_ptr<const std::optional<JobRecord>> record;
+  };
+
+  /// The reads asked for by read_on_pump, made now (in complete_finals, under finals_reading):
+  /// at most max_reads_a_turn (the rest at the pump's next turn, woken for them), or, with `all`
+  /// (a shutdown's, before it closes the waits), every one. A first look is answered here; a
+  /// look-up's answer is added to `later`. A store failing (said by the queue's calls, or by its
+  /// failure()) fails the reads without another call; when one batch fails on a record the
+  /// store cannot read, its ids are read one at a time, for at most a second.
+  void run_pump_reads(bool all, std::vector<ReadAnswer>& later) {
+    for (;;) {
+      std::vector<PumpRead> asked;
+      bool more = false;
+      {
+        std::lock_guard<std::mutex> lock(finals_mutex);
+        const std::size_t n = std::min(pump_reads.size(), max_reads_a_turn);
+        asked.assign(std::make_move_iterator(pump_reads.begin()),
+                     std::make_move_iterator(pump_reads.begin() + static_cast<std::ptrdiff_t>(n)));
+        pump_reads.erase(pump_reads.begin(), pump_reads.begin() + static_cast<std::ptrdiff_t>(n));
+        more = !pump_reads.empty();
+      }
+      if (asked.empty()) return;
+      make_reads(asked, later);
+      if (!more) return;
+      if (!all) return pump.wake_for_finals();
+    }
+  }
+
+  void make_reads(std::vector<PumpRead>& asked, std::vector<ReadAnswer>& later) {
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    using Record = std::shared_ptr<const std::optional<JobRecord>>;
+    std::vector<std::size_t> slot(asked.size(), none);  // each read's id among `keys`
+    std::vector<std::string> keys;
+    std::vector<Record> records;  // null: not read
+    std::size_t given = 0;        // asked[0, given) answered
+    auto give = [&](std::size_t i, boost::system::error_code ec, const Record& record) {
+      static const Record nothing = std::make_shared<const std::optional<JobRecord>>();
+      const Record& answer = record ? record : nothing;
+      if (asked[i].wait) {
+        answer_read(asked[i].done, ec, *answer);
+      } else {
+        later.push_back({std::move(asked[i].done), ec, answer});
+      }
+    };
+    try {
+      std::unordered_map<std::string_view, std::size_t> index;
+      for (std::size_t i = 0; i < asked.size(); ++i) {
+        // A first look whose wait was answered meanwhile (its job ended): nothing to read.
+        if (asked[i].wait && !async_waiters.unchecked(asked[i].id, asked[i].wait)) continue;
+        auto [it, added] = index.emplace(asked[i].id, keys.size());
+        if (added) keys.push_back(asked[i].id);
+        slot[i] = it->second;
+      }
+      records.resize(keys.size());
+      bool failing = store.failing() && job_store->failure().has_value();
+      for (std::size_t first = 0; first < keys.size() && !failing; first += max_reads_a_call) {
+        const std::size_t end = std::min(keys.size(), first + max_reads_a_call);
+        std::vector<std::string> batch(keys.begin() + static_cast<std::ptrdiff_t>(first),
+                                       keys.begin() + static_cast<std::ptrdiff_t>(end));
+        try {
+          std::vector<std::optional<JobRecord>> read = read_many(batch);
+          for (std::size_t k = 0; k < read.size(); ++k)
+            records[first + k] =
+                std::make_shared<const std::optional<JobRecord>>(std::move(read[k]));
+          continue;
+        } catch (...) {
+        }
+        try {
+          failing = job_store->failure().has_value();
+        } catch (...) {
+          failing = true;
+        }
+        if (failing) break;  // down or hung: the rest fail without another call
+        // The batch failed on a record the store cannot read: one at a time, so that it fails its
+        // own read only; for at most a second (reads that time out fail the rest).
+        const auto began = std::chrono::steady_clock::now();
+        for (std::size_t k = first; k < end; ++k) {
+          if (std::chrono::steady_clock::now() - began > std::chrono::seconds(1)) break;
+          try {
+            const std::string& id = keys[k];
+            records[k] = std::make_shared<const std::optional<JobRecord>>(
+                store.call("get", id, [&](const JobReadStore& s) { return s.get(id); }));
+          } catch (...) {
+          }
+        }
+      }
+      for (; given < asked.size(); ++given) {
+        if (slot[given] == none) continue;
+        const Record& record = records[slot[given]];
+        give(given, record ? boost::system::error_code() : errc::store_unavailable, record);
+      }
+    } catch (...) {
+      // (Out of memory, say.) Every read not answered yet is answered now: a look-up left
+      // unanswered would hold its submission for ever.
+      for (; given < asked.size(); ++given) {
+        try {
+          give(given, errc::store_unavailable, nullptr);
+        } catch (...) {
+        }
+      }
+    }
+  }
+
+  static constexpr std::size_t max_reads_a_turn = 4 * 256;
+
+  static void answer_read(const ReadDone& done, boost::system::error_code ec,
+                          const std::optional<JobRecord>& record) {
+    try {
+      done(ec, record);
+    } catch (...) {
+      // (Ours never throw; the others' answers go on.)
+    }
+  }
+
+  /// An async_wait registered without a look at its job (JobQueue::start_wait, with a store whose
+  /// reads wait), its token `unchecked`: read on the pump, and answered from its record (every
+  /// wait for the job, once it is final), not_found when there is none, store_unavailable when it
+  /// could not be read; a job not final leaves it waiting for the job's end. The answer reaches
+  /// this wait alone otherwise: a wait begun meanwhile (perhaps as the job was being stored) is
+  /// answered by its own look.
+  void check_wait(const std::string& id, std::uint64_t unchecked) {
+    read_on_pump(
+        id,
+        [this, id, unchecked](boost::system::error_code ec,
+                              const std::optional<JobRecord>& record) {
+          if (ec) return async_waiters.fail_one(id, unchecked, ec);
+          if (!record) return async_waiters.fail_one(id, unchecked, errc::not_found);
+          if (is_final(record->status)) return async_waiters.complete(id, *record);
+          async_waiters.mark_checked(id, unchecked);
+        },
+        unchecked);
+  }
+
   /// The waits for jobs this queue finished, completed with the record as the store keeps it
   /// (input, started_at, callback state: the same answer a wait gets for a job another server
   /// finished): as its acknowledgement answered it, else read back, or the one in hand when the
   /// store cannot say. On the pump's thread, when woken
   /// for them and each pass; and by a shutdown before it closes the waits, which waits for the
   /// pump's reads under way (finals_reading) so that none of them is answered shutting_down.
-  /// Read `max_reads_a_call` at a time (JobStore::get_many: one round trip each).
-  void complete_finals() {
+  /// Read `max_reads_a_call` at a time (JobStore::get_many: one round trip each). Then, unless
+  /// `reads` says none (a pass's: the pump's turns for them come with its wake-ups), the reads
+  /// asked of the pump (run_pump_reads; `all` of them for a shutdown), the look-ups' answers
+  /// given once the lock is released.
+  enum class Reads { none, a_turn, all };
+  void complete_finals(Reads reads = Reads::a_turn) {
+    std::vector<ReadAnswer> later;
+    complete_finals_and_reads(reads, later);
+    for (ReadAnswer& answer : later)
+      answer_read(answer.done, answer.ec, *answer.record);
+  }
+
+  void complete_finals_and_reads(Reads reads, std::vector<ReadAnswer>& later) {
     std::lock_guard<std::mutex> reading(finals_reading);
     std::unordered_map<std::string, JobRecord> mine, answered;
     {
@@ -300,6 +562,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
         async_waiters.complete(it->first, kept ? *stored[i] : it->second);
       }
     }
+    // Then the reads asked of the pump (a wait's first look among them): under the same lock,
+    // so that a shutdown's close of the waits comes after the looks under way.
+    if (reads != Reads::none) run_pump_reads(reads == Reads::all, later);
   }
 
   /// The store's records of `keys` (JobStore::get_many), one answer a key.
@@ -346,6 +611,10 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   TenantRates rates;  // each tenant's submissions per second
   const std::chrono::milliseconds poll_interval;
   const bool trace_submissions;  // JobQueueOptions::trace_submissions
+  /// A store whose reads may wait (JobReadStore::reads_wait: SQLite, PostgreSQL, Redis, most of
+  /// one's own) is read on the pump's thread for the callers that must not wait (read_on_pump);
+  /// the memory store where it is asked.
+  const bool reads_on_pump;
   // On the pump's thread only, on `clock` as the pump's schedule is.
   std::chrono::system_clock::time_point last_wait_poll{};
   std::chrono::system_clock::time_point last_pause_sync{};
@@ -358,6 +627,11 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   // answered: completed by complete_finals without a read.
   std::unordered_map<std::string, JobRecord> answered_finals;
   std::mutex finals_reading;  // held while finals taken from the maps are read and completed
+  // The reads asked for by read_on_pump, whether the pump has stopped making them, and the
+  // look-ups among them (take_look_up): under finals_mutex.
+  std::deque<PumpRead> pump_reads;
+  bool pump_reads_ended = false;
+  std::size_t look_ups = 0, look_up_bytes = 0;
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {

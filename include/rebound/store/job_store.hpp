@@ -360,6 +360,13 @@ class JobReadStore {
     return out;
   }
 
+  /// Whether a read may wait (a round trip, a lock behind a commit, a disk). The JobQueue then
+  /// reads for the callers that must not wait (`async_wait`'s first look at its job, a submission
+  /// refused for room looked up) on its store pump's thread, together with the others asked for
+  /// meanwhile, rather than on the calling thread (perhaps the io thread). A store in memory
+  /// says false (MemoryJobStore): its reads are made where they are asked. The default: true.
+  virtual bool reads_wait() const noexcept { return true; }
+
   /// Jobs whose callback was given up (`CallbackState::failed`), most recently created first, at
   /// most `limit`: the dead letters an operator redelivers.
   virtual std::vector<JobRecord> list_failed_callbacks(std::size_t limit) const = 0;
