@@ -598,11 +598,7 @@ TEST_CASE("job api: a poll's wait that ran out reads the store on a store-call t
   REQUIRE(h.model->wait_started(1));
   // Every read waits from here (a Redis far away): the wait's first look (on the queue's pump),
   // then, its second over, the answer's read of the job as it is.
-  gate->reads.close();
-  struct Reopen {
-    rebound::test::FailingStore::Switch& gate;
-    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
-  } reopen{*gate};
+  const auto reads_closed = gate->reads.closed_while_in_scope();
   auto polled = std::async(std::launch::async, [&] {
     return h.client().Get("/v1/inferences/j", {{"Prefer", "wait=1"}});
   });

@@ -221,11 +221,7 @@ TEST_CASE("job queue: a wait is answered with the record the acknowledgement sto
   REQUIRE(rebound::test::pump_pass(queue));
   const std::size_t gets = slow.gate->gets, get_manys = slow.gate->get_manys;
   // Every read would wait: the waiter's answer must come from the acknowledgement alone.
-  slow.gate->reads.close();
-  struct Reopen {
-    rebound::test::FailingStore::Switch& gate;
-    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
-  } reopen{*slow.gate};
+  const auto reads_closed = slow.gate->reads.closed_while_in_scope();
   slow.held->open();
   REQUIRE(waited.wait_for(10s) == std::future_status::ready);
   const auto record = waited.get();
@@ -252,11 +248,7 @@ TEST_CASE("job queue: async_wait on the io thread does not wait for a slow store
   REQUIRE(slow.held->wait_started(1));
   // Every read waits (a Redis far away): waits started on the io thread (a coroutine's, a
   // handler's) return at once, and the io thread goes on; the pump reads each job once.
-  gate->reads.close();
-  struct Reopen {
-    rebound::test::FailingStore::Switch& gate;
-    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
-  } reopen{*gate};
+  const auto reads_closed = gate->reads.closed_while_in_scope();
   boost::asio::post(queue.get_executor(), [&] {
     running.set_value(queue.async_wait("j", boost::asio::use_future));
     unknown.set_value(queue.async_wait("nobody", boost::asio::use_future));
@@ -299,11 +291,7 @@ TEST_CASE("job queue: a full queue looks an id up off the io thread - duplicate 
   REQUIRE(slow.held->wait_started(1));  // it holds the queue's one slot
   // Every read waits (a Redis far away): refusals for room, submitted on the io thread, return
   // at once; the pump looks their ids up, and a resubmission of the stored job is a duplicate.
-  gate->reads.close();
-  struct Reopen {
-    rebound::test::FailingStore::Switch& gate;
-    ~Reopen() { gate.reads.open(); }  // (also when a check below fails)
-  } reopen{*gate};
+  const auto reads_closed = gate->reads.closed_while_in_scope();
   auto answer_to = [](std::promise<Answer>& p) {
     return [&p](boost::system::error_code ec, const rebound::Submitted& s) {
       p.set_value({ec, s});

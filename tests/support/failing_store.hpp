@@ -43,6 +43,19 @@ class FailingStore final : public JobStore {
         std::lock_guard<std::mutex> lock(m_);
         return closed_;
       }
+      /// Closed for a scope: opened again at its end, also when a check fails first.
+      class ClosedWhile {
+       public:
+        explicit ClosedWhile(Gate& gate) : gate_(gate) { gate_.close(); }
+        ~ClosedWhile() { gate_.open(); }
+        ClosedWhile(const ClosedWhile&) = delete;
+        ClosedWhile& operator=(const ClosedWhile&) = delete;
+
+       private:
+        Gate& gate_;
+      };
+      /// `auto closed = gate.closed_while_in_scope();`
+      [[nodiscard]] ClosedWhile closed_while_in_scope() { return ClosedWhile(*this); }
       /// Callers held in `pass` now.
       int waiting() {
         std::lock_guard<std::mutex> lock(m_);
