@@ -260,6 +260,10 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   core_->pump.set_skipped([core = core_.get()] { return core->models.not_served(); });
   // A model ready now is warmed up now (Model::warm_up), before the first claim.
   core_->readiness.start();
+  // A shared store's wake-ups (PostgreSQL's NOTIFY): work another server left is claimed now, not
+  // at the next poll.
+  core_->work_watch.start(*core_->job_store,
+                          [core = core_.get()] { core->pump.wake(core->clock()); });
   core_->pump.start(*queue_);
   core_->observe([&](auto& o) { o.on_metrics(&core_->metrics); });
 }
@@ -272,6 +276,7 @@ JobQueue::~JobQueue() {
   core_->async_waiters.close();
   core_->readiness.stop();  // a warm-up under way ends first (it wakes the pump when it does)
   core_->models.stop();     // so does a load under way; waiting loads and drains are answered
+  core_->work_watch.end();
   core_->store.stop();
   core_->pump.stop();
   core_->end_pump_reads();  // the reads it had not made yet: answered shutting_down

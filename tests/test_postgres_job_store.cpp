@@ -4,14 +4,19 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "rebound/error.hpp"
+#include "rebound/job_queue.hpp"
+#include "rebound/model.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/postgres_job_store.hpp"
 #include "support/postgres_server.hpp"
@@ -55,6 +60,12 @@ TEST_CASE("postgres store: its URI names the database and the schema") {
       rebound::parse_postgres_uri("postgresql://db/jobs?prepared=false").prepared_statements);
   CHECK_THROWS_WITH_AS(rebound::parse_postgres_uri("postgresql://db/jobs?prepared=yes"),
                        doctest::Contains("prepared must be"), rebound::Error);
+  CHECK_FALSE(rebound::parse_postgres_uri("postgresql:///jobs").notify);
+  o = rebound::parse_postgres_uri("postgresql://db/jobs?notify=true&schema=q");
+  CHECK(o.notify);
+  CHECK(o.conninfo == "postgresql://db/jobs");
+  CHECK_THROWS_WITH_AS(rebound::parse_postgres_uri("postgresql://db/jobs?notify=on"),
+                       doctest::Contains("notify must be"), rebound::Error);
   CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=a;drop"),
                   rebound::Error);
   CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=1a"), rebound::Error);
@@ -281,4 +292,116 @@ TEST_CASE("postgres store: pruning keeps a job that is owed a callback again") {
   REQUIRE(store.get("dead"));
   // The result written at the finish survives the attempts and the redelivery (not rewritten).
   CHECK(store.get("dead")->outcome.result == nlohmann::json{{"y", 1}});
+}
+
+namespace {
+
+// Counts a store's wake-ups (watch_work) and waits for them.
+struct Wakes {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int count = 0;
+
+  std::function<void()> watcher() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++count;
+      changed.notify_all();
+    };
+  }
+  int now() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return count;
+  }
+  // True once more than `than` came, within 5 s.
+  bool more_than(int than) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return changed.wait_for(lock, 5s, [&] { return count > than; });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("postgres store: notify=1 wakes the other servers for work anyone may claim - not else") {
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema()) + "&notify=1";
+  REQUIRE(options_for(uri).notify);
+  Wakes wakes, own;  // (before the stores: they outlive their listeners)
+  PostgresJobStore a(options_for(uri)), b(options_for(uri));
+  const auto watch = b.watch_work(wakes.watcher());
+  REQUIRE(watch != 0);
+  a.watch_work(own.watcher());
+  const auto now = std::chrono::system_clock::now();
+  // A job its server runs itself (put claimed) wakes no one.
+  REQUIRE(a.put(job_named("mine"), Lease{"a", now + 30s}) == PutOutcome::created);
+  std::this_thread::sleep_for(500ms);
+  CHECK(wakes.now() == 0);
+  // A job put for anyone (its server had no room for it) wakes the other servers.
+  REQUIRE(a.put(job_named("anyone")) == PutOutcome::created);
+  CHECK(wakes.more_than(0));
+  // So does a lease handed back (a server that stops).
+  int seen = wakes.now();
+  REQUIRE(a.renew("mine", Lease{"a", now}, now));
+  CHECK(wakes.more_than(seen));
+  // Once unwatched, never again.
+  b.unwatch_work(watch);
+  seen = wakes.now();
+  REQUIRE(a.put(job_named("later")) == PutOutcome::created);
+  std::this_thread::sleep_for(500ms);
+  CHECK(wakes.now() == seen);
+  // A store's own notifications do not wake it.
+  CHECK(own.now() == 0);
+  // Without notify a store wakes no one: its queues poll.
+  PostgresJobStore plain(options_for(shared_postgres().uri(PostgresServer::fresh_schema())));
+  CHECK(plain.watch_work(wakes.watcher()) == 0);
+}
+
+TEST_CASE("postgres store: the listener of notify=1 listens again after its connection is cut") {
+  const std::string schema = PostgresServer::fresh_schema();
+  const std::string uri = shared_postgres().uri(schema) + "&notify=1";
+  Wakes wakes;  // (before the stores: it outlives their listeners)
+  PostgresJobStore a(options_for(uri)), b(options_for(uri));
+  b.watch_work(wakes.watcher());
+  // Both stores' listening sessions ended by the server.
+  const std::string cut = shared_postgres().psql(
+      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = 'LISTEN ' ||"
+      " chr(34) || 'rebound_" +
+      schema + "' || chr(34)");
+  REQUIRE(std::stoi(cut) == 2);
+  // Listening again, the store wakes its watchers once (what came meanwhile is not known)...
+  REQUIRE(wakes.more_than(0));
+  // ... and hears the next notification.
+  const int seen = wakes.now();
+  REQUIRE(a.put(job_named("after")) == PutOutcome::created);
+  CHECK(wakes.more_than(seen));
+}
+
+TEST_CASE("postgres store: a JobQueue with notify=1 runs a job another server left at once") {
+  // The same queue (its poll a minute) with and without notify=1 on both servers' stores.
+  for (const bool notify : {false, true}) {
+    CAPTURE(notify);
+    const std::string uri =
+        shared_postgres().uri(PostgresServer::fresh_schema()) + (notify ? "&notify=1" : "");
+    PostgresJobStore other(options_for(uri));  // another server's store
+    rebound::JobQueueOptions o;
+    o.workers = 1;
+    o.poll_interval = 60s;  // (without a wake-up the job waits for the next poll)
+    rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(),
+                            std::make_unique<PostgresJobStore>(options_for(uri)), o);
+    Job job = job_named("left");
+    job.callback_url.clear();
+    REQUIRE(other.put(job) == PutOutcome::created);  // for anyone: its server had no room
+    std::optional<rebound::JobRecord> record;
+    for (int i = 0; i < (notify ? 100 : 20); ++i) {
+      record = other.get("left");
+      if (record && record->status == JobStatus::succeeded) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    REQUIRE(record);
+    if (!notify) {
+      CHECK(record->status == JobStatus::queued);  // after 2 s: it waits for the poll
+      continue;
+    }
+    CHECK(record->status == JobStatus::succeeded);
+    CHECK(record->outcome.result == nlohmann::json{{"x", 1}});
+  }
 }

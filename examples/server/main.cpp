@@ -230,7 +230,10 @@ int main(int argc, char** argv) {
                  "queue; on a Redis Cluster any node; replicas: each write acknowledged once N "
                  "replicas have it; a password comes from $REBOUND_REDIS_PASSWORD), or "
                  "postgresql://[user@]host[:port]/db[?schema=name] (several servers share one "
-                 "queue in that schema; a password comes from $PGPASSWORD or ~/.pgpass)")
+                 "queue in that schema; a password comes from $PGPASSWORD or ~/.pgpass; more "
+                 "query parameters: prepared=1 for prepared statements, notify=1 for the servers "
+                 "to wake each other with NOTIFY, each for a direct connection or a session-mode "
+                 "pooler only)")
       ->capture_default_str();
   app.add_option("--lease", lease_s,
                  "Seconds a claim on a job or a callback lasts without renewal: how soon another "

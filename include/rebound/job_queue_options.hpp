@@ -95,7 +95,9 @@ struct JobQueueOptions {
   /// timeout, so that an attempt never outlives its lease.
   std::chrono::milliseconds lease{30000};
   /// How often the store is asked for due work that this server did not schedule itself (other
-  /// servers' jobs, leases that ran out). Retries this server scheduled wake it on time.
+  /// servers' jobs, leases that ran out). Retries this server scheduled wake it on time, and so
+  /// does a store that tells of other servers' work (FleetStore::watch_work: PostgreSQL with
+  /// `notify`).
   std::chrono::milliseconds poll_interval{1000};
   /// `async_wait` calls registered at once, at most (beyond: errc::too_many_waiters);
   /// `async_submit` is bounded by `queue_capacity` instead.

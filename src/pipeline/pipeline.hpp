@@ -606,6 +606,21 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   Leases leases;
   Delivery delivery;
   StorePump pump;
+  /// The store's wake-ups of the pump (FleetStore::watch_work), from the queue's start to its
+  /// end; declared after the pump, so it ends before the pump does even when the queue's
+  /// construction fails.
+  struct WorkWatch {
+    JobStore* store = nullptr;
+    std::uint64_t id = 0;
+    void start(JobStore& s, std::function<void()> woken) {
+      store = &s;
+      id = s.watch_work(std::move(woken));
+    }
+    void end() {
+      if (store) store->unwatch_work(std::exchange(id, 0));
+    }
+    ~WorkWatch() { end(); }
+  } work_watch;
   BatchRunner runner;
   AsyncWaiters async_waiters;
   TenantRates rates;  // each tenant's submissions per second

@@ -2,17 +2,22 @@
 // applies the state rules of job_state.hpp to rows it locks, many callers' writes a transaction.
 #include "rebound/store/postgres_job_store.hpp"
 
+#include <fcntl.h>
 #include <libpq-fe.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -347,6 +352,24 @@ class Connection {
     prepared_.clear();  // (a server's prepared statements end with its session)
   }
 
+  // The socket to wait on for notifications (LISTEN), or -1 while closed.
+  int socket() const { return pg_ ? PQsocket(pg_) : -1; }
+
+  // Reads what the socket holds and answers how many notifications (LISTEN) came with another
+  // payload than `own`, freeing them all. Throws StoreUnavailable (closing the connection) when
+  // it was lost.
+  std::size_t notifications(const std::string& own) {
+    if (!pg_) return 0;
+    if (!PQconsumeInput(pg_)) fail("connection lost");
+    std::size_t n = 0;
+    while (PGnotify* note = PQnotifies(pg_)) {
+      if (own != note->extra) ++n;
+      PQfreemem(note);
+    }
+    if (PQstatus(pg_) != CONNECTION_OK) fail("connection lost");
+    return n;
+  }
+
  private:
   // The name `sql` is prepared under on this connection, preparing it first (its parse and analysis
   // are the server's once a session, not once a call); null past max_prepared distinct texts,
@@ -662,6 +685,13 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
   const bool ok = uri.rfind("postgresql://", 0) == 0 || uri.rfind("postgres://", 0) == 0;
   if (!ok) throw Error("store '" + detail::redacted_uri(uri) + "': not a postgresql:// URI");
   PostgresJobStoreOptions options;
+  const auto flag = [&](const std::string& name, const std::string& value) {
+    if (value != "0" && value != "1" && value != "true" && value != "false") {
+      throw Error("store '" + detail::redacted_uri(uri) + "': " + name +
+                  " must be 1, 0, true or false");
+    }
+    return value == "1" || value == "true";
+  };
   std::string rest(uri);
   const auto q = rest.find('?');
   if (q != std::string::npos) {
@@ -675,12 +705,9 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
       if (pair.rfind("schema=", 0) == 0) {
         options.schema = pair.substr(7);
       } else if (pair.rfind("prepared=", 0) == 0) {
-        const std::string value = pair.substr(9);
-        if (value != "0" && value != "1" && value != "true" && value != "false") {
-          throw Error("store '" + detail::redacted_uri(uri) +
-                      "': prepared must be 1, 0, true or false");
-        }
-        options.prepared_statements = value == "1" || value == "true";
+        options.prepared_statements = flag("prepared", pair.substr(9));
+      } else if (pair.rfind("notify=", 0) == 0) {
+        options.notify = flag("notify", pair.substr(7));
       } else if (!pair.empty()) {
         kept += (kept.empty() ? "" : "&") + pair;
       }
@@ -754,6 +781,19 @@ struct PostgresJobStore::Impl {
   std::mutex prune_run_mutex;  // one prune at a time (the thread's, or a caller's prune())
   std::atomic<Clock::time_point> next_prune{Clock::now()};
 
+  // Wake-ups (options.notify): the writer's commit that notifies (its payload this store's
+  // random name, so that its own listener leaves it), and the listener: a thread and a
+  // connection of its own, stopped through a pipe its waits also watch.
+  std::string own_name;
+  std::string notify_commit_sql;
+  std::string listen_sql;
+  std::unique_ptr<Connection> listen_connection;
+  std::thread listener;
+  int listener_stop[2] = {-1, -1};
+  std::mutex watch_mutex;  // watchers; held while they are called
+  std::map<std::uint64_t, std::function<void()>> watchers;
+  std::uint64_t next_watch = 1;
+
   // The claims' statements.
   std::string claim_jobs_sql;
   std::string claim_callbacks_sql;
@@ -783,6 +823,17 @@ struct PostgresJobStore::Impl {
     if (options.prune_interval.count() <= 0) options.prune_interval = std::chrono::seconds(1);
     schema = "\"" + options.schema + "\"";
     jobs = schema + ".jobs";
+    // The channel: letters, digits and '_' (the schema's), so it is written into the statements
+    // as it is; at most 63 bytes, as PostgreSQL's names.
+    const std::string channel = ("rebound_" + options.schema).substr(0, 63);
+    std::random_device random;
+    for (int i = 0; i < 4; ++i) {
+      char part[9];
+      std::snprintf(part, sizeof part, "%08x", static_cast<unsigned>(random()));
+      own_name += part;
+    }
+    notify_commit_sql = "SELECT pg_notify('" + channel + "', '" + own_name + "'); COMMIT";
+    listen_sql = "LISTEN \"" + channel + "\"";
     // Every transaction bounds its statements on the server too, and ends by itself when its
     // client stops talking in the middle of it (a paused or cut-off server must not keep its
     // rows locked until TCP gives up, which would hide them from every other server's claims).
@@ -1170,12 +1221,29 @@ struct PostgresJobStore::Impl {
         const Params params = values.arrays();
         c.exec(text, params);
       }
-      c.exec_simple("COMMIT");
+      // 5. The commit, with one NOTIFY when a row it leaves may be claimed now by any server.
+      c.exec_simple(options.notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
     } catch (...) {
       c.close();  // (the transaction ends with the connection)
       throw;
     }
     return answers;
+  }
+
+  // Whether a row that `batch` inserted or changed is work any server may claim now: a job put
+  // unclaimed, a lease handed back (or run out), a callback due (job_state's due times). Now is the
+  // latest of the wall clock and the batch's times (a test's clock may run ahead).
+  static bool claimable_now(const std::deque<Op>& batch, const std::map<std::string, Entry>& rows) {
+    TimePoint now = std::chrono::system_clock::now();
+    for (const Op& op : batch)
+      now = std::max({now, op.now, op.kind == Op::put ? op.job.created_at : now});
+    for (const auto& [key, e] : rows) {
+      if (!e.dirty && e.inserted_by == SIZE_MAX) continue;
+      const auto job = job_state::job_due(e.s);
+      const auto callback = job_state::callback_due(e.s);
+      if ((job && *job <= now) || (callback && *callback <= now)) return true;
+    }
+    return false;
   }
 
   static bool wants_callback(const StoredJob& s) {
@@ -1405,6 +1473,99 @@ struct PostgresJobStore::Impl {
     return where + "left(key, length(" + p + ")) = " + p;
   }
 
+  ~Impl() {
+    for (int fd : listener_stop) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  // Stops and joins the threads started (the listener, the writer once it wrote what is queued,
+  // the pruner).
+  void stop_threads() {
+    if (listener.joinable()) {
+      const char stop = 1;
+      while (::write(listener_stop[1], &stop, 1) < 0 && errno == EINTR) {
+      }
+      listener.join();
+    }
+    {
+      std::lock_guard<std::mutex> lock(write_mutex);
+      stopping = true;
+    }
+    write_wanted.notify_all();
+    if (writer.joinable()) writer.join();
+    {
+      std::lock_guard<std::mutex> lock(prune_mutex);
+      pruner_stopping = true;
+    }
+    prune_wake.notify_all();
+    if (pruner.joinable()) pruner.join();
+  }
+
+  // Calls every watcher (watch_work), under watch_mutex: unwatch_work waits for a call under way.
+  // One that throws is not the listener's end.
+  void wake_watchers() {
+    std::lock_guard<std::mutex> lock(watch_mutex);
+    for (auto& [id, woken] : watchers) {
+      try {
+        woken();
+      } catch (...) {
+      }
+    }
+  }
+
+  // The listener (options.notify): LISTENs on its own connection (the constructor's first try is
+  // made before the store is used), wakes the watchers when notifications of other stores came
+  // (at most every 100 ms: a job handed back because it did not fit here may be handed back by
+  // the next server too, and the wake-ups it makes must not become a loop of writes), and LISTENs
+  // again every 10 s (a connection lost without a word is found then, within the statement
+  // timeout). A lost connection is opened again after 0.1 s, then up to 2 s apart, and the
+  // watchers are woken once it listens again: what was sent meanwhile is not known.
+  void run_listener(bool listening) {
+    constexpr auto wake_spacing = std::chrono::milliseconds(100);
+    auto backoff = std::chrono::milliseconds(100);
+    auto next_check = Clock::now() + std::chrono::seconds(10);
+    Clock::time_point last_wake{};
+    bool owed = false;  // a wake-up the spacing holds back
+    for (;;) {
+      Clock::time_point wait_until;
+      try {
+        if (!listening) {
+          listen_connection->exec_simple(listen_sql);
+          listening = true;
+          backoff = std::chrono::milliseconds(100);
+          next_check = Clock::now() + std::chrono::seconds(10);
+          owed = true;
+        } else if (Clock::now() >= next_check) {
+          listen_connection->exec_simple(listen_sql);
+          next_check = Clock::now() + std::chrono::seconds(10);
+        }
+        if (listen_connection->notifications(own_name) > 0) owed = true;
+        const auto now = Clock::now();
+        if (owed && now - last_wake >= wake_spacing) {
+          wake_watchers();
+          last_wake = now;
+          owed = false;
+        }
+        wait_until = owed ? std::min(next_check, last_wake + wake_spacing) : next_check;
+      } catch (...) {  // (StoreUnavailable; anything else is treated alike)
+        listen_connection->close();
+        listening = false;
+        wait_until = Clock::now() + backoff;
+        backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(2));
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(wait_until - Clock::now()).count();
+      pollfd fds[2] = {{listener_stop[0], POLLIN, 0},
+                       {listening ? listen_connection->socket() : -1, POLLIN, 0}};
+      if (::poll(fds, 2, static_cast<int>(std::clamp<std::int64_t>(left, 1, 10000))) < 0 &&
+          errno != EINTR) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (fds[0].revents) return;
+    }
+  }
+
   // The pruner: a thread and a connection of its own, so that a busy writer never starves it and
   // a prune never holds a write back.
   void run_pruner() {
@@ -1470,23 +1631,34 @@ PostgresJobStore::PostgresJobStore(PostgresJobStoreOptions options)
     o.prune_interval = std::max(o.retention, std::chrono::seconds(1));
   impl_->next_prune =
       Clock::now() + std::min<Clock::duration>(o.prune_interval, std::chrono::seconds(5));
-  impl_->writer = std::thread([this] { impl_->run_writer(); });
-  impl_->pruner = std::thread([this] { impl_->run_pruner(); });
+  bool listening = false;
+  if (o.notify) {
+    if (::pipe2(impl_->listener_stop, O_CLOEXEC) != 0)
+      throw Error(std::string("postgres job store: pipe: ") + std::strerror(errno));
+    impl_->listen_connection = std::make_unique<Connection>(impl_->conninfo, o.statement_timeout,
+                                                            /*prepared=*/false);
+    // The first LISTEN before the store is used: a job another server notifies of from here on is
+    // heard. One that fails is tried again by the thread.
+    try {
+      impl_->listen_connection->exec_simple(impl_->listen_sql);
+      listening = true;
+    } catch (const StoreUnavailable&) {
+      impl_->listen_connection->close();
+    }
+  }
+  try {
+    impl_->writer = std::thread([this] { impl_->run_writer(); });
+    impl_->pruner = std::thread([this] { impl_->run_pruner(); });
+    if (o.notify)
+      impl_->listener = std::thread([this, listening] { impl_->run_listener(listening); });
+  } catch (...) {
+    impl_->stop_threads();  // (a thread that could not start: those started end)
+    throw;
+  }
 }
 
 PostgresJobStore::~PostgresJobStore() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->write_mutex);
-    impl_->stopping = true;
-  }
-  impl_->write_wanted.notify_all();
-  if (impl_->writer.joinable()) impl_->writer.join();
-  {
-    std::lock_guard<std::mutex> lock(impl_->prune_mutex);
-    impl_->pruner_stopping = true;
-  }
-  impl_->prune_wake.notify_all();
-  if (impl_->pruner.joinable()) impl_->pruner.join();
+  impl_->stop_threads();
 }
 
 PutOutcome PostgresJobStore::put(const Job& job, const std::optional<Lease>& claim) {
@@ -1864,6 +2036,20 @@ std::vector<ModelRef> PostgresJobStore::waiting_versions(const std::vector<Model
       out.push_back({text_at(r.get(), row, 0), text_at(r.get(), row, 1)});
     return out;
   });
+}
+
+std::uint64_t PostgresJobStore::watch_work(std::function<void()> woken) {
+  if (!impl_->options.notify || !woken) return 0;
+  std::lock_guard<std::mutex> lock(impl_->watch_mutex);
+  const std::uint64_t watch = impl_->next_watch++;
+  impl_->watchers.emplace(watch, std::move(woken));
+  return watch;
+}
+
+void PostgresJobStore::unwatch_work(std::uint64_t watch) {
+  if (watch == 0) return;
+  std::lock_guard<std::mutex> lock(impl_->watch_mutex);
+  impl_->watchers.erase(watch);
 }
 
 std::optional<std::string> PostgresJobStore::failure() const {

@@ -550,6 +550,20 @@ class FleetStore {
                                                  TimePoint /*since*/) const {
     return {};
   }
+
+  /// Wake-ups: asks the store to call `woken` when work became claimable that a server of the
+  /// store wrote (a job put unclaimed, a lease handed back, a callback due now), so that a
+  /// JobQueue claims it at once instead of at its next poll (JobQueueOptions::poll_interval). A
+  /// store may call it more often than that (a wake-up finds nothing to claim: harmless), for
+  /// instance when it cannot tell what it missed (its listener reconnected). `woken` is called
+  /// on a thread of the store's, must return quickly and must not call the store. A JobQueue
+  /// watches from its construction to its destruction. Answers a number for unwatch_work; the
+  /// default wakes no one (0): the queue polls.
+  virtual std::uint64_t watch_work(std::function<void()> /*woken*/) { return 0; }
+
+  /// Ends the wake-ups of the `watch_work` that answered `watch`: once this returns, its `woken`
+  /// is not running and is not called again. 0 is ignored.
+  virtual void unwatch_work(std::uint64_t /*watch*/) {}
 };
 
 /// Where jobs live from acceptance until they are pruned: the queue itself, not a log beside it.

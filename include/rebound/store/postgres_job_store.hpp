@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,11 +62,28 @@ struct PostgresJobStoreOptions {
   /// reconnects and fails the call; PgBouncer 1.21's `max_prepared_statements` would keep the
   /// statements but not the setting).
   bool prepared_statements = false;
+  /// Wake-ups across servers (`?notify=1` in the URI): a transaction of the writer that leaves
+  /// work any server may claim now (a job put unclaimed because this server had no room, a lease
+  /// handed back at shutdown, a callback due) sends one `NOTIFY` with its commit (from the
+  /// application, never a trigger: one a transaction of many jobs, and none for the jobs this
+  /// server runs itself), and the store listens on a connection of its own (`LISTEN`), so that
+  /// the JobQueues of the other servers claim that work at once instead of at their next poll
+  /// (watch_work). Without it they find it within JobQueueOptions::poll_interval (1 s). Off by
+  /// default, and for a direct connection or a pooler in session mode only: `LISTEN` is session
+  /// state, and behind a pooler in transaction mode it is not supported (the listening session
+  /// is whichever server connection the pooler lent). The channel is `rebound_` and the schema
+  /// (cut to 63 bytes). A notifying commit takes a lock that every notifying commit of the
+  /// database shares, briefly: one a writer's transaction, not one a job; if PostgreSQL's
+  /// notification queue is full (a listener that stopped reading, for hours), the transaction
+  /// fails, and its writes with it (tried again, as any failed write). The store's destructor
+  /// may wait for the listener's statement under way: at most the statement timeout.
+  bool notify = false;
 };
 
 /// Reads a `postgresql://` or `postgres://` URI (rebound-server's `--store`) into options: the
-/// URI goes to libpq as is, but for `schema=NAME` (the store's schema) and `prepared=1`
-/// (PostgresJobStoreOptions::prepared_statements) among its query parameters, which are taken out.
+/// URI goes to libpq as is, but for `schema=NAME` (the store's schema), `prepared=1`
+/// (PostgresJobStoreOptions::prepared_statements) and `notify=1` (PostgresJobStoreOptions::notify)
+/// among its query parameters, which are taken out.
 /// Throws rebound::Error for any other scheme or a schema name that is not allowed.
 PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 
@@ -83,7 +102,8 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///   one row of the schema, written only when it changes.
 /// - No session state: no `LISTEN`, no session advisory locks, no prepared statements, no `SET`
 ///   outside a transaction (unless asked: PostgresJobStoreOptions::prepared_statements, which
-///   also sets the session's `plan_cache_mode`). The store works behind PgBouncer in transaction
+///   also sets the session's `plan_cache_mode`, and PostgresJobStoreOptions::notify, whose
+///   listening connection holds a `LISTEN`). The store works behind PgBouncer in transaction
 ///   mode. The schema is created or migrated at start under a transaction's advisory lock, so
 ///   servers that start together agree.
 /// - Finished jobs are deleted past the retention in small batches, by a thread and a connection
@@ -167,6 +187,13 @@ class PostgresJobStore final : public JobStore {
   std::optional<std::vector<ModelConfig>> model_configs() const override;
   std::vector<ModelRef> waiting_versions(const std::vector<ModelRef>& versions,
                                          TimePoint since) const override;
+
+  /// With PostgresJobStoreOptions::notify: `woken` is called on the store's listening thread
+  /// when notifications of other stores came (of this one's own writes: never), at most every
+  /// 100 ms (several coalesce into one call), and once after its connection was opened again
+  /// (what came meanwhile is not known). Without: 0, never called.
+  std::uint64_t watch_work(std::function<void()> woken) override;
+  void unwatch_work(std::uint64_t watch) override;
 
   std::optional<std::string> failure() const override;
 
