@@ -197,7 +197,8 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
                 a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", a.model,
                 "--store", store, "--workers", str(a.workers),
                 "--queue-capacity", str(max(1_000_000, a.jobs)), "--allow-private-callbacks",
-                "--log-level", "warn"], port))
+                "--log-level", "warn"] + (["--prefetch", str(a.prefetch)] if a.prefetch is not None
+                                         else []), port))
         time.sleep(1.0)  # past the servers' start: their first claims and reports
         shares = [a.jobs // count + (i < a.jobs % count) for i in range(count)]
         before = pg.cpu_seconds()
@@ -271,6 +272,10 @@ def main() -> None:
                    help="rebound-server --model (default echo; e.g. sleep:0.02 for a fleet "
                         "bound by its model)")
     p.add_argument("--workers", type=int, default=2, help="rebound-server --workers (default 2)")
+    p.add_argument("--prefetch", type=int,
+                   help="rebound-server --prefetch (default: the server's, 0 on PostgreSQL: each "
+                        "server keeps what it accepts; with one, jobs beyond it are left in the "
+                        "store for any server)")
     p.add_argument("--build-dir", default=str(ROOT / "build"),
                    help="where rebound-server was built (default build/)")
     p.add_argument("--modes", action="append", choices=["poll", "callback"])
