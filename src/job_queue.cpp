@@ -262,8 +262,7 @@ void JobQueue::build(boost::asio::any_io_executor inference_executor,
   core_->readiness.start();
   // A shared store's wake-ups (PostgreSQL's NOTIFY): work another server left is claimed now, not
   // at the next poll.
-  core_->work_watch.start(*core_->job_store,
-                          [core = core_.get()] { core->pump.wake(core->clock()); });
+  core_->work_watch.start(*core_->job_store, [core = core_.get()] { core->pump.wake_for_store(); });
   core_->pump.start(*queue_);
   core_->observe([&](auto& o) { o.on_metrics(&core_->metrics); });
 }

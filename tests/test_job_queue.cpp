@@ -36,6 +36,7 @@
 #include "rebound/tenant.hpp"
 #include "support/failing_store.hpp"
 #include "support/fake_transport.hpp"
+#include "support/forwarding_store.hpp"
 #include "support/held_model.hpp"
 #include "support/quiesce.hpp"
 #include "support/receiver.hpp"
@@ -1413,4 +1414,93 @@ TEST_CASE("job queue: a retry due before the pump's next poll goes out on time -
       [&] { return queue.find("retried")->callback.state == rebound::CallbackState::delivered; },
       std::chrono::seconds(20)));
   CHECK(sent->count() == 2);
+}
+
+namespace {
+// A shared store's wake-ups (FleetStore::watch_work), fired by the test: the memory store under
+// it plays the store another server writes to. Counts the claims of jobs.
+struct WakingStore : rebound::test::ForwardingStore {
+  using ForwardingStore::ForwardingStore;
+  std::uint64_t watch_work(std::function<void()> woken) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    watcher = std::move(woken);
+    return 1;
+  }
+  void unwatch_work(std::uint64_t) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    watcher = nullptr;
+  }
+  std::vector<JobRecord> claim_jobs(std::size_t max, const rebound::Lease& lease,
+                                    TimePoint now) override {
+    ++claims;
+    return ForwardingStore::claim_jobs(max, lease, now);
+  }
+  void wake() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (watcher) watcher();
+  }
+  std::mutex mutex;
+  std::function<void()> watcher;
+  std::atomic<int> claims{0};
+};
+
+// Waits up to 10 s for `id` in `store` to succeed.
+bool succeeds(const rebound::JobStore& store, const std::string& id) {
+  for (int i = 0; i < 200; ++i) {
+    const auto record = store.get(id);
+    if (record && record->status == JobStatus::succeeded) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE(
+    "job queue: a store's wake-up claims at once - but not again after a hand-back for room") {
+  auto inner = std::make_shared<rebound::MemoryJobStore>();
+  auto owned = std::make_unique<WakingStore>(inner);
+  WakingStore& store = *owned;
+  auto held = std::make_shared<rebound::test::Held>();
+  held->open();
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.max_work_bytes = 64 << 10;
+  options.poll_interval = 60s;  // (what a wake-up does not claim waits a minute)
+  JobQueue queue(std::make_unique<rebound::test::HeldModel>(held), std::move(owned), options);
+  struct Open {  // (a check that fails with the model held must not hold the queue's end)
+    rebound::test::Held& held;
+    ~Open() { held.open(); }
+  } open_at_end{*held};
+  // Another server left a job for anyone: the wake-up claims it now.
+  REQUIRE(inner->put(job("left", 1)) == rebound::PutOutcome::created);
+  store.wake();
+  CHECK(succeeds(*inner, "left"));
+  // Its worker busy, the queue claims a job left that is too large for the work bytes it has
+  // left and hands it back; the wake-ups that follow (each server that hands it back wakes the
+  // others) claim nothing until room frees here.
+  held->close();
+  REQUIRE(rebound::test::submitted(queue, job("busy", 2)) == "accepted");
+  REQUIRE(held->wait_started(2));
+  REQUIRE(inner->put(job("next", std::string(100 << 10, 'x'))) == rebound::PutOutcome::created);
+  const int before = store.claims;
+  store.wake();
+  for (int i = 0; i < 200 && store.claims == before; ++i)
+    std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(100ms);  // (the pass hands it back)
+  const int handed_back = store.claims;
+  REQUIRE(handed_back > before);
+  for (int i = 0; i < 5; ++i) {
+    store.wake();
+    std::this_thread::sleep_for(20ms);
+  }
+  std::this_thread::sleep_for(200ms);
+  CHECK(store.claims.load() == handed_back);
+  // The next pass (a poll; here the test's) finds room and takes it; wake-ups count again after.
+  held->open();
+  REQUIRE(succeeds(*inner, "busy"));
+  REQUIRE(rebound::test::pump_pass(queue));
+  CHECK(succeeds(*inner, "next"));
+  REQUIRE(inner->put(job("later", 4)) == rebound::PutOutcome::created);
+  store.wake();
+  CHECK(succeeds(*inner, "later"));
 }

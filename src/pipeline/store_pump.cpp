@@ -45,6 +45,14 @@ void StorePump::wake_for_finals() {
   wake_.notify_one();
 }
 
+void StorePump::wake_for_store() {
+  if (waiting_for_room_.load()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (store_woken_) return;
+  store_woken_ = true;
+  wake_.notify_one();
+}
+
 // Every time the pump keeps (the next pass, the next renewal, the next sweep) is on the queue's
 // clock, the one the store's leases and due times are on: a test that moves an injected clock
 // moves the pump with it. The thread sleeps in real time, towards the nearest of them, and never
@@ -70,7 +78,7 @@ void StorePump::run() {
         if (due_ != TimePoint::max() && due_ - now > poll_interval_) due_ = now + poll_interval_;
       }
       seen = now;
-      if (now >= due_ || now >= next_renewal || finals_due_) break;
+      if (now >= due_ || now >= next_renewal || finals_due_ || store_woken_) break;
       const auto until = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::min(due_, next_renewal) - now);
       wake_.wait_for(lock, now == slept_at ? std::chrono::steady_clock::duration(longest_sleep)
@@ -80,11 +88,13 @@ void StorePump::run() {
     }
     if (stop_) return;
     const bool finals_now = std::exchange(finals_due_, false);
-    const bool due_now = clock_() >= due_;  // read under the lock
+    // A store's wake-up runs a pass without taking the time asked for (a retry due later stays).
+    const bool store_woken = std::exchange(store_woken_, false);
+    const bool due_now = clock_() >= due_ || store_woken;  // read under the lock
     if (due_now) {
       // Taken under the same lock as the wake that asked for it: a wake from now on asks for
       // the next pass, and is never lost to this one.
-      due_ = TimePoint::max();
+      if (!store_woken || clock_() >= due_) due_ = TimePoint::max();
       ++passes_begun_;
     }
     lock.unlock();
@@ -151,6 +161,7 @@ bool StorePump::pump() {
     // for the other servers. The jobs this queue accepted and parked in the store are still
     // claimed while it drains (JobQueue::shutdown), as those in memory still run.
     std::lock_guard<std::mutex> pass(pass_mutex_);
+    waiting_for_room_ = false;  // (set again by a claim this pass hands back for room)
     if (admission_.accepting()) {
       if (claims_callbacks_) callbacks = claim_callbacks(more);
       // Jobs only for a model that can run them: one still loading (or warming up) would be
@@ -207,6 +218,7 @@ std::vector<std::pair<JobRecord, Claim>> StorePump::claim_with_slots(
       leases_.hand_back(store_, what, key_of(record.job), holder);
       if (unparking) unparking->handed_back = true;
       more = false;
+      waiting_for_room_ = true;
     }
   }
   return kept;

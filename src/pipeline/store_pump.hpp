@@ -76,6 +76,14 @@ class StorePump {
   /// due at the same time), without a pass of its own. Thread-safe.
   void wake_for_finals();
 
+  /// A store's wake-up (FleetStore::watch_work: another server left work to claim): a pass as
+  /// soon as the thread is free, unless the last pass handed a claim back for want of room (a
+  /// job too large for this server, woken for again by every server that hands it back, would
+  /// be a loop of claims and hand-backs): then room freed here, or the next poll, claims again.
+  /// Reads no clock (a queue's clock may be the user's, and a store calls this under its lock).
+  /// Thread-safe.
+  void wake_for_store();
+
   std::size_t prefetch() const { return prefetch_; }
 
   /// A worker took a batch: with jobs parked in the store and the queue below half its prefetch,
@@ -136,6 +144,8 @@ class StorePump {
   std::condition_variable wake_;
   TimePoint due_ = TimePoint::max();
   bool finals_due_ = false;                            // wake_for_finals, under mutex_
+  bool store_woken_ = false;                           // wake_for_store, under mutex_
+  std::atomic<bool> waiting_for_room_{false};          // the last pass handed a claim back for room
   std::uint64_t passes_begun_ = 0, passes_ended_ = 0;  // passes of the thread, under mutex_
   std::condition_variable pass_ended_;
   bool stop_ = false;

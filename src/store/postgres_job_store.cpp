@@ -338,6 +338,10 @@ class Connection {
     return collect(deadline);
   }
 
+  // The SQLSTATE of the error the server answered the last statement with ("" when none, or
+  // when the statement failed otherwise).
+  const std::string& sqlstate() const { return sqlstate_; }
+
   // Runs statements without parameters, several at once ("BEGIN; SET LOCAL ..."): the simple
   // protocol.
   Result exec_simple(const std::string& sql) {
@@ -470,6 +474,7 @@ class Connection {
   Result collect(Clock::time_point deadline) {
     Result answer;
     std::string error;
+    sqlstate_.clear();
     for (;;) {
       while (PQisBusy(pg_))
         wait_for(POLLIN, deadline);
@@ -479,6 +484,9 @@ class Connection {
       if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
         if (error.empty()) error = trimmed(PQresultErrorMessage(r.get()));
         if (error.empty()) error = PQresStatus(status);
+        if (const char* code = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+            sqlstate_.empty() && code)
+          sqlstate_ = code;
       } else if (!answer || status == PGRES_TUPLES_OK) {
         answer = std::move(r);
       }
@@ -498,6 +506,7 @@ class Connection {
   std::unordered_map<std::string, std::string> prepared_;  // statement text -> its name
   PGconn* pg_ = nullptr;
   std::atomic<std::int64_t> busy_since_{0};
+  std::string sqlstate_;
 };
 
 // Reading a result's fields.
@@ -1083,7 +1092,7 @@ struct PostgresJobStore::Impl {
       std::exception_ptr error;
       std::vector<int> answers;
       try {
-        answers = commit(batch);
+        answers = commit_notifying(batch);
         ++commits;
         worked();
       } catch (const StoreUnavailable& e) {
@@ -1135,7 +1144,19 @@ struct PostgresJobStore::Impl {
   // One transaction for `batch`: the puts inserted, the rows the others touch locked and read,
   // each op applied in order by job_state's rules, the changed rows written, committed. The
   // answers, one per op, in order.
-  std::vector<int> commit(std::deque<Op>& batch) {
+  // commit with its NOTIFY (options.notify), and once more without it when PostgreSQL's
+  // notification queue was full (SQLSTATE 54000, program_limit_exceeded, at the commit): a lost
+  // wake-up costs the other servers a poll, not the writes.
+  std::vector<int> commit_notifying(std::deque<Op>& batch) {
+    try {
+      return commit(batch, options.notify);
+    } catch (const StoreUnavailable&) {
+      if (!options.notify || writer_connection->sqlstate() != "54000") throw;
+    }
+    return commit(batch, false);
+  }
+
+  std::vector<int> commit(std::deque<Op>& batch, bool notify) {
     Connection& c = *writer_connection;
     std::vector<int> answers(batch.size(), 0);
     std::map<std::string, Entry> rows;
@@ -1222,7 +1243,7 @@ struct PostgresJobStore::Impl {
         c.exec(text, params);
       }
       // 5. The commit, with one NOTIFY when a row it leaves may be claimed now by any server.
-      c.exec_simple(options.notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
+      c.exec_simple(notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
     } catch (...) {
       c.close();  // (the transaction ends with the connection)
       throw;

@@ -72,11 +72,14 @@ struct PostgresJobStoreOptions {
   /// default, and for a direct connection or a pooler in session mode only: `LISTEN` is session
   /// state, and behind a pooler in transaction mode it is not supported (the listening session
   /// is whichever server connection the pooler lent). The channel is `rebound_` and the schema
-  /// (cut to 63 bytes). A notifying commit takes a lock that every notifying commit of the
-  /// database shares, briefly: one a writer's transaction, not one a job; if PostgreSQL's
-  /// notification queue is full (a listener that stopped reading, for hours), the transaction
-  /// fails, and its writes with it (tried again, as any failed write). The store's destructor
-  /// may wait for the listener's statement under way: at most the statement timeout.
+  /// (cut to 63 bytes). A notifying commit holds, through its WAL flush, a lock that every
+  /// notifying commit of the PostgreSQL cluster takes (they go one at a time): one a writer's
+  /// transaction, not one a job. If PostgreSQL's notification queue is full (a listening
+  /// session anywhere on the cluster that stopped reading), the writer commits the same writes
+  /// again without the notification. The listening connection is one more than `connections`
+  /// and the writer's and pruner's. The store's destructor may wait for the listener's call
+  /// under way: a statement (at most the statement timeout) or, while the database cannot be
+  /// reached, a connection attempt (libpq's connect_timeout, 2 s a host by default).
   bool notify = false;
 };
 
