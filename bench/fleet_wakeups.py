@@ -48,7 +48,7 @@ def trial(a, pg: Postgres, number: int, query: str) -> list[dict]:
                 "--model", f"sleep:{a.model_seconds}", "--store", store, "--workers", "1",
                 "--prefetch", "1", "--log-level", "warn"], port))
         time.sleep(1.0)  # past the servers' start
-        first, second = servers
+        first = servers[0]
         bursts = []
         for b in range(a.bursts):
             time.sleep(random.uniform(0.0, 1.0))

@@ -1446,12 +1446,12 @@ struct WakingStore : rebound::test::ForwardingStore {
 
 // Waits up to 10 s for `id` in `store` to succeed.
 bool succeeds(const rebound::JobStore& store, const std::string& id) {
-  for (int i = 0; i < 200; ++i) {
-    const auto record = store.get(id);
-    if (record && record->status == JobStatus::succeeded) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
+  return rebound::test::eventually(
+      [&] {
+        const auto record = store.get(id);
+        return record && record->status == JobStatus::succeeded;
+      },
+      10s);
 }
 }  // namespace
 
@@ -1484,8 +1484,7 @@ TEST_CASE(
   REQUIRE(inner->put(job("next", std::string(100 << 10, 'x'))) == rebound::PutOutcome::created);
   const int before = store.claims;
   store.wake();
-  for (int i = 0; i < 200 && store.claims == before; ++i)
-    std::this_thread::sleep_for(10ms);
+  rebound::test::eventually([&] { return store.claims > before; }, 2s);
   std::this_thread::sleep_for(100ms);  // (the pass hands it back)
   const int handed_back = store.claims;
   REQUIRE(handed_back > before);

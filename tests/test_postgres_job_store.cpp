@@ -20,6 +20,7 @@
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/postgres_job_store.hpp"
 #include "support/postgres_server.hpp"
+#include "support/receiver.hpp"
 
 using namespace std::chrono_literals;
 using rebound::Job;
@@ -391,11 +392,12 @@ TEST_CASE("postgres store: a JobQueue with notify=1 runs a job another server le
     job.callback_url.clear();
     REQUIRE(other.put(job) == PutOutcome::created);  // for anyone: its server had no room
     std::optional<rebound::JobRecord> record;
-    for (int i = 0; i < (notify ? 100 : 20); ++i) {
-      record = other.get("left");
-      if (record && record->status == JobStatus::succeeded) break;
-      std::this_thread::sleep_for(100ms);
-    }
+    rebound::test::eventually(
+        [&] {
+          record = other.get("left");
+          return record && record->status == JobStatus::succeeded;
+        },
+        notify ? 10s : 2s);
     REQUIRE(record);
     if (!notify) {
       CHECK(record->status == JobStatus::queued);  // after 2 s: it waits for the poll

@@ -1537,8 +1537,8 @@ struct PostgresJobStore::Impl {
 
   // The listener (options.notify): LISTENs on its own connection (the constructor's first try is
   // made before the store is used), wakes the watchers when notifications of other stores came
-  // (at most every 100 ms: a job handed back because it did not fit here may be handed back by
-  // the next server too, and the wake-ups it makes must not become a loop of writes), and LISTENs
+  // (at most every 100 ms, whatever the fleet writes; a pump that handed a claim back for room
+  // leaves them until its next pass: StorePump::wake_for_store), and LISTENs
   // again every 10 s (a connection lost without a word is found then, within the statement
   // timeout). A lost connection is opened again after 0.1 s, then up to 2 s apart, and the
   // watchers are woken once it listens again: what was sent meanwhile is not known.
