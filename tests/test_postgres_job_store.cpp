@@ -3,6 +3,7 @@
 // one queue, pruning, a database that stops and comes back, and a statement that hangs.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "rebound/model.hpp"
 #include "rebound/store/make_store.hpp"
 #include "rebound/store/postgres_job_store.hpp"
+#include "store/postgres_testing.hpp"
 #include "support/postgres_server.hpp"
 #include "support/receiver.hpp"
 
@@ -115,6 +117,41 @@ TEST_CASE("postgres store: servers starting together make the schema once - and 
   PostgresJobStore other(options_for(shared_postgres().uri(PostgresServer::fresh_schema())));
   CHECK_FALSE(other.get("j0"));
   CHECK(stores[3]->get("j0"));
+}
+
+TEST_CASE(
+    "postgres store: a row changed after the writer read it - its ops go again on the change") {
+  // The writer reads rows without locking them and writes each only as the version it read: a
+  // cancel that another server commits in between must win over a finish decided on the row as
+  // it was, and the finish must say it did not end the job.
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  PostgresJobStore a(options_for(uri));
+  PostgresJobStore b(options_for(uri));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(a.put(job_named("raced"), Lease{"a", now + 30s}) == PutOutcome::created);
+  REQUIRE(a.put(job_named("calm"), Lease{"a", now + 30s}) == PutOutcome::created);
+  std::atomic<bool> armed{true};
+  std::optional<rebound::CancelOutcome> cancelled;
+  rebound::detail::set_postgres_writer_read_hook([&] {
+    if (!armed.exchange(false)) return;  // (b's writer calls it too: once is the race)
+    cancelled =
+        b.cancel("raced", {JobStatus::cancelled, nullptr, rebound::ErrorInfo{"cancelled", "by b"}},
+                 now + 1s);
+  });
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  const bool finished = a.finish_job("raced", "a", ok, std::nullopt, now + 2s);
+  rebound::detail::set_postgres_writer_read_hook({});
+  REQUIRE(cancelled);
+  CHECK(*cancelled == rebound::CancelOutcome::cancelled);
+  CHECK_FALSE(finished);
+  auto raced = b.get("raced");
+  REQUIRE(raced);
+  CHECK(raced->status == JobStatus::cancelled);
+  REQUIRE(raced->outcome.error);
+  CHECK(raced->outcome.error->message == "by b");
+  // Rows nobody else changed are written at once, as before.
+  CHECK(a.finish_job("calm", "a", ok, std::nullopt, now + 3s));
+  CHECK(b.get("calm")->status == JobStatus::succeeded);
 }
 
 TEST_CASE("postgres store: finished jobs are deleted past the retention - the rest kept") {

@@ -1,5 +1,6 @@
 // PostgresJobStore: a pool of libpq connections for claims and reads, and one writer thread that
-// applies the state rules of job_state.hpp to rows it locks, many callers' writes a transaction.
+// applies the state rules of job_state.hpp to the rows it reads, many callers' writes a
+// transaction, each row written only if no other transaction changed it since (its xmin).
 #include "rebound/store/postgres_job_store.hpp"
 
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -27,8 +29,23 @@
 #include "rebound/detail/redact.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/job_state.hpp"
+#include "store/postgres_testing.hpp"
 
 namespace rebound {
+namespace detail {
+namespace {
+std::mutex writer_read_hook_mutex;
+std::function<void()> writer_read_hook;
+std::atomic<bool> writer_read_hook_set{false};
+}  // namespace
+
+void set_postgres_writer_read_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(writer_read_hook_mutex);
+  writer_read_hook = std::move(hook);
+  writer_read_hook_set = static_cast<bool>(writer_read_hook);
+}
+}  // namespace detail
+
 namespace {
 
 using TimePoint = std::chrono::system_clock::time_point;
@@ -809,6 +826,7 @@ struct PostgresJobStore::Impl {
   std::string insert_sql;
   std::string update_sql;
   std::string writer_select_sql;
+  std::string writer_lock_sql;
 
   mutable std::mutex failure_mutex;
   mutable std::optional<std::string> failure;
@@ -873,7 +891,13 @@ struct PostgresJobStore::Impl {
     }
     names += ", result_set";
     arrays += ", $" + std::to_string(column_count - first_mutable + 2) + "::boolean[]";
-    update_sql += " FROM unnest(" + arrays + ") AS v(" + names + ") WHERE j.key = v.key";
+    // A row is written only as the version read (its xmin; NULL: inserted by this transaction):
+    // one another transaction changed meanwhile is left out of the keys answered.
+    names += ", version";
+    arrays += ", $" + std::to_string(column_count - first_mutable + 3) + "::text[]";
+    update_sql += " FROM unnest(" + arrays + ") AS v(" + names +
+                  ") WHERE j.key = v.key AND (v.version IS NULL OR j.xmin = v.version::xid)"
+                  " RETURNING j.key";
     // The writer's read: input only for the keys of $2, result never.
     writer_select_sql = "SELECT ";
     for (std::size_t k = 0; k < column_count; ++k) {
@@ -883,7 +907,11 @@ struct PostgresJobStore::Impl {
                              : c == "result" ? std::string("NULL")
                                              : c);
     }
-    writer_select_sql += " FROM " + jobs + " WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE";
+    // (and the row's version, xmin, after the columns). Without a lock: a row lock is a write of
+    // the row (WAL, a dirtied page) that the update after it writes again; the update checks the
+    // version instead. The locking form is for ops that go again after a row changed under them.
+    writer_select_sql += ", xmin::text FROM " + jobs + " WHERE key = ANY($1::text[]) ORDER BY key";
+    writer_lock_sql = writer_select_sql + " FOR UPDATE";
     claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
   }
 
@@ -1139,6 +1167,7 @@ struct PostgresJobStore::Impl {
     bool dirty = false;       // to be written
     bool result_set = false;  // its result written by an op (else the stored one stays: not read)
     std::size_t inserted_by = SIZE_MAX;  // the put that inserted it in this transaction
+    std::optional<std::string> version;  // its xmin as read (none: inserted by this transaction)
   };
 
   // One transaction for `batch`: the puts inserted, the rows the others touch locked and read,
@@ -1184,63 +1213,70 @@ struct PostgresJobStore::Impl {
         }
       };
       if (!puts.empty()) insert(puts);
-      // 2. The rows the rest touch, locked for this transaction. Their input is read only where a
-      // put must compare its request with the stored one, their result never (an op that ends
-      // the job writes one; the others leave it as stored): a renewal or an attempt does not move
-      // a job's input or result through the connection, nor rewrite the result.
-      for (int pass = 0; pass < 3; ++pass) {
-        std::vector<std::string> keys, compared;
-        for (const Op& op : batch) {
-          if (rows.count(op.key)) continue;
-          keys.push_back(op.key);
-          if (op.kind == Op::put || op.record) compared.push_back(op.key);
+      // 2. The rows the rest touch (those not in `rows` yet), each with its version. Their input
+      // is read only where a put must compare its request with the stored one, their result
+      // never (an op that ends the job writes one; the others leave it as stored): a renewal or
+      // an attempt does not move a job's input or result through the connection, nor rewrite
+      // the result. `lock`: read for update (the ops that go again below).
+      const auto load = [&](bool lock) {
+        for (int pass = 0; pass < 3; ++pass) {
+          std::vector<std::string> keys, compared;
+          for (const Op& op : batch) {
+            if (rows.count(op.key)) continue;
+            keys.push_back(op.key);
+            if (op.kind == Op::put || op.record) compared.push_back(op.key);
+          }
+          std::sort(keys.begin(), keys.end());
+          keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+          if (keys.empty()) break;
+          Result r = c.exec(lock ? writer_lock_sql : writer_select_sql,
+                            {text_array(keys), text_array(compared)});
+          for (int row = 0; row < PQntuples(r.get()); ++row) {
+            Row read = read_row(r.get(), row);
+            Entry e;
+            e.s = std::move(read.s);
+            e.finished_ms = read.finished_ms;
+            e.exists = true;
+            e.version = text_at(r.get(), row, static_cast<int>(column_count));
+            rows.emplace(text_at(r.get(), row, 0), std::move(e));
+          }
+          // A put whose key was taken when it was inserted, and deleted (pruned) before it was
+          // read: inserted again.
+          std::map<std::string, std::size_t> again;
+          for (const auto& [key, i] : puts) {
+            if (!rows.count(key)) again.emplace(key, i);
+          }
+          if (again.empty()) break;
+          insert(again);
         }
-        std::sort(keys.begin(), keys.end());
-        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-        if (keys.empty()) break;
-        Result r = c.exec(writer_select_sql, {text_array(keys), text_array(compared)});
-        for (int row = 0; row < PQntuples(r.get()); ++row) {
-          Row read = read_row(r.get(), row);
-          Entry e;
-          e.s = std::move(read.s);
-          e.finished_ms = read.finished_ms;
-          e.exists = true;
-          rows.emplace(text_at(r.get(), row, 0), std::move(e));
+      };
+      load(false);
+      if (detail::writer_read_hook_set) {
+        std::function<void()> hook;
+        {
+          std::lock_guard<std::mutex> lock(detail::writer_read_hook_mutex);
+          hook = detail::writer_read_hook;
         }
-        // A put whose key was taken when it was inserted, and deleted (pruned) before it was
-        // read: inserted again.
-        std::map<std::string, std::size_t> again;
-        for (const auto& [key, i] : puts) {
-          if (!rows.count(key)) again.emplace(key, i);
-        }
-        if (again.empty()) break;
-        insert(again);
+        if (hook) hook();
       }
-      // 3. The rules.
+      // 3. The rules, and 4. the rows changed, one statement: the keys of those written as read.
       for (std::size_t i = 0; i < batch.size(); ++i)
         answers[i] = apply(batch[i], i, rows);
-      // 4. The rows changed, one statement.
-      std::vector<std::pair<const std::string*, Entry*>> dirty;
-      for (auto& [key, e] : rows) {
-        if (e.dirty) dirty.emplace_back(&key, &e);
-      }
-      if (!dirty.empty()) {
-        Columns values(2 + column_count - first_mutable);
-        for (auto& [key, e] : dirty) {
-          const bool was_finished = e->finished_ms.has_value();
-          if (job_state::is_finished(e->s.record)) {
-            if (!was_finished) e->finished_ms = wall_ms();
-          } else {
-            e->finished_ms.reset();
-          }
-          Params p = row_params(e->s, e->finished_ms);
-          p[first_mutable - 1] = *key;  // (the key goes first: in the column before mver)
-          p.emplace_back(e->result_set ? "t" : "f");
-          values.add(std::move(p), first_mutable - 1);
+      std::set<std::string> stale = write(c, rows, nullptr);
+      if (!stale.empty()) {
+        // Rows another transaction changed (a claim, another server's writer) or deleted after
+        // they were read: their ops go again, in order, on the rows read anew and locked, so that
+        // this time they are written as read.
+        for (const auto& key : stale)
+          rows.erase(key);
+        load(true);
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          if (!stale.count(batch[i].key)) continue;
+          if (batch[i].record) batch[i].record->reset();
+          answers[i] = apply(batch[i], i, rows);
         }
-        const std::string& text = update_sql;
-        const Params params = values.arrays();
-        c.exec(text, params);
+        if (!write(c, rows, &stale).empty())
+          throw StoreUnavailable("postgres job store: a locked row changed under its update");
       }
       // 5. The commit, with one NOTIFY when a row it leaves may be claimed now by any server.
       c.exec_simple(notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
@@ -1249,6 +1285,37 @@ struct PostgresJobStore::Impl {
       throw;
     }
     return answers;
+  }
+
+  // Writes the dirty rows of `rows` (of `only`, if given) in one statement, each only if it is
+  // still the version read: the keys of those not written (changed or deleted since).
+  std::set<std::string> write(Connection& c, std::map<std::string, Entry>& rows,
+                              const std::set<std::string>* only) {
+    std::vector<std::pair<const std::string*, Entry*>> dirty;
+    for (auto& [key, e] : rows) {
+      if (e.dirty && (!only || only->count(key))) dirty.emplace_back(&key, &e);
+    }
+    std::set<std::string> stale;
+    if (dirty.empty()) return stale;
+    Columns values(3 + column_count - first_mutable);
+    for (auto& [key, e] : dirty) {
+      const bool was_finished = e->finished_ms.has_value();
+      if (job_state::is_finished(e->s.record)) {
+        if (!was_finished) e->finished_ms = wall_ms();
+      } else {
+        e->finished_ms.reset();
+      }
+      Params p = row_params(e->s, e->finished_ms);
+      p[first_mutable - 1] = *key;  // (the key goes first: in the column before mver)
+      p.emplace_back(e->result_set ? "t" : "f");
+      p.emplace_back(e->version);
+      values.add(std::move(p), first_mutable - 1);
+      stale.insert(*key);
+    }
+    Result r = c.exec(update_sql, values.arrays());
+    for (int row = 0; row < PQntuples(r.get()); ++row)
+      stale.erase(text_at(r.get(), row, 0));
+    return stale;
   }
 
   // Whether a row that `batch` inserted or changed is work any server may claim now: a job put
