@@ -182,33 +182,38 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
         pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
-def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: str = "") -> dict:
+def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: str = "",
+                  batch: int = 0, build: tuple[str, str] = ("", "")) -> dict:
     db = f"bench_{number}"
     pg.sql(f"CREATE DATABASE {db}")
     receiver = Receiver() if mode == "callback" else None
     servers, wrks = [], []
-    name = f"rebound-{count}" + (f" ({query})" if query else "")
+    label, server = build
+    name = f"rebound-{count}" + (f", batches of {batch}" if batch else "") + \
+        (f" ({query})" if query else "") + (f" [{label}]" if label else "")
     try:
         store = pg.url(db).replace("postgres://", "postgresql://") + "?schema=rebound" + \
             (f"&{query}" if query else "")
         for i in range(count):
             port = free_port()
             servers.append(Server(f"rebound-server {i + 1} of {count}", [
-                a.server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", a.model,
+                server, "serve", "--host", "127.0.0.1", "--port", str(port), "--model", a.model,
                 "--store", store, "--workers", str(a.workers),
                 "--queue-capacity", str(max(1_000_000, a.jobs)), "--allow-private-callbacks",
                 "--log-level", "warn"] + (["--prefetch", str(a.prefetch)] if a.prefetch is not None
                                          else []), port))
         time.sleep(1.0)  # past the servers' start: their first claims and reports
         shares = [a.jobs // count + (i < a.jobs % count) for i in range(count)]
+        connections = max(1, (a.batch_connections if batch else 32) // count)
         before = pg.cpu_seconds()
         t0 = time.monotonic()
         for srv, share in zip(servers, shares):
             wrks.append(subprocess.Popen(
-                ["wrk", "-t1", f"-c{max(1, 32 // count)}", f"-d{a.trial_timeout}s", "-s",
+                ["wrk", "-t1", f"-c{connections}", f"-d{a.trial_timeout}s", "-s",
                  str(BENCH / "submit.lua"), f"http://127.0.0.1:{srv.port}"],
                 env={**os.environ, "SUBMIT_JOBS": str(share),
-                     "CALLBACK_URL": receiver.url if receiver else "", "CALLBACK_URLS": ""},
+                     "CALLBACK_URL": receiver.url if receiver else "", "CALLBACK_URLS": "",
+                     **({"SUBMIT_BATCH": str(batch)} if batch else {})},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         ended = COMPLETED if receiver is None else CALLBACKS_ENDED
         deadline = t0 + a.trial_timeout
@@ -276,16 +281,27 @@ def main() -> None:
                    help="rebound-server --prefetch (default: the server's, 0 on PostgreSQL: each "
                         "server keeps what it accepts; with one, jobs beyond it are left in the "
                         "store for any server)")
-    p.add_argument("--build-dir", default=str(ROOT / "build"),
-                   help="where rebound-server was built (default build/)")
+    p.add_argument("--batch", type=int, action="append",
+                   help="rebound trials whose jobs are submitted this many a request (POST "
+                        "/v1/inferences:batch, at most 1,000), as the peers insert theirs 1,000 a "
+                        "call; repeatable, 0 is one job a request (default: 0)")
+    p.add_argument("--batch-connections", type=int, default=4,
+                   help="wrk connections of the batch trials (default 4: a server takes a quarter "
+                        "of its --store-threads batches at once and answers 503 to more)")
+    p.add_argument("--build-dir", action="append",
+                   help="where rebound-server was built (default build/); repeatable: each build's "
+                        "trials take turns with the others' in every round, named by its folder")
     p.add_argument("--modes", action="append", choices=["poll", "callback"])
     p.add_argument("--trial-timeout", type=int, default=300)
     p.add_argument("--json", help="write every trial's figures here")
     a = p.parse_args()
     systems = a.systems or ["graphile-worker", "pg-boss", "rebound"]
-    a.server = str(Path(a.build_dir).resolve() / "examples" / "rebound-server")
-    if "rebound" in systems and not Path(a.server).exists():
-        raise SystemExit(f"postgres_peers: no {a.server} (build it, or pass --build-dir)")
+    dirs = a.build_dir or [str(ROOT / "build")]
+    builds = [(Path(d).name if len(dirs) > 1 else "",
+               str(Path(d).resolve() / "examples" / "rebound-server")) for d in dirs]
+    for _, server in builds:
+        if "rebound" in systems and not Path(server).exists():
+            raise SystemExit(f"postgres_peers: no {server} (build it, or pass --build-dir)")
     modes = a.modes or ["poll", "callback"]
     for tool in ["node", "npm"] + (["nginx"] if "callback" in modes else []) + \
             (["wrk"] if "rebound" in systems else []):
@@ -300,13 +316,14 @@ def main() -> None:
         number = 0
         for r in range(a.rounds):
             for mode in modes:
-                trials = [(s, 0, "") for s in systems if s != "rebound"]
+                trials = [(s, 0, "", 0, None) for s in systems if s != "rebound"]
                 if "rebound" in systems:
-                    trials += [("rebound", k, q) for k in (a.servers or [1])
-                               for q in (a.store_query or [""])]
-                for system, count, query in trials:
+                    trials += [("rebound", k, q, b, build) for k in (a.servers or [1])
+                               for q in (a.store_query or [""]) for b in (a.batch or [0])
+                               for build in builds]
+                for system, count, query, batch, build in trials:
                     number += 1
-                    figures = (rebound_trial(a, pg, number, mode, count, query)
+                    figures = (rebound_trial(a, pg, number, mode, count, query, batch, build)
                                if system == "rebound" else trial(a, pg, number, mode, system))
                     figures["round"] = r + 1
                     log(f"round {r + 1} {mode:8} {figures['system']:16} {figures['jobs_per_s']:8.0f} "

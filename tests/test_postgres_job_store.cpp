@@ -154,6 +154,36 @@ TEST_CASE(
   CHECK(b.get("calm")->status == JobStatus::succeeded);
 }
 
+TEST_CASE(
+    "postgres store: a row another server changed since this one wrote it - the change counts") {
+  // Two servers on one database: a job the other one cancelled, or took over when the first
+  // one's lease ran out, is neither finished nor renewed by the first from what it wrote before.
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  PostgresJobStore a(options_for(uri));
+  PostgresJobStore b(options_for(uri));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(a.put(job_named("cancelled"), Lease{"a", now + 30s}) == PutOutcome::created);
+  REQUIRE(a.put(job_named("taken"), Lease{"a", now + 1s}) == PutOutcome::created);
+  a.mark_running("cancelled", now);
+  a.mark_running("taken", now);
+  REQUIRE(a.get("taken")->status == JobStatus::running);
+  CHECK(b.cancel("cancelled",
+                 {JobStatus::cancelled, nullptr, rebound::ErrorInfo{"cancelled", "by b"}},
+                 now + 1s) == rebound::CancelOutcome::cancelled);
+  const auto taken = b.claim_jobs(10, Lease{"b", now + 60s}, now + 2s);
+  REQUIRE(taken.size() == 1);
+  CHECK(taken[0].job.id == "taken");
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  CHECK_FALSE(a.finish_job("cancelled", "a", ok, std::nullopt, now + 3s));
+  // (at a time its own lease still covers, as a server whose clock is behind would)
+  CHECK_FALSE(a.finish_job("taken", "a", ok, std::nullopt, now + 500ms));
+  CHECK(a.get("cancelled")->status == JobStatus::cancelled);
+  // b holds it now: its finish is the one that counts, and a renewal by a is refused.
+  CHECK_FALSE(a.renew("taken", Lease{"a", now + 90s}, now + 500ms));
+  CHECK(b.finish_job("taken", "b", ok, std::nullopt, now + 5s));
+  CHECK(a.get("taken")->status == JobStatus::succeeded);
+}
+
 TEST_CASE("postgres store: finished jobs are deleted past the retention - the rest kept") {
   auto options = options_for(shared_postgres().uri(PostgresServer::fresh_schema()));
   options.retention = 1h;

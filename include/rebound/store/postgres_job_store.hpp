@@ -95,8 +95,11 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///
 /// How it treats Postgres:
 /// - Every job's state change is job_state.hpp's rule, applied in this process to the row read
-///   `FOR UPDATE` inside the writer's transaction: the rules are the memory store's, not a copy in
-///   SQL. The writes of all calling threads gather into one transaction (group commit): a `put`
+///   inside the writer's transaction: the rules are the memory store's, not a copy in SQL. The
+///   row is read without a lock and written only if it is still the version read (its `xmin`);
+///   the ops of a row that another transaction changed meanwhile (another server's cancel, a
+///   claim) go again on it read anew `FOR UPDATE`, so no write is decided on a row as it was.
+///   The writes of all calling threads gather into one transaction (group commit): a `put`
 ///   returns (and `async_put` answers) once its transaction is committed, so a 202 means the job
 ///   is stored; with a synchronous standby it survives a failover.
 /// - Claims are one statement each: the due rows, each tenant's by priority then due time, locked
@@ -150,7 +153,7 @@ class PostgresJobStore final : public JobStore {
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
   /// Answered from the writer thread once committed; with `want_record`, with the record its
-  /// transaction wrote (the job's input read with the row it locks: no second read).
+  /// transaction wrote (the job's input read with the row it changes: no second read).
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                         const std::optional<Lease>& deliver, TimePoint now, bool want_record,
                         FinishDone done) override;
