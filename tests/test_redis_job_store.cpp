@@ -392,6 +392,49 @@ TEST_CASE("redis: a frozen Redis is reported within 2 s - each look at it takes 
   CHECK(store.get("a").has_value());
 }
 
+namespace {
+// How many connections `server` has accepted since it started (INFO stats), -1 when unknown.
+long long connections_received(const rebound::test::RedisServer& server) {
+  const std::string line = "redis-cli -p " + std::to_string(server.port()) +
+                           " INFO stats 2>/dev/null | grep total_connections_received";
+  long long n = -1;
+  if (FILE* pipe = ::popen(line.c_str(), "r")) {
+    char buffer[256];
+    if (std::fgets(buffer, sizeof buffer, pipe)) {
+      const std::string text(buffer);
+      const auto colon = text.find(':');
+      if (colon != std::string::npos) n = std::stoll(text.substr(colon + 1));
+    }
+    ::pclose(pipe);
+  }
+  return n;
+}
+}  // namespace
+
+TEST_CASE(
+    "redis: a look at a frozen Redis that failed answers the next ones until the backoff ends") {
+  // A /ping a second on a frozen Redis: each look that waited for it (up to 1.6 s, on the HTTP
+  // thread) holds off the next ones for the reconnect backoff, so the others answer from it.
+  rebound::test::RedisServer server;
+  RedisJobStoreOptions o = options_for(server);
+  o.reconnect_min = 30s;
+  o.reconnect_max = 30s;
+  RedisJobStore store(o);
+  REQUIRE(store.put(make("a")) == PutOutcome::created);
+  const long long before = connections_received(server);
+  REQUIRE(before > 0);
+  server.pause();
+  CHECK_THROWS_AS(store.get("a"), rebound::StoreUnavailable);
+  for (int ping = 0; ping < 6; ++ping)
+    CHECK(store.failure().has_value());
+  server.resume();
+  // (The connections made while Redis was stopped wait in its backlog and are counted now.)
+  const long long after = connections_received(server);
+  INFO("connections while frozen: " << after - before);
+  // One look, and this count's own connection (and a reconnect of the get, if it made one).
+  CHECK(after - before <= 3);
+}
+
 TEST_CASE("redis: at maxmemory a put answers full - the work already accepted still finishes") {
   rebound::test::RedisServer server({"--maxmemory", "8mb", "--maxmemory-policy", "noeviction"});
   RedisJobStore store(options_for(server));

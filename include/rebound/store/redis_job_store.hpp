@@ -38,7 +38,8 @@ struct RedisJobStoreOptions {
   std::chrono::milliseconds command_timeout{5000};
   /// `failure()` (so `/ping`) reports the store failing once calls have waited this long with no
   /// answer from Redis (frozen, overloaded, or cut off by a firewall), before any command times
-  /// out. The probe that tells when it works again takes at most 1.6 s.
+  /// out. The probe that tells when it works again takes at most 1.6 s, and one that fails holds
+  /// off the next for the reconnect backoff (the calls meanwhile answer from it).
   std::chrono::milliseconds unanswered_limit{1000};
   /// While Redis cannot be reached, new connections are tried after this delay, doubling up to
   /// `reconnect_max`; every call in between fails at once (StoreUnavailable).

@@ -583,7 +583,8 @@ std::optional<std::string> Client::failure(const std::string& probe_key) {
     Reply waited = waits_for_replicas() ? read_reply(c.get()) : nullptr;
     if (set->type == REDIS_REPLY_ERROR) throw ErrorReply(std::string(text(set.get())));
     if (waited) {
-      if (auto shortfall = short_of_replicas(waited.get())) throw ConnectionLost(*shortfall);
+      // (Redis answered: short of replicas is not a connection's failure, no backoff.)
+      if (auto shortfall = short_of_replicas(waited.get())) throw ErrorReply(*shortfall);
       replicas_worked();
     } else {
       worked();
@@ -593,9 +594,10 @@ std::optional<std::string> Client::failure(const std::string& probe_key) {
     const std::string why = failure_text();
     out = why.empty() ? std::string("redis job store: ") + e.what() : why;
   } catch (const std::exception& e) {
-    if (cluster_) route_doubtful();
-    const std::string why = failure_text();
-    out = why.empty() ? std::string("redis job store: ") + e.what() : why;
+    // A connection that failed is the store's like any other: the backoff grows, and the callers
+    // until it ends (a /ping a second on the one HTTP thread) answer from this look instead of
+    // waiting up to 1.6 s each on a Redis that does not answer.
+    out = failed(std::string("probe: ") + e.what(), true);
   }
   probing_ = false;
   return out;
