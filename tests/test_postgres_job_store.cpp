@@ -45,6 +45,16 @@ rebound::PostgresJobStoreOptions options_for(const std::string& uri) {
   return rebound::parse_postgres_uri(uri);
 }
 
+// The writers' read hook (postgres_testing.hpp) for one scope: cleared however the test ends.
+struct ReadHook {
+  explicit ReadHook(std::function<void()> hook) {
+    rebound::detail::set_postgres_writer_read_hook(std::move(hook));
+  }
+  ~ReadHook() { rebound::detail::set_postgres_writer_read_hook({}); }
+  ReadHook(const ReadHook&) = delete;
+  ReadHook& operator=(const ReadHook&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("postgres store: its URI names the database and the schema") {
@@ -132,15 +142,16 @@ TEST_CASE(
   REQUIRE(a.put(job_named("calm"), Lease{"a", now + 30s}) == PutOutcome::created);
   std::atomic<bool> armed{true};
   std::optional<rebound::CancelOutcome> cancelled;
-  rebound::detail::set_postgres_writer_read_hook([&] {
+  ReadHook hook([&] {
     if (!armed.exchange(false)) return;  // (b's writer calls it too: once is the race)
     cancelled =
         b.cancel("raced", {JobStatus::cancelled, nullptr, rebound::ErrorInfo{"cancelled", "by b"}},
                  now + 1s);
   });
   const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  const std::size_t retried = a.retried_transactions();
   const bool finished = a.finish_job("raced", "a", ok, std::nullopt, now + 2s);
-  rebound::detail::set_postgres_writer_read_hook({});
+  CHECK(a.retried_transactions() == retried + 1);  // (the update found the row changed)
   REQUIRE(cancelled);
   CHECK(*cancelled == rebound::CancelOutcome::cancelled);
   CHECK_FALSE(finished);
@@ -152,6 +163,86 @@ TEST_CASE(
   // Rows nobody else changed are written at once, as before.
   CHECK(a.finish_job("calm", "a", ok, std::nullopt, now + 3s));
   CHECK(b.get("calm")->status == JobStatus::succeeded);
+}
+
+TEST_CASE("postgres store: a writer that PostgreSQL ends for a deadlock makes its writes again") {
+  // The writer's update takes its rows' locks as it goes; another transaction that holds one of
+  // them and then waits for a row the writer inserted closes a cycle, and PostgreSQL ends one of
+  // the two (40P01). The writer's writes are then made again, not answered with an error.
+  PostgresServer& pg = shared_postgres();
+  const std::string schema = PostgresServer::fresh_schema();
+  PostgresJobStore a(options_for(pg.uri(schema)));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(a.put(job_named("held"), Lease{"a", now + 30s}) == PutOutcome::created);
+  const auto deadlocks = [&] {
+    const std::string n =
+        pg.psql("SELECT deadlocks FROM pg_stat_database WHERE datname = 'postgres'");
+    return n.empty() ? -1 : std::stoll(n);
+  };
+  const long long deadlocks_before = deadlocks();
+  REQUIRE(deadlocks_before >= 0);
+  std::promise<PutOutcome> put;
+  std::promise<rebound::JobStore::FinishAnswer> finish;
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  std::future<void> other;
+  std::atomic<int> reads{0};
+  ReadHook hook([&] {
+    const int read = ++reads;
+    if (read == 1) {
+      // In the first transaction: the two writes that go together into the next one.
+      a.async_put(job_named("inserted"), Lease{"a", now + 30s},
+                  [&](std::exception_ptr e, PutOutcome o) {
+                    if (e) return put.set_exception(e);
+                    put.set_value(o);
+                  });
+      a.async_finish_job("held", "a", ok, std::nullopt, now + 1s, true,
+                         [&](std::exception_ptr e, rebound::JobStore::FinishAnswer answer) {
+                           if (e) return finish.set_exception(e);
+                           finish.set_value(std::move(answer));
+                         });
+      return;
+    }
+    if (read != 2) return;
+    // The second has inserted "inserted" and read "held". Another session locks "held", then
+    // inserts "inserted" too (waiting for the writer's insert), and rolls back; with a long
+    // deadlock_timeout of its own, so that the writer, whose update then waits for "held", is the
+    // one PostgreSQL ends.
+    other = std::async(std::launch::async, [&pg, schema] {
+      pg.psql("SET deadlock_timeout = '20s'; BEGIN; SELECT key FROM " + schema +
+                  ".jobs WHERE key = 'held' FOR UPDATE; CREATE TEMP TABLE copy AS SELECT * "
+                  "FROM " +
+                  schema +
+                  ".jobs WHERE key = 'held'; UPDATE copy SET key = 'inserted'; "
+                  "INSERT INTO " +
+                  schema + ".jobs SELECT * FROM copy ON CONFLICT DO NOTHING; ROLLBACK",
+              "other.out");
+    });
+    // (until "held" is locked: the update must find it so)
+    for (int tries = 0; tries < 1000; ++tries) {
+      const std::string answer = pg.psql(
+          "SELECT key FROM " + schema + ".jobs WHERE key = 'held' FOR UPDATE NOWAIT", "poll.out");
+      if (answer.find("could not obtain lock") != std::string::npos) break;
+      std::this_thread::sleep_for(10ms);
+    }
+  });
+  const std::size_t retried = a.retried_transactions();
+  a.async_put(job_named("first"), std::nullopt, [](std::exception_ptr, PutOutcome) {});
+  auto put_answer = put.get_future();
+  auto finish_answer = finish.get_future();
+  REQUIRE(put_answer.wait_for(30s) == std::future_status::ready);
+  REQUIRE(finish_answer.wait_for(30s) == std::future_status::ready);
+  CHECK(put_answer.get() == PutOutcome::created);
+  const auto answer = finish_answer.get();
+  CHECK(answer.held);
+  REQUIRE(answer.record);
+  CHECK(answer.record->status == JobStatus::succeeded);
+  REQUIRE(other.valid());
+  other.get();
+  CHECK(a.retried_transactions() >= retried + 1);
+  CHECK(a.get("held")->status == JobStatus::succeeded);
+  CHECK(a.get("inserted")->status == JobStatus::queued);
+  // (PostgreSQL's statistics reach the view within a second or so)
+  CHECK(rebound::test::eventually([&] { return deadlocks() > deadlocks_before; }, 5000ms));
 }
 
 TEST_CASE(

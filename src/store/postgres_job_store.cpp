@@ -798,6 +798,7 @@ struct PostgresJobStore::Impl {
   std::unique_ptr<Connection> writer_connection;
   std::thread writer;
   std::atomic<std::size_t> commits{0};
+  std::atomic<std::size_t> retried{0};  // transactions made again (commit_notifying)
   // The pruner.
   std::unique_ptr<Connection> prune_connection;
   std::thread pruner;
@@ -864,8 +865,11 @@ struct PostgresJobStore::Impl {
     // Every transaction bounds its statements on the server too, and ends by itself when its
     // client stops talking in the middle of it (a paused or cut-off server must not keep its
     // rows locked until TCP gives up, which would hide them from every other server's claims).
+    // READ COMMITTED whatever the role's or database's default: the writer's update re-reads a
+    // row another transaction changed meanwhile and finds its version moved; at a stricter level
+    // it would fail instead (40001), and so would claims.
     const std::string ms = std::to_string(options.statement_timeout.count());
-    set_timeout = "BEGIN; SET LOCAL statement_timeout = " + ms +
+    set_timeout = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
                   "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
     if (options.connections == 0) options.connections = 1;
     writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout,
@@ -1170,25 +1174,53 @@ struct PostgresJobStore::Impl {
     std::optional<std::string> version;  // its xmin as read (none: inserted by this transaction)
   };
 
-  // One transaction for `batch`: the puts inserted, the rows the others touch locked and read,
-  // each op applied in order by job_state's rules, the changed rows written, committed. The
-  // answers, one per op, in order.
-  // commit with its NOTIFY (options.notify), and once more without it when PostgreSQL's
-  // notification queue was full (SQLSTATE 54000, program_limit_exceeded, at the commit): a lost
-  // wake-up costs the other servers a poll, not the writes.
+  // One transaction for `batch` (commit), made again when it could not be made as it was:
+  // - a row it read changed (or went) before its update wrote it (another server's writer or
+  //   cancel, a claim, the pruner): rolled back, and made again with every row it reads locked
+  //   (`FOR UPDATE`, in key order), on which nothing else can write before the commit;
+  // - PostgreSQL ended it for a deadlock (40P01) or a serialization failure (40001): two servers'
+  //   writers whose updates took the same rows' locks in different orders (an update locks in the
+  //   order its plan visits the rows). Nothing of it was written; made again the same way, up to
+  //   twice;
+  // - its NOTIFY (options.notify) was refused for PostgreSQL's full notification queue (54000,
+  //   at the commit): once more without it (a lost wake-up costs the other servers a poll, not the
+  //   writes).
   std::vector<int> commit_notifying(std::deque<Op>& batch) {
-    try {
-      return commit(batch, options.notify);
-    } catch (const StoreUnavailable&) {
-      if (!options.notify || writer_connection->sqlstate() != "54000") throw;
+    bool notify = options.notify, locked = false;
+    int conflicts = 0;
+    for (;;) {
+      try {
+        if (auto answers = commit(batch, notify, locked)) return *answers;
+        if (locked)
+          throw StoreUnavailable("postgres job store: a locked row changed under its update");
+        locked = true;
+        ++retried;
+      } catch (const StoreUnavailable&) {
+        const std::string state = writer_connection->sqlstate();
+        if (notify && state == "54000") {
+          notify = false;
+        } else if ((state == "40P01" || state == "40001") && conflicts < 2) {
+          ++conflicts;
+          ++retried;
+          locked = true;
+        } else {
+          throw;
+        }
+      }
     }
-    return commit(batch, false);
   }
 
-  std::vector<int> commit(std::deque<Op>& batch, bool notify) {
+  // One try of a transaction for `batch`: the puts inserted, the rows the others touch read
+  // (`locked`: for update), each op applied in order by job_state's rules, the changed rows
+  // written (each only as the version read), committed. The answers, one per op, in order; none
+  // when a row changed between its read and its update (the transaction rolled back).
+  std::optional<std::vector<int>> commit(std::deque<Op>& batch, bool notify, bool locked) {
     Connection& c = *writer_connection;
     std::vector<int> answers(batch.size(), 0);
     std::map<std::string, Entry> rows;
+    for (Op& op : batch) {
+      if (op.record) op.record->reset();  // (what a try rolled back wrote)
+    }
     c.exec_simple(set_timeout);
     try {
       // 1. The puts, each key once (in key order, so that two servers' transactions lock alike).
@@ -1217,8 +1249,8 @@ struct PostgresJobStore::Impl {
       // is read only where a put must compare its request with the stored one, their result
       // never (an op that ends the job writes one; the others leave it as stored): a renewal or
       // an attempt does not move a job's input or result through the connection, nor rewrite
-      // the result. `lock`: read for update (the ops that go again below).
-      const auto load = [&](bool lock) {
+      // the result.
+      {
         for (int pass = 0; pass < 3; ++pass) {
           std::vector<std::string> keys, compared;
           for (const Op& op : batch) {
@@ -1229,7 +1261,7 @@ struct PostgresJobStore::Impl {
           std::sort(keys.begin(), keys.end());
           keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
           if (keys.empty()) break;
-          Result r = c.exec(lock ? writer_lock_sql : writer_select_sql,
+          Result r = c.exec(locked ? writer_lock_sql : writer_select_sql,
                             {text_array(keys), text_array(compared)});
           for (int row = 0; row < PQntuples(r.get()); ++row) {
             Row read = read_row(r.get(), row);
@@ -1249,9 +1281,8 @@ struct PostgresJobStore::Impl {
           if (again.empty()) break;
           insert(again);
         }
-      };
-      load(false);
-      if (detail::writer_read_hook_set) {
+      }
+      if (!locked && detail::writer_read_hook_set) {
         std::function<void()> hook;
         {
           std::lock_guard<std::mutex> lock(detail::writer_read_hook_mutex);
@@ -1262,21 +1293,12 @@ struct PostgresJobStore::Impl {
       // 3. The rules, and 4. the rows changed, one statement: the keys of those written as read.
       for (std::size_t i = 0; i < batch.size(); ++i)
         answers[i] = apply(batch[i], i, rows);
-      std::set<std::string> stale = write(c, rows, nullptr);
-      if (!stale.empty()) {
-        // Rows another transaction changed (a claim, another server's writer) or deleted after
-        // they were read: their ops go again, in order, on the rows read anew and locked, so that
-        // this time they are written as read.
-        for (const auto& key : stale)
-          rows.erase(key);
-        load(true);
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-          if (!stale.count(batch[i].key)) continue;
-          if (batch[i].record) batch[i].record->reset();
-          answers[i] = apply(batch[i], i, rows);
-        }
-        if (!write(c, rows, &stale).empty())
-          throw StoreUnavailable("postgres job store: a locked row changed under its update");
+      if (!write(c, rows)) {
+        // A row another transaction changed or deleted after it was read: nothing of this one
+        // stays (its rows are unlocked before any is locked again, in key order: no deadlock with
+        // a writer that waits for one of them).
+        c.exec_simple("ROLLBACK");
+        return std::nullopt;
       }
       // 5. The commit, with one NOTIFY when a row it leaves may be claimed now by any server.
       c.exec_simple(notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
@@ -1287,16 +1309,14 @@ struct PostgresJobStore::Impl {
     return answers;
   }
 
-  // Writes the dirty rows of `rows` (of `only`, if given) in one statement, each only if it is
-  // still the version read: the keys of those not written (changed or deleted since).
-  std::set<std::string> write(Connection& c, std::map<std::string, Entry>& rows,
-                              const std::set<std::string>* only) {
+  // Writes the dirty rows of `rows` in one statement, each only if it is still the version read:
+  // whether all were (none changed or deleted since).
+  bool write(Connection& c, std::map<std::string, Entry>& rows) {
     std::vector<std::pair<const std::string*, Entry*>> dirty;
     for (auto& [key, e] : rows) {
-      if (e.dirty && (!only || only->count(key))) dirty.emplace_back(&key, &e);
+      if (e.dirty) dirty.emplace_back(&key, &e);
     }
-    std::set<std::string> stale;
-    if (dirty.empty()) return stale;
+    if (dirty.empty()) return true;
     Columns values(3 + column_count - first_mutable);
     for (auto& [key, e] : dirty) {
       const bool was_finished = e->finished_ms.has_value();
@@ -1310,12 +1330,9 @@ struct PostgresJobStore::Impl {
       p.emplace_back(e->result_set ? "t" : "f");
       p.emplace_back(e->version);
       values.add(std::move(p), first_mutable - 1);
-      stale.insert(*key);
     }
     Result r = c.exec(update_sql, values.arrays());
-    for (int row = 0; row < PQntuples(r.get()); ++row)
-      stale.erase(text_at(r.get(), row, 0));
-    return stale;
+    return static_cast<std::size_t>(PQntuples(r.get())) == dirty.size();
   }
 
   // Whether a row that `batch` inserted or changed is work any server may claim now: a job put
@@ -1672,7 +1689,9 @@ struct PostgresJobStore::Impl {
   // Deletes the jobs finished before now - retention, 1,000 rows a transaction for as long as
   // there are full batches, and the servers not seen for an hour. A row locked by a write under
   // way is skipped (never waited for: no deadlock with a writer), and one that became unfinished
-  // in between (a redelivery) is kept: the condition is checked again on the row deleted.
+  // in between (a redelivery) is kept: the condition is checked again on the row deleted. (A
+  // writer that read a row deleted here before its update makes its transaction again, and its
+  // ops then find no job.)
   std::size_t prune_now(std::int64_t now_ms) {
     std::lock_guard<std::mutex> one_at_a_time(prune_run_mutex);
     next_prune = Clock::now() + options.prune_interval;
@@ -2161,6 +2180,10 @@ std::optional<std::string> PostgresJobStore::failure() const {
 
 std::size_t PostgresJobStore::commits() const {
   return impl_->commits.load();
+}
+
+std::size_t PostgresJobStore::retried_transactions() const {
+  return impl_->retried.load();
 }
 
 std::size_t PostgresJobStore::prune(TimePoint now) {

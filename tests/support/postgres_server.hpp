@@ -78,9 +78,10 @@ class PostgresServer {
   void pause() { signal_all(SIGSTOP); }
   void resume() { signal_all(SIGCONT); }
 
-  /// Runs SQL with psql and answers what it printed (tuples only, unaligned).
-  std::string psql(const std::string& sql) const {
-    const std::string out = dir_.file("psql.out");
+  /// Runs SQL with psql and answers what it printed (tuples only, unaligned). Calls at once
+  /// from several threads each name a file of their own for the output (`out_name`).
+  std::string psql(const std::string& sql, const std::string& out_name = "psql.out") const {
+    const std::string out = dir_.file(out_name);
     const std::string command = std::string(REBOUND_PG_BINDIR) +
                                 "/psql -X -q -t -A -h 127.0.0.1 -p " + std::to_string(port_) +
                                 " -U postgres -d postgres -c \"" + sql + "\" > " + out + " 2>&1";

@@ -97,8 +97,10 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 /// - Every job's state change is job_state.hpp's rule, applied in this process to the row read
 ///   inside the writer's transaction: the rules are the memory store's, not a copy in SQL. The
 ///   row is read without a lock and written only if it is still the version read (its `xmin`);
-///   the ops of a row that another transaction changed meanwhile (another server's cancel, a
-///   claim) go again on it read anew `FOR UPDATE`, so no write is decided on a row as it was.
+///   when another transaction changed one meanwhile (another server's cancel, a claim), the
+///   transaction is rolled back and made again with its rows read `FOR UPDATE`, so no write is
+///   decided on a row as it was (retried_transactions(); so is one PostgreSQL ends for a
+///   deadlock).
 ///   The writes of all calling threads gather into one transaction (group commit): a `put`
 ///   returns (and `async_put` answers) once its transaction is committed, so a 202 means the job
 ///   is stored; with a synchronous standby it survives a failover.
@@ -205,6 +207,12 @@ class PostgresJobStore final : public JobStore {
 
   /// Transactions the writer committed so far (each may hold many writes).
   std::size_t commits() const;
+  /// The writer's transactions made again so far: a row it read was changed by another
+  /// transaction before its update (another server, a claim), or PostgreSQL ended it for a
+  /// deadlock with another server's writer. Nothing of such a try stays; its writes are made
+  /// again with the rows read locked. A number that keeps growing says the servers contend for
+  /// the same jobs.
+  std::size_t retried_transactions() const;
   /// Deletes the jobs that finished more than the retention before `now`, in batches; returns
   /// how many. Also runs by itself every prune_interval.
   std::size_t prune(TimePoint now);
