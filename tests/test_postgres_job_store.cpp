@@ -171,6 +171,12 @@ TEST_CASE("postgres store: a writer that PostgreSQL ends for a deadlock makes it
   // the two (40P01). The writer's writes are then made again, not answered with an error.
   PostgresServer& pg = shared_postgres();
   const std::string schema = PostgresServer::fresh_schema();
+  // (What the writer's answers and the hook use is declared before the store, so that it outlives
+  // the store's writer however the test ends; the hook is cleared first.)
+  std::promise<PutOutcome> put;
+  std::promise<rebound::JobStore::FinishAnswer> finish;
+  std::future<void> other;
+  std::atomic<int> reads{0};
   PostgresJobStore a(options_for(pg.uri(schema)));
   const auto now = std::chrono::system_clock::now();
   REQUIRE(a.put(job_named("held"), Lease{"a", now + 30s}) == PutOutcome::created);
@@ -181,11 +187,7 @@ TEST_CASE("postgres store: a writer that PostgreSQL ends for a deadlock makes it
   };
   const long long deadlocks_before = deadlocks();
   REQUIRE(deadlocks_before >= 0);
-  std::promise<PutOutcome> put;
-  std::promise<rebound::JobStore::FinishAnswer> finish;
   const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
-  std::future<void> other;
-  std::atomic<int> reads{0};
   ReadHook hook([&] {
     const int read = ++reads;
     if (read == 1) {
@@ -217,13 +219,13 @@ TEST_CASE("postgres store: a writer that PostgreSQL ends for a deadlock makes it
                   schema + ".jobs SELECT * FROM copy ON CONFLICT DO NOTHING; ROLLBACK",
               "other.out");
     });
-    // (until "held" is locked: the update must find it so)
-    for (int tries = 0; tries < 1000; ++tries) {
-      const std::string answer = pg.psql(
-          "SELECT key FROM " + schema + ".jobs WHERE key = 'held' FOR UPDATE NOWAIT", "poll.out");
-      if (answer.find("could not obtain lock") != std::string::npos) break;
+    // Until the other session waits for the writer's insert (holding "held"): the writer's
+    // update then closes the cycle, and its own deadlock check (after 1 s) finds it. (Within the
+    // writer's 5 s idle-in-transaction bound.)
+    const auto deadline = std::chrono::steady_clock::now() + 4s;
+    while (std::chrono::steady_clock::now() < deadline &&
+           pg.psql("SELECT count(*) FROM pg_locks WHERE NOT granted", "poll.out") == "0\n")
       std::this_thread::sleep_for(10ms);
-    }
   });
   const std::size_t retried = a.retried_transactions();
   a.async_put(job_named("first"), std::nullopt, [](std::exception_ptr, PutOutcome) {});

@@ -330,6 +330,7 @@ class Connection {
   // Runs one statement with parameters (the extended protocol; unnamed, so that nothing stays on
   // the server between transactions, unless statements are prepared).
   Result exec(const std::string& sql, const Params& params = {}) {
+    sqlstate_.clear();  // (a statement that fails before the server answers has none)
     open();
     // Every text made storable (clean): what a model, a receiver or a caller put in an error, a
     // header or an id is stored with U+FFFD for what PostgreSQL refuses (a NUL, bytes that are
@@ -362,6 +363,7 @@ class Connection {
   // Runs statements without parameters, several at once ("BEGIN; SET LOCAL ..."): the simple
   // protocol.
   Result exec_simple(const std::string& sql) {
+    sqlstate_.clear();
     open();
     Busy busy(*this);
     return send_simple(sql);
@@ -867,7 +869,8 @@ struct PostgresJobStore::Impl {
     // rows locked until TCP gives up, which would hide them from every other server's claims).
     // READ COMMITTED whatever the role's or database's default: the writer's update re-reads a
     // row another transaction changed meanwhile and finds its version moved; at a stricter level
-    // it would fail instead (40001), and so would claims.
+    // it would fail instead (40001). (The claims are statements of their own, at the database's
+    // level: operations.md asks for READ COMMITTED, PostgreSQL's default.)
     const std::string ms = std::to_string(options.statement_timeout.count());
     set_timeout = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
                   "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
@@ -913,7 +916,8 @@ struct PostgresJobStore::Impl {
     }
     // (and the row's version, xmin, after the columns). Without a lock: a row lock is a write of
     // the row (WAL, a dirtied page) that the update after it writes again; the update checks the
-    // version instead. The locking form is for ops that go again after a row changed under them.
+    // version instead. The locking form is for a transaction made again after a row changed under
+    // it, or after a deadlock (commit_notifying).
     writer_select_sql += ", xmin::text FROM " + jobs + " WHERE key = ANY($1::text[]) ORDER BY key";
     writer_lock_sql = writer_select_sql + " FOR UPDATE";
     claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
@@ -1290,7 +1294,7 @@ struct PostgresJobStore::Impl {
         }
         if (hook) hook();
       }
-      // 3. The rules, and 4. the rows changed, one statement: the keys of those written as read.
+      // 3. The rules, and 4. the rows changed, one statement, each only as the version read.
       for (std::size_t i = 0; i < batch.size(); ++i)
         answers[i] = apply(batch[i], i, rows);
       if (!write(c, rows)) {

@@ -100,7 +100,7 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///   when another transaction changed one meanwhile (another server's cancel, a claim), the
 ///   transaction is rolled back and made again with its rows read `FOR UPDATE`, so no write is
 ///   decided on a row as it was (retried_transactions(); so is one PostgreSQL ends for a
-///   deadlock).
+///   deadlock or a serialization failure, up to twice).
 ///   The writes of all calling threads gather into one transaction (group commit): a `put`
 ///   returns (and `async_put` answers) once its transaction is committed, so a 202 means the job
 ///   is stored; with a synchronous standby it survives a failover.
