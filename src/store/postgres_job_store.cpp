@@ -19,7 +19,6 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -1254,37 +1253,35 @@ struct PostgresJobStore::Impl {
       // never (an op that ends the job writes one; the others leave it as stored): a renewal or
       // an attempt does not move a job's input or result through the connection, nor rewrite
       // the result.
-      {
-        for (int pass = 0; pass < 3; ++pass) {
-          std::vector<std::string> keys, compared;
-          for (const Op& op : batch) {
-            if (rows.count(op.key)) continue;
-            keys.push_back(op.key);
-            if (op.kind == Op::put || op.record) compared.push_back(op.key);
-          }
-          std::sort(keys.begin(), keys.end());
-          keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-          if (keys.empty()) break;
-          Result r = c.exec(locked ? writer_lock_sql : writer_select_sql,
-                            {text_array(keys), text_array(compared)});
-          for (int row = 0; row < PQntuples(r.get()); ++row) {
-            Row read = read_row(r.get(), row);
-            Entry e;
-            e.s = std::move(read.s);
-            e.finished_ms = read.finished_ms;
-            e.exists = true;
-            e.version = text_at(r.get(), row, static_cast<int>(column_count));
-            rows.emplace(text_at(r.get(), row, 0), std::move(e));
-          }
-          // A put whose key was taken when it was inserted, and deleted (pruned) before it was
-          // read: inserted again.
-          std::map<std::string, std::size_t> again;
-          for (const auto& [key, i] : puts) {
-            if (!rows.count(key)) again.emplace(key, i);
-          }
-          if (again.empty()) break;
-          insert(again);
+      for (int pass = 0; pass < 3; ++pass) {
+        std::vector<std::string> keys, compared;
+        for (const Op& op : batch) {
+          if (rows.count(op.key)) continue;
+          keys.push_back(op.key);
+          if (op.kind == Op::put || op.record) compared.push_back(op.key);
         }
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        if (keys.empty()) break;
+        Result r = c.exec(locked ? writer_lock_sql : writer_select_sql,
+                          {text_array(keys), text_array(compared)});
+        for (int row = 0; row < PQntuples(r.get()); ++row) {
+          Row read = read_row(r.get(), row);
+          Entry e;
+          e.s = std::move(read.s);
+          e.finished_ms = read.finished_ms;
+          e.exists = true;
+          e.version = text_at(r.get(), row, static_cast<int>(column_count));
+          rows.emplace(text_at(r.get(), row, 0), std::move(e));
+        }
+        // A put whose key was taken when it was inserted, and deleted (pruned) before it was
+        // read: inserted again.
+        std::map<std::string, std::size_t> again;
+        for (const auto& [key, i] : puts) {
+          if (!rows.count(key)) again.emplace(key, i);
+        }
+        if (again.empty()) break;
+        insert(again);
       }
       if (!locked && detail::writer_read_hook_set) {
         std::function<void()> hook;
