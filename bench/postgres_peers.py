@@ -69,7 +69,7 @@ def pg_bin(name: str) -> str:
 class Postgres:
     """A PostgreSQL cluster of its own: initdb, postgres on a free loopback port, stopped at the end."""
 
-    def __init__(self):
+    def __init__(self, statements: bool = False):
         self.dir = Path(tempfile.mkdtemp(prefix="rebound-pg-"))
         self.port = free_port()
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -82,7 +82,9 @@ class Postgres:
         self.proc = subprocess.Popen(
             self.as_user + [pg_bin("postgres"), "-D", str(data), "-p", str(self.port),
                             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
-                            "-c", "max_connections=200"],
+                            "-c", "max_connections=200"] +
+            (["-c", "shared_preload_libraries=pg_stat_statements", "-c", "pg_stat_statements.track=all",
+              "-c", "pg_stat_statements.track_planning=on"] if statements else []),
             stdout=subprocess.DEVNULL, stderr=open(self.dir / "server.log", "w"))
         deadline = time.monotonic() + 30
         while subprocess.run([pg_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
@@ -91,6 +93,8 @@ class Postgres:
                 raise RuntimeError("postgres did not start: " + (self.dir / "server.log").read_text()[-2000:])
             time.sleep(0.1)
         self.postmaster = self.postmaster_pid(data)
+        if statements:
+            self.sql("CREATE EXTENSION pg_stat_statements")
 
     def postmaster_pid(self, data: Path) -> int:
         # (runuser's child when run as root: the pid in postmaster.pid is the postmaster's.)
@@ -108,6 +112,25 @@ class Postgres:
     def sql(self, statement: str) -> None:
         subprocess.run([pg_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "bench", "-d", "postgres",
                         "-v", "ON_ERROR_STOP=1", "-q", "-c", statement], check=True)
+
+    def query(self, statement: str) -> list[list[str]]:
+        out = subprocess.run([pg_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "bench", "-d",
+                              "postgres", "-v", "ON_ERROR_STOP=1", "-q", "-At", "-F", "\t", "-c", statement],
+                             check=True, stdout=subprocess.PIPE, text=True).stdout
+        return [line.split("\t") for line in out.splitlines() if line]
+
+    def statements(self, db: str, jobs: int, top: int = 12) -> str:
+        """The statements of database db since the last reset, most Postgres time first: time
+        (execution and planning) and calls per job, and the start of each statement's text."""
+        rows = self.query(
+            "SELECT round(((total_exec_time + total_plan_time) * 1000 / %d)::numeric, 1), "
+            "round((calls::float8 / %d)::numeric, 3), round((wal_records::float8 / %d)::numeric, 2), "
+            "regexp_replace(left(query, 110), '\\s+', ' ', 'g') FROM pg_stat_statements s "
+            "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = '%s' "
+            "ORDER BY total_exec_time + total_plan_time DESC LIMIT %d" % (jobs, jobs, jobs, db, top))
+        lines = ["  µs a job  calls a job  WAL records a job  statement"]
+        lines += [f"  {r[0]:>9}  {r[1]:>11}  {r[2]:>17}  {r[3]}" for r in rows]
+        return "\n".join(lines)
 
     def cpu_seconds(self) -> float:
         """CPU time of the postmaster, its live children and those it reaped."""
@@ -138,6 +161,13 @@ class Postgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU time of one process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
     db = f"bench_{number}"
     pg.sql(f"CREATE DATABASE {db}")
@@ -153,11 +183,15 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
     try:
         lines = Lines(proc.stdout, "bench/pg_peers/bench.mjs")
         ready = lines.next_json(120, "ready line")
+        if a.statements:
+            pg.query("SELECT pg_stat_statements_reset()")
         before = pg.cpu_seconds()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         result = lines.next_json(a.trial_timeout + 30, "result")
         after = pg.cpu_seconds()
+        if a.statements:
+            log(f"{system}, {mode}: the statements of the trial\n" + pg.statements(db, a.jobs))
         if result["timed_out"]:
             raise RuntimeError(f"{system}: {result['completed']} of {a.jobs} jobs completed in "
                                f"{result['seconds']:.1f} s ({result['first_error']})")
@@ -205,7 +239,10 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
         time.sleep(1.0)  # past the servers' start: their first claims and reports
         shares = [a.jobs // count + (i < a.jobs % count) for i in range(count)]
         connections = max(1, (a.batch_connections if batch else 32) // count)
+        if a.statements:
+            pg.query("SELECT pg_stat_statements_reset()")
         before = pg.cpu_seconds()
+        servers_before = sum(process_cpu_seconds(srv.proc.pid) for srv in servers)
         t0 = time.monotonic()
         for srv, share in zip(servers, shares):
             wrks.append(subprocess.Popen(
@@ -233,13 +270,16 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
             time.sleep(0.05)
         seconds = now - t0
         after = pg.cpu_seconds()
+        servers_cpu = sum(process_cpu_seconds(srv.proc.pid) for srv in servers) - servers_before
+        if a.statements:
+            log(f"{name}, {mode}: the statements of the trial\n" + pg.statements(db, a.jobs))
         runs = []
         for w in wrks:
             w.send_signal(signal.SIGINT)  # wrk sleeps out -d after its thread stopped
             runs.append(parse_wrk(w.communicate(timeout=30)[0]))
         return {"system": name, "mode": mode, "jobs": a.jobs, "seconds": seconds,
                 "jobs_per_s": a.jobs / seconds, "pg_cpu_us_per_job": (after - before) * 1e6 / a.jobs,
-                "accepted": accepted, "refused": sum(r["non2xx"] for r in runs),
+                "server_cpu_us_per_job": servers_cpu * 1e6 / a.jobs, "accepted": accepted, "refused": sum(r["non2xx"] for r in runs),
                 "failed": total(figures, *COMPLETED[1:])}
     finally:
         for w in wrks:
@@ -294,6 +334,10 @@ def main() -> None:
     p.add_argument("--modes", action="append", choices=["poll", "callback"])
     p.add_argument("--trial-timeout", type=int, default=300)
     p.add_argument("--json", help="write every trial's figures here")
+    p.add_argument("--statements", action="store_true",
+                   help="load pg_stat_statements and print each trial's statements, most Postgres "
+                        "time a job first (its bookkeeping costs CPU: compare figures of runs "
+                        "without it)")
     a = p.parse_args()
     systems = a.systems or ["graphile-worker", "pg-boss", "rebound"]
     dirs = a.build_dir or [str(ROOT / "build")]
@@ -310,7 +354,7 @@ def main() -> None:
     if not (PEERS / "node_modules" / "pg-boss").exists():
         log("installing the peers (npm install in bench/pg_peers)")
         subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=PEERS, check=True)
-    pg = Postgres()
+    pg = Postgres(a.statements)
     results: list[dict] = []
     try:
         number = 0
@@ -327,7 +371,9 @@ def main() -> None:
                                if system == "rebound" else trial(a, pg, number, mode, system))
                     figures["round"] = r + 1
                     log(f"round {r + 1} {mode:8} {figures['system']:16} {figures['jobs_per_s']:8.0f} "
-                        f"jobs/s {figures['pg_cpu_us_per_job']:6.0f} µs Postgres CPU a job")
+                        f"jobs/s {figures['pg_cpu_us_per_job']:6.0f} µs Postgres CPU a job" +
+                        (f", the servers {figures['server_cpu_us_per_job']:.0f} µs"
+                         if "server_cpu_us_per_job" in figures else ""))
                     results.append(figures)
     finally:
         pg.stop()

@@ -79,6 +79,16 @@ TEST_CASE("postgres store: its URI names the database and the schema") {
   CHECK(o.conninfo == "postgresql://db/jobs");
   CHECK_THROWS_WITH_AS(rebound::parse_postgres_uri("postgresql://db/jobs?notify=on"),
                        doctest::Contains("notify must be"), rebound::Error);
+  CHECK(rebound::parse_postgres_uri("postgresql:///jobs").writers == 2);
+  o = rebound::parse_postgres_uri("postgresql://db/jobs?writers=5");
+  CHECK(o.writers == 5);
+  CHECK(o.conninfo == "postgresql://db/jobs");
+  for (const char* bad : {"0", "65", "x", "", "-1", "123"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(
+        rebound::parse_postgres_uri(std::string("postgresql://db/jobs?writers=") + bad),
+        doctest::Contains("writers must be 1 to 64"), rebound::Error);
+  }
   CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=a;drop"),
                   rebound::Error);
   CHECK_THROWS_AS(rebound::parse_postgres_uri("postgresql://db/jobs?schema=1a"), rebound::Error);
@@ -163,6 +173,71 @@ TEST_CASE(
   // Rows nobody else changed are written at once, as before.
   CHECK(a.finish_job("calm", "a", ok, std::nullopt, now + 3s));
   CHECK(b.get("calm")->status == JobStatus::succeeded);
+}
+
+TEST_CASE(
+    "postgres store: a second writer takes the writes that gathered - each job's in the order they "
+    "came") {
+  // While one writer's transaction is open, the writes that gather (a quarter of a full
+  // transaction or more) go into another writer's transaction, never one of a job whose earlier
+  // writes are in a transaction not yet committed: each finish below must find its job's put
+  // committed (a finish read before it would answer false).
+  const std::string schema = PostgresServer::fresh_schema();
+  constexpr int jobs = 600;
+  // (What the answers and the hook use is declared before the store: it outlives its writers.)
+  std::mutex m;
+  std::condition_variable answered;
+  int puts_created = 0, finishes_held = 0, answers = 0, failures = 0;
+  std::atomic<bool> armed{true};
+  bool answered_while_open = false;
+  auto options = options_for(shared_postgres().uri(schema));
+  CHECK(options.writers == 2);  // (the default)
+  PostgresJobStore store(options);
+  const auto now = std::chrono::system_clock::now();
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  ReadHook hook([&] {
+    if (!armed.exchange(false)) return;
+    // Inside the first writer's open transaction: every job put, then every job finished.
+    for (int i = 0; i < jobs; ++i) {
+      store.async_put(job_named("j" + std::to_string(i)), Lease{"a", now + 60s},
+                      [&](std::exception_ptr e, PutOutcome o) {
+                        std::lock_guard<std::mutex> lock(m);
+                        ++answers;
+                        if (e) ++failures;
+                        if (!e && o == PutOutcome::created) ++puts_created;
+                        answered.notify_all();
+                      });
+    }
+    for (int i = 0; i < jobs; ++i) {
+      store.async_finish_job("j" + std::to_string(i), "a", ok, std::nullopt, now + 1s, false,
+                             [&](std::exception_ptr e, rebound::JobStore::FinishAnswer a) {
+                               std::lock_guard<std::mutex> lock(m);
+                               ++answers;
+                               if (e) ++failures;
+                               if (!e && a.held) ++finishes_held;
+                               answered.notify_all();
+                             });
+    }
+    // The other writer answers some while this transaction is still open (within its 5 s
+    // bounds).
+    std::unique_lock<std::mutex> lock(m);
+    answered_while_open = answered.wait_for(lock, 3s, [&] { return answers > 0; });
+  });
+  REQUIRE(store.put(job_named("first")) == PutOutcome::created);
+  {
+    std::unique_lock<std::mutex> lock(m);
+    REQUIRE(answered.wait_for(lock, 30s, [&] { return answers == 2 * jobs; }));
+  }
+  CHECK(answered_while_open);
+  CHECK(failures == 0);
+  CHECK(puts_created == jobs);
+  CHECK(finishes_held == jobs);
+  for (int i = 0; i < jobs; i += 37) {
+    const auto record = store.get("j" + std::to_string(i));
+    REQUIRE(record);
+    CHECK(record->status == JobStatus::succeeded);
+  }
+  CHECK(store.retried_transactions() == 0);  // (two writers of one store never meet on a row)
 }
 
 TEST_CASE("postgres store: a writer that PostgreSQL ends for a deadlock makes its writes again") {

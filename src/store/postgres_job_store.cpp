@@ -1,6 +1,7 @@
-// PostgresJobStore: a pool of libpq connections for claims and reads, and one writer thread that
-// applies the state rules of job_state.hpp to the rows it reads, many callers' writes a
-// transaction, each row written only if no other transaction changed it since (its xmin).
+// PostgresJobStore: a pool of libpq connections for claims and reads, and writer threads (each
+// with its connection, a job's writes always on the same one) that apply the state rules of
+// job_state.hpp to the rows they read, many callers' writes a transaction, each row written only
+// if no other transaction changed it since (its xmin).
 #include "rebound/store/postgres_job_store.hpp"
 
 #include <fcntl.h>
@@ -19,8 +20,10 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "common/attempt_log.hpp"
@@ -735,6 +738,14 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
         options.prepared_statements = flag("prepared", pair.substr(9));
       } else if (pair.rfind("notify=", 0) == 0) {
         options.notify = flag("notify", pair.substr(7));
+      } else if (pair.rfind("writers=", 0) == 0) {
+        const std::string value = pair.substr(8);
+        if (value.empty() || value.size() > 2 ||
+            value.find_first_not_of("0123456789") != std::string::npos || std::stoi(value) < 1 ||
+            std::stoi(value) > 64) {
+          throw Error("store '" + detail::redacted_uri(uri) + "': writers must be 1 to 64");
+        }
+        options.writers = static_cast<std::size_t>(std::stoi(value));
       } else if (!pair.empty()) {
         kept += (kept.empty() ? "" : "&") + pair;
       }
@@ -758,7 +769,7 @@ struct PostgresJobStore::Impl {
     Op(Kind k, std::string id) : kind(k), key(std::move(id)) {}
     Kind kind;
     std::string key;
-    std::uint64_t seq = 0;  // its place in the writer's queue
+    std::uint64_t seq = 0;  // its place in its writer's queue
     Job job;                // put
     std::optional<Lease> lease;
     std::string holder;
@@ -785,19 +796,30 @@ struct PostgresJobStore::Impl {
   mutable std::size_t opened = 0;
   mutable std::vector<Connection*> all;  // for failure(): every connection, the writer's too
 
-  // The writer.
+  // The writers: threads, each with a connection, that take the queued writes into their
+  // transactions. A second transaction starts beside one under way only when a quarter of a full
+  // one is waiting (a transaction costs Postgres about a millisecond of CPU whatever it holds:
+  // parsing, planning, round trips), and never with the writes of a job whose earlier writes are
+  // in the other: a job's writes are made in the order they came, and two writers of this store
+  // never touch the same row at once.
+  struct Writer {
+    std::unique_ptr<Connection> connection;
+    std::thread thread;
+    std::unordered_set<std::string> keys;  // of the ops in its transaction under way
+    bool stalled = false;  // found only other writers' jobs queued: waits for one to end
+  };
   std::mutex write_mutex;
   std::condition_variable write_wanted;
   std::deque<Op> pending;
   bool stopping = false;
-  // Reads see the marks (mark_running, whose callers do not wait) issued before them: the last
-  // mark's place in the queue, and the place the writer has written up to.
-  std::uint64_t enqueued = 0;
-  std::uint64_t last_mark = 0;
-  std::uint64_t written = 0;
+  std::vector<std::unique_ptr<Writer>> writers;
+  std::size_t writing = 0;     // writers with a transaction under way
+  std::uint64_t enqueued = 0;  // ops queued so far (each op's seq)
+  std::uint64_t transactions_ended = 0;
+  // Reads see the marks (mark_running, whose callers do not wait) issued before them: the marks
+  // queued or in a transaction, by their seq.
+  std::set<std::uint64_t> marks_open;
   std::condition_variable marks_written;
-  std::unique_ptr<Connection> writer_connection;
-  std::thread writer;
   std::atomic<std::size_t> commits{0};
   std::atomic<std::size_t> retried{0};  // transactions made again (commit_notifying)
   // The pruner.
@@ -874,11 +896,16 @@ struct PostgresJobStore::Impl {
     set_timeout = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
                   "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
     if (options.connections == 0) options.connections = 1;
-    writer_connection = std::make_unique<Connection>(conninfo, options.statement_timeout,
-                                                     options.prepared_statements);
+    options.writers = std::clamp<std::size_t>(options.writers, 1, 64);
+    for (std::size_t i = 0; i < options.writers; ++i) {
+      auto w = std::make_unique<Writer>();
+      w->connection = std::make_unique<Connection>(conninfo, options.statement_timeout,
+                                                   options.prepared_statements);
+      all.push_back(w->connection.get());
+      writers.push_back(std::move(w));
+    }
     prune_connection = std::make_unique<Connection>(conninfo, options.statement_timeout,
                                                     options.prepared_statements);
-    all.push_back(writer_connection.get());
     claim_jobs_sql = sql(claim_jobs_template) + column_list("j");
     // The writer's two writes: the new rows, and the rows changed (their columns from mver on).
     insert_sql = "INSERT INTO " + jobs + " (" + column_list() + ") SELECT * FROM unnest(";
@@ -1013,20 +1040,25 @@ struct PostgresJobStore::Impl {
       // Keyed as stored (clean): a key PostgreSQL cannot hold is the U+FFFD form of it throughout.
       op.key = clean(std::move(op.key));
       op.seq = ++enqueued;
-      if (op.kind == Op::mark) last_mark = op.seq;
+      if (op.kind == Op::mark) marks_open.insert(op.seq);
       pending.push_back(std::move(op));
+      // (A writer that waits beside one writing would not start yet: not woken for nothing.)
+      if (writing > 0 && pending.size() < second_writer_at()) return;
     }
     write_wanted.notify_one();
   }
+
+  // The writes waiting that start a transaction beside one under way: a quarter of a full one.
+  std::size_t second_writer_at() const { return std::max<std::size_t>(1, options.max_batch / 4); }
 
   // Waits until the marks issued before now are written (or failed): what a read does first.
   void wait_for_marks() const {
     auto& self = const_cast<Impl&>(*this);
     std::unique_lock<std::mutex> lock(self.write_mutex);
-    const std::uint64_t target = self.last_mark;
-    if (self.written >= target) return;
-    self.marks_written.wait_for(lock, options.statement_timeout * 2,
-                                [&] { return self.written >= target || self.stopping; });
+    const std::uint64_t target = self.enqueued;
+    self.marks_written.wait_for(lock, options.statement_timeout * 2, [&] {
+      return self.marks_open.empty() || *self.marks_open.begin() > target || self.stopping;
+    });
   }
 
   // Makes `op` answer a future, and returns it.
@@ -1109,25 +1141,66 @@ struct PostgresJobStore::Impl {
                               : 64;
   }
 
-  void run_writer() {
+  // Takes into `batch` the queued ops this writer may write now: in the order they came, skipping
+  // those of a job another writer's transaction holds (and so every later op of that job), at most
+  // max_batch and about 16 MiB of new jobs.
+  void take(Writer& w, std::deque<Op>& batch) {
+    const auto held_elsewhere = [&](const std::string& key) {
+      for (const auto& other : writers) {
+        if (other.get() != &w && other->keys.count(key)) return true;
+      }
+      return false;
+    };
+    std::deque<Op> skipped;
+    std::size_t bytes = 0;
+    auto it = pending.begin();
+    for (; it != pending.end() && batch.size() < options.max_batch; ++it) {
+      if (held_elsewhere(it->key)) {
+        skipped.push_back(std::move(*it));
+        continue;
+      }
+      if (!batch.empty() && bytes + put_bytes(*it) > (std::size_t{16} << 20)) break;
+      bytes += put_bytes(*it);
+      w.keys.insert(it->key);
+      batch.push_back(std::move(*it));
+    }
+    pending.erase(pending.begin(), it);
+    for (auto back = skipped.rbegin(); back != skipped.rend(); ++back)
+      pending.push_front(std::move(*back));
+  }
+
+  void run_writer(Writer& w) {
     std::unique_lock<std::mutex> lock(write_mutex);
+    // What this writer last found nothing to take in (all of it another writer's jobs): it waits
+    // for something new before it looks again.
+    std::uint64_t looked_enqueued = 0, looked_ended = 0;
+    bool found_nothing = false;
     for (;;) {
-      write_wanted.wait(lock, [&] { return stopping || !pending.empty(); });
+      write_wanted.wait(lock, [&] {
+        if (stopping && pending.empty()) return true;
+        if (pending.empty()) return false;
+        if (found_nothing && enqueued == looked_enqueued && transactions_ended == looked_ended)
+          return false;
+        // Alone, or beside another transaction when a quarter of a full one waits.
+        return writing == 0 || pending.size() >= second_writer_at() || stopping;
+      });
       if (pending.empty() && stopping) return;
       std::deque<Op> batch;
-      std::size_t bytes = 0;
-      while (!pending.empty() && batch.size() < options.max_batch &&
-             (batch.empty() || bytes + put_bytes(pending.front()) <= (std::size_t{16} << 20))) {
-        bytes += put_bytes(pending.front());
-        batch.push_back(std::move(pending.front()));
-        pending.pop_front();
+      take(w, batch);
+      if (batch.empty()) {
+        found_nothing = w.stalled = true;
+        looked_enqueued = enqueued;
+        looked_ended = transactions_ended;
+        continue;
       }
+      found_nothing = w.stalled = false;
+      ++writing;
       const bool closing = stopping;
       lock.unlock();
       std::exception_ptr error;
       std::vector<int> answers;
       try {
-        answers = commit_notifying(batch);
+        answers = commit_notifying(*w.connection, batch);
         ++commits;
         worked();
       } catch (const StoreUnavailable& e) {
@@ -1139,7 +1212,8 @@ struct PostgresJobStore::Impl {
         error = std::make_exception_ptr(wrapped);
       }
       if (error) {
-        // The marks (whose callers do not wait) go again with the next transaction.
+        // The marks (whose callers do not wait) go again with the next transaction (before any
+        // later op of their jobs, which were not taken while these were out).
         lock.lock();
         for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
           if (it->kind == Op::mark && pending.size() < 100000) pending.push_front(std::move(*it));
@@ -1152,13 +1226,24 @@ struct PostgresJobStore::Impl {
         answer(batch[i], error, error ? 0 : answers[i]);
       }
       lock.lock();
-      for (const Op& op : batch)
-        written = std::max(written, op.seq);
+      // (A mark that failed counts as written for the reads waiting: it goes again later.)
+      for (const Op& op : batch) {
+        if (op.kind == Op::mark) marks_open.erase(op.seq);
+      }
+      w.keys.clear();
+      --writing;
+      ++transactions_ended;
       marks_written.notify_all();
+      // (This writer takes what is queued next itself: the others are woken only when they wait
+      // for its jobs. Waking one for nothing after every transaction cost a context switch a
+      // transaction, and handed the next transaction to the other thread and connection.)
+      if (std::any_of(writers.begin(), writers.end(), [](const auto& o) { return o->stalled; }))
+        write_wanted.notify_all();
       if (stopping && error) {
         // Closing on a failing database: what is left cannot be written.
         std::deque<Op> left = std::move(pending);
         pending.clear();
+        marks_open.clear();
         lock.unlock();
         for (Op& op : left)
           answer(op, error, 0);
@@ -1188,18 +1273,18 @@ struct PostgresJobStore::Impl {
   // - its NOTIFY (options.notify) was refused for PostgreSQL's full notification queue (54000,
   //   at the commit): once more without it (a lost wake-up costs the other servers a poll, not the
   //   writes).
-  std::vector<int> commit_notifying(std::deque<Op>& batch) {
+  std::vector<int> commit_notifying(Connection& c, std::deque<Op>& batch) {
     bool notify = options.notify, locked = false;
     int conflicts = 0;
     for (;;) {
       try {
-        if (auto answers = commit(batch, notify, locked)) return *answers;
+        if (auto answers = commit(c, batch, notify, locked)) return *answers;
         if (locked)
           throw StoreUnavailable("postgres job store: a locked row changed under its update");
         locked = true;
         ++retried;
       } catch (const StoreUnavailable&) {
-        const std::string state = writer_connection->sqlstate();
+        const std::string state = c.sqlstate();
         if (notify && state == "54000") {
           notify = false;
         } else if ((state == "40P01" || state == "40001") && conflicts < 2) {
@@ -1217,8 +1302,8 @@ struct PostgresJobStore::Impl {
   // (`locked`: for update), each op applied in order by job_state's rules, the changed rows
   // written (each only as the version read), committed. The answers, one per op, in order; none
   // when a row changed between its read and its update (the transaction rolled back).
-  std::optional<std::vector<int>> commit(std::deque<Op>& batch, bool notify, bool locked) {
-    Connection& c = *writer_connection;
+  std::optional<std::vector<int>> commit(Connection& c, std::deque<Op>& batch, bool notify,
+                                         bool locked) {
     std::vector<int> answers(batch.size(), 0);
     std::map<std::string, Entry> rows;
     for (Op& op : batch) {
@@ -1599,7 +1684,9 @@ struct PostgresJobStore::Impl {
       stopping = true;
     }
     write_wanted.notify_all();
-    if (writer.joinable()) writer.join();
+    for (auto& w : writers) {
+      if (w->thread.joinable()) w->thread.join();
+    }
     {
       std::lock_guard<std::mutex> lock(prune_mutex);
       pruner_stopping = true;
@@ -1755,7 +1842,8 @@ PostgresJobStore::PostgresJobStore(PostgresJobStoreOptions options)
     }
   }
   try {
-    impl_->writer = std::thread([this] { impl_->run_writer(); });
+    for (auto& w : impl_->writers)
+      w->thread = std::thread([this, &w = *w] { impl_->run_writer(w); });
     impl_->pruner = std::thread([this] { impl_->run_pruner(); });
     if (o.notify)
       impl_->listener = std::thread([this, listening] { impl_->run_listener(listening); });

@@ -27,8 +27,8 @@ struct PostgresJobStoreOptions {
   /// the same database are apart. Table names are written out with it in every statement: the
   /// store sets no `search_path` (no session state, so a pooler in transaction mode is fine).
   std::string schema = "rebound";
-  /// Connections opened at most for the calling threads (at least 1); the writer and the pruner
-  /// have one each more.
+  /// Connections opened at most for the calling threads (at least 1); each writer and the pruner
+  /// have one more.
   std::size_t connections = 4;
   /// The longest any statement may take: kept by the client (a statement unanswered this long, in
   /// sending or in waiting, has its connection closed and the call fails with StoreUnavailable, so
@@ -47,9 +47,22 @@ struct PostgresJobStoreOptions {
   /// How often the pruning runs.
   std::chrono::seconds prune_interval{std::chrono::minutes(1)};
   /// The writes of every calling thread (put, mark_running, finish_job, record_attempt, renew,
-  /// cancel, redeliver) gather while the last transaction is out and go in one transaction of at
-  /// most this many, and about 16 MiB of new jobs (group commit: one WAL flush for all of them).
+  /// cancel, redeliver) gather while their writer's last transaction is out and go in one
+  /// transaction of at most this many, and about 16 MiB of new jobs (group commit: one WAL flush
+  /// for all of them).
   std::size_t max_batch = 512;
+  /// Writer threads, each with its connection (1 to 64; `?writers=N` in the URI). One writer
+  /// takes the writes queued into its transaction; a second transaction starts beside one under
+  /// way only when a quarter of max_batch writes are waiting (a transaction costs PostgreSQL
+  /// about a millisecond of CPU whatever it holds, so small ones are not split further), and
+  /// never with a write of a job whose earlier writes are in a transaction not yet committed: a
+  /// job's writes are made in the order they came, and two writers of one store never touch the
+  /// same row at once. A PostgreSQL backend runs one transaction's statements on one core: under
+  /// a load of many writes at once (batch submission) the second writer's statements run while
+  /// the first's transaction waits for its flush or its answers, and one writer's transaction
+  /// that waits for a row another server holds does not hold up the writes queued behind it.
+  /// docs/benchmarks.md ("Two writers") measures 1 against 2.
+  std::size_t writers = 2;
   /// Prepares each statement with parameters once a connection (a named, server-side prepared
   /// statement) and runs it prepared, so that the server parses and analyses the store's
   /// statements once a session instead of once a call (`?prepared=1` in the URI). Each call is
@@ -85,9 +98,10 @@ struct PostgresJobStoreOptions {
 
 /// Reads a `postgresql://` or `postgres://` URI (rebound-server's `--store`) into options: the
 /// URI goes to libpq as is, but for `schema=NAME` (the store's schema), `prepared=1`
-/// (PostgresJobStoreOptions::prepared_statements) and `notify=1` (PostgresJobStoreOptions::notify)
-/// among its query parameters, which are taken out.
-/// Throws rebound::Error for any other scheme or a schema name that is not allowed.
+/// (PostgresJobStoreOptions::prepared_statements), `notify=1` (PostgresJobStoreOptions::notify)
+/// and `writers=N` (PostgresJobStoreOptions::writers) among its query parameters, which are taken
+/// out. Throws rebound::Error for any other scheme, a schema name that is not allowed, or a value
+/// out of its range.
 PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 
 /// A JobStore in a PostgreSQL database, shared by every server that names the same database and
@@ -95,13 +109,14 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri);
 ///
 /// How it treats Postgres:
 /// - Every job's state change is job_state.hpp's rule, applied in this process to the row read
-///   inside the writer's transaction: the rules are the memory store's, not a copy in SQL. The
+///   inside a writer's transaction: the rules are the memory store's, not a copy in SQL. The
 ///   row is read without a lock and written only if it is still the version read (its `xmin`);
 ///   when another transaction changed one meanwhile (another server's cancel, a claim), the
 ///   transaction is rolled back and made again with its rows read `FOR UPDATE`, so no write is
 ///   decided on a row as it was (retried_transactions(); so is one PostgreSQL ends for a
 ///   deadlock or a serialization failure, up to twice).
-///   The writes of all calling threads gather into one transaction (group commit): a `put`
+///   The writes of all calling threads gather into one transaction (group commit; a second
+///   writer's beside it when many wait, PostgresJobStoreOptions::writers): a `put`
 ///   returns (and `async_put` answers) once its transaction is committed, so a 202 means the job
 ///   is stored; with a synchronous standby it survives a failover.
 /// - Claims are one statement each: the due rows, each tenant's by priority then due time, locked
@@ -137,7 +152,7 @@ class PostgresJobStore final : public JobStore {
 
   using JobStore::put;
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
-  /// Answered from the writer thread once the job's transaction is committed.
+  /// Answered from the job's writer thread once the job's transaction is committed.
   void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override;
   std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
@@ -149,17 +164,17 @@ class PostgresJobStore final : public JobStore {
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
   std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
                               TimePoint now) override;
-  /// Returns without waiting: the mark goes with the writer's next transaction (a finish of the
-  /// same job issued after it is applied after it).
+  /// Returns without waiting: the mark goes with its writer's next transaction (a finish of the
+  /// same job issued after it is applied after it; a read issued after it waits for it).
   void mark_running(const std::string& id, TimePoint now) override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
-  /// Answered from the writer thread once committed; with `want_record`, with the record its
+  /// Answered from the job's writer thread once committed; with `want_record`, with the record its
   /// transaction wrote (the job's input read with the row it changes: no second read).
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                         const std::optional<Lease>& deliver, TimePoint now, bool want_record,
                         FinishDone done) override;
-  /// `store` for every asynchronous call: the writer thread answers them.
+  /// `store` for every asynchronous call: the writer threads answer them.
   AnswerThread answer_thread(AsyncCall call, bool record_asked) const noexcept override;
   CancelOutcome cancel(const std::string& id, const JobOutcome& outcome, TimePoint now) override;
   std::vector<JobRecord> claim_callbacks(std::size_t max, const Lease& lease,
@@ -205,9 +220,9 @@ class PostgresJobStore final : public JobStore {
 
   std::optional<std::string> failure() const override;
 
-  /// Transactions the writer committed so far (each may hold many writes).
+  /// Transactions the writers committed so far (each may hold many writes).
   std::size_t commits() const;
-  /// The writer's transactions made again so far: a row it read was changed by another
+  /// The writers' transactions made again so far: a row one read was changed by another
   /// transaction before its update (another server, a claim), or PostgreSQL ended it for a
   /// deadlock with another server's writer. Nothing of such a try stays; its writes are made
   /// again with the rows read locked. A number that keeps growing says the servers contend for
