@@ -1,7 +1,7 @@
 // PostgresJobStore: a pool of libpq connections for claims and reads, and writer threads (each
-// with its connection, a job's writes always on the same one) that apply the state rules of
-// job_state.hpp to the rows they read, many callers' writes a transaction, each row written only
-// if no other transaction changed it since (its xmin).
+// with its connection; a job's writes in the order they came, never in two open transactions at
+// once) that apply the state rules of job_state.hpp to the rows they read, many callers' writes a
+// transaction, each row written only if no other transaction changed it since (its xmin).
 #include "rebound/store/postgres_job_store.hpp"
 
 #include <fcntl.h>
@@ -769,7 +769,7 @@ struct PostgresJobStore::Impl {
     Op(Kind k, std::string id) : kind(k), key(std::move(id)) {}
     Kind kind;
     std::string key;
-    std::uint64_t seq = 0;  // its place in its writer's queue
+    std::uint64_t seq = 0;  // its place in the queue of writes
     Job job;                // put
     std::optional<Lease> lease;
     std::string holder;
@@ -896,6 +896,7 @@ struct PostgresJobStore::Impl {
     set_timeout = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
                   "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
     if (options.connections == 0) options.connections = 1;
+    if (options.max_batch == 0) options.max_batch = 1;
     options.writers = std::clamp<std::size_t>(options.writers, 1, 64);
     for (std::size_t i = 0; i < options.writers; ++i) {
       auto w = std::make_unique<Writer>();
@@ -1234,11 +1235,14 @@ struct PostgresJobStore::Impl {
       --writing;
       ++transactions_ended;
       marks_written.notify_all();
-      // (This writer takes what is queued next itself: the others are woken only when they wait
-      // for its jobs. Waking one for nothing after every transaction cost a context switch a
-      // transaction, and handed the next transaction to the other thread and connection.)
-      if (std::any_of(writers.begin(), writers.end(), [](const auto& o) { return o->stalled; }))
-        write_wanted.notify_all();
+      // (This writer takes what is queued next itself: another is woken only when it stalled on
+      // this one's jobs, and its flag cleared, so that it looks again once and is not woken after
+      // every later transaction. Waking one for nothing after every transaction cost a context
+      // switch a transaction, and handed the next transaction to the other thread and connection.)
+      bool wake = false;
+      for (auto& other : writers)
+        wake = std::exchange(other->stalled, false) || wake;
+      if (wake) write_wanted.notify_all();
       if (stopping && error) {
         // Closing on a failing database: what is left cannot be written.
         std::deque<Op> left = std::move(pending);

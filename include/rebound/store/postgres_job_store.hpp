@@ -47,9 +47,9 @@ struct PostgresJobStoreOptions {
   /// How often the pruning runs.
   std::chrono::seconds prune_interval{std::chrono::minutes(1)};
   /// The writes of every calling thread (put, mark_running, finish_job, record_attempt, renew,
-  /// cancel, redeliver) gather while their writer's last transaction is out and go in one
-  /// transaction of at most this many, and about 16 MiB of new jobs (group commit: one WAL flush
-  /// for all of them).
+  /// cancel, redeliver) gather while a writer's transaction is out and go in one transaction of
+  /// at most this many (at least 1), and about 16 MiB of new jobs (group commit: one WAL flush for
+  /// all of them).
   std::size_t max_batch = 512;
   /// Writer threads, each with its connection (1 to 64; `?writers=N` in the URI). One writer
   /// takes the writes queued into its transaction; a second transaction starts beside one under
@@ -59,8 +59,9 @@ struct PostgresJobStoreOptions {
   /// job's writes are made in the order they came, and two writers of one store never touch the
   /// same row at once. A PostgreSQL backend runs one transaction's statements on one core: under
   /// a load of many writes at once (batch submission) the second writer's statements run while
-  /// the first's transaction waits for its flush or its answers, and one writer's transaction
-  /// that waits for a row another server holds does not hold up the writes queued behind it.
+  /// the first's transaction waits for its flush or its answers, and when one writer's
+  /// transaction waits for a row another server holds, the writes queued behind it go into the
+  /// other's once a quarter of max_batch wait (fewer wait for it, up to the statement timeout).
   /// docs/benchmarks.md ("Two writers") measures 1 against 2.
   std::size_t writers = 2;
   /// Prepares each statement with parameters once a connection (a named, server-side prepared
@@ -152,7 +153,7 @@ class PostgresJobStore final : public JobStore {
 
   using JobStore::put;
   PutOutcome put(const Job& job, const std::optional<Lease>& claim) override;
-  /// Answered from the job's writer thread once the job's transaction is committed.
+  /// Answered from a writer thread once the job's transaction is committed.
   void async_put(const Job& job, const std::optional<Lease>& claim, PutDone done) override;
   std::vector<PutOutcome> put_many(const std::vector<PutRequest>& requests) override;
   std::optional<JobRecord> get(const std::string& id) const override;
@@ -169,7 +170,7 @@ class PostgresJobStore final : public JobStore {
   void mark_running(const std::string& id, TimePoint now) override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                   const std::optional<Lease>& deliver, TimePoint now) override;
-  /// Answered from the job's writer thread once committed; with `want_record`, with the record its
+  /// Answered from a writer thread once committed; with `want_record`, with the record its
   /// transaction wrote (the job's input read with the row it changes: no second read).
   void async_finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
                         const std::optional<Lease>& deliver, TimePoint now, bool want_record,
