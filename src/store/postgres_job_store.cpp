@@ -377,6 +377,9 @@ class Connection {
     prepared_.clear();  // (a server's prepared statements end with its session)
   }
 
+  // Whether a session is open (kept from an earlier call, or opened by this one).
+  bool is_open() const { return pg_ != nullptr; }
+
   // The socket to wait on for notifications (LISTEN), or -1 while closed.
   int socket() const { return pg_ ? PQsocket(pg_) : -1; }
 
@@ -1313,7 +1316,7 @@ struct PostgresJobStore::Impl {
     for (Op& op : batch) {
       if (op.record) op.record->reset();  // (what a try rolled back wrote)
     }
-    c.exec_simple(set_timeout);
+    begin(c);
     try {
       // 1. The puts, each key once (in key order, so that two servers' transactions lock alike).
       std::map<std::string, std::size_t> puts;
@@ -1397,6 +1400,24 @@ struct PostgresJobStore::Impl {
       throw;
     }
     return answers;
+  }
+
+  // Begins a writer's transaction. A kept connection that broke while it was idle (the database
+  // restarted, a pooler or a firewall closed it) fails at once at this first statement, before
+  // anything of the transaction was sent: opened again, once. (A second writer idle through a
+  // restart would otherwise fail the first transaction it takes after it with store_unavailable.)
+  // One that fails later, or slowly (a frozen database: the timeout), is not tried again here.
+  void begin(Connection& c) {
+    const bool kept = c.is_open();
+    const auto started = Clock::now();
+    try {
+      c.exec_simple(set_timeout);
+    } catch (const StoreUnavailable&) {
+      if (!kept || !c.sqlstate().empty() || Clock::now() - started > options.statement_timeout / 10)
+        throw;
+      c.close();
+      c.exec_simple(set_timeout);
+    }
   }
 
   // Writes the dirty rows of `rows` in one statement, each only if it is still the version read:
