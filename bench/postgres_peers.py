@@ -3,6 +3,7 @@
 
     bench/postgres_peers.py                 # 3 rounds of 10,000 jobs per trial
     bench/postgres_peers.py --jobs 2000 --rounds 1 --systems pg-boss --modes poll
+    bench/postgres_peers.py --systems rebound --batch 100 --rounds 1 --statements   # where its time goes
 
 The peers' side of the comparison issue 41 asks for: graphile-worker and pg-boss (npm, the newest
 versions that run on Debian's Node 20: bench/pg_peers/package.json pins them; the first run
