@@ -743,12 +743,12 @@ PostgresJobStoreOptions parse_postgres_uri(std::string_view uri) {
         options.notify = flag("notify", pair.substr(7));
       } else if (pair.rfind("writers=", 0) == 0) {
         const std::string value = pair.substr(8);
-        if (value.empty() || value.size() > 2 ||
-            value.find_first_not_of("0123456789") != std::string::npos || std::stoi(value) < 1 ||
-            std::stoi(value) > 64) {
+        const bool digits = !value.empty() && value.size() <= 2 &&
+                            value.find_first_not_of("0123456789") == std::string::npos;
+        const int writers = digits ? std::stoi(value) : 0;
+        if (writers < 1 || writers > 64)
           throw Error("store '" + detail::redacted_uri(uri) + "': writers must be 1 to 64");
-        }
-        options.writers = static_cast<std::size_t>(std::stoi(value));
+        options.writers = static_cast<std::size_t>(writers);
       } else if (!pair.empty()) {
         kept += (kept.empty() ? "" : "&") + pair;
       }

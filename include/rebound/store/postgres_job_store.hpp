@@ -165,7 +165,7 @@ class PostgresJobStore final : public JobStore {
   bool renew(const std::string& id, const Lease& lease, TimePoint now) override;
   std::vector<bool> renew_all(const std::vector<std::pair<std::string, Lease>>& leases,
                               TimePoint now) override;
-  /// Returns without waiting: the mark goes with its writer's next transaction (a finish of the
+  /// Returns without waiting: the mark goes with a writer's next transaction (a finish of the
   /// same job issued after it is applied after it; a read issued after it waits for it).
   void mark_running(const std::string& id, TimePoint now) override;
   bool finish_job(const std::string& id, const std::string& holder, const JobOutcome& outcome,
