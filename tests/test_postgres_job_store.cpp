@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cinttypes>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <memory>
@@ -13,6 +15,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "rebound/error.hpp"
@@ -350,6 +354,83 @@ TEST_CASE(
   CHECK_FALSE(a.renew("taken", Lease{"a", now + 90s}, now + 500ms));
   CHECK(b.finish_job("taken", "b", ok, std::nullopt, now + 5s));
   CHECK(a.get("taken")->status == JobStatus::succeeded);
+}
+
+TEST_CASE("postgres store: a writer finds its rows by key - it does not read the jobs kept") {
+  // The writer's statements name their rows by key. To the planner a table of some thousands
+  // of rows looked cheaper to read whole than to probe a hundred times (a batch of 125 finishes
+  // read all 9,000 rows of the benchmark's table twice: its read, and its update's hash join),
+  // so each transaction's cost grew with the jobs kept. Counted with the table's statistics
+  // (pg_stat_user_tables: the rows sequential scans read), which a backend sends once a second
+  // at most: each look writes once more, a second after the last, until they show every write.
+  const std::string schema = PostgresServer::fresh_schema();
+  const std::string jobs = schema + ".jobs";
+  auto options = options_for(shared_postgres().uri(schema));
+  options.writers = 1;  // (one connection, whose statistics the pokes below send)
+  PostgresJobStore store(options);
+  const PostgresServer& pg = shared_postgres();
+  const auto now = std::chrono::system_clock::now();
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
+  REQUIRE(store.put(job_named("seed"), Lease{"h", now + 60s}) == PutOutcome::created);
+  REQUIRE(store.finish_job("seed", "h", ok, std::nullopt, now));
+  // 8,000 finished jobs kept (copies of the seed's row), and the planner told so.
+  constexpr int kept = 8000;
+  pg.psql("INSERT INTO " + jobs +
+          " SELECT (jsonb_populate_record(j, jsonb_build_object('key', 'kept' || g, 'id', "
+          "'kept' || g))).* FROM " +
+          jobs + " j, generate_series(1, " + std::to_string(kept) + ") g; ANALYZE " + jobs);
+  REQUIRE(pg.psql("SELECT count(*) FROM " + jobs) == std::to_string(kept + 1) + "\n");
+  // (rows read by sequential scans, rows written)
+  const auto counters = [&] {
+    const std::string out = pg.psql(
+        "SELECT seq_tup_read, n_tup_ins + n_tup_upd FROM pg_stat_user_tables WHERE schemaname = '" +
+        schema + "' AND relname = 'jobs'");
+    std::int64_t read = -1, written = -1;
+    std::sscanf(out.c_str(), "%" SCNd64 "|%" SCNd64, &read, &written);
+    return std::pair{read, written};
+  };
+  int pokes = 0;
+  const auto poke = [&] {
+    std::this_thread::sleep_for(1100ms);
+    REQUIRE(store.put(job_named("poke" + std::to_string(pokes++))) == PutOutcome::created);
+  };
+  poke();
+  auto [read_before, written_before] = counters();
+  for (int i = 0; i < 10 && written_before < kept + 2 + pokes; ++i) {
+    poke();
+    std::tie(read_before, written_before) = counters();
+  }
+  REQUIRE(written_before >= kept + 2 + pokes);
+  // 100 jobs put and finished, as a server's writes gather.
+  constexpr int batch = 100;
+  std::vector<std::future<bool>> answers;
+  for (int i = 0; i < batch; ++i) {
+    auto put = std::make_shared<std::promise<bool>>();
+    answers.push_back(put->get_future());
+    store.async_put(job_named("j" + std::to_string(i)), Lease{"h", now + 60s},
+                    [put](std::exception_ptr e, PutOutcome o) {
+                      put->set_value(!e && o == PutOutcome::created);
+                    });
+  }
+  for (int i = 0; i < batch; ++i) {
+    auto finish = std::make_shared<std::promise<bool>>();
+    answers.push_back(finish->get_future());
+    store.async_finish_job("j" + std::to_string(i), "h", ok, std::nullopt, now + 1s, false,
+                           [finish](std::exception_ptr e, rebound::JobStore::FinishAnswer a) {
+                             finish->set_value(!e && a.held);
+                           });
+  }
+  for (auto& a : answers)
+    REQUIRE(a.get());
+  const int pokes_before = pokes;
+  auto [read_after, written_after] = counters();
+  for (int i = 0; i < 10 && written_after < written_before + 2 * batch + (pokes - pokes_before);
+       ++i) {
+    poke();
+    std::tie(read_after, written_after) = counters();
+  }
+  REQUIRE(written_after >= written_before + 2 * batch + (pokes - pokes_before));
+  CHECK(read_after - read_before < kept);  // (before: at least twice the table)
 }
 
 TEST_CASE("postgres store: finished jobs are deleted past the retention - the rest kept") {

@@ -181,11 +181,14 @@ FROM p WHERE j.key = p.key
 RETURNING p.pos, p.wrapped, )sql";
 
 // A claim of callbacks: the due ones, earliest first, leased to $3 until $4; each answered with
-// the time it was due.
+// the time it was due. In jobs_cb_due's order, read no further than the limit: of callbacks due
+// at the same millisecond, which come first is the index's (as in the SQLite store). (A second
+// key to sort by would read and sort every due callback at each claim: a backlog of them after a
+// receiver's outage made each claim cost as much as the backlog.)
 constexpr const char* claim_callbacks_template = R"sql(
 WITH c AS (
   SELECT key, cb_due_ms AS was FROM {jobs} WHERE cb_due_ms IS NOT NULL AND cb_due_ms <= $1
-  ORDER BY cb_due_ms, key LIMIT $2 FOR UPDATE SKIP LOCKED)
+  ORDER BY cb_due_ms LIMIT $2 FOR UPDATE SKIP LOCKED)
 UPDATE {jobs} AS j SET cb_holder = $3, cb_until_ms = $4, cb_due_ms = $4
 FROM c WHERE j.key = c.key
 RETURNING c.was, )sql";
@@ -895,9 +898,16 @@ struct PostgresJobStore::Impl {
     // row another transaction changed meanwhile and finds its version moved; at a stricter level
     // it would fail instead (40001). (The claims are statements of their own, at the database's
     // level: operations.md asks for READ COMMITTED, PostgreSQL's default.)
+    // Rows found by key, one index probe each: every statement of a writer's transaction names
+    // its rows by key, and a table that grew since it was last analyzed looks small enough to the
+    // planner to read whole (a batch of 125 finishes read all 9,000 rows of the table twice: the
+    // read, and the update's hash join on a sequential scan; with only that scan off, a hash join
+    // on the whole primary key): each transaction's cost grew with the jobs kept.
     const std::string ms = std::to_string(options.statement_timeout.count());
     set_timeout = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
-                  "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
+                  "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
+                  "; SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off"
+                  "; SET LOCAL enable_mergejoin = off";
     if (options.connections == 0) options.connections = 1;
     if (options.max_batch == 0) options.max_batch = 1;
     options.writers = std::clamp<std::size_t>(options.writers, 1, 64);
