@@ -1933,8 +1933,13 @@ std::vector<std::optional<JobRecord>> PostgresJobStore::get_many(
     const std::vector<std::string>& ids) const {
   std::vector<std::optional<JobRecord>> out(ids.size());
   if (ids.empty()) return out;
+  // One index probe an id, whatever the planner thinks of the table: `key = ANY(...)` of a
+  // hundred ids read a table of some thousands of rows whole (the writer's read did), and a join
+  // could be a hash join on it; a LATERAL subquery with a LIMIT is a nested loop.
   const auto found = impl_->records(
-      "SELECT " + column_list() + " FROM " + impl_->jobs + " WHERE key = ANY($1::text[])",
+      "SELECT j.* FROM unnest($1::text[]) AS k(key) CROSS JOIN "
+      "LATERAL (SELECT " +
+          column_list() + " FROM " + impl_->jobs + " WHERE jobs.key = k.key LIMIT 1) AS j",
       {text_array(ids)});
   std::map<std::string, const JobRecord*> by_key;
   for (const auto& r : found)
