@@ -361,8 +361,9 @@ TEST_CASE("postgres store: writes and reads find rows by key - they do not read 
   // thousands of rows looked cheaper to read whole than to probe a hundred times (a batch of 125
   // finishes read all 9,000 rows of the benchmark's table twice: the writer's read, and its
   // update's hash join), so each call cost more the more jobs were kept. Counted with the
-  // table's statistics (pg_stat_user_tables: the rows sequential scans read), which a backend
-  // sends once a second at most: each look calls the store once more on the same connection, a
+  // table's statistics (pg_stat_user_tables: the rows sequential scans read, and those index
+  // scans fetched: a join on the whole primary key reads every row too), which a backend sends
+  // once a second at most: each look calls the store once more on the same connection, a
   // second after the last, until they show the calls looked at.
   const std::string schema = PostgresServer::fresh_schema();
   const std::string jobs = schema + ".jobs";
@@ -373,26 +374,31 @@ TEST_CASE("postgres store: writes and reads find rows by key - they do not read 
   const PostgresServer& pg = shared_postgres();
   const auto now = std::chrono::system_clock::now();
   const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 2}}, std::nullopt};
-  REQUIRE(store.put(job_named("seed"), Lease{"h", now + 60s}) == PutOutcome::created);
+  Job seed = job_named("seed");
+  seed.callback_url.clear();  // (finished when it ends: no callback owed)
+  REQUIRE(store.put(seed, Lease{"h", now + 60s}) == PutOutcome::created);
   REQUIRE(store.finish_job("seed", "h", ok, std::nullopt, now));
   // 8,000 finished jobs kept (copies of the seed's row), and the planner told so.
   constexpr int kept = 8000;
-  pg.psql("INSERT INTO " + jobs +
-          " SELECT (jsonb_populate_record(j, jsonb_build_object('key', 'kept' || g, 'id', "
-          "'kept' || g))).* FROM " +
-          jobs + " j, generate_series(1, " + std::to_string(kept) + ") g; ANALYZE " + jobs);
+  pg.psql("INSERT INTO " + jobs + " SELECT r.* FROM " + jobs + " j, generate_series(1, " +
+          std::to_string(kept) +
+          ") g, LATERAL jsonb_populate_record(j, jsonb_build_object('key', 'kept' || g, 'id', "
+          "'kept' || g)) r; ANALYZE " +
+          jobs);
   REQUIRE(pg.psql("SELECT count(*) FROM " + jobs) == std::to_string(kept + 1) + "\n");
   struct Counters {
-    std::int64_t seq_read = -1, index_fetched = -1, written = -1;
+    std::int64_t seq_read = -1, index_fetched = -1, written = -1, deleted = -1;
+    std::int64_t rows_read() const { return seq_read + index_fetched; }
   };
   const auto counters = [&] {
     const std::string out = pg.psql(
-        "SELECT seq_tup_read, idx_tup_fetch, n_tup_ins + n_tup_upd FROM pg_stat_user_tables "
+        "SELECT seq_tup_read, idx_tup_fetch, n_tup_ins + n_tup_upd, n_tup_del FROM "
+        "pg_stat_user_tables "
         "WHERE schemaname = '" +
         schema + "' AND relname = 'jobs'");
     Counters c;
-    std::sscanf(out.c_str(), "%" SCNd64 "|%" SCNd64 "|%" SCNd64, &c.seq_read, &c.index_fetched,
-                &c.written);
+    std::sscanf(out.c_str(), "%" SCNd64 "|%" SCNd64 "|%" SCNd64 "|%" SCNd64, &c.seq_read,
+                &c.index_fetched, &c.written, &c.deleted);
     return c;
   };
   // Looks until `seen` holds, each time after a second and a call of `poke`.
@@ -440,7 +446,39 @@ TEST_CASE("postgres store: writes and reads find rows by key - they do not read 
     const Counters after = settled(put_one, [&](const Counters& c) {
       return c.written >= before.written + 2 * batch + (pokes - pokes_before);
     });
-    CHECK(after.seq_read - before.seq_read < kept);  // (before: at least the table once)
+    CHECK(after.rows_read() - before.rows_read() < kept);  // (before: at least the table once)
+  }
+
+  SUBCASE("the claims") {
+    // 100 jobs put for any server, and 100 whose callbacks are due.
+    constexpr int batch = 100;
+    for (int i = 0; i < batch; ++i) {
+      REQUIRE(store.put(job_named("due" + std::to_string(i))) == PutOutcome::created);
+      REQUIRE(store.put(job_named("cb" + std::to_string(i)), Lease{"h", now + 60s}) ==
+              PutOutcome::created);
+      REQUIRE(store.finish_job("cb" + std::to_string(i), "h", ok, std::nullopt, now));
+    }
+    const Counters ready = settled(put_one, [&](const Counters& c) {
+      return c.written >= before.written + 3 * batch + (pokes - pokes_before);
+    });
+    const auto later = std::chrono::system_clock::now() + 1s;
+    CHECK(store.claim_jobs(batch, Lease{"c", later + 60s}, later).size() == batch);
+    CHECK(store.claim_callbacks(batch, Lease{"c", later + 60s}, later).size() == batch);
+    const Counters after =
+        settled([&] { REQUIRE(store.get("seed")); },
+                [&](const Counters& c) { return c.written >= ready.written + 2 * batch; });
+    CHECK(after.rows_read() - ready.rows_read() < kept);
+  }
+
+  SUBCASE("the pruning") {
+    // Every kept job past the retention, deleted in batches of 1,000: each row read about twice
+    // (found by its finish time, then deleted by its key), not the table again at each batch.
+    const std::size_t deleted = store.prune(std::chrono::system_clock::now() + 48h);
+    CHECK(deleted == static_cast<std::size_t>(kept) + 1);
+    const Counters after =
+        settled([&] { store.prune(std::chrono::system_clock::now()); },
+                [&](const Counters& c) { return c.deleted >= before.deleted + kept + 1; });
+    CHECK(after.rows_read() - before.rows_read() < 3 * static_cast<std::int64_t>(deleted));
   }
 
   SUBCASE("get_many") {
@@ -460,7 +498,7 @@ TEST_CASE("postgres store: writes and reads find rows by key - they do not read 
                                                 static_cast<std::int64_t>(ids.size()) ||
                                             c.seq_read - before.seq_read >= kept;
                                    });
-    CHECK(after.seq_read - before.seq_read < kept);
+    CHECK(after.rows_read() - before.rows_read() < kept);
   }
 }
 

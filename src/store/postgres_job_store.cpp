@@ -150,7 +150,10 @@ CREATE TABLE {schema}.model_configs (
 // remembered (written only when it changes: one tenant's claims never wait for each other). Each
 // job's row is answered after its number and whether its tenant came after the wrap. (Each
 // tenant's scan is jobs_tenant_due's order, read no further than the limit: of jobs due at the
-// same millisecond, which come first is the index's.)
+// same millisecond, which come first is the index's.) The rows taken are updated through the
+// primary key with the keys as an array (`= ANY(ARRAY(...))`), not by a join alone: to the
+// planner a table of some thousands of rows looked cheaper to hash whole than to probe a claim's
+// rows, and every claim that took work read the whole table. (Both claims.)
 constexpr const char* claim_jobs_template = R"sql(
 WITH RECURSIVE t(tenant) AS (
   (SELECT tenant FROM {jobs} WHERE job_due_ms IS NOT NULL ORDER BY tenant LIMIT 1)
@@ -177,7 +180,7 @@ moved AS (
   FROM (SELECT tenant FROM p ORDER BY pos DESC, wrapped DESC, tenant DESC LIMIT 1) x
   WHERE l.tenant IS DISTINCT FROM x.tenant RETURNING 1)
 UPDATE {jobs} AS j SET job_holder = $3, job_until_ms = $4, job_due_ms = $4
-FROM p WHERE j.key = p.key
+FROM p WHERE j.key = p.key AND j.key = ANY(ARRAY(SELECT key FROM p))
 RETURNING p.pos, p.wrapped, )sql";
 
 // A claim of callbacks: the due ones, earliest first, leased to $3 until $4; each answered with
@@ -190,7 +193,7 @@ WITH c AS (
   SELECT key, cb_due_ms AS was FROM {jobs} WHERE cb_due_ms IS NOT NULL AND cb_due_ms <= $1
   ORDER BY cb_due_ms LIMIT $2 FOR UPDATE SKIP LOCKED)
 UPDATE {jobs} AS j SET cb_holder = $3, cb_until_ms = $4, cb_due_ms = $4
-FROM c WHERE j.key = c.key
+FROM c WHERE j.key = c.key AND j.key = ANY(ARRAY(SELECT key FROM c))
 RETURNING c.was, )sql";
 
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
@@ -791,9 +794,10 @@ struct PostgresJobStore::Impl {
 
   PostgresJobStoreOptions options;
   std::string conninfo;
-  std::string schema;  // quoted
-  std::string jobs;    // the quoted table names
-  std::string set_timeout;
+  std::string schema;         // quoted
+  std::string jobs;           // the quoted table names
+  std::string begin_bounded;  // BEGIN, with the timeouts
+  std::string begin_writer;   // ... and the writer's planner settings
 
   // The pool for the calling threads' claims and reads.
   mutable std::mutex pool_mutex;
@@ -898,16 +902,19 @@ struct PostgresJobStore::Impl {
     // row another transaction changed meanwhile and finds its version moved; at a stricter level
     // it would fail instead (40001). (The claims are statements of their own, at the database's
     // level: operations.md asks for READ COMMITTED, PostgreSQL's default.)
-    // Rows found by key, one index probe each: every statement of a writer's transaction names
-    // its rows by key, and a table that grew since it was last analyzed looks small enough to the
-    // planner to read whole (a batch of 125 finishes read all 9,000 rows of the table twice: the
-    // read, and the update's hash join on a sequential scan; with only that scan off, a hash join
-    // on the whole primary key): each transaction's cost grew with the jobs kept.
     const std::string ms = std::to_string(options.statement_timeout.count());
-    set_timeout = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
-                  "; SET LOCAL idle_in_transaction_session_timeout = " + ms +
-                  "; SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off"
-                  "; SET LOCAL enable_mergejoin = off";
+    begin_bounded = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = " + ms +
+                    "; SET LOCAL idle_in_transaction_session_timeout = " + ms;
+    // The writer's rows found by key, one index probe each: every statement of its transactions
+    // names its rows by key, and to the planner a table of some thousands of rows looked cheaper
+    // to read whole than to probe a batch's keys (a batch of 125 finishes read all 9,000 rows of
+    // the table twice: the read, and the update's hash join on a sequential scan; with only that
+    // scan off, a hash join on the whole primary key): each transaction's cost grew with the jobs
+    // kept. No JIT either: a plan's cost past its threshold (a disabled path counts 1e10) would
+    // compile each statement, tens of milliseconds for one that takes one.
+    begin_writer = begin_bounded +
+                   "; SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off"
+                   "; SET LOCAL enable_mergejoin = off; SET LOCAL jit = off";
     if (options.connections == 0) options.connections = 1;
     if (options.max_batch == 0) options.max_batch = 1;
     options.writers = std::clamp<std::size_t>(options.writers, 1, 64);
@@ -1016,7 +1023,7 @@ struct PostgresJobStore::Impl {
   // state): servers that start together wait for each other here.
   void migrate() {
     with_connection([&](Connection& c) {
-      c.exec_simple(set_timeout);
+      c.exec_simple(begin_bounded);
       c.exec("SELECT pg_advisory_xact_lock(hashtext($1))", {"rebound schema " + options.schema});
       c.exec_simple("CREATE SCHEMA IF NOT EXISTS " + schema + "; CREATE TABLE IF NOT EXISTS " +
                     schema + ".meta (version integer NOT NULL)");
@@ -1421,12 +1428,12 @@ struct PostgresJobStore::Impl {
     const bool kept = c.is_open();
     const auto started = Clock::now();
     try {
-      c.exec_simple(set_timeout);
+      c.exec_simple(begin_writer);
     } catch (const StoreUnavailable&) {
       if (!kept || !c.sqlstate().empty() || Clock::now() - started > options.statement_timeout / 10)
         throw;
       c.close();
-      c.exec_simple(set_timeout);
+      c.exec_simple(begin_writer);
     }
   }
 
@@ -1824,9 +1831,12 @@ struct PostgresJobStore::Impl {
         const std::int64_t cutoff =
             now_ms -
             std::chrono::duration_cast<std::chrono::milliseconds>(options.retention).count();
-        const std::string text = "DELETE FROM " + jobs + " WHERE key IN (SELECT key FROM " + jobs +
+        // (the rows deleted by key as an array, probed: as `key IN (...)` a semi join that read
+        // the whole table for every batch of a backlog)
+        const std::string text = "DELETE FROM " + jobs + " WHERE key = ANY(ARRAY(SELECT key FROM " +
+                                 jobs +
                                  " WHERE finished_ms < $1 ORDER BY finished_ms LIMIT 1000"
-                                 " FOR UPDATE SKIP LOCKED) AND finished_ms < $1";
+                                 " FOR UPDATE SKIP LOCKED)) AND finished_ms < $1";
         for (;;) {
           Result r = prune_connection->exec(text, {std::to_string(cutoff)});
           const auto n = static_cast<std::size_t>(std::strtoull(PQcmdTuples(r.get()), nullptr, 10));
