@@ -533,6 +533,12 @@ std::string Telemetry::render_metrics() const {
       "# TYPE rebound_work_bytes_limit gauge\nrebound_work_bytes_limit " +
       std::to_string(core_.admission.max_bytes()) + "\n";
   out += core_.models.metrics_text();
+  // The store's own counters (in memory: no call to the database).
+  for (const StoreCounter& c : core_.job_store->counters()) {
+    const std::string name = "rebound_store_" + c.name;
+    out += "# HELP " + name + " " + c.help + "\n# TYPE " + name + " counter\n" + name + " " +
+           std::to_string(c.value) + "\n";
+  }
   // The whole queue, as the store counts it: the same on every server of a shared store (for
   // an autoscaler: take the max over servers, not the sum). Left out while the store fails.
   std::optional<QueueStats> stats;

@@ -3,6 +3,8 @@
 // one queue, pruning, a database that stops and comes back, and a statement that hangs.
 #include <doctest/doctest.h>
 
+#include <boost/asio/use_future.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -462,8 +464,8 @@ TEST_CASE("postgres store: writes and reads find rows by key - they do not read 
       return c.written >= before.written + 3 * batch + (pokes - pokes_before);
     });
     const auto later = std::chrono::system_clock::now() + 1s;
-    CHECK(store.claim_jobs(batch, Lease{"c", later + 60s}, later).size() == batch);
-    CHECK(store.claim_callbacks(batch, Lease{"c", later + 60s}, later).size() == batch);
+    REQUIRE(store.claim_jobs(batch, Lease{"c", later + 60s}, later).size() == batch);
+    REQUIRE(store.claim_callbacks(batch, Lease{"c", later + 60s}, later).size() == batch);
     const Counters after =
         settled([&] { REQUIRE(store.get("seed")); },
                 [&](const Counters& c) { return c.written >= ready.written + 2 * batch; });
@@ -474,7 +476,7 @@ TEST_CASE("postgres store: writes and reads find rows by key - they do not read 
     // Every kept job past the retention, deleted in batches of 1,000: each row read about twice
     // (found by its finish time, then deleted by its key), not the table again at each batch.
     const std::size_t deleted = store.prune(std::chrono::system_clock::now() + 48h);
-    CHECK(deleted == static_cast<std::size_t>(kept) + 1);
+    REQUIRE(deleted == static_cast<std::size_t>(kept) + 1);
     const Counters after =
         settled([&] { store.prune(std::chrono::system_clock::now()); },
                 [&](const Counters& c) { return c.deleted >= before.deleted + kept + 1; });
@@ -791,4 +793,53 @@ TEST_CASE("postgres store: a JobQueue with notify=1 runs a job another server le
     CHECK(record->status == JobStatus::succeeded);
     CHECK(record->outcome.result == nlohmann::json{{"x", 1}});
   }
+}
+
+TEST_CASE("postgres store: /metrics counts the writers' transactions - and those made again") {
+  // JobStore::counters, rendered by the queue's metrics (rebound-server's /metrics).
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  rebound::JobQueueOptions o;
+  o.workers = 1;
+  auto owned = std::make_unique<PostgresJobStore>(options_for(uri));
+  PostgresJobStore& store = *owned;
+  rebound::JobQueue queue(std::make_unique<rebound::EchoModel>(), std::move(owned), o);
+  const auto value_of = [](const std::string& text, const std::string& name) {
+    const auto at = text.find("\n" + name + " ");
+    REQUIRE_MESSAGE(at != std::string::npos, name);
+    return std::stoull(text.substr(at + name.size() + 2));
+  };
+  Job job = job_named("counted");
+  job.callback_url.clear();
+  queue.submit(job, boost::asio::use_future).get();  // (accepted: stored)
+  rebound::test::eventually(
+      [&] {
+        const auto record = store.get("counted");
+        return record && record->status == JobStatus::succeeded;
+      },
+      10s);
+  const std::string text = queue.telemetry().render_metrics();
+  CHECK(text.find("# TYPE rebound_store_transactions_total counter\n") != std::string::npos);
+  CHECK(value_of(text, "rebound_store_transactions_total") >= 2);  // (the put, the finish)
+  CHECK(value_of(text, "rebound_store_transactions_total") <= store.commits());
+  CHECK(value_of(text, "rebound_store_transactions_retried_total") == 0);
+  // A transaction made again shows: another server cancels the job this one holds, after this
+  // one read it (the writer's read hook), so its update finds the row changed.
+  Job held = job_named("contended");
+  held.callback_url.clear();
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(held, Lease{"me", now + 60s}) == PutOutcome::created);
+  PostgresJobStore other(options_for(uri));
+  std::atomic<bool> armed{true};
+  {
+    ReadHook hook([&] {
+      if (!armed.exchange(false)) return;
+      CHECK(other.cancel("contended",
+                         {JobStatus::cancelled, nullptr, rebound::ErrorInfo{"cancelled", "by b"}},
+                         now) == rebound::CancelOutcome::cancelled);
+    });
+    store.renew("contended", Lease{"me", now + 90s}, now);
+  }
+  CHECK(value_of(queue.telemetry().render_metrics(), "rebound_store_transactions_retried_total") ==
+        store.retried_transactions());
+  CHECK(store.retried_transactions() >= 1);
 }

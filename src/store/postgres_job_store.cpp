@@ -2325,6 +2325,15 @@ std::size_t PostgresJobStore::retried_transactions() const {
   return impl_->retried.load();
 }
 
+std::vector<StoreCounter> PostgresJobStore::counters() const {
+  return {
+      {"transactions_total", "PostgreSQL transactions the store's writers committed.", commits()},
+      {"transactions_retried_total",
+       "PostgreSQL writer transactions made again: a row changed under them (another "
+       "server), a deadlock or a serialization failure.",
+       retried_transactions()}};
+}
+
 std::size_t PostgresJobStore::prune(TimePoint now) {
   return impl_->prune_now(to_ms(now));
 }

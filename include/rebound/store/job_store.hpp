@@ -95,6 +95,15 @@ struct QueueStats {
   std::size_t callbacks_failed = 0;   ///< callbacks given up and kept: the dead letters
 };
 
+/// A count a store keeps of its own work in this process (JobStore::counters), shown by
+/// Telemetry::render_metrics (rebound-server's `/metrics`) as the counter
+/// `rebound_store_<name>`.
+struct StoreCounter {
+  std::string name;  ///< after `rebound_store_`: lower-case letters, digits and '_'
+  std::string help;  ///< what it counts, one line
+  std::uint64_t value = 0;
+};
+
 /// Which jobs a listing (JobStore::list_jobs) shows: every field set must match.
 struct JobFilter {
   std::optional<JobStatus> status;
@@ -424,6 +433,11 @@ class JobReadStore {
   /// The whole queue's numbers (QueueStats), counted by the store, so that every server of a
   /// shared store reports the same. nullopt: the store cannot tell (the default).
   virtual std::optional<QueueStats> queue_stats() const { return std::nullopt; }
+
+  /// What this store counts of its own work since it was made, in this process (not the
+  /// fleet's): PostgresJobStore's transactions and those made again. None by default. Called at
+  /// every scrape of `/metrics`: it must answer from memory, without a call to the database.
+  virtual std::vector<StoreCounter> counters() const { return {}; }
 
   /// A page of the jobs that match `filter`, newest first by (created_at, id), those after
   /// `after`, at most `limit`; entries without input, result or attempt log (as

@@ -229,6 +229,9 @@ class PostgresJobStore final : public JobStore {
   /// again with the rows read locked. A number that keeps growing says the servers contend for
   /// the same jobs.
   std::size_t retried_transactions() const;
+  /// commits() and retried_transactions(), for `/metrics`: `rebound_store_transactions_total` and
+  /// `rebound_store_transactions_retried_total`.
+  std::vector<StoreCounter> counters() const override;
   /// Deletes the jobs that finished more than the retention before `now`, in batches; returns
   /// how many. Also runs by itself every prune_interval.
   std::size_t prune(TimePoint now);
