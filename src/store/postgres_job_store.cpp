@@ -861,6 +861,7 @@ struct PostgresJobStore::Impl {
   std::string update_sql;
   std::string writer_select_sql;
   std::string writer_lock_sql;
+  std::string get_many_sql;  // (get's too: made once, not at each read)
 
   mutable std::mutex failure_mutex;
   mutable std::optional<std::string> failure;
@@ -968,6 +969,11 @@ struct PostgresJobStore::Impl {
     writer_select_sql += ", xmin::text FROM " + jobs + " WHERE key = ANY($1::text[]) ORDER BY key";
     writer_lock_sql = writer_select_sql + " FOR UPDATE";
     claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
+    // One index probe an id, whatever the planner thinks of the table: `key = ANY(...)` of a
+    // hundred ids read a table of some thousands of rows whole (the writer's read did), and a join
+    // could be a hash join on it; a LATERAL subquery with a LIMIT is a nested loop.
+    get_many_sql = "SELECT j.* FROM unnest($1::text[]) AS k(key) CROSS JOIN LATERAL (SELECT " +
+                   column_list() + " FROM " + jobs + " WHERE jobs.key = k.key LIMIT 1) AS j";
   }
 
   std::string sql(const std::string& text) const {
@@ -1943,14 +1949,7 @@ std::vector<std::optional<JobRecord>> PostgresJobStore::get_many(
     const std::vector<std::string>& ids) const {
   std::vector<std::optional<JobRecord>> out(ids.size());
   if (ids.empty()) return out;
-  // One index probe an id, whatever the planner thinks of the table: `key = ANY(...)` of a
-  // hundred ids read a table of some thousands of rows whole (the writer's read did), and a join
-  // could be a hash join on it; a LATERAL subquery with a LIMIT is a nested loop.
-  const auto found = impl_->records(
-      "SELECT j.* FROM unnest($1::text[]) AS k(key) CROSS JOIN "
-      "LATERAL (SELECT " +
-          column_list() + " FROM " + impl_->jobs + " WHERE jobs.key = k.key LIMIT 1) AS j",
-      {text_array(ids)});
+  const auto found = impl_->records(impl_->get_many_sql, {text_array(ids)});
   std::map<std::string, const JobRecord*> by_key;
   for (const auto& r : found)
     by_key[key_of(r.job)] = &r;
