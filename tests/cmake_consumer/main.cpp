@@ -213,6 +213,11 @@ int main() {
     // The queue's numbers as the store counts them, and a page of dead letters (none here).
     const std::optional<rebound::QueueStats> stats = queue.telemetry().queue_stats();
     ok = ok && stats && stats->queued == 0 && stats->running == 0;
+    // A store's own counters for /metrics (JobStore::counters): none from the shipped memory
+    // and SQLite stores (PostgresJobStore gives its transactions), so none rendered here.
+    const std::vector<rebound::StoreCounter> counters = rebound::MemoryJobStore().counters();
+    ok = ok && counters.empty() &&
+         queue.telemetry().render_metrics().find("rebound_store_transactions") == std::string::npos;
     const rebound::JobPage dead = queue.operations().failed_callbacks_page("", std::nullopt, 10);
     ok = ok && dead.jobs.empty() && !dead.next;
     // What the operator console lists: every job by filter, here the two that succeeded, with
