@@ -664,6 +664,71 @@ TEST_CASE("postgres store: texts PostgreSQL refuses are stored replaced - never 
   CHECK_FALSE(store.failure());
 }
 
+TEST_CASE("postgres store: every column comes back as written - the writer's rows in binary") {
+  // The writer sends its rows in PostgreSQL's binary format (an array of the table's row type):
+  // texts with every character the text forms had to quote, integers at their edges, NULLs beside
+  // empty texts, through the insert and through the update (which sends the request's columns as
+  // NULL and must leave them as stored).
+  PostgresJobStore store(options_for(shared_postgres().uri(PostgresServer::fresh_schema())));
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  Job job = rebound::make_job(
+      "q\"u\\o(t,e){s} 'x' NULL",
+      {{"s", "a\"b\\c{d}(e),f\n"}, {"n", -9007199254740991}, {"u", "\u00e9\u6f22"}},
+      "http://127.0.0.1:9/cb?a=\"b\"&c=\\d");
+  job.tenant = "tenant (\"t\"), {x}";
+  job.created_at = now;
+  job.priority = 9;
+  job.max_queue = std::chrono::milliseconds(864'000'000'000);  // (past 32 bits)
+  job.webhook_events = rebound::webhook_completed | rebound::webhook_started;
+  job.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  job.model = rebound::ModelRef{"m,(x)", "12"};
+  const std::string key = rebound::key_of(job);
+  REQUIRE(store.put(job, Lease{"h", now + 30s}) == PutOutcome::created);
+  const auto same_request = [&](const rebound::JobRecord& r) {
+    CHECK(r.job.id == job.id);
+    CHECK(r.job.tenant == job.tenant);
+    CHECK(r.job.callback_url == job.callback_url);
+    CHECK(r.job.input == job.input);
+    CHECK(r.job.created_at == job.created_at);
+    CHECK(r.job.priority == 9);
+    CHECK(r.job.max_queue == job.max_queue);
+    CHECK(r.job.webhook_events == job.webhook_events);
+    CHECK(r.job.traceparent == job.traceparent);
+    CHECK(r.job.model.name == "m,(x)");
+  };
+  const auto put = store.get(key);
+  REQUIRE(put);
+  same_request(*put);
+  CHECK(put->job.model.version == "12");
+  CHECK(put->status == JobStatus::queued);
+  CHECK_FALSE(put->outcome.error);
+
+  // The finish (an update): a result and an empty error text beside NULL ones.
+  const rebound::JobOutcome ok{
+      JobStatus::succeeded, {{"r", "\"}\\"}, {"big", 1LL << 40}}, std::nullopt};
+  REQUIRE(store.finish_job(key, "h", ok, Lease{"cb", now + 30s}, now + 5ms));
+  rebound::CallbackInfo tried;
+  tried.state = rebound::CallbackState::pending;
+  tried.attempts = 3;
+  tried.last_error = "HTTP 500: \"(nope)\", {x}";
+  tried.next_attempt_at = now + 10min;
+  tried.delivery_attempts = 3;
+  tried.delivery_started_at = now + 1ms;
+  tried.previous_delay = std::chrono::milliseconds(4'000'000'000);
+  REQUIRE(store.record_attempt(key, "cb", tried, now + 6ms));
+  const auto done = store.get(key);
+  REQUIRE(done);
+  same_request(*done);
+  CHECK(done->status == JobStatus::succeeded);
+  CHECK(done->outcome.result == ok.result);
+  CHECK(done->callback.attempts == 3);
+  CHECK(done->callback.last_error == tried.last_error);
+  CHECK(done->callback.next_attempt_at == tried.next_attempt_at);
+  CHECK(done->callback.delivery_started_at == tried.delivery_started_at);
+  CHECK(done->callback.previous_delay == tried.previous_delay);
+  CHECK_FALSE(store.failure());
+}
+
 TEST_CASE("postgres store: pruning keeps a job that is owed a callback again") {
   auto options = options_for(shared_postgres().uri(PostgresServer::fresh_schema()));
   PostgresJobStore store(options);
