@@ -152,6 +152,34 @@ class Postgres:
                 ticks += int(fields[11]) + int(fields[12])
         return ticks / TICK
 
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU time by kind of PostgreSQL process (backends, WAL writer, checkpointer, autovacuum,
+        ...), the postmaster's own, and that of the children it reaped (exited backends,
+        autovacuum workers that ended)."""
+        with open(f"/proc/{self.postmaster}/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+        out = {"postmaster": (int(own[11]) + int(own[12])) / TICK,
+               "reaped children": (int(own[13]) + int(own[14])) / TICK}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) != self.postmaster:
+                    continue
+                with open(f"/proc/{entry}/cmdline") as f:
+                    title = f.read().replace("\0", " ").strip()
+            except OSError:
+                continue
+            # "postgres: walwriter", "postgres: bench bench_1 127.0.0.1(4711) idle": a backend.
+            kind = title.removeprefix("postgres: ")
+            if kind.startswith("bench "):
+                kind = "backends"
+            kind = kind.split("   ")[0]
+            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+        return out
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -160,6 +188,13 @@ class Postgres:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cpu_table(before: dict[str, float], after: dict[str, float], jobs: int) -> str:
+    """The CPU each kind of process spent between two cpu_by_process readings, in µs a job (a
+    process that ended meanwhile is counted under "reaped children")."""
+    rows = sorted(((after[k] - before.get(k, 0.0)) * 1e6 / jobs, k) for k in after)
+    return "\n".join(f"  {us:9.1f}  {kind}" for us, kind in reversed(rows) if us > 0)
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -186,6 +221,7 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
         ready = lines.next_json(120, "ready line")
         if a.statements:
             pg.query("SELECT pg_stat_statements_reset()")
+            kinds_before = pg.cpu_by_process()
         before = pg.cpu_seconds()
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -193,6 +229,8 @@ def trial(a, pg: Postgres, number: int, mode: str, system: str) -> dict:
         after = pg.cpu_seconds()
         if a.statements:
             log(f"{system}, {mode}: the statements of the trial\n" + pg.statements(db, a.jobs))
+            log(f"{system}, {mode}: Postgres CPU a job by process\n" +
+                cpu_table(kinds_before, pg.cpu_by_process(), a.jobs))
         if result["timed_out"]:
             raise RuntimeError(f"{system}: {result['completed']} of {a.jobs} jobs completed in "
                                f"{result['seconds']:.1f} s ({result['first_error']})")
@@ -242,6 +280,7 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
         connections = max(1, (a.batch_connections if batch else 32) // count)
         if a.statements:
             pg.query("SELECT pg_stat_statements_reset()")
+            kinds_before = pg.cpu_by_process()
         before = pg.cpu_seconds()
         servers_before = sum(process_cpu_seconds(srv.proc.pid) for srv in servers)
         t0 = time.monotonic()
@@ -274,6 +313,8 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
         servers_cpu = sum(process_cpu_seconds(srv.proc.pid) for srv in servers) - servers_before
         if a.statements:
             log(f"{name}, {mode}: the statements of the trial\n" + pg.statements(db, a.jobs))
+            log(f"{name}, {mode}: Postgres CPU a job by process\n" +
+                cpu_table(kinds_before, pg.cpu_by_process(), a.jobs))
         runs = []
         for w in wrks:
             w.send_signal(signal.SIGINT)  # wrk sleeps out -d after its thread stopped
