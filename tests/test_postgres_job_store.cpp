@@ -860,6 +860,84 @@ TEST_CASE("postgres store: a JobQueue with notify=1 runs a job another server le
   }
 }
 
+namespace {
+std::size_t counter(const rebound::JobStore& store, const std::string& name) {
+  for (const auto& c : store.counters()) {
+    if (c.name == name) return static_cast<std::size_t>(c.value);
+  }
+  FAIL("no counter " << name);
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("postgres store: a row written last is taken from memory - and read again if changed") {
+  // The writer remembers the rows it wrote that are to be written again and that nobody else is
+  // to change meanwhile (every due time of theirs leased past the memory's life): a job's finish
+  // after the put of the server that runs it, a callback's end after the finish that leased it to
+  // this server. A row changed all the same (another server with the same holder's name, here)
+  // fails its update's version check: the write is decided again on the row as stored.
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  PostgresJobStore a(options_for(uri));
+  const auto now = std::chrono::system_clock::now();
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  rebound::CallbackInfo delivered;
+  delivered.state = rebound::CallbackState::delivered;
+  delivered.attempts = 1;
+
+  REQUIRE(a.put(job_named("calm"), Lease{"h", now + 30s}) == PutOutcome::created);
+  const std::size_t recalled = counter(a, "rows_recalled_total");
+  REQUIRE(a.finish_job("calm", "h", ok, Lease{"cb", now + 30s}, now));
+  CHECK(counter(a, "rows_recalled_total") == recalled + 1);  // (the put's row)
+  REQUIRE(a.record_attempt("calm", "cb", delivered, now + 1ms));
+  CHECK(counter(a, "rows_recalled_total") == recalled + 2);  // (the finish's row)
+  CHECK(a.get("calm")->callback.state == rebound::CallbackState::delivered);
+  CHECK(a.retried_transactions() == 0);
+  // A job's end is not remembered (only a redelivery writes it again), nor a job that any server
+  // may claim now (put without a lease): each is read.
+  REQUIRE(a.put(job_named("open")) == PutOutcome::created);
+  CHECK(a.cancel("open", {JobStatus::cancelled, nullptr, rebound::ErrorInfo{"cancelled", "x"}},
+                 now) == rebound::CancelOutcome::cancelled);
+  CHECK(counter(a, "rows_recalled_total") == recalled + 2);
+
+  // Another server changes the row after this one remembered it: its delivery of the callback
+  // (it names the same holder) ends the lease.
+  REQUIRE(a.put(job_named("changed"), Lease{"h", now + 30s}) == PutOutcome::created);
+  REQUIRE(a.finish_job("changed", "h", ok, Lease{"cb", now + 30s}, now));
+  PostgresJobStore b(options_for(uri));
+  rebound::CallbackInfo retry;
+  retry.state = rebound::CallbackState::pending;
+  retry.attempts = 1;
+  retry.last_error = "HTTP 503 (from b)";
+  retry.next_attempt_at = now + 1h;
+  REQUIRE(b.record_attempt("changed", "cb", retry, now + 1ms));
+  // From memory, the lease is a's to end; as stored, nobody holds it: refused, nothing written.
+  const std::size_t retried = a.retried_transactions();
+  CHECK_FALSE(a.record_attempt("changed", "cb", delivered, now + 2ms));
+  CHECK(a.retried_transactions() == retried + 1);
+  const auto stored = a.get("changed");
+  REQUIRE(stored);
+  CHECK(stored->callback.state == rebound::CallbackState::pending);
+  CHECK(stored->callback.last_error == "HTTP 503 (from b)");
+  // And what the refused try read is not remembered in its place: the next write reads too.
+  const std::size_t before = counter(a, "rows_recalled_total");
+  CHECK(a.redeliver("changed", Lease{"cb2", now + 30s}, now + 3ms) ==
+        rebound::RedeliverOutcome::not_failed);
+  CHECK(counter(a, "rows_recalled_total") == before);
+
+  // A write that memory would refuse (no change to check by version) is decided on the row as
+  // stored too: another server gave up the callback and redelivered it under a lease named as
+  // one of this server's.
+  REQUIRE(a.put(job_named("handed"), Lease{"h", now + 30s}) == PutOutcome::created);
+  REQUIRE(a.finish_job("handed", "h", ok, Lease{"cb", now + 30s}, now));
+  rebound::CallbackInfo given_up = retry;
+  given_up.state = rebound::CallbackState::failed;
+  REQUIRE(b.record_attempt("handed", "cb", given_up, now + 1ms));
+  REQUIRE(b.redeliver("handed", Lease{"cb2", now + 30s}, now + 2ms) ==
+          rebound::RedeliverOutcome::redelivered);
+  CHECK(a.record_attempt("handed", "cb2", delivered, now + 3ms));
+  CHECK(a.get("handed")->callback.state == rebound::CallbackState::delivered);
+}
+
 TEST_CASE("postgres store: /metrics counts the writers' transactions - and those made again") {
   // JobStore::counters, rendered by the queue's metrics (rebound-server's /metrics).
   const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <list>
 #include <map>
 #include <mutex>
 #include <random>
@@ -641,18 +642,35 @@ std::int64_t int_at(const PGresult* r, int row, int col) {
   if (is_null(r, row, col)) return 0;
   return std::strtoll(PQgetvalue(r, row, col), nullptr, 10);
 }
-std::optional<std::int64_t> optional_int_at(const PGresult* r, int row, int col) {
-  if (is_null(r, row, col)) return std::nullopt;
-  return int_at(r, row, col);
-}
+
+// A row's fields by column (in `columns` order): as read (a statement's result), or as the
+// writer wrote them (its parameters, kept in memory: Impl::remember).
+struct ResultFields {
+  const PGresult* r;
+  int row;
+  int first;
+  bool null(int i) const { return is_null(r, row, first + i); }
+  std::string text(int i) const { return text_at(r, row, first + i); }
+  std::int64_t integer(int i) const { return int_at(r, row, first + i); }
+};
+struct ParamFields {
+  const Params& p;
+  bool null(int i) const { return !p[static_cast<std::size_t>(i)]; }
+  std::string text(int i) const {
+    return null(i) ? std::string() : *p[static_cast<std::size_t>(i)];
+  }
+  std::int64_t integer(int i) const {
+    return null(i) ? 0 : std::strtoll(p[static_cast<std::size_t>(i)]->c_str(), nullptr, 10);
+  }
+};
 
 // What the database holds is what this store wrote, but a shared database is not trusted to be
 // well formed: a JSON text is read with a request's bounds, anything else as null.
-nlohmann::json json_at(const PGresult* r, int row, int col) {
-  if (is_null(r, row, col)) return nullptr;
+template <class Fields>
+nlohmann::json json_of(const Fields& f, int i) {
+  if (f.null(i)) return nullptr;
   nlohmann::json out;
-  const std::string text = text_at(r, row, col);
-  if (detail::parse_untrusted_json(text, out, SIZE_MAX) != detail::JsonParseError::none)
+  if (detail::parse_untrusted_json(f.text(i), out, SIZE_MAX) != detail::JsonParseError::none)
     return nullptr;
   return out;
 }
@@ -663,43 +681,43 @@ struct Row {
   std::optional<std::int64_t> finished_ms;
 };
 
-Row read_row(const PGresult* r, int row, int first = 0) {
+template <class Fields>
+Row row_of(const Fields& f) {
   Row out;
   JobRecord& rec = out.s.record;
-  const auto c = [first](int i) { return first + i; };
-  rec.job.tenant = text_at(r, row, c(1));
-  rec.job.id = text_at(r, row, c(2));
-  rec.job.callback_url = text_at(r, row, c(3));
-  rec.job.input = json_at(r, row, c(4));
-  rec.job.created_at = from_ms(int_at(r, row, c(5)));
-  rec.job.priority = static_cast<int>(int_at(r, row, c(6)));
-  rec.job.max_queue = std::chrono::milliseconds(int_at(r, row, c(7)));
-  rec.job.webhook_events = static_cast<std::uint8_t>(int_at(r, row, c(8)));
-  rec.job.traceparent = text_at(r, row, c(9));
-  rec.job.model.name = text_at(r, row, c(10));
-  rec.job.model.version = text_at(r, row, c(11));
-  rec.status = from_string<JobStatus>(text_at(r, row, c(12))).value_or(JobStatus::failed);
-  if (auto v = optional_int_at(r, row, c(13))) rec.started_at = from_ms(*v);
-  if (auto v = optional_int_at(r, row, c(14))) rec.outcome.finished_at = from_ms(*v);
-  if (rec.status == JobStatus::succeeded) rec.outcome.result = json_at(r, row, c(15));
-  if (!is_null(r, row, c(16)))
-    rec.outcome.error = ErrorInfo{text_at(r, row, c(16)), text_at(r, row, c(17))};
+  rec.job.tenant = f.text(1);
+  rec.job.id = f.text(2);
+  rec.job.callback_url = f.text(3);
+  rec.job.input = json_of(f, 4);
+  rec.job.created_at = from_ms(f.integer(5));
+  rec.job.priority = static_cast<int>(f.integer(6));
+  rec.job.max_queue = std::chrono::milliseconds(f.integer(7));
+  rec.job.webhook_events = static_cast<std::uint8_t>(f.integer(8));
+  rec.job.traceparent = f.text(9);
+  rec.job.model.name = f.text(10);
+  rec.job.model.version = f.text(11);
+  rec.status = from_string<JobStatus>(f.text(12)).value_or(JobStatus::failed);
+  if (!f.null(13)) rec.started_at = from_ms(f.integer(13));
+  if (!f.null(14)) rec.outcome.finished_at = from_ms(f.integer(14));
+  if (rec.status == JobStatus::succeeded) rec.outcome.result = json_of(f, 15);
+  if (!f.null(16)) rec.outcome.error = ErrorInfo{f.text(16), f.text(17)};
   CallbackInfo& cb = rec.callback;
-  cb.state = from_string<CallbackState>(text_at(r, row, c(18))).value_or(CallbackState::none);
-  cb.attempts = static_cast<int>(int_at(r, row, c(19)));
-  cb.last_error = text_at(r, row, c(20));
-  cb.next_attempt_at = from_ms(int_at(r, row, c(21)));
-  cb.delivery_attempts = static_cast<int>(int_at(r, row, c(22)));
-  cb.delivery_started_at = from_ms(int_at(r, row, c(23)));
-  cb.previous_delay = std::chrono::milliseconds(int_at(r, row, c(24)));
-  if (!is_null(r, row, c(25)))
-    rec.attempt_log = detail::attempt_log_from_json(text_at(r, row, c(25)));
-  if (!is_null(r, row, c(26)))
-    out.s.job_lease = Lease{text_at(r, row, c(26)), from_ms(int_at(r, row, c(27)))};
-  if (!is_null(r, row, c(28)))
-    out.s.callback_lease = Lease{text_at(r, row, c(28)), from_ms(int_at(r, row, c(29)))};
-  out.finished_ms = optional_int_at(r, row, c(32));
+  cb.state = from_string<CallbackState>(f.text(18)).value_or(CallbackState::none);
+  cb.attempts = static_cast<int>(f.integer(19));
+  cb.last_error = f.text(20);
+  cb.next_attempt_at = from_ms(f.integer(21));
+  cb.delivery_attempts = static_cast<int>(f.integer(22));
+  cb.delivery_started_at = from_ms(f.integer(23));
+  cb.previous_delay = std::chrono::milliseconds(f.integer(24));
+  if (!f.null(25)) rec.attempt_log = detail::attempt_log_from_json(f.text(25));
+  if (!f.null(26)) out.s.job_lease = Lease{f.text(26), from_ms(f.integer(27))};
+  if (!f.null(28)) out.s.callback_lease = Lease{f.text(28), from_ms(f.integer(29))};
+  if (!f.null(32)) out.finished_ms = f.integer(32);
   return out;
+}
+
+Row read_row(const PGresult* r, int row, int first = 0) {
+  return row_of(ResultFields{r, row, first});
 }
 
 JobRecord read_record(const PGresult* r, int row, int first = 0) {
@@ -711,21 +729,30 @@ std::optional<std::string> ms_param(const std::optional<TimePoint>& t) {
   return std::to_string(to_ms(*t));
 }
 
+// Which of a row's columns row_params gives (the others NULL).
+enum class RowColumns {
+  all,
+  changeable,  // the key and those an update may change (first_mutable on: the request's never)
+  as_read,     // all but input and result: what the writer's read gives of a row it compares not
+};
+
 // A stored job as its row's parameters, in `columns` order; `finished_ms` as the row keeps it.
-// Without the `request` columns (those before first_mutable but the key: what an update never
-// writes), NULL in their place.
 Params row_params(const StoredJob& s, std::optional<std::int64_t> finished_ms,
-                  bool request = true) {
+                  RowColumns which = RowColumns::all) {
   const JobRecord& rec = s.record;
   const Job& job = rec.job;
   Params p;
   p.reserve(column_count);
   p.emplace_back(key_of(job));
-  if (request) {
+  if (which != RowColumns::changeable) {
     p.emplace_back(job.tenant);
     p.emplace_back(job.id);
     p.emplace_back(job.callback_url);
-    p.emplace_back(detail::dump_json(job.input));
+    if (which == RowColumns::all) {
+      p.emplace_back(detail::dump_json(job.input));
+    } else {
+      p.emplace_back(std::nullopt);
+    }
     p.emplace_back(std::to_string(to_ms(job.created_at)));
     p.emplace_back(std::to_string(job.priority));
     p.emplace_back(std::to_string(job.max_queue.count()));
@@ -742,7 +769,8 @@ Params row_params(const StoredJob& s, std::optional<std::int64_t> finished_ms,
   p.push_back(rec.outcome.finished_at == TimePoint{}
                   ? std::nullopt
                   : ms_param(std::optional<TimePoint>(rec.outcome.finished_at)));
-  if (rec.status == JobStatus::succeeded && !rec.outcome.result.is_null()) {
+  if (rec.status == JobStatus::succeeded && !rec.outcome.result.is_null() &&
+      which != RowColumns::as_read) {
     p.emplace_back(detail::dump_json(rec.outcome.result));
   } else {
     p.emplace_back(std::nullopt);
@@ -934,6 +962,26 @@ struct PostgresJobStore::Impl {
   std::condition_variable marks_written;
   std::atomic<std::size_t> commits{0};
   std::atomic<std::size_t> retried{0};  // transactions made again (commit_notifying)
+  // The writers' memory of rows they wrote (remember, recall): a row's next write in a few
+  // seconds (a callback's end after the finish that leased it to this server, a finish after the
+  // put of a job this server runs) takes it from here rather than reading it.
+  struct Remembered {
+    Params row;  // its columns as stored (clean), as the writer's read would give them (as_read)
+    std::string version;  // its xmin after the write
+    Clock::time_point until;
+    std::list<std::string>::iterator at;  // in remembered_order
+    std::size_t bytes = 0;
+  };
+  std::mutex remembered_mutex;
+  std::unordered_map<std::string, Remembered> remembered;
+  std::list<std::string> remembered_order;  // oldest first
+  std::size_t remembered_bytes = 0;
+  std::atomic<std::size_t> recalled_rows{0};
+  // Bounds: a row is remembered for 5 s, at most 4,096 rows and 4 MiB (the oldest forgotten
+  // first), none larger than 16 KiB (a long attempt log).
+  static constexpr auto remember_for = std::chrono::seconds(5);
+  static constexpr std::size_t max_remembered = 4096, max_remembered_bytes = 4 << 20,
+                               max_remembered_row = 16 << 10;
   // The pruner.
   std::unique_ptr<Connection> prune_connection;
   std::thread pruner;
@@ -1036,7 +1084,7 @@ struct PostgresJobStore::Impl {
     // order, which each migration keeps (a column added goes last, in both).
     insert_sql = "INSERT INTO " + jobs + " (" + column_list() +
                  ") SELECT * FROM unnest($1::" + jobs +
-                 "[]) ON CONFLICT (key) DO NOTHING RETURNING key";
+                 "[]) ON CONFLICT (key) DO NOTHING RETURNING key, xmin::text";
     update_sql = "UPDATE " + jobs + " AS j SET ";
     for (std::size_t k = first_mutable; k < column_count; ++k) {
       const std::string c = columns[k];
@@ -1049,7 +1097,7 @@ struct PostgresJobStore::Impl {
     update_sql += " FROM unnest($1::" + jobs + "[], $2::boolean[], $3::text[]) AS v(" +
                   column_list() +
                   ", result_set, version) WHERE j.key = v.key AND (v.version IS NULL OR "
-                  "j.xmin = v.version::xid) RETURNING j.key";
+                  "j.xmin = v.version::xid) RETURNING j.key, j.xmin::text";
     // The writer's read: input only for the keys of $2, result never.
     writer_select_sql = "SELECT ";
     for (std::size_t k = 0; k < column_count; ++k) {
@@ -1389,6 +1437,8 @@ struct PostgresJobStore::Impl {
     bool result_set = false;  // its result written by an op (else the stored one stays: not read)
     std::size_t inserted_by = SIZE_MAX;  // the put that inserted it in this transaction
     std::optional<std::string> version;  // its xmin as read (none: inserted by this transaction)
+    std::optional<std::string> written;  // its xmin once this transaction wrote it
+    bool recalled = false;               // taken from the writers' memory (recall), not read
   };
 
   // One transaction for `batch` (commit), made again when it could not be made as it was:
@@ -1458,6 +1508,7 @@ struct PostgresJobStore::Impl {
           e.s = job_state::created(batch[i].job, batch[i].lease);
           e.exists = true;
           e.inserted_by = i;
+          e.written = text_at(r.get(), row, 1);
           rows.emplace(batch[i].key, std::move(e));
         }
       };
@@ -1467,6 +1518,8 @@ struct PostgresJobStore::Impl {
       // never (an op that ends the job writes one; the others leave it as stored): a renewal or
       // an attempt does not move a job's input or result through the connection, nor rewrite
       // the result.
+      // A locked try reads every row (what it recalled may be why the try before failed).
+      if (!locked) recall(batch, rows);
       for (int pass = 0; pass < 3; ++pass) {
         std::vector<std::string> keys, compared;
         for (const Op& op : batch) {
@@ -1508,19 +1561,27 @@ struct PostgresJobStore::Impl {
       // 3. The rules, and 4. the rows changed, one statement, each only as the version read.
       for (std::size_t i = 0; i < batch.size(); ++i)
         answers[i] = apply(batch[i], i, rows);
-      if (!write(c, rows)) {
+      // A recalled row is checked by its update's version; one that no op changed is not, and
+      // its ops' answers came from memory: made again reading it.
+      const bool unchecked = std::any_of(rows.begin(), rows.end(), [](const auto& kv) {
+        return kv.second.recalled && !kv.second.dirty;
+      });
+      if (unchecked || !write(c, rows)) {
         // A row another transaction changed or deleted after it was read: nothing of this one
         // stays (its rows are unlocked before any is locked again, in key order: no deadlock with
         // a writer that waits for one of them).
+        forget_recalled(rows);
         c.exec_simple("ROLLBACK");
         return std::nullopt;
       }
       // 5. The commit, with one NOTIFY when a row it leaves may be claimed now by any server.
       c.exec_simple(notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
     } catch (...) {
+      forget_recalled(rows);
       c.close();  // (the transaction ends with the connection)
       throw;
     }
+    remember(rows);
     return answers;
   }
 
@@ -1560,14 +1621,119 @@ struct PostgresJobStore::Impl {
         e->finished_ms.reset();
       }
       // (the request's columns, never rewritten, go as NULL: a job's input is not sent again)
-      values.add(row_params(e->s, e->finished_ms, /*request=*/false));
+      values.add(row_params(e->s, e->finished_ms, RowColumns::changeable));
       flags.add({e->result_set ? "t" : "f", e->version}, 0);
     }
     Params params{values.array()};
     for (auto& a : flags.arrays())
       params.push_back(std::move(a));
     Result r = c.exec(update_sql, params, 1);
-    return static_cast<std::size_t>(PQntuples(r.get())) == dirty.size();
+    const int n = PQntuples(r.get());
+    for (int row = 0; row < n; ++row) {
+      const auto it = rows.find(text_at(r.get(), row, 0));
+      if (it != rows.end()) it->second.written = text_at(r.get(), row, 1);
+    }
+    return static_cast<std::size_t>(n) == dirty.size();
+  }
+
+  // ---- The writers' memory of the rows they wrote ----
+  //
+  // A row is remembered after the commit that wrote it when it is to be written again (its job or
+  // its callback not ended) and nobody else is to change it for as long as it is remembered: each
+  // of its due times (a claim's, job_state's job_due and callback_due: a lease's end, a retry's
+  // time) after that. A row changed meanwhile all the same
+  // (another server's cancel, a clock far ahead) fails its update's version check, and the
+  // transaction is made again with every row read and locked; a row that no op changed is made
+  // again the same way (its answers came from memory). So what a transaction decides on a row is
+  // always on the row as stored.
+
+  void remember(const std::map<std::string, Entry>& rows) {
+    const TimePoint horizon =
+        std::chrono::system_clock::now() + remember_for + std::chrono::seconds(1);
+    std::vector<std::pair<std::string, Remembered>> keep;
+    std::vector<std::string> drop;
+    for (const auto& [key, e] : rows) {
+      if (!e.written) continue;
+      // (a job ended with its callback is written again only by a redelivery: not remembered)
+      const auto job = job_state::job_due(e.s), callback = job_state::callback_due(e.s);
+      if (e.finished_ms || (job && *job <= horizon) || (callback && *callback <= horizon)) {
+        drop.push_back(key);
+        continue;
+      }
+      Remembered r;
+      r.row = row_params(e.s, e.finished_ms, RowColumns::as_read);
+      for (auto& v : r.row) {
+        if (!v) continue;
+        *v = clean(std::move(*v));
+        r.bytes += v->size() + sizeof(std::string);
+      }
+      if (r.bytes > max_remembered_row) {
+        drop.push_back(key);
+        continue;
+      }
+      r.version = *e.written;
+      keep.emplace_back(key, std::move(r));
+    }
+    const auto until = Clock::now() + remember_for;
+    std::lock_guard<std::mutex> lock(remembered_mutex);
+    for (const auto& key : drop)
+      forget(key);
+    for (auto& [key, r] : keep) {
+      forget(key);
+      r.until = until;
+      r.at = remembered_order.insert(remembered_order.end(), key);
+      remembered_bytes += r.bytes;
+      remembered.emplace(key, std::move(r));
+    }
+    while (remembered.size() > max_remembered || remembered_bytes > max_remembered_bytes)
+      forget(remembered_order.front());
+  }
+
+  // Takes the rows of `batch`'s ops from memory where it has them, into `rows`: not those an op
+  // compares with its request (a put, a finish that answers the record: they need the input).
+  void recall(const std::deque<Op>& batch, std::map<std::string, Entry>& rows) {
+    std::set<std::string> read;
+    for (const Op& op : batch) {
+      if (op.kind == Op::put || op.record) read.insert(op.key);
+    }
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> lock(remembered_mutex);
+    if (remembered.empty()) return;
+    for (const Op& op : batch) {
+      if (rows.count(op.key) || read.count(op.key)) continue;
+      const auto it = remembered.find(op.key);
+      if (it == remembered.end()) continue;
+      if (it->second.until <= now) {
+        forget(op.key);
+        continue;
+      }
+      Row row = row_of(ParamFields{it->second.row});
+      Entry e;
+      e.s = std::move(row.s);
+      e.finished_ms = row.finished_ms;
+      e.exists = true;
+      e.version = it->second.version;
+      e.recalled = true;
+      rows.emplace(op.key, std::move(e));
+      ++recalled_rows;
+    }
+  }
+
+  // Forgets the rows of a transaction that did not commit that it took from memory (one of them
+  // may be why).
+  void forget_recalled(const std::map<std::string, Entry>& rows) {
+    std::lock_guard<std::mutex> lock(remembered_mutex);
+    for (const auto& [key, e] : rows) {
+      if (e.recalled) forget(key);
+    }
+  }
+
+  void forget(const std::string& key) {  // (under remembered_mutex)
+    const auto it = remembered.find(key);
+    if (it == remembered.end()) return;
+    remembered_bytes -= it->second.bytes;
+    remembered_order.erase(it->second.at);
+    remembered.erase(it);
   }
 
   // Whether a row that `batch` inserted or changed is work any server may claim now: a job put
@@ -2431,7 +2597,11 @@ std::vector<StoreCounter> PostgresJobStore::counters() const {
       {"transactions_retried_total",
        "PostgreSQL writer transactions made again: a row changed under them (another "
        "server), a deadlock or a serialization failure.",
-       retried_transactions()}};
+       retried_transactions()},
+      {"rows_recalled_total",
+       "Rows the PostgreSQL writers took from their memory of what they last wrote, instead of "
+       "reading them.",
+       impl_->recalled_rows.load()}};
 }
 
 std::size_t PostgresJobStore::prune(TimePoint now) {
