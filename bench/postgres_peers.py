@@ -322,6 +322,9 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
         return {"system": name, "mode": mode, "jobs": a.jobs, "seconds": seconds,
                 "jobs_per_s": a.jobs / seconds, "pg_cpu_us_per_job": (after - before) * 1e6 / a.jobs,
                 "server_cpu_us_per_job": servers_cpu * 1e6 / a.jobs, "accepted": accepted, "refused": sum(r["non2xx"] for r in runs),
+                # (the writers' transactions since the servers started, from their last scrape)
+                "transactions": total(figures, "rebound_store_transactions_total"),
+                "retried": total(figures, "rebound_store_transactions_retried_total"),
                 "failed": total(figures, *COMPLETED[1:])}
     finally:
         for w in wrks:
@@ -415,7 +418,8 @@ def main() -> None:
                     figures["round"] = r + 1
                     log(f"round {r + 1} {mode:8} {figures['system']:16} {figures['jobs_per_s']:8.0f} "
                         f"jobs/s {figures['pg_cpu_us_per_job']:6.0f} µs Postgres CPU a job" +
-                        (f", the servers {figures['server_cpu_us_per_job']:.0f} µs"
+                        (f", the servers {figures['server_cpu_us_per_job']:.0f} µs, "
+                         f"{figures['transactions']:.0f} transactions ({figures['retried']:.0f} made again)"
                          if "server_cpu_us_per_job" in figures else ""))
                     results.append(figures)
     finally:
