@@ -230,7 +230,10 @@ class PostgresJobStore final : public JobStore {
   /// the same jobs.
   std::size_t retried_transactions() const;
   /// commits() and retried_transactions(), for `/metrics`: `rebound_store_transactions_total` and
-  /// `rebound_store_transactions_retried_total`.
+  /// `rebound_store_transactions_retried_total`; and `rebound_store_rows_recalled_total`, the rows
+  /// the writers took from their memory of what they last wrote instead of reading them (a
+  /// finish after the put of the server that runs the job, a callback's end after the finish
+  /// that leased it to this server).
   std::vector<StoreCounter> counters() const override;
   /// Deletes the jobs that finished more than the retention before `now`, in batches; returns
   /// how many. Also runs by itself every prune_interval.
