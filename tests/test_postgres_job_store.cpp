@@ -703,15 +703,16 @@ TEST_CASE("postgres store: every column comes back as written - the writer's row
   CHECK(put->status == JobStatus::queued);
   CHECK_FALSE(put->outcome.error);
 
-  // The finish (an update): a result and an empty error text beside NULL ones.
-  const rebound::JobOutcome ok{
-      JobStatus::succeeded, {{"r", "\"}\\"}, {"big", 1LL << 40}}, std::nullopt};
+  // The finish (an update): a result (its error columns NULL), the version that ran it, then an
+  // attempt: an error text, times before and after 1970, a delay past 32 bits.
+  rebound::JobOutcome ok{JobStatus::succeeded, {{"r", "\"}\\"}, {"big", 1LL << 40}}, std::nullopt};
+  ok.ran_on_version = "13";
   REQUIRE(store.finish_job(key, "h", ok, Lease{"cb", now + 30s}, now + 5ms));
   rebound::CallbackInfo tried;
   tried.state = rebound::CallbackState::pending;
   tried.attempts = 3;
   tried.last_error = "HTTP 500: \"(nope)\", {x}";
-  tried.next_attempt_at = now + 10min;
+  tried.next_attempt_at = std::chrono::system_clock::time_point{} - 1h;  // (before 1970: due)
   tried.delivery_attempts = 3;
   tried.delivery_started_at = now + 1ms;
   tried.previous_delay = std::chrono::milliseconds(4'000'000'000);
@@ -721,11 +722,37 @@ TEST_CASE("postgres store: every column comes back as written - the writer's row
   same_request(*done);
   CHECK(done->status == JobStatus::succeeded);
   CHECK(done->outcome.result == ok.result);
+  CHECK_FALSE(done->outcome.error);
+  CHECK(done->job.model.version == "13");
   CHECK(done->callback.attempts == 3);
   CHECK(done->callback.last_error == tried.last_error);
   CHECK(done->callback.next_attempt_at == tried.next_attempt_at);
   CHECK(done->callback.delivery_started_at == tried.delivery_started_at);
   CHECK(done->callback.previous_delay == tried.previous_delay);
+  CHECK_FALSE(store.failure());
+}
+
+TEST_CASE("postgres store: a jobs table made again under a running server - its writes go on") {
+  // The writer sends rows of the table's row type, named by its OID, read at start: a table made
+  // again (a restore, a schema recreated by hand) has another. PostgreSQL checks each field's
+  // type, not the array's, so the writes go on; the rows the writer remembers are the old
+  // table's versions, and its next write of one finds it changed and reads it.
+  const std::string schema = PostgresServer::fresh_schema();
+  PostgresJobStore store(options_for(shared_postgres().uri(schema)));
+  const auto now = std::chrono::system_clock::now();
+  REQUIRE(store.put(job_named("before"), Lease{"h", now + 30s}) == PutOutcome::created);
+  const std::string made = shared_postgres().psql(
+      "BEGIN; ALTER TABLE " + schema + ".jobs RENAME TO jobs_old; CREATE TABLE " + schema +
+      ".jobs (LIKE " + schema + ".jobs_old INCLUDING ALL); INSERT INTO " + schema +
+      ".jobs SELECT * FROM " + schema + ".jobs_old; DROP TABLE " + schema + ".jobs_old; COMMIT");
+  REQUIRE(made == "");
+  CHECK(store.put(job_named("after"), Lease{"h", now + 30s}) == PutOutcome::created);
+  const std::size_t retried = store.retried_transactions();
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  CHECK(store.finish_job("before", "h", ok, std::nullopt, now));
+  CHECK(store.retried_transactions() == retried + 1);  // (from memory, then read)
+  CHECK(store.get("before")->status == JobStatus::succeeded);
+  CHECK(store.get("after"));
   CHECK_FALSE(store.failure());
 }
 

@@ -322,6 +322,9 @@ class Rows {
   // Adds a row: its values in `columns` order, as row_params makes them (integers as decimal
   // text); none: NULL. Texts are made storable (clean) here: a binary parameter is sent as is.
   void add(const std::vector<std::optional<std::string>>& row) {
+    if (row.size() != column_count)
+      throw StoreUnavailable("postgres job store: a row of " + std::to_string(row.size()) +
+                             " columns");
     const std::size_t start = body_.size();
     put32(body_, 0);  // (the record's length, set below)
     put32(body_, static_cast<std::uint32_t>(column_count));
@@ -923,8 +926,9 @@ struct PostgresJobStore::Impl {
   std::string schema;  // quoted
   std::string jobs;    // the quoted table names
   // The OID of the jobs table's row type, read once the schema is migrated (before any write):
-  // the type of the rows the writer sends (Rows). (A schema dropped and made again under a running
-  // server is another type: its writes fail until it starts again.)
+  // the type of the rows the writer sends (Rows). (PostgreSQL checks the type of each field of a
+  // row, not the array's: a table made again with the same columns, which has another OID, takes
+  // the same rows.)
   std::atomic<std::uint32_t> row_type{0};
   std::string begin_bounded;  // BEGIN, with the timeouts
   std::string begin_writer;   // ... and the writer's planner settings
@@ -982,6 +986,7 @@ struct PostgresJobStore::Impl {
   static constexpr auto remember_for = std::chrono::seconds(5);
   static constexpr std::size_t max_remembered = 4096, max_remembered_bytes = 4 << 20,
                                max_remembered_row = 16 << 10;
+  static constexpr std::size_t remembered_overhead = 160;  // a map node, a list node, the entry
   // The pruner.
   std::unique_ptr<Connection> prune_connection;
   std::thread pruner;
@@ -1008,6 +1013,7 @@ struct PostgresJobStore::Impl {
   std::string claim_jobs_sql;
   std::string claim_callbacks_sql;
   std::string insert_sql;
+  std::string versions_sql;
   std::string update_sql;
   std::string writer_select_sql;
   std::string writer_lock_sql;
@@ -1113,6 +1119,11 @@ struct PostgresJobStore::Impl {
     // it, or after a deadlock (commit_notifying).
     writer_select_sql += ", xmin::text FROM " + jobs + " WHERE key = ANY($1::text[]) ORDER BY key";
     writer_lock_sql = writer_select_sql + " FOR UPDATE";
+    // The rows of $1 that are still the versions of $2 (one index probe a key).
+    versions_sql =
+        "SELECT j.key FROM unnest($1::text[], $2::text[]) AS v(key, version) CROSS JOIN "
+        "LATERAL (SELECT key FROM " +
+        jobs + " WHERE jobs.key = v.key AND jobs.xmin = v.version::xid LIMIT 1) AS j";
     claim_callbacks_sql = sql(claim_callbacks_template) + column_list("j");
     // One index probe an id, whatever the planner thinks of the table: `key = ANY(...)` of a
     // hundred ids read a table of some thousands of rows whole (the writer's read did), and a join
@@ -1193,11 +1204,16 @@ struct PostgresJobStore::Impl {
       } else if (version < schema_version) {
         c.exec("UPDATE " + schema + ".meta SET version = $1", {std::to_string(schema_version)});
       }
-      Result type = c.exec("SELECT $1::regtype::oid", {jobs});
-      row_type = static_cast<std::uint32_t>(int_at(type.get(), 0, 0));
+      read_row_type(c);
       c.exec_simple("COMMIT");
       return 0;
     });
+  }
+
+  // The OID of the jobs table's row type, the type of the rows the writer sends (Rows).
+  void read_row_type(Connection& c) {
+    Result type = c.exec("SELECT $1::regtype::oid", {jobs});
+    row_type = static_cast<std::uint32_t>(int_at(type.get(), 0, 0));
   }
 
   // ---- The writer ----
@@ -1541,6 +1557,7 @@ struct PostgresJobStore::Impl {
           e.version = text_at(r.get(), row, static_cast<int>(column_count));
           rows.emplace(text_at(r.get(), row, 0), std::move(e));
         }
+        forget_other_versions(rows);
         // A put whose key was taken when it was inserted, and deleted (pruned) before it was
         // read: inserted again.
         std::map<std::string, std::size_t> again;
@@ -1561,12 +1578,10 @@ struct PostgresJobStore::Impl {
       // 3. The rules, and 4. the rows changed, one statement, each only as the version read.
       for (std::size_t i = 0; i < batch.size(); ++i)
         answers[i] = apply(batch[i], i, rows);
-      // A recalled row is checked by its update's version; one that no op changed is not, and
-      // its ops' answers came from memory: made again reading it.
-      const bool unchecked = std::any_of(rows.begin(), rows.end(), [](const auto& kv) {
-        return kv.second.recalled && !kv.second.dirty;
-      });
-      if (unchecked || !write(c, rows)) {
+      // A recalled row is checked by its update's version; one that no op changed is checked by
+      // a read of its version (its ops' answers came from memory): changed, the transaction is
+      // made again reading it.
+      if (!unchanged_as_recalled(c, rows) || !write(c, rows)) {
         // A row another transaction changed or deleted after it was read: nothing of this one
         // stays (its rows are unlocked before any is locked again, in key order: no deadlock with
         // a writer that waits for one of them).
@@ -1577,8 +1592,8 @@ struct PostgresJobStore::Impl {
       // 5. The commit, with one NOTIFY when a row it leaves may be claimed now by any server.
       c.exec_simple(notify && claimable_now(batch, rows) ? notify_commit_sql : "COMMIT");
     } catch (...) {
-      forget_recalled(rows);
-      c.close();  // (the transaction ends with the connection)
+      forget_all();  // (begin: a connection lost)
+      c.close();     // (the transaction ends with the connection)
       throw;
     }
     remember(rows);
@@ -1590,6 +1605,10 @@ struct PostgresJobStore::Impl {
   // anything of the transaction was sent: opened again, once. (A second writer idle through a
   // restart would otherwise fail the first transaction it takes after it with store_unavailable.)
   // One that fails later, or slowly (a frozen database: the timeout), is not tried again here.
+  // A writer's connection lost forgets the rows remembered (remember; here, and where a
+  // transaction fails): it may be a failover that lost the last commits, whose transaction ids
+  // the new primary then gives again, so that a remembered version could match a row another
+  // transaction wrote.
   void begin(Connection& c) {
     const bool kept = c.is_open();
     const auto started = Clock::now();
@@ -1599,6 +1618,7 @@ struct PostgresJobStore::Impl {
       if (!kept || !c.sqlstate().empty() || Clock::now() - started > options.statement_timeout / 10)
         throw;
       c.close();
+      forget_all();
       c.exec_simple(begin_writer);
     }
   }
@@ -1636,6 +1656,19 @@ struct PostgresJobStore::Impl {
     return static_cast<std::size_t>(n) == dirty.size();
   }
 
+  // Whether every row taken from memory that no op changed is still the version remembered.
+  bool unchanged_as_recalled(Connection& c, const std::map<std::string, Entry>& rows) {
+    std::vector<std::string> keys, versions;
+    for (const auto& [key, e] : rows) {
+      if (!e.recalled || e.dirty) continue;
+      keys.push_back(key);
+      versions.push_back(*e.version);
+    }
+    if (keys.empty()) return true;
+    Result r = c.exec(versions_sql, {text_array(keys), text_array(versions)});
+    return static_cast<std::size_t>(PQntuples(r.get())) == keys.size();
+  }
+
   // ---- The writers' memory of the rows they wrote ----
   //
   // A row is remembered after the commit that wrote it when it is to be written again (its job or
@@ -1667,6 +1700,7 @@ struct PostgresJobStore::Impl {
         *v = clean(std::move(*v));
         r.bytes += v->size() + sizeof(std::string);
       }
+      r.bytes += 2 * key.size() + remembered_overhead;  // (the key twice, the nodes)
       if (r.bytes > max_remembered_row) {
         drop.push_back(key);
         continue;
@@ -1685,8 +1719,10 @@ struct PostgresJobStore::Impl {
       remembered_bytes += r.bytes;
       remembered.emplace(key, std::move(r));
     }
-    while (remembered.size() > max_remembered || remembered_bytes > max_remembered_bytes)
-      forget(remembered_order.front());
+    while (remembered.size() > max_remembered || remembered_bytes > max_remembered_bytes) {
+      const std::string oldest = remembered_order.front();
+      forget(oldest);
+    }
   }
 
   // Takes the rows of `batch`'s ops from memory where it has them, into `rows`: not those an op
@@ -1717,6 +1753,24 @@ struct PostgresJobStore::Impl {
       rows.emplace(op.key, std::move(e));
       ++recalled_rows;
     }
+  }
+
+  // Forgets the rows remembered at another version than the one `rows` read (changed since).
+  void forget_other_versions(const std::map<std::string, Entry>& rows) {
+    std::lock_guard<std::mutex> lock(remembered_mutex);
+    if (remembered.empty()) return;
+    for (const auto& [key, e] : rows) {
+      if (e.recalled || !e.version) continue;
+      const auto it = remembered.find(key);
+      if (it != remembered.end() && it->second.version != *e.version) forget(key);
+    }
+  }
+
+  void forget_all() {
+    std::lock_guard<std::mutex> lock(remembered_mutex);
+    remembered.clear();
+    remembered_order.clear();
+    remembered_bytes = 0;
   }
 
   // Forgets the rows of a transaction that did not commit that it took from memory (one of them
