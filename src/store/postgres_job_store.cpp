@@ -1674,11 +1674,11 @@ struct PostgresJobStore::Impl {
   // A row is remembered after the commit that wrote it when it is to be written again (its job or
   // its callback not ended) and nobody else is to change it for as long as it is remembered: each
   // of its due times (a claim's, job_state's job_due and callback_due: a lease's end, a retry's
-  // time) after that. A row changed meanwhile all the same
-  // (another server's cancel, a clock far ahead) fails its update's version check, and the
-  // transaction is made again with every row read and locked; a row that no op changed is made
-  // again the same way (its answers came from memory). So what a transaction decides on a row is
-  // always on the row as stored.
+  // time) after that. A row changed meanwhile all the same (another server's cancel, a clock far
+  // ahead) fails its update's version check, and the transaction is made again with every row
+  // read and locked; a row that no op changed has its version read (unchanged_as_recalled: its
+  // answers came from memory). So what a transaction decides on a row is always on the row as
+  // stored.
 
   void remember(const std::map<std::string, Entry>& rows) {
     const TimePoint horizon =
