@@ -285,7 +285,12 @@ JobQueue::~JobQueue() {
   // the io executor, which must stand until it has: the owned io_context (once its threads are
   // joined, nothing starts a write any more; the answers are dropped with it, unrun), or the
   // caller's, which outlives this queue.
-  if (threads_) threads_->finish(*live_);
+  if (threads_) {
+    threads_->finish(*live_);
+    // The inference pool is joined: the io thread ran on after it (until finish stopped it), and
+    // its handlers may have put work in the queue (a rerouted job) that can never run now.
+    queue_->executor_ended();
+  }
   core_->store.wait_answered();
   queue_.reset();  // waits for running batches (on the caller's executors)
   core_->observe([](auto& o) { o.on_metrics(nullptr); });

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <mutex>
 #include <set>
@@ -364,4 +366,31 @@ TEST_CASE("a group's weight is the items it takes in a row at its turn") {
     r.push("l" + std::to_string(i), 0, "light");  // urgent, but only within its own turn
   CHECK(r.run() == std::vector<std::string>{"first", "h0", "h1", "h2", "l0", "h3", "h4", "h5", "l1",
                                             "l2", "l3"});
+}
+
+TEST_CASE("a queue whose executor's threads have ended is destroyed without waiting for them") {
+  // An owner that joined the pool (rebound::JobQueue's destructor) may still see work pushed by
+  // handlers on another executor: a batch posted, or a timer armed for a partial batch, that no
+  // thread will ever run. Told so (executor_ended), the destructor waits for neither.
+  for (const auto delay : {0us, std::chrono::microseconds(10min)}) {
+    CAPTURE(delay.count());
+    boost::asio::thread_pool pool(1);
+    auto queue = std::make_unique<JobQueue>(pool.get_executor(), opts(10, 1, 4, delay),
+                                            [](std::vector<Job>) {});
+    pool.stop();
+    pool.join();
+    REQUIRE(queue->try_push(job(1)) == PushResult::accepted);  // (posted, or the timer armed)
+    queue->executor_ended();
+    std::promise<void> destroyed;
+    std::thread destroy([&] {
+      queue.reset();
+      destroyed.set_value();
+    });
+    if (destroyed.get_future().wait_for(10s) != std::future_status::ready) {
+      // (hung: what the thread holds is this scope's; nothing can be cleaned up)
+      std::fputs("a queue whose executor ended was not destroyed within 10 s\n", stderr);
+      std::_Exit(1);
+    }
+    destroy.join();
+  }
 }

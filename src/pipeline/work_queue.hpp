@@ -101,7 +101,17 @@ class WorkQueue final {
     closed_ = true;
     pending_.clear();
     timer_.cancel();
-    idle_.wait(lock, [this] { return active_workers_ == 0 && !timer_armed_; });
+    idle_.wait(lock, [this] { return executor_ended_ || (active_workers_ == 0 && !timer_armed_); });
+  }
+
+  /// Says that every thread of the executor has ended (an owner joined its pool): the destructor
+  /// then waits for no worker and no timer, since none can run any more (a batch posted or a
+  /// timer armed after the threads ended, by a handler on another executor, would otherwise be
+  /// waited for forever; their handlers are destroyed unrun with the executor).
+  void executor_ended() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    executor_ended_ = true;
+    idle_.notify_all();
   }
 
   /// Adds an item at the back of its `group`'s queue in priority `level` (0 to 9, clamped; 0, the
@@ -464,6 +474,7 @@ class WorkQueue final {
   std::size_t running_ = 0;
   std::size_t handler_failures_ = 0;
   bool closed_ = false;
+  bool executor_ended_ = false;
 };
 
 }  // namespace rebound::detail
