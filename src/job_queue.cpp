@@ -391,6 +391,9 @@ void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done)
 }
 
 namespace {
+// How old /metrics's count of the store's queue may be (Pipeline::metrics_stats).
+constexpr std::chrono::seconds metrics_stats_max_age{1};
+
 // The handler of an async_invoke: answered once by the model, or, if its work item is dropped
 // unanswered (a worker step that threw), with shutting_down as it goes.
 struct InvokeReply {
@@ -545,11 +548,25 @@ std::string Telemetry::render_metrics() const {
            std::to_string(c.value) + "\n";
   }
   // The whole queue, as the store counts it: the same on every server of a shared store (for
-  // an autoscaler: take the max over servers, not the sum). Left out while the store fails.
+  // an autoscaler: take the max over servers, not the sum). Left out while the store fails. At
+  // most a second old (Pipeline::metrics_stats): a scrape within a second of the last count
+  // shows that count; GET /v1/stats and Telemetry::queue_stats count each time.
   std::optional<QueueStats> stats;
-  try {
-    stats = queue_stats();
-  } catch (const std::exception&) {
+  {
+    std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
+    const auto now = core_.clock();
+    const auto& at = core_.metrics_stats_at;
+    if (at && now >= *at && now - *at < metrics_stats_max_age) {
+      stats = core_.metrics_stats;
+    } else {
+      core_.metrics_stats_at.reset();
+      try {
+        stats = queue_stats();
+        core_.metrics_stats = stats;
+        core_.metrics_stats_at = now;
+      } catch (const std::exception&) {
+      }
+    }
   }
   if (stats) {
     out +=

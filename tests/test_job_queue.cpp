@@ -35,6 +35,7 @@
 #include "rebound/store/sqlite_job_store.hpp"
 #include "rebound/tenant.hpp"
 #include "support/failing_store.hpp"
+#include "support/fake_clock.hpp"
 #include "support/fake_transport.hpp"
 #include "support/forwarding_store.hpp"
 #include "support/held_model.hpp"
@@ -716,6 +717,54 @@ std::thread::id io_thread_of(JobQueue& queue) {
   std::promise<std::thread::id> id;
   boost::asio::post(queue.get_executor(), [&id] { id.set_value(std::this_thread::get_id()); });
   return id.get_future().get();
+}
+
+TEST_CASE("job queue: /metrics counts the store's queue at most once a second - a failed count is "
+          "not kept") {
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  auto control = std::make_shared<rebound::test::FailingStore::Switch>();
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.clock = rebound::test::clock_of(clock);
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(control),
+                 options);
+  struct Open {
+    rebound::test::HeldModel* model;
+    ~Open() { model->open(); }  // (also when a check below fails)
+  } open_at_end{held};
+  const auto queued = [&]() -> std::string {
+    const std::string text = queue.telemetry().render_metrics();
+    const std::string name = "\nrebound_queue_jobs{state=\"queued\"} ";
+    const auto at = text.find(name);
+    if (at == std::string::npos) return "none";
+    return text.substr(at + name.size(), text.find('\n', at + 1) - at - name.size());
+  };
+  REQUIRE(rebound::test::submitted(queue, job("running", 1)) == "accepted");
+  REQUIRE(held->wait_started(1));
+  REQUIRE(rebound::test::submitted(queue, job("queued-1", 2)) == "accepted");
+  CHECK(queued() == "1");
+  // A job more: the store counts it (Telemetry::queue_stats, GET /v1/stats), /metrics shows the
+  // count of less than a second ago.
+  REQUIRE(rebound::test::submitted(queue, job("queued-2", 3)) == "accepted");
+  REQUIRE(queue.telemetry().queue_stats()->queued == 2);
+  CHECK(queued() == "1");
+  clock->advance(999ms);
+  CHECK(queued() == "1");
+  clock->advance(1ms);
+  CHECK(queued() == "2");
+  // A store that fails: the gauges are left out, and the failure is not kept: the next scrape,
+  // in the same second, counts again.
+  clock->advance(1s);
+  control->fail();
+  CHECK(queued() == "none");
+  control->heal();
+  CHECK(queued() == "2");
+  // A clock stepped back counts again (the last count is not taken as a second newer).
+  REQUIRE(rebound::test::submitted(queue, job("queued-3", 4)) == "accepted");
+  clock->advance(-5s);
+  CHECK(queued() == "3");
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {

@@ -65,6 +65,9 @@ class Telemetry {
   const Metrics& metrics() const;
 
   /// All metrics in the Prometheus text format, gauges included (what `GET /metrics` serves).
+  /// The store's queue gauges (`rebound_queue_*`, from queue_stats) are counted at most once a
+  /// second: a call within a second of the last count shows that count (scrapers polling often
+  /// cost a shared store one count a second); a count that failed is not kept.
   std::string render_metrics() const;
 
  private:

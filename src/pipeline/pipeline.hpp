@@ -647,6 +647,14 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   std::deque<PumpRead> pump_reads;
   bool pump_reads_ended = false;
   std::size_t look_ups = 0, look_up_bytes = 0;
+  // The store's queue_stats as /metrics last counted them (Telemetry::render_metrics), and when
+  // (on `clock`): counted again once they are a second old, so that however many scrapers ask
+  // (Prometheus replicas, a harness polling every 50 ms) a shared store counts its backlog at
+  // most once a second for this server. A failed count is not kept. Under metrics_stats_mutex,
+  // which a scrape holds while it counts (the scrapes meanwhile wait for that count).
+  std::mutex metrics_stats_mutex;
+  std::optional<std::chrono::system_clock::time_point> metrics_stats_at;
+  std::optional<QueueStats> metrics_stats;
 
   /// Completes the asynchronous waits for `id` from the store's record, if it is final (or gone).
   void complete_from_store(const std::string& id) {
