@@ -122,15 +122,17 @@ class Postgres:
 
     def statements(self, db: str, jobs: int, top: int = 12) -> str:
         """The statements of database db since the last reset, most Postgres time first: time
-        (execution and planning) and calls per job, and the start of each statement's text."""
+        (execution and planning), calls and rows per job, and the start of each statement's text."""
         rows = self.query(
             "SELECT round(((total_exec_time + total_plan_time) * 1000 / %d)::numeric, 1), "
-            "round((calls::float8 / %d)::numeric, 3), round((wal_records::float8 / %d)::numeric, 2), "
+            "round((calls::float8 / %d)::numeric, 3), round((rows::float8 / %d)::numeric, 2), "
+            "round((wal_records::float8 / %d)::numeric, 2), "
             "regexp_replace(left(query, 110), '\\s+', ' ', 'g') FROM pg_stat_statements s "
             "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = '%s' "
-            "ORDER BY total_exec_time + total_plan_time DESC LIMIT %d" % (jobs, jobs, jobs, db, top))
-        lines = ["  µs a job  calls a job  WAL records a job  statement"]
-        lines += [f"  {r[0]:>9}  {r[1]:>11}  {r[2]:>17}  {r[3]}" for r in rows]
+            "ORDER BY total_exec_time + total_plan_time DESC LIMIT %d" % (jobs, jobs, jobs, jobs, db,
+                                                                          top))
+        lines = ["  µs a job  calls a job  rows a job  WAL records a job  statement"]
+        lines += [f"  {r[0]:>9}  {r[1]:>11}  {r[2]:>10}  {r[3]:>17}  {r[4]}" for r in rows]
         return "\n".join(lines)
 
     def cpu_seconds(self) -> float:

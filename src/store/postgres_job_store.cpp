@@ -981,10 +981,14 @@ struct PostgresJobStore::Impl {
   std::list<std::string> remembered_order;  // oldest first
   std::size_t remembered_bytes = 0;
   std::atomic<std::size_t> recalled_rows{0};
-  // Bounds: a row is remembered for 5 s, at most 4,096 rows and 4 MiB (the oldest forgotten
-  // first), none larger than 16 KiB (a long attempt log).
+  // Bounds: a row is remembered for 5 s, at most 16,384 rows and 16 MiB (the oldest forgotten
+  // first), none larger than 16 KiB (a long attempt log). A row takes about 1.3 KiB as counted:
+  // 16 MiB holds the rows of the 10,000 jobs a server takes in at once by default (the queue's
+  // capacity). 4,096 rows and 4 MiB (about 3,200 rows) were too few for submissions of 1,000
+  // jobs a request with callbacks: the oldest were forgotten before their next write, which read
+  // them (1.4 rows read a job).
   static constexpr auto remember_for = std::chrono::seconds(5);
-  static constexpr std::size_t max_remembered = 4096, max_remembered_bytes = 4 << 20,
+  static constexpr std::size_t max_remembered = 16384, max_remembered_bytes = 16 << 20,
                                max_remembered_row = 16 << 10;
   static constexpr std::size_t remembered_overhead = 160;  // a map node, a list node, the entry
   // The pruner.
