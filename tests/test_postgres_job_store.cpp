@@ -965,6 +965,63 @@ TEST_CASE("postgres store: a row written last is taken from memory - and read ag
   CHECK(a.get("handed")->callback.state == rebound::CallbackState::delivered);
 }
 
+TEST_CASE("postgres store: the rows of 10,000 jobs in flight are all taken from memory") {
+  // A server takes in up to its queue's capacity at once (10,000 by default): each of those
+  // jobs' next write (the finish after the put, the callback's end after the finish) finds its
+  // row in the writers' memory. (With 4 MiB of memory, about 3,200 rows, the oldest were
+  // forgotten before their next write and read again.)
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  PostgresJobStore store(options_for(uri));
+  const auto now = std::chrono::system_clock::now();
+  constexpr int n = 10000;
+  std::vector<Job> jobs;
+  jobs.reserve(n);
+  for (int i = 0; i < n; ++i)
+    jobs.push_back(job_named("inflight-" + std::to_string(i)));
+  for (int from = 0; from < n; from += 1000) {
+    std::vector<rebound::PutRequest> requests;
+    for (int i = from; i < from + 1000; ++i)
+      requests.push_back({&jobs[i], Lease{"h", now + 60s}});
+    for (const PutOutcome o : store.put_many(requests))
+      REQUIRE(o == PutOutcome::created);
+  }
+  const std::size_t recalled = counter(store, "rows_recalled_total");
+  // Every finish at once (the writer groups them), then every callback's end.
+  const auto all =
+      [&](const std::function<void(const std::string&, std::function<void(bool)>)>& call) {
+        std::mutex m;
+        std::condition_variable cv;
+        int answered = 0, written = 0;
+        for (const Job& job : jobs) {
+          call(job.id, [&](bool ok) {
+            std::lock_guard<std::mutex> lock(m);
+            ++answered;
+            written += ok;
+            cv.notify_all();
+          });
+        }
+        std::unique_lock<std::mutex> lock(m);
+        REQUIRE(cv.wait_for(lock, 60s, [&] { return answered == n; }));
+        return written;
+      };
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  CHECK(all([&](const std::string& id, std::function<void(bool)> done) {
+          store.async_finish_job(id, "h", ok, Lease{"cb", now + 60s}, now, false,
+                                 [done](std::exception_ptr e, auto a) { done(!e && a.held); });
+        }) == n);
+  CHECK(counter(store, "rows_recalled_total") == recalled + n);
+  rebound::CallbackInfo delivered;
+  delivered.state = rebound::CallbackState::delivered;
+  delivered.attempts = 1;
+  CHECK(all([&](const std::string& id, std::function<void(bool)> done) {
+          store.async_record_attempt(id, "cb", delivered, now + 1ms, std::nullopt,
+                                     [done](std::exception_ptr e, bool a) { done(!e && a); });
+        }) == n);
+  CHECK(counter(store, "rows_recalled_total") == recalled + 2 * n);
+  CHECK(store.get("inflight-9999")->callback.state == rebound::CallbackState::delivered);
+  CHECK(store.retried_transactions() == 0);
+}
+
 TEST_CASE("postgres store: /metrics counts the writers' transactions - and those made again") {
   // JobStore::counters, rendered by the queue's metrics (rebound-server's /metrics).
   const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
