@@ -965,7 +965,7 @@ TEST_CASE("postgres store: a row written last is taken from memory - and read ag
   CHECK(a.get("handed")->callback.state == rebound::CallbackState::delivered);
 }
 
-TEST_CASE("postgres store: the rows of 10,000 jobs in flight are all taken from memory") {
+TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken from memory") {
   // A server takes in up to its queue's capacity at once (10,000 by default): each of those
   // jobs' next write (the finish after the put, the callback's end after the finish) finds its
   // row in the writers' memory. (With 4 MiB of memory, about 3,200 rows, the oldest were
