@@ -5,6 +5,8 @@ id (`children`)."""
 import http.client
 import http.server
 import json
+import os
+import random
 import re
 import signal
 import socket
@@ -27,9 +29,20 @@ def fail(message):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range (32768 on), and above the ports of
+    the Redis Cluster nodes and their buses (10000-24999): the fleet tests stop Redis and
+    PostgreSQL and start them again on the same port, and a port in the ephemeral range can
+    meanwhile be taken by any outgoing connection's source port."""
+    rng = random.Random(os.getpid() * 1000003 + time.monotonic_ns())
+    for _ in range(1000):
+        port = rng.randrange(25000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port in 25000-32767")
 
 
 class Receiver(http.server.ThreadingHTTPServer):

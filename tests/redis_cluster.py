@@ -37,8 +37,12 @@ PREFIX = "{q}"
 
 
 def free_pair(taken):
-    """A port whose cluster bus port (+10000) is free too, both below the ephemeral range."""
-    for start in range(11000 + (os.getpid() % 997) * 11, 22000, 7):
+    """A port whose cluster bus port (+10000) is free too, both below the ephemeral range and
+    below 25000 (the plain servers' ports from 25000, fleet_support.free_port, which are stopped
+    and started again: a bus must not take one meanwhile)."""
+    candidates = list(range(11000, 15000, 7))
+    at = os.getpid() % len(candidates)
+    for start in candidates[at:] + candidates[:at]:
         if start in taken:
             continue
         try:

@@ -47,7 +47,8 @@ class Redis:
              "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
              "--logfile", os.path.join(self.folder, "redis.log")])
         children.append(self.proc)
-        deadline = time.time() + 10
+        # (Generous: its append-only file is synced at start, which a busy machine can slow.)
+        deadline = time.time() + 30
         while time.time() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
@@ -57,7 +58,8 @@ class Redis:
             except OSError:
                 pass
             time.sleep(0.02)
-        fail("redis-server did not start")
+        with open(os.path.join(self.folder, "redis.log"), errors="replace") as log:
+            fail("redis-server did not start; its log ends:\n" + log.read()[-2000:])
 
     def kill(self):
         self.proc.kill()

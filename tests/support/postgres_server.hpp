@@ -17,9 +17,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
+#include "support/listen_port.hpp"
 #include "support/temp_dir.hpp"
 
 #ifndef REBOUND_PG_BINDIR
@@ -31,7 +33,6 @@ namespace rebound::test {
 class PostgresServer {
  public:
   PostgresServer() {
-    port_ = free_port();
     const bool root = geteuid() == 0;
     if (root) {
       const passwd* pg = getpwnam("postgres");
@@ -43,7 +44,17 @@ class PostgresServer {
     REQUIRE(run(std::string(REBOUND_PG_BINDIR) + "/initdb -D " + data() +
                 " -A trust -U postgres --no-sync -E UTF8 --locale=C > " + dir_.file("initdb.log") +
                 " 2>&1") == 0);
-    start();
+    // Its port is below the ephemeral range (support/listen_port.hpp), so that it is still free
+    // when a test stops this server and starts it again. A port found free may be taken before
+    // the postmaster binds it (another test starting a server at the same moment): it then fails
+    // to start, and another port is tried.
+    for (int tries = 0; tries < 5; ++tries) {
+      port_ = listen_port(25000, 7768);  // (Redis Cluster nodes and their buses use 10000-24999)
+      const auto logged = log_size();
+      if (launch()) return;
+      if (log_since(logged).find("Address already in use") == std::string::npos) break;
+    }
+    FAIL("PostgreSQL did not start; see " << dir_.file("postgres.log"));
   }
   ~PostgresServer() { stop(); }
   PostgresServer(const PostgresServer&) = delete;
@@ -58,11 +69,7 @@ class PostgresServer {
 
   /// Starts it (again) and waits until it accepts connections.
   void start() {
-    REQUIRE(run(std::string(REBOUND_PG_BINDIR) + "/pg_ctl -D " + data() + " -w -t 30 -l " +
-                dir_.file("postgres.log") + " -o \"-p " + std::to_string(port_) +
-                " -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
-                " -c max_connections=200\" start > /dev/null") == 0);
-    running_ = true;
+    REQUIRE_MESSAGE(launch(), "PostgreSQL did not start; see " << dir_.file("postgres.log"));
   }
 
   /// Stops it: "fast" ends the sessions cleanly, "immediate" is a crash (recovery at start).
@@ -130,17 +137,28 @@ class PostgresServer {
     }
   }
 
-  static int free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    socklen_t len = sizeof addr;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    close(fd);
-    return ntohs(addr.sin_port);
+  // Starts the postmaster on port_ and waits until it accepts connections; false when it could
+  // not (its port taken, say; a postmaster still starting after 30 s is ended).
+  bool launch() {
+    running_ = run(std::string(REBOUND_PG_BINDIR) + "/pg_ctl -D " + data() + " -w -t 30 -l " +
+                   dir_.file("postgres.log") + " -o \"-p " + std::to_string(port_) +
+                   " -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
+                   " -c max_connections=200\" start > /dev/null") == 0;
+    if (!running_) {
+      run(std::string(REBOUND_PG_BINDIR) + "/pg_ctl -D " + data() +
+          " -w -m immediate stop > /dev/null 2>&1");
+    }
+    return running_;
+  }
+  std::uintmax_t log_size() const {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir_.file("postgres.log"), ec);
+    return ec ? 0 : size;
+  }
+  std::string log_since(std::uintmax_t offset) const {
+    std::ifstream log(dir_.file("postgres.log"));
+    log.seekg(static_cast<std::streamoff>(offset));
+    return std::string((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   }
 
   TempDir dir_;

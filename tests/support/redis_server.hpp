@@ -5,15 +5,20 @@
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "support/listen_port.hpp"
 #include "support/temp_dir.hpp"
 
 #ifndef REBOUND_REDIS_SERVER
@@ -25,9 +30,16 @@ namespace rebound::test {
 class RedisServer {
  public:
   /// `extra`: more redis-server arguments, e.g. {"--appendonly", "yes"}.
+  /// Its port is below the ephemeral range (support/listen_port.hpp), so that it is still free
+  /// when a test stops this Redis and starts it again.
   explicit RedisServer(std::vector<std::string> extra = {}) : extra_(std::move(extra)) {
-    port_ = free_port();
-    start();
+    // A port found free may be taken before this Redis binds it (another test starting a server
+    // at the same moment): it then exits at once, and another port is tried.
+    for (int tries = 0; tries < 5; ++tries) {
+      port_ = listen_port(plain_first, plain_count);
+      if (launch()) return;
+    }
+    FAIL("no Redis could start (see its log in " << dir_.path.string() << ")");
   }
 
   /// A one-node Redis Cluster: cluster mode, every slot its own. What a cluster asks of its
@@ -49,7 +61,8 @@ class RedisServer {
   int port() const { return port_; }
   std::string uri() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
-  void start() { REQUIRE(launch()); }
+  /// Starts it again after stop(), on the same port and folder.
+  void start() { REQUIRE_MESSAGE(launch(), "redis-server exited at start: " << log_tail()); }
 
  private:
   // Starts it and waits until it answers (and, as a cluster node, says the cluster is up); false
@@ -68,7 +81,7 @@ class RedisServer {
                                   "--daemonize",
                                   "no",
                                   "--loglevel",
-                                  "warning",
+                                  "notice",
                                   "--logfile",
                                   dir_.file("redis.log")};
     if (cluster_) {
@@ -77,43 +90,61 @@ class RedisServer {
                                dir_.file("nodes.conf"), "--cluster-node-timeout", "500"});
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
+    // (The child only calls execv and _exit: this process has threads, and after fork only
+    // async-signal-safe calls are sure to work, under the sanitizers too.)
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t parent = getpid();
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args)
-        argv.push_back(a.data());
-      argv.push_back(nullptr);
+      // Ended with the test process when that is killed (a ctest timeout), not left behind.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
       execv(argv[0], argv.data());
       _exit(127);
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!answers_ping()) {
+    // (Generous: a Redis with an append-only file syncs it at start, which a machine busy with
+    // other tests' writes can make take seconds.)
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    const auto give_up = [&](const char* why) {
+      const std::string state = process_state();
+      stop(SIGKILL);
+      FAIL("redis-server (pid " << pid_ << ", " << state << ") " << why
+                                << "; its log: " << log_tail());
+    };
+    // Until it answers PING, and says that it is ours: the answer may come from another test's
+    // Redis that took the port first (ours then exits: tried again on another port).
+    for (;;) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
         return false;
       }
-      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      if (answers_ping()) {
+        const std::string info = ask("INFO server");
+        if (info.find("process_id:" + std::to_string(pid_) + "\r") != std::string::npos) break;
+        if (info.find("process_id:") != std::string::npos) {  // another's
+          stop(SIGKILL);
+          return false;
+        }
+        // (no answer in time: asked again)
+      }
+      if (std::chrono::steady_clock::now() >= deadline) give_up("did not answer PING within 30 s");
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    // The answer may come from another test's Redis that took the port first (ours then exits):
-    // only ours counts.
-    if (ask("INFO server").find("process_id:" + std::to_string(pid_) + "\r") == std::string::npos) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-      pid_ = -1;
-      return false;
     }
     if (cluster_) {
       // The slots are assigned once (nodes.conf keeps them over a restart); then the node says
       // the cluster is up.
       const std::string info = ask("CLUSTER INFO");
-      if (info.find("cluster_slots_assigned:16384") == std::string::npos)
-        REQUIRE(ask("CLUSTER ADDSLOTSRANGE 0 16383").rfind("+OK", 0) == 0);
+      if (info.find("cluster_slots_assigned:16384") == std::string::npos &&
+          ask("CLUSTER ADDSLOTSRANGE 0 16383").rfind("+OK", 0) != 0)
+        give_up("did not take the slots");
       while (ask("CLUSTER INFO").find("cluster_state:ok") == std::string::npos) {
-        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        if (std::chrono::steady_clock::now() >= deadline)
+          give_up("did not say the cluster is up within 30 s");
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
@@ -137,14 +168,10 @@ class RedisServer {
   // Sends one inline command and returns the first reply's bytes as they came (one read, up to
   // 4 KB: enough for the short replies it is used for); empty when Redis does not answer.
   std::string ask(const std::string& command) const {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = connected();
     if (fd < 0) return {};
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
     std::string out;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    {
       const std::string line = command + "\r\n";
       char answer[4096];
       if (send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
@@ -157,50 +184,66 @@ class RedisServer {
   }
 
  private:
-  // A free loopback port (0: any, picked by the kernel), or -1 when `port` is taken.
-  static int free_port(int port = 0) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      close(fd);
-      REQUIRE(port != 0);
-      return -1;
-    }
-    socklen_t len = sizeof addr;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    close(fd);
-    return ntohs(addr.sin_port);
-  }
+  // Ports below the kernel's ephemeral range (32768 on; support/listen_port.hpp): a plain
+  // Redis's, and a cluster node's with its bus port (its port + 10000), in ranges apart so that
+  // no node takes a plain Redis's port for its bus while that Redis is stopped.
+  static constexpr int plain_first = 25000, plain_count = 7768;  // 25000-32767
+  static constexpr int node_first = 10000, node_count = 5000;    // 10000-14999, buses 20000-24999
 
-  // A cluster node also listens on its port + 10000 (the cluster bus): a free pair below the
-  // kernel's ephemeral range, so that the bus port exists and no outgoing connection takes it.
   static int free_cluster_port() {
     for (int tries = 0; tries < 1000; ++tries) {
-      // 10000-22767: its bus port, 20000-32767, is below the ephemeral range too (32768 on).
-      const int port =
-          10000 +
-          static_cast<int>(
-              (std::chrono::steady_clock::now().time_since_epoch().count() / 1000 + tries * 7919) %
-              12768);
-      if (free_port(port) == port && free_port(port + 10000) == port + 10000) return port;
+      const int port = listen_port(node_first, node_count);
+      if (port_is_free(port + 10000)) return port;
     }
     FAIL("no free port pair for a Redis Cluster node");
     return 0;
   }
 
-  bool answers_ping() const {
+  // The process's state and where it waits (/proc), for a failure's message.
+  std::string process_state() const {
+    const std::string proc = "/proc/" + std::to_string(pid_);
+    std::ifstream status(proc + "/status"), wchan(proc + "/wchan");
+    std::string line, state, waits;
+    while (std::getline(status, line))
+      if (line.rfind("State:", 0) == 0) state = line;
+    std::getline(wchan, waits);
+    std::ifstream cmdline(proc + "/cmdline");
+    std::string command;
+    std::getline(cmdline, command, '\0');
+    return state + ", waits in " + waits + ", runs " + command;
+  }
+
+  // A connection to it, whose reads give up after 2 s (a listener that accepts and never
+  // answers cannot hang the test); -1 when nothing accepts.
+  int connected() const {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
+    if (fd < 0) return -1;
+    timeval limit{};
+    limit.tv_sec = 2;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port_));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  // The end of its log, for a failure's message.
+  std::string log_tail() const {
+    std::ifstream log(dir_.file("redis.log"));
+    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    return text.size() > 2000 ? text.substr(text.size() - 2000) : text;
+  }
+
+  bool answers_ping() const {
+    const int fd = connected();
+    if (fd < 0) return false;
     bool ok = false;
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    {
       const char ping[] = "PING\r\n";
       char answer[16] = {0};
       ok = send(fd, ping, sizeof ping - 1, 0) == sizeof ping - 1 &&
