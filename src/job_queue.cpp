@@ -550,23 +550,37 @@ std::string Telemetry::render_metrics() const {
   // The whole queue, as the store counts it: the same on every server of a shared store (for
   // an autoscaler: take the max over servers, not the sum). Left out while the store fails. At
   // most a second old (Pipeline::metrics_stats): a scrape within a second of the last count
-  // shows that count; GET /v1/stats and Telemetry::queue_stats count each time.
+  // shows that count; GET /v1/stats and Telemetry::queue_stats count each time. One scrape
+  // counts at a time, with no lock held (the store's hooks may run meanwhile, and a slow store
+  // holds up that scrape only): one that comes while another counts shows the last count.
   std::optional<QueueStats> stats;
+  bool count = false;
+  std::chrono::system_clock::time_point counted_at;
   {
     std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
-    const auto now = core_.clock();
+    counted_at = core_.clock();
     const auto& at = core_.metrics_stats_at;
-    if (at && now >= *at && now - *at < metrics_stats_max_age) {
+    if (core_.metrics_stats_counting ||
+        (at && counted_at >= *at && counted_at - *at < metrics_stats_max_age)) {
       stats = core_.metrics_stats;
     } else {
-      core_.metrics_stats_at.reset();
-      try {
-        stats = queue_stats();
-        core_.metrics_stats = stats;
-        core_.metrics_stats_at = now;
-      } catch (const std::exception&) {
-      }
+      core_.metrics_stats_counting = count = true;
     }
+  }
+  if (count) {
+    bool counted = true;
+    try {
+      stats = queue_stats();
+    } catch (...) {  // (whatever it was: the next scrape counts again)
+      counted = false;
+    }
+    std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
+    core_.metrics_stats_counting = false;
+    core_.metrics_stats = stats;
+    if (counted)
+      core_.metrics_stats_at = counted_at;
+    else
+      core_.metrics_stats_at.reset();
   }
   if (stats) {
     out +=

@@ -719,8 +719,9 @@ std::thread::id io_thread_of(JobQueue& queue) {
   return id.get_future().get();
 }
 
-TEST_CASE("job queue: /metrics counts the store's queue at most once a second - a failed count is "
-          "not kept") {
+TEST_CASE(
+    "job queue: /metrics counts the store's queue at most once a second - a failed count is "
+    "not kept") {
   auto clock = std::make_shared<rebound::test::FakeClock>();
   auto control = std::make_shared<rebound::test::FailingStore::Switch>();
   rebound::JobQueueOptions options;
@@ -728,8 +729,7 @@ TEST_CASE("job queue: /metrics counts the store's queue at most once a second - 
   options.clock = rebound::test::clock_of(clock);
   auto model = std::make_unique<rebound::test::HeldModel>();
   auto* held = model.get();
-  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(control),
-                 options);
+  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(control), options);
   struct Open {
     rebound::test::HeldModel* model;
     ~Open() { model->open(); }  // (also when a check below fails)
@@ -765,6 +765,22 @@ TEST_CASE("job queue: /metrics counts the store's queue at most once a second - 
   REQUIRE(rebound::test::submitted(queue, job("queued-3", 4)) == "accepted");
   clock->advance(-5s);
   CHECK(queued() == "3");
+  // A scrape that comes while another counts (a slow store) shows the last count at once: it
+  // neither waits for that count nor counts too.
+  REQUIRE(rebound::test::submitted(queue, job("queued-4", 5)) == "accepted");
+  clock->advance(1s);
+  std::future<std::string> counting, meanwhile;  // (waited for after the gate opens)
+  {
+    auto held_count = control->counts.closed_while_in_scope();
+    counting = std::async(std::launch::async, queued);
+    REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
+    meanwhile = std::async(std::launch::async, queued);
+    REQUIRE(meanwhile.wait_for(10s) == std::future_status::ready);
+    CHECK(meanwhile.get() == "3");
+    CHECK(control->counts.waiting() == 1);
+  }
+  CHECK(counting.get() == "4");
+  CHECK(queued() == "4");
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {

@@ -80,8 +80,9 @@ class FailingStore final : public JobStore {
     std::atomic<bool> answer_records{false};
     /// The acknowledgements that asked for the record (async_finish_job's want_record).
     std::atomic<int> records_asked{0};
-    Gate puts;   ///< async_put's answers
-    Gate reads;  ///< get and get_many
+    Gate puts;    ///< async_put's answers
+    Gate reads;   ///< get and get_many
+    Gate counts;  ///< queue_stats
     /// The reads made: `get` calls, `get_many` calls and the most ids one of those asked for.
     std::atomic<std::size_t> gets{0}, get_manys{0}, most_ids_read{0};
 
@@ -103,6 +104,7 @@ class FailingStore final : public JobStore {
   ~FailingStore() override {
     control_->puts.open();
     control_->reads.open();
+    control_->counts.open();
     std::lock_guard<std::mutex> lock(answering_mutex_);
     for (auto& t : answering_)
       t.join();
@@ -209,6 +211,7 @@ class FailingStore final : public JobStore {
     return check(), inner_.list_failed_callbacks(limit);
   }
   std::optional<rebound::QueueStats> queue_stats() const override {
+    control_->counts.pass();
     return check(), inner_.queue_stats();
   }
   std::vector<JobRecord> list_unfinished(std::size_t limit) const override {
