@@ -973,6 +973,15 @@ TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken
   const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
   PostgresJobStore store(options_for(uri));
   const auto now = std::chrono::system_clock::now();
+  // A row is remembered for 5 s: where the writes took longer than 4 s (a sanitizer's build on
+  // a busy machine), the oldest rows may rightly have been forgotten, and the counts are not
+  // checked.
+  const auto in_time = [](std::chrono::steady_clock::time_point since) {
+    const bool fast = std::chrono::steady_clock::now() - since < 4s;
+    if (!fast) MESSAGE("the writes took more than 4 s: the rows recalled are not counted");
+    return fast;
+  };
+  const auto started = std::chrono::steady_clock::now();
   constexpr int n = 10000;
   std::vector<Job> jobs;
   jobs.reserve(n);
@@ -989,27 +998,33 @@ TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken
   // Every finish at once (the writer groups them), then every callback's end.
   const auto all =
       [&](const std::function<void(const std::string&, std::function<void(bool)>)>& call) {
-        std::mutex m;
-        std::condition_variable cv;
-        int answered = 0, written = 0;
+        // (Shared with the answers: those still to come when a check below fails outlive it.)
+        struct Answers {
+          std::mutex m;
+          std::condition_variable cv;
+          int answered = 0, written = 0;
+        };
+        auto answers = std::make_shared<Answers>();
         for (const Job& job : jobs) {
-          call(job.id, [&](bool ok) {
-            std::lock_guard<std::mutex> lock(m);
-            ++answered;
-            written += ok;
-            cv.notify_all();
+          call(job.id, [answers](bool ok) {
+            std::lock_guard<std::mutex> lock(answers->m);
+            ++answers->answered;
+            answers->written += ok;
+            answers->cv.notify_all();
           });
         }
-        std::unique_lock<std::mutex> lock(m);
-        REQUIRE(cv.wait_for(lock, 60s, [&] { return answered == n; }));
-        return written;
+        std::unique_lock<std::mutex> lock(answers->m);
+        REQUIRE(answers->cv.wait_for(lock, 60s, [&] { return answers->answered == n; }));
+        return answers->written;
       };
   const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  const auto finishing = std::chrono::steady_clock::now();  // (the finishes' rows from here)
   CHECK(all([&](const std::string& id, std::function<void(bool)> done) {
           store.async_finish_job(id, "h", ok, Lease{"cb", now + 60s}, now, false,
                                  [done](std::exception_ptr e, auto a) { done(!e && a.held); });
         }) == n);
-  CHECK(counter(store, "rows_recalled_total") == recalled + n);
+  if (in_time(started)) CHECK(counter(store, "rows_recalled_total") == recalled + n);
+  const std::size_t recalled_finishes = counter(store, "rows_recalled_total");
   rebound::CallbackInfo delivered;
   delivered.state = rebound::CallbackState::delivered;
   delivered.attempts = 1;
@@ -1017,7 +1032,7 @@ TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken
           store.async_record_attempt(id, "cb", delivered, now + 1ms, std::nullopt,
                                      [done](std::exception_ptr e, bool a) { done(!e && a); });
         }) == n);
-  CHECK(counter(store, "rows_recalled_total") == recalled + 2 * n);
+  if (in_time(finishing)) CHECK(counter(store, "rows_recalled_total") == recalled_finishes + n);
   CHECK(store.get("inflight-9999")->callback.state == rebound::CallbackState::delivered);
   CHECK(store.retried_transactions() == 0);
 }

@@ -1727,6 +1727,14 @@ struct PostgresJobStore::Impl {
       const std::string oldest = remembered_order.front();
       forget(oldest);
     }
+    // The rows past their time go at each write (the list is in the order of their times: each
+    // remembered for the same while), so that the memory of a burst is given back.
+    const auto now = Clock::now();
+    while (!remembered_order.empty()) {
+      const auto it = remembered.find(remembered_order.front());
+      if (it == remembered.end() || it->second.until > now) break;
+      forget(it->first);
+    }
   }
 
   // Takes the rows of `batch`'s ops from memory where it has them, into `rows`: not those an op
