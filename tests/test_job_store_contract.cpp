@@ -959,7 +959,7 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE_TEMPLATE(
-    "store contract: a job keeps the model and version it runs on - in claims, reads and lists",
+    "store contract: a job keeps the model and version it runs on - in claims and reads and lists",
     Factory, STORES) {
   Factory factory;
   auto store = factory.make();

@@ -325,7 +325,7 @@ TEST_CASE("one version added to a repository pins as strictly - one Model alone 
 }
 
 TEST_CASE(
-    "make_model_repository: DIR/<name>/<version>/ - every version loaded, the highest the "
+    "make_model_repository: DIR/<name>/<version>/ - every version loaded and the highest the "
     "default") {
   TempDir repo;
   repo.write("fast/1/config.json", R"({"backend": "echo"})");
