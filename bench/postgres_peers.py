@@ -307,8 +307,8 @@ def rebound_trial(a, pg: Postgres, number: int, mode: str, count: int, query: st
             if now > deadline:
                 raise RuntimeError(f"{name}: {accepted} of {a.jobs} accepted, {done} "
                                    f"finished, {in_flight} in flight after {a.trial_timeout} s")
-            # Every 50 ms: each scrape counts the backlog in PostgreSQL (the queue gauges of
-            # /metrics), which is Postgres CPU the peers' runs do not spend.
+            # Every 50 ms (the server counts the backlog in PostgreSQL for its queue gauges at
+            # most once a second: Postgres CPU the peers' runs do not spend).
             time.sleep(0.05)
         seconds = now - t0
         after = pg.cpu_seconds()
