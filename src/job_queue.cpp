@@ -393,6 +393,8 @@ void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done)
 namespace {
 // How old /metrics's count of the store's queue may be (Pipeline::metrics_stats).
 constexpr std::chrono::seconds metrics_stats_max_age{1};
+// How old a count a scrape shows while another scrape is counting.
+constexpr std::chrono::seconds metrics_stats_shown_while_counting{10};
 
 // The handler of an async_invoke: answered once by the model, or, if its work item is dropped
 // unanswered (a worker step that threw), with shutting_down as it goes.
@@ -552,7 +554,8 @@ std::string Telemetry::render_metrics() const {
   // most a second old (Pipeline::metrics_stats): a scrape within a second of the last count
   // shows that count; GET /v1/stats and Telemetry::queue_stats count each time. One scrape
   // counts at a time, with no lock held (the store's hooks may run meanwhile, and a slow store
-  // holds up that scrape only): one that comes while another counts shows the last count.
+  // holds up that scrape only): one that comes while another counts shows the last count if it
+  // is less than 10 s old (a store that hangs in the count does not freeze the gauges), else none.
   std::optional<QueueStats> stats;
   bool count = false;
   std::chrono::system_clock::time_point counted_at;
@@ -560,9 +563,13 @@ std::string Telemetry::render_metrics() const {
     std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
     counted_at = core_.clock();
     const auto& at = core_.metrics_stats_at;
-    if (core_.metrics_stats_counting ||
-        (at && counted_at >= *at && counted_at - *at < metrics_stats_max_age)) {
+    const auto younger_than = [&](std::chrono::system_clock::duration age) {
+      return at && counted_at >= *at && counted_at - *at < age;
+    };
+    if (younger_than(metrics_stats_max_age)) {
       stats = core_.metrics_stats;
+    } else if (core_.metrics_stats_counting) {
+      if (younger_than(metrics_stats_shown_while_counting)) stats = core_.metrics_stats;
     } else {
       core_.metrics_stats_counting = count = true;
     }

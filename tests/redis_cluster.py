@@ -78,12 +78,20 @@ class Node:
              "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
              "--daemonize", "no", "--logfile", os.path.join(self.folder, "redis.log")])
         children.append(self.proc)
-        deadline = time.time() + 10
+        deadline = time.time() + 30
         while time.time() < deadline:
-            if cli(self.port, "PING", check=False).strip() == "PONG":
+            if self.proc.poll() is not None:
+                fail(f"cluster node {self.port} exited at start: {self.log_end()}")
+            # (Only ours counts: another test's server may have taken the port.)
+            if (cli(self.port, "PING", check=False).strip() == "PONG" and
+                    f"process_id:{self.proc.pid}" in cli(self.port, "INFO", "server", check=False)):
                 return
             time.sleep(0.05)
-        fail(f"cluster node {self.port} did not start")
+        fail(f"cluster node {self.port} did not start: {self.log_end()}")
+
+    def log_end(self):
+        with open(os.path.join(self.folder, "redis.log"), errors="replace") as log:
+            return log.read()[-2000:]
 
     def kill(self):
         self.proc.kill()

@@ -16,6 +16,7 @@ Standard library only; loopback only; every process it starts is ended by its id
     redis_fleet.py REBOUND_SERVER REDIS_SERVER [ROUNDS=3]
 """
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -50,10 +51,21 @@ class Redis:
         # (Generous: its append-only file is synced at start, which a busy machine can slow.)
         deadline = time.time() + 30
         while time.time() < deadline:
+            if self.proc.poll() is not None:
+                break
             try:
+                # (Only ours counts: another test's server may have taken the port.)
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    s.sendall(b"PING\r\nINFO server\r\n")
+                    answer = s.recv(8192)
+                    # (read on until the process id's line has come whole)
+                    while (answer.startswith(b"+PONG") and
+                           not re.search(rb"process_id:\d+\r", answer)):
+                        chunk = s.recv(8192)
+                        if not chunk:
+                            break
+                        answer += chunk
+                    if f"process_id:{self.proc.pid}\r".encode() in answer:
                         return
             except OSError:
                 pass

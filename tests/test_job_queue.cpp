@@ -781,6 +781,18 @@ TEST_CASE(
   }
   CHECK(counting.get() == "4");
   CHECK(queued() == "4");
+  // A count of 10 s ago is not shown meanwhile (a store that hangs in the count does not freeze
+  // the gauges): the gauges are left out.
+  clock->advance(10s);
+  {
+    auto held_count = control->counts.closed_while_in_scope();
+    counting = std::async(std::launch::async, queued);
+    REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
+    meanwhile = std::async(std::launch::async, queued);
+    REQUIRE(meanwhile.wait_for(10s) == std::future_status::ready);
+    CHECK(meanwhile.get() == "none");
+  }
+  CHECK(counting.get() == "4");
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {

@@ -651,8 +651,9 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   // (on `clock`): counted again once they are a second old, so that however many scrapers ask
   // (Prometheus replicas, a harness polling every 50 ms) a shared store counts its backlog at
   // most once a second for this server. A failed count is not kept (none is shown until one
-  // works). Whether a scrape is counting now: the scrapes meanwhile show the last count rather
-  // than wait or count too. Under metrics_stats_mutex, which nobody holds while counting.
+  // works). Whether a scrape is counting now: the scrapes meanwhile show the last count (if
+  // under 10 s old) rather than wait or count too. Under metrics_stats_mutex, which nobody holds
+  // while counting.
   std::mutex metrics_stats_mutex;
   std::optional<std::chrono::system_clock::time_point> metrics_stats_at;
   std::optional<QueueStats> metrics_stats;

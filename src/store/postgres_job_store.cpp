@@ -1712,8 +1712,9 @@ struct PostgresJobStore::Impl {
       r.version = *e.written;
       keep.emplace_back(key, std::move(r));
     }
-    const auto until = Clock::now() + remember_for;
     std::lock_guard<std::mutex> lock(remembered_mutex);
+    // (Taken under the lock: the order of remembered_order is the order of the times.)
+    const auto now = Clock::now(), until = now + remember_for;
     for (const auto& key : drop)
       forget(key);
     for (auto& [key, r] : keep) {
@@ -1729,11 +1730,10 @@ struct PostgresJobStore::Impl {
     }
     // The rows past their time go at each write (the list is in the order of their times: each
     // remembered for the same while), so that the memory of a burst is given back.
-    const auto now = Clock::now();
     while (!remembered_order.empty()) {
       const auto it = remembered.find(remembered_order.front());
       if (it == remembered.end() || it->second.until > now) break;
-      forget(it->first);
+      forget(it);
     }
   }
 
@@ -1796,7 +1796,9 @@ struct PostgresJobStore::Impl {
 
   void forget(const std::string& key) {  // (under remembered_mutex)
     const auto it = remembered.find(key);
-    if (it == remembered.end()) return;
+    if (it != remembered.end()) forget(it);
+  }
+  void forget(std::unordered_map<std::string, Remembered>::iterator it) {
     remembered_bytes -= it->second.bytes;
     remembered_order.erase(it->second.at);
     remembered.erase(it);

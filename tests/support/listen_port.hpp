@@ -33,7 +33,7 @@ inline bool port_is_free(int port) {
 // and calls (tests running in parallel each start their own servers), so two seldom try the
 // same one; a server that still loses its port to another at start says so, and its starter
 // tries another.
-inline int listen_port(int first = 10000, int span = 12768) {
+inline int listen_port(int first, int span) {
   static std::atomic<unsigned> calls{0};
   const auto seed =
       static_cast<unsigned>(getpid()) * 2654435761u +

@@ -54,7 +54,7 @@ class PostgresServer {
       if (launch()) return;
       if (log_since(logged).find("Address already in use") == std::string::npos) break;
     }
-    FAIL("PostgreSQL did not start; see " << dir_.file("postgres.log"));
+    FAIL("PostgreSQL did not start; its log ends: " << log_end());
   }
   ~PostgresServer() { stop(); }
   PostgresServer(const PostgresServer&) = delete;
@@ -69,7 +69,7 @@ class PostgresServer {
 
   /// Starts it (again) and waits until it accepts connections.
   void start() {
-    REQUIRE_MESSAGE(launch(), "PostgreSQL did not start; see " << dir_.file("postgres.log"));
+    REQUIRE_MESSAGE(launch(), "PostgreSQL did not start; its log ends: " << log_end());
   }
 
   /// Stops it: "fast" ends the sessions cleanly, "immediate" is a crash (recovery at start).
@@ -154,6 +154,10 @@ class PostgresServer {
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir_.file("postgres.log"), ec);
     return ec ? 0 : size;
+  }
+  std::string log_end() const {
+    const auto size = log_size();
+    return log_since(size > 2000 ? size - 2000 : 0);
   }
   std::string log_since(std::uintmax_t offset) const {
     std::ifstream log(dir_.file("postgres.log"));

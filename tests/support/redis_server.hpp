@@ -39,7 +39,7 @@ class RedisServer {
       port_ = listen_port(plain_first, plain_count);
       if (launch()) return;
     }
-    FAIL("no Redis could start (see its log in " << dir_.path.string() << ")");
+    FAIL("no Redis could start; its log: " << log_tail());
   }
 
   /// A one-node Redis Cluster: cluster mode, every slot its own. What a cluster asks of its
@@ -52,7 +52,7 @@ class RedisServer {
       port_ = free_cluster_port();
       if (launch()) return;
     }
-    FAIL("no Redis Cluster node could start (see its log in " << dir_.path.string() << ")");
+    FAIL("no Redis Cluster node could start; its log: " << log_tail());
   }
   ~RedisServer() { stop(SIGKILL); }
   RedisServer(const RedisServer&) = delete;
@@ -90,8 +90,8 @@ class RedisServer {
                                dir_.file("nodes.conf"), "--cluster-node-timeout", "500"});
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
-    // (The child only calls execv and _exit: this process has threads, and after fork only
-    // async-signal-safe calls are sure to work, under the sanitizers too.)
+    // (The child makes only async-signal-safe calls, prctl, getppid, execv and _exit: this
+    // process has threads, and after fork only those are sure to work, under the sanitizers too.)
     std::vector<char*> argv;
     for (auto& a : args)
       argv.push_back(a.data());
@@ -101,6 +101,8 @@ class RedisServer {
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
       // Ended with the test process when that is killed (a ctest timeout), not left behind.
+      // (Strictly: when the thread that started it ends. Every test starts its Redis on the
+      // test's own thread.)
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);
       execv(argv[0], argv.data());
@@ -110,9 +112,10 @@ class RedisServer {
     // other tests' writes can make take seconds.)
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     const auto give_up = [&](const char* why) {
+      const pid_t pid = pid_;
       const std::string state = process_state();
       stop(SIGKILL);
-      FAIL("redis-server (pid " << pid_ << ", " << state << ") " << why
+      FAIL("redis-server (pid " << pid << ", " << state << ") " << why
                                 << "; its log: " << log_tail());
     };
     // Until it answers PING, and says that it is ours: the answer may come from another test's
@@ -188,7 +191,8 @@ class RedisServer {
   // Redis's, and a cluster node's with its bus port (its port + 10000), in ranges apart so that
   // no node takes a plain Redis's port for its bus while that Redis is stopped.
   static constexpr int plain_first = 25000, plain_count = 7768;  // 25000-32767
-  static constexpr int node_first = 10000, node_count = 5000;    // 10000-14999, buses 20000-24999
+  // (tests/redis_cluster.py's nodes take 11000-14999, buses 21000-24999)
+  static constexpr int node_first = 10000, node_count = 1000;  // 10000-10999, buses 20000-20999
 
   static int free_cluster_port() {
     for (int tries = 0; tries < 1000; ++tries) {
