@@ -1037,6 +1037,45 @@ TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken
   CHECK(store.retried_transactions() == 0);
 }
 
+TEST_CASE("postgres store: the writers' memory is bounded - the oldest rows are forgotten first") {
+  // 16,384 rows or 16 MiB a store (about 12,000 rows of these jobs as counted): after 20,000
+  // puts the first job's row is no longer remembered (its finish reads it), the last one's is.
+  const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
+  PostgresJobStore store(options_for(uri));
+  const auto now = std::chrono::system_clock::now();
+  const auto started = std::chrono::steady_clock::now();
+  constexpr int n = 20000;
+  std::vector<Job> jobs;
+  jobs.reserve(n);
+  for (int i = 0; i < n; ++i)
+    jobs.push_back(job_named("bounded-" + std::to_string(i)));
+  for (int from = 0; from < n; from += 1000) {
+    std::vector<rebound::PutRequest> requests;
+    for (int i = from; i < from + 1000; ++i)
+      requests.push_back({&jobs[i], Lease{"h", now + 60s}});
+    for (const PutOutcome o : store.put_many(requests))
+      REQUIRE(o == PutOutcome::created);
+  }
+  const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
+  const auto finish = [&](const std::string& id) {
+    std::promise<bool> held;
+    store.async_finish_job(id, "h", ok, std::nullopt, now, false,
+                           [&held](std::exception_ptr e, auto a) { held.set_value(!e && a.held); });
+    return held.get_future().get();
+  };
+  const std::size_t before = counter(store, "rows_recalled_total");
+  CHECK(finish("bounded-0"));
+  CHECK(counter(store, "rows_recalled_total") == before);  // read from the database
+  CHECK(finish("bounded-" + std::to_string(n - 1)));
+  // (Remembered for 5 s: checked where the writes took less than 4 s.)
+  if (std::chrono::steady_clock::now() - started < 4s)
+    CHECK(counter(store, "rows_recalled_total") == before + 1);
+  else
+    MESSAGE("the writes took more than 4 s: the last row's recall is not checked");
+  CHECK(store.get("bounded-0")->status == JobStatus::succeeded);
+  CHECK(store.retried_transactions() == 0);
+}
+
 TEST_CASE("postgres store: /metrics counts the writers' transactions - and those made again") {
   // JobStore::counters, rendered by the queue's metrics (rebound-server's /metrics).
   const std::string uri = shared_postgres().uri(PostgresServer::fresh_schema());
