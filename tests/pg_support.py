@@ -5,29 +5,15 @@ that Debian's postgresql package makes. Standard library only; each process is e
 own pid file (pg_ctl stop) or by its id."""
 import os
 import pwd
-import random
 import shutil
 import signal
 import socket
 import subprocess
 import time
 
-
-def _free_port():
-    """A free loopback port below the kernel's ephemeral range (32768 on), and above the ports of
-    the Redis Cluster nodes and their buses (10000-24999): the tests stop PostgreSQL and start it
-    again on the same port, and a port in the ephemeral range can meanwhile be taken by any
-    outgoing connection's source port."""
-    rng = random.Random(os.getpid() * 1000003 + time.monotonic_ns())
-    for _ in range(1000):
-        port = rng.randrange(25000, 32768)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port in 25000-32767")
+# (A port below the ephemeral range: the tests stop PostgreSQL and start it again on the same
+# port.)
+from fleet_support import free_port as _free_port
 
 
 def _as_postgres(command):

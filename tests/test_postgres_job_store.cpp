@@ -5,6 +5,7 @@
 
 #include <boost/asio/use_future.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -965,6 +966,23 @@ TEST_CASE("postgres store: a row written last is taken from memory - and read ag
   CHECK(a.get("handed")->callback.state == rebound::CallbackState::delivered);
 }
 
+// Puts `n` jobs named `prefix` and a number, 1,000 a put_many, leased to "h" for a minute.
+std::vector<Job> put_leased(PostgresJobStore& store, const std::string& prefix, int n,
+                            std::chrono::system_clock::time_point now) {
+  std::vector<Job> jobs;
+  jobs.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    jobs.push_back(job_named(prefix + std::to_string(i)));
+  for (int from = 0; from < n; from += 1000) {
+    std::vector<rebound::PutRequest> requests;
+    for (int i = from; i < std::min(n, from + 1000); ++i)
+      requests.push_back({&jobs[static_cast<std::size_t>(i)], Lease{"h", now + 60s}});
+    for (const PutOutcome o : store.put_many(requests))
+      REQUIRE(o == PutOutcome::created);
+  }
+  return jobs;
+}
+
 TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken from memory") {
   // A server takes in up to its queue's capacity at once (10,000 by default): each of those
   // jobs' next write (the finish after the put, the callback's end after the finish) finds its
@@ -983,17 +1001,7 @@ TEST_CASE("postgres store: the rows of ten thousand jobs in flight are all taken
   };
   const auto started = std::chrono::steady_clock::now();
   constexpr int n = 10000;
-  std::vector<Job> jobs;
-  jobs.reserve(n);
-  for (int i = 0; i < n; ++i)
-    jobs.push_back(job_named("inflight-" + std::to_string(i)));
-  for (int from = 0; from < n; from += 1000) {
-    std::vector<rebound::PutRequest> requests;
-    for (int i = from; i < from + 1000; ++i)
-      requests.push_back({&jobs[i], Lease{"h", now + 60s}});
-    for (const PutOutcome o : store.put_many(requests))
-      REQUIRE(o == PutOutcome::created);
-  }
+  const std::vector<Job> jobs = put_leased(store, "inflight-", n, now);
   const std::size_t recalled = counter(store, "rows_recalled_total");
   // Every finish at once (the writer groups them), then every callback's end.
   const auto all =
@@ -1045,17 +1053,7 @@ TEST_CASE("postgres store: the writers' memory is bounded - the oldest rows are 
   const auto now = std::chrono::system_clock::now();
   const auto started = std::chrono::steady_clock::now();
   constexpr int n = 20000;
-  std::vector<Job> jobs;
-  jobs.reserve(n);
-  for (int i = 0; i < n; ++i)
-    jobs.push_back(job_named("bounded-" + std::to_string(i)));
-  for (int from = 0; from < n; from += 1000) {
-    std::vector<rebound::PutRequest> requests;
-    for (int i = from; i < from + 1000; ++i)
-      requests.push_back({&jobs[i], Lease{"h", now + 60s}});
-    for (const PutOutcome o : store.put_many(requests))
-      REQUIRE(o == PutOutcome::created);
-  }
+  const std::vector<Job> jobs = put_leased(store, "bounded-", n, now);
   const rebound::JobOutcome ok{JobStatus::succeeded, {{"y", 1}}, std::nullopt};
   const auto finish = [&](const std::string& id) {
     std::promise<bool> held;
