@@ -765,34 +765,31 @@ TEST_CASE(
   REQUIRE(rebound::test::submitted(queue, job("queued-3", 4)) == "accepted");
   clock->advance(-5s);
   CHECK(queued() == "3");
-  // A scrape that comes while another counts (a slow store) shows the last count at once: it
-  // neither waits for that count nor counts too.
+  // A scrape whose count is held at the store, and another meanwhile: what the other shows at
+  // once (it neither waits for that count nor counts too), then what the first one counted.
+  const auto scraped_while_counting = [&]() -> std::pair<std::string, std::string> {
+    std::future<std::string> counting, meanwhile;  // (waited for after the gate opens)
+    std::string shown;
+    {
+      auto held_count = control->counts.closed_while_in_scope();
+      counting = std::async(std::launch::async, queued);
+      REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
+      meanwhile = std::async(std::launch::async, queued);
+      REQUIRE(meanwhile.wait_for(10s) == std::future_status::ready);
+      shown = meanwhile.get();
+      CHECK(control->counts.waiting() == 1);
+    }
+    return {shown, counting.get()};
+  };
+  // While a slow store counts, the last count is shown.
   REQUIRE(rebound::test::submitted(queue, job("queued-4", 5)) == "accepted");
   clock->advance(1s);
-  std::future<std::string> counting, meanwhile;  // (waited for after the gate opens)
-  {
-    auto held_count = control->counts.closed_while_in_scope();
-    counting = std::async(std::launch::async, queued);
-    REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
-    meanwhile = std::async(std::launch::async, queued);
-    REQUIRE(meanwhile.wait_for(10s) == std::future_status::ready);
-    CHECK(meanwhile.get() == "3");
-    CHECK(control->counts.waiting() == 1);
-  }
-  CHECK(counting.get() == "4");
+  CHECK(scraped_while_counting() == std::pair<std::string, std::string>{"3", "4"});
   CHECK(queued() == "4");
   // A count of 10 s ago is not shown meanwhile (a store that hangs in the count does not freeze
   // the gauges): the gauges are left out.
   clock->advance(10s);
-  {
-    auto held_count = control->counts.closed_while_in_scope();
-    counting = std::async(std::launch::async, queued);
-    REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
-    meanwhile = std::async(std::launch::async, queued);
-    REQUIRE(meanwhile.wait_for(10s) == std::future_status::ready);
-    CHECK(meanwhile.get() == "none");
-  }
-  CHECK(counting.get() == "4");
+  CHECK(scraped_while_counting() == std::pair<std::string, std::string>{"none", "4"});
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {

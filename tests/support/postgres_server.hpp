@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -52,9 +51,10 @@ class PostgresServer {
       port_ = listen_port(25000, 7768);  // (Redis Cluster nodes and their buses use 10000-24999)
       const auto logged = log_size();
       if (launch()) return;
-      if (log_since(logged).find("Address already in use") == std::string::npos) break;
+      if (dir_.read("postgres.log", logged).find("Address already in use") == std::string::npos)
+        break;
     }
-    FAIL("PostgreSQL did not start; its log ends: " << log_end());
+    FAIL("PostgreSQL did not start; its log ends: " << dir_.tail("postgres.log"));
   }
   ~PostgresServer() { stop(); }
   PostgresServer(const PostgresServer&) = delete;
@@ -69,7 +69,8 @@ class PostgresServer {
 
   /// Starts it (again) and waits until it accepts connections.
   void start() {
-    REQUIRE_MESSAGE(launch(), "PostgreSQL did not start; its log ends: " << log_end());
+    REQUIRE_MESSAGE(launch(),
+                    "PostgreSQL did not start; its log ends: " << dir_.tail("postgres.log"));
   }
 
   /// Stops it: "fast" ends the sessions cleanly, "immediate" is a crash (recovery at start).
@@ -154,15 +155,6 @@ class PostgresServer {
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir_.file("postgres.log"), ec);
     return ec ? 0 : size;
-  }
-  std::string log_end() const {
-    const auto size = log_size();
-    return log_since(size > 2000 ? size - 2000 : 0);
-  }
-  std::string log_since(std::uintmax_t offset) const {
-    std::ifstream log(dir_.file("postgres.log"));
-    log.seekg(static_cast<std::streamoff>(offset));
-    return std::string((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   }
 
   TempDir dir_;

@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +38,7 @@ class RedisServer {
       port_ = listen_port(plain_first, plain_count);
       if (launch()) return;
     }
-    FAIL("no Redis could start; its log: " << log_tail());
+    FAIL("no Redis could start; its log: " << dir_.tail("redis.log"));
   }
 
   /// A one-node Redis Cluster: cluster mode, every slot its own. What a cluster asks of its
@@ -52,7 +51,7 @@ class RedisServer {
       port_ = free_cluster_port();
       if (launch()) return;
     }
-    FAIL("no Redis Cluster node could start; its log: " << log_tail());
+    FAIL("no Redis Cluster node could start; its log: " << dir_.tail("redis.log"));
   }
   ~RedisServer() { stop(SIGKILL); }
   RedisServer(const RedisServer&) = delete;
@@ -62,7 +61,9 @@ class RedisServer {
   std::string uri() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
   /// Starts it again after stop(), on the same port and folder.
-  void start() { REQUIRE_MESSAGE(launch(), "redis-server exited at start: " << log_tail()); }
+  void start() {
+    REQUIRE_MESSAGE(launch(), "redis-server exited at start: " << dir_.tail("redis.log"));
+  }
 
  private:
   // Starts it and waits until it answers (and, as a cluster node, says the cluster is up); false
@@ -116,7 +117,7 @@ class RedisServer {
       const std::string state = process_state();
       stop(SIGKILL);
       FAIL("redis-server (pid " << pid << ", " << state << ") " << why
-                                << "; its log: " << log_tail());
+                                << "; its log: " << dir_.tail("redis.log"));
     };
     // Until it answers PING, and says that it is ours: the answer may come from another test's
     // Redis that took the port first (ours then exits: tried again on another port).
@@ -126,7 +127,7 @@ class RedisServer {
         pid_ = -1;
         return false;
       }
-      if (answers_ping()) {
+      if (ask("PING").rfind("+PONG", 0) == 0) {
         const std::string info = ask("INFO server");
         if (info.find("process_id:" + std::to_string(pid_) + "\r") != std::string::npos) break;
         if (info.find("process_id:") != std::string::npos) {  // another's
@@ -174,13 +175,11 @@ class RedisServer {
     const int fd = connected();
     if (fd < 0) return {};
     std::string out;
-    {
-      const std::string line = command + "\r\n";
-      char answer[4096];
-      if (send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
-        const ssize_t n = recv(fd, answer, sizeof answer, 0);
-        if (n > 0) out.assign(answer, static_cast<std::size_t>(n));
-      }
+    const std::string line = command + "\r\n";
+    char answer[4096];
+    if (send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size())) {
+      const ssize_t n = recv(fd, answer, sizeof answer, 0);
+      if (n > 0) out.assign(answer, static_cast<std::size_t>(n));
     }
     close(fd);
     return out;
@@ -234,27 +233,6 @@ class RedisServer {
       return -1;
     }
     return fd;
-  }
-
-  // The end of its log, for a failure's message.
-  std::string log_tail() const {
-    std::ifstream log(dir_.file("redis.log"));
-    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-    return text.size() > 2000 ? text.substr(text.size() - 2000) : text;
-  }
-
-  bool answers_ping() const {
-    const int fd = connected();
-    if (fd < 0) return false;
-    bool ok = false;
-    {
-      const char ping[] = "PING\r\n";
-      char answer[16] = {0};
-      ok = send(fd, ping, sizeof ping - 1, 0) == sizeof ping - 1 &&
-           recv(fd, answer, sizeof answer - 1, 0) > 0 && std::string(answer).rfind("+PONG", 0) == 0;
-    }
-    close(fd);
-    return ok;
   }
 
   std::vector<std::string> extra_;

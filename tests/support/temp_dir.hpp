@@ -6,7 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <system_error>
 
 namespace rebound::test {
 
@@ -27,6 +29,18 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
   void write(const std::string& name, const std::string& text) const {
     std::ofstream(path / name) << text;
+  }
+  /// A file's bytes from `offset` on (empty when there is no such file).
+  std::string read(const std::string& name, std::uintmax_t offset = 0) const {
+    std::ifstream in(path / name);
+    in.seekg(static_cast<std::streamoff>(offset));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  /// Its last `bytes` bytes (a server's log, for a failure's message).
+  std::string tail(const std::string& name, std::uintmax_t bytes = 2000) const {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path / name, ec);
+    return ec ? std::string() : read(name, size > bytes ? size - bytes : 0);
   }
 };
 
