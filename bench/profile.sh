@@ -16,7 +16,7 @@ mkdir -p "$out/body"
 sed -e "s#RUNDIR#$out#g" -e "s#RPORT#$rport#g" bench/receiver.nginx.conf >"$out/nginx.conf"
 nginx -c "$out/nginx.conf" -p "$out" & ngx=$!
 (cd "$out" && exec "$bin" serve --host 127.0.0.1 --port "$port" --model echo --store "$store_arg" \
-  --allow-private-callbacks --log-level warn --queue-capacity 1000000) >"$out/server.log" 2>&1 &
+  --allow-private-callbacks --log-level warn) >"$out/server.log" 2>&1 &
 srv=$!
 trap 'kill $srv $ngx 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/ping" >/dev/null && break; sleep 0.1; done
