@@ -49,7 +49,7 @@ class PostgresServer {
     // to start, and another port is tried.
     for (int tries = 0; tries < 5; ++tries) {
       port_ = listen_port(25000, 7768);  // (Redis Cluster nodes and their buses use 10000-24999)
-      const auto logged = log_size();
+      const auto logged = dir_.size("postgres.log");
       if (launch()) return;
       if (dir_.read("postgres.log", logged).find("Address already in use") == std::string::npos)
         break;
@@ -150,11 +150,6 @@ class PostgresServer {
           " -w -m immediate stop > /dev/null 2>&1");
     }
     return running_;
-  }
-  std::uintmax_t log_size() const {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(dir_.file("postgres.log"), ec);
-    return ec ? 0 : size;
   }
 
   TempDir dir_;

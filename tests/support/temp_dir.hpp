@@ -36,11 +36,16 @@ struct TempDir {
     in.seekg(static_cast<std::streamoff>(offset));
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
+  /// A file's size (0 when there is no such file).
+  std::uintmax_t size(const std::string& name) const {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path / name, ec);
+    return ec ? 0 : bytes;
+  }
   /// Its last `bytes` bytes (a server's log, for a failure's message).
   std::string tail(const std::string& name, std::uintmax_t bytes = 2000) const {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(path / name, ec);
-    return ec ? std::string() : read(name, size > bytes ? size - bytes : 0);
+    const auto total = size(name);
+    return read(name, total > bytes ? total - bytes : 0);
   }
 };
 
