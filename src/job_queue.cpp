@@ -391,10 +391,25 @@ void JobQueue::start_wait(const JobRef& job, detail::Completion<JobRecord> done)
 }
 
 namespace {
-// How old /metrics's count of the store's queue may be (Pipeline::metrics_stats).
-constexpr std::chrono::seconds metrics_stats_max_age{1};
-// How old a count a scrape shows while another scrape is counting.
-constexpr std::chrono::seconds metrics_stats_shown_while_counting{10};
+// How old /metrics's count of the store's queue may be (Pipeline::metrics_stats): a second, or
+// 20 times what the last count took if that is longer (a backlog of a million jobs takes a
+// PostgreSQL store about half a second to count: counted once a second, that is half a core of
+// the database a server), at most a minute. So counting takes at most a twentieth of the store's
+// time a server however many scrape (for counts of up to 3 s; longer ones, once a minute).
+std::chrono::system_clock::duration metrics_stats_max_age(
+    std::chrono::system_clock::duration last_count_took) {
+  constexpr std::chrono::system_clock::duration least = std::chrono::seconds(1);
+  constexpr std::chrono::system_clock::duration most = std::chrono::minutes(1);
+  constexpr int cost_factor = 20;
+  if (last_count_took <= least / cost_factor) return least;
+  if (last_count_took >= most / cost_factor) return most;
+  return last_count_took * cost_factor;
+}
+// How old a count a scrape shows while another scrape is counting: 10 s, or twice the age above.
+std::chrono::system_clock::duration metrics_stats_shown_while_counting(
+    std::chrono::system_clock::duration max_age) {
+  return std::max<std::chrono::system_clock::duration>(std::chrono::seconds(10), 2 * max_age);
+}
 
 // The handler of an async_invoke: answered once by the model, or, if its work item is dropped
 // unanswered (a worker step that threw), with shutting_down as it goes.
@@ -550,44 +565,11 @@ std::string Telemetry::render_metrics() const {
            std::to_string(c.value) + "\n";
   }
   // The whole queue, as the store counts it: the same on every server of a shared store (for
-  // an autoscaler: take the max over servers, not the sum). Left out while the store fails. At
-  // most a second old (Pipeline::metrics_stats): a scrape within a second of the last count
-  // shows that count; GET /v1/stats and Telemetry::queue_stats count each time. One scrape
-  // counts at a time, with no lock held (the store's hooks may run meanwhile, and a slow store
-  // holds up that scrape only): one that comes while another counts shows the last count if it
-  // is less than 10 s old (a store that hangs in the count does not freeze the gauges), else none.
+  // an autoscaler: take the max over servers, not the sum). Left out while the store fails.
   std::optional<QueueStats> stats;
-  bool count = false;
-  std::chrono::system_clock::time_point counted_at;
-  {
-    std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
-    counted_at = core_.clock();
-    const auto& at = core_.metrics_stats_at;
-    const auto younger_than = [&](std::chrono::system_clock::duration age) {
-      return at && counted_at >= *at && counted_at - *at < age;
-    };
-    if (younger_than(metrics_stats_max_age)) {
-      stats = core_.metrics_stats;
-    } else if (core_.metrics_stats_counting) {
-      if (younger_than(metrics_stats_shown_while_counting)) stats = core_.metrics_stats;
-    } else {
-      core_.metrics_stats_counting = count = true;
-    }
-  }
-  if (count) {
-    bool counted = true;
-    try {
-      stats = queue_stats();
-    } catch (...) {  // (whatever it was: the next scrape counts again)
-      counted = false;
-    }
-    std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
-    core_.metrics_stats_counting = false;
-    core_.metrics_stats = stats;
-    if (counted)
-      core_.metrics_stats_at = counted_at;
-    else
-      core_.metrics_stats_at.reset();
+  try {
+    stats = recent_queue_stats();
+  } catch (...) {  // (whatever it was: recent_queue_stats says when the next count is)
   }
   if (stats) {
     out +=
@@ -831,6 +813,63 @@ std::size_t Telemetry::in_flight() const {
 
 std::size_t Telemetry::work_bytes() const {
   return core_.admission.bytes();
+}
+
+// At most a second old, or 20 times what the last count took (metrics_stats_max_age): a call
+// within that of the last count gets that count; GET /v1/stats and Telemetry::queue_stats count
+// each time. One call counts at a time, with no lock held (the store's hooks may run meanwhile,
+// and a slow store holds up that call only): one that comes while another counts gets the last
+// count if it is less than 10 s old (or twice that age, if longer: a store that hangs in the count
+// does not freeze the gauges), else none. A count that failed is not kept: the next call counts
+// again, unless the failed one took longer than 50 ms (a count cut by the store's statement
+// timeout), which holds off the next as a kept one would, with none shown meanwhile.
+std::optional<QueueStats> Telemetry::recent_queue_stats() const {
+  std::optional<QueueStats> stats;
+  std::chrono::system_clock::time_point counted_at;
+  {
+    std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
+    counted_at = core_.clock();
+    const auto within = [&](const std::optional<std::chrono::system_clock::time_point>& at,
+                            std::chrono::system_clock::duration age) {
+      return at && counted_at >= *at && counted_at - *at < age;
+    };
+    const auto& at = core_.metrics_stats_at;
+    const auto max_age = metrics_stats_max_age(core_.metrics_stats_took);
+    if (within(at, max_age)) return core_.metrics_stats;
+    if (core_.metrics_stats_counting) {
+      if (within(at, metrics_stats_shown_while_counting(max_age))) return core_.metrics_stats;
+      return std::nullopt;
+    }
+    if (within(core_.metrics_stats_failed_at, max_age)) return std::nullopt;
+    core_.metrics_stats_counting = true;
+  }
+  std::exception_ptr failure;
+  try {
+    stats = queue_stats();
+  } catch (...) {  // (whatever it was: rethrown once the state below is kept)
+    failure = std::current_exception();
+  }
+  // What the count took, on the same clock: one stepped back while counting took nothing (one
+  // stepped forward took the step: kept a minute at most).
+  const auto took = std::max(core_.clock() - counted_at, std::chrono::system_clock::duration{});
+  {
+    std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
+    core_.metrics_stats_counting = false;
+    core_.metrics_stats = stats;
+    core_.metrics_stats_took = took;
+    if (!failure) {
+      core_.metrics_stats_at = counted_at;
+      core_.metrics_stats_failed_at.reset();
+    } else {
+      core_.metrics_stats_at.reset();
+      if (metrics_stats_max_age(took) > metrics_stats_max_age({}))
+        core_.metrics_stats_failed_at = counted_at;
+      else
+        core_.metrics_stats_failed_at.reset();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  return stats;
 }
 
 std::optional<QueueStats> Telemetry::queue_stats() const {

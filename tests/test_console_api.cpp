@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rebound/http/server.hpp"
+#include "support/fake_clock.hpp"
 #include "support/held_model.hpp"
 #include "support/log_lines.hpp"
 #include "support/receiver.hpp"
@@ -301,6 +302,45 @@ TEST_CASE("console: dead letters are found - inspected and redelivered - each ac
   CHECK(bulk[0]["key"] == "ops");
   CHECK(bulk[0]["redelivered"] == 2);
   CHECK_FALSE(lines.mention("k-ops"));
+}
+
+TEST_CASE("console: the overview shows the queue count /metrics shows - counted once a second") {
+  // Every open tab refreshes the overview every 5 s: it shares /metrics's count (a backlog of a
+  // million jobs takes PostgreSQL half a second to count) instead of counting at each request.
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  HarnessOptions o = console_options();
+  o.workers = 1;
+  o.clock = rebound::test::clock_of(clock);
+  rebound::test::ServerHarness h(std::make_unique<rebound::test::HeldModel>(), o);
+  auto* model = static_cast<rebound::test::HeldModel*>(h.model_ptr);
+  struct OpenAtExit {
+    rebound::test::HeldModel* model;
+    ~OpenAtExit() { model->open(); }  // nothing may stay held while the server stops
+  } open_at_exit{model};
+  const As acme{h, "k-acme"}, ops{h, "k-ops"};
+  REQUIRE(acme.post("/v1/inferences", {{"id", "busy"}, {"input", 1}})->status == 202);
+  REQUIRE(model->wait_started(1));
+  REQUIRE(acme.post("/v1/inferences", {{"id", "one"}, {"input", 2}})->status == 202);
+  const auto metrics_queued = [&] {
+    const auto res = ops.get("/metrics");
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const std::string name = "\nrebound_queue_jobs{state=\"queued\"} ";
+    const auto at = res->body.find(name);
+    REQUIRE(at != std::string::npos);
+    return res->body.substr(at + name.size(), res->body.find('\n', at + 1) - at - name.size());
+  };
+  CHECK(metrics_queued() == "1");
+  REQUIRE(acme.post("/v1/inferences", {{"id", "two"}, {"input", 3}})->status == 202);
+  // The same second: the count the scrape made (GET /v1/stats counts at each request).
+  CHECK(ops.get_json("/v1/console/overview")["queue"]["queued"] == 1);
+  CHECK(ops.get_json("/v1/stats")["queued"] == 2);
+  // A second on: the overview counts again, and the scrape shows that count.
+  clock->advance(1s);
+  REQUIRE(acme.post("/v1/inferences", {{"id", "three"}, {"input", 4}})->status == 202);
+  CHECK(ops.get_json("/v1/console/overview")["queue"]["queued"] == 3);
+  REQUIRE(acme.post("/v1/inferences", {{"id", "four"}, {"input", 5}})->status == 202);
+  CHECK(metrics_queued() == "3");
 }
 
 TEST_CASE("console: an operator cancels a queued job - the overview and servers say what is") {

@@ -721,7 +721,7 @@ std::thread::id io_thread_of(JobQueue& queue) {
 
 TEST_CASE(
     "job queue: /metrics counts the store's queue at most once a second - a failed count is "
-    "not kept") {
+    "not kept and a slow one holds off the next") {
   auto clock = std::make_shared<rebound::test::FakeClock>();
   auto control = std::make_shared<rebound::test::FailingStore::Switch>();
   rebound::JobQueueOptions options;
@@ -790,6 +790,97 @@ TEST_CASE(
   // the gauges): the gauges are left out.
   clock->advance(10s);
   CHECK(scraped_while_counting() == std::pair<std::string, std::string>{"none", "4"});
+  // A count that takes long (a long backlog in a shared database) is kept 20 times as long as it
+  // took, at most a minute: what a scrape counted while the clock moved on by `took`.
+  const auto count_taking = [&](std::chrono::milliseconds took) {
+    std::future<std::string> counting;
+    {
+      auto held_count = control->counts.closed_while_in_scope();
+      counting = std::async(std::launch::async, queued);
+      REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
+      clock->advance(took);
+    }
+    return counting.get();
+  };
+  clock->advance(1s);
+  CHECK(count_taking(200ms) == "4");
+  REQUIRE(rebound::test::submitted(queue, job("queued-5", 6)) == "accepted");
+  clock->advance(3799ms);  // (3,999 ms after the count began)
+  CHECK(queued() == "4");
+  clock->advance(1ms);
+  CHECK(queued() == "5");
+  // That count took no time: a second again.
+  REQUIRE(rebound::test::submitted(queue, job("queued-6", 7)) == "accepted");
+  clock->advance(1s);
+  CHECK(queued() == "6");
+  // A count of 10 s: kept a minute, not 200 s.
+  clock->advance(1s);
+  CHECK(count_taking(10s) == "6");
+  REQUIRE(rebound::test::submitted(queue, job("queued-7", 8)) == "accepted");
+  clock->advance(49s);
+  CHECK(queued() == "6");
+  // While another scrape counts, a count kept a minute is shown for two (not 10 s).
+  clock->advance(1s);
+  CHECK(scraped_while_counting() == std::pair<std::string, std::string>{"6", "7"});
+  clock->advance(1s);
+  CHECK(count_taking(10s) == "7");
+  clock->advance(110s);  // (120 s after that count began)
+  CHECK(scraped_while_counting() == std::pair<std::string, std::string>{"none", "7"});
+  // A count that fails after 50 ms is tried again at once, as one that fails at once.
+  REQUIRE(rebound::test::submitted(queue, job("queued-8", 9)) == "accepted");
+  clock->advance(1s);
+  control->fail();
+  CHECK(count_taking(50ms) == "none");
+  control->heal();
+  CHECK(queued() == "8");
+  // One that fails after 200 ms (a statement timeout) holds off the next count for 4 s, the
+  // gauges left out meanwhile.
+  REQUIRE(rebound::test::submitted(queue, job("queued-9", 10)) == "accepted");
+  clock->advance(1s);
+  control->fail();
+  CHECK(count_taking(200ms) == "none");
+  control->heal();
+  CHECK(queued() == "none");
+  clock->advance(3799ms);  // (3,999 ms after the count began)
+  CHECK(queued() == "none");
+  clock->advance(1ms);
+  CHECK(queued() == "9");
+}
+
+TEST_CASE("job queue: recent_queue_stats is the count /metrics shows - its own failure thrown") {
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  auto control = std::make_shared<rebound::test::FailingStore::Switch>();
+  rebound::JobQueueOptions options;
+  options.workers = 1;
+  options.clock = rebound::test::clock_of(clock);
+  auto model = std::make_unique<rebound::test::HeldModel>();
+  auto* held = model.get();
+  JobQueue queue(std::move(model), std::make_unique<rebound::test::FailingStore>(control), options);
+  struct Open {
+    rebound::test::HeldModel* model;
+    ~Open() { model->open(); }  // (also when a check below fails)
+  } open_at_end{held};
+  const auto& telemetry = queue.telemetry();
+  REQUIRE(rebound::test::submitted(queue, job("running", 1)) == "accepted");
+  REQUIRE(held->wait_started(1));
+  REQUIRE(rebound::test::submitted(queue, job("queued-1", 2)) == "accepted");
+  REQUIRE(telemetry.recent_queue_stats()->queued == 1);
+  REQUIRE(rebound::test::submitted(queue, job("queued-2", 3)) == "accepted");
+  // The scrape shows the count made by the call above, and the call the scrape's.
+  CHECK(telemetry.render_metrics().find("\nrebound_queue_jobs{state=\"queued\"} 1\n") !=
+        std::string::npos);
+  CHECK(telemetry.recent_queue_stats()->queued == 1);
+  CHECK(telemetry.queue_stats()->queued == 2);  // (counts at each call)
+  clock->advance(1s);
+  CHECK(telemetry.render_metrics().find("\nrebound_queue_jobs{state=\"queued\"} 2\n") !=
+        std::string::npos);
+  CHECK(telemetry.recent_queue_stats()->queued == 2);
+  // A failing store: the call that counts throws, and the next one counts again.
+  clock->advance(1s);
+  control->fail();
+  CHECK_THROWS_AS(telemetry.recent_queue_stats(), rebound::StoreUnavailable);
+  control->heal();
+  CHECK(telemetry.recent_queue_stats()->queued == 2);
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {

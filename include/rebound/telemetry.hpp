@@ -25,8 +25,8 @@ class WorkQueue;
 
 /// Thread-safety: every method is thread-safe.
 ///
-/// Example (an autoscaler's probe):
-///   if (auto stats = queue.telemetry().queue_stats()) scale_to(stats->queued / per_server);
+/// Example (an autoscaler's probe, polling often: the count shared with /metrics):
+///   if (auto stats = queue.telemetry().recent_queue_stats()) scale_to(stats->queued / per_server);
 class Telemetry {
  public:
   Telemetry(const Telemetry&) = delete;
@@ -51,6 +51,18 @@ class Telemetry {
   /// StoreUnavailable when the store fails.
   std::optional<QueueStats> queue_stats() const;
 
+  /// queue_stats as `GET /metrics` shows them: counted at most once a second, and shared by every
+  /// caller of this function and of render_metrics, so that what polls often (scrapers, the
+  /// console's overview in each open tab) costs a shared store one count a second at most. A
+  /// count that takes longer than 50 ms (a long backlog in a shared database) is kept 20 times as
+  /// long as it took, at most a minute, so that counting takes at most a twentieth of the store's
+  /// time. One caller counts at a time, with no lock held; the others meanwhile get the last
+  /// count if it is under 10 s old (or twice the age above, if longer), else nullopt. A count
+  /// that failed is not kept: the call that counted throws StoreUnavailable, and the next call
+  /// counts again, or, after a failure that took longer than 50 ms (a statement timeout), once
+  /// 20 times that has passed (nullopt meanwhile). nullopt also when the store cannot tell.
+  std::optional<QueueStats> recent_queue_stats() const;
+
   /// True once the model is ready (Model::ready) and its warm-up (Model::warm_up) has returned:
   /// `GET /v1/models` says `ready`, else `loading`.
   bool model_ready() const;
@@ -65,9 +77,8 @@ class Telemetry {
   const Metrics& metrics() const;
 
   /// All metrics in the Prometheus text format, gauges included (what `GET /metrics` serves).
-  /// The store's queue gauges (`rebound_queue_*`, from queue_stats) are counted at most once a
-  /// second: a call within a second of the last count shows that count (scrapers polling often
-  /// cost a shared store one count a second); a count that failed is not kept.
+  /// The store's queue gauges (`rebound_queue_*`) are recent_queue_stats: counted at most once a
+  /// second (longer when counting is slow), left out when there is no count to show.
   std::string render_metrics() const;
 
  private:

@@ -229,7 +229,7 @@ const overview = {
     const data = await api('GET', '/v1/console/overview');
     const q = data && data.queue;
     const srv = (data && data.server) || {};
-    const noCount = h('p', { class: 'muted' }, 'The job store cannot count its queue.');
+    const noCount = h('p', { class: 'muted' }, 'No count of the queue now: the job store cannot count it, or its last count failed.');
     const tiles = h('div', { class: 'tiles' },
       [
         ['Queued', q ? q.queued : undefined, 'queued'],

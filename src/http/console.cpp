@@ -153,7 +153,8 @@ void Console::session(const std::string& name, bool is_operator, HttpResponse& r
 
 void Console::overview(HttpResponse& res) const {
   nlohmann::json queue = nullptr;
-  if (const auto s = queue_.telemetry().queue_stats()) queue = queue_stats_json(*s);
+  // (The count /metrics shows, shared: every open tab refreshes this every 5 s.)
+  if (const auto s = queue_.telemetry().recent_queue_stats()) queue = queue_stats_json(*s);
   const Metrics& m = queue_.telemetry().metrics();
   nlohmann::json server = {{"accepted", m.jobs_accepted.load()},
                            {"succeeded", m.jobs_succeeded.load()},

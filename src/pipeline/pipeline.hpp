@@ -647,15 +647,20 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
   std::deque<PumpRead> pump_reads;
   bool pump_reads_ended = false;
   std::size_t look_ups = 0, look_up_bytes = 0;
-  // The store's queue_stats as /metrics last counted them (Telemetry::render_metrics), and when
-  // (on `clock`): counted again once they are a second old, so that however many scrapers ask
-  // (Prometheus replicas, a harness polling every 50 ms) a shared store counts its backlog at
-  // most once a second for this server. A failed count is not kept (none is shown until one
-  // works). Whether a scrape is counting now: the scrapes meanwhile show the last count (if
-  // under 10 s old) rather than wait or count too. Under metrics_stats_mutex, which nobody holds
-  // while counting.
+  // The store's queue_stats as /metrics last counted them (Telemetry::recent_queue_stats), and when
+  // (on `clock`) and what that count took: counted again once they are a second old (or 20
+  // times what the count took, if longer), so that however many scrapers ask (Prometheus
+  // replicas, a harness polling every 50 ms) a shared store counts its backlog at most once a
+  // second for this server, and spends at most a twentieth of its time on it. A failed count is
+  // not kept (none is shown until one works); one that failed after more than 50 ms (cut by a
+  // statement timeout) holds off the next as a kept one would (metrics_stats_failed_at: when it
+  // began). Whether a scrape is counting now: the scrapes meanwhile show the last count (if under
+  // 10 s old, or twice the age it is kept, if longer) rather than wait or count too. Under
+  // metrics_stats_mutex, which nobody holds while counting.
   std::mutex metrics_stats_mutex;
   std::optional<std::chrono::system_clock::time_point> metrics_stats_at;
+  std::chrono::system_clock::duration metrics_stats_took{};  // what the last count took
+  std::optional<std::chrono::system_clock::time_point> metrics_stats_failed_at;
   std::optional<QueueStats> metrics_stats;
   bool metrics_stats_counting = false;
 
