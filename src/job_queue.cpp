@@ -850,8 +850,14 @@ std::optional<QueueStats> Telemetry::recent_queue_stats() const {
     failure = std::current_exception();
   }
   // What the count took, on the same clock: one stepped back while counting took nothing (one
-  // stepped forward took the step: kept a minute at most).
-  const auto took = std::max(core_.clock() - counted_at, std::chrono::system_clock::duration{});
+  // stepped forward took the step: kept a minute at most). (A clock that throws fails the count,
+  // and leaves no scrape counting for good.)
+  std::chrono::system_clock::duration took{};
+  try {
+    took = std::max(core_.clock() - counted_at, std::chrono::system_clock::duration{});
+  } catch (...) {
+    if (!failure) failure = std::current_exception();
+  }
   {
     std::lock_guard<std::mutex> lock(core_.metrics_stats_mutex);
     core_.metrics_stats_counting = false;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rebound/http/server.hpp"
+#include "support/failing_store.hpp"
 #include "support/fake_clock.hpp"
 #include "support/held_model.hpp"
 #include "support/log_lines.hpp"
@@ -341,6 +342,24 @@ TEST_CASE("console: the overview shows the queue count /metrics shows - counted 
   CHECK(ops.get_json("/v1/console/overview")["queue"]["queued"] == 3);
   REQUIRE(acme.post("/v1/inferences", {{"id", "four"}, {"input", 5}})->status == 202);
   CHECK(metrics_queued() == "3");
+}
+
+TEST_CASE("console: a failing store leaves the queue out of the overview - the rest is shown") {
+  auto control = std::make_shared<rebound::test::FailingStore::Switch>();
+  HarnessOptions o = console_options();
+  o.make_store = [control] { return std::make_unique<rebound::test::FailingStore>(control); };
+  Harness h(o);
+  const As acme{h, "k-acme"}, ops{h, "k-ops"};
+  REQUIRE(acme.post("/v1/inferences", {{"id", "one"}, {"input", 1}})->status == 202);
+  control->fail();
+  json overview = ops.get_json("/v1/console/overview");
+  CHECK(overview["queue"].is_null());
+  CHECK(overview["server"]["accepted"] == 1);
+  CHECK(overview["rates"].is_array());
+  control->heal();
+  overview = ops.get_json("/v1/console/overview");
+  REQUIRE(overview["queue"].is_object());
+  CHECK(overview["queue"]["queued"].is_number());
 }
 
 TEST_CASE("console: an operator cancels a queued job - the overview and servers say what is") {

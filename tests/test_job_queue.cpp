@@ -881,6 +881,27 @@ TEST_CASE("job queue: recent_queue_stats is the count /metrics shows - its own f
   CHECK_THROWS_AS(telemetry.recent_queue_stats(), rebound::StoreUnavailable);
   control->heal();
   CHECK(telemetry.recent_queue_stats()->queued == 2);
+  // A count that fails after 200 ms (a statement timeout): meanwhile the others get the last
+  // count; then no count, and no throw, until 4 s after it began.
+  clock->advance(1s);
+  control->fail();
+  {
+    std::future<std::optional<rebound::QueueStats>> counting;
+    {
+      auto held_count = control->counts.closed_while_in_scope();
+      counting = std::async(std::launch::async, [&] { return telemetry.recent_queue_stats(); });
+      REQUIRE(rebound::test::eventually([&] { return control->counts.waiting() == 1; }));
+      CHECK(telemetry.recent_queue_stats()->queued == 2);
+      clock->advance(200ms);
+    }
+    CHECK_THROWS_AS(counting.get(), rebound::StoreUnavailable);
+  }
+  control->heal();
+  CHECK_FALSE(telemetry.recent_queue_stats());
+  clock->advance(3799ms);
+  CHECK_FALSE(telemetry.recent_queue_stats());
+  clock->advance(1ms);
+  CHECK(telemetry.recent_queue_stats()->queued == 2);
 }
 
 TEST_CASE("job queue: a plain handler runs once on the queue's executor by default") {

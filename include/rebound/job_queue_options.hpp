@@ -126,7 +126,7 @@ struct JobQueueOptions {
   /// second, and a frozen one never polls by itself (a submission or a freed slot still wakes
   /// it). A clock stepped back (an NTP step) delays no poll or renewal by the step. Other timers
   /// wait in real time for the difference to the injected clock. Called often, from several
-  /// threads, some under a lock: it must be cheap, never block and never throw.
+  /// threads, some under a lock: it must be cheap and never block.
   std::function<std::chrono::system_clock::time_point()> clock = [] {
     return std::chrono::system_clock::now();
   };

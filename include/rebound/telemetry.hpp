@@ -60,7 +60,10 @@ class Telemetry {
   /// count if it is under 10 s old (or twice the age above, if longer), else nullopt. A count
   /// that failed is not kept: the call that counted throws StoreUnavailable, and the next call
   /// counts again, or, after a failure that took longer than 50 ms (a statement timeout), once
-  /// 20 times that has passed (nullopt meanwhile). nullopt also when the store cannot tell.
+  /// 20 times that has passed since the count began, at most a minute (nullopt meanwhile).
+  /// nullopt also when the store cannot tell. What a count took is read on JobQueueOptions::clock:
+  /// a clock stepped forward during a count counts the step (the count is then kept a minute at
+  /// most).
   std::optional<QueueStats> recent_queue_stats() const;
 
   /// True once the model is ready (Model::ready) and its warm-up (Model::warm_up) has returned:

@@ -10,6 +10,7 @@
 #include "list_cursor.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/wire.hpp"
+#include "rebound/store/job_store.hpp"
 #include "rebound/tenant.hpp"
 
 namespace rebound::detail {
@@ -153,8 +154,13 @@ void Console::session(const std::string& name, bool is_operator, HttpResponse& r
 
 void Console::overview(HttpResponse& res) const {
   nlohmann::json queue = nullptr;
-  // (The count /metrics shows, shared: every open tab refreshes this every 5 s.)
-  if (const auto s = queue_.telemetry().recent_queue_stats()) queue = queue_stats_json(*s);
+  // The count /metrics shows, shared: every open tab refreshes this every 5 s. A failing store
+  // leaves the queue out, as it does for the scrapes that do not count: the rest is this
+  // server's own.
+  try {
+    if (const auto s = queue_.telemetry().recent_queue_stats()) queue = queue_stats_json(*s);
+  } catch (const StoreUnavailable&) {
+  }
   const Metrics& m = queue_.telemetry().metrics();
   nlohmann::json server = {{"accepted", m.jobs_accepted.load()},
                            {"succeeded", m.jobs_succeeded.load()},
