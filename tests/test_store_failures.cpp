@@ -258,7 +258,13 @@ TEST_CASE("sqlite on a full disk: 503 until space returns - then the accepted jo
     h.model->open();
     REQUIRE(receiver.wait_for(1));
     CHECK(h.ping() == 503);
-    CHECK(log.of("store_failed").size() == 1);
+    // One line where each failing spell starts, one where it ends, none for each failed call. A
+    // small write may still find room in the pages the store's files hold (the write-ahead log
+    // after a checkpoint): the store works again, and the next write that needs a page starts
+    // another spell (seen once under ThreadSanitizer: two spells).
+    const std::size_t spells = log.of("store_failed").size();
+    CHECK(spells >= 1);
+    CHECK(spells == log.of("store_recovered").size() + 1);
 
     std::filesystem::remove(disk.dir.file("filler"));
     CHECK(eventually([&] { return h.ping() == 200; }));
