@@ -667,6 +667,44 @@ TEST_CASE("GET /v1/models: the queue's model as a repository of one - 404 for an
   CHECK_FALSE(json::parse(res->body)["models"][0]["versions"][0].contains("digest"));
 }
 
+TEST_CASE("GET /v1/models: the queue's counts are those /metrics shows - counted once a second") {
+  // Any API key may read the models: counting at each request would let any client make a shared
+  // store count its whole backlog (half a second of PostgreSQL at a million jobs) at will.
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  HarnessOptions o;
+  o.workers = 1;
+  o.open_model = false;
+  o.clock = rebound::test::clock_of(clock);
+  Harness h(o);
+  const auto version = [&] {
+    const auto res = h.client().Get("/v1/models");
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    return json::parse(res->body)["models"][0]["versions"][0];
+  };
+  REQUIRE(h.submit({{"id", "busy"}, {"input", 1}})->status == 202);
+  REQUIRE(h.model->wait_started(1));
+  REQUIRE(h.submit({{"id", "one"}, {"input", 2}})->status == 202);
+  json v = version();
+  CHECK(v["queued"] == 1);
+  CHECK(v["running"] == 1);
+  REQUIRE(h.submit({{"id", "two"}, {"input", 3}})->status == 202);
+  // The same second: the count the first read made, which /metrics shows too (GET /v1/stats
+  // counts at each request).
+  CHECK(version()["queued"] == 1);
+  const auto metrics = h.client().Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("\nrebound_queue_jobs{state=\"queued\"} 1\n") != std::string::npos);
+  const auto stats = h.client().Get("/v1/stats");
+  REQUIRE(stats);
+  CHECK(json::parse(stats->body)["queued"] == 2);
+  // A second on: counted again.
+  clock->advance(1s);
+  v = version();
+  CHECK(v["queued"] == 2);
+  CHECK(v["running"] == 1);
+}
+
 TEST_CASE("a job says which model and version ran it - in its status - its callback - its answer") {
   Harness h;
   rebound::test::Receiver receiver;

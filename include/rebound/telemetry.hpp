@@ -53,7 +53,7 @@ class Telemetry {
 
   /// queue_stats as `GET /metrics` shows them: counted at most once a second, and shared by every
   /// caller of this function and of render_metrics, so that what polls often (scrapers, the
-  /// console's overview in each open tab) costs a shared store one count a second at most. A
+  /// console's overview in each open tab, `GET /v1/models`) costs a shared store one count a second at most. A
   /// count that takes longer than 50 ms (a long backlog in a shared database) is kept 20 times as
   /// long as it took, at most a minute, so that counting takes at most a twentieth of the store's
   /// time. One caller counts at a time, with no lock held; the others meanwhile get the last

@@ -994,7 +994,9 @@ struct Server::Impl {
   // One model as GET /v1/models describes it (DESIGN.md's `M`): its route and generation, and its
   // versions with their states, digests and when they became ready. Counts are for a caller who
   // may read what spans tenants (as GET /v1/stats): with one version in all, the queue's (the
-  // store's, shared by a fleet); with several, each version's jobs in this server's memory.
+  // store's, shared by a fleet) as /metrics counts them (at most once a second: any API key may
+  // read this, and a count of a large backlog costs the database), with several, each version's
+  // jobs in this server's memory.
   nlohmann::json model_json(const ModelInfo& m, const Credential* caller,
                             std::optional<bool> alone = std::nullopt) {
     const bool warmed = service.telemetry().model_ready();
@@ -1004,7 +1006,7 @@ struct Server::Impl {
     std::optional<QueueStats> stats;
     if (counts && *alone) {
       try {
-        stats = service.telemetry().queue_stats();
+        stats = service.telemetry().recent_queue_stats();
       } catch (const std::exception&) {
         // A failing store: the model is still described, without its counts (/ping says why).
       }
