@@ -133,6 +133,38 @@ with tempfile.TemporaryDirectory() as tmp:
                               {"default_version": "3"}, OPERATOR)
     check(status == 409 and body["error"]["code"] == "version_unavailable",
           f"a route to a failed version: {status} {body}")
+    # Why it failed names the server's files: told to the keys that see the server's side, not to
+    # a tenant's key (which is told the code).
+    for headers, detailed in ((VIEWER, True), (CLIENT, False)):
+        status, body, _ = request(port, "GET", "/v1/models/iris", headers=headers)
+        error = next(v for v in body["versions"] if v["version"] == "3")["error"]
+        check(status == 200 and error["code"] == "load_failed" and
+              ("no-such-backend" in error["message"]) == detailed and
+              (tmp in error["message"]) == detailed, f"the failed version's error: {error}")
+
+    # A route change is refused as the contract says: an If-Match that is not a quoted
+    # generation, a split with a field of its own; an unknown model is 404 whatever was sent.
+    model = state_of(port, "iris", "1")[1]
+    status, body, _ = request(port, "PUT", "/v1/models/iris/route", {"default_version": "1"},
+                              {**OPERATOR, "If-Match": str(model["generation"])})
+    check(status == 412 and body["error"]["code"] == "route_changed",
+          f"an unquoted If-Match: {status} {body}")
+    status, body, _ = request(port, "PUT", "/v1/models/iris/route",
+                              {"default_version": "1",
+                               "split": [{"version": "1", "percent": 10, "weight": 5}]}, OPERATOR)
+    check(status == 422 and body["error"]["code"] == "invalid_field" and
+          body["error"]["field"] == "split", f"a split with a field of its own: {status} {body}")
+    long_name = "n" * 3000
+    for path, sent, headers in (("/v1/models/nosuch/route", {"default_version": "x"}, OPERATOR),
+                                ("/v1/models/nosuch/route", {"default_version": "1"},
+                                 {**OPERATOR, "If-Match": 'W/"1"'}),
+                                (f"/v1/models/{long_name}/route", {"default_version": "1"},
+                                 {**OPERATOR, "If-Match": '"1"'})):
+        status, body, _ = request(port, "PUT", path, sent, headers)
+        check(status == 404 and body["error"]["code"] == "model_not_found" and
+              len(body["error"]["message"]) < 300, f"PUT {path[:40]}: {status} {body}")
+    check(state_of(port, "iris", "1")[1]["generation"] == model["generation"],
+          "a refused route change changed the route")
 
     # The swap under load: jobs stream in (no version named) while version 2 loads, takes a 10 %
     # canary, becomes the default, and version 1 is unloaded once its jobs ran.

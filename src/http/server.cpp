@@ -1032,7 +1032,18 @@ struct Server::Impl {
         version["running"] = v.running;
       }
       if (v.memory_bytes > 0) version["memory_bytes"] = v.memory_bytes;
-      if (v.error) version["error"] = {{"code", v.error->code}, {"message", v.error->message}};
+      if (v.error) {
+        // The loader's message names the server's files (the repository's path): for the keys
+        // that see the server's side (operators, viewers, a server with no keys); a tenant's key
+        // is told what happened, not where.
+        version["error"] = {
+            {"code", v.error->code},
+            {"message", !caller || caller->reads_everything()
+                            ? v.error->message
+                            : "Version " + v.version + " did not load (" + v.error->code +
+                                  "): an operator's or a viewer's key sees why here, and the "
+                                  "server's log says it."}};
+      }
       versions.push_back(std::move(version));
     }
     nlohmann::json split = nlohmann::json::array();
@@ -1229,6 +1240,18 @@ struct Server::Impl {
     // With a shared store the unload decides on the fleet's route as it stands, which may name
     // the version (set through another server a moment ago): then it is still ready here.
     if (refused_as_routed(*now)) return;
+    // A load asked meanwhile (a failed version loaded again since the look above): the unload was
+    // refused, as it is for a version loading.
+    for (const ModelVersionInfo& v : now->versions) {
+      if (v.version == ref.version && v.state == VersionState::loading) {
+        send_error(c.res, {409,
+                           "version_unavailable",
+                           "Version " + ref.version + " of '" + ref.name +
+                               "' is loading: unload it once it is ready or failed.",
+                           {}});
+        return done(409);
+      }
+    }
     send_json(c.res, 202, model_json(*now, c.caller));
     done(202);
   }
@@ -1238,8 +1261,20 @@ struct Server::Impl {
   void set_route(Call& c) {
     const std::string& name = c.param;
     const std::string& body = c.req.body();
-    nlohmann::json what = {{"model", name}, {"body", truncated_utf8(body, 512)}};
+    nlohmann::json what = {{"model", truncated_utf8(name, 128)},
+                           {"body", truncated_utf8(body, 512)}};
     const auto done = [&](int status) { log_action(c.caller, "set_model_route", what, status); };
+    // (A name in a message is cut: it comes from the request.)
+    const std::string shown = truncated_utf8(name, 128);
+    const auto not_found = [&] {
+      send_error(c.res, {404, "model_not_found", "No model named '" + shown + "'.", {}});
+    };
+    // A model that is not served is that, whatever the body and If-Match say (and again below: it
+    // may be retired meanwhile).
+    if (!service.models().find(name)) {
+      not_found();
+      return done(404);
+    }
     nlohmann::json parsed;
     if (auto error = json_body_error(detail::parse_untrusted_json(body, parsed))) {
       send_error(c.res, *error);
@@ -1273,8 +1308,11 @@ struct Server::Impl {
         const auto p = part.is_object() ? part.find("percent") : part.end();
         if (v == part.end() || !v->is_string() || !is_valid_model_version(v->get<std::string>()) ||
             p == part.end() || !p->is_number_integer() || p->get<long long>() < 1 ||
-            p->get<long long>() > 100) {
-          return invalid("Each split is {\"version\": \"3\", \"percent\": 1 to 100}.", "split");
+            p->get<long long>() > 100 || part.size() != 2) {
+          return invalid(
+              "Each split is {\"version\": \"3\", \"percent\": 1 to 100}, with no "
+              "other field.",
+              "split");
         }
         route.split.push_back({v->get<std::string>(), static_cast<int>(p->get<long long>())});
       }
@@ -1287,17 +1325,18 @@ struct Server::Impl {
     std::uint64_t generation = 0;
     if (c.req.has_header("If-Match") &&
         !(c.req.header_count("If-Match") == 1 && c.req.header("If-Match") == "*")) {  // "*": any
+      // An entity tag is quoted (RFC 9110 8.8.3): a bare number is not one.
       std::string tag = c.req.header("If-Match");
-      if (tag.size() >= 2 && tag.front() == '"' && tag.back() == '"')
-        tag = tag.substr(1, tag.size() - 2);
-      if (tag.empty() || tag.size() > 19 ||
+      const bool quoted = tag.size() >= 2 && tag.front() == '"' && tag.back() == '"';
+      if (quoted) tag = tag.substr(1, tag.size() - 2);
+      if (!quoted || tag.empty() || tag.size() > 19 ||
           tag.find_first_not_of("0123456789") != std::string::npos ||
           c.req.header_count("If-Match") != 1) {
         send_error(c.res, {412,
                            "route_changed",
                            "If-Match names no generation of this route: send If-Match: "
                            "\"<generation>\" as GET /v1/models/" +
-                               name + " gives it.",
+                               shown + " gives it.",
                            {}});
         return done(412);
       }
@@ -1308,13 +1347,11 @@ struct Server::Impl {
     const boost::system::error_code ec =
         service.models().set_route(name, std::move(route), generation, &after);
     if (ec == errc::model_not_found) {
-      send_error(
-          c.res,
-          {404, "model_not_found", "No model named '" + truncated_utf8(name, 128) + "'.", {}});
+      not_found();
     } else if (ec == errc::route_changed) {
       send_error(c.res, {412,
                          "route_changed",
-                         "The route of '" + name + "' is at generation " +
+                         "The route of '" + shown + "' is at generation " +
                              std::to_string(after.generation) + ": another change came first.",
                          {}});
     } else if (ec == errc::store_unavailable) {
@@ -1327,7 +1364,7 @@ struct Server::Impl {
                          "version_unavailable",
                          "Every version a route names must be ready (PUT "
                          "/v1/models/" +
-                             name + "/versions/{version} loads one).",
+                             shown + "/versions/{version} loads one).",
                          {}});
     } else if (ec) {
       send_error(c.res, {422, "invalid_field",
