@@ -191,6 +191,52 @@ TEST_CASE("curl: endless response headers fail the attempt - bounded") {
   CHECK(sent < (32u << 20));
 }
 
+TEST_CASE("curl: only a blank line ends the answer's head - a short line does not") {
+  IoThread io;
+  // ":\n" is a line of two bytes, as a blank line is: the bound and Retry-After still hold after.
+  std::atomic<std::size_t> sent{0};
+  RawReceiver endless([&sent](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\n:\n");
+    const std::string line = "X-Filler: " + std::string(1000, 'a') + "\r\n";
+    while (!stopping && sent < (1u << 30) && RawReceiver::send_all(fd, line))
+      sent += line.size();
+  });
+  RawReceiver later([](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd,
+                          "HTTP/1.1 503 Busy\r\n:\nRetry-After: 7\r\nContent-Length: 0\r\n\r\n");
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a = wait(send(transport, request(endless.url())));
+  CHECK(a.response.error == TransportError::io);
+  CHECK(a.response.message.find("headers") != std::string::npos);
+  CHECK(sent < (32u << 20));
+  const Answer b = wait(send(transport, request(later.url())));
+  CHECK(b.response.status == 503);
+  CHECK(b.response.retry_after == "7");
+}
+
+TEST_CASE("curl: an answer libcurl cannot read is a failed attempt - not a bad URL") {
+  IoThread io;
+  CurlTransport transport(io.io.get_executor(), loopback());
+  for (const std::string answer :
+       {"HTTP/1.2 200 OK\r\nContent-Length: 0\r\n\r\n", "garbage without a status line\r\n\r\n",
+        "HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n"}) {
+    CAPTURE(answer);
+    RawReceiver bad([answer](int fd, const std::atomic<bool>& stopping) {
+      if (!RawReceiver::read_request(fd, stopping)) return;
+      RawReceiver::send_all(fd, answer);
+    });
+    const Answer a = wait(send(transport, request(bad.url())));
+    CHECK(a.response.status == 0);
+    // io is retried on the policy's schedule and counts toward the origin's breaker;
+    // invalid_url would end the job's delivery at its first try.
+    CHECK(a.response.error == TransportError::io);
+    CHECK(a.response.message.find(std::to_string(bad.port())) != std::string::npos);
+  }
+}
+
 TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
   IoThread io;
   auto slow = [](int fd, const std::atomic<bool>& stopping) { answer_after(fd, stopping, 100ms); };

@@ -372,6 +372,35 @@ TEST_CASE("request headers are bounded - too many bytes of them get 431") {
   CHECK(server.alive());
 }
 
+TEST_CASE("the head's limit is the request line and the headers together - to the byte") {
+  EchoServer server{HarnessOptions()};  // the default: 64 KiB
+  // Headers of 100-byte lines up to `size` bytes of head in all (line and fields, the blank
+  // line included).
+  const auto head_of = [](std::size_t size) {
+    std::string head = "GET /ping HTTP/1.1\r\nHost: x\r\n";
+    for (int i = 0; head.size() + 2 < size; ++i) {
+      // 100 bytes, or the rest (100 to 199 of them) in the last line.
+      const std::size_t rest = size - 2 - head.size();
+      std::string line = "X-" + std::to_string(i) + ": ";
+      line.append((rest < 200 ? rest : 100) - line.size() - 2, 'a');
+      head += line + "\r\n";
+    }
+    return head + "\r\n";
+  };
+  const std::string fits = head_of(64 * 1024);
+  REQUIRE(fits.size() == 64 * 1024);
+  CHECK(round_trip(server.port, fits).status == 200);
+  // A little over (the buffer that holds it has room for more: the limit is counted).
+  for (const std::size_t size : {64 * 1024 + 100, 80 * 1024}) {
+    CAPTURE(size);
+    const std::string over = head_of(size);
+    REQUIRE(over.size() == size);
+    RawConnection c(server.port);
+    c.send(over, 2000ms);
+    check_error_body(first_response(c.read(10000ms, "}}")), 431, "header_too_large");
+  }
+}
+
 TEST_CASE("one header line longer than 8 KiB gets 431 - as the docs say") {
   EchoServer server{HarnessOptions()};
   RawConnection c(server.port);
@@ -714,6 +743,61 @@ TEST_CASE("bodies being received share max_receiving_bytes - one beyond gets 503
                                        "application/json\r\nContent-Length: " +
                                            std::to_string(body.size()) + "\r\n\r\n" + body);
   CHECK(after.status == 202);
+}
+
+TEST_CASE("a body its key may not send is refused at its head - unread, holding no budget") {
+  HarnessOptions o;
+  o.api_keys = {"s3cret"};
+  o.max_receiving_bytes = 1000;
+  EchoServer server(o);
+  const std::string head =
+      "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: 800\r\n";
+  // Keyless and wrong-keyed uploads that never finish: each hears 401 without sending its body
+  // (also one that waits for 100 Continue), and none holds a byte of the budget.
+  std::vector<std::unique_ptr<RawConnection>> crowd;
+  for (const std::string extra :
+       {"", "Authorization: Bearer wrong\r\n", "Expect: 100-continue\r\n"}) {
+    CAPTURE(extra);
+    crowd.push_back(std::make_unique<RawConnection>(server.port));
+    REQUIRE(crowd.back()->send(head + extra + "\r\n{\"id\""));
+    const RawResponse refused = first_response(crowd.back()->read(10000ms, "}}"));
+    check_error_body(refused, 401, "unauthorized");
+    CHECK(refused.has_header("WWW-Authenticate: Bearer"));
+    CHECK(refused.has_header("Connection: close"));
+  }
+  // The budget is whole for a keyed upload, sent slowly.
+  std::string body = "{\"id\": \"keyed\"}";
+  body += std::string(800 - body.size(), ' ');
+  RawConnection keyed(server.port);
+  REQUIRE(keyed.send(head + "Authorization: Bearer s3cret\r\n\r\n" + body.substr(0, 10)));
+  std::this_thread::sleep_for(200ms);
+  REQUIRE(keyed.send(body.substr(10)));
+  CHECK(first_response(keyed.read(10000ms, "}")).status == 202);
+  // Two Authorization headers are one too many, whichever of them holds the key.
+  check_error_body(round_trip(server.port,
+                              "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                              "s3cret\r\nAuthorization: Bearer wrong\r\n\r\n"),
+                   400, "invalid_header");
+}
+
+TEST_CASE("a chunked body's trailer cannot bring a key, a second key or a second Host") {
+  HarnessOptions o;
+  o.api_keys = {"s3cret"};
+  EchoServer server(o);
+  const std::string chunked_body = "f\r\n{\"id\": \"trail\"}\r\n0\r\n";
+  const std::string head =
+      "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n";
+  // The key in the trailer alone: refused at the head, as keyless.
+  check_error_body(round_trip(server.port, head + "\r\n" + chunked_body +
+                                               "Authorization: Bearer s3cret\r\n\r\n"),
+                   401, "unauthorized");
+  // Keyed in the head: what the trailer adds (another key, another Host) is not read.
+  const RawResponse accepted =
+      round_trip(server.port, head + "Authorization: Bearer s3cret\r\n\r\n" + chunked_body +
+                                  "Authorization: Bearer wrong\r\nHost: y\r\n\r\n");
+  CHECK_MESSAGE(accepted.status == 202, accepted.body);
 }
 
 TEST_CASE("a request in absolute form is routed by its path - HTTP/1.0 keep-alive is kept") {

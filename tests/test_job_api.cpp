@@ -393,7 +393,8 @@ TEST_CASE("job api: webhook_events - started sends a running callback - complete
   CHECK(json::parse(first.body) == json({{"id", "both"},
                                          {"status", "running"},
                                          {"model", {{"name", "held"}, {"version", "1"}}}}));
-  CHECK(first.header("webhook-id") == "msg_both_started");
+  // Its own webhook-id, which no job's final callback can have ('~' is in no id).
+  CHECK(first.header("webhook-id") == "msg_both~started");
   h.model->open();
   REQUIRE(both.wait_for(2));
   auto second = both.received().at(1);
@@ -447,6 +448,15 @@ TEST_CASE("job api: Prefer wait answers 200 with the final status when it comes 
   REQUIRE(res);
   CHECK(res->status == 200);
   CHECK(json::parse(res->body)["status"] == "succeeded");
+
+  // A wait of any length is the longest (60 s), however many digits it has.
+  for (const std::string wait : {"61", "999999999", "99999999999999999999"}) {
+    CAPTURE(wait);
+    res = c.Get("/v1/inferences/quick", {{"Prefer", "wait=" + wait}});
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    CHECK(res->get_header_value("Preference-Applied") == "wait=60");
+  }
 
   // Unknown: 404 at once.
   check_error(c.Get("/v1/inferences/nobody", {{"Prefer", "wait=5"}}), 404, "not_found");

@@ -258,7 +258,15 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         return failure(TransportError::resolve_failed, "cannot resolve: " + detail);
       case CURLE_OPERATION_TIMEDOUT:
         return failure(TransportError::timeout, "no complete answer in time: " + detail);
-      case CURLE_UNSUPPORTED_PROTOCOL:
+      case CURLE_UNSUPPORTED_PROTOCOL: {
+        // Also what libcurl says of an answer it cannot read (HTTP/0.9, "HTTP/1.2", no status
+        // line): once the request went out, the receiver answered badly, and that is retried
+        // like any broken answer; the URL is at fault only before.
+        long sent = 0;
+        curl_easy_getinfo(t.easy, CURLINFO_REQUEST_SIZE, &sent);
+        if (sent > 0) return failure(TransportError::io, "unreadable answer: " + detail);
+        return failure(TransportError::invalid_url, "callback_url cannot be used: " + detail);
+      }
       case CURLE_URL_MALFORMAT:
         return failure(TransportError::invalid_url, "callback_url cannot be used: " + detail);
       case CURLE_SSL_CONNECT_ERROR:
@@ -506,7 +514,8 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       t->cut = Cut::headers_too_large;
       return 0;
     }
-    if (n <= 2) {
+    // The blank line ends the head (a line with anything on it, ":" say, does not).
+    if ((n == 2 && data[0] == '\r' && data[1] == '\n') || (n == 1 && data[0] == '\n')) {
       t->headers_complete = true;
     } else if (detail::starts_with_ignoring_case({data, n}, "retry-after:")) {
       std::string value(data + 12, n - 12);

@@ -112,11 +112,12 @@ void abandon(const std::shared_ptr<Reply::State>& state) {
 }  // namespace
 
 struct HttpFront::Impl {
-  Impl(HttpLimits l, std::size_t t, HttpHandler h, HttpErrorBody e)
+  Impl(HttpLimits l, std::size_t t, HttpHandler h, HttpErrorBody e, HttpHeadCheck c)
       : limits(l),
         threads(std::max<std::size_t>(1, t)),
         handler(std::move(h)),
         errors(std::move(e)),
+        head_check(std::move(c)),
         io(static_cast<int>(threads)),
         accept_strand(net::make_strand(io)),
         acceptor(accept_strand) {}
@@ -139,6 +140,7 @@ struct HttpFront::Impl {
   const std::size_t threads;
   const HttpHandler handler;
   const HttpErrorBody errors;
+  const HttpHeadCheck head_check;
   std::shared_ptr<Liveness> liveness = std::make_shared<Liveness>();
   std::atomic<bool> stopping{false};
   std::atomic<bool> running{false};
@@ -219,6 +221,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     parser_.emplace();
+    chunked_head_.reset();
     parser_->header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(limits_.max_head_bytes, std::numeric_limits<std::uint32_t>::max())));
     parser_->body_limit(limits_.max_body_bytes);
@@ -240,16 +243,16 @@ class Session : public std::enable_shared_from_this<Session> {
     request_started_ = true;
     stream_.expires_after(limits_.header_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                              self->on_head(ec);
-                            });
+                            [self = shared_from_this()](boost::system::error_code ec,
+                                                        std::size_t n) { self->on_head(ec, n); });
   }
 
   std::string_view buffered() const {
     return {static_cast<const char*>(buffer_.data().data()), buffer_.size()};
   }
 
-  void on_head(boost::system::error_code ec) {
+  // `head_bytes`: what the parser took for the request line and the headers.
+  void on_head(boost::system::error_code ec, std::size_t head_bytes) {
     if (ec == beast::error::timeout || ec == http::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::connection_reset || ec == net::error::operation_aborted) {
       return close();  // a head that never came whole: nothing to answer
@@ -282,6 +285,9 @@ class Session : public std::enable_shared_from_this<Session> {
       return refuse(400,
                     control_in_head(seen.substr(0, head_end)) ? "invalid_header" : "bad_request");
     }
+    // Beast bounds the request line and the header fields each by the limit, not the two
+    // together: the head as a whole is measured here.
+    if (head_bytes > limits_.max_head_bytes) return refuse(431, "header_too_large");
     const auto& message = parser_->get();
     // A request line over 8 KiB is refused whole, also when the rest of the head leaves room.
     if (message.method_string().size() + 1 + message.target().size() + 9 > max_request_line) {
@@ -324,6 +330,25 @@ class Session : public std::enable_shared_from_this<Session> {
       close_after_ = true;
       return dispatch_without_body();
     }
+    // A body still to come is read only for a request the routes would take (its key): one
+    // they refuse is answered now, the body unread, and holds no part of the budget below.
+    if (front_.head_check && !(length && buffer_.size() >= *length)) {
+      std::optional<HttpResponse> refusal;
+      try {
+        refusal = front_.head_check(HttpRequest(http::request<http::string_body>(message)));
+      } catch (...) {
+        refusal = front_.errors(500, "internal_error");
+      }
+      if (refusal) {
+        close_after_ = true;
+        head_ = false;
+        awaiting_ = shared_from_this();
+        return answer(std::move(*refusal));
+      }
+    }
+    // Beast adds a chunked body's trailer fields to the head's (each after the head's field of
+    // its name): the head is kept to be put back once the body is read.
+    if (parser_->chunked()) chunked_head_ = message.base();
     // What bodies being received hold at once is bounded: a chunked one counts as the limit.
     const std::size_t expected =
         length ? static_cast<std::size_t>(*length) : limits_.max_body_bytes;
@@ -369,6 +394,12 @@ class Session : public std::enable_shared_from_this<Session> {
       return close();
     }
     if (ec) return refuse(400, "bad_request");
+    // The routes read the head only: a trailer could otherwise bring the key (or a second
+    // Host) after every check on the head.
+    if (chunked_head_) {
+      parser_->get().base() = std::move(*chunked_head_);
+      chunked_head_.reset();
+    }
     dispatch();
   }
 
@@ -519,6 +550,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t served_ = 0;
   std::size_t drained_ = 0;
   std::size_t receiving_ = 0;  // bytes of receiving counted for the body being read
+  std::optional<http::request_header<>> chunked_head_;  // the head of a chunked body being read
   unsigned version_ = 11;
   const bool eof_is_gone_;
   bool request_started_ = false;  // a byte of the current request arrived
@@ -670,8 +702,9 @@ void HttpFront::Impl::finish_stopping(std::chrono::steady_clock::time_point unti
 // --- HttpFront
 
 HttpFront::HttpFront(HttpLimits limits, std::size_t threads, HttpHandler handler,
-                     HttpErrorBody errors)
-    : impl_(std::make_shared<Impl>(limits, threads, std::move(handler), std::move(errors))) {}
+                     HttpErrorBody errors, HttpHeadCheck head_check)
+    : impl_(std::make_shared<Impl>(limits, threads, std::move(handler), std::move(errors),
+                                   std::move(head_check))) {}
 
 HttpFront::~HttpFront() {
   stop();

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -78,11 +79,18 @@ using HttpHandler = std::function<void(HttpRequest&, Reply)>;
 /// and of control bytes in the head.
 using HttpErrorBody = std::function<HttpResponse(int status, const std::string& code)>;
 
+/// Judges a request from its head, before its body is read: an answer refuses it, the body
+/// unread (the connection then ends); nullopt lets it go on. Asked only of a request whose body
+/// has yet to arrive (one already buffered costs nothing to read), on one of the front's
+/// threads. A request it lets through still goes to the handler whole.
+using HttpHeadCheck = std::function<std::optional<HttpResponse>(const HttpRequest& head)>;
+
 /// An HTTP/1.1 server on its own io_context, run by `threads` threads.
 /// Thread-safety: `stop` and `port` from any thread; `bind` once, then `run` once.
 class HttpFront {
  public:
-  HttpFront(HttpLimits limits, std::size_t threads, HttpHandler handler, HttpErrorBody errors);
+  HttpFront(HttpLimits limits, std::size_t threads, HttpHandler handler, HttpErrorBody errors,
+            HttpHeadCheck head_check = {});
   ~HttpFront();
   HttpFront(const HttpFront&) = delete;
   HttpFront& operator=(const HttpFront&) = delete;

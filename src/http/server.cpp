@@ -91,6 +91,8 @@ ApiError error_for_status(int status) {
       return {414, "uri_too_long", "The request URI is too long.", {}};
     case 431:
       return {431, "header_too_large", "The request line and headers are over the size limit.", {}};
+    case 500:
+      return {500, "internal_error", "The server failed to handle the request.", {}};
     default:
       return {status, "bad_request", "The request could not be read.", {}};
   }
@@ -260,10 +262,11 @@ std::optional<int> preferred_wait(const HttpRequest& req) {
       if (number.size() >= 2 && number.front() == '"' && number.back() == '"') {
         number = number.substr(1, number.size() - 2);
       }
-      if (number.empty() || number.size() > 9 ||
-          number.find_first_not_of("0123456789") != std::string_view::npos) {
+      if (number.empty() || number.find_first_not_of("0123456789") != std::string_view::npos) {
         return std::nullopt;
       }
+      // Any number of digits: a wait longer than the longest is the longest.
+      if (number.size() > 9) return max_preferred_wait;
       return std::min(std::stoi(std::string(number)), max_preferred_wait);
     }
   }
@@ -599,7 +602,7 @@ struct Server::Impl {
         http(
             limits_of(options), options.http_threads,
             [this](HttpRequest& req, detail::Reply reply) { handle(req, std::move(reply)); },
-            &front_error) {
+            &front_error, [this](const HttpRequest& head) { return judge_head(head); }) {
     if (std::any_of(credentials.begin(), credentials.end(),
                     [](const Credential& c) { return c.reads_everything(); })) {
       std::vector<std::string> tenants;
@@ -802,30 +805,73 @@ struct Server::Impl {
     return table;
   }
 
-  // Finds the route, decides who may call it, checks the body's form, and runs it.
-  void dispatch(HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
-    no_store_if_api(req, res);  // (answers given later keep it)
-    const std::string& method = req.method == "HEAD" ? std::string("GET") : req.method;
+  // The routes a request's path names.
+  struct Match {
     const Route* found = nullptr;  // the route of this method and path
     const Route* first = nullptr;  // the first route of this path, whatever its method
-    std::string allow, param;
+    std::string allow;             // the methods the path takes, for Allow
+    std::string param;             // what the route's {placeholder} captured
+    // Who may call: by the route asked for; for a method the path does not take (405, OPTIONS),
+    // by the path's first route; an unknown path needs a key like any route.
+    unsigned access() const {
+      const Route* judged = found ? found : first;
+      return judged ? judged->access : any_key;
+    }
+  };
+
+  Match match(const HttpRequest& req) const {
+    const std::string& method = req.method == "HEAD" ? std::string("GET") : req.method;
+    Match m;
     for (const Route& route : routes()) {
       std::string captured;
       if (!match_route(route.pattern, req.path, captured)) continue;
-      if (!first) first = &route;
-      if (!allow.empty()) allow += ", ";
-      allow += route.method;
-      if (std::string_view(route.method) == "GET") allow += ", HEAD";
-      if (!found && method == route.method) {
-        found = &route;
-        param = std::move(captured);
+      if (!m.first) m.first = &route;
+      if (!m.allow.empty()) m.allow += ", ";
+      m.allow += route.method;
+      if (std::string_view(route.method) == "GET") m.allow += ", HEAD";
+      if (!m.found && method == route.method) {
+        m.found = &route;
+        m.param = std::move(captured);
       }
     }
-    // Who may call: by the route asked for; for a method the path does not take (405, OPTIONS),
-    // by the path's first route; an unknown path needs a key like any route.
-    const Route* judged = found ? found : first;
-    const Credential* caller = authenticate(req);
-    if (!allowed(judged ? judged->access : any_key, caller, res)) return;
+    return m;
+  }
+
+  // Whether the request's key may call what it asks for; else the 400, 401, 403 or 404 is sent.
+  // Reads the head alone (the front asks before it reads a body: see judge_head).
+  bool admitted(const HttpRequest& req, unsigned access, const Credential*& caller,
+                HttpResponse& res) const {
+    // Two Authorization headers could be read as two keys by two hops: neither is taken.
+    if (!credentials.empty() && req.header_count("Authorization") > 1) {
+      send_error(res, {400, "invalid_header", "Send one Authorization header, not several.", {}});
+      return false;
+    }
+    caller = authenticate(req);
+    return allowed(access, caller, res);
+  }
+
+  // The front's question before it reads a body that has yet to arrive: a request its key may
+  // not send is answered now (and its body never read), so that no keyless client holds the
+  // receiving budget, nor waits for its upload to hear 401.
+  std::optional<HttpResponse> judge_head(const HttpRequest& req) const {
+    if (credentials.empty()) return std::nullopt;
+    HttpResponse res;
+    no_store_if_api(req, res);
+    const Credential* caller = nullptr;
+    if (admitted(req, match(req).access(), caller, res)) return std::nullopt;
+    return res;
+  }
+
+  // Finds the route, decides who may call it, checks the body's form, and runs it.
+  void dispatch(HttpRequest& req, HttpResponse& res, detail::Reply& reply) {
+    no_store_if_api(req, res);  // (answers given later keep it)
+    Match m = match(req);
+    const Route* const found = m.found;
+    const Route* const first = m.first;
+    const std::string& allow = m.allow;
+    std::string& param = m.param;
+    const Credential* caller = nullptr;
+    if (!admitted(req, m.access(), caller, res)) return;
     if (!first) {
       return send_error(
           res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});

@@ -151,7 +151,9 @@ void Delivery::notify_started(const Job& job) {
   CallbackMessage message{key_of(job),
                           job.callback_url,
                           dump_json(body),
-                          webhook_id_of(job) + "_started",
+                          // ('~' is in no job id nor tenant name: "msg_x_started" is
+                          // job x_started's own webhook-id.)
+                          webhook_id_of(job) + "~started",
                           0,
                           {},
                           job.tenant,
