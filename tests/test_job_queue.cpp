@@ -1602,6 +1602,35 @@ TEST_CASE("job queue: a retry due before the pump's next poll goes out on time -
   CHECK(sent->count() == 2);
 }
 
+TEST_CASE("job queue: a retry due after another's goes out on time - not at the poll after") {
+  // Two retries, the second due a little after the first: the pass that sends the first must
+  // not leave the second to the next poll (an hour here).
+  auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
+  sent->script_statuses({503, 503});  // each job's first attempt fails
+  rebound::JobQueueOptions options;
+  options.poll_interval = std::chrono::hours(1);
+  options.lease = std::chrono::hours(3);
+  options.delivery.backoff =
+      rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(200)), 3);
+  options.transport = [sent](boost::asio::any_io_executor, const rebound::AddressGuard&) {
+    return std::make_unique<rebound::test::FakeTransport>(sent);
+  };
+  JobQueue queue(std::make_unique<Doubler>(), nullptr, options);
+  REQUIRE(rebound::test::submitted(queue, job("first", 1, "https://hooks.example.com/x")) ==
+          "accepted");
+  // The second fails after the first did: its retry is due after the first's.
+  REQUIRE(rebound::test::eventually([&] { return sent->count() >= 1; }));
+  REQUIRE(rebound::test::submitted(queue, job("second", 2, "https://hooks.example.com/x")) ==
+          "accepted");
+  for (const char* id : {"first", "second"}) {
+    CAPTURE(id);
+    CHECK(rebound::test::eventually(
+        [&] { return queue.find(id)->callback.state == rebound::CallbackState::delivered; },
+        std::chrono::seconds(20)));
+  }
+  CHECK(sent->count() == 4);
+}
+
 namespace {
 // A shared store's wake-ups (FleetStore::watch_work), fired by the test: the memory store under
 // it plays the store another server writes to. Counts the claims of jobs.

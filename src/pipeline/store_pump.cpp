@@ -32,10 +32,19 @@ void StorePump::stop() {
 }
 
 void StorePump::wake(TimePoint at) {
+  constexpr std::size_t most_later = 1024;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (at >= due_) return;
-  due_ = at;
-  wake_.notify_one();
+  if (at == due_) return;
+  // The later of the two waits its turn: a retry due after the next pass must not wait for the
+  // poll after that (a second's delay by default, an hour at worst).
+  TimePoint later = at;
+  if (at < due_) {
+    later = std::exchange(due_, at);
+    wake_.notify_one();
+  }
+  if (later == TimePoint::max()) return;
+  later_.insert(later);
+  if (later_.size() > most_later) later_.erase(std::prev(later_.end()));
 }
 
 void StorePump::wake_for_finals() {
@@ -94,7 +103,15 @@ void StorePump::run() {
     if (due_now) {
       // Taken under the same lock as the wake that asked for it: a wake from now on asks for
       // the next pass, and is never lost to this one.
-      if (!store_woken || clock_() >= due_) due_ = TimePoint::max();
+      if (!store_woken || clock_() >= due_) {
+        // The next time asked for that is still to come, if any; those come already are this
+        // pass's.
+        const TimePoint now = clock_();
+        while (!later_.empty() && *later_.begin() <= now)
+          later_.erase(later_.begin());
+        due_ = later_.empty() ? TimePoint::max() : *later_.begin();
+        if (!later_.empty()) later_.erase(later_.begin());
+      }
       ++passes_begun_;
     }
     lock.unlock();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,7 +70,9 @@ class StorePump {
   /// Stops the thread; nothing more is claimed.
   void stop();
 
-  /// Runs the pump at `at` (at once when it has come), unless it runs earlier already.
+  /// Runs the pump at `at` (at once when it has come). A time after the next pass already asked
+  /// for is kept for the pass after (the soonest 1,024 of them; beyond those, the poll interval
+  /// finds what comes due).
   void wake(TimePoint at);
 
   /// Has the thread tell `events` finals_due as soon as it is free (before a pass or a renewal
@@ -143,8 +146,9 @@ class StorePump {
   std::mutex mutex_;
   std::condition_variable wake_;
   TimePoint due_ = TimePoint::max();
-  bool finals_due_ = false;                            // wake_for_finals, under mutex_
-  bool store_woken_ = false;                           // wake_for_store, under mutex_
+  std::set<TimePoint> later_;  // times asked for after due_ (a retry due after another), bounded
+  bool finals_due_ = false;    // wake_for_finals, under mutex_
+  bool store_woken_ = false;   // wake_for_store, under mutex_
   std::atomic<bool> waiting_for_room_{false};          // the last pass handed a claim back for room
   std::uint64_t passes_begun_ = 0, passes_ended_ = 0;  // passes of the thread, under mutex_
   std::condition_variable pass_ended_;
