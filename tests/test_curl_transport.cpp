@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/socket.h>
+
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
@@ -235,6 +237,47 @@ TEST_CASE("curl: an answer libcurl cannot read is a failed attempt - not a bad U
     CHECK(a.response.error == TransportError::io);
     CHECK(a.response.message.find(std::to_string(bad.port())) != std::string::npos);
   }
+}
+
+namespace {
+// Ends a connection with a reset (SO_LINGER 0): what a client sees when its request reaches a
+// connection the receiver had just closed as idle.
+void reset(int fd) {
+  linger hard{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+  ::shutdown(fd, SHUT_RDWR);
+}
+}  // namespace
+
+TEST_CASE("curl: a kept-alive connection the receiver dropped is retried once on a fresh one") {
+  // libcurl does this itself (a reused connection that fails before any byte of an answer):
+  // kept here because a receiver that closes idle connections must not cost failed attempts.
+  IoThread io;
+  // The first connection answers one request and resets at the next; later ones answer.
+  std::atomic<int> requests{0}, connection{0};
+  RawReceiver dropping([&requests, &connection](int fd, const std::atomic<bool>& stopping) {
+    const bool first = connection++ == 0;
+    while (RawReceiver::read_request(fd, stopping)) {
+      ++requests;
+      if (first && requests == 2) return reset(fd);
+      if (!RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) return;
+    }
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  CHECK(wait(send(transport, request(dropping.url()))).response.status == 200);
+  const Answer again = wait(send(transport, request(dropping.url())));
+  CHECK(again.response.status == 200);
+  CHECK(again.response.error == TransportError::none);
+  CHECK(requests == 3);
+  CHECK(dropping.connections() == 2);
+  // A new connection that fails is the receiver's failure, answered as such: not sent again.
+  std::atomic<int> tries{0};
+  RawReceiver resetting([&tries](int fd, const std::atomic<bool>& stopping) {
+    if (RawReceiver::read_request(fd, stopping)) ++tries;
+    reset(fd);
+  });
+  CHECK(wait(send(transport, request(resetting.url()))).response.error == TransportError::io);
+  CHECK(tries == 1);
 }
 
 TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
