@@ -766,6 +766,13 @@ TEST_CASE("a body its key may not send is refused at its head - unread, holding 
     CHECK(refused.has_header("WWW-Authenticate: Bearer"));
     CHECK(refused.has_header("Connection: close"));
   }
+  // Nor through an open route that takes no body: no route would read it (405, Allow).
+  crowd.push_back(std::make_unique<RawConnection>(server.port));
+  REQUIRE(
+      crowd.back()->send("POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n{\"id\""));
+  const RawResponse not_allowed = first_response(crowd.back()->read(10000ms, "}}"));
+  check_error_body(not_allowed, 405, "method_not_allowed");
+  CHECK(not_allowed.has_header("Allow: GET, HEAD"));
   // The budget is whole for a keyed upload, sent slowly.
   std::string body = "{\"id\": \"keyed\"}";
   body += std::string(800 - body.size(), ' ');

@@ -457,6 +457,10 @@ TEST_CASE("job api: Prefer wait answers 200 with the final status when it comes 
     CHECK(res->status == 200);
     CHECK(res->get_header_value("Preference-Applied") == "wait=60");
   }
+  // Leading zeros are no length: 0 is 0.
+  res = c.Get("/v1/inferences/quick", {{"Prefer", "wait=0000000000"}});
+  REQUIRE(res);
+  CHECK(res->get_header_value("Preference-Applied") == "wait=0");
 
   // Unknown: 404 at once.
   check_error(c.Get("/v1/inferences/nobody", {{"Prefer", "wait=5"}}), 404, "not_found");

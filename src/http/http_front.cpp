@@ -289,6 +289,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // together: the head as a whole is measured here.
     if (head_bytes > limits_.max_head_bytes) return refuse(431, "header_too_large");
     const auto& message = parser_->get();
+    version_ = message.version();  // (what the front answers itself answers in its version)
     // A request line over 8 KiB is refused whole, also when the rest of the head leaves room.
     if (message.method_string().size() + 1 + message.target().size() + 9 > max_request_line) {
       return refuse(414, "uri_too_long");

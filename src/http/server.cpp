@@ -266,6 +266,8 @@ std::optional<int> preferred_wait(const HttpRequest& req) {
         return std::nullopt;
       }
       // Any number of digits: a wait longer than the longest is the longest.
+      while (number.size() > 1 && number.front() == '0')
+        number.remove_prefix(1);
       if (number.size() > 9) return max_preferred_wait;
       return std::min(std::stoi(std::string(number)), max_preferred_wait);
     }
@@ -851,15 +853,37 @@ struct Server::Impl {
   }
 
   // The front's question before it reads a body that has yet to arrive: a request its key may
-  // not send is answered now (and its body never read), so that no keyless client holds the
-  // receiving budget, nor waits for its upload to hear 401.
+  // not send, or that no route takes (404, 405), is answered now (and its body never read), so
+  // that no keyless client holds the receiving budget, nor waits for its upload to hear 401.
   std::optional<HttpResponse> judge_head(const HttpRequest& req) const {
-    if (credentials.empty()) return std::nullopt;
     HttpResponse res;
     no_store_if_api(req, res);
+    const Match m = match(req);
     const Credential* caller = nullptr;
-    if (admitted(req, match(req).access(), caller, res)) return std::nullopt;
-    return res;
+    if (!admitted(req, m.access(), caller, res)) return res;
+    // No route takes it (an open GET's path with a POST, say): nothing would read the body.
+    if (unrouted(req, m, res)) return res;
+    return std::nullopt;
+  }
+
+  // Whether no route takes the request, with the 404, 405 (or OPTIONS's 204) sent.
+  static bool unrouted(const HttpRequest& req, const Match& m, HttpResponse& res) {
+    if (!m.first) {
+      send_error(res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
+      return true;
+    }
+    if (m.found) return false;
+    res.set_header("Allow", m.allow);
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      return true;
+    }
+    send_error(
+        res, {405,
+              "method_not_allowed",
+              "Method " + req.method + " is not allowed on " + req.path + "; use " + m.allow + ".",
+              {}});
+    return true;
   }
 
   // Finds the route, decides who may call it, checks the body's form, and runs it.
@@ -867,27 +891,10 @@ struct Server::Impl {
     no_store_if_api(req, res);  // (answers given later keep it)
     Match m = match(req);
     const Route* const found = m.found;
-    const Route* const first = m.first;
-    const std::string& allow = m.allow;
     std::string& param = m.param;
     const Credential* caller = nullptr;
     if (!admitted(req, m.access(), caller, res)) return;
-    if (!first) {
-      return send_error(
-          res, {404, "not_found", "No route for " + req.method + " " + req.path + ".", {}});
-    }
-    if (!found) {
-      res.set_header("Allow", allow);
-      if (req.method == "OPTIONS") {
-        res.status = 204;
-        return;
-      }
-      return send_error(
-          res, {405,
-                "method_not_allowed",
-                "Method " + req.method + " is not allowed on " + req.path + "; use " + allow + ".",
-                {}});
-    }
+    if (unrouted(req, m, res)) return;
     if (found->body == Body::json || found->body == Body::submission) {
       // A body is JSON; a form-encoded submission is almost always `curl -d` without -H. No
       // route takes multipart bodies.

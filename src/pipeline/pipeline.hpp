@@ -271,7 +271,7 @@ struct Pipeline final : PipelineEvents, std::enable_shared_from_this<Pipeline> {
     // Work may be waiting in the store for a free slot: look now.
     if (!store.stopped()) pump.wake(clock());
   }
-  void wake_pump(std::chrono::system_clock::time_point at) override { pump.wake(at); }
+  void wake_pump(std::chrono::system_clock::time_point at) override { pump.wake_for_retry(at); }
   void lease_lost(const std::string& key, const std::string& holder) override {
     runner.revoke(key, holder, true);
   }

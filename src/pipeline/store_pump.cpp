@@ -32,19 +32,28 @@ void StorePump::stop() {
 }
 
 void StorePump::wake(TimePoint at) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (at >= due_) return;
+  due_ = at;
+  wake_.notify_one();
+}
+
+void StorePump::wake_for_retry(TimePoint at) {
   constexpr std::size_t most_later = 1024;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (at == due_) return;
-  // The later of the two waits its turn: a retry due after the next pass must not wait for the
-  // poll after that (a second's delay by default, an hour at worst).
-  TimePoint later = at;
-  if (at < due_) {
-    later = std::exchange(due_, at);
-    wake_.notify_one();
+  if (at >= next_due()) {
+    // After the pass already asked for: kept for the pass after, so that a retry due 200 ms
+    // after another does not wait for the poll (a second by default).
+    later_.insert(at);
+    if (later_.size() > most_later) later_.erase(std::prev(later_.end()));
+    return;
   }
-  if (later == TimePoint::max()) return;
-  later_.insert(later);
-  if (later_.size() > most_later) later_.erase(std::prev(later_.end()));
+  due_ = at;
+  wake_.notify_one();
+}
+
+StorePump::TimePoint StorePump::next_due() const {
+  return later_.empty() ? due_ : std::min(due_, *later_.begin());
 }
 
 void StorePump::wake_for_finals() {
@@ -87,9 +96,9 @@ void StorePump::run() {
         if (due_ != TimePoint::max() && due_ - now > poll_interval_) due_ = now + poll_interval_;
       }
       seen = now;
-      if (now >= due_ || now >= next_renewal || finals_due_ || store_woken_) break;
+      if (now >= next_due() || now >= next_renewal || finals_due_ || store_woken_) break;
       const auto until = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::min(due_, next_renewal) - now);
+          std::min(next_due(), next_renewal) - now);
       wake_.wait_for(lock, now == slept_at ? std::chrono::steady_clock::duration(longest_sleep)
                                            : std::min<std::chrono::steady_clock::duration>(
                                                  longest_sleep, until));
@@ -99,19 +108,15 @@ void StorePump::run() {
     const bool finals_now = std::exchange(finals_due_, false);
     // A store's wake-up runs a pass without taking the time asked for (a retry due later stays).
     const bool store_woken = std::exchange(store_woken_, false);
-    const bool due_now = clock_() >= due_ || store_woken;  // read under the lock
+    const bool due_now = clock_() >= next_due() || store_woken;  // read under the lock
     if (due_now) {
       // Taken under the same lock as the wake that asked for it: a wake from now on asks for
-      // the next pass, and is never lost to this one.
-      if (!store_woken || clock_() >= due_) {
-        // The next time asked for that is still to come, if any; those come already are this
-        // pass's.
-        const TimePoint now = clock_();
-        while (!later_.empty() && *later_.begin() <= now)
-          later_.erase(later_.begin());
-        due_ = later_.empty() ? TimePoint::max() : *later_.begin();
-        if (!later_.empty()) later_.erase(later_.begin());
-      }
+      // the next pass, and is never lost to this one. The retries' times that came are this
+      // pass's.
+      const TimePoint now = clock_();
+      if (!store_woken || now >= due_) due_ = TimePoint::max();
+      while (!later_.empty() && *later_.begin() <= now)
+        later_.erase(later_.begin());
       ++passes_begun_;
     }
     lock.unlock();
