@@ -1580,20 +1580,28 @@ TEST_CASE("job queue: a model that fails with the code shutting_down is the mode
                   boost::system::system_error);
 }
 
-TEST_CASE("job queue: a retry due before the pump's next poll goes out on time - not at the poll") {
-  // The pump sleeps towards its next poll (an hour here); a retry scheduled sooner must move that
-  // deadline, not wait for it.
-  auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
-  sent->script_statuses({503});  // the first attempt fails; the retry is due 200 ms later
+namespace {
+// A queue whose pump polls once an hour (and whose renewals, a third of a 3 h lease, never wake
+// it either): only a retry's own time sends it on time. Retries 200 ms apart, 3 tries.
+rebound::JobQueueOptions polled_hourly(std::shared_ptr<rebound::test::FakeTransport::Shared> sent) {
   rebound::JobQueueOptions options;
   options.poll_interval = std::chrono::hours(1);
-  options.lease = std::chrono::hours(3);  // renewals (a third of it) never wake the pump either
+  options.lease = std::chrono::hours(3);
   options.delivery.backoff =
       rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(200)), 3);
   options.transport = [sent](boost::asio::any_io_executor, const rebound::AddressGuard&) {
     return std::make_unique<rebound::test::FakeTransport>(sent);
   };
-  JobQueue queue(std::make_unique<Doubler>(), nullptr, options);
+  return options;
+}
+}  // namespace
+
+TEST_CASE("job queue: a retry due before the pump's next poll goes out on time - not at the poll") {
+  // The pump sleeps towards its next poll (an hour here); a retry scheduled sooner must move that
+  // deadline, not wait for it.
+  auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
+  sent->script_statuses({503});  // the first attempt fails; the retry is due 200 ms later
+  JobQueue queue(std::make_unique<Doubler>(), nullptr, polled_hourly(sent));
   REQUIRE(rebound::test::submitted(queue, job("retried", 1, "https://hooks.example.com/x")) ==
           "accepted");
   REQUIRE(rebound::test::eventually(
@@ -1607,15 +1615,7 @@ TEST_CASE("job queue: a retry due after another's goes out on time - not at the 
   // not leave the second to the next poll (an hour here).
   auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
   sent->script_statuses({503, 503});  // each job's first attempt fails
-  rebound::JobQueueOptions options;
-  options.poll_interval = std::chrono::hours(1);
-  options.lease = std::chrono::hours(3);
-  options.delivery.backoff =
-      rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(200)), 3);
-  options.transport = [sent](boost::asio::any_io_executor, const rebound::AddressGuard&) {
-    return std::make_unique<rebound::test::FakeTransport>(sent);
-  };
-  JobQueue queue(std::make_unique<Doubler>(), nullptr, options);
+  JobQueue queue(std::make_unique<Doubler>(), nullptr, polled_hourly(sent));
   REQUIRE(rebound::test::submitted(queue, job("first", 1, "https://hooks.example.com/x")) ==
           "accepted");
   // The second fails after the first did: its retry is due after the first's.

@@ -858,12 +858,16 @@ struct Server::Impl {
   std::optional<HttpResponse> judge_head(const HttpRequest& req) const {
     HttpResponse res;
     no_store_if_api(req, res);
-    const Match m = match(req);
     const Credential* caller = nullptr;
-    if (!admitted(req, m.access(), caller, res)) return res;
-    // No route takes it (an open GET's path with a POST, say): nothing would read the body.
-    if (unrouted(req, m, res)) return res;
+    // (No route takes it, as an open GET's path with a POST: nothing would read the body.)
+    if (refused(req, match(req), caller, res)) return res;
     return std::nullopt;
+  }
+
+  // Whether the head alone refuses the request (its key, its route), with the answer sent.
+  bool refused(const HttpRequest& req, const Match& m, const Credential*& caller,
+               HttpResponse& res) const {
+    return !admitted(req, m.access(), caller, res) || unrouted(req, m, res);
   }
 
   // Whether no route takes the request, with the 404, 405 (or OPTIONS's 204) sent.
@@ -893,8 +897,7 @@ struct Server::Impl {
     const Route* const found = m.found;
     std::string& param = m.param;
     const Credential* caller = nullptr;
-    if (!admitted(req, m.access(), caller, res)) return;
-    if (unrouted(req, m, res)) return;
+    if (refused(req, m, caller, res)) return;
     if (found->body == Body::json || found->body == Body::submission) {
       // A body is JSON; a form-encoded submission is almost always `curl -d` without -H. No
       // route takes multipart bodies.

@@ -41,15 +41,12 @@ void StorePump::wake(TimePoint at) {
 void StorePump::wake_for_retry(TimePoint at) {
   constexpr std::size_t most_later = 1024;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (at >= next_due()) {
-    // After the pass already asked for: kept for the pass after, so that a retry due 200 ms
-    // after another does not wait for the poll (a second by default).
-    later_.insert(at);
-    if (later_.size() > most_later) later_.erase(std::prev(later_.end()));
-    return;
-  }
-  due_ = at;
-  wake_.notify_one();
+  // Kept apart from due_ (the pump's own times), each for the one pass that comes at or after
+  // it: a retry due 200 ms after (or before) another does not wait for the poll.
+  const bool sooner = at < next_due();
+  later_.insert(at);
+  if (later_.size() > most_later) later_.erase(std::prev(later_.end()));
+  if (sooner) wake_.notify_one();
 }
 
 StorePump::TimePoint StorePump::next_due() const {

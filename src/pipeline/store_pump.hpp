@@ -73,9 +73,8 @@ class StorePump {
   /// Runs the pump at `at` (at once when it has come), unless it runs earlier already.
   void wake(TimePoint at);
 
-  /// Runs the pump at `at` for a retry due then. A time after the next pass already asked for is
-  /// kept for the pass after (the soonest 1,024 of them; beyond those, the poll interval finds
-  /// what comes due), each for one pass.
+  /// Runs the pump at `at` for a retry due then, whatever other times it keeps (the soonest
+  /// 1,024 retries' times; beyond those, the poll interval finds what comes due).
   void wake_for_retry(TimePoint at);
 
   /// Has the thread tell `events` finals_due as soon as it is free (before a pass or a renewal
@@ -149,7 +148,7 @@ class StorePump {
   std::mutex mutex_;
   std::condition_variable wake_;
   TimePoint due_ = TimePoint::max();
-  std::set<TimePoint> later_;  // retries' times after due_ (wake_for_retry), bounded
+  std::set<TimePoint> later_;  // retries' times (wake_for_retry), bounded
   TimePoint next_due() const;  // the sooner of due_ and later_'s first, under mutex_
   bool finals_due_ = false;    // wake_for_finals, under mutex_
   bool store_woken_ = false;   // wake_for_store, under mutex_
