@@ -745,7 +745,7 @@ TEST_CASE("bodies being received share max_receiving_bytes - one beyond gets 503
   CHECK(after.status == 202);
 }
 
-TEST_CASE("a body its key may not send is refused at its head - unread, holding no budget") {
+TEST_CASE("a body its key may not send is refused at its head - unread and holding no budget") {
   HarnessOptions o;
   o.api_keys = {"s3cret"};
   o.max_receiving_bytes = 1000;
@@ -788,7 +788,7 @@ TEST_CASE("a body its key may not send is refused at its head - unread, holding 
                    400, "invalid_header");
 }
 
-TEST_CASE("a chunked body's trailer cannot bring a key, a second key or a second Host") {
+TEST_CASE("a chunked body's trailer cannot bring a key or a second key or a second Host") {
   HarnessOptions o;
   o.api_keys = {"s3cret"};
   EchoServer server(o);
