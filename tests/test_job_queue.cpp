@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1629,6 +1630,63 @@ TEST_CASE("job queue: a retry due after another's goes out on time - not at the 
         std::chrono::seconds(20)));
   }
   CHECK(sent->count() == 4);
+}
+
+namespace {
+// Counts the pump's passes: each claims callbacks once.
+struct PassCountingStore : rebound::test::ForwardingStore {
+  using ForwardingStore::ForwardingStore;
+  std::vector<JobRecord> claim_callbacks(std::size_t max, const rebound::Lease& lease,
+                                         TimePoint now) override {
+    ++passes;
+    return ForwardingStore::claim_callbacks(max, lease, now);
+  }
+  std::atomic<int> passes{0};
+};
+}  // namespace
+
+TEST_CASE("job queue: after a burst of retries the pump passes once a poll - not once a retry") {
+  // 30 retries due at 30 different times take about 30 passes. Once they are sent, those times are
+  // spent: the pump passes once a poll interval again (a pump that kept its own poll times with
+  // the retries' went on with 30 passes a poll interval, for as long as it ran).
+  auto sent = std::make_shared<rebound::test::FakeTransport::Shared>();
+  {
+    auto seen = std::make_shared<std::set<std::string>>();  // called outside sent->m, one thread
+    auto seen_mutex = std::make_shared<std::mutex>();
+    sent->rule = [seen, seen_mutex](const rebound::CallbackRequest& r) -> std::optional<int> {
+      std::lock_guard<std::mutex> lock(*seen_mutex);
+      return seen->insert(r.url).second ? 503 : 200;  // each job's first attempt fails
+    };
+  }
+  auto owned = std::make_unique<PassCountingStore>(std::make_shared<rebound::MemoryJobStore>());
+  PassCountingStore& store = *owned;
+  rebound::JobQueueOptions options;
+  options.poll_interval = 100ms;
+  options.delivery.backoff =
+      rebound::backoff::max_tries(rebound::backoff::constant(std::chrono::milliseconds(150)), 3);
+  options.transport = [sent](boost::asio::any_io_executor, const rebound::AddressGuard&) {
+    return std::make_unique<rebound::test::FakeTransport>(sent);
+  };
+  JobQueue queue(std::make_unique<Doubler>(), std::move(owned), options);
+  constexpr int jobs = 30;
+  for (int i = 0; i < jobs; ++i) {
+    // (A receiver each, so that no origin's breaker opens; 7 ms apart, so the retries are too.)
+    REQUIRE(rebound::test::submitted(
+                queue, job("burst-" + std::to_string(i), i,
+                           "https://hooks" + std::to_string(i) + ".example.com/x")) == "accepted");
+    std::this_thread::sleep_for(7ms);
+  }
+  REQUIRE(rebound::test::eventually([&] { return sent->count() == 2 * jobs; }, 20s));
+  std::this_thread::sleep_for(300ms);  // (the last retries' passes end)
+  const int before = store.passes;
+  const auto from = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(1s);
+  const int passes = store.passes - before;
+  const auto polls = (std::chrono::steady_clock::now() - from) / 100ms;  // (a late wake-up)
+  // About one a 100 ms poll; a pump whose spent times come back makes about 300 a second.
+  CHECK(passes >= 1);
+  CHECK(passes <= 2 * polls + 5);
+  CHECK(sent->count() == 2 * jobs);
 }
 
 namespace {
