@@ -773,6 +773,14 @@ TEST_CASE("a body its key may not send is refused at its head - unread and holdi
   const RawResponse not_allowed = first_response(crowd.back()->read(10000ms, "}}"));
   check_error_body(not_allowed, 405, "method_not_allowed");
   CHECK(not_allowed.has_header("Allow: GET, HEAD"));
+  // Nor a keyed one whose query is ambiguous (a parameter given twice): 422 before the body.
+  crowd.push_back(std::make_unique<RawConnection>(server.port));
+  REQUIRE(crowd.back()->send(
+      "POST /v1/inferences?wait=1&wait=2 HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: 800\r\nAuthorization: Bearer s3cret\r\n\r\n{\"id\""));
+  const RawResponse ambiguous = first_response(crowd.back()->read(10000ms, "}}"));
+  check_error_body(ambiguous, 422, "invalid_field");
+  CHECK(json::parse(ambiguous.body, nullptr, false)["error"]["field"] == "wait");
   // The budget is whole for a keyed upload, sent slowly.
   std::string body = "{\"id\": \"keyed\"}";
   body += std::string(800 - body.size(), ' ');

@@ -775,6 +775,21 @@ TEST_CASE("a job says which model and version ran it - in its status - its callb
       {{"X-Amzn-SageMaker-Target-Model", "held"}, {"X-Amzn-SageMaker-Target-Model", "other"}}, "3",
       "application/json");
   check_error(invoked, 400, "invalid_header");
+  // An empty target names no model (not the default one).
+  invoked = h.client().Post("/invocations", {{"X-Amzn-SageMaker-Target-Model", ""}}, "3",
+                            "application/json");
+  check_error(invoked, 400, "invalid_header");
+  // The custom attributes are echoed as sent: one value, never one of two.
+  invoked = h.client().Post("/invocations", {{"X-Amzn-SageMaker-Custom-Attributes", "trace=1"}},
+                            "3", "application/json");
+  REQUIRE(invoked);
+  CHECK(invoked->status == 200);
+  CHECK(invoked->get_header_value("X-Amzn-SageMaker-Custom-Attributes") == "trace=1");
+  invoked = h.client().Post("/invocations",
+                            {{"X-Amzn-SageMaker-Custom-Attributes", "trace=1"},
+                             {"X-Amzn-SageMaker-Custom-Attributes", "trace=2"}},
+                            "3", "application/json");
+  check_error(invoked, 400, "invalid_header");
   // A refusal of the queue's is no model's answer.
   h.model->set_ready(false);
   invoked = h.client().Post("/invocations", "3", "application/json");
@@ -943,6 +958,13 @@ TEST_CASE("the failed-callback listing validates its query") {
   check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=abc"), 422,
               "invalid_field", "limit");
   CHECK(h.client().Get("/v1/inferences?callback_state=failed&limit=1000")->status == 200);
+  // A parameter given twice: the route would read one value, a proxy before it maybe the other.
+  check_error(h.client().Get("/v1/inferences?callback_state=failed&limit=5&limit=500"), 422,
+              "invalid_field", "limit");
+  check_error(h.client().Get("/v1/inferences?limit=5&callback_state=failed&callback%5Fstate=x"),
+              422, "invalid_field", "callback_state");
+  // (Any route: one that reads no parameter refuses the ambiguity too.)
+  check_error(h.client().Get("/v1/stats?a=1&a=2"), 422, "invalid_field", "a");
 }
 
 TEST_CASE("the failed-callback listing pages with a cursor - without results - within its bytes") {

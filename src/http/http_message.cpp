@@ -3,6 +3,8 @@
 
 #include <boost/beast/core/string.hpp>
 
+#include <iterator>
+
 namespace rebound::detail {
 namespace {
 
@@ -78,6 +80,16 @@ std::size_t HttpRequest::header_count(std::string_view name) const {
 std::string HttpRequest::param(const std::string& name) const {
   const auto it = params_.find(name);
   return it == params_.end() ? std::string() : it->second;
+}
+
+const std::string* HttpRequest::repeated_param() const {
+  // (A multimap keeps equal names side by side. No route reads an empty name: "=1&=2" is no
+  // ambiguity.)
+  for (auto it = params_.begin(); it != params_.end(); ++it) {
+    const auto next = std::next(it);
+    if (next != params_.end() && next->first == it->first && !it->first.empty()) return &it->first;
+  }
+  return nullptr;
 }
 
 void HttpResponse::set_header(std::string name, std::string value) {

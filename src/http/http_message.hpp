@@ -38,6 +38,10 @@ class HttpRequest {
   /// A query parameter ('+' and %XX decoded), its first value; "" when absent.
   std::string param(const std::string& name) const;
   bool has_param(const std::string& name) const { return params_.count(name) > 0; }
+  /// The name of a query parameter given more than once ("a=1&a=2"), or nullptr; empty names
+  /// are not counted. A route reads one value, and a proxy or a cache before it may read
+  /// another: such a query is refused.
+  const std::string* repeated_param() const;
 
  private:
   Message message_;

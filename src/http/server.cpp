@@ -864,10 +864,23 @@ struct Server::Impl {
     return std::nullopt;
   }
 
-  // Whether the head alone refuses the request (its key, its route), with the answer sent.
+  // Whether the head alone refuses the request (its key, its route, its query), with the answer
+  // sent.
   bool refused(const HttpRequest& req, const Match& m, const Credential*& caller,
                HttpResponse& res) const {
-    return !admitted(req, m.access(), caller, res) || unrouted(req, m, res);
+    return !admitted(req, m.access(), caller, res) || unrouted(req, m, res) ||
+           ambiguous_query(req, res);
+  }
+
+  // Whether a query parameter is given twice, with the 422 sent: the route would read one value,
+  // and a proxy or a cache before it may read the other.
+  static bool ambiguous_query(const HttpRequest& req, HttpResponse& res) {
+    const std::string* name = req.repeated_param();
+    if (!name) return false;
+    const std::string shown = detail::truncated_utf8(*name, 64);
+    send_error(res, {422, "invalid_field",
+                     "The query parameter '" + shown + "' is given more than once.", shown});
+    return true;
   }
 
   // Whether no route takes the request, with the 404, 405 (or OPTIONS's 204) sent.
@@ -1922,6 +1935,31 @@ struct Server::Impl {
   void invoke(Call& c, const std::string* target = nullptr) {
     const HttpRequest& req = c.req;
     HttpResponse& res = c.res;
+    // Echoed as sent: one value (two would be echoed as one of them, or joined, either a guess).
+    if (req.header_count("X-Amzn-SageMaker-Custom-Attributes") > 1) {
+      return send_error(res, {400,
+                              "invalid_header",
+                              "X-Amzn-SageMaker-Custom-Attributes is given more than once: send "
+                              "one.",
+                              {}});
+    }
+    // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
+    if (!target && req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
+      return send_error(res, {400,
+                              "invalid_header",
+                              "X-Amzn-SageMaker-Target-Model is given more than once: name one "
+                              "model.",
+                              {}});
+    }
+    // (An empty name is no model's: SageMaker refuses it too, rather than run the default.)
+    if (!target && req.has_header("X-Amzn-SageMaker-Target-Model") &&
+        req.header("X-Amzn-SageMaker-Target-Model").empty()) {
+      return send_error(res, {400,
+                              "invalid_header",
+                              "X-Amzn-SageMaker-Target-Model is empty: name a model, or leave "
+                              "the header out for the default.",
+                              {}});
+    }
     const std::string& body = req.body();
     ParsingReservation reserved(parsing_bytes, tree_bytes(body), options.max_parsing_bytes);
     if (!reserved) return refuse_parsing(res);
@@ -1932,14 +1970,6 @@ struct Server::Impl {
     if (auto error = json_body_error(detail::parse_untrusted_json(body, input, json_cost_limit,
                                                                   /*limit_amplification=*/true))) {
       return send_error(res, *error);
-    }
-    // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
-    if (!target && req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
-      return send_error(res, {400,
-                              "invalid_header",
-                              "X-Amzn-SageMaker-Target-Model is given more than once: name one "
-                              "model.",
-                              {}});
     }
     // The version that answers: the one its route picks now, pinned for the queue.
     ModelRef chosen{target ? *target : req.header("X-Amzn-SageMaker-Target-Model"), {}};
