@@ -80,6 +80,18 @@ void send_error(HttpResponse& res, const ApiError& error) {
   send_json(res, error.status, error.to_json());
 }
 
+// A header a route reads one value of, given more than once, is refused (400 invalid_header)
+// rather than one value picked: a proxy before the server may have read the other. `advice` ends
+// the message ("X is given more than once: advice.").
+bool given_once(const HttpRequest& req, std::string_view name, std::string_view advice,
+                HttpResponse& res) {
+  if (req.header_count(name) <= 1) return true;
+  std::string message(name);
+  message.append(" is given more than once: ").append(advice).append(".");
+  send_error(res, {400, "invalid_header", std::move(message), {}});
+  return false;
+}
+
 // The error body for what the front answers itself, before any route runs.
 ApiError error_for_status(int status) {
   switch (status) {
@@ -844,8 +856,7 @@ struct Server::Impl {
   bool admitted(const HttpRequest& req, unsigned access, const Credential*& caller,
                 HttpResponse& res) const {
     // Two Authorization headers could be read as two keys by two hops: neither is taken.
-    if (!credentials.empty() && req.header_count("Authorization") > 1) {
-      send_error(res, {400, "invalid_header", "Send one Authorization header, not several.", {}});
+    if (!credentials.empty() && !given_once(req, "Authorization", "send one key", res)) {
       return false;
     }
     caller = authenticate(req);
@@ -1936,29 +1947,21 @@ struct Server::Impl {
     const HttpRequest& req = c.req;
     HttpResponse& res = c.res;
     // Echoed as sent: one value (two would be echoed as one of them, or joined, either a guess).
-    if (req.header_count("X-Amzn-SageMaker-Custom-Attributes") > 1) {
-      return send_error(res, {400,
-                              "invalid_header",
-                              "X-Amzn-SageMaker-Custom-Attributes is given more than once: send "
-                              "one.",
-                              {}});
-    }
-    // SageMaker names the model to invoke in a header (multi-model endpoints); this server has one.
-    if (!target && req.header_count("X-Amzn-SageMaker-Target-Model") > 1) {
-      return send_error(res, {400,
-                              "invalid_header",
-                              "X-Amzn-SageMaker-Target-Model is given more than once: name one "
-                              "model.",
-                              {}});
-    }
-    // (An empty name is no model's: SageMaker refuses it too, rather than run the default.)
-    if (!target && req.has_header("X-Amzn-SageMaker-Target-Model") &&
-        req.header("X-Amzn-SageMaker-Target-Model").empty()) {
-      return send_error(res, {400,
-                              "invalid_header",
-                              "X-Amzn-SageMaker-Target-Model is empty: name a model, or leave "
-                              "the header out for the default.",
-                              {}});
+    if (!given_once(req, "X-Amzn-SageMaker-Custom-Attributes", "send one", res)) return;
+    // SageMaker names the model to invoke in a header (multi-model endpoints); a route that names
+    // it in its path reads no header.
+    if (!target) {
+      constexpr const char* name = "X-Amzn-SageMaker-Target-Model";
+      if (!given_once(req, name, "name one model", res)) return;
+      // (An empty name is no model's: SageMaker refuses it too, rather than run the default.)
+      if (req.header_count(name) == 1 && req.header(name).empty()) {
+        return send_error(
+            res, {400,
+                  "invalid_header",
+                  std::string(name) + " is empty: name a model, or leave the header out for the "
+                                      "default.",
+                  {}});
+      }
     }
     const std::string& body = req.body();
     ParsingReservation reserved(parsing_bytes, tree_bytes(body), options.max_parsing_bytes);
