@@ -815,6 +815,28 @@ TEST_CASE("a chunked body's trailer cannot bring a key or a second key or a seco
   CHECK_MESSAGE(accepted.status == 202, accepted.body);
 }
 
+TEST_CASE("a chunked body's trailer past the buffer gets 431 - a chunk line past it 400") {
+  EchoServer server{HarnessOptions()};  // a head of 64 KiB at most: the trailer's fields are more
+  const std::string head =
+      "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  {
+    RawConnection c(server.port);
+    c.send(head + "f\r\n{\"id\": \"trail\"}\r\n0\r\n", 2000ms);
+    for (int i = 0; i < 10; ++i)
+      c.send("X-Trail-" + std::to_string(i) + ": " + std::string(10 * 1000, 'a') + "\r\n", 2000ms);
+    c.send("\r\n", 2000ms);
+    check_error_body(first_response(c.read(10000ms, "}}")), 431, "header_too_large");
+  }
+  {
+    // A chunk's extensions past the buffer: the body could not be read (not a header).
+    RawConnection c(server.port);
+    c.send(head + "f;ext=" + std::string(100 * 1000, 'a') + "\r\n", 2000ms);
+    check_error_body(first_response(c.read(10000ms, "}}")), 400, "bad_request");
+  }
+  CHECK(server.alive());
+}
+
 TEST_CASE("a request in absolute form is routed by its path - HTTP/1.0 keep-alive is kept") {
   EchoServer server;
   CHECK(round_trip(server.port, "GET http://example.com/ping HTTP/1.1\r\nHost: x\r\n\r\n").status ==

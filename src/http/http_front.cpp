@@ -394,6 +394,9 @@ class Session : public std::enable_shared_from_this<Session> {
         ec == net::error::connection_reset || ec == net::error::operation_aborted) {
       return close();
     }
+    // The buffer filled before a line of the body ended: a trailer's fields are header fields
+    // (431, as a head too large), a chunk's size line (its extensions) is a body not read (400).
+    if (ec == http::error::buffer_overflow && in_trailer()) return refuse(431, "header_too_large");
     if (ec) return refuse(400, "bad_request");
     // The routes read the head only: a trailer could otherwise bring the key (or a second
     // Host) after every check on the head.
@@ -402,6 +405,17 @@ class Session : public std::enable_shared_from_this<Session> {
       chunked_head_.reset();
     }
     dispatch();
+  }
+
+  // Whether the bytes the parser left in the buffer begin with the last chunk ("0", perhaps with
+  // extensions, after the CRLF that ends the chunk before): the parser keeps it there until the
+  // trailer after it ends.
+  bool in_trailer() const {
+    std::string_view rest = buffered();
+    if (rest.substr(0, 2) == "\r\n") rest.remove_prefix(2);
+    const std::size_t zeros = rest.find_first_not_of('0');
+    return zeros > 0 && zeros != std::string_view::npos &&
+           (rest[zeros] == ';' || rest[zeros] == '\r');
   }
 
   // The head alone goes to the routes; the body stays unread (and the connection ends).
