@@ -17,14 +17,14 @@ int hex_value(char c) {
 
 }  // namespace
 
-std::string percent_decode(std::string_view text, bool plus_is_space) {
+std::string percent_decode(std::string_view text, bool plus_is_space, bool keep_slash) {
   std::string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (c == '%' && i + 2 < text.size()) {
       const int high = hex_value(text[i + 1]), low = hex_value(text[i + 2]);
-      if (high >= 0 && low >= 0) {
+      if (high >= 0 && low >= 0 && !(keep_slash && high * 16 + low == '/')) {
         out += static_cast<char>(high * 16 + low);
         i += 2;
         continue;
@@ -45,12 +45,16 @@ HttpRequest::HttpRequest(Message message) : message_(std::move(message)) {
         boost::beast::iequals(boost::beast::string_view(target.data(), scheme.size()),
                               boost::beast::string_view(scheme.data(), scheme.size()))) {
       const std::size_t path_at = target.find_first_of("/?", scheme.size());
-      target = path_at == std::string_view::npos ? std::string_view("/") : target.substr(path_at);
+      target = path_at == std::string_view::npos ? std::string_view() : target.substr(path_at);
       break;
     }
   }
   const std::size_t question = target.find('?');
-  path = percent_decode(target.substr(0, question), false);
+  // Each segment decoded alone: an escaped '/' stays escaped, part of its segment, so that
+  // "/v1%2Fstats" is no route's path (a proxy that matches the raw path would let it by, and the
+  // routes would read /v1/stats). An absolute form without a path ("http://host?x") is "/".
+  path = percent_decode(target.substr(0, question), false, /*keep_slash=*/true);
+  if (path.empty()) path = "/";
   if (question == std::string_view::npos) return;
   std::string_view query = target.substr(question + 1);
   while (!query.empty()) {

@@ -67,7 +67,8 @@ struct HttpResponse {
   }
 };
 
-/// %XX decoded (and '+' as a space when `plus_is_space`); a malformed escape is kept as is.
-std::string percent_decode(std::string_view text, bool plus_is_space);
+/// %XX decoded (and '+' as a space when `plus_is_space`); a malformed escape is kept as is, and
+/// so is %2F when `keep_slash` (a path's segments are decoded each alone).
+std::string percent_decode(std::string_view text, bool plus_is_space, bool keep_slash = false);
 
 }  // namespace rebound::detail
