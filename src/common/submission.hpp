@@ -43,7 +43,11 @@ inline std::optional<ApiError> json_body_error(JsonParseError error) {
     case JsonParseError::none:
       break;
     case JsonParseError::invalid:
-      return ApiError{400, "invalid_json", "The request body is not valid JSON.", {}};
+      return ApiError{
+          400,
+          "invalid_json",
+          "The request body is not valid JSON (or holds a number past a double's range).",
+          {}};
     case JsonParseError::too_deep:
       return ApiError{400,
                       "invalid_json",

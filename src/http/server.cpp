@@ -291,15 +291,17 @@ std::optional<int> preferred_wait(const HttpRequest& req) {
 // configured, everyone may call every route but the console's.
 enum Access : unsigned {
   any_key = 0,
-  open = 1,           // no key needed: /ping, /openapi.json, /v1/webhook-keys, the console's page
-  acts = 2,           // not with a viewer key: it changes something, or hands out the secret
-  spans = 4,          // with several tenants, an operator or a viewer key: it spans them all
-  console_page = 8,   // only while the console is on (an operator or a viewer key is configured)
-  console_json = 16,  // the console on, and an operator or a viewer key
-  on_front = 32,      // never waits for the store: on the HTTP thread, store-call threads or not
-  operates = 64,      // an operator key only (none configured: nobody): it changes the models
-  loads_models = 128  // with keys configured, an operator key (SageMaker's multi-model calls,
-                      // which carry none, run on a container without keys)
+  open = 1,            // no key needed: /ping, /openapi.json, /v1/webhook-keys, the console's page
+  acts = 2,            // not with a viewer key: it changes something, or hands out the secret
+  spans = 4,           // with several tenants, an operator or a viewer key: it spans them all
+  console_page = 8,    // only while the console is on (an operator or a viewer key is configured)
+  console_json = 16,   // the console on, and an operator or a viewer key
+  on_front = 32,       // never waits for the store: on the HTTP thread, store-call threads or not
+  operates = 64,       // an operator key only (none configured: nobody): it changes the models
+  loads_models = 128,  // with keys configured, an operator key (SageMaker's multi-model calls,
+                       // which carry none, run on a container without keys)
+  invokes = 256        // SageMaker's invocation: reads its custom attributes (and, without a
+                       // model in its path, its target model) headers
 };
 
 // What a route does with a request body: none, JSON (a submission's JSON, where a form-encoded
@@ -333,8 +335,13 @@ bool match_route(std::string_view pattern, std::string_view path, std::string& p
 // A body sent compressed, or with a transfer coding other than plain chunked, is refused rather
 // than guessed at (the front read it, within the limit); nullopt when it is plain.
 std::optional<ApiError> encoding_error(const HttpRequest& req) {
-  const std::string encoding = req.header("Content-Encoding");
-  const bool compressed = !encoding.empty() && !detail::equals_ignoring_case(encoding, "identity");
+  // (Every field: two would be read as one list, "identity, gzip", by a hop that joins them.)
+  bool compressed = false;
+  for (std::size_t i = 0; i < req.header_count("Content-Encoding"); ++i) {
+    const std::string encoding = req.header("Content-Encoding", i);
+    compressed =
+        compressed || (!encoding.empty() && !detail::equals_ignoring_case(encoding, "identity"));
+  }
   const bool coded = req.has_header("Transfer-Encoding") &&
                      (req.header_count("Transfer-Encoding") != 1 ||
                       !detail::equals_ignoring_case(req.header("Transfer-Encoding"), "chunked"));
@@ -736,7 +743,7 @@ struct Server::Impl {
          [](Impl& s, Call& c) { s.cancel(c.tenant, c.param, c.res); }},
         {"POST", "/v1/inferences/{id}/redeliver", acts, Body::ignored,
          [](Impl& s, Call& c) { s.redeliver(c.tenant, c.param, c.res); }},
-        {"POST", "/invocations", any_key | on_front, Body::json,
+        {"POST", "/invocations", any_key | on_front | invokes, Body::json,
          [](Impl& s, Call& c) { s.invoke(c); }},
         {"GET", "/ping", open | on_front, Body::none, [](Impl& s, Call& c) { s.ping(c.res); }},
         {"GET", "/metrics", spans, Body::none,
@@ -780,7 +787,7 @@ struct Server::Impl {
         {"GET", "/models/{name}", any_key, Body::none, [](Impl& s, Call& c) { s.mme_get(c); }},
         {"DELETE", "/models/{name}", loads_models | acts, Body::none,
          [](Impl& s, Call& c) { s.mme_unload(c); }},
-        {"POST", "/models/{name}/invoke", any_key | on_front, Body::json,
+        {"POST", "/models/{name}/invoke", any_key | on_front | invokes, Body::json,
          [](Impl& s, Call& c) {
            if (s.mme_on(c.res)) s.invoke(c, &c.param);
          }},
@@ -880,7 +887,54 @@ struct Server::Impl {
   bool refused(const HttpRequest& req, const Match& m, const Credential*& caller,
                HttpResponse& res) const {
     return !admitted(req, m.access(), caller, res) || unrouted(req, m, res) ||
-           ambiguous_query(req, res);
+           ambiguous_query(req, res) || unread_body(req, *m.found, res) ||
+           ambiguous_invocation(req, *m.found, res);
+  }
+
+  // Whether the head says the route could not read the body, with the 400 or 415 sent.
+  static bool unread_body(const HttpRequest& req, const Route& route, HttpResponse& res) {
+    if (route.body != Body::json && route.body != Body::submission) return false;
+    if (!given_once(req, "Content-Type", "send one", res)) return true;
+    // A body is JSON; a form-encoded submission is almost always `curl -d` without -H. No
+    // route takes multipart bodies.
+    const std::string type = req.header("Content-Type");
+    if (detail::starts_with_ignoring_case(type, "multipart/") ||
+        (route.body == Body::submission &&
+         detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded"))) {
+      send_error(res, {415,
+                       "unsupported_media_type",
+                       "Send the body as JSON with Content-Type: application/json (with "
+                       "curl -d, add -H 'Content-Type: application/json').",
+                       {}});
+      return true;
+    }
+    if (auto error = encoding_error(req)) {
+      send_error(res, *error);
+      return true;
+    }
+    return false;
+  }
+
+  // Whether SageMaker's headers of an invocation are ambiguous, with the 400 sent.
+  static bool ambiguous_invocation(const HttpRequest& req, const Route& route, HttpResponse& res) {
+    if (!(route.access & invokes)) return false;
+    // Echoed as sent: one value (two would be echoed as one of them, or joined, either a guess).
+    if (!given_once(req, "X-Amzn-SageMaker-Custom-Attributes", "send one", res)) return true;
+    // SageMaker names the model to invoke in a header (multi-model endpoints); a route that names
+    // it in its path reads no header.
+    if (std::string_view(route.pattern).find('{') != std::string_view::npos) return false;
+    constexpr const char* name = "X-Amzn-SageMaker-Target-Model";
+    if (!given_once(req, name, "name one model", res)) return true;
+    // (An empty name is no model's: SageMaker refuses it too, rather than run the default.)
+    if (req.header_count(name) == 1 && req.header(name).empty()) {
+      send_error(res, {400,
+                       "invalid_header",
+                       std::string(name) +
+                           " is empty: name a model, or leave the header out for the default.",
+                       {}});
+      return true;
+    }
+    return false;
   }
 
   // Whether a query parameter is given twice, with the 422 sent: the route would read one value,
@@ -922,21 +976,6 @@ struct Server::Impl {
     std::string& param = m.param;
     const Credential* caller = nullptr;
     if (refused(req, m, caller, res)) return;
-    if (found->body == Body::json || found->body == Body::submission) {
-      // A body is JSON; a form-encoded submission is almost always `curl -d` without -H. No
-      // route takes multipart bodies.
-      const std::string type = req.header("Content-Type");
-      if (detail::starts_with_ignoring_case(type, "multipart/") ||
-          (found->body == Body::submission &&
-           detail::starts_with_ignoring_case(type, "application/x-www-form-urlencoded"))) {
-        return send_error(res, {415,
-                                "unsupported_media_type",
-                                "Send the body as JSON with Content-Type: application/json (with "
-                                "curl -d, add -H 'Content-Type: application/json').",
-                                {}});
-      }
-      if (auto error = encoding_error(req)) return send_error(res, *error);
-    }
     std::string tenant = caller ? caller->tenant : std::string();
     if (store_calls && !(found->access & on_front)) {
       // A route whose store calls may wait runs on the store-call threads: the front's thread
@@ -1946,23 +1985,7 @@ struct Server::Impl {
   void invoke(Call& c, const std::string* target = nullptr) {
     const HttpRequest& req = c.req;
     HttpResponse& res = c.res;
-    // Echoed as sent: one value (two would be echoed as one of them, or joined, either a guess).
-    if (!given_once(req, "X-Amzn-SageMaker-Custom-Attributes", "send one", res)) return;
-    // SageMaker names the model to invoke in a header (multi-model endpoints); a route that names
-    // it in its path reads no header.
-    if (!target) {
-      constexpr const char* name = "X-Amzn-SageMaker-Target-Model";
-      if (!given_once(req, name, "name one model", res)) return;
-      // (An empty name is no model's: SageMaker refuses it too, rather than run the default.)
-      if (req.header_count(name) == 1 && req.header(name).empty()) {
-        return send_error(
-            res, {400,
-                  "invalid_header",
-                  std::string(name) + " is empty: name a model, or leave the header out for the "
-                                      "default.",
-                  {}});
-      }
-    }
+    // (SageMaker's headers are judged with the head: ambiguous_invocation.)
     const std::string& body = req.body();
     ParsingReservation reserved(parsing_bytes, tree_bytes(body), options.max_parsing_bytes);
     if (!reserved) return refuse_parsing(res);
