@@ -310,7 +310,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (hosts > 1 || (hosts == 0 && message.version() >= 11)) return refuse(400, "invalid_host");
     // Framing that another hop could read differently (request smuggling) gets one request per
     // connection: a chunked body, or more than one Content-Length.
-    if (parser_->chunked() || message.count(http::field::content_length) > 1) {
+    if (parser_->chunked() || message.count(http::field::content_length) > 1 ||
+        message[http::field::content_length].find(',') != beast::string_view::npos) {
       close_after_ = true;
     }
     if (message.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
@@ -355,7 +356,8 @@ class Session : public std::enable_shared_from_this<Session> {
         length ? static_cast<std::size_t>(*length) : limits_.max_body_bytes;
     if (!front_.reserve_receiving(expected)) return refuse(503, "server_busy");
     receiving_ = expected;
-    if (beast::iequals(message[http::field::expect], "100-continue")) {
+    // (An HTTP/1.0 client's expectation is ignored, RFC 9110 10.1.1: it may not know 1xx.)
+    if (message.version() >= 11 && beast::iequals(message[http::field::expect], "100-continue")) {
       auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
       stream_.expires_after(limits_.response_timeout);
       return net::async_write(
@@ -482,7 +484,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // An answer the front gives itself; the connection ends after it.
   void refuse(int status, const std::string& code) {
     close_after_ = true;
-    head_ = false;
+    // A HEAD hears the status and the length, no body (when its request line was read).
+    head_ = parser_ && parser_->get().method() == http::verb::head;
     awaiting_ = shared_from_this();
     answer(front_.errors(status, code));
   }
@@ -494,8 +497,12 @@ class Session : public std::enable_shared_from_this<Session> {
     for (auto& [name, value] : r.headers)
       message->insert(name, value);
     if (!r.content_type.empty()) message->set(http::field::content_type, r.content_type);
-    message->body() = std::move(r.body);
+    // A 204 or 304 has no body and says no length (RFC 9110 8.6; prepare_payload would throw on
+    // a body).
+    const bool bodiless = r.status == 204 || r.status == 304;
+    if (!bodiless) message->body() = std::move(r.body);
     message->prepare_payload();
+    if (bodiless) message->erase(http::field::content_length);
     if (head_) message->body().clear();  // HEAD: the length of the GET's body, none of it
     message->keep_alive(!close_after_ && !front_.stopping);
     stream_.expires_after(limits_.response_timeout);
