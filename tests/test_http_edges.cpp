@@ -849,3 +849,100 @@ TEST_CASE("a request in absolute form is routed by its path - HTTP/1.0 keep-aliv
   REQUIRE(c.send("GET /ping HTTP/1.0\r\n\r\n"));  // the same connection serves another
   CHECK(c.read(10000ms, "\r\n\r\n").rfind("HTTP/1.0 200", 0) == 0);
 }
+
+TEST_CASE("an escaped slash is part of its segment - /v1%2Fstats is no route") {
+  // A proxy that matches the raw path (deny /metrics, deny */redeliver) must see what routes.
+  EchoServer server{HarnessOptions()};
+  for (const std::string path : {"/v1%2Fstats", "/v1%2fstats", "/v1/inferences%2Fx%2Fredeliver"}) {
+    CAPTURE(path);
+    const std::string method = path.find("redeliver") != std::string::npos ? "POST" : "GET";
+    const RawResponse r = round_trip(
+        server.port, method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    check_error_body(r, 404, "not_found");
+  }
+  // Other escapes are the characters they stand for (as RFC 3986 normalizes them).
+  CHECK(round_trip(server.port, "GET /v1/st%61ts HTTP/1.1\r\nHost: x\r\n\r\n").status == 200);
+  // An absolute form without a path is the path "/".
+  const RawResponse bare =
+      round_trip(server.port, "GET http://example.com?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  check_error_body(bare, 404, "not_found");
+  CHECK(bare.body.find("GET /.") != std::string::npos);
+}
+
+TEST_CASE("two Content-Type or Content-Encoding fields are refused - as a hop joining them reads") {
+  EchoServer server{HarnessOptions()};
+  // Content-Encoding is a list: two fields are "identity, gzip" to a hop that joins them.
+  check_error_body(round_trip(server.port,
+                              "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Encoding: "
+                              "identity\r\nContent-Encoding: gzip\r\nContent-Type: "
+                              "application/json\r\nContent-Length: 1\r\n\r\n3"),
+                   415, "unsupported_encoding");
+  // Content-Type is one value: two are refused, in either order.
+  for (const std::string types :
+       {"Content-Type: application/json\r\nContent-Type: application/x-www-form-urlencoded\r\n",
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Type: application/json\r\n"}) {
+    check_error_body(round_trip(server.port, "POST /v1/inferences HTTP/1.1\r\nHost: x\r\n" + types +
+                                                 "Content-Length: 13\r\n\r\n{\"id\": \"two\"}"),
+                     400, "invalid_header");
+  }
+}
+
+TEST_CASE("SageMaker's headers are judged at the head - no 100 Continue for an ambiguous one") {
+  EchoServer server{HarnessOptions()};
+  const std::string head =
+      "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: 7\r\nExpect: 100-continue\r\n";
+  for (const std::string fields :
+       {"X-Amzn-SageMaker-Custom-Attributes: a\r\nX-Amzn-SageMaker-Custom-Attributes: b\r\n",
+        "X-Amzn-SageMaker-Target-Model: a\r\nX-Amzn-SageMaker-Target-Model: b\r\n",
+        "X-Amzn-SageMaker-Target-Model: \r\n"}) {
+    CAPTURE(fields);
+    RawConnection c(server.port);
+    REQUIRE(c.send(head + fields + "\r\n"));
+    // Answered before any body is sent: the upload is not invited, then thrown away.
+    const std::string text = c.read(10000ms, "}}");
+    CHECK(text.rfind("HTTP/1.1 400", 0) == 0);
+    check_error_body(first_response(text), 400, "invalid_header");
+  }
+}
+
+TEST_CASE("what the front refuses itself answers a HEAD without a body") {
+  EchoServer server{HarnessOptions()};
+  RawConnection c(server.port);
+  REQUIRE(c.send("HEAD /ping HTTP/1.1\r\n\r\n"));  // no Host: 400 invalid_host
+  const std::string text = c.read(10000ms);        // the connection closes after a refusal
+  CHECK(text.rfind("HTTP/1.1 400", 0) == 0);
+  const std::size_t end = text.find("\r\n\r\n");
+  REQUIRE(end != std::string::npos);
+  CHECK(text.find("Content-Length: ") < end);  // the length a GET's body would have had
+  CHECK(text.size() == end + 4);               // and none of the body
+}
+
+TEST_CASE(
+    "framing nits - a listed Content-Length ends the connection - 1.0 hears no 100 Continue") {
+  EchoServer server{HarnessOptions()};
+  {
+    // "13,13" is one length to Beast and may be two to another hop: the last request there.
+    const RawResponse r = round_trip(server.port,
+                                     "POST /v1/inferences HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                     "application/json\r\nContent-Length: 13,13\r\n\r\n{\"id\": "
+                                     "\"cl2\"}");
+    CHECK(r.status == 202);
+    CHECK(r.has_header("Connection: close\r\n"));
+  }
+  {
+    // An HTTP/1.0 client's expectation is ignored: the answer is the first thing it reads.
+    RawConnection c(server.port);
+    REQUIRE(
+        c.send("POST /invocations HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: 3\r\nExpect: 100-continue\r\n\r\n"));
+    CHECK(c.read(300ms).empty());
+    REQUIRE(c.send("[1]"));
+    CHECK(c.read(10000ms, "]").rfind("HTTP/1.0 200", 0) == 0);
+  }
+  // A 204 says no length.
+  const RawResponse options =
+      round_trip(server.port, "OPTIONS /v1/inferences HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(options.status == 204);
+  CHECK_FALSE(options.has_header("Content-Length"));
+}
