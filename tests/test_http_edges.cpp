@@ -828,10 +828,12 @@ TEST_CASE("a chunked body's trailer past the buffer gets 431 - a chunk line past
     c.send("\r\n", 2000ms);
     check_error_body(first_response(c.read(10000ms, "}}")), 431, "header_too_large");
   }
-  {
-    // A chunk's extensions past the buffer: the body could not be read (not a header).
+  // A chunk's extensions past the buffer, the last chunk's too: the body could not be read (no
+  // header is too large).
+  for (const std::string chunk : {"f;ext=", "0;ext=", "f\r\n{\"id\": \"trail\"}\r\n0;ext="}) {
+    CAPTURE(chunk);
     RawConnection c(server.port);
-    c.send(head + "f;ext=" + std::string(100 * 1000, 'a') + "\r\n", 2000ms);
+    c.send(head + chunk + std::string(100 * 1000, 'a') + "\r\n", 2000ms);
     check_error_body(first_response(c.read(10000ms, "}}")), 400, "bad_request");
   }
   CHECK(server.alive());
@@ -851,7 +853,7 @@ TEST_CASE("a request in absolute form is routed by its path - HTTP/1.0 keep-aliv
 }
 
 TEST_CASE("an escaped slash is part of its segment - /v1%2Fstats is no route") {
-  // A proxy that matches the raw path (deny /metrics, deny */redeliver) must see what routes.
+  // The segments a path has are the ones a proxy in front sees: an escaped '/' joins no two.
   EchoServer server{HarnessOptions()};
   for (const std::string path : {"/v1%2Fstats", "/v1%2fstats", "/v1/inferences%2Fx%2Fredeliver"}) {
     CAPTURE(path);
@@ -859,6 +861,7 @@ TEST_CASE("an escaped slash is part of its segment - /v1%2Fstats is no route") {
     const RawResponse r = round_trip(
         server.port, method + " " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
     check_error_body(r, 404, "not_found");
+    CHECK(r.body.find("No route for") != std::string::npos);  // (not the redeliver's "No job")
   }
   // Other escapes are the characters they stand for (as RFC 3986 normalizes them).
   CHECK(round_trip(server.port, "GET /v1/st%61ts HTTP/1.1\r\nHost: x\r\n\r\n").status == 200);

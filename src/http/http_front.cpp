@@ -409,15 +409,16 @@ class Session : public std::enable_shared_from_this<Session> {
     dispatch();
   }
 
-  // Whether the bytes the parser left in the buffer begin with the last chunk ("0", perhaps with
-  // extensions, after the CRLF that ends the chunk before): the parser keeps it there until the
-  // trailer after it ends.
+  // Whether the bytes the parser left in the buffer begin with the last chunk's whole line ("0",
+  // perhaps with extensions, after the CRLF that ends the chunk before): the parser keeps it there
+  // until the trailer after it ends. (A last chunk's line that does not end is a chunk line.)
   bool in_trailer() const {
     std::string_view rest = buffered();
     if (rest.substr(0, 2) == "\r\n") rest.remove_prefix(2);
     const std::size_t zeros = rest.find_first_not_of('0');
     return zeros > 0 && zeros != std::string_view::npos &&
-           (rest[zeros] == ';' || rest[zeros] == '\r');
+           (rest[zeros] == ';' || rest[zeros] == '\r') &&
+           rest.find("\r\n", zeros) != std::string_view::npos;
   }
 
   // The head alone goes to the routes; the body stays unread (and the connection ends).

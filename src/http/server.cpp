@@ -102,7 +102,10 @@ ApiError error_for_status(int status) {
     case 414:
       return {414, "uri_too_long", "The request URI is too long.", {}};
     case 431:
-      return {431, "header_too_large", "The request line and headers are over the size limit.", {}};
+      return {431,
+              "header_too_large",
+              "The request line and headers (or a chunked body's trailer) are over the size limit.",
+              {}};
     case 500:
       return {500, "internal_error", "The server failed to handle the request.", {}};
     default:
@@ -882,8 +885,8 @@ struct Server::Impl {
     return std::nullopt;
   }
 
-  // Whether the head alone refuses the request (its key, its route, its query), with the answer
-  // sent.
+  // Whether the head alone refuses the request (its key, its route, its query, the headers its
+  // body and its route read), with the answer sent. (Past unrouted, m.found is a route.)
   bool refused(const HttpRequest& req, const Match& m, const Credential*& caller,
                HttpResponse& res) const {
     return !admitted(req, m.access(), caller, res) || unrouted(req, m, res) ||
