@@ -280,6 +280,41 @@ TEST_CASE("curl: a kept-alive connection the receiver dropped is retried once on
   CHECK(tries == 1);
 }
 
+TEST_CASE("curl: bytes a receiver sends on an idle connection are no later request's answer") {
+  // The first connection answers its request 200, then, idle, sends a 410 nobody asked for, and
+  // answers 500 to anything after: reused, the next request would read the 410 as its answer (and
+  // the one after that the 500 meant for the one before). Later connections answer 200.
+  IoThread io;
+  std::atomic<int> connection{0};
+  RawReceiver unsolicited([&connection](int fd, const std::atomic<bool>& stopping) {
+    const bool first = connection++ == 0;
+    if (!first) {
+      while (RawReceiver::read_request(fd, stopping)) {
+        if (!RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) return;
+      }
+      return;
+    }
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    std::this_thread::sleep_for(100ms);
+    RawReceiver::send_all(fd, "HTTP/1.1 410 Gone\r\nContent-Length: 0\r\n\r\n");
+    while (RawReceiver::read_request(fd, stopping)) {
+      if (!RawReceiver::send_all(fd, "HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")) return;
+    }
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  CHECK(wait(send(transport, request(unsolicited.url()))).response.status == 200);
+  // (The receiver misbehaves within 100 ms; the transport has long seen it when the next goes.)
+  std::this_thread::sleep_for(500ms);
+  for (int i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    const Answer next = wait(send(transport, request(unsolicited.url())));
+    CHECK(next.response.error == TransportError::none);
+    CHECK(next.response.status == 200);
+  }
+  CHECK(unsolicited.connections() == 2);
+}
+
 TEST_CASE("curl: the per-origin and total limits hold at the receiver") {
   IoThread io;
   auto slow = [](int fd, const std::atomic<bool>& stopping) { answer_after(fd, stopping, 100ms); };

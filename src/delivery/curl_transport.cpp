@@ -66,6 +66,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     std::size_t refused_addresses = 0;
     std::size_t addresses_tried = 0;
     bool local_failure = false;  // rebound's own trouble (no socket, no handle): not the receiver's
+    curl_socket_t socket = CURL_SOCKET_BAD;  // the connection it used last (on_socket)
     Cut cut = Cut::none;
     char error[CURL_ERROR_SIZE] = {};
     ~Transfer() {
@@ -82,6 +83,8 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     int want = 0;  // CURL_POLL_*
     bool reading = false;
     bool writing = false;
+    bool idle_watch = false;  // kept by curl for reuse, and watched meanwhile (watch_idle)
+    std::uint64_t idle_turn = 0;
     std::uint64_t id = 0;
   };
 
@@ -219,6 +222,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       std::shared_ptr<Transfer> t = std::move(found->second);
       in_curl.erase(found);
       CallbackResponse response = outcome(*t, code);
+      watch_idle(t->socket);
       return_easy(*t);
       complete(std::move(t), std::move(response));
     }
@@ -326,9 +330,14 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
 
   // --- curl's callbacks (called from inside curl, on the strand)
 
-  static int on_socket(CURL*, curl_socket_t fd, int what, void* userp, void*) {
+  static int on_socket(CURL* easy, curl_socket_t fd, int what, void* userp, void*) {
     auto* self = static_cast<Impl*>(userp);
     auto found = self->sockets.find(fd);
+    Transfer* user = nullptr;
+    if (what != CURL_POLL_REMOVE && curl_easy_getinfo(easy, CURLINFO_PRIVATE, &user) == CURLE_OK &&
+        user) {
+      user->socket = fd;
+    }
     if (what == CURL_POLL_REMOVE) {
       if (found == self->sockets.end()) return 0;
       found->second.want = 0;
@@ -351,9 +360,55 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         return -1;
       }
     }
+    if (found->second.idle_watch) {
+      // Curl takes the connection again: the idle watch ends (its wait cancelled; the read and
+      // write waits, cancelled at the end of the last transfer, are armed again below or by
+      // their own aborted handlers).
+      found->second.idle_watch = false;
+      found->second.descriptor->cancel();
+    }
     found->second.want = what;
     self->arm(fd);
     return 0;
+  }
+
+  // A connection curl keeps for the next request to its origin is watched while it sits idle:
+  // bytes a receiver sends then were asked for by no request (a stale or unsolicited answer), and
+  // libcurl 7.88 would take them for the next request's answer (each later callback on the
+  // connection hearing the one before's status). Such a connection is shut and drained, so that
+  // curl's check before reuse finds it closed and opens another; a receiver's close of an idle
+  // connection is handled the same way. (Bytes that arrive in the same turn as the reuse still
+  // reach curl: the watch narrows the window, it cannot close it.)
+  void watch_idle(curl_socket_t fd) {
+    if (fd == CURL_SOCKET_BAD || stopped) return;
+    auto found = sockets.find(fd);
+    // Closed by curl, not ours, or taken by another transfer already: nothing to watch.
+    if (found == sockets.end() || !found->second.owned || found->second.want != 0 ||
+        found->second.idle_watch) {
+      return;
+    }
+    Socket& s = found->second;
+    s.idle_watch = true;
+    const std::uint64_t id = s.id, turn = ++s.idle_turn;
+    s.descriptor->async_wait(
+        boost::asio::posix::descriptor_base::wait_read,
+        [self = shared_from_this(), fd, id, turn](const boost::system::error_code& ec) {
+          self->on_idle_readable(fd, id, turn, ec);
+        });
+  }
+
+  void on_idle_readable(curl_socket_t fd, std::uint64_t id, std::uint64_t turn,
+                        const boost::system::error_code& ec) {
+    auto found = sockets.find(fd);
+    if (found == sockets.end() || found->second.id != id) return;  // closed, or another socket
+    Socket& s = found->second;
+    if (ec || !s.idle_watch || s.idle_turn != turn || s.want != 0) return;  // curl took it back
+    s.idle_watch = false;
+    ::shutdown(fd, SHUT_RDWR);
+    char scratch[4096];
+    for (int reads = 0; reads < 16; ++reads) {  // (more than 64 KiB: the send fails, and curl
+      if (::recv(fd, scratch, sizeof scratch, MSG_DONTWAIT) <= 0) break;  // retries afresh)
+    }
   }
 
   void arm(curl_socket_t fd) {
