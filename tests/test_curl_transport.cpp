@@ -193,6 +193,23 @@ TEST_CASE("curl: endless response headers fail the attempt - bounded") {
   CHECK(sent < (32u << 20));
 }
 
+TEST_CASE("curl: a response header line that never ends fails the attempt - named as such") {
+  IoThread io;
+  RawReceiver endless([](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nX-Long: ");
+    const std::string chunk(4096, 'a');
+    for (int i = 0; i < 64 && !stopping; ++i)  // 256 KiB, past libcurl's 100 KiB a line
+      if (!RawReceiver::send_all(fd, chunk)) return;
+    RawReceiver::hold(fd, stopping);
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a = wait(send(transport, request(endless.url())));
+  CHECK(a.response.error == TransportError::io);
+  CHECK_MESSAGE(a.response.message.find("header line too long") != std::string::npos,
+                a.response.message);
+}
+
 TEST_CASE("curl: only a blank line ends the answer's head - a short line does not") {
   IoThread io;
   // ":\n" is a line of two bytes, as a blank line is: the bound and Retry-After still hold after.

@@ -273,6 +273,14 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       }
       case CURLE_URL_MALFORMAT:
         return failure(TransportError::invalid_url, "callback_url cannot be used: " + detail);
+      case CURLE_OUT_OF_MEMORY:
+        // What libcurl says of an answer's header line past its own limit (100 KiB): a line
+        // reaches the header cap above only once it ends.
+        if (!t.headers_complete) {
+          return failure(TransportError::io,
+                         "a response header line too long to read (or no memory)" + where);
+        }
+        return failure(TransportError::io, "request failed: " + detail);
       case CURLE_SSL_CONNECT_ERROR:
       case CURLE_PEER_FAILED_VERIFICATION:
       case CURLE_SSL_CERTPROBLEM:
