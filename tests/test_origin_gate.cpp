@@ -538,6 +538,21 @@ TEST_CASE("gate: the counts of at most 1024 origins are kept - the least recent 
   }));
 }
 
+TEST_CASE("gate: an origin still in use keeps its counts while 1024 others come and go") {
+  Fixture f;
+  // a: one failed attempt, then one that hangs (its origin stays in use, answering least often).
+  f.send(a, 10s, "slow");
+  f.answer_of("slow", 500);
+  f.send(a, 10s, "slow");
+  for (int i = 0; i < 1030; ++i) {
+    f.send("http://host-" + std::to_string(i) + ".test/hook", 10s, "busy");
+    f.answer_of("busy");
+  }
+  CHECK(f.endpoint(a_origin).failed == 1);
+  CHECK(f.endpoint(a_origin).in_flight == 1);
+  CHECK(f.gate->endpoints().size() == 1024);
+}
+
 TEST_CASE("gate: bad options and a bad URL") {
   CHECK_THROWS_AS(OriginGate(nullptr), rebound::Error);
   OriginGateOptions o;

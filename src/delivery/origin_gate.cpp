@@ -97,7 +97,9 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   mutable std::mutex mutex;
   std::unordered_map<std::string, Origin> origins;  // by key_of(origin, tenant)
   // Attempts answered by each (origin, tenant), kept after an idle origin is forgotten so that
-  // the console can show its success rate: at most max_tallies, the least recent dropped first.
+  // the console can show its success rate: at most max_tallies, the least recent of the forgotten
+  // origins dropped first (one still delivered to, waiting or open keeps its counts: a hung
+  // origin answers least often, and is the one an operator looks at).
   struct Tally {
     std::string origin, tenant;
     std::size_t delivered = 0, failed = 0;
@@ -111,9 +113,17 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     auto it = tallies.find(key);
     if (it == tallies.end()) {
       if (tallies.size() >= max_tallies) {
-        tallies.erase(std::min_element(
-            tallies.begin(), tallies.end(),
-            [](const auto& a, const auto& b) { return a.second.last < b.second.last; }));
+        auto victim = tallies.end();
+        bool victim_active = true;
+        for (auto t = tallies.begin(); t != tallies.end(); ++t) {
+          const bool active = origins.count(t->first) > 0;
+          if (victim == tallies.end() || (victim_active && !active) ||
+              (victim_active == active && t->second.last < victim->second.last)) {
+            victim = t;
+            victim_active = active;
+          }
+        }
+        tallies.erase(victim);
       }
       it = tallies.emplace(key, Tally{o.origin, o.tenant}).first;
     }
