@@ -105,6 +105,11 @@ TEST_CASE("callback URLs to internal addresses are refused unless private callba
     CHECK(parse_submission(body, permissive).job.has_value());
   }
   CHECK(parse_submission(R"({"id":"a","callback_url":"https://93.184.216.34/cb"})", strict).job);
+  // The message names the kind of address, in English.
+  const auto unspecified =
+      parse_submission(R"({"id":"a","callback_url":"http://0.0.0.0:8080/cb"})", strict);
+  REQUIRE(unspecified.error.has_value());
+  CHECK(unspecified.error->message.find("an unspecified address") != std::string::npos);
   // Names that only look like numbers, and a public address in another form, pass.
   for (const char* host : {"1e3.example", "deadbeef", "0x.example", "1572395042", "example.com."}) {
     CAPTURE(host);

@@ -195,7 +195,8 @@ class AddressGuard {
     if (!bytes) bytes = other_ipv4_bytes(name);
     if (bytes) {
       if (permits_address(bytes->data(), bytes->size())) return std::nullopt;
-      return std::string("points to a ") + to_string(class_of(bytes->data(), bytes->size())) +
+      const std::string kind = to_string(class_of(bytes->data(), bytes->size()));
+      return std::string(kind[0] == 'u' ? "points to an " : "points to a ") + kind +
              " address, which callbacks may not use";
     }
     if (name == "localhost" ||
