@@ -66,7 +66,6 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     std::size_t refused_addresses = 0;
     std::size_t addresses_tried = 0;
     bool local_failure = false;  // rebound's own trouble (no socket, no handle): not the receiver's
-    curl_socket_t socket = CURL_SOCKET_BAD;  // the connection it used last (on_socket)
     Cut cut = Cut::none;
     char error[CURL_ERROR_SIZE] = {};
     ~Transfer() {
@@ -83,8 +82,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     int want = 0;  // CURL_POLL_*
     bool reading = false;
     bool writing = false;
-    bool idle_watch = false;  // kept by curl for reuse, and watched meanwhile (watch_idle)
-    std::uint64_t idle_turn = 0;
+    int local_port = 0;  // once known (on_socket): how before_request finds it
     std::uint64_t id = 0;
   };
 
@@ -142,6 +140,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, &Impl::open_socket);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, &Impl::close_socket);
     curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, this);
+    curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, &Impl::before_request);
     // "" for both: no proxy from the environment, and no host exempted from the one configured
     // (NO_PROXY would let a callback bypass the proxy, and with it the egress policy).
     curl_easy_setopt(easy, CURLOPT_PROXY, options.proxy.c_str());
@@ -168,6 +167,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, nullptr);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, nullptr);
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, nullptr);
+    curl_easy_setopt(easy, CURLOPT_PREREQDATA, nullptr);
     idle_easies.push_back(easy);
   }
 
@@ -193,6 +193,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, t.get());
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, t.get());
     curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, t.get());
+    curl_easy_setopt(easy, CURLOPT_PREREQDATA, t.get());
     if (curl_multi_add_handle(multi, easy) != CURLM_OK)
       return complete_later(std::move(t), "curl_multi_add_handle failed");
     Transfer* raw = t.get();
@@ -222,7 +223,6 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       std::shared_ptr<Transfer> t = std::move(found->second);
       in_curl.erase(found);
       CallbackResponse response = outcome(*t, code);
-      watch_idle(t->socket);
       return_easy(*t);
       complete(std::move(t), std::move(response));
     }
@@ -338,14 +338,9 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
 
   // --- curl's callbacks (called from inside curl, on the strand)
 
-  static int on_socket(CURL* easy, curl_socket_t fd, int what, void* userp, void*) {
+  static int on_socket(CURL*, curl_socket_t fd, int what, void* userp, void*) {
     auto* self = static_cast<Impl*>(userp);
     auto found = self->sockets.find(fd);
-    Transfer* user = nullptr;
-    if (what != CURL_POLL_REMOVE && curl_easy_getinfo(easy, CURLINFO_PRIVATE, &user) == CURLE_OK &&
-        user) {
-      user->socket = fd;
-    }
     if (what == CURL_POLL_REMOVE) {
       if (found == self->sockets.end()) return 0;
       found->second.want = 0;
@@ -368,55 +363,51 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         return -1;
       }
     }
-    if (found->second.idle_watch) {
-      // Curl takes the connection again: the idle watch ends (its wait cancelled; the read and
-      // write waits, cancelled at the end of the last transfer, are armed again below or by
-      // their own aborted handlers).
-      found->second.idle_watch = false;
-      found->second.descriptor->cancel();
-    }
+    if (found->second.owned && found->second.local_port == 0) self->learn_port(fd, found->second);
     found->second.want = what;
     self->arm(fd);
     return 0;
   }
 
-  // A connection curl keeps for the next request to its origin is watched while it sits idle:
-  // bytes a receiver sends then were asked for by no request (a stale or unsolicited answer), and
-  // libcurl 7.88 would take them for the next request's answer (each later callback on the
-  // connection hearing the one before's status). Such a connection is shut and drained, so that
-  // curl's check before reuse finds it closed and opens another; a receiver's close of an idle
-  // connection is handled the same way. (Bytes that arrive in the same turn as the reuse still
-  // reach curl: the watch narrows the window, it cannot close it.)
-  void watch_idle(curl_socket_t fd) {
-    if (fd == CURL_SOCKET_BAD || stopped) return;
-    auto found = sockets.find(fd);
-    // Closed by curl, not ours, or taken by another transfer already: nothing to watch.
-    if (found == sockets.end() || !found->second.owned || found->second.want != 0 ||
-        found->second.idle_watch) {
-      return;
+  // The local port of a connection of ours, once (a connection is known by it to before_request).
+  void learn_port(curl_socket_t fd, Socket& s) {
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return;
+    if (local.ss_family == AF_INET) {
+      s.local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
+    } else if (local.ss_family == AF_INET6) {
+      s.local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
     }
-    Socket& s = found->second;
-    s.idle_watch = true;
-    const std::uint64_t id = s.id, turn = ++s.idle_turn;
-    s.descriptor->async_wait(
-        boost::asio::posix::descriptor_base::wait_read,
-        [self = shared_from_this(), fd, id, turn](const boost::system::error_code& ec) {
-          self->on_idle_readable(fd, id, turn, ec);
-        });
+    if (s.local_port != 0) by_port[s.local_port] = fd;
   }
 
-  void on_idle_readable(curl_socket_t fd, std::uint64_t id, std::uint64_t turn,
-                        const boost::system::error_code& ec) {
-    auto found = sockets.find(fd);
-    if (found == sockets.end() || found->second.id != id) return;  // closed, or another socket
-    Socket& s = found->second;
-    if (ec || !s.idle_watch || s.idle_turn != turn || s.want != 0) return;  // curl took it back
-    s.idle_watch = false;
-    ::shutdown(fd, SHUT_RDWR);
-    char scratch[4096];
-    for (int reads = 0; reads < 16; ++reads) {  // (more than 64 KiB: the send fails, and curl
-      if (::recv(fd, scratch, sizeof scratch, MSG_DONTWAIT) <= 0) break;  // retries afresh)
+  // Just before a request goes out on a connection, new or kept alive: bytes already waiting on
+  // it were asked for by no request (an answer nobody asked for, a second answer to the last
+  // request), and libcurl 7.88 would read them as this request's answer (each callback after on
+  // that connection hearing the status meant for the one before). Such a connection is shut and
+  // drained: the request's send fails, and libcurl sends it again on a new connection, as it does
+  // for a kept-alive connection that died. (Bytes that come after this look, while the request
+  // is under way, still reach libcurl: no client can tell them from the answer.)
+  static int before_request(void* clientp, char*, char*, int, int local_port) {
+    auto* t = static_cast<Transfer*>(clientp);
+    Impl* self = t->impl;
+    const auto port = self->by_port.find(local_port);
+    if (port == self->by_port.end()) return CURL_PREREQFUNC_OK;
+    const auto found = self->sockets.find(port->second);
+    // (A connection of its first request is new: nothing can wait on it yet.)
+    if (found == self->sockets.end() || found->second.local_port != local_port ||
+        found->second.want != 0) {
+      return CURL_PREREQFUNC_OK;
     }
+    const curl_socket_t fd = port->second;
+    char scratch[4096];
+    if (::recv(fd, scratch, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) return CURL_PREREQFUNC_OK;
+    ::shutdown(fd, SHUT_RDWR);
+    for (int reads = 0; reads < 16; ++reads) {  // (more than 64 KiB: the send fails all the same)
+      if (::recv(fd, scratch, sizeof scratch, MSG_DONTWAIT) <= 0) break;
+    }
+    return CURL_PREREQFUNC_OK;
   }
 
   void arm(curl_socket_t fd) {
@@ -556,6 +547,8 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     auto* self = static_cast<Impl*>(clientp);
     auto found = self->sockets.find(fd);
     if (found == self->sockets.end()) return ::close(fd);
+    const auto port = self->by_port.find(found->second.local_port);
+    if (port != self->by_port.end() && port->second == fd) self->by_port.erase(port);
     self->sockets.erase(found);  // the descriptor closes the socket and cancels its waits
     return 0;
   }
@@ -615,6 +608,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   std::vector<CURL*> idle_easies;
   static constexpr std::size_t max_idle_easies = 256;
   std::unordered_map<curl_socket_t, Socket> sockets;
+  std::unordered_map<int, curl_socket_t> by_port;  // our connections, by their local port
   std::uint64_t socket_ids = 0;
 };
 
