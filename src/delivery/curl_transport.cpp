@@ -82,7 +82,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     int want = 0;  // CURL_POLL_*
     bool reading = false;
     bool writing = false;
-    int local_port = 0;  // once known (on_socket): how before_request finds it
+    std::uint32_t ports = 0;  // local and remote, once known (on_socket): before_request's key
     std::uint64_t id = 0;
   };
 
@@ -363,23 +363,33 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         return -1;
       }
     }
-    if (found->second.owned && found->second.local_port == 0) self->learn_port(fd, found->second);
+    if (found->second.owned && found->second.ports == 0) self->learn_ports(fd, found->second);
     found->second.want = what;
     self->arm(fd);
     return 0;
   }
 
-  // The local port of a connection of ours, once (a connection is known by it to before_request).
-  void learn_port(curl_socket_t fd, Socket& s) {
-    sockaddr_storage local{};
-    socklen_t length = sizeof local;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return;
-    if (local.ss_family == AF_INET) {
-      s.local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
-    } else if (local.ss_family == AF_INET6) {
-      s.local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
+  // A connection's local and remote ports, once: before_request knows a connection by them (a
+  // local port alone may be shared by connections to different receivers).
+  static std::uint32_t ports_key(int local_port, int remote_port) {
+    return (static_cast<std::uint32_t>(local_port) << 16) | static_cast<std::uint32_t>(remote_port);
+  }
+  static int port_of(const sockaddr_storage& a) {
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+    return 0;
+  }
+  void learn_ports(curl_socket_t fd, Socket& s) {
+    sockaddr_storage local{}, remote{};
+    socklen_t local_length = sizeof local, remote_length = sizeof remote;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_length) != 0) {
+      return;  // (not connected yet: learnt at curl's next word on it)
     }
-    if (s.local_port != 0) by_port[s.local_port] = fd;
+    const int local_port = port_of(local), remote_port = port_of(remote);
+    if (local_port == 0 || remote_port == 0) return;
+    s.ports = ports_key(local_port, remote_port);
+    by_ports[s.ports] = fd;
   }
 
   // Just before a request goes out on a connection, new or kept alive: bytes already waiting on
@@ -389,18 +399,18 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   // drained: the request's send fails, and libcurl sends it again on a new connection, as it does
   // for a kept-alive connection that died. (Bytes that come after this look, while the request
   // is under way, still reach libcurl: no client can tell them from the answer.)
-  static int before_request(void* clientp, char*, char*, int, int local_port) {
+  static int before_request(void* clientp, char*, char*, int remote_port, int local_port) {
     auto* t = static_cast<Transfer*>(clientp);
     Impl* self = t->impl;
-    const auto port = self->by_port.find(local_port);
-    if (port == self->by_port.end()) return CURL_PREREQFUNC_OK;
-    const auto found = self->sockets.find(port->second);
+    const std::uint32_t key = ports_key(local_port, remote_port);
+    const auto known = self->by_ports.find(key);
+    if (known == self->by_ports.end()) return CURL_PREREQFUNC_OK;
+    const auto found = self->sockets.find(known->second);
     // (A connection of its first request is new: nothing can wait on it yet.)
-    if (found == self->sockets.end() || found->second.local_port != local_port ||
-        found->second.want != 0) {
+    if (found == self->sockets.end() || found->second.ports != key || found->second.want != 0) {
       return CURL_PREREQFUNC_OK;
     }
-    const curl_socket_t fd = port->second;
+    const curl_socket_t fd = known->second;
     char scratch[4096];
     if (::recv(fd, scratch, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) return CURL_PREREQFUNC_OK;
     ::shutdown(fd, SHUT_RDWR);
@@ -547,8 +557,8 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     auto* self = static_cast<Impl*>(clientp);
     auto found = self->sockets.find(fd);
     if (found == self->sockets.end()) return ::close(fd);
-    const auto port = self->by_port.find(found->second.local_port);
-    if (port != self->by_port.end() && port->second == fd) self->by_port.erase(port);
+    const auto known = self->by_ports.find(found->second.ports);
+    if (known != self->by_ports.end() && known->second == fd) self->by_ports.erase(known);
     self->sockets.erase(found);  // the descriptor closes the socket and cancels its waits
     return 0;
   }
@@ -608,7 +618,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   std::vector<CURL*> idle_easies;
   static constexpr std::size_t max_idle_easies = 256;
   std::unordered_map<curl_socket_t, Socket> sockets;
-  std::unordered_map<int, curl_socket_t> by_port;  // our connections, by their local port
+  std::unordered_map<std::uint32_t, curl_socket_t> by_ports;  // ours, by local and remote port
   std::uint64_t socket_ids = 0;
 };
 
