@@ -486,6 +486,56 @@ TEST_CASE("gate: a probe waiting only for the total limit goes out when a place 
   CHECK(f.endpoint(a_origin).state == CircuitState::closed);
 }
 
+TEST_CASE(
+    "gate: hung origins cannot take the last eighth of the total - origins that answer still get "
+    "places") {
+  OriginGateOptions o;
+  o.max_total = 16;  // two places kept for origins that answer
+  o.max_per_origin = 16;
+  Fixture f(o);
+  const auto to = [](const std::string& url) {
+    return [url](const CallbackRequest& r) { return r.url == url; };
+  };
+  // A healthy origin, heard from once (and kept: it is busy with a second callback).
+  f.send(b);
+  f.send(b);
+  REQUIRE(f.inner->answer_oldest_if(rebound::test::response(200), to(b)));
+  // Two hung origins: they never answer. The first request of each may take any place, the
+  // rest only the first fourteen.
+  const std::string h1 = Fixture::url_of("h", 1), h2 = Fixture::url_of("h", 2);
+  for (int i = 0; i < 10; ++i) {
+    f.send(h1);
+    f.send(h2);
+  }
+  CHECK(f.held() == 14);  // b's one and 13 of the hung origins'
+  // The healthy origin and a new one still get through, the new one with its first request.
+  // (count_to counts the requests sent to an origin so far.)
+  const std::string n = Fixture::url_of("n", 1);
+  f.send(b);
+  f.send(n);
+  auto to_n_again = f.send(n);
+  CHECK(f.held() == 16);
+  CHECK(f.inner->count_to("//b.example") == 3);
+  CHECK(f.inner->count_to("//n1.example") == 1);
+  CHECK(!*to_n_again);  // it waits: n has not answered yet
+  // n answers: it has shown it answers, and its next callback takes the place freed, not a hung
+  // origin's that waited before it.
+  REQUIRE(f.inner->answer_oldest_if(rebound::test::response(200), to(n)));
+  CHECK(f.held() == 16);
+  CHECK(f.inner->count_to("//n1.example") == 2);
+  CHECK(f.inner->count_to("//h") == 13);
+  // A hung origin's attempt times out (a failure): the place it frees stays for those that answer.
+  CallbackResponse timed_out;
+  timed_out.error = TransportError::timeout;
+  REQUIRE(f.inner->answer_oldest_if(
+      timed_out, [](const CallbackRequest& r) { return r.url.find("//h") != std::string::npos; }));
+  CHECK(f.held() == 15);
+  CHECK(f.inner->count_to("//h") == 13);
+  f.send(b);
+  CHECK(f.held() == 16);
+  CHECK(f.inner->count_to("//b.example") == 4);
+}
+
 TEST_CASE("gate: destroying it answers what waits - cancelled - once each") {
   OriginGateOptions o;
   o.max_per_origin = 1;

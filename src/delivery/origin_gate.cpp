@@ -282,9 +282,18 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     return o;
   }
 
+  // The last eighth of the total is kept for origins that answer: one that answered its last
+  // attempt (not a failure), and one not yet heard from for its first request. A hung origin has
+  // its first request out and no answer, then a failure (the attempt's timeout): however many
+  // hung origins fill the rest, a receiver that answers still finds places.
+  std::size_t room_for(const Origin& o) const {
+    const bool answers = o.has_latency ? o.failures == 0 : o.in_flight == 0;
+    return answers ? options.max_total : options.max_total - options.max_total / 8;
+  }
+
   bool can_start(const Origin& o) const {
-    if (paused(o) || total_in_flight >= options.max_total ||
-        o.in_flight >= options.max_per_origin || over_share(o.tenant)) {
+    if (paused(o) || total_in_flight >= room_for(o) || o.in_flight >= options.max_per_origin ||
+        over_share(o.tenant)) {
       return false;
     }
     if (o.state == CircuitState::open) return false;
@@ -336,7 +345,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
       delay = pace(o, request, now, now + estimate(o, request));
       why = o.state == CircuitState::half_open && o.probe_out
                 ? "the receiver's circuit probe is out"
-            : o.in_flight < options.max_per_origin && total_in_flight < options.max_total &&
+            : o.in_flight < options.max_per_origin && total_in_flight < room_for(o) &&
                     over_share(o.tenant)
                 ? "the tenant has its share of the callback connections"
                 : "the receiver is at its limits";
@@ -390,7 +399,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
 
   void list_if_ready(const std::string& key, Origin& o) {
     if (!o.waiting.empty() && !o.listed_ready &&
-        (total_in_flight >= options.max_total || over_share(o.tenant)) &&
+        (total_in_flight >= room_for(o) || over_share(o.tenant)) &&
         o.in_flight < options.max_per_origin && o.state == CircuitState::closed && !paused(o)) {
       o.listed_ready = true;
       auto& queue = ready_of[o.tenant];
@@ -417,11 +426,16 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   // Total capacity freed: the tenants whose origins waited only for it take turns, one request
   // each, and within a tenant its origins, in the order they were listed, so that neither one busy
   // origin nor one tenant with many origins keeps the others waiting. A tenant at its share is
-  // passed over until it is below it.
+  // passed over until it is below it, and an origin that may not take the places kept for those
+  // that answer (room_for) until the rest has room.
   void pump_ready(Clock::time_point now, Actions& acts) {
     std::size_t passed = 0;  // tenants passed over in a row
+    // Origins looked at since the last start that could not start: at most 64 (each goes to the
+    // back, and the next pump looks further on), so that a list of hung origins costs each answer
+    // a bounded walk, not one of them all.
+    std::size_t stuck = 0;
     while (!ready_turn.empty() && total_in_flight < options.max_total &&
-           passed < ready_turn.size()) {
+           passed < ready_turn.size() && stuck < 64) {
       const std::string tenant = std::move(ready_turn.front());
       ready_turn.pop_front();
       auto queue = ready_of.find(tenant);
@@ -441,10 +455,18 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         ready_turn.push_back(tenant);
       }
       auto it = origins.find(key);
-      if (it == origins.end()) continue;
+      if (it == origins.end()) {
+        ++stuck;
+        continue;
+      }
       Origin& o = it->second;
       o.listed_ready = false;
-      if (!o.waiting.empty() && can_start(o)) start(key, o, pop_waiting(o), now, acts, true);
+      if (!o.waiting.empty() && can_start(o)) {
+        start(key, o, pop_waiting(o), now, acts, true);
+        stuck = 0;
+      } else {
+        ++stuck;
+      }
       if (!o.waiting.empty() && can_start(o)) {
         // More places than one (a share grew): it takes its next turn behind the others.
         o.listed_ready = true;

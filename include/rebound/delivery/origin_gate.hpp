@@ -20,7 +20,8 @@ struct OriginGateOptions {
   /// Requests in flight to one origin (`scheme://host:port`) at most. A hung receiver holds at
   /// most this many connections.
   std::size_t max_per_origin = 64;
-  /// Requests in flight in all, at most.
+  /// Requests in flight in all, at most. The last eighth of it (128 of 1,024) is kept for origins
+  /// that answer (see the class).
   std::size_t max_total = 1024;
   /// Requests that may wait in memory for a place to free up while the origin is healthy, per
   /// origin and in all. Beyond them a request is answered `deferred` at once, with a time to come
@@ -67,7 +68,11 @@ struct OriginGateOptions {
 ///
 /// - **Limits.** At most `max_per_origin` requests in flight to one origin and `max_total` in all.
 ///   More wait in memory, in order (up to `max_waiting_per_origin`); the attempt's timeout starts
-///   only when the inner transport gets the request.
+///   only when the inner transport gets the request. The last eighth of `max_total` goes only to
+///   origins that answer: one whose last attempt was answered and not a failure, and one not yet
+///   heard from for its first request. So origins that hang (their first request out, then
+///   timeouts) fill at most seven eighths and one place each for a first request, and a receiver
+///   that answers keeps getting places until their circuits open.
 /// - **Shares between tenants** (CallbackRequest::tenant): while several tenants have callbacks,
 ///   each may have in flight at most its part of `max_total` (see `tenant_share_window`), and the
 ///   places that free up go to the tenants below their part first, in turns.
