@@ -159,6 +159,30 @@ TEST_CASE("curl: the attempt timeout covers the whole attempt - a trickling answ
   CHECK(a.response.error == TransportError::timeout);
   CHECK(a.at - start >= 900ms);
   CHECK(a.at - start < 5s);  // a per-read timeout would never end: a byte comes every 200 ms
+  // The message says how far it got (libcurl's own said "0 bytes received": it counts the body).
+  CHECK_MESSAGE(a.response.message.find("within 1000 ms: the answer's head incomplete after") !=
+                    std::string::npos,
+                a.response.message);
+}
+
+TEST_CASE("curl: an attempt that runs out of time says how far it got") {
+  IoThread io;
+  RawReceiver hung(hang);
+  RawReceiver body_short([](int fd, const std::atomic<bool>& stopping) {
+    if (!RawReceiver::read_request(fd, stopping)) return;
+    RawReceiver::send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc");
+    while (!stopping)
+      std::this_thread::sleep_for(20ms);
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  Answer a = wait(send(transport, request(hung.url(), 300ms)));
+  CHECK(a.response.error == TransportError::timeout);
+  CHECK_MESSAGE(a.response.message.find(": the request sent, no answer (http://127.0.0.1:") !=
+                    std::string::npos,
+                a.response.message);
+  a = wait(send(transport, request(body_short.url(), 300ms)));
+  CHECK(a.response.error == TransportError::none);  // the head is in: its 2xx stands
+  CHECK(a.response.status == 200);
 }
 
 TEST_CASE("curl: a huge answer is read up to the cap - and a 2xx with it is a delivery") {
@@ -234,6 +258,57 @@ TEST_CASE("curl: only a blank line ends the answer's head - a short line does no
   const Answer b = wait(send(transport, request(later.url())));
   CHECK(b.response.status == 503);
   CHECK(b.response.retry_after == "7");
+}
+
+TEST_CASE("curl: Retry-After fields that disagree name no delay - the same one repeated does") {
+  IoThread io;
+  // A receiver (or a proxy before it) that sends the field twice: the last was taken, even
+  // garbage after a real delay, and a delay after garbage. Retry-After is one value (RFC 9110).
+  const auto answering = [](std::string fields) {
+    return [fields](int fd, const std::atomic<bool>& stopping) {
+      if (!RawReceiver::read_request(fd, stopping)) return;
+      RawReceiver::send_all(fd, "HTTP/1.1 503 Busy\r\n" + fields + "Content-Length: 0\r\n\r\n");
+    };
+  };
+  RawReceiver then_garbage(answering("Retry-After: 120\r\nretry-after: soon\r\n"));
+  RawReceiver two_delays(answering("Retry-After: 5\r\nX-Other: 1\r\nRetry-After: 600\r\n"));
+  RawReceiver repeated(answering("Retry-After: 7\r\nRetry-After:  7 \r\n"));
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a = wait(send(transport, request(then_garbage.url())));
+  CHECK(a.response.status == 503);
+  CHECK(a.response.retry_after.empty());
+  const Answer b = wait(send(transport, request(two_delays.url())));
+  CHECK(b.response.status == 503);
+  CHECK(b.response.retry_after.empty());
+  const Answer c = wait(send(transport, request(repeated.url())));
+  CHECK(c.response.status == 503);
+  CHECK(c.response.retry_after == "7");
+}
+
+TEST_CASE("curl: a callback URL's path and query past ASCII go out percent-encoded - not raw") {
+  IoThread io;
+  std::mutex mutex;
+  std::string request_line;
+  RawReceiver receiver([&](int fd, const std::atomic<bool>& stopping) {
+    std::string head;
+    char buffer[4096];
+    while (!stopping && head.find("\r\n\r\n") == std::string::npos) {
+      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) return;
+      head.append(buffer, static_cast<std::size_t>(n));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      request_line = head.substr(0, head.find("\r\n"));
+    }
+    RawReceiver::send_all(fd, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+  });
+  CurlTransport transport(io.io.get_executor(), loopback());
+  const Answer a =
+      wait(send(transport, request(receiver.url("/caf\xc3\xa9?city=M\xc3\xbcnchen&x=%41"))));
+  CHECK(a.response.status == 204);
+  std::lock_guard<std::mutex> lock(mutex);
+  CHECK(request_line == "POST /caf%C3%A9?city=M%C3%BCnchen&x=%41 HTTP/1.1");
 }
 
 TEST_CASE("curl: an answer libcurl cannot read is a failed attempt - not a bad URL") {

@@ -143,6 +143,44 @@ TEST_CASE("callback URLs are taken apart for the transport") {
   CHECK(u.url->port == 80);
 }
 
+TEST_CASE(
+    "callback URLs with host names DNS cannot hold are refused at once - not after five failed "
+    "attempts") {
+  using rebound::detail::parse_callback_url;
+  const std::string label63(63, 'a'), label64(64, 'a');
+  CHECK(parse_callback_url("https://" + label63 + ".example.com/cb").url);
+  auto u = parse_callback_url("https://" + label64 + ".example.com/cb");
+  CHECK_FALSE(u.url);
+  CHECK(u.error.find("longer than 63") != std::string::npos);
+  CHECK_FALSE(parse_callback_url("https://example." + label64 + "/cb").url);
+  // 253 characters written out (four labels of 63 and the dots) pass; one more does not.
+  const std::string name253 = label63 + "." + label63 + "." + label63 + "." + std::string(61, 'b');
+  REQUIRE(name253.size() == 253);
+  CHECK(parse_callback_url("https://" + name253 + "/cb").url);
+  u = parse_callback_url("https://" + name253 + "b/cb");
+  CHECK_FALSE(u.url);
+  CHECK(u.error.find("longer than 253") != std::string::npos);
+  // At submission: 422 with the reason, as for any other bad callback URL.
+  const auto s = parse_submission(
+      R"({"id":"a","callback_url":"https://)" + label64 + R"(.example.com/cb"})", strict);
+  CHECK_FALSE(s.job);
+  REQUIRE(s.error.has_value());
+  CHECK(s.error->status == 422);
+  CHECK(s.error->code == "invalid_field");
+  CHECK(s.error->field == "callback_url");
+  CHECK(s.error->message.find("longer than 63") != std::string::npos);
+  // An IPv6 literal is no name: its length is not a label's.
+  CHECK(parse_callback_url("https://[2606:4700:4700:0000:0000:0000:0000:1111]/cb").url);
+}
+
+TEST_CASE("a callback URL's bytes past ASCII are sent percent-encoded - as a browser sends them") {
+  using rebound::detail::as_sent;
+  CHECK(as_sent("https://example.com/caf\xc3\xa9?q=\xe2\x82\xac&r=%20") ==
+        "https://example.com/caf%C3%A9?q=%E2%82%AC&r=%20");
+  CHECK(as_sent("http://example.com/plain?x=1") == "http://example.com/plain?x=1");
+  CHECK(rebound::detail::parse_callback_url("https://example.com/caf\xc3\xa9").url);
+}
+
 TEST_CASE("addresses are classified in IPv4 - IPv6 and IPv4-mapped forms") {
   auto c = [](const char* s) { return rebound::classify_ip_literal(s); };
   CHECK(c("8.8.8.8") == AddressClass::global);

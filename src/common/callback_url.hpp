@@ -32,8 +32,10 @@ struct CallbackUrlParse {
 inline constexpr std::size_t max_callback_url_length = 2048;
 
 /// Parses an absolute `http://` or `https://` URL. Refused: other schemes, credentials in the URL,
-/// fragments, whitespace and control characters, an empty host, a port outside 1..65535, and URLs
-/// longer than `max_callback_url_length`.
+/// fragments, whitespace and control characters, an empty host, a host name DNS cannot hold
+/// (a label over 63 bytes, a name over 253), a port outside 1..65535, and URLs longer than
+/// `max_callback_url_length`. Bytes past ASCII are accepted in the path and query (UTF-8, as
+/// a browser's address bar takes them) and sent percent-encoded (as_sent).
 inline CallbackUrlParse parse_callback_url(std::string_view text) {
   auto fail = [](std::string why) { return CallbackUrlParse{std::nullopt, std::move(why)}; };
   if (text.empty()) return fail("must not be empty");
@@ -89,6 +91,16 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
   }
   for (char c : host)
     url.host += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // A name DNS cannot hold would fail every attempt to resolve it (RFC 1035: labels of at most
+  // 63 bytes, names of at most 253 written out).
+  if (!url.host_is_ipv6()) {
+    if (url.host.size() > 253) return fail("has a host name longer than 253 characters");
+    std::size_t label = 0;
+    for (char c : url.host) {
+      label = c == '.' ? 0 : label + 1;
+      if (label > 63) return fail("has a host name part (between dots) longer than 63 characters");
+    }
+  }
   if (!port.empty()) {
     if (port.size() > 5) return fail("has a port outside 1..65535");
     int value = 0;
@@ -102,6 +114,25 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
     url.port = url.scheme == "https" ? 443 : 80;
   }
   return CallbackUrlParse{std::move(url), {}};
+}
+
+/// The URL as a request names it: each byte past ASCII (only a path or query may hold one)
+/// percent-encoded, as a browser sends an address typed with them; the rest as it is. An
+/// HTTP request line is ASCII (RFC 9112), and a receiver may refuse raw UTF-8 in it.
+inline std::string as_sent(std::string_view url) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(url.size());
+  for (unsigned char c : url) {
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
 }
 
 }  // namespace rebound::detail

@@ -63,6 +63,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     std::size_t body_bytes = 0;
     bool headers_complete = false;
     std::string retry_after;
+    // Retry-After is a single value (RFC 9110): fields that repeat it count as one; fields that
+    // disagree name no delay at all, and the schedule's holds (as an unreadable value's would).
+    bool retry_after_seen = false;
+    bool retry_after_conflict = false;
     std::size_t refused_addresses = 0;
     std::size_t addresses_tried = 0;
     bool local_failure = false;  // rebound's own trouble (no socket, no handle): not the receiver's
@@ -181,7 +185,11 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     // curl would otherwise send "Expect: 100-continue" for larger bodies and wait a second.
     t->headers = curl_slist_append(t->headers, "Expect:");
     const long timeout_ms = static_cast<long>(std::max<long long>(1, t->request.timeout.count()));
-    curl_easy_setopt(easy, CURLOPT_URL, t->request.url.c_str());
+    // (libcurl copies the string; it would send bytes past ASCII in the path or query raw)
+    const std::string& url = t->request.url;
+    const bool ascii = std::all_of(url.begin(), url.end(),
+                                   [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    curl_easy_setopt(easy, CURLOPT_URL, ascii ? url.c_str() : detail::as_sent(url).c_str());
     curl_easy_setopt(easy, CURLOPT_PRIVATE, t.get());
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->error);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, t->request.body.data());
@@ -237,7 +245,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
         (t.headers_complete && status >= 200 && t.cut != Cut::headers_too_large)) {
       CallbackResponse r;
       r.status = static_cast<int>(status);
-      r.retry_after = std::move(t.retry_after);
+      if (!t.retry_after_conflict) r.retry_after = std::move(t.retry_after);
       return r;
     }
     const std::string where = " (" + t.origin + ")";
@@ -261,7 +269,9 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       case CURLE_COULDNT_RESOLVE_HOST:
         return failure(TransportError::resolve_failed, "cannot resolve: " + detail);
       case CURLE_OPERATION_TIMEDOUT:
-        return failure(TransportError::timeout, "no complete answer in time: " + detail);
+        return failure(TransportError::timeout, "no complete answer within " +
+                                                    std::to_string(t.request.timeout.count()) +
+                                                    " ms: " + how_far(t) + where);
       case CURLE_UNSUPPORTED_PROTOCOL: {
         // Also what libcurl says of an answer it cannot read (HTTP/0.9, "HTTP/1.2", no status
         // line): once the request went out, the receiver answered badly, and that is retried
@@ -289,6 +299,25 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       default:
         return failure(TransportError::io, "request failed: " + detail);
     }
+  }
+
+  // How far an attempt that ran out of time got, in the receiver's terms (libcurl's own text
+  // counts body bytes alone: a receiver that trickled its headers read "0 bytes received").
+  static std::string how_far(const Transfer& t) {
+    if (t.headers_complete)
+      return "the answer's body incomplete after " + std::to_string(t.body_bytes) + " bytes";
+    if (t.header_bytes > 0)
+      return "the answer's head incomplete after " + std::to_string(t.header_bytes) + " bytes";
+    long sent = 0;  // (counted once the request is out; none for one still going)
+    curl_easy_getinfo(t.easy, CURLINFO_REQUEST_SIZE, &sent);
+    if (sent > 0) return "the request sent, no answer";
+    curl_off_t connected = 0, secured = 0;
+    curl_easy_getinfo(t.easy, CURLINFO_CONNECT_TIME_T, &connected);
+    curl_easy_getinfo(t.easy, CURLINFO_APPCONNECT_TIME_T, &secured);
+    if (connected == 0) return "not connected";
+    if (secured == 0 && detail::starts_with_ignoring_case(t.request.url, "https:"))
+      return "the TLS handshake did not end";
+    return "connected, the request not all sent";
   }
 
   // An attempt ended: its handler hears how.
@@ -572,6 +601,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       // A new response (after a 1xx, say): its headers start over.
       t->headers_complete = false;
       t->retry_after.clear();
+      t->retry_after_seen = t->retry_after_conflict = false;
     } else if (t->headers_complete) {
       return n;  // trailers after a chunked body: not part of the answer's head
     }
@@ -588,7 +618,13 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back())))
         value.pop_back();
       const auto first = value.find_first_not_of(" \t");
-      t->retry_after = first == std::string::npos ? std::string() : value.substr(first);
+      value = first == std::string::npos ? std::string() : value.substr(first);
+      if (!t->retry_after_seen) {
+        t->retry_after = std::move(value);
+        t->retry_after_seen = true;
+      } else if (value != t->retry_after) {
+        t->retry_after_conflict = true;
+      }
     }
     return n;
   }

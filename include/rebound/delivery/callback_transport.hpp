@@ -40,9 +40,11 @@ enum class TransportError {
 /// What one attempt produced: an HTTP status, or a transport error.
 struct CallbackResponse {
   TransportError error = TransportError::none;
-  int status = 0;           ///< the HTTP status when `error` is `none`
-  std::string retry_after;  ///< the raw `Retry-After` header, if any
-  std::string message;      ///< a human sentence for transport errors
+  int status = 0;  ///< the HTTP status when `error` is `none`
+  /// The raw `Retry-After` value, if any. CurlTransport gives none when the answer repeats the
+  /// field with different values (it is a single value; a repeat of the same one counts once).
+  std::string retry_after;
+  std::string message;  ///< a human sentence for transport errors
   /// For `deferred`: when to try again, from now.
   std::chrono::milliseconds retry_in{0};
   /// The failure was this side's (out of descriptors, a handle that could not be made, the proxy
