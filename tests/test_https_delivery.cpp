@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <future>
+#include <set>
+#include <thread>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -24,6 +26,7 @@ class TlsReceiver {
     server_.Post("/hook", [this](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard<std::mutex> lock(mutex_);
       bodies_.push_back(req.body);
+      ports_.insert(req.remote_port);
       res.set_content("{}", "application/json");
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
@@ -38,6 +41,11 @@ class TlsReceiver {
     std::lock_guard<std::mutex> lock(mutex_);
     return bodies_;
   }
+  /// The client ports requests came from: one per connection.
+  std::size_t connections() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ports_.size();
+  }
 
  private:
   httplib::SSLServer server_;
@@ -45,6 +53,7 @@ class TlsReceiver {
   std::thread thread_;
   std::mutex mutex_;
   std::vector<std::string> bodies_;
+  std::set<int> ports_;
 };
 
 struct Result {
@@ -117,4 +126,39 @@ TEST_CASE("https callbacks check the host name against the certificate") {
   CHECK_FALSE(r.report.delivered);
   CHECK(r.attempts[0].response.error == rebound::TransportError::tls);
   CHECK(receiver.bodies().empty());
+}
+
+TEST_CASE(
+    "https callbacks to one receiver reuse one connection - TLS 1.3's tickets do not end it") {
+  // A TLS 1.3 server sends its session tickets after the handshake: records the client reads
+  // with the first answer. Were any left unread on the idle connection, the look before reuse
+  // would close it and each callback would pay a new handshake.
+  rebound::test::TestPki pki;
+  TlsReceiver receiver(pki);
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
+  {
+    rebound::CurlTransportOptions to;
+    to.guard = rebound::AddressGuard(true);
+    to.ca_cert_file = pki.ca_cert();
+    rebound::CurlTransport transport(io.get_executor(), to);
+    for (int i = 0; i < 5; ++i) {
+      rebound::CallbackRequest request;
+      request.url = "https://127.0.0.1:" + std::to_string(receiver.port()) + "/hook";
+      request.body = "{\"n\":" + std::to_string(i) + "}";
+      request.timeout = 5s;
+      std::promise<rebound::CallbackResponse> answered;
+      transport.send(std::move(request),
+                     [&](rebound::CallbackResponse r) { answered.set_value(std::move(r)); });
+      auto f = answered.get_future();
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      CHECK(f.get().status == 200);
+      std::this_thread::sleep_for(20ms);  // the tickets and anything else have time to arrive
+    }
+  }
+  work.reset();
+  t.join();
+  CHECK(receiver.bodies().size() == 5);
+  CHECK(receiver.connections() == 1);
 }
