@@ -29,6 +29,7 @@ class TlsReceiver {
       ports_.insert(req.remote_port);
       res.set_content("{}", "application/json");
     });
+    server_.set_keep_alive_max_count(100);  // (httplib's default closes after 5 requests)
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -143,7 +144,7 @@ TEST_CASE(
     to.guard = rebound::AddressGuard(true);
     to.ca_cert_file = pki.ca_cert();
     rebound::CurlTransport transport(io.get_executor(), to);
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < 8; ++i) {
       rebound::CallbackRequest request;
       request.url = "https://127.0.0.1:" + std::to_string(receiver.port()) + "/hook";
       request.body = "{\"n\":" + std::to_string(i) + "}";
@@ -159,6 +160,6 @@ TEST_CASE(
   }
   work.reset();
   t.join();
-  CHECK(receiver.bodies().size() == 5);
+  CHECK(receiver.bodies().size() == 8);
   CHECK(receiver.connections() == 1);
 }

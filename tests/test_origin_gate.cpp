@@ -490,8 +490,8 @@ TEST_CASE(
     "gate: hung origins cannot take the last eighth of the total - origins that answer still get "
     "places") {
   OriginGateOptions o;
-  o.max_total = 16;  // two places kept for origins that answer
-  o.max_per_origin = 16;
+  o.max_total = 256;  // 32 places kept for origins that answer, 2 at most each
+  o.max_per_origin = 64;
   Fixture f(o);
   const auto to = [](const std::string& url) {
     return [url](const CallbackRequest& r) { return r.url == url; };
@@ -500,40 +500,65 @@ TEST_CASE(
   f.send(b);
   f.send(b);
   REQUIRE(f.inner->answer_oldest_if(rebound::test::response(200), to(b)));
-  // Two hung origins: they never answer. The first request of each may take any place, the
-  // rest only the first fourteen.
-  const std::string h1 = Fixture::url_of("h", 1), h2 = Fixture::url_of("h", 2);
-  for (int i = 0; i < 10; ++i) {
-    f.send(h1);
-    f.send(h2);
+  // Four hung origins: they never answer. The first request of each may take any place, the
+  // rest only the first 224.
+  for (int i = 0; i < 64; ++i) {
+    for (int h = 1; h <= 4; ++h)
+      f.send(Fixture::url_of("h", h));
   }
-  CHECK(f.held() == 14);  // b's one and 13 of the hung origins'
-  // The healthy origin and a new one still get through, the new one with its first request.
-  // (count_to counts the requests sent to an origin so far.)
-  const std::string n = Fixture::url_of("n", 1);
+  CHECK(f.held() == 224);  // b's one and 223 of the hung origins'
+  CHECK(f.inner->count_to("//h") == 223);
+  // The healthy origin gets a second place in the kept ones, not a third; a new origin gets one
+  // for its first request. (count_to counts the requests sent to an origin so far.)
   f.send(b);
+  auto b_third = f.send(b);
+  const std::string n = Fixture::url_of("n", 1);
   f.send(n);
-  auto to_n_again = f.send(n);
-  CHECK(f.held() == 16);
+  auto n_second = f.send(n);
+  CHECK(f.held() == 226);
   CHECK(f.inner->count_to("//b.example") == 3);
   CHECK(f.inner->count_to("//n1.example") == 1);
-  CHECK(!*to_n_again);  // it waits: n has not answered yet
-  // n answers: it has shown it answers, and its next callback takes the place freed, not a hung
-  // origin's that waited before it.
+  CHECK(!*b_third);   // waits: an origin that answers has at most 2 of the kept places
+  CHECK(!*n_second);  // waits: n has not answered yet
+  // n answers: its next callback takes the place freed, not the hung origins' that waited first.
   REQUIRE(f.inner->answer_oldest_if(rebound::test::response(200), to(n)));
-  CHECK(f.held() == 16);
+  CHECK(f.held() == 226);
   CHECK(f.inner->count_to("//n1.example") == 2);
-  CHECK(f.inner->count_to("//h") == 13);
+  CHECK(f.inner->count_to("//h") == 223);
   // A hung origin's attempt times out (a failure): the place it frees stays for those that answer.
   CallbackResponse timed_out;
   timed_out.error = TransportError::timeout;
   REQUIRE(f.inner->answer_oldest_if(
       timed_out, [](const CallbackRequest& r) { return r.url.find("//h") != std::string::npos; }));
+  CHECK(f.held() == 225);
+  CHECK(f.inner->count_to("//h") == 223);
+  f.send(Fixture::url_of("m", 1));
+  CHECK(f.held() == 226);
+}
+
+TEST_CASE(
+    "gate: a circuit's probe may take a kept place - a receiver back up is not held out by hung "
+    "ones") {
+  OriginGateOptions o;
+  o.max_total = 16;  // 2 places kept
+  o.breaker_failures = 1;
+  o.breaker_cooldown = 2s;
+  Fixture f(o);
+  const std::string p = Fixture::url_of("p", 1);
+  f.send(p);
+  f.answer(503);  // p's circuit opens
+  for (int i = 0; i < 16; ++i)
+    f.send(Fixture::url_of("h", 1));  // hung: 14 in flight, the rest wait
+  CHECK(f.held() == 14);
+  f.advance(2s);
+  auto probe = f.send(p);
+  CHECK(!*probe);  // sent, not deferred
   CHECK(f.held() == 15);
-  CHECK(f.inner->count_to("//h") == 13);
-  f.send(b);
-  CHECK(f.held() == 16);
-  CHECK(f.inner->count_to("//b.example") == 4);
+  REQUIRE(f.inner->answer_oldest_if(rebound::test::response(200),
+                                    [&](const CallbackRequest& r) { return r.url == p; }));
+  REQUIRE(*probe);
+  CHECK((*probe)->status == 200);
+  CHECK(f.endpoint("http://p1.example:80").state == CircuitState::closed);
 }
 
 TEST_CASE("gate: destroying it answers what waits - cancelled - once each") {

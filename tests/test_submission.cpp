@@ -157,6 +157,7 @@ TEST_CASE(
   const std::string name253 = label63 + "." + label63 + "." + label63 + "." + std::string(61, 'b');
   REQUIRE(name253.size() == 253);
   CHECK(parse_callback_url("https://" + name253 + "/cb").url);
+  CHECK(parse_callback_url("https://" + name253 + "./cb").url);  // the root's dot is not counted
   u = parse_callback_url("https://" + name253 + "b/cb");
   CHECK_FALSE(u.url);
   CHECK(u.error.find("longer than 253") != std::string::npos);
@@ -169,8 +170,11 @@ TEST_CASE(
   CHECK(s.error->code == "invalid_field");
   CHECK(s.error->field == "callback_url");
   CHECK(s.error->message.find("longer than 63") != std::string::npos);
-  // An IPv6 literal is no name: its length is not a label's.
+  // An IPv6 literal is no name: its length is not a label's. Without brackets, a colon in the
+  // host is no IPv6 address (and no way around the checks on names).
   CHECK(parse_callback_url("https://[2606:4700:4700:0000:0000:0000:0000:1111]/cb").url);
+  CHECK_FALSE(parse_callback_url("http://" + label64 + ":1:80/cb").url);
+  CHECK_FALSE(parse_callback_url("http://2606:4700::1111/cb").url);
 }
 
 TEST_CASE("a callback URL's bytes past ASCII are sent percent-encoded - as a browser sends them") {

@@ -84,9 +84,11 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
     }
   }
   if (host.empty()) return fail("has no host");
+  const bool bracketed = !authority.empty() && authority.front() == '[';
   for (char c : host) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ||
-                    c == '_' || c == ':' || c == '%';
+    // (ASCII only, whatever the process's locale: a name past ASCII is written in punycode)
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '.' || c == '_' || c == '%' || (c == ':' && bracketed);
     if (!ok) return fail("has a bad character in its host");
   }
   for (char c : host)
@@ -94,7 +96,9 @@ inline CallbackUrlParse parse_callback_url(std::string_view text) {
   // A name DNS cannot hold would fail every attempt to resolve it (RFC 1035: labels of at most
   // 63 bytes, names of at most 253 written out).
   if (!url.host_is_ipv6()) {
-    if (url.host.size() > 253) return fail("has a host name longer than 253 characters");
+    // (253 without the root's dot: "example.com." is "example.com")
+    const std::size_t written = url.host.size() - (url.host.back() == '.' ? 1 : 0);
+    if (written > 253) return fail("has a host name longer than 253 characters");
     std::size_t label = 0;
     for (char c : url.host) {
       label = c == '.' ? 0 : label + 1;

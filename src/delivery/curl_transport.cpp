@@ -67,6 +67,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     // disagree name no delay at all, and the schedule's holds (as an unreadable value's would).
     bool retry_after_seen = false;
     bool retry_after_conflict = false;
+    bool connected = false;  // a connection (and its TLS) ready for the request: before_request
     std::size_t refused_addresses = 0;
     std::size_t addresses_tried = 0;
     bool local_failure = false;  // rebound's own trouble (no socket, no handle): not the receiver's
@@ -149,6 +150,9 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     // (NO_PROXY would let a callback bypass the proxy, and with it the egress policy).
     curl_easy_setopt(easy, CURLOPT_PROXY, options.proxy.c_str());
     curl_easy_setopt(easy, CURLOPT_NOPROXY, "");
+    // A proxy's answer to CONNECT is not the receiver's: kept out of on_header (its head would
+    // count toward the receiver's header cap and read as the answer's head).
+    curl_easy_setopt(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
     // A transfer that ends while its name is still resolving does not wait for the resolver
     // thread: a nameserver that never answers cannot stall the event loop.
     curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
@@ -304,20 +308,22 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   // How far an attempt that ran out of time got, in the receiver's terms (libcurl's own text
   // counts body bytes alone: a receiver that trickled its headers read "0 bytes received").
   static std::string how_far(const Transfer& t) {
-    if (t.headers_complete)
+    long status = 0;
+    curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &status);
+    if (t.headers_complete) {
+      if (status < 200) return "an interim " + std::to_string(status) + " answer, then no other";
       return "the answer's body incomplete after " + std::to_string(t.body_bytes) + " bytes";
+    }
     if (t.header_bytes > 0)
       return "the answer's head incomplete after " + std::to_string(t.header_bytes) + " bytes";
-    long sent = 0;  // (counted once the request is out; none for one still going)
-    curl_easy_getinfo(t.easy, CURLINFO_REQUEST_SIZE, &sent);
-    if (sent > 0) return "the request sent, no answer";
-    curl_off_t connected = 0, secured = 0;
-    curl_easy_getinfo(t.easy, CURLINFO_CONNECT_TIME_T, &connected);
-    curl_easy_getinfo(t.easy, CURLINFO_APPCONNECT_TIME_T, &secured);
-    if (connected == 0) return "not connected";
-    if (secured == 0 && detail::starts_with_ignoring_case(t.request.url, "https:"))
-      return "the TLS handshake did not end";
-    return "connected, the request not all sent";
+    if (!t.connected) return "no connection ready (TCP, or TLS, not through)";
+    curl_off_t sent = 0;
+    curl_easy_getinfo(t.easy, CURLINFO_SIZE_UPLOAD_T, &sent);
+    if (sent < static_cast<curl_off_t>(t.request.body.size())) {
+      return "connected, " + std::to_string(sent) + " of the body's " +
+             std::to_string(t.request.body.size()) + " bytes taken";
+    }
+    return "the request sent, no answer";
   }
 
   // An attempt ended: its handler hears how.
@@ -430,6 +436,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
   // is under way, still reach libcurl: no client can tell them from the answer.)
   static int before_request(void* clientp, char*, char*, int remote_port, int local_port) {
     auto* t = static_cast<Transfer*>(clientp);
+    t->connected = true;
     Impl* self = t->impl;
     const std::uint32_t key = ports_key(local_port, remote_port);
     const auto known = self->by_ports.find(key);
@@ -443,6 +450,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     char scratch[4096];
     if (::recv(fd, scratch, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) return CURL_PREREQFUNC_OK;
     ::shutdown(fd, SHUT_RDWR);
+    t->connected = false;                       // (the request goes on a new connection)
     for (int reads = 0; reads < 16; ++reads) {  // (more than 64 KiB: the send fails all the same)
       if (::recv(fd, scratch, sizeof scratch, MSG_DONTWAIT) <= 0) break;
     }

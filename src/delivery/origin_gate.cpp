@@ -282,13 +282,19 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     return o;
   }
 
-  // The last eighth of the total is kept for origins that answer: one that answered its last
-  // attempt (not a failure), and one not yet heard from for its first request. A hung origin has
-  // its first request out and no answer, then a failure (the attempt's timeout): however many
-  // hung origins fill the rest, a receiver that answers still finds places.
+  // The last eighth of the total is kept for origins that answer, while they have fewer than a
+  // sixteenth of it in flight (8 of 128; at least one): one whose last attempt that said anything
+  // of the receiver was no failure, one never measured for one request at a time, and a probe once
+  // a circuit's cool-down has passed. A hung origin has its first request out and no answer, then
+  // failures (its attempts' timeouts): however many hung origins fill the rest, a receiver that
+  // answers still finds places, and one that answered once and then hangs holds few of them.
   std::size_t room_for(const Origin& o) const {
-    const bool answers = o.has_latency ? o.failures == 0 : o.in_flight == 0;
-    return answers ? options.max_total : options.max_total - options.max_total / 8;
+    const std::size_t kept = options.max_total / 8;
+    const std::size_t each = std::max<std::size_t>(1, kept / 16);
+    const bool answers = o.state == CircuitState::half_open ? true
+                         : o.has_latency                    ? o.failures == 0 && o.in_flight < each
+                                                            : o.in_flight == 0;
+    return answers ? options.max_total : options.max_total - kept;
   }
 
   bool can_start(const Origin& o) const {

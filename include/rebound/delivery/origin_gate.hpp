@@ -68,11 +68,12 @@ struct OriginGateOptions {
 ///
 /// - **Limits.** At most `max_per_origin` requests in flight to one origin and `max_total` in all.
 ///   More wait in memory, in order (up to `max_waiting_per_origin`); the attempt's timeout starts
-///   only when the inner transport gets the request. The last eighth of `max_total` goes only to
-///   origins that answer: one whose last attempt was answered and not a failure, and one not yet
-///   heard from for its first request. So origins that hang (their first request out, then
-///   timeouts) fill at most seven eighths and one place each for a first request, and a receiver
-///   that answers keeps getting places until their circuits open.
+///   only when the inner transport gets the request. The last eighth of `max_total` (none below 8)
+///   is kept for origins that answer, while they have fewer than a sixteenth of it in flight: one
+///   whose last attempt that said anything of the receiver was no failure, one never measured (one
+///   request at a time), and a circuit's probe. So origins that hang (their first request out,
+///   then timeouts) fill at most seven eighths and one kept place each for a first request, and
+///   a receiver that answers keeps getting places until their circuits open.
 /// - **Shares between tenants** (CallbackRequest::tenant): while several tenants have callbacks,
 ///   each may have in flight at most its part of `max_total` (see `tenant_share_window`), and the
 ///   places that free up go to the tenants below their part first, in turns.
