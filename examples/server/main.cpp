@@ -422,7 +422,8 @@ int main(int argc, char** argv) {
                  "(repeatable)")
       ->group(delivery);
   app.add_option("--callback-connections", callback_connections,
-                 "Callback requests in flight at once, in all; more wait their turn")
+                 "Callback requests in flight at once, in all (the last eighth kept for receivers "
+                 "that answer); more wait their turn")
       ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
       ->capture_default_str()
       ->group(delivery);
