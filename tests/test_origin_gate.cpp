@@ -628,6 +628,36 @@ TEST_CASE("gate: an origin still in use keeps its counts while 1024 others come 
   CHECK(f.gate->endpoints().size() == 1024);
 }
 
+TEST_CASE("gate: forty origins in use keep their counts while 1100 others come and go") {
+  Fixture f;
+  // Each: one failed attempt, then one that hangs. They answered before all the others, so by
+  // the order of answers alone they would go first.
+  for (int i = 0; i < 40; ++i) {
+    const std::string url = Fixture::url_of("slow", i);
+    f.send(url, 10s, "slow");
+    REQUIRE(f.inner->answer_oldest_if(rebound::test::response(500),
+                                      [&](const CallbackRequest& r) { return r.url == url; }));
+    f.send(url, 10s, "slow");
+  }
+  for (int i = 0; i < 1100; ++i) {
+    f.send("http://host-" + std::to_string(i) + ".test/hook", 10s, "busy");
+    f.answer_of("busy");
+  }
+  const auto listed = f.gate->endpoints();
+  CHECK(listed.size() == 1024);
+  for (int i = 0; i < 40; ++i) {
+    CAPTURE(i);
+    CHECK(f.endpoint("http://slow" + std::to_string(i) + ".example:80").failed == 1);
+  }
+  // The forgotten go in the order they were forgotten: the first busy ones.
+  CHECK(std::none_of(listed.begin(), listed.end(), [](const rebound::EndpointStatus& e) {
+    return e.origin == "http://host-75.test:80";
+  }));
+  CHECK(std::any_of(listed.begin(), listed.end(), [](const rebound::EndpointStatus& e) {
+    return e.origin == "http://host-116.test:80";
+  }));
+}
+
 TEST_CASE("gate: bad options and a bad URL") {
   CHECK_THROWS_AS(OriginGate(nullptr), rebound::Error);
   OriginGateOptions o;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -99,37 +100,48 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   // Attempts answered by each (origin, tenant), kept after an idle origin is forgotten so that
   // the console can show its success rate: at most max_tallies, the least recent of the forgotten
   // origins dropped first (one still delivered to, waiting or open keeps its counts: a hung
-  // origin answers least often, and is the one an operator looks at).
+  // origin answers least often, and is the one an operator looks at). Two lists make the choice
+  // without a look at every tally: the forgotten origins' in the order they were forgotten, and
+  // those still in use in the order they last answered; the first of the forgotten goes, else the
+  // least recent in use.
   struct Tally {
     std::string origin, tenant;
     std::size_t delivered = 0, failed = 0;
-    std::uint64_t last = 0;  // when it last answered, as tally_sequence counted
+    bool in_use = true;                   // its origin tracked in `origins`
+    std::list<std::string>::iterator at;  // in used_tallies or forgotten_tallies
   };
-  std::uint64_t tally_sequence = 0;
   static constexpr std::size_t max_tallies = 1024;
   std::unordered_map<std::string, Tally> tallies;  // by key_of(origin, tenant)
+  std::list<std::string> used_tallies, forgotten_tallies;
 
   void tally(const std::string& key, const Origin& o, const CallbackResponse& r) {
     auto it = tallies.find(key);
     if (it == tallies.end()) {
       if (tallies.size() >= max_tallies) {
-        auto victim = tallies.end();
-        bool victim_active = true;
-        for (auto t = tallies.begin(); t != tallies.end(); ++t) {
-          const bool active = origins.count(t->first) > 0;
-          if (victim == tallies.end() || (victim_active && !active) ||
-              (victim_active == active && t->second.last < victim->second.last)) {
-            victim = t;
-            victim_active = active;
-          }
-        }
-        tallies.erase(victim);
+        auto& from = forgotten_tallies.empty() ? used_tallies : forgotten_tallies;
+        tallies.erase(from.front());
+        from.pop_front();
       }
-      it = tallies.emplace(key, Tally{o.origin, o.tenant}).first;
+      Tally fresh;
+      fresh.origin = o.origin;
+      fresh.tenant = o.tenant;
+      it = tallies.emplace(key, std::move(fresh)).first;
+      it->second.at = used_tallies.insert(used_tallies.end(), key);
+    } else if (it->second.in_use) {
+      used_tallies.splice(used_tallies.end(), used_tallies, it->second.at);
     }
     const bool ok = r.error == TransportError::none && r.status >= 200 && r.status < 300;
     ++(ok ? it->second.delivered : it->second.failed);
-    it->second.last = ++tally_sequence;
+  }
+
+  // An origin tracked again, or forgotten: its tally (if any) moves between the lists.
+  void tally_in_use(const std::string& key, bool in_use) {
+    auto it = tallies.find(key);
+    if (it == tallies.end() || it->second.in_use == in_use) return;
+    auto& from = in_use ? forgotten_tallies : used_tallies;
+    auto& to = in_use ? used_tallies : forgotten_tallies;
+    to.splice(to.end(), from, it->second.at);
+    it->second.in_use = in_use;
   }
   std::set<std::string> paused_origins;  // paused by hand, for every tenant
   // Origins waiting only for the total limit, by tenant (CallbackRequest::tenant): the tenants
@@ -272,10 +284,16 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
       // a submitter naming endless failing origins must not grow the map, so past the bound the
       // idle ones go.
       for (auto i = origins.begin(); i != origins.end();)
-        i = evictable(i->second, now) ? origins.erase(i) : std::next(i);
+        if (evictable(i->second, now)) {
+          tally_in_use(i->first, false);
+          i = origins.erase(i);
+        } else {
+          ++i;
+        }
     }
     Origin& o = origins[key];
     if (o.origin.empty()) {
+      tally_in_use(key, true);
       o.origin = origin;
       o.tenant = tenant;
     }
@@ -503,6 +521,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   void forget_if_idle(const std::string& key, Origin& o) {
     if (o.in_flight == 0 && o.waiting.empty() && o.failures == 0 &&
         o.state == CircuitState::closed && !o.listed_ready && !paused(o)) {
+      tally_in_use(key, false);
       origins.erase(key);
     }
   }
