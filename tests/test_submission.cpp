@@ -183,6 +183,13 @@ TEST_CASE("a callback URL's bytes past ASCII are sent percent-encoded - as a bro
         "https://example.com/caf%C3%A9?q=%E2%82%AC&r=%20");
   CHECK(as_sent("http://example.com/plain?x=1") == "http://example.com/plain?x=1");
   CHECK(rebound::detail::parse_callback_url("https://example.com/caf\xc3\xa9").url);
+  // The 2,048 characters bound the request line as sent: 600 two-byte characters are 3,600.
+  std::string umlauts;
+  for (int i = 0; i < 600; ++i)
+    umlauts += "\xc3\xbc";
+  const auto u = rebound::detail::parse_callback_url("https://example.com/?q=" + umlauts);
+  CHECK_FALSE(u.url);
+  CHECK(u.error.find("percent-encoded") != std::string::npos);
 }
 
 TEST_CASE("addresses are classified in IPv4 - IPv6 and IPv4-mapped forms") {
