@@ -183,13 +183,28 @@ TEST_CASE("a callback URL's bytes past ASCII are sent percent-encoded - as a bro
         "https://example.com/caf%C3%A9?q=%E2%82%AC&r=%20");
   CHECK(as_sent("http://example.com/plain?x=1") == "http://example.com/plain?x=1");
   CHECK(rebound::detail::parse_callback_url("https://example.com/caf\xc3\xa9").url);
-  // The 2,048 characters bound the request line as sent: 600 two-byte characters are 3,600.
+  // The 2,048 characters bound the request line as sent, at submission; a job stored before
+  // keeps its URL (the transport still parses it).
+  const std::string base = "https://example.com/?q=";  // 23 characters
   std::string umlauts;
   for (int i = 0; i < 600; ++i)
     umlauts += "\xc3\xbc";
-  const auto u = rebound::detail::parse_callback_url("https://example.com/?q=" + umlauts);
-  CHECK_FALSE(u.url);
-  CHECK(u.error.find("percent-encoded") != std::string::npos);
+  CHECK(rebound::detail::parse_callback_url(base + umlauts).url);
+  const auto submitted = [&](const std::string& url) {
+    return parse_submission(R"({"id":"a","callback_url":")" + url + "\"}", strict);
+  };
+  auto refused = submitted(base + umlauts);
+  REQUIRE(refused.error.has_value());
+  CHECK(refused.error->field == "callback_url");
+  CHECK(refused.error->message.find("percent-encoded") != std::string::npos);
+  // 2,048 as sent pass (23 + 337 * 6 + 3), 2,049 do not.
+  std::string at_limit = base;
+  for (int i = 0; i < 337; ++i)
+    at_limit += "\xc3\xbc";
+  at_limit += "aaa";
+  REQUIRE(rebound::detail::sent_length(at_limit) == 2048);
+  CHECK(submitted(at_limit).job);
+  CHECK_FALSE(submitted(at_limit + "a").job);
 }
 
 TEST_CASE("addresses are classified in IPv4 - IPv6 and IPv4-mapped forms") {

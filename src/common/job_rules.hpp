@@ -86,6 +86,12 @@ inline std::optional<BrokenRule> check_callback_url(std::string_view url,
   const CallbackUrlParse parsed = parse_callback_url(url);
   if (!parsed.url)
     return BrokenRule{"callback_url", "The field 'callback_url' " + parsed.error + "."};
+  // (At submission only: a job stored before this rule is sent to the URL it was accepted with.)
+  if (sent_length(url) > max_callback_url_length) {
+    return BrokenRule{"callback_url",
+                      "The field 'callback_url' is longer than 2048 characters once its "
+                      "characters past ASCII are percent-encoded."};
+  }
   if (auto refused = guard.check_host(parsed.url->host))
     return BrokenRule{"callback_url", "The field 'callback_url' " + *refused + "."};
   return std::nullopt;

@@ -98,19 +98,21 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   mutable std::mutex mutex;
   std::unordered_map<std::string, Origin> origins;  // by key_of(origin, tenant)
   // Attempts answered by each (origin, tenant), kept after an idle origin is forgotten so that
-  // the console can show its success rate: at most max_tallies, the least recent of the forgotten
-  // origins dropped first (one still delivered to, waiting or open keeps its counts: a hung
-  // origin answers least often, and is the one an operator looks at). Two lists make the choice
-  // without a look at every tally: the forgotten origins' in the order they were forgotten, and
-  // those still in use in the order they last answered; the first of the forgotten goes, else the
-  // least recent in use.
+  // the console can show its success rate: at most max_tallies, the least recently answered of
+  // the forgotten origins dropped first (one still delivered to, waiting, open or failing keeps
+  // its counts: a hung origin answers least often, and is the one an operator looks at). Two
+  // lists make the choice without a look at every tally: the forgotten origins' by their last
+  // answer, and those in use by their last answer or their return (tracked again); the first of
+  // the forgotten goes, else the first of those in use.
   struct Tally {
     std::string origin, tenant;
     std::size_t delivered = 0, failed = 0;
+    std::uint64_t last = 0;               // when it last answered, as tally_sequence counted
     bool in_use = true;                   // its origin tracked in `origins`
     std::list<std::string>::iterator at;  // in used_tallies or forgotten_tallies
   };
   static constexpr std::size_t max_tallies = 1024;
+  std::uint64_t tally_sequence = 0;
   std::unordered_map<std::string, Tally> tallies;  // by key_of(origin, tenant)
   std::list<std::string> used_tallies, forgotten_tallies;
 
@@ -132,16 +134,25 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     }
     const bool ok = r.error == TransportError::none && r.status >= 200 && r.status < 300;
     ++(ok ? it->second.delivered : it->second.failed);
+    it->second.last = ++tally_sequence;
   }
 
-  // An origin tracked again, or forgotten: its tally (if any) moves between the lists.
+  // An origin tracked again, or forgotten: its tally (if any) moves between the lists. A forgotten
+  // one takes its place by its last answer (usually the end: most are forgotten as they answer;
+  // one idle for its failures, swept later, goes further in).
   void tally_in_use(const std::string& key, bool in_use) {
     auto it = tallies.find(key);
     if (it == tallies.end() || it->second.in_use == in_use) return;
-    auto& from = in_use ? forgotten_tallies : used_tallies;
-    auto& to = in_use ? used_tallies : forgotten_tallies;
-    to.splice(to.end(), from, it->second.at);
     it->second.in_use = in_use;
+    if (in_use) {
+      used_tallies.splice(used_tallies.end(), forgotten_tallies, it->second.at);
+      return;
+    }
+    auto before = forgotten_tallies.end();
+    while (before != forgotten_tallies.begin() &&
+           tallies.at(*std::prev(before)).last > it->second.last)
+      --before;
+    forgotten_tallies.splice(before, used_tallies, it->second.at);
   }
   std::set<std::string> paused_origins;  // paused by hand, for every tenant
   // Origins waiting only for the total limit, by tenant (CallbackRequest::tenant): the tenants

@@ -83,8 +83,8 @@ struct EndpointStatus {
   /// "" for the default tenant.
   std::string tenant;
   /// Attempts it answered with a 2xx, and otherwise (another status, a timeout, a refused or
-  /// broken connection), since this process started (OriginGate keeps them for its 1,024 most
-  /// recent origins, idle ones included).
+  /// broken connection), since this process started (OriginGate keeps them for 1,024 origins,
+  /// idle ones included: past that, the idle one that answered least recently loses them first).
   std::size_t delivered = 0;
   std::size_t failed = 0;
 };
