@@ -191,8 +191,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     const long timeout_ms = static_cast<long>(std::max<long long>(1, t->request.timeout.count()));
     // (libcurl copies the string; it would send bytes past ASCII in the path or query raw)
     const std::string& url = t->request.url;
-    const bool ascii = std::all_of(url.begin(), url.end(),
-                                   [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    const bool ascii = detail::sent_length(url) == url.size();
     curl_easy_setopt(easy, CURLOPT_URL, ascii ? url.c_str() : detail::as_sent(url).c_str());
     curl_easy_setopt(easy, CURLOPT_PRIVATE, t.get());
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->error);
@@ -275,7 +274,7 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
       case CURLE_OPERATION_TIMEDOUT:
         return failure(TransportError::timeout, "no complete answer within " +
                                                     std::to_string(t.request.timeout.count()) +
-                                                    " ms: " + how_far(t) + where);
+                                                    " ms: " + how_far(t, status) + where);
       case CURLE_UNSUPPORTED_PROTOCOL: {
         // Also what libcurl says of an answer it cannot read (HTTP/0.9, "HTTP/1.2", no status
         // line): once the request went out, the receiver answered badly, and that is retried
@@ -305,11 +304,10 @@ struct CurlTransport::Impl : std::enable_shared_from_this<CurlTransport::Impl> {
     }
   }
 
-  // How far an attempt that ran out of time got, in the receiver's terms (libcurl's own text
-  // counts body bytes alone: a receiver that trickled its headers read "0 bytes received").
-  static std::string how_far(const Transfer& t) {
-    long status = 0;
-    curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &status);
+  // How far an attempt that ran out of time got (`status`: the last status line's), in the
+  // receiver's terms (libcurl's own text counts body bytes alone: a receiver that trickled its
+  // headers read "0 bytes received").
+  static std::string how_far(const Transfer& t, long status) {
     if (t.headers_complete) {
       if (status < 200) return "an interim " + std::to_string(status) + " answer, then no other";
       return "the answer's body incomplete after " + std::to_string(t.body_bytes) + " bytes";
