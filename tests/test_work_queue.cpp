@@ -292,6 +292,40 @@ TEST_CASE("closing the queue sends a waiting partial batch at once") {
   CHECK(handled == 5);
 }
 
+// A worker that finds a partial batch not yet due leaves it to the timer. It judged the batch
+// and armed the timer at two looks at the clock: when the delay ran out between them, the second
+// look claimed a worker that nobody started, and the batch had no timer either. Each time one
+// worker was lost; with all of them lost the queue stood still and its destructor waited
+// forever (an Iris test ran into ctest's timeout, 2026-12-06). A clock that moves at every look
+// makes the delay run out exactly there.
+TEST_CASE(
+    "a partial batch a worker leaves goes when its delay runs out - whenever the clock moves") {
+  boost::asio::thread_pool pool(2);
+  const auto base = std::chrono::steady_clock::now();
+  std::atomic<int> looks{0};
+  auto o = opts(100, 1, 2, 2ms);
+  o.clock = [&] { return base + std::chrono::milliseconds(++looks); };
+  std::atomic<int> handled{0};
+  JobQueue* self = nullptr;
+  JobQueue queue(pool.get_executor(), o, [&](std::vector<Job> batch) {
+    // The second item arrives while the only worker is busy with the first: that worker finds
+    // it waiting, not yet due, when it is done.
+    for (const Job& j : batch)
+      if (j.id == "job-0") CHECK(self->try_push(job(1)) == PushResult::accepted);
+    handled += static_cast<int>(batch.size());
+  });
+  self = &queue;
+  REQUIRE(queue.try_push(job(0)) == PushResult::accepted);
+  const bool idle = queue.wait_idle(5s);
+  if (!idle) {  // a lost worker: the destructor would wait for it forever
+    pool.stop();
+    pool.join();
+    queue.executor_ended();
+  }
+  CHECK(idle);
+  CHECK(handled == 2);
+}
+
 TEST_CASE("bad options are refused") {
   boost::asio::thread_pool pool(1);
   auto noop = [](std::vector<Job>) {};

@@ -40,6 +40,10 @@ struct WorkQueueOptions {
   /// others. rebound::JobQueue sets them from JobQueueOptions::tenants.
   std::map<std::string, unsigned, std::less<>> weights{};
   unsigned default_weight = 1;
+  /// The time items are stamped with and batches judged by; unset: `steady_clock::now`. (For
+  /// tests: a clock that moves between two looks. The delay's timer still runs on the steady
+  /// clock, so a clock given here stays near it.)
+  std::function<std::chrono::steady_clock::time_point()> clock{};
 };
 
 /// A bounded queue of groups taking turns (a FIFO per priority level within each group) with a
@@ -126,8 +130,9 @@ class WorkQueue final {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return PushResult::closed;
     if (pending_.size() >= options_.capacity) return PushResult::full;
-    pending_.push({std::move(item), std::chrono::steady_clock::now()}, level, group);
-    const bool start = schedule_locked();
+    const auto now = this->now();
+    pending_.push({std::move(item), now}, level, group);
+    const bool start = schedule_locked(now);
     lock.unlock();
     if (start) boost::asio::post(executor_, [this] { drain(); });
     return PushResult::accepted;
@@ -137,7 +142,7 @@ class WorkQueue final {
   void close() {
     std::unique_lock<std::mutex> lock(mutex_);
     closed_ = true;
-    const bool start = schedule_locked();
+    const bool start = schedule_locked(now());
     lock.unlock();
     if (start) boost::asio::post(executor_, [this] { drain(); });
   }
@@ -228,11 +233,16 @@ class WorkQueue final {
     return now - pending_.oldest() >= options_.max_queue_delay;
   }
 
-  // Under mutex_: claims a worker when a batch is due and one is free (the caller posts it), or
-  // arms the timer for when the oldest item's delay runs out.
-  bool schedule_locked() {
+  std::chrono::steady_clock::time_point now() const {
+    return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
+  }
+
+  // Under mutex_: claims a worker when a batch is due at `now` and one is free (the caller must
+  // post it: a claim nobody posts is a worker lost for good), or arms the timer for when the
+  // oldest item's delay runs out.
+  bool schedule_locked(std::chrono::steady_clock::time_point now) {
     if (pending_.empty() || active_workers_ >= options_.workers) return false;
-    if (batch_due_locked(std::chrono::steady_clock::now())) {
+    if (batch_due_locked(now)) {
       ++active_workers_;
       return true;
     }
@@ -247,7 +257,7 @@ class WorkQueue final {
   void on_timer() {
     std::unique_lock<std::mutex> lock(mutex_);
     timer_armed_ = false;
-    const bool start = schedule_locked();
+    const bool start = schedule_locked(now());
     if (active_workers_ == 0 && !timer_armed_) idle_.notify_all();
     lock.unlock();
     if (start) boost::asio::post(executor_, [this] { drain(); });
@@ -262,9 +272,15 @@ class WorkQueue final {
       bool another = false;  // a batch cut at another key: a second worker for what is left
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!batch_due_locked(std::chrono::steady_clock::now())) {
+        const auto now = this->now();
+        if (!batch_due_locked(now)) {
           --active_workers_;
-          schedule_locked();  // arms the timer for a partial batch, if any waits
+          // Arms the timer for a partial batch, if any waits: judged at the same `now`, so it
+          // claims no worker here. (With a second look at the clock, a delay that ran out in
+          // between claimed a worker that nobody posted: one worker lost each time, the partial
+          // batch left without a timer, and with all of them lost the queue stood still, its
+          // destructor waiting forever.)
+          schedule_locked(now);
           if (active_workers_ == 0 && pending_.empty()) idle_.notify_all();
           return;
         }
@@ -280,7 +296,7 @@ class WorkQueue final {
         if (on_taken_) on_taken_(batch);
         // What the cut left (another key's items, due already or soon) does not wait for this
         // batch's handler: a free worker takes it, or the timer is armed for it.
-        if (batch.size() < take) another = schedule_locked();
+        if (batch.size() < take) another = schedule_locked(now);
       }
       if (another) boost::asio::post(executor_, [this] { drain(); });
       const std::size_t size = batch.size();
