@@ -326,6 +326,19 @@ TEST_CASE(
   CHECK(handled == 2);
 }
 
+TEST_CASE("taking the waiting items wakes a wait for the queue to be idle") {
+  boost::asio::thread_pool pool(2);
+  // A partial batch waits for a delay far longer than the test; no worker runs.
+  JobQueue queue(pool.get_executor(), opts(100, 1, 16, 60s), [](std::vector<Job>) {});
+  REQUIRE(queue.try_push(job(0)) == PushResult::accepted);
+  auto idle = std::async(std::launch::async, [&] { return queue.wait_idle(60s); });
+  std::this_thread::sleep_for(50ms);  // (the wait may begin before or after the take: both end)
+  CHECK(queue.take_pending().size() == 1);
+  // Woken by the take, not by the delay's timer a minute later.
+  REQUIRE(idle.wait_for(5s) == std::future_status::ready);
+  CHECK(idle.get());
+}
+
 TEST_CASE("bad options are refused") {
   boost::asio::thread_pool pool(1);
   auto noop = [](std::vector<Job>) {};

@@ -41,8 +41,8 @@ struct WorkQueueOptions {
   std::map<std::string, unsigned, std::less<>> weights{};
   unsigned default_weight = 1;
   /// The time items are stamped with and batches judged by; unset: `steady_clock::now`. (For
-  /// tests: a clock that moves between two looks. The delay's timer still runs on the steady
-  /// clock, so a clock given here stays near it.)
+  /// tests: a clock that moves between two looks. The delay's timer waits, on the steady clock,
+  /// the time this clock says is left; it looks again when it fires.)
   std::function<std::chrono::steady_clock::time_point()> clock{};
 };
 
@@ -166,6 +166,7 @@ class WorkQueue final {
     out.reserve(pending_.size());
     while (!pending_.empty())
       out.push_back(pending_.pop().item);
+    if (!out.empty() && active_workers_ == 0) idle_.notify_all();  // as take_if: wait_idle wakes
     return out;
   }
 
@@ -248,7 +249,9 @@ class WorkQueue final {
     }
     if (!timer_armed_) {
       timer_armed_ = true;
-      timer_.expires_at(pending_.oldest() + options_.max_queue_delay);
+      // The time left by `now`, on the steady clock the timer runs on (an injected clock behind
+      // it would otherwise find the deadline passed but the batch not due, again and again).
+      timer_.expires_after(pending_.oldest() + options_.max_queue_delay - now);
       timer_.async_wait([this](const boost::system::error_code&) { on_timer(); });
     }
     return false;
@@ -279,8 +282,8 @@ class WorkQueue final {
           // claims no worker here. (With a second look at the clock, a delay that ran out in
           // between claimed a worker that nobody posted: one worker lost each time, the partial
           // batch left without a timer, and with all of them lost the queue stood still, its
-          // destructor waiting forever.)
-          schedule_locked(now);
+          // destructor waiting forever.) Were a worker claimed all the same, this one is it.
+          if (schedule_locked(now)) continue;
           if (active_workers_ == 0 && pending_.empty()) idle_.notify_all();
           return;
         }
