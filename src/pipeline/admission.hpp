@@ -85,10 +85,15 @@ class Admission {
 
   /// Takes a slot for work that needs no gate (a claim from the store), charged with `bytes` and
   /// counted for `tenant` but not held to its share: the work is accepted already. False when
-  /// the slots or the bytes are taken (the work then goes back to the store).
+  /// the slots or the bytes are taken (the work then goes back to the store, and the room it
+  /// wanted, once freed, wakes the pump: PipelineEvents::slot_freed).
   bool take_slot(std::string_view tenant = {}, std::size_t bytes = 0) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (in_flight_ >= capacity_ || !fits_locked(bytes)) return false;
+    if (in_flight_ >= capacity_) return false;
+    if (!fits_locked(bytes)) {
+      want_room_locked(bytes);
+      return false;
+    }
     take_locked(tenant);
     bytes_ += bytes;
     note_charge(bytes);
@@ -118,7 +123,7 @@ class Admission {
       std::lock_guard<std::mutex> lock(mutex_);
       freed = bytes_ >= max_bytes_;
       bytes_ = bytes_ - std::min(bytes_, from) + to;
-      freed = freed && bytes_ < max_bytes_;
+      freed = (freed && bytes_ < max_bytes_) || (to < from && room_came_locked());
     }
     if (freed) events_.slot_freed();
   }
@@ -142,7 +147,7 @@ class Admission {
       std::lock_guard<std::mutex> lock(mutex_);
       freed = bytes_ >= max_bytes_;
       bytes_ -= std::min(bytes_, bytes);
-      freed = freed && bytes_ < max_bytes_;
+      freed = (freed && bytes_ < max_bytes_) || (bytes > 0 && room_came_locked());
       ++parked_;
       parked_floor_ = std::min(parked_floor_, priority);
     }
@@ -153,11 +158,15 @@ class Admission {
 
   /// Takes one parked slot for a job claimed from the store, charged with `bytes` from now on.
   /// `none` when none is parked (the claim then needs a free slot: take_slot); `no_room` when the
-  /// bytes do not fit (the job goes back to the store, the slot stays parked).
+  /// bytes do not fit (the job goes back to the store, the slot stays parked, and the room it
+  /// wanted, once freed, wakes the pump).
   Unpark unpark(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (parked_ == 0) return Unpark::none;
-    if (!fits_locked(bytes)) return Unpark::no_room;
+    if (!fits_locked(bytes)) {
+      want_room_locked(bytes);
+      return Unpark::no_room;
+    }
     if (--parked_ == 0) {
       parked_floor_ = std::numeric_limits<int>::max();
       idle_.notify_all();
@@ -215,7 +224,7 @@ class Admission {
       freed = in_flight_ == capacity_ || bytes_ >= max_bytes_;
       --in_flight_;
       bytes_ -= std::min(bytes_, bytes);
-      freed = freed && bytes_ < max_bytes_;
+      freed = (freed && bytes_ < max_bytes_) || (bytes > 0 && room_came_locked());
       if (by_tenant_) {
         auto it = tenants_.find(tenant);
         if (it != tenants_.end() && --it->second == 0) tenants_.erase(it);
@@ -296,6 +305,21 @@ class Admission {
     return bytes_ == 0 || (bytes <= max_bytes_ && bytes_ <= max_bytes_ - bytes);
   }
 
+  // A claim handed back for want of `bytes` of room: the least any claim handed back since the
+  // room last came wanted (any of them, claimed again, moves the queue on).
+  void want_room_locked(std::size_t bytes) {
+    room_wanted_ = room_wanted_ ? std::min(room_wanted_, bytes) : std::max<std::size_t>(1, bytes);
+  }
+
+  // Whether the room a claim handed back wanted is there now (forgotten once told): without it,
+  // a job too large for the bytes left (though they were not all taken) waited for the pump's
+  // next poll, a second by default, once the work ahead of it was done.
+  bool room_came_locked() {
+    if (room_wanted_ == 0 || !fits_locked(room_wanted_)) return false;
+    room_wanted_ = 0;
+    return true;
+  }
+
   // The largest recent job: jumps to a larger one at once, and decays by 1/64 with each job
   // taken, so that claims shrink as soon as large work shows up and grow back after it.
   void note_charge(std::size_t bytes) {
@@ -333,6 +357,7 @@ class Admission {
   std::size_t parked_ = 0;     // of them, held by jobs waiting in the store
   int parked_floor_ = std::numeric_limits<int>::max();  // see parked_floor
   std::size_t bytes_ = 0;
+  std::size_t room_wanted_ = 0;  // see want_room_locked; 0: none
   // Until work is seen, claims assume the largest input a body can hold (json_cost_limit).
   std::size_t largest_ = std::size_t{32} << 20;
   bool wait_ended_ = false;
