@@ -147,6 +147,38 @@ TEST_CASE("a handler that throws is counted and the workers carry on") {
   CHECK(queue.handler_failures() == 5);
 }
 
+TEST_CASE("a batch key or taken hook that throws loses no item and no worker") {
+  // (JobQueue's key and hook may allocate: a bad_alloc there left the queue without the worker.)
+  boost::asio::thread_pool pool(2);
+  Gate gate;
+  std::atomic<int> keys{0}, takes{0}, handled{0};
+  auto key = [&](const Job&) -> const void* {
+    if (++keys == 1) throw std::bad_alloc();
+    return nullptr;
+  };
+  auto taken = [&](std::vector<Job>&) {
+    if (++takes == 2) throw std::bad_alloc();
+  };
+  JobQueue queue(
+      pool.get_executor(), opts(100, 1, 4),
+      [&](std::vector<Job> batch) {
+        gate.wait();
+        handled += static_cast<int>(batch.size());
+      },
+      key, taken);
+  for (int i = 0; i < 9; ++i)
+    REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  gate.open();
+  REQUIRE(queue.wait_idle(10s));
+  CHECK(handled == 9);
+  CHECK(queue.handler_failures() == 2);
+  // The one worker is still there for what comes next.
+  for (int i = 9; i < 12; ++i)
+    REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
+  REQUIRE(queue.wait_idle(10s));
+  CHECK(handled == 12);
+}
+
 TEST_CASE("batches fill up to max_batch_size from what is waiting - in order") {
   for (std::size_t workers : {1u, 3u}) {
     CAPTURE(workers);

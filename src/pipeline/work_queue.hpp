@@ -78,7 +78,8 @@ class WorkQueue final {
   /// key, which waits for the next one); empty: any items may.
   using BatchKey = std::function<const void*(const Item&)>;
   /// Told of each batch as it leaves the queue, under the queue's lock (so that an item is always
-  /// seen either waiting, by count_if, or taken).
+  /// seen either waiting, by count_if, or taken). An exception from it or from BatchKey is
+  /// counted as a handler's failure (`handler_failures()`), and the items taken still run.
   using OnTaken = std::function<void(std::vector<Item>&)>;
 
   WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler,
@@ -273,6 +274,7 @@ class WorkQueue final {
     for (int n = 0; n < batches_per_turn; ++n) {
       std::vector<Item> batch;
       bool another = false;  // a batch cut at another key: a second worker for what is left
+      bool again = false;    // no batch could be formed: this worker's turn comes again
       {
         std::lock_guard<std::mutex> lock(mutex_);
         const auto now = this->now();
@@ -288,19 +290,29 @@ class WorkQueue final {
           return;
         }
         const std::size_t take = std::min(options_.max_batch_size, pending_.size());
-        batch.reserve(take);
-        batch.push_back(pending_.pop().item);
-        const void* key = batch_key_ && take > 1 ? batch_key_(batch.front()) : nullptr;
-        for (std::size_t i = 1; i < take; ++i) {
-          if (batch_key_ && batch_key_(pending_.front()) != key) break;
+        try {
+          batch.reserve(take);
           batch.push_back(pending_.pop().item);
+          const void* key = batch_key_ && take > 1 ? batch_key_(batch.front()) : nullptr;
+          for (std::size_t i = 1; i < take; ++i) {
+            if (batch_key_ && batch_key_(pending_.front()) != key) break;
+            batch.push_back(pending_.pop().item);
+          }
+          if (on_taken_) on_taken_(batch);
+        } catch (...) {
+          // The batch's room, a key or on_taken_ threw (an allocation that failed): counted as
+          // a handler's failure. What was popped runs all the same, without on_taken_'s count;
+          // with nothing popped, this worker tries again after what else waits on the executor.
+          // Leaving by the exception instead would drop the items popped and lose the worker.
+          ++handler_failures_;
+          again = batch.empty();
         }
         running_ += batch.size();
-        if (on_taken_) on_taken_(batch);
         // What the cut left (another key's items, due already or soon) does not wait for this
         // batch's handler: a free worker takes it, or the timer is armed for it.
-        if (batch.size() < take) another = schedule_locked(now);
+        if (!again && batch.size() < take) another = schedule_locked(now);
       }
+      if (again) break;
       if (another) boost::asio::post(executor_, [this] { drain(); });
       const std::size_t size = batch.size();
       bool failed = false;
