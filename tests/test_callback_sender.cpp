@@ -2,6 +2,7 @@
 // CurlTransport against a real receiver on loopback (5xx, refused connections, timeouts, reuse).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <future>
 #include <mutex>
 #include <set>
@@ -235,6 +236,39 @@ TEST_CASE("observers and handlers that throw do not stop a delivery") {
   auto f = done.get_future();
   REQUIRE(f.wait_for(10s) == std::future_status::ready);
   CHECK(f.get() == 2);
+  CHECK(sender.wait_idle(5s));
+}
+
+TEST_CASE("a transport that throws costs one attempt - the delivery goes on and ends") {
+  // (A transport of the user's own, or an allocation that failed while the request was built.)
+  class Throwing final : public rebound::CallbackTransport {
+   public:
+    void send(rebound::CallbackRequest, rebound::CallbackResponseHandler on_done) override {
+      if (++sends == 1) throw std::runtime_error("no socket left");
+      on_done(status(200));
+    }
+    std::atomic<int> sends{0};
+  };
+  IoThread io;
+  auto owned = std::make_unique<Throwing>();
+  auto& transport = *owned;
+  CallbackSender sender(io.io.get_executor(), std::move(owned), fast_options());
+  auto out = deliver(sender, message());
+  CHECK(out.report.delivered);
+  CHECK(out.report.attempts == 2);
+  REQUIRE(out.attempts.size() == 2);
+  CHECK(out.attempts[0].error == "the attempt could not be sent: no socket left");
+  CHECK(transport.sends == 2);
+  // Its count is given back: a shutdown that waits for deliveries does not wait in vain.
+  CHECK(sender.wait_idle(5s));
+  CHECK(sender.in_flight() == 0);
+  // A single attempt (the queue's way) is reported as failed, not lost.
+  transport.sends = 0;
+  std::promise<AttemptReport> reported;
+  sender.attempt(message(), {}, [&](const AttemptReport& a) { reported.set_value(a); });
+  auto report = reported.get_future();
+  REQUIRE(report.wait_for(10s) == std::future_status::ready);
+  CHECK(report.get().verdict == AttemptVerdict::retry);
   CHECK(sender.wait_idle(5s));
 }
 

@@ -88,7 +88,28 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
         before_(before),
         previous_delay_(before.previous_delay) {}
 
+  // An attempt that cannot be sent (the transport, or building its request, threw) is a failed
+  // attempt, retried as a broken connection is: the delivery goes on, and its count in
+  // `in_flight` is given back when it ends, as every delivery's is.
   void attempt() {
+    try {
+      send();
+    } catch (const std::exception& e) {
+      on_unsent(e.what());
+    } catch (...) {
+      on_unsent("unknown error");
+    }
+  }
+
+ private:
+  void on_unsent(const char* what) {
+    CallbackResponse response;
+    response.error = TransportError::io;
+    response.message = std::string("the attempt could not be sent: ") + what;
+    on_response(response);
+  }
+
+  void send() {
     const auto& options = state_->options;
     CallbackRequest request;
     request.url = message_.url;
@@ -120,7 +141,6 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     });
   }
 
- private:
   void on_response(const CallbackResponse& response) {
     const auto& options = state_->options;
     if (response.error == TransportError::deferred) return on_deferred(response);

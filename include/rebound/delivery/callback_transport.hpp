@@ -96,7 +96,9 @@ using CallbackResponseHandler = std::function<void(CallbackResponse)>;
 ///
 /// Contract: `send` returns quickly (it may queue), and calls `on_done` exactly once, from any
 /// thread, also when the request fails. Redirects are reported as their 3xx status and never
-/// followed. Implementations must be thread-safe and must not throw from `send`.
+/// followed. Implementations must be thread-safe and should not throw from `send`; one that
+/// throws must not call `on_done` as well: CallbackSender counts the throw as a failed attempt
+/// (as a broken connection, with the exception's message) and retries it.
 class CallbackTransport {
  public:
   virtual ~CallbackTransport() = default;
