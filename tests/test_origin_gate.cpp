@@ -128,6 +128,76 @@ TEST_CASE("gate: within the limits requests go through - a few wait - the rest a
   CHECK(f.endpoint(a_origin).waiting == 0);
 }
 
+TEST_CASE("gate: a transport that throws ends its request as a failed attempt - its place frees") {
+  // (A transport of the user's own; CurlTransport does not throw.)
+  class Throwing final : public rebound::CallbackTransport {
+   public:
+    Throwing(std::shared_ptr<FakeTransport::Shared> shared, std::shared_ptr<std::atomic<int>> n)
+        : inner_(std::move(shared)), throws_(std::move(n)) {}
+    void send(CallbackRequest r, rebound::CallbackResponseHandler done) override {
+      if (throws_->load() > 0) {
+        --*throws_;
+        throw std::runtime_error("no socket left");
+      }
+      inner_.send(std::move(r), std::move(done));
+    }
+
+   private:
+    FakeTransport inner_;
+    std::shared_ptr<std::atomic<int>> throws_;
+  };
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  auto inner = std::make_shared<FakeTransport::Shared>();
+  inner->hold_all();
+  auto throws = std::make_shared<std::atomic<int>>(0);
+  OriginGateOptions o;
+  o.max_per_origin = 1;
+  o.max_waiting_per_origin = 2;
+  o.clock = rebound::test::steady_of(clock);
+  OriginGate gate(std::make_unique<Throwing>(inner, throws), o);
+  std::vector<std::shared_ptr<std::optional<CallbackResponse>>> answers;
+  auto send = [&] {
+    auto answer = std::make_shared<std::optional<CallbackResponse>>();
+    CallbackRequest r;
+    r.url = a;
+    r.timeout = 10s;
+    gate.send(std::move(r), [answer](CallbackResponse response) { *answer = response; });
+    answers.push_back(answer);
+  };
+  auto in_flight = [&] {
+    for (const auto& e : gate.endpoints())
+      if (e.origin == a_origin) return e.in_flight;
+    return std::size_t{0};
+  };
+  // The first is sent and held; two wait in memory behind it. When it is answered, the next is
+  // handed to the transport, which throws: that one ends, failed, and the one after it is sent.
+  for (int i = 0; i < 3; ++i)
+    send();
+  REQUIRE(inner->held_count() == 1);
+  *throws = 1;
+  REQUIRE(inner->answer_oldest(rebound::test::response(200)));
+  REQUIRE(*answers[0]);
+  REQUIRE(*answers[1]);
+  CHECK((*answers[1])->error == TransportError::io);
+  CHECK((*answers[1])->message == "the attempt could not be sent: no socket left");
+  CHECK(!*answers[2]);
+  CHECK(inner->held_count() == 1);
+  CHECK(in_flight() == 1);
+  REQUIRE(inner->answer_oldest(rebound::test::response(200)));
+  CHECK((*answers[2])->status == 200);
+  CHECK(in_flight() == 0);
+  // A throw at the first send of an idle origin: its place is free again at once.
+  *throws = 1;
+  send();
+  REQUIRE(*answers[3]);
+  CHECK((*answers[3])->error == TransportError::io);
+  CHECK(in_flight() == 0);
+  send();
+  CHECK(inner->held_count() == 1);
+  CHECK(!*answers[4]);
+  inner->release();
+}
+
 TEST_CASE("gate: the pace of deferrals follows how long the origin's attempts take") {
   OriginGateOptions o;
   o.max_per_origin = 1;

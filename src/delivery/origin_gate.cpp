@@ -3,6 +3,7 @@
 #include "rebound/delivery/origin_gate.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -563,14 +564,49 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         finished(s.key, s.probe, options.clock(), std::move(r), std::move(s.pending.on_done));
         continue;
       }
-      auto self = shared_from_this();
-      const auto sent_at = options.clock();
-      to->send(std::move(s.pending.request),
-               [self, key = std::move(s.key), probe = s.probe, sent_at,
-                done = std::move(s.pending.on_done)](CallbackResponse r) mutable {
-                 self->finished(key, probe, sent_at, std::move(r), std::move(done));
-               });
+      // Kept apart from the handler the transport is given: a transport that throws (it should
+      // not) has dropped that handler, and the request is still ended here, once, as a failed
+      // attempt. Else its place at the origin stayed taken for good, a probe's circuit stayed
+      // half-open, and the requests still to send in this loop were never sent nor answered.
+      auto once = std::make_shared<Once>(shared_from_this(), std::move(s.key), s.probe,
+                                         options.clock(), std::move(s.pending.on_done));
+      try {
+        to->send(std::move(s.pending.request),
+                 [once](CallbackResponse r) { once->end(std::move(r)); });
+      } catch (const std::exception& e) {
+        once->end(unsent(e.what()));
+      } catch (...) {
+        once->end(unsent("unknown error"));
+      }
     }
+  }
+
+  // One request handed to the inner transport: ended (finished) once, however it ends.
+  struct Once {
+    Once(std::shared_ptr<State> state, std::string key, bool probe, Clock::time_point sent_at,
+         CallbackResponseHandler on_done)
+        : state(std::move(state)),
+          key(std::move(key)),
+          probe(probe),
+          sent_at(sent_at),
+          on_done(std::move(on_done)) {}
+    void end(CallbackResponse r) {
+      if (ended.exchange(true)) return;
+      state->finished(key, probe, sent_at, std::move(r), std::move(on_done));
+    }
+    std::shared_ptr<State> state;
+    std::string key;
+    bool probe;
+    Clock::time_point sent_at;
+    CallbackResponseHandler on_done;
+    std::atomic<bool> ended{false};
+  };
+
+  static CallbackResponse unsent(const char* what) {
+    CallbackResponse r;
+    r.error = TransportError::io;
+    r.message = std::string("the attempt could not be sent: ") + what;
+    return r;
   }
 
   static void answer(CallbackResponseHandler& on_done, CallbackResponse response) {
