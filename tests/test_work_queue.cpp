@@ -151,12 +151,13 @@ TEST_CASE("a batch key or taken hook that throws loses no item and no worker") {
   // (JobQueue's key and hook may allocate: a bad_alloc there left the queue without the worker.)
   boost::asio::thread_pool pool(2);
   Gate gate;
-  std::atomic<int> keys{0}, takes{0}, handled{0};
+  std::atomic<int> keys{0}, takes{0}, taken_items{0}, handled{0};
   auto key = [&](const Job&) -> const void* {
     if (++keys == 1) throw std::bad_alloc();
     return nullptr;
   };
-  auto taken = [&](std::vector<Job>&) {
+  auto taken = [&](std::vector<Job>& batch) {
+    taken_items += static_cast<int>(batch.size());  // (also the batch whose key threw)
     if (++takes == 2) throw std::bad_alloc();
   };
   JobQueue queue(
@@ -177,6 +178,7 @@ TEST_CASE("a batch key or taken hook that throws loses no item and no worker") {
     REQUIRE(queue.try_push(job(i)) == PushResult::accepted);
   REQUIRE(queue.wait_idle(10s));
   CHECK(handled == 12);
+  CHECK(taken_items == 12);
 }
 
 TEST_CASE("batches fill up to max_batch_size from what is waiting - in order") {

@@ -103,6 +103,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
 
  private:
   void on_unsent(const char* what) {
+    sent_at_ = state_->options.now();  // (what threw may have come before it was set)
     CallbackResponse response;
     response.error = TransportError::io;
     response.message = std::string("the attempt could not be sent: ") + what;
@@ -272,26 +273,33 @@ CallbackSender::CallbackSender(boost::asio::any_io_executor executor,
 
 CallbackSender::~CallbackSender() = default;
 
+namespace {
+// Counts `delivery` in flight and starts it on the executor; a post that throws (an allocation)
+// gives the count back and throws on, so that the caller knows nothing was started.
+void start(CallbackSender::State& state, std::shared_ptr<Delivery> delivery) {
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    ++state.in_flight;
+  }
+  try {
+    boost::asio::post(state.executor, [delivery = std::move(delivery)] { delivery->attempt(); });
+  } catch (...) {
+    state.finished_one();
+    throw;
+  }
+}
+}  // namespace
+
 void CallbackSender::deliver(CallbackMessage message, AttemptObserver on_attempt,
                              DeliveryHandler on_done) {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    ++state_->in_flight;
-  }
-  auto delivery = std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
-                                             std::move(on_done));
-  boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
+  start(*state_, std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
+                                            std::move(on_done)));
 }
 
 void CallbackSender::attempt(CallbackMessage message, RetryState state,
                              AttemptObserver on_attempt) {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    ++state_->in_flight;
-  }
-  auto delivery = std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
-                                             nullptr, true, state);
-  boost::asio::post(state_->executor, [delivery] { delivery->attempt(); });
+  start(*state_, std::make_shared<Delivery>(state_, std::move(message), std::move(on_attempt),
+                                            nullptr, true, state));
 }
 
 const std::vector<std::string>& CallbackSender::public_keys() const {

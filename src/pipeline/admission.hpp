@@ -22,8 +22,10 @@
 
 namespace rebound::detail {
 
-/// Thread-safe. `on_slot_freed` is called (outside the lock) when a slot frees up while all were
-/// taken, so that work waiting in the store is claimed at once rather than at the next poll.
+/// Thread-safe. PipelineEvents::slot_freed is called (outside the lock) when a slot frees up while
+/// all were taken, when the bytes fall back under their limit, and when the room a claim handed
+/// back for wanted is free, so that work waiting in the store is claimed at once rather than at
+/// the next poll.
 class Admission {
  public:
   /// `tenant_slots`: the slots one tenant's submissions may hold at once (rebound/tenant.hpp);
@@ -308,7 +310,8 @@ class Admission {
   // A claim handed back for want of `bytes` of room: the least any claim handed back since the
   // room last came wanted (any of them, claimed again, moves the queue on).
   void want_room_locked(std::size_t bytes) {
-    room_wanted_ = room_wanted_ ? std::min(room_wanted_, bytes) : std::max<std::size_t>(1, bytes);
+    bytes = std::max<std::size_t>(1, bytes);  // (0 is none)
+    room_wanted_ = room_wanted_ ? std::min(room_wanted_, bytes) : bytes;
   }
 
   // Whether the room a claim handed back wanted is there now (forgotten once told): without it,

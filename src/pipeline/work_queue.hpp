@@ -78,8 +78,9 @@ class WorkQueue final {
   /// key, which waits for the next one); empty: any items may.
   using BatchKey = std::function<const void*(const Item&)>;
   /// Told of each batch as it leaves the queue, under the queue's lock (so that an item is always
-  /// seen either waiting, by count_if, or taken). An exception from it or from BatchKey is
-  /// counted as a handler's failure (`handler_failures()`), and the items taken still run.
+  /// seen either waiting, by count_if, or taken). An exception from it or from BatchKey while a
+  /// batch is taken is counted as a handler's failure (`handler_failures()`), and the items
+  /// taken still run (count_keys passes BatchKey's exceptions on to its caller).
   using OnTaken = std::function<void(std::vector<Item>&)>;
 
   WorkQueue(boost::asio::any_io_executor executor, WorkQueueOptions options, Handler handler,
@@ -298,14 +299,18 @@ class WorkQueue final {
             if (batch_key_ && batch_key_(pending_.front()) != key) break;
             batch.push_back(pending_.pop().item);
           }
-          if (on_taken_) on_taken_(batch);
         } catch (...) {
-          // The batch's room, a key or on_taken_ threw (an allocation that failed): counted as
-          // a handler's failure. What was popped runs all the same, without on_taken_'s count;
-          // with nothing popped, this worker tries again after what else waits on the executor.
-          // Leaving by the exception instead would drop the items popped and lose the worker.
+          // The batch's room or a key threw (an allocation that failed): counted as a handler's
+          // failure. What was popped runs all the same; with nothing popped, this worker tries
+          // again after what else waits on the executor. Leaving by the exception instead would
+          // drop the items popped and lose the worker.
           ++handler_failures_;
           again = batch.empty();
+        }
+        try {
+          if (on_taken_ && !batch.empty()) on_taken_(batch);
+        } catch (...) {
+          ++handler_failures_;  // (the batch runs without the hook's count)
         }
         running_ += batch.size();
         // What the cut left (another key's items, due already or soon) does not wait for this
