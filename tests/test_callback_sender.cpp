@@ -272,6 +272,45 @@ TEST_CASE("a transport that throws costs one attempt - the delivery goes on and 
   CHECK(sender.wait_idle(5s));
 }
 
+TEST_CASE("a transport that answers and then throws - or answers twice - is heard once") {
+  class Twice final : public rebound::CallbackTransport {
+   public:
+    void send(rebound::CallbackRequest, rebound::CallbackResponseHandler on_done) override {
+      ++sends;
+      on_done(status(500));
+      on_done(status(500));
+      if (sends == 1) throw std::runtime_error("after the answer");
+    }
+    std::atomic<int> sends{0};
+  };
+  IoThread io;
+  auto owned = std::make_unique<Twice>();
+  auto& transport = *owned;
+  CallbackSender sender(io.io.get_executor(), std::move(owned), fast_options(3));
+  auto out = deliver(sender, message());
+  CHECK(!out.report.delivered);
+  CHECK(out.report.attempts == 3);  // one attempt a send, whatever the transport did besides
+  CHECK(transport.sends == 3);
+  REQUIRE(out.attempts.size() == 3);
+  CHECK(out.attempts[0].error == "HTTP 500");
+  CHECK(sender.wait_idle(5s));
+  CHECK(sender.in_flight() == 0);
+}
+
+TEST_CASE("a classifier that throws leaves the default's verdict") {
+  IoThread io;
+  auto options = fast_options();
+  options.classifier = [](const CallbackResponse&) -> AttemptVerdict {
+    throw std::runtime_error("classifier");
+  };
+  CallbackSender sender(io.io.get_executor(),
+                        scripted(std::vector<CallbackResponse>{status(503), status(204)}), options);
+  auto out = deliver(sender, message());
+  CHECK(out.report.delivered);
+  CHECK(out.report.attempts == 2);
+  CHECK(sender.wait_idle(5s));
+}
+
 TEST_CASE("bad sender options are refused") {
   IoThread io;
   auto make = [&](rebound::CallbackSenderOptions o) {

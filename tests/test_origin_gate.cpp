@@ -98,6 +98,26 @@ bool deferred(const std::shared_ptr<std::optional<CallbackResponse>>& answer) {
   return *answer && (*answer)->error == TransportError::deferred;
 }
 
+// A transport of the user's own that throws from `send` while `throws` is above 0 (counting it
+// down; -1: always), and else hands the request to a FakeTransport. (CurlTransport never throws.)
+class Throwing final : public rebound::CallbackTransport {
+ public:
+  Throwing(std::shared_ptr<FakeTransport::Shared> shared, std::shared_ptr<std::atomic<int>> n)
+      : inner_(std::move(shared)), throws_(std::move(n)) {}
+  void send(CallbackRequest r, rebound::CallbackResponseHandler done) override {
+    if (*throws_ < 0) throw std::runtime_error("no socket left");
+    if (*throws_ > 0) {
+      --*throws_;
+      throw std::runtime_error("no socket left");
+    }
+    inner_.send(std::move(r), std::move(done));
+  }
+
+ private:
+  FakeTransport inner_;
+  std::shared_ptr<std::atomic<int>> throws_;
+};
+
 }  // namespace
 
 TEST_CASE("gate: within the limits requests go through - a few wait - the rest are deferred") {
@@ -129,23 +149,6 @@ TEST_CASE("gate: within the limits requests go through - a few wait - the rest a
 }
 
 TEST_CASE("gate: a transport that throws ends its request as a failed attempt - its place frees") {
-  // (A transport of the user's own; CurlTransport does not throw.)
-  class Throwing final : public rebound::CallbackTransport {
-   public:
-    Throwing(std::shared_ptr<FakeTransport::Shared> shared, std::shared_ptr<std::atomic<int>> n)
-        : inner_(std::move(shared)), throws_(std::move(n)) {}
-    void send(CallbackRequest r, rebound::CallbackResponseHandler done) override {
-      if (throws_->load() > 0) {
-        --*throws_;
-        throw std::runtime_error("no socket left");
-      }
-      inner_.send(std::move(r), std::move(done));
-    }
-
-   private:
-    FakeTransport inner_;
-    std::shared_ptr<std::atomic<int>> throws_;
-  };
   auto clock = std::make_shared<rebound::test::FakeClock>();
   auto inner = std::make_shared<FakeTransport::Shared>();
   inner->hold_all();
@@ -186,6 +189,11 @@ TEST_CASE("gate: a transport that throws ends its request as a failed attempt - 
   REQUIRE(inner->answer_oldest(rebound::test::response(200)));
   CHECK((*answers[2])->status == 200);
   CHECK(in_flight() == 0);
+  // This side's failure: it says nothing of the receiver, and no breaker counts it.
+  for (const auto& e : gate.endpoints()) {
+    CHECK(e.consecutive_failures == 0);
+    CHECK(e.failed == 0);
+  }
   // A throw at the first send of an idle origin: its place is free again at once.
   *throws = 1;
   send();
@@ -196,6 +204,41 @@ TEST_CASE("gate: a transport that throws ends its request as a failed attempt - 
   CHECK(inner->held_count() == 1);
   CHECK(!*answers[4]);
   inner->release();
+}
+
+TEST_CASE("gate: a long backlog whose every send throws ends - one request after another") {
+  // Each request that ends inside its send starts the next: run one after another, not nested
+  // (nested, 50,000 of them overflowed the stack).
+  auto inner = std::make_shared<FakeTransport::Shared>();
+  inner->hold_all();
+  auto throws = std::make_shared<std::atomic<int>>(0);
+  auto clock = std::make_shared<rebound::test::FakeClock>();
+  OriginGateOptions o;
+  o.max_per_origin = 1;
+  o.breaker_failures = 0;  // (no breaker: nothing else would stop the chain)
+  o.clock = rebound::test::steady_of(clock);
+  OriginGate gate(std::make_unique<Throwing>(inner, throws), o);
+  constexpr int n = 50000;
+  std::atomic<int> ended{0}, unsent{0};
+  for (int i = 0; i < n; ++i) {
+    CallbackRequest r;
+    r.url = a;
+    r.timeout = 10s;
+    gate.send(std::move(r), [&](CallbackResponse response) {
+      ++ended;
+      if (response.error == TransportError::io) ++unsent;
+    });
+  }
+  REQUIRE(inner->held_count() == 1);  // the first is sent and held; the rest wait behind it
+  *throws = -1;
+  REQUIRE(inner->answer_oldest(rebound::test::response(200)));
+  CHECK(ended == n);
+  CHECK(unsent == n - 1);
+  for (const auto& e : gate.endpoints()) {
+    CHECK(e.in_flight == 0);
+    CHECK(e.waiting == 0);
+    CHECK(e.consecutive_failures == 0);
+  }
 }
 
 TEST_CASE("gate: the pace of deferrals follows how long the origin's attempts take") {

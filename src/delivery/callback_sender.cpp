@@ -90,7 +90,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
 
   // An attempt that cannot be sent (the transport, or building its request, threw) is a failed
   // attempt, retried as a broken connection is: the delivery goes on, and its count in
-  // `in_flight` is given back when it ends, as every delivery's is.
+  // `in_flight` is given back when it ends, as every delivery's is. A transport that answered
+  // before it threw, or answers twice, is heard once: its first answer counts.
   void attempt() {
     try {
       send();
@@ -103,7 +104,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
 
  private:
   void on_unsent(const char* what) {
-    sent_at_ = state_->options.now();  // (what threw may have come before it was set)
+    if (answered_.exchange(true)) return;
     CallbackResponse response;
     response.error = TransportError::io;
     response.message = std::string("the attempt could not be sent: ") + what;
@@ -112,6 +113,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
 
   void send() {
     const auto& options = state_->options;
+    answered_ = false;
+    sent_at_ = options.now();
     CallbackRequest request;
     request.url = message_.url;
     request.body = message_.body;
@@ -133,8 +136,9 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.
     auto self = shared_from_this();
-    sent_at_ = options.now();
     state_->transport->send(std::move(request), [self](CallbackResponse response) mutable {
+      // (null: this handler was called before, and handed its reference over then)
+      if (!self || self->answered_.exchange(true)) return;
       auto executor = self->state_->executor;
       boost::asio::post(executor, [self = std::move(self), response = std::move(response)] {
         self->on_response(response);
@@ -154,8 +158,12 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     report.started_at = sent_at_;
     report.finished_at = options.now();
     report.response = response;
-    report.verdict =
-        options.classifier ? options.classifier(response) : default_classifier(response);
+    report.verdict = default_classifier(response);
+    try {
+      if (options.classifier) report.verdict = options.classifier(response);
+    } catch (...) {
+      // A classifier that throws decides nothing: the default's verdict stands.
+    }
     // A request that was sent is an attempt: only the transport defers.
     if (report.verdict == AttemptVerdict::deferred) report.verdict = AttemptVerdict::retry;
     if (report.verdict != AttemptVerdict::delivered) report.error = describe(response);
@@ -245,6 +253,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
   bool single_;
   RetryState before_;
   int attempts_ = 0;
+  // Whether the latest attempt was answered (by the transport, or as unsent): one answer each.
+  std::atomic<bool> answered_{false};
   std::chrono::milliseconds previous_delay_;
   std::chrono::milliseconds deferred_{0};  // waited in all at the transport's request
 };

@@ -540,7 +540,52 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
 
   // --- outside the lock
 
+  // One request handed to the inner transport: ended (finished) once, however it ends.
+  struct Once {
+    Once(std::shared_ptr<State> state, std::string key, bool probe, Clock::time_point sent_at,
+         CallbackResponseHandler on_done)
+        : state(std::move(state)),
+          key(std::move(key)),
+          probe(probe),
+          sent_at(sent_at),
+          on_done(std::move(on_done)) {}
+    void end(CallbackResponse r) {
+      if (ended.exchange(true)) return;
+      state->finished(key, probe, sent_at, std::move(r), std::move(on_done));
+    }
+    std::shared_ptr<State> state;
+    std::string key;
+    bool probe;
+    Clock::time_point sent_at;
+    CallbackResponseHandler on_done;
+    std::atomic<bool> ended{false};
+  };
+
+  // Runs `acts` on this thread. A run reached from inside another on the same thread (a request
+  // ended within its own send: a transport that answers at once, or one that throws) is queued for
+  // the outermost run to do next instead of nesting, so that a backlog that ends that way, one
+  // request after another, takes no more stack than one.
   void run(Actions& acts) {
+    // (A vector: it allocates nothing until a run is queued, which the usual send never does.)
+    using Queued = std::vector<std::pair<std::shared_ptr<State>, Actions>>;
+    thread_local Queued* outermost = nullptr;
+    if (outermost) {
+      outermost->emplace_back(shared_from_this(), std::move(acts));
+      return;
+    }
+    Queued queued;
+    outermost = &queued;
+    struct Unset {
+      ~Unset() { outermost = nullptr; }
+    } unset;
+    run_now(acts);
+    for (std::size_t i = 0; i < queued.size(); ++i) {  // (in order; runs may queue more)
+      auto next = std::move(queued[i]);
+      next.first->run_now(next.second);
+    }
+  }
+
+  void run_now(Actions& acts) {
     for (const Change& c : acts.changes) {
       try {
         if (options.on_circuit) options.on_circuit(c.origin, c.state, c.failures);
@@ -568,45 +613,30 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
       // not) has dropped that handler, and the request is still ended here, once, as a failed
       // attempt. Else its place at the origin stayed taken for good, a probe's circuit stayed
       // half-open, and the requests still to send in this loop were never sent nor answered.
-      auto once = std::make_shared<Once>(shared_from_this(), std::move(s.key), s.probe,
-                                         options.clock(), std::move(s.pending.on_done));
+      std::shared_ptr<Once> once;
       try {
+        once = std::make_shared<Once>(shared_from_this(), std::move(s.key), s.probe,
+                                      options.clock(), std::move(s.pending.on_done));
         to->send(std::move(s.pending.request),
                  [once](CallbackResponse r) { once->end(std::move(r)); });
       } catch (const std::exception& e) {
-        once->end(unsent(e.what()));
+        unsent(s, once, e.what());
       } catch (...) {
-        once->end(unsent("unknown error"));
+        unsent(s, once, "unknown error");
       }
     }
   }
 
-  // One request handed to the inner transport: ended (finished) once, however it ends.
-  struct Once {
-    Once(std::shared_ptr<State> state, std::string key, bool probe, Clock::time_point sent_at,
-         CallbackResponseHandler on_done)
-        : state(std::move(state)),
-          key(std::move(key)),
-          probe(probe),
-          sent_at(sent_at),
-          on_done(std::move(on_done)) {}
-    void end(CallbackResponse r) {
-      if (ended.exchange(true)) return;
-      state->finished(key, probe, sent_at, std::move(r), std::move(on_done));
-    }
-    std::shared_ptr<State> state;
-    std::string key;
-    bool probe;
-    Clock::time_point sent_at;
-    CallbackResponseHandler on_done;
-    std::atomic<bool> ended{false};
-  };
-
-  static CallbackResponse unsent(const char* what) {
+  // Ends a request that was not sent because something threw: through its Once, or (the Once
+  // could not be made) from `s`, from which nothing was moved then.
+  void unsent(Send& s, const std::shared_ptr<Once>& once, const char* what) {
     CallbackResponse r;
     r.error = TransportError::io;
     r.message = std::string("the attempt could not be sent: ") + what;
-    return r;
+    // This side's failure: it says nothing of the receiver, and no breaker counts it.
+    r.local = true;
+    if (once) return once->end(std::move(r));
+    finished(s.key, s.probe, Clock::time_point(), std::move(r), std::move(s.pending.on_done));
   }
 
   static void answer(CallbackResponseHandler& on_done, CallbackResponse response) {

@@ -20,6 +20,7 @@ namespace rebound {
 
 struct CallbackSenderOptions {
   BackoffPolicyPtr backoff = backoff::default_policy();
+  /// Decides each attempt's verdict; one that throws leaves default_classifier's verdict.
   ResponseClassifier classifier = default_classifier;
   std::chrono::milliseconds timeout{10000};  ///< per attempt
   /// `deliver` gives a message up once the transport has deferred it (TransportError::deferred)
@@ -78,14 +79,16 @@ class CallbackSender final {
   CallbackSender& operator=(const CallbackSender&) = delete;
 
   /// Starts delivering `message`. `on_attempt` (may be null) hears every attempt; `on_done` (may be
-  /// null) hears the end. Returns at once.
+  /// null) hears the end. Returns at once. Throws (std::bad_alloc) only when nothing was started;
+  /// neither handler is called then.
   void deliver(CallbackMessage message, AttemptObserver on_attempt, DeliveryHandler on_done);
 
   /// Makes one attempt at `message` and reports it to `on_attempt`, exactly once: delivered,
   /// give_up, retry with the delay the policy chose from `state`, or deferred (not sent, no
   /// attempt spent) with the delay the transport asked for. Sets no timer: the caller
   /// schedules the next attempt (rebound::JobQueue keeps the schedule in its JobStore, so a retry
-  /// hours away costs no memory). Returns at once.
+  /// hours away costs no memory). Returns at once. Throws (std::bad_alloc) only when nothing was
+  /// started; `on_attempt` is not called then.
   ///
   /// Example:
   ///   sender.attempt(message, {2, 400ms, 1200ms}, [](const rebound::AttemptReport& r) {
