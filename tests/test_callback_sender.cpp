@@ -258,6 +258,7 @@ TEST_CASE("a transport that throws costs one attempt - the delivery goes on and 
   CHECK(out.report.attempts == 2);
   REQUIRE(out.attempts.size() == 2);
   CHECK(out.attempts[0].error == "the attempt could not be sent: no socket left");
+  CHECK(out.attempts[0].response.local);  // this side's failure, as the gate reports it
   CHECK(transport.sends == 2);
   // Its count is given back: a shutdown that waits for deliveries does not wait in vain.
   CHECK(sender.wait_idle(5s));
@@ -293,6 +294,54 @@ TEST_CASE("a transport that answers and then throws - or answers twice - is hear
   CHECK(transport.sends == 3);
   REQUIRE(out.attempts.size() == 3);
   CHECK(out.attempts[0].error == "HTTP 500");
+  CHECK(sender.wait_idle(5s));
+  CHECK(sender.in_flight() == 0);
+}
+
+TEST_CASE("an answer a transport gives for an earlier attempt does not count for the next") {
+  // A transport of the user's own that keeps a copy of each handler and, during the next send,
+  // calls the earlier attempt's copy again (with a 200) before it answers the attempt under way.
+  class Stale final : public rebound::CallbackTransport {
+   public:
+    void send(rebound::CallbackRequest, rebound::CallbackResponseHandler on_done) override {
+      ++sends;
+      if (kept) kept(status(200));  // late, for the attempt before
+      kept = on_done;
+      on_done(status(503));
+    }
+    std::atomic<int> sends{0};
+    rebound::CallbackResponseHandler kept;
+  };
+  IoThread io;
+  auto owned = std::make_unique<Stale>();
+  auto& transport = *owned;
+  CallbackSender sender(io.io.get_executor(), std::move(owned), fast_options(3));
+  auto out = deliver(sender, message());
+  // Each attempt is decided by its own answer: three 503s, no delivery. (When any answer counted
+  // for the attempt under way, the stale 200 ended the delivery as delivered at the second.)
+  CHECK(!out.report.delivered);
+  CHECK(out.report.attempts == 3);
+  CHECK(transport.sends == 3);
+  REQUIRE(out.attempts.size() == 3);
+  for (const auto& a : out.attempts)
+    CHECK(a.error == "HTTP 503");
+  CHECK(sender.wait_idle(5s));
+  CHECK(sender.in_flight() == 0);
+}
+
+TEST_CASE("a clock that throws costs attempts - not the delivery") {
+  IoThread io;
+  auto options = fast_options(2);
+  options.now = []() -> std::chrono::system_clock::time_point {
+    throw std::runtime_error("no time");
+  };
+  CallbackSender sender(io.io.get_executor(),
+                        scripted(std::vector<CallbackResponse>{status(200), status(200)}), options);
+  auto out = deliver(sender, message());
+  CHECK(!out.report.delivered);
+  CHECK(out.report.attempts == 2);
+  REQUIRE(out.attempts.size() == 2);
+  CHECK(out.attempts[1].error == "the attempt could not be sent: no time");
   CHECK(sender.wait_idle(5s));
   CHECK(sender.in_flight() == 0);
 }

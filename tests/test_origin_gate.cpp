@@ -241,6 +241,63 @@ TEST_CASE("gate: a long backlog whose every send throws ends - one request after
   }
 }
 
+TEST_CASE("gate: a send that throws past its own end still makes the sends queued before it") {
+  // A transport of the user's own that, inside one send, ends a request held earlier (which
+  // frees a place: the request waiting for it is to be sent by the run under way) and then
+  // throws while the gate's clock throws too, so that the throw leaves that run. The send queued
+  // before it is still made, and the throw reaches the caller of send after it.
+  auto inner = std::make_shared<FakeTransport::Shared>();
+  inner->hold_all();
+  auto clock_throws = std::make_shared<std::atomic<bool>>(false);
+  OriginGateOptions o;
+  o.max_per_origin = 1;
+  o.clock = [clock_throws] {
+    if (clock_throws->exchange(false)) throw std::runtime_error("the clock stopped");
+    return std::chrono::steady_clock::now();
+  };
+  class EndsHeldThenThrows final : public rebound::CallbackTransport {
+   public:
+    EndsHeldThenThrows(std::shared_ptr<FakeTransport::Shared> shared,
+                       std::shared_ptr<std::atomic<bool>> clock_throws)
+        : shared_(shared), inner_(std::move(shared)), clock_throws_(std::move(clock_throws)) {}
+    void send(CallbackRequest r, rebound::CallbackResponseHandler done) override {
+      if (r.url != b) return inner_.send(std::move(r), std::move(done));
+      shared_->answer_oldest(rebound::test::response(200));
+      *clock_throws_ = true;
+      throw std::runtime_error("no socket left");
+    }
+
+   private:
+    std::shared_ptr<FakeTransport::Shared> shared_;
+    FakeTransport inner_;
+    std::shared_ptr<std::atomic<bool>> clock_throws_;
+  };
+  OriginGate gate(std::make_unique<EndsHeldThenThrows>(inner, clock_throws), o);
+  std::vector<std::optional<CallbackResponse>> answers(2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CallbackRequest r;
+    r.url = a;
+    r.timeout = 10s;
+    gate.send(std::move(r), [&answers, i](CallbackResponse response) { answers[i] = response; });
+  }
+  REQUIRE(inner->held_count() == 1);  // the first is sent and held; the second waits for its place
+  CallbackRequest other;
+  other.url = b;
+  other.timeout = 10s;
+  CHECK_THROWS_WITH(gate.send(std::move(other), [](CallbackResponse) {}), "the clock stopped");
+  REQUIRE(answers[0]);
+  CHECK(answers[0]->status == 200);
+  // The second was handed to the transport (before the fix it was dropped with the run: its
+  // place stayed taken and it was never sent nor answered).
+  REQUIRE(inner->held_count() == 1);
+  REQUIRE(inner->answer_oldest(rebound::test::response(201)));
+  REQUIRE(answers[1]);
+  CHECK(answers[1]->status == 201);
+  for (const auto& e : gate.endpoints()) {
+    if (e.origin == a_origin) CHECK(e.in_flight == 0);
+  }
+}
+
 TEST_CASE("gate: the pace of deferrals follows how long the origin's attempts take") {
   OriginGateOptions o;
   o.max_per_origin = 1;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -12,6 +13,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "common/retry_after.hpp"
+#include "common/unsent.hpp"
 #include "rebound/delivery/webhook_signature.hpp"
 #include "rebound/version.hpp"
 
@@ -62,6 +64,16 @@ std::string describe(const CallbackResponse& r) {
   return r.message.empty() ? std::string("transport error") : r.message;
 }
 
+// The options' clock, or the system's where a user clock throws: the answer to an attempt is
+// heard on the executor, where a throw would end its thread's run.
+std::chrono::system_clock::time_point now_of(const CallbackSenderOptions& options) noexcept {
+  try {
+    return options.now();
+  } catch (...) {
+    return std::chrono::system_clock::now();
+  }
+}
+
 template <typename F, typename... Args>
 void call_quietly(const F& f, Args&&... args) noexcept {
   if (!f) return;
@@ -91,7 +103,8 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
   // An attempt that cannot be sent (the transport, or building its request, threw) is a failed
   // attempt, retried as a broken connection is: the delivery goes on, and its count in
   // `in_flight` is given back when it ends, as every delivery's is. A transport that answered
-  // before it threw, or answers twice, is heard once: its first answer counts.
+  // before it threw, or answers twice, is heard once: its first answer counts. An answer to an
+  // earlier attempt (a copy of its handler called late) counts for nothing.
   void attempt() {
     try {
       send();
@@ -104,16 +117,20 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
 
  private:
   void on_unsent(const char* what) {
-    if (answered_.exchange(true)) return;
-    CallbackResponse response;
-    response.error = TransportError::io;
-    response.message = std::string("the attempt could not be sent: ") + what;
-    on_response(response);
+    if (!take_answer(attempt_.load() >> 1)) return;
+    on_response(detail::unsent_response(what));
+  }
+
+  // Whether this is the first answer to attempt `number` while it is the latest attempt.
+  bool take_answer(std::uint64_t number) {
+    std::uint64_t unanswered = number << 1;
+    return attempt_.compare_exchange_strong(unanswered, unanswered | 1);
   }
 
   void send() {
     const auto& options = state_->options;
-    answered_ = false;
+    const std::uint64_t number = (attempt_.load() >> 1) + 1;
+    attempt_.store(number << 1);
     sent_at_ = options.now();
     CallbackRequest request;
     request.url = message_.url;
@@ -136,9 +153,9 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     // The transport calls back on its own thread; hop to the executor, and hand the only
     // reference over so that the transport thread never releases the last one.
     auto self = shared_from_this();
-    state_->transport->send(std::move(request), [self](CallbackResponse response) mutable {
+    state_->transport->send(std::move(request), [self, number](CallbackResponse response) mutable {
       // (null: this handler was called before, and handed its reference over then)
-      if (!self || self->answered_.exchange(true)) return;
+      if (!self || !self->take_answer(number)) return;
       auto executor = self->state_->executor;
       boost::asio::post(executor, [self = std::move(self), response = std::move(response)] {
         self->on_response(response);
@@ -156,7 +173,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       if (header.first == "traceparent") report.traceparent = header.second;
     report.parent_span_id = message_.parent_span_id;
     report.started_at = sent_at_;
-    report.finished_at = options.now();
+    report.finished_at = now_of(options);
     report.response = response;
     report.verdict = default_classifier(response);
     try {
@@ -175,7 +192,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       ctx.elapsed = before_.elapsed + std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::steady_clock::now() - started_);
       if (!response.retry_after.empty()) {
-        ctx.retry_after = detail::parse_retry_after(response.retry_after, options.now());
+        ctx.retry_after = detail::parse_retry_after(response.retry_after, now_of(options));
       }
       std::optional<std::chrono::milliseconds> delay;
       try {
@@ -219,7 +236,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
       report.verdict = AttemptVerdict::deferred;
       report.next_delay = delay;
       report.error = describe(response);
-      report.started_at = report.finished_at = state_->options.now();
+      report.started_at = report.finished_at = now_of(state_->options);
       call_quietly(on_attempt_, report);
       state_->finished_one();
       return;
@@ -253,8 +270,9 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
   bool single_;
   RetryState before_;
   int attempts_ = 0;
-  // Whether the latest attempt was answered (by the transport, or as unsent): one answer each.
-  std::atomic<bool> answered_{false};
+  // The latest attempt's number (counted from 1) shifted left by one, its low bit set once it is
+  // answered (by the transport, or as unsent): one answer an attempt, and none for an earlier one.
+  std::atomic<std::uint64_t> attempt_{0};
   std::chrono::milliseconds previous_delay_;
   std::chrono::milliseconds deferred_{0};  // waited in all at the transport's request
 };

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <list>
 #include <map>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "common/callback_url.hpp"
+#include "common/unsent.hpp"
 #include "rebound/error.hpp"
 
 namespace rebound {
@@ -564,7 +566,9 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   // Runs `acts` on this thread. A run reached from inside another on the same thread (a request
   // ended within its own send: a transport that answers at once, or one that throws) is queued for
   // the outermost run to do next instead of nesting, so that a backlog that ends that way, one
-  // request after another, takes no more stack than one.
+  // request after another, takes no more stack than one. A run that throws (bad_alloc, a clock
+  // that throws) does not drop the runs queued behind it: each is still done (its answers given,
+  // its sends made), and the first throw goes on to this run's caller after them.
   void run(Actions& acts) {
     // (A vector: it allocates nothing until a run is queued, which the usual send never does.)
     using Queued = std::vector<std::pair<std::shared_ptr<State>, Actions>>;
@@ -578,11 +582,21 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     struct Unset {
       ~Unset() { outermost = nullptr; }
     } unset;
-    run_now(acts);
-    for (std::size_t i = 0; i < queued.size(); ++i) {  // (in order; runs may queue more)
-      auto next = std::move(queued[i]);
-      next.first->run_now(next.second);
+    std::exception_ptr thrown;
+    try {
+      run_now(acts);
+    } catch (...) {
+      thrown = std::current_exception();
     }
+    for (std::size_t i = 0; i < queued.size(); ++i) {  // (in order; runs may queue more)
+      try {
+        auto next = std::move(queued[i]);
+        next.first->run_now(next.second);
+      } catch (...) {
+        if (!thrown) thrown = std::current_exception();
+      }
+    }
+    if (thrown) std::rethrow_exception(thrown);
   }
 
   void run_now(Actions& acts) {
@@ -630,11 +644,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   // Ends a request that was not sent because something threw: through its Once, or (the Once
   // could not be made) from `s`, from which nothing was moved then.
   void unsent(Send& s, const std::shared_ptr<Once>& once, const char* what) {
-    CallbackResponse r;
-    r.error = TransportError::io;
-    r.message = std::string("the attempt could not be sent: ") + what;
-    // This side's failure: it says nothing of the receiver, and no breaker counts it.
-    r.local = true;
+    CallbackResponse r = detail::unsent_response(what);  // (local: no breaker counts it)
     if (once) return once->end(std::move(r));
     finished(s.key, s.probe, Clock::time_point(), std::move(r), std::move(s.pending.on_done));
   }

@@ -33,7 +33,9 @@ struct CallbackSenderOptions {
   /// The keys of named tenants, where one is set by hand; every other tenant's keys are derived
   /// from `signing_secrets` (derive_webhook_keys). See CallbackMessage::tenant.
   std::map<std::string, std::vector<std::string>> tenant_signing_secrets;
-  /// Clock for `webhook-timestamp`; inject a fixed one in tests.
+  /// Clock for `webhook-timestamp` and the attempts' times; inject a fixed one in tests. One that
+  /// throws costs each attempt as a request that could not be sent (reported with the system's
+  /// time), never the delivery.
   std::function<std::chrono::system_clock::time_point()> now = [] {
     return std::chrono::system_clock::now();
   };

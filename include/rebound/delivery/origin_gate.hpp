@@ -95,7 +95,12 @@ struct OriginGateOptions {
 ///   gate.pause("https://hooks.example.com");   // its callbacks wait until resume()
 ///
 /// Thread-safety: every method is thread-safe. `on_done` is called exactly once per `send`: a
-/// deferral from inside `send`, an answer from wherever the inner transport calls it. Lifetime:
+/// deferral from inside `send`, an answer from wherever the inner transport calls it. Re-entry:
+/// a `send`, `pause` or `resume` made on the thread of a handler the gate is calling (`on_done`,
+/// `on_circuit`) takes effect, answers included, once that handler returns, not inside the call
+/// (so a backlog that ends request after request takes no more stack than one). Such a handler
+/// must not block that thread waiting for the answer of a `send` it made. A throw out of `send`
+/// (bad_alloc, a clock that throws) comes after whatever that call had started was done. Lifetime:
 /// destroying the gate answers what waits in it `cancelled`, then destroys the inner transport.
 class OriginGate final : public CallbackTransport {
  public:
