@@ -327,6 +327,7 @@ TEST_CASE("an answer a transport gives for an earlier attempt does not count for
     CHECK(a.error == "HTTP 503");
   CHECK(sender.wait_idle(5s));
   CHECK(sender.in_flight() == 0);
+  transport.kept = nullptr;  // (it holds the delivery, which holds the transport)
 }
 
 TEST_CASE("a clock that throws costs attempts - not the delivery") {

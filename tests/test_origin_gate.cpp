@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rebound/delivery/origin_gate.hpp"
@@ -241,11 +242,13 @@ TEST_CASE("gate: a long backlog whose every send throws ends - one request after
   }
 }
 
-TEST_CASE("gate: a send that throws past its own end still makes the sends queued before it") {
+TEST_CASE("gate: a clock that throws ends no request half-way - the sends after it are made") {
   // A transport of the user's own that, inside one send, ends a request held earlier (which
   // frees a place: the request waiting for it is to be sent by the run under way) and then
-  // throws while the gate's clock throws too, so that the throw leaves that run. The send queued
-  // before it is still made, and the throw reaches the caller of send after it.
+  // throws, while the gate's clock throws once. Every request still ends once, its place freed,
+  // and the waiting one is sent. (Before, the clock's throw left the gate half-way: the throwing
+  // request's place stayed taken and it was never answered, the waiting one was never sent, and
+  // the throw reached the caller of `send` although its request had been started.)
   auto inner = std::make_shared<FakeTransport::Shared>();
   inner->hold_all();
   auto clock_throws = std::make_shared<std::atomic<bool>>(false);
@@ -273,7 +276,7 @@ TEST_CASE("gate: a send that throws past its own end still makes the sends queue
     std::shared_ptr<std::atomic<bool>> clock_throws_;
   };
   OriginGate gate(std::make_unique<EndsHeldThenThrows>(inner, clock_throws), o);
-  std::vector<std::optional<CallbackResponse>> answers(2);
+  std::vector<std::optional<CallbackResponse>> answers(3);
   for (std::size_t i = 0; i < 2; ++i) {
     CallbackRequest r;
     r.url = a;
@@ -284,18 +287,50 @@ TEST_CASE("gate: a send that throws past its own end still makes the sends queue
   CallbackRequest other;
   other.url = b;
   other.timeout = 10s;
-  CHECK_THROWS_WITH(gate.send(std::move(other), [](CallbackResponse) {}), "the clock stopped");
+  CHECK_NOTHROW(gate.send(std::move(other),
+                          [&answers](CallbackResponse response) { answers[2] = response; }));
   REQUIRE(answers[0]);
   CHECK(answers[0]->status == 200);
-  // The second was handed to the transport (before the fix it was dropped with the run: its
-  // place stayed taken and it was never sent nor answered).
+  REQUIRE(answers[2]);
+  CHECK(answers[2]->error == TransportError::io);
+  CHECK(answers[2]->message == "the attempt could not be sent: no socket left");
+  // The second was handed to the transport.
   REQUIRE(inner->held_count() == 1);
   REQUIRE(inner->answer_oldest(rebound::test::response(201)));
   REQUIRE(answers[1]);
   CHECK(answers[1]->status == 201);
-  for (const auto& e : gate.endpoints()) {
-    if (e.origin == a_origin) CHECK(e.in_flight == 0);
-  }
+  for (const auto& e : gate.endpoints())
+    CHECK(e.in_flight == 0);
+}
+
+TEST_CASE("gate: a send made from inside an answer's handler waits until that handler returns") {
+  // The inner transport answers on a thread of its own (as CurlTransport does). The handler of
+  // that answer sends again, and sees that send's immediate answer (a deferral: the origin is
+  // paused) only after it returns, not nested inside its own call.
+  auto inner = std::make_shared<FakeTransport::Shared>();
+  inner->hold_all();
+  OriginGate gate(std::make_unique<FakeTransport>(inner));
+  std::atomic<bool> in_handler{false}, nested{false}, deferred{false};
+  CallbackRequest first;
+  first.url = a;
+  first.timeout = 10s;
+  gate.send(std::move(first), [&](CallbackResponse) {
+    in_handler = true;
+    gate.pause(a_origin);
+    CallbackRequest again;
+    again.url = a;
+    again.timeout = 10s;
+    gate.send(std::move(again), [&](CallbackResponse r) {
+      nested = in_handler.load();
+      deferred = r.error == TransportError::deferred;
+    });
+    in_handler = false;
+  });
+  REQUIRE(inner->held_count() == 1);
+  std::thread answering([&] { inner->answer_oldest(rebound::test::response(200)); });
+  answering.join();
+  CHECK(deferred);
+  CHECK(!nested);
 }
 
 TEST_CASE("gate: the pace of deferrals follows how long the origin's attempts take") {

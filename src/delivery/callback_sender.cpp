@@ -131,6 +131,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     const auto& options = state_->options;
     const std::uint64_t number = (attempt_.load() >> 1) + 1;
     attempt_.store(number << 1);
+    sent_at_ = std::chrono::system_clock::now();  // (what is reported where the user clock throws)
     sent_at_ = options.now();
     CallbackRequest request;
     request.url = message_.url;
@@ -138,7 +139,7 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     request.tenant = message_.tenant;
     request.timeout = options.timeout;
     const auto timestamp =
-        std::chrono::duration_cast<std::chrono::seconds>(options.now().time_since_epoch()).count();
+        std::chrono::duration_cast<std::chrono::seconds>(sent_at_.time_since_epoch()).count();
     request.headers = {{"Content-Type", "application/json"},
                        {"User-Agent", std::string("rebound/") + version},
                        {"webhook-id", message_.webhook_id},

@@ -10,6 +10,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -91,9 +92,20 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   };
   struct Actions {
     std::vector<Send> sends;
+    std::optional<Answer> ended;  // the answer of the attempt that ended (finished): given first
     std::vector<Answer> answers;
     std::vector<Change> changes;
   };
+
+  // The options' clock, or steady_clock's where a user clock throws: a throw here would end a
+  // request half-way (its place taken, its handler never called).
+  Clock::time_point now() const noexcept {
+    try {
+      return options.clock();
+    } catch (...) {
+      return Clock::now();
+    }
+  }
 
   std::shared_ptr<CallbackTransport> inner;
   OriginGateOptions options;
@@ -566,15 +578,26 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   // Runs `acts` on this thread. A run reached from inside another on the same thread (a request
   // ended within its own send: a transport that answers at once, or one that throws) is queued for
   // the outermost run to do next instead of nesting, so that a backlog that ends that way, one
-  // request after another, takes no more stack than one. A run that throws (bad_alloc, a clock
-  // that throws) does not drop the runs queued behind it: each is still done (its answers given,
-  // its sends made), and the first throw goes on to this run's caller after them.
-  void run(Actions& acts) {
+  // request after another, takes no more stack than one. A run that throws (only an allocation
+  // that failed can) does not drop the runs queued behind it: each is still done (its answers
+  // given, its sends made). The throw goes no further: the caller may be any gate's, on any
+  // request's thread, and its own request may have been started (CallbackTransport's contract
+  // has a `send` that throws start nothing).
+  void run(Actions& acts) noexcept {
     // (A vector: it allocates nothing until a run is queued, which the usual send never does.)
     using Queued = std::vector<std::pair<std::shared_ptr<State>, Actions>>;
     thread_local Queued* outermost = nullptr;
     if (outermost) {
-      outermost->emplace_back(shared_from_this(), std::move(acts));
+      try {
+        outermost->emplace_back(shared_from_this(), std::move(acts));
+        return;
+      } catch (...) {
+        // No room to queue it: done here, nested, rather than lost.
+      }
+      try {
+        run_now(acts);
+      } catch (...) {
+      }
       return;
     }
     Queued queued;
@@ -582,21 +605,17 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     struct Unset {
       ~Unset() { outermost = nullptr; }
     } unset;
-    std::exception_ptr thrown;
     try {
       run_now(acts);
     } catch (...) {
-      thrown = std::current_exception();
     }
     for (std::size_t i = 0; i < queued.size(); ++i) {  // (in order; runs may queue more)
       try {
         auto next = std::move(queued[i]);
         next.first->run_now(next.second);
       } catch (...) {
-        if (!thrown) thrown = std::current_exception();
       }
     }
-    if (thrown) std::rethrow_exception(thrown);
   }
 
   void run_now(Actions& acts) {
@@ -607,6 +626,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         // A listener's trouble is not the delivery's.
       }
     }
+    if (acts.ended) answer(acts.ended->on_done, std::move(acts.ended->response));
     for (Answer& a : acts.answers)
       answer(a.on_done, std::move(a.response));
     if (acts.sends.empty()) return;
@@ -620,7 +640,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         CallbackResponse r;
         r.error = TransportError::cancelled;
         r.message = "the transport shut down";
-        finished(s.key, s.probe, options.clock(), std::move(r), std::move(s.pending.on_done));
+        finished(s.key, s.probe, now(), std::move(r), std::move(s.pending.on_done));
         continue;
       }
       // Kept apart from the handler the transport is given: a transport that throws (it should
@@ -629,15 +649,24 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
       // half-open, and the requests still to send in this loop were never sent nor answered.
       std::shared_ptr<Once> once;
       try {
-        once = std::make_shared<Once>(shared_from_this(), std::move(s.key), s.probe,
-                                      options.clock(), std::move(s.pending.on_done));
+        once = std::make_shared<Once>(shared_from_this(), std::move(s.key), s.probe, now(),
+                                      std::move(s.pending.on_done));
         to->send(std::move(s.pending.request),
                  [once](CallbackResponse r) { once->end(std::move(r)); });
       } catch (const std::exception& e) {
-        unsent(s, once, e.what());
+        unsent_quietly(s, once, e.what());
       } catch (...) {
-        unsent(s, once, "unknown error");
+        unsent_quietly(s, once, "unknown error");
       }
+    }
+  }
+
+  // unsent, whose own throw (an allocation that failed) does not keep the sends after it in this
+  // run from being made.
+  void unsent_quietly(Send& s, const std::shared_ptr<Once>& once, const char* what) noexcept {
+    try {
+      unsent(s, once, what);
+    } catch (...) {
     }
   }
 
@@ -663,7 +692,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     Actions acts;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      const auto now = options.clock();
+      const auto now = this->now();
       expire(now);
       --total_in_flight;
       auto it = origins.find(key);
@@ -707,7 +736,8 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         forget_if_idle(key, it->second);
       }
     }
-    answer(on_done, std::move(response));
+    // (Answered by the run: a send, pause or resume its handler makes waits until it returns.)
+    acts.ended.emplace(Answer{std::move(on_done), std::move(response)});
     run(acts);
   }
 };
@@ -769,7 +799,7 @@ void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) 
       r.message = "the transport shut down";
       acts.answers.push_back({std::move(on_done), std::move(r)});
     } else {
-      const auto now = state_->options.clock();
+      const auto now = state_->now();
       state_->expire(now);
       const std::string key = State::key_of(origin, request.tenant);
       State::Origin& o = state_->find_or_add(key, origin, request.tenant, now);
@@ -791,7 +821,7 @@ std::optional<CallbackResponse> OriginGate::defer_now(const std::string& url,
   const std::string key = State::key_of(origin, tenant);
   auto it = state_->origins.find(key);
   if (!paused && it == state_->origins.end()) return std::nullopt;  // healthy and idle
-  const auto now = state_->options.clock();
+  const auto now = state_->now();
   State::Origin& o =
       it != state_->origins.end() ? it->second : state_->find_or_add(key, origin, tenant, now);
   state_->refresh(o, now);
@@ -806,7 +836,7 @@ std::optional<CallbackResponse> OriginGate::defer_now(const std::string& url,
 std::vector<EndpointStatus> OriginGate::endpoints() const {
   std::vector<EndpointStatus> out;
   std::lock_guard<std::mutex> lock(state_->mutex);
-  const auto now = state_->options.clock();
+  const auto now = state_->now();
   out.reserve(state_->origins.size());
   std::set<std::string> listed;
   for (const auto& [key, o] : state_->origins) {
@@ -851,7 +881,7 @@ std::string OriginGate::pause(const std::string& origin) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->paused_origins.insert(key);
-    const auto now = state_->options.clock();
+    const auto now = state_->now();
     for (auto& [k, o] : state_->origins)
       if (o.origin == key) state_->defer_waiting(o, now, acts);
     state_->pump_if_shares_grew(now, acts);
@@ -867,7 +897,7 @@ bool OriginGate::resume(const std::string& origin) {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->paused_origins.erase(key) == 0) return false;
-    const auto now = state_->options.clock();
+    const auto now = state_->now();
     state_->expire(now);
     std::vector<std::string> keys;
     for (auto& [k, o] : state_->origins) {

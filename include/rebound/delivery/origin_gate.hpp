@@ -99,8 +99,8 @@ struct OriginGateOptions {
 /// a `send`, `pause` or `resume` made on the thread of a handler the gate is calling (`on_done`,
 /// `on_circuit`) takes effect, answers included, once that handler returns, not inside the call
 /// (so a backlog that ends request after request takes no more stack than one). Such a handler
-/// must not block that thread waiting for the answer of a `send` it made. A throw out of `send`
-/// (bad_alloc, a clock that throws) comes after whatever that call had started was done. Lifetime:
+/// must not block that thread waiting for the answer of a `send` it made. A clock that throws is
+/// read as `steady_clock::now()`. Lifetime:
 /// destroying the gate answers what waits in it `cancelled`, then destroys the inner transport.
 class OriginGate final : public CallbackTransport {
  public:
