@@ -316,6 +316,10 @@ TEST_CASE("an answer a transport gives for an earlier attempt does not count for
   auto owned = std::make_unique<Stale>();
   auto& transport = *owned;
   CallbackSender sender(io.io.get_executor(), std::move(owned), fast_options(3));
+  struct Free {  // (the kept handler holds the delivery, which holds the transport)
+    Stale& transport;
+    ~Free() { transport.kept = nullptr; }
+  } free_cycle{transport};
   auto out = deliver(sender, message());
   // Each attempt is decided by its own answer: three 503s, no delivery. (When any answer counted
   // for the attempt under way, the stale 200 ended the delivery as delivered at the second.)
@@ -327,7 +331,6 @@ TEST_CASE("an answer a transport gives for an earlier attempt does not count for
     CHECK(a.error == "HTTP 503");
   CHECK(sender.wait_idle(5s));
   CHECK(sender.in_flight() == 0);
-  transport.kept = nullptr;  // (it holds the delivery, which holds the transport)
 }
 
 TEST_CASE("a clock that throws costs attempts - not the delivery") {

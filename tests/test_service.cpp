@@ -501,7 +501,8 @@ TEST_CASE("service: callbacks behind an open circuit wait in the store - not in 
     CHECK(e.in_flight == 0);
     CHECK(e.deferred == 0);
   }
-  // (The probe's answer is handed on before the listener hears the circuit close.)
+  // (The listener hears the circuit close before the probe's answer is handed on, on another
+  // thread: waited for, not assumed.)
   REQUIRE(eventually([&] {
     std::lock_guard<std::mutex> lock(m);
     return circuit.size() >= 2 && log.size() >= 2;

@@ -640,7 +640,11 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
         CallbackResponse r;
         r.error = TransportError::cancelled;
         r.message = "the transport shut down";
-        finished(s.key, s.probe, now(), std::move(r), std::move(s.pending.on_done));
+        try {
+          finished(s.key, s.probe, now(), std::move(r), std::move(s.pending.on_done));
+        } catch (...) {
+          // (An allocation that failed: the sends after it in this run are still made.)
+        }
         continue;
       }
       // Kept apart from the handler the transport is given: a transport that throws (it should
@@ -807,7 +811,8 @@ void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) 
       state_->pump_if_shares_grew(now, acts);
     }
   }
-  state_->run(acts);
+  // (Through a copy: a handler the run calls may destroy this gate.)
+  std::shared_ptr<State>(state_)->run(acts);
 }
 
 std::optional<CallbackResponse> OriginGate::defer_now(const std::string& url,
@@ -886,7 +891,8 @@ std::string OriginGate::pause(const std::string& origin) {
       if (o.origin == key) state_->defer_waiting(o, now, acts);
     state_->pump_if_shares_grew(now, acts);
   }
-  state_->run(acts);
+  // (Through a copy: a handler the run calls may destroy this gate.)
+  std::shared_ptr<State>(state_)->run(acts);
   return key;
 }
 
@@ -912,7 +918,8 @@ bool OriginGate::resume(const std::string& origin) {
     }
     state_->pump_if_shares_grew(now, acts);
   }
-  state_->run(acts);
+  // (Through a copy: a handler the run calls may destroy this gate.)
+  std::shared_ptr<State>(state_)->run(acts);
   return true;
 }
 

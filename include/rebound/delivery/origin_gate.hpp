@@ -97,7 +97,8 @@ struct OriginGateOptions {
 /// Thread-safety: every method is thread-safe. `on_done` is called exactly once per `send`: a
 /// deferral from inside `send`, an answer from wherever the inner transport calls it. Re-entry:
 /// a `send`, `pause` or `resume` made on the thread of a handler the gate is calling (`on_done`,
-/// `on_circuit`) takes effect, answers included, once that handler returns, not inside the call
+/// `on_circuit`) is decided inside the call (the pause, the request's place), but what it leads
+/// to (the inner transport's sends, the answers, `on_circuit`) happens once that handler returns
 /// (so a backlog that ends request after request takes no more stack than one). Such a handler
 /// must not block that thread waiting for the answer of a `send` it made. A clock that throws is
 /// read as `steady_clock::now()`. Lifetime:
