@@ -565,7 +565,10 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
           on_done(std::move(on_done)) {}
     void end(CallbackResponse r) {
       if (ended.exchange(true)) return;
-      state->finished(key, probe, sent_at, std::move(r), std::move(on_done));
+      // (Through a copy: a handler the run calls may destroy the gate and, with its transport,
+      // the handler that holds this Once. `key` is not read after the run starts.)
+      const std::shared_ptr<State> keep = state;
+      keep->finished(key, probe, sent_at, std::move(r), std::move(on_done));
     }
     std::shared_ptr<State> state;
     std::string key;

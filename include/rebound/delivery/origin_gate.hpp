@@ -96,10 +96,11 @@ struct OriginGateOptions {
 ///
 /// Thread-safety: every method is thread-safe. `on_done` is called exactly once per `send`: a
 /// deferral from inside `send`, an answer from wherever the inner transport calls it. Re-entry:
-/// a `send`, `pause` or `resume` made on the thread of a handler the gate is calling (`on_done`,
-/// `on_circuit`) is decided inside the call (the pause, the request's place), but what it leads
-/// to (the inner transport's sends, the answers, `on_circuit`) happens once that handler returns
-/// (so a backlog that ends request after request takes no more stack than one). Such a handler
+/// a `send`, `pause` or `resume` made on the thread of a handler a gate is calling (`on_done`,
+/// `on_circuit`), to this gate or another, is decided inside the call (the pause, the request's
+/// place), but what it leads to (the inner transport's sends, the answers, `on_circuit`) happens
+/// after that handler returns, once the answers and sends the gate was making then are made (so
+/// a backlog that ends request after request takes no more stack than one). Such a handler
 /// must not block that thread waiting for the answer of a `send` it made. A clock that throws is
 /// read as `steady_clock::now()`. Lifetime:
 /// destroying the gate answers what waits in it `cancelled`, then destroys the inner transport.
