@@ -92,7 +92,9 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
   };
   struct Actions {
     std::vector<Send> sends;
-    std::optional<Answer> ended;  // the answer of the attempt that ended (finished): given first
+    // The answer of the attempt that ended (finished): given after the circuit changes and before
+    // the other answers.
+    std::optional<Answer> ended;
     std::vector<Answer> answers;
     std::vector<Change> changes;
   };
