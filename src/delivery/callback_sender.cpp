@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "common/read_clock.hpp"
 #include "common/retry_after.hpp"
 #include "common/unsent.hpp"
 #include "rebound/delivery/webhook_signature.hpp"
@@ -67,11 +68,7 @@ std::string describe(const CallbackResponse& r) {
 // The options' clock, or the system's where a user clock throws: the answer to an attempt is
 // heard on the executor, where a throw would end its thread's run.
 std::chrono::system_clock::time_point now_of(const CallbackSenderOptions& options) noexcept {
-  try {
-    return options.now();
-  } catch (...) {
-    return std::chrono::system_clock::now();
-  }
+  return detail::read_clock<std::chrono::system_clock>(options.now);
 }
 
 template <typename F, typename... Args>
@@ -131,8 +128,12 @@ class Delivery final : public std::enable_shared_from_this<Delivery> {
     const auto& options = state_->options;
     const std::uint64_t number = (attempt_.load() >> 1) + 1;
     attempt_.store(number << 1);
-    sent_at_ = std::chrono::system_clock::now();  // (what is reported where the user clock throws)
-    sent_at_ = options.now();
+    try {
+      sent_at_ = options.now();
+    } catch (...) {
+      sent_at_ = std::chrono::system_clock::now();  // what the unsent attempt reports
+      throw;
+    }
     CallbackRequest request;
     request.url = message_.url;
     request.body = message_.body;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/callback_url.hpp"
+#include "common/read_clock.hpp"
 #include "common/unsent.hpp"
 #include "rebound/error.hpp"
 
@@ -101,13 +102,7 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
 
   // The options' clock, or steady_clock's where a user clock throws: a throw here would end a
   // request half-way (its place taken, its handler never called).
-  Clock::time_point now() const noexcept {
-    try {
-      return options.clock();
-    } catch (...) {
-      return Clock::now();
-    }
-  }
+  Clock::time_point now() const noexcept { return detail::read_clock<Clock>(options.clock); }
 
   std::shared_ptr<CallbackTransport> inner;
   OriginGateOptions options;
@@ -580,6 +575,10 @@ struct OriginGate::State : std::enable_shared_from_this<OriginGate::State> {
     std::atomic<bool> ended{false};
   };
 
+  // run(acts) on a copy of `state`: a handler the run calls may destroy the gate, and with it the
+  // member that `state` was copied from.
+  static void run_kept(std::shared_ptr<State> state, Actions& acts) noexcept { state->run(acts); }
+
   // Runs `acts` on this thread. A run reached from inside another on the same thread (a request
   // ended within its own send: a transport that answers at once, or one that throws) is queued for
   // the outermost run to do next instead of nesting, so that a backlog that ends that way, one
@@ -816,8 +815,7 @@ void OriginGate::send(CallbackRequest request, CallbackResponseHandler on_done) 
       state_->pump_if_shares_grew(now, acts);
     }
   }
-  // (Through a copy: a handler the run calls may destroy this gate.)
-  std::shared_ptr<State>(state_)->run(acts);
+  State::run_kept(state_, acts);
 }
 
 std::optional<CallbackResponse> OriginGate::defer_now(const std::string& url,
@@ -896,8 +894,7 @@ std::string OriginGate::pause(const std::string& origin) {
       if (o.origin == key) state_->defer_waiting(o, now, acts);
     state_->pump_if_shares_grew(now, acts);
   }
-  // (Through a copy: a handler the run calls may destroy this gate.)
-  std::shared_ptr<State>(state_)->run(acts);
+  State::run_kept(state_, acts);
   return key;
 }
 
@@ -923,8 +920,7 @@ bool OriginGate::resume(const std::string& origin) {
     }
     state_->pump_if_shares_grew(now, acts);
   }
-  // (Through a copy: a handler the run calls may destroy this gate.)
-  std::shared_ptr<State>(state_)->run(acts);
+  State::run_kept(state_, acts);
   return true;
 }
 
