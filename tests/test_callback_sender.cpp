@@ -346,6 +346,13 @@ TEST_CASE("a clock that throws costs attempts - not the delivery") {
   CHECK(out.report.attempts == 2);
   REQUIRE(out.attempts.size() == 2);
   CHECK(out.attempts[1].error == "the attempt could not be sent: no time");
+  // Each unsent attempt is timed by the system clock: not the epoch, not an earlier attempt's.
+  const auto before = std::chrono::system_clock::now() - 60s;
+  for (const auto& a : out.attempts) {
+    CHECK(a.started_at > before);
+    CHECK(a.finished_at >= a.started_at);
+  }
+  CHECK(out.attempts[1].started_at >= out.attempts[0].finished_at);
   CHECK(sender.wait_idle(5s));
   CHECK(sender.in_flight() == 0);
 }

@@ -3,9 +3,9 @@
 
 namespace rebound::detail {
 
-/// `clock()`, or `Real::now()` where it throws. CallbackSender (system_clock) and OriginGate
-/// (steady_clock) read their injected clocks on an executor's thread or under a request's end,
-/// where a throw would end that thread's run or leave a request half done.
+/// `clock()`, or `Real::now()` where it throws. CallbackSender (system_clock, as an attempt is
+/// answered) and OriginGate (steady_clock, in each call and as a request ends) read their injected
+/// clocks where a throw would end an executor's run or leave a request half done.
 template <class Real, class UserClock>
 typename Real::time_point read_clock(const UserClock& clock) noexcept {
   try {
