@@ -121,14 +121,16 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
 class Proxy(http.server.ThreadingHTTPServer):
     """Forwards to the server, except: the first `busy` requests are answered 503 queue_full
     with `Retry-After: retry_after`; the first `drops` requests of `drop_method` are forwarded
-    (the server acts on them) and then their connection is closed without an answer; with
-    `html`, every request is answered 200 with an HTML page; with `hang`, never answered."""
+    (the server acts on them) and then their connection is closed without an answer (with
+    `gateway`, answered 504 gateway_timeout instead, as nginx answers an upstream that went
+    quiet); with `html`, every request is answered 200 with an HTML page; with `hang`, never
+    answered."""
     daemon_threads = True
 
     def __init__(self, port, busy=0, drops=0, drop_method="POST", retry_after="0", html=False,
-                 hang=False):
+                 hang=False, gateway=False):
         self.port, self.busy, self.drops, self.drop_method = port, busy, drops, drop_method
-        self.retry_after, self.html, self.hang = retry_after, html, hang
+        self.retry_after, self.html, self.hang, self.gateway = retry_after, html, hang, gateway
         self.lock = threading.Lock()
         self.seen = 0
         self.requests = []  # (method, path with query, If-Match)
@@ -179,6 +181,14 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
+        if drop and proxy.gateway:
+            data = b'{"error":{"code":"gateway_timeout","message":"the upstream went quiet"}}'
+            self.send_response(504)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if drop:
             self.close_connection = True
             self.connection.shutdown(2)  # the server took it; the client never hears so
@@ -228,6 +238,14 @@ def start_server(model, *extra):
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
             return proc, int(m.group(1))
     fail(f"rebound-server ({model}) did not start")
+
+
+def http_get(port, path, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", path, headers={"Authorization": "Bearer " + API_KEY, **(headers or {})})
+    body = conn.getresponse().read().decode()
+    conn.close()
+    return body
 
 
 def accepted_total(port):
@@ -438,6 +456,33 @@ with Client(base, api_key=API_KEY, timeout=10) as c:
                                                        "refused"),
                   f"{name}: the official library says {theirs!r}, ours {ours(h, b)!r}")
         print("the official standardwebhooks library agrees with WebhookVerifier", flush=True)
+    # A verifier with secrets only needs no 'cryptography': a v1a entry (the server's, or one a
+    # forger adds to a bad v1) is passed over, and a bad callback is refused, not an ImportError.
+    blocked = {name: sys.modules.get(name) for name in list(sys.modules)
+               if name == "cryptography" or name.startswith("cryptography.")}
+    for name in blocked:
+        sys.modules[name] = None
+    sys.modules["cryptography"] = None  # makes `import cryptography...` raise ImportError
+    try:
+        secret_only = WebhookVerifier(secrets=[SECRET])
+        check(secret_only.verify(headers, body)["id"] == "p-1",
+              "a secret-only verifier without 'cryptography' verifies the server's callback")
+        forged = dict(headers, **{"webhook-signature": "v1," + base64.b64encode(
+            b"\0" * 32).decode() + " v1a," + base64.b64encode(b"\0" * 64).decode()})
+        try:
+            secret_only.verify(forged, body)
+            fail("a forged callback verified")
+        except WebhookVerificationError:
+            pass
+        try:
+            WebhookVerifier(fetch_keys=lambda: [])
+            fail("fetch_keys without 'cryptography' was accepted")
+        except ImportError:
+            pass
+    finally:
+        for name in [n for n in sys.modules if n == "cryptography" or n.startswith("cryptography.")]:
+            del sys.modules[name]
+        sys.modules.update({n: m for n, m in blocked.items() if m is not None})
     try:
         WebhookVerifier(keys=[PUBLIC_KEY]).verify(
             {k: v for k, v in headers.items() if k != "webhook-signature"} |
@@ -552,6 +597,37 @@ with Client(f"http://127.0.0.1:{slow_port}", api_key=API_KEY) as c:
 with Client(Proxy(slow_port, drops=1, drop_method="DELETE").url, api_key=API_KEY) as c:
     cancelled = c.cancel("s-4")
     check(cancelled.status == "cancelled", f"a cancel whose answer was lost: {cancelled}")
+    # The same behind a gateway that answered 504 after the server took the DELETE.
+    c.submit(None, id="s-5")
+with Client(Proxy(slow_port, drops=1, drop_method="DELETE", gateway=True).url,
+            api_key=API_KEY) as c:
+    try:
+        cancelled = c.cancel("s-5")
+        check(cancelled.status == "cancelled", f"a cancel answered 504 by a gateway: {cancelled}")
+    except rebound_client.ReboundError as e:
+        fail(f"a cancel the server did, answered 504 by a gateway, raised {e.code}")
+
+# A server with as many waiters as it takes: wait() polls without waiting instead of failing.
+full, full_port = start_server("sleep:2", "--workers", "1", "--max-waiters", "1")
+with Client(f"http://127.0.0.1:{full_port}", api_key=API_KEY, max_retries=1) as c:
+    c.submit(None, id="w-1")
+    c.submit(None, id="w-2")
+
+    def hold():  # the one waiter's place, taken until w-2 ends (about 4 s)
+        while '"status":"succeeded"' not in http_get(full_port, "/v1/inferences/w-2",
+                                                     {"Prefer": "wait=20"}):
+            time.sleep(0.05)  # (the place was the probe's below: again)
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    wait_for(lambda: "too_many_waiters" in http_get(full_port, "/v1/inferences/w-1",
+                                                    {"Prefer": "wait=1"}),
+             "the waiter's place taken")
+    try:
+        check(c.wait("w-1", timeout=10).status == "succeeded", "a wait on a full server")
+    except rebound_client.ReboundError as e:
+        fail(f"a wait on a server full of waiters raised {e.code}")
+    holder.join(timeout=30)
+full.kill()
 
 
 # Changing the models (an operator key): a version loaded, canaried, promoted, the old one

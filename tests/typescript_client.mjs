@@ -97,7 +97,8 @@ const hook = `http://127.0.0.1:${receiver.address().port}`;
 const bodiesOf = (id) => calls.filter((c) => JSON.parse(c.body).id === id);
 
 // A proxy: the first `busy` requests get 503 queue_full (Retry-After: 0); the first `drops`
-// submissions are forwarded (the server takes them) and their connection closed unanswered.
+// submissions are forwarded (the server takes them) and their connection closed unanswered (with
+// `gateway`, answered 504 gateway_timeout instead, as nginx answers an upstream gone quiet).
 function proxy(port, state) {
   const server = http.createServer((req, res) => {
     const chunks = [];
@@ -125,6 +126,11 @@ function proxy(port, state) {
           const body = [];
           answer.on("data", (c) => body.push(c));
           answer.on("end", () => {
+            if (drop && state.gateway) {
+              res.writeHead(504, { "Content-Type": "application/json" })
+                .end('{"error":{"code":"gateway_timeout","message":"the upstream went quiet"}}');
+              return;
+            }
             if (drop) return req.socket.destroy();
             res.writeHead(answer.statusCode, answer.headers).end(Buffer.concat(body));
           });
@@ -220,6 +226,19 @@ for (const [name, [h, b]] of Object.entries(forged)) {
 }
 await rejects(verifyWebhook({ secrets: ["whsec_" + Buffer.from("another").toString("base64")] }, headers, body),
   (e) => e instanceof WebhookVerificationError, "another secret");
+// A mistyped secret or key is refused where it is given, not read as a shorter key that
+// verifies nothing.
+for (const bad of ["whsec_" + SECRET.slice(6, 20) + "*" + SECRET.slice(21), "whsec_", "whsec_abc"]) {
+  let refused = false;
+  try { new WebhookVerifier({ secrets: [bad] }); } catch (e) { refused = e instanceof TypeError; }
+  check(refused, `the secret ${bad} was accepted`);
+  await rejects(verifyWebhook({ secrets: [bad] }, headers, body), (e) => e instanceof TypeError, `verifyWebhook with ${bad}`);
+}
+{
+  let refused = false;
+  try { new WebhookVerifier({ keys: [PUBLIC_KEY.replace(/.$/, "!")] }); } catch (e) { refused = e instanceof TypeError; }
+  check(refused, "a mistyped public key was accepted");
+}
 let fetches = 0;
 const lazy = new WebhookVerifier({ fetchKeys: () => { fetches += 1; return r.webhookKeys(); } });
 check((await lazy.verify(headers, body)).id === "t-1" && fetches === 1, "an unknown key is fetched, once");
@@ -312,6 +331,26 @@ check(cancelled.status === "cancelled" && cancelled.error.code === "cancelled", 
 await slow.submit(null, { id: "ts-4" });
 const viaLostCancel = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(slowPort, { drops: 1, dropMethod: "DELETE" })}`, apiKey: API_KEY });
 check((await viaLostCancel.cancel("ts-4")).status === "cancelled", "a cancel whose answer was lost");
+// The same behind a gateway that answered 504 after the server took the DELETE.
+await slow.submit(null, { id: "ts-5" });
+const viaGateway = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(slowPort, { drops: 1, dropMethod: "DELETE", gateway: true })}`, apiKey: API_KEY });
+const gatewayCancel = await viaGateway.cancel("ts-5").catch((e) => e);
+check(gatewayCancel.status === "cancelled", `a cancel answered 504 by a gateway: ${gatewayCancel}`);
+
+// A server with as many waiters as it takes: wait() polls without waiting instead of failing.
+const fullPort = await startServer("sleep:2", "--workers", "1", "--max-waiters", "1");
+const crowded = new Rebound({ baseUrl: `http://127.0.0.1:${fullPort}`, apiKey: API_KEY, maxRetries: 1 });
+await crowded.submit(null, { id: "w-1" });
+await crowded.submit(null, { id: "w-2" });
+const poll = (id, wait) => fetch(`http://127.0.0.1:${fullPort}/v1/inferences/${id}`, {
+  headers: { Authorization: `Bearer ${API_KEY}`, Prefer: `wait=${wait}` } }).then((res) => res.text());
+const holder = (async () => { // the one waiter's place, taken until w-2 ends (about 4 s)
+  while (!(await poll("w-2", 20)).includes('"status":"succeeded"')) await sleep(50);
+})();
+await waitFor(async () => (await poll("w-1", 1)).includes("too_many_waiters"), "the waiter's place taken");
+const fullWait = await crowded.wait("w-1", { timeout: 10 }).catch((e) => e);
+check(fullWait.status === "succeeded", `a wait on a server full of waiters: ${fullWait}`);
+await holder;
 
 // Changing the models (an operator key): a version shipped, loaded, canaried, promoted, the old
 // one unloaded with its queued jobs rerouted; the refusals.

@@ -1,7 +1,11 @@
 // CursorSeal: a listing's cursors as opaque, authenticated text (AES-256-GCM, with the listing
 // and the caller's tenant as associated data, the plaintext padded to one length), so that a
 // client can neither read what a cursor names (a store may stop its scan at another tenant's
-// entry), nor tell its length, nor forge one, nor use one handed to another tenant.
+// entry), nor tell its length, nor forge one, nor use one handed to another tenant: as long as
+// the client does not know `secret`. (rebound::Server derives it from the webhook signing keys;
+// with one tenant, every API key may read its shared secret, and so could seal a cursor of its
+// own. That grants nothing: the store is asked for the caller's tenant's entries whatever the
+// cursor says. The seal is what keeps tenants apart only where there are several.)
 #pragma once
 
 #include <openssl/crypto.h>

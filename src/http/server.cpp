@@ -2353,7 +2353,8 @@ struct Server::Impl {
   // Seals the listing's cursors, with a key derived from the webhook signing keys (random, high
   // entropy, and the same on every server of a fleet, so each opens the others' cursors; never
   // the API keys, which a cursor would let a tenant test guesses of offline). Without signing
-  // keys: a random key of this server's.
+  // keys: a random key of this server's. (With one tenant its API keys may read the shared
+  // secret, and seal cursors: harmless, as the store query names the caller's tenant anyway.)
   const detail::CursorSeal cursor_seal{
       [this] {
         std::vector<std::string> keys = service.operations().webhook_signing_keys("");

@@ -187,8 +187,13 @@ class _Calls:
     # (time.monotonic()) no request outlives it and no retry starts after it: _DeadlinePassed.
     # A submission is safe to send again (its id makes a second one the same job); a call that is
     # not (cancel, redeliver) names in `resent_ok` the refusals that, after a lost connection,
-    # mean its first send did the work: those answers are returned, not raised.
-    def _call(self, make, ok=(200,), deadline: Optional[float] = None, resent_ok=()):
+    # mean its first send did the work: those answers are returned, not raised. A gateway's 502
+    # or 504 counts as a lost connection there (the server may have acted before it went quiet).
+    # `degrade(error)`, when given, is told each refusal first; True: the caller's `make` now
+    # builds another request (a long poll refused 503 too_many_waiters becomes a plain poll),
+    # sent at once.
+    def _call(self, make, ok=(200,), deadline: Optional[float] = None, resent_ok=(),
+              degrade=None):
         lost = False
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries
@@ -214,9 +219,11 @@ class _Calls:
                 error = error_from(answer.status, answer.body, retry_after)
                 if lost and error.code in resent_ok:
                     return answer
-                if answer.status not in _RETRIED_STATUSES or last:
+                lost = lost or answer.status in (502, 504)
+                degraded = degrade is not None and degrade(error)
+                if (answer.status not in _RETRIED_STATUSES and not degraded) or last:
                     raise error
-                pause = self._pause(attempt, retry_after)
+                pause = 0.0 if degraded else self._pause(attempt, retry_after)
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - time.monotonic()))
             yield _Sleep(pause)
@@ -274,16 +281,24 @@ class _Calls:
 
     def _get(self, id: str, wait_s: int = 0, deadline: Optional[float] = None):
         path = "/v1/inferences/" + _path_part(id)
+        plain = False  # the server has as many waiters as it takes: poll without waiting
 
         def make(left):
             # A long poll asks for whole seconds, never more than is left.
             w = wait_s if left is None else min(wait_s, int(math.floor(left)))
-            if w <= 0:
+            if w <= 0 or plain:
                 return _Request("GET", path)
             return _Request("GET", path, headers={"Prefer": "wait=%d" % w},
                             timeout=self.timeout + w)
 
-        answer = yield from self._call(make, deadline=deadline)
+        def degrade(error):
+            nonlocal plain
+            if plain or wait_s <= 0 or error.code != "too_many_waiters":
+                return False
+            plain = True
+            return True
+
+        answer = yield from self._call(make, deadline=deadline, degrade=degrade)
         return _job(answer)
 
     def _wait(self, id: str, timeout: float):

@@ -254,8 +254,9 @@ export class Rebound {
   // (Date.now() ms) no request outlives it and no retry starts after it (DeadlinePassed); a long
   // poll's `waitS` is cut to what is left at each try. A submission is safe to send again (its id
   // makes a second one the same job); a call that is not (cancel, redeliver) names in `resentOk`
-  // the refusals that, after a failed fetch, mean its first send did the work: returned, not
-  // thrown.
+  // the refusals that, after a failed fetch or a gateway's 502/504, mean its first send did the
+  // work: returned, not thrown. A long poll refused 503 too_many_waiters is sent again at once as
+  // a plain poll.
   private async call(
     method: string,
     path: string,
@@ -267,11 +268,12 @@ export class Rebound {
     if (this.options.apiKey) base.Authorization = `Bearer ${this.options.apiKey}`;
     if (init.body !== undefined) base["Content-Type"] = "application/json";
     let lost = false;
+    let plain = false; // the server has as many waiters as it takes: poll without waiting
     for (let attempt = 0; ; ++attempt) {
       const last = attempt >= this.maxRetries;
       const left = init.deadline === undefined ? undefined : init.deadline - Date.now();
       if (left !== undefined && left <= 0) throw new DeadlinePassed();
-      const waitS = Math.min(init.waitS ?? 0, left === undefined ? Infinity : Math.floor(left / 1000));
+      const waitS = plain ? 0 : Math.min(init.waitS ?? 0, left === undefined ? Infinity : Math.floor(left / 1000));
       const headers = waitS > 0 ? { ...base, Prefer: `wait=${waitS}` } : base;
       const timeoutMs = Math.min(this.timeoutMs + waitS * 1000, left ?? Infinity);
       let pause: number;
@@ -295,8 +297,14 @@ export class Rebound {
         if (lost && init.resentOk?.includes(error.code)) {
           return { status: response.status, headers: response.headers, body };
         }
-        if (!RETRIED.has(response.status) || last) throw error;
-        pause = retryAfter !== undefined ? Math.min(retryAfter * 1000, this.maxRetryDelayMs)
+        // A gateway's 502 or 504: the server may have acted on the request before it went quiet.
+        if (response.status === 502 || response.status === 504) lost = true;
+        // A long poll refused for want of room among the waiters is sent again at once, plain.
+        const degraded = waitS > 0 && error.code === "too_many_waiters";
+        if ((!RETRIED.has(response.status) && !degraded) || last) throw error;
+        if (degraded) plain = true;
+        pause = degraded ? 0
+              : retryAfter !== undefined ? Math.min(retryAfter * 1000, this.maxRetryDelayMs)
                                          : this.backoff(attempt);
       } catch (e) {
         if (e instanceof ReboundError) throw e;
@@ -527,7 +535,12 @@ export interface VerifyOptions {
 
 function keyBytes(value: string, prefix: string): Buffer {
   if (!value.startsWith(prefix)) throw new TypeError(`a key must start with ${prefix}`);
-  return Buffer.from(value.slice(prefix.length), "base64");
+  const text = value.slice(prefix.length);
+  // Buffer.from skips what is not base64: a mistyped key would verify nothing, silently.
+  if (!text || text.length % 4 !== 0 || !/^[A-Za-z0-9+/]+={0,2}$/.test(text)) {
+    throw new TypeError(`${prefix}...: not base64`);
+  }
+  return Buffer.from(text, "base64");
 }
 
 function headerOf(headers: Headers | Record<string, string | string[] | undefined>, name: string) {
@@ -616,6 +629,9 @@ export class WebhookVerifier {
     if (!options.secrets?.length && !this.keys.length && !options.fetchKeys) {
       throw new TypeError("a WebhookVerifier needs a secret, a public key or fetchKeys");
     }
+    // A key that cannot be read fails here, not as every callback refused.
+    for (const s of options.secrets ?? []) keyBytes(s, "whsec_");
+    for (const k of this.keys) keyBytes(k, "whpk_");
   }
 
   async verify(headers: Headers | Record<string, string | string[] | undefined>, rawBody: Uint8Array | Buffer): Promise<unknown> {
