@@ -128,7 +128,8 @@ class Proxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port, busy=0, drops=0, drop_method="POST", retry_after="0", html=False,
-                 hang=False, gateway=False):
+                 hang=False, gateway=False, busy_status=503):
+        self.busy_status = busy_status  # 502: a gateway that could not reach the server
         self.port, self.busy, self.drops, self.drop_method = port, busy, drops, drop_method
         self.retry_after, self.html, self.hang, self.gateway = retry_after, html, hang, gateway
         self.lock = threading.Lock()
@@ -162,6 +163,14 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             data = b"<html><body>Welcome to nginx!</body></html>"
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        if busy and proxy.busy_status == 502:
+            data = b'{"error":{"code":"bad_gateway","message":"no upstream (the test proxy)"}}'
+            self.send_response(502)
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -241,7 +250,7 @@ def start_server(model, *extra):
 
 
 def http_get(port, path, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", path, headers={"Authorization": "Bearer " + API_KEY, **(headers or {})})
     body = conn.getresponse().read().decode()
     conn.close()
@@ -606,6 +615,14 @@ with Client(Proxy(slow_port, drops=1, drop_method="DELETE", gateway=True).url,
         check(cancelled.status == "cancelled", f"a cancel answered 504 by a gateway: {cancelled}")
     except rebound_client.ReboundError as e:
         fail(f"a cancel the server did, answered 504 by a gateway, raised {e.code}")
+# A 502 from a gateway that never reached the server, on a job that ended by itself: the retry's
+# already_finished is the job's own end, raised, not a cancellation.
+with Client(Proxy(echo_port, busy=1, busy_status=502).url, api_key=API_KEY) as c:
+    try:
+        c.cancel("p-1")
+        fail("a cancel of a finished job, after a 502, answered as done")
+    except rebound_client.AlreadyFinished:
+        pass
 
 # A server with as many waiters as it takes: wait() polls without waiting instead of failing.
 full, full_port = start_server("sleep:2", "--workers", "1", "--max-waiters", "1")

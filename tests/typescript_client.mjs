@@ -111,6 +111,12 @@ function proxy(port, state) {
         res.writeHead(200, { "Content-Type": "text/html" }).end("<html>Welcome to nginx!</html>");
         return;
       }
+      if (state.busy > 0 && state.busyStatus === 502) { // a gateway that could not reach the server
+        state.busy -= 1;
+        res.writeHead(502, { "Content-Type": "application/json" })
+          .end('{"error":{"code":"bad_gateway","message":"no upstream (the test proxy)"}}');
+        return;
+      }
       if (state.busy > 0) {
         state.busy -= 1;
         res.writeHead(503, { "Retry-After": "0", "Content-Type": "application/json" })
@@ -336,6 +342,11 @@ await slow.submit(null, { id: "ts-5" });
 const viaGateway = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(slowPort, { drops: 1, dropMethod: "DELETE", gateway: true })}`, apiKey: API_KEY });
 const gatewayCancel = await viaGateway.cancel("ts-5").catch((e) => e);
 check(gatewayCancel.status === "cancelled", `a cancel answered 504 by a gateway: ${gatewayCancel}`);
+// A 502 from a gateway that never reached the server, on a job that ended by itself: the retry's
+// already_finished is the job's own end, thrown, not a cancellation.
+const viaBadGateway = new Rebound({ baseUrl: `http://127.0.0.1:${await proxy(echoPort, { busy: 1, busyStatus: 502 })}`, apiKey: API_KEY });
+check((await rejects(viaBadGateway.cancel("t-1"), (e) => e instanceof ReboundError, "cancel after a 502")).code === "already_finished",
+  "a cancel of a finished job after a 502");
 
 // A server with as many waiters as it takes: wait() polls without waiting instead of failing.
 const fullPort = await startServer("sleep:2", "--workers", "1", "--max-waiters", "1");

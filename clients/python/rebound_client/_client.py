@@ -195,8 +195,10 @@ class _Calls:
     def _call(self, make, ok=(200,), deadline: Optional[float] = None, resent_ok=(),
               degrade=None):
         lost = False
-        for attempt in range(self.max_retries + 1):
+        attempt = 0  # tries that count against max_retries (a degraded one does not)
+        while True:
             last = attempt == self.max_retries
+            degraded = False
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise _DeadlinePassed()
@@ -205,12 +207,13 @@ class _Calls:
                 request.timeout = min(request.timeout or self.timeout, max(left, 0.001))
             try:
                 answer = yield request
-            except httpx.TransportError:
+            except httpx.TransportError as e:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _DeadlinePassed()
                 if last:
                     raise
-                lost = True
+                # (A connection never made sent nothing.)
+                lost = lost or not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
                 pause = self._pause(attempt, None)
             else:
                 if answer.status in ok:
@@ -221,13 +224,13 @@ class _Calls:
                     return answer
                 lost = lost or answer.status in (502, 504)
                 degraded = degrade is not None and degrade(error)
-                if (answer.status not in _RETRIED_STATUSES and not degraded) or last:
+                if not degraded and (answer.status not in _RETRIED_STATUSES or last):
                     raise error
                 pause = 0.0 if degraded else self._pause(attempt, retry_after)
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - time.monotonic()))
             yield _Sleep(pause)
-        raise AssertionError("unreachable")
+            attempt += 0 if degraded else 1
 
     def _pause(self, attempt: int, retry_after: Optional[float]) -> float:
         if retry_after is not None:
@@ -337,8 +340,11 @@ class _Calls:
         path = "/v1/inferences/" + _path_part(id)
         answer = yield from self._call(lambda left: _Request("DELETE", path),
                                        resent_ok=("already_finished",))
-        if answer.status != 200:  # the first DELETE cancelled it, its answer was lost
-            return (yield from self._get(id))
+        if answer.status != 200:  # the first DELETE cancelled it, if the job says so
+            job = yield from self._get(id)
+            if job.status == "cancelled":
+                return job
+            raise error_from(answer.status, answer.body, _retry_after(answer.headers))
         return _job(answer)
 
     def _redeliver(self, id: str):

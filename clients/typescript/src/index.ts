@@ -269,8 +269,11 @@ export class Rebound {
     if (init.body !== undefined) base["Content-Type"] = "application/json";
     let lost = false;
     let plain = false; // the server has as many waiters as it takes: poll without waiting
-    for (let attempt = 0; ; ++attempt) {
+    // (`attempt` counts the tries against maxRetries: the plain poll after a refused long poll
+    // does not count.)
+    for (let attempt = 0; ; ) {
       const last = attempt >= this.maxRetries;
+      let degraded = false;
       const left = init.deadline === undefined ? undefined : init.deadline - Date.now();
       if (left !== undefined && left <= 0) throw new DeadlinePassed();
       const waitS = plain ? 0 : Math.min(init.waitS ?? 0, left === undefined ? Infinity : Math.floor(left / 1000));
@@ -300,8 +303,8 @@ export class Rebound {
         // A gateway's 502 or 504: the server may have acted on the request before it went quiet.
         if (response.status === 502 || response.status === 504) lost = true;
         // A long poll refused for want of room among the waiters is sent again at once, plain.
-        const degraded = waitS > 0 && error.code === "too_many_waiters";
-        if ((!RETRIED.has(response.status) && !degraded) || last) throw error;
+        degraded = waitS > 0 && error.code === "too_many_waiters";
+        if (!degraded && (!RETRIED.has(response.status) || last)) throw error;
         if (degraded) plain = true;
         pause = degraded ? 0
               : retryAfter !== undefined ? Math.min(retryAfter * 1000, this.maxRetryDelayMs)
@@ -312,11 +315,13 @@ export class Rebound {
         // taken; see `resentOk`.
         if (init.deadline !== undefined && Date.now() >= init.deadline) throw new DeadlinePassed();
         if (last) throw e;
-        lost = true;
+        // (A connection refused sent nothing.)
+        if ((e as { cause?: { code?: string } })?.cause?.code !== "ECONNREFUSED") lost = true;
         pause = this.backoff(attempt);
       }
       if (init.deadline !== undefined) pause = Math.min(pause, Math.max(0, init.deadline - Date.now()));
       await sleep(pause);
+      if (!degraded) ++attempt;
     }
   }
 
@@ -406,8 +411,11 @@ export class Rebound {
   /** Cancels a job that is not final; a 409 already_finished ReboundError when it is. */
   async cancel(id: string): Promise<Job> {
     const answer = await this.call("DELETE", `/v1/inferences/${pathPart(id)}`, { resentOk: ["already_finished"] });
-    // (409 after a lost answer: the first DELETE cancelled it.)
-    return answer.status === 200 ? jobOf(answer.status, answer.body) : this.get(id);
+    if (answer.status === 200) return jobOf(answer.status, answer.body);
+    // 409 after a lost answer: the first DELETE cancelled it, if the job says so.
+    const job = await this.get(id);
+    if (job.status === "cancelled") return job;
+    throw errorOf(answer.status, answer.body, retryAfterOf(answer.headers));
   }
 
   /** Sends a given-up callback again, then answers the job as polled. */
@@ -631,7 +639,9 @@ export class WebhookVerifier {
     }
     // A key that cannot be read fails here, not as every callback refused.
     for (const s of options.secrets ?? []) keyBytes(s, "whsec_");
-    for (const k of this.keys) keyBytes(k, "whpk_");
+    for (const k of this.keys) {
+      if (keyBytes(k, "whpk_").length !== 32) throw new TypeError("whpk_...: not a 32-byte Ed25519 key");
+    }
   }
 
   async verify(headers: Headers | Record<string, string | string[] | undefined>, rawBody: Uint8Array | Buffer): Promise<unknown> {
