@@ -160,30 +160,14 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             time.sleep(30)
             return
         if proxy.html:
-            data = b"<html><body>Welcome to nginx!</body></html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return
+            return self.answer(200, b"<html><body>Welcome to nginx!</body></html>", "text/html")
         if busy and proxy.busy_status == 502:
-            data = b'{"error":{"code":"bad_gateway","message":"no upstream (the test proxy)"}}'
-            self.send_response(502)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return
+            return self.answer(
+                502, b'{"error":{"code":"bad_gateway","message":"no upstream (the test proxy)"}}')
         if busy:
-            data = b'{"error":{"code":"queue_full","message":"busy (the test proxy)"}}'
-            self.send_response(503)
-            self.send_header("Retry-After", proxy.retry_after)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return
+            return self.answer(
+                503, b'{"error":{"code":"queue_full","message":"busy (the test proxy)"}}',
+                retry_after=proxy.retry_after)
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
         conn.request(method, self.path, body if body else None, headers)
@@ -191,13 +175,8 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         data = resp.read()
         conn.close()
         if drop and proxy.gateway:
-            data = b'{"error":{"code":"gateway_timeout","message":"the upstream went quiet"}}'
-            self.send_response(504)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return
+            return self.answer(
+                504, b'{"error":{"code":"gateway_timeout","message":"the upstream went quiet"}}')
         if drop:
             self.close_connection = True
             self.connection.shutdown(2)  # the server took it; the client never hears so
@@ -206,6 +185,16 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         for k, v in resp.getheaders():
             if k.lower() not in ("content-length", "connection", "transfer-encoding"):
                 self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def answer(self, status, data, content_type="application/json", retry_after=None):
+        """The proxy's own answer, not the server's."""
+        self.send_response(status)
+        if retry_after is not None:
+            self.send_header("Retry-After", retry_after)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -258,10 +247,7 @@ def http_get(port, path, headers=None):
 
 
 def accepted_total(port):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", "/metrics", headers={"Authorization": "Bearer " + API_KEY})
-    text = conn.getresponse().read().decode()
-    conn.close()
+    text = http_get(port, "/metrics")
     return int(re.search(r"^rebound_jobs_accepted_total (\d+)", text, re.M).group(1))
 
 
