@@ -1316,6 +1316,49 @@ TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches 
   CHECK(found == std::vector<std::string>{"match"});
 }
 
+TEST_CASE_TEMPLATE("store contract: a listing's cursor in a crowded millisecond goes on past it",
+                   Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // 1,100 jobs of one millisecond (a batch submission), the one match last in the listing's order
+  // (by id, newest first): a store that bounds what one call reads answers a cursor inside that
+  // millisecond, and the page after it must go on from there, not read the bound away again on
+  // the jobs listed already (the Redis store ended such a listing early, as if nothing were left).
+  constexpr long long ms = 1764000000000;
+  Job match = make("a-match", ms, "");
+  match.priority = 0;
+  store->put(match);
+  for (int i = 0; i < 1100; ++i)
+    store->put(make("other-" + std::to_string(1000 + i), ms, ""));
+  rebound::JobFilter filter;
+  filter.priority = 0;
+  std::vector<std::string> found;
+  std::optional<rebound::ListCursor> after;
+  int calls = 0;
+  do {
+    const rebound::JobPage page = store->list_jobs(filter, after, 1);
+    for (const auto& r : page.jobs)
+      found.push_back(rebound::key_of(r.job));
+    after = page.next;
+  } while (after && ++calls < 100);
+  CHECK(found == std::vector<std::string>{"a-match"});
+  // Unfiltered, in pages of 7 that cut the millisecond anywhere: every job once, in order.
+  std::vector<std::string> all;
+  after.reset();
+  calls = 0;
+  do {
+    const rebound::JobPage page = store->list_jobs({}, after, 7);
+    for (const auto& r : page.jobs)
+      all.push_back(rebound::key_of(r.job));
+    after = page.next;
+  } while (after && ++calls < 1000);
+  REQUIRE(all.size() == 1101);
+  CHECK(all.front() == "other-2099");
+  CHECK(all.back() == "a-match");
+  CHECK(std::is_sorted(all.rbegin(), all.rend()));
+}
+
 TEST_CASE_TEMPLATE("store contract: a job's lease and its callback's lease are not one another's",
                    T, STORES) {
   T fixture;

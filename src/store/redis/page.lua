@@ -5,6 +5,11 @@
 -- the next cursor (ms, id; '' at the end), then (id, fields, ...) without input or result. What
 -- does not match is scanned up to a bound; past it the answer is short and its cursor goes on from
 -- the last entry scanned.
+-- The walk starts at the first entry after the cursor, found by rank: the members of a newer
+-- millisecond are counted, and those of the cursor's own millisecond, which the set orders by id,
+-- are searched in halves for the first one before the cursor's id. (Skipping them one by one
+-- spent the bound on entries already listed: past 1,000 jobs of one millisecond, a filtered
+-- listing ended early with a cursor of '', as if nothing were left.)
 local limit = tonumber(ARGV[2])
 local prefix = ARGV[3]
 local cursor_ms, cursor_id = ARGV[4], ARGV[5]
@@ -15,20 +20,32 @@ local want_status, want_cb, want_priority = ARGV[7], ARGV[8], ARGV[9]
 local FIELDS = {'url', 'created', 'status', 'err_code', 'err_msg', 'cb_state', 'cb_attempts',
   'cb_error', 'cb_next', 'cb_da', 'cb_started', 'cb_prev', 'priority', 'maxq', 'events', 'trace',
   'started', 'ended', 'tenant', 'model', 'mver'}
+local rank = 0
+if cursor_ms ~= '' then
+  rank = redis.call('ZCOUNT', SET, '(' .. cursor_ms, '+inf')
+  local lo, hi = 0, redis.call('ZCOUNT', SET, cursor_ms, cursor_ms)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if before(redis.call('ZREVRANGE', SET, rank + mid, rank + mid)[1], cursor_id) then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  rank = rank + lo
+end
 local found = {}
-local offset, scanned, budget = 0, 0, 20 * limit + 1000
+local scanned, budget, ended = 0, 20 * limit + 1000, false
 local last_ms, last_id = '', ''
-local max = cursor_ms == '' and '+inf' or cursor_ms
 while #found <= limit and scanned < budget do
-  local batch = redis.call('ZREVRANGEBYSCORE', SET, max, '-inf', 'WITHSCORES', 'LIMIT', offset,
-                           limit + 1)
-  if #batch == 0 then last_ms = ''; break end
-  offset = offset + #batch / 2
+  local batch = redis.call('ZREVRANGE', SET, rank, rank + math.min(limit, budget - scanned - 1),
+                           'WITHSCORES')
+  if #batch == 0 then ended = true; break end
+  rank = rank + #batch / 2
   for i = 1, #batch, 2 do
     local id, ms = batch[i], string.format('%.0f', tonumber(batch[i + 1]))
     scanned = scanned + 1
-    local newer = cursor_ms ~= '' and ms == cursor_ms and not before(id, cursor_id)
-    if not newer and string.sub(id, 1, #prefix) == prefix then
+    if string.sub(id, 1, #prefix) == prefix then
       local values = redis.call('HMGET', job_key(id), unpack(FIELDS))
       if values[2] and (want_status == '' or values[3] == want_status) and
          (want_cb == '' or (values[6] or 'none') == want_cb) and
@@ -44,15 +61,14 @@ while #found <= limit and scanned < budget do
         if #found > limit then break end
       end
     end
-    if not newer then last_ms, last_id = ms, id end
-    if scanned >= budget then break end
+    last_ms, last_id = ms, id
   end
 end
 local out = {'', ''}
 if #found > limit then
   found[#found] = nil
   out[1], out[2] = found[#found][3], found[#found][1]
-elseif last_ms ~= '' and scanned >= budget then
+elseif not ended and last_ms ~= '' then
   out[1], out[2] = last_ms, last_id
 end
 for _, e in ipairs(found) do
