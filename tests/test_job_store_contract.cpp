@@ -1359,6 +1359,30 @@ TEST_CASE_TEMPLATE("store contract: a listing's cursor in a crowded millisecond 
   CHECK(std::is_sorted(all.rbegin(), all.rend()));
 }
 
+TEST_CASE_TEMPLATE("store contract: a limit of SIZE_MAX reads as many as the store gives", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // A library caller's "everything": a store may answer fewer than asked (with a cursor), never
+  // none (PostgresJobStore's `LIMIT limit + 1` wrapped to 0, and a bigint out of range failed).
+  constexpr std::size_t all = SIZE_MAX;
+  store->put(make("queued", 1764000000001));
+  store->put(make("dead", 1764000000002), lease("s/1", t0 + 30s));
+  REQUIRE(store->finish_job("dead", "s/1", succeeded, lease("d/1", t0 + 30s), t0));
+  REQUIRE(store->record_attempt("dead", "d/1", {CallbackState::failed, 5, "HTTP 500"}, t0));
+  CHECK(ids_of(store->list_jobs({}, std::nullopt, all).jobs) ==
+        std::vector<std::string>{"dead", "queued"});
+  rebound::JobFilter queued;
+  queued.status = JobStatus::queued;
+  CHECK(ids_of(store->list_jobs(queued, std::nullopt, all).jobs) ==
+        std::vector<std::string>{"queued"});
+  CHECK(ids_of(store->failed_callbacks_page("", std::nullopt, all).jobs) ==
+        std::vector<std::string>{"dead"});
+  CHECK(ids_of(store->list_failed_callbacks(all)) == std::vector<std::string>{"dead"});
+  CHECK(ids_of(store->list_unfinished(all)) == std::vector<std::string>{"queued"});
+}
+
 TEST_CASE_TEMPLATE("store contract: a job's lease and its callback's lease are not one another's",
                    T, STORES) {
   T fixture;

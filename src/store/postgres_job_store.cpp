@@ -212,6 +212,12 @@ UPDATE {jobs} AS j SET cb_holder = $3, cb_until_ms = $4, cb_due_ms = $4
 FROM c WHERE j.key = c.key AND j.key = ANY(ARRAY(SELECT key FROM c))
 RETURNING c.was, )sql";
 
+// A limit as a bigint parameter: one past its range (SIZE_MAX, "all") read as its largest value.
+std::int64_t bigint_limit(std::size_t limit) {
+  return static_cast<std::int64_t>(
+      std::min<std::size_t>(limit, std::numeric_limits<std::int64_t>::max()));
+}
+
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
   for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
     text.replace(at, from.size(), to);
@@ -1978,6 +1984,7 @@ struct PostgresJobStore::Impl {
                std::size_t limit) const {
     JobPage out;
     if (limit == 0) return out;
+    limit = std::min<std::size_t>(limit, 100000);  // (as SqliteJobStore: limit + 1 must not wrap)
     if (after) {
       where += " AND (created_ms, key) < ($" + std::to_string(params.size() + 1) + "::bigint, $" +
                std::to_string(params.size() + 2) + "::text)";
@@ -2006,6 +2013,7 @@ struct PostgresJobStore::Impl {
                        const std::optional<ListCursor>& after, std::size_t limit) const {
     JobPage out;
     if (limit == 0) return out;
+    limit = std::min<std::size_t>(limit, 10000);  // (as SqliteJobStore: the scan must not wrap)
     if (where == "TRUE") return page(where, std::move(params), after, limit);  // (no filter)
     std::string range = "TRUE";
     if (after) {
@@ -2421,7 +2429,7 @@ std::vector<JobRecord> PostgresJobStore::list_failed_callbacks_with_prefix(
   if (limit == 0) return {};
   Params params;
   const std::string where = "cb_state = 'failed' AND " + Impl::prefix_condition(id_prefix, params);
-  params.push_back(std::to_string(limit));
+  params.push_back(std::to_string(bigint_limit(limit)));
   return impl_->records("SELECT " + column_list() + " FROM " + impl_->jobs + " WHERE " + where +
                             " ORDER BY created_ms DESC, key DESC LIMIT $" +
                             std::to_string(params.size()) + "::bigint",
@@ -2499,7 +2507,7 @@ std::vector<JobRecord> PostgresJobStore::list_unfinished(std::size_t limit) cons
   if (limit == 0) return {};
   return impl_->records("SELECT " + column_list() + " FROM " + impl_->jobs +
                             " WHERE finished_ms IS NULL ORDER BY created_ms, key LIMIT $1::bigint",
-                        {std::to_string(limit)});
+                        {std::to_string(bigint_limit(limit))});
 }
 
 std::optional<std::size_t> PostgresJobStore::queue_position(const std::string& id) const {
