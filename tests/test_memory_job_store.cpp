@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "rebound/store/memory_job_store.hpp"
+#include "support/forwarding_store.hpp"
 
 using rebound::CallbackState;
 using rebound::Job;
@@ -459,4 +461,19 @@ TEST_CASE("claims leave the versions skipped where they are - model configs are 
   CHECK(store.put_model_config("iris", "b", 1) == std::optional<std::uint64_t>(2));
   REQUIRE(store.model_configs()->size() == 1);
   CHECK(store.model_configs()->front().config == "b");
+}
+
+TEST_CASE("JobStore's default prefix listing reads every dead letter for a limit of SIZE_MAX") {
+  // A store that does not filter by prefix itself (ForwardingStore keeps JobStore's default):
+  // the default reads ten times the limit and more; for SIZE_MAX that read wrapped to 990.
+  auto memory = std::make_shared<rebound::MemoryJobStore>();
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = "acme/" + std::to_string(i);
+    memory->put(make(id));
+    memory->complete(id, {JobStatus::succeeded, 1, std::nullopt});
+    memory->update_callback(id, {CallbackState::failed, 5, "HTTP 500"});
+  }
+  const rebound::test::ForwardingStore store(memory);
+  CHECK(store.list_failed_callbacks_with_prefix("acme/", SIZE_MAX).size() == 1000);
+  CHECK(store.list_failed_callbacks_with_prefix("acme/", 10).size() == 10);
 }

@@ -388,7 +388,8 @@ class JobReadStore {
                                                                    std::size_t limit) const {
     if (id_prefix.empty()) return list_failed_callbacks(limit);
     std::vector<JobRecord> out;
-    for (auto& record : list_failed_callbacks(limit * 10 + 1000)) {
+    const std::size_t read = limit > (SIZE_MAX - 1000) / 10 ? SIZE_MAX : limit * 10 + 1000;
+    for (auto& record : list_failed_callbacks(read)) {
       if (out.size() >= limit) break;
       if (key_of(record.job).compare(0, id_prefix.size(), id_prefix) == 0)
         out.push_back(std::move(record));
