@@ -1714,3 +1714,27 @@ TEST_CASE(
   o.replica_timeout = o.command_timeout;
   CHECK_THROWS_WITH_AS(RedisJobStore{o}, doctest::Contains("replica timeout"), rebound::Error);
 }
+
+TEST_CASE("redis store: one page reads at most 20000 entries - the rest after its cursor") {
+  // One script blocks Redis for every server of the fleet: a library caller's limit of 100,000
+  // must not make one call read (and HMGET) as many, nor 20 x the limit more.
+  rebound::test::RedisServer server;
+  RedisJobStore store(options_for(server));
+  std::vector<Job> jobs;
+  for (int i = 0; i < 20500; ++i) {
+    jobs.push_back(make("job-" + std::to_string(100000 + i)));
+    jobs.back().created_at = at_ms(1764000000000 + i);
+  }
+  std::vector<rebound::PutRequest> puts;
+  for (const Job& job : jobs)
+    puts.push_back({&job, std::nullopt});
+  store.put_many(puts);
+  const rebound::JobPage first = store.list_jobs({}, std::nullopt, 100000);
+  CHECK(first.jobs.size() == 20000);
+  REQUIRE(first.next.has_value());
+  CHECK(rebound::key_of(first.jobs.front().job) == "job-120499");
+  const rebound::JobPage rest = store.list_jobs({}, first.next, 100000);
+  CHECK(rest.jobs.size() == 500);
+  CHECK_FALSE(rest.next.has_value());
+  CHECK(rebound::key_of(rest.jobs.back().job) == "job-100000");
+}

@@ -35,7 +35,9 @@ if cursor_ms ~= '' then
   rank = rank + lo
 end
 local found = {}
-local scanned, budget, ended = 0, 20 * limit + 1000, false
+-- At most 20,000 entries a call whatever the limit (a library caller may ask for 100,000): one
+-- script blocks Redis for every server, and a page may be short with a cursor.
+local scanned, budget, ended = 0, math.min(20 * limit + 1000, 20000), false
 local last_ms, last_id = '', ''
 while #found <= limit and scanned < budget do
   local batch = redis.call('ZREVRANGE', SET, rank, rank + math.min(limit, budget - scanned - 1),
