@@ -1339,7 +1339,8 @@ JobPage RedisJobStore::list_jobs(const JobFilter& filter, const std::optional<Li
 }
 
 void RedisJobStore::report_server(const std::string& id, std::size_t leases, TimePoint now) {
-  impl_->script(kScriptServers, {id.empty() ? "?" : id, ms_text(now), std::to_string(leases)});
+  impl_->script(kScriptServers, {id.empty() ? "?" : id, ms_text(now), std::to_string(leases),
+                                 impl_->retention_ms()});
 }
 
 bool RedisJobStore::set_origin_paused(const std::string& origin, bool paused) {
@@ -1411,7 +1412,7 @@ std::vector<ModelRef> RedisJobStore::waiting_versions(const std::vector<ModelRef
 }
 
 std::vector<ServerSeen> RedisJobStore::servers(TimePoint now) const {
-  Reply r = impl_->script(kScriptServers, {"", ms_text(now), "0"});
+  Reply r = impl_->script(kScriptServers, {"", ms_text(now), "0", "0"});
   std::vector<ServerSeen> out;
   if (!r || r->type != REDIS_REPLY_ARRAY) return out;
   for (std::size_t i = 0; i + 1 < r->elements; i += 2) {
