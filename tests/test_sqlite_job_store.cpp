@@ -20,6 +20,7 @@
 #include "rebound/delivery/curl_transport.hpp"
 #include "rebound/job_queue.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
+#include "store/sqlite_testing.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
 
@@ -580,6 +581,46 @@ TEST_CASE("sqlite: a second store on the same file is refused") {
     CHECK(std::string(e.what()).find("another rebound-server") != std::string::npos);
   }
   CHECK_THROWS_AS(SqliteJobStore("/nonexistent/dir/jobs.db"), rebound::Error);
+}
+
+TEST_CASE("sqlite: pruning deletes in batches - a put commits between two") {
+  // A retention lowered from days to hours (or a start on an old file) has many jobs to delete:
+  // one statement held the store's lock throughout, and every submission waited for all of it.
+  TempDb db;
+  rebound::SqliteJobStoreOptions o;
+  o.retention = 1h;
+  o.prune_interval = 24h;  // only the explicit prune() below runs
+  SqliteJobStore store(db.path(), o);
+  constexpr int jobs = 2500;
+  std::vector<Job> batch;
+  for (int i = 0; i < jobs; ++i)
+    batch.push_back(make("done-" + std::to_string(i), ""));
+  std::vector<rebound::PutRequest> requests;
+  for (const Job& job : batch)
+    requests.push_back(rebound::PutRequest{&job, std::nullopt});
+  store.put_many(requests);
+  const auto now = std::chrono::system_clock::now() + 1s;
+  REQUIRE(store.claim_jobs(jobs, rebound::Lease{"w", now + 1h}, now).size() ==
+          static_cast<std::size_t>(jobs));
+  for (const Job& job : batch)
+    REQUIRE(
+        store.finish_job(job.id, "w", {JobStatus::succeeded, 1, std::nullopt}, std::nullopt, now));
+  // After the first batch, a submission: answered before the pruning goes on.
+  int batches = 0, put_after = 0;
+  rebound::detail::set_sqlite_prune_batch_hook([&] {
+    if (++batches == 1) {
+      CHECK(store.put(make("during")) == PutOutcome::created);
+      put_after = batches;
+    }
+  });
+  const std::size_t pruned = store.prune(now + 2h);
+  rebound::detail::set_sqlite_prune_batch_hook({});
+  CHECK(pruned == static_cast<std::size_t>(jobs));
+  CHECK(batches >= 3);  // 2,500 in batches of at most 1,000, and the empty one that ends it
+  CHECK(put_after == 1);
+  CHECK(store.get("during"));
+  CHECK_FALSE(store.get("done-0"));
+  CHECK_FALSE(store.get("done-2499"));
 }
 
 TEST_CASE("sqlite: finished jobs are pruned after the retention - unfinished ones never") {

@@ -23,8 +23,23 @@
 #include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"
 #include "rebound/store/job_state.hpp"
+#include "store/sqlite_testing.hpp"
 
 namespace rebound {
+namespace detail {
+namespace {
+std::mutex prune_batch_hook_mutex;
+std::function<void()> prune_batch_hook;
+std::atomic<bool> prune_batch_hook_set{false};
+}  // namespace
+
+void set_sqlite_prune_batch_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(prune_batch_hook_mutex);
+  prune_batch_hook = std::move(hook);
+  prune_batch_hook_set = static_cast<bool>(prune_batch_hook);
+}
+}  // namespace detail
+
 namespace {
 
 // The file keeps a JobStatus and a CallbackState as their numbers, and the SQL below compares
@@ -626,7 +641,9 @@ struct SqliteJobStore::Impl {
           db, std::string("SELECT ") + record_columns +
                   " FROM jobs WHERE finished_at_ms IS NULL ORDER BY created_at_ms LIMIT ?");
       delete_finished = std::make_unique<Statement>(
-          db, "DELETE FROM jobs WHERE finished_at_ms IS NOT NULL AND finished_at_ms < ?");
+          db,
+          "DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs WHERE finished_at_ms IS NOT "
+          "NULL AND finished_at_ms < ?1 ORDER BY finished_at_ms LIMIT ?2)");
       probe = std::make_unique<Statement>(
           db, "INSERT OR REPLACE INTO store_probe (id, at_ms) VALUES (1, ?)");
     } catch (const Error& e) {
@@ -740,6 +757,7 @@ struct SqliteJobStore::Impl {
 
   void run_writer() {
     auto last_prune = std::chrono::steady_clock::now();
+    bool pruning = false;  // the last batch of a pruning was full: more to delete
     for (;;) {
       std::deque<Write> batch;
       std::size_t waited = 0;
@@ -748,10 +766,11 @@ struct SqliteJobStore::Impl {
         std::unique_lock<std::mutex> lock(queue_mutex);
         auto queued = [this] { return !waited_queue.empty() || !background_queue.empty(); };
         if (failure.empty()) {
-          queue_changed.wait_for(
-              lock,
-              std::min<std::chrono::milliseconds>(options.prune_interval, file_check_interval),
-              [&] { return stopping || queued(); });
+          queue_changed.wait_for(lock,
+                                 pruning ? std::chrono::milliseconds(0)
+                                         : std::min<std::chrono::milliseconds>(
+                                               options.prune_interval, file_check_interval),
+                                 [&] { return stopping || queued(); });
         } else {
           // Failing: a submission is tried at once (it is answered either way); the rest waits
           // for the retry interval.
@@ -782,13 +801,15 @@ struct SqliteJobStore::Impl {
       // at the next write.
       if (batch.empty() && !probing && !file_problem().empty()) probing = true;
       if (!batch.empty() || probing) commit(batch, waited);
+      // One batch a turn of the loop, the writes queued meanwhile committed before the next;
+      // a full batch goes on at the next turn without waiting for the interval.
       if (options.retention.count() > 0 &&
-          std::chrono::steady_clock::now() - last_prune >= options.prune_interval) {
-        last_prune = std::chrono::steady_clock::now();
+          (pruning || std::chrono::steady_clock::now() - last_prune >= options.prune_interval)) {
+        if (!pruning) last_prune = std::chrono::steady_clock::now();
         try {
-          prune_now();
+          pruning = prune_some(now_ms()) == prune_batch;
         } catch (...) {
-          // Pruning is housekeeping: it retries at the next interval.
+          pruning = false;  // Pruning is housekeeping: it retries at the next interval.
         }
       }
     }
@@ -895,15 +916,42 @@ struct SqliteJobStore::Impl {
     queue_changed.notify_all();
   }
 
-  std::size_t prune_now() { return prune_at(now_ms()); }
+  // Pruning deletes at most this many jobs a transaction, the store's lock let go between two:
+  // a retention lowered from days to hours, or a start on an old file, deleted every job past it
+  // in one statement, and every put waited for it (the writer and its lock held throughout).
+  static constexpr std::size_t prune_batch = 1000;
 
-  // Deletes the jobs that finished more than the retention before `at` (ms since the epoch).
+  // Deletes at most prune_batch of the jobs that finished more than the retention before `at`
+  // (ms since the epoch), oldest first; returns how many.
+  std::size_t prune_some(std::int64_t at) {
+    std::size_t deleted = 0;
+    {
+      std::lock_guard<std::mutex> lock(db_mutex);
+      delete_finished->bind(1, at - static_cast<std::int64_t>(options.retention.count()) * 1000)
+          .bind(2, static_cast<std::int64_t>(prune_batch));
+      delete_finished->step();
+      delete_finished->reset();
+      deleted = static_cast<std::size_t>(sqlite3_changes(db));
+    }
+    if (detail::prune_batch_hook_set) {
+      std::function<void()> hook;
+      {
+        std::lock_guard<std::mutex> lock(detail::prune_batch_hook_mutex);
+        hook = detail::prune_batch_hook;
+      }
+      if (hook) hook();
+    }
+    return deleted;
+  }
+
+  // All of them, batch after batch (prune()); the writer commits what is queued between two.
   std::size_t prune_at(std::int64_t at) {
-    std::lock_guard<std::mutex> lock(db_mutex);
-    delete_finished->bind(1, at - static_cast<std::int64_t>(options.retention.count()) * 1000);
-    delete_finished->step();
-    delete_finished->reset();
-    return static_cast<std::size_t>(sqlite3_changes(db));
+    std::size_t total = 0;
+    for (;;) {
+      const std::size_t deleted = prune_some(at);
+      total += deleted;
+      if (deleted < prune_batch) return total;
+    }
   }
 
   // `cursor`: the (created_at_ms, id) bound of a page, bound as ?3 and ?4.

@@ -14,7 +14,10 @@ struct SqliteJobStoreOptions {
   /// Finished jobs (final, callback delivered, given up or not wanted) are deleted this long after
   /// they finished. 0 keeps them forever.
   std::chrono::seconds retention{std::chrono::hours(24)};
-  /// How often the pruning runs.
+  /// How often the pruning runs. It deletes at most 1,000 jobs a transaction, the writes queued
+  /// meanwhile committed between two, until none is left past the retention: a retention lowered
+  /// from days to hours, or a start on an old file, does not hold the submissions for the whole
+  /// deletion.
   std::chrono::seconds prune_interval{std::chrono::minutes(1)};
   /// While the store fails (disk full, a write error), how often the writes that failed are tried
   /// again; with none waiting, a one-row probe write tells when the store works again.
@@ -107,7 +110,8 @@ class SqliteJobStore final : public JobStore {
 
   /// Transactions committed so far (each may hold many writes).
   std::size_t commits() const;
-  /// Deletes finished jobs older than the retention now; returns how many. Also runs by itself.
+  /// Deletes finished jobs older than the retention now (in batches of 1,000, other writes
+  /// committed between two); returns how many. Also runs by itself.
   std::size_t prune();
   /// The same as of `now`: jobs that finished more than the retention before it.
   std::size_t prune(std::chrono::system_clock::time_point now);
