@@ -1289,6 +1289,26 @@ TEST_CASE_TEMPLATE("store contract: each of the three parts serves through its o
   CHECK(seen[0].leases == 2);
 }
 
+namespace {
+
+// The keys a listing shows when its cursors are followed, `limit` a page (at most 1,000 pages).
+std::vector<std::string> listed_by_pages(const rebound::JobReadStore& store,
+                                         const rebound::JobFilter& filter, std::size_t limit) {
+  std::vector<std::string> keys;
+  std::optional<rebound::ListCursor> after;
+  for (int pages = 0; pages < 1000; ++pages) {
+    const rebound::JobPage page = store.list_jobs(filter, after, limit);
+    CHECK(page.jobs.size() <= limit);
+    for (const auto& r : page.jobs)
+      keys.push_back(rebound::key_of(r.job));
+    if (!page.next) break;
+    after = page.next;
+  }
+  return keys;
+}
+
+}  // namespace
+
 TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches every match",
                    Factory, STORES) {
   Factory factory;
@@ -1303,17 +1323,7 @@ TEST_CASE_TEMPLATE("store contract: a listing that matches little still reaches 
     store->put(make("other-" + std::to_string(i), 1764000000000 + i, ""));
   rebound::JobFilter filter;
   filter.priority = 0;
-  std::vector<std::string> found;
-  std::optional<rebound::ListCursor> after;
-  int calls = 0;
-  do {
-    const rebound::JobPage page = store->list_jobs(filter, after, 1);
-    CHECK(page.jobs.size() <= 1);
-    for (const auto& r : page.jobs)
-      found.push_back(rebound::key_of(r.job));
-    after = page.next;
-  } while (after && ++calls < 100);
-  CHECK(found == std::vector<std::string>{"match"});
+  CHECK(listed_by_pages(*store, filter, 1) == std::vector<std::string>{"match"});
 }
 
 TEST_CASE_TEMPLATE("store contract: a listing's cursor in a crowded millisecond goes on past it",
@@ -1333,26 +1343,9 @@ TEST_CASE_TEMPLATE("store contract: a listing's cursor in a crowded millisecond 
     store->put(make("other-" + std::to_string(1000 + i), ms, ""));
   rebound::JobFilter filter;
   filter.priority = 0;
-  std::vector<std::string> found;
-  std::optional<rebound::ListCursor> after;
-  int calls = 0;
-  do {
-    const rebound::JobPage page = store->list_jobs(filter, after, 1);
-    for (const auto& r : page.jobs)
-      found.push_back(rebound::key_of(r.job));
-    after = page.next;
-  } while (after && ++calls < 100);
-  CHECK(found == std::vector<std::string>{"a-match"});
+  CHECK(listed_by_pages(*store, filter, 1) == std::vector<std::string>{"a-match"});
   // Unfiltered, in pages of 7 that cut the millisecond anywhere: every job once, in order.
-  std::vector<std::string> all;
-  after.reset();
-  calls = 0;
-  do {
-    const rebound::JobPage page = store->list_jobs({}, after, 7);
-    for (const auto& r : page.jobs)
-      all.push_back(rebound::key_of(r.job));
-    after = page.next;
-  } while (after && ++calls < 1000);
+  const std::vector<std::string> all = listed_by_pages(*store, {}, 7);
   REQUIRE(all.size() == 1101);
   CHECK(all.front() == "other-2099");
   CHECK(all.back() == "a-match");
@@ -1381,6 +1374,9 @@ TEST_CASE_TEMPLATE("store contract: a limit of SIZE_MAX reads as many as the sto
         std::vector<std::string>{"dead"});
   CHECK(ids_of(store->list_failed_callbacks(all)) == std::vector<std::string>{"dead"});
   CHECK(ids_of(store->list_unfinished(all)) == std::vector<std::string>{"queued"});
+  CHECK(store->claim_callbacks(all, lease("c/1", t0 + 2h), t0 + 1h).empty());
+  CHECK(ids_of(store->claim_jobs(all, lease("w/1", t0 + 2h), t0 + 1h)) ==
+        std::vector<std::string>{"queued"});
 }
 
 TEST_CASE_TEMPLATE("store contract: a job's lease and its callback's lease are not one another's",

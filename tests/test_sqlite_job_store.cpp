@@ -6,11 +6,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <sqlite3.h>
 #include <boost/asio/executor_work_guard.hpp>
@@ -583,6 +585,37 @@ TEST_CASE("sqlite: a second store on the same file is refused") {
   CHECK_THROWS_AS(SqliteJobStore("/nonexistent/dir/jobs.db"), rebound::Error);
 }
 
+namespace {
+
+// The pruning's batch hook (sqlite_testing.hpp) for one scope: cleared however the test ends.
+struct PruneHook {
+  explicit PruneHook(std::function<void(bool)> hook) {
+    rebound::detail::set_sqlite_prune_batch_hook(std::move(hook));
+  }
+  ~PruneHook() { rebound::detail::set_sqlite_prune_batch_hook({}); }
+  PruneHook(const PruneHook&) = delete;
+  PruneHook& operator=(const PruneHook&) = delete;
+};
+
+// Puts `n` poll-only jobs done-0 .. done-(n-1) and finishes them as of `finished`.
+void put_finished(SqliteJobStore& store, int n, std::chrono::system_clock::time_point finished) {
+  std::vector<Job> batch;
+  for (int i = 0; i < n; ++i)
+    batch.push_back(make("done-" + std::to_string(i), ""));
+  std::vector<rebound::PutRequest> requests;
+  for (const Job& job : batch)
+    requests.push_back(rebound::PutRequest{&job, std::nullopt});
+  store.put_many(requests);
+  const auto now = std::chrono::system_clock::now() + 1s;
+  REQUIRE(store.claim_jobs(n, rebound::Lease{"w", now + 1h}, now).size() ==
+          static_cast<std::size_t>(n));
+  for (const Job& job : batch)
+    REQUIRE(store.finish_job(job.id, "w", {JobStatus::succeeded, 1, std::nullopt}, std::nullopt,
+                             finished));
+}
+
+}  // namespace
+
 TEST_CASE("sqlite: pruning deletes in batches - a put commits between two") {
   // A retention lowered from days to hours (or a start on an old file) has many jobs to delete:
   // one statement held the store's lock throughout, and every submission waited for all of it.
@@ -592,33 +625,57 @@ TEST_CASE("sqlite: pruning deletes in batches - a put commits between two") {
   o.prune_interval = 24h;  // only the explicit prune() below runs
   SqliteJobStore store(db.path(), o);
   constexpr int jobs = 2500;
-  std::vector<Job> batch;
-  for (int i = 0; i < jobs; ++i)
-    batch.push_back(make("done-" + std::to_string(i), ""));
-  std::vector<rebound::PutRequest> requests;
-  for (const Job& job : batch)
-    requests.push_back(rebound::PutRequest{&job, std::nullopt});
-  store.put_many(requests);
   const auto now = std::chrono::system_clock::now() + 1s;
-  REQUIRE(store.claim_jobs(jobs, rebound::Lease{"w", now + 1h}, now).size() ==
-          static_cast<std::size_t>(jobs));
-  for (const Job& job : batch)
-    REQUIRE(
-        store.finish_job(job.id, "w", {JobStatus::succeeded, 1, std::nullopt}, std::nullopt, now));
+  put_finished(store, jobs, now);
   // After the first batch, a submission: answered before the pruning goes on.
   int batches = 0, put_after = 0;
-  rebound::detail::set_sqlite_prune_batch_hook([&] {
-    if (++batches == 1) {
-      CHECK(store.put(make("during")) == PutOutcome::created);
-      put_after = batches;
-    }
-  });
-  const std::size_t pruned = store.prune(now + 2h);
-  rebound::detail::set_sqlite_prune_batch_hook({});
+  std::size_t pruned = 0;
+  {
+    const PruneHook hook([&](bool) {
+      if (++batches == 1) {
+        CHECK(store.put(make("during")) == PutOutcome::created);
+        put_after = batches;
+      }
+    });
+    pruned = store.prune(now + 2h);
+  }
   CHECK(pruned == static_cast<std::size_t>(jobs));
-  CHECK(batches >= 3);  // 2,500 in batches of at most 1,000, and the empty one that ends it
+  CHECK(batches == 3);  // 1,000, 1,000 and 500
   CHECK(put_after == 1);
   CHECK(store.get("during"));
+  CHECK_FALSE(store.get("done-0"));
+  CHECK_FALSE(store.get("done-2499"));
+}
+
+TEST_CASE("sqlite: the writer's own pruning goes on at once while its batches are full") {
+  // Not one batch a prune interval: a backlog of 2,500 is gone at the first interval, its
+  // batches after a full one run at once (the writer commits what is queued between two).
+  TempDb db;
+  rebound::SqliteJobStoreOptions o;
+  o.retention = 1h;
+  o.prune_interval = 2s;  // (a batch of 1,000 takes milliseconds, under a sanitizer too)
+  std::mutex mutex;
+  std::vector<bool> went_on;
+  const PruneHook hook([&](bool on) {
+    std::lock_guard<std::mutex> lock(mutex);
+    went_on.push_back(on);  // (on the writer's thread: no write of the store here)
+  });
+  SqliteJobStore store(db.path(), o);
+  put_finished(store, 2500, std::chrono::system_clock::now() - 2h);
+  for (int i = 0; i < 200; ++i) {  // up to 20 s
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (went_on.size() >= 3) break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    REQUIRE(went_on.size() >= 3);
+    CHECK(went_on[0] == false);  // at the interval
+    CHECK(went_on[1] == true);   // at once after it, not at the next interval
+    CHECK(went_on[2] == true);
+  }
   CHECK_FALSE(store.get("done-0"));
   CHECK_FALSE(store.get("done-2499"));
 }

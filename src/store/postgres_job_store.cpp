@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <limits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -1914,9 +1915,12 @@ struct PostgresJobStore::Impl {
     }
 
     const std::string& text = claim_jobs_sql;
-    const Params params{
-        std::to_string(to_ms(now)),         std::to_string(max),     lease.holder,
-        std::to_string(to_ms(lease.until)), text_array(skip_models), text_array(skip_versions)};
+    const Params params{std::to_string(to_ms(now)),
+                        std::to_string(bigint_limit(max)),
+                        lease.holder,
+                        std::to_string(to_ms(lease.until)),
+                        text_array(skip_models),
+                        text_array(skip_versions)};
     struct Taken {
       std::int64_t pos;
       bool wrapped;
@@ -1952,8 +1956,8 @@ struct PostgresJobStore::Impl {
       JobRecord record;
     };
     std::vector<Taken> taken = with_connection([&](Connection& c) {
-      Result r = c.exec(text, {std::to_string(to_ms(now)), std::to_string(max), lease.holder,
-                               std::to_string(to_ms(lease.until))});
+      Result r = c.exec(text, {std::to_string(to_ms(now)), std::to_string(bigint_limit(max)),
+                               lease.holder, std::to_string(to_ms(lease.until))});
       std::vector<Taken> out;
       for (int row = 0; row < PQntuples(r.get()); ++row)
         out.push_back({int_at(r.get(), row, 0), read_record(r.get(), row, 1)});

@@ -29,11 +29,11 @@ namespace rebound {
 namespace detail {
 namespace {
 std::mutex prune_batch_hook_mutex;
-std::function<void()> prune_batch_hook;
+std::function<void(bool)> prune_batch_hook;
 std::atomic<bool> prune_batch_hook_set{false};
 }  // namespace
 
-void set_sqlite_prune_batch_hook(std::function<void()> hook) {
+void set_sqlite_prune_batch_hook(std::function<void(bool)> hook) {
   std::lock_guard<std::mutex> lock(prune_batch_hook_mutex);
   prune_batch_hook = std::move(hook);
   prune_batch_hook_set = static_cast<bool>(prune_batch_hook);
@@ -803,11 +803,11 @@ struct SqliteJobStore::Impl {
       if (!batch.empty() || probing) commit(batch, waited);
       // One batch a turn of the loop, the writes queued meanwhile committed before the next;
       // a full batch goes on at the next turn without waiting for the interval.
-      if (options.retention.count() > 0 &&
-          (pruning || std::chrono::steady_clock::now() - last_prune >= options.prune_interval)) {
-        if (!pruning) last_prune = std::chrono::steady_clock::now();
+      const bool due = std::chrono::steady_clock::now() - last_prune >= options.prune_interval;
+      if (options.retention.count() > 0 && (pruning || due)) {
+        if (due) last_prune = std::chrono::steady_clock::now();
         try {
-          pruning = prune_some(now_ms()) == prune_batch;
+          pruning = prune_some(now_ms(), !due) == prune_batch;
         } catch (...) {
           pruning = false;  // Pruning is housekeeping: it retries at the next interval.
         }
@@ -922,8 +922,9 @@ struct SqliteJobStore::Impl {
   static constexpr std::size_t prune_batch = 1000;
 
   // Deletes at most prune_batch of the jobs that finished more than the retention before `at`
-  // (ms since the epoch), oldest first; returns how many.
-  std::size_t prune_some(std::int64_t at) {
+  // (ms since the epoch), oldest first; returns how many. `went_on`: after a full batch (for the
+  // tests' hook).
+  std::size_t prune_some(std::int64_t at, bool went_on) {
     std::size_t deleted = 0;
     {
       std::lock_guard<std::mutex> lock(db_mutex);
@@ -934,12 +935,12 @@ struct SqliteJobStore::Impl {
       deleted = static_cast<std::size_t>(sqlite3_changes(db));
     }
     if (detail::prune_batch_hook_set) {
-      std::function<void()> hook;
+      std::function<void(bool)> hook;
       {
         std::lock_guard<std::mutex> lock(detail::prune_batch_hook_mutex);
         hook = detail::prune_batch_hook;
       }
-      if (hook) hook();
+      if (hook) hook(went_on);
     }
     return deleted;
   }
@@ -948,7 +949,7 @@ struct SqliteJobStore::Impl {
   std::size_t prune_at(std::int64_t at) {
     std::size_t total = 0;
     for (;;) {
-      const std::size_t deleted = prune_some(at);
+      const std::size_t deleted = prune_some(at, total > 0);
       total += deleted;
       if (deleted < prune_batch) return total;
     }

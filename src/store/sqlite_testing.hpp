@@ -7,7 +7,10 @@ namespace rebound::detail {
 
 // Called after each batch of a pruning (SqliteJobStore::prune, or its writer's own), with no lock
 // of the store held (an empty function: none), so that a test can see a write committed between
-// two batches.
-void set_sqlite_prune_batch_hook(std::function<void()> hook);
+// two batches; `went_on`: the batch ran because the one before was full, before the prune
+// interval came round again (not the first of prune(), nor one the interval started). On the
+// writer's thread the hook must not wait for a write of the store (the writer is the thread that
+// would commit it).
+void set_sqlite_prune_batch_hook(std::function<void(bool went_on)> hook);
 
 }  // namespace rebound::detail
