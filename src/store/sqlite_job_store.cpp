@@ -885,6 +885,13 @@ struct SqliteJobStore::Impl {
       failure = "sqlite job store: " + why;
       unreported = failure;
     }
+    if (!error) {
+      // Counted before anyone hears of the commit: a caller told its write is in the file sees
+      // it in commits() (the count moved after the answers, and a test read it between).
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      failure.clear();
+      ++commit_count;
+    }
     std::deque<Write> retry;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       Write& w = batch[i];
@@ -909,9 +916,6 @@ struct SqliteJobStore::Impl {
       enqueued[1] += retry.size();
       background_queue.insert(background_queue.begin(), std::make_move_iterator(retry.begin()),
                               std::make_move_iterator(retry.end()));
-    } else {
-      failure.clear();
-      ++commit_count;
     }
     queue_changed.notify_all();
   }
