@@ -1403,6 +1403,39 @@ TEST_CASE_TEMPLATE("store contract: a job's lease and its callback's lease are n
   CHECK(store->record_attempt("a", "h", delivered, t0));
 }
 
+TEST_CASE_TEMPLATE("store contract: jobs behind many of a version left alone are claimed", Factory,
+                   STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  if (!store->model_configs()) return;  // a store of one server claims every version
+  // 6,000 jobs of iris/2 ahead of 10 of iris/1: more than one claim of any store reads past.
+  std::vector<Job> jobs;
+  jobs.reserve(6010);
+  for (int i = 0; i < 6010; ++i) {
+    jobs.push_back(make("k" + std::to_string(10000 + i), 1764000000000 + i));
+    jobs.back().model = {"iris", i < 6000 ? "2" : "1"};
+  }
+  std::vector<rebound::PutRequest> puts;
+  for (const Job& job : jobs)
+    puts.push_back({&job, std::nullopt});
+  for (const PutOutcome outcome : store->put_many(puts))
+    REQUIRE(outcome == PutOutcome::created);
+  const time_point now = t0 + 10s;
+  std::vector<std::string> got;
+  for (int claims = 0; claims < 10 && got.size() < 10; ++claims) {
+    for (const auto& r : store->claim_jobs_except(4, lease("one", t0 + 60s), now, {{"iris", "2"}}))
+      got.push_back(r.job.id);
+  }
+  CHECK(got == std::vector<std::string>{"k16000", "k16001", "k16002", "k16003", "k16004", "k16005",
+                                        "k16006", "k16007", "k16008", "k16009"});
+  // What was left alone is still first for a server that serves it.
+  const auto front = store->claim_jobs(2, lease("two", t0 + 60s), now);
+  REQUIRE(front.size() == 2);
+  CHECK(front[0].job.id == "k10000");
+  CHECK(front[1].job.id == "k10001");
+}
+
 TEST_CASE_TEMPLATE("store contract: a fleet's store says which versions have jobs nobody claims",
                    Factory, STORES) {
   Factory factory;

@@ -260,6 +260,60 @@ TEST_CASE("redis: claims leave the versions skipped in place - model configs are
   CHECK(configs->front().config == R"({"a":2})");
 }
 
+TEST_CASE(
+    "redis: more skipped jobs than a claim reads hold back the others for a few claims only") {
+  rebound::test::RedisServer server;
+  RedisJobStore one(options_for(server)), two(options_for(server));
+  // 2,500 jobs of iris/2 (which server one leaves alone) ahead of 10 of iris/1, in one tenant's
+  // one priority; then 10 more of iris/2 at priority 0.
+  std::vector<Job> jobs;
+  for (int i = 0; i < 2510; ++i) {
+    jobs.push_back(make("s-" + std::to_string(10000 + i)));
+    jobs.back().created_at = at_ms(1764000000000 + i);
+    jobs.back().model = {"iris", i < 2500 ? "2" : "1"};
+  }
+  for (int i = 0; i < 10; ++i) {
+    jobs.push_back(make("s-urgent-" + std::to_string(i)));
+    jobs.back().created_at = at_ms(1764000005000 + i);
+    jobs.back().model = {"iris", "2"};
+    jobs.back().priority = 0;
+  }
+  std::vector<rebound::PutRequest> puts;
+  for (const Job& job : jobs)
+    puts.push_back({&job, std::nullopt});
+  for (const PutOutcome outcome : one.put_many(puts))
+    REQUIRE(outcome == PutOutcome::created);
+  const auto now = at_ms(1764000010000);
+  const std::vector<rebound::ModelRef> skip{{"iris", "2"}};
+  // A claim reads at most 1,000 of them: the iris/1 jobs come within three claims, in order.
+  std::vector<std::string> got;
+  int claims = 0;
+  while (got.empty() && claims < 3) {
+    ++claims;
+    for (const auto& r : one.claim_jobs_except(5, Lease{"one", at_ms(1764000100000)}, now, skip))
+      got.push_back(r.job.id);
+  }
+  REQUIRE(got.size() == 5);
+  CHECK(got.front() == "s-12500");
+  CHECK(got.back() == "s-12504");
+  // The next claim goes on after them, without reading the skipped ones again.
+  const auto next = one.claim_jobs_except(10, Lease{"one", at_ms(1764000100000)}, now, skip);
+  REQUIRE(next.size() == 5);
+  CHECK(next.front().job.id == "s-12505");
+  // Another server's claim, which skips nothing (or other versions), starts from the front.
+  const auto urgent =
+      two.claim_jobs_except(3, Lease{"two", at_ms(1764000100000)}, now, {{"iris", "9"}});
+  REQUIRE(urgent.size() == 3);
+  CHECK(urgent.front().job.id == "s-urgent-0");
+  const auto front = two.claim_jobs(8, Lease{"two", at_ms(1764000100000)}, now);
+  REQUIRE(front.size() == 8);
+  CHECK(front[6].job.id == "s-urgent-9");
+  CHECK(front[7].job.id == "s-10000");
+  // Nothing left for server one: its claims read to the end and begin again, finding none.
+  for (int i = 0; i < 4; ++i)
+    CHECK(one.claim_jobs_except(10, Lease{"one", at_ms(1764000100000)}, now, skip).empty());
+}
+
 TEST_CASE("redis: get_many of more ids than one pipeline holds answers each - in order") {
   rebound::test::RedisServer server;
   RedisJobStore store(options_for(server));

@@ -680,9 +680,17 @@ class MemoryJobStore final : public JobStore {
         const std::string* tenant = range->tenant;
         std::vector<Map::iterator> mine;
         for (int p = highest_priority; p <= lowest; ++p) {
-          for (auto q = queue.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
-               q != queue.end() && q->tenant == tenant && q->priority == p && q->at <= now &&
-               mine.size() < wanted && renewed.size() < refile_slice;
+          auto q = queue.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
+          std::string resume;  // (with versions to skip) its key in resume_
+          if (skip) {
+            resume = resume_key(*tenant, p, *skip);
+            const auto r = resume_.find(resume);
+            if (r != resume_.end() && r->second.first <= now)
+              q = queue.upper_bound(QueueKey{tenant, p, r->second.first, &r->second.second});
+          }
+          bool stopped = false;
+          for (; q != queue.end() && q->tenant == tenant && q->priority == p && q->at <= now &&
+                 mine.size() < wanted && renewed.size() < refile_slice;
                ++q) {
             Map::iterator it = jobs_.find(*q->id);
             const std::optional<Lease>& h = held(it->second.stored);
@@ -692,8 +700,18 @@ class MemoryJobStore final : public JobStore {
                                           it->second.stored.record.job.model) == skip->end()) {
               mine.push_back(it);
             } else if (++skipped > 5000) {
-              break;  // a job of a version skipped stays where it is; past 5,000, the next claim
+              // A job of a version skipped stays where it is; past 5,000, the next claim with
+              // these versions to skip goes on after this one.
+              if (resume_.size() >= 4096) resume_.clear();  // (skip lists come and go)
+              resume_[resume] = {q->at, *q->id};
+              stopped = true;
+              break;
             }
+          }
+          // Read to the end of the priority's due jobs: the next claim reads them from the start.
+          if (skip && !stopped &&
+              (q == queue.end() || q->tenant != tenant || q->priority != p || q->at > now)) {
+            resume_.erase(resume);
           }
         }
         if (!mine.empty()) {
@@ -856,6 +874,18 @@ class MemoryJobStore final : public JobStore {
   detail::ServersSeen seen_;
   std::map<std::string, ModelConfig> model_configs_;
   mutable std::string waiting_from_;  // the tenant where waiting_versions was cut short
+  // Where a claim that left versions alone stopped in a tenant's priority, past 5,000 of their
+  // jobs: (time, id) of the last one looked at, by resume_key. The next claim with the same
+  // versions goes on after it, so that jobs behind more skipped ones than a claim reads are
+  // reached (read from the start each time, they were held back for good).
+  std::unordered_map<std::string, std::pair<TimePoint, std::string>> resume_;
+  static std::string resume_key(const std::string& tenant, int priority,
+                                const std::vector<ModelRef>& skip) {
+    std::string key = tenant + '\n' + std::to_string(priority);
+    for (const ModelRef& m : skip)
+      key += '\n' + m.name + ' ' + m.version;
+    return key;
+  }
 };
 
 }  // namespace rebound

@@ -51,29 +51,64 @@ local function skipped(id)
   local m = redis.call('HMGET', job_key(id), 'model', 'mver')
   return skip[(m[1] or '') .. ' ' .. (m[2] or '')] == true
 end
+-- Where the last claim with the same versions to skip stopped in a tenant's priority, when it
+-- stopped at its bound: the next one goes on from there, so that jobs behind more skipped ones
+-- than a claim reads are reached in a few claims (read from the start each time, 1,000 jobs of a
+-- version this server leaves alone held the others back for good). One key per due set, priority
+-- and list of versions, for an hour at most.
+local function resume_key(set, p)
+  return P .. ':jobs:resume:' .. redis.sha1hex(set .. '\n' .. p .. '\n' .. (ARGV[7] or ''))
+end
 -- Each tenant's due jobs, at most `max`, in its order: (id, priority) pairs. With versions to
--- skip, read in pages of 100, past at most 1,000 jobs a tenant's priority and 5,000 in all (the
--- rest wait for the next claim: one script holds Redis for every server).
+-- skip, read in pages of 100 by rank, past at most 1,000 jobs a tenant's priority and 5,000 in
+-- all (the rest wait for the next claim: one script holds Redis for every server), from where
+-- the last such claim stopped (resume_key); the jobs before that point are read again once a
+-- claim has read to the end.
 local due, with = {}, {}
 local looked_all = 0
 for i, set in ipairs(sets) do
   local mine = {}
   for p = 0, 9 do
     if #mine >= 2 * max then break end
-    local offset = 0
-    repeat
-      local want = max - #mine / 2
-      if skip then want = 100 end
+    if not skip then
       local ids = redis.call('ZRANGEBYSCORE', set, job_score(p, 0), job_score(p, ARGV[3]), 'LIMIT',
-                             offset, want)
+                             0, max - #mine / 2)
       for _, id in ipairs(ids) do
-        if #mine < 2 * max and not skipped(id) then
-          mine[#mine + 1] = id
-          mine[#mine + 1] = p
+        mine[#mine + 1] = id
+        mine[#mine + 1] = p
+      end
+    else
+      -- The due jobs of priority p are the ranks first .. last of the set.
+      local first = redis.call('ZCOUNT', set, '-inf', '(' .. job_score(p, 0))
+      local last = first + redis.call('ZCOUNT', set, job_score(p, 0), job_score(p, ARGV[3])) - 1
+      local resume = last >= first and resume_key(set, p)
+      local from = resume and redis.call('GET', resume)
+      local rank = first
+      if from then
+        -- Still among them: go on after it (claimed or gone since: from the start).
+        local r = redis.call('ZRANK', set, from)
+        if r and r >= first and r < last then rank = r + 1 end
+      end
+      -- (Past the budget of all, a page still: a tenant after a crowded one is looked at.)
+      local looked, stopped_at = 0, nil
+      while rank <= last and #mine < 2 * max and looked < 1000 and
+            (looked_all < 5000 or looked == 0) do
+        local ids = redis.call('ZRANGE', set, rank, math.min(rank + 99, last))
+        for _, id in ipairs(ids) do
+          if #mine >= 2 * max then break end
+          stopped_at, rank, looked, looked_all = id, rank + 1, looked + 1, looked_all + 1
+          if not skipped(id) then
+            mine[#mine + 1] = id
+            mine[#mine + 1] = p
+          end
         end
       end
-      offset, looked_all = offset + #ids, looked_all + #ids
-    until not skip or #ids < want or #mine >= 2 * max or offset >= 1000 or looked_all >= 5000
+      if rank > last then
+        if from then redis.call('DEL', resume) end
+      elseif #mine < 2 * max and stopped_at then
+        redis.call('SET', resume, stopped_at, 'EX', 3600)
+      end
+    end
   end
   if #mine > 0 then
     due[#due + 1] = mine
