@@ -296,7 +296,7 @@ TEST_CASE(
   REQUIRE(got.size() == 5);
   CHECK(got.front() == "s-12500");
   CHECK(got.back() == "s-12504");
-  // The next claim goes on after them, without reading the skipped ones again.
+  // The next claim goes on after them (from the last skipped job before the first found).
   const auto next = one.claim_jobs_except(10, Lease{"one", at_ms(1764000100000)}, now, skip);
   REQUIRE(next.size() == 5);
   CHECK(next.front().job.id == "s-12505");

@@ -573,6 +573,21 @@ TEST_CASE("sqlite: renew_all renews what each holder holds - one write") {
   CHECK(store.claim_jobs(200, rebound::Lease{"c2", t0 + 3h}, t0 + 1h + 1s).size() == 90);
 }
 
+TEST_CASE("sqlite: a cancellation whose transaction fails leaves the job to its holder") {
+  TempDb db;
+  SqliteJobStore store(db.path());
+  const auto t0 = fixed_now;
+  REQUIRE(store.put(make("held"), rebound::Lease{"w", t0 + 60s}) == PutOutcome::created);
+  std::filesystem::remove(db.path());  // every transaction fails from here on
+  const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
+                                      rebound::ErrorInfo{"cancelled", "by the test"}};
+  CHECK_THROWS_AS(store.cancel("held", cancelled, t0 + 1s), rebound::StoreUnavailable);
+  // The job was not cancelled: its holder still holds it (renews, and its acknowledgement would
+  // be taken), rather than losing it and running it again after the lease.
+  CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 2s));
+  CHECK_FALSE(store.renew("held", rebound::Lease{"other", t0 + 90s}, t0 + 2s));
+}
+
 TEST_CASE("sqlite: a second store on the same file is refused") {
   TempDb db;
   SqliteJobStore first(db.path());

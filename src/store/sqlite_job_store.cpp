@@ -447,8 +447,15 @@ struct SqliteJobStore::Impl {
   mutable std::mutex lease_mutex;
   std::unordered_map<std::string, Lease> job_leases, callback_leases;
   // Jobs whose cancellation is queued and not yet committed: no lease is given on them (a put or
-  // a claim that commits first) and no acknowledgement taken.
+  // a claim that commits first) and no acknowledgement taken. The lease the cancellation took, or
+  // one given meanwhile, is withheld: given back unless the job ends cancelled (not found, already
+  // final, or the transaction failed: whoever holds it goes on).
   std::unordered_set<std::string> cancelling;
+  std::unordered_map<std::string, Lease> withheld;
+  // Under lease_mutex: `lease` becomes the job's, or is withheld while a cancellation waits.
+  void give_job_lease(std::string key, const Lease& lease) {
+    (cancelling.count(key) ? withheld : job_leases)[std::move(key)] = lease;
+  }
 
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
@@ -1129,7 +1136,10 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
         auto& leases = callbacks ? callback_leases : job_leases;
         for (const auto& r : claimed) {
           std::string key = key_of(r.job);
-          if (callbacks || !cancelling.count(key)) leases[std::move(key)] = lease;
+          if (callbacks)
+            leases[std::move(key)] = lease;
+          else
+            give_job_lease(std::move(key), lease);
         }
       });
 }
@@ -1342,7 +1352,7 @@ std::vector<PutOutcome> SqliteJobStore::put_many(const std::vector<PutRequest>& 
           const PutRequest& r = requests[i];
           if (outcomes[i] != PutOutcome::created || !r.claim) continue;
           std::string key = key_of(*r.job);
-          if (!impl->cancelling.count(key)) impl->job_leases[std::move(key)] = *r.claim;
+          impl->give_job_lease(std::move(key), *r.claim);
         }
       },
       true);  // durable once this returns
@@ -1355,7 +1365,7 @@ PutOutcome SqliteJobStore::put(const Job& job, const std::optional<Lease>& claim
       [impl, id = key_of(job), claim](PutOutcome& outcome) {
         if (outcome != PutOutcome::created || !claim) return;
         std::lock_guard<std::mutex> lock(impl->lease_mutex);
-        if (!impl->cancelling.count(id)) impl->job_leases[id] = *claim;
+        impl->give_job_lease(id, *claim);
       },
       true);  // durable once this returns created
 }
@@ -1368,7 +1378,7 @@ void SqliteJobStore::async_put(const Job& job, const std::optional<Lease>& claim
                     [impl, id = key_of(job), claim, outcome, answer] {
                       if (*outcome == PutOutcome::created && claim) {
                         std::lock_guard<std::mutex> lock(impl->lease_mutex);
-                        if (!impl->cancelling.count(id)) impl->job_leases[id] = *claim;
+                        impl->give_job_lease(id, *claim);
                       }
                       (*answer)(nullptr, *outcome);
                     },
@@ -1658,18 +1668,25 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
                                      TimePoint now) {
   Impl* impl = impl_.get();
   std::string result = result_text(outcome);
-  // Whatever the answer, the job holds no lease afterwards: a put or claim that committed while
-  // the cancellation waited gave none (see `cancelling`).
+  // Cancelled, the job holds no lease afterwards; else the lease withheld meanwhile is given back
+  // (see `cancelling`): a cancellation whose transaction failed took the holder's lease away, and
+  // the job ran again after it.
   struct Done {
     Impl* impl;
     const std::string& id;
+    bool cancelled = false;
     ~Done() {
       std::lock_guard<std::mutex> lock(impl->lease_mutex);
       impl->cancelling.erase(id);
-      impl->job_leases.erase(id);
+      const auto held = impl->withheld.find(id);
+      if (held != impl->withheld.end()) {
+        if (!cancelled) impl->job_leases.emplace(id, std::move(held->second));
+        impl->withheld.erase(held);
+      }
+      if (cancelled) impl->job_leases.erase(id);
     }
   } done{impl, id};
-  return impl_->write_and_wait<CancelOutcome>(
+  const CancelOutcome answer = impl_->write_and_wait<CancelOutcome>(
       [impl, id, outcome = outcome_without_result(outcome), result = std::move(result), now] {
         Impl::Row* r = impl->load(id);
         if (!r) return CancelOutcome::not_found;
@@ -1686,9 +1703,15 @@ CancelOutcome SqliteJobStore::cancel(const std::string& id, const JobOutcome& ou
       // Whoever holds the job loses it now: its acknowledgement is refused from here on, and an
       // acknowledgement made before is queued before this write (the job is final then).
       [impl, id] {
-        impl->job_leases.erase(id);
+        const auto held = impl->job_leases.find(id);
+        if (held != impl->job_leases.end()) {
+          impl->withheld[id] = std::move(held->second);
+          impl->job_leases.erase(held);
+        }
         impl->cancelling.insert(id);
       });
+  done.cancelled = answer == CancelOutcome::cancelled;
+  return answer;
 }
 
 RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& claim,

@@ -682,13 +682,18 @@ class MemoryJobStore final : public JobStore {
         for (int p = highest_priority; p <= lowest; ++p) {
           auto q = queue.lower_bound(QueueKey{tenant, p, TimePoint::min(), nullptr});
           std::string resume;  // (with versions to skip) its key in resume_
+          bool resumed = false;
           if (skip) {
             resume = resume_key(*tenant, p, *skip);
             const auto r = resume_.find(resume);
-            if (r != resume_.end() && r->second.first <= now)
-              q = queue.upper_bound(QueueKey{tenant, p, r->second.first, &r->second.second});
+            if (r != resume_.end() && r->second.at <= now && now >= r->second.since &&
+                now - r->second.since < resume_lifetime) {
+              q = queue.upper_bound(QueueKey{tenant, p, r->second.at, &r->second.id});
+              resumed = true;
+            }
           }
-          bool stopped = false;
+          bool stopped = false, found = false;
+          std::optional<QueueKey> passed;  // the last skipped before the first found
           for (; q != queue.end() && q->tenant == tenant && q->priority == p && q->at <= now &&
                  mine.size() < wanted && renewed.size() < refile_slice;
                ++q) {
@@ -699,19 +704,29 @@ class MemoryJobStore final : public JobStore {
             } else if (!skip || std::find(skip->begin(), skip->end(),
                                           it->second.stored.record.job.model) == skip->end()) {
               mine.push_back(it);
-            } else if (++skipped > 5000) {
-              // A job of a version skipped stays where it is; past 5,000, the next claim with
-              // these versions to skip goes on after this one.
-              if (resume_.size() >= 4096) resume_.clear();  // (skip lists come and go)
-              resume_[resume] = {q->at, *q->id};
-              stopped = true;
-              break;
+              found = true;
+            } else {
+              // A job of a version skipped stays where it is; past 5,000, the next claim
+              // with these versions to skip goes on after the last one passed.
+              if (!found) passed = *q;
+              if (++skipped > 5000) {
+                stopped = true;
+                break;
+              }
             }
           }
-          // Read to the end of the priority's due jobs: the next claim reads them from the start.
-          if (skip && !stopped &&
-              (q == queue.end() || q->tenant != tenant || q->priority != p || q->at > now)) {
-            resume_.erase(resume);
+          if (skip) {
+            const bool at_end = !stopped && (q == queue.end() || q->tenant != tenant ||
+                                             q->priority != p || q->at > now);
+            if (!found && at_end) {
+              resume_.erase(resume);  // read to the end: the next claim from the start
+            } else if (passed) {
+              if (resume_.size() >= 16384) resume_.clear();  // (skip lists come and go)
+              Resume& r = resume_[resume];
+              if (!resumed) r.since = now;
+              r.at = passed->at;
+              r.id = *passed->id;
+            }
           }
         }
         if (!mine.empty()) {
@@ -874,11 +889,20 @@ class MemoryJobStore final : public JobStore {
   detail::ServersSeen seen_;
   std::map<std::string, ModelConfig> model_configs_;
   mutable std::string waiting_from_;  // the tenant where waiting_versions was cut short
-  // Where a claim that left versions alone stopped in a tenant's priority, past 5,000 of their
-  // jobs: (time, id) of the last one looked at, by resume_key. The next claim with the same
-  // versions goes on after it, so that jobs behind more skipped ones than a claim reads are
-  // reached (read from the start each time, they were held back for good).
-  std::unordered_map<std::string, std::pair<TimePoint, std::string>> resume_;
+  // Where the last claim that left versions alone got to in a tenant's priority: the last of the
+  // skipped jobs it passed before the first it could take, by resume_key. The next claim with the
+  // same versions goes on after it, so that jobs behind more skipped ones than a claim reads
+  // (5,000) are reached (read from the start each time, they were held back for good). The point
+  // only ever passes skipped jobs; it lives resume_lifetime from the claim that read from the start
+  // (a job filed before it since, by a lease given with an earlier end, waits at most that), and is
+  // dropped when a claim reads to the end and finds nothing.
+  struct Resume {
+    TimePoint at;
+    std::string id;
+    TimePoint since;  // the claim that read from the start
+  };
+  static constexpr std::chrono::seconds resume_lifetime{60};
+  std::unordered_map<std::string, Resume> resume_;
   static std::string resume_key(const std::string& tenant, int priority,
                                 const std::vector<ModelRef>& skip) {
     std::string key = tenant + '\n' + std::to_string(priority);

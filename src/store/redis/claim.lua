@@ -51,19 +51,21 @@ local function skipped(id)
   local m = redis.call('HMGET', job_key(id), 'model', 'mver')
   return skip[(m[1] or '') .. ' ' .. (m[2] or '')] == true
 end
--- Where the last claim with the same versions to skip stopped in a tenant's priority, when it
--- stopped at its bound: the next one goes on from there, so that jobs behind more skipped ones
--- than a claim reads are reached in a few claims (read from the start each time, 1,000 jobs of a
--- version this server leaves alone held the others back for good). One key per due set, priority
--- and list of versions, for an hour at most.
+-- Where the last claim with the same versions to skip got to in a tenant's priority: the last
+-- of the skipped jobs it read before the first it could take ("score id"). The next one goes on
+-- after it, so that jobs behind more skipped ones than a claim reads are reached in a few claims
+-- (read from the start each time, 1,000 jobs of a version this server leaves alone held the
+-- others back for good). The point only ever passes jobs skipped; it lives 60 s from the claim
+-- that read from the start (a job filed before it since, by a lease that ran out on a server
+-- whose clock is behind, waits at most that), and ends when a claim reads to the end and finds
+-- nothing. One key per due set, priority and list of versions.
 local function resume_key(set, p)
   return P .. ':jobs:resume:' .. redis.sha1hex(set .. '\n' .. p .. '\n' .. (ARGV[7] or ''))
 end
 -- Each tenant's due jobs, at most `max`, in its order: (id, priority) pairs. With versions to
--- skip, read in pages of 100 by rank, past at most 1,000 jobs a tenant's priority and 5,000 in
--- all (the rest wait for the next claim: one script holds Redis for every server), from where
--- the last such claim stopped (resume_key); the jobs before that point are read again once a
--- claim has read to the end.
+-- skip, read in pages of 100 by rank from the resume point, past at most 1,000 jobs a tenant's
+-- priority and 5,000 in all (the rest wait for the next claim: one script holds Redis for every
+-- server).
 local due, with = {}, {}
 local looked_all = 0
 for i, set in ipairs(sets) do
@@ -83,30 +85,41 @@ for i, set in ipairs(sets) do
       local last = first + redis.call('ZCOUNT', set, job_score(p, 0), job_score(p, ARGV[3])) - 1
       local resume = last >= first and resume_key(set, p)
       local from = resume and redis.call('GET', resume)
-      local rank = first
+      local rank, resumed = first, false
       if from then
-        -- Still among them: go on after it (claimed or gone since: from the start).
-        local r = redis.call('ZRANK', set, from)
-        if r and r >= first and r < last then rank = r + 1 end
+        -- Still there with the same score (not claimed or moved since), among them: after it.
+        local space = string.find(from, ' ', 1, true)
+        local id = space and string.sub(from, space + 1)
+        local r = id and redis.call('ZRANK', set, id)
+        if r and r >= first and r < last and
+           redis.call('ZSCORE', set, id) == string.sub(from, 1, space - 1) then
+          rank, resumed = r + 1, true
+        end
       end
       -- (Past the budget of all, a page still: a tenant after a crowded one is looked at.)
-      local looked, stopped_at = 0, nil
+      local looked, found, passed = 0, 0, nil
       while rank <= last and #mine < 2 * max and looked < 1000 and
             (looked_all < 5000 or looked == 0) do
-        local ids = redis.call('ZRANGE', set, rank, math.min(rank + 99, last))
-        for _, id in ipairs(ids) do
+        local page = redis.call('ZRANGE', set, rank, math.min(rank + 99, last), 'WITHSCORES')
+        for k = 1, #page, 2 do
           if #mine >= 2 * max then break end
-          stopped_at, rank, looked, looked_all = id, rank + 1, looked + 1, looked_all + 1
+          local id = page[k]
+          rank, looked, looked_all = rank + 1, looked + 1, looked_all + 1
           if not skipped(id) then
+            found = found + 1
             mine[#mine + 1] = id
             mine[#mine + 1] = p
+          elseif found == 0 then
+            passed = page[k + 1] .. ' ' .. id
           end
         end
       end
-      if rank > last then
+      if found == 0 and rank > last then
         if from then redis.call('DEL', resume) end
-      elseif #mine < 2 * max and stopped_at then
-        redis.call('SET', resume, stopped_at, 'EX', 3600)
+      elseif passed and resumed then
+        redis.call('SET', resume, passed, 'KEEPTTL')
+      elseif passed then
+        redis.call('SET', resume, passed, 'EX', 60)
       end
     end
   end
