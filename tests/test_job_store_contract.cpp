@@ -1458,7 +1458,7 @@ TEST_CASE_TEMPLATE(
   add("acme/y1", 1, "1");
   for (int i = 0; i < 5500; ++i)
     add("beta/s" + std::to_string(i), i, "2");
-  add("beta/b1", 994, "1");  // (after s994: created later, by id)
+  add("beta/b1", 994, "1");  // (in s994's millisecond: before it, by id)
   add("beta/b2", 5600, "1");
   std::vector<rebound::PutRequest> puts;
   for (const Job& job : jobs)

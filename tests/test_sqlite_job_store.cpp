@@ -585,7 +585,6 @@ TEST_CASE("sqlite: a cancellation whose transaction fails leaves the job to its 
   // The job was not cancelled: its holder still holds it (renews, and its acknowledgement would
   // be taken), rather than losing it and running it again after the lease.
   CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 2s));
-  CHECK_FALSE(store.renew("held", rebound::Lease{"other", t0 + 90s}, t0 + 2s));
 }
 
 TEST_CASE("sqlite: a second store on the same file is refused") {
@@ -630,6 +629,57 @@ void put_finished(SqliteJobStore& store, int n, std::chrono::system_clock::time_
 }
 
 }  // namespace
+
+TEST_CASE("sqlite: a holder renews while a cancellation waits - kept when the cancellation fails") {
+  TempDb db;
+  rebound::SqliteJobStoreOptions o;
+  o.retention = 1h;
+  o.prune_interval = 1s;  // the writer calls the hook below at its next turn past a second
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool armed = false, holding = false, released = false;
+  const PruneHook hook([&](bool) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!armed) return;
+    armed = false;
+    holding = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return released; });  // the writer waits here
+  });
+  struct Release {  // (however the test ends, before the store closes)
+    std::mutex& mutex;
+    std::condition_variable& changed;
+    bool& released;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(mutex);
+      released = true;
+      changed.notify_all();
+    }
+  };
+  SqliteJobStore store(db.path(), o);
+  const Release release{mutex, changed, released};
+  const auto t0 = fixed_now;
+  REQUIRE(store.put(make("held"), rebound::Lease{"w", t0 + 60s}) == PutOutcome::created);
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    armed = true;
+    changed.wait(lock, [&] { return holding; });
+  }
+  std::filesystem::remove(db.path());  // the cancellation's transaction will fail
+  const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
+                                      rebound::ErrorInfo{"cancelled", "by the test"}};
+  auto cancel = std::async(std::launch::async, [&] { return store.cancel("held", cancelled, t0); });
+  std::this_thread::sleep_for(200ms);  // (queued behind the held writer by now)
+  CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 1s));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    released = true;
+    changed.notify_all();
+  }
+  CHECK_THROWS_AS(cancel.get(), rebound::StoreUnavailable);
+  // Past the lease it had, the renewal made during the cancellation holds.
+  CHECK(store.renew("held", rebound::Lease{"w", t0 + 120s}, t0 + 70s));
+}
 
 TEST_CASE("sqlite: pruning deletes in batches - a put commits between two") {
   // A retention lowered from days to hours (or a start on an old file) has many jobs to delete:

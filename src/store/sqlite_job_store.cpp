@@ -1479,6 +1479,12 @@ std::optional<SqliteJobStore::Impl::Renewal> SqliteJobStore::Impl::renew_held(co
                                                                               TimePoint now) {
   Leases* leases = &job_leases;
   auto it = live(*leases, id, lease.holder, now);
+  if (it == leases->end() && cancelling.count(id)) {
+    // A cancellation waits: its holder still renews the lease withheld (given back unless the
+    // job ends cancelled; its write comes after the cancellation's).
+    leases = &withheld;
+    it = live(*leases, id, lease.holder, now);
+  }
   if (it == leases->end()) {
     leases = &callback_leases;
     it = live(*leases, id, lease.holder, now);

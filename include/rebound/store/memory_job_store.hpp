@@ -894,14 +894,14 @@ class MemoryJobStore final : public JobStore {
   // same versions goes on after it, so that jobs behind more skipped ones than a claim reads
   // (5,000) are reached (read from the start each time, they were held back for good). The point
   // only ever passes skipped jobs; it lives resume_lifetime from the claim that read from the start
-  // (a job filed before it since, by a lease given with an earlier end, waits at most that), and is
+  // (a job filed before it meanwhile, by a lease that ran out, waits at most that), and is
   // dropped when a claim reads to the end and finds nothing.
   struct Resume {
     TimePoint at;
     std::string id;
     TimePoint since;  // the claim that read from the start
   };
-  static constexpr std::chrono::seconds resume_lifetime{60};
+  static constexpr std::chrono::seconds resume_lifetime{300};
   std::unordered_map<std::string, Resume> resume_;
   static std::string resume_key(const std::string& tenant, int priority,
                                 const std::vector<ModelRef>& skip) {

@@ -52,13 +52,14 @@ local function skipped(id)
   return skip[(m[1] or '') .. ' ' .. (m[2] or '')] == true
 end
 -- Where the last claim with the same versions to skip got to in a tenant's priority: the last
--- of the skipped jobs it read before the first it could take ("score id"). The next one goes on
--- after it, so that jobs behind more skipped ones than a claim reads are reached in a few claims
--- (read from the start each time, 1,000 jobs of a version this server leaves alone held the
--- others back for good). The point only ever passes jobs skipped; it lives 60 s from the claim
--- that read from the start (a job filed before it since, by a lease that ran out on a server
--- whose clock is behind, waits at most that), and ends when a claim reads to the end and finds
--- nothing. One key per due set, priority and list of versions.
+-- of the skipped jobs it read before the first it could take ("since score id", `since` the
+-- time of the claim that read from the front). The next one goes on after it, so that jobs
+-- behind more skipped ones than a claim reads are reached in a few claims (read from the front
+-- each time, 1,000 jobs of a version this server leaves alone held the others back for good).
+-- The point only ever passes skipped jobs; it is used for 300 s from `since` (a job filed before
+-- it meanwhile, by a lease that ran out, waits at most that for these servers; a claim that
+-- skips nothing reads from the front) and ends when a claim reads to the end and finds nothing.
+-- One key per due set, priority and list of versions.
 local function resume_key(set, p)
   return P .. ':jobs:resume:' .. redis.sha1hex(set .. '\n' .. p .. '\n' .. (ARGV[7] or ''))
 end
@@ -85,15 +86,15 @@ for i, set in ipairs(sets) do
       local last = first + redis.call('ZCOUNT', set, job_score(p, 0), job_score(p, ARGV[3])) - 1
       local resume = last >= first and resume_key(set, p)
       local from = resume and redis.call('GET', resume)
-      local rank, resumed = first, false
+      local rank, since = first, ARGV[3]
       if from then
-        -- Still there with the same score (not claimed or moved since), among them: after it.
-        local space = string.find(from, ' ', 1, true)
-        local id = space and string.sub(from, space + 1)
-        local r = id and redis.call('ZRANK', set, id)
-        if r and r >= first and r < last and
-           redis.call('ZSCORE', set, id) == string.sub(from, 1, space - 1) then
-          rank, resumed = r + 1, true
+        -- Young enough, and its job still there with the same score (not claimed or moved since),
+        -- among them: after it.
+        local since_was, score, id = string.match(from, '^(%d+) (%S+) (.+)$')
+        local age = since_was and tonumber(ARGV[3]) - tonumber(since_was)
+        local r = age and age >= 0 and age < 300000 and redis.call('ZRANK', set, id)
+        if r and r >= first and r < last and redis.call('ZSCORE', set, id) == score then
+          rank, since = r + 1, since_was
         end
       end
       -- (Past the budget of all, a page still: a tenant after a crowded one is looked at.)
@@ -116,10 +117,8 @@ for i, set in ipairs(sets) do
       end
       if found == 0 and rank > last then
         if from then redis.call('DEL', resume) end
-      elseif passed and resumed then
-        redis.call('SET', resume, passed, 'KEEPTTL')
       elseif passed then
-        redis.call('SET', resume, passed, 'EX', 60)
+        redis.call('SET', resume, since .. ' ' .. passed, 'EX', 300)
       end
     end
   end
