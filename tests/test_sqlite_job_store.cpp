@@ -585,6 +585,7 @@ TEST_CASE("sqlite: a cancellation whose transaction fails leaves the job to its 
   // The job was not cancelled: its holder still holds it (renews, and its acknowledgement would
   // be taken), rather than losing it and running it again after the lease.
   CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 2s));
+  CHECK_FALSE(store.renew("held", rebound::Lease{"other", t0 + 90s}, t0 + 2s));
 }
 
 TEST_CASE("sqlite: a second store on the same file is refused") {
@@ -657,6 +658,7 @@ TEST_CASE("sqlite: a holder renews while a cancellation waits - kept when the ca
     }
   };
   SqliteJobStore store(db.path(), o);
+  std::future<rebound::CancelOutcome> cancel;  // (waited for after the writer is released)
   const Release release{mutex, changed, released};
   const auto t0 = fixed_now;
   REQUIRE(store.put(make("held"), rebound::Lease{"w", t0 + 60s}) == PutOutcome::created);
@@ -668,7 +670,7 @@ TEST_CASE("sqlite: a holder renews while a cancellation waits - kept when the ca
   std::filesystem::remove(db.path());  // the cancellation's transaction will fail
   const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
                                       rebound::ErrorInfo{"cancelled", "by the test"}};
-  auto cancel = std::async(std::launch::async, [&] { return store.cancel("held", cancelled, t0); });
+  cancel = std::async(std::launch::async, [&] { return store.cancel("held", cancelled, t0); });
   std::this_thread::sleep_for(200ms);  // (queued behind the held writer by now)
   CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 1s));
   {

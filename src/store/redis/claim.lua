@@ -88,11 +88,11 @@ for i, set in ipairs(sets) do
       local from = resume and redis.call('GET', resume)
       local rank, since = first, ARGV[3]
       if from then
-        -- Young enough, and its job still there with the same score (not claimed or moved since),
-        -- among them: after it.
+        -- Young enough (300 s either way: another server's clock may be ahead), and its job still
+        -- there with the same score (not claimed or moved since), among them: after it.
         local since_was, score, id = string.match(from, '^(%d+) (%S+) (.+)$')
         local age = since_was and tonumber(ARGV[3]) - tonumber(since_was)
-        local r = age and age >= 0 and age < 300000 and redis.call('ZRANK', set, id)
+        local r = age and math.abs(age) < 300000 and redis.call('ZRANK', set, id)
         if r and r >= first and r < last and redis.call('ZSCORE', set, id) == score then
           rank, since = r + 1, since_was
         end
