@@ -129,6 +129,16 @@ Job make(const std::string& id, long long created_ms = 1764000000000,
   return tenanted(Job{id, url, std::move(input), at_ms(created_ms)});
 }
 
+// Puts every one of `jobs` with one put_many, each created.
+void put_all(JobStore& store, const std::vector<Job>& jobs) {
+  std::vector<rebound::PutRequest> puts;
+  puts.reserve(jobs.size());
+  for (const Job& job : jobs)
+    puts.push_back({&job, std::nullopt});
+  for (const PutOutcome outcome : store.put_many(puts))
+    REQUIRE(outcome == PutOutcome::created);
+}
+
 const rebound::JobOutcome succeeded{JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt};
 std::vector<std::string> ids_of(const std::vector<rebound::JobRecord>& records) {
   std::vector<std::string> ids;
@@ -1416,11 +1426,7 @@ TEST_CASE_TEMPLATE("store contract: jobs behind many of a version left alone are
     jobs.push_back(make("k" + std::to_string(10000 + i), 1764000000000 + i));
     jobs.back().model = {"iris", i < 6000 ? "2" : "1"};
   }
-  std::vector<rebound::PutRequest> puts;
-  for (const Job& job : jobs)
-    puts.push_back({&job, std::nullopt});
-  for (const PutOutcome outcome : store->put_many(puts))
-    REQUIRE(outcome == PutOutcome::created);
+  put_all(*store, jobs);
   const time_point now = t0 + 10s;
   std::vector<std::string> got;
   for (int claims = 0; claims < 10 && got.size() < 10; ++claims) {
@@ -1460,11 +1466,7 @@ TEST_CASE_TEMPLATE(
     add("beta/s" + std::to_string(i), i, "2");
   add("beta/b1", 994, "1");  // (in s994's millisecond: before it, by id)
   add("beta/b2", 5600, "1");
-  std::vector<rebound::PutRequest> puts;
-  for (const Job& job : jobs)
-    puts.push_back({&job, std::nullopt});
-  for (const PutOutcome outcome : store->put_many(puts))
-    REQUIRE(outcome == PutOutcome::created);
+  put_all(*store, jobs);
   // Two a claim, the tenants in turns: beta's b1, found by the first claim but not its turn, is
   // not passed over by the claims after it (it comes before b2).
   std::vector<std::string> got;

@@ -629,58 +629,123 @@ void put_finished(SqliteJobStore& store, int n, std::chrono::system_clock::time_
                              finished));
 }
 
+// Holds the store's writer in the pruning hook (at its next turn past the prune interval) from
+// hold() until release(), or until it goes out of scope (once an object): declared after the store,
+// so that the store (which joins its writer) closes after. Its state outlives it in the hook, which
+// the writer may still call.
+class WriterHold {
+ public:
+  WriterHold()
+      : state_(std::make_shared<State>()), hook_([state = state_](bool) {
+          std::unique_lock<std::mutex> lock(state->mutex);
+          if (!state->armed) return;
+          state->armed = false;
+          state->holding = true;
+          state->changed.notify_all();
+          state->changed.wait(lock, [&] { return state->released; });  // the writer waits here
+        }) {}
+  ~WriterHold() { release(); }
+  WriterHold(const WriterHold&) = delete;
+  WriterHold& operator=(const WriterHold&) = delete;
+  void hold() {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->armed = true;
+    state_->changed.wait(lock, [&] { return state_->holding; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->released = true;
+    state_->changed.notify_all();
+  }
+  // Options whose writer reaches the hook within a second.
+  static rebound::SqliteJobStoreOptions options() {
+    rebound::SqliteJobStoreOptions o;
+    o.retention = 1h;
+    o.prune_interval = 1s;
+    return o;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool armed = false, holding = false, released = false;
+  };
+  std::shared_ptr<State> state_;
+  PruneHook hook_;
+};
+
 }  // namespace
 
 TEST_CASE("sqlite: a holder renews while a cancellation waits - kept when the cancellation fails") {
   TempDb db;
-  rebound::SqliteJobStoreOptions o;
-  o.retention = 1h;
-  o.prune_interval = 1s;  // the writer calls the hook below at its next turn past a second
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool armed = false, holding = false, released = false;
-  const PruneHook hook([&](bool) {
-    std::unique_lock<std::mutex> lock(mutex);
-    if (!armed) return;
-    armed = false;
-    holding = true;
-    changed.notify_all();
-    changed.wait(lock, [&] { return released; });  // the writer waits here
-  });
-  struct Release {  // (however the test ends, before the store closes)
-    std::mutex& mutex;
-    std::condition_variable& changed;
-    bool& released;
-    ~Release() {
-      std::lock_guard<std::mutex> lock(mutex);
-      released = true;
-      changed.notify_all();
-    }
-  };
-  SqliteJobStore store(db.path(), o);
+  SqliteJobStore store(db.path(), WriterHold::options());
   std::future<rebound::CancelOutcome> cancel;  // (waited for after the writer is released)
-  const Release release{mutex, changed, released};
+  WriterHold writer;
   const auto t0 = fixed_now;
   REQUIRE(store.put(make("held"), rebound::Lease{"w", t0 + 60s}) == PutOutcome::created);
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    armed = true;
-    changed.wait(lock, [&] { return holding; });
-  }
+  writer.hold();
   std::filesystem::remove(db.path());  // the cancellation's transaction will fail
   const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
                                       rebound::ErrorInfo{"cancelled", "by the test"}};
   cancel = std::async(std::launch::async, [&] { return store.cancel("held", cancelled, t0); });
   std::this_thread::sleep_for(200ms);  // (queued behind the held writer by now)
   CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 1s));
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    released = true;
-    changed.notify_all();
-  }
+  writer.release();
   CHECK_THROWS_AS(cancel.get(), rebound::StoreUnavailable);
   // Past the lease it had, the renewal made during the cancellation holds.
   CHECK(store.renew("held", rebound::Lease{"w", t0 + 120s}, t0 + 70s));
+}
+
+TEST_CASE("sqlite: a finish made as its lease ends is not lost to a claim queued before it") {
+  // The holder finishes just before its lease ends; a claim made with a clock just past that end
+  // was queued before the finish's write. The claim used to take the job (the row still held the
+  // old lease, the map no longer), and the finish, answered true, was then refused: the job ran
+  // again and its first result was lost. Likewise a callback attempt recorded as its lease ends.
+  TempDb db;
+  SqliteJobStore store(db.path(), WriterHold::options());
+  std::future<std::vector<rebound::JobRecord>> jobs, callbacks;  // (read after the release)
+  WriterHold writer;
+  // (The real clock: the writer prunes what finished more than its hour of retention ago.)
+  const auto t0 =
+      std::chrono::time_point_cast<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  const rebound::Lease held{"w", t0 + 30s};
+  REQUIRE(store.put(make("job"), held) == PutOutcome::created);
+  REQUIRE(store.put(make("callback"), held) == PutOutcome::created);
+  const rebound::JobOutcome done(JobStatus::succeeded, nlohmann::json{{"y", 1}}, std::nullopt,
+                                 t0 + 1s);
+  const rebound::Lease deliver{"d", t0 + 30s};
+  REQUIRE(store.finish_job("callback", "w", done, deliver, t0 + 1s));
+  store.get("callback");  // (committed: the callback is the delivery's now)
+  writer.hold();
+  jobs = std::async(std::launch::async, [&] {
+    return store.claim_jobs(10, rebound::Lease{"late", t0 + 2h}, t0 + 31s);
+  });
+  callbacks = std::async(std::launch::async, [&] {
+    return store.claim_callbacks(10, rebound::Lease{"late", t0 + 2h}, t0 + 31s);
+  });
+  std::this_thread::sleep_for(200ms);  // (both claims queued behind the held writer by now)
+  // (Its callback's delivery holds a lease past every claim below.)
+  CHECK(store.finish_job("job", "w", done, rebound::Lease{"d", t0 + 4h}, t0 + 29s));
+  rebound::CallbackInfo delivered;
+  delivered.state = CallbackState::delivered;
+  delivered.attempts = 1;
+  delivered.delivery_attempts = 1;
+  delivered.delivery_started_at = t0 + 2s;
+  CHECK(store.record_attempt("callback", "d", delivered, t0 + 29s, std::nullopt));
+  writer.release();
+  CHECK(jobs.get().empty());
+  CHECK(callbacks.get().empty());
+  const auto job = store.get("job");
+  REQUIRE(job);
+  CHECK(job->status == JobStatus::succeeded);
+  CHECK(job->outcome.result == nlohmann::json{{"y", 1}});
+  const auto callback = store.get("callback");
+  REQUIRE(callback);
+  CHECK(callback->callback.state == CallbackState::delivered);
+  // Nothing left to claim later either.
+  CHECK(store.claim_jobs(10, rebound::Lease{"later", t0 + 3h}, t0 + 3h).empty());
+  CHECK(store.claim_callbacks(10, rebound::Lease{"later", t0 + 3h}, t0 + 3h).empty());
 }
 
 TEST_CASE("sqlite: pruning deletes in batches - a put commits between two") {

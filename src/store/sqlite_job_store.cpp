@@ -456,6 +456,27 @@ struct SqliteJobStore::Impl {
   void give_job_lease(std::string key, const Lease& lease) {
     (cancelling.count(key) ? withheld : job_leases)[std::move(key)] = lease;
   }
+  // Work whose lease a queued write ends (finish_job and complete end the job's, record_attempt
+  // and update_callback the callback's), with how many such writes of each id wait for the
+  // writer: a claim applied before them leaves it alone (one applied after sees what they wrote,
+  // in the same transaction or a later one; a transaction that fails tries them again before any
+  // claim queued after them). The lease leaves the map when the call is made, and the row keeps
+  // it until the write is applied; otherwise a claim queued before the write, made with a clock
+  // past the lease's end, would take the work, and the holder's write (answered true) would be
+  // refused: the job run twice, the first answer lost.
+  using Ending = std::unordered_map<std::string, std::size_t>;
+  Ending ending_jobs, ending_callbacks;
+  // Under lease_mutex: the write that ends the lease on `id` in `ending` is being queued.
+  static void ending_queued(Ending& ending, const std::string& id) { ++ending[id]; }
+  // That write was applied (its first try; or it could not be queued): claims decide again.
+  void ending_done(Ending& ending, const std::string& id) {
+    std::lock_guard<std::mutex> lock(lease_mutex);
+    ending_done_locked(ending, id);
+  }
+  static void ending_done_locked(Ending& ending, const std::string& id) {
+    const auto it = ending.find(id);
+    if (it != ending.end() && --it->second == 0) ending.erase(it);
+  }
 
   mutable std::mutex queue_mutex;
   mutable std::condition_variable queue_changed;  // writes queued, or committed
@@ -489,9 +510,9 @@ struct SqliteJobStore::Impl {
   T write_and_wait(std::function<T()> apply, std::function<void(T&)> committed, bool ahead = false,
                    std::function<void()> first = {});
   std::vector<std::string> due_ids(Statement& select,
-                                   std::unordered_map<std::string, Lease>& leases, std::size_t max,
-                                   TimePoint now, int priority = 0,
-                                   const std::string* tenant = nullptr);
+                                   std::unordered_map<std::string, Lease>& leases,
+                                   const Ending& ending, std::size_t max, TimePoint now,
+                                   int priority = 0, const std::string* tenant = nullptr);
   std::vector<std::string> due_job_ids(std::size_t max, TimePoint now);
   std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
   using Leases = std::unordered_map<std::string, Lease>;
@@ -527,8 +548,9 @@ struct SqliteJobStore::Impl {
   struct Renewal;
   std::optional<Renewal> renew_held(const std::string& id, const Lease& lease, TimePoint now);
   void apply(Row& r, const Renewal& renewal, TimePoint now);
-  // Queues a state change nobody waits for: `rule` applied to the job's row, if it exists.
-  void change(const std::string& key, std::function<void(Row&)> rule);
+  // Queues a state change nobody waits for: `rule` applied to the job's row, if it exists. With
+  // `ending` (lease_mutex held): a write that ends a lease, counted there until it is applied.
+  void change(const std::string& key, std::function<void(Row&)> rule, Ending* ending = nullptr);
 
   void exec(const char* sql) {
     char* message = nullptr;
@@ -1039,10 +1061,11 @@ T SqliteJobStore::Impl::write_and_wait(std::function<T()> apply, std::function<v
 
 // The ids among the due rows of `select` (bound to :now, and to `priority` and `tenant` for
 // jobs) that no live lease in `leases` holds, at most `max`: the rows whose due time came but
-// whose lease was renewed by a write still queued are skipped, so the map decides.
+// whose lease was renewed by a write still queued are skipped, so the map decides. Rows whose
+// lease a write not yet applied ends (`ending`) are skipped too: that write decides.
 std::vector<std::string> SqliteJobStore::Impl::due_ids(
-    Statement& select, std::unordered_map<std::string, Lease>& leases, std::size_t max,
-    TimePoint now, int priority, const std::string* tenant) {
+    Statement& select, std::unordered_map<std::string, Lease>& leases, const Ending& ending,
+    std::size_t max, TimePoint now, int priority, const std::string* tenant) {
   std::vector<std::string> ids;
   select.bind(1, to_ms(now));
   if (tenant) select.bind(2, static_cast<std::int64_t>(priority)).bind(3, *tenant);
@@ -1050,6 +1073,7 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
     std::lock_guard<std::mutex> lock(lease_mutex);
     while (ids.size() < max && select.step()) {
       std::string id = select.text(0);
+      if (ending.count(id)) continue;
       auto held = leases.find(id);
       if (held != leases.end() && held->second.until > now) continue;
       // A lease that ran out is forgotten now, not when the claim commits: a late
@@ -1089,7 +1113,8 @@ std::vector<std::string> SqliteJobStore::Impl::due_job_ids(std::size_t max, Time
     if (!tenant) break;
     std::vector<std::string> mine;
     for (int p = highest_priority; p <= lowest_priority && mine.size() < max; ++p) {
-      for (auto& id : due_ids(*select_due_jobs, job_leases, max - mine.size(), now, p, &*tenant))
+      for (auto& id :
+           due_ids(*select_due_jobs, job_leases, ending_jobs, max - mine.size(), now, p, &*tenant))
         mine.push_back(std::move(id));
     }
     if (mine.empty()) continue;
@@ -1113,8 +1138,9 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
       [this, callbacks, max, lease, now] {
         write_rows();  // the indexes as this transaction's writes left them
         std::vector<JobRecord> out;
-        const auto ids = callbacks ? due_ids(*select_due_callbacks, callback_leases, max, now)
-                                   : due_job_ids(max, now);
+        const auto ids =
+            callbacks ? due_ids(*select_due_callbacks, callback_leases, ending_callbacks, max, now)
+                      : due_job_ids(max, now);
         for (const auto& id : ids) {
           Row* r = load(id, true);
           if (!r || !(callbacks ? job_state::claim_callback(r->s, lease, now)
@@ -1307,12 +1333,20 @@ Statement& SqliteJobStore::Impl::update_for(std::uint32_t columns) {
   return *statement;
 }
 
-void SqliteJobStore::Impl::change(const std::string& key, std::function<void(Row&)> rule) {
-  enqueue({[this, key, rule = std::move(rule)] {
-             if (Row* r = load(key)) rule(*r);
-           },
-           {},
-           {}});
+void SqliteJobStore::Impl::change(const std::string& key, std::function<void(Row&)> rule,
+                                  Ending* ending) {
+  if (ending) ending_queued(*ending, key);
+  try {
+    enqueue({[this, key, rule = std::move(rule), ending]() mutable {
+               if (Row* r = load(key)) rule(*r);
+               if (ending) ending_done(*std::exchange(ending, nullptr), key);  // (once: retries)
+             },
+             {},
+             {}});
+  } catch (...) {
+    if (ending) ending_done_locked(*ending, key);
+    throw;
+  }
 }
 
 // Inserts one job in the writer's transaction.
@@ -1616,7 +1650,7 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   };
   if (deliver) impl_->callback_leases[id] = *deliver;
   if (!done) {
-    impl_->change(id, std::move(rule));
+    impl_->change(id, std::move(rule), &impl_->ending_jobs);
     return true;
   }
   // Answered once: with the record when its transaction commits, or, when a transaction fails
@@ -1628,9 +1662,11 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   };
   auto answer = std::make_shared<Answer>(Answer{std::move(*done)});
   Impl* impl = impl_.get();
+  Impl::ending_queued(impl_->ending_jobs, id);
   try {
-    impl_->enqueue({[impl, id, rule = std::move(rule)] {
+    impl_->enqueue({[impl, id, rule = std::move(rule), first = true]() mutable {
                       if (Impl::Row* r = impl->load(id, true)) rule(*r);
+                      if (std::exchange(first, false)) impl->ending_done(impl->ending_jobs, id);
                     },
                     [answer, record] {
                       if (std::exchange(answer->given, true)) return;
@@ -1641,6 +1677,7 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
                       answer->done(nullptr, FinishAnswer{true, std::nullopt});
                     }});
   } catch (...) {
+    Impl::ending_done_locked(impl_->ending_jobs, id);
     *done = std::move(answer->done);  // (the caller answers the error)
     throw;
   }
@@ -1653,20 +1690,23 @@ bool SqliteJobStore::record_attempt(const std::string& id, const std::string& ho
   std::lock_guard<std::mutex> lock(impl_->lease_mutex);
   std::optional<Lease> held = impl_->release(impl_->callback_leases, id, holder, now);
   if (!held) return false;
-  impl_->change(id, [held = std::move(held), holder, after, now, attempt](Impl::Row& r) {
-    std::optional<Lease> before;
-    if (!Impl::swap_in(r.s.callback_lease, *held, before)) return;
-    if (attempt && !r.log_read) {
-      r.s.record.attempt_log = detail::attempt_log_from_json(r.log_text);
-      r.log_read = true;
-    }
-    if (!job_state::record_attempt(r.s, holder, after, now, attempt)) {
-      r.s.callback_lease = std::move(before);
-      return;
-    }
-    if (attempt) r.log_set = true;
-    Impl::changed(r, to_ms(now));
-  });
+  impl_->change(
+      id,
+      [held = std::move(held), holder, after, now, attempt](Impl::Row& r) {
+        std::optional<Lease> before;
+        if (!Impl::swap_in(r.s.callback_lease, *held, before)) return;
+        if (attempt && !r.log_read) {
+          r.s.record.attempt_log = detail::attempt_log_from_json(r.log_text);
+          r.log_read = true;
+        }
+        if (!job_state::record_attempt(r.s, holder, after, now, attempt)) {
+          r.s.callback_lease = std::move(before);
+          return;
+        }
+        if (attempt) r.log_set = true;
+        Impl::changed(r, to_ms(now));
+      },
+      &impl_->ending_callbacks);
   return true;
 }
 
@@ -1741,23 +1781,29 @@ RedeliverOutcome SqliteJobStore::redeliver(const std::string& id, const Lease& c
 void SqliteJobStore::complete(const std::string& id, const JobOutcome& outcome) {
   std::lock_guard<std::mutex> lock(impl_->lease_mutex);
   impl_->job_leases.erase(id);
-  impl_->change(id, [outcome = outcome_without_result(outcome), result = result_text(outcome),
-                     at = now_ms()](Impl::Row& r) {
-    job_state::complete(r.s, outcome);
-    r.result_set = true;
-    r.result_text = result;
-    r.full = false;
-    Impl::changed(r, at);
-  });
+  impl_->change(
+      id,
+      [outcome = outcome_without_result(outcome), result = result_text(outcome),
+       at = now_ms()](Impl::Row& r) {
+        job_state::complete(r.s, outcome);
+        r.result_set = true;
+        r.result_text = result;
+        r.full = false;
+        Impl::changed(r, at);
+      },
+      &impl_->ending_jobs);
 }
 
 void SqliteJobStore::update_callback(const std::string& id, const CallbackInfo& callback) {
   std::lock_guard<std::mutex> lock(impl_->lease_mutex);
   impl_->callback_leases.erase(id);
-  impl_->change(id, [callback, at = now_ms()](Impl::Row& r) {
-    job_state::update_callback(r.s, callback);
-    Impl::changed(r, at);
-  });
+  impl_->change(
+      id,
+      [callback, at = now_ms()](Impl::Row& r) {
+        job_state::update_callback(r.s, callback);
+        Impl::changed(r, at);
+      },
+      &impl_->ending_callbacks);
 }
 
 std::vector<JobRecord> SqliteJobStore::list_failed_callbacks(std::size_t limit) const {

@@ -59,9 +59,11 @@ end
 -- The point only ever passes skipped jobs; it is used for 300 s from `since` (a job filed before
 -- it meanwhile, by a lease that ran out, waits at most that for these servers; a claim that
 -- skips nothing reads from the front) and ends when a claim reads to the end and finds nothing.
--- One key per due set, priority and list of versions.
+-- One key per due set, priority and list of versions (the list, which may be long, digested once
+-- a claim).
+local skip_digest = ARGV[7] and redis.sha1hex(ARGV[7]) or ''
 local function resume_key(set, p)
-  return P .. ':jobs:resume:' .. redis.sha1hex(set .. '\n' .. p .. '\n' .. (ARGV[7] or ''))
+  return P .. ':jobs:resume:' .. redis.sha1hex(set .. '\n' .. p .. '\n' .. skip_digest)
 end
 -- Each tenant's due jobs, at most `max`, in its order: (id, priority) pairs. With versions to
 -- skip, read in pages of 100 by rank from the resume point, past at most 1,000 jobs a tenant's
