@@ -557,9 +557,11 @@ with Client(Proxy(echo_port, hang=True).url, api_key=API_KEY, timeout=30) as c:
     try:
         c.wait("p-1", timeout=2)
         fail("a wait on a hung server answered")
-    except WaitTimeout:
+    except WaitTimeout as e:
         took = time.monotonic() - started
         check(took < 3.0, f"a 2 s wait on a hung server took {took:.2f} s")
+        # No poll was answered: the job's state is not known, and the error does not make one up.
+        check(e.id == "p-1" and e.job is None, f"a hung wait's WaitTimeout: {e.id} {e.job}")
 dropping = Proxy(echo_port, drops=1)
 with Client(dropping.url, api_key=API_KEY) as c:
     before = accepted_total(echo_port)
@@ -579,7 +581,8 @@ with Client(f"http://127.0.0.1:{slow_port}", api_key=API_KEY) as c:
     except WaitTimeout as e:
         took = time.monotonic() - started
         check(1.5 <= took < 3.0, f"the wait took {took:.2f} s for a 1.5 s timeout")
-        check(e.job.id == "s-1" and not e.job.done, f"WaitTimeout's job: {e.job}")
+        check(e.id == "s-1" and e.job is not None and e.job.id == "s-1" and not e.job.done,
+              f"WaitTimeout's job: {e.job}")
     check(c.wait("s-1", timeout=10).status == "succeeded", "the timed-out job went on")
     c.submit(None, id="s-2")
     c.submit(None, id="s-3")

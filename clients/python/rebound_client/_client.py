@@ -309,7 +309,7 @@ class _Calls:
             raise ValueError("timeout must be a finite number of seconds, not negative")
         _path_part(id)
         deadline = time.monotonic() + timeout
-        job = Job(id=id, status="unknown")
+        job = None  # (until a poll is answered)
         early = 0  # long polls answered well before their time, in a row
         while True:
             left = deadline - time.monotonic()
@@ -319,12 +319,12 @@ class _Calls:
             try:
                 job = yield from self._get(id, wait_s, deadline)
             except _DeadlinePassed:
-                raise WaitTimeout(job, timeout) from None
+                raise WaitTimeout(id, job, timeout) from None
             if job.done:
                 return job
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WaitTimeout(job, timeout)
+                raise WaitTimeout(id, job, timeout)
             # A poll that came back at once (plain, or a long poll that something in between did
             # not honour) is followed by a pause, growing, so that a wait never spins.
             took = time.monotonic() - asked

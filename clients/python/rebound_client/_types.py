@@ -202,10 +202,15 @@ class QueueFull(ServiceUnavailable):
 
 class WaitTimeout(TimeoutError):
     """The job was not final by the wait's deadline. The job goes on (a wait never cancels it):
-    ``job`` is its last known state."""
+    ``job`` is its last known state, or None when no poll was answered before the deadline (a
+    hung server or network): its state is then not known. ``id`` is the job's id either way."""
 
-    def __init__(self, job: Job, timeout: float):
-        super().__init__(f"job {job.id} still {job.status} after {timeout:g} s")
+    def __init__(self, id: str, job: Optional[Job], timeout: float):
+        if job is None:
+            super().__init__(f"job {id}: no answer within {timeout:g} s")
+        else:
+            super().__init__(f"job {id} still {job.status} after {timeout:g} s")
+        self.id = id
         self.job = job
         self.timeout = timeout
 

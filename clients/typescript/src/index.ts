@@ -100,13 +100,18 @@ export class ReboundError extends Error {
   }
 }
 
-/** The job was not final by the wait's deadline; it goes on (a wait never cancels it). */
+/**
+ * The job was not final by the wait's deadline; it goes on (a wait never cancels it). `job` is its
+ * last known state, or null when no poll was answered before the deadline (a hung server or
+ * network): its state is then not known. `id` is the job's id either way.
+ */
 export class WaitTimeout extends Error {
   constructor(
-    readonly job: Job,
+    readonly id: string,
+    readonly job: Job | null,
     readonly timeout: number,
   ) {
-    super(`job ${job.id} still ${job.status} after ${timeout} s`);
+    super(job ? `job ${id} still ${job.status} after ${timeout} s` : `job ${id}: no answer within ${timeout} s`);
     this.name = "WaitTimeout";
   }
 }
@@ -379,7 +384,7 @@ export class Rebound {
     if (!Number.isFinite(timeout) || timeout < 0) throw new RangeError("timeout must be a finite number of seconds, not negative");
     const path = `/v1/inferences/${pathPart(id)}`;
     const deadline = Date.now() + timeout * 1000;
-    let job: Job = { id, status: "queued" };
+    let job: Job | null = null; // (until a poll is answered)
     let early = 0; // polls answered at once, in a row
     for (;;) {
       const left = (deadline - Date.now()) / 1000;
@@ -389,12 +394,12 @@ export class Rebound {
       try {
         job = jobOf(200, (await this.call("GET", path, { waitS, deadline })).body);
       } catch (e) {
-        if (e instanceof DeadlinePassed) throw new WaitTimeout(job, timeout);
+        if (e instanceof DeadlinePassed) throw new WaitTimeout(id, job, timeout);
         throw e;
       }
       if (FINAL_STATUSES.has(job.status)) return job;
       const rest = deadline - Date.now();
-      if (rest <= 0) throw new WaitTimeout(job, timeout);
+      if (rest <= 0) throw new WaitTimeout(id, job, timeout);
       // A poll that came back at once (plain, or a long poll something in between did not
       // honour) is followed by a growing pause, so that a wait never spins.
       early = Date.now() - asked < Math.max(50, waitS * 500) ? early + 1 : 0;
