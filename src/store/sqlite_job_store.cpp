@@ -468,14 +468,22 @@ struct SqliteJobStore::Impl {
   Ending ending_jobs, ending_callbacks;
   // Under lease_mutex: the write that ends the lease on `id` in `ending` is being queued.
   static void ending_queued(Ending& ending, const std::string& id) { ++ending[id]; }
-  // That write was applied (its first try; or it could not be queued): claims decide again.
-  void ending_done(Ending& ending, const std::string& id) {
-    std::lock_guard<std::mutex> lock(lease_mutex);
-    ending_done_locked(ending, id);
-  }
+  // That write could not be queued (lease_mutex held): claims decide again.
   static void ending_done_locked(Ending& ending, const std::string& id) {
     const auto it = ending.find(id);
     if (it != ending.end() && --it->second == 0) ending.erase(it);
+  }
+  // The writer's only: the writes of this kind applied (their first try) and not yet taken off
+  // the counts. Taken off, under the lease lock it takes anyway, before a claim reads the due
+  // rows, and once at the end of each transaction: one lock a transaction, not one a write.
+  std::vector<std::pair<Ending*, std::string>> endings_applied;
+  void ending_applied(Ending& ending, const std::string& id) {
+    endings_applied.emplace_back(&ending, id);
+  }
+  void take_off_endings_locked() {
+    for (const auto& [ending, id] : endings_applied)
+      ending_done_locked(*ending, id);
+    endings_applied.clear();
   }
 
   mutable std::mutex queue_mutex;
@@ -895,6 +903,11 @@ struct SqliteJobStore::Impl {
         if (why.empty()) why = "unknown error";
       }
       rows.clear();  // (rolled back: the rows are read again when the writes are retried)
+      if (!endings_applied.empty()) {
+        // (Rolled back too: the writes are tried again before any claim queued after them.)
+        std::lock_guard<std::mutex> lock(lease_mutex);
+        take_off_endings_locked();
+      }
       if (error) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
       // The database file is right and only its log is not: rebuilt now, so that the retry of
       // this batch (the next probe, within the retry interval) commits again.
@@ -1071,6 +1084,7 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
   if (tenant) select.bind(2, static_cast<std::int64_t>(priority)).bind(3, *tenant);
   try {
     std::lock_guard<std::mutex> lock(lease_mutex);
+    take_off_endings_locked();  // (the writes applied before this claim decide no more)
     while (ids.size() < max && select.step()) {
       std::string id = select.text(0);
       if (ending.count(id)) continue;
@@ -1339,7 +1353,7 @@ void SqliteJobStore::Impl::change(const std::string& key, std::function<void(Row
   try {
     enqueue({[this, key, rule = std::move(rule), ending]() mutable {
                if (Row* r = load(key)) rule(*r);
-               if (ending) ending_done(*std::exchange(ending, nullptr), key);  // (once: retries)
+               if (ending) ending_applied(*std::exchange(ending, nullptr), key);  // (once)
              },
              {},
              {}});
@@ -1666,7 +1680,7 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   try {
     impl_->enqueue({[impl, id, rule = std::move(rule), first = true]() mutable {
                       if (Impl::Row* r = impl->load(id, true)) rule(*r);
-                      if (std::exchange(first, false)) impl->ending_done(impl->ending_jobs, id);
+                      if (std::exchange(first, false)) impl->ending_applied(impl->ending_jobs, id);
                     },
                     [answer, record] {
                       if (std::exchange(answer->given, true)) return;
