@@ -1353,7 +1353,10 @@ void SqliteJobStore::Impl::change(const std::string& key, std::function<void(Row
   try {
     enqueue({[this, key, rule = std::move(rule), ending]() mutable {
                if (Row* r = load(key)) rule(*r);
-               if (ending) ending_applied(*std::exchange(ending, nullptr), key);  // (once)
+               if (ending) {
+                 ending_applied(*ending, key);
+                 ending = nullptr;  // (once: not again when a failed transaction retries it)
+               }
              },
              {},
              {}});
@@ -1680,7 +1683,10 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   try {
     impl_->enqueue({[impl, id, rule = std::move(rule), first = true]() mutable {
                       if (Impl::Row* r = impl->load(id, true)) rule(*r);
-                      if (std::exchange(first, false)) impl->ending_applied(impl->ending_jobs, id);
+                      if (first) {
+                        impl->ending_applied(impl->ending_jobs, id);
+                        first = false;  // (once: not again when a failed transaction retries it)
+                      }
                     },
                     [answer, record] {
                       if (std::exchange(answer->given, true)) return;
