@@ -468,7 +468,7 @@ struct SqliteJobStore::Impl {
   Ending ending_jobs, ending_callbacks;
   // Under lease_mutex: the write that ends the lease on `id` in `ending` is being queued.
   static void ending_queued(Ending& ending, const std::string& id) { ++ending[id]; }
-  // That write could not be queued (lease_mutex held): claims decide again.
+  // Under lease_mutex: one such write applied, or not queued after all: claims decide again.
   static void ending_done_locked(Ending& ending, const std::string& id) {
     const auto it = ending.find(id);
     if (it != ending.end() && --it->second == 0) ending.erase(it);
@@ -559,6 +559,9 @@ struct SqliteJobStore::Impl {
   // Queues a state change nobody waits for: `rule` applied to the job's row, if it exists. With
   // `ending` (lease_mutex held): a write that ends a lease, counted there until it is applied.
   void change(const std::string& key, std::function<void(Row&)> rule, Ending* ending = nullptr);
+  // Queues `w`, a write that ends a lease on `key` (lease_mutex held), counted in `ending` until
+  // the writer first applies it.
+  void enqueue_ending(Ending& ending, const std::string& key, Write w);
 
   void exec(const char* sql) {
     char* message = nullptr;
@@ -1349,19 +1352,31 @@ Statement& SqliteJobStore::Impl::update_for(std::uint32_t columns) {
 
 void SqliteJobStore::Impl::change(const std::string& key, std::function<void(Row&)> rule,
                                   Ending* ending) {
-  if (ending) ending_queued(*ending, key);
+  Write w{[this, key, rule = std::move(rule)] {
+            if (Row* r = load(key)) rule(*r);
+          },
+          {},
+          {}};
+  if (ending) {
+    enqueue_ending(*ending, key, std::move(w));
+  } else {
+    enqueue(std::move(w));
+  }
+}
+
+void SqliteJobStore::Impl::enqueue_ending(Ending& ending, const std::string& key, Write w) {
+  ending_queued(ending, key);
+  w.apply = [this, &ending, key, apply = std::move(w.apply), first = true]() mutable {
+    apply();
+    if (first) {
+      ending_applied(ending, key);
+      first = false;  // (once: not again when a failed transaction retries it)
+    }
+  };
   try {
-    enqueue({[this, key, rule = std::move(rule), ending]() mutable {
-               if (Row* r = load(key)) rule(*r);
-               if (ending) {
-                 ending_applied(*ending, key);
-                 ending = nullptr;  // (once: not again when a failed transaction retries it)
-               }
-             },
-             {},
-             {}});
+    enqueue(std::move(w));
   } catch (...) {
-    if (ending) ending_done_locked(*ending, key);
+    ending_done_locked(ending, key);
     throw;
   }
 }
@@ -1679,25 +1694,20 @@ bool SqliteJobStore::finish(const std::string& id, const std::string& holder,
   };
   auto answer = std::make_shared<Answer>(Answer{std::move(*done)});
   Impl* impl = impl_.get();
-  Impl::ending_queued(impl_->ending_jobs, id);
   try {
-    impl_->enqueue({[impl, id, rule = std::move(rule), first = true]() mutable {
-                      if (Impl::Row* r = impl->load(id, true)) rule(*r);
-                      if (first) {
-                        impl->ending_applied(impl->ending_jobs, id);
-                        first = false;  // (once: not again when a failed transaction retries it)
-                      }
-                    },
-                    [answer, record] {
-                      if (std::exchange(answer->given, true)) return;
-                      answer->done(nullptr, FinishAnswer{true, std::move(*record)});
-                    },
-                    [answer](std::exception_ptr) {
-                      if (std::exchange(answer->given, true)) return;
-                      answer->done(nullptr, FinishAnswer{true, std::nullopt});
-                    }});
+    impl_->enqueue_ending(impl_->ending_jobs, id,
+                          {[impl, id, rule = std::move(rule)] {
+                             if (Impl::Row* r = impl->load(id, true)) rule(*r);
+                           },
+                           [answer, record] {
+                             if (std::exchange(answer->given, true)) return;
+                             answer->done(nullptr, FinishAnswer{true, std::move(*record)});
+                           },
+                           [answer](std::exception_ptr) {
+                             if (std::exchange(answer->given, true)) return;
+                             answer->done(nullptr, FinishAnswer{true, std::nullopt});
+                           }});
   } catch (...) {
-    Impl::ending_done_locked(impl_->ending_jobs, id);
     *done = std::move(answer->done);  // (the caller answers the error)
     throw;
   }
