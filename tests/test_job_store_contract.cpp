@@ -918,6 +918,31 @@ TEST_CASE_TEMPLATE("store contract: tenants take turns at claims - a priority or
 }
 
 TEST_CASE_TEMPLATE(
+    "store contract: a claim that takes other work leaves a lease that ran out to its holder",
+    Factory, STORES) {
+  Factory factory;
+  auto store = factory.make();
+  CAPTURE(Factory::name);
+  // s/1 holds acme's job until t0 + 30 s; the claim's turn then goes to the tenant after acme.
+  store->put(make("acme/a1"));
+  REQUIRE(ids_of(store->claim_jobs(1, lease("s/1", t0 + 30s), t0 + 1s)) ==
+          std::vector<std::string>{"acme/a1"});
+  store->put(make("zeta/z1"));
+  // A claim with a clock past that lease's end, room for one: zeta's turn, so it takes zeta's job
+  // and leaves acme's, whose lease has run out by its clock.
+  CHECK(ids_of(store->claim_jobs(1, lease("s/2", t0 + 90s), t0 + 31s)) ==
+        std::vector<std::string>{"zeta/z1"});
+  // s/1's clock is behind: by it the lease is live, and nobody took the job, so its finish is
+  // taken (the job does not run again, its result is kept).
+  CHECK(store->finish_job("acme/a1", "s/1", succeeded, std::nullopt, t0 + 29s));
+  const auto record = store->get("acme/a1");
+  REQUIRE(record.has_value());
+  CHECK(record->status == JobStatus::succeeded);
+  CHECK(record->outcome.result == succeeded.result);
+  CHECK(store->claim_jobs(10, lease("s/3", t0 + 200s), t0 + 60s).empty());  // (zeta's is held)
+}
+
+TEST_CASE_TEMPLATE(
     "store contract: the job API fields round trip - started_at and finished_at are kept", Factory,
     STORES) {
   Factory factory;

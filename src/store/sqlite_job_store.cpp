@@ -517,13 +517,48 @@ struct SqliteJobStore::Impl {
   template <typename T>
   T write_and_wait(std::function<T()> apply, std::function<void(T&)> committed, bool ahead = false,
                    std::function<void()> first = {});
-  std::vector<std::string> due_ids(Statement& select,
-                                   std::unordered_map<std::string, Lease>& leases,
-                                   const Ending& ending, std::size_t max, TimePoint now,
-                                   int priority = 0, const std::string* tenant = nullptr);
-  std::vector<std::string> due_job_ids(std::size_t max, TimePoint now);
-  std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
   using Leases = std::unordered_map<std::string, Lease>;
+  // Under lease_mutex: whether a claim at `now` may take `id` by the maps: no live lease in
+  // `leases` (for jobs, none withheld while a cancellation waits either), no write queued that
+  // ends one (`ending`).
+  bool free_locked(const Leases& leases, const Ending& ending, const std::string& id,
+                   TimePoint now) const {
+    if (ending.count(id)) return false;
+    const auto held = leases.find(id);
+    if (held != leases.end() && held->second.until > now) return false;
+    if (&leases != &job_leases) return true;
+    const auto kept = withheld.find(id);
+    return kept == withheld.end() || kept->second.until <= now;
+  }
+  // A due job, and its tenant.
+  struct Due {
+    std::string id;
+    const std::string* tenant = nullptr;  // (in the claim's list of tenants; null: a callback)
+  };
+  // The claim's last look, under one lock, at the ids it is about to take, in its order: the first
+  // `max` still free stay in `due` (a holder may have renewed or ended its lease since due_ids
+  // looked, its clock behind this claim's), and the leases that ran out on them are forgotten
+  // now, not when the claim commits, so that a late acknowledgement is refused when it is made.
+  // Only on those: a lease that ran out on work the claim leaves stays its holder's (its finish is
+  // taken, as every store takes it), unless the claim's transaction fails after this.
+  void take_free(Leases& leases, const Ending& ending, std::vector<Due>& due, std::size_t max,
+                 TimePoint now) {
+    std::lock_guard<std::mutex> lock(lease_mutex);
+    take_off_endings_locked();
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < due.size() && kept < max; ++i) {
+      if (!free_locked(leases, ending, due[i].id, now)) continue;
+      leases.erase(due[i].id);
+      if (kept != i) due[kept] = std::move(due[i]);
+      ++kept;
+    }
+    due.resize(kept);
+  }
+  std::vector<std::string> due_ids(Statement& select, const Leases& leases, const Ending& ending,
+                                   std::size_t max, TimePoint now, int priority = 0,
+                                   const std::string* tenant = nullptr);
+  std::vector<Due> due_jobs(std::vector<std::string>& tenants, std::size_t max, TimePoint now);
+  std::vector<JobRecord> claim(bool callbacks, std::size_t max, const Lease& lease, TimePoint now);
   static Leases::iterator live(Leases& leases, const std::string& id, const std::string& holder,
                                TimePoint now);
   std::optional<Lease> release(Leases& leases, const std::string& id, const std::string& holder,
@@ -1076,12 +1111,15 @@ T SqliteJobStore::Impl::write_and_wait(std::function<T()> apply, std::function<v
 }
 
 // The ids among the due rows of `select` (bound to :now, and to `priority` and `tenant` for
-// jobs) that no live lease in `leases` holds, at most `max`: the rows whose due time came but
-// whose lease was renewed by a write still queued are skipped, so the map decides. Rows whose
-// lease a write not yet applied ends (`ending`) are skipped too: that write decides.
-std::vector<std::string> SqliteJobStore::Impl::due_ids(
-    Statement& select, std::unordered_map<std::string, Lease>& leases, const Ending& ending,
-    std::size_t max, TimePoint now, int priority, const std::string* tenant) {
+// jobs) that free_locked finds free, at most `max`: the rows whose due time came but whose lease
+// was renewed by a write still queued are skipped, so the map decides. Rows whose lease a write
+// not yet applied ends (`ending`) are skipped too: that write decides. Nothing is taken here: a
+// claim of jobs may leave some of these to the next claim (the tenants' turns), and a lease that
+// ran out stays its holder's until a claim takes the work (take_free).
+std::vector<std::string> SqliteJobStore::Impl::due_ids(Statement& select, const Leases& leases,
+                                                       const Ending& ending, std::size_t max,
+                                                       TimePoint now, int priority,
+                                                       const std::string* tenant) {
   std::vector<std::string> ids;
   select.bind(1, to_ms(now));
   if (tenant) select.bind(2, static_cast<std::int64_t>(priority)).bind(3, *tenant);
@@ -1090,13 +1128,7 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
     take_off_endings_locked();  // (the writes applied before this claim decide no more)
     while (ids.size() < max && select.step()) {
       std::string id = select.text(0);
-      if (ending.count(id)) continue;
-      auto held = leases.find(id);
-      if (held != leases.end() && held->second.until > now) continue;
-      // A lease that ran out is forgotten now, not when the claim commits: a late
-      // acknowledgement (its holder's clock behind this claim's) is refused when it is made.
-      if (held != leases.end()) leases.erase(held);
-      ids.push_back(std::move(id));
+      if (free_locked(leases, ending, id, now)) ids.push_back(std::move(id));
     }
   } catch (...) {
     select.reset();
@@ -1106,13 +1138,16 @@ std::vector<std::string> SqliteJobStore::Impl::due_ids(
   return ids;
 }
 
-// The due jobs a claim of `max` takes, in the order it takes them: each tenant's by priority,
-// then due time, the tenants taking turns (job_state::claim_turns). In the writer's transaction;
-// the turn moves with it (so two claims in one transaction take turns too), and stays moved if the
+// The due jobs a claim of `max` may take, in the order it takes them (up to `max` of each tenant,
+// so more than `max` in all): each tenant's by priority, then due time, the tenants taking turns
+// (job_state::claim_turns) from the one after the last that had a job taken. `names`: the tenants
+// (the answer points into it). In the writer's transaction; the claim moves the turn with each job
+// it takes (so two claims in one transaction take turns too), and it stays moved if the
 // transaction rolls back: after a store fault a tenant may lose one turn.
-std::vector<std::string> SqliteJobStore::Impl::due_job_ids(std::size_t max, TimePoint now) {
+std::vector<SqliteJobStore::Impl::Due> SqliteJobStore::Impl::due_jobs(
+    std::vector<std::string>& names, std::size_t max, TimePoint now) {
   // The tenants with due jobs, and how many of each; `tenant`: the last one looked at.
-  std::vector<std::string> names;
+  names.clear();
   std::vector<std::vector<std::string>> due;
   std::vector<std::size_t> claimable;
   std::optional<std::string> tenant;
@@ -1139,13 +1174,10 @@ std::vector<std::string> SqliteJobStore::Impl::due_job_ids(std::size_t max, Time
     claimable.push_back(mine.size());
     due.push_back(std::move(mine));
   }
-  std::vector<std::string> ids;
-  for (const auto& [t, position] : job_state::claim_turns(names, claimable, last_turn)) {
-    if (ids.size() >= max) break;
-    ids.push_back(std::move(due[t][position]));
-    last_turn = names[t];
-  }
-  return ids;
+  std::vector<Due> order;
+  for (const auto& [t, position] : job_state::claim_turns(names, claimable, last_turn))
+    order.push_back({std::move(due[t][position]), &names[t]});
+  return order;
 }
 
 std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t max,
@@ -1155,14 +1187,23 @@ std::vector<JobRecord> SqliteJobStore::Impl::claim(bool callbacks, std::size_t m
       [this, callbacks, max, lease, now] {
         write_rows();  // the indexes as this transaction's writes left them
         std::vector<JobRecord> out;
-        const auto ids =
-            callbacks ? due_ids(*select_due_callbacks, callback_leases, ending_callbacks, max, now)
-                      : due_job_ids(max, now);
-        for (const auto& id : ids) {
-          Row* r = load(id, true);
+        auto& leases = callbacks ? callback_leases : job_leases;
+        const Ending& ending = callbacks ? ending_callbacks : ending_jobs;
+        std::vector<std::string> tenants;
+        std::vector<Due> due;
+        if (callbacks) {
+          for (auto& id : due_ids(*select_due_callbacks, leases, ending, max, now))
+            due.push_back({std::move(id)});
+        } else {
+          due = due_jobs(tenants, max, now);
+        }
+        take_free(leases, ending, due, max, now);
+        for (const Due& d : due) {
+          Row* r = load(d.id, true);
           if (!r || !(callbacks ? job_state::claim_callback(r->s, lease, now)
                                 : job_state::claim_job(r->s, lease, now)))
             continue;
+          if (d.tenant) last_turn = *d.tenant;
           changed(*r, to_ms(now));
           // The answer takes the input and result (the row keeps its state columns only).
           nlohmann::json input = std::move(r->s.record.job.input);
