@@ -20,6 +20,7 @@
 #include "rebound/store/memory_job_store.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "support/failing_store.hpp"
+#include "support/put_all.hpp"
 #include "support/temp_dir.hpp"
 #ifdef REBOUND_TEST_REDIS
 #include "rebound/store/redis_job_store.hpp"
@@ -35,6 +36,7 @@ using rebound::Job;
 using rebound::JobStatus;
 using rebound::JobStore;
 using rebound::PutOutcome;
+using rebound::test::put_all;
 
 namespace {
 
@@ -127,16 +129,6 @@ Job make(const std::string& id, long long created_ms = 1764000000000,
          const std::string& url = "http://example.com/cb",
          nlohmann::json input = {{"x", 1}, {"text", "naïve ✓"}}) {
   return tenanted(Job{id, url, std::move(input), at_ms(created_ms)});
-}
-
-// Puts every one of `jobs` with one put_many, each created.
-void put_all(JobStore& store, const std::vector<Job>& jobs) {
-  std::vector<rebound::PutRequest> puts;
-  puts.reserve(jobs.size());
-  for (const Job& job : jobs)
-    puts.push_back({&job, std::nullopt});
-  for (const PutOutcome outcome : store.put_many(puts))
-    REQUIRE(outcome == PutOutcome::created);
 }
 
 const rebound::JobOutcome succeeded{JobStatus::succeeded, {{"label", "setosa"}}, std::nullopt};

@@ -29,6 +29,7 @@
 #include "store/redis/cluster.hpp"
 #include "support/fake_clock.hpp"
 #include "support/held_model.hpp"
+#include "support/put_all.hpp"
 #include "support/quiesce.hpp"
 #include "support/redis_server.hpp"
 #include "support/submitting.hpp"
@@ -278,11 +279,7 @@ TEST_CASE(
     jobs.back().model = {"iris", "2"};
     jobs.back().priority = 0;
   }
-  std::vector<rebound::PutRequest> puts;
-  for (const Job& job : jobs)
-    puts.push_back({&job, std::nullopt});
-  for (const PutOutcome outcome : one.put_many(puts))
-    REQUIRE(outcome == PutOutcome::created);
+  rebound::test::put_all(one, jobs);
   const auto now = at_ms(1764000010000);
   const std::vector<rebound::ModelRef> skip{{"iris", "2"}};
   // A claim reads at most 1,000 of them: the iris/1 jobs come within three claims, in order.
@@ -1789,10 +1786,7 @@ TEST_CASE("redis store: one page reads at most 20000 entries - the rest after it
     jobs.push_back(make("job-" + std::to_string(100000 + i)));
     jobs.back().created_at = at_ms(1764000000000 + i);
   }
-  std::vector<rebound::PutRequest> puts;
-  for (const Job& job : jobs)
-    puts.push_back({&job, std::nullopt});
-  store.put_many(puts);
+  rebound::test::put_all(store, jobs);
   const rebound::JobPage first = store.list_jobs({}, std::nullopt, 100000);
   CHECK(first.jobs.size() == 20000);
   REQUIRE(first.next.has_value());

@@ -23,6 +23,7 @@
 #include "rebound/job_queue.hpp"
 #include "rebound/store/sqlite_job_store.hpp"
 #include "store/sqlite_testing.hpp"
+#include "support/put_all.hpp"
 #include "support/receiver.hpp"
 #include "support/temp_dir.hpp"
 
@@ -612,15 +613,22 @@ struct PruneHook {
   PruneHook& operator=(const PruneHook&) = delete;
 };
 
+// set_sqlite_queued_hook for a scope.
+struct QueuedHook {
+  explicit QueuedHook(std::function<void()> hook) {
+    rebound::detail::set_sqlite_queued_hook(std::move(hook));
+  }
+  ~QueuedHook() { rebound::detail::set_sqlite_queued_hook({}); }
+  QueuedHook(const QueuedHook&) = delete;
+  QueuedHook& operator=(const QueuedHook&) = delete;
+};
+
 // Puts `n` poll-only jobs done-0 .. done-(n-1) and finishes them as of `finished`.
 void put_finished(SqliteJobStore& store, int n, std::chrono::system_clock::time_point finished) {
   std::vector<Job> batch;
   for (int i = 0; i < n; ++i)
     batch.push_back(make("done-" + std::to_string(i), ""));
-  std::vector<rebound::PutRequest> requests;
-  for (const Job& job : batch)
-    requests.push_back(rebound::PutRequest{&job, std::nullopt});
-  store.put_many(requests);
+  rebound::test::put_all(store, batch);
   const auto now = std::chrono::system_clock::now() + 1s;
   REQUIRE(store.claim_jobs(n, rebound::Lease{"w", now + 1h}, now).size() ==
           static_cast<std::size_t>(n));
@@ -631,18 +639,25 @@ void put_finished(SqliteJobStore& store, int n, std::chrono::system_clock::time_
 
 // Holds the store's writer in the pruning hook (at its next turn past the prune interval) from
 // hold() until release(), or until it goes out of scope (once an object): declared after the store,
-// so that the store (which joins its writer) closes after. Its state outlives it in the hook, which
-// the writer may still call.
+// so that the store (which joins its writer) closes after. Its state outlives it in the hooks,
+// which the writer and the callers may still call. It counts the writes queued while it holds.
 class WriterHold {
  public:
   WriterHold()
-      : state_(std::make_shared<State>()), hook_([state = state_](bool) {
+      : state_(std::make_shared<State>()),
+        hook_([state = state_](bool) {
           std::unique_lock<std::mutex> lock(state->mutex);
           if (!state->armed) return;
           state->armed = false;
           state->holding = true;
           state->changed.notify_all();
           state->changed.wait(lock, [&] { return state->released; });  // the writer waits here
+        }),
+        queued_([state = state_] {
+          std::lock_guard<std::mutex> lock(state->mutex);
+          if (!state->holding || state->released) return;
+          ++state->queued;
+          state->changed.notify_all();
         }) {}
   ~WriterHold() { release(); }
   WriterHold(const WriterHold&) = delete;
@@ -651,6 +666,12 @@ class WriterHold {
     std::unique_lock<std::mutex> lock(state_->mutex);
     state_->armed = true;
     state_->changed.wait(lock, [&] { return state_->holding; });
+  }
+  // Waits until `n` writes were queued since the writer was held (calls made on other threads
+  // wait behind it then), for at most 30 s: false if they were not.
+  bool wait_queued(std::size_t n) {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    return state_->changed.wait_for(lock, 30s, [&] { return state_->queued >= n; });
   }
   void release() {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -670,9 +691,11 @@ class WriterHold {
     std::mutex mutex;
     std::condition_variable changed;
     bool armed = false, holding = false, released = false;
+    std::size_t queued = 0;  // writes queued while holding
   };
   std::shared_ptr<State> state_;
   PruneHook hook_;
+  QueuedHook queued_;
 };
 
 }  // namespace
@@ -689,7 +712,7 @@ TEST_CASE("sqlite: a holder renews while a cancellation waits - kept when the ca
   const rebound::JobOutcome cancelled{JobStatus::cancelled, nullptr,
                                       rebound::ErrorInfo{"cancelled", "by the test"}};
   cancel = std::async(std::launch::async, [&] { return store.cancel("held", cancelled, t0); });
-  std::this_thread::sleep_for(200ms);  // (queued behind the held writer by now)
+  REQUIRE(writer.wait_queued(1));  // (the cancellation, behind the held writer)
   CHECK(store.renew("held", rebound::Lease{"w", t0 + 90s}, t0 + 1s));
   writer.release();
   CHECK_THROWS_AS(cancel.get(), rebound::StoreUnavailable);
@@ -724,7 +747,7 @@ TEST_CASE("sqlite: a finish made as its lease ends is not lost to a claim queued
   callbacks = std::async(std::launch::async, [&] {
     return store.claim_callbacks(10, rebound::Lease{"late", t0 + 2h}, t0 + 31s);
   });
-  std::this_thread::sleep_for(200ms);  // (both claims queued behind the held writer by now)
+  REQUIRE(writer.wait_queued(2));  // (both claims, behind the held writer)
   // (Its callback's delivery holds a lease past every claim below.)
   CHECK(store.finish_job("job", "w", done, rebound::Lease{"d", t0 + 4h}, t0 + 29s));
   rebound::CallbackInfo delivered;

@@ -31,12 +31,21 @@ namespace {
 std::mutex prune_batch_hook_mutex;
 std::function<void(bool)> prune_batch_hook;
 std::atomic<bool> prune_batch_hook_set{false};
+std::mutex queued_hook_mutex;
+std::function<void()> queued_hook;
+std::atomic<bool> queued_hook_set{false};
 }  // namespace
 
 void set_sqlite_prune_batch_hook(std::function<void(bool)> hook) {
   std::lock_guard<std::mutex> lock(prune_batch_hook_mutex);
   prune_batch_hook = std::move(hook);
   prune_batch_hook_set = static_cast<bool>(prune_batch_hook);
+}
+
+void set_sqlite_queued_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(queued_hook_mutex);
+  queued_hook = std::move(hook);
+  queued_hook_set = static_cast<bool>(queued_hook);
 }
 }  // namespace detail
 
@@ -813,11 +822,21 @@ struct SqliteJobStore::Impl {
 
   // Queues a write, in its queue.
   void enqueue(Write w) {
-    std::lock_guard<std::mutex> lock(queue_mutex);
-    if (stopping) throw StoreUnavailable("the job store is closed");
-    ++enqueued[w.ahead ? 0 : 1];
-    (w.ahead ? waited_queue : background_queue).push_back(std::move(w));
-    queue_changed.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      if (stopping) throw StoreUnavailable("the job store is closed");
+      ++enqueued[w.ahead ? 0 : 1];
+      (w.ahead ? waited_queue : background_queue).push_back(std::move(w));
+      queue_changed.notify_all();
+    }
+    if (detail::queued_hook_set) {
+      std::function<void()> hook;
+      {
+        std::lock_guard<std::mutex> lock(detail::queued_hook_mutex);
+        hook = detail::queued_hook;
+      }
+      if (hook) hook();
+    }
   }
 
   // Waits until every write queued before now has been through a transaction, or the store

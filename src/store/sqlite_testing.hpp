@@ -13,4 +13,10 @@ namespace rebound::detail {
 // would commit it).
 void set_sqlite_prune_batch_hook(std::function<void(bool went_on)> hook);
 
+// Called after each write is queued for the writer (a put, a claim, a finish...), on the caller's
+// thread (an empty function: none), so that a test can tell when the calls it made are queued
+// behind a writer it holds. The caller may hold the store's lease lock: the hook must not call the
+// store.
+void set_sqlite_queued_hook(std::function<void()> hook);
+
 }  // namespace rebound::detail
