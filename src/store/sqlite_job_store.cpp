@@ -830,12 +830,16 @@ struct SqliteJobStore::Impl {
       queue_changed.notify_all();
     }
     if (detail::queued_hook_set) {
-      std::function<void()> hook;
-      {
-        std::lock_guard<std::mutex> lock(detail::queued_hook_mutex);
-        hook = detail::queued_hook;
+      // (Never a throw from here: the callers take one for a write not queued.)
+      try {
+        std::function<void()> hook;
+        {
+          std::lock_guard<std::mutex> lock(detail::queued_hook_mutex);
+          hook = detail::queued_hook;
+        }
+        if (hook) hook();
+      } catch (...) {
       }
-      if (hook) hook();
     }
   }
 
