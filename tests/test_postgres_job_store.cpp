@@ -30,6 +30,7 @@
 #include "store/postgres_testing.hpp"
 #include "support/postgres_server.hpp"
 #include "support/receiver.hpp"
+#include "support/scoped_hook.hpp"
 
 using namespace std::chrono_literals;
 using rebound::Job;
@@ -52,15 +53,7 @@ rebound::PostgresJobStoreOptions options_for(const std::string& uri) {
   return rebound::parse_postgres_uri(uri);
 }
 
-// The writers' read hook (postgres_testing.hpp) for one scope: cleared however the test ends.
-struct ReadHook {
-  explicit ReadHook(std::function<void()> hook) {
-    rebound::detail::set_postgres_writer_read_hook(std::move(hook));
-  }
-  ~ReadHook() { rebound::detail::set_postgres_writer_read_hook({}); }
-  ReadHook(const ReadHook&) = delete;
-  ReadHook& operator=(const ReadHook&) = delete;
-};
+using ReadHook = rebound::test::ScopedHook<rebound::detail::set_postgres_writer_read_hook>;
 
 }  // namespace
 

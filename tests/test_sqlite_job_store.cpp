@@ -25,6 +25,7 @@
 #include "store/sqlite_testing.hpp"
 #include "support/put_all.hpp"
 #include "support/receiver.hpp"
+#include "support/scoped_hook.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -603,25 +604,8 @@ TEST_CASE("sqlite: a second store on the same file is refused") {
 
 namespace {
 
-// The pruning's batch hook (sqlite_testing.hpp) for one scope: cleared however the test ends.
-struct PruneHook {
-  explicit PruneHook(std::function<void(bool)> hook) {
-    rebound::detail::set_sqlite_prune_batch_hook(std::move(hook));
-  }
-  ~PruneHook() { rebound::detail::set_sqlite_prune_batch_hook({}); }
-  PruneHook(const PruneHook&) = delete;
-  PruneHook& operator=(const PruneHook&) = delete;
-};
-
-// set_sqlite_queued_hook for a scope.
-struct QueuedHook {
-  explicit QueuedHook(std::function<void()> hook) {
-    rebound::detail::set_sqlite_queued_hook(std::move(hook));
-  }
-  ~QueuedHook() { rebound::detail::set_sqlite_queued_hook({}); }
-  QueuedHook(const QueuedHook&) = delete;
-  QueuedHook& operator=(const QueuedHook&) = delete;
-};
+using PruneHook = rebound::test::ScopedHook<rebound::detail::set_sqlite_prune_batch_hook>;
+using QueuedHook = rebound::test::ScopedHook<rebound::detail::set_sqlite_queued_hook>;
 
 // Puts `n` poll-only jobs done-0 .. done-(n-1) and finishes them as of `finished`.
 void put_finished(SqliteJobStore& store, int n, std::chrono::system_clock::time_point finished) {

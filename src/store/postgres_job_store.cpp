@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "common/attempt_log.hpp"
+#include "common/test_hook.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/redact.hpp"
 #include "rebound/error.hpp"
@@ -39,15 +40,11 @@
 namespace rebound {
 namespace detail {
 namespace {
-std::mutex writer_read_hook_mutex;
-std::function<void()> writer_read_hook;
-std::atomic<bool> writer_read_hook_set{false};
+TestHook<> writer_read_hook;
 }  // namespace
 
 void set_postgres_writer_read_hook(std::function<void()> hook) {
-  std::lock_guard<std::mutex> lock(writer_read_hook_mutex);
-  writer_read_hook = std::move(hook);
-  writer_read_hook_set = static_cast<bool>(writer_read_hook);
+  writer_read_hook.set(std::move(hook));
 }
 }  // namespace detail
 
@@ -1585,14 +1582,7 @@ struct PostgresJobStore::Impl {
         if (again.empty()) break;
         insert(again);
       }
-      if (!locked && detail::writer_read_hook_set) {
-        std::function<void()> hook;
-        {
-          std::lock_guard<std::mutex> lock(detail::writer_read_hook_mutex);
-          hook = detail::writer_read_hook;
-        }
-        if (hook) hook();
-      }
+      if (!locked) detail::writer_read_hook();
       // 3. The rules, and 4. the rows changed, one statement, each only as the version read.
       for (std::size_t i = 0; i < batch.size(); ++i)
         answers[i] = apply(batch[i], i, rows);

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "common/attempt_log.hpp"
+#include "common/test_hook.hpp"
 #include "rebound/detail/json.hpp"
 #include "rebound/detail/servers_seen.hpp"
 #include "rebound/error.hpp"
@@ -28,24 +29,16 @@
 namespace rebound {
 namespace detail {
 namespace {
-std::mutex prune_batch_hook_mutex;
-std::function<void(bool)> prune_batch_hook;
-std::atomic<bool> prune_batch_hook_set{false};
-std::mutex queued_hook_mutex;
-std::function<void()> queued_hook;
-std::atomic<bool> queued_hook_set{false};
+TestHook<bool> prune_batch_hook;
+TestHook<> queued_hook;
 }  // namespace
 
 void set_sqlite_prune_batch_hook(std::function<void(bool)> hook) {
-  std::lock_guard<std::mutex> lock(prune_batch_hook_mutex);
-  prune_batch_hook = std::move(hook);
-  prune_batch_hook_set = static_cast<bool>(prune_batch_hook);
+  prune_batch_hook.set(std::move(hook));
 }
 
 void set_sqlite_queued_hook(std::function<void()> hook) {
-  std::lock_guard<std::mutex> lock(queued_hook_mutex);
-  queued_hook = std::move(hook);
-  queued_hook_set = static_cast<bool>(queued_hook);
+  queued_hook.set(std::move(hook));
 }
 }  // namespace detail
 
@@ -829,18 +822,7 @@ struct SqliteJobStore::Impl {
       (w.ahead ? waited_queue : background_queue).push_back(std::move(w));
       queue_changed.notify_all();
     }
-    if (detail::queued_hook_set) {
-      // (Never a throw from here: the callers take one for a write not queued.)
-      try {
-        std::function<void()> hook;
-        {
-          std::lock_guard<std::mutex> lock(detail::queued_hook_mutex);
-          hook = detail::queued_hook;
-        }
-        if (hook) hook();
-      } catch (...) {
-      }
-    }
+    detail::queued_hook();  // (never throws: the callers take a throw for a write not queued)
   }
 
   // Waits until every write queued before now has been through a transaction, or the store
@@ -1041,14 +1023,7 @@ struct SqliteJobStore::Impl {
       delete_finished->reset();
       deleted = static_cast<std::size_t>(sqlite3_changes(db));
     }
-    if (detail::prune_batch_hook_set) {
-      std::function<void(bool)> hook;
-      {
-        std::lock_guard<std::mutex> lock(detail::prune_batch_hook_mutex);
-        hook = detail::prune_batch_hook;
-      }
-      if (hook) hook(went_on);
-    }
+    detail::prune_batch_hook(went_on);
     return deleted;
   }
 
