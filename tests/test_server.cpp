@@ -1249,7 +1249,10 @@ TEST_CASE(
   rebound::test::Receiver receiver;
   REQUIRE(h.submit({{"id", "slow"}, {"callback_url", receiver.url()}})->status == 202);
   REQUIRE(receiver.wait_for(1));  // answered while the model is still blocked
-  REQUIRE(h.model->started() == 1);
+  // (The watchdog is armed before the model is called: a worker that slept past it may start it
+  // after the callback went.)
+  REQUIRE(h.model->wait_started(1));
+  CHECK(h.model->started() == 1);
   auto body = json::parse(receiver.received().at(0).body);
   CHECK(body["status"] == "failed");
   CHECK(body["error"]["code"] == "inference_timeout");
