@@ -351,8 +351,10 @@ class Systems:
                                                "binary": str(binary)}
         for i, spec in enumerate(args.also or [], start=1):
             also = json.loads(spec)
-            if "binary" in also:  # the servers run in a folder of their own: a relative path is ours
-                also["binary"] = str(Path(also["binary"]).resolve())
+            # The servers run in a folder of their own: a relative path is taken from ours (a bare
+            # name is left to PATH).
+            if "binary" in also and os.sep in also["binary"]:
+                also["binary"] = os.path.abspath(also["binary"])
             self.rebound[f"also{i}"] = also
         self.names = ([] if args.skip_peer else ["peer"]) + list(self.rebound)
 
@@ -762,8 +764,8 @@ def main() -> None:
     p.add_argument("--also", action="append", metavar="JSON",
                    help='another rebound-server to compare, e.g. \'{"title": "memory, 4 callback '
                         'connections", "store": "memory", "args": ["--callback-connections", "4"], '
-                        '"env": {...}, "binary": "/path/to/another/rebound-server"}\' (repeatable; a relative "binary" is '
-                        'taken from the current folder). '
+                        '"env": {...}, "binary": "/path/to/another/rebound-server"}\' (repeatable; a relative "binary" path '
+                        'is taken from the current folder). '
                         '"store": "redis" starts a fresh redis-server for it; with "servers": N, the '
                         'end-to-end run loads N rebound-servers on that one Redis')
     args = p.parse_args()
