@@ -181,7 +181,8 @@ def load(server, callback_url, prefix, accepted, refused, stop):
 
 def run_load(servers, callback_url, prefix, seconds, during=None):
     """Loads every server from two threads each; `during` runs after `seconds`, then the load goes
-    on for another `seconds`. Returns the ids answered 202 and the statuses of refusals."""
+    on for another `seconds`. Returns the ids answered 202 (with those `during` returns, if it
+    returns a list) and the statuses of refusals."""
     stop = threading.Event()
     accepted, refused = [], []
     threads = [threading.Thread(target=load, args=(s, callback_url, f"{prefix}-{s.name}-{t}",
@@ -191,7 +192,9 @@ def run_load(servers, callback_url, prefix, seconds, during=None):
         t.start()
     time.sleep(seconds)
     if during:
-        during()
+        more = during()
+        if isinstance(more, list):
+            accepted.extend(more)
         time.sleep(seconds)
     stop.set()
     for t in threads:
@@ -214,6 +217,23 @@ def wait_delivered(receiver, ids, limit_s):
     return ids - receiver.delivered()
 
 
+def burst_then_kill(server, callback_url, prefix, jobs=64):
+    """Submits `jobs` jobs to `server` in one batch, then kills it (-9) as soon as they are
+    answered: it dies holding most of them (queued or running: 64 jobs of 10 ms on 4 workers take
+    160 ms), whatever the load's pace had left it, so that the others must take its work over.
+    Returns the ids answered 202."""
+    batch = [{"id": f"{prefix}-{i}", "callback_url": callback_url, "input": i}
+             for i in range(jobs)]
+    try:
+        status, body = server.request("POST", "/v1/inferences:batch", {"jobs": batch})
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        status, body = None, e
+    server.kill()
+    if status != 200:
+        fail(f"{server.name}: the batch before the kill was answered {status}: {body}")
+    return [r["id"] for r in body["results"] if r.get("status") == 202]
+
+
 def kill_rounds(servers, receiver, results_url, make_server, label, rounds):
     """kill -9 of one server mid-load, `rounds` times (another each time), each replaced by
     `make_server(name)`: every job any server answered 202 must be called back, and the others
@@ -221,8 +241,9 @@ def kill_rounds(servers, receiver, results_url, make_server, label, rounds):
     for r in range(rounds):
         victim = r % len(servers)
         before = sum(s.taken_over() for i, s in enumerate(servers) if i != victim)
-        accepted, refused = run_load(servers, results_url, f"{label}kill{r}", 0.7,
-                                     during=lambda: servers[victim].kill())
+        accepted, refused = run_load(
+            servers, results_url, f"{label}kill{r}", 0.7,
+            during=lambda: burst_then_kill(servers[victim], results_url, f"{label}kill{r}-burst"))
         lost = wait_delivered(receiver, accepted, LEASE_S * 5 + 60)
         taken = sum(s.taken_over() for i, s in enumerate(servers) if i != victim) - before
         print(f"{label}round {r + 1}: killed {servers[victim].name}; accepted {len(accepted)}, "

@@ -29,8 +29,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fleet_support import (LEASE_S, Receiver, Server, children, fail,  # noqa: E402
-                           run_load, wait_delivered)
+from fleet_support import (LEASE_S, Receiver, Server, burst_then_kill, children,  # noqa: E402
+                           fail, run_load, wait_delivered)
 
 server_bin, redis_bin, cli_bin = sys.argv[1], sys.argv[2], sys.argv[3]
 PREFIX = "{q}"
@@ -207,7 +207,8 @@ with tempfile.TemporaryDirectory() as folder:
 
     # 1. One server killed mid-load: the other takes over its leases.
     before = servers[1].taken_over()
-    round_of("server killed", servers, receiver, url, during=lambda: servers[0].kill())
+    round_of("server killed", servers, receiver, url,
+             during=lambda: burst_then_kill(servers[0], url, "killed-burst"))
     if servers[1].taken_over() == before:
         fail("the killed server held no work the other took over: the round tested nothing")
     servers[0] = Server(server_bin, "a2", store)
