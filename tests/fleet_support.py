@@ -21,7 +21,7 @@ children = []
 
 
 def fail(message):
-    print("FAIL:", message)
+    print("FAIL:", message, flush=True)
     for p in children:
         if p.poll() is None:
             p.kill()
@@ -190,15 +190,17 @@ def run_load(servers, callback_url, prefix, seconds, during=None):
                for s in servers for t in range(2)]
     for t in threads:
         t.start()
-    time.sleep(seconds)
-    if during:
-        more = during()
-        if isinstance(more, list):
-            accepted.extend(more)
+    try:
         time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
+        if during:
+            more = during()
+            if isinstance(more, list):
+                accepted.extend(more)
+            time.sleep(seconds)
+    finally:  # (a fail() in `during` must not leave the load's threads holding the process open)
+        stop.set()
+        for t in threads:
+            t.join()
     ended = [s for s in servers if not s.killed and s.proc.poll() is not None]
     if ended:
         time.sleep(0.5)  # the reader thread takes its last lines
@@ -217,10 +219,10 @@ def wait_delivered(receiver, ids, limit_s):
     return ids - receiver.delivered()
 
 
-def burst_then_kill(server, callback_url, prefix, jobs=64):
+def burst_then_kill(server, callback_url, prefix, jobs=256):
     """Submits `jobs` jobs to `server` in one batch, then kills it (-9) as soon as they are
-    answered: it dies holding most of them (queued or running: 64 jobs of 10 ms on 4 workers take
-    160 ms), whatever the load's pace had left it, so that the others must take its work over.
+    answered: it dies holding most of them (queued or running: 256 jobs of 10 ms on 4 workers take
+    640 ms), whatever the load's pace had left it, so that the others must take its work over.
     Returns the ids answered 202."""
     batch = [{"id": f"{prefix}-{i}", "callback_url": callback_url, "input": i}
              for i in range(jobs)]
@@ -231,7 +233,11 @@ def burst_then_kill(server, callback_url, prefix, jobs=64):
     server.kill()
     if status != 200:
         fail(f"{server.name}: the batch before the kill was answered {status}: {body}")
-    return [r["id"] for r in body["results"] if r.get("status") == 202]
+    taken = [r["id"] for r in body["results"] if r.get("status") == 202]
+    if len(taken) < jobs:
+        print(f"{server.name}: {jobs - len(taken)} of the batch before the kill refused: "
+              f"{sorted({r.get('status') for r in body['results']} - {202})}", flush=True)
+    return taken
 
 
 def kill_rounds(servers, receiver, results_url, make_server, label, rounds):
